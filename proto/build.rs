@@ -1,0 +1,22 @@
+//! Compiles the `.proto` contracts, with a vendored `protoc` unless `$PROTOC` names one, so
+//! no system package is needed.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    let protos = ["plinth/catalog/v1/catalog.proto"];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    println!("cargo:rerun-if-env-changed=PROTOC");
+    let mut config = prost_build::Config::new();
+    match std::env::var_os("PROTOC") {
+        Some(protoc) => config.protoc_executable(protoc),
+        None => config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?),
+    };
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out_dir.join("plinth_descriptor.bin"))
+        .compile_with_config(config, &protos, &["."])?;
+    Ok(())
+}

@@ -1,0 +1,16 @@
+//! The gRPC contracts between Plinth's services, generated from `proto/plinth/**.proto`.
+//!
+//! Only generated wire types live here. Validation into domain types happens at each
+//! service's edge (`TryFrom<proto>`), never in this crate.
+
+/// `plinth.catalog.v1`: environments, versions, builds, sessions and scopes.
+pub mod catalog {
+    /// Version 1 of the catalog contract.
+    pub mod v1 {
+        #![allow(clippy::all, missing_docs)]
+        tonic::include_proto!("plinth.catalog.v1");
+    }
+}
+
+/// Every compiled `.proto` as one `FileDescriptorSet`, for gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("plinth_descriptor");

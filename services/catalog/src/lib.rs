@@ -1,0 +1,121 @@
+//! plinth-catalog: the catalog service. It owns Plinth's durable metadata (environments, and
+//! as the system grows their versions, builds and the build queue, sessions, nodes) in SQLite
+//! (the embedded default) or PostgreSQL, and serves it over gRPC (`plinth.catalog.v1`).
+//!
+//! File bytes never come here (the source service and the blob store hold them), and neither
+//! do HTTP shapes (the gateway owns those). `persistence` owns every query; `model` holds the
+//! domain types and their rules; `service` is the thin gRPC adapter; `run` starts it all.
+
+pub mod model;
+pub mod persistence;
+mod service;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use plinth_kit::admin::{self, ReadinessCheck};
+use plinth_kit::config::Secret;
+use plinth_kit::grpc::GrpcServer;
+use plinth_kit::tasks::{self, CancellationToken};
+use plinth_proto::catalog::v1::catalog_service_server::CatalogServiceServer;
+use tokio::net::TcpListener;
+
+pub use persistence::{Store, StoreError};
+
+/// How the catalog runs.
+#[derive(Debug, Clone)]
+pub struct CatalogOptions {
+    /// `sqlite://path?mode=rwc` or `postgres://user:pass@host/db`.
+    pub database_url: String,
+    /// Upper bound on pooled database connections.
+    pub max_connections: u32,
+    /// When set, every catalog call must carry it.
+    pub internal_token: Option<Secret>,
+}
+
+/// Why the catalog stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    /// The database could not be opened or migrated.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The gRPC server failed.
+    #[error("catalog gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    /// The admin HTTP server failed.
+    #[error("catalog admin server failed: {0}")]
+    Admin(#[from] std::io::Error),
+}
+
+/// Opens the database, applies migrations, and serves gRPC on `grpc` (and `/healthz`,
+/// `/readyz`, `/metrics` on `admin`, when given) until `shutdown` is cancelled.
+pub async fn run(
+    options: CatalogOptions,
+    grpc: TcpListener,
+    admin: Option<TcpListener>,
+    shutdown: CancellationToken,
+) -> Result<(), CatalogError> {
+    let store = Store::connect(&options.database_url, options.max_connections).await?;
+    store.migrate().await?;
+    tracing::info!(backend = store.backend().as_str(), address = ?grpc.local_addr().ok(), "catalog serving");
+
+    let server = GrpcServer::new(plinth_proto::FILE_DESCRIPTOR_SET, options.internal_token.clone());
+    let health = server.health();
+    health
+        .set_serving::<CatalogServiceServer<service::Catalog>>()
+        .await;
+    tasks::spawn(watch_database(store.clone(), health, shutdown.clone()));
+
+    if let Some(admin) = admin {
+        let readiness_store = store.clone();
+        let readiness: ReadinessCheck = Arc::new(move || {
+            let store = readiness_store.clone();
+            Box::pin(async move { store.ping().await.map_err(|error| error.to_string()) })
+        });
+        let admin_shutdown = shutdown.clone();
+        tasks::spawn_background("catalog admin server", async move {
+            admin::serve(admin, readiness, admin_shutdown).await
+        });
+    }
+
+    let service = CatalogServiceServer::new(service::Catalog::new(store.clone()))
+        .max_decoding_message_size(4 * 1024 * 1024);
+    server.add_service(service).serve(grpc, shutdown).await?;
+    store.close().await;
+    Ok(())
+}
+
+/// Keeps the gRPC health status true to the database: a catalog that cannot reach its
+/// database says NOT_SERVING, so load balancers and the gateway's `/readyz` see it.
+async fn watch_database(
+    store: Store,
+    health: tonic_health::server::HealthReporter,
+    shutdown: CancellationToken,
+) {
+    let mut serving = true;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+        let ok = store.ping().await;
+        match (&ok, serving) {
+            (Err(error), true) => {
+                tracing::error!(%error, "database does not answer; catalog reports NOT_SERVING");
+                health
+                    .set_not_serving::<CatalogServiceServer<service::Catalog>>()
+                    .await;
+            }
+            (Ok(()), false) => {
+                tracing::info!("database answers again; catalog reports SERVING");
+                health
+                    .set_serving::<CatalogServiceServer<service::Catalog>>()
+                    .await;
+            }
+            _ => {}
+        }
+        serving = ok.is_ok();
+    }
+}

@@ -1,0 +1,334 @@
+//! The catalog's domain types and the rules that make them valid. Wire types (prost) are
+//! converted into these at the edge (`service`), and nothing here knows about gRPC or SQL.
+
+use std::fmt;
+
+use plinth_kit::PlinthError;
+
+/// Most characters a name may have.
+pub const MAX_NAME_CHARS: usize = 200;
+/// Most characters a description or an entry may have.
+pub const MAX_TEXT_CHARS: usize = 4000;
+/// Most characters a slug keeps; longer derivations are cut at a segment boundary or here.
+pub const MAX_SLUG_CHARS: usize = 63;
+/// Most bytes a scope may have.
+pub const MAX_SCOPE_BYTES: usize = 128;
+
+/// `henv_` followed by 32 lowercase hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EnvironmentId(String);
+
+impl EnvironmentId {
+    const PREFIX: &'static str = "henv_";
+
+    /// A fresh random id.
+    pub fn generate() -> Self {
+        EnvironmentId(format!("{}{}", Self::PREFIX, uuid::Uuid::new_v4().simple()))
+    }
+
+    /// Accepts exactly the shape [`EnvironmentId::generate`] makes; anything else cannot name
+    /// an environment, and callers report it as not found.
+    pub fn parse(text: &str) -> Option<Self> {
+        let hex = text.strip_prefix(Self::PREFIX)?;
+        let well_formed = hex.len() == 32
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        well_formed.then(|| EnvironmentId(text.to_owned()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for EnvironmentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The tenant an object belongs to; every query is confined to one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Scope(String);
+
+impl Scope {
+    /// A scope is 1 to 128 bytes of printable ASCII; the gateway derives it from a token.
+    pub fn parse(text: &str) -> Result<Self, PlinthError> {
+        let ok = !text.is_empty()
+            && text.len() <= MAX_SCOPE_BYTES
+            && text.bytes().all(|b| b.is_ascii_graphic());
+        if ok {
+            Ok(Scope(text.to_owned()))
+        } else {
+            Err(PlinthError::invalid(
+                "scope must be 1 to 128 printable ASCII characters",
+            ))
+        }
+    }
+
+    /// The scope as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The last segment of an environment's mount path: lowercase ASCII letters and digits in
+/// runs joined by single `-`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Slug(String);
+
+impl Slug {
+    /// Derives the slug from a name: ASCII letters lowercased, digits kept, every other run of
+    /// characters (spaces, punctuation, non-ASCII letters) becomes one `-`, and the ends are
+    /// trimmed. `None` when nothing is left.
+    pub fn from_name(name: &str) -> Option<Self> {
+        let mut slug = String::with_capacity(name.len().min(MAX_SLUG_CHARS));
+        let mut pending_dash = false;
+        for c in name.chars() {
+            if c.is_ascii_alphanumeric() {
+                if pending_dash && !slug.is_empty() {
+                    if slug.len() + 1 >= MAX_SLUG_CHARS {
+                        break;
+                    }
+                    slug.push('-');
+                }
+                pending_dash = false;
+                if slug.len() >= MAX_SLUG_CHARS {
+                    break;
+                }
+                slug.push(c.to_ascii_lowercase());
+            } else {
+                pending_dash = true;
+            }
+        }
+        let trimmed = slug.trim_end_matches('-');
+        (!trimmed.is_empty()).then(|| Slug(trimmed.to_owned()))
+    }
+
+    /// Reads a slug back from storage, where it was made by [`Slug::from_name`].
+    pub fn from_stored(text: String) -> Self {
+        Slug(text)
+    }
+
+    /// The slug as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Where sessions see the environment.
+    pub fn mount(&self) -> String {
+        format!("/env/{}", self.0)
+    }
+}
+
+/// An environment as the catalog holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Environment {
+    /// Its id.
+    pub id: EnvironmentId,
+    /// Its owner.
+    pub scope: Scope,
+    /// Display name.
+    pub name: String,
+    /// Fixed at creation.
+    pub slug: Slug,
+    /// Free text.
+    pub description: String,
+    /// How to run the project.
+    pub entry: String,
+    /// The version sessions get, once one is built.
+    pub active_version: Option<u32>,
+    /// The newest version started.
+    pub latest_version: Option<u32>,
+    /// Regular files in the source.
+    pub files_count: u64,
+    /// Their bytes.
+    pub files_bytes: u64,
+    /// Milliseconds since the Unix epoch.
+    pub created_at_ms: i64,
+    /// Milliseconds since the Unix epoch.
+    pub updated_at_ms: i64,
+}
+
+/// Where an environment stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnvironmentStatus {
+    /// Nothing built yet.
+    Empty,
+    /// A version is active.
+    Ready,
+}
+
+impl Environment {
+    /// Ready whenever a version is active; empty while nothing has been built.
+    pub fn status(&self) -> EnvironmentStatus {
+        match self.active_version {
+            Some(_) => EnvironmentStatus::Ready,
+            None => EnvironmentStatus::Empty,
+        }
+    }
+}
+
+/// A validated request to create an environment.
+#[derive(Debug, Clone)]
+pub struct NewEnvironment {
+    /// The owner.
+    pub scope: Scope,
+    /// Display name, checked.
+    pub name: String,
+    /// Derived from the name.
+    pub slug: Slug,
+    /// Checked.
+    pub description: String,
+    /// Checked.
+    pub entry: String,
+}
+
+impl NewEnvironment {
+    /// Checks every field; the error names the field at fault.
+    pub fn new(
+        scope: Scope,
+        name: String,
+        description: String,
+        entry: String,
+    ) -> Result<Self, PlinthError> {
+        let slug = check_name(&name)?;
+        check_text("description", &description)?;
+        check_text("entry", &entry)?;
+        Ok(NewEnvironment {
+            scope,
+            name,
+            slug,
+            description,
+            entry,
+        })
+    }
+}
+
+/// A validated change to an environment; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct EnvironmentChanges {
+    /// New display name; the slug stays.
+    pub name: Option<String>,
+    /// New description.
+    pub description: Option<String>,
+    /// New entry.
+    pub entry: Option<String>,
+}
+
+impl EnvironmentChanges {
+    /// Checks every field that is set with the same rules as creation.
+    pub fn new(
+        name: Option<String>,
+        description: Option<String>,
+        entry: Option<String>,
+    ) -> Result<Self, PlinthError> {
+        if let Some(name) = &name {
+            check_name(name)?;
+        }
+        if let Some(description) = &description {
+            check_text("description", description)?;
+        }
+        if let Some(entry) = &entry {
+            check_text("entry", entry)?;
+        }
+        Ok(EnvironmentChanges {
+            name,
+            description,
+            entry,
+        })
+    }
+}
+
+fn check_name(name: &str) -> Result<Slug, PlinthError> {
+    let chars = name.chars().count();
+    if chars > MAX_NAME_CHARS {
+        return Err(PlinthError::invalid(format!(
+            "name: {chars} characters is longer than the limit of {MAX_NAME_CHARS}"
+        ))
+        .with_detail(serde_json_limit("name", MAX_NAME_CHARS)));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(PlinthError::invalid("name: control characters are not allowed"));
+    }
+    Slug::from_name(name).ok_or_else(|| {
+        PlinthError::invalid(format!(
+            "name: {name:?} yields no path segment; a name needs at least one ASCII letter or digit"
+        ))
+    })
+}
+
+fn check_text(field: &str, text: &str) -> Result<(), PlinthError> {
+    let chars = text.chars().count();
+    if chars > MAX_TEXT_CHARS {
+        return Err(PlinthError::invalid(format!(
+            "{field}: {chars} characters is longer than the limit of {MAX_TEXT_CHARS}"
+        ))
+        .with_detail(serde_json_limit(field, MAX_TEXT_CHARS)));
+    }
+    if text.contains('\0') {
+        return Err(PlinthError::invalid(format!("{field}: NUL characters are not allowed")));
+    }
+    Ok(())
+}
+
+fn serde_json_limit(field: &str, max: usize) -> plinth_kit::error::Value {
+    let mut detail = plinth_kit::error::Map::new();
+    detail.insert("field".to_owned(), field.into());
+    detail.insert("max_chars".to_owned(), max.into());
+    detail.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slug(name: &str) -> Option<String> {
+        Slug::from_name(name).map(|slug| slug.as_str().to_owned())
+    }
+
+    #[test]
+    fn slugs_follow_the_documented_rule() {
+        assert_eq!(slug("Content Studio").as_deref(), Some("content-studio"));
+        assert_eq!(slug("  --Hello,   World!!  ").as_deref(), Some("hello-world"));
+        assert_eq!(slug("Café Ünïcode 2").as_deref(), Some("caf-n-code-2"));
+        assert_eq!(slug("v1.2.3").as_deref(), Some("v1-2-3"));
+        assert_eq!(slug("日本語"), None);
+        assert_eq!(slug("---"), None);
+        assert_eq!(slug(""), None);
+    }
+
+    #[test]
+    fn long_slugs_are_cut_without_a_trailing_dash() {
+        let name = "ab ".repeat(100);
+        let cut = slug(&name).expect("slug");
+        assert!(cut.len() <= MAX_SLUG_CHARS, "{cut}");
+        assert!(!cut.ends_with('-'));
+        let word = "x".repeat(200);
+        assert_eq!(slug(&word).map(|s| s.len()), Some(MAX_SLUG_CHARS));
+    }
+
+    #[test]
+    fn ids_are_checked_strictly() {
+        let id = EnvironmentId::generate();
+        assert_eq!(id.as_str().len(), 37);
+        assert_eq!(EnvironmentId::parse(id.as_str()), Some(id));
+        assert_eq!(EnvironmentId::parse("henv_2F1C9D4E8A7B4C3D9E6F5A4B3C2D1E0F"), None);
+        assert_eq!(EnvironmentId::parse("henv_../../etc/passwd"), None);
+        assert_eq!(EnvironmentId::parse("chrn_2f1c9d4e8a7b4c3d9e6f5a4b3c2d1e0f"), None);
+    }
+
+    #[test]
+    fn names_are_limited_and_named_in_errors() {
+        let scope = Scope::parse("default").expect("scope");
+        let long = "a".repeat(MAX_NAME_CHARS + 1);
+        let error = NewEnvironment::new(scope.clone(), long, String::new(), String::new())
+            .expect_err("too long");
+        assert!(error.message.starts_with("name:"), "{}", error.message);
+        let error = NewEnvironment::new(scope, "a\nb".into(), String::new(), String::new())
+            .expect_err("control");
+        assert!(error.message.starts_with("name:"));
+    }
+}

@@ -1,0 +1,307 @@
+//! Every query the catalog makes, and nothing else touches the database.
+//!
+//! What is durable here and why: the environment registry (ids, names, slugs, the active and
+//! latest version pointers) is the system of record for what sessions may mount, so it lives
+//! in a transactional database, SQLite for one machine or PostgreSQL for a cluster. Both run
+//! the same SQL through sqlx's `Any` driver: times are i64 milliseconds, ids are text.
+//! Uniqueness (one slug per scope) is an index, so it holds across catalog replicas.
+
+use std::borrow::Cow;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{AnyPool, Row, SqlSafeStr};
+
+use crate::model::{
+    Environment, EnvironmentChanges, EnvironmentId, NewEnvironment, Scope, Slug,
+};
+
+/// Which database the catalog runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// One file; the embedded default.
+    Sqlite,
+    /// A server; for more than one catalog replica.
+    Postgres,
+}
+
+impl Backend {
+    /// Picks the backend from a database URL's scheme.
+    pub fn from_url(url: &str) -> Result<Self, StoreError> {
+        if url.starts_with("sqlite:") {
+            Ok(Backend::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Backend::Postgres)
+        } else {
+            Err(StoreError::UnsupportedUrl)
+        }
+    }
+
+    /// Its name, for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
+
+    fn migrations(self) -> Vec<Migration> {
+        let files: &[(i64, &str, &'static str)] = match self {
+            Backend::Sqlite => &[(
+                1,
+                "environments",
+                include_str!("../migrations/sqlite/0001_environments.sql"),
+            )],
+            Backend::Postgres => &[(
+                1,
+                "environments",
+                include_str!("../migrations/postgres/0001_environments.sql"),
+            )],
+        };
+        files
+            .iter()
+            .map(|&(version, description, sql)| {
+                Migration::new(
+                    version,
+                    Cow::Borrowed(description),
+                    MigrationType::Simple,
+                    sqlx::AssertSqlSafe(sql).into_sql_str(),
+                    false,
+                )
+            })
+            .collect()
+    }
+}
+
+/// What can go wrong in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The URL names no database Plinth supports.
+    #[error("database URL must start with sqlite: or postgres://")]
+    UnsupportedUrl,
+    /// No such object in the scope.
+    #[error("not found")]
+    NotFound,
+    /// The slug is taken in the scope.
+    #[error("slug is taken in this scope")]
+    SlugTaken,
+    /// The database refused or failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A migration failed.
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A stored row breaks an invariant the schema should have kept.
+    #[error("stored row is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// The catalog's database.
+#[derive(Clone)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+const ENVIRONMENT_COLUMNS: &str = "id, scope, name, slug, description, entry, active_version, \
+     latest_version, files_count, files_bytes, created_at_ms, updated_at_ms";
+
+impl Store {
+    /// Connects a pool. SQLite files are created when missing.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let backend = Backend::from_url(url)?;
+        sqlx::any::install_default_drivers();
+        let url = match backend {
+            Backend::Sqlite if !url.contains("mode=") => {
+                let separator = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{separator}mode=rwc")
+            }
+            _ => url.to_owned(),
+        };
+        let pool = AnyPoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(&url)
+            .await?;
+        Ok(Store { pool, backend })
+    }
+
+    /// Which database this is.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Applies the migrations this build knows, in order; safe to run from every replica at
+    /// start-up (sqlx takes a lock on Postgres).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        Migrator::with_migrations(self.backend.migrations())
+            .run(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Answers when the database does.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Closes every connection.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Inserts a new environment. A slug already used in the scope is refused by the unique
+    /// index, so two concurrent creates cannot both succeed.
+    pub async fn create_environment(
+        &self,
+        new: NewEnvironment,
+    ) -> Result<Environment, StoreError> {
+        let now = now_ms();
+        let environment = Environment {
+            id: EnvironmentId::generate(),
+            scope: new.scope,
+            name: new.name,
+            slug: new.slug,
+            description: new.description,
+            entry: new.entry,
+            active_version: None,
+            latest_version: None,
+            files_count: 0,
+            files_bytes: 0,
+            created_at_ms: now,
+            updated_at_ms: now,
+        };
+        let result = sqlx::query(
+            "INSERT INTO environments (id, scope, name, slug, description, entry, \
+             created_at_ms, updated_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(environment.id.as_str())
+        .bind(environment.scope.as_str())
+        .bind(&environment.name)
+        .bind(environment.slug.as_str())
+        .bind(&environment.description)
+        .bind(&environment.entry)
+        .bind(now)
+        .bind(now)
+        .execute(&self.pool)
+        .await;
+        match result {
+            Ok(_) => Ok(environment),
+            Err(sqlx::Error::Database(error)) if error.is_unique_violation() => {
+                Err(StoreError::SlugTaken)
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// One environment of the scope.
+    pub async fn get_environment(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+    ) -> Result<Environment, StoreError> {
+        let sql = format!("SELECT {ENVIRONMENT_COLUMNS} FROM environments WHERE scope = $1 AND id = $2");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(scope.as_str())
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        environment_from_row(&row)
+    }
+
+    /// Every environment of the scope, oldest first.
+    pub async fn list_environments(&self, scope: &Scope) -> Result<Vec<Environment>, StoreError> {
+        let sql = format!(
+            "SELECT {ENVIRONMENT_COLUMNS} FROM environments WHERE scope = $1 \
+             ORDER BY created_at_ms, id"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(scope.as_str())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(environment_from_row).collect()
+    }
+
+    /// Applies the changes that are set; the slug never changes.
+    pub async fn update_environment(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+        changes: EnvironmentChanges,
+    ) -> Result<Environment, StoreError> {
+        let sql = format!(
+            "UPDATE environments SET name = COALESCE($1, name), \
+             description = COALESCE($2, description), entry = COALESCE($3, entry), \
+             updated_at_ms = $4 WHERE scope = $5 AND id = $6 RETURNING {ENVIRONMENT_COLUMNS}"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(changes.name)
+            .bind(changes.description)
+            .bind(changes.entry)
+            .bind(now_ms())
+            .bind(scope.as_str())
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        environment_from_row(&row)
+    }
+
+    /// Deletes the environment.
+    pub async fn delete_environment(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+    ) -> Result<(), StoreError> {
+        let result = sqlx::query("DELETE FROM environments WHERE scope = $1 AND id = $2")
+            .bind(scope.as_str())
+            .bind(id.as_str())
+            .execute(&self.pool)
+            .await?;
+        if result.rows_affected() == 0 {
+            return Err(StoreError::NotFound);
+        }
+        Ok(())
+    }
+}
+
+fn environment_from_row(row: &AnyRow) -> Result<Environment, StoreError> {
+    let id: String = row.try_get("id")?;
+    let scope: String = row.try_get("scope")?;
+    Ok(Environment {
+        id: EnvironmentId::parse(&id).ok_or_else(|| StoreError::Corrupt(format!("environment id {id:?}")))?,
+        scope: Scope::parse(&scope).map_err(|_| StoreError::Corrupt(format!("scope of {id}")))?,
+        name: row.try_get("name")?,
+        slug: Slug::from_stored(row.try_get("slug")?),
+        description: row.try_get("description")?,
+        entry: row.try_get("entry")?,
+        active_version: version(row, "active_version")?,
+        latest_version: version(row, "latest_version")?,
+        files_count: count(row, "files_count")?,
+        files_bytes: count(row, "files_bytes")?,
+        created_at_ms: row.try_get("created_at_ms")?,
+        updated_at_ms: row.try_get("updated_at_ms")?,
+    })
+}
+
+fn version(row: &AnyRow, column: &str) -> Result<Option<u32>, StoreError> {
+    let value: Option<i64> = row.try_get(column)?;
+    value
+        .map(|v| u32::try_from(v).map_err(|_| StoreError::Corrupt(format!("{column} = {v}"))))
+        .transpose()
+}
+
+fn count(row: &AnyRow, column: &str) -> Result<u64, StoreError> {
+    let value: i64 = row.try_get(column)?;
+    u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("{column} = {value}")))
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}

@@ -1,0 +1,261 @@
+//! The one error vocabulary of Plinth, and its one mapping to gRPC and to HTTP.
+//!
+//! Services raise [`PlinthError`]s; gRPC servers send them as a `tonic::Status` whose
+//! `google.rpc.ErrorInfo` carries the code as its `reason`; the gateway turns a received
+//! `Status` back into a [`PlinthError`] and from there into an HTTP status and a JSON body.
+//! No other place maps codes.
+
+use std::collections::HashMap;
+use std::fmt;
+
+pub use serde_json::{Map, Value};
+use tonic_types::{ErrorDetails, StatusExt};
+
+/// The `domain` of every `ErrorInfo` Plinth sends.
+pub const ERROR_DOMAIN: &str = "plinth";
+
+/// Every error code a Plinth API can answer with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// The request is malformed or breaks a rule; the message names what.
+    EnvironmentInvalid,
+    /// The object does not exist, or belongs to another scope.
+    EnvironmentNotFound,
+    /// The slug (and so the mount path) is already taken in the scope.
+    EnvironmentExists,
+    /// Another operation (a build) holds the environment.
+    EnvironmentBusy,
+    /// The environment or version has nothing usable built.
+    EnvironmentNotReady,
+    /// A body exceeds a size limit; `detail.max_bytes` states it.
+    FileTooLarge,
+    /// No valid credentials.
+    Unauthenticated,
+    /// The route does not exist on this server.
+    NotFound,
+    /// The route exists but not with this method.
+    MethodNotAllowed,
+    /// A service this one depends on did not answer; retrying later may succeed.
+    Unavailable,
+    /// Anything else; details are logged, never sent.
+    Internal,
+}
+
+impl ErrorCode {
+    /// Every code, for documentation and exhaustive tests.
+    pub const ALL: [ErrorCode; 11] = [
+        ErrorCode::EnvironmentInvalid,
+        ErrorCode::EnvironmentNotFound,
+        ErrorCode::EnvironmentExists,
+        ErrorCode::EnvironmentBusy,
+        ErrorCode::EnvironmentNotReady,
+        ErrorCode::FileTooLarge,
+        ErrorCode::Unauthenticated,
+        ErrorCode::NotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::Unavailable,
+        ErrorCode::Internal,
+    ];
+
+    /// The code as it appears on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::EnvironmentInvalid => "environment_invalid",
+            ErrorCode::EnvironmentNotFound => "environment_not_found",
+            ErrorCode::EnvironmentExists => "environment_exists",
+            ErrorCode::EnvironmentBusy => "environment_busy",
+            ErrorCode::EnvironmentNotReady => "environment_not_ready",
+            ErrorCode::FileTooLarge => "file_too_large",
+            ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Internal => "internal",
+        }
+    }
+
+    /// Parses a wire code.
+    pub fn parse(code: &str) -> Option<ErrorCode> {
+        ErrorCode::ALL.into_iter().find(|c| c.as_str() == code)
+    }
+
+    /// The HTTP status the gateway answers with.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::EnvironmentInvalid => 400,
+            ErrorCode::EnvironmentNotFound | ErrorCode::NotFound => 404,
+            ErrorCode::EnvironmentExists
+            | ErrorCode::EnvironmentBusy
+            | ErrorCode::EnvironmentNotReady => 409,
+            ErrorCode::FileTooLarge => 413,
+            ErrorCode::Unauthenticated => 401,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::Unavailable => 503,
+            ErrorCode::Internal => 500,
+        }
+    }
+
+    /// The gRPC code a service answers with.
+    pub fn grpc_code(self) -> tonic::Code {
+        match self {
+            ErrorCode::EnvironmentInvalid => tonic::Code::InvalidArgument,
+            ErrorCode::EnvironmentNotFound | ErrorCode::NotFound => tonic::Code::NotFound,
+            ErrorCode::EnvironmentExists => tonic::Code::AlreadyExists,
+            ErrorCode::EnvironmentBusy => tonic::Code::Aborted,
+            ErrorCode::EnvironmentNotReady => tonic::Code::FailedPrecondition,
+            ErrorCode::FileTooLarge => tonic::Code::OutOfRange,
+            ErrorCode::Unauthenticated => tonic::Code::Unauthenticated,
+            ErrorCode::MethodNotAllowed => tonic::Code::Unimplemented,
+            ErrorCode::Unavailable => tonic::Code::Unavailable,
+            ErrorCode::Internal => tonic::Code::Internal,
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An error as a caller sees it: a code, a message for a person, optional particulars.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct PlinthError {
+    /// What kind of error.
+    pub code: ErrorCode,
+    /// What went wrong and, where it helps, what to do; never internals.
+    pub message: String,
+    /// Particulars a program can act on, such as `{"max_bytes": 67108864}`.
+    pub detail: Option<Value>,
+}
+
+impl PlinthError {
+    /// An error without particulars.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        PlinthError {
+            code,
+            message: message.into(),
+            detail: None,
+        }
+    }
+
+    /// Adds particulars.
+    pub fn with_detail(mut self, detail: Value) -> Self {
+        self.detail = Some(detail);
+        self
+    }
+
+    /// `environment_invalid` with a message.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::EnvironmentInvalid, message)
+    }
+
+    /// `environment_not_found` for an id.
+    pub fn not_found(what: impl fmt::Display) -> Self {
+        Self::new(ErrorCode::EnvironmentNotFound, format!("{what} was not found"))
+    }
+
+    /// An internal error. The cause is logged here, where it is handled, and never sent.
+    pub fn internal(cause: &(dyn std::error::Error + 'static)) -> Self {
+        tracing::error!(error = %DisplayChain(cause), "internal error");
+        Self::new(ErrorCode::Internal, "internal error; the server log has the cause")
+    }
+
+    /// The gRPC status a server sends for this error.
+    pub fn to_status(&self) -> tonic::Status {
+        let mut metadata = HashMap::new();
+        if let Some(detail) = &self.detail {
+            metadata.insert("detail".to_owned(), detail.to_string());
+        }
+        let details = ErrorDetails::with_error_info(self.code.as_str(), ERROR_DOMAIN, metadata);
+        tonic::Status::with_error_details(self.code.grpc_code(), self.message.clone(), details)
+    }
+
+    /// Reads a status received from a Plinth service (or from the transport) back into an
+    /// error. Statuses without a Plinth `ErrorInfo` come from the transport or a foreign
+    /// server: an unreachable service is `unavailable`, anything else `internal`, and
+    /// their messages are not passed on.
+    pub fn from_status(status: &tonic::Status) -> Self {
+        let info = status
+            .get_error_details()
+            .error_info()
+            .filter(|info| info.domain == ERROR_DOMAIN)
+            .cloned();
+        if let Some(code) = info.as_ref().and_then(|info| ErrorCode::parse(&info.reason)) {
+            let detail = info
+                .as_ref()
+                .and_then(|info| info.metadata.get("detail"))
+                .and_then(|raw| serde_json::from_str(raw).ok());
+            return PlinthError {
+                code,
+                message: status.message().to_owned(),
+                detail,
+            };
+        }
+        match status.code() {
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                tracing::warn!(grpc.code = ?status.code(), grpc.message = status.message(), "dependency did not answer");
+                Self::new(
+                    ErrorCode::Unavailable,
+                    "a Plinth service this request needs did not answer; retry shortly",
+                )
+            }
+            tonic::Code::Unauthenticated => {
+                tracing::error!(grpc.message = status.message(), "internal token refused between services");
+                Self::new(ErrorCode::Internal, "internal error; the server log has the cause")
+            }
+            _ => {
+                tracing::error!(grpc.code = ?status.code(), grpc.message = status.message(), "unexpected status from a service");
+                Self::new(ErrorCode::Internal, "internal error; the server log has the cause")
+            }
+        }
+    }
+}
+
+impl From<PlinthError> for tonic::Status {
+    fn from(error: PlinthError) -> Self {
+        error.to_status()
+    }
+}
+
+/// Displays an error with its chain of causes, `a: b: c`.
+pub struct DisplayChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for DisplayChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_survives_a_grpc_round_trip_with_its_detail() {
+        for code in ErrorCode::ALL {
+            let sent = PlinthError::new(code, format!("message of {code}"))
+                .with_detail(serde_json::json!({"max_bytes": 42}));
+            let received = PlinthError::from_status(&sent.to_status());
+            assert_eq!(received, sent);
+            assert_eq!(ErrorCode::parse(code.as_str()), Some(code));
+        }
+    }
+
+    #[test]
+    fn a_foreign_status_does_not_leak_its_message() {
+        let received = PlinthError::from_status(&tonic::Status::internal("db password is hunter2"));
+        assert_eq!(received.code, ErrorCode::Internal);
+        assert!(!received.message.contains("hunter2"));
+        let down = PlinthError::from_status(&tonic::Status::unavailable("connection refused"));
+        assert_eq!(down.code, ErrorCode::Unavailable);
+        assert_eq!(down.code.http_status(), 503);
+    }
+}

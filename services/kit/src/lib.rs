@@ -1,0 +1,18 @@
+//! plinth-kit: the ground every Plinth service stands on.
+//!
+//! It owns the error vocabulary and its one mapping to gRPC and HTTP (`error`), layered
+//! configuration helpers and secrets that never print (`config`), telemetry: logs, traces
+//! carried across gRPC, Prometheus metrics (`telemetry`), the gRPC server and client
+//! plumbing every service shares (`grpc`), the small admin HTTP surface (`admin`), and
+//! shutdown and task spawning (`tasks`).
+//!
+//! Business rules do not belong here, nor anything that knows what an environment is.
+
+pub mod admin;
+pub mod config;
+pub mod error;
+pub mod grpc;
+pub mod tasks;
+pub mod telemetry;
+
+pub use error::{ErrorCode, PlinthError};
