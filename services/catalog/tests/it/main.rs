@@ -1,1 +1,4 @@
-fn main() {}
+//! The catalog's integration tests: the store conformance suite, run unchanged against
+//! SQLite and PostgreSQL.
+
+mod store;
