@@ -1,1 +1,203 @@
-//! placeholder
+//! plinth-gateway: the REST face of Plinth. It speaks UHP's environments API (and, as they
+//! arrive, the Novo and Brain adapters) to clients and gRPC to the services behind it.
+//!
+//! It owns authentication (bearer token → scope), request parsing, the HTTP error envelope
+//! and the OpenAPI document. It owns no durable state and no business rule: every decision
+//! about an environment is the catalog's, reached over `plinth.catalog.v1`.
+
+mod auth;
+mod environments;
+mod error;
+mod json;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use plinth_kit::admin::{self, ReadinessCheck};
+use plinth_kit::config::Secret;
+use plinth_kit::grpc::{ClientInterceptor, InvalidToken};
+use plinth_kit::tasks::CancellationToken;
+use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+pub use auth::DEFAULT_SCOPE;
+pub use error::{ErrorBody, ErrorObject};
+
+/// How the gateway behaves.
+#[derive(Debug, Clone)]
+pub struct GatewayOptions {
+    /// Whether the environments chapter is served; when false, `/v1/capabilities` says so and
+    /// every environment endpoint answers 404.
+    pub environments: bool,
+    /// Bearer token → scope. Empty: one scope, [`DEFAULT_SCOPE`], for every caller.
+    pub tokens: Vec<(Secret, String)>,
+    /// Sent to the services behind, when they require it.
+    pub internal_token: Option<Secret>,
+}
+
+/// Why the gateway could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The internal token cannot be sent.
+    #[error(transparent)]
+    InternalToken(#[from] InvalidToken),
+    /// The HTTP server failed.
+    #[error("gateway HTTP server failed: {0}")]
+    Serve(#[from] std::io::Error),
+}
+
+type CatalogClient = CatalogServiceClient<InterceptedService<Channel, ClientInterceptor>>;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    catalog: CatalogClient,
+    tokens: Arc<auth::Tokens>,
+    environments: bool,
+}
+
+impl AppState {
+    /// A catalog client for one request; clones share the channel.
+    fn catalog(&self) -> CatalogClient {
+        self.catalog.clone()
+    }
+}
+
+/// The OpenAPI document's fixed parts; paths are added from the handlers.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Plinth",
+        description = "Environments for agent sessions: a project's files and installed dependencies, built once into immutable versions and mounted read-only at /env/<slug>."
+    ),
+    components(schemas(ErrorBody, ErrorObject)),
+    modifiers(&BearerAuth),
+    tags((name = "environments", description = "UHP Environments §2"), (name = "discovery", description = "UHP Environments §7"))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// `GET /v1/capabilities`.
+#[derive(Debug, Serialize, ToSchema)]
+struct CapabilitiesBody {
+    capabilities: Capabilities,
+}
+
+/// Which optional chapters this server implements.
+#[derive(Debug, Serialize, ToSchema)]
+struct Capabilities {
+    /// The Environments chapter: every endpoint under `/v1/environments`.
+    environments: bool,
+}
+
+/// Which optional chapters this server implements.
+#[utoipa::path(
+    get,
+    path = "/v1/capabilities",
+    tag = "discovery",
+    responses(
+        (status = 200, description = "The capabilities", body = CapabilitiesBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn capabilities(
+    State(state): State<AppState>,
+    _caller: auth::Caller,
+) -> Json<CapabilitiesBody> {
+    Json(CapabilitiesBody {
+        capabilities: Capabilities {
+            environments: state.environments,
+        },
+    })
+}
+
+/// The whole HTTP surface: the API, `/openapi.json`, `/healthz`, `/readyz`, `/metrics`.
+/// `catalog` is a channel to the catalog service (see `plinth_kit::grpc::connect_lazy`).
+pub fn router(options: &GatewayOptions, catalog: Channel) -> Result<Router, GatewayError> {
+    let interceptor = ClientInterceptor::new(options.internal_token.as_ref())?;
+    let state = AppState {
+        catalog: CatalogServiceClient::with_interceptor(catalog.clone(), interceptor),
+        tokens: Arc::new(auth::Tokens::new(options.tokens.clone())),
+        environments: options.environments,
+    };
+    let mut api = OpenApiRouter::with_openapi(ApiDoc::openapi()).routes(routes!(capabilities));
+    if options.environments {
+        api = api.merge(environments::routes());
+    }
+    let (api, openapi) = api.split_for_parts();
+    let openapi = Arc::new(openapi);
+    let app = api
+        .route(
+            "/openapi.json",
+            get(move || {
+                let openapi = openapi.clone();
+                async move { Json(openapi.as_ref().clone()) }
+            }),
+        )
+        .fallback(error::no_such_route)
+        .method_not_allowed_fallback(error::method_not_allowed)
+        .with_state(state)
+        .merge(admin::router(catalog_readiness(catalog)))
+        .layer(axum::middleware::from_fn(plinth_kit::http::observe));
+    Ok(app)
+}
+
+/// Ready when the catalog says it is serving (which it says only while its database answers).
+fn catalog_readiness(catalog: Channel) -> ReadinessCheck {
+    Arc::new(move || {
+        let mut health = HealthClient::new(catalog.clone());
+        Box::pin(async move {
+            let request = HealthCheckRequest {
+                service: "plinth.catalog.v1.CatalogService".to_owned(),
+            };
+            let answer = tokio::time::timeout(Duration::from_secs(2), health.check(request))
+                .await
+                .map_err(|_| "catalog did not answer within 2 s".to_owned())?
+                .map_err(|status| format!("catalog: {}", status.message()))?;
+            match answer.into_inner().status() {
+                ServingStatus::Serving => Ok(()),
+                other => Err(format!("catalog reports {}", other.as_str_name())),
+            }
+        })
+    })
+}
+
+/// Serves the gateway on `listener` until `shutdown` is cancelled.
+pub async fn run(
+    options: GatewayOptions,
+    listener: TcpListener,
+    catalog: Channel,
+    shutdown: CancellationToken,
+) -> Result<(), GatewayError> {
+    let app = router(&options, catalog)?;
+    tracing::info!(address = ?listener.local_addr().ok(), environments = options.environments, scopes = if options.tokens.is_empty() { "single" } else { "by token" }, "gateway serving");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await?;
+    Ok(())
+}

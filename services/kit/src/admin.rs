@@ -1,15 +1,12 @@
 //! The small HTTP surface every Plinth process offers operators: `/healthz` (the process
-//! runs), `/readyz` (its dependencies answer) and `/metrics` (Prometheus text), plus the
-//! middleware that counts HTTP requests by route and outcome.
+//! runs), `/readyz` (its dependencies answer) and `/metrics` (Prometheus text).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
 
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::State;
 use axum::http::StatusCode;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -55,23 +52,4 @@ pub async fn serve(
     axum::serve(listener, router(readiness))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
-}
-
-/// Counts requests and records their latency by route template (never the raw path, which
-/// would let callers grow labels without bound), method and status.
-pub async fn track_http(request: Request, next: Next) -> Response {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|path| path.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
-    let method = request.method().as_str().to_owned();
-    let started = Instant::now();
-    let response = next.run(request).await;
-    let status = response.status().as_u16().to_string();
-    let labels = [("route", route), ("method", method), ("status", status)];
-    metrics::counter!("plinth_http_requests_total", &labels).increment(1);
-    metrics::histogram!("plinth_http_request_duration_seconds", &labels)
-        .record(started.elapsed().as_secs_f64());
-    response
 }

@@ -3,7 +3,8 @@
 //! It owns the error vocabulary and its one mapping to gRPC and HTTP (`error`), layered
 //! configuration helpers and secrets that never print (`config`), telemetry: logs, traces
 //! carried across gRPC, Prometheus metrics (`telemetry`), the gRPC server and client
-//! plumbing every service shares (`grpc`), the small admin HTTP surface (`admin`), and
+//! plumbing every service shares (`grpc`), HTTP request spans and metrics (`http`), the
+//! small admin HTTP surface (`admin`), and
 //! shutdown and task spawning (`tasks`).
 //!
 //! Business rules do not belong here, nor anything that knows what an environment is.
@@ -12,6 +13,7 @@ pub mod admin;
 pub mod config;
 pub mod error;
 pub mod grpc;
+pub mod http;
 pub mod tasks;
 pub mod telemetry;
 

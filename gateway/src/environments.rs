@@ -1,0 +1,410 @@
+//! `/v1/environments`: the UHP environment object (§2) over the catalog's gRPC contract.
+//! Request bodies are parsed strictly here; every rule (names, slugs, limits, scopes) is the
+//! catalog's.
+
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::Json;
+use plinth_kit::PlinthError;
+use plinth_proto::catalog::v1 as pb;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorBody};
+use crate::json::JsonBody;
+use crate::AppState;
+
+/// The environment routes.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_environment, list_environments))
+        .routes(routes!(get_environment, update_environment, delete_environment))
+}
+
+/// `POST /v1/environments`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, expecting = "a JSON object with name, description, entry")]
+pub struct CreateEnvironment {
+    /// Display name, up to 200 characters; the slug and mount path are derived from it and
+    /// never change.
+    #[schema(example = "Content Studio")]
+    pub name: String,
+    /// Free text, up to 4000 characters.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// How to run the project, told to agents; up to 4000 characters.
+    #[serde(default)]
+    #[schema(example = "python3 run.py --episode <id>")]
+    pub entry: Option<String>,
+}
+
+/// `PUT /v1/environments/{id}`: fields left out stay as they are.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, expecting = "a JSON object with name, description, entry")]
+pub struct UpdateEnvironment {
+    /// New display name. The slug and mount path stay, so scripts that use the absolute path
+    /// keep working.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// New description.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// New entry.
+    #[serde(default)]
+    pub entry: Option<String>,
+}
+
+/// The environment object of UHP §2.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EnvironmentBody {
+    /// `henv_` + 32 lowercase hex digits.
+    #[schema(example = "henv_2f1c9d4e8a7b4c3d9e6f5a4b3c2d1e0f")]
+    pub id: String,
+    /// Always `environment`.
+    #[schema(example = "environment")]
+    pub object: &'static str,
+    /// Display name.
+    pub name: String,
+    /// Fixed at creation.
+    #[schema(example = "content-studio")]
+    pub slug: String,
+    /// Free text; empty when not given.
+    pub description: String,
+    /// How to run the project; empty when not given.
+    pub entry: String,
+    /// `empty` (nothing built yet), `building`, `ready` (a version is active) or `failed`.
+    #[schema(example = "empty")]
+    pub status: &'static str,
+    /// Where sessions see it: `/env/<slug>`.
+    #[schema(example = "/env/content-studio")]
+    pub mount: String,
+    /// The active version; null until a build succeeds.
+    pub version: Option<u32>,
+    /// The newest version built or building; null until a build starts.
+    #[serde(rename = "latestVersion")]
+    pub latest_version: Option<u32>,
+    /// Size of the source.
+    pub files: FilesBody,
+    /// Packages the active version installed.
+    pub packages: Vec<PackageBody>,
+    /// Every version, newest first.
+    pub versions: Vec<VersionBody>,
+    /// The latest build; null until a build starts.
+    pub build: Option<BuildBody>,
+    /// Milliseconds since the Unix epoch.
+    #[serde(rename = "createdAt")]
+    pub created_at: i64,
+    /// Milliseconds since the Unix epoch.
+    #[serde(rename = "updatedAt")]
+    pub updated_at: i64,
+}
+
+/// Size of an environment's source.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FilesBody {
+    /// Regular files.
+    pub count: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// An installed package.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PackageBody {
+    /// `pip` or `npm`.
+    pub manager: String,
+    /// Its name.
+    pub name: String,
+    /// Its version.
+    pub version: String,
+}
+
+/// One version on the environment object.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VersionBody {
+    /// Its number.
+    pub version: u32,
+    /// `queued`, `building`, `ready` or `failed`.
+    pub status: &'static str,
+    /// Seconds since the Unix epoch; null while queued.
+    pub started_at: Option<i64>,
+    /// Seconds since the Unix epoch; null while unfinished.
+    pub finished_at: Option<i64>,
+    /// Packages installed.
+    pub packages: u32,
+}
+
+/// The latest build on the environment object.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BuildBody {
+    /// The version it builds.
+    pub version: u32,
+    /// `queued`, `building`, `ready` or `failed`.
+    pub status: &'static str,
+    /// Seconds since the Unix epoch; null while queued.
+    pub started_at: Option<i64>,
+    /// Seconds since the Unix epoch; null while unfinished.
+    pub finished_at: Option<i64>,
+    /// Why it failed; empty otherwise.
+    pub error: String,
+}
+
+/// `GET /v1/environments`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EnvironmentList {
+    /// Always `list`.
+    #[schema(example = "list")]
+    pub object: &'static str,
+    /// The caller's environments, oldest first.
+    pub data: Vec<EnvironmentBody>,
+}
+
+/// `DELETE /v1/environments/{id}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeletedEnvironment {
+    /// The id that was deleted.
+    pub id: String,
+    /// Always `environment`.
+    pub object: &'static str,
+    /// Always true.
+    pub deleted: bool,
+}
+
+fn environment_status(status: i32) -> &'static str {
+    match pb::EnvironmentStatus::try_from(status) {
+        Ok(pb::EnvironmentStatus::Building) => "building",
+        Ok(pb::EnvironmentStatus::Ready) => "ready",
+        Ok(pb::EnvironmentStatus::Failed) => "failed",
+        Ok(pb::EnvironmentStatus::Empty | pb::EnvironmentStatus::Unspecified) | Err(_) => "empty",
+    }
+}
+
+fn build_status(status: i32) -> &'static str {
+    match pb::BuildStatus::try_from(status) {
+        Ok(pb::BuildStatus::Building) => "building",
+        Ok(pb::BuildStatus::Ready) => "ready",
+        Ok(pb::BuildStatus::Failed) => "failed",
+        Ok(pb::BuildStatus::Queued | pb::BuildStatus::Unspecified) | Err(_) => "queued",
+    }
+}
+
+fn seconds(value: i64) -> Option<i64> {
+    (value > 0).then_some(value)
+}
+
+impl From<pb::Environment> for EnvironmentBody {
+    fn from(environment: pb::Environment) -> Self {
+        let files = environment.files.unwrap_or_default();
+        EnvironmentBody {
+            id: environment.id,
+            object: "environment",
+            name: environment.name,
+            slug: environment.slug,
+            description: environment.description,
+            entry: environment.entry,
+            status: environment_status(environment.status),
+            mount: environment.mount,
+            version: environment.version,
+            latest_version: environment.latest_version,
+            files: FilesBody {
+                count: files.count,
+                bytes: files.bytes,
+            },
+            packages: environment
+                .packages
+                .into_iter()
+                .map(|package| PackageBody {
+                    manager: package.manager,
+                    name: package.name,
+                    version: package.version,
+                })
+                .collect(),
+            versions: environment
+                .versions
+                .into_iter()
+                .map(|version| VersionBody {
+                    version: version.version,
+                    status: build_status(version.status),
+                    started_at: seconds(version.started_at),
+                    finished_at: seconds(version.finished_at),
+                    packages: version.packages,
+                })
+                .collect(),
+            build: environment.build.map(|build| BuildBody {
+                version: build.version,
+                status: build_status(build.status),
+                started_at: seconds(build.started_at),
+                finished_at: seconds(build.finished_at),
+                error: build.error,
+            }),
+            created_at: environment.created_at_ms,
+            updated_at: environment.updated_at_ms,
+        }
+    }
+}
+
+/// The `{id}` of a route. A segment that does not decode cannot name an environment.
+pub struct EnvironmentIdParam(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for EnvironmentIdParam {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(id)) => Ok(EnvironmentIdParam(id)),
+            Err(_) => Err(PlinthError::not_found("environment").into()),
+        }
+    }
+}
+
+/// Create an environment.
+#[utoipa::path(
+    post,
+    path = "/v1/environments",
+    tag = "environments",
+    request_body = CreateEnvironment,
+    responses(
+        (status = 201, description = "Created", body = EnvironmentBody),
+        (status = 400, description = "environment_invalid: malformed JSON, unknown or mistyped field, a name that yields no slug, a limit broken", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 409, description = "environment_exists: the slug (and mount path) is taken in this scope", body = ErrorBody),
+        (status = 503, description = "unavailable: the catalog did not answer", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn create_environment(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(body): JsonBody<CreateEnvironment>,
+) -> Result<(StatusCode, Json<EnvironmentBody>), ApiError> {
+    let request = pb::CreateEnvironmentRequest {
+        scope: caller.scope,
+        name: body.name,
+        description: body.description.unwrap_or_default(),
+        entry: body.entry.unwrap_or_default(),
+    };
+    let environment = state.catalog().create_environment(request).await?.into_inner();
+    Ok((StatusCode::CREATED, Json(environment.into())))
+}
+
+/// List the caller's environments.
+#[utoipa::path(
+    get,
+    path = "/v1/environments",
+    tag = "environments",
+    responses(
+        (status = 200, description = "The caller's environments, oldest first", body = EnvironmentList),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 503, description = "unavailable: the catalog did not answer", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn list_environments(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<EnvironmentList>, ApiError> {
+    let request = pb::ListEnvironmentsRequest {
+        scope: caller.scope,
+    };
+    let list = state.catalog().list_environments(request).await?.into_inner();
+    Ok(Json(EnvironmentList {
+        object: "list",
+        data: list.environments.into_iter().map(Into::into).collect(),
+    }))
+}
+
+/// One environment, with its versions.
+#[utoipa::path(
+    get,
+    path = "/v1/environments/{id}",
+    tag = "environments",
+    params(("id" = String, Path, description = "The environment's id")),
+    responses(
+        (status = 200, description = "The environment", body = EnvironmentBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found: no such environment in the caller's scope", body = ErrorBody),
+        (status = 503, description = "unavailable: the catalog did not answer", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn get_environment(
+    State(state): State<AppState>,
+    caller: Caller,
+    EnvironmentIdParam(id): EnvironmentIdParam,
+) -> Result<Json<EnvironmentBody>, ApiError> {
+    let request = pb::GetEnvironmentRequest {
+        scope: caller.scope,
+        id,
+    };
+    let environment = state.catalog().get_environment(request).await?.into_inner();
+    Ok(Json(environment.into()))
+}
+
+/// Rename an environment, or change its description or entry. The slug and mount stay.
+#[utoipa::path(
+    put,
+    path = "/v1/environments/{id}",
+    tag = "environments",
+    params(("id" = String, Path, description = "The environment's id")),
+    request_body = UpdateEnvironment,
+    responses(
+        (status = 200, description = "The environment as changed", body = EnvironmentBody),
+        (status = 400, description = "environment_invalid: malformed JSON, unknown or mistyped field, a limit broken", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found", body = ErrorBody),
+        (status = 503, description = "unavailable: the catalog did not answer", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn update_environment(
+    State(state): State<AppState>,
+    caller: Caller,
+    EnvironmentIdParam(id): EnvironmentIdParam,
+    JsonBody(body): JsonBody<UpdateEnvironment>,
+) -> Result<Json<EnvironmentBody>, ApiError> {
+    let request = pb::UpdateEnvironmentRequest {
+        scope: caller.scope,
+        id,
+        name: body.name,
+        description: body.description,
+        entry: body.entry,
+    };
+    let environment = state.catalog().update_environment(request).await?.into_inner();
+    Ok(Json(environment.into()))
+}
+
+/// Delete an environment and every version of it.
+#[utoipa::path(
+    delete,
+    path = "/v1/environments/{id}",
+    tag = "environments",
+    params(("id" = String, Path, description = "The environment's id")),
+    responses(
+        (status = 200, description = "Deleted", body = DeletedEnvironment),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found", body = ErrorBody),
+        (status = 409, description = "environment_busy: a build is running", body = ErrorBody),
+        (status = 503, description = "unavailable: the catalog did not answer", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn delete_environment(
+    State(state): State<AppState>,
+    caller: Caller,
+    EnvironmentIdParam(id): EnvironmentIdParam,
+) -> Result<Json<DeletedEnvironment>, ApiError> {
+    let request = pb::DeleteEnvironmentRequest {
+        scope: caller.scope,
+        id: id.clone(),
+    };
+    state.catalog().delete_environment(request).await?;
+    Ok(Json(DeletedEnvironment {
+        id,
+        object: "environment",
+        deleted: true,
+    }))
+}

@@ -1,0 +1,91 @@
+//! HTTP errors. Every error the gateway answers is a [`PlinthError`] rendered here, with the
+//! status from the one table in `plinth_kit::error`, as `{"error": {"code", "message",
+//! "detail"?}}`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use plinth_kit::{ErrorCode, PlinthError};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// An error on its way to the client.
+#[derive(Debug)]
+pub struct ApiError(pub PlinthError);
+
+impl From<PlinthError> for ApiError {
+    fn from(error: PlinthError) -> Self {
+        ApiError(error)
+    }
+}
+
+impl From<tonic::Status> for ApiError {
+    fn from(status: tonic::Status) -> Self {
+        ApiError(PlinthError::from_status(&status))
+    }
+}
+
+/// The body of every error answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorObject,
+}
+
+/// One error.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorObject {
+    /// A code from the error table: `environment_invalid`, `environment_not_found`,
+    /// `environment_exists`, `environment_busy`, `environment_not_ready`, `file_too_large`,
+    /// `unauthenticated`, `not_found`, `method_not_allowed`, `unavailable`, `internal`.
+    #[schema(example = "environment_invalid")]
+    pub code: &'static str,
+    /// What went wrong, for a person; names the field or path at fault.
+    pub message: String,
+    /// Particulars a program can act on, such as `max_bytes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub detail: Option<serde_json::Value>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let PlinthError {
+            code,
+            message,
+            detail,
+        } = self.0;
+        let status =
+            StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = ErrorBody {
+            error: ErrorObject {
+                code: code.as_str(),
+                message,
+                detail,
+            },
+        };
+        let mut response = (status, axum::Json(body)).into_response();
+        if code == ErrorCode::Unauthenticated {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"plinth\""),
+            );
+        }
+        response
+    }
+}
+
+/// Any route this server does not have.
+pub async fn no_such_route(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError(PlinthError::new(
+        ErrorCode::NotFound,
+        format!("no such endpoint: {method} {}", uri.path()),
+    ))
+}
+
+/// A route this server has, with a method it does not take.
+pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError(PlinthError::new(
+        ErrorCode::MethodNotAllowed,
+        format!("{} does not take {method}", uri.path()),
+    ))
+}

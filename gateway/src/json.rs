@@ -1,0 +1,95 @@
+//! The JSON request extractor. Unlike axum's own, every refusal is `environment_invalid`
+//! in the error envelope, and the message names the field at fault (`name: invalid type:
+//! integer 5, expected a string`), found with `serde_path_to_error`.
+
+use axum::extract::{FromRequest, Request};
+use plinth_kit::PlinthError;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+
+/// Largest JSON body accepted; every JSON request of the API fits well inside it.
+pub const MAX_JSON_BYTES: usize = 1024 * 1024;
+
+/// A JSON body, parsed strictly.
+pub struct JsonBody<T>(pub T);
+
+impl<S, T> FromRequest<S> for JsonBody<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, _state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = axum::body::to_bytes(request.into_body(), MAX_JSON_BYTES)
+            .await
+            .map_err(|_| {
+                PlinthError::invalid(format!(
+                    "request body: larger than {MAX_JSON_BYTES} bytes, or not received whole"
+                ))
+            })?;
+        parse(&bytes).map(JsonBody).map_err(ApiError)
+    }
+}
+
+/// Parses `bytes` as `T`, naming the field at fault on failure.
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, PlinthError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(PlinthError::invalid(
+            "request body: expected a JSON object, got an empty body",
+        ));
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        let message = if inner.is_syntax() || inner.is_eof() {
+            format!("request body: not valid JSON: {inner}")
+        } else if path == "." {
+            format!("request body: {inner}")
+        } else {
+            format!("{path}: {inner}")
+        };
+        PlinthError::invalid(message)
+    })?;
+    deserializer
+        .end()
+        .map_err(|error| PlinthError::invalid(format!("request body: not valid JSON: {error}")))?;
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Sample {
+        name: String,
+        inner: Option<Inner>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Inner {
+        count: u32,
+    }
+
+    fn message(body: &str) -> String {
+        parse::<Sample>(body.as_bytes()).expect_err("refused").message
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        assert!(message(r#"{"name": 5}"#).starts_with("name: invalid type"));
+        assert!(message(r#"{"name": "a", "inner": {"count": "x"}}"#).starts_with("inner.count:"));
+        assert!(message(r#"{"name": "a", "extra": 1}"#).contains("unknown field `extra`"));
+        assert!(message(r#"{}"#).contains("missing field `name`"));
+        assert!(message(r#"{"name": "a""#).starts_with("request body: not valid JSON"));
+        assert!(message(r#"{"name": "a"} trailing"#).starts_with("request body: not valid JSON"));
+        assert!(message("  ").contains("empty body"));
+    }
+}
