@@ -1,1 +1,49 @@
-//! x
+//! plinth: the one binary. It parses flags, resolves configuration (defaults → file →
+//! environment → flags), starts telemetry, and runs one service or all of them. The services
+//! themselves live in their own crates; this crate only composes them, and tests and
+//! benchmarks start them through the same functions `main` uses.
+
+pub mod args;
+pub mod config;
+pub mod serve;
+
+use anyhow::Context as _;
+use plinth_kit::tasks;
+
+use crate::args::{Cli, Command};
+use crate::config::Config;
+
+/// Runs a parsed command line to completion.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let (name, config, dump) = match &cli.command {
+        Command::Serve(args) => ("plinth", Config::for_serve(args)?, args.common.dump_config),
+        Command::Catalog(args) => (
+            "plinth-catalog",
+            Config::for_catalog(args)?,
+            args.common.dump_config,
+        ),
+        Command::Gateway(args) => (
+            "plinth-gateway",
+            Config::for_gateway(args)?,
+            args.common.dump_config,
+        ),
+    };
+    if dump {
+        print!("{}", config.dump()?);
+        return Ok(());
+    }
+    let _telemetry = plinth_kit::telemetry::init(name, &config.log)?;
+    let running = match cli.command {
+        Command::Serve(_) => {
+            let listen = config.gateway.listen;
+            let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| {
+                format!("cannot listen on {listen}; choose another address with --listen or PLINTH_LISTEN")
+            })?;
+            serve::start_all(&config, listener).await?
+        }
+        Command::Catalog(_) => serve::start_catalog(&config).await?,
+        Command::Gateway(_) => serve::start_gateway(&config).await?,
+    };
+    tasks::cancel_on_signal(running.shutdown.clone());
+    running.wait().await
+}

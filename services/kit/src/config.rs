@@ -140,3 +140,53 @@ mod tests {
         assert!(parse_token_scopes("=scope").is_err());
     }
 }
+
+/// A URL with its password (the part between `user:` and `@`) replaced, for printing.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &authority[..at];
+    let Some(colon) = userinfo.find(':') else {
+        return url.to_owned();
+    };
+    format!(
+        "{}{}:{REDACTED}{}",
+        &url[..scheme_end],
+        &userinfo[..colon],
+        &rest[at..]
+    )
+}
+
+/// `serialize_with` for URLs that may carry a password.
+pub fn serialize_redacted_url<S: Serializer>(
+    url: &Option<String>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match url {
+        Some(url) => serializer.serialize_some(&redact_url(url)),
+        None => serializer.serialize_none(),
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_in_urls_are_redacted_and_nothing_else_changes() {
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db:5432/plinth?sslmode=require"),
+            "postgres://app:<redacted>@db:5432/plinth?sslmode=require"
+        );
+        assert_eq!(redact_url("postgres://app@db/plinth"), "postgres://app@db/plinth");
+        assert_eq!(redact_url("sqlite://./data/catalog.db"), "sqlite://./data/catalog.db");
+        assert_eq!(redact_url("not a url"), "not a url");
+    }
+}

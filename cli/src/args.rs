@@ -1,0 +1,120 @@
+//! Command-line flags. Every flag that sets configuration has an environment variable; both
+//! override the config file, and flags override variables.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Plinth: environments for agent sessions.
+#[derive(Debug, Parser)]
+#[command(name = "plinth", version, about, long_about = None)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The services `plinth` can run.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run every service in one process: SQLite and local files under --data-dir, REST on
+    /// --listen. Nothing else needs to be installed.
+    Serve(ServeArgs),
+    /// Run the catalog service alone (gRPC), for a split deployment.
+    Catalog(CatalogArgs),
+    /// Run the REST gateway alone, in front of a catalog at --catalog-url.
+    Gateway(GatewayArgs),
+}
+
+/// Flags every command takes.
+#[derive(Debug, Args)]
+pub struct CommonArgs {
+    /// A TOML config file; flags and environment variables override it.
+    #[arg(long, env = "PLINTH_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration (secrets redacted) and exit.
+    #[arg(long)]
+    pub dump_config: bool,
+    /// Log filter, e.g. `info` or `plinth_catalog=debug,info`.
+    #[arg(long, env = "PLINTH_LOG")]
+    pub log: Option<String>,
+    /// Log format.
+    #[arg(long, env = "PLINTH_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormatArg>,
+    /// Shared secret the services require of each other's calls.
+    #[arg(long, env = "PLINTH_INTERNAL_TOKEN", hide_env_values = true)]
+    pub internal_token: Option<String>,
+}
+
+/// Log formats.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormatArg {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `plinth serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Where the embedded database and object store live.
+    #[arg(long, env = "PLINTH_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// REST address.
+    #[arg(long, env = "PLINTH_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// The catalog's database; defaults to SQLite in --data-dir.
+    #[arg(long, env = "PLINTH_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// The in-process catalog's gRPC address; defaults to an ephemeral loopback port.
+    #[arg(long, env = "PLINTH_CATALOG_LISTEN")]
+    pub catalog_listen: Option<SocketAddr>,
+    /// Bearer tokens and their scopes, `token=scope,token=scope`.
+    #[arg(long, env = "PLINTH_TOKENS", hide_env_values = true)]
+    pub tokens: Option<String>,
+    /// Serve the environments chapter (`true`/`false`).
+    #[arg(long, env = "PLINTH_ENVIRONMENTS")]
+    pub environments: Option<bool>,
+}
+
+/// `plinth catalog`.
+#[derive(Debug, Args)]
+pub struct CatalogArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Where the default SQLite database lives.
+    #[arg(long, env = "PLINTH_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// gRPC address.
+    #[arg(long, env = "PLINTH_CATALOG_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Address for /healthz, /readyz and /metrics.
+    #[arg(long, env = "PLINTH_CATALOG_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
+    /// `sqlite://…` or `postgres://…`; defaults to SQLite in --data-dir.
+    #[arg(long, env = "PLINTH_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+}
+
+/// `plinth gateway`.
+#[derive(Debug, Args)]
+pub struct GatewayArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// REST address.
+    #[arg(long, env = "PLINTH_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// The catalog's gRPC URL.
+    #[arg(long, env = "PLINTH_CATALOG_URL")]
+    pub catalog_url: Option<String>,
+    /// Bearer tokens and their scopes, `token=scope,token=scope`.
+    #[arg(long, env = "PLINTH_TOKENS", hide_env_values = true)]
+    pub tokens: Option<String>,
+    /// Serve the environments chapter (`true`/`false`).
+    #[arg(long, env = "PLINTH_ENVIRONMENTS")]
+    pub environments: Option<bool>,
+}

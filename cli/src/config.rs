@@ -1,0 +1,266 @@
+//! The effective configuration of a `plinth` process: defaults, then the TOML file, then
+//! environment variables and flags (see `args`). Each command resolves what it will use, so
+//! `--dump-config` prints exactly that, secrets redacted.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use plinth_kit::config::{self, ConfigError, Secret};
+use plinth_kit::telemetry::{LogConfig, LogFormat};
+use serde::{Deserialize, Serialize};
+
+use crate::args::{CatalogArgs, CommonArgs, GatewayArgs, LogFormatArg, ServeArgs};
+
+/// The REST address when none is given.
+pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
+/// The catalog's gRPC address for `plinth catalog` when none is given.
+pub const DEFAULT_CATALOG_LISTEN: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 7001);
+
+/// Everything a `plinth` process can be told.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Where the embedded database and object store live.
+    pub data_dir: PathBuf,
+    /// Shared secret between services; calls without it are refused when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub internal_token: Option<Secret>,
+    /// Logging.
+    pub log: LogConfig,
+    /// The REST gateway.
+    pub gateway: GatewaySection,
+    /// The catalog.
+    pub catalog: CatalogSection,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: PathBuf::from("./plinth-data"),
+            internal_token: None,
+            log: LogConfig::default(),
+            gateway: GatewaySection::default(),
+            catalog: CatalogSection::default(),
+        }
+    }
+}
+
+/// `[gateway]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewaySection {
+    /// REST address.
+    pub listen: SocketAddr,
+    /// The catalog's gRPC URL (`plinth gateway` only; `serve` uses its own catalog).
+    pub catalog_url: String,
+    /// Whether the environments chapter is served.
+    pub environments: bool,
+    /// Bearer tokens and the scope each one grants.
+    pub tokens: Vec<TokenEntry>,
+}
+
+impl Default for GatewaySection {
+    fn default() -> Self {
+        GatewaySection {
+            listen: DEFAULT_LISTEN,
+            catalog_url: format!("http://{DEFAULT_CATALOG_LISTEN}"),
+            environments: true,
+            tokens: Vec::new(),
+        }
+    }
+}
+
+/// `[[gateway.tokens]]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenEntry {
+    /// The bearer token.
+    pub token: Secret,
+    /// The scope it grants.
+    pub scope: String,
+}
+
+/// `[catalog]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CatalogSection {
+    /// gRPC address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Address for /healthz, /readyz and /metrics (`plinth catalog` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_listen: Option<SocketAddr>,
+    /// `sqlite://…` or `postgres://…`; SQLite in `data_dir` when absent.
+    #[serde(
+        serialize_with = "config::serialize_redacted_url",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub database_url: Option<String>,
+    /// Upper bound on pooled database connections.
+    pub max_connections: u32,
+}
+
+impl Default for CatalogSection {
+    fn default() -> Self {
+        CatalogSection {
+            listen: None,
+            admin_listen: None,
+            database_url: None,
+            max_connections: 10,
+        }
+    }
+}
+
+impl Config {
+    fn load(common: &CommonArgs) -> Result<Self, ConfigError> {
+        let mut config: Config = match &common.config {
+            Some(path) => config::read_toml(path)?,
+            None => Config::default(),
+        };
+        if let Some(filter) = &common.log {
+            config.log.filter = filter.clone();
+        }
+        if let Some(format) = common.log_format {
+            config.log.format = match format {
+                LogFormatArg::Text => LogFormat::Text,
+                LogFormatArg::Json => LogFormat::Json,
+            };
+        }
+        if let Some(token) = &common.internal_token {
+            config.internal_token = Some(Secret::new(token.clone()));
+        }
+        Ok(config)
+    }
+
+    /// The configuration `plinth serve` runs with.
+    pub fn for_serve(args: &ServeArgs) -> Result<Self, ConfigError> {
+        let mut config = Config::load(&args.common)?;
+        if let Some(dir) = &args.data_dir {
+            config.data_dir = dir.clone();
+        }
+        if let Some(listen) = args.listen {
+            config.gateway.listen = listen;
+        }
+        if let Some(url) = &args.database_url {
+            config.catalog.database_url = Some(url.clone());
+        }
+        if let Some(listen) = args.catalog_listen {
+            config.catalog.listen = Some(listen);
+        }
+        apply_gateway_flags(&mut config, args.tokens.as_deref(), args.environments)?;
+        config.resolve_database();
+        config
+            .catalog
+            .listen
+            .get_or_insert(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0));
+        config.refuse_open_scope_beyond_loopback()?;
+        Ok(config)
+    }
+
+    /// The configuration `plinth catalog` runs with.
+    pub fn for_catalog(args: &CatalogArgs) -> Result<Self, ConfigError> {
+        let mut config = Config::load(&args.common)?;
+        if let Some(dir) = &args.data_dir {
+            config.data_dir = dir.clone();
+        }
+        if let Some(listen) = args.listen {
+            config.catalog.listen = Some(listen);
+        }
+        if let Some(listen) = args.admin_listen {
+            config.catalog.admin_listen = Some(listen);
+        }
+        if let Some(url) = &args.database_url {
+            config.catalog.database_url = Some(url.clone());
+        }
+        config.resolve_database();
+        config.catalog.listen.get_or_insert(DEFAULT_CATALOG_LISTEN);
+        Ok(config)
+    }
+
+    /// The configuration `plinth gateway` runs with.
+    pub fn for_gateway(args: &GatewayArgs) -> Result<Self, ConfigError> {
+        let mut config = Config::load(&args.common)?;
+        if let Some(listen) = args.listen {
+            config.gateway.listen = listen;
+        }
+        if let Some(url) = &args.catalog_url {
+            config.gateway.catalog_url = url.clone();
+        }
+        apply_gateway_flags(&mut config, args.tokens.as_deref(), args.environments)?;
+        config.refuse_open_scope_beyond_loopback()?;
+        Ok(config)
+    }
+
+    fn resolve_database(&mut self) {
+        if self.catalog.database_url.is_none() {
+            self.catalog.database_url = Some(sqlite_url(&self.data_dir.join("catalog.db")));
+        }
+    }
+
+    /// Without tokens every caller shares one scope: fine on a laptop, never on a network.
+    fn refuse_open_scope_beyond_loopback(&self) -> Result<(), ConfigError> {
+        let listen = self.gateway.listen;
+        if self.gateway.tokens.is_empty() && !listen.ip().is_loopback() {
+            return Err(ConfigError::Invalid(format!(
+                "refusing to listen on {listen} without tokens: every caller would share one scope. \
+                 Configure tokens (PLINTH_TOKENS=token=scope or [[gateway.tokens]] in the config file), \
+                 or listen on a loopback address such as 127.0.0.1:{}",
+                listen.port()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The configuration as TOML, secrets redacted.
+    pub fn dump(&self) -> Result<String, ConfigError> {
+        config::dump_toml(self)
+    }
+
+    /// The token → scope pairs for the gateway.
+    pub fn token_scopes(&self) -> Vec<(Secret, String)> {
+        self.gateway
+            .tokens
+            .iter()
+            .map(|entry| (entry.token.clone(), entry.scope.clone()))
+            .collect()
+    }
+}
+
+fn apply_gateway_flags(
+    config: &mut Config,
+    tokens: Option<&str>,
+    environments: Option<bool>,
+) -> Result<(), ConfigError> {
+    if let Some(tokens) = tokens {
+        config.gateway.tokens = config::parse_token_scopes(tokens)?
+            .into_iter()
+            .map(|(token, scope)| TokenEntry { token, scope })
+            .collect();
+    }
+    if let Some(environments) = environments {
+        config.gateway.environments = environments;
+    }
+    for entry in &config.gateway.tokens {
+        if entry.token.expose().is_empty() || !entry.token.expose().bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ConfigError::Invalid(
+                "every token must be non-empty printable ASCII without spaces".to_owned(),
+            ));
+        }
+        let scope_ok = !entry.scope.is_empty()
+            && entry.scope.len() <= 128
+            && entry.scope.bytes().all(|b| b.is_ascii_graphic());
+        if !scope_ok {
+            return Err(ConfigError::Invalid(format!(
+                "scope {:?}: scopes are 1 to 128 printable ASCII characters without spaces",
+                entry.scope
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The SQLite URL of a database file.
+pub fn sqlite_url(path: &Path) -> String {
+    format!("sqlite://{}?mode=rwc", path.display())
+}
