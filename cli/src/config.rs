@@ -242,7 +242,9 @@ fn apply_gateway_flags(
         config.gateway.environments = environments;
     }
     for entry in &config.gateway.tokens {
-        if entry.token.expose().is_empty() || !entry.token.expose().bytes().all(|b| b.is_ascii_graphic()) {
+        if entry.token.expose().is_empty()
+            || !entry.token.expose().bytes().all(|b| b.is_ascii_graphic())
+        {
             return Err(ConfigError::Invalid(
                 "every token must be non-empty printable ASCII without spaces".to_owned(),
             ));

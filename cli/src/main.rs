@@ -6,7 +6,10 @@ use clap::Parser as _;
 
 fn main() -> ExitCode {
     let cli = plinth::args::Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("plinth: cannot start the async runtime: {error}");

@@ -70,7 +70,13 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
     let shutdown = CancellationToken::new();
     let catalog_addr = catalog_listener.local_addr()?;
     let mut services = JoinSet::new();
-    spawn_catalog(&mut services, config, catalog_listener, None, shutdown.clone())?;
+    spawn_catalog(
+        &mut services,
+        config,
+        catalog_listener,
+        None,
+        shutdown.clone(),
+    )?;
     let http_addr = http.local_addr()?;
     spawn_gateway(
         &mut services,
@@ -101,7 +107,10 @@ pub async fn start_catalog(config: &Config) -> anyhow::Result<Running> {
         && url.starts_with("sqlite:")
     {
         std::fs::create_dir_all(&config.data_dir).with_context(|| {
-            format!("cannot create the data directory {}", config.data_dir.display())
+            format!(
+                "cannot create the data directory {}",
+                config.data_dir.display()
+            )
         })?;
     }
     let listener = TcpListener::bind(listen)

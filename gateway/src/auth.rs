@@ -7,8 +7,8 @@ use plinth_kit::config::Secret;
 use plinth_kit::grpc::constant_time_eq;
 use plinth_kit::{ErrorCode, PlinthError};
 
-use crate::error::ApiError;
 use crate::AppState;
+use crate::error::ApiError;
 
 /// The scope every caller gets when no tokens are configured.
 pub const DEFAULT_SCOPE: &str = "default";
@@ -31,10 +31,14 @@ impl Tokens {
             return Ok(DEFAULT_SCOPE.to_owned());
         }
         let Some(header) = header else {
-            return Err(unauthenticated("this server needs `Authorization: Bearer <token>`"));
+            return Err(unauthenticated(
+                "this server needs `Authorization: Bearer <token>`",
+            ));
         };
         let Some(token) = strip_bearer(header) else {
-            return Err(unauthenticated("the Authorization header must be `Bearer <token>`"));
+            return Err(unauthenticated(
+                "the Authorization header must be `Bearer <token>`",
+            ));
         };
         let mut found = None;
         for (candidate, scope) in &self.pairs {
@@ -89,9 +93,18 @@ mod tests {
             (Secret::new("tok-a"), "acme".into()),
             (Secret::new("tok-b"), "globex".into()),
         ]);
-        assert_eq!(tokens.scope_for(Some(b"Bearer tok-b")).expect("ok"), "globex");
+        assert_eq!(
+            tokens.scope_for(Some(b"Bearer tok-b")).expect("ok"),
+            "globex"
+        );
         assert_eq!(tokens.scope_for(Some(b"bearer tok-a")).expect("ok"), "acme");
-        for bad in [None, Some(&b"Bearer "[..]), Some(b"tok-a"), Some(b"Basic tok-a"), Some(b"Bearer tok-c")] {
+        for bad in [
+            None,
+            Some(&b"Bearer "[..]),
+            Some(b"tok-a"),
+            Some(b"Basic tok-a"),
+            Some(b"Bearer tok-c"),
+        ] {
             let error = tokens.scope_for(bad).expect_err("refused");
             assert_eq!(error.code, ErrorCode::Unauthenticated);
         }

@@ -2,10 +2,10 @@
 //! Request bodies are parsed strictly here; every rule (names, slugs, limits, scopes) is the
 //! catalog's.
 
-use axum::extract::{FromRequestParts, Path, State};
-use axum::http::request::Parts;
-use axum::http::StatusCode;
 use axum::Json;
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
 use plinth_kit::PlinthError;
 use plinth_proto::catalog::v1 as pb;
 use serde::{Deserialize, Serialize};
@@ -13,21 +13,28 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::json::JsonBody;
-use crate::AppState;
 
 /// The environment routes.
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_environment, list_environments))
-        .routes(routes!(get_environment, update_environment, delete_environment))
+        .routes(routes!(
+            get_environment,
+            update_environment,
+            delete_environment
+        ))
 }
 
 /// `POST /v1/environments`.
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields, expecting = "a JSON object with name, description, entry")]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a JSON object with name, description, entry"
+)]
 pub struct CreateEnvironment {
     /// Display name, up to 200 characters; the slug and mount path are derived from it and
     /// never change.
@@ -44,7 +51,10 @@ pub struct CreateEnvironment {
 
 /// `PUT /v1/environments/{id}`: fields left out stay as they are.
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields, expecting = "a JSON object with name, description, entry")]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a JSON object with name, description, entry"
+)]
 pub struct UpdateEnvironment {
     /// New display name. The slug and mount path stay, so scripts that use the absolute path
     /// keep working.
@@ -287,7 +297,11 @@ async fn create_environment(
         description: body.description.unwrap_or_default(),
         entry: body.entry.unwrap_or_default(),
     };
-    let environment = state.catalog().create_environment(request).await?.into_inner();
+    let environment = state
+        .catalog()
+        .create_environment(request)
+        .await?
+        .into_inner();
     Ok((StatusCode::CREATED, Json(environment.into())))
 }
 
@@ -310,7 +324,11 @@ async fn list_environments(
     let request = pb::ListEnvironmentsRequest {
         scope: caller.scope,
     };
-    let list = state.catalog().list_environments(request).await?.into_inner();
+    let list = state
+        .catalog()
+        .list_environments(request)
+        .await?
+        .into_inner();
     Ok(Json(EnvironmentList {
         object: "list",
         data: list.environments.into_iter().map(Into::into).collect(),
@@ -373,7 +391,11 @@ async fn update_environment(
         description: body.description,
         entry: body.entry,
     };
-    let environment = state.catalog().update_environment(request).await?.into_inner();
+    let environment = state
+        .catalog()
+        .update_environment(request)
+        .await?
+        .into_inner();
     Ok(Json(environment.into()))
 }
 

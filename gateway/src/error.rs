@@ -2,7 +2,7 @@
 //! status from the one table in `plinth_kit::error`, as `{"error": {"code", "message",
 //! "detail"?}}`.
 
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use plinth_kit::{ErrorCode, PlinthError};
 use serde::Serialize;

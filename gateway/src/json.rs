@@ -40,6 +40,11 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, PlinthError> {
             "request body: expected a JSON object, got an empty body",
         ));
     }
+    // Derived structs would also accept a JSON array of their fields, in order; a body is an
+    // object or it is refused.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(PlinthError::invalid("request body: expected a JSON object"));
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
         let path = error.path().to_string();
@@ -79,7 +84,9 @@ mod tests {
     }
 
     fn message(body: &str) -> String {
-        parse::<Sample>(body.as_bytes()).expect_err("refused").message
+        parse::<Sample>(body.as_bytes())
+            .expect_err("refused")
+            .message
     }
 
     #[test]
@@ -91,5 +98,6 @@ mod tests {
         assert!(message(r#"{"name": "a""#).starts_with("request body: not valid JSON"));
         assert!(message(r#"{"name": "a"} trailing"#).starts_with("request body: not valid JSON"));
         assert!(message("  ").contains("empty body"));
+        assert!(message(r#"["a", null]"#).contains("expected a JSON object"));
     }
 }

@@ -1,1 +1,7 @@
-fn main(){}
+//! End-to-end tests: real `plinth` services over real HTTP and gRPC, each test with its own
+//! data directory and database.
+
+mod environments;
+mod helpers;
+mod processes;
+mod tracing_propagation;

@@ -61,7 +61,10 @@ pub async fn run(
     store.migrate().await?;
     tracing::info!(backend = store.backend().as_str(), address = ?grpc.local_addr().ok(), "catalog serving");
 
-    let server = GrpcServer::new(plinth_proto::FILE_DESCRIPTOR_SET, options.internal_token.clone());
+    let server = GrpcServer::new(
+        plinth_proto::FILE_DESCRIPTOR_SET,
+        options.internal_token.clone(),
+    );
     let health = server.health();
     health
         .set_serving::<CatalogServiceServer<service::Catalog>>()

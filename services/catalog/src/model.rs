@@ -251,7 +251,9 @@ fn check_name(name: &str) -> Result<Slug, PlinthError> {
         .with_detail(serde_json_limit("name", MAX_NAME_CHARS)));
     }
     if name.chars().any(char::is_control) {
-        return Err(PlinthError::invalid("name: control characters are not allowed"));
+        return Err(PlinthError::invalid(
+            "name: control characters are not allowed",
+        ));
     }
     Slug::from_name(name).ok_or_else(|| {
         PlinthError::invalid(format!(
@@ -269,7 +271,9 @@ fn check_text(field: &str, text: &str) -> Result<(), PlinthError> {
         .with_detail(serde_json_limit(field, MAX_TEXT_CHARS)));
     }
     if text.contains('\0') {
-        return Err(PlinthError::invalid(format!("{field}: NUL characters are not allowed")));
+        return Err(PlinthError::invalid(format!(
+            "{field}: NUL characters are not allowed"
+        )));
     }
     Ok(())
 }
@@ -292,7 +296,10 @@ mod tests {
     #[test]
     fn slugs_follow_the_documented_rule() {
         assert_eq!(slug("Content Studio").as_deref(), Some("content-studio"));
-        assert_eq!(slug("  --Hello,   World!!  ").as_deref(), Some("hello-world"));
+        assert_eq!(
+            slug("  --Hello,   World!!  ").as_deref(),
+            Some("hello-world")
+        );
         assert_eq!(slug("Café Ünïcode 2").as_deref(), Some("caf-n-code-2"));
         assert_eq!(slug("v1.2.3").as_deref(), Some("v1-2-3"));
         assert_eq!(slug("日本語"), None);
@@ -315,9 +322,15 @@ mod tests {
         let id = EnvironmentId::generate();
         assert_eq!(id.as_str().len(), 37);
         assert_eq!(EnvironmentId::parse(id.as_str()), Some(id));
-        assert_eq!(EnvironmentId::parse("henv_2F1C9D4E8A7B4C3D9E6F5A4B3C2D1E0F"), None);
+        assert_eq!(
+            EnvironmentId::parse("henv_2F1C9D4E8A7B4C3D9E6F5A4B3C2D1E0F"),
+            None
+        );
         assert_eq!(EnvironmentId::parse("henv_../../etc/passwd"), None);
-        assert_eq!(EnvironmentId::parse("chrn_2f1c9d4e8a7b4c3d9e6f5a4b3c2d1e0f"), None);
+        assert_eq!(
+            EnvironmentId::parse("chrn_2f1c9d4e8a7b4c3d9e6f5a4b3c2d1e0f"),
+            None
+        );
     }
 
     #[test]

@@ -13,9 +13,7 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{AnyPool, Row, SqlSafeStr};
 
-use crate::model::{
-    Environment, EnvironmentChanges, EnvironmentId, NewEnvironment, Scope, Slug,
-};
+use crate::model::{Environment, EnvironmentChanges, EnvironmentId, NewEnvironment, Scope, Slug};
 
 /// Which database the catalog runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,10 +152,7 @@ impl Store {
 
     /// Inserts a new environment. A slug already used in the scope is refused by the unique
     /// index, so two concurrent creates cannot both succeed.
-    pub async fn create_environment(
-        &self,
-        new: NewEnvironment,
-    ) -> Result<Environment, StoreError> {
+    pub async fn create_environment(&self, new: NewEnvironment) -> Result<Environment, StoreError> {
         let now = now_ms();
         let environment = Environment {
             id: EnvironmentId::generate(),
@@ -202,7 +197,8 @@ impl Store {
         scope: &Scope,
         id: &EnvironmentId,
     ) -> Result<Environment, StoreError> {
-        let sql = format!("SELECT {ENVIRONMENT_COLUMNS} FROM environments WHERE scope = $1 AND id = $2");
+        let sql =
+            format!("SELECT {ENVIRONMENT_COLUMNS} FROM environments WHERE scope = $1 AND id = $2");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(scope.as_str())
             .bind(id.as_str())
@@ -272,7 +268,8 @@ fn environment_from_row(row: &AnyRow) -> Result<Environment, StoreError> {
     let id: String = row.try_get("id")?;
     let scope: String = row.try_get("scope")?;
     Ok(Environment {
-        id: EnvironmentId::parse(&id).ok_or_else(|| StoreError::Corrupt(format!("environment id {id:?}")))?,
+        id: EnvironmentId::parse(&id)
+            .ok_or_else(|| StoreError::Corrupt(format!("environment id {id:?}")))?,
         scope: Scope::parse(&scope).map_err(|_| StoreError::Corrupt(format!("scope of {id}")))?,
         name: row.try_get("name")?,
         slug: Slug::from_stored(row.try_get("slug")?),

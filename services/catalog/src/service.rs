@@ -34,7 +34,8 @@ fn store_error(error: StoreError, id: &str) -> PlinthError {
 
 /// An id that is not well formed cannot name anything: it is reported as not found.
 fn parse_id(id: &str) -> Result<EnvironmentId, PlinthError> {
-    EnvironmentId::parse(id).ok_or_else(|| PlinthError::not_found(format_args!("environment {id:?}")))
+    EnvironmentId::parse(id)
+        .ok_or_else(|| PlinthError::not_found(format_args!("environment {id:?}")))
 }
 
 #[tonic::async_trait]

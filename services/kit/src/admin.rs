@@ -5,11 +5,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -21,6 +21,8 @@ pub type ReadinessCheck =
 
 /// `/healthz`, `/readyz` and `/metrics`, to merge into a router or serve on their own.
 pub fn router(readiness: ReadinessCheck) -> Router {
+    // Installed now, not at the first scrape, so nothing recorded before it is lost.
+    telemetry::metrics();
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -31,13 +33,20 @@ pub fn router(readiness: ReadinessCheck) -> Router {
 async fn readyz(State(readiness): State<ReadinessCheck>) -> Response {
     match readiness().await {
         Ok(()) => (StatusCode::OK, "ready\n").into_response(),
-        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")).into_response(),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {reason}\n"),
+        )
+            .into_response(),
     }
 }
 
 async fn metrics() -> Response {
     (
-        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
         telemetry::render_metrics(),
     )
         .into_response()

@@ -96,7 +96,11 @@ pub fn dump_toml<T: Serialize>(config: &T) -> Result<String, ConfigError> {
 /// Whitespace around items is ignored; an item without `=` or with an empty side is refused.
 pub fn parse_token_scopes(text: &str) -> Result<Vec<(Secret, String)>, ConfigError> {
     let mut pairs = Vec::new();
-    for item in text.split(',').map(str::trim).filter(|item| !item.is_empty()) {
+    for item in text
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+    {
         let Some((token, scope)) = item.split_once('=') else {
             return Err(ConfigError::Invalid(
                 "tokens must be written token=scope, separated by commas".to_owned(),
@@ -125,7 +129,10 @@ mod tests {
         struct Holder {
             token: Secret,
         }
-        let dumped = dump_toml(&Holder { token: secret.clone() }).expect("dump");
+        let dumped = dump_toml(&Holder {
+            token: secret.clone(),
+        })
+        .expect("dump");
         assert!(!dumped.contains("hunter2"), "{dumped}");
         assert_eq!(secret.expose(), "hunter2");
     }
@@ -185,8 +192,14 @@ mod url_tests {
             redact_url("postgres://app:s3cret@db:5432/plinth?sslmode=require"),
             "postgres://app:<redacted>@db:5432/plinth?sslmode=require"
         );
-        assert_eq!(redact_url("postgres://app@db/plinth"), "postgres://app@db/plinth");
-        assert_eq!(redact_url("sqlite://./data/catalog.db"), "sqlite://./data/catalog.db");
+        assert_eq!(
+            redact_url("postgres://app@db/plinth"),
+            "postgres://app@db/plinth"
+        );
+        assert_eq!(
+            redact_url("sqlite://./data/catalog.db"),
+            "sqlite://./data/catalog.db"
+        );
         assert_eq!(redact_url("not a url"), "not a url");
     }
 }

@@ -153,13 +153,19 @@ impl PlinthError {
 
     /// `environment_not_found` for an id.
     pub fn not_found(what: impl fmt::Display) -> Self {
-        Self::new(ErrorCode::EnvironmentNotFound, format!("{what} was not found"))
+        Self::new(
+            ErrorCode::EnvironmentNotFound,
+            format!("{what} was not found"),
+        )
     }
 
     /// An internal error. The cause is logged here, where it is handled, and never sent.
     pub fn internal(cause: &(dyn std::error::Error + 'static)) -> Self {
         tracing::error!(error = %DisplayChain(cause), "internal error");
-        Self::new(ErrorCode::Internal, "internal error; the server log has the cause")
+        Self::new(
+            ErrorCode::Internal,
+            "internal error; the server log has the cause",
+        )
     }
 
     /// The gRPC status a server sends for this error.
@@ -182,7 +188,10 @@ impl PlinthError {
             .error_info()
             .filter(|info| info.domain == ERROR_DOMAIN)
             .cloned();
-        if let Some(code) = info.as_ref().and_then(|info| ErrorCode::parse(&info.reason)) {
+        if let Some(code) = info
+            .as_ref()
+            .and_then(|info| ErrorCode::parse(&info.reason))
+        {
             let detail = info
                 .as_ref()
                 .and_then(|info| info.metadata.get("detail"))
@@ -202,12 +211,21 @@ impl PlinthError {
                 )
             }
             tonic::Code::Unauthenticated => {
-                tracing::error!(grpc.message = status.message(), "internal token refused between services");
-                Self::new(ErrorCode::Internal, "internal error; the server log has the cause")
+                tracing::error!(
+                    grpc.message = status.message(),
+                    "internal token refused between services"
+                );
+                Self::new(
+                    ErrorCode::Internal,
+                    "internal error; the server log has the cause",
+                )
             }
             _ => {
                 tracing::error!(grpc.code = ?status.code(), grpc.message = status.message(), "unexpected status from a service");
-                Self::new(ErrorCode::Internal, "internal error; the server log has the cause")
+                Self::new(
+                    ErrorCode::Internal,
+                    "internal error; the server log has the cause",
+                )
             }
         }
     }

@@ -36,6 +36,7 @@ impl GrpcServer {
     /// A server that answers `grpc.health.v1` and reflection over `descriptor_set`, and, when
     /// `internal_token` is set, refuses every other call that does not carry it.
     pub fn new(descriptor_set: &'static [u8], internal_token: Option<Secret>) -> Self {
+        telemetry::metrics();
         let (health, health_service) = tonic_health::server::health_reporter();
         let mut routes = RoutesBuilder::default();
         routes.add_service(health_service);
@@ -47,7 +48,9 @@ impl GrpcServer {
             Ok(reflection) => {
                 routes.add_service(reflection);
             }
-            Err(error) => tracing::error!(%error, "gRPC reflection is off: the descriptor set does not load"),
+            Err(error) => {
+                tracing::error!(%error, "gRPC reflection is off: the descriptor set does not load")
+            }
         }
         GrpcServer {
             routes,
@@ -253,7 +256,10 @@ impl ClientInterceptor {
 pub struct InvalidToken;
 
 impl Interceptor for ClientInterceptor {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
         let mut headers = http::HeaderMap::new();
         telemetry::inject(&tracing::Span::current(), &mut headers);
         let metadata = request.metadata_mut();

@@ -37,16 +37,17 @@ pub fn cancel_on_signal(token: CancellationToken) {
         let ctrl_c = tokio::signal::ctrl_c();
         #[cfg(unix)]
         {
-            let mut term =
-                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                    Ok(term) => term,
-                    Err(error) => {
-                        tracing::error!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the process");
-                        let _ = ctrl_c.await;
-                        token.cancel();
-                        return;
-                    }
-                };
+            let mut term = match tokio::signal::unix::signal(
+                tokio::signal::unix::SignalKind::terminate(),
+            ) {
+                Ok(term) => term,
+                Err(error) => {
+                    tracing::error!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the process");
+                    let _ = ctrl_c.await;
+                    token.cancel();
+                    return;
+                }
+            };
             tokio::select! {
                 _ = ctrl_c => {}
                 _ = term.recv() => {}

@@ -154,7 +154,9 @@ pub fn metrics() -> &'static PrometheusHandle {
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
         if metrics::set_global_recorder(recorder).is_err() {
-            tracing::warn!("a metrics recorder was already installed; /metrics shows only Plinth's own");
+            tracing::warn!(
+                "a metrics recorder was already installed; /metrics shows only Plinth's own"
+            );
         }
         handle
     })

@@ -63,8 +63,13 @@ fn scope(name: &str) -> Scope {
 }
 
 fn new(scope_name: &str, name: &str) -> NewEnvironment {
-    NewEnvironment::new(scope(scope_name), name.to_owned(), "about".to_owned(), "run.sh".to_owned())
-        .expect("valid environment")
+    NewEnvironment::new(
+        scope(scope_name),
+        name.to_owned(),
+        "about".to_owned(),
+        "run.sh".to_owned(),
+    )
+    .expect("valid environment")
 }
 
 async fn created_environment_reads_back_whole(store: Store) {
@@ -86,7 +91,10 @@ async fn created_environment_reads_back_whole(store: Store) {
 }
 
 async fn slug_is_unique_per_scope_not_across_scopes(store: Store) {
-    store.create_environment(new("acme", "Studio")).await.expect("first");
+    store
+        .create_environment(new("acme", "Studio"))
+        .await
+        .expect("first");
     let second = store.create_environment(new("acme", "studio!!")).await;
     assert!(matches!(second, Err(StoreError::SlugTaken)), "{second:?}");
     store
@@ -99,7 +107,11 @@ async fn concurrent_creates_of_one_slug_let_exactly_one_win(store: Store) {
     let attempts: Vec<_> = (0..8)
         .map(|i| {
             let store = store.clone();
-            tokio::spawn(async move { store.create_environment(new("acme", &format!("Race {}", "!".repeat(i)))).await })
+            tokio::spawn(async move {
+                store
+                    .create_environment(new("acme", &format!("Race {}", "!".repeat(i))))
+                    .await
+            })
         })
         .collect();
     let mut won = 0;
@@ -112,15 +124,31 @@ async fn concurrent_creates_of_one_slug_let_exactly_one_win(store: Store) {
         }
     }
     assert_eq!((won, taken), (1, 7));
-    assert_eq!(store.list_environments(&scope("acme")).await.expect("list").len(), 1);
+    assert_eq!(
+        store
+            .list_environments(&scope("acme"))
+            .await
+            .expect("list")
+            .len(),
+        1
+    );
 }
 
 async fn list_is_confined_to_its_scope_oldest_first(store: Store) {
     let mut ids = Vec::new();
     for name in ["one", "two", "three"] {
-        ids.push(store.create_environment(new("acme", name)).await.expect("create").id);
+        ids.push(
+            store
+                .create_environment(new("acme", name))
+                .await
+                .expect("create")
+                .id,
+        );
     }
-    store.create_environment(new("globex", "four")).await.expect("create");
+    store
+        .create_environment(new("globex", "four"))
+        .await
+        .expect("create");
     let listed: Vec<EnvironmentId> = store
         .list_environments(&scope("acme"))
         .await
@@ -139,11 +167,20 @@ async fn list_is_confined_to_its_scope_oldest_first(store: Store) {
         .map(|environment| environment.id)
         .collect();
     assert_eq!(listed, listed_again, "order is stable");
-    assert!(store.list_environments(&scope("nobody")).await.expect("list").is_empty());
+    assert!(
+        store
+            .list_environments(&scope("nobody"))
+            .await
+            .expect("list")
+            .is_empty()
+    );
 }
 
 async fn update_changes_fields_but_never_the_slug(store: Store) {
-    let created = store.create_environment(new("acme", "Old Name")).await.expect("create");
+    let created = store
+        .create_environment(new("acme", "Old Name"))
+        .await
+        .expect("create");
     let changes = EnvironmentChanges::new(Some("New Name".into()), None, Some(String::new()))
         .expect("valid changes");
     let updated = store
@@ -162,7 +199,10 @@ async fn update_changes_fields_but_never_the_slug(store: Store) {
 }
 
 async fn another_scopes_environment_does_not_exist(store: Store) {
-    let created = store.create_environment(new("acme", "Private")).await.expect("create");
+    let created = store
+        .create_environment(new("acme", "Private"))
+        .await
+        .expect("create");
     let intruder = scope("globex");
     assert!(matches!(
         store.get_environment(&intruder, &created.id).await,
@@ -185,8 +225,14 @@ async fn another_scopes_environment_does_not_exist(store: Store) {
 }
 
 async fn delete_frees_the_slug(store: Store) {
-    let created = store.create_environment(new("acme", "Scratch")).await.expect("create");
-    store.delete_environment(&scope("acme"), &created.id).await.expect("delete");
+    let created = store
+        .create_environment(new("acme", "Scratch"))
+        .await
+        .expect("create");
+    store
+        .delete_environment(&scope("acme"), &created.id)
+        .await
+        .expect("delete");
     assert!(matches!(
         store.get_environment(&scope("acme"), &created.id).await,
         Err(StoreError::NotFound)
@@ -195,13 +241,22 @@ async fn delete_frees_the_slug(store: Store) {
         store.delete_environment(&scope("acme"), &created.id).await,
         Err(StoreError::NotFound)
     ));
-    let again = store.create_environment(new("acme", "Scratch")).await.expect("slug is free");
+    let again = store
+        .create_environment(new("acme", "Scratch"))
+        .await
+        .expect("slug is free");
     assert_ne!(again.id, created.id);
 }
 
 async fn migrations_run_again_without_harm(store: Store) {
-    let created = store.create_environment(new("acme", "Kept")).await.expect("create");
+    let created = store
+        .create_environment(new("acme", "Kept"))
+        .await
+        .expect("create");
     store.migrate().await.expect("second migration run");
-    let read = store.get_environment(&scope("acme"), &created.id).await.expect("get");
+    let read = store
+        .get_environment(&scope("acme"), &created.id)
+        .await
+        .expect("get");
     assert_eq!(read.name, "Kept");
 }

@@ -1,0 +1,686 @@
+//! `/v1/environments` through real HTTP against `plinth serve`: the documented answers, every
+//! refusal, and bad input of every kind.
+
+use serde_json::{Value, json};
+
+use crate::helpers::{Server, assert_error, json};
+
+async fn create(server: &Server, body: Value) -> (u16, Value) {
+    json(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .json(&body)
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await
+}
+
+async fn send_raw(
+    server: &Server,
+    method: reqwest::Method,
+    path: &str,
+    body: &'static str,
+) -> (u16, Value) {
+    json(
+        server
+            .client
+            .request(method, server.url(path))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await
+}
+
+async fn get(server: &Server, path: &str) -> (u16, Value) {
+    json(
+        server
+            .client
+            .get(server.url(path))
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await
+}
+
+fn is_environment_id(value: &Value) -> bool {
+    value.as_str().is_some_and(|id| {
+        id.len() == 37
+            && id.starts_with("henv_")
+            && id[5..]
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+#[tokio::test]
+async fn the_walk_through_gives_the_documented_answers() {
+    let server = Server::start().await;
+
+    let (status, created) = create(
+        &server,
+        json!({"name": "Content Studio", "description": "The teaser pipeline.", "entry": "python3 run.py --episode <id>"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    assert!(is_environment_id(&created["id"]), "{created}");
+    assert_eq!(created["object"], "environment");
+    assert_eq!(created["name"], "Content Studio");
+    assert_eq!(created["slug"], "content-studio");
+    assert_eq!(created["description"], "The teaser pipeline.");
+    assert_eq!(created["entry"], "python3 run.py --episode <id>");
+    assert_eq!(created["status"], "empty");
+    assert_eq!(created["mount"], "/env/content-studio");
+    assert_eq!(created["version"], Value::Null);
+    assert_eq!(created["latestVersion"], Value::Null);
+    assert_eq!(created["files"], json!({"count": 0, "bytes": 0}));
+    assert_eq!(created["packages"], json!([]));
+    assert_eq!(created["versions"], json!([]));
+    assert_eq!(created["build"], Value::Null);
+    let created_at = created["createdAt"]
+        .as_i64()
+        .expect("createdAt is an integer");
+    assert!(created_at > 1_700_000_000_000, "milliseconds: {created_at}");
+    assert_eq!(created["updatedAt"], created["createdAt"]);
+    let expected_keys = [
+        "id",
+        "object",
+        "name",
+        "slug",
+        "description",
+        "entry",
+        "status",
+        "mount",
+        "version",
+        "latestVersion",
+        "files",
+        "packages",
+        "versions",
+        "build",
+        "createdAt",
+        "updatedAt",
+    ];
+    let keys: Vec<&str> = created
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    for key in expected_keys {
+        assert!(keys.contains(&key), "missing {key} in {created}");
+    }
+    assert_eq!(
+        keys.len(),
+        expected_keys.len(),
+        "no fields beyond the spec's: {keys:?}"
+    );
+
+    let id = created["id"].as_str().expect("id").to_owned();
+    let (status, one) = get(&server, &format!("/v1/environments/{id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(one, created);
+
+    let (status, list) = get(&server, "/v1/environments").await;
+    assert_eq!(status, 200);
+    assert_eq!(list["object"], "list");
+    assert_eq!(list["data"], json!([created]));
+
+    let (status, renamed) = json(
+        server
+            .client
+            .put(server.url(&format!("/v1/environments/{id}")))
+            .json(&json!({"name": "Teaser Factory", "entry": ""}))
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(status, 200, "{renamed}");
+    assert_eq!(renamed["name"], "Teaser Factory");
+    assert_eq!(renamed["slug"], "content-studio", "renaming keeps the slug");
+    assert_eq!(
+        renamed["mount"], "/env/content-studio",
+        "renaming keeps the mount"
+    );
+    assert_eq!(
+        renamed["description"], "The teaser pipeline.",
+        "absent fields stay"
+    );
+    assert_eq!(renamed["entry"], "", "an explicit empty string clears");
+    assert!(renamed["updatedAt"].as_i64() >= created["updatedAt"].as_i64());
+
+    let (status, deleted) = json(
+        server
+            .client
+            .delete(server.url(&format!("/v1/environments/{id}")))
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        deleted,
+        json!({"id": id, "object": "environment", "deleted": true})
+    );
+    let (status, gone) = get(&server, &format!("/v1/environments/{id}")).await;
+    assert_error(status, &gone, 404, "environment_not_found");
+    let (_, list) = get(&server, "/v1/environments").await;
+    assert_eq!(list["data"], json!([]));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn names_that_yield_no_segment_are_refused() {
+    let server = Server::start().await;
+    for name in ["", "   ", "---", "日本語", "🙂🙂", "!!!"] {
+        let (status, body) = create(&server, json!({"name": name})).await;
+        assert_error(status, &body, 400, "environment_invalid");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("name:"),
+            "{body}"
+        );
+    }
+    let (_, list) = get(&server, "/v1/environments").await;
+    assert_eq!(list["data"], json!([]), "nothing was created");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_taken_slug_is_refused_with_environment_exists() {
+    let server = Server::start().await;
+    let (status, _) = create(&server, json!({"name": "Data Pipeline"})).await;
+    assert_eq!(status, 201);
+    for clash in ["data pipeline", "DATA-PIPELINE", "  Data__Pipeline!! "] {
+        let (status, body) = create(&server, json!({"name": clash})).await;
+        assert_error(status, &body, 409, "environment_exists");
+    }
+    let (_, list) = get(&server, "/v1/environments").await;
+    assert_eq!(list["data"].as_array().map(Vec::len), Some(1));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn unicode_names_keep_their_bytes_and_slug_by_the_ascii_rule() {
+    let server = Server::start().await;
+    let name = "Café Ünïcode — Studio ✨";
+    let (status, body) = create(
+        &server,
+        json!({"name": name, "description": "Ελληνικά 中文"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["name"], name);
+    assert_eq!(body["description"], "Ελληνικά 中文");
+    assert_eq!(body["slug"], "caf-n-code-studio");
+    assert_eq!(body["mount"], "/env/caf-n-code-studio");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn huge_names_and_bodies_are_refused_cleanly() {
+    let server = Server::start().await;
+    let (status, body) = create(&server, json!({"name": "x".repeat(10_000)})).await;
+    assert_error(status, &body, 400, "environment_invalid");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("name:"),
+        "{body}"
+    );
+    assert_eq!(body["error"]["detail"]["max_chars"], 200);
+
+    let (status, body) = create(
+        &server,
+        json!({"name": "ok", "description": "d".repeat(4001)}),
+    )
+    .await;
+    assert_error(status, &body, 400, "environment_invalid");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("description:"),
+        "{body}"
+    );
+
+    // Past the JSON body limit: refused without reading it all, never a 500.
+    let huge = format!("{{\"name\": \"{}\"}}", "y".repeat(3 * 1024 * 1024));
+    let response = server
+        .client
+        .post(server.url("/v1/environments"))
+        .body(huge)
+        .send()
+        .await
+        .expect("request");
+    let (status, body) = json(response).await;
+    assert_error(status, &body, 400, "environment_invalid");
+
+    // A long but valid name works, and its slug is capped.
+    let long = "word ".repeat(40);
+    let (status, body) = create(&server, json!({"name": long})).await;
+    assert_eq!(status, 201, "{body}");
+    assert!(
+        body["slug"]
+            .as_str()
+            .is_some_and(|slug| slug.len() <= 63 && !slug.ends_with('-'))
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_json_unknown_fields_and_wrong_types_name_the_problem() {
+    let server = Server::start().await;
+    let post = reqwest::Method::POST;
+    let cases: [(&'static str, &str); 9] = [
+        (r#"{"name": "a""#, "request body: not valid JSON"),
+        ("not json at all", "request body: expected a JSON object"),
+        ("", "request body: expected a JSON object"),
+        (r#"{"name": 42}"#, "name: invalid type"),
+        (r#"{"name": null}"#, "name: invalid type"),
+        (
+            r#"{"name": "a", "description": ["x"]}"#,
+            "description: invalid type",
+        ),
+        (
+            r#"{"name": "a", "colour": "red"}"#,
+            "unknown field `colour`",
+        ),
+        (r#"{"description": "no name"}"#, "missing field `name`"),
+        (r#"[1, 2]"#, "expected a JSON object"),
+    ];
+    for (body, expected) in cases {
+        let (status, answer) = send_raw(&server, post.clone(), "/v1/environments", body).await;
+        assert_error(status, &answer, 400, "environment_invalid");
+        let message = answer["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains(expected),
+            "{body:?} → {message:?}, wanted {expected:?}"
+        );
+    }
+
+    let (_, created) = create(&server, json!({"name": "Target"})).await;
+    let path = format!("/v1/environments/{}", created["id"].as_str().expect("id"));
+    let (status, answer) = send_raw(
+        &server,
+        reqwest::Method::PUT,
+        &path,
+        r#"{"slug": "hijack"}"#,
+    )
+    .await;
+    assert_error(status, &answer, 400, "environment_invalid");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("unknown field `slug`")
+    );
+    let (status, answer) = send_raw(&server, reqwest::Method::PUT, &path, r#"{"entry": 7}"#).await;
+    assert_error(status, &answer, 400, "environment_invalid");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("entry:")
+    );
+    let (_, unchanged) = get(&server, &path).await;
+    assert_eq!(unchanged, created, "refused updates change nothing");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn ids_that_cannot_exist_are_not_found() {
+    let server = Server::start().await;
+    for id in [
+        "henv_00000000000000000000000000000000",
+        "henv_XYZ",
+        "henv_2F1C9D4E8A7B4C3D9E6F5A4B3C2D1E0F",
+        "..%2F..%2Fetc%2Fpasswd",
+        "%FF%FE",
+    ] {
+        let path = format!("/v1/environments/{id}");
+        let (status, body) = get(&server, &path).await;
+        assert_error(status, &body, 404, "environment_not_found");
+        let response = server
+            .client
+            .delete(server.url(&path))
+            .send()
+            .await
+            .expect("request");
+        let (status, body) = json(response).await;
+        assert_error(status, &body, 404, "environment_not_found");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn tokens_define_scopes_and_other_scopes_do_not_exist() {
+    let server = Server::start_with(&["--tokens", "tok-acme=acme,tok-globex=globex"]).await;
+    let authed = |method: reqwest::Method, path: &str, token: &str| {
+        server
+            .client
+            .request(method, server.url(path))
+            .bearer_auth(token)
+    };
+
+    // No token, a wrong token, a malformed header: 401 with a challenge, nothing created.
+    let response = server
+        .client
+        .post(server.url("/v1/environments"))
+        .json(&json!({"name": "x"}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(
+        response
+            .headers()
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok()),
+        Some("Bearer realm=\"plinth\"")
+    );
+    let (status, body) = json(response).await;
+    assert_error(status, &body, 401, "unauthenticated");
+    let (status, body) = json(
+        authed(reqwest::Method::GET, "/v1/environments", "tok-nope")
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    assert_error(status, &body, 401, "unauthenticated");
+    let response = server
+        .client
+        .get(server.url("/v1/environments"))
+        .header("authorization", "Basic dG9rLWFjbWU=")
+        .send()
+        .await
+        .expect("request");
+    let (status, body) = json(response).await;
+    assert_error(status, &body, 401, "unauthenticated");
+    let (status, body) = json(
+        server
+            .client
+            .get(server.url("/v1/capabilities"))
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    assert_error(status, &body, 401, "unauthenticated");
+
+    let (status, mine) = json(
+        authed(reqwest::Method::POST, "/v1/environments", "tok-acme")
+            .json(&json!({"name": "Shared Name"}))
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(status, 201);
+    // The same slug in another scope is a different place.
+    let (status, theirs) = json(
+        authed(reqwest::Method::POST, "/v1/environments", "tok-globex")
+            .json(&json!({"name": "Shared Name"}))
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(status, 201);
+    assert_ne!(mine["id"], theirs["id"]);
+
+    let path = format!("/v1/environments/{}", mine["id"].as_str().expect("id"));
+    for method in [reqwest::Method::GET, reqwest::Method::DELETE] {
+        let (status, body) = json(
+            authed(method, &path, "tok-globex")
+                .send()
+                .await
+                .expect("request"),
+        )
+        .await;
+        assert_error(status, &body, 404, "environment_not_found");
+    }
+    let (status, body) = json(
+        authed(reqwest::Method::PUT, &path, "tok-globex")
+            .json(&json!({"name": "stolen"}))
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    assert_error(status, &body, 404, "environment_not_found");
+    let (_, list) = json(
+        authed(reqwest::Method::GET, "/v1/environments", "tok-globex")
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(list["data"], json!([theirs]));
+    let (status, still_mine) = json(
+        authed(reqwest::Method::GET, &path, "tok-acme")
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(still_mine, mine, "the other scope changed nothing");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn capabilities_say_what_is_served_and_switched_off_means_404() {
+    let server = Server::start().await;
+    let (status, body) = get(&server, "/v1/capabilities").await;
+    assert_eq!(status, 200);
+    assert_eq!(body, json!({"capabilities": {"environments": true}}));
+    server.stop().await;
+
+    let server = Server::start_with(&["--environments", "false"]).await;
+    let (status, body) = get(&server, "/v1/capabilities").await;
+    assert_eq!(status, 200);
+    assert_eq!(body, json!({"capabilities": {"environments": false}}));
+    let id = "henv_2f1c9d4e8a7b4c3d9e6f5a4b3c2d1e0f";
+    let attempts = [
+        (reqwest::Method::POST, "/v1/environments".to_owned()),
+        (reqwest::Method::GET, "/v1/environments".to_owned()),
+        (reqwest::Method::GET, format!("/v1/environments/{id}")),
+        (reqwest::Method::PUT, format!("/v1/environments/{id}")),
+        (reqwest::Method::DELETE, format!("/v1/environments/{id}")),
+    ];
+    for (method, path) in attempts {
+        let response = server
+            .client
+            .request(method.clone(), server.url(&path))
+            .json(&json!({"name": "x"}))
+            .send()
+            .await
+            .expect("request");
+        let (status, body) = json(response).await;
+        assert_eq!(status, 404, "{method} {path}: {body}");
+    }
+    let (_, openapi) = get(&server, "/openapi.json").await;
+    assert!(
+        openapi["paths"].get("/v1/environments").is_none(),
+        "the document lists only what is served"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_answer_in_the_error_envelope() {
+    let server = Server::start().await;
+    let (status, body) = get(&server, "/v1/nothing-here").await;
+    assert_error(status, &body, 404, "not_found");
+    let response = server
+        .client
+        .patch(server.url("/v1/environments"))
+        .send()
+        .await
+        .expect("request");
+    let (status, body) = json(response).await;
+    assert_error(status, &body, 405, "method_not_allowed");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn openapi_covers_every_endpoint_with_its_errors() {
+    let server = Server::start().await;
+    let (status, doc) = get(&server, "/openapi.json").await;
+    assert_eq!(status, 200);
+    let expected: [(&str, &str, &[&str]); 6] = [
+        (
+            "/v1/environments",
+            "post",
+            &["201", "400", "401", "409", "503"],
+        ),
+        ("/v1/environments", "get", &["200", "401", "503"]),
+        (
+            "/v1/environments/{id}",
+            "get",
+            &["200", "401", "404", "503"],
+        ),
+        (
+            "/v1/environments/{id}",
+            "put",
+            &["200", "400", "401", "404", "503"],
+        ),
+        (
+            "/v1/environments/{id}",
+            "delete",
+            &["200", "401", "404", "409", "503"],
+        ),
+        ("/v1/capabilities", "get", &["200", "401"]),
+    ];
+    for (path, method, statuses) in expected {
+        let responses = &doc["paths"][path][method]["responses"];
+        for status in statuses {
+            assert!(
+                responses.get(*status).is_some(),
+                "{method} {path} documents {status}: {responses}"
+            );
+        }
+    }
+    assert!(
+        doc["components"]["schemas"]
+            .get("EnvironmentBody")
+            .is_some()
+    );
+    assert!(doc["components"]["schemas"].get("ErrorBody").is_some());
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics_are_served() {
+    let server = Server::start().await;
+    let healthz = server
+        .client
+        .get(server.url("/healthz"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(healthz.status(), 200);
+    let readyz = server
+        .client
+        .get(server.url("/readyz"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(
+        readyz.status(),
+        200,
+        "the catalog answers, so the gateway is ready"
+    );
+    create(&server, json!({"name": "Counted"})).await;
+    let metrics = server
+        .client
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .expect("request")
+        .text()
+        .await
+        .expect("body");
+    assert!(
+        metrics.contains(
+            "plinth_http_requests_total{route=\"/v1/environments\",method=\"POST\",status=\"201\"}"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("plinth_http_request_duration_seconds_bucket{route=\"/v1/environments\""),
+        "{metrics}"
+    );
+    assert!(metrics.contains("plinth_grpc_server_requests_total{rpc=\"/plinth.catalog.v1.CatalogService/CreateEnvironment\",code=\"Ok\"}"), "{metrics}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_gateway_whose_catalog_is_down_answers_unavailable_and_not_ready() {
+    // A port that was free a moment ago and is closed now.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let cli = <plinth::args::Cli as clap::Parser>::try_parse_from([
+        "plinth",
+        "gateway",
+        "--listen",
+        "127.0.0.1:0",
+        "--catalog-url",
+        &format!("http://{closed}"),
+    ])
+    .expect("flags");
+    let plinth::args::Command::Gateway(args) = &cli.command else {
+        unreachable!()
+    };
+    let config = plinth::config::Config::for_gateway(args).expect("config");
+    let running = plinth::serve::start_gateway(&config).await.expect("start");
+    let base = format!("http://{}", running.http_addr);
+    let client = reqwest::Client::new();
+    let (status, body) = json(
+        client
+            .post(format!("{base}/v1/environments"))
+            .json(&json!({"name": "x"}))
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    assert_error(status, &body, 503, "unavailable");
+    assert!(
+        !body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("refused"),
+        "transport details stay in the log: {body}"
+    );
+    let readyz = client
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(readyz.status(), 503);
+    let healthz = client
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(healthz.status(), 200, "the process itself is alive");
+    running.stop().await.expect("stop");
+}

@@ -1,0 +1,91 @@
+//! Starting Plinth the way `main` does, on port 0, with a private data directory.
+
+use clap::Parser as _;
+use plinth::args::{Cli, Command};
+use plinth::config::Config;
+use plinth::serve::{self, Running};
+use serde_json::Value;
+
+/// A `plinth serve` in this process.
+pub struct Server {
+    pub base: String,
+    pub client: reqwest::Client,
+    running: Option<Running>,
+    _data_dir: tempfile::TempDir,
+}
+
+impl Server {
+    /// `plinth serve` with no extra flags.
+    pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// `plinth serve` with these flags added, parsed by the real command line.
+    pub async fn start_with(flags: &[&str]) -> Self {
+        let data_dir = tempfile::tempdir().expect("temp dir");
+        let dir = data_dir.path().to_str().expect("utf-8 temp dir").to_owned();
+        let mut argv = vec![
+            "plinth",
+            "serve",
+            "--data-dir",
+            &dir,
+            "--listen",
+            "127.0.0.1:0",
+        ];
+        argv.extend_from_slice(flags);
+        let cli = Cli::try_parse_from(argv).expect("flags parse");
+        let Command::Serve(args) = &cli.command else {
+            unreachable!("parsed serve")
+        };
+        let config = Config::for_serve(args).expect("config");
+        let listener = tokio::net::TcpListener::bind(config.gateway.listen)
+            .await
+            .expect("bind");
+        let running = serve::start_all(&config, listener).await.expect("start");
+        Server {
+            base: format!("http://{}", running.http_addr),
+            client: reqwest::Client::new(),
+            running: Some(running),
+            _data_dir: data_dir,
+        }
+    }
+
+    /// The full URL of a path.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Stops the services and checks they stopped cleanly.
+    pub async fn stop(mut self) {
+        if let Some(running) = self.running.take() {
+            running.stop().await.expect("clean stop");
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(running) = &self.running {
+            running.shutdown.cancel();
+        }
+    }
+}
+
+/// A response's status and JSON body.
+pub async fn json(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("body");
+    let body = serde_json::from_str(&text)
+        .unwrap_or_else(|error| panic!("status {status}: body is not JSON ({error}): {text:?}"));
+    (status, body)
+}
+
+/// Asserts an error answer: its status, its code, and that the message says something.
+pub fn assert_error(status: u16, body: &Value, expected_status: u16, code: &str) {
+    assert_eq!(status, expected_status, "{body}");
+    assert_eq!(body["error"]["code"], code, "{body}");
+    let message = body["error"]["message"]
+        .as_str()
+        .expect("message is a string");
+    assert!(!message.is_empty(), "{body}");
+}

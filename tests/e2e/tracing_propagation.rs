@@ -1,0 +1,86 @@
+//! One REST call is one trace: the gateway's span and the catalog's spans share the caller's
+//! trace id, carried over HTTP headers into the gateway and over gRPC metadata into the
+//! catalog. Spans are caught with OpenTelemetry's in-memory exporter.
+
+use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+use serde_json::json;
+use tracing_subscriber::layer::SubscriberExt as _;
+
+use crate::helpers::Server;
+
+#[test]
+fn gateway_and_catalog_spans_share_one_trace() {
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    // A current-thread runtime keeps every task of both services on this thread, under this
+    // subscriber, without touching the process-wide default other tests share.
+    let _default = tracing::subscriber::set_default(subscriber);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+
+    let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let caller_span = "00f067aa0ba902b7";
+    runtime.block_on(async {
+        let server = Server::start().await;
+        let response = server
+            .client
+            .post(server.url("/v1/environments"))
+            .header("traceparent", format!("00-{caller_trace}-{caller_span}-01"))
+            .json(&json!({"name": "Traced"}))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), 201);
+        server.stop().await;
+    });
+    provider.force_flush().expect("flush");
+    let spans = exporter.get_finished_spans().expect("spans");
+
+    let trace = TraceId::from_hex(caller_trace).expect("trace id");
+    let find = |name: &str| {
+        spans
+            .iter()
+            .find(|span| span.name == name && span.span_context.trace_id() == trace)
+            .unwrap_or_else(|| {
+                let seen: Vec<_> = spans
+                    .iter()
+                    .map(|s| (s.name.to_string(), s.span_context.trace_id()))
+                    .collect();
+                panic!("no {name} span in the caller's trace; saw {seen:?}")
+            })
+    };
+    let gateway = find("http.server");
+    let grpc = find("grpc.server");
+    let catalog = find("catalog.create_environment");
+
+    assert_eq!(
+        gateway.parent_span_id,
+        SpanId::from_hex(caller_span).expect("span id"),
+        "the gateway continues the caller's trace"
+    );
+    let gateway_side: Vec<SpanId> = spans
+        .iter()
+        .filter(|span| {
+            span.span_context.trace_id() == trace
+                && span.name != "grpc.server"
+                && !span.name.starts_with("catalog.")
+        })
+        .map(|span| span.span_context.span_id())
+        .collect();
+    assert!(
+        gateway_side.contains(&grpc.parent_span_id),
+        "the catalog's server span is a child of a gateway span"
+    );
+    assert_eq!(
+        catalog.parent_span_id,
+        grpc.span_context.span_id(),
+        "the handler runs inside the server span"
+    );
+}
