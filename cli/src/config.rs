@@ -266,3 +266,79 @@ fn apply_gateway_flags(
 pub fn sqlite_url(path: &Path) -> String {
     format!("sqlite://{}?mode=rwc", path.display())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::args::Cli;
+
+    fn serve(argv: &[&str]) -> Result<Config, ConfigError> {
+        let mut full = vec!["plinth", "serve"];
+        full.extend_from_slice(argv);
+        let cli = Cli::try_parse_from(full).expect("flags parse");
+        let crate::args::Command::Serve(args) = &cli.command else {
+            unreachable!("serve")
+        };
+        Config::for_serve(args)
+    }
+
+    #[test]
+    fn the_example_config_in_deploy_is_valid() {
+        let example: Config =
+            toml::from_str(include_str!("../../deploy/plinth.example.toml")).expect("parses");
+        assert_eq!(example.gateway.listen, DEFAULT_LISTEN);
+    }
+
+    #[test]
+    fn flags_override_the_file_and_typos_in_the_file_are_errors() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("plinth.toml");
+        std::fs::write(
+            &file,
+            "data_dir = \"/from/file\"\n[gateway]\nlisten = \"127.0.0.1:9999\"\n",
+        )
+        .expect("write");
+        let path = file.to_str().expect("utf-8");
+        let config = serve(&["--config", path, "--listen", "127.0.0.1:7777"]).expect("config");
+        assert_eq!(config.data_dir, PathBuf::from("/from/file"));
+        assert_eq!(config.gateway.listen.port(), 7777, "the flag wins");
+        assert_eq!(
+            config.catalog.database_url.as_deref(),
+            Some("sqlite:///from/file/catalog.db?mode=rwc")
+        );
+
+        std::fs::write(&file, "[gateway]\nlisten_addr = \"127.0.0.1:1\"\n").expect("write");
+        let error = serve(&["--config", path]).expect_err("unknown key");
+        assert!(error.to_string().contains("listen_addr"), "{error}");
+    }
+
+    #[test]
+    fn an_open_scope_stays_on_loopback() {
+        let error = serve(&["--listen", "0.0.0.0:8080"]).expect_err("refused");
+        assert!(error.to_string().contains("without tokens"), "{error}");
+        serve(&["--listen", "0.0.0.0:8080", "--tokens", "t=acme"]).expect("tokens make it safe");
+        let error = serve(&["--tokens", "t=has space"]).expect_err("bad scope");
+        assert!(error.to_string().contains("scope"), "{error}");
+    }
+
+    #[test]
+    fn dumped_config_hides_every_secret() {
+        let config = serve(&[
+            "--tokens",
+            "tok-very-secret=acme",
+            "--database-url",
+            "postgres://app:db-password@db/plinth",
+            "--internal-token",
+            "internal-secret",
+        ])
+        .expect("config");
+        let dumped = config.dump().expect("dump");
+        for secret in ["tok-very-secret", "db-password", "internal-secret"] {
+            assert!(!dumped.contains(secret), "{secret} leaked:\n{dumped}");
+        }
+        assert!(dumped.contains("scope = \"acme\""));
+        assert!(dumped.contains("postgres://app:<redacted>@db/plinth"));
+    }
+}

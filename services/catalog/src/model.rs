@@ -240,6 +240,11 @@ impl EnvironmentChanges {
             entry,
         })
     }
+
+    /// Whether nothing would change.
+    pub fn is_empty(&self) -> bool {
+        self.name.is_none() && self.description.is_none() && self.entry.is_none()
+    }
 }
 
 fn check_name(name: &str) -> Result<Slug, PlinthError> {

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::{AnyPool, Row, SqlSafeStr};
+use sqlx::{AnyConnection, AnyPool, Connection, Executor, Row, SqlSafeStr};
 
 use crate::model::{Environment, EnvironmentChanges, EnvironmentId, NewEnvironment, Scope, Slug};
 
@@ -96,9 +96,15 @@ pub enum StoreError {
 }
 
 /// The catalog's database.
+///
+/// On SQLite, writes go through a pool of one connection: SQLite admits one writer at a time
+/// anyway, and a queue in the pool is fair and prompt where writers racing for the file lock
+/// back off in sleeps of up to 100 ms. Reads use their own pool and, in WAL mode, never wait
+/// for the writer. On PostgreSQL both are the same pool.
 #[derive(Clone)]
 pub struct Store {
-    pool: AnyPool,
+    reader: AnyPool,
+    writer: AnyPool,
     backend: Backend,
 }
 
@@ -117,12 +123,30 @@ impl Store {
             }
             _ => url.to_owned(),
         };
-        let pool = AnyPoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .acquire_timeout(Duration::from_secs(10))
-            .connect(&url)
-            .await?;
-        Ok(Store { pool, backend })
+        if backend == Backend::Sqlite {
+            // WAL lets readers run beside the one writer instead of blocking it. The mode is
+            // stored in the file, and switching needs a lock busy_timeout cannot wait for, so
+            // it is set once here, before the pool opens its connections. `synchronous` stays
+            // FULL: a commit the catalog acknowledged survives a power cut.
+            let mut connection = AnyConnection::connect(&url).await?;
+            connection.execute("PRAGMA journal_mode = WAL").await?;
+            connection.close().await?;
+        }
+        let pool = |connections: u32| {
+            AnyPoolOptions::new()
+                .max_connections(connections.max(1))
+                .acquire_timeout(Duration::from_secs(10))
+        };
+        let reader = pool(max_connections).connect(&url).await?;
+        let writer = match backend {
+            Backend::Sqlite => pool(1).connect(&url).await?,
+            Backend::Postgres => reader.clone(),
+        };
+        Ok(Store {
+            reader,
+            writer,
+            backend,
+        })
     }
 
     /// Which database this is.
@@ -134,20 +158,21 @@ impl Store {
     /// start-up (sqlx takes a lock on Postgres).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         Migrator::with_migrations(self.backend.migrations())
-            .run(&self.pool)
+            .run(&self.writer)
             .await?;
         Ok(())
     }
 
     /// Answers when the database does.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        sqlx::query("SELECT 1").execute(&self.reader).await?;
         Ok(())
     }
 
     /// Closes every connection.
     pub async fn close(&self) {
-        self.pool.close().await;
+        self.writer.close().await;
+        self.reader.close().await;
     }
 
     /// Inserts a new environment. A slug already used in the scope is refused by the unique
@@ -180,7 +205,7 @@ impl Store {
         .bind(&environment.entry)
         .bind(now)
         .bind(now)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await;
         match result {
             Ok(_) => Ok(environment),
@@ -202,7 +227,7 @@ impl Store {
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(scope.as_str())
             .bind(id.as_str())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reader)
             .await?
             .ok_or(StoreError::NotFound)?;
         environment_from_row(&row)
@@ -216,7 +241,7 @@ impl Store {
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(scope.as_str())
-            .fetch_all(&self.pool)
+            .fetch_all(&self.reader)
             .await?;
         rows.iter().map(environment_from_row).collect()
     }
@@ -228,6 +253,9 @@ impl Store {
         id: &EnvironmentId,
         changes: EnvironmentChanges,
     ) -> Result<Environment, StoreError> {
+        if changes.is_empty() {
+            return self.get_environment(scope, id).await;
+        }
         let sql = format!(
             "UPDATE environments SET name = COALESCE($1, name), \
              description = COALESCE($2, description), entry = COALESCE($3, entry), \
@@ -240,7 +268,7 @@ impl Store {
             .bind(now_ms())
             .bind(scope.as_str())
             .bind(id.as_str())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.writer)
             .await?
             .ok_or(StoreError::NotFound)?;
         environment_from_row(&row)
@@ -255,7 +283,7 @@ impl Store {
         let result = sqlx::query("DELETE FROM environments WHERE scope = $1 AND id = $2")
             .bind(scope.as_str())
             .bind(id.as_str())
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         if result.rows_affected() == 0 {
             return Err(StoreError::NotFound);

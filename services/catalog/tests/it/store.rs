@@ -193,6 +193,14 @@ async fn update_changes_fields_but_never_the_slug(store: Store) {
     assert_eq!(updated.entry, "", "an explicit empty value is applied");
     assert!(updated.updated_at_ms >= created.updated_at_ms);
     assert_eq!(updated.created_at_ms, created.created_at_ms);
+    let untouched = store
+        .update_environment(&scope("acme"), &created.id, EnvironmentChanges::default())
+        .await
+        .expect("empty update");
+    assert_eq!(
+        untouched, updated,
+        "an empty update changes nothing, not even updatedAt"
+    );
     // The old slug stays taken: the mount path belongs to the renamed environment.
     let clash = store.create_environment(new("acme", "old name")).await;
     assert!(matches!(clash, Err(StoreError::SlugTaken)));
