@@ -3,17 +3,14 @@
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, assert_error, json};
+use crate::helpers::{Server, assert_error, json, send};
 
 async fn create(server: &Server, body: Value) -> (u16, Value) {
-    json(
+    send(
         server
             .client
             .post(server.url("/v1/environments"))
-            .json(&body)
-            .send()
-            .await
-            .expect("request"),
+            .json(&body),
     )
     .await
 }
@@ -24,29 +21,18 @@ async fn send_raw(
     path: &str,
     body: &'static str,
 ) -> (u16, Value) {
-    json(
+    send(
         server
             .client
             .request(method, server.url(path))
             .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .expect("request"),
+            .body(body),
     )
     .await
 }
 
 async fn get(server: &Server, path: &str) -> (u16, Value) {
-    json(
-        server
-            .client
-            .get(server.url(path))
-            .send()
-            .await
-            .expect("request"),
-    )
-    .await
+    send(server.client.get(server.url(path))).await
 }
 
 fn is_environment_id(value: &Value) -> bool {
@@ -131,14 +117,11 @@ async fn the_walk_through_gives_the_documented_answers() {
     assert_eq!(list["object"], "list");
     assert_eq!(list["data"], json!([created]));
 
-    let (status, renamed) = json(
+    let (status, renamed) = send(
         server
             .client
             .put(server.url(&format!("/v1/environments/{id}")))
-            .json(&json!({"name": "Teaser Factory", "entry": ""}))
-            .send()
-            .await
-            .expect("request"),
+            .json(&json!({"name": "Teaser Factory", "entry": ""})),
     )
     .await;
     assert_eq!(status, 200, "{renamed}");
@@ -155,13 +138,10 @@ async fn the_walk_through_gives_the_documented_answers() {
     assert_eq!(renamed["entry"], "", "an explicit empty string clears");
     assert!(renamed["updatedAt"].as_i64() >= created["updatedAt"].as_i64());
 
-    let (status, deleted) = json(
+    let (status, deleted) = send(
         server
             .client
-            .delete(server.url(&format!("/v1/environments/{id}")))
-            .send()
-            .await
-            .expect("request"),
+            .delete(server.url(&format!("/v1/environments/{id}"))),
     )
     .await;
     assert_eq!(status, 200);
@@ -390,50 +370,29 @@ async fn tokens_define_scopes_and_other_scopes_do_not_exist() {
     );
     let (status, body) = json(response).await;
     assert_error(status, &body, 401, "unauthenticated");
-    let (status, body) = json(
-        authed(reqwest::Method::GET, "/v1/environments", "tok-nope")
-            .send()
-            .await
-            .expect("request"),
-    )
-    .await;
+    let (status, body) = send(authed(reqwest::Method::GET, "/v1/environments", "tok-nope")).await;
     assert_error(status, &body, 401, "unauthenticated");
-    let response = server
-        .client
-        .get(server.url("/v1/environments"))
-        .header("authorization", "Basic dG9rLWFjbWU=")
-        .send()
-        .await
-        .expect("request");
-    let (status, body) = json(response).await;
-    assert_error(status, &body, 401, "unauthenticated");
-    let (status, body) = json(
+    let (status, body) = send(
         server
             .client
-            .get(server.url("/v1/capabilities"))
-            .send()
-            .await
-            .expect("request"),
+            .get(server.url("/v1/environments"))
+            .header("authorization", "Basic dG9rLWFjbWU="),
     )
     .await;
     assert_error(status, &body, 401, "unauthenticated");
+    let (status, body) = send(server.client.get(server.url("/v1/capabilities"))).await;
+    assert_error(status, &body, 401, "unauthenticated");
 
-    let (status, mine) = json(
+    let (status, mine) = send(
         authed(reqwest::Method::POST, "/v1/environments", "tok-acme")
-            .json(&json!({"name": "Shared Name"}))
-            .send()
-            .await
-            .expect("request"),
+            .json(&json!({"name": "Shared Name"})),
     )
     .await;
     assert_eq!(status, 201);
     // The same slug in another scope is a different place.
-    let (status, theirs) = json(
+    let (status, theirs) = send(
         authed(reqwest::Method::POST, "/v1/environments", "tok-globex")
-            .json(&json!({"name": "Shared Name"}))
-            .send()
-            .await
-            .expect("request"),
+            .json(&json!({"name": "Shared Name"})),
     )
     .await;
     assert_eq!(status, 201);
@@ -441,39 +400,21 @@ async fn tokens_define_scopes_and_other_scopes_do_not_exist() {
 
     let path = format!("/v1/environments/{}", mine["id"].as_str().expect("id"));
     for method in [reqwest::Method::GET, reqwest::Method::DELETE] {
-        let (status, body) = json(
-            authed(method, &path, "tok-globex")
-                .send()
-                .await
-                .expect("request"),
-        )
-        .await;
+        let (status, body) = send(authed(method, &path, "tok-globex")).await;
         assert_error(status, &body, 404, "environment_not_found");
     }
-    let (status, body) = json(
-        authed(reqwest::Method::PUT, &path, "tok-globex")
-            .json(&json!({"name": "stolen"}))
-            .send()
-            .await
-            .expect("request"),
-    )
-    .await;
+    let (status, body) =
+        send(authed(reqwest::Method::PUT, &path, "tok-globex").json(&json!({"name": "stolen"})))
+            .await;
     assert_error(status, &body, 404, "environment_not_found");
-    let (_, list) = json(
-        authed(reqwest::Method::GET, "/v1/environments", "tok-globex")
-            .send()
-            .await
-            .expect("request"),
-    )
+    let (_, list) = send(authed(
+        reqwest::Method::GET,
+        "/v1/environments",
+        "tok-globex",
+    ))
     .await;
     assert_eq!(list["data"], json!([theirs]));
-    let (status, still_mine) = json(
-        authed(reqwest::Method::GET, &path, "tok-acme")
-            .send()
-            .await
-            .expect("request"),
-    )
-    .await;
+    let (status, still_mine) = send(authed(reqwest::Method::GET, &path, "tok-acme")).await;
     assert_eq!(status, 200);
     assert_eq!(still_mine, mine, "the other scope changed nothing");
     server.stop().await;
@@ -653,13 +594,10 @@ async fn a_gateway_whose_catalog_is_down_answers_unavailable_and_not_ready() {
     let running = plinth::serve::start_gateway(&config).await.expect("start");
     let base = format!("http://{}", running.http_addr);
     let client = reqwest::Client::new();
-    let (status, body) = json(
+    let (status, body) = send(
         client
             .post(format!("{base}/v1/environments"))
-            .json(&json!({"name": "x"}))
-            .send()
-            .await
-            .expect("request"),
+            .json(&json!({"name": "x"})),
     )
     .await;
     assert_error(status, &body, 503, "unavailable");

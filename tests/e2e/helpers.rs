@@ -71,6 +71,11 @@ impl Drop for Server {
     }
 }
 
+/// Sends a request and reads the answer's status and JSON body.
+pub async fn send(request: reqwest::RequestBuilder) -> (u16, Value) {
+    json(request.send().await.expect("request")).await
+}
+
 /// A response's status and JSON body.
 pub async fn json(response: reqwest::Response) -> (u16, Value) {
     let status = response.status().as_u16();

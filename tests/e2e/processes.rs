@@ -11,7 +11,7 @@ use plinth_proto::catalog::v1::ListEnvironmentsRequest;
 use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
 use serde_json::json;
 
-use crate::helpers::{assert_error, json};
+use crate::helpers::{assert_error, send};
 
 /// A child process killed when the test ends, however it ends.
 struct Process(Child);
@@ -57,6 +57,54 @@ async fn wait_until_ready(client: &reqwest::Client, url: &str, process: &mut Pro
     panic!("{url} did not become ready within 30 s");
 }
 
+/// `plinth catalog` on PostgreSQL and `plinth gateway` in front of it.
+struct Pair<'a> {
+    database_url: String,
+    token: &'a str,
+    grpc: SocketAddr,
+    admin: SocketAddr,
+    http: SocketAddr,
+}
+
+impl Pair<'_> {
+    /// Starts both and waits until each says it is ready.
+    async fn start(&self, client: &reqwest::Client) -> (Process, Process) {
+        let (grpc, admin, http) = (
+            self.grpc.to_string(),
+            self.admin.to_string(),
+            self.http.to_string(),
+        );
+        let catalog_url = format!("http://{grpc}");
+        let mut catalog = plinth(
+            &[
+                "catalog",
+                "--listen",
+                &grpc,
+                "--admin-listen",
+                &admin,
+                "--database-url",
+                &self.database_url,
+            ],
+            self.token,
+        );
+        wait_until_ready(client, &format!("http://{admin}/readyz"), &mut catalog).await;
+        let mut gateway = plinth(
+            &[
+                "gateway",
+                "--listen",
+                &http,
+                "--catalog-url",
+                &catalog_url,
+                "--tokens",
+                "tok-acme=acme",
+            ],
+            self.token,
+        );
+        wait_until_ready(client, &format!("http://{http}/readyz"), &mut gateway).await;
+        (catalog, gateway)
+    }
+}
+
 #[tokio::test]
 async fn catalog_and_gateway_as_two_processes_over_grpc_on_postgres() {
     let PostgresAvailability::Available(server) = testing::postgres() else {
@@ -66,70 +114,42 @@ async fn catalog_and_gateway_as_two_processes_over_grpc_on_postgres() {
     let token = "internal-secret-for-this-test";
     let (grpc, admin, http) = (free_port(), free_port(), free_port());
 
-    let mut catalog = plinth(
-        &[
-            "catalog",
-            "--listen",
-            &grpc.to_string(),
-            "--admin-listen",
-            &admin.to_string(),
-            "--database-url",
-            &database_url,
-        ],
-        token,
-    );
     let client = reqwest::Client::new();
-    wait_until_ready(&client, &format!("http://{admin}/readyz"), &mut catalog).await;
-
-    let mut gateway = plinth(
-        &[
-            "gateway",
-            "--listen",
-            &http.to_string(),
-            "--catalog-url",
-            &format!("http://{grpc}"),
-            "--tokens",
-            "tok-acme=acme",
-        ],
+    let pair = Pair {
+        database_url: database_url.clone(),
         token,
-    );
-    wait_until_ready(&client, &format!("http://{http}/readyz"), &mut gateway).await;
+        grpc,
+        admin,
+        http,
+    };
+    let (catalog, gateway) = pair.start(&client).await;
 
     let base = format!("http://{http}");
-    let (status, created) = json(
+    let (status, created) = send(
         client
             .post(format!("{base}/v1/environments"))
             .bearer_auth("tok-acme")
-            .json(&json!({"name": "Two Processes", "entry": "make run"}))
-            .send()
-            .await
-            .expect("request"),
+            .json(&json!({"name": "Two Processes", "entry": "make run"})),
     )
     .await;
     assert_eq!(status, 201, "{created}");
     assert_eq!(created["mount"], "/env/two-processes");
     let id = created["id"].as_str().expect("id");
 
-    let (status, fetched) = json(
+    let (status, fetched) = send(
         client
             .get(format!("{base}/v1/environments/{id}"))
-            .bearer_auth("tok-acme")
-            .send()
-            .await
-            .expect("request"),
+            .bearer_auth("tok-acme"),
     )
     .await;
     assert_eq!(status, 200);
     assert_eq!(fetched, created);
 
-    let (status, clash) = json(
+    let (status, clash) = send(
         client
             .post(format!("{base}/v1/environments"))
             .bearer_auth("tok-acme")
-            .json(&json!({"name": "two processes"}))
-            .send()
-            .await
-            .expect("request"),
+            .json(&json!({"name": "two processes"})),
     )
     .await;
     assert_error(status, &clash, 409, "environment_exists");
@@ -191,39 +211,11 @@ async fn catalog_and_gateway_as_two_processes_over_grpc_on_postgres() {
     // The environment outlives the processes: it is in PostgreSQL.
     drop(gateway);
     drop(catalog);
-    let mut catalog = plinth(
-        &[
-            "catalog",
-            "--listen",
-            &grpc.to_string(),
-            "--admin-listen",
-            &admin.to_string(),
-            "--database-url",
-            &database_url,
-        ],
-        token,
-    );
-    wait_until_ready(&client, &format!("http://{admin}/readyz"), &mut catalog).await;
-    let mut gateway = plinth(
-        &[
-            "gateway",
-            "--listen",
-            &http.to_string(),
-            "--catalog-url",
-            &format!("http://{grpc}"),
-            "--tokens",
-            "tok-acme=acme",
-        ],
-        token,
-    );
-    wait_until_ready(&client, &format!("http://{http}/readyz"), &mut gateway).await;
-    let (status, list) = json(
+    let (_catalog, _gateway) = pair.start(&client).await;
+    let (status, list) = send(
         client
             .get(format!("{base}/v1/environments"))
-            .bearer_auth("tok-acme")
-            .send()
-            .await
-            .expect("request"),
+            .bearer_auth("tok-acme"),
     )
     .await;
     assert_eq!(status, 200);
