@@ -70,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.gateway.listen).await?;
     let running = plinth::serve::start_all(&config, listener).await?;
     let base = format!("http://{}", running.http_addr);
+    plinth_blobs::install_tls_provider();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .build()?;

@@ -593,7 +593,7 @@ async fn a_gateway_whose_catalog_is_down_answers_unavailable_and_not_ready() {
     let config = plinth::config::Config::for_gateway(args).expect("config");
     let running = plinth::serve::start_gateway(&config).await.expect("start");
     let base = format!("http://{}", running.http_addr);
-    let client = reqwest::Client::new();
+    let client = crate::helpers::http_client();
     let (status, body) = send(
         client
             .post(format!("{base}/v1/environments"))

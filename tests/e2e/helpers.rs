@@ -44,7 +44,7 @@ impl Server {
         let running = serve::start_all(&config, listener).await.expect("start");
         Server {
             base: format!("http://{}", running.http_addr),
-            client: reqwest::Client::new(),
+            client: http_client(),
             running: Some(running),
             _data_dir: data_dir,
         }
@@ -69,6 +69,12 @@ impl Drop for Server {
             running.shutdown.cancel();
         }
     }
+}
+
+/// An HTTP client (with the process's TLS provider installed first).
+pub fn http_client() -> reqwest::Client {
+    plinth_blobs::install_tls_provider();
+    reqwest::Client::new()
 }
 
 /// Sends a request and reads the answer's status and JSON body.

@@ -114,7 +114,7 @@ async fn catalog_and_gateway_as_two_processes_over_grpc_on_postgres() {
     let token = "internal-secret-for-this-test";
     let (grpc, admin, http) = (free_port(), free_port(), free_port());
 
-    let client = reqwest::Client::new();
+    let client = crate::helpers::http_client();
     let pair = Pair {
         database_url: database_url.clone(),
         token,

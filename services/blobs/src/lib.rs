@@ -1,0 +1,26 @@
+//! plinth-blobs: content-addressed storage shared by the source service, the builders and the
+//! node agents. A blob is file content named by its SHA-256, stored at
+//! `blobs/sha256/<2 hex>/<64 hex>` in object storage: local files (the embedded default),
+//! S3 (production) or memory (tests), all through `object_store`.
+//!
+//! The guarantees, whatever the backend:
+//! * a write is streamed and hashed in flight, bounded in size, and either lands whole under
+//!   its final name or not at all (never a partial object under a final name);
+//! * a blob's name is its content's digest, so writing the same content twice is one blob;
+//! * a read is verified against the digest before any byte is handed out, and fails closed.
+//!
+//! What is *in* a blob (trees, files, layers) is for the callers; this crate does not know.
+
+mod digest;
+mod store;
+
+pub use digest::{Digest, DigestParseError};
+pub use store::{Blob, BlobError, BlobStore, VerifiedBlob};
+
+/// Makes ring the process's TLS crypto provider. HTTP clients here (object storage's, and
+/// any `reqwest` client of the process) use rustls without a built-in provider, which spares
+/// the build aws-lc's C code; a client built before a provider is installed panics, so every
+/// process and test that makes HTTP clients calls this first. Calling it again is harmless.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

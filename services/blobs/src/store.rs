@@ -1,0 +1,380 @@
+//! The blob store over `object_store`.
+
+use std::io::SeekFrom;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload, WriteMultipart};
+use sha2::Digest as _;
+use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+
+use crate::Digest;
+
+/// Blobs up to this size are buffered in memory, written with one create-only put, and
+/// verified in memory on read; larger ones stream through a multipart upload and are
+/// verified into a spool file on read, so memory stays bounded whatever the size.
+const IN_MEMORY_MAX: usize = 8 * 1024 * 1024;
+/// Part size of multipart uploads (S3 needs at least 5 MiB).
+const PART_SIZE: usize = 8 * 1024 * 1024;
+/// Parts in flight at once per upload.
+const PARTS_IN_FLIGHT: usize = 2;
+
+/// A stored blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Blob {
+    /// Its name.
+    pub digest: Digest,
+    /// Its length in bytes.
+    pub size: u64,
+}
+
+/// What can go wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum BlobError {
+    /// The URL names no supported backend.
+    #[error(
+        "blob store URL {0:?} is not supported: use file://<dir>, s3://<bucket>[/<prefix>] or memory://"
+    )]
+    UnsupportedUrl(String),
+    /// No blob with this digest.
+    #[error("blob {0} does not exist")]
+    NotFound(Digest),
+    /// The stored bytes do not hash to their name: corruption, refused.
+    #[error("blob {0} is corrupt: its content does not match its digest")]
+    Corrupt(Digest),
+    /// The content passed the size limit; nothing was stored.
+    #[error("content exceeds the limit of {max_bytes} bytes")]
+    TooLarge {
+        /// The limit.
+        max_bytes: u64,
+    },
+    /// The content's own stream failed; nothing was stored.
+    #[error("reading the content failed: {0}")]
+    Source(Box<dyn std::error::Error + Send + Sync>),
+    /// The object store failed.
+    #[error("object store: {0}")]
+    Storage(#[from] object_store::Error),
+    /// Local spooling failed.
+    #[error("spooling a blob locally failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A content-addressed store of blobs.
+#[derive(Clone)]
+pub struct BlobStore {
+    store: Arc<dyn ObjectStore>,
+    spool_dir: PathBuf,
+}
+
+impl std::fmt::Debug for BlobStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlobStore")
+            .field("store", &self.store.to_string())
+            .finish()
+    }
+}
+
+impl BlobStore {
+    /// Opens the store a URL names:
+    /// * `file:///abs/dir` or `file://./rel/dir`: a directory, created if missing;
+    /// * `s3://bucket[/prefix]?key=value…`: a bucket; keys are `object_store`'s S3 options
+    ///   (`endpoint`, `region`, `allow_http`, …), and credentials come from the standard
+    ///   `AWS_*` environment variables;
+    /// * `memory://`: a store that lives as long as the process, for tests.
+    ///
+    /// Reads of large blobs are verified into temporary files under `spool_dir`.
+    pub fn open(url: &str, spool_dir: PathBuf) -> Result<Self, BlobError> {
+        let store: Arc<dyn ObjectStore> = if url == "memory://" {
+            Arc::new(object_store::memory::InMemory::new())
+        } else if let Some(dir) = url.strip_prefix("file://") {
+            if dir.is_empty() {
+                return Err(BlobError::UnsupportedUrl(url.to_owned()));
+            }
+            std::fs::create_dir_all(dir)?;
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir)?)
+        } else if let Some(rest) = url.strip_prefix("s3://") {
+            open_s3(url, rest)?
+        } else {
+            return Err(BlobError::UnsupportedUrl(url.to_owned()));
+        };
+        Ok(BlobStore { store, spool_dir })
+    }
+
+    /// The object-store path of a blob.
+    pub fn location(digest: &Digest) -> Path {
+        let hex = digest.to_hex();
+        Path::from(format!("blobs/sha256/{}/{hex}", &hex[..2]))
+    }
+
+    /// The underlying object store, for maintenance (garbage collection) and tests.
+    pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// Stores content that is already in memory.
+    pub async fn put_bytes(&self, bytes: Bytes) -> Result<Blob, BlobError> {
+        let blob = Blob {
+            digest: Digest::of(&bytes),
+            size: bytes.len() as u64,
+        };
+        self.put_final(&blob.digest, PutPayload::from(bytes))
+            .await?;
+        Ok(blob)
+    }
+
+    /// Streams content in, hashing it as it comes, and stores it under its digest. More than
+    /// `max_bytes` is refused with [`BlobError::TooLarge`] as soon as the limit is passed; on
+    /// any error nothing is stored under a final name.
+    pub async fn put_stream<S, E>(&self, content: S, max_bytes: u64) -> Result<Blob, BlobError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let mut content = std::pin::pin!(content);
+        let mut hasher = sha2::Sha256::new();
+        let mut size: u64 = 0;
+        let mut buffered: Vec<Bytes> = Vec::new();
+        let mut buffered_len = 0usize;
+        let mut upload: Option<(Path, WriteMultipart)> = None;
+
+        let outcome: Result<(), BlobError> = async {
+            while let Some(chunk) = content.next().await {
+                let chunk = chunk.map_err(|error| BlobError::Source(error.into()))?;
+                size += chunk.len() as u64;
+                if size > max_bytes {
+                    return Err(BlobError::TooLarge { max_bytes });
+                }
+                hasher.update(&chunk);
+                match &mut upload {
+                    Some((_, writer)) => {
+                        writer.wait_for_capacity(PARTS_IN_FLIGHT).await?;
+                        writer.put(chunk);
+                    }
+                    None => {
+                        buffered_len += chunk.len();
+                        buffered.push(chunk);
+                        if buffered_len > IN_MEMORY_MAX {
+                            let staging =
+                                Path::from(format!("staging/{}", uuid::Uuid::new_v4().simple()));
+                            let multipart = self.store.put_multipart(&staging).await?;
+                            let mut writer =
+                                WriteMultipart::new_with_chunk_size(multipart, PART_SIZE);
+                            for part in buffered.drain(..) {
+                                writer.wait_for_capacity(PARTS_IN_FLIGHT).await?;
+                                writer.put(part);
+                            }
+                            upload = Some((staging, writer));
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+        .await;
+
+        if let Err(error) = outcome {
+            if let Some((staging, writer)) = upload
+                && let Err(abort) = writer.abort().await
+            {
+                tracing::warn!(%staging, error = %abort, "aborting a multipart upload failed; the staging object is left for garbage collection");
+            }
+            return Err(error);
+        }
+
+        let digest = Digest::from_bytes(hasher.finalize().into());
+        let blob = Blob { digest, size };
+        match upload {
+            None => {
+                self.put_final(&digest, buffered.into_iter().collect())
+                    .await?
+            }
+            Some((staging, writer)) => {
+                writer.finish().await?;
+                let promoted = self.promote(&staging, &digest).await;
+                if let Err(error) = self.store.delete(&staging).await {
+                    tracing::warn!(%staging, %error, "removing a staging object failed; it is left for garbage collection");
+                }
+                promoted?;
+            }
+        }
+        Ok(blob)
+    }
+
+    /// Writes a small blob create-only. An existing blob of the same digest is the same
+    /// content, so "already exists" is success.
+    async fn put_final(&self, digest: &Digest, payload: PutPayload) -> Result<(), BlobError> {
+        let location = Self::location(digest);
+        match self
+            .store
+            .put_opts(&location, payload.clone(), PutMode::Create.into())
+            .await
+        {
+            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+            Err(
+                object_store::Error::NotImplemented { .. }
+                | object_store::Error::NotSupported { .. },
+            ) => {
+                // The backend cannot put create-only; the content is the digest's, so an
+                // atomic overwrite stores the same bytes.
+                self.store.put(&location, payload).await?;
+                Ok(())
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Moves a completed staging object to its final name without ever exposing a partial one.
+    async fn promote(&self, staging: &Path, digest: &Digest) -> Result<(), BlobError> {
+        let location = Self::location(digest);
+        match self.store.copy_if_not_exists(staging, &location).await {
+            Ok(()) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+            Err(
+                object_store::Error::NotImplemented { .. }
+                | object_store::Error::NotSupported { .. },
+            ) => {
+                // Server-side copy is atomic; a blob already there holds the same bytes.
+                self.store.copy(staging, &location).await?;
+                Ok(())
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Whether a blob exists.
+    pub async fn contains(&self, digest: &Digest) -> Result<bool, BlobError> {
+        match self.store.head(&Self::location(digest)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Reads a blob and verifies it against its digest before handing out any byte.
+    pub async fn get(&self, digest: &Digest) -> Result<VerifiedBlob, BlobError> {
+        let result = match self.store.get(&Self::location(digest)).await {
+            Ok(result) => result,
+            Err(object_store::Error::NotFound { .. }) => return Err(BlobError::NotFound(*digest)),
+            Err(error) => return Err(error.into()),
+        };
+        let declared = result.meta.size;
+        let mut stream = result.into_stream();
+        let mut hasher = sha2::Sha256::new();
+        let mut size: u64 = 0;
+        let verified = if declared <= IN_MEMORY_MAX as u64 {
+            let mut chunks = Vec::new();
+            while let Some(chunk) = stream.try_next().await? {
+                size += chunk.len() as u64;
+                hasher.update(&chunk);
+                chunks.push(chunk);
+            }
+            VerifiedBlob::Memory(concat(chunks))
+        } else {
+            std::fs::create_dir_all(&self.spool_dir)?;
+            let file = tempfile::tempfile_in(&self.spool_dir)?;
+            let mut file = tokio::fs::File::from_std(file);
+            while let Some(chunk) = stream.try_next().await? {
+                size += chunk.len() as u64;
+                hasher.update(&chunk);
+                file.write_all(&chunk).await?;
+            }
+            file.flush().await?;
+            file.seek(SeekFrom::Start(0)).await?;
+            VerifiedBlob::Spooled { file, size }
+        };
+        let actual = Digest::from_bytes(hasher.finalize().into());
+        if actual != *digest || size != declared {
+            tracing::error!(%digest, %actual, "corrupt blob refused");
+            return Err(BlobError::Corrupt(*digest));
+        }
+        Ok(verified)
+    }
+}
+
+fn open_s3(url: &str, rest: &str) -> Result<Arc<dyn ObjectStore>, BlobError> {
+    let (location, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (bucket, prefix) = location.split_once('/').unwrap_or((location, ""));
+    if bucket.is_empty() {
+        return Err(BlobError::UnsupportedUrl(url.to_owned()));
+    }
+    crate::install_tls_provider();
+    let mut builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
+        let key = key
+            .parse()
+            .map_err(|_| BlobError::UnsupportedUrl(format!("{url}: unknown S3 option {key:?}")))?;
+        builder = builder.with_config(key, value);
+    }
+    let store = builder.build()?;
+    let prefix = prefix.trim_matches('/');
+    if prefix.is_empty() {
+        Ok(Arc::new(store))
+    } else {
+        Ok(Arc::new(object_store::prefix::PrefixStore::new(
+            store, prefix,
+        )))
+    }
+}
+
+fn concat(chunks: Vec<Bytes>) -> Bytes {
+    match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.into_iter().next().unwrap_or_default(),
+        _ => {
+            let mut joined = Vec::with_capacity(chunks.iter().map(Bytes::len).sum());
+            for chunk in chunks {
+                joined.extend_from_slice(&chunk);
+            }
+            Bytes::from(joined)
+        }
+    }
+}
+
+/// A blob whose bytes were checked against its digest.
+#[derive(Debug)]
+pub enum VerifiedBlob {
+    /// Small blobs, held in memory.
+    Memory(Bytes),
+    /// Large blobs, in an unnamed temporary file that vanishes when dropped.
+    Spooled {
+        /// Positioned at the start.
+        file: tokio::fs::File,
+        /// Its length.
+        size: u64,
+    },
+}
+
+impl VerifiedBlob {
+    /// Its length in bytes.
+    pub fn size(&self) -> u64 {
+        match self {
+            VerifiedBlob::Memory(bytes) => bytes.len() as u64,
+            VerifiedBlob::Spooled { size, .. } => *size,
+        }
+    }
+
+    /// Its bytes as a stream of chunks.
+    pub fn into_stream(self) -> BoxStream<'static, std::io::Result<Bytes>> {
+        match self {
+            VerifiedBlob::Memory(bytes) => futures::stream::once(async move { Ok(bytes) }).boxed(),
+            VerifiedBlob::Spooled { file, .. } => {
+                tokio_util::io::ReaderStream::with_capacity(file, 64 * 1024).boxed()
+            }
+        }
+    }
+
+    /// All its bytes in memory; for callers that know blobs are small (trees, manifests).
+    pub async fn into_bytes(self) -> std::io::Result<Bytes> {
+        match self {
+            VerifiedBlob::Memory(bytes) => Ok(bytes),
+            spooled => {
+                let chunks: Vec<Bytes> = spooled.into_stream().try_collect().await?;
+                Ok(concat(chunks))
+            }
+        }
+    }
+}
