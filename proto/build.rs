@@ -5,7 +5,10 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    let protos = ["plinth/catalog/v1/catalog.proto"];
+    let protos = [
+        "plinth/catalog/v1/catalog.proto",
+        "plinth/source/v1/source.proto",
+    ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }

@@ -12,5 +12,14 @@ pub mod catalog {
     }
 }
 
+/// `plinth.source.v1`: environment files, imports and snapshots.
+pub mod source {
+    /// Version 1 of the source contract.
+    pub mod v1 {
+        #![allow(clippy::all, missing_docs)]
+        tonic::include_proto!("plinth.source.v1");
+    }
+}
+
 /// Every compiled `.proto` as one `FileDescriptorSet`, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("plinth_descriptor");

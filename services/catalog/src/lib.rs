@@ -13,16 +13,18 @@ mod service;
 pub mod testing;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use plinth_kit::admin::{self, ReadinessCheck};
 use plinth_kit::config::Secret;
 use plinth_kit::grpc::GrpcServer;
-use plinth_kit::tasks::{self, CancellationToken};
+use plinth_kit::tasks::CancellationToken;
 use plinth_proto::catalog::v1::catalog_service_server::CatalogServiceServer;
 use tokio::net::TcpListener;
 
 pub use persistence::{Store, StoreError};
+
+/// The catalog's gRPC service name, as health checks name it.
+pub const SERVICE_NAME: &str = "plinth.catalog.v1.CatalogService";
 
 /// How the catalog runs.
 #[derive(Debug, Clone)]
@@ -44,9 +46,6 @@ pub enum CatalogError {
     /// The gRPC server failed.
     #[error("catalog gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
-    /// The admin HTTP server failed.
-    #[error("catalog admin server failed: {0}")]
-    Admin(#[from] std::io::Error),
 }
 
 /// Opens the database, applies migrations, and serves gRPC on `grpc` (and `/healthz`,
@@ -61,64 +60,20 @@ pub async fn run(
     store.migrate().await?;
     tracing::info!(backend = store.backend().as_str(), address = ?grpc.local_addr().ok(), "catalog serving");
 
-    let server = GrpcServer::new(
-        plinth_proto::FILE_DESCRIPTOR_SET,
-        options.internal_token.clone(),
-    );
-    let health = server.health();
-    health
-        .set_serving::<CatalogServiceServer<service::Catalog>>()
+    let readiness_store = store.clone();
+    let readiness: ReadinessCheck = Arc::new(move || {
+        let store = readiness_store.clone();
+        Box::pin(async move { store.ping().await.map_err(|error| error.to_string()) })
+    });
+    let server = GrpcServer::new(plinth_proto::FILE_DESCRIPTOR_SET, options.internal_token.clone());
+    server
+        .report_health(SERVICE_NAME, readiness.clone(), shutdown.clone())
         .await;
-    tasks::spawn(watch_database(store.clone(), health, shutdown.clone()));
-
-    if let Some(admin) = admin {
-        let readiness_store = store.clone();
-        let readiness: ReadinessCheck = Arc::new(move || {
-            let store = readiness_store.clone();
-            Box::pin(async move { store.ping().await.map_err(|error| error.to_string()) })
-        });
-        let admin_shutdown = shutdown.clone();
-        tasks::spawn_background("catalog admin server", async move {
-            admin::serve(admin, readiness, admin_shutdown).await
-        });
-    }
+    admin::spawn(admin, readiness, shutdown.clone());
 
     let service = CatalogServiceServer::new(service::Catalog::new(store.clone()))
         .max_decoding_message_size(4 * 1024 * 1024);
     server.add_service(service).serve(grpc, shutdown).await?;
     store.close().await;
     Ok(())
-}
-
-/// Keeps the gRPC health status true to the database: a catalog that cannot reach its
-/// database says NOT_SERVING, so load balancers and the gateway's `/readyz` see it.
-async fn watch_database(
-    store: Store,
-    health: tonic_health::server::HealthReporter,
-    shutdown: CancellationToken,
-) {
-    let mut serving = true;
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(Duration::from_secs(5)) => {}
-        }
-        let ok = store.ping().await;
-        match (&ok, serving) {
-            (Err(error), true) => {
-                tracing::error!(%error, "database does not answer; catalog reports NOT_SERVING");
-                health
-                    .set_not_serving::<CatalogServiceServer<service::Catalog>>()
-                    .await;
-            }
-            (Ok(()), false) => {
-                tracing::info!("database answers again; catalog reports SERVING");
-                health
-                    .set_serving::<CatalogServiceServer<service::Catalog>>()
-                    .await;
-            }
-            _ => {}
-        }
-        serving = ok.is_ok();
-    }
 }

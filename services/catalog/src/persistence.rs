@@ -6,173 +6,84 @@
 //! the same SQL through sqlx's `Any` driver: times are i64 milliseconds, ids are text.
 //! Uniqueness (one slug per scope) is an index, so it holds across catalog replicas.
 
-use std::borrow::Cow;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::{AnyConnection, AnyPool, Connection, Executor, Row, SqlSafeStr};
+use plinth_kit::database::{Backend, Database, DatabaseError, MigrationFile, now_ms};
+use sqlx::Row;
+use sqlx::any::AnyRow;
 
 use crate::model::{Environment, EnvironmentChanges, EnvironmentId, NewEnvironment, Scope, Slug};
 
-/// Which database the catalog runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// One file; the embedded default.
-    Sqlite,
-    /// A server; for more than one catalog replica.
-    Postgres,
-}
-
-impl Backend {
-    /// Picks the backend from a database URL's scheme.
-    pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        if url.starts_with("sqlite:") {
-            Ok(Backend::Sqlite)
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Ok(Backend::Postgres)
-        } else {
-            Err(StoreError::UnsupportedUrl)
-        }
-    }
-
-    /// Its name, for logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Backend::Sqlite => "sqlite",
-            Backend::Postgres => "postgres",
-        }
-    }
-
-    fn migrations(self) -> Vec<Migration> {
-        let files: &[(i64, &str, &'static str)] = match self {
-            Backend::Sqlite => &[(
-                1,
-                "environments",
-                include_str!("../migrations/sqlite/0001_environments.sql"),
-            )],
-            Backend::Postgres => &[(
-                1,
-                "environments",
-                include_str!("../migrations/postgres/0001_environments.sql"),
-            )],
-        };
-        files
-            .iter()
-            .map(|&(version, description, sql)| {
-                Migration::new(
-                    version,
-                    Cow::Borrowed(description),
-                    MigrationType::Simple,
-                    sqlx::AssertSqlSafe(sql).into_sql_str(),
-                    false,
-                )
-            })
-            .collect()
+fn migrations(backend: Backend) -> &'static [MigrationFile] {
+    match backend {
+        Backend::Sqlite => &[(
+            1,
+            "environments",
+            include_str!("../migrations/sqlite/0001_environments.sql"),
+        )],
+        Backend::Postgres => &[(
+            1,
+            "environments",
+            include_str!("../migrations/postgres/0001_environments.sql"),
+        )],
     }
 }
 
 /// What can go wrong in the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The URL names no database Plinth supports.
-    #[error("database URL must start with sqlite: or postgres://")]
-    UnsupportedUrl,
     /// No such object in the scope.
     #[error("not found")]
     NotFound,
     /// The slug is taken in the scope.
     #[error("slug is taken in this scope")]
     SlugTaken,
+    /// The database could not be opened or migrated.
+    #[error(transparent)]
+    Open(#[from] DatabaseError),
     /// The database refused or failed.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
-    /// A migration failed.
-    #[error("database migration failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
     /// A stored row breaks an invariant the schema should have kept.
     #[error("stored row is corrupt: {0}")]
     Corrupt(String),
 }
 
 /// The catalog's database.
-///
-/// On SQLite, writes go through a pool of one connection: SQLite admits one writer at a time
-/// anyway, and a queue in the pool is fair and prompt where writers racing for the file lock
-/// back off in sleeps of up to 100 ms. Reads use their own pool and, in WAL mode, never wait
-/// for the writer. On PostgreSQL both are the same pool.
 #[derive(Clone)]
 pub struct Store {
-    reader: AnyPool,
-    writer: AnyPool,
-    backend: Backend,
+    db: Database,
 }
 
 const ENVIRONMENT_COLUMNS: &str = "id, scope, name, slug, description, entry, active_version, \
      latest_version, files_count, files_bytes, created_at_ms, updated_at_ms";
 
 impl Store {
-    /// Connects a pool. SQLite files are created when missing.
+    /// Connects. SQLite files are created when missing.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let backend = Backend::from_url(url)?;
-        sqlx::any::install_default_drivers();
-        let url = match backend {
-            Backend::Sqlite if !url.contains("mode=") => {
-                let separator = if url.contains('?') { '&' } else { '?' };
-                format!("{url}{separator}mode=rwc")
-            }
-            _ => url.to_owned(),
-        };
-        if backend == Backend::Sqlite {
-            // WAL lets readers run beside the one writer instead of blocking it. The mode is
-            // stored in the file, and switching needs a lock busy_timeout cannot wait for, so
-            // it is set once here, before the pool opens its connections. `synchronous` stays
-            // FULL: a commit the catalog acknowledged survives a power cut.
-            let mut connection = AnyConnection::connect(&url).await?;
-            connection.execute("PRAGMA journal_mode = WAL").await?;
-            connection.close().await?;
-        }
-        let pool = |connections: u32| {
-            AnyPoolOptions::new()
-                .max_connections(connections.max(1))
-                .acquire_timeout(Duration::from_secs(10))
-        };
-        let reader = pool(max_connections).connect(&url).await?;
-        let writer = match backend {
-            Backend::Sqlite => pool(1).connect(&url).await?,
-            Backend::Postgres => reader.clone(),
-        };
         Ok(Store {
-            reader,
-            writer,
-            backend,
+            db: Database::connect(url, max_connections).await?,
         })
     }
-
     /// Which database this is.
     pub fn backend(&self) -> Backend {
-        self.backend
+        self.db.backend
     }
 
-    /// Applies the migrations this build knows, in order; safe to run from every replica at
-    /// start-up (sqlx takes a lock on Postgres).
+    /// Applies the migrations this build knows, in order; safe to run from every replica.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        Migrator::with_migrations(self.backend.migrations())
-            .run(&self.writer)
+        self.db
+            .migrate("_plinth_catalog_migrations", migrations(self.db.backend))
             .await?;
         Ok(())
     }
 
     /// Answers when the database does.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.reader).await?;
-        Ok(())
+        Ok(self.db.ping().await?)
     }
 
     /// Closes every connection.
     pub async fn close(&self) {
-        self.writer.close().await;
-        self.reader.close().await;
+        self.db.close().await;
     }
 
     /// Inserts a new environment. A slug already used in the scope is refused by the unique
@@ -205,7 +116,7 @@ impl Store {
         .bind(&environment.entry)
         .bind(now)
         .bind(now)
-        .execute(&self.writer)
+        .execute(&self.db.writer)
         .await;
         match result {
             Ok(_) => Ok(environment),
@@ -227,7 +138,7 @@ impl Store {
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(scope.as_str())
             .bind(id.as_str())
-            .fetch_optional(&self.reader)
+            .fetch_optional(&self.db.reader)
             .await?
             .ok_or(StoreError::NotFound)?;
         environment_from_row(&row)
@@ -241,7 +152,7 @@ impl Store {
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(scope.as_str())
-            .fetch_all(&self.reader)
+            .fetch_all(&self.db.reader)
             .await?;
         rows.iter().map(environment_from_row).collect()
     }
@@ -268,7 +179,7 @@ impl Store {
             .bind(now_ms())
             .bind(scope.as_str())
             .bind(id.as_str())
-            .fetch_optional(&self.writer)
+            .fetch_optional(&self.db.writer)
             .await?
             .ok_or(StoreError::NotFound)?;
         environment_from_row(&row)
@@ -283,7 +194,7 @@ impl Store {
         let result = sqlx::query("DELETE FROM environments WHERE scope = $1 AND id = $2")
             .bind(scope.as_str())
             .bind(id.as_str())
-            .execute(&self.writer)
+            .execute(&self.db.writer)
             .await?;
         if result.rows_affected() == 0 {
             return Err(StoreError::NotFound);
@@ -322,11 +233,4 @@ fn version(row: &AnyRow, column: &str) -> Result<Option<u32>, StoreError> {
 fn count(row: &AnyRow, column: &str) -> Result<u64, StoreError> {
     let value: i64 = row.try_get(column)?;
     u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("{column} = {value}")))
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }

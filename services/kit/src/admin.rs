@@ -52,6 +52,13 @@ async fn metrics() -> Response {
         .into_response()
 }
 
+/// Serves the admin endpoints on `listener`, when there is one, in the background.
+pub fn spawn(listener: Option<TcpListener>, readiness: ReadinessCheck, shutdown: CancellationToken) {
+    if let Some(listener) = listener {
+        crate::tasks::spawn_background("admin server", serve(listener, readiness, shutdown));
+    }
+}
+
 /// Serves the admin router on its own listener until `shutdown`.
 pub async fn serve(
     listener: TcpListener,

@@ -16,9 +16,11 @@ use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::service::{Interceptor, RoutesBuilder};
 use tonic::transport::{Channel, Endpoint};
+use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::Instrument;
 
+use crate::admin::ReadinessCheck;
 use crate::config::Secret;
 use crate::telemetry;
 
@@ -62,6 +64,43 @@ impl GrpcServer {
     /// The health reporter, for the service to say when it is serving.
     pub fn health(&self) -> HealthReporter {
         self.health.clone()
+    }
+
+    /// Keeps `service`'s health status true to `check` (its dependencies, such as its
+    /// database): SERVING now, then re-checked every 5 s until `shutdown`, so load balancers
+    /// and the gateway's `/readyz` see a service that lost its database.
+    pub async fn report_health(
+        &self,
+        service: &'static str,
+        check: ReadinessCheck,
+        shutdown: CancellationToken,
+    ) {
+        let health = self.health.clone();
+        health
+            .set_service_status(service, ServingStatus::Serving)
+            .await;
+        crate::tasks::spawn(async move {
+            let mut serving = true;
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                }
+                let outcome = check().await;
+                match (&outcome, serving) {
+                    (Err(reason), true) => {
+                        tracing::error!(service, %reason, "a dependency does not answer; reporting NOT_SERVING");
+                        health.set_service_status(service, ServingStatus::NotServing).await;
+                    }
+                    (Ok(()), false) => {
+                        tracing::info!(service, "dependencies answer again; reporting SERVING");
+                        health.set_service_status(service, ServingStatus::Serving).await;
+                    }
+                    _ => {}
+                }
+                serving = outcome.is_ok();
+            }
+        });
     }
 
     /// Adds a service.

@@ -5,12 +5,15 @@
 //! carried across gRPC, Prometheus metrics (`telemetry`), the gRPC server and client
 //! plumbing every service shares (`grpc`), HTTP request spans and metrics (`http`), the
 //! small admin HTTP surface (`admin`), and
-//! shutdown and task spawning (`tasks`).
+//! shutdown and task spawning (`tasks`), and, with the `database` feature, opening a
+//! service's SQLite or PostgreSQL database (`database`).
 //!
 //! Business rules do not belong here, nor anything that knows what an environment is.
 
 pub mod admin;
 pub mod config;
+#[cfg(feature = "database")]
+pub mod database;
 pub mod error;
 pub mod grpc;
 pub mod http;

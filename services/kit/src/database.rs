@@ -1,0 +1,156 @@
+//! Opening a service's database, SQLite or PostgreSQL, the same way everywhere.
+//!
+//! Queries run through sqlx's `Any` driver, so one SQL text serves both backends (times as
+//! i64 milliseconds, ids as text). On SQLite the file is in WAL mode and writes go through a
+//! pool of one connection: SQLite admits one writer at a time anyway, and a queue in the pool
+//! is fair and prompt where writers racing for the file lock back off in sleeps of up to
+//! 100 ms. Reads use their own pool and never wait for the writer. On PostgreSQL both are the
+//! same pool. Each service keeps its own migrations table, so services may share a database.
+
+use std::borrow::Cow;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::any::AnyPoolOptions;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{AnyConnection, AnyPool, Connection, Executor, SqlSafeStr};
+
+/// Which database a service runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// One file; the embedded default.
+    Sqlite,
+    /// A server; for more than one replica.
+    Postgres,
+}
+
+impl Backend {
+    /// Picks the backend from a database URL's scheme.
+    pub fn from_url(url: &str) -> Result<Self, DatabaseError> {
+        if url.starts_with("sqlite:") {
+            Ok(Backend::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Backend::Postgres)
+        } else {
+            Err(DatabaseError::UnsupportedUrl)
+        }
+    }
+
+    /// Its name, for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
+}
+
+/// Opening or migrating failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DatabaseError {
+    /// The URL names no database Plinth supports.
+    #[error("database URL must start with sqlite: or postgres://")]
+    UnsupportedUrl,
+    /// The database refused or failed.
+    #[error("database error: {0}")]
+    Sql(#[from] sqlx::Error),
+    /// A migration failed.
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// One migration file: version, description, SQL.
+pub type MigrationFile = (i64, &'static str, &'static str);
+
+/// A service's connection pools.
+#[derive(Clone, Debug)]
+pub struct Database {
+    /// For reads.
+    pub reader: AnyPool,
+    /// For writes (one connection on SQLite).
+    pub writer: AnyPool,
+    /// Which database.
+    pub backend: Backend,
+}
+
+impl Database {
+    /// Connects. SQLite files are created when missing.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, DatabaseError> {
+        let backend = Backend::from_url(url)?;
+        sqlx::any::install_default_drivers();
+        let url = match backend {
+            Backend::Sqlite if !url.contains("mode=") => {
+                let separator = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{separator}mode=rwc")
+            }
+            _ => url.to_owned(),
+        };
+        if backend == Backend::Sqlite {
+            // The journal mode is stored in the file, and switching needs a lock busy_timeout
+            // cannot wait for, so it is set once, before the pools open. `synchronous` stays
+            // FULL: an acknowledged commit survives a power cut.
+            let mut connection = AnyConnection::connect(&url).await?;
+            connection.execute("PRAGMA journal_mode = WAL").await?;
+            connection.close().await?;
+        }
+        let pool = |connections: u32| {
+            AnyPoolOptions::new()
+                .max_connections(connections.max(1))
+                .acquire_timeout(Duration::from_secs(10))
+        };
+        let reader = pool(max_connections).connect(&url).await?;
+        let writer = match backend {
+            Backend::Sqlite => pool(1).connect(&url).await?,
+            Backend::Postgres => reader.clone(),
+        };
+        Ok(Database {
+            reader,
+            writer,
+            backend,
+        })
+    }
+
+    /// Applies `files` in order, recording them in `table`; safe to run from every replica at
+    /// start-up (sqlx takes a lock on PostgreSQL).
+    pub async fn migrate(
+        &self,
+        table: &'static str,
+        files: &[MigrationFile],
+    ) -> Result<(), DatabaseError> {
+        let migrations = files
+            .iter()
+            .map(|&(version, description, sql)| {
+                Migration::new(
+                    version,
+                    Cow::Borrowed(description),
+                    MigrationType::Simple,
+                    sqlx::AssertSqlSafe(sql).into_sql_str(),
+                    false,
+                )
+            })
+            .collect();
+        let mut migrator = Migrator::with_migrations(migrations);
+        migrator.dangerous_set_table_name(table);
+        migrator.run(&self.writer).await?;
+        Ok(())
+    }
+
+    /// Answers when the database does.
+    pub async fn ping(&self) -> Result<(), DatabaseError> {
+        sqlx::query("SELECT 1").execute(&self.reader).await?;
+        Ok(())
+    }
+
+    /// Closes every connection.
+    pub async fn close(&self) {
+        self.writer.close().await;
+        self.reader.close().await;
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
