@@ -14,6 +14,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("cargo:rerun-if-env-changed=PROTOC");
     let mut config = prost_build::Config::new();
+    // File contents travel as `bytes::Bytes`, so chunks move between HTTP, gRPC and the blob
+    // store without copies.
+    config.bytes(["."]);
     match std::env::var_os("PROTOC") {
         Some(protoc) => config.protoc_executable(protoc),
         None => config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?),

@@ -23,7 +23,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Run the catalog service alone (gRPC), for a split deployment.
     Catalog(CatalogArgs),
-    /// Run the REST gateway alone, in front of a catalog at --catalog-url.
+    /// Run the source service alone (gRPC): environment files and imports.
+    Source(SourceArgs),
+    /// Run the REST gateway alone, in front of the catalog and source services.
     Gateway(GatewayArgs),
 }
 
@@ -73,6 +75,18 @@ pub struct ServeArgs {
     /// The in-process catalog's gRPC address; defaults to an ephemeral loopback port.
     #[arg(long, env = "PLINTH_CATALOG_LISTEN")]
     pub catalog_listen: Option<SocketAddr>,
+    /// The in-process source service's gRPC address; defaults to an ephemeral loopback port.
+    #[arg(long, env = "PLINTH_SOURCE_LISTEN")]
+    pub source_listen: Option<SocketAddr>,
+    /// The blob store: `file://…`, `s3://bucket/prefix?…`; defaults to files in --data-dir.
+    #[arg(long, env = "PLINTH_BLOB_URL", hide_env_values = true)]
+    pub blob_url: Option<String>,
+    /// Git URL schemes imports may use, comma-separated (`https`, `http`, `file`).
+    #[arg(long, env = "PLINTH_GIT_ALLOWED_SCHEMES", value_delimiter = ',')]
+    pub git_allowed_schemes: Option<Vec<String>>,
+    /// Let git imports reach loopback and private addresses (`true`/`false`).
+    #[arg(long, env = "PLINTH_GIT_ALLOW_PRIVATE_ADDRESSES")]
+    pub git_allow_private_addresses: Option<bool>,
     /// Bearer tokens and their scopes, `token=scope,token=scope`.
     #[arg(long, env = "PLINTH_TOKENS", hide_env_values = true)]
     pub tokens: Option<String>,
@@ -100,6 +114,34 @@ pub struct CatalogArgs {
     pub database_url: Option<String>,
 }
 
+/// `plinth source`.
+#[derive(Debug, Args)]
+pub struct SourceArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Where the default SQLite index, blob store and spool live.
+    #[arg(long, env = "PLINTH_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// gRPC address.
+    #[arg(long, env = "PLINTH_SOURCE_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Address for /healthz, /readyz and /metrics.
+    #[arg(long, env = "PLINTH_SOURCE_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
+    /// The index's database, `sqlite://…` or `postgres://…`; defaults to SQLite in --data-dir.
+    #[arg(long, env = "PLINTH_SOURCE_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// The blob store: `file://…`, `s3://bucket/prefix?…`; defaults to files in --data-dir.
+    #[arg(long, env = "PLINTH_BLOB_URL", hide_env_values = true)]
+    pub blob_url: Option<String>,
+    /// Git URL schemes imports may use, comma-separated (`https`, `http`, `file`).
+    #[arg(long, env = "PLINTH_GIT_ALLOWED_SCHEMES", value_delimiter = ',')]
+    pub git_allowed_schemes: Option<Vec<String>>,
+    /// Let git imports reach loopback and private addresses (`true`/`false`).
+    #[arg(long, env = "PLINTH_GIT_ALLOW_PRIVATE_ADDRESSES")]
+    pub git_allow_private_addresses: Option<bool>,
+}
+
 /// `plinth gateway`.
 #[derive(Debug, Args)]
 pub struct GatewayArgs {
@@ -111,6 +153,9 @@ pub struct GatewayArgs {
     /// The catalog's gRPC URL.
     #[arg(long, env = "PLINTH_CATALOG_URL")]
     pub catalog_url: Option<String>,
+    /// The source service's gRPC URL.
+    #[arg(long, env = "PLINTH_SOURCE_URL")]
+    pub source_url: Option<String>,
     /// Bearer tokens and their scopes, `token=scope,token=scope`.
     #[arg(long, env = "PLINTH_TOKENS", hide_env_values = true)]
     pub tokens: Option<String>,

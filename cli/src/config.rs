@@ -9,13 +9,17 @@ use plinth_kit::config::{self, ConfigError, Secret};
 use plinth_kit::telemetry::{LogConfig, LogFormat};
 use serde::{Deserialize, Serialize};
 
-use crate::args::{CatalogArgs, CommonArgs, GatewayArgs, LogFormatArg, ServeArgs};
+use crate::args::{CatalogArgs, CommonArgs, GatewayArgs, LogFormatArg, ServeArgs, SourceArgs};
 
 /// The REST address when none is given.
 pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
 /// The catalog's gRPC address for `plinth catalog` when none is given.
 pub const DEFAULT_CATALOG_LISTEN: SocketAddr =
     SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 7001);
+/// The source service's gRPC address for `plinth source` when none is given.
+pub const DEFAULT_SOURCE_LISTEN: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 7003);
+const EPHEMERAL_LOOPBACK: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
 
 /// Everything a `plinth` process can be told.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -32,6 +36,8 @@ pub struct Config {
     pub gateway: GatewaySection,
     /// The catalog.
     pub catalog: CatalogSection,
+    /// The source service.
+    pub source: SourceSection,
 }
 
 impl Default for Config {
@@ -42,6 +48,7 @@ impl Default for Config {
             log: LogConfig::default(),
             gateway: GatewaySection::default(),
             catalog: CatalogSection::default(),
+            source: SourceSection::default(),
         }
     }
 }
@@ -54,6 +61,8 @@ pub struct GatewaySection {
     pub listen: SocketAddr,
     /// The catalog's gRPC URL (`plinth gateway` only; `serve` uses its own catalog).
     pub catalog_url: String,
+    /// The source service's gRPC URL (`plinth gateway` only).
+    pub source_url: String,
     /// Whether the environments chapter is served.
     pub environments: bool,
     /// Bearer tokens and the scope each one grants.
@@ -65,6 +74,7 @@ impl Default for GatewaySection {
         GatewaySection {
             listen: DEFAULT_LISTEN,
             catalog_url: format!("http://{DEFAULT_CATALOG_LISTEN}"),
+            source_url: format!("http://{DEFAULT_SOURCE_LISTEN}"),
             environments: true,
             tokens: Vec::new(),
         }
@@ -112,6 +122,64 @@ impl Default for CatalogSection {
     }
 }
 
+/// `[source]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SourceSection {
+    /// gRPC address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Address for /healthz, /readyz and /metrics (`plinth source` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_listen: Option<SocketAddr>,
+    /// The index's database; SQLite in `data_dir` when absent.
+    #[serde(
+        serialize_with = "config::serialize_redacted_url",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub database_url: Option<String>,
+    /// The blob store; files in `data_dir` when absent.
+    #[serde(
+        serialize_with = "config::serialize_redacted_url",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub blob_url: Option<String>,
+    /// Where uploads are spooled and large blobs verified; in `data_dir` when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spool_dir: Option<PathBuf>,
+    /// Upper bound on pooled database connections.
+    pub max_connections: u32,
+    /// Largest file, in bytes (`file_too_large` past it).
+    pub max_file_bytes: u64,
+    /// Largest import, in bytes: the archive and everything it inflates to.
+    pub max_import_bytes: u64,
+    /// Most members an import may have.
+    pub max_import_entries: u64,
+    /// Git URL schemes imports may use.
+    pub git_allowed_schemes: Vec<String>,
+    /// Whether git imports may reach loopback and private addresses.
+    pub git_allow_private_addresses: bool,
+}
+
+impl Default for SourceSection {
+    fn default() -> Self {
+        let limits = plinth_source::SourceLimits::default();
+        SourceSection {
+            listen: None,
+            admin_listen: None,
+            database_url: None,
+            blob_url: None,
+            spool_dir: None,
+            max_connections: 10,
+            max_file_bytes: limits.max_file_bytes,
+            max_import_bytes: limits.max_import_bytes,
+            max_import_entries: limits.max_import_entries,
+            git_allowed_schemes: vec!["https".to_owned()],
+            git_allow_private_addresses: false,
+        }
+    }
+}
+
 impl Config {
     fn load(common: &CommonArgs) -> Result<Self, ConfigError> {
         let mut config: Config = match &common.config {
@@ -148,12 +216,21 @@ impl Config {
         if let Some(listen) = args.catalog_listen {
             config.catalog.listen = Some(listen);
         }
+        if let Some(listen) = args.source_listen {
+            config.source.listen = Some(listen);
+        }
+        if let Some(url) = &args.blob_url {
+            config.source.blob_url = Some(url.clone());
+        }
+        config.apply_git_flags(
+            args.git_allowed_schemes.as_ref(),
+            args.git_allow_private_addresses,
+        );
         apply_gateway_flags(&mut config, args.tokens.as_deref(), args.environments)?;
         config.resolve_database();
-        config
-            .catalog
-            .listen
-            .get_or_insert(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0));
+        config.resolve_source();
+        config.catalog.listen.get_or_insert(EPHEMERAL_LOOPBACK);
+        config.source.listen.get_or_insert(EPHEMERAL_LOOPBACK);
         config.refuse_open_scope_beyond_loopback()?;
         Ok(config)
     }
@@ -178,6 +255,59 @@ impl Config {
         Ok(config)
     }
 
+    /// The configuration `plinth source` runs with.
+    pub fn for_source(args: &SourceArgs) -> Result<Self, ConfigError> {
+        let mut config = Config::load(&args.common)?;
+        if let Some(dir) = &args.data_dir {
+            config.data_dir = dir.clone();
+        }
+        if let Some(listen) = args.listen {
+            config.source.listen = Some(listen);
+        }
+        if let Some(listen) = args.admin_listen {
+            config.source.admin_listen = Some(listen);
+        }
+        if let Some(url) = &args.database_url {
+            config.source.database_url = Some(url.clone());
+        }
+        if let Some(url) = &args.blob_url {
+            config.source.blob_url = Some(url.clone());
+        }
+        config.apply_git_flags(
+            args.git_allowed_schemes.as_ref(),
+            args.git_allow_private_addresses,
+        );
+        config.resolve_source();
+        config.source.listen.get_or_insert(DEFAULT_SOURCE_LISTEN);
+        Ok(config)
+    }
+
+    fn apply_git_flags(&mut self, schemes: Option<&Vec<String>>, private: Option<bool>) {
+        if let Some(schemes) = schemes {
+            self.source.git_allowed_schemes = schemes
+                .iter()
+                .map(|scheme| scheme.trim().to_ascii_lowercase())
+                .filter(|scheme| !scheme.is_empty())
+                .collect();
+        }
+        if let Some(private) = private {
+            self.source.git_allow_private_addresses = private;
+        }
+    }
+
+    fn resolve_source(&mut self) {
+        let source = &mut self.source;
+        if source.database_url.is_none() {
+            source.database_url = Some(sqlite_url(&self.data_dir.join("source.db")));
+        }
+        if source.blob_url.is_none() {
+            source.blob_url = Some(format!("file://{}", self.data_dir.join("blobs").display()));
+        }
+        source
+            .spool_dir
+            .get_or_insert_with(|| self.data_dir.join("spool"));
+    }
+
     /// The configuration `plinth gateway` runs with.
     pub fn for_gateway(args: &GatewayArgs) -> Result<Self, ConfigError> {
         let mut config = Config::load(&args.common)?;
@@ -186,6 +316,9 @@ impl Config {
         }
         if let Some(url) = &args.catalog_url {
             config.gateway.catalog_url = url.clone();
+        }
+        if let Some(url) = &args.source_url {
+            config.gateway.source_url = url.clone();
         }
         apply_gateway_flags(&mut config, args.tokens.as_deref(), args.environments)?;
         config.refuse_open_scope_beyond_loopback()?;

@@ -22,6 +22,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Config::for_catalog(args)?,
             args.common.dump_config,
         ),
+        Command::Source(args) => (
+            "plinth-source",
+            Config::for_source(args)?,
+            args.common.dump_config,
+        ),
         Command::Gateway(args) => (
             "plinth-gateway",
             Config::for_gateway(args)?,
@@ -42,6 +47,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             serve::start_all(&config, listener).await?
         }
         Command::Catalog(_) => serve::start_catalog(&config).await?,
+        Command::Source(_) => serve::start_source(&config).await?,
         Command::Gateway(_) => serve::start_gateway(&config).await?,
     };
     tasks::cancel_on_signal(running.shutdown.clone());

@@ -6,8 +6,9 @@ use std::net::SocketAddr;
 
 use anyhow::Context as _;
 use plinth_catalog::CatalogOptions;
-use plinth_gateway::GatewayOptions;
+use plinth_gateway::{Backends, GatewayOptions};
 use plinth_kit::tasks::CancellationToken;
+use plinth_source::{GitPolicy, SourceLimits, SourceOptions};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tracing::Instrument as _;
@@ -20,6 +21,8 @@ pub struct Running {
     pub http_addr: SocketAddr,
     /// Where the catalog serves gRPC.
     pub catalog_addr: SocketAddr,
+    /// Where the source service serves gRPC.
+    pub source_addr: SocketAddr,
     /// Cancel to stop everything.
     pub shutdown: CancellationToken,
     services: JoinSet<(&'static str, anyhow::Result<()>)>,
@@ -50,25 +53,21 @@ impl Running {
     }
 }
 
-/// Starts every service in this process: the catalog on its gRPC listener, the gateway on
-/// `http`. The embedded database and object store live under `config.data_dir`.
+/// Starts every service in this process: the catalog and the source service on loopback gRPC
+/// listeners, the gateway on `http`. The embedded databases and object store live under
+/// `config.data_dir`.
 pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Running> {
-    let blobs = config.data_dir.join("blobs");
-    std::fs::create_dir_all(&blobs).with_context(|| {
+    std::fs::create_dir_all(&config.data_dir).with_context(|| {
         format!(
             "cannot create the data directory {}; choose another with --data-dir or PLINTH_DATA_DIR",
             config.data_dir.display()
         )
     })?;
-    let catalog_listen = config
-        .catalog
-        .listen
-        .context("catalog listen address is not resolved")?;
-    let catalog_listener = TcpListener::bind(catalog_listen)
-        .await
-        .with_context(|| format!("cannot listen for the catalog on {catalog_listen}"))?;
+    let catalog_listener = bind(config.catalog.listen, "catalog").await?;
+    let source_listener = bind(config.source.listen, "source service").await?;
     let shutdown = CancellationToken::new();
     let catalog_addr = catalog_listener.local_addr()?;
+    let source_addr = source_listener.local_addr()?;
     let mut services = JoinSet::new();
     spawn_catalog(
         &mut services,
@@ -77,21 +76,34 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
         None,
         shutdown.clone(),
     )?;
-    let http_addr = http.local_addr()?;
-    spawn_gateway(
+    spawn_source(
         &mut services,
         config,
-        http,
-        &format!("http://{catalog_addr}"),
+        source_listener,
+        None,
         shutdown.clone(),
     )?;
-    tracing::info!(%http_addr, %catalog_addr, data_dir = %config.data_dir.display(), "plinth serving");
+    let http_addr = http.local_addr()?;
+    let urls = BackendUrls {
+        catalog: format!("http://{catalog_addr}"),
+        source: format!("http://{source_addr}"),
+    };
+    spawn_gateway(&mut services, config, http, &urls, shutdown.clone())?;
+    tracing::info!(%http_addr, %catalog_addr, %source_addr, data_dir = %config.data_dir.display(), "plinth serving");
     Ok(Running {
         http_addr,
         catalog_addr,
+        source_addr,
         shutdown,
         services,
     })
+}
+
+async fn bind(address: Option<SocketAddr>, what: &str) -> anyhow::Result<TcpListener> {
+    let address = address.with_context(|| format!("{what} listen address is not resolved"))?;
+    TcpListener::bind(address)
+        .await
+        .with_context(|| format!("cannot listen for the {what} on {address}"))
 }
 
 /// Starts the catalog alone.
@@ -131,6 +143,40 @@ pub async fn start_catalog(config: &Config) -> anyhow::Result<Running> {
     Ok(Running {
         http_addr: catalog_addr,
         catalog_addr,
+        source_addr: catalog_addr,
+        shutdown,
+        services,
+    })
+}
+
+/// Starts the source service alone.
+pub async fn start_source(config: &Config) -> anyhow::Result<Running> {
+    let listen = config
+        .source
+        .listen
+        .context("source listen address is not resolved")?;
+    if !listen.ip().is_loopback() && config.internal_token.is_none() {
+        tracing::warn!(%listen, "the source service listens beyond loopback without an internal token: anything that reaches it can read and write any environment's files; set PLINTH_INTERNAL_TOKEN");
+    }
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let admin = match config.source.admin_listen {
+        Some(address) => Some(
+            TcpListener::bind(address)
+                .await
+                .with_context(|| format!("cannot listen on {address}"))?,
+        ),
+        None => None,
+    };
+    let shutdown = CancellationToken::new();
+    let source_addr = listener.local_addr()?;
+    let mut services = JoinSet::new();
+    spawn_source(&mut services, config, listener, admin, shutdown.clone())?;
+    Ok(Running {
+        http_addr: source_addr,
+        catalog_addr: source_addr,
+        source_addr,
         shutdown,
         services,
     })
@@ -145,16 +191,15 @@ pub async fn start_gateway(config: &Config) -> anyhow::Result<Running> {
     let shutdown = CancellationToken::new();
     let http_addr = listener.local_addr()?;
     let mut services = JoinSet::new();
-    spawn_gateway(
-        &mut services,
-        config,
-        listener,
-        &config.gateway.catalog_url,
-        shutdown.clone(),
-    )?;
+    let urls = BackendUrls {
+        catalog: config.gateway.catalog_url.clone(),
+        source: config.gateway.source_url.clone(),
+    };
+    spawn_gateway(&mut services, config, listener, &urls, shutdown.clone())?;
     Ok(Running {
         http_addr,
         catalog_addr: http_addr,
+        source_addr: http_addr,
         shutdown,
         services,
     })
@@ -186,22 +231,85 @@ fn spawn_catalog(
     Ok(())
 }
 
+/// Where the gateway finds the services behind it.
+struct BackendUrls {
+    catalog: String,
+    source: String,
+}
+
+fn channel(url: &str, name: &str) -> anyhow::Result<tonic::transport::Channel> {
+    plinth_kit::grpc::connect_lazy(url)
+        .with_context(|| format!("{name} URL {url:?} is not a valid http:// URL"))
+}
+
+fn spawn_source(
+    services: &mut Services,
+    config: &Config,
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let section = &config.source;
+    let options = SourceOptions {
+        database_url: section
+            .database_url
+            .clone()
+            .context("source database URL is not resolved")?,
+        max_connections: section.max_connections,
+        blob_url: section
+            .blob_url
+            .clone()
+            .context("blob URL is not resolved")?,
+        spool_dir: section
+            .spool_dir
+            .clone()
+            .context("spool directory is not resolved")?,
+        limits: SourceLimits {
+            max_file_bytes: section.max_file_bytes,
+            max_import_bytes: section.max_import_bytes,
+            max_import_entries: section.max_import_entries,
+        },
+        git: GitPolicy {
+            allowed_schemes: section.git_allowed_schemes.clone(),
+            allow_private_addresses: section.git_allow_private_addresses,
+            ..GitPolicy::default()
+        },
+        internal_token: config.internal_token.clone(),
+    };
+    if options.database_url.starts_with("sqlite:") || options.blob_url.starts_with("file:") {
+        std::fs::create_dir_all(&config.data_dir).with_context(|| {
+            format!(
+                "cannot create the data directory {}",
+                config.data_dir.display()
+            )
+        })?;
+    }
+    let result = async move {
+        let result = plinth_source::run(options, listener, admin, shutdown).await;
+        ("source", result.map_err(anyhow::Error::from))
+    };
+    services.spawn(result.instrument(tracing::Span::current()));
+    Ok(())
+}
+
 fn spawn_gateway(
     services: &mut Services,
     config: &Config,
     listener: TcpListener,
-    catalog_url: &str,
+    urls: &BackendUrls,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let channel = plinth_kit::grpc::connect_lazy(catalog_url)
-        .with_context(|| format!("catalog URL {catalog_url:?} is not a valid http:// URL"))?;
+    let backends = Backends {
+        catalog: channel(&urls.catalog, "catalog")?,
+        source: channel(&urls.source, "source")?,
+    };
     let options = GatewayOptions {
         environments: config.gateway.environments,
         tokens: config.token_scopes(),
         internal_token: config.internal_token.clone(),
     };
     let result = async move {
-        let result = plinth_gateway::run(options, listener, channel, shutdown).await;
+        let result = plinth_gateway::run(options, listener, backends, shutdown).await;
         ("gateway", result.map_err(anyhow::Error::from))
     };
     services.spawn(result.instrument(tracing::Span::current()));

@@ -257,6 +257,44 @@ impl From<pb::Environment> for EnvironmentBody {
     }
 }
 
+/// Environment objects with `files` read from the source service, which owns the files.
+async fn bodies(
+    state: &AppState,
+    environments: Vec<pb::Environment>,
+) -> Result<Vec<EnvironmentBody>, ApiError> {
+    let ids = environments.iter().map(|e| e.id.clone()).collect();
+    let stats = state
+        .source()
+        .stats(plinth_proto::source::v1::StatsRequest {
+            environment_ids: ids,
+        })
+        .await?
+        .into_inner()
+        .stats;
+    Ok(environments
+        .into_iter()
+        .map(|environment| {
+            let files = stats.get(&environment.id).cloned().unwrap_or_default();
+            let mut body = EnvironmentBody::from(environment);
+            body.files = FilesBody {
+                count: files.count,
+                bytes: files.bytes,
+            };
+            body
+        })
+        .collect())
+}
+
+async fn environment_body(
+    state: &AppState,
+    environment: pb::Environment,
+) -> Result<EnvironmentBody, ApiError> {
+    let mut bodies = bodies(state, vec![environment]).await?;
+    bodies
+        .pop()
+        .ok_or_else(|| PlinthError::new(plinth_kit::ErrorCode::Internal, "no environment").into())
+}
+
 /// The `{id}` of a route. A segment that does not decode cannot name an environment.
 pub struct EnvironmentIdParam(pub String);
 
@@ -302,7 +340,10 @@ async fn create_environment(
         .create_environment(request)
         .await?
         .into_inner();
-    Ok((StatusCode::CREATED, Json(environment.into())))
+    Ok((
+        StatusCode::CREATED,
+        Json(environment_body(&state, environment).await?),
+    ))
 }
 
 /// List the caller's environments.
@@ -331,7 +372,7 @@ async fn list_environments(
         .into_inner();
     Ok(Json(EnvironmentList {
         object: "list",
-        data: list.environments.into_iter().map(Into::into).collect(),
+        data: bodies(&state, list.environments).await?,
     }))
 }
 
@@ -359,7 +400,7 @@ async fn get_environment(
         id,
     };
     let environment = state.catalog().get_environment(request).await?.into_inner();
-    Ok(Json(environment.into()))
+    Ok(Json(environment_body(&state, environment).await?))
 }
 
 /// Rename an environment, or change its description or entry. The slug and mount stay.
@@ -396,7 +437,7 @@ async fn update_environment(
         .update_environment(request)
         .await?
         .into_inner();
-    Ok(Json(environment.into()))
+    Ok(Json(environment_body(&state, environment).await?))
 }
 
 /// Delete an environment and every version of it.
@@ -424,6 +465,14 @@ async fn delete_environment(
         id: id.clone(),
     };
     state.catalog().delete_environment(request).await?;
+    // The catalog's word is final: the environment is gone. Its source index is forgotten
+    // too; if that fails, the rows are unreachable and only cost space.
+    let drop = plinth_proto::source::v1::DropEnvironmentRequest {
+        environment_id: id.clone(),
+    };
+    if let Err(status) = state.source().drop_environment(drop).await {
+        tracing::warn!(environment = %id, error = %status.message(), "forgetting a deleted environment's source failed");
+    }
     Ok(Json(DeletedEnvironment {
         id,
         object: "environment",

@@ -8,6 +8,7 @@
 mod auth;
 mod environments;
 mod error;
+mod files;
 mod json;
 
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use plinth_kit::config::Secret;
 use plinth_kit::grpc::{ClientInterceptor, InvalidToken};
 use plinth_kit::tasks::CancellationToken;
 use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
+use plinth_proto::source::v1::source_service_client::SourceServiceClient;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
@@ -60,11 +62,13 @@ pub enum GatewayError {
 }
 
 type CatalogClient = CatalogServiceClient<InterceptedService<Channel, ClientInterceptor>>;
+type SourceClient = SourceServiceClient<InterceptedService<Channel, ClientInterceptor>>;
 
 /// What every handler can reach.
 #[derive(Clone)]
 pub(crate) struct AppState {
     catalog: CatalogClient,
+    source: SourceClient,
     tokens: Arc<auth::Tokens>,
     environments: bool,
 }
@@ -73,6 +77,11 @@ impl AppState {
     /// A catalog client for one request; clones share the channel.
     fn catalog(&self) -> CatalogClient {
         self.catalog.clone()
+    }
+
+    /// A source client for one request; clones share the channel.
+    fn source(&self) -> SourceClient {
+        self.source.clone()
     }
 }
 
@@ -85,7 +94,7 @@ impl AppState {
     ),
     components(schemas(ErrorBody, ErrorObject)),
     modifiers(&BearerAuth),
-    tags((name = "environments", description = "UHP Environments §2"), (name = "discovery", description = "UHP Environments §7"))
+    tags((name = "environments", description = "UHP Environments §2"), (name = "files", description = "UHP Environments §3"), (name = "discovery", description = "UHP Environments §7"))
 )]
 struct ApiDoc;
 
@@ -136,20 +145,39 @@ async fn capabilities(
     })
 }
 
+/// Channels to the services behind the gateway (see `plinth_kit::grpc::connect_lazy`).
+#[derive(Debug, Clone)]
+pub struct Backends {
+    /// The catalog.
+    pub catalog: Channel,
+    /// The source service.
+    pub source: Channel,
+}
+
 /// The whole HTTP surface: the API, `/openapi.json`, `/healthz`, `/readyz`, `/metrics`.
-/// `catalog` is a channel to the catalog service (see `plinth_kit::grpc::connect_lazy`).
-pub fn router(options: &GatewayOptions, catalog: Channel) -> Result<Router, GatewayError> {
+pub fn router(options: &GatewayOptions, backends: Backends) -> Result<Router, GatewayError> {
     let interceptor = ClientInterceptor::new(options.internal_token.as_ref())?;
     let state = AppState {
-        catalog: CatalogServiceClient::with_interceptor(catalog.clone(), interceptor),
+        catalog: CatalogServiceClient::with_interceptor(
+            backends.catalog.clone(),
+            interceptor.clone(),
+        ),
+        source: SourceServiceClient::with_interceptor(backends.source.clone(), interceptor)
+            .max_decoding_message_size(4 * 1024 * 1024),
         tokens: Arc::new(auth::Tokens::new(options.tokens.clone())),
         environments: options.environments,
     };
     let mut api = OpenApiRouter::with_openapi(ApiDoc::openapi()).routes(routes!(capabilities));
     if options.environments {
-        api = api.merge(environments::routes());
+        api = api.merge(environments::routes()).merge(files::routes());
     }
-    let (api, openapi) = api.split_for_parts();
+    let (api, mut openapi) = api.split_for_parts();
+    // axum spells a multi-segment parameter `{*path}`; OpenAPI spells it `{path}`.
+    let paths = std::mem::take(&mut openapi.paths.paths);
+    openapi.paths.paths = paths
+        .into_iter()
+        .map(|(path, item)| (path.replace("{*", "{"), item))
+        .collect();
     let openapi = Arc::new(openapi);
     let app = api
         .route(
@@ -162,39 +190,54 @@ pub fn router(options: &GatewayOptions, catalog: Channel) -> Result<Router, Gate
         .fallback(error::no_such_route)
         .method_not_allowed_fallback(error::method_not_allowed)
         .with_state(state)
-        .merge(admin::router(catalog_readiness(catalog)))
+        .merge(admin::router(readiness(backends)))
         .layer(axum::middleware::from_fn(plinth_kit::http::observe));
     Ok(app)
 }
 
-/// Ready when the catalog says it is serving (which it says only while its database answers).
-fn catalog_readiness(catalog: Channel) -> ReadinessCheck {
+/// Ready when every service behind says it is serving (which each says only while its
+/// database answers).
+fn readiness(backends: Backends) -> ReadinessCheck {
     Arc::new(move || {
-        let mut health = HealthClient::new(catalog.clone());
+        let backends = backends.clone();
         Box::pin(async move {
-            let request = HealthCheckRequest {
-                service: "plinth.catalog.v1.CatalogService".to_owned(),
-            };
-            let answer = tokio::time::timeout(Duration::from_secs(2), health.check(request))
-                .await
-                .map_err(|_| "catalog did not answer within 2 s".to_owned())?
-                .map_err(|status| format!("catalog: {}", status.message()))?;
-            match answer.into_inner().status() {
-                ServingStatus::Serving => Ok(()),
-                other => Err(format!("catalog reports {}", other.as_str_name())),
-            }
+            let catalog = serving(
+                backends.catalog,
+                "catalog",
+                "plinth.catalog.v1.CatalogService",
+            );
+            let source = serving(backends.source, "source", "plinth.source.v1.SourceService");
+            let (catalog, source) = tokio::join!(catalog, source);
+            catalog.and(source)
         })
     })
+}
+
+async fn serving(channel: Channel, name: &str, service: &str) -> Result<(), String> {
+    let request = HealthCheckRequest {
+        service: service.to_owned(),
+    };
+    let answer = tokio::time::timeout(
+        Duration::from_secs(2),
+        HealthClient::new(channel).check(request),
+    )
+    .await
+    .map_err(|_| format!("{name} did not answer within 2 s"))?
+    .map_err(|status| format!("{name}: {}", status.message()))?;
+    match answer.into_inner().status() {
+        ServingStatus::Serving => Ok(()),
+        other => Err(format!("{name} reports {}", other.as_str_name())),
+    }
 }
 
 /// Serves the gateway on `listener` until `shutdown` is cancelled.
 pub async fn run(
     options: GatewayOptions,
     listener: TcpListener,
-    catalog: Channel,
+    backends: Backends,
     shutdown: CancellationToken,
 ) -> Result<(), GatewayError> {
-    let app = router(&options, catalog)?;
+    let app = router(&options, backends)?;
     tracing::info!(address = ?listener.local_addr().ok(), environments = options.environments, scopes = if options.tokens.is_empty() { "single" } else { "by token" }, "gateway serving");
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())

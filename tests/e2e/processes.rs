@@ -1,6 +1,7 @@
-//! `plinth catalog` and `plinth gateway` as two real processes, talking gRPC to each other
-//! over loopback, with the catalog on PostgreSQL (`PLINTH_TEST_POSTGRES_URL`, required under
-//! CI) and the internal token between them.
+//! `plinth catalog`, `plinth source` and `plinth gateway` as real processes, talking gRPC to
+//! each other over loopback, with the catalog and the source index sharing one PostgreSQL
+//! database (`PLINTH_TEST_POSTGRES_URL`, required under CI) and the internal token between
+//! them.
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
@@ -57,18 +58,21 @@ async fn wait_until_ready(client: &reqwest::Client, url: &str, process: &mut Pro
     panic!("{url} did not become ready within 30 s");
 }
 
-/// `plinth catalog` on PostgreSQL and `plinth gateway` in front of it.
-struct Pair<'a> {
+/// `plinth catalog` and `plinth source` on PostgreSQL and `plinth gateway` in front of them.
+struct Deployment<'a> {
     database_url: String,
+    blob_url: String,
     token: &'a str,
     grpc: SocketAddr,
     admin: SocketAddr,
+    source: SocketAddr,
+    source_admin: SocketAddr,
     http: SocketAddr,
 }
 
-impl Pair<'_> {
-    /// Starts both and waits until each says it is ready.
-    async fn start(&self, client: &reqwest::Client) -> (Process, Process) {
+impl Deployment<'_> {
+    /// Starts all three and waits until each says it is ready.
+    async fn start(&self, client: &reqwest::Client) -> (Process, Process, Process) {
         let (grpc, admin, http) = (
             self.grpc.to_string(),
             self.admin.to_string(),
@@ -88,6 +92,28 @@ impl Pair<'_> {
             self.token,
         );
         wait_until_ready(client, &format!("http://{admin}/readyz"), &mut catalog).await;
+        let (source, source_admin) = (self.source.to_string(), self.source_admin.to_string());
+        let mut source_service = plinth(
+            &[
+                "source",
+                "--listen",
+                &source,
+                "--admin-listen",
+                &source_admin,
+                "--database-url",
+                &self.database_url,
+                "--blob-url",
+                &self.blob_url,
+            ],
+            self.token,
+        );
+        wait_until_ready(
+            client,
+            &format!("http://{source_admin}/readyz"),
+            &mut source_service,
+        )
+        .await;
+        let source_url = format!("http://{source}");
         let mut gateway = plinth(
             &[
                 "gateway",
@@ -95,34 +121,40 @@ impl Pair<'_> {
                 &http,
                 "--catalog-url",
                 &catalog_url,
+                "--source-url",
+                &source_url,
                 "--tokens",
                 "tok-acme=acme",
             ],
             self.token,
         );
         wait_until_ready(client, &format!("http://{http}/readyz"), &mut gateway).await;
-        (catalog, gateway)
+        (catalog, source_service, gateway)
     }
 }
 
 #[tokio::test]
-async fn catalog_and_gateway_as_two_processes_over_grpc_on_postgres() {
+async fn catalog_source_and_gateway_as_processes_over_grpc_on_postgres() {
     let PostgresAvailability::Available(server) = testing::postgres() else {
         return;
     };
     let database_url = testing::fresh_postgres_database(&server).await;
     let token = "internal-secret-for-this-test";
     let (grpc, admin, http) = (free_port(), free_port(), free_port());
+    let blobs = tempfile::tempdir().expect("blob dir");
 
     let client = crate::helpers::http_client();
-    let pair = Pair {
+    let deployment = Deployment {
         database_url: database_url.clone(),
+        blob_url: format!("file://{}", blobs.path().display()),
         token,
         grpc,
         admin,
+        source: free_port(),
+        source_admin: free_port(),
         http,
     };
-    let (catalog, gateway) = pair.start(&client).await;
+    let (catalog, source, gateway) = deployment.start(&client).await;
 
     let base = format!("http://{http}");
     let (status, created) = send(
@@ -209,9 +241,33 @@ async fn catalog_and_gateway_as_two_processes_over_grpc_on_postgres() {
     );
 
     // The environment outlives the processes: it is in PostgreSQL.
+    // A file goes through all three processes.
+    let file_url = format!("{base}/v1/environments/{id}/files/bin/tool.sh");
+    let (status, written) = send(
+        client
+            .put(&file_url)
+            .bearer_auth("tok-acme")
+            .body("#!/bin/sh\necho hi\n"),
+    )
+    .await;
+    assert_eq!(status, 200, "{written}");
+    assert_eq!(written["size"], 18);
+
     drop(gateway);
+    drop(source);
     drop(catalog);
-    let (_catalog, _gateway) = pair.start(&client).await;
+    let (_catalog, _source, _gateway) = deployment.start(&client).await;
+    let read = client
+        .get(&file_url)
+        .bearer_auth("tok-acme")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(read.status(), 200);
+    assert_eq!(
+        read.bytes().await.expect("body").as_ref(),
+        b"#!/bin/sh\necho hi\n"
+    );
     let (status, list) = send(
         client
             .get(format!("{base}/v1/environments"))
@@ -219,5 +275,6 @@ async fn catalog_and_gateway_as_two_processes_over_grpc_on_postgres() {
     )
     .await;
     assert_eq!(status, 200);
-    assert_eq!(list["data"], json!([created]));
+    assert_eq!(list["data"][0]["id"], created["id"]);
+    assert_eq!(list["data"][0]["files"], json!({"count": 1, "bytes": 18}));
 }

@@ -65,7 +65,10 @@ pub async fn run(
         let store = readiness_store.clone();
         Box::pin(async move { store.ping().await.map_err(|error| error.to_string()) })
     });
-    let server = GrpcServer::new(plinth_proto::FILE_DESCRIPTOR_SET, options.internal_token.clone());
+    let server = GrpcServer::new(
+        plinth_proto::FILE_DESCRIPTOR_SET,
+        options.internal_token.clone(),
+    );
     server
         .report_health(SERVICE_NAME, readiness.clone(), shutdown.clone())
         .await;

@@ -53,7 +53,11 @@ async fn metrics() -> Response {
 }
 
 /// Serves the admin endpoints on `listener`, when there is one, in the background.
-pub fn spawn(listener: Option<TcpListener>, readiness: ReadinessCheck, shutdown: CancellationToken) {
+pub fn spawn(
+    listener: Option<TcpListener>,
+    readiness: ReadinessCheck,
+    shutdown: CancellationToken,
+) {
     if let Some(listener) = listener {
         crate::tasks::spawn_background("admin server", serve(listener, readiness, shutdown));
     }

@@ -90,11 +90,15 @@ impl GrpcServer {
                 match (&outcome, serving) {
                     (Err(reason), true) => {
                         tracing::error!(service, %reason, "a dependency does not answer; reporting NOT_SERVING");
-                        health.set_service_status(service, ServingStatus::NotServing).await;
+                        health
+                            .set_service_status(service, ServingStatus::NotServing)
+                            .await;
                     }
                     (Ok(()), false) => {
                         tracing::info!(service, "dependencies answer again; reporting SERVING");
-                        health.set_service_status(service, ServingStatus::Serving).await;
+                        health
+                            .set_service_status(service, ServingStatus::Serving)
+                            .await;
                     }
                     _ => {}
                 }

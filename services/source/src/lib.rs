@@ -1,1 +1,108 @@
-//! x
+//! plinth-source: the source service. It owns every environment's source: an index per
+//! environment (path → digest, size, executable bit) in SQLite or PostgreSQL, and the file
+//! contents as SHA-256-named blobs in the blob store. It serves file reads and writes,
+//! imports whole projects (zip, tar and compressed tars, git repositories), and freezes a
+//! source into a tree for builds (`plinth.source.v1`).
+//!
+//! Whether an environment exists, and whose it is, is the catalog's business: callers ask it
+//! first. Building and mounting are not here either. `paths` holds the one path rule;
+//! `archive` reads untrusted archives; `import` and `git` turn them into entries and blobs;
+//! `persistence` owns the index; `service` is the gRPC adapter; `run` starts it all.
+
+pub mod archive;
+pub mod git;
+pub mod import;
+pub mod paths;
+pub mod persistence;
+mod service;
+pub mod tree;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use plinth_blobs::BlobStore;
+use plinth_kit::admin::{self, ReadinessCheck};
+use plinth_kit::config::Secret;
+use plinth_kit::grpc::GrpcServer;
+use plinth_kit::tasks::CancellationToken;
+use plinth_proto::source::v1::source_service_server::SourceServiceServer;
+use tokio::net::TcpListener;
+
+pub use git::GitPolicy;
+pub use persistence::{Index, IndexError};
+pub use service::SourceLimits;
+
+/// The source's gRPC service name, as health checks name it.
+pub const SERVICE_NAME: &str = "plinth.source.v1.SourceService";
+
+/// How the source service runs.
+#[derive(Debug, Clone)]
+pub struct SourceOptions {
+    /// The index's database: `sqlite://…` or `postgres://…`.
+    pub database_url: String,
+    /// Upper bound on pooled database connections.
+    pub max_connections: u32,
+    /// The blob store: `file://…`, `s3://…` or `memory://`.
+    pub blob_url: String,
+    /// Where uploads and imports are spooled and large blobs verified.
+    pub spool_dir: PathBuf,
+    /// Size limits.
+    pub limits: SourceLimits,
+    /// What git imports may reach.
+    pub git: GitPolicy,
+    /// When set, every call must carry it.
+    pub internal_token: Option<Secret>,
+}
+
+/// Why the source service stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The index could not be opened or migrated.
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    /// The blob store could not be opened.
+    #[error("cannot open the blob store: {0}")]
+    Blobs(#[from] plinth_blobs::BlobError),
+    /// The gRPC server failed.
+    #[error("source gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+}
+
+/// Opens the index and the blob store and serves gRPC on `grpc` (and `/healthz`, `/readyz`,
+/// `/metrics` on `admin`, when given) until `shutdown` is cancelled.
+pub async fn run(
+    options: SourceOptions,
+    grpc: TcpListener,
+    admin: Option<TcpListener>,
+    shutdown: CancellationToken,
+) -> Result<(), SourceError> {
+    let index = Index::connect(&options.database_url, options.max_connections).await?;
+    index.migrate().await?;
+    let blobs = BlobStore::open(&options.blob_url, options.spool_dir.clone())?;
+    tracing::info!(address = ?grpc.local_addr().ok(), "source serving");
+
+    let readiness_index = index.clone();
+    let readiness: ReadinessCheck = Arc::new(move || {
+        let index = readiness_index.clone();
+        Box::pin(async move { index.ping().await.map_err(|error| error.to_string()) })
+    });
+    let server = GrpcServer::new(
+        plinth_proto::FILE_DESCRIPTOR_SET,
+        options.internal_token.clone(),
+    );
+    server
+        .report_health(SERVICE_NAME, readiness.clone(), shutdown.clone())
+        .await;
+    admin::spawn(admin, readiness, shutdown.clone());
+
+    let service = SourceServiceServer::new(service::Source::new(
+        index.clone(),
+        blobs,
+        options.spool_dir,
+        options.limits,
+        options.git,
+    ));
+    server.add_service(service).serve(grpc, shutdown).await?;
+    index.close().await;
+    Ok(())
+}

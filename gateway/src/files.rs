@@ -1,0 +1,549 @@
+//! `/v1/environments/{id}/files`, `/directories` and `/import` (UHP §3, §3.1) over the
+//! source service. Every call first asks the catalog whether the environment exists in the
+//! caller's scope; bodies stream through in both directions, so memory stays bounded
+//! whatever the file size.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use plinth_kit::PlinthError;
+use plinth_proto::catalog::v1 as catalog;
+use plinth_proto::source::v1 as pb;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::environments::EnvironmentIdParam;
+use crate::error::{ApiError, ErrorBody};
+use crate::json::{self, JsonBody};
+
+/// Largest chunk sent to the source in one gRPC message.
+const CHUNK: usize = 1024 * 1024;
+
+/// The file routes.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_files))
+        .routes(routes!(read_file, write_file, delete_path))
+        .routes(routes!(make_directory))
+        .routes(routes!(import))
+}
+
+/// One file or directory of a source.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FileEntry {
+    /// Relative to the environment's root.
+    #[schema(example = "scripts/run.py")]
+    pub path: String,
+    /// `file` or `directory`.
+    #[serde(rename = "type")]
+    #[schema(example = "file")]
+    pub kind: &'static str,
+    /// A file's bytes; a directory's: the bytes of every file beneath it.
+    pub size: u64,
+    /// Whether a file is executable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub executable: Option<bool>,
+    /// A file's content digest, `sha256:<64 hex>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+}
+
+impl From<pb::Entry> for FileEntry {
+    fn from(entry: pb::Entry) -> Self {
+        let file = entry.kind() == pb::EntryKind::File;
+        FileEntry {
+            path: entry.path,
+            kind: if file { "file" } else { "directory" },
+            size: entry.size,
+            executable: file.then_some(entry.executable),
+            digest: file.then_some(entry.digest),
+        }
+    }
+}
+
+/// `GET /v1/environments/{id}/files`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FileTree {
+    /// Always `list`.
+    pub object: &'static str,
+    /// Every file and directory, sorted by path.
+    pub data: Vec<FileEntry>,
+}
+
+/// `DELETE /v1/environments/{id}/files/{path}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeletedPath {
+    /// What was removed.
+    pub path: String,
+    /// Always true.
+    pub deleted: bool,
+    /// Files removed.
+    pub files: u64,
+    /// Directories removed.
+    pub directories: u64,
+}
+
+/// `POST /v1/environments/{id}/directories`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, expecting = "a JSON object with path")]
+pub struct MakeDirectory {
+    /// The directory to make, with its parents.
+    #[schema(example = "assets/brand")]
+    pub path: String,
+}
+
+/// `PUT …/files/{path}` query.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct WriteQuery {
+    /// Sets the executable bit; left out, an existing file keeps its bit and a new one is
+    /// not executable.
+    pub executable: Option<bool>,
+}
+
+/// `POST …/import` query, for archive bodies.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ImportQuery {
+    /// Clear the source first.
+    pub replace: Option<bool>,
+}
+
+/// `POST …/import` with a JSON body.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, expecting = "a JSON object with git and replace")]
+pub struct GitImport {
+    /// The repository.
+    pub git: GitSource,
+    /// Clear the source first.
+    #[serde(default)]
+    pub replace: bool,
+}
+
+/// A git repository to import.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, expecting = "a JSON object with url and ref")]
+pub struct GitSource {
+    /// `https://…` (other schemes only where configuration allows).
+    #[schema(example = "https://github.com/example/content-studio")]
+    pub url: String,
+    /// Branch, tag or commit; the default branch when left out.
+    #[serde(default, rename = "ref")]
+    pub reference: Option<String>,
+}
+
+/// What an import landed.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ImportReport {
+    /// Files written.
+    pub files: u64,
+    /// Directories made.
+    pub directories: u64,
+    /// Bytes of the files written.
+    pub bytes: u64,
+    /// Members dropped (links, devices, unsafe paths, submodules).
+    pub skipped: u64,
+    /// Members dropped, by reason: `symlink`, `hard_link`, `device`, `fifo`, `unsafe_path`,
+    /// `submodule`, `other`.
+    pub skipped_by_reason: std::collections::BTreeMap<String, u64>,
+    /// Whether a single wrapping directory was stripped.
+    pub stripped_wrapper: bool,
+}
+
+/// The environment exists in the caller's scope, or the request ends here.
+async fn check_environment(state: &AppState, caller: &Caller, id: &str) -> Result<(), ApiError> {
+    state
+        .catalog()
+        .get_environment(catalog::GetEnvironmentRequest {
+            scope: caller.scope.clone(),
+            id: id.to_owned(),
+        })
+        .await?;
+    Ok(())
+}
+
+/// A request body as a stream of chunks no larger than [`CHUNK`]. A body that fails midway
+/// ends the stream with an error instead of ending it cleanly, so a cut-off upload is never
+/// mistaken for a complete one.
+fn body_chunks(body: Body) -> impl Stream<Item = Result<Bytes, axum::Error>> + Send + 'static {
+    body.into_data_stream().flat_map(|frame| {
+        let pieces: Vec<Result<Bytes, axum::Error>> = match frame {
+            Ok(bytes) => (0..bytes.len())
+                .step_by(CHUNK)
+                .map(|start| Ok(bytes.slice(start..(start + CHUNK).min(bytes.len()))))
+                .collect(),
+            Err(error) => vec![Err(error)],
+        };
+        futures::stream::iter(pieces)
+    })
+}
+
+/// Sends `header` then the body's chunks on a client stream. If the body fails, the call is
+/// abandoned (cancelled on the wire) rather than ended, so the source stores nothing.
+async fn stream_to_source<M, T, Fut>(
+    header: M,
+    body: Body,
+    chunk: fn(Bytes) -> M,
+    call: impl FnOnce(tokio_stream::wrappers::ReceiverStream<M>) -> Fut,
+) -> Result<T, ApiError>
+where
+    M: Send + 'static,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let (messages, receiver) = tokio::sync::mpsc::channel::<M>(4);
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
+    let forwarder = tokio::spawn(async move {
+        if messages.send(header).await.is_err() {
+            return;
+        }
+        let mut body = std::pin::pin!(body_chunks(body));
+        let error = loop {
+            match body.next().await {
+                Some(Ok(bytes)) => {
+                    if messages.send(chunk(bytes)).await.is_err() {
+                        return;
+                    }
+                }
+                Some(Err(error)) => break error,
+                None => return,
+            }
+        };
+        let _ = failed_tx.send(error.to_string());
+        // Dropping `messages` now would end the stream and look like a complete body;
+        // holding it until this task is aborted keeps the call open.
+        let _held = messages;
+        std::future::pending::<()>().await;
+    });
+    let outcome = tokio::select! {
+        result = call(tokio_stream::wrappers::ReceiverStream::new(receiver)) => result.map(tonic::Response::into_inner).map_err(ApiError::from),
+        Ok(reason) = failed_rx => Err(PlinthError::invalid(format!(
+            "the request body ended before it was complete: {reason}; nothing was stored"
+        )).into()),
+    };
+    forwarder.abort();
+    outcome
+}
+
+/// The tree of an environment's source: every file and directory, with sizes.
+#[utoipa::path(
+    get,
+    path = "/v1/environments/{id}/files",
+    tag = "files",
+    params(("id" = String, Path, description = "The environment's id")),
+    responses(
+        (status = 200, description = "Every file and directory, sorted by path", body = FileTree),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn list_files(
+    State(state): State<AppState>,
+    caller: Caller,
+    EnvironmentIdParam(id): EnvironmentIdParam,
+) -> Result<Json<FileTree>, ApiError> {
+    check_environment(&state, &caller, &id).await?;
+    let tree = state
+        .source()
+        .list_tree(pb::ListTreeRequest { environment_id: id })
+        .await?
+        .into_inner();
+    Ok(Json(FileTree {
+        object: "list",
+        data: tree.entries.into_iter().map(FileEntry::from).collect(),
+    }))
+}
+
+/// The `{id}` and `{path}` of a file route.
+#[derive(Debug, Deserialize)]
+pub struct FilePath {
+    id: String,
+    path: String,
+}
+
+async fn file_path(
+    request_path: Result<Path<FilePath>, axum::extract::rejection::PathRejection>,
+) -> Result<FilePath, ApiError> {
+    match request_path {
+        Ok(Path(path)) => Ok(path),
+        Err(_) => Err(PlinthError::invalid("path: not valid UTF-8 after percent-decoding").into()),
+    }
+}
+
+/// One file's bytes exactly as stored, with a content type guessed from its name.
+#[utoipa::path(
+    get,
+    path = "/v1/environments/{id}/files/{*path}",
+    tag = "files",
+    params(("id" = String, Path, description = "The environment's id"), ("path" = String, Path, description = "The file, relative to the root")),
+    responses(
+        (status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 400, description = "environment_invalid: a path that escapes the root, or names a directory", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found: no such environment or file", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn read_file(
+    State(state): State<AppState>,
+    caller: Caller,
+    request_path: Result<Path<FilePath>, axum::extract::rejection::PathRejection>,
+) -> Result<Response, ApiError> {
+    let FilePath { id, path } = file_path(request_path).await?;
+    check_environment(&state, &caller, &id).await?;
+    let mut stream = state
+        .source()
+        .read_file(pb::ReadFileRequest {
+            environment_id: id,
+            path: path.clone(),
+        })
+        .await?
+        .into_inner();
+    let first = stream.message().await?.ok_or_else(|| {
+        PlinthError::new(
+            plinth_kit::ErrorCode::Internal,
+            "the source answered nothing",
+        )
+    })?;
+    let entry = first.entry.unwrap_or_default();
+    let content_type = mime_guess::from_path(&path)
+        .first_raw()
+        .unwrap_or("application/octet-stream");
+    let first_chunk = first.chunk;
+    let rest = stream.map(|message| match message {
+        Ok(message) => Ok(message.chunk),
+        Err(status) => Err(std::io::Error::other(status.message().to_owned())),
+    });
+    let body =
+        futures::stream::once(async move { Ok::<_, std::io::Error>(first_chunk) }).chain(rest);
+    let mut response = Body::from_stream(body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(entry.size));
+    if let Ok(etag) = HeaderValue::from_str(&format!("\"{}\"", entry.digest)) {
+        headers.insert(header::ETAG, etag);
+    }
+    Ok(response)
+}
+
+/// Writes one file: the body is its bytes. Parent directories are made.
+#[utoipa::path(
+    put,
+    path = "/v1/environments/{id}/files/{*path}",
+    tag = "files",
+    params(("id" = String, Path, description = "The environment's id"), ("path" = String, Path, description = "The file, relative to the root"), WriteQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes, stored exactly"),
+    responses(
+        (status = 200, description = "Written", body = FileEntry),
+        (status = 400, description = "environment_invalid: a path that escapes the root, or a file where a directory is (or the reverse)", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found", body = ErrorBody),
+        (status = 413, description = "file_too_large: detail.max_bytes states the limit; nothing was stored", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn write_file(
+    State(state): State<AppState>,
+    caller: Caller,
+    request_path: Result<Path<FilePath>, axum::extract::rejection::PathRejection>,
+    query: Result<Query<WriteQuery>, axum::extract::rejection::QueryRejection>,
+    request: Request,
+) -> Result<Json<FileEntry>, ApiError> {
+    let FilePath { id, path } = file_path(request_path).await?;
+    let Query(query) =
+        query.map_err(|error| PlinthError::invalid(format!("query: {}", error.body_text())))?;
+    check_environment(&state, &caller, &id).await?;
+    let header = pb::WriteFileRequest {
+        message: Some(pb::write_file_request::Message::Header(
+            pb::WriteFileHeader {
+                environment_id: id,
+                path,
+                executable: query.executable,
+            },
+        )),
+    };
+    let mut source = state.source();
+    let entry = stream_to_source(
+        header,
+        request.into_body(),
+        |bytes| pb::WriteFileRequest {
+            message: Some(pb::write_file_request::Message::Chunk(bytes)),
+        },
+        |messages| source.write_file(messages),
+    )
+    .await?;
+    Ok(Json(entry.into()))
+}
+
+/// Removes a file, or a directory and everything beneath it.
+#[utoipa::path(
+    delete,
+    path = "/v1/environments/{id}/files/{*path}",
+    tag = "files",
+    params(("id" = String, Path, description = "The environment's id"), ("path" = String, Path, description = "A file or directory, relative to the root")),
+    responses(
+        (status = 200, description = "Removed", body = DeletedPath),
+        (status = 400, description = "environment_invalid: a path that escapes the root", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found: no such environment or path", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn delete_path(
+    State(state): State<AppState>,
+    caller: Caller,
+    request_path: Result<Path<FilePath>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<DeletedPath>, ApiError> {
+    let FilePath { id, path } = file_path(request_path).await?;
+    check_environment(&state, &caller, &id).await?;
+    let removed = state
+        .source()
+        .delete(pb::DeleteRequest {
+            environment_id: id,
+            path: path.clone(),
+        })
+        .await?
+        .into_inner();
+    Ok(Json(DeletedPath {
+        path,
+        deleted: true,
+        files: removed.files,
+        directories: removed.directories,
+    }))
+}
+
+/// Makes an empty directory, with its parents.
+#[utoipa::path(
+    post,
+    path = "/v1/environments/{id}/directories",
+    tag = "files",
+    params(("id" = String, Path, description = "The environment's id")),
+    request_body = MakeDirectory,
+    responses(
+        (status = 201, description = "Made (or already there)", body = FileEntry),
+        (status = 400, description = "environment_invalid: a path that escapes the root, or a file in the way", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn make_directory(
+    State(state): State<AppState>,
+    caller: Caller,
+    EnvironmentIdParam(id): EnvironmentIdParam,
+    JsonBody(body): JsonBody<MakeDirectory>,
+) -> Result<(StatusCode, Json<FileEntry>), ApiError> {
+    check_environment(&state, &caller, &id).await?;
+    let entry = state
+        .source()
+        .make_directory(pb::MakeDirectoryRequest {
+            environment_id: id,
+            path: body.path,
+        })
+        .await?
+        .into_inner();
+    Ok((StatusCode::CREATED, Json(entry.into())))
+}
+
+/// Imports a whole project: a zip or tar (plain, gzip, zstd, bzip2, xz; recognised by its
+/// bytes) as the body, or, with `Content-Type: application/json`, a git repository.
+#[utoipa::path(
+    post,
+    path = "/v1/environments/{id}/import",
+    tag = "files",
+    params(("id" = String, Path, description = "The environment's id"), ImportQuery),
+    request_body(content = GitImport, description = "An archive (any content type but application/json), or this JSON naming a git repository"),
+    responses(
+        (status = 200, description = "What landed", body = ImportReport),
+        (status = 400, description = "environment_invalid: not an archive, an ambiguous archive (duplicate names, zip records that disagree), too many entries, a git URL that is not allowed", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found", body = ErrorBody),
+        (status = 413, description = "file_too_large: the archive, its contents or one member passed a limit (detail.max_bytes); nothing was imported", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn import(
+    State(state): State<AppState>,
+    caller: Caller,
+    EnvironmentIdParam(id): EnvironmentIdParam,
+    query: Result<Query<ImportQuery>, axum::extract::rejection::QueryRejection>,
+    request: Request,
+) -> Result<Json<ImportReport>, ApiError> {
+    let Query(query) =
+        query.map_err(|error| PlinthError::invalid(format!("query: {}", error.body_text())))?;
+    let is_json = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| {
+            value
+                .trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
+    check_environment(&state, &caller, &id).await?;
+    let mut source = state.source();
+    let report = if is_json {
+        let bytes = axum::body::to_bytes(request.into_body(), json::MAX_JSON_BYTES)
+            .await
+            .map_err(|_| {
+                PlinthError::invalid(
+                    "request body: larger than the JSON limit, or not received whole",
+                )
+            })?;
+        let body: GitImport = json::parse(&bytes)?;
+        let header = pb::ImportRequest {
+            message: Some(pb::import_request::Message::Header(pb::ImportHeader {
+                environment_id: id,
+                replace: body.replace || query.replace.unwrap_or(false),
+                git: Some(pb::GitSource {
+                    url: body.git.url,
+                    r#ref: body.git.reference.unwrap_or_default(),
+                }),
+            })),
+        };
+        source
+            .import(futures::stream::iter([header]))
+            .await?
+            .into_inner()
+    } else {
+        let header = pb::ImportRequest {
+            message: Some(pb::import_request::Message::Header(pb::ImportHeader {
+                environment_id: id,
+                replace: query.replace.unwrap_or(false),
+                git: None,
+            })),
+        };
+        stream_to_source(
+            header,
+            request.into_body(),
+            |bytes| pb::ImportRequest {
+                message: Some(pb::import_request::Message::Chunk(bytes)),
+            },
+            |messages| source.import(messages),
+        )
+        .await?
+    };
+    Ok(Json(ImportReport {
+        files: report.files,
+        directories: report.directories,
+        bytes: report.bytes,
+        skipped: report.skipped,
+        skipped_by_reason: report.skipped_by_reason.into_iter().collect(),
+        stripped_wrapper: report.stripped_wrapper,
+    }))
+}

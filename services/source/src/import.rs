@@ -1,0 +1,396 @@
+//! Imports: an archive streamed in, or a git repository read (see `git`), turned into index
+//! entries whose contents are already in the blob store. Nothing touches the index here; the
+//! caller lands the entries in one transaction, so an import that fails anywhere changes
+//! nothing (its blobs are unreferenced and left for garbage collection).
+//!
+//! Memory stays bounded whatever the archive's size: the archive is spooled to disk, members
+//! are read on a blocking thread, small files travel to the uploaders under a byte budget,
+//! and large files stream through a channel.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use plinth_blobs::{Blob, BlobError, BlobStore, Digest};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+
+use crate::archive::{self, ArchiveError, Entry, Limits};
+use crate::persistence::{IndexEntry, Kind};
+
+/// Files up to this size are read whole and uploaded concurrently; larger ones stream.
+const SMALL_FILE: usize = 4 * 1024 * 1024;
+/// Bytes of small files in flight between the reader and the uploaders at once.
+const IN_FLIGHT_BYTES: usize = 32 * 1024 * 1024;
+/// Concurrent uploads of small files (object stores reward parallelism on small objects).
+const UPLOADERS: usize = 16;
+/// Chunk size when streaming a large member.
+const CHUNK: usize = 1024 * 1024;
+
+/// What an import produced, before it lands.
+#[derive(Debug, Default)]
+pub struct Imported {
+    /// Files and directories, paths relative to the environment root.
+    pub entries: Vec<IndexEntry>,
+    /// Members dropped, by reason.
+    pub skipped: BTreeMap<String, u64>,
+    /// Whether a single wrapping directory was stripped.
+    pub stripped_wrapper: bool,
+}
+
+impl Imported {
+    /// Files, directories and bytes of the files.
+    pub fn counts(&self) -> (u64, u64, u64) {
+        let mut files = 0;
+        let mut directories = 0;
+        let mut bytes = 0;
+        for entry in &self.entries {
+            match entry.kind {
+                Kind::File => {
+                    files += 1;
+                    bytes += entry.size;
+                }
+                Kind::Directory => directories += 1,
+            }
+        }
+        (files, directories, bytes)
+    }
+
+    /// Strips one directory that wraps everything (the shape of a repository archive), so
+    /// the project's root is the environment's root.
+    pub fn strip_wrapper(&mut self) {
+        let Some(first) = self.entries.first() else {
+            return;
+        };
+        let top = first.path.first_component().to_owned();
+        let mut nested = false;
+        for entry in &self.entries {
+            if entry.path.as_str() == top {
+                if entry.kind != Kind::Directory {
+                    return;
+                }
+            } else if entry.path.first_component() == top {
+                nested = true;
+            } else {
+                return;
+            }
+        }
+        if !nested {
+            return;
+        }
+        self.entries = std::mem::take(&mut self.entries)
+            .into_iter()
+            .filter_map(|entry| {
+                let path = entry.path.strip_first_component()?;
+                Some(IndexEntry { path, ..entry })
+            })
+            .collect();
+        self.stripped_wrapper = true;
+    }
+
+    /// Counts a dropped member.
+    pub fn skip(&mut self, reason: &str) {
+        *self.skipped.entry(reason.to_owned()).or_default() += 1;
+    }
+}
+
+/// Why an import failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// The archive was refused.
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
+    /// The archive itself is larger than the import limit.
+    #[error("the archive is larger than the import limit of {max} bytes")]
+    ArchiveTooLarge {
+        /// The limit.
+        max: u64,
+    },
+    /// The upload stream failed.
+    #[error("the upload ended early: {0}")]
+    Upload(String),
+    /// Storing a blob failed.
+    #[error(transparent)]
+    Blob(#[from] BlobError),
+    /// Spooling failed.
+    #[error("spooling the archive failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// A git import was refused or failed.
+    #[error(transparent)]
+    Git(#[from] crate::git::GitError),
+    /// A worker died.
+    #[error("an import worker failed: {0}")]
+    Worker(String),
+}
+
+/// Spools `body` (at most `limits.max_total_bytes`) and reads it as an archive.
+pub async fn import_archive<S, E>(
+    blobs: &BlobStore,
+    spool_dir: &Path,
+    limits: Limits,
+    body: S,
+) -> Result<Imported, ImportError>
+where
+    S: Stream<Item = Result<Bytes, E>> + Send,
+    E: std::fmt::Display,
+{
+    std::fs::create_dir_all(spool_dir)?;
+    let spool = tempfile::tempfile_in(spool_dir)?;
+    let mut writer = tokio::fs::File::from_std(spool.try_clone()?);
+    let mut body = std::pin::pin!(body);
+    let mut received: u64 = 0;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|error| ImportError::Upload(error.to_string()))?;
+        received += chunk.len() as u64;
+        if received > limits.max_total_bytes {
+            return Err(ImportError::ArchiveTooLarge {
+                max: limits.max_total_bytes,
+            });
+        }
+        writer.write_all(&chunk).await?;
+    }
+    writer.flush().await?;
+    drop(writer);
+    let mut spool = spool;
+    std::io::Seek::rewind(&mut spool)?;
+    read_spooled(blobs, limits, spool).await
+}
+
+enum Upload {
+    Small {
+        bytes: Bytes,
+        _budget: OwnedSemaphorePermit,
+    },
+    Large {
+        chunks: mpsc::Receiver<Result<Bytes, std::io::Error>>,
+        done: oneshot::Sender<Result<Blob, BlobError>>,
+        max_bytes: u64,
+    },
+}
+
+async fn read_spooled(
+    blobs: &BlobStore,
+    limits: Limits,
+    spool: std::fs::File,
+) -> Result<Imported, ImportError> {
+    let (uploads, mut queue) = mpsc::channel::<Upload>(UPLOADERS * 2);
+    let budget = Arc::new(Semaphore::new(IN_FLIGHT_BYTES / 1024));
+    let runtime = tokio::runtime::Handle::current();
+
+    let uploader_blobs = blobs.clone();
+    let uploader = tokio::spawn(async move {
+        let slots = Arc::new(Semaphore::new(UPLOADERS));
+        let mut running = tokio::task::JoinSet::new();
+        while let Some(upload) = queue.recv().await {
+            let blobs = uploader_blobs.clone();
+            match upload {
+                Upload::Small { bytes, _budget } => {
+                    let slot = slots
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .map_err(|e| BlobError::Source(e.into()))?;
+                    running.spawn(async move {
+                        let result = blobs.put_bytes(bytes).await.map(|_| ());
+                        drop((slot, _budget));
+                        result
+                    });
+                }
+                Upload::Large {
+                    chunks,
+                    done,
+                    max_bytes,
+                } => {
+                    running.spawn(async move {
+                        let stream = tokio_stream::wrappers::ReceiverStream::new(chunks);
+                        let result = blobs.put_stream(stream, max_bytes).await;
+                        let failed = result.as_ref().err().map(|error| error.to_string());
+                        let _ = done.send(result);
+                        match failed {
+                            Some(message) => Err(BlobError::Source(message.into())),
+                            None => Ok(()),
+                        }
+                    });
+                }
+            }
+            // Surface failures early instead of after the whole archive.
+            while let Some(finished) = running.try_join_next() {
+                finished.map_err(|e| BlobError::Source(e.to_string().into()))??;
+            }
+        }
+        while let Some(finished) = running.join_next().await {
+            finished.map_err(|e| BlobError::Source(e.to_string().into()))??;
+        }
+        Ok::<(), BlobError>(())
+    });
+
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut imported = Imported::default();
+        let mut sink = |entry: Entry<'_>| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+            match entry {
+                Entry::Directory { path } => imported.entries.push(IndexEntry::directory(path)),
+                Entry::Skipped { reason, .. } => imported.skip(reason.as_str()),
+                Entry::File {
+                    path,
+                    executable,
+                    content,
+                } => {
+                    let blob =
+                        upload_member(&runtime, &uploads, &budget, content, limits.max_file_bytes)?;
+                    imported.entries.push(IndexEntry {
+                        path,
+                        kind: Kind::File,
+                        digest: Some(blob.digest),
+                        size: blob.size,
+                        executable,
+                    });
+                }
+            }
+            Ok(())
+        };
+        let result = archive::read_archive(spool, &limits, &mut sink);
+        drop(uploads);
+        result.map(|()| imported)
+    });
+
+    let read = reader
+        .await
+        .map_err(|error| ImportError::Worker(error.to_string()))?;
+    let uploaded = uploader
+        .await
+        .map_err(|error| ImportError::Worker(error.to_string()))?;
+    let mut imported = read?;
+    uploaded?;
+    imported.strip_wrapper();
+    Ok(imported)
+}
+
+/// Reads one member on the blocking thread and hands it to the uploaders; returns its blob
+/// (digest and size) once its bytes are all read (small files) or stored (large files).
+fn upload_member(
+    runtime: &tokio::runtime::Handle,
+    uploads: &mpsc::Sender<Upload>,
+    budget: &Arc<Semaphore>,
+    content: &mut dyn Read,
+    max_file_bytes: u64,
+) -> Result<Blob, Box<dyn std::error::Error + Send + Sync>> {
+    let mut head = Vec::new();
+    content.take(SMALL_FILE as u64 + 1).read_to_end(&mut head)?;
+    if head.len() <= SMALL_FILE {
+        let kib = u32::try_from(head.len() / 1024 + 1).unwrap_or(u32::MAX);
+        let permit = runtime.block_on(budget.clone().acquire_many_owned(kib))?;
+        let bytes = Bytes::from(head);
+        let blob = Blob {
+            digest: Digest::of(&bytes),
+            size: bytes.len() as u64,
+        };
+        uploads
+            .blocking_send(Upload::Small {
+                bytes,
+                _budget: permit,
+            })
+            .map_err(|_| "the uploaders stopped")?;
+        return Ok(blob);
+    }
+    let (chunks, receiver) = mpsc::channel(4);
+    let (done, result) = oneshot::channel();
+    uploads
+        .blocking_send(Upload::Large {
+            chunks: receiver,
+            done,
+            max_bytes: max_file_bytes,
+        })
+        .map_err(|_| "the uploaders stopped")?;
+    let mut next = Some(Bytes::from(head));
+    loop {
+        let chunk = match next.take() {
+            Some(chunk) => chunk,
+            None => {
+                let mut buffer = vec![0u8; CHUNK];
+                let read = match content.read(&mut buffer) {
+                    Ok(read) => read,
+                    Err(error) => {
+                        // Tell the upload to abandon its staging object, then report.
+                        let _ = chunks.blocking_send(Err(std::io::Error::other(error.to_string())));
+                        return Err(Box::new(error));
+                    }
+                };
+                if read == 0 {
+                    break;
+                }
+                buffer.truncate(read);
+                Bytes::from(buffer)
+            }
+        };
+        if chunks.blocking_send(Ok(chunk)).is_err() {
+            break;
+        }
+    }
+    drop(chunks);
+    let blob = result
+        .blocking_recv()
+        .map_err(|_| "the uploader stopped")??;
+    Ok(blob)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::paths::SourcePath;
+
+    fn dir(path: &str) -> IndexEntry {
+        IndexEntry::directory(SourcePath::parse(path).expect("path"))
+    }
+
+    fn file(path: &str) -> IndexEntry {
+        IndexEntry {
+            path: SourcePath::parse(path).expect("path"),
+            kind: Kind::File,
+            digest: Some(Digest::of(path.as_bytes())),
+            size: 1,
+            executable: false,
+        }
+    }
+
+    fn paths(imported: &Imported) -> Vec<&str> {
+        imported.entries.iter().map(|e| e.path.as_str()).collect()
+    }
+
+    #[test]
+    fn one_wrapping_directory_is_stripped() {
+        let mut imported = Imported {
+            entries: vec![
+                dir("repo-main"),
+                file("repo-main/README.md"),
+                dir("repo-main/src"),
+                file("repo-main/src/a.py"),
+            ],
+            ..Imported::default()
+        };
+        imported.strip_wrapper();
+        assert!(imported.stripped_wrapper);
+        assert_eq!(paths(&imported), ["README.md", "src", "src/a.py"]);
+    }
+
+    #[test]
+    fn nothing_is_stripped_unless_one_directory_wraps_everything() {
+        for entries in [
+            vec![file("a/x"), file("b/y")],
+            vec![file("README"), file("src/a")],
+            vec![file("only")],
+            vec![dir("empty")],
+            vec![file("a"), file("a/b")],
+        ] {
+            let mut imported = Imported {
+                entries: entries.clone(),
+                ..Imported::default()
+            };
+            imported.strip_wrapper();
+            assert!(!imported.stripped_wrapper);
+            assert_eq!(imported.entries, entries);
+        }
+    }
+}

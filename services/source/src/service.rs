@@ -1,0 +1,452 @@
+//! The gRPC face of the source service: requests are checked into domain types on receipt,
+//! the index and blob store do the work, and the answers go back out.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use plinth_blobs::{BlobError, BlobStore};
+use plinth_kit::{ErrorCode, PlinthError};
+use plinth_proto::source::v1 as pb;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::archive::{ArchiveError, Limits};
+use crate::git::{self, GitPolicy};
+use crate::import::{self, ImportError, Imported};
+use crate::paths::SourcePath;
+use crate::persistence::{Index, IndexEntry, IndexError, Kind};
+use crate::tree;
+
+/// Bytes per message when streaming a file out (well under gRPC's 4 MiB default).
+const READ_CHUNK: usize = 256 * 1024;
+
+/// Limits on what the source accepts.
+#[derive(Debug, Clone, Copy)]
+pub struct SourceLimits {
+    /// Largest file, bytes actually received or inflated.
+    pub max_file_bytes: u64,
+    /// Largest import: the archive, and everything it inflates to.
+    pub max_import_bytes: u64,
+    /// Most members an import may have.
+    pub max_import_entries: u64,
+}
+
+impl Default for SourceLimits {
+    fn default() -> Self {
+        SourceLimits {
+            max_file_bytes: 64 * 1024 * 1024,
+            max_import_bytes: 4 * 1024 * 1024 * 1024,
+            max_import_entries: 200_000,
+        }
+    }
+}
+
+/// The `plinth.source.v1.SourceService` implementation.
+pub struct Source {
+    index: Index,
+    blobs: BlobStore,
+    spool_dir: PathBuf,
+    limits: SourceLimits,
+    git: Arc<GitPolicy>,
+}
+
+impl Source {
+    pub fn new(
+        index: Index,
+        blobs: BlobStore,
+        spool_dir: PathBuf,
+        limits: SourceLimits,
+        git: GitPolicy,
+    ) -> Self {
+        Source {
+            index,
+            blobs,
+            spool_dir,
+            limits,
+            git: Arc::new(git),
+        }
+    }
+
+    fn archive_limits(&self) -> Limits {
+        Limits {
+            max_entries: self.limits.max_import_entries,
+            max_total_bytes: self.limits.max_import_bytes,
+            max_file_bytes: self.limits.max_file_bytes,
+        }
+    }
+}
+
+fn parse_path(path: &str) -> Result<SourcePath, PlinthError> {
+    SourcePath::parse(path).map_err(|error| PlinthError::invalid(error.to_string()))
+}
+
+fn index_error(error: IndexError) -> PlinthError {
+    match error {
+        IndexError::NotFound(path) => PlinthError::new(
+            ErrorCode::EnvironmentNotFound,
+            format!("{path} does not exist in the environment's source"),
+        ),
+        IndexError::Conflict { path, reason } => PlinthError::invalid(format!("{path}: {reason}")),
+        other => PlinthError::internal(&other),
+    }
+}
+
+fn too_large(max_bytes: u64, what: &str) -> PlinthError {
+    PlinthError::new(
+        ErrorCode::FileTooLarge,
+        format!("{what} exceeds the limit of {max_bytes} bytes; nothing was stored"),
+    )
+    .with_detail(serde_json::json!({ "max_bytes": max_bytes }))
+}
+
+fn blob_error(error: BlobError, max_bytes: u64) -> PlinthError {
+    match error {
+        BlobError::TooLarge { max_bytes } => too_large(max_bytes, "the file"),
+        BlobError::Source(cause) => PlinthError::invalid(format!(
+            "the upload ended before the whole body arrived: {cause}"
+        )),
+        other => {
+            let _ = max_bytes;
+            PlinthError::internal(&other)
+        }
+    }
+}
+
+fn import_error(error: ImportError) -> PlinthError {
+    match error {
+        ImportError::ArchiveTooLarge { max } => too_large(max, "the archive"),
+        ImportError::Archive(ArchiveError::TooLarge { max }) => {
+            too_large(max, "the archive's contents")
+        }
+        ImportError::Archive(ArchiveError::FileTooLarge { path, max }) => PlinthError::new(
+            ErrorCode::FileTooLarge,
+            format!("{path} exceeds the per-file limit of {max} bytes; nothing was imported"),
+        )
+        .with_detail(serde_json::json!({ "max_bytes": max, "path": path })),
+        ImportError::Archive(ArchiveError::Io(error)) => PlinthError::internal(&error),
+        ImportError::Archive(ArchiveError::Sink(cause)) => PlinthError::internal(&*cause),
+        ImportError::Archive(refused) => {
+            PlinthError::invalid(format!("archive refused, nothing was imported: {refused}"))
+        }
+        ImportError::Upload(message) => PlinthError::invalid(format!(
+            "the upload ended before the whole body arrived: {message}"
+        )),
+        ImportError::Git(refused) => PlinthError::invalid(format!("git import refused: {refused}")),
+        other => PlinthError::internal(&other),
+    }
+}
+
+fn entry_to_proto(entry: &IndexEntry, size: u64) -> pb::Entry {
+    pb::Entry {
+        path: entry.path.to_string(),
+        kind: match entry.kind {
+            Kind::File => pb::EntryKind::File,
+            Kind::Directory => pb::EntryKind::Directory,
+        }
+        .into(),
+        size,
+        executable: entry.executable,
+        digest: entry
+            .digest
+            .map(|digest| digest.to_string())
+            .unwrap_or_default(),
+    }
+}
+
+/// The bytes of a client stream after its header, as a byte stream.
+fn chunks_after_header<T, F>(
+    stream: Streaming<T>,
+    chunk_of: F,
+) -> impl Stream<Item = Result<Bytes, Status>> + Send
+where
+    T: Send + 'static,
+    F: Fn(T) -> Option<Bytes> + Send + 'static,
+{
+    stream.filter_map(move |message| {
+        let item = match message {
+            Ok(message) => chunk_of(message).map(Ok),
+            Err(status) => Some(Err(status)),
+        };
+        std::future::ready(item)
+    })
+}
+
+type ReadFileStream = Pin<Box<dyn Stream<Item = Result<pb::ReadFileResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::source_service_server::SourceService for Source {
+    #[tracing::instrument(name = "source.list_tree", skip_all, fields(environment = %request.get_ref().environment_id))]
+    async fn list_tree(
+        &self,
+        request: Request<pb::ListTreeRequest>,
+    ) -> Result<Response<pb::ListTreeResponse>, Status> {
+        let entries = self
+            .index
+            .list(&request.get_ref().environment_id)
+            .await
+            .map_err(index_error)?;
+        let mut directory_sizes: HashMap<&str, u64> = HashMap::new();
+        for entry in entries.iter().filter(|entry| entry.kind == Kind::File) {
+            for (index, _) in entry.path.as_str().match_indices('/') {
+                *directory_sizes
+                    .entry(&entry.path.as_str()[..index])
+                    .or_default() += entry.size;
+            }
+        }
+        let entries = entries
+            .iter()
+            .map(|entry| {
+                let size = match entry.kind {
+                    Kind::File => entry.size,
+                    Kind::Directory => directory_sizes
+                        .get(entry.path.as_str())
+                        .copied()
+                        .unwrap_or(0),
+                };
+                entry_to_proto(entry, size)
+            })
+            .collect();
+        Ok(Response::new(pb::ListTreeResponse { entries }))
+    }
+
+    type ReadFileStream = ReadFileStream;
+
+    #[tracing::instrument(name = "source.read_file", skip_all, fields(environment = %request.get_ref().environment_id))]
+    async fn read_file(
+        &self,
+        request: Request<pb::ReadFileRequest>,
+    ) -> Result<Response<Self::ReadFileStream>, Status> {
+        let request = request.into_inner();
+        let path = parse_path(&request.path)?;
+        let entry = self
+            .index
+            .get(&request.environment_id, &path)
+            .await
+            .map_err(index_error)?
+            .ok_or_else(|| index_error(IndexError::NotFound(path.to_string())))?;
+        let digest = match (entry.kind, entry.digest) {
+            (Kind::File, Some(digest)) => digest,
+            _ => {
+                return Err(PlinthError::invalid(format!(
+                    "{path} is a directory; list it with GET …/files"
+                ))
+                .into());
+            }
+        };
+        let blob = self
+            .blobs
+            .get(&digest)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        let header = pb::ReadFileResponse {
+            entry: Some(entry_to_proto(&entry, entry.size)),
+            chunk: bytes::Bytes::new(),
+        };
+        let body = blob.into_stream().flat_map(|chunk| {
+            let messages: Vec<Result<pb::ReadFileResponse, Status>> = match chunk {
+                Ok(bytes) => (0..bytes.len())
+                    .step_by(READ_CHUNK)
+                    .map(|start| {
+                        Ok(pb::ReadFileResponse {
+                            entry: None,
+                            chunk: bytes.slice(start..(start + READ_CHUNK).min(bytes.len())),
+                        })
+                    })
+                    .collect(),
+                Err(error) => vec![Err(PlinthError::internal(&error).into())],
+            };
+            futures::stream::iter(messages)
+        });
+        let stream = futures::stream::once(async move { Ok(header) }).chain(body);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    #[tracing::instrument(name = "source.write_file", skip_all)]
+    async fn write_file(
+        &self,
+        request: Request<Streaming<pb::WriteFileRequest>>,
+    ) -> Result<Response<pb::Entry>, Status> {
+        let mut stream = request.into_inner();
+        let header = match stream.message().await? {
+            Some(pb::WriteFileRequest {
+                message: Some(pb::write_file_request::Message::Header(header)),
+            }) => header,
+            _ => return Err(PlinthError::invalid("a write starts with its header").into()),
+        };
+        let path = parse_path(&header.path)?;
+        tracing::Span::current().record("environment", header.environment_id.as_str());
+        let chunks = chunks_after_header(stream, |message: pb::WriteFileRequest| {
+            match message.message {
+                Some(pb::write_file_request::Message::Chunk(chunk)) => Some(chunk),
+                _ => None,
+            }
+        });
+        let max = self.limits.max_file_bytes;
+        let blob = self
+            .blobs
+            .put_stream(chunks, max)
+            .await
+            .map_err(|error| blob_error(error, max))?;
+        let entry = self
+            .index
+            .write_file(
+                &header.environment_id,
+                &path,
+                blob.digest,
+                blob.size,
+                header.executable,
+            )
+            .await
+            .map_err(index_error)?;
+        Ok(Response::new(entry_to_proto(&entry, entry.size)))
+    }
+
+    #[tracing::instrument(name = "source.make_directory", skip_all, fields(environment = %request.get_ref().environment_id))]
+    async fn make_directory(
+        &self,
+        request: Request<pb::MakeDirectoryRequest>,
+    ) -> Result<Response<pb::Entry>, Status> {
+        let request = request.into_inner();
+        let path = parse_path(&request.path)?;
+        let entry = self
+            .index
+            .make_directory(&request.environment_id, &path)
+            .await
+            .map_err(index_error)?;
+        Ok(Response::new(entry_to_proto(&entry, 0)))
+    }
+
+    #[tracing::instrument(name = "source.delete", skip_all, fields(environment = %request.get_ref().environment_id))]
+    async fn delete(
+        &self,
+        request: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::DeleteResponse>, Status> {
+        let request = request.into_inner();
+        let path = parse_path(&request.path)?;
+        let (files, directories) = self
+            .index
+            .delete(&request.environment_id, &path)
+            .await
+            .map_err(index_error)?;
+        Ok(Response::new(pb::DeleteResponse { files, directories }))
+    }
+
+    #[tracing::instrument(name = "source.import", skip_all)]
+    async fn import(
+        &self,
+        request: Request<Streaming<pb::ImportRequest>>,
+    ) -> Result<Response<pb::ImportReport>, Status> {
+        let mut stream = request.into_inner();
+        let header = match stream.message().await? {
+            Some(pb::ImportRequest {
+                message: Some(pb::import_request::Message::Header(header)),
+            }) => header,
+            _ => return Err(PlinthError::invalid("an import starts with its header").into()),
+        };
+        tracing::Span::current().record("environment", header.environment_id.as_str());
+        let imported: Imported = match &header.git {
+            Some(source) => git::import(
+                &self.blobs,
+                &self.spool_dir,
+                self.archive_limits(),
+                &self.git,
+                &source.url,
+                &source.r#ref,
+            )
+            .await
+            .map_err(import_error)?,
+            None => {
+                let chunks =
+                    chunks_after_header(stream, |message: pb::ImportRequest| {
+                        match message.message {
+                            Some(pb::import_request::Message::Chunk(chunk)) => Some(chunk),
+                            _ => None,
+                        }
+                    });
+                import::import_archive(&self.blobs, &self.spool_dir, self.archive_limits(), chunks)
+                    .await
+                    .map_err(import_error)?
+            }
+        };
+        self.index
+            .apply_import(&header.environment_id, header.replace, &imported.entries)
+            .await
+            .map_err(index_error)?;
+        let (files, directories, bytes) = imported.counts();
+        let skipped = imported.skipped.values().sum();
+        tracing::info!(files, directories, bytes, skipped, "import landed");
+        Ok(Response::new(pb::ImportReport {
+            files,
+            directories,
+            bytes,
+            skipped,
+            skipped_by_reason: imported.skipped.into_iter().collect(),
+            stripped_wrapper: imported.stripped_wrapper,
+        }))
+    }
+
+    #[tracing::instrument(name = "source.snapshot", skip_all, fields(environment = %request.get_ref().environment_id))]
+    async fn snapshot(
+        &self,
+        request: Request<pb::SnapshotRequest>,
+    ) -> Result<Response<pb::SnapshotResponse>, Status> {
+        let entries = self
+            .index
+            .list(&request.get_ref().environment_id)
+            .await
+            .map_err(index_error)?;
+        let encoded = tree::encode(&entries).map_err(|error| PlinthError::internal(&error))?;
+        let blob = self
+            .blobs
+            .put_bytes(encoded.into())
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        let files = entries.iter().filter(|entry| entry.kind == Kind::File);
+        Ok(Response::new(pb::SnapshotResponse {
+            tree_digest: blob.digest.to_string(),
+            files: files.clone().count() as u64,
+            bytes: files.map(|entry| entry.size).sum(),
+        }))
+    }
+
+    #[tracing::instrument(name = "source.stats", skip_all)]
+    async fn stats(
+        &self,
+        request: Request<pb::StatsRequest>,
+    ) -> Result<Response<pb::StatsResponse>, Status> {
+        let stats = self
+            .index
+            .stats(&request.get_ref().environment_ids)
+            .await
+            .map_err(index_error)?;
+        Ok(Response::new(pb::StatsResponse {
+            stats: stats
+                .into_iter()
+                .map(|(id, stats)| {
+                    (
+                        id,
+                        pb::FileStats {
+                            count: stats.files,
+                            bytes: stats.bytes,
+                        },
+                    )
+                })
+                .collect(),
+        }))
+    }
+
+    #[tracing::instrument(name = "source.drop_environment", skip_all, fields(environment = %request.get_ref().environment_id))]
+    async fn drop_environment(
+        &self,
+        request: Request<pb::DropEnvironmentRequest>,
+    ) -> Result<Response<pb::DropEnvironmentResponse>, Status> {
+        self.index
+            .drop_environment(&request.get_ref().environment_id)
+            .await
+            .map_err(index_error)?;
+        Ok(Response::new(pb::DropEnvironmentResponse {}))
+    }
+}
