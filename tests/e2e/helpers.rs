@@ -50,6 +50,11 @@ impl Server {
         }
     }
 
+    /// The data directory `serve` uses.
+    pub fn data_dir(&self) -> std::path::PathBuf {
+        self._data_dir.path().to_owned()
+    }
+
     /// The full URL of a path.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
@@ -99,4 +104,33 @@ pub fn assert_error(status: u16, body: &Value, expected_status: u16, code: &str)
         .as_str()
         .expect("message is a string");
     assert!(!message.is_empty(), "{body}");
+}
+
+/// Every regular file beneath `dir`, relative paths sorted, with their sizes.
+pub fn files_under(dir: &std::path::Path) -> Vec<(String, u64)> {
+    fn walk(root: &std::path::Path, dir: &std::path::Path, out: &mut Vec<(String, u64)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if meta.is_dir() {
+                walk(root, &path, out);
+            } else {
+                let relative = path
+                    .strip_prefix(root)
+                    .unwrap_or(&path)
+                    .display()
+                    .to_string();
+                out.push((relative, meta.len()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
 }

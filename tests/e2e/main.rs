@@ -2,6 +2,7 @@
 //! data directory and database.
 
 mod environments;
+mod files;
 mod helpers;
 mod processes;
 mod tracing_propagation;

@@ -292,6 +292,7 @@ struct Meter {
     tar_header_bytes_now: Cell<u64>,
     tar_header_bytes_total: Cell<u64>,
     tar_members: Cell<u64>,
+    tar_ended_in_headers: Cell<bool>,
 }
 
 impl Meter {
@@ -305,6 +306,7 @@ impl Meter {
             tar_header_bytes_now: Cell::new(0),
             tar_header_bytes_total: Cell::new(0),
             tar_members: Cell::new(0),
+            tar_ended_in_headers: Cell::new(false),
         }
     }
 
@@ -725,6 +727,9 @@ impl Read for TarStream<'_> {
             return Err(refused);
         }
         let n = self.inner.read(buf)?;
+        if n == 0 && !buf.is_empty() && self.meter.reading_tar_headers.get() {
+            self.meter.tar_ended_in_headers.set(true);
+        }
         self.meter.count_tar_header_bytes(n)?;
         Ok(n)
     }
@@ -767,6 +772,13 @@ fn read_tar_members(
         let next = entries.next();
         meter.end_tar_headers();
         let entry = match next {
+            // The tar crate also ends quietly when the input ends between two members; only
+            // the zero block tells an end from a truncated upload.
+            None if meter.tar_ended_in_headers.get() => {
+                return Err(ArchiveError::Corrupt(
+                    "the tar archive has no end-of-archive marker (truncated upload?)".to_owned(),
+                ));
+            }
             None => return Ok(()),
             Some(Ok(entry)) => entry,
             Some(Err(error)) => return Err(meter.resolve(&error)),
@@ -831,7 +843,13 @@ fn read_tar_member<R: Read>(
         }
     }
     // Whatever was not handed out is still inflated to reach the next header, and counts.
-    let mut rest = Counted::new(&mut entry, meter, shown(&raw), false, Integrity::Length(size));
+    let mut rest = Counted::new(
+        &mut entry,
+        meter,
+        shown(&raw),
+        false,
+        Integrity::Length(size),
+    );
     drain(&mut rest, meter)
 }
 

@@ -33,7 +33,6 @@ macro_rules! index_suite {
     };
 }
 
-
 index_suite!(
     files_make_their_directories_and_count_in_stats,
     a_file_cannot_become_a_directory_or_the_reverse,
@@ -53,7 +52,10 @@ fn path(text: &str) -> SourcePath {
 }
 
 fn paths(entries: &[IndexEntry]) -> Vec<(&str, Kind)> {
-    entries.iter().map(|entry| (entry.path.as_str(), entry.kind)).collect()
+    entries
+        .iter()
+        .map(|entry| (entry.path.as_str(), entry.kind))
+        .collect()
 }
 
 const ENV: &str = "henv_00000000000000000000000000000001";
@@ -61,18 +63,41 @@ const OTHER: &str = "henv_00000000000000000000000000000002";
 
 async fn files_make_their_directories_and_count_in_stats(index: Index) {
     let digest = Digest::of(b"hello");
-    index.write_file(ENV, &path("a/b/c.txt"), digest, 5, None).await.expect("write");
-    index.write_file(ENV, &path("a/top.sh"), digest, 5, Some(true)).await.expect("write");
+    index
+        .write_file(ENV, &path("a/b/c.txt"), digest, 5, None)
+        .await
+        .expect("write");
+    index
+        .write_file(ENV, &path("a/top.sh"), digest, 5, Some(true))
+        .await
+        .expect("write");
     let listed = index.list(ENV).await.expect("list");
     assert_eq!(
         paths(&listed),
-        [("a", Kind::Directory), ("a/b", Kind::Directory), ("a/b/c.txt", Kind::File), ("a/top.sh", Kind::File)]
+        [
+            ("a", Kind::Directory),
+            ("a/b", Kind::Directory),
+            ("a/b/c.txt", Kind::File),
+            ("a/top.sh", Kind::File)
+        ]
     );
-    let stats = index.stats(&[ENV.to_owned(), OTHER.to_owned()]).await.expect("stats");
-    assert_eq!(stats.get(ENV), Some(&Stats { files: 2, bytes: 10 }));
+    let stats = index
+        .stats(&[ENV.to_owned(), OTHER.to_owned()])
+        .await
+        .expect("stats");
+    assert_eq!(
+        stats.get(ENV),
+        Some(&Stats {
+            files: 2,
+            bytes: 10
+        })
+    );
     assert_eq!(stats.get(OTHER), None);
     // Rewriting without saying keeps the executable bit.
-    let rewritten = index.write_file(ENV, &path("a/top.sh"), Digest::of(b"x"), 1, None).await.expect("rewrite");
+    let rewritten = index
+        .write_file(ENV, &path("a/top.sh"), Digest::of(b"x"), 1, None)
+        .await
+        .expect("rewrite");
     assert!(rewritten.executable);
     let stats = index.stats(&[ENV.to_owned()]).await.expect("stats");
     assert_eq!(stats.get(ENV), Some(&Stats { files: 2, bytes: 6 }));
@@ -80,41 +105,75 @@ async fn files_make_their_directories_and_count_in_stats(index: Index) {
 
 async fn a_file_cannot_become_a_directory_or_the_reverse(index: Index) {
     let digest = Digest::of(b"x");
-    index.write_file(ENV, &path("f"), digest, 1, None).await.expect("write");
+    index
+        .write_file(ENV, &path("f"), digest, 1, None)
+        .await
+        .expect("write");
     index.make_directory(ENV, &path("d")).await.expect("mkdir");
     for result in [
-        index.write_file(ENV, &path("f/inner"), digest, 1, None).await,
+        index
+            .write_file(ENV, &path("f/inner"), digest, 1, None)
+            .await,
         index.write_file(ENV, &path("d"), digest, 1, None).await,
     ] {
-        assert!(matches!(result, Err(IndexError::Conflict { .. })), "{result:?}");
+        assert!(
+            matches!(result, Err(IndexError::Conflict { .. })),
+            "{result:?}"
+        );
     }
     let result = index.make_directory(ENV, &path("f")).await;
-    assert!(matches!(result, Err(IndexError::Conflict { .. })), "{result:?}");
+    assert!(
+        matches!(result, Err(IndexError::Conflict { .. })),
+        "{result:?}"
+    );
     let result = index.make_directory(ENV, &path("f/sub")).await;
-    assert!(matches!(result, Err(IndexError::Conflict { .. })), "{result:?}");
-    index.make_directory(ENV, &path("d")).await.expect("an existing directory is fine");
-    assert_eq!(paths(&index.list(ENV).await.expect("list")), [("d", Kind::Directory), ("f", Kind::File)]);
+    assert!(
+        matches!(result, Err(IndexError::Conflict { .. })),
+        "{result:?}"
+    );
+    index
+        .make_directory(ENV, &path("d"))
+        .await
+        .expect("an existing directory is fine");
+    assert_eq!(
+        paths(&index.list(ENV).await.expect("list")),
+        [("d", Kind::Directory), ("f", Kind::File)]
+    );
 }
 
 async fn deleting_a_directory_removes_its_subtree_only(index: Index) {
     let digest = Digest::of(b"x");
     for file in ["dir/a", "dir/sub/b", "dir0", "dir-x/c", "dirt"] {
-        index.write_file(ENV, &path(file), digest, 1, None).await.expect("write");
+        index
+            .write_file(ENV, &path(file), digest, 1, None)
+            .await
+            .expect("write");
     }
     let removed = index.delete(ENV, &path("dir")).await.expect("delete");
     assert_eq!(removed, (2, 2));
     assert_eq!(
         paths(&index.list(ENV).await.expect("list")),
-        [("dir-x", Kind::Directory), ("dir-x/c", Kind::File), ("dir0", Kind::File), ("dirt", Kind::File)]
+        [
+            ("dir-x", Kind::Directory),
+            ("dir-x/c", Kind::File),
+            ("dir0", Kind::File),
+            ("dirt", Kind::File)
+        ]
     );
-    assert!(matches!(index.delete(ENV, &path("dir")).await, Err(IndexError::NotFound(_))));
+    assert!(matches!(
+        index.delete(ENV, &path("dir")).await,
+        Err(IndexError::NotFound(_))
+    ));
     let stats = index.stats(&[ENV.to_owned()]).await.expect("stats");
     assert_eq!(stats.get(ENV), Some(&Stats { files: 3, bytes: 3 }));
 }
 
 async fn imports_land_whole_or_not_at_all(index: Index) {
     let digest = Digest::of(b"x");
-    index.write_file(ENV, &path("keep.txt"), digest, 1, None).await.expect("write");
+    index
+        .write_file(ENV, &path("keep.txt"), digest, 1, None)
+        .await
+        .expect("write");
     let file = |p: &str| IndexEntry {
         path: path(p),
         kind: Kind::File,
@@ -125,19 +184,38 @@ async fn imports_land_whole_or_not_at_all(index: Index) {
     // A conflict anywhere refuses everything.
     let bad = [file("new/one"), file("keep.txt/inside")];
     let result = index.apply_import(ENV, false, &bad).await;
-    assert!(matches!(result, Err(IndexError::Conflict { .. })), "{result:?}");
-    assert_eq!(paths(&index.list(ENV).await.expect("list")), [("keep.txt", Kind::File)]);
-    // Over what is there.
-    index.apply_import(ENV, false, &[file("new/one")]).await.expect("import");
+    assert!(
+        matches!(result, Err(IndexError::Conflict { .. })),
+        "{result:?}"
+    );
     assert_eq!(
         paths(&index.list(ENV).await.expect("list")),
-        [("keep.txt", Kind::File), ("new", Kind::Directory), ("new/one", Kind::File)]
+        [("keep.txt", Kind::File)]
+    );
+    // Over what is there.
+    index
+        .apply_import(ENV, false, &[file("new/one")])
+        .await
+        .expect("import");
+    assert_eq!(
+        paths(&index.list(ENV).await.expect("list")),
+        [
+            ("keep.txt", Kind::File),
+            ("new", Kind::Directory),
+            ("new/one", Kind::File)
+        ]
     );
     // Replacing clears first, so the same import that conflicted now lands.
-    index.apply_import(ENV, true, &[file("keep.txt/inside")]).await.expect("replace");
+    index
+        .apply_import(ENV, true, &[file("keep.txt/inside")])
+        .await
+        .expect("replace");
     assert_eq!(
         paths(&index.list(ENV).await.expect("list")),
-        [("keep.txt", Kind::Directory), ("keep.txt/inside", Kind::File)]
+        [
+            ("keep.txt", Kind::Directory),
+            ("keep.txt/inside", Kind::File)
+        ]
     );
     let stats = index.stats(&[ENV.to_owned()]).await.expect("stats");
     assert_eq!(stats.get(ENV), Some(&Stats { files: 1, bytes: 1 }));
@@ -145,10 +223,25 @@ async fn imports_land_whole_or_not_at_all(index: Index) {
 
 async fn sources_are_separate_per_environment(index: Index) {
     let digest = Digest::of(b"x");
-    index.write_file(ENV, &path("mine"), digest, 1, None).await.expect("write");
+    index
+        .write_file(ENV, &path("mine"), digest, 1, None)
+        .await
+        .expect("write");
     assert!(index.list(OTHER).await.expect("list").is_empty());
-    assert!(index.get(OTHER, &path("mine")).await.expect("get").is_none());
+    assert!(
+        index
+            .get(OTHER, &path("mine"))
+            .await
+            .expect("get")
+            .is_none()
+    );
     index.drop_environment(ENV).await.expect("drop");
     assert!(index.list(ENV).await.expect("list").is_empty());
-    assert!(index.stats(&[ENV.to_owned()]).await.expect("stats").is_empty());
+    assert!(
+        index
+            .stats(&[ENV.to_owned()])
+            .await
+            .expect("stats")
+            .is_empty()
+    );
 }
