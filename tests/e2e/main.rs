@@ -4,5 +4,6 @@
 mod environments;
 mod files;
 mod helpers;
+mod imports;
 mod processes;
 mod tracing_propagation;

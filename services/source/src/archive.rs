@@ -91,7 +91,8 @@ pub enum Entry<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
     #[error(
-        "the upload is not a zip or tar archive (tar may be compressed with gzip, zstd, bzip2 or xz)"
+        "the upload is not a zip or tar archive \
+         (tar may be compressed with gzip, zstd, bzip2 or xz)"
     )]
     Unrecognized,
     #[error("the archive lists {0:?} more than once")]
@@ -327,6 +328,16 @@ impl Meter {
             .then(|| io::Error::other("the archive was refused"))
     }
 
+    /// A layer below failed. Unless something more precise was recorded first (a file read
+    /// error, a cap), the archive is damaged, and that must win over whatever the callback
+    /// makes of the error.
+    fn damaged(&self, error: io::Error) -> io::Error {
+        if self.refused.get() || error.kind() == io::ErrorKind::Interrupted {
+            return error;
+        }
+        self.fail(corrupt_from_io(&error))
+    }
+
     fn take_failure(&self) -> Option<ArchiveError> {
         self.failure.take()
     }
@@ -362,7 +373,8 @@ impl Meter {
         );
         if now > TAR_HEADER_BYTES_PER_MEMBER_MAX || total > allowed_total {
             return Err(self.fail(ArchiveError::Corrupt(
-                "the tar headers (long names, pax records) are far larger than any real archive needs"
+                "the tar headers (long names, pax records) are far larger \
+                 than any real archive needs"
                     .to_owned(),
             )));
         }
@@ -545,14 +557,18 @@ impl<R: Read> Read for Counted<'_, R> {
         if room == 0 {
             // Probe for one byte past the cap without handing it to the caller.
             let mut probe = [0u8; 1];
-            return match self.inner.read(&mut probe)? {
+            let probed = self.inner.read(&mut probe);
+            return match probed.map_err(|error| self.meter.damaged(error))? {
                 0 => self.finish(),
                 _ => Err(self.overflow()),
             };
         }
         let want = usize::try_from(room).map_or(buf.len(), |room| room.min(buf.len()));
         let window = buf.get_mut(..want).unwrap_or_default();
-        let n = self.inner.read(window)?;
+        let n = self
+            .inner
+            .read(window)
+            .map_err(|error| self.meter.damaged(error))?;
         if n == 0 {
             return self.finish();
         }
@@ -818,7 +834,8 @@ fn read_tar_member<R: Read>(
     };
     if size != 0 && must_be_empty {
         return Err(ArchiveError::Ambiguous(format!(
-            "{:?} is not a regular file but carries {size} bytes of data, which tar readers skip or read differently",
+            "{:?} is not a regular file but carries {size} bytes of data, \
+             which tar readers skip or read differently",
             shown(&raw)
         )));
     }
@@ -1165,7 +1182,9 @@ fn read_zip(file: &File, meter: &Meter, sink: &mut Sink<'_>) -> Result<(), Archi
     }
     if end.central_offset.checked_add(end.central_size) != Some(end.central_end) {
         return Err(ArchiveError::Ambiguous(
-            "the central directory is not where the end record says: data was added before or inside the zip".to_owned(),
+            "the central directory is not where the end record says: \
+             data was added before or inside the zip"
+                .to_owned(),
         ));
     }
     if end.entries.saturating_mul(ZIP_CENTRAL_LEN as u64) > end.central_size {

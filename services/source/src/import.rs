@@ -42,21 +42,24 @@ pub struct Imported {
 }
 
 impl Imported {
-    /// Files, directories and bytes of the files.
+    /// Files, directories (named or implied by a path beneath them) and bytes of the files.
     pub fn counts(&self) -> (u64, u64, u64) {
         let mut files = 0;
-        let mut directories = 0;
         let mut bytes = 0;
+        let mut directories = std::collections::HashSet::new();
         for entry in &self.entries {
+            directories.extend(entry.path.ancestors());
             match entry.kind {
                 Kind::File => {
                     files += 1;
                     bytes += entry.size;
                 }
-                Kind::Directory => directories += 1,
+                Kind::Directory => {
+                    directories.insert(entry.path.clone());
+                }
             }
         }
-        (files, directories, bytes)
+        (files, directories.len() as u64, bytes)
     }
 
     /// Strips one directory that wraps everything (the shape of a repository archive), so

@@ -155,7 +155,8 @@ mod tests {
 
     #[test]
     fn bad_paths_are_refused_with_the_path_named() {
-        let cases: [(&str, fn(&PathError) -> bool); 14] = [
+        type Expect = fn(&PathError) -> bool;
+        let cases: [(&str, Expect); 14] = [
             ("", |e| matches!(e, PathError::Empty(_))),
             ("a//b", |e| matches!(e, PathError::Empty(_))),
             ("a/", |e| matches!(e, PathError::Empty(_))),
@@ -180,7 +181,7 @@ mod tests {
             Err(PathError::TooLong { .. })
         ));
         assert!(matches!(
-            SourcePath::parse(&"a/".repeat(65).trim_end_matches('/').to_owned()),
+            SourcePath::parse("a/".repeat(65).trim_end_matches('/')),
             Err(PathError::TooLong { .. })
         ));
         assert!(matches!(

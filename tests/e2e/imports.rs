@@ -1,0 +1,389 @@
+//! `POST /v1/environments/{id}/import` through real HTTP against `plinth serve`: archives of
+//! every kind, the wrapping directory, `replace`, what is skipped and why, refusals that
+//! change nothing, and git repositories read through their objects.
+
+use std::io::Write;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::helpers::{Server, assert_error, files_under, send};
+
+async fn environment(server: &Server) -> String {
+    let (status, body) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .json(&json!({"name": "Imported"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    body["id"].as_str().expect("id").to_owned()
+}
+
+async fn import(server: &Server, id: &str, query: &str, archive: Vec<u8>) -> (u16, Value) {
+    send(
+        server
+            .client
+            .post(server.url(&format!("/v1/environments/{id}/import{query}")))
+            .header("content-type", "application/zip")
+            .body(archive),
+    )
+    .await
+}
+
+async fn tree(server: &Server, id: &str) -> Vec<String> {
+    let (_, body) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}/files"))),
+    )
+    .await;
+    body["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|entry| {
+            let kind = if entry["type"] == "directory" {
+                "/"
+            } else {
+                ""
+            };
+            format!("{}{kind}", entry["path"].as_str().expect("path"))
+        })
+        .collect()
+}
+
+async fn read(server: &Server, id: &str, path: &str) -> Vec<u8> {
+    let response = server
+        .client
+        .get(server.url(&format!("/v1/environments/{id}/files/{path}")))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200, "{path}");
+    response.bytes().await.expect("body").to_vec()
+}
+
+/// A project wrapped in one directory, the shape of a repository archive.
+fn project_tar_gz() -> Vec<u8> {
+    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+        Vec::new(),
+        flate2::Compression::fast(),
+    ));
+    let mut add = |path: &str, mode: u32, data: &[u8]| {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(mode);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder
+            .append_data(&mut header, path, data)
+            .expect("append");
+    };
+    add("studio-main/README.md", 0o644, b"# Studio\n");
+    add("studio-main/run.py", 0o4755, b"print('run')\n");
+    add("studio-main/assets/logo.bin", 0o666, &[0, 1, 2, 255]);
+    let mut link = tar::Header::new_gnu();
+    link.set_entry_type(tar::EntryType::Symlink);
+    link.set_size(0);
+    builder
+        .append_link(&mut link, "studio-main/etc", "/etc")
+        .expect("symlink");
+    builder.into_inner().expect("tar").finish().expect("gz")
+}
+
+fn zip_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    for (name, data) in entries {
+        writer
+            .start_file(*name, zip::write::SimpleFileOptions::default())
+            .expect("start");
+        writer.write_all(data).expect("write");
+    }
+    writer.finish().expect("finish").into_inner()
+}
+
+#[tokio::test]
+async fn a_wrapped_tar_gz_lands_stripped_with_links_skipped_and_modes_cleaned() {
+    let server = Server::start().await;
+    let id = environment(&server).await;
+    let outside = tempfile::tempdir().expect("sentinel");
+    let (status, report) = import(&server, &id, "", project_tar_gz()).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(
+        report,
+        json!({
+            "files": 3, "directories": 1, "bytes": 9 + 13 + 4, "skipped": 1,
+            "skipped_by_reason": {"symlink": 1}, "stripped_wrapper": true
+        })
+    );
+    assert_eq!(
+        tree(&server, &id).await,
+        ["README.md", "assets/", "assets/logo.bin", "run.py"]
+    );
+    assert_eq!(read(&server, &id, "assets/logo.bin").await, [0, 1, 2, 255]);
+    let (_, listing) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}/files"))),
+    )
+    .await;
+    let run = listing["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .find(|e| e["path"] == "run.py")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        run["executable"], true,
+        "the executable bit is kept (setuid is not)"
+    );
+    let logo = listing["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .find(|e| e["path"] == "assets/logo.bin")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(logo["executable"], false);
+    assert!(files_under(outside.path()).is_empty());
+    let (_, environment) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}"))),
+    )
+    .await;
+    assert_eq!(environment["files"], json!({"count": 3, "bytes": 26}));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn imports_land_over_the_source_unless_replace_clears_it() {
+    let server = Server::start().await;
+    let id = environment(&server).await;
+    let (status, _) = send(
+        server
+            .client
+            .put(server.url(&format!("/v1/environments/{id}/files/notes.txt")))
+            .body("mine"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, report) = import(
+        &server,
+        &id,
+        "",
+        zip_of(&[("a.txt", b"A"), ("dir/b.txt", b"B")]),
+    )
+    .await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["stripped_wrapper"], false);
+    assert_eq!(
+        tree(&server, &id).await,
+        ["a.txt", "dir/", "dir/b.txt", "notes.txt"]
+    );
+    let (status, report) =
+        import(&server, &id, "?replace=true", zip_of(&[("only.txt", b"1")])).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(tree(&server, &id).await, ["only.txt"]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn refused_archives_change_nothing() {
+    let server = Server::start().await;
+    let id = environment(&server).await;
+    import(&server, &id, "", zip_of(&[("keep.txt", b"keep")])).await;
+    let duplicate = {
+        let mut builder = tar::Builder::new(Vec::new());
+        for data in [&b"1"[..], b"2"] {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(1);
+            header.set_mode(0o644);
+            builder.append_data(&mut header, "x.txt", data).expect("append");
+        }
+        builder.into_inner().expect("tar")
+    };
+    let not_an_archive = b"just some text, not an archive".to_vec();
+    let conflicting = zip_of(&[("keep.txt/inside", b"1"), ("other.txt", b"2")]);
+    for (archive, fragment) in [
+        (duplicate, "more than once"),
+        (not_an_archive, "not a zip or tar"),
+        (conflicting, "keep.txt"),
+    ] {
+        let (status, body) = import(&server, &id, "", archive).await;
+        assert_error(status, &body, 400, "environment_invalid");
+        let message = body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .to_lowercase();
+        assert!(
+            message.contains(fragment),
+            "{message:?} should mention {fragment:?}"
+        );
+        assert_eq!(tree(&server, &id).await, ["keep.txt"], "nothing changed");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_member_past_the_file_limit_refuses_the_import() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = dir.path().join("plinth.toml");
+    std::fs::write(&config, "[source]\nmax_file_bytes = 1000\n").expect("config");
+    let server = Server::start_with(&["--config", config.to_str().expect("utf-8")]).await;
+    let id = environment(&server).await;
+    // 1 MiB of zeros compresses to almost nothing: the limit counts what inflates.
+    let (status, body) = import(
+        &server,
+        &id,
+        "",
+        zip_of(&[("small.txt", b"ok"), ("zeros.bin", &vec![0u8; 1 << 20])]),
+    )
+    .await;
+    assert_error(status, &body, 413, "file_too_large");
+    assert_eq!(body["error"]["detail"]["max_bytes"], 1000);
+    assert!(tree(&server, &id).await.is_empty());
+    server.stop().await;
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let output = std::process::Command::new("git")
+        .current_dir(dir)
+        .args([
+            "-c",
+            "user.name=Test",
+            "-c",
+            "user.email=test@example.com",
+            "-c",
+            "init.defaultBranch=main",
+        ])
+        .args(args)
+        .output()
+        .expect("git runs");
+    assert!(
+        output.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// A repository with a file, an executable, a symlink and a submodule entry.
+fn repository() -> tempfile::TempDir {
+    let repo = tempfile::tempdir().expect("repo");
+    let dir = repo.path();
+    git(dir, &["init", "--quiet"]);
+    std::fs::create_dir_all(dir.join("src")).expect("mkdir");
+    std::fs::write(dir.join("src/app.py"), "print('app')\n").expect("write");
+    std::fs::write(dir.join("setup.sh"), "#!/bin/sh\n").expect("write");
+    let mut permissions = std::fs::metadata(dir.join("setup.sh"))
+        .expect("meta")
+        .permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    std::fs::set_permissions(dir.join("setup.sh"), permissions).expect("chmod");
+    std::os::unix::fs::symlink("/etc/passwd", dir.join("passwd")).expect("symlink");
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "--quiet", "-m", "first"]);
+    let commit = git(dir, &["rev-parse", "HEAD"]);
+    git(
+        dir,
+        &[
+            "update-index",
+            "--add",
+            "--cacheinfo",
+            &format!("160000,{commit},vendor/lib"),
+        ],
+    );
+    git(dir, &["commit", "--quiet", "-m", "submodule"]);
+    git(dir, &["tag", "v1"]);
+    repo
+}
+
+#[tokio::test]
+async fn a_git_repository_imports_through_its_objects_dropping_links_and_submodules() {
+    let repo = repository();
+    let server = Server::start_with(&[
+        "--git-allowed-schemes",
+        "file",
+        "--git-allow-private-addresses",
+        "true",
+    ])
+    .await;
+    let id = environment(&server).await;
+    let url = format!("file://{}", repo.path().display());
+    for reference in ["main", "v1", ""] {
+        let mut body = json!({"git": {"url": url}, "replace": true});
+        if !reference.is_empty() {
+            body["git"]["ref"] = json!(reference);
+        }
+        let (status, report) = send(
+            server
+                .client
+                .post(server.url(&format!("/v1/environments/{id}/import")))
+                .json(&body),
+        )
+        .await;
+        assert_eq!(status, 200, "{reference}: {report}");
+        assert_eq!(report["files"], 2, "{report}");
+        assert_eq!(report["skipped"], 2, "{report}");
+        assert_eq!(
+            report["skipped_by_reason"],
+            json!({"submodule": 1, "symlink": 1})
+        );
+        // The submodule's directory stays, empty, as a checkout without submodules has it.
+        assert_eq!(tree(&server, &id).await, ["setup.sh", "src/", "src/app.py", "vendor/"]);
+    }
+    assert_eq!(read(&server, &id, "src/app.py").await, b"print('app')\n");
+    let (_, listing) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}/files"))),
+    )
+    .await;
+    assert_eq!(
+        listing["data"][0]["executable"], true,
+        "setup.sh keeps its executable bit"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn git_urls_outside_the_policy_are_refused() {
+    let repo = repository();
+    let server = Server::start().await;
+    let id = environment(&server).await;
+    for url in [
+        format!("file://{}", repo.path().display()),
+        "http://127.0.0.1:1/repo.git".to_owned(),
+        "https://127.0.0.1:1/repo.git".to_owned(),
+        "ext::sh -c touch% /tmp/pwned".to_owned(),
+        "ssh://git@127.0.0.1/repo.git".to_owned(),
+    ] {
+        let (status, body) = send(
+            server
+                .client
+                .post(server.url(&format!("/v1/environments/{id}/import")))
+                .json(&json!({"git": {"url": url, "ref": "main"}})),
+        )
+        .await;
+        assert_error(status, &body, 400, "environment_invalid");
+    }
+    assert!(tree(&server, &id).await.is_empty());
+    let (status, body) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/environments/{id}/import")))
+            .json(&json!({"git": {"url": "https://example.com/x.git"}, "extra": 1})),
+    )
+    .await;
+    assert_error(status, &body, 400, "environment_invalid");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("extra")
+    );
+    server.stop().await;
+}
