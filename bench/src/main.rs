@@ -1,274 +1,52 @@
-//! `plinth-bench`: environment create + get round trips through the REST gateway, side by
-//! side with the same calls made directly to the catalog over gRPC (the baseline), in one
-//! run against one `plinth serve` (SQLite, local files) in this process. It reports each
-//! path's requests/s and latency, and the ratio of a gateway round trip to a direct one: the
-//! price of the gateway (HTTP, JSON, auth, the extra gRPC hop).
-//!
-//! Phases alternate (gateway, direct, gateway, …) so drift on a shared machine hits both.
+//! `plinth-bench`: Plinth's benchmarks, each beside a named baseline measured in the same run.
+//! See bench/README.md for what each measures and the figures measured here.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+mod environments;
+mod import;
 
-use anyhow::Context as _;
-use clap::Parser;
-use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
-use plinth_proto::catalog::v1::{CreateEnvironmentRequest, GetEnvironmentRequest};
-use tokio::sync::Semaphore;
-use tonic::transport::Channel;
+use clap::{Parser, Subcommand};
 
-/// Environment create+get round trips: gateway vs direct gRPC catalog calls.
 #[derive(Debug, Parser)]
-struct Args {
-    /// create+get pairs per phase.
-    #[arg(long, default_value_t = 1000)]
-    pairs: usize,
-    /// Pairs in flight at once.
-    #[arg(long, default_value_t = 8)]
-    concurrency: usize,
-    /// Phases of each path, alternating.
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
+#[command(name = "plinth-bench", about = "Plinth's benchmarks, each beside a named baseline")]
+struct Cli {
+    #[command(subcommand)]
+    bench: Bench,
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Path {
-    Gateway,
-    Direct,
-}
-
-impl Path {
-    fn label(self) -> &'static str {
-        match self {
-            Path::Gateway => "gateway (REST → gRPC catalog)",
-            Path::Direct => "direct gRPC catalog (baseline)",
-        }
-    }
-}
-
-struct Phase {
-    elapsed: Duration,
-    pair_latencies: Vec<Duration>,
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// Environment create+get round trips: gateway vs direct gRPC catalog calls.
+    Environments(environments::Args),
+    /// Importing a project-shaped tar.gz vs `tar -xzf`, the service's peak memory, and
+    /// small-file PUT/GET through the gateway.
+    Import(import::Args),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    let data_dir = tempfile::tempdir()?;
-    let dir = data_dir.path().to_str().context("temp dir is not UTF-8")?;
-    let cli = plinth::args::Cli::try_parse_from([
-        "plinth",
-        "serve",
-        "--data-dir",
-        dir,
-        "--listen",
-        "127.0.0.1:0",
-    ])?;
-    let plinth::args::Command::Serve(serve_args) = &cli.command else {
-        anyhow::bail!("parsed serve");
-    };
-    let config = plinth::config::Config::for_serve(serve_args)?;
-    let listener = tokio::net::TcpListener::bind(config.gateway.listen).await?;
-    let running = plinth::serve::start_all(&config, listener).await?;
-    let base = format!("http://{}", running.http_addr);
     plinth_blobs::install_tls_provider();
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(64)
-        .build()?;
-    let channel =
-        tonic::transport::Endpoint::from_shared(format!("http://{}", running.catalog_addr))?
-            .connect()
-            .await?;
-
-    // Warm both paths (connections, SQLite pages, allocator).
-    run_phase(
-        Path::Gateway,
-        &http,
-        &base,
-        &channel,
-        50,
-        args.concurrency,
-        "warm",
-    )
-    .await?;
-    run_phase(
-        Path::Direct,
-        &http,
-        &base,
-        &channel,
-        50,
-        args.concurrency,
-        "warm",
-    )
-    .await?;
-
-    let mut gateway = Vec::new();
-    let mut direct = Vec::new();
-    for round in 0..args.rounds {
-        let tag = format!("r{round}");
-        gateway.push(
-            run_phase(
-                Path::Gateway,
-                &http,
-                &base,
-                &channel,
-                args.pairs,
-                args.concurrency,
-                &tag,
-            )
-            .await?,
-        );
-        direct.push(
-            run_phase(
-                Path::Direct,
-                &http,
-                &base,
-                &channel,
-                args.pairs,
-                args.concurrency,
-                &tag,
-            )
-            .await?,
-        );
-    }
-
-    println!("plinth-bench: environment create+get round trips");
-    println!("machine: {} cores, {}", cores(), cpu_model());
-    println!(
-        "setup: plinth serve in-process (SQLite + local files), client in the same process; {} pairs x {} rounds per path, {} in flight",
-        args.pairs, args.rounds, args.concurrency
-    );
-    let gateway_summary = summarize(Path::Gateway, &gateway);
-    let direct_summary = summarize(Path::Direct, &direct);
-    println!(
-        "ratio: a gateway round trip costs {:.2}x a direct gRPC catalog call (median pair latency); direct throughput is {:.2}x the gateway's",
-        gateway_summary.p50_ms / direct_summary.p50_ms,
-        direct_summary.requests_per_second / gateway_summary.requests_per_second,
-    );
-    running.stop().await?;
-    Ok(())
-}
-
-struct Summary {
-    requests_per_second: f64,
-    p50_ms: f64,
-}
-
-fn summarize(path: Path, phases: &[Phase]) -> Summary {
-    let mut rates: Vec<f64> = phases
-        .iter()
-        .map(|phase| (2 * phase.pair_latencies.len()) as f64 / phase.elapsed.as_secs_f64())
-        .collect();
-    rates.sort_by(f64::total_cmp);
-    let rate = rates[rates.len() / 2];
-    let mut latencies: Vec<Duration> = phases
-        .iter()
-        .flat_map(|phase| phase.pair_latencies.iter().copied())
-        .collect();
-    latencies.sort();
-    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize].as_secs_f64() * 1000.0;
-    let (p50, p99) = (at(0.5), at(0.99));
-    println!(
-        "{:<32} {:>9.0} requests/s (median of {} phases)   pair latency p50 {:>6.2} ms  p99 {:>6.2} ms",
-        path.label(),
-        rate,
-        phases.len(),
-        p50,
-        p99
-    );
-    Summary {
-        requests_per_second: rate,
-        p50_ms: p50,
+    match Cli::parse().bench {
+        Bench::Environments(args) => environments::run(args).await,
+        Bench::Import(args) => import::run(args).await,
     }
 }
 
-async fn run_phase(
-    path: Path,
-    http: &reqwest::Client,
-    base: &str,
-    channel: &Channel,
-    pairs: usize,
-    concurrency: usize,
-    tag: &str,
-) -> anyhow::Result<Phase> {
-    let permits = Arc::new(Semaphore::new(concurrency));
-    let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..pairs {
-        let permit = permits.clone().acquire_owned().await?;
-        let name = format!(
-            "bench {tag} {} {i}",
-            match path {
-                Path::Gateway => "g",
-                Path::Direct => "d",
-            }
-        );
-        let http = http.clone();
-        let base = base.to_owned();
-        let mut catalog = CatalogServiceClient::new(channel.clone());
-        tasks.spawn(async move {
-            let _permit = permit;
-            let begun = Instant::now();
-            match path {
-                Path::Gateway => {
-                    let created: serde_json::Value = http
-                        .post(format!("{base}/v1/environments"))
-                        .json(&serde_json::json!({"name": name}))
-                        .send()
-                        .await?
-                        .error_for_status()?
-                        .json()
-                        .await?;
-                    let id = created["id"].as_str().context("no id")?;
-                    http.get(format!("{base}/v1/environments/{id}"))
-                        .send()
-                        .await?
-                        .error_for_status()?
-                        .bytes()
-                        .await?;
-                }
-                Path::Direct => {
-                    let created = catalog
-                        .create_environment(CreateEnvironmentRequest {
-                            scope: "default".into(),
-                            name,
-                            description: String::new(),
-                            entry: String::new(),
-                        })
-                        .await?
-                        .into_inner();
-                    catalog
-                        .get_environment(GetEnvironmentRequest {
-                            scope: "default".into(),
-                            id: created.id,
-                        })
-                        .await?;
-                }
-            }
-            anyhow::Ok(begun.elapsed())
-        });
-    }
-    let mut pair_latencies = Vec::with_capacity(pairs);
-    while let Some(joined) = tasks.join_next().await {
-        pair_latencies.push(joined??);
-    }
-    Ok(Phase {
-        elapsed: started.elapsed(),
-        pair_latencies,
-    })
-}
-
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find(|line| line.starts_with("model name"))
-                .and_then(|line| line.split_once(':'))
-                .map(|(_, model)| model.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".to_owned())
+/// The machine, for the report: cores, CPU model, memory.
+pub fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find(|line| line.starts_with("model name"))
+        .and_then(|line| line.split_once(':'))
+        .map_or("unknown CPU", |(_, model)| model.trim())
+        .to_owned();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let memory_gib = meminfo
+        .lines()
+        .find(|line| line.starts_with("MemTotal:"))
+        .and_then(|line| line.split_whitespace().nth(1))
+        .and_then(|kib| kib.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
+    format!("{cores} cores, {model}, {memory_gib:.0} GiB")
 }

@@ -130,28 +130,32 @@ pub fn read_archive(
 ) -> Result<(), ArchiveError> {
     let meter = Meter::new(*limits);
     let mut head = [0u8; TAR_BLOCK];
-    let head_len = read_up_to(&mut rewound(&file)?, &mut head).map_err(ArchiveError::Io)?;
+    let head_len =
+        read_up_to(&mut FileCursor::at(&file, 0), &mut head).map_err(ArchiveError::Io)?;
     let format =
         sniff(head.get(..head_len).unwrap_or_default()).ok_or(ArchiveError::Unrecognized)?;
-    let source = || guarded_from_start(&file, &meter);
+    let source = || FileGuard {
+        inner: FileCursor::at(&file, 0),
+        meter: &meter,
+    };
     match format {
         Format::Zip => read_zip(&file, &meter, sink),
-        Format::Tar => read_tar(Box::new(BufReader::new(source()?)), &meter, sink),
+        Format::Tar => read_tar(Box::new(BufReader::new(source())), &meter, sink),
         Format::Gzip => {
-            let decoder = flate2::read::MultiGzDecoder::new(source()?);
+            let decoder = flate2::read::MultiGzDecoder::new(source());
             read_tar(Box::new(PanicFence::new(decoder, &meter)), &meter, sink)
         }
         Format::Zstd => {
-            let decoder = ZstdFrames::new(BufReader::new(source()?));
+            let decoder = ZstdFrames::new(BufReader::new(source()));
             read_tar(Box::new(PanicFence::new(decoder, &meter)), &meter, sink)
         }
         Format::Bzip2 => {
-            let decoder = bzip2::read::MultiBzDecoder::new(source()?);
+            let decoder = bzip2::read::MultiBzDecoder::new(source());
             read_tar(Box::new(PanicFence::new(decoder, &meter)), &meter, sink)
         }
         Format::Xz => {
             let decoder =
-                lzma_rust2::XzReader::new_mem_limit(BufReader::new(source()?), true, XZ_MEMORY_KIB);
+                lzma_rust2::XzReader::new_mem_limit(BufReader::new(source()), true, XZ_MEMORY_KIB);
             read_tar(Box::new(PanicFence::new(decoder, &meter)), &meter, sink)
         }
     }
@@ -234,20 +238,46 @@ fn parse_octal(field: &[u8]) -> Option<u64> {
     u64::from_str_radix(std::str::from_utf8(digits).ok()?.trim(), 8).ok()
 }
 
-fn guarded_from_start<'a>(
-    file: &'a File,
-    meter: &'a Meter,
-) -> Result<FileGuard<'a, &'a File>, ArchiveError> {
-    Ok(FileGuard {
-        inner: rewound(file)?,
-        meter,
-    })
+/// A reader over the uploaded file with a position of its own. The zip crate's reader and
+/// ours share one descriptor, hence one OS file offset; seeking to our own position before
+/// every read keeps each from moving the other's (a `BufReader` whose file moved under it
+/// even panics when asked for its position).
+struct FileCursor<'f> {
+    file: &'f File,
+    position: u64,
 }
 
-fn rewound(file: &File) -> Result<&File, ArchiveError> {
-    let mut handle = file;
-    handle.seek(SeekFrom::Start(0)).map_err(ArchiveError::Io)?;
-    Ok(handle)
+impl<'f> FileCursor<'f> {
+    fn at(file: &'f File, position: u64) -> Self {
+        FileCursor { file, position }
+    }
+}
+
+impl Read for FileCursor<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut file = self.file;
+        file.seek(SeekFrom::Start(self.position))?;
+        let n = file.read(buf)?;
+        self.position = self.position.saturating_add(n as u64);
+        Ok(n)
+    }
+}
+
+impl Seek for FileCursor<'_> {
+    fn seek(&mut self, target: SeekFrom) -> io::Result<u64> {
+        let position = match target {
+            SeekFrom::Start(offset) => Some(offset),
+            SeekFrom::End(delta) => self.file.metadata()?.len().checked_add_signed(delta),
+            SeekFrom::Current(delta) => self.position.checked_add_signed(delta),
+        };
+        self.position = position.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "seek before the start of the file",
+            )
+        })?;
+        Ok(self.position)
+    }
 }
 
 /// Reads until `buf` is full or the input ends.
@@ -1136,9 +1166,7 @@ fn zip_error(error: ZipError) -> ArchiveError {
 }
 
 fn read_exact_at(file: &File, offset: u64, buf: &mut [u8]) -> Result<(), ArchiveError> {
-    let mut handle = file;
-    handle.seek(SeekFrom::Start(offset)).map_err(zip_io)?;
-    handle.read_exact(buf).map_err(zip_io)
+    FileCursor::at(file, offset).read_exact(buf).map_err(zip_io)
 }
 
 /// Where the end records say the archive's parts are.
@@ -1204,8 +1232,8 @@ fn read_zip(file: &File, meter: &Meter, sink: &mut Sink<'_>) -> Result<(), Archi
     let config = ZipConfig {
         archive_offset: ArchiveOffset::Known(0),
     };
-    let mut archive =
-        zip::ZipArchive::with_config(config, BufReader::new(file)).map_err(zip_error)?;
+    let mut archive = zip::ZipArchive::with_config(config, BufReader::new(FileCursor::at(file, 0)))
+        .map_err(zip_error)?;
     if archive.offset() != 0
         || archive.len() != central.len()
         || archive.central_directory_start() != end.central_offset
@@ -1297,12 +1325,11 @@ fn read_zip(file: &File, meter: &Meter, sink: &mut Sink<'_>) -> Result<(), Archi
                 deliver(meter, sink, Entry::Skipped { name, reason })?;
             }
             Verdict::File(path, executable) => {
-                let mut handle = file;
-                handle
-                    .seek(SeekFrom::Start(member.data_start))
-                    .map_err(ArchiveError::Io)?;
-                let compressed =
-                    BufReader::new(FileGuard { inner: file, meter }).take(member.compressed_size);
+                let source = FileGuard {
+                    inner: FileCursor::at(file, member.data_start),
+                    meter,
+                };
+                let compressed = BufReader::new(source).take(member.compressed_size);
                 let inflated: Box<dyn Read + '_> = if member.method == ZIP_METHOD_STORED {
                     Box::new(compressed)
                 } else {
@@ -1435,11 +1462,8 @@ fn find_zip_end(file: &File, file_len: u64) -> Result<ZipEnd, ArchiveError> {
 }
 
 fn read_central_directory(file: &File, end: &ZipEnd) -> Result<Vec<CentralRecord>, ArchiveError> {
-    let mut handle = file;
-    handle
-        .seek(SeekFrom::Start(end.central_offset))
-        .map_err(zip_io)?;
-    let mut reader = BufReader::new(handle.take(end.central_size));
+    let mut reader =
+        BufReader::new(FileCursor::at(file, end.central_offset).take(end.central_size));
     // `entries` is already capped by the limits, but the allocation need not trust it.
     let mut records = Vec::with_capacity(usize::try_from(end.entries.min(4096)).unwrap_or(0));
     for _ in 0..end.entries {
@@ -1498,7 +1522,9 @@ fn read_local_header(
     let name_len = usize::from(le16(&fixed, 26));
     let extra_len = usize::from(le16(&fixed, 28));
     let mut variable = vec![0u8; name_len + extra_len];
-    read_exact_at(file, header_start + ZIP_LOCAL_LEN as u64, &mut variable)?;
+    // The fixed part was just read from `header_start`, so these sums stay inside the file.
+    let variable_start = header_start.saturating_add(ZIP_LOCAL_LEN as u64);
+    read_exact_at(file, variable_start, &mut variable)?;
     let local_name = variable.get(..name_len).unwrap_or_default();
     let extra = variable.get(name_len..).unwrap_or_default();
     if local_name != record.name.as_slice() {
@@ -1540,7 +1566,7 @@ fn read_local_header(
         }
     }
     Ok(LocalHeader {
-        data_start: header_start + (ZIP_LOCAL_LEN + name_len + extra_len) as u64,
+        data_start: variable_start.saturating_add((name_len + extra_len) as u64),
         crc: le32(&fixed, 14),
         compressed_size,
         size,

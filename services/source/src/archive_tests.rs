@@ -325,6 +325,34 @@ fn raw_zip(members: &[RawMember]) -> Vec<u8> {
     out
 }
 
+/// Replaces a zip's end record by zip64 end records claiming `entries` entries.
+fn with_zip64_end(mut bytes: Vec<u8>, entries: u64) -> Vec<u8> {
+    let end = bytes.len() - 22;
+    let central_size = u64::from(le32_at(&bytes, end + 12));
+    let central_offset = u64::from(le32_at(&bytes, end + 16));
+    bytes.truncate(end);
+    let zip64_offset = bytes.len() as u64;
+    bytes.extend(0x0606_4b50u32.to_le_bytes());
+    bytes.extend(44u64.to_le_bytes());
+    bytes.extend(45u16.to_le_bytes());
+    bytes.extend(45u16.to_le_bytes());
+    bytes.extend(0u32.to_le_bytes());
+    bytes.extend(0u32.to_le_bytes());
+    bytes.extend(entries.to_le_bytes());
+    bytes.extend(entries.to_le_bytes());
+    bytes.extend(central_size.to_le_bytes());
+    bytes.extend(central_offset.to_le_bytes());
+    bytes.extend(0x0706_4b50u32.to_le_bytes());
+    bytes.extend(0u32.to_le_bytes());
+    bytes.extend(zip64_offset.to_le_bytes());
+    bytes.extend(1u32.to_le_bytes());
+    bytes.extend(0x0605_4b50u32.to_le_bytes());
+    bytes.extend([0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF]);
+    bytes.extend([0xFF; 8]);
+    bytes.extend([0, 0]);
+    bytes
+}
+
 fn le32_at(bytes: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap())
 }
@@ -434,6 +462,54 @@ fn every_format_round_trips_a_small_project_exactly() {
         assert!(outcome.result.is_ok(), "{format}: {:?}", outcome.result);
         assert_eq!(outcome.seen, project_expected(), "{format}");
     }
+}
+
+#[test]
+fn zips_from_streaming_and_zip64_writers_round_trip() {
+    fn write_project<W: Write + io::Seek>(
+        writer: &mut zip::ZipWriter<W>,
+        options: SimpleFileOptions,
+    ) {
+        writer.add_directory("proj/", options).unwrap();
+        writer
+            .start_file("proj/run.sh", options.unix_permissions(0o755))
+            .unwrap();
+        writer.write_all(b"#!/bin/sh\n").unwrap();
+        writer
+            .start_file("proj/data", options.unix_permissions(0o644))
+            .unwrap();
+        writer.write_all(&[7u8; 5000]).unwrap();
+    }
+    let expected = [
+        dir("proj"),
+        file("proj/run.sh", true, b"#!/bin/sh\n"),
+        file("proj/data", false, &[7u8; 5000]),
+    ];
+
+    // Written without seeking: sizes and CRCs follow the data in data descriptors.
+    let mut streamed = zip::ZipWriter::new_stream(Vec::new());
+    write_project(&mut streamed, SimpleFileOptions::default());
+    let streamed = streamed.finish().unwrap().into_inner();
+
+    // Zip64 extra fields in every header, and an archive comment.
+    let mut zip64 = zip::ZipWriter::new(Cursor::new(Vec::new()));
+    write_project(&mut zip64, SimpleFileOptions::default().large_file(true));
+    zip64.set_comment("made by a test").unwrap();
+    let zip64 = zip64.finish().unwrap().into_inner();
+
+    for (case, bytes) in [("streamed", streamed), ("zip64", zip64)] {
+        let outcome = read(&bytes, ROOMY);
+        assert!(outcome.result.is_ok(), "{case}: {:?}", outcome.result);
+        assert_eq!(outcome.seen, expected, "{case}");
+    }
+}
+
+#[test]
+fn zip64_end_records_are_followed() {
+    let bytes = with_zip64_end(raw_zip(&[raw(b"a.txt", b"alpha", 0o100_644)]), 1);
+    let outcome = read(&bytes, ROOMY);
+    assert!(outcome.result.is_ok(), "{:?}", outcome.result);
+    assert_eq!(outcome.seen, [file("a.txt", false, b"alpha")]);
 }
 
 #[test]
@@ -951,31 +1027,7 @@ fn an_encrypted_zip_member_is_refused() {
 
 #[test]
 fn a_zip_claiming_a_million_entries_is_refused_before_any_member_is_read() {
-    let mut bytes = raw_zip(&[raw(b"a", b"x", 0o100_644)]);
-    let end = bytes.len() - 22;
-    let central_size = u64::from(le32_at(&bytes, end + 12));
-    let central_offset = u64::from(le32_at(&bytes, end + 16));
-    bytes.truncate(end);
-    let zip64_offset = bytes.len() as u64;
-    bytes.extend(0x0606_4b50u32.to_le_bytes());
-    bytes.extend(44u64.to_le_bytes());
-    bytes.extend(45u16.to_le_bytes());
-    bytes.extend(45u16.to_le_bytes());
-    bytes.extend(0u32.to_le_bytes());
-    bytes.extend(0u32.to_le_bytes());
-    bytes.extend(1_000_000u64.to_le_bytes());
-    bytes.extend(1_000_000u64.to_le_bytes());
-    bytes.extend(central_size.to_le_bytes());
-    bytes.extend(central_offset.to_le_bytes());
-    bytes.extend(0x0706_4b50u32.to_le_bytes());
-    bytes.extend(0u32.to_le_bytes());
-    bytes.extend(zip64_offset.to_le_bytes());
-    bytes.extend(1u32.to_le_bytes());
-    bytes.extend(0x0605_4b50u32.to_le_bytes());
-    bytes.extend([0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF]);
-    bytes.extend([0xFF; 8]);
-    bytes.extend([0, 0]);
-
+    let bytes = with_zip64_end(raw_zip(&[raw(b"a", b"x", 0o100_644)]), 1_000_000);
     let limits = Limits {
         max_entries: 1000,
         ..ROOMY
@@ -1276,7 +1328,7 @@ mod generative {
             .finish()
     }
 
-    static SEEDS: LazyLock<[Vec<u8>; 3]> = LazyLock::new(|| {
+    static SEEDS: LazyLock<[Vec<u8>; 4]> = LazyLock::new(|| {
         let zip = zip_of(|writer| {
             writer
                 .add_directory("p/", SimpleFileOptions::default())
@@ -1293,7 +1345,15 @@ mod generative {
             writer.start_file("p/zeros", deflated(0o644)).unwrap();
             writer.write_all(&[0u8; 20 << 10]).unwrap();
         });
-        [zip, seed_tar(), gzip(&seed_tar())]
+        let zip64 = with_zip64_end(
+            raw_zip(&[
+                raw(b"p/", b"", 0o040_755),
+                raw(b"p/a.txt", b"alpha", 0o100_644),
+                raw(b"p/link", b"../../etc", 0o120_777),
+            ]),
+            3,
+        );
+        [zip, seed_tar(), gzip(&seed_tar()), zip64]
     });
 
     const MAGICS: [&[u8]; 7] = [
@@ -1359,7 +1419,7 @@ mod generative {
 
     proptest! {
         #![proptest_config(ProptestConfig {
-            cases: 256,
+            cases: 20000,
             failure_persistence: None,
             ..ProptestConfig::default()
         })]
@@ -1375,6 +1435,11 @@ mod generative {
         #[test]
         fn mutated_zip(mutations in vec(mutation(), 1..4)) {
             holds_invariants(&mutate(&SEEDS[0], &mutations));
+        }
+
+        #[test]
+        fn mutated_zip64(mutations in vec(mutation(), 1..4)) {
+            holds_invariants(&mutate(&SEEDS[3], &mutations));
         }
 
         #[test]
