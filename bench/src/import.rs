@@ -68,13 +68,19 @@ fn generate(path: &Path, files: usize, total: u64) -> anyhow::Result<(u64, usize
         }
     }
     let file = std::fs::File::create(path)?;
-    let gz = flate2::write::GzEncoder::new(std::io::BufWriter::new(file), flate2::Compression::fast());
+    let gz =
+        flate2::write::GzEncoder::new(std::io::BufWriter::new(file), flate2::Compression::fast());
     let mut builder = tar::Builder::new(gz);
-    const ALPHABET: &[u8; 64] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \n";
+    const ALPHABET: &[u8; 64] =
+        b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \n";
     let mut bytes = 0u64;
     for (i, size) in sizes.iter().enumerate() {
         let name = match i % 10 {
-            0..=5 => format!("studio/.venv/lib/python3.12/site-packages/pkg{}/mod{}.py", i % 400, i),
+            0..=5 => format!(
+                "studio/.venv/lib/python3.12/site-packages/pkg{}/mod{}.py",
+                i % 400,
+                i
+            ),
             6..=8 => format!("studio/node_modules/lib{}/dist/file{}.js", i % 300, i),
             _ => format!("studio/src/module{}/part{}.py", i % 50, i),
         };
@@ -114,9 +120,16 @@ impl Drop for Service {
 
 impl Service {
     async fn start(binary: &Path, data_dir: &Path) -> anyhow::Result<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
         let child = Command::new(binary)
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--data-dir",
+            ])
             .arg(data_dir)
             .env("PLINTH_LOG", "warn")
             .stdin(Stdio::null())
@@ -140,7 +153,8 @@ impl Service {
 
     /// Peak resident memory of the service so far, MiB (VmHWM).
     fn peak_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
         status
             .lines()
             .find(|line| line.starts_with("VmHWM:"))
@@ -183,7 +197,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let (bytes, files) = generate(&archive, args.files, args.mib * 1024 * 1024)?;
     let archive_bytes = std::fs::metadata(&archive)?.len();
-    eprintln!("generated {files} files, {bytes} bytes ({archive_bytes} compressed) in {:.1} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "generated {files} files, {bytes} bytes ({archive_bytes} compressed) in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
 
     let client = reqwest::Client::builder().build()?;
     let mut tar_seconds = Vec::new();
@@ -194,7 +211,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let target = work.path().join(format!("tar-{round}"));
         std::fs::create_dir_all(&target)?;
         let begun = Instant::now();
-        let status = Command::new("tar").arg("-xzf").arg(&archive).arg("-C").arg(&target).status()?;
+        let status = Command::new("tar")
+            .arg("-xzf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(&target)
+            .status()?;
         anyhow::ensure!(status.success(), "tar failed");
         tar_seconds.push(begun.elapsed().as_secs_f64());
         std::fs::remove_dir_all(&target)?;
@@ -202,9 +224,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         // Plinth: a fresh service and data directory each round, so no blob is already there.
         let data_dir = work.path().join(format!("plinth-{round}"));
         let service = Service::start(&binary, &data_dir).await?;
-        let id = service.environment(&client, &format!("Import {round}")).await?;
+        let id = service
+            .environment(&client, &format!("Import {round}"))
+            .await?;
         let file = tokio::fs::File::open(&archive).await?;
-        let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024));
+        let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(
+            file,
+            256 * 1024,
+        ));
         let begun = Instant::now();
         let report: serde_json::Value = client
             .post(format!("{}/v1/environments/{id}/import", service.base))
@@ -216,7 +243,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .json()
             .await?;
         plinth_seconds.push(begun.elapsed().as_secs_f64());
-        anyhow::ensure!(report["files"].as_u64() == Some(files as u64), "import report: {report}");
+        anyhow::ensure!(
+            report["files"].as_u64() == Some(files as u64),
+            "import report: {report}"
+        );
         peaks.push(service.peak_mib());
         drop(service);
         std::fs::remove_dir_all(&data_dir)?;
@@ -233,9 +263,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         archive_bytes as f64 / 1048576.0,
         args.rounds
     );
-    println!("tar -xzf onto the same disk (baseline)   {tar:>7.2} s   {:>8.0} files/s   rounds {tar_seconds:.2?}", files as f64 / tar);
-    println!("plinth import through the gateway        {plinth:>7.2} s   {:>8.0} files/s   rounds {plinth_seconds:.2?}", files as f64 / plinth);
-    println!("ratio: plinth import takes {:.2}x the time of tar -xzf", plinth / tar);
+    println!(
+        "tar -xzf onto the same disk (baseline)   {tar:>7.2} s   {:>8.0} files/s   rounds {tar_seconds:.2?}",
+        files as f64 / tar
+    );
+    println!(
+        "plinth import through the gateway        {plinth:>7.2} s   {:>8.0} files/s   rounds {plinth_seconds:.2?}",
+        files as f64 / plinth
+    );
+    println!(
+        "ratio: plinth import takes {:.2}x the time of tar -xzf",
+        plinth / tar
+    );
     println!(
         "service peak memory (VmHWM of plinth serve) during import: max {:.0} MiB over rounds {peaks:.0?} (target < 100 MiB)",
         peaks.iter().cloned().fold(0.0, f64::max)
@@ -244,7 +283,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn small_files(binary: &Path, work: &Path, client: &reqwest::Client, args: &Args) -> anyhow::Result<String> {
+async fn small_files(
+    binary: &Path,
+    work: &Path,
+    client: &reqwest::Client,
+    args: &Args,
+) -> anyhow::Result<String> {
     let data_dir = work.join("plinth-small");
     let service = Service::start(binary, &data_dir).await?;
     let id = service.environment(client, "Small files").await?;
@@ -262,11 +306,20 @@ async fn small_files(binary: &Path, work: &Path, client: &reqwest::Client, args:
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..contents.len() {
         let permit = permits.clone().acquire_owned().await?;
-        let (client, contents, url) = (client.clone(), contents.clone(), format!("{}/v1/environments/{id}/files", service.base));
+        let (client, contents, url) = (
+            client.clone(),
+            contents.clone(),
+            format!("{}/v1/environments/{id}/files", service.base),
+        );
         tasks.spawn(async move {
             let _permit = permit;
             let (path, data) = &contents[i];
-            client.put(format!("{url}/{path}")).body(data.clone()).send().await?.error_for_status()?;
+            client
+                .put(format!("{url}/{path}"))
+                .body(data.clone())
+                .send()
+                .await?
+                .error_for_status()?;
             anyhow::Ok(())
         });
     }
@@ -278,12 +331,25 @@ async fn small_files(binary: &Path, work: &Path, client: &reqwest::Client, args:
     let begun = Instant::now();
     for i in 0..contents.len() {
         let permit = permits.clone().acquire_owned().await?;
-        let (client, contents, url) = (client.clone(), contents.clone(), format!("{}/v1/environments/{id}/files", service.base));
+        let (client, contents, url) = (
+            client.clone(),
+            contents.clone(),
+            format!("{}/v1/environments/{id}/files", service.base),
+        );
         tasks.spawn(async move {
             let _permit = permit;
             let (path, data) = &contents[i];
-            let body = client.get(format!("{url}/{path}")).send().await?.error_for_status()?.bytes().await?;
-            anyhow::ensure!(body.as_ref() == data.as_slice(), "{path} came back different");
+            let body = client
+                .get(format!("{url}/{path}"))
+                .send()
+                .await?
+                .error_for_status()?
+                .bytes()
+                .await?;
+            anyhow::ensure!(
+                body.as_ref() == data.as_slice(),
+                "{path} came back different"
+            );
             Ok(())
         });
     }

@@ -7,7 +7,10 @@ mod import;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "plinth-bench", about = "Plinth's benchmarks, each beside a named baseline")]
+#[command(
+    name = "plinth-bench",
+    about = "Plinth's benchmarks, each beside a named baseline"
+)]
 struct Cli {
     #[command(subcommand)]
     bench: Bench,

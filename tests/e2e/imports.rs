@@ -201,7 +201,9 @@ async fn refused_archives_change_nothing() {
             let mut header = tar::Header::new_gnu();
             header.set_size(1);
             header.set_mode(0o644);
-            builder.append_data(&mut header, "x.txt", data).expect("append");
+            builder
+                .append_data(&mut header, "x.txt", data)
+                .expect("append");
         }
         builder.into_inner().expect("tar")
     };
@@ -333,7 +335,10 @@ async fn a_git_repository_imports_through_its_objects_dropping_links_and_submodu
             json!({"submodule": 1, "symlink": 1})
         );
         // The submodule's directory stays, empty, as a checkout without submodules has it.
-        assert_eq!(tree(&server, &id).await, ["setup.sh", "src/", "src/app.py", "vendor/"]);
+        assert_eq!(
+            tree(&server, &id).await,
+            ["setup.sh", "src/", "src/app.py", "vendor/"]
+        );
     }
     assert_eq!(read(&server, &id, "src/app.py").await, b"print('app')\n");
     let (_, listing) = send(
@@ -385,5 +390,54 @@ async fn git_urls_outside_the_policy_are_refused() {
             .unwrap_or("")
             .contains("extra")
     );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn hostile_member_names_are_dropped_and_nothing_lands_outside_the_root() {
+    let server = Server::start().await;
+    let id = environment(&server).await;
+    let parent = server.data_dir();
+    let before = files_under(&parent);
+    let hostile: [&str; 7] = [
+        "../evil.txt",
+        "..\\evil.txt",
+        "/abs-evil.txt",
+        "C:/drive-evil.txt",
+        "C:\\drive-evil2.txt",
+        "ok/../../evil3.txt",
+        "nul\0evil.txt",
+    ];
+    let mut entries: Vec<(&str, &[u8])> =
+        hostile.iter().map(|name| (*name, &b"evil"[..])).collect();
+    entries.push(("good.txt", b"good"));
+    entries.push(("other/fine.txt", b"fine"));
+    let (status, report) = import(&server, &id, "", zip_of(&entries)).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["files"], 2, "{report}");
+    assert_eq!(report["skipped"], hostile.len(), "{report}");
+    assert_eq!(
+        report["skipped_by_reason"],
+        json!({"unsafe_path": hostile.len()})
+    );
+    assert_eq!(
+        tree(&server, &id).await,
+        ["good.txt", "other/", "other/fine.txt"]
+    );
+    // Nothing was written anywhere as a file named by the archive: the data directory only
+    // gained blobs and database pages, and no path outside it mentions "evil".
+    let after = files_under(&parent);
+    for (path, _) in after.iter().filter(|entry| !before.contains(entry)) {
+        assert!(
+            path.starts_with("blobs/")
+                || path.ends_with(".db")
+                || path.ends_with("-wal")
+                || path.ends_with("-shm"),
+            "unexpected file {path}"
+        );
+    }
+    assert!(!after.iter().any(|(path, _)| path.contains("evil")));
+    let grandparent = parent.parent().expect("temp root");
+    assert!(!grandparent.join("evil.txt").exists() && !Path::new("/abs-evil.txt").exists());
     server.stop().await;
 }

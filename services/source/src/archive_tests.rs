@@ -1419,7 +1419,7 @@ mod generative {
 
     proptest! {
         #![proptest_config(ProptestConfig {
-            cases: 20000,
+            cases: 256,
             failure_persistence: None,
             ..ProptestConfig::default()
         })]
@@ -1450,6 +1450,33 @@ mod generative {
         #[test]
         fn mutated_tar_gz(mutations in vec(mutation(), 1..4)) {
             holds_invariants(&mutate(&SEEDS[2], &mutations));
+        }
+    }
+}
+
+#[test]
+fn zz_real_tools() {
+    let Ok(dir) = std::env::var("ARX_DIR") else {
+        return;
+    };
+    let mut paths: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    paths.sort();
+    for path in paths {
+        let bytes = std::fs::read(&path).unwrap();
+        let outcome = read(&bytes, ROOMY);
+        println!("== {}: {:?}", path.display(), outcome.result);
+        for seen in &outcome.seen {
+            match seen {
+                Seen::File {
+                    path,
+                    executable,
+                    content,
+                } => println!("   file {path} exec={executable} len={}", content.len()),
+                other => println!("   {other:?}"),
+            }
         }
     }
 }
