@@ -50,6 +50,14 @@ impl Server {
         }
     }
 
+    /// Where the in-process source service serves gRPC.
+    pub fn source_addr(&self) -> std::net::SocketAddr {
+        self.running
+            .as_ref()
+            .map(|running| running.source_addr)
+            .expect("running")
+    }
+
     /// The data directory `serve` uses.
     pub fn data_dir(&self) -> std::path::PathBuf {
         self._data_dir.path().to_owned()

@@ -6,4 +6,5 @@ mod files;
 mod helpers;
 mod imports;
 mod processes;
+mod snapshots;
 mod tracing_propagation;

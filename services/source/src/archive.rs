@@ -12,10 +12,11 @@
 //! found after earlier members were handed out. Zip is checked whole before its first member
 //! is handed out, except for each member's own CRC and size, found while it is read.
 //!
-//! Plain tar is recognised by the POSIX `ustar` magic (which GNU and pax archives also carry)
-//! with a valid header checksum, or by an all-zero first block (an empty archive). Old v7
-//! archives, which have no magic, are refused as unrecognised: a checksum alone is too weak a
-//! signal to treat arbitrary uploads as tar, and no current tool writes v7 by default.
+//! A tar, plain or once decompressed, is recognised by the POSIX `ustar` magic (which GNU and
+//! pax archives also carry) with a valid header checksum, or by an all-zero first block (an
+//! empty archive). Old v7 archives, which have no magic, are refused as unrecognised: a
+//! checksum alone is too weak a signal to treat arbitrary uploads as tar, and no current tool
+//! writes v7 by default.
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};

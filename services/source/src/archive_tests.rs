@@ -1453,30 +1453,3 @@ mod generative {
         }
     }
 }
-
-#[test]
-fn zz_real_tools() {
-    let Ok(dir) = std::env::var("ARX_DIR") else {
-        return;
-    };
-    let mut paths: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    paths.sort();
-    for path in paths {
-        let bytes = std::fs::read(&path).unwrap();
-        let outcome = read(&bytes, ROOMY);
-        println!("== {}: {:?}", path.display(), outcome.result);
-        for seen in &outcome.seen {
-            match seen {
-                Seen::File {
-                    path,
-                    executable,
-                    content,
-                } => println!("   file {path} exec={executable} len={}", content.len()),
-                other => println!("   {other:?}"),
-            }
-        }
-    }
-}
