@@ -191,8 +191,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "{} is missing: build it with `cargo build --release -p plinth -p plinth-bench`",
         binary.display()
     );
-    // Everything on one disk: the working directory's.
-    let work = tempfile::tempdir_in(".")?;
+    // Everything on one disk: the temporary directory's (PLINTH_BENCH_DIR to choose another).
+    let work = match std::env::var_os("PLINTH_BENCH_DIR") {
+        Some(dir) => tempfile::tempdir_in(dir)?,
+        None => tempfile::tempdir()?,
+    };
     let archive = work.path().join("project.tar.gz");
     let started = Instant::now();
     let (bytes, files) = generate(&archive, args.files, args.mib * 1024 * 1024)?;

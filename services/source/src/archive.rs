@@ -35,7 +35,8 @@ use crate::paths::{MAX_PATH_BYTES, SourcePath};
 /// Caps counted against bytes actually inflated, never against sizes headers claim.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Most members (directories, files and skipped members alike).
+    /// Most members of any kind: directories, files, skipped members, and the tar members
+    /// that are never reported (the root `./`, pax global headers).
     pub max_entries: u64,
     /// Most bytes inflated across all members, including members nobody reads.
     pub max_total_bytes: u64,
@@ -621,9 +622,6 @@ fn deliver(meter: &Meter, sink: &mut Sink<'_>, entry: Entry<'_>) -> Result<(), A
     // or swallowed it.
     if let Some(failure) = meter.take_failure() {
         return Err(failure);
-    }
-    if meter.refused.get() {
-        return Err(ArchiveError::Corrupt("the archive was refused".to_owned()));
     }
     outcome.map_err(ArchiveError::Sink)
 }

@@ -181,18 +181,23 @@ impl Index {
         environments: &[String],
     ) -> Result<HashMap<String, Stats>, IndexError> {
         let mut stats = HashMap::new();
-        for environment in environments {
-            let row = sqlx::query(
-                "SELECT files_count, files_bytes FROM source_environments WHERE environment_id = $1",
-            )
-            .bind(environment.as_str())
-            .fetch_optional(&self.db.reader)
-            .await?;
-            if let Some(row) = row {
+        for batch in environments.chunks(INSERT_BATCH) {
+            let placeholders: Vec<String> = (1..=batch.len()).map(|i| format!("${i}")).collect();
+            let sql = format!(
+                "SELECT environment_id, files_count, files_bytes FROM source_environments \
+                 WHERE environment_id IN ({})",
+                placeholders.join(", ")
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for environment in batch {
+                query = query.bind(environment.as_str());
+            }
+            for row in query.fetch_all(&self.db.reader).await? {
+                let environment: String = row.try_get("environment_id")?;
                 let files: i64 = row.try_get("files_count")?;
                 let bytes: i64 = row.try_get("files_bytes")?;
                 stats.insert(
-                    environment.clone(),
+                    environment,
                     Stats {
                         files: u64::try_from(files).unwrap_or(0),
                         bytes: u64::try_from(bytes).unwrap_or(0),

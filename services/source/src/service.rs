@@ -102,16 +102,13 @@ fn too_large(max_bytes: u64, what: &str) -> PlinthError {
     .with_detail(serde_json::json!({ "max_bytes": max_bytes }))
 }
 
-fn blob_error(error: BlobError, max_bytes: u64) -> PlinthError {
+fn blob_error(error: BlobError) -> PlinthError {
     match error {
         BlobError::TooLarge { max_bytes } => too_large(max_bytes, "the file"),
         BlobError::Source(cause) => PlinthError::invalid(format!(
             "the upload ended before the whole body arrived: {cause}"
         )),
-        other => {
-            let _ = max_bytes;
-            PlinthError::internal(&other)
-        }
+        other => PlinthError::internal(&other),
     }
 }
 
@@ -289,7 +286,7 @@ impl pb::source_service_server::SourceService for Source {
             .blobs
             .put_stream(chunks, max)
             .await
-            .map_err(|error| blob_error(error, max))?;
+            .map_err(blob_error)?;
         let entry = self
             .index
             .write_file(
