@@ -48,8 +48,9 @@ impl XorShift {
 }
 
 /// Writes the project as a tar.gz: source files, a venv's and a node_modules' worth of small
-/// files (median ~2 KB), some medium ones, and a few large shared objects. Content is
-/// text-like (about 6 bits per byte) and different in every file.
+/// files (median ~2 KB), some medium ones, and a few large shared objects. Content is words
+/// drawn from a 512-word vocabulary, so it compresses about as source code does, and it is
+/// different in every file.
 fn generate(path: &Path, files: usize, total: u64) -> anyhow::Result<(u64, usize)> {
     let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
     let mut sizes: Vec<u64> = (0..files)
@@ -71,8 +72,12 @@ fn generate(path: &Path, files: usize, total: u64) -> anyhow::Result<(u64, usize
     let gz =
         flate2::write::GzEncoder::new(std::io::BufWriter::new(file), flate2::Compression::fast());
     let mut builder = tar::Builder::new(gz);
-    const ALPHABET: &[u8; 64] =
-        b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \n";
+    let vocabulary: Vec<Vec<u8>> = (0..512)
+        .map(|_| {
+            let len = 2 + (rng.next() % 9) as usize;
+            (0..len).map(|_| b'a' + (rng.next() % 26) as u8).collect()
+        })
+        .collect();
     let mut bytes = 0u64;
     for (i, size) in sizes.iter().enumerate() {
         let name = match i % 10 {
@@ -87,10 +92,9 @@ fn generate(path: &Path, files: usize, total: u64) -> anyhow::Result<(u64, usize
         let mut data = Vec::with_capacity(*size as usize);
         data.extend_from_slice(format!("# {name}\n").as_bytes());
         while (data.len() as u64) < *size {
-            let word = rng.next();
-            for shift in 0..8 {
-                data.push(ALPHABET[((word >> (shift * 6)) & 63) as usize]);
-            }
+            let pick = rng.next();
+            data.extend_from_slice(&vocabulary[(pick % 512) as usize]);
+            data.push(if pick % 11 == 0 { b'\n' } else { b' ' });
         }
         data.truncate(*size as usize);
         let mut header = tar::Header::new_gnu();

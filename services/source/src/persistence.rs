@@ -221,15 +221,28 @@ impl Index {
         let mut tx = self.begin_change(environment).await?;
         let existing = entries_at(&mut tx, environment, path).await?;
         check_parents_are_directories(path, &existing)?;
-        let executable = match existing.get(path.as_str()) {
+        let new_size = i64::try_from(size).unwrap_or(i64::MAX);
+        let (executable, delta) = match existing.get(path.as_str()) {
             Some(entry) if entry.kind == Kind::Directory => {
                 return Err(IndexError::Conflict {
                     path: path.to_string(),
                     reason: "is a directory; delete it first to put a file there".to_owned(),
                 });
             }
-            Some(entry) => executable.unwrap_or(entry.executable),
-            None => executable.unwrap_or(false),
+            Some(entry) => (
+                executable.unwrap_or(entry.executable),
+                Delta {
+                    files: 0,
+                    bytes: new_size - i64::try_from(entry.size).unwrap_or(i64::MAX),
+                },
+            ),
+            None => (
+                executable.unwrap_or(false),
+                Delta {
+                    files: 1,
+                    bytes: new_size,
+                },
+            ),
         };
         let mut rows: Vec<IndexEntry> = path
             .ancestors()
@@ -245,7 +258,7 @@ impl Index {
         };
         rows.push(entry.clone());
         upsert(&mut tx, environment, &rows).await?;
-        finish_change(tx, environment).await?;
+        finish_change(tx, environment, Some(delta)).await?;
         Ok(entry)
     }
 
@@ -273,7 +286,7 @@ impl Index {
             .map(IndexEntry::directory)
             .collect();
         upsert(&mut tx, environment, &rows).await?;
-        finish_change(tx, environment).await?;
+        finish_change(tx, environment, Some(Delta::default())).await?;
         Ok(IndexEntry::directory(path.clone()))
     }
 
@@ -286,8 +299,8 @@ impl Index {
         let mut tx = self.begin_change(environment).await?;
         let (low, high) = subtree_range(path);
         let counts = sqlx::query(
-            "SELECT kind, COUNT(*) AS n FROM source_entries WHERE environment_id = $1 \
-             AND (path = $2 OR (path >= $3 AND path < $4)) GROUP BY kind",
+            "SELECT kind, COUNT(*) AS n, CAST(COALESCE(SUM(size), 0) AS BIGINT) AS bytes FROM source_entries \
+             WHERE environment_id = $1 AND (path = $2 OR (path >= $3 AND path < $4)) GROUP BY kind",
         )
         .bind(environment)
         .bind(path.as_str())
@@ -297,12 +310,16 @@ impl Index {
         .await?;
         let mut files = 0u64;
         let mut directories = 0u64;
+        let mut bytes = 0i64;
         for row in &counts {
             let kind: String = row.try_get("kind")?;
             let n: i64 = row.try_get("n")?;
             let n = u64::try_from(n).unwrap_or(0);
             if kind == "file" {
                 files = n;
+                // SUM is NUMERIC on PostgreSQL, which the Any driver cannot read: the query
+                // casts it to BIGINT on both backends.
+                bytes = row.try_get("bytes")?;
             } else {
                 directories = n;
             }
@@ -320,7 +337,11 @@ impl Index {
         .bind(&high)
         .execute(&mut *tx)
         .await?;
-        finish_change(tx, environment).await?;
+        let delta = Delta {
+            files: -i64::try_from(files).unwrap_or(i64::MAX),
+            bytes: -bytes,
+        };
+        finish_change(tx, environment, Some(delta)).await?;
         Ok((files, directories))
     }
 
@@ -398,7 +419,7 @@ impl Index {
             rows.push(entry.clone());
         }
         upsert(&mut tx, environment, &rows).await?;
-        finish_change(tx, environment).await?;
+        finish_change(tx, environment, None).await?;
         Ok(())
     }
 
@@ -436,20 +457,45 @@ impl Index {
     }
 }
 
-/// Recomputes the statistics inside the change, then commits.
+/// How a change moved an environment's file statistics.
+#[derive(Debug, Default, Clone, Copy)]
+struct Delta {
+    files: i64,
+    bytes: i64,
+}
+
+/// Updates the statistics inside the change, then commits. A known delta costs O(1), so a
+/// large source does not slow every write; `None` (imports) recounts.
 async fn finish_change(
     mut tx: Transaction<'static, Any>,
     environment: &str,
+    delta: Option<Delta>,
 ) -> Result<(), IndexError> {
-    sqlx::query(
-        "UPDATE source_environments SET \
-         files_count = (SELECT COUNT(*) FROM source_entries WHERE environment_id = $1 AND kind = 'file'), \
-         files_bytes = (SELECT COALESCE(SUM(size), 0) FROM source_entries WHERE environment_id = $1 AND kind = 'file') \
-         WHERE environment_id = $1",
-    )
-    .bind(environment)
-    .execute(&mut *tx)
-    .await?;
+    match delta {
+        Some(delta) if delta.files == 0 && delta.bytes == 0 => {}
+        Some(delta) => {
+            sqlx::query(
+                "UPDATE source_environments SET files_count = files_count + $1, \
+                 files_bytes = files_bytes + $2 WHERE environment_id = $3",
+            )
+            .bind(delta.files)
+            .bind(delta.bytes)
+            .bind(environment)
+            .execute(&mut *tx)
+            .await?;
+        }
+        None => {
+            sqlx::query(
+                "UPDATE source_environments SET \
+                 files_count = (SELECT COUNT(*) FROM source_entries WHERE environment_id = $1 AND kind = 'file'), \
+                 files_bytes = (SELECT COALESCE(SUM(size), 0) FROM source_entries WHERE environment_id = $1 AND kind = 'file') \
+                 WHERE environment_id = $1",
+            )
+            .bind(environment)
+            .execute(&mut *tx)
+            .await?;
+        }
+    }
     tx.commit().await?;
     Ok(())
 }
