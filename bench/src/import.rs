@@ -94,7 +94,7 @@ fn generate(path: &Path, files: usize, total: u64) -> anyhow::Result<(u64, usize
         while (data.len() as u64) < *size {
             let pick = rng.next();
             data.extend_from_slice(&vocabulary[(pick % 512) as usize]);
-            data.push(if pick % 11 == 0 { b'\n' } else { b' ' });
+            data.push(if pick.is_multiple_of(11) { b'\n' } else { b' ' });
         }
         data.truncate(*size as usize);
         let mut header = tar::Header::new_gnu();

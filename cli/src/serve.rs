@@ -106,80 +106,67 @@ async fn bind(address: Option<SocketAddr>, what: &str) -> anyhow::Result<TcpList
         .with_context(|| format!("cannot listen for the {what} on {address}"))
 }
 
-/// Starts the catalog alone.
-pub async fn start_catalog(config: &Config) -> anyhow::Result<Running> {
-    let listen = config
-        .catalog
-        .listen
-        .context("catalog listen address is not resolved")?;
-    if !listen.ip().is_loopback() && config.internal_token.is_none() {
-        tracing::warn!(%listen, "the catalog listens beyond loopback without an internal token: anything that reaches it can act in any scope; set PLINTH_INTERNAL_TOKEN");
+/// One gRPC service started alone: its listeners bound, with a warning when it is reachable
+/// beyond loopback and nothing proves its callers are part of the deployment.
+async fn start_alone(
+    config: &Config,
+    name: &str,
+    exposure: &str,
+    listen: Option<SocketAddr>,
+    admin_listen: Option<SocketAddr>,
+    spawn: fn(
+        &mut Services,
+        &Config,
+        TcpListener,
+        Option<TcpListener>,
+        CancellationToken,
+    ) -> anyhow::Result<()>,
+) -> anyhow::Result<Running> {
+    let listener = bind(listen, name).await?;
+    let address = listener.local_addr()?;
+    if !address.ip().is_loopback() && config.internal_token.is_none() {
+        tracing::warn!(%address, "the {name} listens beyond loopback without an internal token: {exposure}; set PLINTH_INTERNAL_TOKEN");
     }
-    if let Some(url) = &config.catalog.database_url
-        && url.starts_with("sqlite:")
-    {
-        std::fs::create_dir_all(&config.data_dir).with_context(|| {
-            format!(
-                "cannot create the data directory {}",
-                config.data_dir.display()
-            )
-        })?;
-    }
-    let listener = TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}"))?;
-    let admin = match config.catalog.admin_listen {
-        Some(address) => Some(
-            TcpListener::bind(address)
-                .await
-                .with_context(|| format!("cannot listen on {address}"))?,
-        ),
+    let admin = match admin_listen {
+        Some(address) => Some(bind(Some(address), &format!("{name} admin endpoints")).await?),
         None => None,
     };
     let shutdown = CancellationToken::new();
-    let catalog_addr = listener.local_addr()?;
     let mut services = JoinSet::new();
-    spawn_catalog(&mut services, config, listener, admin, shutdown.clone())?;
+    spawn(&mut services, config, listener, admin, shutdown.clone())?;
     Ok(Running {
-        http_addr: catalog_addr,
-        catalog_addr,
-        source_addr: catalog_addr,
+        http_addr: address,
+        catalog_addr: address,
+        source_addr: address,
         shutdown,
         services,
     })
 }
 
+/// Starts the catalog alone.
+pub async fn start_catalog(config: &Config) -> anyhow::Result<Running> {
+    start_alone(
+        config,
+        "catalog",
+        "anything that reaches it can act in any scope",
+        config.catalog.listen,
+        config.catalog.admin_listen,
+        spawn_catalog,
+    )
+    .await
+}
+
 /// Starts the source service alone.
 pub async fn start_source(config: &Config) -> anyhow::Result<Running> {
-    let listen = config
-        .source
-        .listen
-        .context("source listen address is not resolved")?;
-    if !listen.ip().is_loopback() && config.internal_token.is_none() {
-        tracing::warn!(%listen, "the source service listens beyond loopback without an internal token: anything that reaches it can read and write any environment's files; set PLINTH_INTERNAL_TOKEN");
-    }
-    let listener = TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}"))?;
-    let admin = match config.source.admin_listen {
-        Some(address) => Some(
-            TcpListener::bind(address)
-                .await
-                .with_context(|| format!("cannot listen on {address}"))?,
-        ),
-        None => None,
-    };
-    let shutdown = CancellationToken::new();
-    let source_addr = listener.local_addr()?;
-    let mut services = JoinSet::new();
-    spawn_source(&mut services, config, listener, admin, shutdown.clone())?;
-    Ok(Running {
-        http_addr: source_addr,
-        catalog_addr: source_addr,
-        source_addr,
-        shutdown,
-        services,
-    })
+    start_alone(
+        config,
+        "source service",
+        "anything that reaches it can read and write any environment's files",
+        config.source.listen,
+        config.source.admin_listen,
+        spawn_source,
+    )
+    .await
 }
 
 /// Starts the gateway alone.
@@ -214,6 +201,16 @@ fn spawn_catalog(
     admin: Option<TcpListener>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    if let Some(url) = &config.catalog.database_url
+        && url.starts_with("sqlite:")
+    {
+        std::fs::create_dir_all(&config.data_dir).with_context(|| {
+            format!(
+                "cannot create the data directory {}",
+                config.data_dir.display()
+            )
+        })?;
+    }
     let options = CatalogOptions {
         database_url: config
             .catalog

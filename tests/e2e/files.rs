@@ -401,3 +401,35 @@ async fn a_200_mib_upload_is_refused_at_the_limit_with_nothing_stored() {
     assert_eq!(body["size"], 64 * MIB);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_corrupted_blob_is_never_served() {
+    let server = Server::start().await;
+    let id = environment(&server, "Corrupt").await;
+    let (_, written) = put(&server, &id, "data.txt", "the real content").await;
+    let hex = written["digest"]
+        .as_str()
+        .expect("digest")
+        .trim_start_matches("sha256:")
+        .to_owned();
+    let blob = server
+        .data_dir()
+        .join(format!("blobs/blobs/sha256/{}/{hex}", &hex[..2]));
+    assert!(blob.exists(), "{} holds the content", blob.display());
+    std::fs::write(&blob, "tampered content").expect("tamper");
+    let response = server
+        .client
+        .get(files_url(&server, &id, "data.txt"))
+        .send()
+        .await
+        .expect("request");
+    let status = response.status().as_u16();
+    let body = response.text().await.unwrap_or_default();
+    assert_eq!(status, 500, "{body}");
+    assert!(
+        !body.contains("tampered"),
+        "corrupt bytes must not be served: {body}"
+    );
+    assert!(body.contains("\"internal\""), "{body}");
+    server.stop().await;
+}
