@@ -270,7 +270,7 @@ pub struct FilePath {
     path: String,
 }
 
-async fn file_path(
+fn file_path(
     request_path: Result<Path<FilePath>, axum::extract::rejection::PathRejection>,
 ) -> Result<FilePath, ApiError> {
     match request_path {
@@ -299,7 +299,7 @@ async fn read_file(
     caller: Caller,
     request_path: Result<Path<FilePath>, axum::extract::rejection::PathRejection>,
 ) -> Result<Response, ApiError> {
-    let FilePath { id, path } = file_path(request_path).await?;
+    let FilePath { id, path } = file_path(request_path)?;
     check_environment(&state, &caller, &id).await?;
     let mut stream = state
         .source()
@@ -360,7 +360,7 @@ async fn write_file(
     query: Result<Query<WriteQuery>, axum::extract::rejection::QueryRejection>,
     request: Request,
 ) -> Result<Json<FileEntry>, ApiError> {
-    let FilePath { id, path } = file_path(request_path).await?;
+    let FilePath { id, path } = file_path(request_path)?;
     let Query(query) =
         query.map_err(|error| PlinthError::invalid(format!("query: {}", error.body_text())))?;
     check_environment(&state, &caller, &id).await?;
@@ -406,7 +406,7 @@ async fn delete_path(
     caller: Caller,
     request_path: Result<Path<FilePath>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<DeletedPath>, ApiError> {
-    let FilePath { id, path } = file_path(request_path).await?;
+    let FilePath { id, path } = file_path(request_path)?;
     check_environment(&state, &caller, &id).await?;
     let removed = state
         .source()

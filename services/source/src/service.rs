@@ -261,7 +261,7 @@ impl pb::source_service_server::SourceService for Source {
         Ok(Response::new(Box::pin(stream)))
     }
 
-    #[tracing::instrument(name = "source.write_file", skip_all)]
+    #[tracing::instrument(name = "source.write_file", skip_all, fields(environment = tracing::field::Empty))]
     async fn write_file(
         &self,
         request: Request<Streaming<pb::WriteFileRequest>>,
@@ -331,7 +331,7 @@ impl pb::source_service_server::SourceService for Source {
         Ok(Response::new(pb::DeleteResponse { files, directories }))
     }
 
-    #[tracing::instrument(name = "source.import", skip_all)]
+    #[tracing::instrument(name = "source.import", skip_all, fields(environment = tracing::field::Empty))]
     async fn import(
         &self,
         request: Request<Streaming<pb::ImportRequest>>,
