@@ -50,6 +50,14 @@ impl Server {
         }
     }
 
+    /// Where the in-process catalog serves gRPC.
+    pub fn catalog_addr(&self) -> std::net::SocketAddr {
+        self.running
+            .as_ref()
+            .map(|running| running.catalog_addr)
+            .expect("running")
+    }
+
     /// Where the in-process source service serves gRPC.
     pub fn source_addr(&self) -> std::net::SocketAddr {
         self.running

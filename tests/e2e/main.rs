@@ -3,6 +3,7 @@
 
 mod environments;
 mod files;
+mod grpc_surface;
 mod helpers;
 mod imports;
 mod processes;
