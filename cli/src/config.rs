@@ -109,6 +109,10 @@ pub struct CatalogSection {
     pub database_url: Option<String>,
     /// Upper bound on pooled database connections.
     pub max_connections: u32,
+    /// How long a builder's lease on a build lasts unless renewed, in seconds.
+    pub build_lease_seconds: u64,
+    /// Leases a build may be handed before a lost builder fails it.
+    pub build_max_attempts: u32,
 }
 
 impl Default for CatalogSection {
@@ -118,6 +122,8 @@ impl Default for CatalogSection {
             admin_listen: None,
             database_url: None,
             max_connections: 10,
+            build_lease_seconds: 30,
+            build_max_attempts: 3,
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use anyhow::Context as _;
-use plinth_catalog::CatalogOptions;
+use plinth_catalog::{CatalogOptions, LeasePolicy};
 use plinth_gateway::{Backends, GatewayOptions};
 use plinth_kit::tasks::CancellationToken;
 use plinth_source::{GitPolicy, SourceLimits, SourceOptions};
@@ -211,7 +211,14 @@ fn spawn_catalog(
             )
         })?;
     }
+    let leases = LeasePolicy {
+        lease_ms: i64::try_from(config.catalog.build_lease_seconds.max(1))
+            .unwrap_or(i64::MAX / 2_000)
+            .saturating_mul(1000),
+        max_attempts: config.catalog.build_max_attempts.max(1),
+    };
     let options = CatalogOptions {
+        leases,
         database_url: config
             .catalog
             .database_url

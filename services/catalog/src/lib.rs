@@ -21,7 +21,7 @@ use plinth_kit::tasks::CancellationToken;
 use plinth_proto::catalog::v1::catalog_service_server::CatalogServiceServer;
 use tokio::net::TcpListener;
 
-pub use persistence::{Store, StoreError};
+pub use persistence::{LeasePolicy, Store, StoreError};
 
 /// The catalog's gRPC service name, as health checks name it.
 pub const SERVICE_NAME: &str = "plinth.catalog.v1.CatalogService";
@@ -35,6 +35,8 @@ pub struct CatalogOptions {
     pub max_connections: u32,
     /// When set, every catalog call must carry it.
     pub internal_token: Option<Secret>,
+    /// How builds are leased to builders.
+    pub leases: LeasePolicy,
 }
 
 /// Why the catalog stopped.
@@ -74,7 +76,7 @@ pub async fn run(
         .await;
     admin::spawn(admin, readiness, shutdown.clone());
 
-    let service = CatalogServiceServer::new(service::Catalog::new(store.clone()))
+    let service = CatalogServiceServer::new(service::Catalog::new(store.clone(), options.leases))
         .max_decoding_message_size(4 * 1024 * 1024);
     server.add_service(service).serve(grpc, shutdown).await?;
     store.close().await;

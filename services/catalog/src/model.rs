@@ -150,6 +150,8 @@ pub struct Environment {
     pub created_at_ms: i64,
     /// Milliseconds since the Unix epoch.
     pub updated_at_ms: i64,
+    /// Every build, newest first.
+    pub builds: Vec<Build>,
 }
 
 /// Where an environment stands.
@@ -157,18 +159,168 @@ pub struct Environment {
 pub enum EnvironmentStatus {
     /// Nothing built yet.
     Empty,
+    /// No version is active and a build is queued or running.
+    Building,
     /// A version is active.
     Ready,
+    /// No version is active and the latest build failed.
+    Failed,
 }
 
 impl Environment {
-    /// Ready whenever a version is active; empty while nothing has been built.
+    /// Ready whenever a version is active; otherwise what the latest build says.
     pub fn status(&self) -> EnvironmentStatus {
-        match self.active_version {
-            Some(_) => EnvironmentStatus::Ready,
+        if self.active_version.is_some() {
+            return EnvironmentStatus::Ready;
+        }
+        match self.builds.first().map(|build| build.status) {
             None => EnvironmentStatus::Empty,
+            Some(BuildStatus::Queued | BuildStatus::Building) => EnvironmentStatus::Building,
+            Some(BuildStatus::Failed) => EnvironmentStatus::Failed,
+            // A ready build that is not active was deactivated by a rollback elsewhere; the
+            // environment has something to activate but nothing active.
+            Some(BuildStatus::Ready) => EnvironmentStatus::Empty,
         }
     }
+
+    /// The packages the active version installed.
+    pub fn packages(&self) -> &[Package] {
+        self.active_version
+            .and_then(|active| self.builds.iter().find(|build| build.version == active))
+            .map_or(&[], |build| build.packages.as_slice())
+    }
+}
+
+/// Where a build stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuildStatus {
+    /// Waiting for a builder.
+    Queued,
+    /// A builder holds its lease.
+    Building,
+    /// Finished; activatable.
+    Ready,
+    /// Finished without a usable version.
+    Failed,
+}
+
+impl BuildStatus {
+    /// The stored spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BuildStatus::Queued => "queued",
+            BuildStatus::Building => "building",
+            BuildStatus::Ready => "ready",
+            BuildStatus::Failed => "failed",
+        }
+    }
+
+    /// Reads the stored spelling.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "queued" => Some(BuildStatus::Queued),
+            "building" => Some(BuildStatus::Building),
+            "ready" => Some(BuildStatus::Ready),
+            "failed" => Some(BuildStatus::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// One installed package.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Package {
+    /// `pip` or `npm`.
+    pub manager: String,
+    /// As its manager spells it.
+    pub name: String,
+    /// As its manager spells it.
+    pub version: String,
+}
+
+/// One build: a version of an environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Build {
+    /// Its environment.
+    pub environment_id: EnvironmentId,
+    /// Its version number, from 1.
+    pub version: u32,
+    /// Where it stands.
+    pub status: BuildStatus,
+    /// The source tree it builds (`sha256:…`).
+    pub source_tree: String,
+    /// The layer tree it produced, once ready.
+    pub layer_tree: String,
+    /// Why it failed.
+    pub error: String,
+    /// What it installed.
+    pub packages: Vec<Package>,
+    /// The layer's bytes.
+    pub size: u64,
+    /// Leases handed out so far.
+    pub attempt: u32,
+    /// Bytes of log appended.
+    pub log_bytes: u64,
+    /// Milliseconds since the Unix epoch.
+    pub queued_at_ms: i64,
+    /// Milliseconds since the Unix epoch; 0 until a builder takes it.
+    pub started_at_ms: i64,
+    /// Milliseconds since the Unix epoch; 0 until it ends.
+    pub finished_at_ms: i64,
+}
+
+/// Proof that a builder holds a build: every write of the builder carries it, and a token
+/// whose lease expired is refused (fencing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseToken(String);
+
+impl LeaseToken {
+    /// A fresh, unguessable token.
+    pub fn generate() -> Self {
+        LeaseToken(format!("lease_{}", uuid::Uuid::new_v4().simple()))
+    }
+
+    /// Wraps a token received from a builder.
+    pub fn from_wire(text: String) -> Self {
+        LeaseToken(text)
+    }
+
+    /// The token as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A build handed to a builder.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// The build.
+    pub build: Build,
+    /// Its environment's slug: where it builds (`/env/<slug>`).
+    pub slug: Slug,
+    /// The lease.
+    pub token: LeaseToken,
+    /// When the lease ends unless renewed, ms since the Unix epoch.
+    pub expires_at_ms: i64,
+}
+
+/// How a build ended, as its builder reports it.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// The layer is stored: the version is ready and becomes active.
+    Ready {
+        /// The layer tree's digest.
+        layer_tree: String,
+        /// What was installed.
+        packages: Vec<Package>,
+        /// The layer's bytes.
+        size: u64,
+    },
+    /// The build failed; nothing else changes.
+    Failed {
+        /// Why.
+        error: String,
+    },
 }
 
 /// A validated request to create an environment.

@@ -6,6 +6,9 @@
 //! the same SQL through sqlx's `Any` driver: times are i64 milliseconds, ids are text.
 //! Uniqueness (one slug per scope) is an index, so it holds across catalog replicas.
 
+mod builds;
+
+pub use builds::{LeasePolicy, MAX_LOG_BYTES};
 use plinth_kit::database::{Backend, Database, DatabaseError, MigrationFile, now_ms};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -14,16 +17,30 @@ use crate::model::{Environment, EnvironmentChanges, EnvironmentId, NewEnvironmen
 
 fn migrations(backend: Backend) -> &'static [MigrationFile] {
     match backend {
-        Backend::Sqlite => &[(
-            1,
-            "environments",
-            include_str!("../migrations/sqlite/0001_environments.sql"),
-        )],
-        Backend::Postgres => &[(
-            1,
-            "environments",
-            include_str!("../migrations/postgres/0001_environments.sql"),
-        )],
+        Backend::Sqlite => &[
+            (
+                1,
+                "environments",
+                include_str!("../migrations/sqlite/0001_environments.sql"),
+            ),
+            (
+                2,
+                "builds",
+                include_str!("../migrations/sqlite/0002_builds.sql"),
+            ),
+        ],
+        Backend::Postgres => &[
+            (
+                1,
+                "environments",
+                include_str!("../migrations/postgres/0001_environments.sql"),
+            ),
+            (
+                2,
+                "builds",
+                include_str!("../migrations/postgres/0002_builds.sql"),
+            ),
+        ],
     }
 }
 
@@ -36,6 +53,15 @@ pub enum StoreError {
     /// The slug is taken in the scope.
     #[error("slug is taken in this scope")]
     SlugTaken,
+    /// A build of the environment is queued or running.
+    #[error("a build is queued or running")]
+    Busy,
+    /// The version cannot be activated: it is not ready.
+    #[error("the version is {}, not ready", .0.as_str())]
+    NotReady(crate::model::BuildStatus),
+    /// The builder's lease expired or was handed on; its write is refused.
+    #[error("the lease expired or was handed to another builder")]
+    LeaseLost,
     /// The database could not be opened or migrated.
     #[error(transparent)]
     Open(#[from] DatabaseError),
@@ -103,6 +129,7 @@ impl Store {
             files_bytes: 0,
             created_at_ms: now,
             updated_at_ms: now,
+            builds: Vec::new(),
         };
         let result = sqlx::query(
             "INSERT INTO environments (id, scope, name, slug, description, entry, \
@@ -141,7 +168,9 @@ impl Store {
             .fetch_optional(&self.db.reader)
             .await?
             .ok_or(StoreError::NotFound)?;
-        environment_from_row(&row)
+        let mut environment = environment_from_row(&row)?;
+        environment.builds = self.builds_of(&[&environment.id]).await?;
+        Ok(environment)
     }
 
     /// Every environment of the scope, oldest first.
@@ -154,7 +183,20 @@ impl Store {
             .bind(scope.as_str())
             .fetch_all(&self.db.reader)
             .await?;
-        rows.iter().map(environment_from_row).collect()
+        let mut environments = rows
+            .iter()
+            .map(environment_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let ids: Vec<&EnvironmentId> = environments.iter().map(|e| &e.id).collect();
+        let mut builds = self.builds_of(&ids).await?;
+        for environment in &mut environments {
+            let (mine, rest): (Vec<_>, Vec<_>) = builds
+                .into_iter()
+                .partition(|build| build.environment_id == environment.id);
+            environment.builds = mine;
+            builds = rest;
+        }
+        Ok(environments)
     }
 
     /// Applies the changes that are set; the slug never changes.
@@ -182,22 +224,28 @@ impl Store {
             .fetch_optional(&self.db.writer)
             .await?
             .ok_or(StoreError::NotFound)?;
-        environment_from_row(&row)
+        let mut environment = environment_from_row(&row)?;
+        environment.builds = self.builds_of(&[&environment.id]).await?;
+        Ok(environment)
     }
 
-    /// Deletes the environment.
+    /// Deletes the environment and every version of it; refused while a build is queued or
+    /// running (the condition is part of the DELETE, so a build queued meanwhile wins).
     pub async fn delete_environment(
         &self,
         scope: &Scope,
         id: &EnvironmentId,
     ) -> Result<(), StoreError> {
-        let result = sqlx::query("DELETE FROM environments WHERE scope = $1 AND id = $2")
-            .bind(scope.as_str())
-            .bind(id.as_str())
-            .execute(&self.db.writer)
-            .await?;
+        let result = sqlx::query(
+            "DELETE FROM environments WHERE scope = $1 AND id = $2 AND NOT EXISTS              (SELECT 1 FROM builds WHERE environment_id = $2 AND status IN ('queued', 'building'))",
+        )
+        .bind(scope.as_str())
+        .bind(id.as_str())
+        .execute(&self.db.writer)
+        .await?;
         if result.rows_affected() == 0 {
-            return Err(StoreError::NotFound);
+            self.get_environment(scope, id).await?;
+            return Err(StoreError::Busy);
         }
         Ok(())
     }
@@ -220,6 +268,7 @@ fn environment_from_row(row: &AnyRow) -> Result<Environment, StoreError> {
         files_bytes: count(row, "files_bytes")?,
         created_at_ms: row.try_get("created_at_ms")?,
         updated_at_ms: row.try_get("updated_at_ms")?,
+        builds: Vec::new(),
     })
 }
 

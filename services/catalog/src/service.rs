@@ -6,29 +6,56 @@ use plinth_proto::catalog::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::model::{
-    Environment, EnvironmentChanges, EnvironmentId, EnvironmentStatus, NewEnvironment, Scope,
+    Build, BuildStatus, Environment, EnvironmentChanges, EnvironmentId, EnvironmentStatus,
+    LeaseToken, NewEnvironment, Outcome, Package, Scope,
 };
-use crate::persistence::{Store, StoreError};
+use crate::persistence::{LeasePolicy, Store, StoreError};
 
 /// The `plinth.catalog.v1.CatalogService` implementation.
 pub struct Catalog {
     store: Store,
+    leases: LeasePolicy,
 }
 
 impl Catalog {
-    pub fn new(store: Store) -> Self {
-        Catalog { store }
+    pub fn new(store: Store, leases: LeasePolicy) -> Self {
+        Catalog { store, leases }
     }
 }
 
 fn store_error(error: StoreError, id: &str) -> PlinthError {
     match error {
+        StoreError::Busy => PlinthError::new(
+            ErrorCode::EnvironmentBusy,
+            "a build of this environment is queued or running; wait for it to end",
+        ),
+        StoreError::NotReady(status) => PlinthError::new(
+            ErrorCode::EnvironmentNotReady,
+            format!(
+                "the version is {}; only a ready version can be activated",
+                status.as_str()
+            ),
+        ),
+        StoreError::LeaseLost => PlinthError::new(
+            ErrorCode::LeaseLost,
+            "the lease expired or was handed to another builder; stop this build",
+        ),
         StoreError::NotFound => PlinthError::not_found(format_args!("environment {id}")),
         StoreError::SlugTaken => PlinthError::new(
             ErrorCode::EnvironmentExists,
             "another environment in this scope already has this slug, and so its mount path; choose a different name",
         ),
         other => PlinthError::internal(&other),
+    }
+}
+
+/// Errors about one version: a missing build is named by its version.
+fn version_error(error: StoreError, id: &str, version: u32) -> PlinthError {
+    match error {
+        StoreError::NotFound => {
+            PlinthError::not_found(format_args!("version {version} of environment {id}"))
+        }
+        other => store_error(other, id),
     }
 }
 
@@ -125,14 +152,236 @@ impl pb::catalog_service_server::CatalogService for Catalog {
         tracing::info!("environment deleted");
         Ok(Response::new(pb::DeleteEnvironmentResponse {}))
     }
+
+    #[tracing::instrument(name = "catalog.start_build", skip_all, fields(scope = %request.get_ref().scope, id = %request.get_ref().id))]
+    async fn start_build(
+        &self,
+        request: Request<pb::StartBuildRequest>,
+    ) -> Result<Response<pb::Build>, Status> {
+        let request = request.into_inner();
+        let scope = Scope::parse(&request.scope)?;
+        let id = parse_id(&request.id)?;
+        let build = self
+            .store
+            .start_build(&scope, &id, &request.source_tree)
+            .await
+            .map_err(|error| store_error(error, &request.id))?;
+        tracing::info!(version = build.version, "build queued");
+        Ok(Response::new(build.into()))
+    }
+
+    #[tracing::instrument(name = "catalog.get_build", skip_all, fields(scope = %request.get_ref().scope, id = %request.get_ref().id))]
+    async fn get_build(
+        &self,
+        request: Request<pb::GetBuildRequest>,
+    ) -> Result<Response<pb::Build>, Status> {
+        let request = request.into_inner();
+        let scope = Scope::parse(&request.scope)?;
+        let id = parse_id(&request.id)?;
+        let build = self
+            .store
+            .get_build(&scope, &id, request.version)
+            .await
+            .map_err(|error| version_error(error, &request.id, request.version))?;
+        Ok(Response::new(build.into()))
+    }
+
+    #[tracing::instrument(name = "catalog.read_build_log", skip_all, fields(scope = %request.get_ref().scope, id = %request.get_ref().id))]
+    async fn read_build_log(
+        &self,
+        request: Request<pb::ReadBuildLogRequest>,
+    ) -> Result<Response<pb::ReadBuildLogResponse>, Status> {
+        let request = request.into_inner();
+        let scope = Scope::parse(&request.scope)?;
+        let id = parse_id(&request.id)?;
+        let (text, next_offset, finished) = self
+            .store
+            .read_log(&scope, &id, request.version, request.offset)
+            .await
+            .map_err(|error| version_error(error, &request.id, request.version))?;
+        Ok(Response::new(pb::ReadBuildLogResponse {
+            text,
+            next_offset,
+            finished,
+        }))
+    }
+
+    #[tracing::instrument(name = "catalog.activate_version", skip_all, fields(scope = %request.get_ref().scope, id = %request.get_ref().id))]
+    async fn activate_version(
+        &self,
+        request: Request<pb::ActivateVersionRequest>,
+    ) -> Result<Response<pb::Environment>, Status> {
+        let request = request.into_inner();
+        let scope = Scope::parse(&request.scope)?;
+        let id = parse_id(&request.id)?;
+        self.store
+            .activate(&scope, &id, request.version)
+            .await
+            .map_err(|error| version_error(error, &request.id, request.version))?;
+        let environment = self
+            .store
+            .get_environment(&scope, &id)
+            .await
+            .map_err(|error| store_error(error, &request.id))?;
+        tracing::info!(version = request.version, "version activated");
+        Ok(Response::new(environment.into()))
+    }
+
+    #[tracing::instrument(name = "catalog.claim_build", skip_all, fields(builder = %request.get_ref().builder))]
+    async fn claim_build(
+        &self,
+        request: Request<pb::ClaimBuildRequest>,
+    ) -> Result<Response<pb::ClaimBuildResponse>, Status> {
+        let claim = self
+            .store
+            .claim_build(&request.get_ref().builder, self.leases)
+            .await
+            .map_err(|error| store_error(error, ""))?;
+        Ok(Response::new(pb::ClaimBuildResponse {
+            claim: claim.map(|claim| {
+                tracing::info!(environment = %claim.build.environment_id, version = claim.build.version, attempt = claim.build.attempt, "build leased");
+                pb::BuildClaim {
+                    build: Some(claim.build.into()),
+                    slug: claim.slug.as_str().to_owned(),
+                    lease_token: claim.token.as_str().to_owned(),
+                    expires_at_ms: claim.expires_at_ms,
+                    renew_every_ms: (self.leases.lease_ms / 3).max(1),
+                }
+            }),
+        }))
+    }
+
+    #[tracing::instrument(name = "catalog.renew_lease", skip_all)]
+    async fn renew_lease(
+        &self,
+        request: Request<pb::RenewLeaseRequest>,
+    ) -> Result<Response<pb::RenewLeaseResponse>, Status> {
+        let token = LeaseToken::from_wire(request.into_inner().lease_token);
+        let expires_at_ms = self
+            .store
+            .heartbeat(&token, self.leases.lease_ms)
+            .await
+            .map_err(|error| store_error(error, ""))?;
+        Ok(Response::new(pb::RenewLeaseResponse { expires_at_ms }))
+    }
+
+    #[tracing::instrument(name = "catalog.append_build_log", skip_all)]
+    async fn append_build_log(
+        &self,
+        request: Request<pb::AppendBuildLogRequest>,
+    ) -> Result<Response<pb::AppendBuildLogResponse>, Status> {
+        let request = request.into_inner();
+        let token = LeaseToken::from_wire(request.lease_token);
+        let log_bytes = self
+            .store
+            .append_log(&token, &request.chunk)
+            .await
+            .map_err(|error| store_error(error, ""))?;
+        Ok(Response::new(pb::AppendBuildLogResponse { log_bytes }))
+    }
+
+    #[tracing::instrument(name = "catalog.complete_build", skip_all)]
+    async fn complete_build(
+        &self,
+        request: Request<pb::CompleteBuildRequest>,
+    ) -> Result<Response<pb::Build>, Status> {
+        let request = request.into_inner();
+        let token = LeaseToken::from_wire(request.lease_token);
+        let outcome = match request.outcome {
+            Some(pb::complete_build_request::Outcome::Ready(ready)) => Outcome::Ready {
+                layer_tree: ready.layer_tree,
+                packages: ready
+                    .packages
+                    .into_iter()
+                    .map(|p| Package {
+                        manager: p.manager,
+                        name: p.name,
+                        version: p.version,
+                    })
+                    .collect(),
+                size: ready.size,
+            },
+            Some(pb::complete_build_request::Outcome::Failed(error)) => Outcome::Failed { error },
+            None => return Err(PlinthError::invalid("outcome: ready or failed is required").into()),
+        };
+        let build = self
+            .store
+            .complete_build(&token, outcome)
+            .await
+            .map_err(|error| store_error(error, ""))?;
+        tracing::info!(environment = %build.environment_id, version = build.version, status = build.status.as_str(), "build ended");
+        Ok(Response::new(build.into()))
+    }
+}
+
+fn build_status(status: BuildStatus) -> pb::BuildStatus {
+    match status {
+        BuildStatus::Queued => pb::BuildStatus::Queued,
+        BuildStatus::Building => pb::BuildStatus::Building,
+        BuildStatus::Ready => pb::BuildStatus::Ready,
+        BuildStatus::Failed => pb::BuildStatus::Failed,
+    }
+}
+
+fn package(package: &Package) -> pb::Package {
+    pb::Package {
+        manager: package.manager.clone(),
+        name: package.name.clone(),
+        version: package.version.clone(),
+    }
+}
+
+fn seconds(ms: i64) -> i64 {
+    ms / 1000
+}
+
+impl From<Build> for pb::Build {
+    fn from(build: Build) -> Self {
+        pb::Build {
+            environment_id: build.environment_id.as_str().to_owned(),
+            version: build.version,
+            status: build_status(build.status).into(),
+            source_tree: build.source_tree,
+            layer_tree: build.layer_tree,
+            error: build.error,
+            packages: build.packages.iter().map(package).collect(),
+            size: build.size,
+            attempt: build.attempt,
+            log_bytes: build.log_bytes,
+            queued_at_ms: build.queued_at_ms,
+            started_at_ms: build.started_at_ms,
+            finished_at_ms: build.finished_at_ms,
+        }
+    }
 }
 
 impl From<Environment> for pb::Environment {
     fn from(environment: Environment) -> Self {
         let status = match environment.status() {
             EnvironmentStatus::Empty => pb::EnvironmentStatus::Empty,
+            EnvironmentStatus::Building => pb::EnvironmentStatus::Building,
             EnvironmentStatus::Ready => pb::EnvironmentStatus::Ready,
+            EnvironmentStatus::Failed => pb::EnvironmentStatus::Failed,
         };
+        let packages = environment.packages().iter().map(package).collect();
+        let versions = environment
+            .builds
+            .iter()
+            .map(|build| pb::VersionSummary {
+                version: build.version,
+                status: build_status(build.status).into(),
+                started_at: seconds(build.started_at_ms),
+                finished_at: seconds(build.finished_at_ms),
+                packages: u32::try_from(build.packages.len()).unwrap_or(u32::MAX),
+            })
+            .collect();
+        let build = environment.builds.first().map(|build| pb::BuildSummary {
+            version: build.version,
+            status: build_status(build.status).into(),
+            started_at: seconds(build.started_at_ms),
+            finished_at: seconds(build.finished_at_ms),
+            error: build.error.clone(),
+        });
         pb::Environment {
             mount: environment.slug.mount(),
             id: environment.id.as_str().to_owned(),
@@ -148,9 +397,9 @@ impl From<Environment> for pb::Environment {
                 count: environment.files_count,
                 bytes: environment.files_bytes,
             }),
-            packages: Vec::new(),
-            versions: Vec::new(),
-            build: None,
+            packages,
+            versions,
+            build,
             created_at_ms: environment.created_at_ms,
             updated_at_ms: environment.updated_at_ms,
         }

@@ -31,6 +31,8 @@ pub enum ErrorCode {
     FileTooLarge,
     /// No valid credentials.
     Unauthenticated,
+    /// A builder's lease expired or was handed to another builder; its write was refused.
+    LeaseLost,
     /// The route does not exist on this server.
     NotFound,
     /// The route exists but not with this method.
@@ -43,7 +45,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 11] = [
+    pub const ALL: [ErrorCode; 12] = [
         ErrorCode::EnvironmentInvalid,
         ErrorCode::EnvironmentNotFound,
         ErrorCode::EnvironmentExists,
@@ -51,6 +53,7 @@ impl ErrorCode {
         ErrorCode::EnvironmentNotReady,
         ErrorCode::FileTooLarge,
         ErrorCode::Unauthenticated,
+        ErrorCode::LeaseLost,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::Unavailable,
@@ -67,6 +70,7 @@ impl ErrorCode {
             ErrorCode::EnvironmentNotReady => "environment_not_ready",
             ErrorCode::FileTooLarge => "file_too_large",
             ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::LeaseLost => "lease_lost",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::Unavailable => "unavailable",
@@ -86,7 +90,8 @@ impl ErrorCode {
             ErrorCode::EnvironmentNotFound | ErrorCode::NotFound => 404,
             ErrorCode::EnvironmentExists
             | ErrorCode::EnvironmentBusy
-            | ErrorCode::EnvironmentNotReady => 409,
+            | ErrorCode::EnvironmentNotReady
+            | ErrorCode::LeaseLost => 409,
             ErrorCode::FileTooLarge => 413,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::MethodNotAllowed => 405,
@@ -102,7 +107,9 @@ impl ErrorCode {
             ErrorCode::EnvironmentNotFound | ErrorCode::NotFound => tonic::Code::NotFound,
             ErrorCode::EnvironmentExists => tonic::Code::AlreadyExists,
             ErrorCode::EnvironmentBusy => tonic::Code::Aborted,
-            ErrorCode::EnvironmentNotReady => tonic::Code::FailedPrecondition,
+            ErrorCode::EnvironmentNotReady | ErrorCode::LeaseLost => {
+                tonic::Code::FailedPrecondition
+            }
             ErrorCode::FileTooLarge => tonic::Code::OutOfRange,
             ErrorCode::Unauthenticated => tonic::Code::Unauthenticated,
             ErrorCode::MethodNotAllowed => tonic::Code::Unimplemented,

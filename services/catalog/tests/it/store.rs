@@ -3,7 +3,11 @@
 
 use std::collections::HashSet;
 
-use plinth_catalog::model::{EnvironmentChanges, EnvironmentId, NewEnvironment, Scope};
+use plinth_catalog::LeasePolicy;
+use plinth_catalog::model::{
+    BuildStatus, EnvironmentChanges, EnvironmentId, EnvironmentStatus, NewEnvironment, Outcome,
+    Package, Scope,
+};
 use plinth_catalog::testing::{self, PostgresAvailability};
 use plinth_catalog::{Store, StoreError};
 
@@ -41,6 +45,13 @@ store_suite!(
     another_scopes_environment_does_not_exist,
     delete_frees_the_slug,
     migrations_run_again_without_harm,
+    one_build_at_a_time_even_when_requests_race,
+    a_build_runs_from_queue_to_active_version,
+    a_failed_build_changes_nothing_else,
+    activation_takes_only_ready_versions,
+    an_expired_lease_is_fenced_and_the_build_requeued,
+    a_build_whose_builders_keep_vanishing_fails,
+    deleting_waits_for_the_build_and_takes_its_versions,
 );
 
 async fn postgres_url() -> Option<String> {
@@ -267,4 +278,452 @@ async fn migrations_run_again_without_harm(store: Store) {
         .await
         .expect("get");
     assert_eq!(read.name, "Kept");
+}
+
+const LEASES: LeasePolicy = LeasePolicy {
+    lease_ms: 60_000,
+    max_attempts: 3,
+};
+
+fn ready(layer: &str) -> Outcome {
+    Outcome::Ready {
+        layer_tree: layer.to_owned(),
+        packages: vec![Package {
+            manager: "pip".into(),
+            name: "requests".into(),
+            version: "2.32.3".into(),
+        }],
+        size: 1234,
+    }
+}
+
+async fn one_build_at_a_time_even_when_requests_race(store: Store) {
+    let environment = store
+        .create_environment(new("acme", "Racy"))
+        .await
+        .expect("create");
+    let attempts: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, id) = (store.clone(), environment.id.clone());
+            tokio::spawn(async move { store.start_build(&scope("acme"), &id, "sha256:tree").await })
+        })
+        .collect();
+    let mut started = 0;
+    for attempt in attempts {
+        match attempt.await.expect("task") {
+            Ok(build) => {
+                started += 1;
+                assert_eq!(build.version, 1);
+                assert_eq!(build.status, BuildStatus::Queued);
+            }
+            Err(StoreError::Busy) => {}
+            Err(other) => panic!("unexpected: {other}"),
+        }
+    }
+    assert_eq!(started, 1);
+    let read = store
+        .get_environment(&scope("acme"), &environment.id)
+        .await
+        .expect("get");
+    assert_eq!(read.latest_version, Some(1));
+    assert_eq!(read.status(), EnvironmentStatus::Building);
+}
+
+async fn a_build_runs_from_queue_to_active_version(store: Store) {
+    let environment = store
+        .create_environment(new("acme", "Studio"))
+        .await
+        .expect("create");
+    assert_eq!(environment.status(), EnvironmentStatus::Empty);
+    store
+        .start_build(&scope("acme"), &environment.id, "sha256:source")
+        .await
+        .expect("start");
+    let claim = store
+        .claim_build("builder-1", LEASES)
+        .await
+        .expect("claim")
+        .expect("work");
+    assert_eq!(claim.slug.as_str(), "studio");
+    assert_eq!(claim.build.source_tree, "sha256:source");
+    assert_eq!(claim.build.attempt, 1);
+    assert!(
+        store
+            .claim_build("builder-2", LEASES)
+            .await
+            .expect("claim")
+            .is_none(),
+        "nothing else is queued"
+    );
+    store
+        .heartbeat(&claim.token, LEASES.lease_ms)
+        .await
+        .expect("heartbeat");
+    assert_eq!(
+        store
+            .append_log(&claim.token, "Collecting requests\n")
+            .await
+            .expect("log"),
+        20
+    );
+    assert_eq!(
+        store
+            .append_log(&claim.token, "Installed ✓\n")
+            .await
+            .expect("log"),
+        34
+    );
+    let (text, next, finished) = store
+        .read_log(&scope("acme"), &environment.id, 1, 0)
+        .await
+        .expect("read");
+    assert_eq!(
+        (text.as_str(), next, finished),
+        ("Collecting requests\nInstalled ✓\n", 34, false)
+    );
+    let (rest, _, _) = store
+        .read_log(&scope("acme"), &environment.id, 1, 20)
+        .await
+        .expect("read");
+    assert_eq!(
+        rest, "Installed ✓\n",
+        "a reader that reconnects with an offset gets only what it missed"
+    );
+    let building = store
+        .get_environment(&scope("acme"), &environment.id)
+        .await
+        .expect("get");
+    assert_eq!(building.status(), EnvironmentStatus::Building);
+    assert_eq!(building.builds[0].status, BuildStatus::Building);
+
+    let done = store
+        .complete_build(&claim.token, ready("sha256:layer"))
+        .await
+        .expect("complete");
+    assert_eq!(done.status, BuildStatus::Ready);
+    let read = store
+        .get_environment(&scope("acme"), &environment.id)
+        .await
+        .expect("get");
+    assert_eq!(
+        read.active_version,
+        Some(1),
+        "success activates in the same transaction"
+    );
+    assert_eq!(read.status(), EnvironmentStatus::Ready);
+    assert_eq!(read.packages().len(), 1);
+    assert_eq!(read.builds[0].layer_tree, "sha256:layer");
+    let (_, _, finished) = store
+        .read_log(&scope("acme"), &environment.id, 1, 34)
+        .await
+        .expect("read");
+    assert!(finished);
+    // The lease ended with the build.
+    assert!(matches!(
+        store.append_log(&claim.token, "late").await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.get_build(&scope("globex"), &environment.id, 1).await,
+        Err(StoreError::NotFound)
+    ));
+}
+
+async fn a_failed_build_changes_nothing_else(store: Store) {
+    let environment = store
+        .create_environment(new("acme", "Stable"))
+        .await
+        .expect("create");
+    store
+        .start_build(&scope("acme"), &environment.id, "sha256:one")
+        .await
+        .expect("start");
+    let first = store
+        .claim_build("b", LEASES)
+        .await
+        .expect("claim")
+        .expect("work");
+    store
+        .complete_build(&first.token, ready("sha256:layer-one"))
+        .await
+        .expect("ready");
+    store
+        .start_build(&scope("acme"), &environment.id, "sha256:two")
+        .await
+        .expect("start");
+    let second = store
+        .claim_build("b", LEASES)
+        .await
+        .expect("claim")
+        .expect("work");
+    assert_eq!(second.build.version, 2);
+    let failed = store
+        .complete_build(
+            &second.token,
+            Outcome::Failed {
+                error: "setup.sh exited with 3".into(),
+            },
+        )
+        .await
+        .expect("failed");
+    assert_eq!(failed.status, BuildStatus::Failed);
+    let read = store
+        .get_environment(&scope("acme"), &environment.id)
+        .await
+        .expect("get");
+    assert_eq!(
+        read.active_version,
+        Some(1),
+        "the previous version stays active"
+    );
+    assert_eq!(read.latest_version, Some(2));
+    assert_eq!(read.status(), EnvironmentStatus::Ready);
+    assert_eq!(read.builds[0].error, "setup.sh exited with 3");
+
+    // With nothing active, a failure is what the environment says.
+    let fresh = store
+        .create_environment(new("acme", "Broken"))
+        .await
+        .expect("create");
+    store
+        .start_build(&scope("acme"), &fresh.id, "sha256:x")
+        .await
+        .expect("start");
+    let claim = store
+        .claim_build("b", LEASES)
+        .await
+        .expect("claim")
+        .expect("work");
+    store
+        .complete_build(
+            &claim.token,
+            Outcome::Failed {
+                error: "boom".into(),
+            },
+        )
+        .await
+        .expect("failed");
+    let read = store
+        .get_environment(&scope("acme"), &fresh.id)
+        .await
+        .expect("get");
+    assert_eq!(read.status(), EnvironmentStatus::Failed);
+}
+
+async fn activation_takes_only_ready_versions(store: Store) {
+    let environment = store
+        .create_environment(new("acme", "Rollback"))
+        .await
+        .expect("create");
+    for (source, outcome) in [
+        ("sha256:1", ready("sha256:l1")),
+        ("sha256:2", ready("sha256:l2")),
+        ("sha256:3", Outcome::Failed { error: "no".into() }),
+    ] {
+        store
+            .start_build(&scope("acme"), &environment.id, source)
+            .await
+            .expect("start");
+        let claim = store
+            .claim_build("b", LEASES)
+            .await
+            .expect("claim")
+            .expect("work");
+        store
+            .complete_build(&claim.token, outcome)
+            .await
+            .expect("complete");
+    }
+    let read = store
+        .get_environment(&scope("acme"), &environment.id)
+        .await
+        .expect("get");
+    assert_eq!(read.active_version, Some(2));
+    store
+        .activate(&scope("acme"), &environment.id, 1)
+        .await
+        .expect("roll back");
+    let read = store
+        .get_environment(&scope("acme"), &environment.id)
+        .await
+        .expect("get");
+    assert_eq!(read.active_version, Some(1));
+    assert!(matches!(
+        store.activate(&scope("acme"), &environment.id, 3).await,
+        Err(StoreError::NotReady(BuildStatus::Failed))
+    ));
+    assert!(matches!(
+        store.activate(&scope("acme"), &environment.id, 9).await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(
+        store.activate(&scope("globex"), &environment.id, 1).await,
+        Err(StoreError::NotFound)
+    ));
+    store
+        .start_build(&scope("acme"), &environment.id, "sha256:4")
+        .await
+        .expect("start");
+    assert!(matches!(
+        store.activate(&scope("acme"), &environment.id, 4).await,
+        Err(StoreError::NotReady(BuildStatus::Queued))
+    ));
+}
+
+async fn an_expired_lease_is_fenced_and_the_build_requeued(store: Store) {
+    let short = LeasePolicy {
+        lease_ms: 50,
+        max_attempts: 3,
+    };
+    let environment = store
+        .create_environment(new("acme", "Fenced"))
+        .await
+        .expect("create");
+    store
+        .start_build(&scope("acme"), &environment.id, "sha256:s")
+        .await
+        .expect("start");
+    let paused = store
+        .claim_build("paused", short)
+        .await
+        .expect("claim")
+        .expect("work");
+    tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+    // The paused builder wakes after its lease: every write is refused.
+    assert!(matches!(
+        store.heartbeat(&paused.token, short.lease_ms).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.append_log(&paused.token, "late").await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store
+            .complete_build(&paused.token, ready("sha256:stale"))
+            .await,
+        Err(StoreError::LeaseLost)
+    ));
+    // Another builder gets it, with a new token, as attempt 2.
+    let second = store
+        .claim_build("second", LEASES)
+        .await
+        .expect("claim")
+        .expect("requeued");
+    assert_eq!((second.build.version, second.build.attempt), (1, 2));
+    assert_ne!(second.token, paused.token);
+    assert!(matches!(
+        store
+            .complete_build(&paused.token, ready("sha256:stale"))
+            .await,
+        Err(StoreError::LeaseLost)
+    ));
+    store
+        .complete_build(&second.token, ready("sha256:good"))
+        .await
+        .expect("complete");
+    let read = store
+        .get_environment(&scope("acme"), &environment.id)
+        .await
+        .expect("get");
+    assert_eq!(read.builds.len(), 1, "exactly one version");
+    assert_eq!(
+        read.builds[0].layer_tree, "sha256:good",
+        "the fenced builder's output is never referenced"
+    );
+    assert_eq!(read.active_version, Some(1));
+}
+
+async fn a_build_whose_builders_keep_vanishing_fails(store: Store) {
+    let policy = LeasePolicy {
+        lease_ms: 30,
+        max_attempts: 2,
+    };
+    let environment = store
+        .create_environment(new("acme", "Lost"))
+        .await
+        .expect("create");
+    store
+        .start_build(&scope("acme"), &environment.id, "sha256:s")
+        .await
+        .expect("start");
+    for attempt in 1..=2 {
+        let claim = store
+            .claim_build("vanishing", policy)
+            .await
+            .expect("claim")
+            .expect("work");
+        assert_eq!(claim.build.attempt, attempt);
+        tokio::time::sleep(std::time::Duration::from_millis(80)).await;
+    }
+    assert!(
+        store
+            .claim_build("next", policy)
+            .await
+            .expect("claim")
+            .is_none()
+    );
+    let read = store
+        .get_environment(&scope("acme"), &environment.id)
+        .await
+        .expect("get");
+    assert_eq!(read.builds[0].status, BuildStatus::Failed);
+    assert!(
+        read.builds[0].error.contains("builder was lost"),
+        "{}",
+        read.builds[0].error
+    );
+    assert_eq!(read.status(), EnvironmentStatus::Failed);
+    // A new build may start.
+    store
+        .start_build(&scope("acme"), &environment.id, "sha256:t")
+        .await
+        .expect("start again");
+}
+
+async fn deleting_waits_for_the_build_and_takes_its_versions(store: Store) {
+    let environment = store
+        .create_environment(new("acme", "Doomed"))
+        .await
+        .expect("create");
+    store
+        .start_build(&scope("acme"), &environment.id, "sha256:s")
+        .await
+        .expect("start");
+    assert!(matches!(
+        store
+            .delete_environment(&scope("acme"), &environment.id)
+            .await,
+        Err(StoreError::Busy)
+    ));
+    let claim = store
+        .claim_build("b", LEASES)
+        .await
+        .expect("claim")
+        .expect("work");
+    assert!(matches!(
+        store
+            .delete_environment(&scope("acme"), &environment.id)
+            .await,
+        Err(StoreError::Busy)
+    ));
+    store.append_log(&claim.token, "log").await.expect("log");
+    store
+        .complete_build(&claim.token, ready("sha256:l"))
+        .await
+        .expect("complete");
+    store
+        .delete_environment(&scope("acme"), &environment.id)
+        .await
+        .expect("delete");
+    assert!(matches!(
+        store.get_build(&scope("acme"), &environment.id, 1).await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(
+        store
+            .delete_environment(&scope("acme"), &environment.id)
+            .await,
+        Err(StoreError::NotFound)
+    ));
 }

@@ -1,0 +1,437 @@
+//! Builds and the build queue. What is durable here and why: a build row is both a version's
+//! record and its queue entry, inserted in one transaction with the environment's version
+//! counter (River's transactional enqueue). One build in flight per environment is a partial
+//! unique index. A builder's claim is a lease with a token; every write of the builder is
+//! conditional on the token and on the lease not having expired (fencing), so a builder that
+//! paused past its lease cannot publish. Success activates the version in the same
+//! transaction that marks it ready.
+
+use plinth_kit::database::{Backend, now_ms};
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use super::{Store, StoreError};
+use crate::model::{
+    Build, BuildStatus, Claim, EnvironmentId, LeaseToken, Outcome, Package, Scope, Slug,
+};
+
+/// Most bytes of log a build may keep in the catalog; builders cap their logs below this.
+pub const MAX_LOG_BYTES: u64 = 4 * 1024 * 1024;
+
+const BUILD_COLUMNS: &str = "environment_id, version, status, source_tree, layer_tree, error, \
+     packages, size, attempt, log_bytes, queued_at_ms, started_at_ms, finished_at_ms";
+
+/// How the queue hands out work.
+#[derive(Debug, Clone, Copy)]
+pub struct LeasePolicy {
+    /// How long a lease lasts unless renewed.
+    pub lease_ms: i64,
+    /// Leases a build may be handed before a lost builder fails it.
+    pub max_attempts: u32,
+}
+
+impl Store {
+    /// Queues the next version of an environment, building `source_tree`. A build already
+    /// queued or running is `StoreError::Busy`, by the schema's partial unique index.
+    pub async fn start_build(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+        source_tree: &str,
+    ) -> Result<Build, StoreError> {
+        let mut tx = self.db.writer.begin().await?;
+        let row = sqlx::query(
+            "SELECT COALESCE(latest_version, 0) AS latest FROM environments WHERE scope = $1 AND id = $2",
+        )
+        .bind(scope.as_str())
+        .bind(id.as_str())
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let latest: i64 = row.try_get("latest")?;
+        let version = latest + 1;
+        let now = now_ms();
+        let inserted = sqlx::query(
+            "INSERT INTO builds (environment_id, version, status, source_tree, queued_at_ms) \
+             VALUES ($1, $2, 'queued', $3, $4)",
+        )
+        .bind(id.as_str())
+        .bind(version)
+        .bind(source_tree)
+        .bind(now)
+        .execute(&mut *tx)
+        .await;
+        match inserted {
+            Ok(_) => {}
+            Err(sqlx::Error::Database(error)) if error.is_unique_violation() => {
+                return Err(StoreError::Busy);
+            }
+            Err(error) => return Err(error.into()),
+        }
+        sqlx::query(
+            "UPDATE environments SET latest_version = $1, updated_at_ms = $2 WHERE id = $3",
+        )
+        .bind(version)
+        .bind(now)
+        .bind(id.as_str())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.get_build(scope, id, u32::try_from(version).unwrap_or(u32::MAX))
+            .await
+    }
+
+    /// One build of an environment of the scope.
+    pub async fn get_build(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+        version: u32,
+    ) -> Result<Build, StoreError> {
+        let sql = format!(
+            "SELECT {BUILD_COLUMNS} FROM builds WHERE environment_id = $1 AND version = $2 \
+             AND EXISTS (SELECT 1 FROM environments WHERE id = $1 AND scope = $3)"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id.as_str())
+            .bind(i64::from(version))
+            .bind(scope.as_str())
+            .fetch_optional(&self.db.reader)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        build_from_row(&row)
+    }
+
+    /// Every build of these environments, newest first within each.
+    pub(super) async fn builds_of(&self, ids: &[&EnvironmentId]) -> Result<Vec<Build>, StoreError> {
+        let mut builds = Vec::new();
+        for batch in ids.chunks(500) {
+            let placeholders: Vec<String> = (1..=batch.len()).map(|i| format!("${i}")).collect();
+            let sql = format!(
+                "SELECT {BUILD_COLUMNS} FROM builds WHERE environment_id IN ({}) \
+                 ORDER BY environment_id, version DESC",
+                placeholders.join(", ")
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for id in batch {
+                query = query.bind(id.as_str());
+            }
+            for row in query.fetch_all(&self.db.reader).await? {
+                builds.push(build_from_row(&row)?);
+            }
+        }
+        Ok(builds)
+    }
+
+    /// Makes a ready version the active one: one pointer update.
+    pub async fn activate(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+        version: u32,
+    ) -> Result<(), StoreError> {
+        let build = self.get_build(scope, id, version).await?;
+        if build.status != BuildStatus::Ready {
+            return Err(StoreError::NotReady(build.status));
+        }
+        let updated = sqlx::query(
+            "UPDATE environments SET active_version = $1, updated_at_ms = $2 \
+             WHERE id = $3 AND scope = $4 AND EXISTS (SELECT 1 FROM builds \
+             WHERE environment_id = $3 AND version = $1 AND status = 'ready')",
+        )
+        .bind(i64::from(version))
+        .bind(now_ms())
+        .bind(id.as_str())
+        .bind(scope.as_str())
+        .execute(&self.db.writer)
+        .await?;
+        if updated.rows_affected() == 0 {
+            return Err(StoreError::NotFound);
+        }
+        Ok(())
+    }
+
+    /// Hands the oldest queued build to `builder` under a new lease. Expired leases are dealt
+    /// with first: re-queued, or failed once they used up their attempts.
+    pub async fn claim_build(
+        &self,
+        builder: &str,
+        policy: LeasePolicy,
+    ) -> Result<Option<Claim>, StoreError> {
+        let now = now_ms();
+        let mut tx = self.db.writer.begin().await?;
+        sqlx::query(
+            "UPDATE builds SET status = 'failed', lease_token = '', finished_at_ms = $1, \
+             error = 'the builder was lost: its lease expired ' || CAST(attempt AS TEXT) || \
+             ' time(s) without a heartbeat, and the build was not retried again' \
+             WHERE status = 'building' AND lease_expires_at_ms < $1 AND attempt >= $2",
+        )
+        .bind(now)
+        .bind(i64::from(policy.max_attempts))
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE builds SET status = 'queued', lease_token = '', builder = '' \
+             WHERE status = 'building' AND lease_expires_at_ms < $1 AND attempt < $2",
+        )
+        .bind(now)
+        .bind(i64::from(policy.max_attempts))
+        .execute(&mut *tx)
+        .await?;
+        let lock = match self.db.backend {
+            Backend::Postgres => " FOR UPDATE SKIP LOCKED",
+            // SQLite has one writer: this transaction already excludes every other claim.
+            Backend::Sqlite => "",
+        };
+        let next = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT environment_id, version FROM builds WHERE status = 'queued' \
+             ORDER BY queued_at_ms, environment_id, version LIMIT 1{lock}"
+        )))
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(next) = next else {
+            tx.commit().await?;
+            return Ok(None);
+        };
+        let environment: String = next.try_get("environment_id")?;
+        let version: i64 = next.try_get("version")?;
+        let token = LeaseToken::generate();
+        let expires_at_ms = now + policy.lease_ms;
+        sqlx::query(
+            "UPDATE builds SET status = 'building', lease_token = $1, lease_expires_at_ms = $2, \
+             builder = $3, attempt = attempt + 1, \
+             started_at_ms = CASE WHEN started_at_ms = 0 THEN $4 ELSE started_at_ms END \
+             WHERE environment_id = $5 AND version = $6",
+        )
+        .bind(token.as_str())
+        .bind(expires_at_ms)
+        .bind(builder)
+        .bind(now)
+        .bind(&environment)
+        .bind(version)
+        .execute(&mut *tx)
+        .await?;
+        let sql = format!(
+            "SELECT {BUILD_COLUMNS}, (SELECT slug FROM environments WHERE id = $1) AS slug \
+             FROM builds WHERE environment_id = $1 AND version = $2"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(&environment)
+            .bind(version)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let slug: String = row.try_get("slug")?;
+        Ok(Some(Claim {
+            build: build_from_row(&row)?,
+            slug: Slug::from_stored(slug),
+            token,
+            expires_at_ms,
+        }))
+    }
+
+    /// Renews a lease; refused once it has expired or was handed on (fencing).
+    pub async fn heartbeat(&self, token: &LeaseToken, lease_ms: i64) -> Result<i64, StoreError> {
+        let now = now_ms();
+        let expires_at_ms = now + lease_ms;
+        let updated = sqlx::query(
+            "UPDATE builds SET lease_expires_at_ms = $1 WHERE lease_token = $2 \
+             AND status = 'building' AND lease_expires_at_ms >= $3",
+        )
+        .bind(expires_at_ms)
+        .bind(token.as_str())
+        .bind(now)
+        .execute(&self.db.writer)
+        .await?;
+        if updated.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost);
+        }
+        Ok(expires_at_ms)
+    }
+
+    /// Appends to a build's log under a live lease; returns the log's new length.
+    pub async fn append_log(&self, token: &LeaseToken, chunk: &str) -> Result<u64, StoreError> {
+        let now = now_ms();
+        let mut tx = self.db.writer.begin().await?;
+        let row = sqlx::query(
+            "SELECT environment_id, version, log_bytes FROM builds WHERE lease_token = $1 \
+             AND status = 'building' AND lease_expires_at_ms >= $2",
+        )
+        .bind(token.as_str())
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::LeaseLost)?;
+        let environment: String = row.try_get("environment_id")?;
+        let version: i64 = row.try_get("version")?;
+        let offset: i64 = row.try_get("log_bytes")?;
+        let offset_u64 = u64::try_from(offset).unwrap_or(0);
+        if chunk.is_empty() || offset_u64 >= MAX_LOG_BYTES {
+            tx.commit().await?;
+            return Ok(offset_u64);
+        }
+        let mut end = chunk
+            .len()
+            .min(usize::try_from(MAX_LOG_BYTES - offset_u64).unwrap_or(usize::MAX));
+        while !chunk.is_char_boundary(end) {
+            end -= 1;
+        }
+        let kept = &chunk[..end];
+        sqlx::query(
+            "INSERT INTO build_logs (environment_id, version, start_offset, chunk) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(&environment)
+        .bind(version)
+        .bind(offset)
+        .bind(kept)
+        .execute(&mut *tx)
+        .await?;
+        let length = offset + i64::try_from(kept.len()).unwrap_or(0);
+        sqlx::query("UPDATE builds SET log_bytes = $1 WHERE environment_id = $2 AND version = $3")
+            .bind(length)
+            .bind(&environment)
+            .bind(version)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(u64::try_from(length).unwrap_or(0))
+    }
+
+    /// Ends a build under a live lease. Ready activates the version in the same transaction;
+    /// failed changes nothing else.
+    pub async fn complete_build(
+        &self,
+        token: &LeaseToken,
+        outcome: Outcome,
+    ) -> Result<Build, StoreError> {
+        let now = now_ms();
+        let mut tx = self.db.writer.begin().await?;
+        let row = sqlx::query(
+            "SELECT environment_id, version FROM builds WHERE lease_token = $1 \
+             AND status = 'building' AND lease_expires_at_ms >= $2",
+        )
+        .bind(token.as_str())
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::LeaseLost)?;
+        let environment: String = row.try_get("environment_id")?;
+        let version: i64 = row.try_get("version")?;
+        match &outcome {
+            Outcome::Ready {
+                layer_tree,
+                packages,
+                size,
+            } => {
+                let packages_json = serde_json::to_string(packages)
+                    .map_err(|error| StoreError::Corrupt(error.to_string()))?;
+                sqlx::query(
+                    "UPDATE builds SET status = 'ready', layer_tree = $1, packages = $2, \
+                     package_count = $3, size = $4, finished_at_ms = $5, lease_token = '' \
+                     WHERE environment_id = $6 AND version = $7",
+                )
+                .bind(layer_tree)
+                .bind(packages_json)
+                .bind(i64::try_from(packages.len()).unwrap_or(i64::MAX))
+                .bind(i64::try_from(*size).unwrap_or(i64::MAX))
+                .bind(now)
+                .bind(&environment)
+                .bind(version)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "UPDATE environments SET active_version = $1, updated_at_ms = $2 WHERE id = $3",
+                )
+                .bind(version)
+                .bind(now)
+                .bind(&environment)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Outcome::Failed { error } => {
+                sqlx::query(
+                    "UPDATE builds SET status = 'failed', error = $1, finished_at_ms = $2, \
+                     lease_token = '' WHERE environment_id = $3 AND version = $4",
+                )
+                .bind(error)
+                .bind(now)
+                .bind(&environment)
+                .bind(version)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        let sql = format!(
+            "SELECT {BUILD_COLUMNS} FROM builds WHERE environment_id = $1 AND version = $2"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(&environment)
+            .bind(version)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        build_from_row(&row)
+    }
+
+    /// A build's log from byte `offset`: the text, where it ends, and whether the build has
+    /// ended (so a follower knows nothing more will come).
+    pub async fn read_log(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+        version: u32,
+        offset: u64,
+    ) -> Result<(String, u64, bool), StoreError> {
+        let build = self.get_build(scope, id, version).await?;
+        let rows = sqlx::query(
+            "SELECT start_offset, chunk FROM build_logs WHERE environment_id = $1 AND version = $2 \
+             AND start_offset + LENGTH(chunk) > $3 ORDER BY start_offset",
+        )
+        .bind(id.as_str())
+        .bind(i64::from(version))
+        .bind(i64::try_from(offset).unwrap_or(i64::MAX))
+        .fetch_all(&self.db.reader)
+        .await?;
+        let mut text = String::new();
+        let mut end = offset;
+        for row in &rows {
+            let start: i64 = row.try_get("start_offset")?;
+            let chunk: String = row.try_get("chunk")?;
+            let start = u64::try_from(start).unwrap_or(0);
+            let skip = usize::try_from(offset.saturating_sub(start)).unwrap_or(usize::MAX);
+            if let Some(rest) = chunk.get(skip.min(chunk.len())..) {
+                text.push_str(rest);
+            }
+            end = start + chunk.len() as u64;
+        }
+        let finished = matches!(build.status, BuildStatus::Ready | BuildStatus::Failed);
+        Ok((text, end.max(offset), finished))
+    }
+}
+
+fn build_from_row(row: &AnyRow) -> Result<Build, StoreError> {
+    let environment: String = row.try_get("environment_id")?;
+    let status: String = row.try_get("status")?;
+    let version: i64 = row.try_get("version")?;
+    let packages: String = row.try_get("packages")?;
+    let number = |column: &str| -> Result<i64, StoreError> { Ok(row.try_get::<i64, _>(column)?) };
+    Ok(Build {
+        environment_id: EnvironmentId::parse(&environment)
+            .ok_or_else(|| StoreError::Corrupt(format!("build of {environment:?}")))?,
+        version: u32::try_from(version)
+            .map_err(|_| StoreError::Corrupt(format!("version {version}")))?,
+        status: BuildStatus::parse(&status)
+            .ok_or_else(|| StoreError::Corrupt(format!("build status {status:?}")))?,
+        source_tree: row.try_get("source_tree")?,
+        layer_tree: row.try_get("layer_tree")?,
+        error: row.try_get("error")?,
+        packages: serde_json::from_str::<Vec<Package>>(&packages)
+            .map_err(|error| StoreError::Corrupt(format!("packages: {error}")))?,
+        size: u64::try_from(number("size")?).unwrap_or(0),
+        attempt: u32::try_from(number("attempt")?).unwrap_or(0),
+        log_bytes: u64::try_from(number("log_bytes")?).unwrap_or(0),
+        queued_at_ms: number("queued_at_ms")?,
+        started_at_ms: number("started_at_ms")?,
+        finished_at_ms: number("finished_at_ms")?,
+    })
+}
