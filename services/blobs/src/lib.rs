@@ -9,10 +9,12 @@
 //! * a blob's name is its content's digest, so writing the same content twice is one blob;
 //! * a read is verified against the digest before any byte is handed out, and fails closed.
 //!
-//! What is *in* a blob (trees, files, layers) is for the callers; this crate does not know.
+//! Trees (`tree`) are the one structured blob: the canonical listing of a source snapshot or
+//! a build layer. What is in any other blob is for the callers.
 
 mod digest;
 mod store;
+pub mod tree;
 
 pub use digest::{Digest, DigestParseError};
 pub use store::{Blob, BlobError, BlobStore, VerifiedBlob};
