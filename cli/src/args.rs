@@ -87,6 +87,9 @@ pub struct ServeArgs {
     /// Let git imports reach loopback and private addresses (`true`/`false`).
     #[arg(long, env = "PLINTH_GIT_ALLOW_PRIVATE_ADDRESSES")]
     pub git_allow_private_addresses: Option<bool>,
+    /// Builders to run in this process (0: builds wait for `plinth builder` elsewhere).
+    #[arg(long, env = "PLINTH_BUILDERS")]
+    pub builders: Option<u32>,
     /// Bearer tokens and their scopes, `token=scope,token=scope`.
     #[arg(long, env = "PLINTH_TOKENS", hide_env_values = true)]
     pub tokens: Option<String>,

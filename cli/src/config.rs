@@ -38,6 +38,8 @@ pub struct Config {
     pub catalog: CatalogSection,
     /// The source service.
     pub source: SourceSection,
+    /// Builders.
+    pub builder: BuilderSection,
 }
 
 impl Default for Config {
@@ -49,6 +51,7 @@ impl Default for Config {
             gateway: GatewaySection::default(),
             catalog: CatalogSection::default(),
             source: SourceSection::default(),
+            builder: BuilderSection::default(),
         }
     }
 }
@@ -186,6 +189,35 @@ impl Default for SourceSection {
     }
 }
 
+/// `[builder]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BuilderSection {
+    /// Builders `plinth serve` runs in its own process.
+    pub count: u32,
+    /// Where builds happen; `<data_dir>/builder` when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub work_dir: Option<PathBuf>,
+    /// The unprivileged user installers run as.
+    pub uid: u32,
+    /// Its group.
+    pub gid: u32,
+    /// Longest one installer step may run, in seconds.
+    pub step_timeout_seconds: u64,
+}
+
+impl Default for BuilderSection {
+    fn default() -> Self {
+        BuilderSection {
+            count: 1,
+            work_dir: None,
+            uid: 65534,
+            gid: 65534,
+            step_timeout_seconds: 1800,
+        }
+    }
+}
+
 impl Config {
     fn load(common: &CommonArgs) -> Result<Self, ConfigError> {
         let mut config: Config = match &common.config {
@@ -232,6 +264,9 @@ impl Config {
             args.git_allowed_schemes.as_ref(),
             args.git_allow_private_addresses,
         );
+        if let Some(builders) = args.builders {
+            config.builder.count = builders;
+        }
         apply_gateway_flags(&mut config, args.tokens.as_deref(), args.environments)?;
         config.resolve_database();
         config.resolve_source();

@@ -285,7 +285,7 @@ async fn bodies(
         .collect())
 }
 
-async fn environment_body(
+pub(crate) async fn environment_body(
     state: &AppState,
     environment: pb::Environment,
 ) -> Result<EnvironmentBody, ApiError> {

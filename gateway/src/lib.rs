@@ -6,6 +6,7 @@
 //! about an environment is the catalog's, reached over `plinth.catalog.v1`.
 
 mod auth;
+mod builds;
 mod environments;
 mod error;
 mod files;
@@ -94,7 +95,7 @@ impl AppState {
     ),
     components(schemas(ErrorBody, ErrorObject)),
     modifiers(&BearerAuth),
-    tags((name = "environments", description = "UHP Environments §2"), (name = "files", description = "UHP Environments §3"), (name = "discovery", description = "UHP Environments §7"))
+    tags((name = "environments", description = "UHP Environments §2"), (name = "files", description = "UHP Environments §3"), (name = "builds", description = "UHP Environments §4"), (name = "discovery", description = "UHP Environments §7"))
 )]
 struct ApiDoc;
 
@@ -169,7 +170,10 @@ pub fn router(options: &GatewayOptions, backends: Backends) -> Result<Router, Ga
     };
     let mut api = OpenApiRouter::with_openapi(ApiDoc::openapi()).routes(routes!(capabilities));
     if options.environments {
-        api = api.merge(environments::routes()).merge(files::routes());
+        api = api
+            .merge(environments::routes())
+            .merge(files::routes())
+            .merge(builds::routes());
     }
     let (api, mut openapi) = api.split_for_parts();
     // axum spells a multi-segment parameter `{*path}`; OpenAPI spells it `{path}`.

@@ -1,0 +1,406 @@
+//! Builds and versions (UHP §4): `POST …/build` snapshots the source and queues the next
+//! version; `GET …/builds/{version}` is its record with the installers' output; `…/log`
+//! streams that output as it is written; `GET …/versions` and `POST …/versions/{n}/activate`
+//! list versions and move the active pointer. The catalog owns every rule; builders do the
+//! work.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use plinth_kit::PlinthError;
+use plinth_proto::catalog::v1 as pb;
+use plinth_proto::source::v1 as source;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::environments::{EnvironmentBody, EnvironmentIdParam, PackageBody};
+use crate::error::{ApiError, ErrorBody};
+
+/// How often a followed log asks the catalog for more.
+const FOLLOW_POLL: Duration = Duration::from_millis(250);
+
+/// The build routes.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(start_build))
+        .routes(routes!(get_build))
+        .routes(routes!(build_log))
+        .routes(routes!(list_versions))
+        .routes(routes!(activate_version))
+}
+
+/// A build's record.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BuildRecord {
+    /// Always `build`.
+    pub object: &'static str,
+    /// The version it builds.
+    pub version: u32,
+    /// `queued`, `building`, `ready` or `failed`.
+    pub status: &'static str,
+    /// The installers' own output (head and tail kept when long).
+    pub log: String,
+    /// Why it failed; empty otherwise.
+    pub error: String,
+    /// What it installed.
+    pub packages: Vec<PackageBody>,
+    /// The layer's bytes, once ready.
+    pub size: u64,
+    /// Leases handed out: more than 1 when a builder was lost.
+    pub attempt: u32,
+    /// Seconds since the Unix epoch.
+    pub queued_at: i64,
+    /// Seconds since the Unix epoch; null while queued.
+    pub started_at: Option<i64>,
+    /// Seconds since the Unix epoch; null while unfinished.
+    pub finished_at: Option<i64>,
+}
+
+/// One version in `GET …/versions`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VersionEntry {
+    /// Its number.
+    pub version: u32,
+    /// `queued`, `building`, `ready` or `failed`.
+    pub status: &'static str,
+    /// Whether sessions get it.
+    pub active: bool,
+    /// Packages installed.
+    pub packages: u32,
+    /// Seconds since the Unix epoch; null while queued.
+    pub started_at: Option<i64>,
+    /// Seconds since the Unix epoch; null while unfinished.
+    pub finished_at: Option<i64>,
+}
+
+/// `GET …/versions`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VersionList {
+    /// Always `list`.
+    pub object: &'static str,
+    /// The active version; null when none is.
+    pub active: Option<u32>,
+    /// Every build, newest first.
+    pub data: Vec<VersionEntry>,
+}
+
+/// `…/log` query.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct LogQuery {
+    /// Keep the response open and stream lines as they are written, until the build ends.
+    pub follow: Option<bool>,
+    /// Start at this byte of the log: a client that reconnects passes the bytes it has.
+    pub offset: Option<u64>,
+}
+
+fn status_name(status: i32) -> &'static str {
+    match pb::BuildStatus::try_from(status) {
+        Ok(pb::BuildStatus::Building) => "building",
+        Ok(pb::BuildStatus::Ready) => "ready",
+        Ok(pb::BuildStatus::Failed) => "failed",
+        _ => "queued",
+    }
+}
+
+fn seconds(ms: i64) -> Option<i64> {
+    (ms > 0).then_some(ms / 1000)
+}
+
+fn record(build: pb::Build, log: String) -> BuildRecord {
+    BuildRecord {
+        object: "build",
+        version: build.version,
+        status: status_name(build.status),
+        log,
+        error: build.error,
+        packages: build
+            .packages
+            .into_iter()
+            .map(|p| PackageBody {
+                manager: p.manager,
+                name: p.name,
+                version: p.version,
+            })
+            .collect(),
+        size: build.size,
+        attempt: build.attempt,
+        queued_at: build.queued_at_ms / 1000,
+        started_at: seconds(build.started_at_ms),
+        finished_at: seconds(build.finished_at_ms),
+    }
+}
+
+/// The `{id}` and `{version}` of a route; a version that is not a number cannot exist.
+#[derive(Debug, Deserialize)]
+pub struct VersionPath {
+    id: String,
+    version: String,
+}
+
+fn version_path(
+    path: Result<Path<VersionPath>, axum::extract::rejection::PathRejection>,
+) -> Result<(String, u32), ApiError> {
+    let Ok(Path(path)) = path else {
+        return Err(PlinthError::not_found("environment").into());
+    };
+    let version = path.version.parse::<u32>().map_err(|_| {
+        PlinthError::not_found(format_args!(
+            "version {:?} of environment {}",
+            path.version, path.id
+        ))
+    })?;
+    Ok((path.id, version))
+}
+
+/// Starts a build: the source as it is now becomes the next version.
+#[utoipa::path(
+    post,
+    path = "/v1/environments/{id}/build",
+    tag = "builds",
+    params(("id" = String, Path, description = "The environment's id")),
+    responses(
+        (status = 202, description = "Queued; poll or follow …/builds/{version}", body = BuildRecord),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found", body = ErrorBody),
+        (status = 409, description = "environment_busy: a build is queued or running", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn start_build(
+    State(state): State<AppState>,
+    caller: Caller,
+    EnvironmentIdParam(id): EnvironmentIdParam,
+) -> Result<(StatusCode, Json<BuildRecord>), ApiError> {
+    // The environment must be the caller's before its source is touched.
+    state
+        .catalog()
+        .get_environment(pb::GetEnvironmentRequest {
+            scope: caller.scope.clone(),
+            id: id.clone(),
+        })
+        .await?;
+    let snapshot = state
+        .source()
+        .snapshot(source::SnapshotRequest {
+            environment_id: id.clone(),
+        })
+        .await?
+        .into_inner();
+    let build = state
+        .catalog()
+        .start_build(pb::StartBuildRequest {
+            scope: caller.scope,
+            id,
+            source_tree: snapshot.tree_digest,
+        })
+        .await?
+        .into_inner();
+    Ok((StatusCode::ACCEPTED, Json(record(build, String::new()))))
+}
+
+/// A build's record: status, the installers' output, the error, packages, size, times.
+#[utoipa::path(
+    get,
+    path = "/v1/environments/{id}/builds/{version}",
+    tag = "builds",
+    params(("id" = String, Path, description = "The environment's id"), ("version" = u32, Path, description = "The version")),
+    responses(
+        (status = 200, description = "The build", body = BuildRecord),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found: no such environment or version", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn get_build(
+    State(state): State<AppState>,
+    caller: Caller,
+    path: Result<Path<VersionPath>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<BuildRecord>, ApiError> {
+    let (id, version) = version_path(path)?;
+    let build = state
+        .catalog()
+        .get_build(pb::GetBuildRequest {
+            scope: caller.scope.clone(),
+            id: id.clone(),
+            version,
+        })
+        .await?
+        .into_inner();
+    let log = state
+        .catalog()
+        .read_build_log(pb::ReadBuildLogRequest {
+            scope: caller.scope,
+            id,
+            version,
+            offset: 0,
+        })
+        .await?
+        .into_inner()
+        .text;
+    Ok(Json(record(build, log)))
+}
+
+/// A build's log as plain text; with `follow=true`, streamed as it is written until the build
+/// ends. `offset` resumes after the bytes a client already has.
+#[utoipa::path(
+    get,
+    path = "/v1/environments/{id}/builds/{version}/log",
+    tag = "builds",
+    params(("id" = String, Path, description = "The environment's id"), ("version" = u32, Path, description = "The version"), LogQuery),
+    responses(
+        (status = 200, description = "The log from `offset`", content_type = "text/plain", body = String),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found: no such environment or version", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn build_log(
+    State(state): State<AppState>,
+    caller: Caller,
+    path: Result<Path<VersionPath>, axum::extract::rejection::PathRejection>,
+    query: Result<Query<LogQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let (id, version) = version_path(path)?;
+    let Query(query) =
+        query.map_err(|error| PlinthError::invalid(format!("query: {}", error.body_text())))?;
+    let request = pb::ReadBuildLogRequest {
+        scope: caller.scope,
+        id,
+        version,
+        offset: query.offset.unwrap_or(0),
+    };
+    // The first read answers errors (unknown version, other scope) before the stream starts.
+    let first = state
+        .catalog()
+        .read_build_log(request.clone())
+        .await?
+        .into_inner();
+    let follow = query.follow.unwrap_or(false);
+    let catalog = state.catalog();
+    let stream = futures::stream::unfold(
+        (Some(first), request, catalog, false),
+        move |(pending, mut request, mut catalog, done)| async move {
+            if done {
+                return None;
+            }
+            let part = match pending {
+                Some(part) => part,
+                None => {
+                    tokio::time::sleep(FOLLOW_POLL).await;
+                    match catalog.read_build_log(request.clone()).await {
+                        Ok(answer) => answer.into_inner(),
+                        Err(status) => {
+                            let error = std::io::Error::other(status.message().to_owned());
+                            return Some((Err(error), (None, request, catalog, true)));
+                        }
+                    }
+                }
+            };
+            request.offset = part.next_offset;
+            let finished = part.finished || !follow;
+            Some((
+                Ok::<_, std::io::Error>(bytes::Bytes::from(part.text)),
+                (None, request, catalog, finished),
+            ))
+        },
+    );
+    let mut response = Body::from_stream(stream).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    Ok(response)
+}
+
+/// Every build of an environment, and which version is active.
+#[utoipa::path(
+    get,
+    path = "/v1/environments/{id}/versions",
+    tag = "builds",
+    params(("id" = String, Path, description = "The environment's id")),
+    responses(
+        (status = 200, description = "Every version, newest first", body = VersionList),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn list_versions(
+    State(state): State<AppState>,
+    caller: Caller,
+    EnvironmentIdParam(id): EnvironmentIdParam,
+) -> Result<Json<VersionList>, ApiError> {
+    let environment = state
+        .catalog()
+        .get_environment(pb::GetEnvironmentRequest {
+            scope: caller.scope,
+            id,
+        })
+        .await?
+        .into_inner();
+    let active = environment.version;
+    Ok(Json(VersionList {
+        object: "list",
+        active,
+        data: environment
+            .versions
+            .into_iter()
+            .map(|version| VersionEntry {
+                version: version.version,
+                status: status_name(version.status),
+                active: Some(version.version) == active,
+                packages: version.packages,
+                started_at: (version.started_at > 0).then_some(version.started_at),
+                finished_at: (version.finished_at > 0).then_some(version.finished_at),
+            })
+            .collect(),
+    }))
+}
+
+/// Makes a finished build the active version; rolling back is activating an earlier one.
+#[utoipa::path(
+    post,
+    path = "/v1/environments/{id}/versions/{version}/activate",
+    tag = "builds",
+    params(("id" = String, Path, description = "The environment's id"), ("version" = u32, Path, description = "The version")),
+    responses(
+        (status = 200, description = "The environment, with the version active", body = EnvironmentBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found: no such environment or version", body = ErrorBody),
+        (status = 409, description = "environment_not_ready: the version is queued, building or failed", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn activate_version(
+    State(state): State<AppState>,
+    caller: Caller,
+    path: Result<Path<VersionPath>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<EnvironmentBody>, ApiError> {
+    let (id, version) = version_path(path)?;
+    let environment = state
+        .catalog()
+        .activate_version(pb::ActivateVersionRequest {
+            scope: caller.scope,
+            id,
+            version,
+        })
+        .await?
+        .into_inner();
+    Ok(Json(
+        crate::environments::environment_body(&state, environment).await?,
+    ))
+}
