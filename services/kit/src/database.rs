@@ -8,7 +8,9 @@
 //! same pool. Each service keeps its own migrations table, so services may share a database.
 
 use std::borrow::Cow;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+pub use crate::clock::now_ms;
 
 use sqlx::any::AnyPoolOptions;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
@@ -145,12 +147,4 @@ impl Database {
         self.writer.close().await;
         self.reader.close().await;
     }
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }

@@ -11,6 +11,7 @@
 //! Business rules do not belong here, nor anything that knows what an environment is.
 
 pub mod admin;
+pub mod clock;
 pub mod config;
 #[cfg(feature = "database")]
 pub mod database;
