@@ -27,6 +27,8 @@ pub enum Command {
     Source(SourceArgs),
     /// Run the REST gateway alone, in front of the catalog and source services.
     Gateway(GatewayArgs),
+    /// Run one builder: lease builds from the catalog and install them (needs root).
+    Builder(BuilderArgs),
 }
 
 /// Flags every command takes.
@@ -90,6 +92,9 @@ pub struct ServeArgs {
     /// Builders to run in this process (0: builds wait for `plinth builder` elsewhere).
     #[arg(long, env = "PLINTH_BUILDERS")]
     pub builders: Option<u32>,
+    /// Whether installers may use the network (`true`/`false`).
+    #[arg(long, env = "PLINTH_BUILDER_NETWORK")]
+    pub builder_network: Option<bool>,
     /// Bearer tokens and their scopes, `token=scope,token=scope`.
     #[arg(long, env = "PLINTH_TOKENS", hide_env_values = true)]
     pub tokens: Option<String>,
@@ -143,6 +148,25 @@ pub struct SourceArgs {
     /// Let git imports reach loopback and private addresses (`true`/`false`).
     #[arg(long, env = "PLINTH_GIT_ALLOW_PRIVATE_ADDRESSES")]
     pub git_allow_private_addresses: Option<bool>,
+}
+
+/// `plinth builder`.
+#[derive(Debug, Args)]
+pub struct BuilderArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Where builds happen by default (`<data-dir>/builder`).
+    #[arg(long, env = "PLINTH_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The catalog's gRPC URL.
+    #[arg(long, env = "PLINTH_CATALOG_URL")]
+    pub catalog_url: Option<String>,
+    /// The blob store the source service uses.
+    #[arg(long, env = "PLINTH_BLOB_URL", hide_env_values = true)]
+    pub blob_url: Option<String>,
+    /// This builder's name, for operators.
+    #[arg(long, env = "PLINTH_BUILDER_NAME")]
+    pub name: Option<String>,
 }
 
 /// `plinth gateway`.

@@ -9,7 +9,9 @@ use plinth_kit::config::{self, ConfigError, Secret};
 use plinth_kit::telemetry::{LogConfig, LogFormat};
 use serde::{Deserialize, Serialize};
 
-use crate::args::{CatalogArgs, CommonArgs, GatewayArgs, LogFormatArg, ServeArgs, SourceArgs};
+use crate::args::{
+    BuilderArgs, CatalogArgs, CommonArgs, GatewayArgs, LogFormatArg, ServeArgs, SourceArgs,
+};
 
 /// The REST address when none is given.
 pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
@@ -204,6 +206,15 @@ pub struct BuilderSection {
     pub gid: u32,
     /// Longest one installer step may run, in seconds.
     pub step_timeout_seconds: u64,
+    /// A root-owned directory every user can search, where `uv` is made reachable by the
+    /// build user.
+    pub tools_dir: PathBuf,
+    /// This builder's name; the host name when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Whether installers may use the network. Off: no network at all, and uv, pip and npm
+    /// install only from what the project carries (find-links, `file:` packages, caches).
+    pub network: bool,
 }
 
 impl Default for BuilderSection {
@@ -214,6 +225,9 @@ impl Default for BuilderSection {
             uid: 65534,
             gid: 65534,
             step_timeout_seconds: 1800,
+            tools_dir: PathBuf::from("/var/lib/plinth/tools"),
+            name: None,
+            network: true,
         }
     }
 }
@@ -267,9 +281,13 @@ impl Config {
         if let Some(builders) = args.builders {
             config.builder.count = builders;
         }
+        if let Some(network) = args.builder_network {
+            config.builder.network = network;
+        }
         apply_gateway_flags(&mut config, args.tokens.as_deref(), args.environments)?;
         config.resolve_database();
         config.resolve_source();
+        config.resolve_builder();
         config.catalog.listen.get_or_insert(EPHEMERAL_LOOPBACK);
         config.source.listen.get_or_insert(EPHEMERAL_LOOPBACK);
         config.refuse_open_scope_beyond_loopback()?;
@@ -347,6 +365,38 @@ impl Config {
         source
             .spool_dir
             .get_or_insert_with(|| self.data_dir.join("spool"));
+    }
+
+    /// The configuration `plinth builder` runs with.
+    pub fn for_builder(args: &BuilderArgs) -> Result<Self, ConfigError> {
+        let mut config = Config::load(&args.common)?;
+        if let Some(dir) = &args.data_dir {
+            config.data_dir = dir.clone();
+        }
+        if let Some(url) = &args.catalog_url {
+            config.gateway.catalog_url = url.clone();
+        }
+        if let Some(url) = &args.blob_url {
+            config.source.blob_url = Some(url.clone());
+        }
+        if let Some(name) = &args.name {
+            config.builder.name = Some(name.clone());
+        }
+        config.resolve_source();
+        config.resolve_builder();
+        Ok(config)
+    }
+
+    fn resolve_builder(&mut self) {
+        self.builder
+            .work_dir
+            .get_or_insert_with(|| self.data_dir.join("builder"));
+        if self.builder.name.is_none() {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|name| name.trim().to_owned())
+                .unwrap_or_else(|_| "builder".to_owned());
+            self.builder.name = Some(format!("{host}-{}", std::process::id()));
+        }
     }
 
     /// The configuration `plinth gateway` runs with.

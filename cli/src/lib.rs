@@ -27,6 +27,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Config::for_source(args)?,
             args.common.dump_config,
         ),
+        Command::Builder(args) => (
+            "plinth-builder",
+            Config::for_builder(args)?,
+            args.common.dump_config,
+        ),
         Command::Gateway(args) => (
             "plinth-gateway",
             Config::for_gateway(args)?,
@@ -49,6 +54,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Catalog(_) => serve::start_catalog(&config).await?,
         Command::Source(_) => serve::start_source(&config).await?,
         Command::Gateway(_) => serve::start_gateway(&config).await?,
+        Command::Builder(_) => serve::start_builder(&config).await?,
     };
     tasks::cancel_on_signal(running.shutdown.clone());
     running.wait().await

@@ -89,7 +89,16 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
         source: format!("http://{source_addr}"),
     };
     spawn_gateway(&mut services, config, http, &urls, shutdown.clone())?;
-    tracing::info!(%http_addr, %catalog_addr, %source_addr, data_dir = %config.data_dir.display(), "plinth serving");
+    for index in 0..config.builder.count {
+        spawn_builder(
+            &mut services,
+            config,
+            &urls.catalog,
+            index,
+            shutdown.clone(),
+        )?;
+    }
+    tracing::info!(%http_addr, %catalog_addr, %source_addr, builders = config.builder.count, data_dir = %config.data_dir.display(), "plinth serving");
     Ok(Running {
         http_addr,
         catalog_addr,
@@ -167,6 +176,113 @@ pub async fn start_source(config: &Config) -> anyhow::Result<Running> {
         spawn_source,
     )
     .await
+}
+
+/// Starts one builder alone.
+pub async fn start_builder(config: &Config) -> anyhow::Result<Running> {
+    let shutdown = CancellationToken::new();
+    let mut services = JoinSet::new();
+    spawn_builder(
+        &mut services,
+        config,
+        &config.gateway.catalog_url,
+        0,
+        shutdown.clone(),
+    )?;
+    let unbound = SocketAddr::from(([0, 0, 0, 0], 0));
+    Ok(Running {
+        http_addr: unbound,
+        catalog_addr: unbound,
+        source_addr: unbound,
+        shutdown,
+        services,
+    })
+}
+
+fn spawn_builder(
+    services: &mut Services,
+    config: &Config,
+    catalog_url: &str,
+    index: u32,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let section = &config.builder;
+    let work_dir = section
+        .work_dir
+        .clone()
+        .context("builder work directory is not resolved")?;
+    let blob_url = config
+        .source
+        .blob_url
+        .clone()
+        .context("blob URL is not resolved")?;
+    let spool = config
+        .source
+        .spool_dir
+        .clone()
+        .unwrap_or_else(|| work_dir.join("spool"));
+    let blobs = plinth_blobs::BlobStore::open(&blob_url, spool).with_context(|| {
+        format!(
+            "cannot open the blob store {}",
+            plinth_kit::config::redact_url(&blob_url)
+        )
+    })?;
+    let interceptor = plinth_kit::grpc::ClientInterceptor::new(config.internal_token.as_ref())?;
+    let catalog =
+        plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient::with_interceptor(
+            channel(catalog_url, "catalog")?,
+            interceptor,
+        );
+    let name = section.name.clone().unwrap_or_else(|| "builder".to_owned());
+    let tools_dir = section.tools_dir.clone();
+    let offline = if section.network {
+        Vec::new()
+    } else {
+        [
+            ("UV_OFFLINE", "1"),
+            ("PIP_NO_INDEX", "1"),
+            ("npm_config_offline", "true"),
+        ]
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .to_vec()
+    };
+    let install = plinth_builder::InstallOptions {
+        isolate_network: !section.network,
+        extra_env: offline,
+        uid: section.uid,
+        gid: section.gid,
+        step_timeout: std::time::Duration::from_secs(section.step_timeout_seconds.max(1)),
+        // The build sees neither Plinth's data (databases, blobs, other builds) nor the
+        // builder's state; its own scratch directory is mounted before these are hidden.
+        hidden_paths: vec![config.data_dir.clone(), work_dir.clone()],
+        cache_dir: None,
+        ..plinth_builder::InstallOptions::default()
+    };
+    let options = plinth_builder::worker::BuilderOptions {
+        name: if config.builder.count > 1 {
+            format!("{name}-{index}")
+        } else {
+            name
+        },
+        work_dir,
+        install,
+        idle_poll: std::time::Duration::from_millis(500),
+    };
+    let result = async move {
+        let result = async {
+            let path =
+                tokio::task::spawn_blocking(move || plinth_builder::tools::prepare(&tools_dir))
+                    .await??;
+            let mut options = options;
+            options.install.path = path;
+            plinth_builder::worker::run(options, catalog, blobs, shutdown).await?;
+            anyhow::Ok(())
+        }
+        .await;
+        ("builder", result)
+    };
+    services.spawn(result.instrument(tracing::Span::current()));
+    Ok(())
 }
 
 /// Starts the gateway alone.

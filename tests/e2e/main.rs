@@ -2,6 +2,7 @@
 //! data directory and database.
 
 mod build_rules;
+mod builds;
 mod environments;
 mod files;
 mod grpc_surface;

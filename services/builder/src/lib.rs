@@ -1,2 +1,25 @@
 //! plinth-builder: builds turn an environment's source into a layer: its files plus what its
 //! manifests install, installed at the mount path sessions will see, in isolation.
+//!
+//! This crate is the builder's core as a library: which steps a source needs
+//! ([`manifests`]), running them as an unprivileged user in a private mount namespace where the
+//! scratch directory is `/env/<slug>` ([`sandbox`], [`install()`]), and describing the result
+//! entry by entry with its packages ([`layer`]). It holds no state and speaks no protocol:
+//! leasing jobs from catalog, materializing the source, uploading blobs and storing the layer
+//! tree belong to the service that wires this in (ARCHITECTURE §3).
+//!
+//! The sandbox needs root on a Linux host with util-linux (`unshare`, `mount`, `setpriv`); see
+//! [`sandbox`] for what it guarantees and what it does not.
+
+pub mod install;
+pub mod layer;
+pub mod manifests;
+mod output;
+pub mod sandbox;
+pub mod tools;
+pub mod worker;
+
+pub use install::{InstallError, InstallOptions, InstallReport, install};
+pub use layer::{EntryKind, Layer, LayerEntry, LayerError, Package, scan};
+pub use manifests::{Plan, Step, plan};
+pub use sandbox::SandboxError;

@@ -1,0 +1,396 @@
+//! The builder's work loop: lease the oldest queued build from the catalog, materialize its
+//! source tree from the blob store (verified), install at the mount path in isolation
+//! (`install`), describe the result as a layer (`layer`), upload the blobs the store lacks,
+//! store the layer tree, and complete the build, all under the lease: the lease is renewed
+//! every third of its length, and once it is lost the build is abandoned and nothing of it
+//! is published (the catalog refuses a stale token anyway).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use plinth_blobs::tree::{Tree, TreeEntry, TreeEntryKind};
+use plinth_blobs::{BlobStore, Digest};
+use plinth_kit::grpc::ClientInterceptor;
+use plinth_kit::tasks::CancellationToken;
+use plinth_kit::{ErrorCode, PlinthError};
+use plinth_proto::catalog::v1 as pb;
+use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::install::{self, InstallOptions};
+use crate::layer::{self, EntryKind};
+
+type Catalog = CatalogServiceClient<InterceptedService<Channel, ClientInterceptor>>;
+
+/// How a builder runs.
+#[derive(Debug, Clone)]
+pub struct BuilderOptions {
+    /// Its name, for operators and logs.
+    pub name: String,
+    /// Where builds happen (scratch directories; on the same file system as installer caches).
+    pub work_dir: PathBuf,
+    /// How installers run.
+    pub install: InstallOptions,
+    /// How long to wait before asking again when nothing is queued.
+    pub idle_poll: Duration,
+}
+
+/// Why the builder stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum BuilderError {
+    /// Its work directory is unusable.
+    #[error("builder work directory {path}: {source}")]
+    WorkDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Leases and runs builds until `shutdown`.
+pub async fn run(
+    options: BuilderOptions,
+    catalog: Catalog,
+    blobs: BlobStore,
+    shutdown: CancellationToken,
+) -> Result<(), BuilderError> {
+    let builds = options.work_dir.join("builds");
+    std::fs::create_dir_all(&builds).map_err(|source| BuilderError::WorkDir {
+        path: builds.clone(),
+        source,
+    })?;
+    tracing::info!(builder = %options.name, work_dir = %options.work_dir.display(), "builder waiting for work");
+    let options = Arc::new(options);
+    loop {
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+        let claim = catalog
+            .clone()
+            .claim_build(pb::ClaimBuildRequest {
+                builder: options.name.clone(),
+            })
+            .await;
+        let claim = match claim {
+            Ok(answer) => answer.into_inner().claim,
+            Err(status) => {
+                tracing::warn!(error = %status.message(), "cannot reach the catalog for work; retrying");
+                None
+            }
+        };
+        match claim {
+            Some(claim) => build(&options, catalog.clone(), &blobs, claim, &shutdown).await,
+            None => {
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(options.idle_poll) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Runs one leased build to its end, or until its lease is lost.
+async fn build(
+    options: &BuilderOptions,
+    catalog: Catalog,
+    blobs: &BlobStore,
+    claim: pb::BuildClaim,
+    shutdown: &CancellationToken,
+) {
+    let Some(build) = claim.build.clone() else {
+        return;
+    };
+    let token = claim.lease_token.clone();
+    let span = tracing::info_span!("builder.build", environment = %build.environment_id, version = build.version, attempt = build.attempt);
+    let _entered = span.enter();
+    let lease_lost = shutdown.child_token();
+
+    // Renew the lease every third of it; a builder that cannot renew stops its build.
+    let keeper = {
+        let (mut catalog, token, lost) = (catalog.clone(), token.clone(), lease_lost.clone());
+        let every =
+            Duration::from_millis(u64::try_from(claim.renew_every_ms.max(100)).unwrap_or(1000));
+        let expires = claim.expires_at_ms;
+        tokio::spawn(async move {
+            let mut expires_at_ms = expires;
+            loop {
+                tokio::select! {
+                    () = lost.cancelled() => return,
+                    () = tokio::time::sleep(every) => {}
+                }
+                match catalog
+                    .renew_lease(pb::RenewLeaseRequest {
+                        lease_token: token.clone(),
+                    })
+                    .await
+                {
+                    Ok(answer) => expires_at_ms = answer.into_inner().expires_at_ms,
+                    Err(status) => {
+                        let lost_for_good =
+                            PlinthError::from_status(&status).code == ErrorCode::LeaseLost;
+                        let now = plinth_kit::clock::now_ms();
+                        if lost_for_good || now >= expires_at_ms {
+                            tracing::error!(error = %status.message(), "lease lost: stopping this build");
+                            lost.cancel();
+                            return;
+                        }
+                        tracing::warn!(error = %status.message(), "renewing the lease failed; retrying");
+                    }
+                }
+            }
+        })
+    };
+
+    // Ship the log in batches as it comes.
+    // Unbounded, because installers must never wait on the catalog; the install log is itself
+    // capped (head and tail), so what can queue here is bounded too.
+    let (log_tx, log_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let shipper = tokio::spawn(ship_log(
+        catalog.clone(),
+        token.clone(),
+        log_rx,
+        lease_lost.clone(),
+    ));
+
+    let scratch = options.work_dir.join("builds").join(format!(
+        "{}-{}-{}",
+        build.environment_id, build.version, build.attempt
+    ));
+    let outcome = tokio::select! {
+        outcome = produce(options, blobs, &build, &claim.slug, &scratch, log_tx.clone()) => outcome,
+        () = lease_lost.cancelled() => Err("the lease was lost; this build was abandoned".to_owned()),
+    };
+    drop(log_tx);
+    let _ = shipper.await;
+    let outcome = match outcome {
+        Ok(ready) => pb::complete_build_request::Outcome::Ready(ready),
+        Err(error) => pb::complete_build_request::Outcome::Failed(error),
+    };
+    if !lease_lost.is_cancelled() {
+        let completed = catalog
+            .clone()
+            .complete_build(pb::CompleteBuildRequest {
+                lease_token: token,
+                outcome: Some(outcome),
+            })
+            .await;
+        match completed {
+            Ok(done) => tracing::info!(status = done.into_inner().status, "build completed"),
+            Err(status) => {
+                tracing::error!(error = %status.message(), "completing the build was refused")
+            }
+        }
+    }
+    lease_lost.cancel();
+    let _ = keeper.await;
+    // Scratch directories can be large; removing them must not hold up the next build.
+    tokio::task::spawn_blocking(move || {
+        if let Err(error) = std::fs::remove_dir_all(&scratch)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %scratch.display(), %error, "removing a build's scratch directory failed");
+        }
+    });
+}
+
+/// Materializes, installs, scans and uploads; the error is the build's `error` for its owner.
+async fn produce(
+    options: &BuilderOptions,
+    blobs: &BlobStore,
+    build: &pb::Build,
+    slug: &str,
+    scratch: &Path,
+    log: mpsc::UnboundedSender<Vec<u8>>,
+) -> Result<pb::BuildReady, String> {
+    let source: Digest = build.source_tree.parse().map_err(|_| {
+        format!(
+            "the build names no valid source tree ({:?})",
+            build.source_tree
+        )
+    })?;
+    materialize(blobs, &source, scratch)
+        .await
+        .map_err(|error| format!("materializing the source failed: {error}"))?;
+    let mut sink = |bytes: &[u8]| {
+        let _ = log.send(bytes.to_vec());
+    };
+    install::install(scratch, slug, &options.install, &mut sink)
+        .await
+        .map_err(|error| error.to_string())?;
+    let scanned = {
+        let scratch = scratch.to_owned();
+        tokio::task::spawn_blocking(move || layer::scan(&scratch))
+            .await
+            .map_err(|error| error.to_string())?
+            .map_err(|error| format!("reading the built layer failed: {error}"))?
+    };
+    let mut entries = Vec::with_capacity(scanned.entries.len());
+    for entry in &scanned.entries {
+        entries.push(match entry.kind {
+            EntryKind::Directory => TreeEntry::dir(entry.path.clone()),
+            EntryKind::Symlink => {
+                TreeEntry::symlink(entry.path.clone(), entry.target.clone().unwrap_or_default())
+            }
+            EntryKind::File => {
+                let digest = entry
+                    .digest
+                    .ok_or_else(|| format!("{} has no digest", entry.path))?;
+                if !blobs.contains(&digest).await.map_err(|e| e.to_string())? {
+                    let file = tokio::fs::File::open(scratch.join(&entry.path))
+                        .await
+                        .map_err(|e| format!("{}: {e}", entry.path))?;
+                    let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024);
+                    let stored = blobs
+                        .put_stream(stream, u64::MAX)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if stored.digest != digest {
+                        return Err(format!("{} changed while it was published", entry.path));
+                    }
+                }
+                TreeEntry::file(entry.path.clone(), digest, entry.size, entry.executable)
+            }
+        });
+    }
+    let tree = Tree::new(entries).encode().map_err(|e| e.to_string())?;
+    let stored = blobs
+        .put_bytes(tree.into())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(pb::BuildReady {
+        layer_tree: stored.digest.to_string(),
+        packages: scanned
+            .packages
+            .into_iter()
+            .map(|p| pb::Package {
+                manager: p.manager,
+                name: p.name,
+                version: p.version,
+            })
+            .collect(),
+        size: scanned.bytes,
+    })
+}
+
+/// Writes a tree's directories and verified files under `root`.
+async fn materialize(blobs: &BlobStore, tree: &Digest, root: &Path) -> Result<(), String> {
+    let bytes = blobs
+        .get(tree)
+        .await
+        .map_err(|e| e.to_string())?
+        .into_bytes()
+        .await
+        .map_err(|e| e.to_string())?;
+    let tree = Tree::decode(&bytes).map_err(|e| e.to_string())?;
+    tokio::fs::create_dir_all(root)
+        .await
+        .map_err(|e| e.to_string())?;
+    for entry in &tree.entries {
+        // Paths in a source tree were checked when they entered the source; they are checked
+        // again here because a tree is only bytes in a bucket.
+        if entry
+            .path
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == "..")
+            || entry.path.starts_with('/')
+        {
+            return Err(format!("the tree names an unsafe path {:?}", entry.path));
+        }
+        let target = root.join(&entry.path);
+        match entry.kind {
+            TreeEntryKind::Dir => tokio::fs::create_dir_all(&target)
+                .await
+                .map_err(|e| e.to_string())?,
+            TreeEntryKind::Symlink => {}
+            TreeEntryKind::File => {
+                let digest = entry
+                    .file_digest()
+                    .ok_or_else(|| format!("{} has no digest", entry.path))?;
+                if let Some(parent) = target.parent() {
+                    tokio::fs::create_dir_all(parent)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                let blob = blobs
+                    .get(&digest)
+                    .await
+                    .map_err(|e| format!("{}: {e}", entry.path))?;
+                let mut file = tokio::fs::File::create(&target)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut chunks = blob.into_stream();
+                while let Some(chunk) = futures::StreamExt::next(&mut chunks).await {
+                    file.write_all(&chunk.map_err(|e| e.to_string())?)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                file.flush().await.map_err(|e| e.to_string())?;
+                let mode = if entry.mode & 0o111 != 0 {
+                    0o755
+                } else {
+                    0o644
+                };
+                tokio::fs::set_permissions(
+                    &target,
+                    std::os::unix::fs::PermissionsExt::from_mode(mode),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sends the log to the catalog in batches: what arrives within 200 ms, up to 64 KiB.
+async fn ship_log(
+    mut catalog: Catalog,
+    token: String,
+    mut lines: mpsc::UnboundedReceiver<Vec<u8>>,
+    lease_lost: CancellationToken,
+) {
+    const BATCH_BYTES: usize = 64 * 1024;
+    loop {
+        let Some(mut pending) = lines.recv().await else {
+            return;
+        };
+        let deadline = tokio::time::sleep(Duration::from_millis(200));
+        tokio::pin!(deadline);
+        let mut ended = false;
+        while pending.len() < BATCH_BYTES {
+            tokio::select! {
+                next = lines.recv() => match next {
+                    Some(bytes) => pending.extend_from_slice(&bytes),
+                    None => {
+                        ended = true;
+                        break;
+                    }
+                },
+                () = &mut deadline => break,
+            }
+        }
+        let chunk = String::from_utf8_lossy(&pending).into_owned();
+        let sent = catalog
+            .append_build_log(pb::AppendBuildLogRequest {
+                lease_token: token.clone(),
+                chunk,
+            })
+            .await;
+        if let Err(status) = sent {
+            if PlinthError::from_status(&status).code == ErrorCode::LeaseLost {
+                lease_lost.cancel();
+                return;
+            }
+            tracing::warn!(error = %status.message(), "sending the build log failed");
+        }
+        if ended {
+            return;
+        }
+    }
+}

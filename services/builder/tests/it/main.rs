@@ -1,0 +1,6 @@
+//! plinth-builder's integration tests: real builds in the real sandbox (root, util-linux, and
+//! for some uv, python3 and npm), offline, from fixtures the tests make.
+
+mod builds;
+mod fixtures;
+mod isolation;

@@ -1,0 +1,321 @@
+//! Real builds through HTTP against `plinth serve` with its in-process builder: a project
+//! with `requirements.txt`, `package.json` and `setup.sh` becomes a ready version whose layer
+//! holds a working `.venv` and `node_modules` at `/env/<slug>`, with no network: the wheel and
+//! the npm package ship inside the project.
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use plinth_blobs::tree::{Tree, TreeEntryKind};
+use plinth_blobs::{BlobStore, Digest};
+use serde_json::{Value, json};
+
+use crate::helpers::{Server, send};
+
+/// A wheel: `tinypkg` 1.0 with a console script `tinytool`.
+pub fn tiny_wheel() -> Vec<u8> {
+    let files: [(&str, &str); 5] = [
+        (
+            "tinypkg/__init__.py",
+            "def main():\n    print('tinytool ran')\n",
+        ),
+        (
+            "tinypkg-1.0.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
+        ),
+        (
+            "tinypkg-1.0.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        ),
+        (
+            "tinypkg-1.0.dist-info/entry_points.txt",
+            "[console_scripts]\ntinytool = tinypkg:main\n",
+        ),
+        ("tinypkg-1.0.dist-info/RECORD", ""),
+    ];
+    let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let mut record = String::new();
+    for (name, content) in &files[..4] {
+        writer
+            .start_file(*name, zip::write::SimpleFileOptions::default())
+            .expect("start");
+        writer.write_all(content.as_bytes()).expect("write");
+        record.push_str(&format!("{name},,\n"));
+    }
+    record.push_str("tinypkg-1.0.dist-info/RECORD,,\n");
+    writer
+        .start_file(files[4].0, zip::write::SimpleFileOptions::default())
+        .expect("start");
+    writer.write_all(record.as_bytes()).expect("write");
+    writer.finish().expect("finish").into_inner()
+}
+
+/// An npm package tarball, as `npm pack` makes it: `tinynpm` 1.2.3 with a bin `tinynpm`.
+pub fn tiny_npm_package() -> Vec<u8> {
+    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+        Vec::new(),
+        flate2::Compression::fast(),
+    ));
+    for (path, mode, content) in [
+        (
+            "package/package.json",
+            0o644,
+            &br#"{"name": "tinynpm", "version": "1.2.3", "bin": {"tinynpm": "cli.js"}}"#[..],
+        ),
+        (
+            "package/cli.js",
+            0o755,
+            b"#!/usr/bin/env node\nconsole.log('tinynpm ran');\n",
+        ),
+    ] {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(content.len() as u64);
+        header.set_mode(mode);
+        builder
+            .append_data(&mut header, path, content)
+            .expect("append");
+    }
+    builder.into_inner().expect("tar").finish().expect("gz")
+}
+
+async fn put(server: &Server, id: &str, path: &str, body: impl Into<reqwest::Body>) {
+    let (status, answer) = send(
+        server
+            .client
+            .put(server.url(&format!("/v1/environments/{id}/files/{path}")))
+            .body(body),
+    )
+    .await;
+    assert_eq!(status, 200, "{path}: {answer}");
+}
+
+async fn wait_for_build(server: &Server, id: &str, version: u64) -> Value {
+    for _ in 0..600 {
+        let (_, build) = send(
+            server
+                .client
+                .get(server.url(&format!("/v1/environments/{id}/builds/{version}"))),
+        )
+        .await;
+        if build["status"] == "ready" || build["status"] == "failed" {
+            return build;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("build {version} did not end within 120 s");
+}
+
+#[tokio::test]
+async fn a_python_and_node_project_builds_to_a_working_layer_at_its_mount_path() {
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let (_, created) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .json(&json!({"name": "Studio"})),
+    )
+    .await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    put(
+        &server,
+        &id,
+        "wheels/tinypkg-1.0-py3-none-any.whl",
+        tiny_wheel(),
+    )
+    .await;
+    put(
+        &server,
+        &id,
+        "requirements.txt",
+        "--no-index\n--find-links wheels\ntinypkg==1.0\n",
+    )
+    .await;
+    put(&server, &id, "vendor/tinynpm-1.2.3.tgz", tiny_npm_package()).await;
+    put(
+        &server,
+        &id,
+        "package.json",
+        r#"{"name": "studio", "version": "0.0.0", "dependencies": {"tinynpm": "file:vendor/tinynpm-1.2.3.tgz"}}"#,
+    )
+    .await;
+    put(
+        &server,
+        &id,
+        "setup.sh",
+        "set -e\ntinytool > made-by-setup.txt\ntinynpm >> made-by-setup.txt\n",
+    )
+    .await;
+    put(&server, &id, "run.py", "print('hello')\n").await;
+
+    let (status, queued) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/environments/{id}/build"))),
+    )
+    .await;
+    assert_eq!(status, 202, "{queued}");
+    let build = wait_for_build(&server, &id, 1).await;
+    assert_eq!(
+        build["status"],
+        "ready",
+        "log:\n{}\nerror: {}",
+        build["log"].as_str().unwrap_or(""),
+        build["error"]
+    );
+    let packages = build["packages"].as_array().expect("packages");
+    assert!(
+        packages.contains(&json!({"manager": "pip", "name": "tinypkg", "version": "1.0"})),
+        "{packages:?}"
+    );
+    assert!(
+        packages.contains(&json!({"manager": "npm", "name": "tinynpm", "version": "1.2.3"})),
+        "{packages:?}\nlog:\n{}",
+        build["log"].as_str().unwrap_or("")
+    );
+    assert!(build["size"].as_u64().unwrap_or(0) > 0);
+
+    let (_, environment) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}"))),
+    )
+    .await;
+    assert_eq!(environment["status"], "ready");
+    assert_eq!(environment["version"], 1);
+
+    // The layer, read back from the blob store as a node will read it.
+    let blobs = BlobStore::open(
+        &format!("file://{}", server.data_dir().join("blobs").display()),
+        server.data_dir().join("spool"),
+    )
+    .expect("open");
+    let layer = server_layer(&server, &id).await;
+    let tree_bytes = blobs
+        .get(&layer)
+        .await
+        .expect("layer tree")
+        .into_bytes()
+        .await
+        .expect("bytes");
+    let tree = Tree::decode(&tree_bytes).expect("tree");
+    let find = |path: &str| {
+        tree.entries
+            .iter()
+            .find(|entry| entry.path == path)
+            .cloned()
+    };
+    let tinytool = find(".venv/bin/tinytool").expect("the console script is in the layer");
+    let script = blobs
+        .get(&tinytool.file_digest().expect("digest"))
+        .await
+        .expect("blob")
+        .into_bytes()
+        .await
+        .expect("bytes");
+    let shebang = String::from_utf8_lossy(&script)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        shebang.starts_with("#!/env/studio/.venv/bin/python"),
+        "shebang points under the mount path: {shebang}"
+    );
+    assert!(
+        find("node_modules/.bin/tinynpm").is_some(),
+        "npm linked the bin"
+    );
+    assert!(
+        tree.entries
+            .iter()
+            .any(|e| e.path.starts_with(".venv/lib/") && e.path.ends_with(".pyc")),
+        "bytecode was compiled"
+    );
+    let made = find("made-by-setup.txt").expect("setup.sh ran with the installed tools on PATH");
+    let made = blobs
+        .get(&made.file_digest().expect("digest"))
+        .await
+        .expect("blob")
+        .into_bytes()
+        .await
+        .expect("bytes");
+    assert_eq!(
+        String::from_utf8_lossy(&made),
+        "tinytool ran\ntinynpm ran\n"
+    );
+    assert!(find("run.py").is_some_and(|e| e.kind == TreeEntryKind::File
+        && e.file_digest() == Some(Digest::of(b"print('hello')\n"))));
+    server.stop().await;
+}
+
+async fn server_layer(server: &Server, id: &str) -> Digest {
+    use plinth_proto::catalog::v1 as pb;
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", server.catalog_addr()))
+            .expect("url")
+            .connect()
+            .await
+            .expect("connect");
+    let build = pb::catalog_service_client::CatalogServiceClient::new(channel)
+        .get_build(pb::GetBuildRequest {
+            scope: "default".into(),
+            id: id.into(),
+            version: 1,
+        })
+        .await
+        .expect("build")
+        .into_inner();
+    build.layer_tree.parse().expect("layer digest")
+}
+
+#[tokio::test]
+async fn a_failing_setup_sh_fails_the_build_with_its_output_and_changes_nothing() {
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let (_, created) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .json(&json!({"name": "Failing"})),
+    )
+    .await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    put(
+        &server,
+        &id,
+        "setup.sh",
+        "echo working\necho boom >&2\nexit 3\n",
+    )
+    .await;
+    send(
+        server
+            .client
+            .post(server.url(&format!("/v1/environments/{id}/build"))),
+    )
+    .await;
+    let build = wait_for_build(&server, &id, 1).await;
+    assert_eq!(build["status"], "failed");
+    assert!(
+        build["error"].as_str().unwrap_or("").contains('3'),
+        "{}",
+        build["error"]
+    );
+    assert!(
+        build["error"].as_str().unwrap_or("").contains("boom"),
+        "{}",
+        build["error"]
+    );
+    assert!(
+        build["log"].as_str().unwrap_or("").contains("working"),
+        "{}",
+        build["log"]
+    );
+    let (_, environment) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}"))),
+    )
+    .await;
+    assert_eq!(environment["status"], "failed");
+    assert_eq!(environment["version"], Value::Null);
+    server.stop().await;
+}
