@@ -15,7 +15,7 @@ use serde_json::json;
 use crate::helpers::{assert_error, send};
 
 /// A child process killed when the test ends, however it ends.
-struct Process(Child);
+pub(crate) struct Process(pub(crate) Child);
 
 impl Drop for Process {
     fn drop(&mut self) {
@@ -24,7 +24,7 @@ impl Drop for Process {
     }
 }
 
-fn free_port() -> SocketAddr {
+pub(crate) fn free_port() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("a free port")
@@ -43,7 +43,7 @@ fn plinth(args: &[&str], internal_token: &str) -> Process {
     Process(child)
 }
 
-async fn wait_until_ready(client: &reqwest::Client, url: &str, process: &mut Process) {
+pub(crate) async fn wait_until_ready(client: &reqwest::Client, url: &str, process: &mut Process) {
     for _ in 0..300 {
         if let Ok(Some(status)) = process.0.try_wait() {
             panic!("{url}: the process exited early with {status}");

@@ -1,0 +1,321 @@
+//! Builder faults with real processes: `plinth catalog`, `plinth source`, `plinth gateway`
+//! and two `plinth builder`s. A builder killed mid-build loses its lease and another builder
+//! completes the build; a builder paused past its lease and resumed cannot publish. Either
+//! way exactly one version exists.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::helpers::send;
+use crate::processes::{Process, free_port, wait_until_ready};
+
+const TOKEN: &str = "fault-test-internal-token";
+
+struct Cluster {
+    _data: tempfile::TempDir,
+    config: std::path::PathBuf,
+    blob_url: String,
+    catalog_url: String,
+    base: String,
+    _services: Vec<Process>,
+    client: reqwest::Client,
+}
+
+fn spawn(args: &[&str], config: &std::path::Path, log: Option<std::fs::File>) -> Process {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
+    command
+        .args(args)
+        .env("PLINTH_CONFIG", config)
+        .env("PLINTH_INTERNAL_TOKEN", TOKEN)
+        .env("PLINTH_LOG", "info")
+        .env_remove("PLINTH_TOKENS")
+        .stdin(Stdio::null());
+    match log {
+        Some(file) => command.stderr(file).stdout(Stdio::null()),
+        None => command.stderr(Stdio::null()).stdout(Stdio::null()),
+    };
+    Process(command.spawn().expect("spawn plinth"))
+}
+
+impl Cluster {
+    async fn start() -> Self {
+        let data = tempfile::tempdir().expect("data");
+        let config = data.path().join("plinth.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "data_dir = \"{}\"\n[catalog]\nbuild_lease_seconds = 2\nbuild_max_attempts = 3\n[builder]\nnetwork = false\n",
+                data.path().display()
+            ),
+        )
+        .expect("config");
+        let (catalog, catalog_admin, source, source_admin, http) = (
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+        );
+        let client = crate::helpers::http_client();
+        let blob_url = format!("file://{}/blobs", data.path().display());
+        let mut services = Vec::new();
+        let mut process = spawn(
+            &[
+                "catalog",
+                "--listen",
+                &catalog.to_string(),
+                "--admin-listen",
+                &catalog_admin.to_string(),
+            ],
+            &config,
+            None,
+        );
+        wait_until_ready(
+            &client,
+            &format!("http://{catalog_admin}/readyz"),
+            &mut process,
+        )
+        .await;
+        services.push(process);
+        let mut process = spawn(
+            &[
+                "source",
+                "--listen",
+                &source.to_string(),
+                "--admin-listen",
+                &source_admin.to_string(),
+                "--blob-url",
+                &blob_url,
+            ],
+            &config,
+            None,
+        );
+        wait_until_ready(
+            &client,
+            &format!("http://{source_admin}/readyz"),
+            &mut process,
+        )
+        .await;
+        services.push(process);
+        let mut process = spawn(
+            &[
+                "gateway",
+                "--listen",
+                &http.to_string(),
+                "--catalog-url",
+                &format!("http://{catalog}"),
+                "--source-url",
+                &format!("http://{source}"),
+            ],
+            &config,
+            None,
+        );
+        wait_until_ready(&client, &format!("http://{http}/readyz"), &mut process).await;
+        services.push(process);
+        Cluster {
+            _data: data,
+            config,
+            blob_url,
+            catalog_url: format!("http://{catalog}"),
+            base: format!("http://{http}"),
+            _services: services,
+            client,
+        }
+    }
+
+    fn builder(&self, name: &str, log: &std::path::Path) -> Process {
+        let file = std::fs::File::create(log).expect("log file");
+        spawn(
+            &[
+                "builder",
+                "--name",
+                name,
+                "--catalog-url",
+                &self.catalog_url,
+                "--blob-url",
+                &self.blob_url,
+            ],
+            &self.config,
+            Some(file),
+        )
+    }
+
+    async fn project(&self) -> String {
+        let (_, created) = send(
+            self.client
+                .post(format!("{}/v1/environments", self.base))
+                .json(&json!({"name": "Slow"})),
+        )
+        .await;
+        let id = created["id"].as_str().expect("id").to_owned();
+        let script = "sleep 5\ndate +%s%N > built-at.txt\n";
+        let (status, _) = send(
+            self.client
+                .put(format!("{}/v1/environments/{id}/files/setup.sh", self.base))
+                .body(script),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let (status, body) = send(
+            self.client
+                .post(format!("{}/v1/environments/{id}/build", self.base)),
+        )
+        .await;
+        assert_eq!(status, 202, "{body}");
+        id
+    }
+
+    async fn build(&self, id: &str) -> Value {
+        send(
+            self.client
+                .get(format!("{}/v1/environments/{id}/builds/1", self.base)),
+        )
+        .await
+        .1
+    }
+
+    async fn wait_for(&self, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        for _ in 0..400 {
+            let build = self.build(id).await;
+            if done(&build) {
+                return build;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{what}: timed out; build is {}", self.build(id).await);
+    }
+
+    async fn versions(&self, id: &str) -> Value {
+        send(
+            self.client
+                .get(format!("{}/v1/environments/{id}/versions", self.base)),
+        )
+        .await
+        .1
+    }
+
+    async fn layer(&self, id: &str) -> String {
+        use plinth_proto::catalog::v1 as pb;
+        let channel = tonic::transport::Endpoint::from_shared(self.catalog_url.clone())
+            .expect("url")
+            .connect()
+            .await
+            .expect("connect");
+        let token: tonic::metadata::MetadataValue<_> =
+            format!("Bearer {TOKEN}").parse().expect("token");
+        let mut client = pb::catalog_service_client::CatalogServiceClient::with_interceptor(
+            channel,
+            move |mut request: tonic::Request<()>| {
+                request
+                    .metadata_mut()
+                    .insert("authorization", token.clone());
+                Ok(request)
+            },
+        );
+        client
+            .get_build(pb::GetBuildRequest {
+                scope: "default".into(),
+                id: id.into(),
+                version: 1,
+            })
+            .await
+            .expect("build")
+            .into_inner()
+            .layer_tree
+    }
+}
+
+fn signal(process: &Process, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &process.0.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn a_builder_killed_mid_build_loses_its_lease_and_another_finishes_it() {
+    let cluster = Cluster::start().await;
+    let logs = tempfile::tempdir().expect("logs");
+    let id = cluster.project().await;
+    let first = cluster.builder("first", &logs.path().join("first.log"));
+    cluster
+        .wait_for(&id, "the first builder takes the build", |b| {
+            b["status"] == "building"
+        })
+        .await;
+    signal(&first, "KILL");
+    drop(first);
+    let _second = cluster.builder("second", &logs.path().join("second.log"));
+    let build = cluster
+        .wait_for(&id, "the second builder finishes", |b| {
+            b["status"] == "ready" || b["status"] == "failed"
+        })
+        .await;
+    assert_eq!(build["status"], "ready", "{build}");
+    assert_eq!(
+        build["attempt"], 2,
+        "the build was leased again after the first lease expired"
+    );
+    let versions = cluster.versions(&id).await;
+    assert_eq!(
+        versions["data"].as_array().map(Vec::len),
+        Some(1),
+        "exactly one version: {versions}"
+    );
+    assert_eq!(versions["active"], 1);
+}
+
+#[tokio::test]
+async fn a_builder_paused_past_its_lease_cannot_publish_when_it_resumes() {
+    let cluster = Cluster::start().await;
+    let logs = tempfile::tempdir().expect("logs");
+    let id = cluster.project().await;
+    let paused_log = logs.path().join("paused.log");
+    let paused = cluster.builder("paused", &paused_log);
+    cluster
+        .wait_for(&id, "the first builder takes the build", |b| {
+            b["status"] == "building"
+        })
+        .await;
+    signal(&paused, "STOP");
+    let _second = cluster.builder("second", &logs.path().join("second.log"));
+    let build = cluster
+        .wait_for(&id, "the second builder finishes", |b| {
+            b["status"] == "ready" || b["status"] == "failed"
+        })
+        .await;
+    assert_eq!(build["status"], "ready", "{build}");
+    assert_eq!(build["attempt"], 2);
+    let published = cluster.layer(&id).await;
+
+    signal(&paused, "CONT");
+    // The resumed builder finds its lease gone at its next renewal and stops; wait for it to say so.
+    let mut said = String::new();
+    for _ in 0..100 {
+        said = std::fs::read_to_string(&paused_log).unwrap_or_default();
+        if said.contains("lease lost") || said.contains("was refused") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        said.contains("lease lost") || said.contains("was refused"),
+        "the resumed builder noticed: {said}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        cluster.layer(&id).await,
+        published,
+        "the resumed builder published nothing"
+    );
+    let versions = cluster.versions(&id).await;
+    assert_eq!(
+        versions["data"].as_array().map(Vec::len),
+        Some(1),
+        "exactly one version: {versions}"
+    );
+    drop(paused);
+}
