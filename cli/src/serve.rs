@@ -267,6 +267,7 @@ fn spawn_builder(
         work_dir,
         install,
         idle_poll: std::time::Duration::from_millis(500),
+        toolchain: String::new(),
     };
     let result = async move {
         let result = async {
@@ -274,6 +275,11 @@ fn spawn_builder(
                 tokio::task::spawn_blocking(move || plinth_builder::tools::prepare(&tools_dir))
                     .await??;
             let mut options = options;
+            let identity_path = path.clone();
+            options.toolchain = tokio::task::spawn_blocking(move || {
+                plinth_builder::tools::identity(&identity_path)
+            })
+            .await?;
             options.install.path = path;
             plinth_builder::worker::run(options, catalog, blobs, shutdown).await?;
             anyhow::Ok(())

@@ -70,6 +70,7 @@ fn ready(layer: &str) -> pb::complete_build_request::Outcome {
             version: "1.0".into(),
         }],
         size: 42,
+        dependency_key: String::new(),
     })
 }
 

@@ -248,6 +248,41 @@ async fn a_python_and_node_project_builds_to_a_working_layer_at_its_mount_path()
     );
     assert!(find("run.py").is_some_and(|e| e.kind == TreeEntryKind::File
         && e.file_digest() == Some(Digest::of(b"print('hello')\n"))));
+
+    // Changing a source file reuses the installed dependencies: the installers do not run.
+    put(&server, &id, "run.py", "print('hello again')\n").await;
+    send(
+        server
+            .client
+            .post(server.url(&format!("/v1/environments/{id}/build"))),
+    )
+    .await;
+    let second = wait_for_build(&server, &id, 2).await;
+    assert_eq!(second["status"], "ready", "{second}");
+    let log = second["log"].as_str().unwrap_or("");
+    assert!(log.contains("reusing its .venv and node_modules"), "{log}");
+    assert!(
+        !log.contains("pip install") && !log.contains("npm ci") && !log.contains("npm install"),
+        "{log}"
+    );
+    assert!(log.contains("setup.sh"), "setup.sh still runs: {log}");
+    assert_eq!(second["packages"], build["packages"]);
+    // Nothing changed: the whole layer is reused.
+    send(
+        server
+            .client
+            .post(server.url(&format!("/v1/environments/{id}/build"))),
+    )
+    .await;
+    let third = wait_for_build(&server, &id, 3).await;
+    assert_eq!(third["status"], "ready", "{third}");
+    assert!(
+        third["log"]
+            .as_str()
+            .unwrap_or("")
+            .contains("reusing its layer"),
+        "{third}"
+    );
     server.stop().await;
 }
 

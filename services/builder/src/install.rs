@@ -66,6 +66,9 @@ pub struct InstallOptions {
     pub cache_dir: Option<PathBuf>,
     /// Run installers without any network (see [`InstallOptions::offline`]).
     pub isolate_network: bool,
+    /// The scratch directory already holds `.venv` and `node_modules` reused from an earlier
+    /// version with the same manifests and toolchain: keep them, run only `setup.sh`.
+    pub reuse_dependencies: bool,
 }
 
 impl Default for InstallOptions {
@@ -81,6 +84,7 @@ impl Default for InstallOptions {
             path: "/usr/local/bin:/usr/bin:/bin".to_owned(),
             cache_dir: None,
             isolate_network: false,
+            reuse_dependencies: false,
         }
     }
 }
@@ -166,16 +170,19 @@ pub async fn install(
 
     // Removing dependency trees and chowning walk whole trees: keep them off the runtime.
     let prepared = {
-        let (root, uid, gid, cache) = (
+        let (root, uid, gid, cache, reuse) = (
             root.clone(),
             options.uid,
             options.gid,
             options.cache_dir.clone(),
+            options.reuse_dependencies,
         );
-        tokio::task::spawn_blocking(move || prepare(&root, &parent, uid, gid, cache.as_deref()))
-            .await
-            .map_err(|join| scratch_error(std::io::Error::other(join.to_string())))?
-            .map_err(scratch_error)?
+        tokio::task::spawn_blocking(move || {
+            prepare(&root, &parent, uid, gid, cache.as_deref(), reuse)
+        })
+        .await
+        .map_err(|join| scratch_error(std::io::Error::other(join.to_string())))?
+        .map_err(scratch_error)?
     };
     let sandbox = Sandbox {
         slug: slug.to_owned(),
@@ -216,13 +223,20 @@ fn prepare(
     uid: u32,
     gid: u32,
     cache: Option<&Path>,
+    reuse_dependencies: bool,
 ) -> std::io::Result<Prepared> {
     if !std::fs::metadata(root)?.is_dir() {
         return Err(std::io::Error::other("not a directory"));
     }
     // A virtualenv made on a laptop does not run here (UHP §1): what the build installs is what
     // a session gets. Only the top level: a nested node_modules is the project's own business.
-    for dependencies in [".venv", "node_modules"] {
+    // Reused dependencies were installed by an earlier build here, and stay.
+    let dropped: &[&str] = if reuse_dependencies {
+        &[]
+    } else {
+        &[".venv", "node_modules"]
+    };
+    for dependencies in dropped {
         let path = root.join(dependencies);
         match std::fs::symlink_metadata(&path) {
             Ok(metadata) if metadata.is_dir() => std::fs::remove_dir_all(&path)?,
@@ -231,7 +245,10 @@ fn prepare(
             Err(error) => return Err(error),
         }
     }
-    let plan = manifests::plan(root);
+    let mut plan = manifests::plan(root);
+    if reuse_dependencies {
+        plan.steps.retain(|step| *step == Step::SetupScript);
+    }
     let work = tempfile::Builder::new()
         .prefix(".plinth-build-")
         .tempdir_in(parent)?;
@@ -315,7 +332,8 @@ async fn run_steps(
             run.push(manifests::display(&argv));
         }
     }
-    if venv_python(root).is_some() {
+    // Reused dependencies were compiled by the build that installed them.
+    if venv_python(root).is_some() && !options.reuse_dependencies {
         let mount = sandbox.mount_path();
         // Bytecode makes imports from a read-only venv ~2.5× faster (PERFORMANCE.md), and a
         // session cannot write it later. `unchecked-hash` pycs are trusted without comparing

@@ -83,3 +83,33 @@ fn is_elf(path: &Path) -> bool {
         .is_ok()
         && magic == *b"\x7fELF"
 }
+
+/// What the installers on `path` are: uv's, Python's, node's and npm's versions. Builds with
+/// another toolchain never reuse dependencies installed by this one.
+pub fn identity(path: &str) -> String {
+    let version = |program: &str, argument: &str| -> String {
+        std::process::Command::new(program)
+            .arg(argument)
+            .env_clear()
+            .env("PATH", path)
+            .output()
+            .ok()
+            .filter(|output| output.status.success())
+            .map(|output| {
+                let text = if output.stdout.is_empty() {
+                    output.stderr
+                } else {
+                    output.stdout
+                };
+                String::from_utf8_lossy(&text).trim().to_owned()
+            })
+            .unwrap_or_else(|| "absent".to_owned())
+    };
+    format!(
+        "uv={}; python3={}; node={}; npm={}",
+        version("uv", "--version"),
+        version("python3", "--version"),
+        version("node", "--version"),
+        version("npm", "--version"),
+    )
+}

@@ -37,6 +37,9 @@ pub struct BuilderOptions {
     pub install: InstallOptions,
     /// How long to wait before asking again when nothing is queued.
     pub idle_poll: Duration,
+    /// What the installers are (see `tools::identity`): part of every dependency key, so a new
+    /// uv, Python or npm never reuses what an older one installed.
+    pub toolchain: String,
 }
 
 /// Why the builder stopped.
@@ -163,7 +166,7 @@ async fn build(
         build.environment_id, build.version, build.attempt
     ));
     let outcome = tokio::select! {
-        outcome = produce(options, blobs, &build, &claim.slug, &scratch, log_tx.clone()) => outcome,
+        outcome = produce(options, blobs, catalog.clone(), &token, &build, &claim.slug, &scratch, log_tx.clone()) => outcome,
         () = lease_lost.cancelled() => Err("the lease was lost; this build was abandoned".to_owned()),
     };
     drop(log_tx);
@@ -200,9 +203,12 @@ async fn build(
 }
 
 /// Materializes, installs, scans and uploads; the error is the build's `error` for its owner.
+#[allow(clippy::too_many_arguments)]
 async fn produce(
     options: &BuilderOptions,
     blobs: &BlobStore,
+    mut catalog: Catalog,
+    token: &str,
     build: &pb::Build,
     slug: &str,
     scratch: &Path,
@@ -214,13 +220,68 @@ async fn produce(
             build.source_tree
         )
     })?;
-    materialize(blobs, &source, scratch)
+    materialize(blobs, &source, scratch, None)
         .await
         .map_err(|error| format!("materializing the source failed: {error}"))?;
+    let dependency_key = dependency_key(scratch, slug, &options.toolchain)
+        .map_err(|error| format!("reading the manifests failed: {error}"))?;
+    let reusable = catalog
+        .find_reusable(pb::FindReusableRequest {
+            lease_token: token.to_owned(),
+            dependency_key: dependency_key.clone(),
+        })
+        .await
+        .map(tonic::Response::into_inner)
+        .unwrap_or_else(|status| {
+            tracing::warn!(error = %status.message(), "asking what can be reused failed; building from scratch");
+            pb::FindReusableResponse::default()
+        });
+    let say = |line: String| {
+        let _ = log.send(line.into_bytes());
+    };
+    if let Some(whole) = reusable.whole {
+        say(format!(
+            "==> source, manifests and toolchain unchanged since version {}: reusing its layer\n",
+            whole.version
+        ));
+        return Ok(pb::BuildReady {
+            layer_tree: whole.layer_tree,
+            packages: whole.packages,
+            size: whole.size,
+            dependency_key,
+        });
+    }
+    let mut install_options = options.install.clone();
+    if let Some(earlier) = reusable.dependencies {
+        let layer: Digest = earlier
+            .layer_tree
+            .parse()
+            .map_err(|_| "the reusable build names no valid layer".to_owned())?;
+        for dependencies in [".venv", "node_modules"] {
+            let path = scratch.join(dependencies);
+            if tokio::fs::symlink_metadata(&path).await.is_ok() {
+                let _ = tokio::fs::remove_dir_all(&path).await;
+                let _ = tokio::fs::remove_file(&path).await;
+            }
+        }
+        materialize(blobs, &layer, scratch, Some(&[".venv", "node_modules"]))
+            .await
+            .map_err(|error| {
+                format!(
+                    "reusing the dependencies of version {} failed: {error}",
+                    earlier.version
+                )
+            })?;
+        say(format!(
+            "==> manifests and toolchain unchanged since version {}: reusing its .venv and node_modules instead of running the installers\n",
+            earlier.version
+        ));
+        install_options.reuse_dependencies = true;
+    }
     let mut sink = |bytes: &[u8]| {
         let _ = log.send(bytes.to_vec());
     };
-    install::install(scratch, slug, &options.install, &mut sink)
+    install::install(scratch, slug, &install_options, &mut sink)
         .await
         .map_err(|error| error.to_string())?;
     let scanned = {
@@ -275,11 +336,46 @@ async fn produce(
             })
             .collect(),
         size: scanned.bytes,
+        dependency_key,
     })
 }
 
-/// Writes a tree's directories and verified files under `root`.
-async fn materialize(blobs: &BlobStore, tree: &Digest, root: &Path) -> Result<(), String> {
+/// The manifests a build installs from.
+const MANIFESTS: [&str; 6] = [
+    "pyproject.toml",
+    "uv.lock",
+    "requirements.txt",
+    "package.json",
+    "package-lock.json",
+    "npm-shrinkwrap.json",
+];
+
+/// Names what a build's dependencies are installed from: the mount path (installed files
+/// embed it), the toolchain, and every manifest's bytes. Equal keys install equal trees.
+fn dependency_key(scratch: &Path, slug: &str, toolchain: &str) -> std::io::Result<String> {
+    let mut material =
+        format!("plinth-dependencies/1\nslug {slug}\ntoolchain {toolchain}\n").into_bytes();
+    for manifest in MANIFESTS {
+        match std::fs::read(scratch.join(manifest)) {
+            Ok(bytes) => {
+                material
+                    .extend_from_slice(format!("{manifest} {}\n", Digest::of(&bytes)).as_bytes());
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(Digest::of(&material).to_string())
+}
+
+/// Writes a tree's directories, verified files and symlinks under `root`; with `only`, just
+/// the entries beneath those top-level names.
+async fn materialize(
+    blobs: &BlobStore,
+    tree: &Digest,
+    root: &Path,
+    only: Option<&[&str]>,
+) -> Result<(), String> {
     let bytes = blobs
         .get(tree)
         .await
@@ -302,12 +398,33 @@ async fn materialize(blobs: &BlobStore, tree: &Digest, root: &Path) -> Result<()
         {
             return Err(format!("the tree names an unsafe path {:?}", entry.path));
         }
+        if let Some(only) = only {
+            let top = entry.path.split('/').next().unwrap_or("");
+            if !only.contains(&top) {
+                continue;
+            }
+        }
         let target = root.join(&entry.path);
         match entry.kind {
             TreeEntryKind::Dir => tokio::fs::create_dir_all(&target)
                 .await
                 .map_err(|e| e.to_string())?,
-            TreeEntryKind::Symlink => {}
+            TreeEntryKind::Symlink => {
+                // Links are recreated as recorded, never followed: what they point at is the
+                // installers' business, inside the mount path.
+                let link = entry
+                    .target
+                    .clone()
+                    .ok_or_else(|| format!("{} has no target", entry.path))?;
+                if let Some(parent) = target.parent() {
+                    tokio::fs::create_dir_all(parent)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                tokio::fs::symlink(&link, &target)
+                    .await
+                    .map_err(|e| format!("{}: {e}", entry.path))?;
+            }
             TreeEntryKind::File => {
                 let digest = entry
                     .file_digest()

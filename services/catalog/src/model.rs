@@ -315,6 +315,8 @@ pub enum Outcome {
         packages: Vec<Package>,
         /// The layer's bytes.
         size: u64,
+        /// What the dependencies were installed from; empty when nothing was.
+        dependency_key: String,
     },
     /// The build failed; nothing else changes.
     Failed {

@@ -28,6 +28,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "builds",
                 include_str!("../migrations/sqlite/0002_builds.sql"),
             ),
+            (
+                3,
+                "dependency keys",
+                include_str!("../migrations/sqlite/0003_dependency_keys.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -39,6 +44,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 2,
                 "builds",
                 include_str!("../migrations/postgres/0002_builds.sql"),
+            ),
+            (
+                3,
+                "dependency keys",
+                include_str!("../migrations/postgres/0003_dependency_keys.sql"),
             ),
         ],
     }

@@ -280,6 +280,31 @@ impl pb::catalog_service_server::CatalogService for Catalog {
         Ok(Response::new(pb::AppendBuildLogResponse { log_bytes }))
     }
 
+    #[tracing::instrument(name = "catalog.find_reusable", skip_all)]
+    async fn find_reusable(
+        &self,
+        request: Request<pb::FindReusableRequest>,
+    ) -> Result<Response<pb::FindReusableResponse>, Status> {
+        let request = request.into_inner();
+        let token = LeaseToken::from_wire(request.lease_token);
+        let (whole, dependencies) = self
+            .store
+            .find_reusable(&token, &request.dependency_key)
+            .await
+            .map_err(|error| store_error(error, ""))?;
+        let reusable = |build: Build| pb::ReusableBuild {
+            environment_id: build.environment_id.as_str().to_owned(),
+            version: build.version,
+            layer_tree: build.layer_tree,
+            packages: build.packages.iter().map(package).collect(),
+            size: build.size,
+        };
+        Ok(Response::new(pb::FindReusableResponse {
+            whole: whole.map(reusable),
+            dependencies: dependencies.map(reusable),
+        }))
+    }
+
     #[tracing::instrument(name = "catalog.complete_build", skip_all)]
     async fn complete_build(
         &self,
@@ -289,6 +314,7 @@ impl pb::catalog_service_server::CatalogService for Catalog {
         let token = LeaseToken::from_wire(request.lease_token);
         let outcome = match request.outcome {
             Some(pb::complete_build_request::Outcome::Ready(ready)) => Outcome::Ready {
+                dependency_key: ready.dependency_key,
                 layer_tree: ready.layer_tree,
                 packages: ready
                     .packages

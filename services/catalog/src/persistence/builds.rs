@@ -322,13 +322,14 @@ impl Store {
                 layer_tree,
                 packages,
                 size,
+                dependency_key,
             } => {
                 let packages_json = serde_json::to_string(packages)
                     .map_err(|error| StoreError::Corrupt(error.to_string()))?;
                 sqlx::query(
                     "UPDATE builds SET status = 'ready', layer_tree = $1, packages = $2, \
-                     package_count = $3, size = $4, finished_at_ms = $5, lease_token = '' \
-                     WHERE environment_id = $6 AND version = $7",
+                     package_count = $3, size = $4, finished_at_ms = $5, lease_token = '', \
+                     dependency_key = $8 WHERE environment_id = $6 AND version = $7",
                 )
                 .bind(layer_tree)
                 .bind(packages_json)
@@ -337,6 +338,7 @@ impl Store {
                 .bind(now)
                 .bind(&environment)
                 .bind(version)
+                .bind(dependency_key)
                 .execute(&mut *tx)
                 .await?;
                 sqlx::query(
@@ -371,6 +373,63 @@ impl Store {
             .await?;
         tx.commit().await?;
         build_from_row(&row)
+    }
+
+    /// What earlier ready builds of the leased build's scope can lend it: one with the same
+    /// source tree (the whole layer), and one with the same dependency key (its installed
+    /// dependencies). Only under a live lease.
+    pub async fn find_reusable(
+        &self,
+        token: &LeaseToken,
+        dependency_key: &str,
+    ) -> Result<(Option<Build>, Option<Build>), StoreError> {
+        let row = sqlx::query(
+            "SELECT b.source_tree, e.scope FROM builds b JOIN environments e ON e.id = b.environment_id \
+             WHERE b.lease_token = $1 AND b.status = 'building' AND b.lease_expires_at_ms >= $2",
+        )
+        .bind(token.as_str())
+        .bind(now_ms())
+        .fetch_optional(&self.db.reader)
+        .await?
+        .ok_or(StoreError::LeaseLost)?;
+        let source_tree: String = row.try_get("source_tree")?;
+        let scope: String = row.try_get("scope")?;
+        let columns = BUILD_COLUMNS
+            .split(", ")
+            .map(|column| format!("b.{column}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if dependency_key.is_empty() {
+            return Ok((None, None));
+        }
+        // The whole layer needs the same source *and* the same dependency key: the key names
+        // the mount path and toolchain the layer was built with.
+        let find = |source: Option<String>| {
+            let source_condition = if source.is_some() {
+                " AND b.source_tree = $3"
+            } else {
+                ""
+            };
+            let sql = format!(
+                "SELECT {columns} FROM builds b JOIN environments e ON e.id = b.environment_id \
+                 WHERE e.scope = $1 AND b.status = 'ready' AND b.dependency_key = $2{source_condition} \
+                 ORDER BY b.finished_at_ms DESC LIMIT 1"
+            );
+            let scope = scope.clone();
+            async move {
+                let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(scope)
+                    .bind(dependency_key.to_owned());
+                if let Some(source) = source {
+                    query = query.bind(source);
+                }
+                let row = query.fetch_optional(&self.db.reader).await?;
+                row.as_ref().map(build_from_row).transpose()
+            }
+        };
+        let whole = find(Some(source_tree)).await?;
+        let dependencies = find(None).await?;
+        Ok((whole, dependencies))
     }
 
     /// A build's log from byte `offset`: the text, where it ends, and whether the build has

@@ -294,6 +294,7 @@ fn ready(layer: &str) -> Outcome {
             version: "2.32.3".into(),
         }],
         size: 1234,
+        dependency_key: String::new(),
     }
 }
 
