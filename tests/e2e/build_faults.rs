@@ -258,10 +258,9 @@ async fn a_builder_killed_mid_build_loses_its_lease_and_another_finishes_it() {
         })
         .await;
     assert_eq!(build["status"], "ready", "{build}");
-    assert_eq!(
-        build["attempt"], 2,
-        "the build was leased again after the first lease expired"
-    );
+    // Leased again after the first lease expired (more than twice only if a loaded machine
+    // starved the second builder's renewals too).
+    assert!(build["attempt"].as_u64() >= Some(2), "{build}");
     let versions = cluster.versions(&id).await;
     assert_eq!(
         versions["data"].as_array().map(Vec::len),
