@@ -166,7 +166,7 @@ async fn build(
         build.environment_id, build.version, build.attempt
     ));
     let outcome = tokio::select! {
-        outcome = produce(options, blobs, catalog.clone(), &token, &build, &claim.slug, &scratch, log_tx.clone()) => outcome,
+        outcome = produce(options, blobs, catalog.clone(), &token, &build, &claim.slug, &claim.scope, &scratch, log_tx.clone()) => outcome,
         () = lease_lost.cancelled() => Err("the lease was lost; this build was abandoned".to_owned()),
     };
     drop(log_tx);
@@ -211,6 +211,7 @@ async fn produce(
     token: &str,
     build: &pb::Build,
     slug: &str,
+    scope: &str,
     scratch: &Path,
     log: mpsc::UnboundedSender<Vec<u8>>,
 ) -> Result<pb::BuildReady, String> {
@@ -252,6 +253,14 @@ async fn produce(
         });
     }
     let mut install_options = options.install.clone();
+    // uv's, pip's and npm's downloads persist across builds of one scope, on the build's file
+    // system so uv can hard-link from them; another scope's builds never see them.
+    install_options.cache_dir = Some(
+        options
+            .work_dir
+            .join("cache")
+            .join(&Digest::of(scope.as_bytes()).to_hex()[..16]),
+    );
     if let Some(earlier) = reusable.dependencies {
         let layer: Digest = earlier
             .layer_tree

@@ -298,6 +298,8 @@ pub struct Claim {
     pub build: Build,
     /// Its environment's slug: where it builds (`/env/<slug>`).
     pub slug: Slug,
+    /// Its environment's scope.
+    pub scope: Scope,
     /// The lease.
     pub token: LeaseToken,
     /// When the lease ends unless renewed, ms since the Unix epoch.

@@ -243,6 +243,7 @@ impl pb::catalog_service_server::CatalogService for Catalog {
                 pb::BuildClaim {
                     build: Some(claim.build.into()),
                     slug: claim.slug.as_str().to_owned(),
+                    scope: claim.scope.as_str().to_owned(),
                     lease_token: claim.token.as_str().to_owned(),
                     expires_at_ms: claim.expires_at_ms,
                     renew_every_ms: (self.leases.lease_ms / 3).max(1),

@@ -212,7 +212,8 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         let sql = format!(
-            "SELECT {BUILD_COLUMNS}, (SELECT slug FROM environments WHERE id = $1) AS slug \
+            "SELECT {BUILD_COLUMNS}, (SELECT slug FROM environments WHERE id = $1) AS slug, \
+             (SELECT scope FROM environments WHERE id = $1) AS scope \
              FROM builds WHERE environment_id = $1 AND version = $2"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -222,9 +223,12 @@ impl Store {
             .await?;
         tx.commit().await?;
         let slug: String = row.try_get("slug")?;
+        let scope: String = row.try_get("scope")?;
         Ok(Some(Claim {
             build: build_from_row(&row)?,
             slug: Slug::from_stored(slug),
+            scope: Scope::parse(&scope)
+                .map_err(|_| StoreError::Corrupt(format!("scope {scope:?}")))?,
             token,
             expires_at_ms,
         }))
