@@ -1,6 +1,7 @@
 //! `plinth-bench`: Plinth's benchmarks, each beside a named baseline measured in the same run.
 //! See bench/README.md for what each measures and the figures measured here.
 
+mod build;
 mod environments;
 mod import;
 
@@ -20,6 +21,9 @@ struct Cli {
 enum Bench {
     /// Environment create+get round trips: gateway vs direct gRPC catalog calls.
     Environments(environments::Args),
+    /// A Python project with 20+ dependencies built through Plinth vs `uv pip install`,
+    /// a one-file rebuild, and how fast `POST …/build` answers.
+    Build(build::Args),
     /// Importing a project-shaped tar.gz vs `tar -xzf`, the service's peak memory, and
     /// small-file PUT/GET through the gateway.
     Import(import::Args),
@@ -31,6 +35,7 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().bench {
         Bench::Environments(args) => environments::run(args).await,
         Bench::Import(args) => import::run(args).await,
+        Bench::Build(args) => build::run(args).await,
     }
 }
 

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::{StreamExt, TryStreamExt};
 use plinth_blobs::tree::{Tree, TreeEntry, TreeEntryKind};
 use plinth_blobs::{BlobStore, Digest};
 use plinth_kit::grpc::ClientInterceptor;
@@ -23,6 +24,9 @@ use tonic::transport::Channel;
 
 use crate::install::{self, InstallOptions};
 use crate::layer::{self, EntryKind};
+
+/// Blob reads or writes in flight at once when materializing or publishing.
+const PARALLEL_BLOBS: usize = 32;
 
 type Catalog = CatalogServiceClient<InterceptedService<Channel, ClientInterceptor>>;
 
@@ -300,6 +304,21 @@ async fn produce(
             .map_err(|error| error.to_string())?
             .map_err(|error| format!("reading the built layer failed: {error}"))?
     };
+    // Only blobs the store lacks are uploaded, many at a time: a venv is thousands of small
+    // files, and each is an object-store round trip.
+    let files: Vec<&layer::LayerEntry> = scanned
+        .entries
+        .iter()
+        .filter(|entry| entry.kind == EntryKind::File)
+        .collect();
+    let uploads: Vec<_> = files
+        .into_iter()
+        .map(|entry| upload_one(blobs, scratch, entry))
+        .collect();
+    futures::stream::iter(uploads)
+        .buffer_unordered(PARALLEL_BLOBS)
+        .try_collect::<()>()
+        .await?;
     let mut entries = Vec::with_capacity(scanned.entries.len());
     for entry in &scanned.entries {
         entries.push(match entry.kind {
@@ -311,19 +330,6 @@ async fn produce(
                 let digest = entry
                     .digest
                     .ok_or_else(|| format!("{} has no digest", entry.path))?;
-                if !blobs.contains(&digest).await.map_err(|e| e.to_string())? {
-                    let file = tokio::fs::File::open(scratch.join(&entry.path))
-                        .await
-                        .map_err(|e| format!("{}: {e}", entry.path))?;
-                    let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024);
-                    let stored = blobs
-                        .put_stream(stream, u64::MAX)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    if stored.digest != digest {
-                        return Err(format!("{} changed while it was published", entry.path));
-                    }
-                }
                 TreeEntry::file(entry.path.clone(), digest, entry.size, entry.executable)
             }
         });
@@ -347,6 +353,67 @@ async fn produce(
         size: scanned.bytes,
         dependency_key,
     })
+}
+
+/// Uploads one layer file unless the store already has its blob.
+async fn upload_one(
+    blobs: &BlobStore,
+    scratch: &Path,
+    entry: &layer::LayerEntry,
+) -> Result<(), String> {
+    let digest = entry
+        .digest
+        .ok_or_else(|| format!("{} has no digest", entry.path))?;
+    if blobs.contains(&digest).await.map_err(|e| e.to_string())? {
+        return Ok(());
+    }
+    let file = tokio::fs::File::open(scratch.join(&entry.path))
+        .await
+        .map_err(|e| format!("{}: {e}", entry.path))?;
+    let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024);
+    let stored = blobs
+        .put_stream(stream, u64::MAX)
+        .await
+        .map_err(|e| e.to_string())?;
+    if stored.digest != digest {
+        return Err(format!("{} changed while it was published", entry.path));
+    }
+    Ok(())
+}
+
+/// Writes one tree file from its verified blob.
+async fn write_one(blobs: &BlobStore, root: &Path, entry: &TreeEntry) -> Result<(), String> {
+    let target = root.join(&entry.path);
+    let digest = entry
+        .file_digest()
+        .ok_or_else(|| format!("{} has no digest", entry.path))?;
+    if let Some(parent) = target.parent() {
+        tokio::fs::create_dir_all(parent)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let blob = blobs
+        .get(&digest)
+        .await
+        .map_err(|e| format!("{}: {e}", entry.path))?;
+    let mut file = tokio::fs::File::create(&target)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut chunks = blob.into_stream();
+    while let Some(chunk) = chunks.next().await {
+        file.write_all(&chunk.map_err(|e| e.to_string())?)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    file.flush().await.map_err(|e| e.to_string())?;
+    let mode = if entry.mode & 0o111 != 0 {
+        0o755
+    } else {
+        0o644
+    };
+    tokio::fs::set_permissions(&target, std::os::unix::fs::PermissionsExt::from_mode(mode))
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// The manifests a build installs from.
@@ -396,9 +463,17 @@ async fn materialize(
     tokio::fs::create_dir_all(root)
         .await
         .map_err(|e| e.to_string())?;
-    for entry in &tree.entries {
-        // Paths in a source tree were checked when they entered the source; they are checked
-        // again here because a tree is only bytes in a bucket.
+    let selected: Vec<&TreeEntry> = tree
+        .entries
+        .iter()
+        .filter(|entry| match only {
+            Some(only) => only.contains(&entry.path.split('/').next().unwrap_or("")),
+            None => true,
+        })
+        .collect();
+    for entry in &selected {
+        // Paths in a tree were checked when they entered the system; they are checked again
+        // here because a tree is only bytes in a bucket.
         if entry
             .path
             .split('/')
@@ -407,69 +482,41 @@ async fn materialize(
         {
             return Err(format!("the tree names an unsafe path {:?}", entry.path));
         }
-        if let Some(only) = only {
-            let top = entry.path.split('/').next().unwrap_or("");
-            if !only.contains(&top) {
-                continue;
-            }
-        }
-        let target = root.join(&entry.path);
-        match entry.kind {
-            TreeEntryKind::Dir => tokio::fs::create_dir_all(&target)
-                .await
-                .map_err(|e| e.to_string())?,
-            TreeEntryKind::Symlink => {
-                // Links are recreated as recorded, never followed: what they point at is the
-                // installers' business, inside the mount path.
-                let link = entry
-                    .target
-                    .clone()
-                    .ok_or_else(|| format!("{} has no target", entry.path))?;
-                if let Some(parent) = target.parent() {
-                    tokio::fs::create_dir_all(parent)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                }
-                tokio::fs::symlink(&link, &target)
-                    .await
-                    .map_err(|e| format!("{}: {e}", entry.path))?;
-            }
-            TreeEntryKind::File => {
-                let digest = entry
-                    .file_digest()
-                    .ok_or_else(|| format!("{} has no digest", entry.path))?;
-                if let Some(parent) = target.parent() {
-                    tokio::fs::create_dir_all(parent)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                }
-                let blob = blobs
-                    .get(&digest)
-                    .await
-                    .map_err(|e| format!("{}: {e}", entry.path))?;
-                let mut file = tokio::fs::File::create(&target)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let mut chunks = blob.into_stream();
-                while let Some(chunk) = futures::StreamExt::next(&mut chunks).await {
-                    file.write_all(&chunk.map_err(|e| e.to_string())?)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                }
-                file.flush().await.map_err(|e| e.to_string())?;
-                let mode = if entry.mode & 0o111 != 0 {
-                    0o755
-                } else {
-                    0o644
-                };
-                tokio::fs::set_permissions(
-                    &target,
-                    std::os::unix::fs::PermissionsExt::from_mode(mode),
-                )
+        if entry.kind == TreeEntryKind::Dir {
+            tokio::fs::create_dir_all(root.join(&entry.path))
                 .await
                 .map_err(|e| e.to_string())?;
-            }
         }
+    }
+    // Many blobs at a time: per-object round trips dominate for small files.
+    let files: Vec<_> = selected
+        .iter()
+        .filter(|entry| entry.kind == TreeEntryKind::File)
+        .map(|entry| write_one(blobs, root, entry))
+        .collect();
+    futures::stream::iter(files)
+        .buffer_unordered(PARALLEL_BLOBS)
+        .try_collect::<()>()
+        .await?;
+    for entry in selected
+        .iter()
+        .filter(|entry| entry.kind == TreeEntryKind::Symlink)
+    {
+        // Links are recreated as recorded, never followed: what they point at is the
+        // installers' business, inside the mount path.
+        let target = root.join(&entry.path);
+        let link = entry
+            .target
+            .clone()
+            .ok_or_else(|| format!("{} has no target", entry.path))?;
+        if let Some(parent) = target.parent() {
+            tokio::fs::create_dir_all(parent)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        tokio::fs::symlink(&link, &target)
+            .await
+            .map_err(|e| format!("{}: {e}", entry.path))?;
     }
     Ok(())
 }

@@ -1,0 +1,286 @@
+//! `plinth-bench build`: a Python project with 20+ real dependencies (downloaded once from
+//! PyPI into a local wheelhouse, shipped inside the project so the build needs no network)
+//! built through Plinth, side by side with plain `uv pip install` of the same requirements
+//! from the same wheelhouse into a fresh venv with bytecode compiled (the baseline), each
+//! round with cold caches; then a rebuild after changing one source file, and the time
+//! `POST …/build` takes to answer.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+
+/// Build benchmark.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Rounds of each path, alternating; each Plinth round has a fresh service and data.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+}
+
+/// The project's top-level requirements; with their dependencies, 20+ distributions.
+const REQUIREMENTS: &str = "flask\nrequests\npyyaml\npytest\nrich\npython-dateutil\npytz\nattrs\n";
+
+struct Service {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn uv_binary() -> anyhow::Result<PathBuf> {
+    let output = Command::new("python3")
+        .args(["-c", "import uv; print(uv.find_uv_bin())"])
+        .output()
+        .context("python3 runs")?;
+    anyhow::ensure!(
+        output.status.success(),
+        "uv is not installed: python3 -m pip install uv"
+    );
+    Ok(PathBuf::from(
+        String::from_utf8_lossy(&output.stdout).trim(),
+    ))
+}
+
+fn wheelhouse(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("requirements.txt"), REQUIREMENTS)?;
+    let status = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--only-binary=:all:",
+            "-d",
+        ])
+        .arg(dir)
+        .arg("-r")
+        .arg(dir.join("requirements.txt"))
+        .status()?;
+    anyhow::ensure!(status.success(), "pip download failed (it needs PyPI once)");
+    let mut wheels: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "whl"))
+        .collect();
+    wheels.sort();
+    Ok(wheels)
+}
+
+async fn start(binary: &Path, data_dir: &Path) -> anyhow::Result<Service> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let child = Command::new(binary)
+        .args([
+            "serve",
+            "--builder-network",
+            "false",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(data_dir)
+        .env("PLINTH_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()?;
+    let service = Service {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    let client = reqwest::Client::new();
+    for _ in 0..300 {
+        if let Ok(response) = client.get(format!("{}/readyz", service.base)).send().await
+            && response.status().is_success()
+        {
+            return Ok(service);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("plinth serve did not become ready")
+}
+
+/// POSTs a build; returns how long the POST took and how long until the build was ready.
+async fn build(
+    client: &reqwest::Client,
+    base: &str,
+    id: &str,
+    version: u64,
+) -> anyhow::Result<(f64, f64)> {
+    let begun = Instant::now();
+    client
+        .post(format!("{base}/v1/environments/{id}/build"))
+        .send()
+        .await?
+        .error_for_status()?;
+    let answered = begun.elapsed().as_secs_f64();
+    loop {
+        let record: serde_json::Value = client
+            .get(format!("{base}/v1/environments/{id}/builds/{version}"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        match record["status"].as_str() {
+            Some("ready") => return Ok((answered, begun.elapsed().as_secs_f64())),
+            Some("failed") => anyhow::bail!("build failed: {}\n{}", record["error"], record["log"]),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let binary = std::env::current_exe()?
+        .parent()
+        .context("no directory")?
+        .join("plinth");
+    anyhow::ensure!(
+        binary.exists(),
+        "build it: cargo build --release -p plinth -p plinth-bench"
+    );
+    let uv = uv_binary()?;
+    let work = match std::env::var_os("PLINTH_BENCH_DIR") {
+        Some(dir) => tempfile::tempdir_in(dir)?,
+        None => tempfile::tempdir()?,
+    };
+    let wheels = wheelhouse(&work.path().join("wheelhouse"))?;
+    let requirements = format!("--no-index\n--find-links wheels\n{REQUIREMENTS}");
+
+    let client = reqwest::Client::new();
+    let (mut baseline, mut plinth, mut rebuild, mut posts) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut packages = 0;
+    for round in 0..args.rounds {
+        // Baseline: a fresh venv and a cold uv cache, the same wheels, bytecode compiled.
+        let venv = work.path().join(format!("venv-{round}"));
+        let cache = work.path().join(format!("uv-cache-{round}"));
+        let begun = Instant::now();
+        let status = Command::new(&uv)
+            .args(["venv", "--quiet", "--python", "/usr/bin/python3"])
+            .arg(&venv)
+            .env("UV_CACHE_DIR", &cache)
+            .status()?;
+        anyhow::ensure!(status.success(), "uv venv failed");
+        let status = Command::new(&uv)
+            .args([
+                "pip",
+                "install",
+                "--quiet",
+                "--offline",
+                "--compile-bytecode",
+                "--python",
+            ])
+            .arg(venv.join("bin/python"))
+            .args(["--no-index", "--find-links"])
+            .arg(work.path().join("wheelhouse"))
+            .arg("-r")
+            .arg(work.path().join("wheelhouse/requirements.txt"))
+            .env("UV_CACHE_DIR", &cache)
+            .status()?;
+        anyhow::ensure!(status.success(), "uv pip install failed");
+        baseline.push(begun.elapsed().as_secs_f64());
+        let _ = std::fs::remove_dir_all(&venv);
+        let _ = std::fs::remove_dir_all(&cache);
+
+        // Plinth: a fresh service, the project uploaded, then POST …/build until ready.
+        let data_dir = work.path().join(format!("plinth-{round}"));
+        let service = start(&binary, &data_dir).await?;
+        let created: serde_json::Value = client
+            .post(format!("{}/v1/environments", service.base))
+            .json(&serde_json::json!({"name": format!("Bench {round}")}))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let id = created["id"].as_str().context("no id")?.to_owned();
+        let files = format!("{}/v1/environments/{id}/files", service.base);
+        for wheel in &wheels {
+            let name = wheel
+                .file_name()
+                .context("wheel name")?
+                .to_string_lossy()
+                .into_owned();
+            client
+                .put(format!("{files}/wheels/{name}"))
+                .body(std::fs::read(wheel)?)
+                .send()
+                .await?
+                .error_for_status()?;
+        }
+        client
+            .put(format!("{files}/requirements.txt"))
+            .body(requirements.clone())
+            .send()
+            .await?
+            .error_for_status()?;
+        client
+            .put(format!("{files}/app.py"))
+            .body("print('v1')\n")
+            .send()
+            .await?
+            .error_for_status()?;
+        let (post, full) = build(&client, &service.base, &id, 1).await?;
+        posts.push(post);
+        plinth.push(full);
+        client
+            .put(format!("{files}/app.py"))
+            .body("print('v2')\n")
+            .send()
+            .await?
+            .error_for_status()?;
+        let (post, again) = build(&client, &service.base, &id, 2).await?;
+        posts.push(post);
+        rebuild.push(again);
+        let record: serde_json::Value = client
+            .get(format!("{}/v1/environments/{id}", service.base))
+            .send()
+            .await?
+            .json()
+            .await?;
+        packages = record["packages"].as_array().map_or(0, Vec::len);
+        drop(service);
+        let _ = std::fs::remove_dir_all(&data_dir);
+    }
+    let (base, full, again) = (
+        median(baseline.clone()),
+        median(plinth.clone()),
+        median(rebuild.clone()),
+    );
+    println!("plinth-bench build");
+    println!("machine: {}", crate::machine());
+    println!(
+        "project: {} wheels ({packages} packages installed) from a local wheelhouse, cold caches, {} rounds, median",
+        wheels.len(),
+        args.rounds
+    );
+    println!(
+        "uv venv + uv pip install --compile-bytecode (baseline)  {base:>6.2} s   rounds {baseline:.2?}"
+    );
+    println!(
+        "plinth build, POST to ready                              {full:>6.2} s   rounds {plinth:.2?}"
+    );
+    println!(
+        "ratio: a Plinth build takes {:.2}x the baseline (target <= 1.3)",
+        full / base
+    );
+    println!(
+        "rebuild after changing one source file                   {again:>6.2} s   rounds {rebuild:.2?} (target < 2 s)"
+    );
+    println!(
+        "POST …/build answered in median {:.1} ms (max {:.1} ms)",
+        median(posts.clone()) * 1000.0,
+        posts.iter().cloned().fold(0.0, f64::max) * 1000.0
+    );
+    Ok(())
+}
