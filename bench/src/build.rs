@@ -161,6 +161,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let (mut baseline, mut plinth, mut rebuild, mut posts) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut packages = 0;
+    let mut phases = String::new();
     for round in 0..args.rounds {
         // Baseline: a fresh venv and a cold uv cache, the same wheels, bytecode compiled.
         let venv = work.path().join(format!("venv-{round}"));
@@ -242,6 +243,23 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let (post, again) = build(&client, &service.base, &id, 2).await?;
         posts.push(post);
         rebuild.push(again);
+        for version in [1, 2] {
+            let build: serde_json::Value = client
+                .get(format!(
+                    "{}/v1/environments/{id}/builds/{version}",
+                    service.base
+                ))
+                .send()
+                .await?
+                .json()
+                .await?;
+            phases.push_str(&format!("  version {version}:\n"));
+            for line in build["log"].as_str().unwrap_or("").lines() {
+                if line.starts_with("==> ") && (line.contains(" in ") || line.contains("reusing")) {
+                    phases.push_str(&format!("    {line}\n"));
+                }
+            }
+        }
         let record: serde_json::Value = client
             .get(format!("{}/v1/environments/{id}", service.base))
             .send()
@@ -277,6 +295,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "rebuild after changing one source file                   {again:>6.2} s   rounds {rebuild:.2?} (target < 2 s)"
     );
+    print!("phases of the last round (from the build logs):\n{phases}");
     println!(
         "POST …/build answered in median {:.1} ms (max {:.1} ms)",
         median(posts.clone()) * 1000.0,

@@ -225,9 +225,17 @@ async fn produce(
             build.source_tree
         )
     })?;
+    let phase = std::time::Instant::now();
     materialize(blobs, &source, scratch, None)
         .await
         .map_err(|error| format!("materializing the source failed: {error}"))?;
+    let _ = log.send(
+        format!(
+            "==> source materialized in {:.2} s\n",
+            phase.elapsed().as_secs_f64()
+        )
+        .into_bytes(),
+    );
     let dependency_key = dependency_key(scratch, slug, &options.toolchain)
         .map_err(|error| format!("reading the manifests failed: {error}"))?;
     let reusable = catalog
@@ -265,6 +273,7 @@ async fn produce(
             .join("cache")
             .join(&Digest::of(scope.as_bytes()).to_hex()[..16]),
     );
+    let phase = std::time::Instant::now();
     if let Some(earlier) = reusable.dependencies {
         let layer: Digest = earlier
             .layer_tree
@@ -297,6 +306,9 @@ async fn produce(
     install::install(scratch, slug, &install_options, &mut sink)
         .await
         .map_err(|error| error.to_string())?;
+    let _ =
+        log.send(format!("==> installed in {:.2} s\n", phase.elapsed().as_secs_f64()).into_bytes());
+    let phase = std::time::Instant::now();
     let scanned = {
         let scratch = scratch.to_owned();
         tokio::task::spawn_blocking(move || layer::scan(&scratch))
@@ -319,6 +331,14 @@ async fn produce(
         .buffer_unordered(PARALLEL_BLOBS)
         .try_collect::<()>()
         .await?;
+    let _ = log.send(
+        format!(
+            "==> layer of {} entries hashed and its new blobs stored in {:.2} s\n",
+            scanned.entries.len(),
+            phase.elapsed().as_secs_f64()
+        )
+        .into_bytes(),
+    );
     let mut entries = Vec::with_capacity(scanned.entries.len());
     for entry in &scanned.entries {
         entries.push(match entry.kind {
