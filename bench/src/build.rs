@@ -6,10 +6,12 @@
 //! `POST …/build` takes to answer.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+
+use crate::service::Service;
 
 /// Build benchmark.
 #[derive(Debug, clap::Args)]
@@ -21,18 +23,6 @@ pub struct Args {
 
 /// The project's top-level requirements; with their dependencies, 20+ distributions.
 const REQUIREMENTS: &str = "flask\nrequests\npyyaml\npytest\nrich\npython-dateutil\npytz\nattrs\n";
-
-struct Service {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -76,39 +66,6 @@ fn wheelhouse(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         .collect();
     wheels.sort();
     Ok(wheels)
-}
-
-async fn start(binary: &Path, data_dir: &Path) -> anyhow::Result<Service> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let child = Command::new(binary)
-        .args([
-            "serve",
-            "--builder-network",
-            "false",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(data_dir)
-        .env("PLINTH_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()?;
-    let service = Service {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-    };
-    let client = reqwest::Client::new();
-    for _ in 0..300 {
-        if let Ok(response) = client.get(format!("{}/readyz", service.base)).send().await
-            && response.status().is_success()
-        {
-            return Ok(service);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    anyhow::bail!("plinth serve did not become ready")
 }
 
 /// POSTs a build; returns how long the POST took and how long until the build was ready.
@@ -196,7 +153,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
         // Plinth: a fresh service, the project uploaded, then POST …/build until ready.
         let data_dir = work.path().join(format!("plinth-{round}"));
-        let service = start(&binary, &data_dir).await?;
+        let service = Service::start(&binary, &data_dir, &["--builder-network", "false"]).await?;
         let created: serde_json::Value = client
             .post(format!("{}/v1/environments", service.base))
             .json(&serde_json::json!({"name": format!("Bench {round}")}))

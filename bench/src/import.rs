@@ -6,12 +6,14 @@
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context as _;
 use tokio::sync::Semaphore;
+
+use crate::service::Service;
 
 /// Import and small-file benchmarks.
 #[derive(Debug, clap::Args)]
@@ -109,77 +111,6 @@ fn generate(path: &Path, files: usize, total: u64) -> anyhow::Result<(u64, usize
     Ok((bytes, files))
 }
 
-/// A `plinth serve` child process with its own data directory.
-struct Service {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Service {
-    async fn start(binary: &Path, data_dir: &Path) -> anyhow::Result<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let child = Command::new(binary)
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--data-dir",
-            ])
-            .arg(data_dir)
-            .env("PLINTH_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
-        let service = Service {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-        };
-        let client = reqwest::Client::new();
-        for _ in 0..300 {
-            if let Ok(response) = client.get(format!("{}/readyz", service.base)).send().await
-                && response.status().is_success()
-            {
-                return Ok(service);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        anyhow::bail!("plinth serve did not become ready")
-    }
-
-    /// Peak resident memory of the service so far, MiB (VmHWM).
-    fn peak_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find(|line| line.starts_with("VmHWM:"))
-            .and_then(|line| line.split_whitespace().nth(1))
-            .and_then(|kib| kib.parse::<f64>().ok())
-            .map_or(0.0, |kib| kib / 1024.0)
-    }
-
-    async fn environment(&self, client: &reqwest::Client, name: &str) -> anyhow::Result<String> {
-        let created: serde_json::Value = client
-            .post(format!("{}/v1/environments", self.base))
-            .json(&serde_json::json!({ "name": name }))
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?;
-        Ok(created["id"].as_str().context("no id")?.to_owned())
-    }
-}
-
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -230,7 +161,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
         // Plinth: a fresh service and data directory each round, so no blob is already there.
         let data_dir = work.path().join(format!("plinth-{round}"));
-        let service = Service::start(&binary, &data_dir).await?;
+        let service = Service::start(&binary, &data_dir, &[]).await?;
         let id = service
             .environment(&client, &format!("Import {round}"))
             .await?;
@@ -297,7 +228,7 @@ async fn small_files(
     args: &Args,
 ) -> anyhow::Result<String> {
     let data_dir = work.join("plinth-small");
-    let service = Service::start(binary, &data_dir).await?;
+    let service = Service::start(binary, &data_dir, &[]).await?;
     let id = service.environment(client, "Small files").await?;
     let contents: Vec<(String, Vec<u8>)> = (0..args.small_files)
         .map(|i| {

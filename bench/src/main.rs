@@ -4,6 +4,7 @@
 mod build;
 mod environments;
 mod import;
+mod service;
 
 use clap::{Parser, Subcommand};
 

@@ -255,20 +255,9 @@ impl Store {
 
     /// Appends to a build's log under a live lease; returns the log's new length.
     pub async fn append_log(&self, token: &LeaseToken, chunk: &str) -> Result<u64, StoreError> {
-        let now = now_ms();
         let mut tx = self.db.writer.begin().await?;
-        let row = sqlx::query(
-            "SELECT environment_id, version, log_bytes FROM builds WHERE lease_token = $1 \
-             AND status = 'building' AND lease_expires_at_ms >= $2",
-        )
-        .bind(token.as_str())
-        .bind(now)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(StoreError::LeaseLost)?;
-        let environment: String = row.try_get("environment_id")?;
-        let version: i64 = row.try_get("version")?;
-        let offset: i64 = row.try_get("log_bytes")?;
+        let leased = leased_build(&mut tx, token).await?;
+        let (environment, version, offset) = (leased.environment, leased.version, leased.log_bytes);
         let offset_u64 = u64::try_from(offset).unwrap_or(0);
         if chunk.is_empty() || offset_u64 >= MAX_LOG_BYTES {
             tx.commit().await?;
@@ -310,17 +299,8 @@ impl Store {
     ) -> Result<Build, StoreError> {
         let now = now_ms();
         let mut tx = self.db.writer.begin().await?;
-        let row = sqlx::query(
-            "SELECT environment_id, version FROM builds WHERE lease_token = $1 \
-             AND status = 'building' AND lease_expires_at_ms >= $2",
-        )
-        .bind(token.as_str())
-        .bind(now)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(StoreError::LeaseLost)?;
-        let environment: String = row.try_get("environment_id")?;
-        let version: i64 = row.try_get("version")?;
+        let leased = leased_build(&mut tx, token).await?;
+        let (environment, version) = (leased.environment, leased.version);
         match &outcome {
             Outcome::Ready {
                 layer_tree,
@@ -470,6 +450,34 @@ impl Store {
         let finished = matches!(build.status, BuildStatus::Ready | BuildStatus::Failed);
         Ok((text, end.max(offset), finished))
     }
+}
+
+/// The build a token holds, inside a write transaction: every write of a builder starts here,
+/// and a token whose lease expired or was handed on finds nothing (fencing).
+struct Leased {
+    environment: String,
+    version: i64,
+    log_bytes: i64,
+}
+
+async fn leased_build(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    token: &LeaseToken,
+) -> Result<Leased, StoreError> {
+    let row = sqlx::query(
+        "SELECT environment_id, version, log_bytes FROM builds WHERE lease_token = $1 \
+         AND status = 'building' AND lease_expires_at_ms >= $2",
+    )
+    .bind(token.as_str())
+    .bind(now_ms())
+    .fetch_optional(&mut **tx)
+    .await?
+    .ok_or(StoreError::LeaseLost)?;
+    Ok(Leased {
+        environment: row.try_get("environment_id")?,
+        version: row.try_get("version")?,
+        log_bytes: row.try_get("log_bytes")?,
+    })
 }
 
 fn build_from_row(row: &AnyRow) -> Result<Build, StoreError> {

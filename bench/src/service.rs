@@ -1,0 +1,86 @@
+//! A `plinth serve` child process for benchmarks: started from the release binary beside
+//! the benchmark's own, with its own data directory, stopped when dropped.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+/// A `plinth serve` child process with its own data directory.
+pub struct Service {
+    child: Child,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Service {
+    /// Starts `plinth serve` with `extra` flags and waits until it is ready.
+    pub async fn start(binary: &Path, data_dir: &Path, extra: &[&str]) -> anyhow::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = Command::new(binary)
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--data-dir",
+            ])
+            .arg(data_dir)
+            .args(extra)
+            .env("PLINTH_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let service = Service {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        let client = reqwest::Client::new();
+        for _ in 0..300 {
+            if let Ok(response) = client.get(format!("{}/readyz", service.base)).send().await
+                && response.status().is_success()
+            {
+                return Ok(service);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        anyhow::bail!("plinth serve did not become ready")
+    }
+
+    /// Peak resident memory of the service so far, MiB (VmHWM).
+    pub fn peak_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find(|line| line.starts_with("VmHWM:"))
+            .and_then(|line| line.split_whitespace().nth(1))
+            .and_then(|kib| kib.parse::<f64>().ok())
+            .map_or(0.0, |kib| kib / 1024.0)
+    }
+
+    pub async fn environment(
+        &self,
+        client: &reqwest::Client,
+        name: &str,
+    ) -> anyhow::Result<String> {
+        let created: serde_json::Value = client
+            .post(format!("{}/v1/environments", self.base))
+            .json(&serde_json::json!({ "name": name }))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        Ok(created["id"].as_str().context("no id")?.to_owned())
+    }
+}
