@@ -200,6 +200,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let (post, again) = build(&client, &service.base, &id, 2).await?;
         posts.push(post);
         rebuild.push(again);
+        phases.clear();
         for version in [1, 2] {
             let build: serde_json::Value = client
                 .get(format!(

@@ -175,6 +175,10 @@ async fn build(
     };
     drop(log_tx);
     let _ = shipper.await;
+    let published_layer = outcome
+        .as_ref()
+        .ok()
+        .and_then(|ready| ready.layer_tree.parse::<Digest>().ok());
     let outcome = match outcome {
         Ok(ready) => pb::complete_build_request::Outcome::Ready(ready),
         Err(error) => pb::complete_build_request::Outcome::Failed(error),
@@ -188,7 +192,12 @@ async fn build(
             })
             .await;
         match completed {
-            Ok(done) => tracing::info!(status = done.into_inner().status, "build completed"),
+            Ok(done) => {
+                tracing::info!(status = done.into_inner().status, "build completed");
+                if let Some(layer) = published_layer {
+                    keep_dependencies(&options.work_dir, &layer, &scratch).await;
+                }
+            }
             Err(status) => {
                 tracing::error!(error = %status.message(), "completing the build was refused")
             }
@@ -286,14 +295,17 @@ async fn produce(
                 let _ = tokio::fs::remove_file(&path).await;
             }
         }
-        materialize(blobs, &layer, scratch, Some(&[".venv", "node_modules"]))
-            .await
-            .map_err(|error| {
-                format!(
-                    "reusing the dependencies of version {} failed: {error}",
-                    earlier.version
-                )
-            })?;
+        let kept = kept_dependencies(&options.work_dir, &layer);
+        if !take_kept(&kept, scratch).await {
+            materialize(blobs, &layer, scratch, Some(&[".venv", "node_modules"]))
+                .await
+                .map_err(|error| {
+                    format!(
+                        "reusing the dependencies of version {} failed: {error}",
+                        earlier.version
+                    )
+                })?;
+        }
         say(format!(
             "==> manifests and toolchain unchanged since version {}: reusing its .venv and node_modules instead of running the installers\n",
             earlier.version
@@ -434,6 +446,71 @@ async fn write_one(blobs: &BlobStore, root: &Path, entry: &TreeEntry) -> Result<
     tokio::fs::set_permissions(&target, std::os::unix::fs::PermissionsExt::from_mode(mode))
         .await
         .map_err(|e| e.to_string())
+}
+
+/// How many builds' dependency trees a builder keeps on its disk for the next rebuild.
+const KEPT_DEPENDENCY_TREES: usize = 4;
+
+/// Where a builder keeps the `.venv` and `node_modules` of the build that produced `layer`.
+fn kept_dependencies(work_dir: &Path, layer: &Digest) -> PathBuf {
+    work_dir.join("kept").join(layer.to_hex())
+}
+
+/// After a build is published, its dependency trees are exactly those of its layer (no build
+/// process is left running): moving them aside (a rename) spares the next rebuild of the same
+/// dependencies from writing thousands of files back out of the blob store.
+async fn keep_dependencies(work_dir: &Path, layer: &Digest, scratch: &Path) {
+    let kept = kept_dependencies(work_dir, layer);
+    let mut present = false;
+    for tree in [".venv", "node_modules"] {
+        present |= tokio::fs::symlink_metadata(scratch.join(tree))
+            .await
+            .is_ok();
+    }
+    // A layer reused whole has no trees in its scratch directory; an empty kept directory
+    // would later stand for trees the layer has.
+    if !present || tokio::fs::metadata(&kept).await.is_ok() {
+        return;
+    }
+    if tokio::fs::create_dir_all(&kept).await.is_err() {
+        return;
+    }
+    for tree in [".venv", "node_modules"] {
+        let _ = tokio::fs::rename(scratch.join(tree), kept.join(tree)).await;
+    }
+    // Only the newest few are kept; removing the rest is off the build's path.
+    let parent = work_dir.join("kept");
+    tokio::task::spawn_blocking(move || {
+        let Ok(entries) = std::fs::read_dir(&parent) else {
+            return;
+        };
+        let mut kept: Vec<(std::time::SystemTime, PathBuf)> = entries
+            .flatten()
+            .filter_map(|entry| Some((entry.metadata().ok()?.modified().ok()?, entry.path())))
+            .collect();
+        kept.sort();
+        let surplus = kept.len().saturating_sub(KEPT_DEPENDENCY_TREES);
+        for (_, path) in kept.into_iter().take(surplus) {
+            let _ = std::fs::remove_dir_all(path);
+        }
+    });
+}
+
+/// Moves kept dependency trees into a new build's scratch directory; false when none are kept.
+async fn take_kept(kept: &Path, scratch: &Path) -> bool {
+    if tokio::fs::metadata(kept).await.is_err() {
+        return false;
+    }
+    for tree in [".venv", "node_modules"] {
+        let from = kept.join(tree);
+        if tokio::fs::symlink_metadata(&from).await.is_ok()
+            && tokio::fs::rename(&from, scratch.join(tree)).await.is_err()
+        {
+            return false;
+        }
+    }
+    let _ = tokio::fs::remove_dir_all(kept).await;
+    true
 }
 
 /// The manifests a build installs from.
