@@ -285,6 +285,28 @@ const LEASES: LeasePolicy = LeasePolicy {
     max_attempts: 3,
 };
 
+/// Runs one build of `id` from queue to end, as a builder would.
+async fn build_through(
+    store: &Store,
+    id: &EnvironmentId,
+    source: &str,
+    outcome: Outcome,
+) -> plinth_catalog::model::Build {
+    store
+        .start_build(&scope("acme"), id, source)
+        .await
+        .expect("start");
+    let claim = store
+        .claim_build("b", LEASES)
+        .await
+        .expect("claim")
+        .expect("work");
+    store
+        .complete_build(&claim.token, outcome)
+        .await
+        .expect("complete")
+}
+
 fn ready(layer: &str) -> Outcome {
     Outcome::Ready {
         layer_tree: layer.to_owned(),
@@ -435,19 +457,13 @@ async fn a_failed_build_changes_nothing_else(store: Store) {
         .create_environment(new("acme", "Stable"))
         .await
         .expect("create");
-    store
-        .start_build(&scope("acme"), &environment.id, "sha256:one")
-        .await
-        .expect("start");
-    let first = store
-        .claim_build("b", LEASES)
-        .await
-        .expect("claim")
-        .expect("work");
-    store
-        .complete_build(&first.token, ready("sha256:layer-one"))
-        .await
-        .expect("ready");
+    build_through(
+        &store,
+        &environment.id,
+        "sha256:one",
+        ready("sha256:layer-one"),
+    )
+    .await;
     store
         .start_build(&scope("acme"), &environment.id, "sha256:two")
         .await
@@ -486,24 +502,15 @@ async fn a_failed_build_changes_nothing_else(store: Store) {
         .create_environment(new("acme", "Broken"))
         .await
         .expect("create");
-    store
-        .start_build(&scope("acme"), &fresh.id, "sha256:x")
-        .await
-        .expect("start");
-    let claim = store
-        .claim_build("b", LEASES)
-        .await
-        .expect("claim")
-        .expect("work");
-    store
-        .complete_build(
-            &claim.token,
-            Outcome::Failed {
-                error: "boom".into(),
-            },
-        )
-        .await
-        .expect("failed");
+    build_through(
+        &store,
+        &fresh.id,
+        "sha256:x",
+        Outcome::Failed {
+            error: "boom".into(),
+        },
+    )
+    .await;
     let read = store
         .get_environment(&scope("acme"), &fresh.id)
         .await
@@ -521,19 +528,7 @@ async fn activation_takes_only_ready_versions(store: Store) {
         ("sha256:2", ready("sha256:l2")),
         ("sha256:3", Outcome::Failed { error: "no".into() }),
     ] {
-        store
-            .start_build(&scope("acme"), &environment.id, source)
-            .await
-            .expect("start");
-        let claim = store
-            .claim_build("b", LEASES)
-            .await
-            .expect("claim")
-            .expect("work");
-        store
-            .complete_build(&claim.token, outcome)
-            .await
-            .expect("complete");
+        build_through(&store, &environment.id, source, outcome).await;
     }
     let read = store
         .get_environment(&scope("acme"), &environment.id)
