@@ -271,9 +271,16 @@ fn spawn_builder(
     };
     let result = async move {
         let result = async {
-            let path =
+            let shown = tools_dir.display().to_string();
+            let prepared =
                 tokio::task::spawn_blocking(move || plinth_builder::tools::prepare(&tools_dir))
-                    .await??;
+                    .await?;
+            // A builder that cannot place uv still builds (pip instead of uv); one that
+            // cannot sandbox says so in each build's error. Neither stops the other services.
+            let path = prepared.unwrap_or_else(|error| {
+                tracing::error!(tools_dir = %shown, %error, "cannot make uv reachable by builds; they will use pip (set builder.tools_dir to a directory root can write)");
+                plinth_builder::tools::SYSTEM_PATH.to_owned()
+            });
             let mut options = options;
             let identity_path = path.clone();
             options.toolchain = tokio::task::spawn_blocking(move || {
