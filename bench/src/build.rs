@@ -213,11 +213,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 .await?;
             phases.push_str(&format!("  version {version}:\n"));
             for line in build["log"].as_str().unwrap_or("").lines() {
-                if line.starts_with("==> ")
-                    && (line.contains(" in ")
-                        || line.contains("reusing")
-                        || line.contains(" took "))
-                {
+                if line.starts_with("==> ") && (line.contains(" in ") || line.contains("reusing")) {
                     phases.push_str(&format!("    {line}\n"));
                 }
             }

@@ -383,7 +383,6 @@ async fn run_command(
         tail.push(bytes);
         log.write(bytes);
     };
-    let started = std::time::Instant::now();
     let status = match sandbox.run(argv, &env, &mut output).await {
         Ok(status) => status,
         Err(SandboxError::TimedOut { limit }) => {
@@ -395,14 +394,6 @@ async fn run_command(
         }
         Err(error) => return Err(error.into()),
     };
-    log.write(
-        format!(
-            "==> {} took {:.2} s\n",
-            argv.first().map_or("step", String::as_str),
-            started.elapsed().as_secs_f64()
-        )
-        .as_bytes(),
-    );
     if status.success() {
         Ok(())
     } else {
