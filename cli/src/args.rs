@@ -60,6 +60,28 @@ pub enum LogFormatArg {
     Json,
 }
 
+/// What git imports may reach: `serve` and `source` take these.
+#[derive(Debug, Args)]
+pub struct GitArgs {
+    /// Git URL schemes imports may use, comma-separated (`https`, `http`, `file`).
+    #[arg(long, env = "PLINTH_GIT_ALLOWED_SCHEMES", value_delimiter = ',')]
+    pub git_allowed_schemes: Option<Vec<String>>,
+    /// Let git imports reach loopback and private addresses (`true`/`false`).
+    #[arg(long, env = "PLINTH_GIT_ALLOW_PRIVATE_ADDRESSES")]
+    pub git_allow_private_addresses: Option<bool>,
+}
+
+/// Who may call the REST API and what it serves: `serve` and `gateway` take these.
+#[derive(Debug, Args)]
+pub struct AccessArgs {
+    /// Bearer tokens and their scopes, `token=scope,token=scope`.
+    #[arg(long, env = "PLINTH_TOKENS", hide_env_values = true)]
+    pub tokens: Option<String>,
+    /// Serve the environments chapter (`true`/`false`).
+    #[arg(long, env = "PLINTH_ENVIRONMENTS")]
+    pub environments: Option<bool>,
+}
+
 /// `plinth serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -83,24 +105,16 @@ pub struct ServeArgs {
     /// The blob store: `file://…`, `s3://bucket/prefix?…`; defaults to files in --data-dir.
     #[arg(long, env = "PLINTH_BLOB_URL", hide_env_values = true)]
     pub blob_url: Option<String>,
-    /// Git URL schemes imports may use, comma-separated (`https`, `http`, `file`).
-    #[arg(long, env = "PLINTH_GIT_ALLOWED_SCHEMES", value_delimiter = ',')]
-    pub git_allowed_schemes: Option<Vec<String>>,
-    /// Let git imports reach loopback and private addresses (`true`/`false`).
-    #[arg(long, env = "PLINTH_GIT_ALLOW_PRIVATE_ADDRESSES")]
-    pub git_allow_private_addresses: Option<bool>,
+    #[command(flatten)]
+    pub git: GitArgs,
     /// Builders to run in this process (0: builds wait for `plinth builder` elsewhere).
     #[arg(long, env = "PLINTH_BUILDERS")]
     pub builders: Option<u32>,
     /// Whether installers may use the network (`true`/`false`).
     #[arg(long, env = "PLINTH_BUILDER_NETWORK")]
     pub builder_network: Option<bool>,
-    /// Bearer tokens and their scopes, `token=scope,token=scope`.
-    #[arg(long, env = "PLINTH_TOKENS", hide_env_values = true)]
-    pub tokens: Option<String>,
-    /// Serve the environments chapter (`true`/`false`).
-    #[arg(long, env = "PLINTH_ENVIRONMENTS")]
-    pub environments: Option<bool>,
+    #[command(flatten)]
+    pub access: AccessArgs,
 }
 
 /// `plinth catalog`.
@@ -142,12 +156,8 @@ pub struct SourceArgs {
     /// The blob store: `file://…`, `s3://bucket/prefix?…`; defaults to files in --data-dir.
     #[arg(long, env = "PLINTH_BLOB_URL", hide_env_values = true)]
     pub blob_url: Option<String>,
-    /// Git URL schemes imports may use, comma-separated (`https`, `http`, `file`).
-    #[arg(long, env = "PLINTH_GIT_ALLOWED_SCHEMES", value_delimiter = ',')]
-    pub git_allowed_schemes: Option<Vec<String>>,
-    /// Let git imports reach loopback and private addresses (`true`/`false`).
-    #[arg(long, env = "PLINTH_GIT_ALLOW_PRIVATE_ADDRESSES")]
-    pub git_allow_private_addresses: Option<bool>,
+    #[command(flatten)]
+    pub git: GitArgs,
 }
 
 /// `plinth builder`.
@@ -183,10 +193,6 @@ pub struct GatewayArgs {
     /// The source service's gRPC URL.
     #[arg(long, env = "PLINTH_SOURCE_URL")]
     pub source_url: Option<String>,
-    /// Bearer tokens and their scopes, `token=scope,token=scope`.
-    #[arg(long, env = "PLINTH_TOKENS", hide_env_values = true)]
-    pub tokens: Option<String>,
-    /// Serve the environments chapter (`true`/`false`).
-    #[arg(long, env = "PLINTH_ENVIRONMENTS")]
-    pub environments: Option<bool>,
+    #[command(flatten)]
+    pub access: AccessArgs,
 }

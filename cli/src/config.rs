@@ -10,7 +10,8 @@ use plinth_kit::telemetry::{LogConfig, LogFormat};
 use serde::{Deserialize, Serialize};
 
 use crate::args::{
-    BuilderArgs, CatalogArgs, CommonArgs, GatewayArgs, LogFormatArg, ServeArgs, SourceArgs,
+    AccessArgs, BuilderArgs, CatalogArgs, CommonArgs, GatewayArgs, GitArgs, LogFormatArg,
+    ServeArgs, SourceArgs,
 };
 
 /// The REST address when none is given.
@@ -274,17 +275,14 @@ impl Config {
         if let Some(url) = &args.blob_url {
             config.source.blob_url = Some(url.clone());
         }
-        config.apply_git_flags(
-            args.git_allowed_schemes.as_ref(),
-            args.git_allow_private_addresses,
-        );
+        config.apply_git_flags(&args.git);
         if let Some(builders) = args.builders {
             config.builder.count = builders;
         }
         if let Some(network) = args.builder_network {
             config.builder.network = network;
         }
-        apply_gateway_flags(&mut config, args.tokens.as_deref(), args.environments)?;
+        apply_access_flags(&mut config, &args.access)?;
         config.resolve_database();
         config.resolve_source();
         config.resolve_builder();
@@ -332,24 +330,21 @@ impl Config {
         if let Some(url) = &args.blob_url {
             config.source.blob_url = Some(url.clone());
         }
-        config.apply_git_flags(
-            args.git_allowed_schemes.as_ref(),
-            args.git_allow_private_addresses,
-        );
+        config.apply_git_flags(&args.git);
         config.resolve_source();
         config.source.listen.get_or_insert(DEFAULT_SOURCE_LISTEN);
         Ok(config)
     }
 
-    fn apply_git_flags(&mut self, schemes: Option<&Vec<String>>, private: Option<bool>) {
-        if let Some(schemes) = schemes {
+    fn apply_git_flags(&mut self, git: &GitArgs) {
+        if let Some(schemes) = &git.git_allowed_schemes {
             self.source.git_allowed_schemes = schemes
                 .iter()
                 .map(|scheme| scheme.trim().to_ascii_lowercase())
                 .filter(|scheme| !scheme.is_empty())
                 .collect();
         }
-        if let Some(private) = private {
+        if let Some(private) = git.git_allow_private_addresses {
             self.source.git_allow_private_addresses = private;
         }
     }
@@ -411,7 +406,7 @@ impl Config {
         if let Some(url) = &args.source_url {
             config.gateway.source_url = url.clone();
         }
-        apply_gateway_flags(&mut config, args.tokens.as_deref(), args.environments)?;
+        apply_access_flags(&mut config, &args.access)?;
         config.refuse_open_scope_beyond_loopback()?;
         Ok(config)
     }
@@ -451,18 +446,14 @@ impl Config {
     }
 }
 
-fn apply_gateway_flags(
-    config: &mut Config,
-    tokens: Option<&str>,
-    environments: Option<bool>,
-) -> Result<(), ConfigError> {
-    if let Some(tokens) = tokens {
+fn apply_access_flags(config: &mut Config, access: &AccessArgs) -> Result<(), ConfigError> {
+    if let Some(tokens) = access.tokens.as_deref() {
         config.gateway.tokens = config::parse_token_scopes(tokens)?
             .into_iter()
             .map(|(token, scope)| TokenEntry { token, scope })
             .collect();
     }
-    if let Some(environments) = environments {
+    if let Some(environments) = access.environments {
         config.gateway.environments = environments;
     }
     for entry in &config.gateway.tokens {
