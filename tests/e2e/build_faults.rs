@@ -297,17 +297,18 @@ async fn a_builder_paused_past_its_lease_cannot_publish_when_it_resumes() {
     let published = cluster.layer(&id).await;
 
     signal(&paused, "CONT");
-    // The resumed builder finds its lease gone at its next renewal and stops; wait for it to say so.
+    // The resumed builder learns its lease is gone from its next call to the catalog (a renewal,
+    // a log append or a reuse query) and abandons the build; wait for it to say so.
     let mut said = String::new();
     for _ in 0..300 {
         said = std::fs::read_to_string(&paused_log).unwrap_or_default();
-        if said.contains("lease lost") || said.contains("was refused") {
+        if said.contains("lease lost: this build was abandoned") {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(
-        said.contains("lease lost") || said.contains("was refused"),
+        said.contains("lease lost: this build was abandoned"),
         "the resumed builder noticed: {said}"
     );
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -131,19 +131,28 @@ async fn build(
                     () = lost.cancelled() => return,
                     () = tokio::time::sleep(every) => {}
                 }
-                match catalog
-                    .renew_lease(pb::RenewLeaseRequest {
+                // A renewal that takes longer than the renewal period is a failed one: the
+                // lease must not run out while this builder waits on a stuck call.
+                let renewed = tokio::time::timeout(
+                    every,
+                    catalog.renew_lease(pb::RenewLeaseRequest {
                         lease_token: token.clone(),
-                    })
-                    .await
-                {
+                    }),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(tonic::Status::deadline_exceeded(
+                        "renewing the lease timed out",
+                    ))
+                });
+                match renewed {
                     Ok(answer) => expires_at_ms = answer.into_inner().expires_at_ms,
                     Err(status) => {
                         let lost_for_good =
                             PlinthError::from_status(&status).code == ErrorCode::LeaseLost;
                         let now = plinth_kit::clock::now_ms();
                         if lost_for_good || now >= expires_at_ms {
-                            tracing::error!(error = %status.message(), "lease lost: stopping this build");
+                            tracing::warn!(error = %status.message(), "renewing the lease was refused");
                             lost.cancel();
                             return;
                         }
@@ -170,7 +179,7 @@ async fn build(
         build.environment_id, build.version, build.attempt
     ));
     let outcome = tokio::select! {
-        outcome = produce(options, blobs, catalog.clone(), &token, &build, &claim.slug, &claim.scope, &scratch, log_tx.clone()) => outcome,
+        outcome = produce(options, blobs, catalog.clone(), &token, &build, &claim.slug, &claim.scope, &scratch, log_tx.clone(), &lease_lost) => outcome,
         () = lease_lost.cancelled() => Err("the lease was lost; this build was abandoned".to_owned()),
     };
     drop(log_tx);
@@ -183,7 +192,13 @@ async fn build(
         Ok(ready) => pb::complete_build_request::Outcome::Ready(ready),
         Err(error) => pb::complete_build_request::Outcome::Failed(error),
     };
-    if !lease_lost.is_cancelled() {
+    // Whichever call learned it (a renewal, a log append, a reuse query), a lost lease ends
+    // the build here, and nothing it made is offered to the catalog.
+    if lease_lost.is_cancelled() {
+        if !shutdown.is_cancelled() {
+            tracing::error!("lease lost: this build was abandoned and publishes nothing");
+        }
+    } else {
         let completed = catalog
             .clone()
             .complete_build(pb::CompleteBuildRequest {
@@ -197,6 +212,9 @@ async fn build(
                 if let Some(layer) = published_layer {
                     keep_dependencies(&options.work_dir, &layer, &scratch).await;
                 }
+            }
+            Err(status) if PlinthError::from_status(&status).code == ErrorCode::LeaseLost => {
+                tracing::error!(error = %status.message(), "lease lost: this build was abandoned and publishes nothing")
             }
             Err(status) => {
                 tracing::error!(error = %status.message(), "completing the build was refused")
@@ -227,6 +245,7 @@ async fn produce(
     scope: &str,
     scratch: &Path,
     log: mpsc::UnboundedSender<Vec<u8>>,
+    lease_lost: &CancellationToken,
 ) -> Result<pb::BuildReady, String> {
     let source: Digest = build.source_tree.parse().map_err(|_| {
         format!(
@@ -253,11 +272,18 @@ async fn produce(
             dependency_key: dependency_key.clone(),
         })
         .await
-        .map(tonic::Response::into_inner)
-        .unwrap_or_else(|status| {
+        .map(tonic::Response::into_inner);
+    let reusable = match reusable {
+        Ok(reusable) => reusable,
+        Err(status) if PlinthError::from_status(&status).code == ErrorCode::LeaseLost => {
+            lease_lost.cancel();
+            return Err("the lease was lost; this build was abandoned".to_owned());
+        }
+        Err(status) => {
             tracing::warn!(error = %status.message(), "asking what can be reused failed; building from scratch");
             pb::FindReusableResponse::default()
-        });
+        }
+    };
     let say = |line: String| {
         let _ = log.send(line.into_bytes());
     };
@@ -654,6 +680,7 @@ async fn ship_log(
             .await;
         if let Err(status) = sent {
             if PlinthError::from_status(&status).code == ErrorCode::LeaseLost {
+                tracing::warn!(error = %status.message(), "appending to the build log was refused");
                 lease_lost.cancel();
                 return;
             }
