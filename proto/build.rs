@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     let protos = [
         "plinth/catalog/v1/catalog.proto",
+        "plinth/catalog/v1/harnesses.proto",
         "plinth/source/v1/source.proto",
     ];
     for proto in protos {

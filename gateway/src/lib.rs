@@ -10,6 +10,7 @@ mod builds;
 mod environments;
 mod error;
 mod files;
+mod harnesses;
 mod json;
 
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use plinth_kit::config::Secret;
 use plinth_kit::grpc::{ClientInterceptor, InvalidToken};
 use plinth_kit::tasks::CancellationToken;
 use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
+use plinth_proto::catalog::v1::harness_service_client::HarnessServiceClient;
 use plinth_proto::source::v1::source_service_client::SourceServiceClient;
 use serde::Serialize;
 use tokio::net::TcpListener;
@@ -43,7 +45,8 @@ pub use error::{ErrorBody, ErrorObject};
 #[derive(Debug, Clone)]
 pub struct GatewayOptions {
     /// Whether the environments chapter is served; when false, `/v1/capabilities` says so and
-    /// every environment endpoint answers 404.
+    /// every environment endpoint answers 404, and so do the harness endpoints, which exist to
+    /// attach environments (§5).
     pub environments: bool,
     /// Bearer token → scope. Empty: one scope, [`DEFAULT_SCOPE`], for every caller.
     pub tokens: Vec<(Secret, String)>,
@@ -64,11 +67,13 @@ pub enum GatewayError {
 
 type CatalogClient = CatalogServiceClient<InterceptedService<Channel, ClientInterceptor>>;
 type SourceClient = SourceServiceClient<InterceptedService<Channel, ClientInterceptor>>;
+type HarnessClient = HarnessServiceClient<InterceptedService<Channel, ClientInterceptor>>;
 
 /// What every handler can reach.
 #[derive(Clone)]
 pub(crate) struct AppState {
     catalog: CatalogClient,
+    harnesses: HarnessClient,
     source: SourceClient,
     tokens: Arc<auth::Tokens>,
     environments: bool,
@@ -78,6 +83,11 @@ impl AppState {
     /// A catalog client for one request; clones share the channel.
     fn catalog(&self) -> CatalogClient {
         self.catalog.clone()
+    }
+
+    /// A harness client for one request; it shares the catalog's channel.
+    fn harnesses(&self) -> HarnessClient {
+        self.harnesses.clone()
     }
 
     /// A source client for one request; clones share the channel.
@@ -95,7 +105,7 @@ impl AppState {
     ),
     components(schemas(ErrorBody, ErrorObject)),
     modifiers(&BearerAuth),
-    tags((name = "environments", description = "UHP Environments §2"), (name = "files", description = "UHP Environments §3"), (name = "builds", description = "UHP Environments §4"), (name = "discovery", description = "UHP Environments §7"))
+    tags((name = "environments", description = "UHP Environments §2"), (name = "files", description = "UHP Environments §3"), (name = "builds", description = "UHP Environments §4"), (name = "harnesses", description = "UHP Environments §5: harnesses and the environment their tasks read"), (name = "discovery", description = "UHP Environments §7"))
 )]
 struct ApiDoc;
 
@@ -163,6 +173,10 @@ pub fn router(options: &GatewayOptions, backends: Backends) -> Result<Router, Ga
             backends.catalog.clone(),
             interceptor.clone(),
         ),
+        harnesses: HarnessServiceClient::with_interceptor(
+            backends.catalog.clone(),
+            interceptor.clone(),
+        ),
         source: SourceServiceClient::with_interceptor(backends.source.clone(), interceptor)
             .max_decoding_message_size(4 * 1024 * 1024),
         tokens: Arc::new(auth::Tokens::new(options.tokens.clone())),
@@ -173,7 +187,8 @@ pub fn router(options: &GatewayOptions, backends: Backends) -> Result<Router, Ga
         api = api
             .merge(environments::routes())
             .merge(files::routes())
-            .merge(builds::routes());
+            .merge(builds::routes())
+            .merge(harnesses::routes());
     }
     let (api, mut openapi) = api.split_for_parts();
     // axum spells a multi-segment parameter `{*path}`; OpenAPI spells it `{path}`.

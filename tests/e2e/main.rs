@@ -7,6 +7,7 @@ mod builds;
 mod environments;
 mod files;
 mod grpc_surface;
+mod harnesses;
 mod helpers;
 mod imports;
 mod processes;

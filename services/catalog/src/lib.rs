@@ -4,8 +4,10 @@
 //!
 //! File bytes never come here (the source service and the blob store hold them), and neither
 //! do HTTP shapes (the gateway owns those). `persistence` owns every query; `model` holds the
-//! domain types and their rules; `service` is the thin gRPC adapter; `run` starts it all.
+//! domain types and their rules; `service` (environments, builds) and `harnesses` are thin gRPC
+//! adapters; `run` starts it all.
 
+mod harnesses;
 pub mod model;
 pub mod persistence;
 mod service;
@@ -19,12 +21,16 @@ use plinth_kit::config::Secret;
 use plinth_kit::grpc::GrpcServer;
 use plinth_kit::tasks::CancellationToken;
 use plinth_proto::catalog::v1::catalog_service_server::CatalogServiceServer;
+use plinth_proto::catalog::v1::harness_service_server::HarnessServiceServer;
 use tokio::net::TcpListener;
 
 pub use persistence::{LeasePolicy, Store, StoreError};
 
 /// The catalog's gRPC service name, as health checks name it.
 pub const SERVICE_NAME: &str = "plinth.catalog.v1.CatalogService";
+/// The harness registry's gRPC service name, served beside [`SERVICE_NAME`] and healthy
+/// exactly when it is.
+pub const HARNESS_SERVICE_NAME: &str = "plinth.catalog.v1.HarnessService";
 
 /// How the catalog runs.
 #[derive(Debug, Clone)]
@@ -72,13 +78,23 @@ pub async fn run(
         options.internal_token.clone(),
     );
     server
-        .report_health(SERVICE_NAME, readiness.clone(), shutdown.clone())
+        .report_health(
+            &[SERVICE_NAME, HARNESS_SERVICE_NAME],
+            readiness.clone(),
+            shutdown.clone(),
+        )
         .await;
     admin::spawn(admin, readiness, shutdown.clone());
 
     let service = CatalogServiceServer::new(service::Catalog::new(store.clone(), options.leases))
         .max_decoding_message_size(4 * 1024 * 1024);
-    server.add_service(service).serve(grpc, shutdown).await?;
+    server
+        .add_service(service)
+        .add_service(HarnessServiceServer::new(harnesses::Harnesses::new(
+            store.clone(),
+        )))
+        .serve(grpc, shutdown)
+        .await?;
     store.close().await;
     Ok(())
 }

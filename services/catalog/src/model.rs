@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use plinth_kit::PlinthError;
+use plinth_kit::{ErrorCode, PlinthError};
 
 /// Most characters a name may have.
 pub const MAX_NAME_CHARS: usize = 200;
@@ -29,12 +29,7 @@ impl EnvironmentId {
     /// Accepts exactly the shape [`EnvironmentId::generate`] makes; anything else cannot name
     /// an environment, and callers report it as not found.
     pub fn parse(text: &str) -> Option<Self> {
-        let hex = text.strip_prefix(Self::PREFIX)?;
-        let well_formed = hex.len() == 32
-            && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        well_formed.then(|| EnvironmentId(text.to_owned()))
+        is_generated_id(text, Self::PREFIX).then(|| EnvironmentId(text.to_owned()))
     }
 
     /// The id as text.
@@ -47,6 +42,46 @@ impl fmt::Display for EnvironmentId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// `chrn_` followed by 32 lowercase hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HarnessId(String);
+
+impl HarnessId {
+    const PREFIX: &'static str = "chrn_";
+
+    /// A fresh random id.
+    pub fn generate() -> Self {
+        HarnessId(format!("{}{}", Self::PREFIX, uuid::Uuid::new_v4().simple()))
+    }
+
+    /// Accepts exactly the shape [`HarnessId::generate`] makes; anything else cannot name a
+    /// harness, and callers report it as not found.
+    pub fn parse(text: &str) -> Option<Self> {
+        is_generated_id(text, Self::PREFIX).then(|| HarnessId(text.to_owned()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for HarnessId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Whether `text` is `prefix` and 32 lowercase hex digits: the shape of every generated id.
+fn is_generated_id(text: &str, prefix: &str) -> bool {
+    text.strip_prefix(prefix).is_some_and(|hex| {
+        hex.len() == 32
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
 }
 
 /// The tenant an object belongs to; every query is confined to one.
@@ -403,6 +438,91 @@ impl EnvironmentChanges {
     }
 }
 
+/// A harness as the catalog holds it: a named agent configuration and the environment its
+/// tasks read (UHP §5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Harness {
+    /// Its id.
+    pub id: HarnessId,
+    /// Its owner.
+    pub scope: Scope,
+    /// Display name.
+    pub name: String,
+    /// The agent it builds on, such as `codex`.
+    pub base: String,
+    /// The environment its tasks read. It was in the scope when the harness was last written;
+    /// it may have been deleted since, and the reference is kept.
+    pub environment_id: EnvironmentId,
+    /// Milliseconds since the Unix epoch.
+    pub created_at_ms: i64,
+    /// Milliseconds since the Unix epoch.
+    pub updated_at_ms: i64,
+}
+
+/// A validated harness write: every field of a harness its owner sets, for creation and for
+/// replacement alike. Whether the environment is one of the scope is the store's to check,
+/// in the same statement as the write.
+#[derive(Debug, Clone)]
+pub struct HarnessFields {
+    /// The owner.
+    pub scope: Scope,
+    /// Display name, checked.
+    pub name: String,
+    /// Checked.
+    pub base: String,
+    /// A well-formed environment id.
+    pub environment_id: EnvironmentId,
+}
+
+impl HarnessFields {
+    /// Checks every field; the error names the field at fault. An environment that is empty
+    /// or cannot be an id is `environment_not_found` (§5: a harness names an environment of
+    /// its scope or is refused), after the other fields are checked.
+    pub fn new(
+        scope: Scope,
+        name: String,
+        base: String,
+        environment: &str,
+    ) -> Result<Self, PlinthError> {
+        check_label("name", &name)?;
+        check_label("base", &base)?;
+        if environment.is_empty() {
+            return Err(PlinthError::new(
+                ErrorCode::EnvironmentNotFound,
+                "environment: a harness must name an environment of its scope",
+            ));
+        }
+        let environment_id = EnvironmentId::parse(environment)
+            .ok_or_else(|| PlinthError::not_found(format_args!("environment {environment:?}")))?;
+        Ok(HarnessFields {
+            scope,
+            name,
+            base,
+            environment_id,
+        })
+    }
+}
+
+/// A harness's name or base: not blank, at most [`MAX_NAME_CHARS`], no control characters.
+fn check_label(field: &str, text: &str) -> Result<(), PlinthError> {
+    if text.trim().is_empty() {
+        return Err(PlinthError::invalid(format!("{field}: must not be empty")));
+    }
+    let chars = text.chars().count();
+    if chars > MAX_NAME_CHARS {
+        return Err(PlinthError::invalid(format!(
+            "{field}: {chars} characters is longer than the limit of {MAX_NAME_CHARS}"
+        ))
+        .with_detail(serde_json_limit(field, MAX_NAME_CHARS)));
+    }
+    if text.chars().any(char::is_control) {
+        return Err(PlinthError::invalid(format!(
+            "{field}: control characters are not allowed"
+        )));
+    }
+    Ok(())
+}
+
 fn check_name(name: &str) -> Result<Slug, PlinthError> {
     let chars = name.chars().count();
     if chars > MAX_NAME_CHARS {
@@ -504,5 +624,55 @@ mod tests {
         let error = NewEnvironment::new(scope, "a\nb".into(), String::new(), String::new())
             .expect_err("control");
         assert!(error.message.starts_with("name:"));
+    }
+
+    #[test]
+    fn harness_ids_are_checked_strictly() {
+        let id = HarnessId::generate();
+        assert_eq!(id.as_str().len(), 37);
+        assert!(id.as_str().starts_with("chrn_"));
+        assert_eq!(HarnessId::parse(id.as_str()), Some(id));
+        assert_eq!(
+            HarnessId::parse("henv_2f1c9d4e8a7b4c3d9e6f5a4b3c2d1e0f"),
+            None
+        );
+        assert_eq!(
+            HarnessId::parse("chrn_2F1C9D4E8A7B4C3D9E6F5A4B3C2D1E0F"),
+            None
+        );
+        assert_eq!(HarnessId::parse("chrn_"), None);
+    }
+
+    #[test]
+    fn harness_fields_name_the_field_at_fault() {
+        let scope = Scope::parse("default").expect("scope");
+        let environment = EnvironmentId::generate();
+        let fields = |name: &str, base: &str, environment: &str| {
+            HarnessFields::new(scope.clone(), name.into(), base.into(), environment)
+        };
+        fields("Teaser cutter", "codex", environment.as_str()).expect("valid");
+        for (name, base, field) in [
+            ("", "codex", "name:"),
+            ("   ", "codex", "name:"),
+            ("a\nb", "codex", "name:"),
+            ("ok", "", "base:"),
+            ("ok", "\u{7}", "base:"),
+        ] {
+            let error = fields(name, base, environment.as_str()).expect_err("refused");
+            assert_eq!(error.code, ErrorCode::EnvironmentInvalid);
+            assert!(error.message.starts_with(field), "{}", error.message);
+        }
+        let long = "b".repeat(MAX_NAME_CHARS + 1);
+        let error = fields("ok", &long, environment.as_str()).expect_err("too long");
+        assert_eq!(
+            error.detail.as_ref().map(|detail| &detail["max_chars"]),
+            Some(&MAX_NAME_CHARS.into())
+        );
+        for missing in ["", "henv_nope", "chrn_2f1c9d4e8a7b4c3d9e6f5a4b3c2d1e0f"] {
+            let error = fields("ok", "codex", missing).expect_err("no environment");
+            assert_eq!(error.code, ErrorCode::EnvironmentNotFound, "{missing:?}");
+        }
+        let error = fields("", "codex", "").expect_err("both wrong");
+        assert_eq!(error.code, ErrorCode::EnvironmentInvalid, "fields first");
     }
 }

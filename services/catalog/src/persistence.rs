@@ -7,6 +7,7 @@
 //! Uniqueness (one slug per scope) is an index, so it holds across catalog replicas.
 
 mod builds;
+mod harnesses;
 
 pub use builds::{LeasePolicy, MAX_LOG_BYTES};
 use plinth_kit::database::{Backend, Database, DatabaseError, MigrationFile, now_ms};
@@ -33,6 +34,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "dependency keys",
                 include_str!("../migrations/sqlite/0003_dependency_keys.sql"),
             ),
+            (
+                4,
+                "harnesses",
+                include_str!("../migrations/sqlite/0004_harnesses.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -50,6 +56,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "dependency keys",
                 include_str!("../migrations/postgres/0003_dependency_keys.sql"),
             ),
+            (
+                4,
+                "harnesses",
+                include_str!("../migrations/postgres/0004_harnesses.sql"),
+            ),
         ],
     }
 }
@@ -60,6 +71,9 @@ pub enum StoreError {
     /// No such object in the scope.
     #[error("not found")]
     NotFound,
+    /// A harness write names an environment that is not in the scope.
+    #[error("the environment is not in this scope")]
+    NoSuchEnvironment,
     /// The slug is taken in the scope.
     #[error("slug is taken in this scope")]
     SlugTaken,

@@ -33,7 +33,8 @@ pub enum ErrorCode {
     Unauthenticated,
     /// A builder's lease expired or was handed to another builder; its write was refused.
     LeaseLost,
-    /// The route does not exist on this server.
+    /// The route does not exist on this server, or an object that is not an environment (a
+    /// harness) does not exist in the caller's scope.
     NotFound,
     /// The route exists but not with this method.
     MethodNotAllowed,

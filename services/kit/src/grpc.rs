@@ -66,19 +66,24 @@ impl GrpcServer {
         self.health.clone()
     }
 
-    /// Keeps `service`'s health status true to `check` (its dependencies, such as its
-    /// database): SERVING now, then re-checked every 5 s until `shutdown`, so load balancers
-    /// and the gateway's `/readyz` see a service that lost its database.
+    /// Keeps the health status of `services` (the gRPC services one process serves over the
+    /// same dependencies) true to `check` (those dependencies, such as its database): SERVING
+    /// now, then re-checked every 5 s until `shutdown`, so load balancers and the gateway's
+    /// `/readyz` see a service that lost its database. One check speaks for all of them, so
+    /// they never disagree.
     pub async fn report_health(
         &self,
-        service: &'static str,
+        services: &[&'static str],
         check: ReadinessCheck,
         shutdown: CancellationToken,
     ) {
+        let services = services.to_vec();
         let health = self.health.clone();
-        health
-            .set_service_status(service, ServingStatus::Serving)
-            .await;
+        for service in &services {
+            health
+                .set_service_status(*service, ServingStatus::Serving)
+                .await;
+        }
         crate::tasks::spawn(async move {
             let mut serving = true;
             loop {
@@ -87,20 +92,21 @@ impl GrpcServer {
                     () = tokio::time::sleep(Duration::from_secs(5)) => {}
                 }
                 let outcome = check().await;
-                match (&outcome, serving) {
+                let status = match (&outcome, serving) {
                     (Err(reason), true) => {
-                        tracing::error!(service, %reason, "a dependency does not answer; reporting NOT_SERVING");
-                        health
-                            .set_service_status(service, ServingStatus::NotServing)
-                            .await;
+                        tracing::error!(?services, %reason, "a dependency does not answer; reporting NOT_SERVING");
+                        Some(ServingStatus::NotServing)
                     }
                     (Ok(()), false) => {
-                        tracing::info!(service, "dependencies answer again; reporting SERVING");
-                        health
-                            .set_service_status(service, ServingStatus::Serving)
-                            .await;
+                        tracing::info!(?services, "dependencies answer again; reporting SERVING");
+                        Some(ServingStatus::Serving)
                     }
-                    _ => {}
+                    _ => None,
+                };
+                if let Some(status) = status {
+                    for service in &services {
+                        health.set_service_status(*service, status).await;
+                    }
                 }
                 serving = outcome.is_ok();
             }

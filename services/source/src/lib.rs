@@ -91,7 +91,7 @@ pub async fn run(
         options.internal_token.clone(),
     );
     server
-        .report_health(SERVICE_NAME, readiness.clone(), shutdown.clone())
+        .report_health(&[SERVICE_NAME], readiness.clone(), shutdown.clone())
         .await;
     admin::spawn(admin, readiness, shutdown.clone());
 

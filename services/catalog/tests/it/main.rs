@@ -1,4 +1,5 @@
 //! The catalog's integration tests: the store conformance suite, run unchanged against
 //! SQLite and PostgreSQL.
 
+mod harnesses;
 mod store;
