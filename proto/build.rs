@@ -8,6 +8,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         "plinth/catalog/v1/catalog.proto",
         "plinth/catalog/v1/harnesses.proto",
+        "plinth/catalog/v1/sessions.proto",
+        "plinth/node/v1/node.proto",
         "plinth/source/v1/source.proto",
     ];
     for proto in protos {

@@ -5,6 +5,7 @@ mod build;
 mod environments;
 mod import;
 mod service;
+mod sessions;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +29,9 @@ enum Bench {
     /// Importing a project-shaped tar.gz vs `tar -xzf`, the service's peak memory, and
     /// small-file PUT/GET through the gateway.
     Import(import::Args),
+    /// Session create + first exec vs a bare namespace + read-only bind + exec; first
+    /// materialization vs `tar -x`; a one-file version; 200 sessions at once.
+    Sessions(sessions::Args),
 }
 
 #[tokio::main]
@@ -37,6 +41,7 @@ async fn main() -> anyhow::Result<()> {
         Bench::Environments(args) => environments::run(args).await,
         Bench::Import(args) => import::run(args).await,
         Bench::Build(args) => build::run(args).await,
+        Bench::Sessions(args) => sessions::run(args).await,
     }
 }
 

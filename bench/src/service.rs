@@ -56,6 +56,11 @@ impl Service {
         anyhow::bail!("plinth serve did not become ready")
     }
 
+    /// The service's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Peak resident memory of the service so far, MiB (VmHWM).
     pub fn peak_mib(&self) -> f64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))

@@ -29,6 +29,10 @@ pub enum Command {
     Gateway(GatewayArgs),
     /// Run one builder: lease builds from the catalog and install them (needs root).
     Builder(BuilderArgs),
+    /// Run this host's node agent: materialize versions and run sessions' commands, each in
+    /// its own mount namespace with the environment read-only (needs root unless
+    /// --insecure-no-isolation).
+    Node(NodeArgs),
 }
 
 /// Flags every command takes.
@@ -113,6 +117,10 @@ pub struct ServeArgs {
     /// Whether installers may use the network (`true`/`false`).
     #[arg(long, env = "PLINTH_BUILDER_NETWORK")]
     pub builder_network: Option<bool>,
+    /// Run sessions' commands without isolation (no root needed; the environment is then
+    /// read-only only by file modes, and every session says so).
+    #[arg(long, env = "PLINTH_INSECURE_NO_ISOLATION")]
+    pub insecure_no_isolation: bool,
     #[command(flatten)]
     pub access: AccessArgs,
 }
@@ -177,6 +185,38 @@ pub struct BuilderArgs {
     /// This builder's name, for operators.
     #[arg(long, env = "PLINTH_BUILDER_NAME")]
     pub name: Option<String>,
+}
+
+/// `plinth node`.
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// The node's state (`<data-dir>/node`: its version cache and sessions).
+    #[arg(long, env = "PLINTH_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// gRPC address.
+    #[arg(long, env = "PLINTH_NODE_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Address for /healthz, /readyz and /metrics.
+    #[arg(long, env = "PLINTH_NODE_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
+    /// The URL the gateway reaches this node at; `http://<listen>` by default.
+    #[arg(long, env = "PLINTH_NODE_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
+    /// The catalog's gRPC URL.
+    #[arg(long, env = "PLINTH_CATALOG_URL")]
+    pub catalog_url: Option<String>,
+    /// The blob store versions are in.
+    #[arg(long, env = "PLINTH_BLOB_URL", hide_env_values = true)]
+    pub blob_url: Option<String>,
+    /// This node's name (one per host; the host name by default).
+    #[arg(long, env = "PLINTH_NODE_NAME")]
+    pub name: Option<String>,
+    /// Run sessions' commands without isolation (no root needed; the environment is then
+    /// read-only only by file modes, and every session says so).
+    #[arg(long, env = "PLINTH_INSECURE_NO_ISOLATION")]
+    pub insecure_no_isolation: bool,
 }
 
 /// `plinth gateway`.

@@ -10,7 +10,7 @@ use plinth_kit::telemetry::{LogConfig, LogFormat};
 use serde::{Deserialize, Serialize};
 
 use crate::args::{
-    AccessArgs, BuilderArgs, CatalogArgs, CommonArgs, GatewayArgs, GitArgs, LogFormatArg,
+    AccessArgs, BuilderArgs, CatalogArgs, CommonArgs, GatewayArgs, GitArgs, LogFormatArg, NodeArgs,
     ServeArgs, SourceArgs,
 };
 
@@ -43,6 +43,8 @@ pub struct Config {
     pub source: SourceSection,
     /// Builders.
     pub builder: BuilderSection,
+    /// The node agent.
+    pub node: NodeSection,
 }
 
 impl Default for Config {
@@ -55,6 +57,7 @@ impl Default for Config {
             catalog: CatalogSection::default(),
             source: SourceSection::default(),
             builder: BuilderSection::default(),
+            node: NodeSection::default(),
         }
     }
 }
@@ -233,6 +236,53 @@ impl Default for BuilderSection {
     }
 }
 
+/// `[node]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeSection {
+    /// Whether `plinth serve` runs a node agent in its own process.
+    pub enabled: bool,
+    /// gRPC address; an ephemeral loopback port under `serve`, `127.0.0.1:7005` alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// The URL the gateway reaches the node at; `http://<listen>` when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advertise_url: Option<String>,
+    /// The node's state: version cache and sessions; `<data_dir>/node` when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
+    /// The node's name, one per host; the host name when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Run commands without isolation (see `--insecure-no-isolation`).
+    pub insecure_no_isolation: bool,
+    /// Blob bytes the version cache may hold before unused versions are evicted.
+    pub cache_max_bytes: u64,
+    /// The first uid sessions get; each session has its own, counting up.
+    pub session_base_uid: u32,
+    /// A command's time limit when the caller names none, in seconds.
+    pub exec_timeout_seconds: u64,
+    /// The longest time limit a caller may ask for, in seconds.
+    pub exec_max_timeout_seconds: u64,
+}
+
+impl Default for NodeSection {
+    fn default() -> Self {
+        NodeSection {
+            enabled: true,
+            listen: None,
+            advertise_url: None,
+            state_dir: None,
+            name: None,
+            insecure_no_isolation: false,
+            cache_max_bytes: 20 * 1024 * 1024 * 1024,
+            session_base_uid: 200_000,
+            exec_timeout_seconds: 120,
+            exec_max_timeout_seconds: 3600,
+        }
+    }
+}
+
 impl Config {
     fn load(common: &CommonArgs) -> Result<Self, ConfigError> {
         let mut config: Config = match &common.config {
@@ -282,10 +332,15 @@ impl Config {
         if let Some(network) = args.builder_network {
             config.builder.network = network;
         }
+        if args.insecure_no_isolation {
+            config.node.insecure_no_isolation = true;
+        }
         apply_access_flags(&mut config, &args.access)?;
         config.resolve_database();
         config.resolve_source();
         config.resolve_builder();
+        config.resolve_node();
+        config.node.listen.get_or_insert(EPHEMERAL_LOOPBACK);
         config.catalog.listen.get_or_insert(EPHEMERAL_LOOPBACK);
         config.source.listen.get_or_insert(EPHEMERAL_LOOPBACK);
         config.refuse_open_scope_beyond_loopback()?;
@@ -380,6 +435,51 @@ impl Config {
         config.resolve_source();
         config.resolve_builder();
         Ok(config)
+    }
+
+    /// The configuration `plinth node` runs with.
+    pub fn for_node(args: &NodeArgs) -> Result<Self, ConfigError> {
+        let mut config = Config::load(&args.common)?;
+        if let Some(dir) = &args.data_dir {
+            config.data_dir = dir.clone();
+        }
+        if let Some(listen) = args.listen {
+            config.node.listen = Some(listen);
+        }
+        if let Some(url) = &args.advertise_url {
+            config.node.advertise_url = Some(url.clone());
+        }
+        if let Some(url) = &args.catalog_url {
+            config.gateway.catalog_url = url.clone();
+        }
+        if let Some(url) = &args.blob_url {
+            config.source.blob_url = Some(url.clone());
+        }
+        if let Some(name) = &args.name {
+            config.node.name = Some(name.clone());
+        }
+        if args.insecure_no_isolation {
+            config.node.insecure_no_isolation = true;
+        }
+        config.resolve_source();
+        config.resolve_node();
+        config
+            .node
+            .listen
+            .get_or_insert(SocketAddr::from(([127, 0, 0, 1], 7005)));
+        Ok(config)
+    }
+
+    fn resolve_node(&mut self) {
+        self.node
+            .state_dir
+            .get_or_insert_with(|| self.data_dir.join("node"));
+        if self.node.name.is_none() {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|name| name.trim().to_owned())
+                .unwrap_or_else(|_| "node".to_owned());
+            self.node.name = Some(host);
+        }
     }
 
     fn resolve_builder(&mut self) {

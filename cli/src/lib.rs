@@ -32,6 +32,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Config::for_builder(args)?,
             args.common.dump_config,
         ),
+        Command::Node(args) => (
+            "plinth-node",
+            Config::for_node(args)?,
+            args.common.dump_config,
+        ),
         Command::Gateway(args) => (
             "plinth-gateway",
             Config::for_gateway(args)?,
@@ -55,6 +60,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Source(_) => serve::start_source(&config).await?,
         Command::Gateway(_) => serve::start_gateway(&config).await?,
         Command::Builder(_) => serve::start_builder(&config).await?,
+        Command::Node(args) => serve::start_node(&config, args.admin_listen).await?,
     };
     tasks::cancel_on_signal(running.shutdown.clone());
     running.wait().await

@@ -89,6 +89,18 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
         source: format!("http://{source_addr}"),
     };
     spawn_gateway(&mut services, config, http, &urls, shutdown.clone())?;
+    if config.node.enabled {
+        let listener = bind(config.node.listen, "node agent").await?;
+        spawn_node(
+            &mut services,
+            config,
+            &urls.catalog,
+            listener,
+            None,
+            true,
+            shutdown.clone(),
+        )?;
+    }
     for index in 0..config.builder.count {
         spawn_builder(
             &mut services,
@@ -293,6 +305,121 @@ fn spawn_builder(
         }
         .await;
         ("builder", result)
+    };
+    services.spawn(result.instrument(tracing::Span::current()));
+    Ok(())
+}
+
+/// Starts this host's node agent alone.
+pub async fn start_node(
+    config: &Config,
+    admin_listen: Option<SocketAddr>,
+) -> anyhow::Result<Running> {
+    let listener = bind(config.node.listen, "node agent").await?;
+    let address = listener.local_addr()?;
+    if !address.ip().is_loopback() && config.internal_token.is_none() {
+        tracing::warn!(%address, "the node agent listens beyond loopback without an internal token: anything that reaches it can run commands in any session; set PLINTH_INTERNAL_TOKEN");
+    }
+    let admin = match admin_listen {
+        Some(address) => Some(bind(Some(address), "node admin endpoints").await?),
+        None => None,
+    };
+    let shutdown = CancellationToken::new();
+    let mut services = JoinSet::new();
+    spawn_node(
+        &mut services,
+        config,
+        &config.gateway.catalog_url,
+        listener,
+        admin,
+        false,
+        shutdown.clone(),
+    )?;
+    Ok(Running {
+        http_addr: address,
+        catalog_addr: address,
+        source_addr: address,
+        shutdown,
+        services,
+    })
+}
+
+/// The node agent. Under `serve` (`tolerant`), a node that cannot isolate sessions logs why
+/// and stays out of the way, so the other services keep running; alone, it fails.
+#[allow(clippy::too_many_arguments)]
+fn spawn_node(
+    services: &mut Services,
+    config: &Config,
+    catalog_url: &str,
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    tolerant: bool,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let section = &config.node;
+    let state_dir = section
+        .state_dir
+        .clone()
+        .context("node state directory is not resolved")?;
+    std::fs::create_dir_all(&state_dir).with_context(|| {
+        format!(
+            "cannot create the node's state directory {}",
+            state_dir.display()
+        )
+    })?;
+    // Mounts need absolute paths.
+    let state_dir = std::fs::canonicalize(&state_dir)?;
+    let data_dir =
+        std::fs::canonicalize(&config.data_dir).unwrap_or_else(|_| config.data_dir.clone());
+    let blob_url = config
+        .source
+        .blob_url
+        .clone()
+        .context("blob URL is not resolved")?;
+    let address = listener.local_addr()?;
+    let options = plinth_node::NodeOptions {
+        name: section.name.clone().unwrap_or_else(|| "node".to_owned()),
+        advertise_url: section
+            .advertise_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{address}")),
+        isolation: plinth_node::Isolation {
+            enabled: !section.insecure_no_isolation,
+            // Sessions see neither Plinth's data (databases, blobs, builds) nor the node's
+            // state (the cache, other sessions); their own working directory is put back.
+            hidden: vec![data_dir, state_dir.clone()],
+        },
+        state_dir,
+        blob_url,
+        cache_cap_bytes: section.cache_max_bytes,
+        base_uid: section.session_base_uid,
+        limits: plinth_node::ExecLimits {
+            default_timeout: std::time::Duration::from_secs(section.exec_timeout_seconds.max(1)),
+            max_timeout: std::time::Duration::from_secs(
+                section
+                    .exec_max_timeout_seconds
+                    .max(section.exec_timeout_seconds)
+                    .max(1),
+            ),
+            default_output_bytes: 1024 * 1024,
+            max_output_bytes: 16 * 1024 * 1024,
+            max_file_bytes: 64 * 1024 * 1024,
+        },
+        internal_token: config.internal_token.clone(),
+    };
+    let catalog = channel(catalog_url, "catalog")?;
+    let result = async move {
+        let result = match plinth_node::run(options, catalog, listener, admin, shutdown.clone())
+            .await
+        {
+            Err(plinth_node::NodeError::NotPermitted(why)) if tolerant => {
+                tracing::error!("the node agent cannot start, so sessions cannot run here: {why}");
+                shutdown.cancelled().await;
+                Ok(())
+            }
+            other => other.map_err(anyhow::Error::from),
+        };
+        ("node", result)
     };
     services.spawn(result.instrument(tracing::Span::current()));
     Ok(())

@@ -12,6 +12,7 @@ mod error;
 mod files;
 mod harnesses;
 mod json;
+mod sessions;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +26,7 @@ use plinth_kit::grpc::{ClientInterceptor, InvalidToken};
 use plinth_kit::tasks::CancellationToken;
 use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
 use plinth_proto::catalog::v1::harness_service_client::HarnessServiceClient;
+use plinth_proto::catalog::v1::session_service_client::SessionServiceClient;
 use plinth_proto::source::v1::source_service_client::SourceServiceClient;
 use serde::Serialize;
 use tokio::net::TcpListener;
@@ -68,12 +70,15 @@ pub enum GatewayError {
 type CatalogClient = CatalogServiceClient<InterceptedService<Channel, ClientInterceptor>>;
 type SourceClient = SourceServiceClient<InterceptedService<Channel, ClientInterceptor>>;
 type HarnessClient = HarnessServiceClient<InterceptedService<Channel, ClientInterceptor>>;
+type SessionClient = SessionServiceClient<InterceptedService<Channel, ClientInterceptor>>;
 
 /// What every handler can reach.
 #[derive(Clone)]
 pub(crate) struct AppState {
     catalog: CatalogClient,
     harnesses: HarnessClient,
+    sessions: SessionClient,
+    nodes: sessions::Nodes,
     source: SourceClient,
     tokens: Arc<auth::Tokens>,
     environments: bool,
@@ -88,6 +93,11 @@ impl AppState {
     /// A harness client for one request; it shares the catalog's channel.
     fn harnesses(&self) -> HarnessClient {
         self.harnesses.clone()
+    }
+
+    /// A session client for one request; it shares the catalog's channel.
+    fn sessions(&self) -> SessionClient {
+        self.sessions.clone()
     }
 
     /// A source client for one request; clones share the channel.
@@ -105,7 +115,7 @@ impl AppState {
     ),
     components(schemas(ErrorBody, ErrorObject)),
     modifiers(&BearerAuth),
-    tags((name = "environments", description = "UHP Environments §2"), (name = "files", description = "UHP Environments §3"), (name = "builds", description = "UHP Environments §4"), (name = "harnesses", description = "UHP Environments §5: harnesses and the environment their tasks read"), (name = "discovery", description = "UHP Environments §7"))
+    tags((name = "environments", description = "UHP Environments §2"), (name = "files", description = "UHP Environments §3"), (name = "builds", description = "UHP Environments §4"), (name = "harnesses", description = "UHP Environments §5: harnesses and the environment their tasks read"), (name = "sessions", description = "UHP Environments §6: what a session sees"), (name = "tasks", description = "UHP Environments §5: tasks refused unless their environment is ready"), (name = "discovery", description = "UHP Environments §7"))
 )]
 struct ApiDoc;
 
@@ -177,6 +187,11 @@ pub fn router(options: &GatewayOptions, backends: Backends) -> Result<Router, Ga
             backends.catalog.clone(),
             interceptor.clone(),
         ),
+        sessions: SessionServiceClient::with_interceptor(
+            backends.catalog.clone(),
+            interceptor.clone(),
+        ),
+        nodes: Arc::new(sessions::NodeClients::new(interceptor.clone())),
         source: SourceServiceClient::with_interceptor(backends.source.clone(), interceptor)
             .max_decoding_message_size(4 * 1024 * 1024),
         tokens: Arc::new(auth::Tokens::new(options.tokens.clone())),
@@ -188,7 +203,8 @@ pub fn router(options: &GatewayOptions, backends: Backends) -> Result<Router, Ga
             .merge(environments::routes())
             .merge(files::routes())
             .merge(builds::routes())
-            .merge(harnesses::routes());
+            .merge(harnesses::routes())
+            .merge(sessions::routes());
     }
     let (api, mut openapi) = api.split_for_parts();
     // axum spells a multi-segment parameter `{*path}`; OpenAPI spells it `{path}`.
@@ -258,6 +274,10 @@ pub async fn run(
 ) -> Result<(), GatewayError> {
     let app = router(&options, backends)?;
     tracing::info!(address = ?listener.local_addr().ok(), environments = options.environments, scopes = if options.tokens.is_empty() { "single" } else { "by token" }, "gateway serving");
+    // Streamed answers (exec output, followed build logs) must not wait on Nagle's algorithm.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |stream| {
+        let _ = stream.set_nodelay(true);
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await?;

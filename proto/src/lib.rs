@@ -21,5 +21,14 @@ pub mod source {
     }
 }
 
+/// `plinth.node.v1`: the node agent's sessions, commands and workdir files.
+pub mod node {
+    /// Version 1 of the node contract.
+    pub mod v1 {
+        #![allow(clippy::all, missing_docs)]
+        tonic::include_proto!("plinth.node.v1");
+    }
+}
+
 /// Every compiled `.proto` as one `FileDescriptorSet`, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("plinth_descriptor");

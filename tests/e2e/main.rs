@@ -10,6 +10,8 @@ mod grpc_surface;
 mod harnesses;
 mod helpers;
 mod imports;
+mod node_restart;
 mod processes;
+mod sessions;
 mod snapshots;
 mod tracing_propagation;

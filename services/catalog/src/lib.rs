@@ -11,6 +11,8 @@ mod harnesses;
 pub mod model;
 pub mod persistence;
 mod service;
+mod session_service;
+pub mod sessions;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -22,9 +24,11 @@ use plinth_kit::grpc::GrpcServer;
 use plinth_kit::tasks::CancellationToken;
 use plinth_proto::catalog::v1::catalog_service_server::CatalogServiceServer;
 use plinth_proto::catalog::v1::harness_service_server::HarnessServiceServer;
+use plinth_proto::catalog::v1::session_service_server::SessionServiceServer;
 use tokio::net::TcpListener;
 
 pub use persistence::{LeasePolicy, Store, StoreError};
+pub use session_service::NODE_HEARTBEAT_MS;
 
 /// The catalog's gRPC service name, as health checks name it.
 pub const SERVICE_NAME: &str = "plinth.catalog.v1.CatalogService";
@@ -88,11 +92,13 @@ pub async fn run(
 
     let service = CatalogServiceServer::new(service::Catalog::new(store.clone(), options.leases))
         .max_decoding_message_size(4 * 1024 * 1024);
+    let sessions = SessionServiceServer::new(session_service::Sessions::new(store.clone()));
     server
         .add_service(service)
         .add_service(HarnessServiceServer::new(harnesses::Harnesses::new(
             store.clone(),
         )))
+        .add_service(sessions)
         .serve(grpc, shutdown)
         .await?;
     store.close().await;

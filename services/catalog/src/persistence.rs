@@ -8,9 +8,11 @@
 
 mod builds;
 mod harnesses;
+mod sessions;
 
 pub use builds::{LeasePolicy, MAX_LOG_BYTES};
 use plinth_kit::database::{Backend, Database, DatabaseError, MigrationFile, now_ms};
+pub use sessions::{NewSession, NewTask};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -39,6 +41,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "harnesses",
                 include_str!("../migrations/sqlite/0004_harnesses.sql"),
             ),
+            (
+                5,
+                "sessions",
+                include_str!("../migrations/sqlite/0005_sessions.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -60,6 +67,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 4,
                 "harnesses",
                 include_str!("../migrations/postgres/0004_harnesses.sql"),
+            ),
+            (
+                5,
+                "sessions",
+                include_str!("../migrations/postgres/0005_sessions.sql"),
             ),
         ],
     }
@@ -83,6 +95,12 @@ pub enum StoreError {
     /// The version cannot be activated: it is not ready.
     #[error("the version is {}, not ready", .0.as_str())]
     NotReady(crate::model::BuildStatus),
+    /// The environment has no active version: nothing was built yet, or nothing ready.
+    #[error("the environment has no ready version")]
+    NothingBuilt,
+    /// No node agent has heartbeated recently enough to be given a session.
+    #[error("no node agent is alive")]
+    NoLiveNode,
     /// The builder's lease expired or was handed on; its write is refused.
     #[error("the lease expired or was handed to another builder")]
     LeaseLost,

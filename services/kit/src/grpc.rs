@@ -10,7 +10,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
 use tonic::server::NamedService;
@@ -142,8 +141,10 @@ impl GrpcServer {
             .accept_http1(false)
             .layer(layer)
             .add_routes(self.routes.routes())
+            // Nagle's algorithm would hold a streamed response's later frames until the
+            // client's delayed ACK (~40 ms per call): every accepted socket is TCP_NODELAY.
             .serve_with_incoming_shutdown(
-                TcpListenerStream::new(listener),
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                 shutdown.cancelled_owned(),
             )
             .await

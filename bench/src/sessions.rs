@@ -1,0 +1,465 @@
+//! `plinth-bench sessions`: what a session costs, beside the floors of the same machine.
+//!
+//! 1. Session create + first `exec true` on a cached version, through the gateway of a
+//!    `plinth serve` (release build, its own process), p50 and p99; beside the floor: a bare
+//!    fork + `unshare(CLONE_NEWNS)` + read-only bind mount + exec of `true`, with raw system
+//!    calls, in this process.
+//! 2. First materialization of a version of ≥ 20,000 files and ≥ 300 MB into a cold node
+//!    cache (the node's own `VersionCache` over a `file://` blob store), beside `tar -x` of the
+//!    same files onto the same disk; then a version that differs by one file.
+//! 3. 200 sessions on one version created at once: attach rate, then one `exec true` in each
+//!    at once, and the service's memory per session.
+
+use std::ffi::CString;
+use std::io::Write as _;
+use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::process::CommandExt as _;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use plinth_blobs::tree::{Tree, TreeEntry};
+use plinth_blobs::{BlobStore, Digest};
+
+use crate::service::Service;
+
+/// Session benchmarks.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Session create + first exec pairs measured (and floor runs).
+    #[arg(long, default_value_t = 200)]
+    attaches: usize,
+    /// Files in the materialized version.
+    #[arg(long, default_value_t = 20_000)]
+    files: usize,
+    /// Its size, MiB.
+    #[arg(long, default_value_t = 320)]
+    mib: u64,
+    /// Sessions created at once.
+    #[arg(long, default_value_t = 200)]
+    concurrent: usize,
+}
+
+fn percentile(values: &[f64], fraction: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let index = ((sorted.len() as f64 - 1.0) * fraction).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+/// The floor: fork, a private mount namespace, a read-only bind of `version` over `target`,
+/// exec `/bin/true`, wait. Raw system calls, like the node's own.
+fn floor_once(version: &CString, target: &CString) -> anyhow::Result<f64> {
+    let (version, target) = (version.clone(), target.clone());
+    let begun = Instant::now();
+    let mut command = Command::new("/bin/true");
+    // SAFETY: only raw system calls on C strings made before the fork.
+    #[allow(unsafe_code)]
+    unsafe {
+        command.pre_exec(move || {
+            rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)?;
+            rustix::mount::mount_change(
+                c"/",
+                rustix::mount::MountPropagationFlags::PRIVATE
+                    | rustix::mount::MountPropagationFlags::REC,
+            )?;
+            rustix::mount::mount_bind(&*version, &*target)?;
+            rustix::mount::mount_remount(
+                &*target,
+                rustix::mount::MountFlags::BIND | rustix::mount::MountFlags::RDONLY,
+                c"",
+            )?;
+            Ok(())
+        });
+    }
+    let status = command.status()?;
+    anyhow::ensure!(status.success(), "the floor command failed: {status}");
+    Ok(begun.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// A deterministic generator, so every run materializes the same version.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+}
+
+/// Writes a venv-shaped project under `dir` (median ~2 KB, a few large files) and answers the
+/// relative paths and total bytes.
+fn generate(dir: &Path, files: usize, total: u64) -> anyhow::Result<(Vec<String>, u64)> {
+    let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
+    let mut sizes: Vec<u64> = (0..files)
+        .map(|i| match i % 100 {
+            0 => 0,
+            1..=14 => 8 * 1024 + rng.next() % (192 * 1024),
+            _ => 200 + rng.next() % 3800,
+        })
+        .collect();
+    let small: u64 = sizes.iter().sum();
+    let large = sizes.iter().filter(|size| **size == 0).count().max(1) as u64;
+    for size in &mut sizes {
+        if *size == 0 {
+            *size = total.saturating_sub(small) / large;
+        }
+    }
+    let mut paths = Vec::with_capacity(files);
+    let mut bytes = 0;
+    for (i, size) in sizes.iter().enumerate() {
+        let path = match i % 10 {
+            0..=5 => format!(
+                ".venv/lib/python3.12/site-packages/pkg{}/mod{i}.py",
+                i % 400
+            ),
+            6..=8 => format!("node_modules/lib{}/dist/file{i}.js", i % 300),
+            _ => format!("src/module{}/part{i}.py", i % 50),
+        };
+        let full = dir.join(&path);
+        if let Some(parent) = full.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&full)?);
+        let mut written = 0u64;
+        let line = format!("# {path} {i}\n");
+        while written < *size {
+            let word = format!("w{} ", rng.next() % 100_000);
+            let piece = if written == 0 { &line } else { &word };
+            let take = (piece.len() as u64).min(size - written) as usize;
+            file.write_all(&piece.as_bytes()[..take])?;
+            written += take as u64;
+        }
+        file.flush()?;
+        bytes += size;
+        paths.push(path);
+    }
+    Ok((paths, bytes))
+}
+
+/// Stores every file as a blob and the tree naming them; answers the tree's digest.
+async fn store_layer(
+    blobs: &BlobStore,
+    dir: &Path,
+    paths: &[String],
+    change: Option<(&str, &[u8])>,
+) -> anyhow::Result<String> {
+    use futures::StreamExt as _;
+    let entries: Vec<anyhow::Result<TreeEntry>> =
+        futures::stream::iter(paths.iter().map(|path| async move {
+            let bytes = match change {
+                Some((changed, content)) if changed == path => content.to_vec(),
+                _ => tokio::fs::read(dir.join(path)).await?,
+            };
+            let digest = Digest::of(&bytes);
+            let size = bytes.len() as u64;
+            if !blobs.contains(&digest).await? {
+                blobs.put_bytes(bytes.into()).await?;
+            }
+            Ok(TreeEntry::file(path.clone(), digest, size, false))
+        }))
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let entries = entries.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    let tree = Tree::new(entries).encode()?;
+    Ok(blobs.put_bytes(tree.into()).await?.digest.to_string())
+}
+
+fn resident_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|line| line.starts_with("VmRSS:"))
+        .and_then(|line| line.split_whitespace().nth(1))
+        .and_then(|kib| kib.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+async fn post(
+    client: &reqwest::Client,
+    url: String,
+    body: serde_json::Value,
+) -> anyhow::Result<serde_json::Value> {
+    let response = client.post(url).json(&body).send().await?;
+    let status = response.status();
+    let answer: serde_json::Value = response.json().await?;
+    anyhow::ensure!(status.is_success(), "{status}: {answer}");
+    Ok(answer)
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        rustix::process::geteuid().is_root(),
+        "the session benchmark needs root (mount namespaces, session uids)"
+    );
+    let binary = std::env::current_exe()?
+        .parent()
+        .context("no directory")?
+        .join("plinth");
+    anyhow::ensure!(
+        binary.exists(),
+        "build it: cargo build --release -p plinth -p plinth-bench"
+    );
+    let work = match std::env::var_os("PLINTH_BENCH_DIR") {
+        Some(dir) => tempfile::tempdir_in(dir)?,
+        None => tempfile::tempdir()?,
+    };
+    let client = reqwest::Client::new();
+    println!("machine: {}", crate::machine());
+
+    // 1. Attach + first exec beside the floor.
+    let service = Service::start(
+        &binary,
+        &work.path().join("serve"),
+        &["--builder-network", "false"],
+    )
+    .await?;
+    let environment = service.environment(&client, "Bench Sessions").await?;
+    for (path, body) in [("run.py", "print('hi')\n"), ("data/a.txt", "a\n")] {
+        client
+            .put(format!(
+                "{}/v1/environments/{environment}/files/{path}",
+                service.base
+            ))
+            .body(body)
+            .send()
+            .await?
+            .error_for_status()?;
+    }
+    post(
+        &client,
+        format!("{}/v1/environments/{environment}/build", service.base),
+        serde_json::json!({}),
+    )
+    .await
+    .ok();
+    loop {
+        let build: serde_json::Value = client
+            .get(format!(
+                "{}/v1/environments/{environment}/builds/1",
+                service.base
+            ))
+            .send()
+            .await?
+            .json()
+            .await?;
+        match build["status"].as_str() {
+            Some("ready") => break,
+            Some("failed") => anyhow::bail!("build failed: {build}"),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    // The version is cached by the first session.
+    post(
+        &client,
+        format!("{}/v1/sessions", service.base),
+        serde_json::json!({"environment": environment}),
+    )
+    .await?;
+
+    let floor_source = work.path().join("floor-version");
+    let floor_target = work.path().join("floor-mount");
+    std::fs::create_dir_all(floor_source.join("lib"))?;
+    std::fs::write(floor_source.join("run.py"), "print('hi')\n")?;
+    std::fs::create_dir_all(&floor_target)?;
+    let floor_source = CString::new(floor_source.as_os_str().as_bytes())?;
+    let floor_target = CString::new(floor_target.as_os_str().as_bytes())?;
+
+    let (mut plinth, mut create, mut exec, mut floor) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.attaches {
+        let begun = Instant::now();
+        let session = post(
+            &client,
+            format!("{}/v1/sessions", service.base),
+            serde_json::json!({"environment": environment}),
+        )
+        .await?;
+        let created = begun.elapsed().as_secs_f64() * 1000.0;
+        let id = session["id"].as_str().context("session id")?;
+        let ran = post(
+            &client,
+            format!("{}/v1/sessions/{id}/exec", service.base),
+            serde_json::json!({"command": "true"}),
+        )
+        .await?;
+        anyhow::ensure!(ran["exit_code"] == 0, "exec true failed: {ran}");
+        let total = begun.elapsed().as_secs_f64() * 1000.0;
+        plinth.push(total);
+        create.push(created);
+        exec.push(total - created);
+        floor.push(floor_once(&floor_source, &floor_target)?);
+        client
+            .delete(format!("{}/v1/sessions/{id}", service.base))
+            .send()
+            .await?;
+    }
+    let p50 = percentile(&plinth, 0.5);
+    let floor50 = percentile(&floor, 0.5);
+    println!(
+        "\nsession create + first `exec true` on a cached version ({} runs, alternating with the floor)",
+        args.attaches
+    );
+    println!("| path | p50 | p99 |\n|---|---|---|");
+    println!(
+        "| plinth: POST /v1/sessions + POST …/exec | {:.2} ms | {:.2} ms |",
+        p50,
+        percentile(&plinth, 0.99)
+    );
+    println!(
+        "| (of which create) | {:.2} ms | {:.2} ms |",
+        percentile(&create, 0.5),
+        percentile(&create, 0.99)
+    );
+    println!(
+        "| (of which exec) | {:.2} ms | {:.2} ms |",
+        percentile(&exec, 0.5),
+        percentile(&exec, 0.99)
+    );
+    println!(
+        "| floor: fork + unshare + ro bind + exec true | {:.2} ms | {:.2} ms |",
+        floor50,
+        percentile(&floor, 0.99)
+    );
+    println!("ratio (p50): {:.2}×", p50 / floor50);
+
+    // 3. Many sessions at once.
+    let pid = service.pid();
+    let before = resident_mib(pid);
+    let begun = Instant::now();
+    let created = futures::future::join_all((0..args.concurrent).map(|_| {
+        post(
+            &client,
+            format!("{}/v1/sessions", service.base),
+            serde_json::json!({"environment": environment}),
+        )
+    }))
+    .await;
+    let attach_seconds = begun.elapsed().as_secs_f64();
+    let ids: Vec<String> = created
+        .into_iter()
+        .map(|session| Ok(session?["id"].as_str().context("id")?.to_owned()))
+        .collect::<anyhow::Result<_>>()?;
+    let begun = Instant::now();
+    let ran = futures::future::join_all(ids.iter().map(|id| {
+        post(
+            &client,
+            format!("{}/v1/sessions/{id}/exec", service.base),
+            serde_json::json!({"command": "true"}),
+        )
+    }))
+    .await;
+    let exec_seconds = begun.elapsed().as_secs_f64();
+    for result in ran {
+        anyhow::ensure!(result?["exit_code"] == 0, "an exec failed");
+    }
+    let after = resident_mib(pid);
+    println!(
+        "\n{} sessions on one version, created at once",
+        args.concurrent
+    );
+    println!(
+        "- attach: {:.2} s, {:.0} sessions/s",
+        attach_seconds,
+        args.concurrent as f64 / attach_seconds
+    );
+    println!(
+        "- one `exec true` in each, at once: {:.2} s, {:.0} execs/s",
+        exec_seconds,
+        args.concurrent as f64 / exec_seconds
+    );
+    println!(
+        "- service memory: {before:.1} MiB before, {after:.1} MiB after: {:.1} KiB per session",
+        (after - before).max(0.0) * 1024.0 / args.concurrent as f64
+    );
+    drop(service);
+
+    // 2. Materialization beside tar -x.
+    let source = work.path().join("source");
+    let (paths, bytes) = generate(&source, args.files, args.mib * 1024 * 1024)?;
+    let tarball = work.path().join("version.tar");
+    let status = Command::new("tar")
+        .arg("-cf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&source)
+        .arg(".")
+        .status()?;
+    anyhow::ensure!(status.success(), "tar -c failed");
+    let blobs = BlobStore::open(
+        &format!("file://{}", work.path().join("blobs").display()),
+        work.path().join("spool"),
+    )?;
+    let v1 = store_layer(&blobs, &source, &paths, None).await?;
+    let changed = format!("# changed\n{}", paths[17]);
+    let v2 = store_layer(
+        &blobs,
+        &source,
+        &paths,
+        Some((&paths[17], changed.as_bytes())),
+    )
+    .await?;
+    let sync = || {
+        let _ = Command::new("sync").status();
+    };
+    let (mut tar_times, mut first_times, mut one_file_times) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..3 {
+        let target = work.path().join(format!("tar-{round}"));
+        std::fs::create_dir_all(&target)?;
+        sync();
+        let begun = Instant::now();
+        let status = Command::new("tar")
+            .arg("-xf")
+            .arg(&tarball)
+            .arg("-C")
+            .arg(&target)
+            .status()?;
+        anyhow::ensure!(status.success(), "tar -x failed");
+        tar_times.push(begun.elapsed().as_secs_f64());
+        let _ = std::fs::remove_dir_all(&target);
+
+        let cache_dir = work.path().join(format!("cache-{round}"));
+        let cache = plinth_node::VersionCache::open(&cache_dir, blobs.clone(), u64::MAX)?;
+        sync();
+        let first = cache.materialize("henv_bench", 1, &v1).await?;
+        anyhow::ensure!(first.fetched > 0, "nothing fetched");
+        first_times.push(first.took.as_secs_f64());
+        let second = cache.materialize("henv_bench", 2, &v2).await?;
+        anyhow::ensure!(
+            second.fetched == 1,
+            "a one-file change fetched {}",
+            second.fetched
+        );
+        one_file_times.push(second.took.as_secs_f64());
+        plinth_node::cache::remove_tree(&cache_dir);
+    }
+    let (tar_median, first_median, one_median) = (
+        percentile(&tar_times, 0.5),
+        percentile(&first_times, 0.5),
+        percentile(&one_file_times, 0.5),
+    );
+    println!(
+        "\nmaterializing a version: {} files, {:.0} MiB, cold cache, 3 rounds, median",
+        paths.len(),
+        bytes as f64 / 1024.0 / 1024.0
+    );
+    println!("| path | time |\n|---|---|");
+    println!("| baseline: tar -xf of the same files | {tar_median:.2} s |");
+    println!("| plinth: first materialization | {first_median:.2} s |");
+    println!(
+        "| plinth: a version differing by one file | {:.3} s |",
+        one_median
+    );
+    println!(
+        "ratio first / tar: {:.2}×; one-file / first: {:.1}%",
+        first_median / tar_median,
+        one_median / first_median * 100.0
+    );
+    Ok(())
+}

@@ -1,0 +1,1004 @@
+//! Sessions (UHP §6) and tasks (§5): `POST /v1/sessions` asks the catalog to place a session
+//! and pin its environment's active version, then the chosen node to attach it; exec and
+//! working-directory file calls go to that node, and each is recorded with the catalog as a
+//! turn with the version it read. `POST /v1/tasks` is refused before anything starts unless
+//! the task's environment (its own, else its harness's) is ready.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use plinth_kit::grpc::ClientInterceptor;
+use plinth_kit::{ErrorCode, PlinthError};
+use plinth_proto::catalog::v1 as pb;
+use plinth_proto::node::v1 as node;
+use plinth_proto::node::v1::node_service_client::NodeServiceClient;
+use serde::{Deserialize, Serialize};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorBody};
+use crate::json::JsonBody;
+
+/// The session and task routes.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_session))
+        .routes(routes!(get_session, end_session))
+        .routes(routes!(exec))
+        .routes(routes!(list_turns))
+        .routes(routes!(read_file, write_file, delete_file))
+        .routes(routes!(create_task))
+}
+
+/// Most bytes of a working-directory file through the API.
+pub const MAX_SESSION_FILE_BYTES: usize = 64 * 1024 * 1024;
+
+type NodeClient = NodeServiceClient<InterceptedService<Channel, ClientInterceptor>>;
+
+/// Channels to node agents, by address, made on first use and shared.
+pub struct NodeClients {
+    interceptor: ClientInterceptor,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl NodeClients {
+    /// No channels yet; each carries `interceptor`'s token.
+    pub fn new(interceptor: ClientInterceptor) -> Self {
+        NodeClients {
+            interceptor,
+            channels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn client(&self, address: &str) -> Result<NodeClient, ApiError> {
+        let mut channels = self
+            .channels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let channel = match channels.get(address) {
+            Some(channel) => channel.clone(),
+            None => {
+                let channel = plinth_kit::grpc::connect_lazy(address).map_err(|error| {
+                    PlinthError::new(
+                        ErrorCode::Unavailable,
+                        format!("the session's node ({address}) cannot be reached: {error}"),
+                    )
+                })?;
+                channels.insert(address.to_owned(), channel.clone());
+                channel
+            }
+        };
+        let limit = MAX_SESSION_FILE_BYTES + 64 * 1024;
+        Ok(
+            NodeServiceClient::with_interceptor(channel, self.interceptor.clone())
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(limit),
+        )
+    }
+}
+
+/// What a session reads.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionEnvironment {
+    /// The environment's id.
+    pub id: String,
+    /// The version the session reads, for its whole life.
+    pub version: u32,
+    /// Where it is mounted, read-only.
+    pub mount: String,
+}
+
+/// A session.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionBody {
+    /// `sess_` + 32 lowercase hex.
+    pub id: String,
+    /// Always `session`.
+    pub object: &'static str,
+    /// `active` or `ended`.
+    pub status: String,
+    /// What it reads.
+    pub environment: SessionEnvironment,
+    /// Its private, writable working directory (also its `HOME`).
+    pub workdir: String,
+    /// What the agent is told about its environment (UHP §6.4).
+    pub instructions: String,
+    /// False when the node runs without isolation (`--insecure-no-isolation`).
+    pub isolated: bool,
+    /// The harness it was created for, if any.
+    pub harness_id: Option<String>,
+    /// Turns recorded so far.
+    pub turns: u64,
+    /// Milliseconds since the Unix epoch.
+    #[serde(rename = "createdAt")]
+    pub created_at: i64,
+    /// Milliseconds since the Unix epoch; null while active.
+    #[serde(rename = "endedAt")]
+    pub ended_at: Option<i64>,
+}
+
+/// The instructions of §6.4: where the project is, that it is read-only and shared, that its
+/// dependencies are installed, where to write, and the entry when there is one.
+pub fn instructions(session: &pb::Session) -> String {
+    let mount = format!("/env/{}", session.slug);
+    let mut text = format!(
+        "The project \"{name}\" (version {version}) is at {mount}. It is read-only and shared \
+         with other sessions: do not try to change it. Its dependencies are already installed \
+         ({mount}/.venv for Python, {mount}/node_modules for Node, first on PATH): do not \
+         install them again. Write your files in your working directory, {workdir}, which is \
+         private to this session and writable (it is also HOME).",
+        name = session.environment_name,
+        version = session.version,
+        workdir = session.workdir,
+    );
+    if !session.entry.is_empty() {
+        text.push_str(&format!(
+            " Run the project with: {} (from {mount}, or by absolute path from anywhere).",
+            session.entry
+        ));
+    }
+    if !session.isolated {
+        text.push_str(
+            " Warning: this server runs sessions without isolation; the environment is \
+             read-only only by its file modes.",
+        );
+    }
+    text
+}
+
+fn session_body(session: pb::Session) -> SessionBody {
+    SessionBody {
+        instructions: instructions(&session),
+        environment: SessionEnvironment {
+            mount: format!("/env/{}", session.slug),
+            id: session.environment_id,
+            version: session.version,
+        },
+        id: session.id,
+        object: "session",
+        status: session.status,
+        workdir: session.workdir,
+        isolated: session.isolated,
+        harness_id: (!session.harness_id.is_empty()).then_some(session.harness_id),
+        turns: session.turns,
+        created_at: session.created_at_ms,
+        ended_at: (session.ended_at_ms > 0).then_some(session.ended_at_ms),
+    }
+}
+
+/// `POST /v1/sessions`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    /// The environment to read (its active version).
+    #[serde(default)]
+    pub environment: Option<String>,
+    /// Or a harness whose environment to read.
+    #[serde(default)]
+    pub harness_id: Option<String>,
+}
+
+/// Resolves a harness's environment; an unknown harness is `not_found`.
+async fn harness_environment(
+    state: &AppState,
+    scope: &str,
+    harness: &str,
+) -> Result<String, ApiError> {
+    let found = state
+        .harnesses()
+        .get_harness(pb::GetHarnessRequest {
+            scope: scope.to_owned(),
+            id: harness.to_owned(),
+        })
+        .await?
+        .into_inner();
+    Ok(found.environment_id)
+}
+
+/// Places and attaches a session; answers it as the catalog has it after attaching.
+async fn start_session(
+    state: &AppState,
+    scope: &str,
+    session: pb::Session,
+) -> Result<pb::Session, ApiError> {
+    let attached = state
+        .nodes
+        .client(&session.node_address)?
+        .attach(node::AttachRequest {
+            session: Some(spec(&session)),
+        })
+        .await;
+    let attached = match attached {
+        Ok(attached) => attached.into_inner(),
+        Err(status) => {
+            // A session that never got its working directory is ended, not left dangling.
+            let _ = state
+                .sessions()
+                .end_session(pb::EndSessionRequest {
+                    scope: scope.to_owned(),
+                    id: session.id.clone(),
+                })
+                .await;
+            return Err(status.into());
+        }
+    };
+    Ok(state
+        .sessions()
+        .mark_attached(pb::MarkAttachedRequest {
+            scope: scope.to_owned(),
+            id: session.id,
+            workdir: attached.workdir,
+            isolated: attached.isolated,
+        })
+        .await?
+        .into_inner())
+}
+
+fn spec(session: &pb::Session) -> node::SessionSpec {
+    node::SessionSpec {
+        session_id: session.id.clone(),
+        environment_id: session.environment_id.clone(),
+        version: session.version,
+        slug: session.slug.clone(),
+        layer_tree: session.layer_tree.clone(),
+    }
+}
+
+/// Start a session on an environment's active version.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    tag = "sessions",
+    request_body = CreateSession,
+    responses(
+        (status = 201, description = "Started: the version is mounted read-only at environment.mount", body = SessionBody),
+        (status = 400, description = "environment_invalid: malformed body, or neither environment nor harness_id", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found, or not_found for an unknown harness", body = ErrorBody),
+        (status = 409, description = "environment_not_ready: nothing built yet", body = ErrorBody),
+        (status = 503, description = "unavailable: no node agent is alive", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn create_session(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(body): JsonBody<CreateSession>,
+) -> Result<(StatusCode, Json<SessionBody>), ApiError> {
+    let harness_id = body.harness_id.unwrap_or_default();
+    let environment = match (body.environment, harness_id.is_empty()) {
+        (Some(environment), _) => environment,
+        (None, false) => harness_environment(&state, &caller.scope, &harness_id).await?,
+        (None, true) => {
+            return Err(PlinthError::invalid(
+                "a session names its environment: {\"environment\": \"henv_…\"} or {\"harness_id\": \"chrn_…\"}",
+            )
+            .into());
+        }
+    };
+    let session = state
+        .sessions()
+        .create_session(pb::CreateSessionRequest {
+            scope: caller.scope.clone(),
+            environment_id: environment,
+            harness_id,
+        })
+        .await?
+        .into_inner();
+    let session = start_session(&state, &caller.scope, session).await?;
+    Ok((StatusCode::CREATED, Json(session_body(session))))
+}
+
+/// An active session of the caller, or why not.
+async fn active_session(state: &AppState, scope: &str, id: &str) -> Result<pb::Session, ApiError> {
+    let session = state
+        .sessions()
+        .get_session(pb::GetSessionRequest {
+            scope: scope.to_owned(),
+            id: id.to_owned(),
+        })
+        .await?
+        .into_inner();
+    if session.status != "active" {
+        return Err(
+            PlinthError::new(ErrorCode::NotFound, format!("session {id} has ended")).into(),
+        );
+    }
+    Ok(session)
+}
+
+async fn record(
+    state: &AppState,
+    scope: &str,
+    session: &pb::Session,
+    kind: &str,
+    detail: &str,
+    exit_code: Option<i32>,
+) -> Result<pb::Turn, ApiError> {
+    Ok(state
+        .sessions()
+        .record_turn(pb::RecordTurnRequest {
+            scope: scope.to_owned(),
+            turn: Some(pb::Turn {
+                session_id: session.id.clone(),
+                kind: kind.to_owned(),
+                detail: detail.to_owned(),
+                exit_code,
+                ..Default::default()
+            }),
+        })
+        .await?
+        .into_inner())
+}
+
+/// One session.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "The session", body = SessionBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn get_session(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<SessionBody>, ApiError> {
+    let session = state
+        .sessions()
+        .get_session(pb::GetSessionRequest {
+            scope: caller.scope,
+            id,
+        })
+        .await?
+        .into_inner();
+    Ok(Json(session_body(session)))
+}
+
+/// End a session: its commands are stopped and its working directory removed.
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "Ended", body = SessionBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn end_session(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<SessionBody>, ApiError> {
+    let session = state
+        .sessions()
+        .get_session(pb::GetSessionRequest {
+            scope: caller.scope.clone(),
+            id: id.clone(),
+        })
+        .await?
+        .into_inner();
+    state
+        .nodes
+        .client(&session.node_address)?
+        .detach(node::DetachRequest {
+            session_id: session.id.clone(),
+        })
+        .await?;
+    let ended = state
+        .sessions()
+        .end_session(pb::EndSessionRequest {
+            scope: caller.scope,
+            id,
+        })
+        .await?
+        .into_inner();
+    Ok(Json(session_body(ended)))
+}
+
+/// `POST /v1/sessions/{id}/exec`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecBody {
+    /// A shell command (`/bin/sh -c`).
+    pub command: String,
+    /// Where it starts: relative to the working directory, or absolute beneath it or beneath
+    /// the mount. Default: the working directory.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: Option<BTreeMap<String, String>>,
+    /// Time limit in milliseconds (default 120000; at most 3600000).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// `?stream=true`.
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct ExecQuery {
+    /// Stream output as it comes (newline-delimited JSON events).
+    #[serde(default)]
+    pub stream: Option<bool>,
+}
+
+/// A command's result.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExecResultBody {
+    /// Its exit status (128 + signal when killed; -1 when it could not start).
+    pub exit_code: i32,
+    /// What it wrote to stdout, up to the cap, then the truncation marker.
+    pub stdout: String,
+    /// What it wrote to stderr, up to the cap, then the truncation marker.
+    pub stderr: String,
+    /// Wall time.
+    pub duration_ms: u64,
+    /// Whether it was killed at its time limit.
+    pub timed_out: bool,
+    /// Whether stdout was cut.
+    pub stdout_truncated: bool,
+    /// Whether stderr was cut.
+    pub stderr_truncated: bool,
+    /// The environment version the command read.
+    pub version: u32,
+    /// The turn's number in the session.
+    pub turn: u64,
+}
+
+/// Bytes of each stream an exec answer keeps.
+pub const EXEC_OUTPUT_BYTES: u64 = 1024 * 1024;
+
+fn marker(dropped: u64) -> String {
+    format!("\n[output truncated: {dropped} more bytes were not kept]\n")
+}
+
+/// Run a shell command in the session.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/exec",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id"), ExecQuery),
+    request_body = ExecBody,
+    responses(
+        (status = 200, description = "The command ended (or, with stream=true, newline-delimited JSON events: {\"stdout\":…}, {\"stderr\":…}, then the result)", body = ExecResultBody),
+        (status = 400, description = "environment_invalid: bad command, cwd or env", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "not_found: no such session, or it ended", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn exec(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    query: Result<Query<ExecQuery>, axum::extract::rejection::QueryRejection>,
+    JsonBody(body): JsonBody<ExecBody>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|error| PlinthError::invalid(format!("query: {error}")))?;
+    if body.command.trim().is_empty() {
+        return Err(PlinthError::invalid("command: must not be empty").into());
+    }
+    let session = active_session(&state, &caller.scope, &id).await?;
+    let events = state
+        .nodes
+        .client(&session.node_address)?
+        .exec(node::ExecRequest {
+            session: Some(spec(&session)),
+            command: body.command.clone(),
+            cwd: body.cwd.unwrap_or_default(),
+            env: body.env.unwrap_or_default().into_iter().collect(),
+            timeout_ms: body.timeout_ms.unwrap_or(0),
+            output_limit_bytes: EXEC_OUTPUT_BYTES,
+        })
+        .await?
+        .into_inner();
+    if query.stream.unwrap_or(false) {
+        return Ok(stream_exec(
+            state,
+            caller.scope,
+            session,
+            body.command,
+            events,
+        ));
+    }
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let mut result = None;
+    let mut events = events;
+    while let Some(event) = events.next().await {
+        match event?.event {
+            Some(node::exec_event::Event::Stdout(bytes)) => stdout.extend_from_slice(&bytes),
+            Some(node::exec_event::Event::Stderr(bytes)) => stderr.extend_from_slice(&bytes),
+            Some(node::exec_event::Event::Result(ended)) => result = Some(ended),
+            None => {}
+        }
+    }
+    let result = result.ok_or_else(|| {
+        PlinthError::new(
+            ErrorCode::Unavailable,
+            "the node ended the command without a result",
+        )
+    })?;
+    let turn = record(
+        &state,
+        &caller.scope,
+        &session,
+        "exec",
+        &body.command,
+        Some(result.exit_code),
+    )
+    .await?;
+    let mut stdout = String::from_utf8_lossy(&stdout).into_owned();
+    let mut stderr = String::from_utf8_lossy(&stderr).into_owned();
+    if result.stdout_dropped_bytes > 0 {
+        stdout.push_str(&marker(result.stdout_dropped_bytes));
+    }
+    if result.stderr_dropped_bytes > 0 {
+        stderr.push_str(&marker(result.stderr_dropped_bytes));
+    }
+    Ok(Json(ExecResultBody {
+        exit_code: result.exit_code,
+        stdout,
+        stderr,
+        duration_ms: result.duration_ms,
+        timed_out: result.timed_out,
+        stdout_truncated: result.stdout_dropped_bytes > 0,
+        stderr_truncated: result.stderr_dropped_bytes > 0,
+        version: turn.version,
+        turn: turn.sequence,
+    })
+    .into_response())
+}
+
+/// Streams exec events as newline-delimited JSON; the last line is the result.
+fn stream_exec(
+    state: AppState,
+    scope: String,
+    session: pb::Session,
+    command: String,
+    events: tonic::Streaming<node::ExecEvent>,
+) -> Response {
+    let lines = async_stream_lines(state, scope, session, command, events);
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(lines))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+fn async_stream_lines(
+    state: AppState,
+    scope: String,
+    session: pb::Session,
+    command: String,
+    events: tonic::Streaming<node::ExecEvent>,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    futures::stream::unfold(
+        (Some(events), state, scope, session, command),
+        |(events, state, scope, session, command)| async move {
+            let mut events = events?;
+            let line = match events.next().await {
+                Some(Ok(node::ExecEvent { event: Some(event) })) => match event {
+                    node::exec_event::Event::Stdout(bytes) => {
+                        serde_json::json!({ "stdout": String::from_utf8_lossy(&bytes) })
+                    }
+                    node::exec_event::Event::Stderr(bytes) => {
+                        serde_json::json!({ "stderr": String::from_utf8_lossy(&bytes) })
+                    }
+                    node::exec_event::Event::Result(ended) => {
+                        let turn = record(
+                            &state,
+                            &scope,
+                            &session,
+                            "exec",
+                            &command,
+                            Some(ended.exit_code),
+                        )
+                        .await;
+                        let (version, sequence) = match &turn {
+                            Ok(turn) => (turn.version, turn.sequence),
+                            Err(_) => (session.version, 0),
+                        };
+                        let line = serde_json::json!({
+                            "exit_code": ended.exit_code,
+                            "duration_ms": ended.duration_ms,
+                            "timed_out": ended.timed_out,
+                            "stdout_truncated": ended.stdout_dropped_bytes > 0,
+                            "stderr_truncated": ended.stderr_dropped_bytes > 0,
+                            "stdout_dropped_bytes": ended.stdout_dropped_bytes,
+                            "stderr_dropped_bytes": ended.stderr_dropped_bytes,
+                            "version": version,
+                            "turn": sequence,
+                        });
+                        let mut text = line.to_string();
+                        text.push('\n');
+                        return Some((
+                            Ok(Bytes::from(text)),
+                            (None, state, scope, session, command),
+                        ));
+                    }
+                },
+                Some(Ok(_)) => serde_json::json!({}),
+                Some(Err(status)) => {
+                    let error = PlinthError::from_status(&status);
+                    serde_json::json!({ "error": { "code": error.code.as_str(), "message": error.message } })
+                }
+                None => return None,
+            };
+            let mut text = line.to_string();
+            text.push('\n');
+            Some((
+                Ok(Bytes::from(text)),
+                (Some(events), state, scope, session, command),
+            ))
+        },
+    )
+}
+
+/// A session's turns.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TurnBody {
+    /// 1, 2, … in order.
+    pub sequence: u64,
+    /// `exec`, `read_file`, `write_file` or `delete_file`.
+    pub kind: String,
+    /// The command or the path.
+    pub detail: String,
+    /// The environment version the turn read.
+    pub version: u32,
+    /// The command's exit status (exec only).
+    pub exit_code: Option<i32>,
+    /// Milliseconds since the Unix epoch.
+    pub at: i64,
+}
+
+/// `GET /v1/sessions/{id}/turns`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TurnList {
+    /// Always `list`.
+    pub object: &'static str,
+    /// Oldest first.
+    pub data: Vec<TurnBody>,
+}
+
+/// Every exec and file call of a session, with the version each read.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/turns",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "The turns", body = TurnList),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn list_turns(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<TurnList>, ApiError> {
+    let turns = state
+        .sessions()
+        .list_turns(pb::ListTurnsRequest {
+            scope: caller.scope,
+            id,
+        })
+        .await?
+        .into_inner()
+        .turns;
+    Ok(Json(TurnList {
+        object: "list",
+        data: turns
+            .into_iter()
+            .map(|turn| TurnBody {
+                sequence: turn.sequence,
+                kind: turn.kind,
+                detail: turn.detail,
+                version: turn.version,
+                exit_code: turn.exit_code,
+                at: turn.at_ms,
+            })
+            .collect(),
+    }))
+}
+
+/// `{id}` and `{*path}`.
+#[derive(Debug, Deserialize)]
+pub struct SessionFilePath {
+    id: String,
+    path: String,
+}
+
+fn file_path(
+    path: Result<Path<SessionFilePath>, axum::extract::rejection::PathRejection>,
+) -> Result<SessionFilePath, ApiError> {
+    path.map(|Path(path)| path)
+        .map_err(|error| PlinthError::invalid(format!("path: {error}")).into())
+}
+
+/// Read a file of the session's working directory.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/files/{*path}",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id"), ("path" = String, Path, description = "Relative to the working directory")),
+    responses(
+        (status = 200, description = "The file's bytes", content_type = "application/octet-stream"),
+        (status = 400, description = "environment_invalid: a bad path, or a directory", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 413, description = "file_too_large", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn read_file(
+    State(state): State<AppState>,
+    caller: Caller,
+    path: Result<Path<SessionFilePath>, axum::extract::rejection::PathRejection>,
+) -> Result<Response, ApiError> {
+    let path = file_path(path)?;
+    let session = active_session(&state, &caller.scope, &path.id).await?;
+    let content = state
+        .nodes
+        .client(&session.node_address)?
+        .read_file(node::FileRequest {
+            session_id: session.id.clone(),
+            path: path.path.clone(),
+        })
+        .await?
+        .into_inner()
+        .content;
+    record(
+        &state,
+        &caller.scope,
+        &session,
+        "read_file",
+        &path.path,
+        None,
+    )
+    .await?;
+    let mime = mime_guess::from_path(&path.path).first_or_octet_stream();
+    Ok((
+        [(header::CONTENT_TYPE, mime.essence_str().to_owned())],
+        content,
+    )
+        .into_response())
+}
+
+/// Write a file of the session's working directory (parents made).
+#[utoipa::path(
+    put,
+    path = "/v1/sessions/{id}/files/{*path}",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id"), ("path" = String, Path, description = "Relative to the working directory")),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses(
+        (status = 200, description = "Written: {path, size, version}"),
+        (status = 400, description = "environment_invalid: a bad path, or a file in the way", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 413, description = "file_too_large", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn write_file(
+    State(state): State<AppState>,
+    caller: Caller,
+    path: Result<Path<SessionFilePath>, axum::extract::rejection::PathRejection>,
+    body: Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let path = file_path(path)?;
+    let session = active_session(&state, &caller.scope, &path.id).await?;
+    let content = axum::body::to_bytes(body, MAX_SESSION_FILE_BYTES)
+        .await
+        .map_err(|_| {
+            PlinthError::new(
+                ErrorCode::FileTooLarge,
+                format!("the file is larger than {MAX_SESSION_FILE_BYTES} bytes, or was not received whole"),
+            )
+            .with_detail(serde_json::json!({ "max_bytes": MAX_SESSION_FILE_BYTES }))
+        })?;
+    let written = state
+        .nodes
+        .client(&session.node_address)?
+        .write_file(node::WriteFileRequest {
+            session_id: session.id.clone(),
+            path: path.path.clone(),
+            content,
+        })
+        .await?
+        .into_inner();
+    let turn = record(
+        &state,
+        &caller.scope,
+        &session,
+        "write_file",
+        &path.path,
+        None,
+    )
+    .await?;
+    Ok(Json(serde_json::json!({
+        "path": path.path,
+        "size": written.size,
+        "version": turn.version,
+    })))
+}
+
+/// Delete a file or directory of the session's working directory.
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}/files/{*path}",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id"), ("path" = String, Path, description = "Relative to the working directory")),
+    responses(
+        (status = 200, description = "Deleted: {path, deleted, version}"),
+        (status = 400, description = "environment_invalid: a bad path", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn delete_file(
+    State(state): State<AppState>,
+    caller: Caller,
+    path: Result<Path<SessionFilePath>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let path = file_path(path)?;
+    let session = active_session(&state, &caller.scope, &path.id).await?;
+    state
+        .nodes
+        .client(&session.node_address)?
+        .delete_file(node::FileRequest {
+            session_id: session.id.clone(),
+            path: path.path.clone(),
+        })
+        .await?;
+    let turn = record(
+        &state,
+        &caller.scope,
+        &session,
+        "delete_file",
+        &path.path,
+        None,
+    )
+    .await?;
+    Ok(Json(serde_json::json!({
+        "path": path.path,
+        "deleted": true,
+        "version": turn.version,
+    })))
+}
+
+/// `POST /v1/tasks`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTask {
+    /// What the task is to do.
+    pub input: String,
+    /// `{harness_id}` and anything else the caller keeps with the task.
+    #[serde(default)]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The environment the task reads; overrides its harness's.
+    #[serde(default)]
+    pub environment: Option<String>,
+}
+
+/// A task and the session it runs in.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskBody {
+    /// `task_` + 32 lowercase hex.
+    pub id: String,
+    /// Always `task`.
+    pub object: &'static str,
+    /// Its input.
+    pub input: String,
+    /// Its metadata as given.
+    #[schema(value_type = Object)]
+    pub metadata: serde_json::Value,
+    /// The environment it reads.
+    pub environment: SessionEnvironment,
+    /// The version it reads.
+    pub version: u32,
+    /// Its session.
+    pub session: SessionBody,
+    /// Milliseconds since the Unix epoch.
+    #[serde(rename = "createdAt")]
+    pub created_at: i64,
+}
+
+/// Create a task: refused before anything starts unless its environment is ready.
+#[utoipa::path(
+    post,
+    path = "/v1/tasks",
+    tag = "tasks",
+    request_body = CreateTask,
+    responses(
+        (status = 201, description = "Created, with its session", body = TaskBody),
+        (status = 400, description = "environment_invalid: malformed body", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found: no environment (the task's, or its harness's), or not there", body = ErrorBody),
+        (status = 409, description = "environment_not_ready: nothing built yet", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn create_task(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(body): JsonBody<CreateTask>,
+) -> Result<(StatusCode, Json<TaskBody>), ApiError> {
+    let metadata = body.metadata.unwrap_or_default();
+    let harness_id = match metadata.get("harness_id") {
+        None | Some(serde_json::Value::Null) => String::new(),
+        Some(serde_json::Value::String(id)) => id.clone(),
+        Some(_) => {
+            return Err(PlinthError::invalid("metadata.harness_id: expected a string").into());
+        }
+    };
+    let environment = match body.environment {
+        Some(environment) => environment,
+        None if !harness_id.is_empty() => {
+            harness_environment(&state, &caller.scope, &harness_id).await?
+        }
+        None => {
+            return Err(PlinthError::new(
+                ErrorCode::EnvironmentNotFound,
+                "the task names no environment, and no harness (metadata.harness_id) that does",
+            )
+            .into());
+        }
+    };
+    let metadata = serde_json::Value::Object(metadata);
+    let task = state
+        .sessions()
+        .create_task(pb::CreateTaskRequest {
+            scope: caller.scope.clone(),
+            input: body.input,
+            environment_id: environment,
+            harness_id,
+            metadata_json: metadata.to_string(),
+        })
+        .await?
+        .into_inner();
+    let session = task
+        .session
+        .ok_or_else(|| PlinthError::new(ErrorCode::Internal, "the task has no session"))?;
+    let session = start_session(&state, &caller.scope, session).await?;
+    let session = session_body(session);
+    Ok((
+        StatusCode::CREATED,
+        Json(TaskBody {
+            id: task.id,
+            object: "task",
+            input: task.input,
+            metadata,
+            environment: SessionEnvironment {
+                id: session.environment.id.clone(),
+                version: session.environment.version,
+                mount: session.environment.mount.clone(),
+            },
+            version: session.environment.version,
+            session,
+            created_at: task.created_at_ms,
+        }),
+    ))
+}
+
+/// Shared handle to node channels.
+pub type Nodes = Arc<NodeClients>;

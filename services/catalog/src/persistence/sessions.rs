@@ -1,0 +1,395 @@
+//! Sessions, turns, nodes and tasks. What is durable here and why: a session row pins the
+//! version it reads (and that version's layer tree) at creation, in the same transaction that
+//! reads the environment's active version, so a later activation never reaches it. A turn's
+//! sequence is the session row's counter, incremented under the row's lock, so concurrent
+//! turns of one session are numbered without gaps or duplicates. A task row and its session
+//! are inserted together: a task is never left without its session.
+
+use plinth_kit::database::now_ms;
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use super::{Store, StoreError};
+use crate::model::{EnvironmentId, Scope};
+use crate::sessions::{
+    MAX_TURN_DETAIL_BYTES, Node, NodeId, Session, SessionId, SessionStatus, Task, TaskId, Turn,
+    TurnKind, cut,
+};
+
+const SESSION_COLUMNS: &str = "s.id, s.scope, s.environment_id, s.environment_name, s.entry, \
+     s.version, s.slug, s.layer_tree, s.node_id, n.address AS node_address, s.harness_id, \
+     s.workdir, s.isolated, s.status, s.turns, s.created_at_ms, s.ended_at_ms";
+
+/// What a new session reads and where it runs.
+#[derive(Debug, Clone)]
+pub struct NewSession {
+    /// The caller's scope.
+    pub scope: Scope,
+    /// The environment to read (its active version is pinned).
+    pub environment_id: EnvironmentId,
+    /// The harness it was created for; empty when none.
+    pub harness_id: String,
+    /// Nodes whose last heartbeat is older than this are not given sessions.
+    pub live_since_ms: i64,
+}
+
+/// A new task.
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    /// Its input.
+    pub input: String,
+    /// Its metadata (a JSON object, as text).
+    pub metadata: String,
+    /// The session it runs in.
+    pub session: NewSession,
+}
+
+impl Store {
+    /// Registers a node agent by name (a restarted agent keeps its id and its sessions).
+    pub async fn register_node(
+        &self,
+        name: &str,
+        address: &str,
+        isolated: bool,
+    ) -> Result<NodeId, StoreError> {
+        let now = now_ms();
+        let row = sqlx::query(
+            "INSERT INTO nodes (id, name, address, isolated, registered_at_ms, heartbeat_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $5) \
+             ON CONFLICT (name) DO UPDATE SET address = excluded.address, \
+             isolated = excluded.isolated, heartbeat_at_ms = excluded.heartbeat_at_ms \
+             RETURNING id",
+        )
+        .bind(NodeId::generate().as_str())
+        .bind(name)
+        .bind(address)
+        .bind(i64::from(isolated))
+        .bind(now)
+        .fetch_one(&self.db.writer)
+        .await?;
+        let id: String = row.try_get("id")?;
+        NodeId::parse(&id).ok_or_else(|| StoreError::Corrupt(format!("node id {id:?}")))
+    }
+
+    /// Records that a node is alive; answers which of the versions it caches are active.
+    pub async fn node_heartbeat(
+        &self,
+        node: &NodeId,
+        cached: &[(EnvironmentId, u32)],
+    ) -> Result<Vec<(EnvironmentId, u32)>, StoreError> {
+        let updated = sqlx::query("UPDATE nodes SET heartbeat_at_ms = $1 WHERE id = $2")
+            .bind(now_ms())
+            .bind(node.as_str())
+            .execute(&self.db.writer)
+            .await?;
+        if updated.rows_affected() == 0 {
+            return Err(StoreError::NotFound);
+        }
+        let mut active = Vec::new();
+        let mut environments: Vec<&EnvironmentId> = cached.iter().map(|(id, _)| id).collect();
+        environments.sort();
+        environments.dedup();
+        for environment in environments {
+            let row = sqlx::query("SELECT active_version FROM environments WHERE id = $1")
+                .bind(environment.as_str())
+                .fetch_optional(&self.db.reader)
+                .await?;
+            let Some(row) = row else { continue };
+            let Some(version) = row.try_get::<Option<i64>, _>("active_version")? else {
+                continue;
+            };
+            let version = u32::try_from(version).unwrap_or(0);
+            if cached.contains(&(environment.clone(), version)) {
+                active.push((environment.clone(), version));
+            }
+        }
+        Ok(active)
+    }
+
+    /// Creates a session on the environment's active version, placed on the live node with
+    /// the fewest live sessions.
+    pub async fn create_session(&self, new: NewSession) -> Result<Session, StoreError> {
+        let mut tx = self.db.writer.begin().await?;
+        let id = insert_session(&mut tx, &new).await?;
+        tx.commit().await?;
+        self.get_session(&new.scope, &id).await
+    }
+
+    /// Creates a task and the session it runs in, together.
+    pub async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
+        let mut tx = self.db.writer.begin().await?;
+        let session_id = insert_session(&mut tx, &new.session).await?;
+        let id = TaskId::generate();
+        let now = now_ms();
+        sqlx::query(
+            "INSERT INTO tasks (id, scope, input, harness_id, environment_id, version, \
+             session_id, metadata, created_at_ms) \
+             SELECT $1, scope, $2, harness_id, environment_id, version, id, $3, $4 \
+             FROM sessions WHERE id = $5",
+        )
+        .bind(id.as_str())
+        .bind(&new.input)
+        .bind(&new.metadata)
+        .bind(now)
+        .bind(session_id.as_str())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Task {
+            id,
+            input: new.input,
+            harness_id: new.session.harness_id.clone(),
+            metadata: new.metadata,
+            session: self.get_session(&new.session.scope, &session_id).await?,
+            created_at_ms: now,
+        })
+    }
+
+    /// Records where a session's working directory is.
+    pub async fn mark_attached(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        workdir: &str,
+        isolated: bool,
+    ) -> Result<Session, StoreError> {
+        let updated = sqlx::query(
+            "UPDATE sessions SET workdir = $1, isolated = $2 WHERE id = $3 AND scope = $4",
+        )
+        .bind(workdir)
+        .bind(i64::from(isolated))
+        .bind(id.as_str())
+        .bind(scope.as_str())
+        .execute(&self.db.writer)
+        .await?;
+        if updated.rows_affected() == 0 {
+            return Err(StoreError::NotFound);
+        }
+        self.get_session(scope, id).await
+    }
+
+    /// One session of the scope.
+    pub async fn get_session(&self, scope: &Scope, id: &SessionId) -> Result<Session, StoreError> {
+        let sql = format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions s JOIN nodes n ON n.id = s.node_id \
+             WHERE s.id = $1 AND s.scope = $2"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id.as_str())
+            .bind(scope.as_str())
+            .fetch_optional(&self.db.reader)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        session_from_row(&row)
+    }
+
+    /// Ends a session; an ended one stays as it was.
+    pub async fn end_session(&self, scope: &Scope, id: &SessionId) -> Result<Session, StoreError> {
+        sqlx::query(
+            "UPDATE sessions SET status = 'ended', ended_at_ms = $1 \
+             WHERE id = $2 AND scope = $3 AND status = 'active'",
+        )
+        .bind(now_ms())
+        .bind(id.as_str())
+        .bind(scope.as_str())
+        .execute(&self.db.writer)
+        .await?;
+        self.get_session(scope, id).await
+    }
+
+    /// Records a turn with the version the session reads; numbered under the session's lock.
+    pub async fn record_turn(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        kind: TurnKind,
+        detail: &str,
+        exit_code: Option<i32>,
+    ) -> Result<Turn, StoreError> {
+        let mut tx = self.db.writer.begin().await?;
+        let row = sqlx::query(
+            "UPDATE sessions SET turns = turns + 1 WHERE id = $1 AND scope = $2 \
+             RETURNING turns, version",
+        )
+        .bind(id.as_str())
+        .bind(scope.as_str())
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let sequence: i64 = row.try_get("turns")?;
+        let version: i64 = row.try_get("version")?;
+        let turn = Turn {
+            session_id: id.clone(),
+            sequence: u64::try_from(sequence).unwrap_or(0),
+            kind,
+            detail: cut(detail, MAX_TURN_DETAIL_BYTES),
+            version: u32::try_from(version).unwrap_or(0),
+            at_ms: now_ms(),
+            exit_code,
+        };
+        sqlx::query(
+            "INSERT INTO turns (session_id, sequence, kind, detail, version, at_ms, exit_code) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(id.as_str())
+        .bind(sequence)
+        .bind(kind.as_str())
+        .bind(&turn.detail)
+        .bind(version)
+        .bind(turn.at_ms)
+        .bind(exit_code.map(i64::from))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(turn)
+    }
+
+    /// A session's turns, oldest first.
+    pub async fn list_turns(&self, scope: &Scope, id: &SessionId) -> Result<Vec<Turn>, StoreError> {
+        // The scope check first: another scope's session has no turns to show.
+        self.get_session(scope, id).await?;
+        let rows = sqlx::query(
+            "SELECT sequence, kind, detail, version, at_ms, exit_code FROM turns \
+             WHERE session_id = $1 ORDER BY sequence",
+        )
+        .bind(id.as_str())
+        .fetch_all(&self.db.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let kind: String = row.try_get("kind")?;
+                let sequence: i64 = row.try_get("sequence")?;
+                let version: i64 = row.try_get("version")?;
+                let exit_code: Option<i64> = row.try_get("exit_code")?;
+                Ok(Turn {
+                    session_id: id.clone(),
+                    sequence: u64::try_from(sequence).unwrap_or(0),
+                    kind: TurnKind::parse(&kind)
+                        .ok_or_else(|| StoreError::Corrupt(format!("turn kind {kind:?}")))?,
+                    detail: row.try_get("detail")?,
+                    version: u32::try_from(version).unwrap_or(0),
+                    at_ms: row.try_get("at_ms")?,
+                    exit_code: exit_code.and_then(|code| i32::try_from(code).ok()),
+                })
+            })
+            .collect()
+    }
+
+    /// The live sessions placed on a node.
+    pub async fn node_sessions(&self, node: &NodeId) -> Result<Vec<Session>, StoreError> {
+        let sql = format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions s JOIN nodes n ON n.id = s.node_id \
+             WHERE s.node_id = $1 AND s.status = 'active' ORDER BY s.created_at_ms, s.id"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(node.as_str())
+            .fetch_all(&self.db.reader)
+            .await?;
+        rows.iter().map(session_from_row).collect()
+    }
+}
+
+/// Pins the environment's active version and places the session, inside `tx`.
+async fn insert_session(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    new: &NewSession,
+) -> Result<SessionId, StoreError> {
+    let environment = sqlx::query(
+        "SELECT e.name, e.slug, e.entry, e.active_version, b.layer_tree FROM environments e \
+         LEFT JOIN builds b ON b.environment_id = e.id AND b.version = e.active_version \
+         WHERE e.id = $1 AND e.scope = $2",
+    )
+    .bind(new.environment_id.as_str())
+    .bind(new.scope.as_str())
+    .fetch_optional(&mut **tx)
+    .await?
+    .ok_or(StoreError::NotFound)?;
+    let Some(version) = environment.try_get::<Option<i64>, _>("active_version")? else {
+        return Err(StoreError::NothingBuilt);
+    };
+    let layer_tree: Option<String> = environment.try_get("layer_tree")?;
+    let layer_tree = layer_tree.filter(|tree| !tree.is_empty()).ok_or_else(|| {
+        StoreError::Corrupt(format!(
+            "active version {version} of {} has no layer",
+            new.environment_id
+        ))
+    })?;
+    let node = live_node(tx, new.live_since_ms)
+        .await?
+        .ok_or(StoreError::NoLiveNode)?;
+    let id = SessionId::generate();
+    sqlx::query(
+        "INSERT INTO sessions (id, scope, environment_id, environment_name, entry, version, \
+         slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'active', $12)",
+    )
+    .bind(id.as_str())
+    .bind(new.scope.as_str())
+    .bind(new.environment_id.as_str())
+    .bind(environment.try_get::<String, _>("name")?)
+    .bind(environment.try_get::<String, _>("entry")?)
+    .bind(version)
+    .bind(environment.try_get::<String, _>("slug")?)
+    .bind(layer_tree)
+    .bind(node.id.as_str())
+    .bind(&new.harness_id)
+    .bind(i64::from(node.isolated))
+    .bind(now_ms())
+    .execute(&mut **tx)
+    .await?;
+    Ok(id)
+}
+
+/// The live node with the fewest live sessions.
+async fn live_node(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    live_since_ms: i64,
+) -> Result<Option<Node>, StoreError> {
+    let row = sqlx::query(
+        "SELECT n.id, n.address, n.isolated, \
+         (SELECT COUNT(*) FROM sessions s WHERE s.node_id = n.id AND s.status = 'active') AS load \
+         FROM nodes n WHERE n.heartbeat_at_ms >= $1 ORDER BY load, n.registered_at_ms, n.id LIMIT 1",
+    )
+    .bind(live_since_ms)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let id: String = row.try_get("id")?;
+    let isolated: i64 = row.try_get("isolated")?;
+    Ok(Some(Node {
+        id: NodeId::parse(&id).ok_or_else(|| StoreError::Corrupt(format!("node id {id:?}")))?,
+        address: row.try_get("address")?,
+        isolated: isolated != 0,
+    }))
+}
+
+fn session_from_row(row: &AnyRow) -> Result<Session, StoreError> {
+    let id: String = row.try_get("id")?;
+    let corrupt = |what: &str| StoreError::Corrupt(format!("{what} of session {id}"));
+    let scope: String = row.try_get("scope")?;
+    let environment: String = row.try_get("environment_id")?;
+    let node: String = row.try_get("node_id")?;
+    let status: String = row.try_get("status")?;
+    let version: i64 = row.try_get("version")?;
+    let isolated: i64 = row.try_get("isolated")?;
+    let turns: i64 = row.try_get("turns")?;
+    Ok(Session {
+        id: SessionId::parse(&id).ok_or_else(|| corrupt("id"))?,
+        scope: Scope::parse(&scope).map_err(|_| corrupt("scope"))?,
+        environment_id: EnvironmentId::parse(&environment).ok_or_else(|| corrupt("environment"))?,
+        environment_name: row.try_get("environment_name")?,
+        entry: row.try_get("entry")?,
+        version: u32::try_from(version).map_err(|_| corrupt("version"))?,
+        slug: row.try_get("slug")?,
+        layer_tree: row.try_get("layer_tree")?,
+        node_id: NodeId::parse(&node).ok_or_else(|| corrupt("node"))?,
+        node_address: row.try_get("node_address")?,
+        harness_id: row.try_get("harness_id")?,
+        workdir: row.try_get("workdir")?,
+        isolated: isolated != 0,
+        status: SessionStatus::parse(&status).ok_or_else(|| corrupt("status"))?,
+        turns: u64::try_from(turns).unwrap_or(0),
+        created_at_ms: row.try_get("created_at_ms")?,
+        ended_at_ms: row.try_get("ended_at_ms")?,
+    })
+}

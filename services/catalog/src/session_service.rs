@@ -1,0 +1,346 @@
+//! The gRPC face of sessions, turns, nodes and tasks (`plinth.catalog.v1.SessionService`):
+//! wire types are validated into domain types on receipt, the store does the work.
+
+use plinth_kit::clock::now_ms;
+use plinth_kit::{ErrorCode, PlinthError};
+use plinth_proto::catalog::v1 as pb;
+use tonic::{Request, Response, Status};
+
+use crate::model::{EnvironmentId, Scope};
+use crate::persistence::{NewSession, NewTask, Store, StoreError};
+use crate::sessions::{NodeId, Session, SessionId, Task, Turn, TurnKind};
+
+/// How often nodes heartbeat; a node silent for three periods gets no new sessions.
+pub const NODE_HEARTBEAT_MS: i64 = 2_000;
+
+/// The `plinth.catalog.v1.SessionService` implementation.
+pub struct Sessions {
+    store: Store,
+}
+
+impl Sessions {
+    pub fn new(store: Store) -> Self {
+        Sessions { store }
+    }
+
+    fn new_session(
+        &self,
+        scope: &str,
+        environment_id: &str,
+        harness_id: String,
+    ) -> Result<NewSession, PlinthError> {
+        let scope = Scope::parse(scope)?;
+        let environment_id = EnvironmentId::parse(environment_id).ok_or_else(|| {
+            PlinthError::new(
+                ErrorCode::EnvironmentNotFound,
+                format!("environment {environment_id:?} not found"),
+            )
+        })?;
+        Ok(NewSession {
+            scope,
+            environment_id,
+            harness_id,
+            live_since_ms: now_ms() - 3 * NODE_HEARTBEAT_MS,
+        })
+    }
+}
+
+/// Errors creating a session (or a task) on `environment`.
+fn placement_error(error: StoreError, environment: &str) -> PlinthError {
+    match error {
+        StoreError::NotFound => PlinthError::new(
+            ErrorCode::EnvironmentNotFound,
+            format!("environment {environment} not found"),
+        ),
+        StoreError::NothingBuilt => PlinthError::new(
+            ErrorCode::EnvironmentNotReady,
+            format!(
+                "environment {environment} has no ready version: build it (POST /v1/environments/{environment}/build) and wait for the build to be ready"
+            ),
+        ),
+        StoreError::NoLiveNode => PlinthError::new(
+            ErrorCode::Unavailable,
+            "no node agent is alive to run the session; start `plinth node` (or check the running ones) and retry",
+        ),
+        other => PlinthError::internal(&other),
+    }
+}
+
+/// Errors about one session.
+fn session_error(error: StoreError, id: &str) -> PlinthError {
+    match error {
+        StoreError::NotFound => missing("session", id),
+        other => PlinthError::internal(&other),
+    }
+}
+
+fn session_id(text: &str) -> Result<SessionId, PlinthError> {
+    SessionId::parse(text).ok_or_else(|| missing("session", text))
+}
+
+fn node_id(text: &str) -> Result<NodeId, PlinthError> {
+    NodeId::parse(text).ok_or_else(|| missing("node", text))
+}
+
+/// An unknown (or another scope's) session or node: `not_found`, not `environment_not_found`.
+fn missing(what: &str, id: &str) -> PlinthError {
+    PlinthError::new(ErrorCode::NotFound, format!("{what} {id:?} was not found"))
+}
+
+impl From<Session> for pb::Session {
+    fn from(session: Session) -> Self {
+        pb::Session {
+            id: session.id.as_str().to_owned(),
+            scope: session.scope.as_str().to_owned(),
+            environment_id: session.environment_id.as_str().to_owned(),
+            version: session.version,
+            slug: session.slug,
+            layer_tree: session.layer_tree,
+            node_id: session.node_id.as_str().to_owned(),
+            node_address: session.node_address,
+            workdir: session.workdir,
+            isolated: session.isolated,
+            status: session.status.as_str().to_owned(),
+            created_at_ms: session.created_at_ms,
+            ended_at_ms: session.ended_at_ms,
+            harness_id: session.harness_id,
+            environment_name: session.environment_name,
+            entry: session.entry,
+            turns: session.turns,
+        }
+    }
+}
+
+impl From<Turn> for pb::Turn {
+    fn from(turn: Turn) -> Self {
+        pb::Turn {
+            session_id: turn.session_id.as_str().to_owned(),
+            sequence: turn.sequence,
+            kind: turn.kind.as_str().to_owned(),
+            detail: turn.detail,
+            version: turn.version,
+            at_ms: turn.at_ms,
+            exit_code: turn.exit_code,
+        }
+    }
+}
+
+impl From<Task> for pb::Task {
+    fn from(task: Task) -> Self {
+        pb::Task {
+            id: task.id.as_str().to_owned(),
+            input: task.input,
+            harness_id: task.harness_id,
+            metadata_json: task.metadata,
+            session: Some(task.session.into()),
+            created_at_ms: task.created_at_ms,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::session_service_server::SessionService for Sessions {
+    #[tracing::instrument(name = "catalog.register_node", skip_all)]
+    async fn register_node(
+        &self,
+        request: Request<pb::RegisterNodeRequest>,
+    ) -> Result<Response<pb::RegisterNodeResponse>, Status> {
+        let request = request.into_inner();
+        if request.name.is_empty() || request.name.len() > 256 || request.address.is_empty() {
+            return Err(
+                PlinthError::invalid("a node needs a name (≤ 256 bytes) and an address").into(),
+            );
+        }
+        let id = self
+            .store
+            .register_node(&request.name, &request.address, request.isolated)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        tracing::info!(node = %id, name = %request.name, address = %request.address, isolated = request.isolated, "node registered");
+        Ok(Response::new(pb::RegisterNodeResponse {
+            node_id: id.as_str().to_owned(),
+            heartbeat_every_ms: NODE_HEARTBEAT_MS,
+        }))
+    }
+
+    #[tracing::instrument(name = "catalog.node_heartbeat", skip_all)]
+    async fn node_heartbeat(
+        &self,
+        request: Request<pb::NodeHeartbeatRequest>,
+    ) -> Result<Response<pb::NodeHeartbeatResponse>, Status> {
+        let request = request.into_inner();
+        let node = node_id(&request.node_id)?;
+        let cached: Vec<(EnvironmentId, u32)> = request
+            .cached
+            .iter()
+            .filter_map(|cached| {
+                Some((
+                    EnvironmentId::parse(&cached.environment_id)?,
+                    cached.version,
+                ))
+            })
+            .collect();
+        let active =
+            self.store
+                .node_heartbeat(&node, &cached)
+                .await
+                .map_err(|error| match error {
+                    StoreError::NotFound => missing("node", node.as_str()),
+                    other => PlinthError::internal(&other),
+                })?;
+        Ok(Response::new(pb::NodeHeartbeatResponse {
+            active: active
+                .into_iter()
+                .map(|(environment, version)| pb::CachedVersion {
+                    environment_id: environment.as_str().to_owned(),
+                    version,
+                })
+                .collect(),
+        }))
+    }
+
+    #[tracing::instrument(name = "catalog.create_session", skip_all)]
+    async fn create_session(
+        &self,
+        request: Request<pb::CreateSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        let request = request.into_inner();
+        let new = self.new_session(&request.scope, &request.environment_id, request.harness_id)?;
+        let session = self
+            .store
+            .create_session(new)
+            .await
+            .map_err(|error| placement_error(error, &request.environment_id))?;
+        tracing::info!(session = %session.id, environment = %session.environment_id, version = session.version, node = %session.node_id, "session created");
+        Ok(Response::new(session.into()))
+    }
+
+    #[tracing::instrument(name = "catalog.mark_attached", skip_all)]
+    async fn mark_attached(
+        &self,
+        request: Request<pb::MarkAttachedRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        let request = request.into_inner();
+        let scope = Scope::parse(&request.scope)?;
+        let id = session_id(&request.id)?;
+        let session = self
+            .store
+            .mark_attached(&scope, &id, &request.workdir, request.isolated)
+            .await
+            .map_err(|error| session_error(error, &request.id))?;
+        Ok(Response::new(session.into()))
+    }
+
+    #[tracing::instrument(name = "catalog.get_session", skip_all)]
+    async fn get_session(
+        &self,
+        request: Request<pb::GetSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        let request = request.into_inner();
+        let scope = Scope::parse(&request.scope)?;
+        let id = session_id(&request.id)?;
+        let session = self
+            .store
+            .get_session(&scope, &id)
+            .await
+            .map_err(|error| session_error(error, &request.id))?;
+        Ok(Response::new(session.into()))
+    }
+
+    #[tracing::instrument(name = "catalog.end_session", skip_all)]
+    async fn end_session(
+        &self,
+        request: Request<pb::EndSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        let request = request.into_inner();
+        let scope = Scope::parse(&request.scope)?;
+        let id = session_id(&request.id)?;
+        let session = self
+            .store
+            .end_session(&scope, &id)
+            .await
+            .map_err(|error| session_error(error, &request.id))?;
+        Ok(Response::new(session.into()))
+    }
+
+    #[tracing::instrument(name = "catalog.record_turn", skip_all)]
+    async fn record_turn(
+        &self,
+        request: Request<pb::RecordTurnRequest>,
+    ) -> Result<Response<pb::Turn>, Status> {
+        let request = request.into_inner();
+        let scope = Scope::parse(&request.scope)?;
+        let turn = request
+            .turn
+            .ok_or_else(|| PlinthError::invalid("a turn is required"))?;
+        let id = session_id(&turn.session_id)?;
+        let kind = TurnKind::parse(&turn.kind)
+            .ok_or_else(|| PlinthError::invalid(format!("unknown turn kind {:?}", turn.kind)))?;
+        let recorded = self
+            .store
+            .record_turn(&scope, &id, kind, &turn.detail, turn.exit_code)
+            .await
+            .map_err(|error| session_error(error, &turn.session_id))?;
+        Ok(Response::new(recorded.into()))
+    }
+
+    #[tracing::instrument(name = "catalog.list_turns", skip_all)]
+    async fn list_turns(
+        &self,
+        request: Request<pb::ListTurnsRequest>,
+    ) -> Result<Response<pb::ListTurnsResponse>, Status> {
+        let request = request.into_inner();
+        let scope = Scope::parse(&request.scope)?;
+        let id = session_id(&request.id)?;
+        let turns = self
+            .store
+            .list_turns(&scope, &id)
+            .await
+            .map_err(|error| session_error(error, &request.id))?;
+        Ok(Response::new(pb::ListTurnsResponse {
+            turns: turns.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    #[tracing::instrument(name = "catalog.list_node_sessions", skip_all)]
+    async fn list_node_sessions(
+        &self,
+        request: Request<pb::ListNodeSessionsRequest>,
+    ) -> Result<Response<pb::ListNodeSessionsResponse>, Status> {
+        let node = node_id(&request.get_ref().node_id)?;
+        let sessions = self
+            .store
+            .node_sessions(&node)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        Ok(Response::new(pb::ListNodeSessionsResponse {
+            sessions: sessions.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    #[tracing::instrument(name = "catalog.create_task", skip_all)]
+    async fn create_task(
+        &self,
+        request: Request<pb::CreateTaskRequest>,
+    ) -> Result<Response<pb::Task>, Status> {
+        let request = request.into_inner();
+        let session =
+            self.new_session(&request.scope, &request.environment_id, request.harness_id)?;
+        let metadata = if request.metadata_json.is_empty() {
+            "{}".to_owned()
+        } else {
+            request.metadata_json
+        };
+        let task = self
+            .store
+            .create_task(NewTask {
+                input: request.input,
+                metadata,
+                session,
+            })
+            .await
+            .map_err(|error| placement_error(error, &request.environment_id))?;
+        tracing::info!(task = %task.id, session = %task.session.id, "task created");
+        Ok(Response::new(task.into()))
+    }
+}

@@ -1,0 +1,248 @@
+//! Sessions, their turns, the node agents they run on, and tasks: the domain types and their
+//! rules. A session pins what it reads (environment, version, layer tree) when it is created
+//! and keeps it for its whole life (UHP §6); every exec or file call is a turn that records
+//! the version it read (§6.5).
+
+use std::fmt;
+
+use crate::model::{EnvironmentId, Scope};
+
+macro_rules! prefixed_id {
+    ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(String);
+
+        impl $name {
+            const PREFIX: &'static str = $prefix;
+
+            /// A fresh random id.
+            pub fn generate() -> Self {
+                $name(format!("{}{}", Self::PREFIX, uuid::Uuid::new_v4().simple()))
+            }
+
+            /// Accepts exactly the shape `generate` makes; anything else names nothing, and
+            /// callers report it as not found.
+            pub fn parse(text: &str) -> Option<Self> {
+                let hex = text.strip_prefix(Self::PREFIX)?;
+                let well_formed = hex.len() == 32
+                    && hex
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+                well_formed.then(|| $name(text.to_owned()))
+            }
+
+            /// The id as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+prefixed_id!(
+    /// `sess_` followed by 32 lowercase hex digits.
+    SessionId,
+    "sess_"
+);
+prefixed_id!(
+    /// `node_` followed by 32 lowercase hex digits.
+    NodeId,
+    "node_"
+);
+prefixed_id!(
+    /// `task_` followed by 32 lowercase hex digits.
+    TaskId,
+    "task_"
+);
+
+/// Whether a session can still run commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionStatus {
+    /// Placed on a node; commands run.
+    Active,
+    /// Ended: its working directory is gone.
+    Ended,
+}
+
+impl SessionStatus {
+    /// As stored and sent.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionStatus::Active => "active",
+            SessionStatus::Ended => "ended",
+        }
+    }
+
+    /// From its stored form.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "active" => Some(SessionStatus::Active),
+            "ended" => Some(SessionStatus::Ended),
+            _ => None,
+        }
+    }
+}
+
+/// A session: where it runs and what it reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    /// Its id.
+    pub id: SessionId,
+    /// Its scope.
+    pub scope: Scope,
+    /// The environment it reads.
+    pub environment_id: EnvironmentId,
+    /// That environment's name when the session was created.
+    pub environment_name: String,
+    /// That environment's entry command, if any.
+    pub entry: String,
+    /// The pinned version.
+    pub version: u32,
+    /// The environment's slug: the mount is `/env/<slug>`.
+    pub slug: String,
+    /// The pinned version's layer tree.
+    pub layer_tree: String,
+    /// The node it runs on.
+    pub node_id: NodeId,
+    /// That node's gRPC address.
+    pub node_address: String,
+    /// The harness it was created for; empty when none.
+    pub harness_id: String,
+    /// Its working directory once attached; empty before.
+    pub workdir: String,
+    /// Whether its node isolates commands.
+    pub isolated: bool,
+    /// Active or ended.
+    pub status: SessionStatus,
+    /// Turns recorded.
+    pub turns: u64,
+    /// Creation time, ms since the epoch.
+    pub created_at_ms: i64,
+    /// End time, ms since the epoch; 0 while active.
+    pub ended_at_ms: i64,
+}
+
+/// What a turn did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TurnKind {
+    /// A shell command.
+    Exec,
+    /// A working-directory file read.
+    ReadFile,
+    /// A working-directory file write.
+    WriteFile,
+    /// A working-directory delete.
+    DeleteFile,
+}
+
+impl TurnKind {
+    /// As stored and sent.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnKind::Exec => "exec",
+            TurnKind::ReadFile => "read_file",
+            TurnKind::WriteFile => "write_file",
+            TurnKind::DeleteFile => "delete_file",
+        }
+    }
+
+    /// From its stored or sent form.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "exec" => Some(TurnKind::Exec),
+            "read_file" => Some(TurnKind::ReadFile),
+            "write_file" => Some(TurnKind::WriteFile),
+            "delete_file" => Some(TurnKind::DeleteFile),
+            _ => None,
+        }
+    }
+}
+
+/// Most bytes of a turn's detail (a command or a path) kept in the record.
+pub const MAX_TURN_DETAIL_BYTES: usize = 4096;
+
+/// One exec or file call of a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Turn {
+    /// The session.
+    pub session_id: SessionId,
+    /// 1, 2, … in order.
+    pub sequence: u64,
+    /// What it did.
+    pub kind: TurnKind,
+    /// The command or the path (cut to [`MAX_TURN_DETAIL_BYTES`]).
+    pub detail: String,
+    /// The version it read.
+    pub version: u32,
+    /// When it was recorded.
+    pub at_ms: i64,
+    /// The command's exit status (exec only).
+    pub exit_code: Option<i32>,
+}
+
+/// A node agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    /// Its id.
+    pub id: NodeId,
+    /// Its gRPC address.
+    pub address: String,
+    /// Whether it isolates commands.
+    pub isolated: bool,
+}
+
+/// A task: an input run in the session created for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Task {
+    /// Its id.
+    pub id: TaskId,
+    /// Its input.
+    pub input: String,
+    /// The harness it names; empty when none.
+    pub harness_id: String,
+    /// Its metadata as given (a JSON object).
+    pub metadata: String,
+    /// Its session (which says the environment and version).
+    pub session: Session,
+    /// Creation time, ms since the epoch.
+    pub created_at_ms: i64,
+}
+
+/// Cuts `text` to at most `max` bytes on a character boundary.
+pub fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_checked_strictly() {
+        let id = SessionId::generate();
+        assert_eq!(SessionId::parse(id.as_str()), Some(id.clone()));
+        assert!(SessionId::parse("sess_").is_none());
+        assert!(SessionId::parse(&id.as_str().to_uppercase()).is_none());
+        assert!(NodeId::parse(id.as_str()).is_none());
+    }
+
+    #[test]
+    fn details_are_cut_on_a_character_boundary() {
+        assert_eq!(cut("héllo", 2), "h");
+        assert_eq!(cut("abc", 10), "abc");
+    }
+}

@@ -1,0 +1,593 @@
+//! The node's version cache. Layout under its root:
+//!
+//! - `blobs/<sha256 hex>` and `blobs/<sha256 hex>.x` (the same bytes, executable): one verified
+//!   copy of every file content any cached version holds, read-only. Mode lives on the inode,
+//!   which hard links share, so executable and plain copies are separate files.
+//! - `versions/<environment id>/<version>/`: one directory per materialized version, every
+//!   file a hard link into `blobs/`, directories read-only. A version directory exists only
+//!   once complete: it is built under `staging/` and renamed into place.
+//! - `staging/`: partial materializations; emptied at start.
+//!
+//! Materializing a version fetches only the blobs the cache lacks (many at a time: a venv's
+//! median file is ~2 KB, so per-object round trips dominate) and then links; a version that
+//! differs from a cached one by one file costs one fetch. Eviction removes whole versions,
+//! least recently used first, never one a live session uses or an environment's active one,
+//! then the blobs no version links any more; it runs in the background, never inside attach
+//! or materialize.
+
+use std::collections::{HashMap, HashSet};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::{StreamExt, TryStreamExt};
+use plinth_blobs::tree::{Tree, TreeEntry, TreeEntryKind};
+use plinth_blobs::{BlobStore, Digest};
+use tokio::io::AsyncWriteExt;
+
+/// Blobs fetched at once on a cold node.
+const PARALLEL_FETCHES: usize = 64;
+
+/// A version in the cache: its environment and number.
+pub type VersionKey = (String, u32);
+
+/// Why materializing failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// The blob store failed or holds bad bytes.
+    #[error("blob store: {0}")]
+    Blobs(String),
+    /// The layer tree is not a valid tree.
+    #[error("the layer tree {digest} is not valid: {reason}")]
+    BadTree {
+        /// The tree's digest.
+        digest: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Local disk.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CacheError {
+    let what = what.into();
+    move |source| CacheError::Io { what, source }
+}
+
+/// What materializing did.
+#[derive(Debug, Clone)]
+pub struct Materialized {
+    /// The version's directory.
+    pub path: PathBuf,
+    /// Blobs fetched from the store (0 when the version was cached).
+    pub fetched: u64,
+    /// Time taken.
+    pub took: Duration,
+}
+
+/// The cache.
+pub struct VersionCache {
+    root: PathBuf,
+    blobs: BlobStore,
+    /// One materialization per version at a time; later callers wait and find it done.
+    in_flight: Mutex<HashMap<VersionKey, Arc<tokio::sync::Mutex<()>>>>,
+    last_used: Mutex<HashMap<VersionKey, SystemTime>>,
+    blob_bytes: AtomicU64,
+    cap_bytes: u64,
+    /// Names of the blob files present, so deciding what to fetch costs no `stat` per file.
+    present: Mutex<HashSet<String>>,
+}
+
+impl std::fmt::Debug for VersionCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VersionCache")
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VersionCache {
+    /// Opens the cache at `root`, rebuilding its state from disk: partial materializations
+    /// are removed, versions found, blob bytes counted.
+    pub fn open(root: &Path, blobs: BlobStore, cap_bytes: u64) -> Result<Self, CacheError> {
+        for dir in ["blobs", "versions", "staging"] {
+            std::fs::create_dir_all(root.join(dir))
+                .map_err(io(format!("creating {}", root.join(dir).display())))?;
+        }
+        let staging = root.join("staging");
+        for entry in std::fs::read_dir(&staging).map_err(io("reading staging"))? {
+            let path = entry.map_err(io("reading staging"))?.path();
+            remove_tree(&path);
+        }
+        let mut bytes = 0;
+        let mut present = HashSet::new();
+        for entry in std::fs::read_dir(root.join("blobs")).map_err(io("reading blobs"))? {
+            let entry = entry.map_err(io("reading blobs"))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(".tmp") {
+                let _ = std::fs::remove_file(entry.path());
+                continue;
+            }
+            bytes += entry.metadata().map(|m| m.len()).unwrap_or(0);
+            present.insert(name);
+        }
+        let cache = VersionCache {
+            root: root.to_owned(),
+            blobs,
+            in_flight: Mutex::new(HashMap::new()),
+            last_used: Mutex::new(HashMap::new()),
+            blob_bytes: AtomicU64::new(bytes),
+            cap_bytes,
+            present: Mutex::new(present),
+        };
+        for (key, path) in cache.cached_versions() {
+            let used = std::fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            cache.lock_used().insert(key, used);
+        }
+        Ok(cache)
+    }
+
+    fn lock_present(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.present
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn lock_used(&self) -> std::sync::MutexGuard<'_, HashMap<VersionKey, SystemTime>> {
+        self.last_used
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Where a version's directory is (whether or not it exists).
+    pub fn version_dir(&self, environment: &str, version: u32) -> PathBuf {
+        self.root
+            .join("versions")
+            .join(environment)
+            .join(version.to_string())
+    }
+
+    /// Bytes of blobs held.
+    pub fn blob_bytes(&self) -> u64 {
+        self.blob_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Every complete version on disk.
+    pub fn cached_versions(&self) -> Vec<(VersionKey, PathBuf)> {
+        let mut found = Vec::new();
+        let Ok(environments) = std::fs::read_dir(self.root.join("versions")) else {
+            return found;
+        };
+        for environment in environments.flatten() {
+            let name = environment.file_name().to_string_lossy().into_owned();
+            let Ok(versions) = std::fs::read_dir(environment.path()) else {
+                continue;
+            };
+            for version in versions.flatten() {
+                if let Ok(number) = version.file_name().to_string_lossy().parse::<u32>() {
+                    found.push(((name.clone(), number), version.path()));
+                }
+            }
+        }
+        found
+    }
+
+    /// Makes sure the version is in the cache; answers its directory.
+    pub async fn materialize(
+        &self,
+        environment: &str,
+        version: u32,
+        layer_tree: &str,
+    ) -> Result<Materialized, CacheError> {
+        let begun = Instant::now();
+        let key: VersionKey = (environment.to_owned(), version);
+        let path = self.version_dir(environment, version);
+        if !valid_component(environment) {
+            return Err(CacheError::BadTree {
+                digest: layer_tree.to_owned(),
+                reason: format!("environment id {environment:?}"),
+            });
+        }
+        if tokio::fs::metadata(&path).await.is_ok() {
+            self.lock_used().insert(key, SystemTime::now());
+            return Ok(Materialized {
+                path,
+                fetched: 0,
+                took: begun.elapsed(),
+            });
+        }
+        let gate = {
+            let mut in_flight = self
+                .in_flight
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            in_flight.entry(key.clone()).or_default().clone()
+        };
+        let _turn = gate.lock().await;
+        let result = if tokio::fs::metadata(&path).await.is_ok() {
+            Ok(0)
+        } else {
+            self.build_version(layer_tree, &path).await
+        };
+        self.in_flight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&key);
+        let fetched = result?;
+        self.lock_used().insert(key, SystemTime::now());
+        Ok(Materialized {
+            path,
+            fetched,
+            took: begun.elapsed(),
+        })
+    }
+
+    /// Fetches what is missing, links the version together under `staging/`, and renames it
+    /// into place. Answers how many blobs were fetched.
+    async fn build_version(&self, layer_tree: &str, path: &Path) -> Result<u64, CacheError> {
+        let digest: Digest = layer_tree.parse().map_err(|_| CacheError::BadTree {
+            digest: layer_tree.to_owned(),
+            reason: "not a sha256 digest".to_owned(),
+        })?;
+        let bytes = self
+            .blobs
+            .get(&digest)
+            .await
+            .map_err(|error| CacheError::Blobs(error.to_string()))?
+            .into_bytes()
+            .await
+            .map_err(|error| CacheError::Blobs(error.to_string()))?;
+        let tree = Tree::decode(&bytes).map_err(|error| CacheError::BadTree {
+            digest: layer_tree.to_owned(),
+            reason: error.to_string(),
+        })?;
+        for entry in &tree.entries {
+            if !safe_relative(&entry.path) {
+                return Err(CacheError::BadTree {
+                    digest: layer_tree.to_owned(),
+                    reason: format!("unsafe path {:?}", entry.path),
+                });
+            }
+        }
+
+        // Every blob the version needs and the cache lacks, fetched many at a time.
+        let mut wanted: HashSet<(Digest, bool)> = HashSet::new();
+        for entry in &tree.entries {
+            if let (TreeEntryKind::File, Some(digest)) = (entry.kind, entry.file_digest())
+                && entry.size.unwrap_or(0) > 0
+            {
+                wanted.insert((digest, entry.mode & 0o111 != 0));
+            }
+        }
+        let missing: Vec<(Digest, bool)> = {
+            let present = self.lock_present();
+            wanted
+                .into_iter()
+                .filter(|(digest, executable)| !present.contains(&blob_name(digest, *executable)))
+                .collect()
+        };
+        let fetched = missing.len() as u64;
+        futures::stream::iter(
+            missing
+                .into_iter()
+                .map(|(digest, executable)| self.fetch(digest, executable)),
+        )
+        .buffer_unordered(PARALLEL_FETCHES)
+        .try_collect::<()>()
+        .await?;
+
+        // Linking is thousands of small system calls: off the runtime.
+        let staging = self
+            .root
+            .join("staging")
+            .join(uuid::Uuid::new_v4().simple().to_string());
+        let root = self.root.clone();
+        let final_path = path.to_owned();
+        let entries = tree.entries;
+        tokio::task::spawn_blocking(move || link_version(&root, &entries, &staging, &final_path))
+            .await
+            .map_err(|error| io("linking a version")(std::io::Error::other(error.to_string())))??;
+        Ok(fetched)
+    }
+
+    fn blob_path(&self, digest: &Digest, executable: bool) -> PathBuf {
+        blob_path(&self.root, digest, executable)
+    }
+
+    /// Fetches one blob (verified by the store while it streams) into the cache.
+    async fn fetch(&self, digest: Digest, executable: bool) -> Result<(), CacheError> {
+        let blob = self
+            .blobs
+            .get(&digest)
+            .await
+            .map_err(|error| CacheError::Blobs(error.to_string()))?;
+        let temporary = self.root.join("blobs").join(format!(
+            ".tmp-{}-{}",
+            digest.to_hex(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        let written: Result<u64, CacheError> = async {
+            let mut file = tokio::fs::File::create(&temporary)
+                .await
+                .map_err(io("creating a blob file"))?;
+            let mut chunks = blob.into_stream();
+            let mut size = 0u64;
+            while let Some(chunk) = chunks.next().await {
+                let chunk = chunk.map_err(|error| CacheError::Blobs(error.to_string()))?;
+                size += chunk.len() as u64;
+                file.write_all(&chunk)
+                    .await
+                    .map_err(io("writing a blob file"))?;
+            }
+            file.flush().await.map_err(io("writing a blob file"))?;
+            let mode = if executable { 0o555 } else { 0o444 };
+            tokio::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode))
+                .await
+                .map_err(io("setting a blob's mode"))?;
+            tokio::fs::rename(&temporary, self.blob_path(&digest, executable))
+                .await
+                .map_err(io("placing a blob"))?;
+            Ok(size)
+        }
+        .await;
+        match written {
+            Ok(size) => {
+                self.blob_bytes.fetch_add(size, Ordering::Relaxed);
+                self.lock_present().insert(blob_name(&digest, executable));
+                Ok(())
+            }
+            Err(error) => {
+                let _ = tokio::fs::remove_file(&temporary).await;
+                Err(error)
+            }
+        }
+    }
+
+    /// Removes least recently used versions not in `keep` until the blobs fit under the cap,
+    /// then the blobs no version links. Answers the versions removed.
+    pub fn evict(&self, keep: &HashSet<VersionKey>) -> Vec<VersionKey> {
+        let mut removed = Vec::new();
+        if self.blob_bytes() <= self.cap_bytes {
+            return removed;
+        }
+        let in_flight: HashSet<VersionKey> = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
+        let mut candidates: Vec<(SystemTime, VersionKey, PathBuf)> = self
+            .cached_versions()
+            .into_iter()
+            .filter(|(key, _)| !keep.contains(key) && !in_flight.contains(key))
+            .map(|(key, path)| {
+                let used = self
+                    .lock_used()
+                    .get(&key)
+                    .copied()
+                    .unwrap_or(SystemTime::UNIX_EPOCH);
+                (used, key, path)
+            })
+            .collect();
+        candidates.sort();
+        for (_, key, path) in candidates {
+            if self.blob_bytes() <= self.cap_bytes {
+                break;
+            }
+            // Renamed out of `versions/` first, so it never looks whole while half deleted.
+            let doomed = self
+                .root
+                .join("staging")
+                .join(format!("evicted-{}", uuid::Uuid::new_v4().simple()));
+            if std::fs::rename(&path, &doomed).is_err() {
+                continue;
+            }
+            remove_tree(&doomed);
+            self.lock_used().remove(&key);
+            removed.push(key);
+            self.sweep_blobs();
+        }
+        removed
+    }
+
+    /// Removes blobs that no version links any more (link count 1: only the cache's own).
+    fn sweep_blobs(&self) {
+        let Ok(entries) = std::fs::read_dir(self.root.join("blobs")) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Ok(metadata) = entry.metadata() else {
+                continue;
+            };
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if metadata.nlink() == 1
+                && !name.starts_with(".tmp")
+                && std::fs::remove_file(entry.path()).is_ok()
+            {
+                self.lock_present().remove(&name);
+                self.blob_bytes
+                    .fetch_sub(metadata.len().min(self.blob_bytes()), Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+fn blob_name(digest: &Digest, executable: bool) -> String {
+    if executable {
+        format!("{}.x", digest.to_hex())
+    } else {
+        digest.to_hex()
+    }
+}
+
+fn blob_path(root: &Path, digest: &Digest, executable: bool) -> PathBuf {
+    root.join("blobs").join(blob_name(digest, executable))
+}
+
+/// A single safe path component (environment ids are checked before they get here; this is
+/// the last line).
+fn valid_component(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Relative, no empty, `.` or `..` components: a tree is only bytes in a bucket.
+fn safe_relative(path: &str) -> bool {
+    !path.is_empty()
+        && !path.starts_with('/')
+        && !path.contains('\0')
+        && path
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..")
+}
+
+/// Threads linking one version: link and mkdir are cheap system calls, so a few threads
+/// keep the disk busy.
+const LINK_THREADS: usize = 4;
+
+/// Builds a version's directory under `staging/` from cached blobs, makes it read-only and
+/// renames it to `final_path`. Directories are known from the tree (no `stat` per file) and
+/// made parents first; files and links are then made by a few threads at once.
+fn link_version(
+    root: &Path,
+    entries: &[TreeEntry],
+    staging: &Path,
+    final_path: &Path,
+) -> Result<(), CacheError> {
+    let built = (|| {
+        std::fs::create_dir_all(staging).map_err(io("creating a staging directory"))?;
+        let mut directories: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+        for entry in entries {
+            let dir = if entry.kind == TreeEntryKind::Dir {
+                Some(entry.path.as_str())
+            } else {
+                entry.path.rsplit_once('/').map(|(parent, _)| parent)
+            };
+            let mut next = dir;
+            while let Some(dir) = next {
+                if !directories.insert(dir) {
+                    break;
+                }
+                next = dir.rsplit_once('/').map(|(parent, _)| parent);
+            }
+        }
+        // Sorted, so every parent comes before its children.
+        for dir in &directories {
+            std::fs::create_dir(staging.join(dir)).map_err(io(format!("creating {dir}")))?;
+        }
+        let leaves: Vec<&TreeEntry> = entries
+            .iter()
+            .filter(|entry| entry.kind != TreeEntryKind::Dir)
+            .collect();
+        let chunk = leaves.len().div_ceil(LINK_THREADS).max(1);
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = leaves
+                .chunks(chunk)
+                .map(|part| {
+                    scope.spawn(move || {
+                        part.iter()
+                            .try_for_each(|entry| place(root, staging, entry))
+                    })
+                })
+                .collect();
+            workers.into_iter().try_for_each(|worker| {
+                worker.join().unwrap_or_else(|_| {
+                    Err(io("linking")(std::io::Error::other(
+                        "a linking thread panicked",
+                    )))
+                })
+            })
+        })?;
+        // Directories read-only, deepest first (the read-only mount is what enforces it for
+        // sessions; this keeps the node's own tools from writing by mistake).
+        for dir in directories.iter().rev() {
+            std::fs::set_permissions(staging.join(dir), std::fs::Permissions::from_mode(0o555))
+                .map_err(io(format!("making {dir} read-only")))?;
+        }
+        std::fs::set_permissions(staging, std::fs::Permissions::from_mode(0o555))
+            .map_err(io("making the version read-only"))?;
+        if let Some(parent) = final_path.parent() {
+            std::fs::create_dir_all(parent).map_err(io("creating the versions directory"))?;
+        }
+        std::fs::rename(staging, final_path).map_err(io("placing the version"))
+    })();
+    if built.is_err() {
+        remove_tree(staging);
+    }
+    built
+}
+
+/// Makes one file (a hard link to its blob) or symlink of a version.
+fn place(root: &Path, staging: &Path, entry: &TreeEntry) -> Result<(), CacheError> {
+    let target = staging.join(&entry.path);
+    if entry.kind == TreeEntryKind::Symlink {
+        let link = entry.target.clone().unwrap_or_default();
+        return std::os::unix::fs::symlink(&link, &target)
+            .map_err(io(format!("linking {}", entry.path)));
+    }
+    let executable = entry.mode & 0o111 != 0;
+    let mode = if executable { 0o555 } else { 0o444 };
+    let Some(digest) = entry.file_digest() else {
+        return Err(CacheError::BadTree {
+            digest: String::new(),
+            reason: format!("{} has no digest", entry.path),
+        });
+    };
+    let own_copy = |source: Option<&Path>| -> Result<(), CacheError> {
+        match source {
+            Some(source) => std::fs::copy(source, &target).map(|_| ()),
+            None => std::fs::File::create(&target).map(|_| ()),
+        }
+        .map_err(io(format!("creating {}", entry.path)))?;
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
+            .map_err(io(format!("setting the mode of {}", entry.path)))
+    };
+    if entry.size.unwrap_or(0) == 0 {
+        return own_copy(None);
+    }
+    let source = blob_path(root, &digest, executable);
+    match std::fs::hard_link(&source, &target) {
+        Ok(()) => Ok(()),
+        // Too many links to one inode (a file repeated across many versions): this one gets
+        // its own copy.
+        Err(error) if error.raw_os_error() == Some(rustix::io::Errno::MLINK.raw_os_error()) => {
+            own_copy(Some(&source))
+        }
+        Err(error) => Err(io(format!("linking {}", entry.path))(error)),
+    }
+}
+
+/// Removes a tree whose directories may be read-only.
+pub fn remove_tree(path: &Path) {
+    if std::fs::remove_dir_all(path).is_ok() {
+        return;
+    }
+    // Not root (or a read-only directory in the way): open every directory up, then retry.
+    let mut pending = vec![path.to_owned()];
+    while let Some(dir) = pending.pop() {
+        if let Ok(metadata) = std::fs::symlink_metadata(&dir)
+            && metadata.is_dir()
+        {
+            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
+            if let Ok(entries) = std::fs::read_dir(&dir) {
+                pending.extend(entries.flatten().map(|entry| entry.path()));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(path);
+}

@@ -1,0 +1,301 @@
+//! plinth-node: the node agent, one per host. It materializes versions from the blob store
+//! into a local cache (`cache`), keeps the sessions placed on it and their private working
+//! directories (`sessions`, `workdir`), and runs each session's commands in a private mount
+//! namespace where the version is read-only at `/env/<slug>` (`isolation`). It registers with
+//! the catalog and heartbeats; the catalog decides which sessions exist and what they read.
+//!
+//! What does not belong here: placing sessions or pinning versions (the catalog), HTTP shapes
+//! and turn records (the gateway and the catalog), building versions (the builder).
+
+pub mod cache;
+pub mod isolation;
+mod service;
+pub mod sessions;
+pub mod workdir;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use plinth_blobs::BlobStore;
+use plinth_kit::admin::{self, ReadinessCheck};
+use plinth_kit::config::Secret;
+use plinth_kit::grpc::{ClientInterceptor, GrpcServer};
+use plinth_kit::tasks::CancellationToken;
+use plinth_proto::catalog::v1 as catalog_pb;
+use plinth_proto::catalog::v1::session_service_client::SessionServiceClient;
+use plinth_proto::node::v1::node_service_server::NodeServiceServer;
+use tokio::net::TcpListener;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+pub use cache::VersionCache;
+pub use isolation::Isolation;
+pub use service::ExecLimits;
+pub use sessions::SessionTable;
+
+/// The node's gRPC service name, as health checks name it.
+pub const SERVICE_NAME: &str = "plinth.node.v1.NodeService";
+
+/// How a node runs.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// Unique per host; a restarted node with the same name is the same node.
+    pub name: String,
+    /// Where the gateway reaches this node's gRPC service.
+    pub advertise_url: String,
+    /// The node's state: its version cache and its sessions.
+    pub state_dir: PathBuf,
+    /// Where versions' blobs are.
+    pub blob_url: String,
+    /// Isolation of commands (disabled only by `--insecure-no-isolation`).
+    pub isolation: Isolation,
+    /// Blob bytes the cache may hold before it evicts versions no session uses.
+    pub cache_cap_bytes: u64,
+    /// The first uid given to sessions (each session has its own).
+    pub base_uid: u32,
+    /// Limits of commands and file calls.
+    pub limits: ExecLimits,
+    /// When set, every call to this node must carry it, and calls to the catalog carry it.
+    pub internal_token: Option<Secret>,
+}
+
+/// Why the node stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// It cannot isolate sessions and was not told to run without.
+    #[error("{0}")]
+    NotPermitted(String),
+    /// The cache could not be opened.
+    #[error("opening the version cache: {0}")]
+    Cache(#[from] cache::CacheError),
+    /// The session table could not be loaded.
+    #[error("loading the sessions: {0}")]
+    Sessions(#[from] sessions::SessionError),
+    /// The blob store URL is wrong.
+    #[error("opening the blob store: {0}")]
+    Blobs(String),
+    /// The token is not a valid header value.
+    #[error("the internal token cannot be sent: {0}")]
+    Token(String),
+    /// The gRPC server failed.
+    #[error("node gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+}
+
+type Catalog = SessionServiceClient<InterceptedService<Channel, ClientInterceptor>>;
+
+/// Checks isolation, opens the cache and the sessions on disk, registers with the catalog
+/// (on `catalog`), and serves gRPC on `grpc` until `shutdown`.
+pub async fn run(
+    options: NodeOptions,
+    catalog: Channel,
+    grpc: TcpListener,
+    admin: Option<TcpListener>,
+    shutdown: CancellationToken,
+) -> Result<(), NodeError> {
+    options.isolation.check().map_err(NodeError::NotPermitted)?;
+    if !options.isolation.enabled {
+        tracing::warn!(
+            "running with --insecure-no-isolation: session commands share this node's user and file system, and nothing but file modes keeps them out of the environment; every session says so"
+        );
+    }
+    let blobs = BlobStore::open(&options.blob_url, options.state_dir.join("spool"))
+        .map_err(|error| NodeError::Blobs(error.to_string()))?;
+    let cache = {
+        let (dir, cap) = (options.state_dir.join("cache"), options.cache_cap_bytes);
+        tokio::task::spawn_blocking(move || VersionCache::open(&dir, blobs, cap))
+            .await
+            .map_err(|error| NodeError::Blobs(error.to_string()))??
+    };
+    let cache = Arc::new(cache);
+    let sessions = Arc::new(SessionTable::load(
+        &options.state_dir.join("sessions"),
+        options.base_uid,
+    )?);
+    tracing::info!(node = %options.name, sessions = sessions.len(), cached_versions = cache.cached_versions().len(), cache_bytes = cache.blob_bytes(), isolated = options.isolation.enabled, "node state loaded");
+
+    let interceptor = ClientInterceptor::new(options.internal_token.as_ref())
+        .map_err(|error| NodeError::Token(error.to_string()))?;
+    let catalog = SessionServiceClient::with_interceptor(catalog, interceptor);
+    let active: Arc<Mutex<HashSet<cache::VersionKey>>> = Arc::default();
+    tokio::spawn(keep_registered(
+        options.clone(),
+        catalog,
+        cache.clone(),
+        sessions.clone(),
+        active.clone(),
+        shutdown.clone(),
+    ));
+    tokio::spawn(evict_in_background(
+        cache.clone(),
+        sessions.clone(),
+        active,
+        shutdown.clone(),
+    ));
+
+    let server = GrpcServer::new(
+        plinth_proto::FILE_DESCRIPTOR_SET,
+        options.internal_token.clone(),
+    );
+    let readiness: ReadinessCheck = Arc::new(|| Box::pin(async { Ok(()) }));
+    server
+        .report_health(&[SERVICE_NAME], readiness.clone(), shutdown.clone())
+        .await;
+    admin::spawn(admin, readiness, shutdown.clone());
+    let node = service::Node {
+        cache,
+        sessions,
+        isolation: options.isolation.clone(),
+        limits: options.limits.clone(),
+    };
+    let limit = usize::try_from(options.limits.max_file_bytes)
+        .unwrap_or(usize::MAX)
+        .saturating_add(64 * 1024);
+    tracing::info!(address = ?grpc.local_addr().ok(), "node serving");
+    server
+        .add_service(
+            NodeServiceServer::new(node)
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(limit),
+        )
+        .serve(grpc, shutdown)
+        .await?;
+    Ok(())
+}
+
+/// Registers (again after a restart, or when the catalog forgot the node), reconciles the
+/// sessions on disk with the catalog's, then heartbeats, learning which cached versions are
+/// active.
+async fn keep_registered(
+    options: NodeOptions,
+    mut catalog: Catalog,
+    cache: Arc<VersionCache>,
+    sessions: Arc<SessionTable>,
+    active: Arc<Mutex<HashSet<cache::VersionKey>>>,
+    shutdown: CancellationToken,
+) {
+    let mut registered: Option<(String, Duration)> = None;
+    loop {
+        let pause = match registered.clone() {
+            None => match catalog
+                .register_node(catalog_pb::RegisterNodeRequest {
+                    name: options.name.clone(),
+                    address: options.advertise_url.clone(),
+                    isolated: options.isolation.enabled,
+                })
+                .await
+            {
+                Ok(answer) => {
+                    let answer = answer.into_inner();
+                    let every = Duration::from_millis(
+                        u64::try_from(answer.heartbeat_every_ms)
+                            .unwrap_or(2000)
+                            .max(100),
+                    );
+                    tracing::info!(node_id = %answer.node_id, "node registered with the catalog");
+                    reconcile(&mut catalog, &answer.node_id, &sessions).await;
+                    registered = Some((answer.node_id, every));
+                    every
+                }
+                Err(status) => {
+                    tracing::warn!(error = %status.message(), "cannot register with the catalog; retrying");
+                    Duration::from_secs(1)
+                }
+            },
+            Some((node_id, every)) => {
+                let cached = cache
+                    .cached_versions()
+                    .into_iter()
+                    .map(|((environment_id, version), _)| catalog_pb::CachedVersion {
+                        environment_id,
+                        version,
+                    })
+                    .collect();
+                match catalog
+                    .node_heartbeat(catalog_pb::NodeHeartbeatRequest { node_id, cached })
+                    .await
+                {
+                    Ok(answer) => {
+                        let now_active = answer
+                            .into_inner()
+                            .active
+                            .into_iter()
+                            .map(|v| (v.environment_id, v.version))
+                            .collect();
+                        *active
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = now_active;
+                    }
+                    Err(status) if status.code() == tonic::Code::NotFound => registered = None,
+                    Err(status) => {
+                        tracing::warn!(error = %status.message(), "heartbeat to the catalog failed; retrying")
+                    }
+                }
+                every
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+/// After a restart: sessions the catalog ended while the node was away are removed.
+async fn reconcile(catalog: &mut Catalog, node_id: &str, sessions: &SessionTable) {
+    match catalog
+        .list_node_sessions(catalog_pb::ListNodeSessionsRequest {
+            node_id: node_id.to_owned(),
+        })
+        .await
+    {
+        Ok(answer) => {
+            let live: HashSet<String> = answer
+                .into_inner()
+                .sessions
+                .into_iter()
+                .map(|session| session.id)
+                .collect();
+            let removed = sessions.retain(&live).await;
+            if removed > 0 {
+                tracing::info!(removed, "removed sessions the catalog no longer has");
+            }
+        }
+        Err(status) => {
+            tracing::warn!(error = %status.message(), "cannot list this node's sessions; keeping every session on disk")
+        }
+    }
+}
+
+/// Every few seconds: evicts cached versions no live session uses and no environment has
+/// active, least recently used first, while the cache is over its cap.
+async fn evict_in_background(
+    cache: Arc<VersionCache>,
+    sessions: Arc<SessionTable>,
+    active: Arc<Mutex<HashSet<cache::VersionKey>>>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+        let mut keep = sessions.live_versions();
+        keep.extend(
+            active
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .cloned(),
+        );
+        let cache = cache.clone();
+        let removed = tokio::task::spawn_blocking(move || cache.evict(&keep))
+            .await
+            .unwrap_or_default();
+        for (environment, version) in removed {
+            tracing::info!(%environment, version, "evicted a cached version");
+        }
+    }
+}

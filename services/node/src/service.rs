@@ -1,0 +1,462 @@
+//! The gRPC face of the node (`plinth.node.v1.NodeService`): requests are checked here, the
+//! cache, the session table and the isolation module do the work.
+
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use plinth_kit::{ErrorCode, PlinthError};
+use plinth_proto::node::v1 as pb;
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::cache::{CacheError, VersionCache};
+use crate::isolation::{self, ENV_ROOT, Isolation, Launch};
+use crate::sessions::{LocalSession, SessionError, SessionRecord, SessionTable};
+use crate::workdir::{self, WorkdirError};
+
+/// Limits of the node's calls.
+#[derive(Debug, Clone)]
+pub struct ExecLimits {
+    /// A command's time limit when the caller names none.
+    pub default_timeout: Duration,
+    /// The longest time limit a caller may ask for.
+    pub max_timeout: Duration,
+    /// Bytes of each of stdout and stderr kept when the caller names no limit.
+    pub default_output_bytes: u64,
+    /// The most a caller may ask to keep.
+    pub max_output_bytes: u64,
+    /// Largest working-directory file read or written.
+    pub max_file_bytes: u64,
+}
+
+/// The node service.
+pub struct Node {
+    pub(crate) cache: Arc<VersionCache>,
+    pub(crate) sessions: Arc<SessionTable>,
+    pub(crate) isolation: Isolation,
+    pub(crate) limits: ExecLimits,
+}
+
+fn cache_error(error: CacheError) -> PlinthError {
+    match error {
+        CacheError::BadTree { .. } => PlinthError::invalid(error.to_string()),
+        other => PlinthError::new(
+            ErrorCode::Unavailable,
+            format!("materializing the version failed: {other}"),
+        ),
+    }
+}
+
+fn session_error(error: SessionError) -> PlinthError {
+    match error {
+        SessionError::InvalidId(_) => PlinthError::invalid(error.to_string()),
+        SessionError::Full => PlinthError::new(ErrorCode::Unavailable, error.to_string()),
+        other => PlinthError::internal(&other),
+    }
+}
+
+fn workdir_error(error: WorkdirError) -> PlinthError {
+    match &error {
+        WorkdirError::NotFound(path) => PlinthError::new(
+            ErrorCode::NotFound,
+            format!("{path:?} does not exist in the session's working directory"),
+        ),
+        WorkdirError::TooLarge { max, .. } => {
+            PlinthError::new(ErrorCode::FileTooLarge, error.to_string())
+                .with_detail(serde_json::json!({ "max_bytes": max }))
+        }
+        WorkdirError::Io { .. } => PlinthError::internal(&error),
+        WorkdirError::InvalidPath { .. } | WorkdirError::Conflict { .. } => {
+            PlinthError::invalid(error.to_string())
+        }
+    }
+}
+
+/// A session this node does not hold (never attached here, ended, or its directory lost).
+fn lost(id: &str) -> PlinthError {
+    PlinthError::new(
+        ErrorCode::NotFound,
+        format!("session {id:?} is not on this node: it ended, or its working directory was lost"),
+    )
+}
+
+impl Node {
+    fn session(&self, id: &str) -> Result<Arc<LocalSession>, PlinthError> {
+        self.sessions.get(id).ok_or_else(|| lost(id))
+    }
+
+    /// Where a command starts: the working directory, a path relative to it, or an absolute
+    /// path beneath it or beneath the mount.
+    fn cwd(&self, session: &LocalSession, cwd: &str) -> Result<PathBuf, PlinthError> {
+        if cwd.is_empty() {
+            return Ok(session.workdir.clone());
+        }
+        let path = Path::new(cwd);
+        if path
+            .components()
+            .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+            || cwd.contains('\0')
+        {
+            return Err(PlinthError::invalid(format!(
+                "cwd {cwd:?} must not have . or .. components"
+            )));
+        }
+        let mount = PathBuf::from(format!("{ENV_ROOT}/{}", session.record.slug));
+        if path.is_absolute() {
+            if path.starts_with(&session.workdir) || path.starts_with(&mount) {
+                return Ok(path.to_owned());
+            }
+            return Err(PlinthError::invalid(format!(
+                "cwd {cwd:?} must be beneath the working directory ({}) or the environment ({})",
+                session.workdir.display(),
+                mount.display()
+            )));
+        }
+        Ok(session.workdir.join(path))
+    }
+}
+
+type ExecStream = ReceiverStream<Result<pb::ExecEvent, Status>>;
+
+#[tonic::async_trait]
+impl pb::node_service_server::NodeService for Node {
+    #[tracing::instrument(name = "node.attach", skip_all)]
+    async fn attach(
+        &self,
+        request: Request<pb::AttachRequest>,
+    ) -> Result<Response<pb::AttachResponse>, Status> {
+        let spec = request
+            .into_inner()
+            .session
+            .ok_or_else(|| PlinthError::invalid("a session is required"))?;
+        let materialized = self
+            .cache
+            .materialize(&spec.environment_id, spec.version, &spec.layer_tree)
+            .await
+            .map_err(cache_error)?;
+        let record = SessionRecord {
+            session_id: spec.session_id,
+            environment_id: spec.environment_id,
+            version: spec.version,
+            slug: spec.slug,
+            layer_tree: spec.layer_tree,
+            uid: 0,
+        };
+        if !isolation::valid_slug(&record.slug) {
+            return Err(PlinthError::invalid(format!("invalid slug {:?}", record.slug)).into());
+        }
+        let sessions = self.sessions.clone();
+        let owned = self.isolation.enabled;
+        let session = tokio::task::spawn_blocking(move || sessions.attach(record, owned))
+            .await
+            .map_err(|error| PlinthError::internal(&error))?
+            .map_err(session_error)?;
+        tracing::info!(session = %session.record.session_id, version = session.record.version, uid = session.record.uid, materialize_ms = materialized.took.as_millis() as u64, fetched = materialized.fetched, "session attached");
+        Ok(Response::new(pb::AttachResponse {
+            workdir: session.workdir.to_string_lossy().into_owned(),
+            isolated: self.isolation.enabled,
+            materialize_ms: if materialized.fetched > 0 {
+                u64::try_from(materialized.took.as_millis()).unwrap_or(u64::MAX)
+            } else {
+                0
+            },
+        }))
+    }
+
+    #[tracing::instrument(name = "node.detach", skip_all)]
+    async fn detach(
+        &self,
+        request: Request<pb::DetachRequest>,
+    ) -> Result<Response<pb::DetachResponse>, Status> {
+        let id = request.into_inner().session_id;
+        if self.sessions.detach(&id).await {
+            tracing::info!(session = %id, "session detached");
+        }
+        Ok(Response::new(pb::DetachResponse {}))
+    }
+
+    type ExecStream = ExecStream;
+
+    #[tracing::instrument(name = "node.exec", skip_all)]
+    async fn exec(
+        &self,
+        request: Request<pb::ExecRequest>,
+    ) -> Result<Response<Self::ExecStream>, Status> {
+        let request = request.into_inner();
+        let spec = request
+            .session
+            .ok_or_else(|| PlinthError::invalid("a session is required"))?;
+        let session = self.session(&spec.session_id)?;
+        if request.command.contains('\0') {
+            return Err(PlinthError::invalid("the command contains a NUL byte").into());
+        }
+        let mut extra = Vec::with_capacity(request.env.len());
+        for (name, value) in request.env {
+            if !isolation::valid_env_name(&name) || !isolation::valid_env_value(&value) {
+                return Err(PlinthError::invalid(format!(
+                    "environment variable {name:?}: names are letters, digits and _, not starting with a digit; values hold no NUL"
+                ))
+                .into());
+            }
+            extra.push((name, value));
+        }
+        let cwd = self.cwd(&session, &request.cwd)?;
+        let timeout = match request.timeout_ms {
+            0 => self.limits.default_timeout,
+            ms => Duration::from_millis(ms).min(self.limits.max_timeout),
+        };
+        let limit = match request.output_limit_bytes {
+            0 => self.limits.default_output_bytes,
+            bytes => bytes.min(self.limits.max_output_bytes),
+        };
+        let version = self
+            .cache
+            .materialize(
+                &session.record.environment_id,
+                session.record.version,
+                &session.record.layer_tree,
+            )
+            .await
+            .map_err(cache_error)?;
+        let has_venv = version.path.join(".venv").exists();
+        if !self.isolation.enabled
+            && let Err(error) = isolation::link_unisolated(&session.record.slug, &version.path)
+        {
+            tracing::warn!(slug = %session.record.slug, %error, "cannot link /env/<slug> to the version without isolation; commands will not find it there");
+        }
+        let launch = Launch {
+            version_dir: version.path,
+            slug: session.record.slug.clone(),
+            workdir: session.workdir.clone(),
+            uid: session.record.uid,
+            cwd,
+            env: isolation::session_env(&session.record.slug, &session.workdir, has_venv, &extra),
+            command: request.command,
+        };
+        let mut command = self
+            .isolation
+            .command(&launch)
+            .map_err(|error| PlinthError::invalid(error.to_string()))?;
+        let (events, receiver) = mpsc::channel::<Result<pb::ExecEvent, Status>>(32);
+        let started = Instant::now();
+        let child = command.spawn();
+        let mut child = match child {
+            Ok(child) => child,
+            Err(error) => {
+                tracing::warn!(session = %session.record.session_id, %error, "a command could not be started");
+                let _ = events
+                    .send(Ok(event(pb::exec_event::Event::Stderr(
+                        format!("the command could not be started: {error}\n").into(),
+                    ))))
+                    .await;
+                let _ = events
+                    .send(Ok(event(pb::exec_event::Event::Result(pb::ExecResult {
+                        exit_code: -1,
+                        duration_ms: 0,
+                        ..Default::default()
+                    }))))
+                    .await;
+                return Ok(Response::new(ReceiverStream::new(receiver)));
+            }
+        };
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        let ended = session.ended.clone();
+        tokio::spawn(async move {
+            let out = tokio::spawn(pump(stdout, events.clone(), limit, true));
+            let err = tokio::spawn(pump(stderr, events.clone(), limit, false));
+            let group = child
+                .id()
+                .and_then(|pid| rustix::process::Pid::from_raw(pid as i32));
+            let kill_group = || {
+                if let Some(group) = group {
+                    let _ =
+                        rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+                }
+            };
+            let mut timed_out = false;
+            let status = tokio::select! {
+                status = child.wait() => status.ok(),
+                () = tokio::time::sleep(timeout) => {
+                    timed_out = true;
+                    kill_group();
+                    child.wait().await.ok()
+                }
+                () = ended.cancelled() => {
+                    kill_group();
+                    child.wait().await.ok()
+                }
+            };
+            // What the command left running in its group goes with it: a turn ends when its
+            // command does, and nothing holds the output pipes open after.
+            kill_group();
+            let drain = Duration::from_secs(2);
+            let stdout_dropped = tokio::time::timeout(drain, out)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or(0);
+            let stderr_dropped = tokio::time::timeout(drain, err)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or(0);
+            let exit_code = status.map(status_code).unwrap_or(-1);
+            let _ = events
+                .send(Ok(event(pb::exec_event::Event::Result(pb::ExecResult {
+                    exit_code,
+                    duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                    timed_out,
+                    stdout_dropped_bytes: stdout_dropped,
+                    stderr_dropped_bytes: stderr_dropped,
+                }))))
+                .await;
+        });
+        Ok(Response::new(ReceiverStream::new(receiver)))
+    }
+
+    #[tracing::instrument(name = "node.read_file", skip_all)]
+    async fn read_file(
+        &self,
+        request: Request<pb::FileRequest>,
+    ) -> Result<Response<pb::ReadFileResponse>, Status> {
+        let request = request.into_inner();
+        let session = self.session(&request.session_id)?;
+        let max = self.limits.max_file_bytes;
+        let content = tokio::task::spawn_blocking(move || {
+            workdir::read(&session.workdir, &request.path, max)
+        })
+        .await
+        .map_err(|error| PlinthError::internal(&error))?
+        .map_err(workdir_error)?;
+        Ok(Response::new(pb::ReadFileResponse {
+            content: content.into(),
+        }))
+    }
+
+    #[tracing::instrument(name = "node.write_file", skip_all)]
+    async fn write_file(
+        &self,
+        request: Request<pb::WriteFileRequest>,
+    ) -> Result<Response<pb::WriteFileResponse>, Status> {
+        let request = request.into_inner();
+        let session = self.session(&request.session_id)?;
+        if request.content.len() as u64 > self.limits.max_file_bytes {
+            return Err(PlinthError::new(
+                ErrorCode::FileTooLarge,
+                format!(
+                    "the file is {} bytes; at most {} can be written",
+                    request.content.len(),
+                    self.limits.max_file_bytes
+                ),
+            )
+            .with_detail(serde_json::json!({ "max_bytes": self.limits.max_file_bytes }))
+            .into());
+        }
+        let uid = if self.isolation.enabled {
+            session.record.uid
+        } else {
+            rustix::process::getuid().as_raw()
+        };
+        let size = tokio::task::spawn_blocking(move || {
+            workdir::write(&session.workdir, &request.path, &request.content, uid)
+        })
+        .await
+        .map_err(|error| PlinthError::internal(&error))?
+        .map_err(workdir_error)?;
+        Ok(Response::new(pb::WriteFileResponse { size }))
+    }
+
+    #[tracing::instrument(name = "node.delete_file", skip_all)]
+    async fn delete_file(
+        &self,
+        request: Request<pb::FileRequest>,
+    ) -> Result<Response<pb::DeleteFileResponse>, Status> {
+        let request = request.into_inner();
+        let session = self.session(&request.session_id)?;
+        tokio::task::spawn_blocking(move || workdir::delete(&session.workdir, &request.path))
+            .await
+            .map_err(|error| PlinthError::internal(&error))?
+            .map_err(workdir_error)?;
+        Ok(Response::new(pb::DeleteFileResponse {}))
+    }
+
+    #[tracing::instrument(name = "node.materialize", skip_all)]
+    async fn materialize(
+        &self,
+        request: Request<pb::MaterializeRequest>,
+    ) -> Result<Response<pb::MaterializeResponse>, Status> {
+        let request = request.into_inner();
+        let materialized = self
+            .cache
+            .materialize(
+                &request.environment_id,
+                request.version,
+                &request.layer_tree,
+            )
+            .await
+            .map_err(cache_error)?;
+        Ok(Response::new(pb::MaterializeResponse {
+            materialize_ms: if materialized.fetched > 0
+                || materialized.took > Duration::from_millis(1)
+            {
+                u64::try_from(materialized.took.as_millis()).unwrap_or(u64::MAX)
+            } else {
+                0
+            },
+            blobs_fetched: materialized.fetched,
+        }))
+    }
+}
+
+fn event(event: pb::exec_event::Event) -> pb::ExecEvent {
+    pb::ExecEvent { event: Some(event) }
+}
+
+/// The exit status as a shell reports it: the code, or 128 + the signal.
+fn status_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// Forwards a pipe's bytes as events until `limit` bytes were sent; answers how many more
+/// the command wrote (read and dropped, so it never blocks on a full pipe).
+async fn pump<R: tokio::io::AsyncRead + Unpin>(
+    pipe: Option<R>,
+    events: mpsc::Sender<Result<pb::ExecEvent, Status>>,
+    limit: u64,
+    stdout: bool,
+) -> u64 {
+    let Some(mut pipe) = pipe else { return 0 };
+    let mut buffer = vec![0u8; 64 * 1024];
+    let (mut sent, mut dropped) = (0u64, 0u64);
+    loop {
+        let read = match pipe.read(&mut buffer).await {
+            Ok(0) | Err(_) => return dropped,
+            Ok(read) => read,
+        };
+        let keep = usize::try_from(limit.saturating_sub(sent))
+            .unwrap_or(usize::MAX)
+            .min(read);
+        dropped += (read - keep) as u64;
+        if keep == 0 {
+            continue;
+        }
+        sent += keep as u64;
+        let chunk = bytes::Bytes::copy_from_slice(&buffer[..keep]);
+        let kind = if stdout {
+            pb::exec_event::Event::Stdout(chunk)
+        } else {
+            pb::exec_event::Event::Stderr(chunk)
+        };
+        if events.send(Ok(event(kind))).await.is_err() {
+            // The caller went away; keep draining so the command is not blocked.
+            continue;
+        }
+    }
+}

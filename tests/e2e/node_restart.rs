@@ -1,0 +1,297 @@
+//! A node agent killed and restarted, with real processes (`plinth catalog`, `source`,
+//! `gateway`, `builder` and `node`): it keeps serving its sessions' working directories,
+//! rebuilds its cache state from disk instead of fetching versions again, and leaves no
+//! mounts behind on the host.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::helpers::send;
+use crate::processes::{Process, free_port, wait_until_ready};
+
+const TOKEN: &str = "node-restart-internal-token";
+
+fn spawn(args: &[String], config: &std::path::Path, log: &std::path::Path) -> Process {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    let child = Command::new(env!("CARGO_BIN_EXE_plinth"))
+        .args(args)
+        .env("PLINTH_CONFIG", config)
+        .env("PLINTH_INTERNAL_TOKEN", TOKEN)
+        .env("PLINTH_LOG", "info")
+        .env_remove("PLINTH_TOKENS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn plinth");
+    Process(child)
+}
+
+/// A log file's text without terminal colours.
+fn read_log(path: &std::path::Path) -> String {
+    let raw = std::fs::read_to_string(path).expect("log");
+    let mut text = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            text.push(c);
+        }
+    }
+    text
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|arg| (*arg).to_owned()).collect()
+}
+
+async fn exec(client: &reqwest::Client, base: &str, session: &str, command: &str) -> Value {
+    let (status, result) = send(
+        client
+            .post(format!("{base}/v1/sessions/{session}/exec"))
+            .json(&json!({ "command": command })),
+    )
+    .await;
+    assert_eq!(status, 200, "{command}: {result}");
+    result
+}
+
+/// Host mounts under `/env` or the data directory (there should never be any: every session
+/// mount lives in its command's own namespace).
+fn host_mounts(data: &std::path::Path) -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let data = data.to_string_lossy().into_owned();
+    table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4).map(str::to_owned))
+        .filter(|point| point.starts_with("/env/") || point.starts_with(&data))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let data = tempfile::tempdir().expect("data");
+    let config = data.path().join("plinth.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = \"{}\"\n[builder]\nnetwork = false\n",
+            data.path().display()
+        ),
+    )
+    .expect("config");
+    let log = data.path().join("services.log");
+    let node_log = data.path().join("node.log");
+    let client = crate::helpers::http_client();
+    let blob_url = format!("file://{}/blobs", data.path().display());
+    let (catalog, catalog_admin, source, source_admin, http, node, node_admin) = (
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+    );
+    let mut services = Vec::new();
+    for (args, ready) in [
+        (
+            strings(&[
+                "catalog",
+                "--listen",
+                &catalog.to_string(),
+                "--admin-listen",
+                &catalog_admin.to_string(),
+            ]),
+            format!("http://{catalog_admin}/readyz"),
+        ),
+        (
+            strings(&[
+                "source",
+                "--listen",
+                &source.to_string(),
+                "--admin-listen",
+                &source_admin.to_string(),
+                "--blob-url",
+                &blob_url,
+            ]),
+            format!("http://{source_admin}/readyz"),
+        ),
+        (
+            strings(&[
+                "gateway",
+                "--listen",
+                &http.to_string(),
+                "--catalog-url",
+                &format!("http://{catalog}"),
+                "--source-url",
+                &format!("http://{source}"),
+            ]),
+            format!("http://{http}/readyz"),
+        ),
+    ] {
+        let mut process = spawn(&args, &config, &log);
+        wait_until_ready(&client, &ready, &mut process).await;
+        services.push(process);
+    }
+    services.push(spawn(
+        &strings(&[
+            "builder",
+            "--name",
+            "builder",
+            "--catalog-url",
+            &format!("http://{catalog}"),
+            "--blob-url",
+            &blob_url,
+        ]),
+        &config,
+        &log,
+    ));
+    let node_args = strings(&[
+        "node",
+        "--name",
+        "node-a",
+        "--listen",
+        &node.to_string(),
+        "--admin-listen",
+        &node_admin.to_string(),
+        "--catalog-url",
+        &format!("http://{catalog}"),
+        "--blob-url",
+        &blob_url,
+    ]);
+    let mut agent = spawn(&node_args, &config, &node_log);
+    wait_until_ready(&client, &format!("http://{node_admin}/readyz"), &mut agent).await;
+
+    let base = format!("http://{http}");
+    let (_, created) = send(
+        client
+            .post(format!("{base}/v1/environments"))
+            .json(&json!({"name": "Restart"})),
+    )
+    .await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    let (status, _) = send(
+        client
+            .put(format!("{base}/v1/environments/{id}/files/hello.txt"))
+            .body("hello\n"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    send(client.post(format!("{base}/v1/environments/{id}/build"))).await;
+    for _ in 0..300 {
+        let (_, build) = send(client.get(format!("{base}/v1/environments/{id}/builds/1"))).await;
+        if build["status"] == "ready" {
+            break;
+        }
+        assert_ne!(build["status"], "failed", "{build}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A session (the node registers right after it is ready; retry briefly until it has).
+    let mut session = Value::Null;
+    for _ in 0..50 {
+        let (status, answer) = send(
+            client
+                .post(format!("{base}/v1/sessions"))
+                .json(&json!({"environment": id})),
+        )
+        .await;
+        if status == 201 {
+            session = answer;
+            break;
+        }
+        assert_eq!(answer["error"]["code"], "unavailable", "{answer}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let session_id = session["id"].as_str().expect("a session").to_owned();
+    let workdir = session["workdir"].as_str().expect("workdir").to_owned();
+    let wrote = exec(
+        &client,
+        &base,
+        &session_id,
+        "echo kept > mine.txt && cat $PROJECT_ROOT/hello.txt",
+    )
+    .await;
+    assert_eq!(wrote["stdout"], "hello\n", "{wrote}");
+    assert!(
+        host_mounts(data.path()).is_empty(),
+        "{:?}",
+        host_mounts(data.path())
+    );
+
+    // Killed without a chance to clean up.
+    agent.0.kill().expect("kill");
+    agent.0.wait().expect("reaped");
+    drop(agent);
+    assert!(
+        host_mounts(data.path()).is_empty(),
+        "{:?}",
+        host_mounts(data.path())
+    );
+    assert!(std::path::Path::new(&workdir).join("mine.txt").exists());
+
+    let mut agent = spawn(&node_args, &config, &node_log);
+    wait_until_ready(&client, &format!("http://{node_admin}/readyz"), &mut agent).await;
+    let said = read_log(&node_log);
+    let loaded: Vec<&str> = said
+        .lines()
+        .filter(|line| line.contains("node state loaded"))
+        .collect();
+    assert_eq!(loaded.len(), 2, "{said}");
+    assert!(
+        loaded[1].contains("sessions=1") && loaded[1].contains("cached_versions=1"),
+        "{said}"
+    );
+
+    let read = exec(
+        &client,
+        &base,
+        &session_id,
+        "cat mine.txt; echo more >> mine.txt; cat $PROJECT_ROOT/hello.txt",
+    )
+    .await;
+    assert_eq!(read["exit_code"], 0, "{read}");
+    assert_eq!(read["stdout"], "kept\nhello\n", "{read}");
+    assert_eq!(read["version"], 1);
+
+    // New sessions land on the restarted node, from the cache it kept.
+    let (status, second) = send(
+        client
+            .post(format!("{base}/v1/sessions"))
+            .json(&json!({"environment": id})),
+    )
+    .await;
+    assert_eq!(status, 201, "{second}");
+    let said = read_log(&node_log);
+    let attached = said
+        .lines()
+        .rfind(|line| line.contains("session attached"))
+        .expect("an attach");
+    assert!(attached.contains("fetched=0"), "{attached}");
+
+    // Ending the first session removes its working directory on the node.
+    let (status, _) = send(client.delete(format!("{base}/v1/sessions/{session_id}"))).await;
+    assert_eq!(status, 200);
+    assert!(!std::path::Path::new(&workdir).exists());
+    assert!(
+        host_mounts(data.path()).is_empty(),
+        "{:?}",
+        host_mounts(data.path())
+    );
+    drop(services);
+}

@@ -1,0 +1,623 @@
+//! Sessions through real HTTP on a really built environment (`plinth serve` with its
+//! in-process builder and node agent): the environment's Python and Node dependencies run
+//! from `/env/<slug>` with nothing installed; the environment cannot be written, however
+//! hard a command tries; the working directory is writable and private; a session keeps its
+//! version across activations; tasks are refused unless their environment is ready.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::builds::{tiny_npm_package, tiny_wheel};
+use crate::helpers::{Server, assert_error, send};
+
+async fn put(server: &Server, id: &str, path: &str, body: impl Into<reqwest::Body>) {
+    let (status, answer) = send(
+        server
+            .client
+            .put(server.url(&format!("/v1/environments/{id}/files/{path}")))
+            .body(body),
+    )
+    .await;
+    assert_eq!(status, 200, "{path}: {answer}");
+}
+
+async fn build(server: &Server, id: &str, version: u64) {
+    let (status, queued) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/environments/{id}/build"))),
+    )
+    .await;
+    assert_eq!(status, 202, "{queued}");
+    for _ in 0..600 {
+        let (_, build) = send(
+            server
+                .client
+                .get(server.url(&format!("/v1/environments/{id}/builds/{version}"))),
+        )
+        .await;
+        if build["status"] == "ready" {
+            return;
+        }
+        assert_ne!(build["status"], "failed", "{build}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("build {version} did not end within 120 s");
+}
+
+/// An environment with a wheel, an npm package and a script, built once.
+async fn project(server: &Server, name: &str) -> (String, String) {
+    let (status, created) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .json(&json!({"name": name, "entry": "python3 run.py"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().expect("id").to_owned();
+    let slug = created["slug"].as_str().expect("slug").to_owned();
+    put(
+        server,
+        &id,
+        "wheels/tinypkg-1.0-py3-none-any.whl",
+        tiny_wheel(),
+    )
+    .await;
+    put(
+        server,
+        &id,
+        "requirements.txt",
+        "--no-index\n--find-links wheels\ntinypkg==1.0\n",
+    )
+    .await;
+    put(server, &id, "vendor/tinynpm-1.2.3.tgz", tiny_npm_package()).await;
+    put(
+        server,
+        &id,
+        "package.json",
+        r#"{"name": "studio", "version": "0.0.0", "dependencies": {"tinynpm": "file:vendor/tinynpm-1.2.3.tgz"}}"#,
+    )
+    .await;
+    put(server, &id, "run.py", "print('version one')\n").await;
+    put(server, &id, "data/deep/nested/file.txt", "nested\n").await;
+    build(server, &id, 1).await;
+    (id, slug)
+}
+
+async fn start_session(server: &Server, environment: &str) -> Value {
+    let (status, session) = send(
+        server
+            .client
+            .post(server.url("/v1/sessions"))
+            .json(&json!({ "environment": environment })),
+    )
+    .await;
+    assert_eq!(status, 201, "{session}");
+    session
+}
+
+async fn exec(server: &Server, session: &Value, command: &str) -> Value {
+    let id = session["id"].as_str().expect("session id");
+    let (status, result) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/sessions/{id}/exec")))
+            .json(&json!({ "command": command })),
+    )
+    .await;
+    assert_eq!(status, 200, "{command}: {result}");
+    result
+}
+
+#[tokio::test]
+async fn a_session_runs_the_environment_read_only_beside_its_private_workdir() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let (id, slug) = project(&server, "Session Studio").await;
+    let mount = format!("/env/{slug}");
+
+    let first = start_session(&server, &id).await;
+    assert_eq!(first["object"], "session");
+    assert_eq!(first["environment"]["id"], id.as_str());
+    assert_eq!(first["environment"]["version"], 1);
+    assert_eq!(first["environment"]["mount"], mount.as_str());
+    assert_eq!(first["isolated"], true);
+    let workdir = first["workdir"].as_str().expect("workdir").to_owned();
+    assert!(workdir.starts_with('/'), "{first}");
+    let instructions = first["instructions"].as_str().expect("instructions");
+    for needle in [
+        mount.as_str(),
+        "read-only",
+        "shared",
+        "installed",
+        workdir.as_str(),
+        "python3 run.py",
+    ] {
+        assert!(
+            instructions.contains(needle),
+            "{needle:?} not in {instructions:?}"
+        );
+    }
+
+    // The dependencies run from the mount, installed by the build; nothing is installed now.
+    let ran = exec(
+        &server,
+        &first,
+        "set -e; tinytool; tinynpm; command -v python; python -c 'import tinypkg, sys; print(tinypkg.__file__)'; node -e \"console.log(require.resolve('tinynpm/package.json'))\"; python3 $PROJECT_ROOT/run.py",
+    )
+    .await;
+    assert_eq!(ran["exit_code"], 0, "{ran}");
+    let stdout = ran["stdout"].as_str().expect("stdout");
+    assert!(
+        stdout.contains("tinytool ran") && stdout.contains("tinynpm ran"),
+        "{ran}"
+    );
+    assert!(
+        stdout.contains(&format!("{mount}/.venv/bin/python")),
+        "{ran}"
+    );
+    assert!(stdout.contains(&format!("{mount}/.venv/lib/")), "{ran}");
+    assert!(
+        stdout.contains(&format!("{mount}/node_modules/tinynpm/package.json")),
+        "{ran}"
+    );
+    assert!(stdout.contains("version one"), "{ran}");
+    assert_eq!(ran["version"], 1);
+
+    // The environment cannot be written: not at its top, not deep inside, not by any means.
+    for attempt in [
+        format!("touch {mount}/new-file"),
+        format!("rm {mount}/run.py"),
+        format!("chmod 777 {mount}/run.py"),
+        format!("mkdir {mount}/data/deep/new-dir"),
+        format!("echo x >> {mount}/data/deep/nested/file.txt"),
+        format!("touch {mount}/.venv/lib/new-file"),
+        format!("python3 -c \"open('{mount}/data/deep/nested/py.txt', 'w').write('x')\""),
+        format!("mv {mount}/run.py {mount}/moved.py"),
+    ] {
+        let result = exec(&server, &first, &attempt).await;
+        assert_ne!(result["exit_code"], 0, "{attempt}: {result}");
+        let stderr = result["stderr"].as_str().unwrap_or("");
+        // Opening an existing file for writing is refused by its owner and mode (root's file)
+        // before the mount is asked; everything else meets the read-only mount.
+        let refused = stderr.contains("Read-only file system")
+            || (attempt.contains(">>") && stderr.contains("Permission denied"));
+        assert!(refused, "{attempt}: {result}");
+    }
+
+    // The variables of UHP §6.3.
+    let env = exec(
+        &server,
+        &first,
+        "printf '%s\\n' \"$PATH\" \"$PYTHONPATH\" \"$NODE_PATH\" \"$PROJECT_ROOT\" \"$HOME\" \"$(pwd)\"",
+    )
+    .await;
+    let lines: Vec<&str> = env["stdout"].as_str().expect("stdout").lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("{mount}/.venv/bin:{mount}/node_modules/.bin:")),
+        "{env}"
+    );
+    assert!(lines[1].starts_with(&mount), "{env}");
+    assert!(
+        lines[2].starts_with(&format!("{mount}/node_modules")),
+        "{env}"
+    );
+    assert_eq!(lines[3], mount);
+    assert_eq!(lines[4], workdir);
+    assert_eq!(lines[5], workdir);
+
+    // The working directory is writable, through commands and through the API.
+    let wrote = exec(
+        &server,
+        &first,
+        "echo from-exec > out.txt && mkdir -p a/b && echo deep > a/b/c.txt && cat out.txt",
+    )
+    .await;
+    assert_eq!(wrote["exit_code"], 0, "{wrote}");
+    let session_id = first["id"].as_str().expect("id");
+    let (status, put_answer) = send(
+        server
+            .client
+            .put(server.url(&format!("/v1/sessions/{session_id}/files/notes/api.txt")))
+            .body("from-api"),
+    )
+    .await;
+    assert_eq!(status, 200, "{put_answer}");
+    assert_eq!(put_answer["version"], 1);
+    let read = exec(
+        &server,
+        &first,
+        "cat notes/api.txt; stat -c %U:%a notes/api.txt .",
+    )
+    .await;
+    assert!(
+        read["stdout"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("from-api"),
+        "{read}"
+    );
+    let response = server
+        .client
+        .get(server.url(&format!("/v1/sessions/{session_id}/files/out.txt")))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.expect("body"), "from-exec\n");
+    let (status, missing) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/sessions/{session_id}/files/nope.txt"))),
+    )
+    .await;
+    assert_error(status, &missing, 404, "not_found");
+    let (status, escaped) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/sessions/{session_id}/files/a/../../x"))),
+    )
+    .await;
+    assert!(status == 400 || status == 404, "{escaped}");
+    // A link the session made out of its directory is not followed by the API.
+    exec(&server, &first, "ln -s /etc/passwd passwd-link").await;
+    let (status, refused) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/sessions/{session_id}/files/passwd-link"))),
+    )
+    .await;
+    assert_error(status, &refused, 400, "environment_invalid");
+    let (status, _) = send(
+        server
+            .client
+            .delete(server.url(&format!("/v1/sessions/{session_id}/files/a"))),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let gone = exec(&server, &first, "test -e a && echo present || echo gone").await;
+    assert_eq!(gone["stdout"], "gone\n");
+
+    // A second session on the same environment cannot read the first's working directory.
+    let second = start_session(&server, &id).await;
+    let second_workdir = second["workdir"].as_str().expect("workdir");
+    assert_ne!(second_workdir, workdir);
+    let peek = exec(
+        &server,
+        &second,
+        &format!("cat {workdir}/out.txt; ls {workdir}"),
+    )
+    .await;
+    assert_ne!(peek["exit_code"], 0, "{peek}");
+    assert!(
+        !peek["stdout"].as_str().unwrap_or("").contains("from-exec"),
+        "{peek}"
+    );
+    let ids = exec(&server, &second, "id -u").await;
+    let own = exec(&server, &first, "id -u").await;
+    assert_ne!(ids["stdout"], own["stdout"], "each session has its own uid");
+    assert_ne!(ids["stdout"], "0\n");
+    // Nor the node's state or Plinth's data.
+    let data = server.data_dir();
+    let snoop = exec(
+        &server,
+        &second,
+        &format!(
+            "ls {}/node/cache; cat {}/catalog.db",
+            data.display(),
+            data.display()
+        ),
+    )
+    .await;
+    assert_ne!(snoop["exit_code"], 0, "{snoop}");
+
+    // A new version: the running session keeps its own; a new session reads the new one.
+    put(&server, &id, "run.py", "print('version two')\n").await;
+    build(&server, &id, 2).await;
+    let kept = exec(&server, &first, "python3 $PROJECT_ROOT/run.py").await;
+    assert_eq!(kept["stdout"], "version one\n", "{kept}");
+    assert_eq!(kept["version"], 1);
+    let third = start_session(&server, &id).await;
+    assert_eq!(third["environment"]["version"], 2);
+    let fresh = exec(&server, &third, "python3 $PROJECT_ROOT/run.py").await;
+    assert_eq!(fresh["stdout"], "version two\n", "{fresh}");
+    assert_eq!(fresh["version"], 2);
+
+    // Every exec and file call is a turn with the version it read.
+    let (status, turns) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/sessions/{session_id}/turns"))),
+    )
+    .await;
+    assert_eq!(status, 200, "{turns}");
+    let turns = turns["data"].as_array().expect("turns");
+    assert!(turns.len() >= 15, "{turns:?}");
+    assert!(turns.iter().all(|turn| turn["version"] == 1), "{turns:?}");
+    assert!(
+        turns.iter().any(|turn| turn["kind"] == "write_file"),
+        "{turns:?}"
+    );
+    let sequences: Vec<u64> = turns
+        .iter()
+        .filter_map(|t| t["sequence"].as_u64())
+        .collect();
+    assert_eq!(sequences, (1..=sequences.len() as u64).collect::<Vec<_>>());
+
+    // Ending a session removes its working directory; it runs nothing more.
+    let (status, ended) = send(
+        server
+            .client
+            .delete(server.url(&format!("/v1/sessions/{session_id}"))),
+    )
+    .await;
+    assert_eq!(status, 200, "{ended}");
+    assert_eq!(ended["status"], "ended");
+    assert!(
+        !std::path::Path::new(&workdir).exists(),
+        "{workdir} is gone"
+    );
+    let (status, refused) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/sessions/{session_id}/exec")))
+            .json(&json!({"command": "true"})),
+    )
+    .await;
+    assert_error(status, &refused, 404, "not_found");
+}
+
+#[tokio::test]
+async fn exec_output_is_capped_timed_and_streamed() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let (_, created) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .json(&json!({"name": "Plain"})),
+    )
+    .await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    put(&server, &id, "hello.txt", "hello\n").await;
+    build(&server, &id, 1).await;
+    let session = start_session(&server, &id).await;
+    let session_id = session["id"].as_str().expect("id");
+
+    let big = exec(
+        &server,
+        &session,
+        "head -c 3000000 /dev/zero | tr '\\0' a; echo done >&2",
+    )
+    .await;
+    assert_eq!(big["exit_code"], 0, "{}", big["stderr"]);
+    assert_eq!(big["stdout_truncated"], true);
+    let stdout = big["stdout"].as_str().expect("stdout");
+    assert!(stdout.len() < 1_100_000, "capped: {}", stdout.len());
+    assert!(
+        stdout.ends_with("[output truncated: 1951424 more bytes were not kept]\n"),
+        "{}",
+        &stdout[stdout.len() - 80..]
+    );
+    assert_eq!(big["stderr"], "done\n");
+
+    let (status, slow) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/sessions/{session_id}/exec")))
+            .json(&json!({"command": "echo started; sleep 30; echo never", "timeout_ms": 500})),
+    )
+    .await;
+    assert_eq!(status, 200, "{slow}");
+    assert_eq!(slow["timed_out"], true, "{slow}");
+    assert_eq!(slow["stdout"], "started\n");
+    assert!(slow["duration_ms"].as_u64().unwrap_or(0) < 10_000, "{slow}");
+
+    let failed = exec(&server, &session, "exit 3").await;
+    assert_eq!(failed["exit_code"], 3);
+
+    let response = server
+        .client
+        .post(server.url(&format!("/v1/sessions/{session_id}/exec?stream=true")))
+        .json(&json!({"command": "echo one; sleep 0.2; echo two >&2; echo three", "cwd": format!("/env/{}", created["slug"].as_str().expect("slug")), "env": {"GREETING": "hi"}}))
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/x-ndjson");
+    let body = response.text().await.expect("body");
+    let events: Vec<Value> = body
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    let stdout: String = events.iter().filter_map(|e| e["stdout"].as_str()).collect();
+    assert_eq!(stdout, "one\nthree\n", "{body}");
+    assert!(events.iter().any(|e| e["stderr"] == "two\n"), "{body}");
+    let last = events.last().expect("a result");
+    assert_eq!(last["exit_code"], 0, "{body}");
+    assert_eq!(last["version"], 1, "{body}");
+
+    for (body, field) in [
+        (json!({"command": ""}), "command"),
+        (json!({"command": "true", "cwd": "../.."}), "cwd"),
+        (json!({"command": "true", "cwd": "/etc"}), "cwd"),
+        (
+            json!({"command": "true", "env": {"BAD=NAME": "x"}}),
+            "BAD=NAME",
+        ),
+        (json!({"command": "true", "extra": 1}), "extra"),
+    ] {
+        let (status, refused) = send(
+            server
+                .client
+                .post(server.url(&format!("/v1/sessions/{session_id}/exec")))
+                .json(&body),
+        )
+        .await;
+        assert_error(status, &refused, 400, "environment_invalid");
+        assert!(
+            refused["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains(field),
+            "{refused}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sessions_and_tasks_are_refused_unless_their_environment_is_ready() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let (_, unbuilt) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .json(&json!({"name": "Unbuilt"})),
+    )
+    .await;
+    let unbuilt = unbuilt["id"].as_str().expect("id").to_owned();
+    let missing = "henv_00000000000000000000000000000000";
+
+    for (body, code, status) in [
+        (
+            json!({"environment": unbuilt}),
+            "environment_not_ready",
+            409,
+        ),
+        (
+            json!({"environment": missing}),
+            "environment_not_found",
+            404,
+        ),
+        (
+            json!({"environment": "not-an-id"}),
+            "environment_not_found",
+            404,
+        ),
+        (json!({}), "environment_invalid", 400),
+    ] {
+        let (got, refused) = send(server.client.post(server.url("/v1/sessions")).json(&body)).await;
+        assert_error(got, &refused, status, code);
+    }
+    for (body, code, status) in [
+        (
+            json!({"input": "go", "environment": unbuilt}),
+            "environment_not_ready",
+            409,
+        ),
+        (
+            json!({"input": "go", "environment": missing}),
+            "environment_not_found",
+            404,
+        ),
+        (json!({"input": "go"}), "environment_not_found", 404),
+        (json!({"input": 5}), "environment_invalid", 400),
+    ] {
+        let (got, refused) = send(server.client.post(server.url("/v1/tasks")).json(&body)).await;
+        assert_error(got, &refused, status, code);
+    }
+
+    // A harness names the environment; its task reads the active version, and the task's own
+    // environment overrides the harness's.
+    let (_, ready) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .json(&json!({"name": "Ready"})),
+    )
+    .await;
+    let ready = ready["id"].as_str().expect("id").to_owned();
+    put(&server, &ready, "hello.txt", "hello\n").await;
+    build(&server, &ready, 1).await;
+    let (status, harness) = send(
+        server
+            .client
+            .post(server.url("/v1/harnesses"))
+            .json(&json!({"name": "Cutter", "base": "codex", "environment": ready})),
+    )
+    .await;
+    assert_eq!(status, 201, "{harness}");
+    let harness_id = harness["id"].as_str().expect("harness id");
+    let (status, task) = send(
+        server
+            .client
+            .post(server.url("/v1/tasks"))
+            .json(&json!({"input": "Render it.", "metadata": {"harness_id": harness_id}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{task}");
+    assert_eq!(task["object"], "task");
+    assert_eq!(task["environment"]["id"], ready.as_str());
+    assert_eq!(task["version"], 1);
+    assert_eq!(task["session"]["harness_id"], harness_id);
+    let session = &task["session"];
+    let hello = exec(&server, session, "cat $PROJECT_ROOT/hello.txt").await;
+    assert_eq!(hello["stdout"], "hello\n");
+    let (got, refused) = send(server.client.post(server.url("/v1/tasks")).json(
+        &json!({"input": "go", "metadata": {"harness_id": harness_id}, "environment": unbuilt}),
+    ))
+    .await;
+    assert_error(got, &refused, 409, "environment_not_ready");
+    let (status, by_harness) = send(
+        server
+            .client
+            .post(server.url("/v1/sessions"))
+            .json(&json!({"harness_id": harness_id})),
+    )
+    .await;
+    assert_eq!(status, 201, "{by_harness}");
+    assert_eq!(by_harness["environment"]["id"], ready.as_str());
+
+    // Once the harness's environment is deleted, its next task is refused.
+    let (status, _) = send(
+        server
+            .client
+            .delete(server.url(&format!("/v1/environments/{ready}"))),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (got, refused) = send(
+        server
+            .client
+            .post(server.url("/v1/tasks"))
+            .json(&json!({"input": "go", "metadata": {"harness_id": harness_id}})),
+    )
+    .await;
+    assert_error(got, &refused, 404, "environment_not_found");
+}
+
+#[tokio::test]
+async fn without_isolation_every_session_says_so() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server =
+        Server::start_with(&["--builder-network", "false", "--insecure-no-isolation"]).await;
+    let (_, created) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .json(&json!({"name": "Open"})),
+    )
+    .await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    put(&server, &id, "hello.txt", "hello\n").await;
+    build(&server, &id, 1).await;
+    let session = start_session(&server, &id).await;
+    assert_eq!(session["isolated"], false, "{session}");
+    let instructions = session["instructions"].as_str().expect("instructions");
+    assert!(instructions.contains("without isolation"), "{instructions}");
+    // Commands still start in the working directory with the environment's variables.
+    let ran = exec(&server, &session, "pwd; echo $PROJECT_ROOT").await;
+    let workdir = session["workdir"].as_str().expect("workdir");
+    assert_eq!(ran["stdout"], format!("{workdir}\n/env/open\n"), "{ran}");
+}
