@@ -430,6 +430,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let first = cache.materialize("henv_bench", 1, &v1).await?;
         anyhow::ensure!(first.fetched > 0, "nothing fetched");
         first_times.push(first.took.as_secs_f64());
+        sync();
         let second = cache.materialize("henv_bench", 2, &v2).await?;
         anyhow::ensure!(
             second.fetched == 1,
