@@ -293,6 +293,7 @@ async fn create_session(
             scope: caller.scope.clone(),
             environment_id: environment,
             harness_id,
+            ..Default::default()
         })
         .await?
         .into_inner();

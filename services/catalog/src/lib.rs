@@ -7,6 +7,8 @@
 //! domain types and their rules; `service` (environments, builds) and `harnesses` are thin gRPC
 //! adapters; `run` starts it all.
 
+pub mod brain;
+mod brain_service;
 mod harnesses;
 pub mod model;
 pub mod persistence;
@@ -22,6 +24,7 @@ use plinth_kit::admin::{self, ReadinessCheck};
 use plinth_kit::config::Secret;
 use plinth_kit::grpc::GrpcServer;
 use plinth_kit::tasks::CancellationToken;
+use plinth_proto::catalog::v1::brain_service_server::BrainServiceServer;
 use plinth_proto::catalog::v1::catalog_service_server::CatalogServiceServer;
 use plinth_proto::catalog::v1::harness_service_server::HarnessServiceServer;
 use plinth_proto::catalog::v1::session_service_server::SessionServiceServer;
@@ -99,6 +102,9 @@ pub async fn run(
             store.clone(),
         )))
         .add_service(sessions)
+        .add_service(BrainServiceServer::new(brain_service::Brain::new(
+            store.clone(),
+        )))
         .serve(grpc, shutdown)
         .await?;
     store.close().await;

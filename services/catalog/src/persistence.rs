@@ -6,6 +6,7 @@
 //! the same SQL through sqlx's `Any` driver: times are i64 milliseconds, ids are text.
 //! Uniqueness (one slug per scope) is an index, so it holds across catalog replicas.
 
+mod brain;
 mod builds;
 mod harnesses;
 mod sessions;
@@ -46,6 +47,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "sessions",
                 include_str!("../migrations/sqlite/0005_sessions.sql"),
             ),
+            (
+                7,
+                "brain",
+                include_str!("../migrations/sqlite/0007_brain.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -72,6 +78,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 5,
                 "sessions",
                 include_str!("../migrations/postgres/0005_sessions.sql"),
+            ),
+            (
+                7,
+                "brain",
+                include_str!("../migrations/postgres/0007_brain.sql"),
             ),
         ],
     }

@@ -28,7 +28,14 @@ impl Sessions {
         scope: &str,
         environment_id: &str,
         harness_id: String,
+        version: Option<u32>,
+        owner: String,
     ) -> Result<NewSession, PlinthError> {
+        if owner.len() > 1024 || owner.chars().any(char::is_control) {
+            return Err(PlinthError::invalid(
+                "owner: at most 1024 bytes, no control characters",
+            ));
+        }
         let scope = Scope::parse(scope)?;
         let environment_id = EnvironmentId::parse(environment_id).ok_or_else(|| {
             PlinthError::new(
@@ -39,7 +46,9 @@ impl Sessions {
         Ok(NewSession {
             scope,
             environment_id,
+            version,
             harness_id,
+            owner,
             live_since_ms: now_ms() - 3 * NODE_HEARTBEAT_MS,
         })
     }
@@ -56,6 +65,13 @@ fn placement_error(error: StoreError, environment: &str) -> PlinthError {
             ErrorCode::EnvironmentNotReady,
             format!(
                 "environment {environment} has no ready version: build it (POST /v1/environments/{environment}/build) and wait for the build to be ready"
+            ),
+        ),
+        StoreError::NotReady(status) => PlinthError::new(
+            ErrorCode::EnvironmentNotReady,
+            format!(
+                "that version of environment {environment} is {}, not ready: only a ready version can be pinned",
+                status.as_str()
             ),
         ),
         StoreError::NoLiveNode => PlinthError::new(
@@ -107,6 +123,7 @@ impl From<Session> for pb::Session {
             environment_name: session.environment_name,
             entry: session.entry,
             turns: session.turns,
+            owner: session.owner,
         }
     }
 }
@@ -205,7 +222,13 @@ impl pb::session_service_server::SessionService for Sessions {
         request: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
         let request = request.into_inner();
-        let new = self.new_session(&request.scope, &request.environment_id, request.harness_id)?;
+        let new = self.new_session(
+            &request.scope,
+            &request.environment_id,
+            request.harness_id,
+            request.version,
+            request.owner,
+        )?;
         let session = self
             .store
             .create_session(new)
@@ -324,8 +347,13 @@ impl pb::session_service_server::SessionService for Sessions {
         request: Request<pb::CreateTaskRequest>,
     ) -> Result<Response<pb::Task>, Status> {
         let request = request.into_inner();
-        let session =
-            self.new_session(&request.scope, &request.environment_id, request.harness_id)?;
+        let session = self.new_session(
+            &request.scope,
+            &request.environment_id,
+            request.harness_id,
+            None,
+            String::new(),
+        )?;
         let metadata = if request.metadata_json.is_empty() {
             "{}".to_owned()
         } else {
@@ -342,5 +370,25 @@ impl pb::session_service_server::SessionService for Sessions {
             .map_err(|error| placement_error(error, &request.environment_id))?;
         tracing::info!(task = %task.id, session = %task.session.id, "task created");
         Ok(Response::new(task.into()))
+    }
+
+    #[tracing::instrument(name = "catalog.list_owned_sessions", skip_all)]
+    async fn list_owned_sessions(
+        &self,
+        request: Request<pb::ListOwnedSessionsRequest>,
+    ) -> Result<Response<pb::ListOwnedSessionsResponse>, Status> {
+        let request = request.into_inner();
+        let scope = Scope::parse(&request.scope)?;
+        if request.owner.is_empty() {
+            return Err(PlinthError::invalid("owner: must not be empty").into());
+        }
+        let sessions = self
+            .store
+            .owned_sessions(&scope, &request.owner)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        Ok(Response::new(pb::ListOwnedSessionsResponse {
+            sessions: sessions.into_iter().map(Into::into).collect(),
+        }))
     }
 }

@@ -46,6 +46,8 @@ macro_rules! prefixed_id {
     };
 }
 
+pub(crate) use prefixed_id;
+
 prefixed_id!(
     /// `sess_` followed by 32 lowercase hex digits.
     SessionId,
@@ -127,6 +129,8 @@ pub struct Session {
     pub created_at_ms: i64,
     /// End time, ms since the epoch; 0 while active.
     pub ended_at_ms: i64,
+    /// Who it was made for (a Brain binding's label); empty when a client asked for it.
+    pub owner: String,
 }
 
 /// What a turn did.

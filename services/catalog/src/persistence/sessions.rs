@@ -18,17 +18,21 @@ use crate::sessions::{
 
 const SESSION_COLUMNS: &str = "s.id, s.scope, s.environment_id, s.environment_name, s.entry, \
      s.version, s.slug, s.layer_tree, s.node_id, n.address AS node_address, s.harness_id, \
-     s.workdir, s.isolated, s.status, s.turns, s.created_at_ms, s.ended_at_ms";
+     s.workdir, s.isolated, s.status, s.turns, s.created_at_ms, s.ended_at_ms, s.owner";
 
 /// What a new session reads and where it runs.
 #[derive(Debug, Clone)]
 pub struct NewSession {
     /// The caller's scope.
     pub scope: Scope,
-    /// The environment to read (its active version is pinned).
+    /// The environment to read (its active version is pinned, unless `version` names one).
     pub environment_id: EnvironmentId,
+    /// A ready version to pin instead of the active one.
+    pub version: Option<u32>,
     /// The harness it was created for; empty when none.
     pub harness_id: String,
+    /// Who it was made for (a Brain binding's label); empty when a client asked for it.
+    pub owner: String,
     /// Nodes whose last heartbeat is older than this are not given sessions.
     pub live_since_ms: i64,
 }
@@ -287,6 +291,25 @@ impl Store {
             .await?;
         rows.iter().map(session_from_row).collect()
     }
+
+    /// The live sessions of the scope made for `owner`, oldest first.
+    pub async fn owned_sessions(
+        &self,
+        scope: &Scope,
+        owner: &str,
+    ) -> Result<Vec<Session>, StoreError> {
+        let sql = format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions s JOIN nodes n ON n.id = s.node_id \
+             WHERE s.scope = $1 AND s.owner = $2 AND s.status = 'active' \
+             ORDER BY s.created_at_ms, s.id"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(scope.as_str())
+            .bind(owner)
+            .fetch_all(&self.db.reader)
+            .await?;
+        rows.iter().map(session_from_row).collect()
+    }
 }
 
 /// Pins the environment's active version and places the session, inside `tx`.
@@ -294,19 +317,30 @@ async fn insert_session(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
     new: &NewSession,
 ) -> Result<SessionId, StoreError> {
+    // The version asked for, else the active one; either must be a ready build.
     let environment = sqlx::query(
-        "SELECT e.name, e.slug, e.entry, e.active_version, b.layer_tree FROM environments e \
-         LEFT JOIN builds b ON b.environment_id = e.id AND b.version = e.active_version \
+        "SELECT e.name, e.slug, e.entry, b.version, b.status, b.layer_tree FROM environments e \
+         LEFT JOIN builds b ON b.environment_id = e.id \
+         AND b.version = COALESCE($3, e.active_version) \
          WHERE e.id = $1 AND e.scope = $2",
     )
     .bind(new.environment_id.as_str())
     .bind(new.scope.as_str())
+    .bind(new.version.map(i64::from))
     .fetch_optional(&mut **tx)
     .await?
     .ok_or(StoreError::NotFound)?;
-    let Some(version) = environment.try_get::<Option<i64>, _>("active_version")? else {
+    let Some(version) = environment.try_get::<Option<i64>, _>("version")? else {
         return Err(StoreError::NothingBuilt);
     };
+    let status: Option<String> = environment.try_get("status")?;
+    if status.as_deref() != Some("ready") {
+        let status = status
+            .as_deref()
+            .and_then(crate::model::BuildStatus::parse)
+            .ok_or_else(|| StoreError::Corrupt(format!("status of version {version}")))?;
+        return Err(StoreError::NotReady(status));
+    }
     let layer_tree: Option<String> = environment.try_get("layer_tree")?;
     let layer_tree = layer_tree.filter(|tree| !tree.is_empty()).ok_or_else(|| {
         StoreError::Corrupt(format!(
@@ -320,8 +354,8 @@ async fn insert_session(
     let id = SessionId::generate();
     sqlx::query(
         "INSERT INTO sessions (id, scope, environment_id, environment_name, entry, version, \
-         slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'active', $12)",
+         slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms, owner) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'active', $12, $13)",
     )
     .bind(id.as_str())
     .bind(new.scope.as_str())
@@ -335,6 +369,7 @@ async fn insert_session(
     .bind(&new.harness_id)
     .bind(i64::from(node.isolated))
     .bind(now_ms())
+    .bind(&new.owner)
     .execute(&mut **tx)
     .await?;
     Ok(id)
@@ -391,5 +426,6 @@ fn session_from_row(row: &AnyRow) -> Result<Session, StoreError> {
         turns: u64::try_from(turns).unwrap_or(0),
         created_at_ms: row.try_get("created_at_ms")?,
         ended_at_ms: row.try_get("ended_at_ms")?,
+        owner: row.try_get("owner")?,
     })
 }

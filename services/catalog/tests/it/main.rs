@@ -1,5 +1,6 @@
 //! The catalog's integration tests: the store conformance suite, run unchanged against
 //! SQLite and PostgreSQL.
 
+mod brain;
 mod harnesses;
 mod store;
