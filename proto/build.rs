@@ -6,6 +6,7 @@ use std::path::PathBuf;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     let protos = [
+        "plinth/catalog/v1/adapters.proto",
         "plinth/catalog/v1/brain.proto",
         "plinth/catalog/v1/catalog.proto",
         "plinth/catalog/v1/harnesses.proto",

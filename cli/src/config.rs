@@ -76,6 +76,10 @@ pub struct GatewaySection {
     pub environments: bool,
     /// Bearer tokens and the scope each one grants.
     pub tokens: Vec<TokenEntry>,
+    /// The gateway's address as runtimes reach it, for the URLs workspace adapters answer
+    /// (`https://plinth.example.com`); the request's `Host` over plain HTTP when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub public_url: Option<String>,
 }
 
 impl Default for GatewaySection {
@@ -86,6 +90,7 @@ impl Default for GatewaySection {
             source_url: format!("http://{DEFAULT_SOURCE_LISTEN}"),
             environments: true,
             tokens: Vec::new(),
+            public_url: None,
         }
     }
 }
@@ -122,6 +127,9 @@ pub struct CatalogSection {
     pub build_lease_seconds: u64,
     /// Leases a build may be handed before a lost builder fails it.
     pub build_max_attempts: u32,
+    /// How long a workspace adapter's rotated-out secret or token is still accepted, in
+    /// seconds.
+    pub adapter_credential_grace_seconds: u64,
 }
 
 impl Default for CatalogSection {
@@ -133,6 +141,7 @@ impl Default for CatalogSection {
             max_connections: 10,
             build_lease_seconds: 30,
             build_max_attempts: 3,
+            adapter_credential_grace_seconds: 3600,
         }
     }
 }

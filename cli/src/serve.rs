@@ -482,6 +482,9 @@ fn spawn_catalog(
             .context("database URL is not resolved")?,
         max_connections: config.catalog.max_connections,
         internal_token: config.internal_token.clone(),
+        adapter_credential_grace: std::time::Duration::from_secs(
+            config.catalog.adapter_credential_grace_seconds,
+        ),
     };
     let result = async move {
         let result = plinth_catalog::run(options, listener, admin, shutdown).await;
@@ -567,6 +570,7 @@ fn spawn_gateway(
         environments: config.gateway.environments,
         tokens: config.token_scopes(),
         internal_token: config.internal_token.clone(),
+        public_url: config.gateway.public_url.clone(),
     };
     let result = async move {
         let result = plinth_gateway::run(options, listener, backends, shutdown).await;

@@ -5,6 +5,7 @@
 //! and the OpenAPI document. It owns no durable state and no business rule: every decision
 //! about an environment is the catalog's, reached over `plinth.catalog.v1`.
 
+mod adapters;
 mod auth;
 mod builds;
 mod environments;
@@ -24,6 +25,7 @@ use plinth_kit::admin::{self, ReadinessCheck};
 use plinth_kit::config::Secret;
 use plinth_kit::grpc::{ClientInterceptor, InvalidToken};
 use plinth_kit::tasks::CancellationToken;
+use plinth_proto::catalog::v1::adapter_service_client::AdapterServiceClient;
 use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
 use plinth_proto::catalog::v1::harness_service_client::HarnessServiceClient;
 use plinth_proto::catalog::v1::session_service_client::SessionServiceClient;
@@ -54,6 +56,9 @@ pub struct GatewayOptions {
     pub tokens: Vec<(Secret, String)>,
     /// Sent to the services behind, when they require it.
     pub internal_token: Option<Secret>,
+    /// The gateway's root URL as agent runtimes reach it, for the URLs workspace adapters
+    /// answer; the request's `Host` over plain HTTP when absent.
+    pub public_url: Option<String>,
 }
 
 /// Why the gateway could not start or stopped.
@@ -71,6 +76,7 @@ type CatalogClient = CatalogServiceClient<InterceptedService<Channel, ClientInte
 type SourceClient = SourceServiceClient<InterceptedService<Channel, ClientInterceptor>>;
 type HarnessClient = HarnessServiceClient<InterceptedService<Channel, ClientInterceptor>>;
 type SessionClient = SessionServiceClient<InterceptedService<Channel, ClientInterceptor>>;
+type AdapterClient = AdapterServiceClient<InterceptedService<Channel, ClientInterceptor>>;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -78,10 +84,12 @@ pub(crate) struct AppState {
     catalog: CatalogClient,
     harnesses: HarnessClient,
     sessions: SessionClient,
+    adapters: AdapterClient,
     nodes: sessions::Nodes,
     source: SourceClient,
     tokens: Arc<auth::Tokens>,
     environments: bool,
+    public_url: Option<String>,
 }
 
 impl AppState {
@@ -100,6 +108,11 @@ impl AppState {
         self.sessions.clone()
     }
 
+    /// A workspace-adapter client for one request; it shares the catalog's channel.
+    fn adapters(&self) -> AdapterClient {
+        self.adapters.clone()
+    }
+
     /// A source client for one request; clones share the channel.
     fn source(&self) -> SourceClient {
         self.source.clone()
@@ -115,7 +128,7 @@ impl AppState {
     ),
     components(schemas(ErrorBody, ErrorObject)),
     modifiers(&BearerAuth),
-    tags((name = "environments", description = "UHP Environments §2"), (name = "files", description = "UHP Environments §3"), (name = "builds", description = "UHP Environments §4"), (name = "harnesses", description = "UHP Environments §5: harnesses and the environment their tasks read"), (name = "sessions", description = "UHP Environments §6: what a session sees"), (name = "tasks", description = "UHP Environments §5: tasks refused unless their environment is ready"), (name = "discovery", description = "UHP Environments §7"))
+    tags((name = "environments", description = "UHP Environments §2"), (name = "files", description = "UHP Environments §3"), (name = "builds", description = "UHP Environments §4"), (name = "harnesses", description = "UHP Environments §5: harnesses and the environment their tasks read"), (name = "sessions", description = "UHP Environments §6: what a session sees"), (name = "tasks", description = "UHP Environments §5: tasks refused unless their environment is ready"), (name = "discovery", description = "UHP Environments §7"), (name = "workspace-adapters", description = "Endpoints Plinth hosts for agent runtimes (Novo, Brain) to work in sessions on an environment"))
 )]
 struct ApiDoc;
 
@@ -191,11 +204,16 @@ pub fn router(options: &GatewayOptions, backends: Backends) -> Result<Router, Ga
             backends.catalog.clone(),
             interceptor.clone(),
         ),
+        adapters: AdapterServiceClient::with_interceptor(
+            backends.catalog.clone(),
+            interceptor.clone(),
+        ),
         nodes: Arc::new(sessions::NodeClients::new(interceptor.clone())),
         source: SourceServiceClient::with_interceptor(backends.source.clone(), interceptor)
             .max_decoding_message_size(4 * 1024 * 1024),
         tokens: Arc::new(auth::Tokens::new(options.tokens.clone())),
         environments: options.environments,
+        public_url: options.public_url.clone(),
     };
     let mut api = OpenApiRouter::with_openapi(ApiDoc::openapi()).routes(routes!(capabilities));
     if options.environments {
@@ -204,7 +222,8 @@ pub fn router(options: &GatewayOptions, backends: Backends) -> Result<Router, Ga
             .merge(files::routes())
             .merge(builds::routes())
             .merge(harnesses::routes())
-            .merge(sessions::routes());
+            .merge(sessions::routes())
+            .merge(adapters::routes());
     }
     let (api, mut openapi) = api.split_for_parts();
     // axum spells a multi-segment parameter `{*path}`; OpenAPI spells it `{path}`.

@@ -1,6 +1,7 @@
 //! End-to-end tests: real `plinth` services over real HTTP and gRPC, each test with its own
 //! data directory and database.
 
+mod adapters;
 mod build_faults;
 mod build_rules;
 mod builds;

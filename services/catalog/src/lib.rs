@@ -9,6 +9,8 @@
 
 pub mod brain;
 mod brain_service;
+mod adapter_service;
+pub mod adapters;
 mod harnesses;
 pub mod model;
 pub mod persistence;
@@ -24,13 +26,14 @@ use plinth_kit::admin::{self, ReadinessCheck};
 use plinth_kit::config::Secret;
 use plinth_kit::grpc::GrpcServer;
 use plinth_kit::tasks::CancellationToken;
+use plinth_proto::catalog::v1::adapter_service_server::AdapterServiceServer;
 use plinth_proto::catalog::v1::brain_service_server::BrainServiceServer;
 use plinth_proto::catalog::v1::catalog_service_server::CatalogServiceServer;
 use plinth_proto::catalog::v1::harness_service_server::HarnessServiceServer;
 use plinth_proto::catalog::v1::session_service_server::SessionServiceServer;
 use tokio::net::TcpListener;
 
-pub use persistence::{LeasePolicy, Store, StoreError};
+pub use persistence::{AdapterCredentials, LeasePolicy, Store, StoreError};
 pub use session_service::NODE_HEARTBEAT_MS;
 
 /// The catalog's gRPC service name, as health checks name it.
@@ -50,6 +53,8 @@ pub struct CatalogOptions {
     pub internal_token: Option<Secret>,
     /// How builds are leased to builders.
     pub leases: LeasePolicy,
+    /// How long a workspace adapter's rotated-out credential is still accepted.
+    pub adapter_credential_grace: std::time::Duration,
 }
 
 /// Why the catalog stopped.
@@ -104,6 +109,10 @@ pub async fn run(
         .add_service(sessions)
         .add_service(BrainServiceServer::new(brain_service::Brain::new(
             store.clone(),
+        )))
+        .add_service(AdapterServiceServer::new(adapter_service::Adapters::new(
+            store.clone(),
+            options.adapter_credential_grace,
         )))
         .serve(grpc, shutdown)
         .await?;

@@ -6,11 +6,13 @@
 //! the same SQL through sqlx's `Any` driver: times are i64 milliseconds, ids are text.
 //! Uniqueness (one slug per scope) is an index, so it holds across catalog replicas.
 
+mod adapters;
 mod brain;
 mod builds;
 mod harnesses;
 mod sessions;
 
+pub use adapters::AdapterCredentials;
 pub use builds::{LeasePolicy, MAX_LOG_BYTES};
 use plinth_kit::database::{Backend, Database, DatabaseError, MigrationFile, now_ms};
 pub use sessions::{NewSession, NewTask};
@@ -48,6 +50,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 include_str!("../migrations/sqlite/0005_sessions.sql"),
             ),
             (
+                6,
+                "workspace adapters",
+                include_str!("../migrations/sqlite/0006_workspace_adapters.sql"),
+            ),
+            (
                 7,
                 "brain",
                 include_str!("../migrations/sqlite/0007_brain.sql"),
@@ -78,6 +85,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 5,
                 "sessions",
                 include_str!("../migrations/postgres/0005_sessions.sql"),
+            ),
+            (
+                6,
+                "workspace adapters",
+                include_str!("../migrations/postgres/0006_workspace_adapters.sql"),
             ),
             (
                 7,

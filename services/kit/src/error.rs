@@ -42,11 +42,32 @@ pub enum ErrorCode {
     Unavailable,
     /// Anything else; details are logged, never sent.
     Internal,
+    /// A workspace path is malformed or outside the workspace root (and not a readable path
+    /// under the environment's mount).
+    WorkspacePathInvalid,
+    /// A workspace call would write beneath the read-only environment mount.
+    WorkspaceReadOnly,
+    /// A workspace file, directory, rollback token or command output does not exist.
+    WorkspaceNotFound,
+    /// A workspace call's arguments are malformed or contradict each other.
+    WorkspaceInvalidRequest,
+    /// An edit's `find` text occurs more than once and `replace_all` was not asked for.
+    WorkspaceFindNotUnique,
+    /// An edit's `find` text does not occur in the file.
+    WorkspaceFindNotFound,
+    /// A mutating edit arrived without `contents`.
+    WorkspaceContentsRequired,
+    /// The run's session ended (idle too long); its workspace is gone.
+    WorkspaceRunEnded,
+    /// An idempotency key was used again with a different request body.
+    IdempotencyKeyReused,
+    /// The first request with this idempotency key is still running.
+    IdempotencyInProgress,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::EnvironmentInvalid,
         ErrorCode::EnvironmentNotFound,
         ErrorCode::EnvironmentExists,
@@ -59,6 +80,16 @@ impl ErrorCode {
         ErrorCode::MethodNotAllowed,
         ErrorCode::Unavailable,
         ErrorCode::Internal,
+        ErrorCode::WorkspacePathInvalid,
+        ErrorCode::WorkspaceReadOnly,
+        ErrorCode::WorkspaceNotFound,
+        ErrorCode::WorkspaceInvalidRequest,
+        ErrorCode::WorkspaceFindNotUnique,
+        ErrorCode::WorkspaceFindNotFound,
+        ErrorCode::WorkspaceContentsRequired,
+        ErrorCode::WorkspaceRunEnded,
+        ErrorCode::IdempotencyKeyReused,
+        ErrorCode::IdempotencyInProgress,
     ];
 
     /// The code as it appears on the wire.
@@ -76,6 +107,16 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
+            ErrorCode::WorkspacePathInvalid => "workspace_path_invalid",
+            ErrorCode::WorkspaceReadOnly => "workspace_read_only",
+            ErrorCode::WorkspaceNotFound => "workspace_not_found",
+            ErrorCode::WorkspaceInvalidRequest => "workspace_invalid_request",
+            ErrorCode::WorkspaceFindNotUnique => "workspace_find_not_unique",
+            ErrorCode::WorkspaceFindNotFound => "workspace_find_not_found",
+            ErrorCode::WorkspaceContentsRequired => "workspace_contents_required",
+            ErrorCode::WorkspaceRunEnded => "workspace_run_ended",
+            ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
+            ErrorCode::IdempotencyInProgress => "idempotency_in_progress",
         }
     }
 
@@ -87,12 +128,23 @@ impl ErrorCode {
     /// The HTTP status the gateway answers with.
     pub fn http_status(self) -> u16 {
         match self {
-            ErrorCode::EnvironmentInvalid => 400,
-            ErrorCode::EnvironmentNotFound | ErrorCode::NotFound => 404,
+            ErrorCode::EnvironmentInvalid
+            | ErrorCode::WorkspacePathInvalid
+            | ErrorCode::WorkspaceInvalidRequest
+            | ErrorCode::WorkspaceContentsRequired => 400,
+            ErrorCode::EnvironmentNotFound | ErrorCode::NotFound | ErrorCode::WorkspaceNotFound => {
+                404
+            }
             ErrorCode::EnvironmentExists
             | ErrorCode::EnvironmentBusy
             | ErrorCode::EnvironmentNotReady
-            | ErrorCode::LeaseLost => 409,
+            | ErrorCode::LeaseLost
+            | ErrorCode::WorkspaceFindNotUnique
+            | ErrorCode::WorkspaceFindNotFound
+            | ErrorCode::IdempotencyInProgress => 409,
+            ErrorCode::WorkspaceReadOnly => 403,
+            ErrorCode::WorkspaceRunEnded => 410,
+            ErrorCode::IdempotencyKeyReused => 422,
             ErrorCode::FileTooLarge => 413,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::MethodNotAllowed => 405,
@@ -104,8 +156,19 @@ impl ErrorCode {
     /// The gRPC code a service answers with.
     pub fn grpc_code(self) -> tonic::Code {
         match self {
-            ErrorCode::EnvironmentInvalid => tonic::Code::InvalidArgument,
-            ErrorCode::EnvironmentNotFound | ErrorCode::NotFound => tonic::Code::NotFound,
+            ErrorCode::EnvironmentInvalid
+            | ErrorCode::WorkspacePathInvalid
+            | ErrorCode::WorkspaceInvalidRequest
+            | ErrorCode::WorkspaceContentsRequired => tonic::Code::InvalidArgument,
+            ErrorCode::EnvironmentNotFound | ErrorCode::NotFound | ErrorCode::WorkspaceNotFound => {
+                tonic::Code::NotFound
+            }
+            ErrorCode::WorkspaceReadOnly => tonic::Code::PermissionDenied,
+            ErrorCode::WorkspaceFindNotUnique
+            | ErrorCode::WorkspaceFindNotFound
+            | ErrorCode::WorkspaceRunEnded
+            | ErrorCode::IdempotencyKeyReused => tonic::Code::FailedPrecondition,
+            ErrorCode::IdempotencyInProgress => tonic::Code::Aborted,
             ErrorCode::EnvironmentExists => tonic::Code::AlreadyExists,
             ErrorCode::EnvironmentBusy => tonic::Code::Aborted,
             ErrorCode::EnvironmentNotReady | ErrorCode::LeaseLost => {

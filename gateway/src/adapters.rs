@@ -1,0 +1,290 @@
+//! Workspace adapters: `POST /v1/workspace-adapters` registers an endpoint an agent runtime
+//! calls (Novo's signed dispatch, Brain's environment operations) to work in sessions on one
+//! environment; `GET`/`DELETE /v1/workspace-adapters/{id}` and `POST …/{id}/rotate-secret`
+//! manage it. The credential (Novo: the HMAC secret; Brain: a bearer token) is answered once,
+//! on creation and on rotation, and never again. The catalog owns the rules.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use plinth_proto::catalog::v1 as pb;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorBody};
+use crate::json::JsonBody;
+
+/// The adapter routes.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_adapter))
+        .routes(routes!(get_adapter, delete_adapter))
+        .routes(routes!(rotate_secret))
+}
+
+/// `POST /v1/workspace-adapters`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateAdapter {
+    /// `novo` or `brain`.
+    pub protocol: String,
+    /// The environment its runs read (`henv_…`), of the caller's scope.
+    pub environment: String,
+    /// Novo only: the HMAC secret (16 to 512 printable ASCII characters); generated when
+    /// left out. Brain tokens are always generated.
+    #[serde(default)]
+    pub secret: Option<String>,
+}
+
+/// `POST …/{id}/rotate-secret`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RotateSecret {
+    /// Novo only: the new secret; generated when left out.
+    #[serde(default)]
+    pub secret: Option<String>,
+}
+
+/// A workspace adapter.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AdapterBody {
+    /// `wadp_` + 32 lowercase hex.
+    pub id: String,
+    /// Always `workspace_adapter`.
+    pub object: &'static str,
+    /// `novo` or `brain`.
+    pub protocol: String,
+    /// The environment its runs read.
+    pub environment: String,
+    /// Novo: the dispatch URL to register with Novo. Brain: the base URL (Brain posts to
+    /// `{url}/v1/operations`).
+    pub url: String,
+    /// Novo: the HMAC secret, only in the answer that made it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// Brain: the bearer token, only in the answer that made it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// Milliseconds since the Unix epoch.
+    #[serde(rename = "createdAt")]
+    pub created_at: i64,
+    /// When the credential was last rotated (ms), or null.
+    #[serde(rename = "rotatedAt")]
+    pub rotated_at: Option<i64>,
+    /// Until when the previous credential is accepted (ms), or null when none is.
+    #[serde(rename = "previousCredentialExpiresAt")]
+    pub previous_expires_at: Option<i64>,
+}
+
+/// `DELETE` answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AdapterDeleted {
+    /// The adapter's id.
+    pub id: String,
+    /// Always `workspace_adapter`.
+    pub object: &'static str,
+    /// Always true.
+    pub deleted: bool,
+}
+
+/// The path of an adapter's endpoint for its protocol, beneath the gateway's root.
+pub fn endpoint_path(id: &str, protocol: &str) -> String {
+    format!("/v1/workspace-adapters/{id}/{protocol}")
+}
+
+/// The gateway's root URL as runtimes reach it: the configured public URL, else the
+/// request's `Host` over plain HTTP.
+fn base_url(state: &AppState, headers: &HeaderMap) -> String {
+    if let Some(url) = &state.public_url {
+        return url.trim_end_matches('/').to_owned();
+    }
+    let host = headers
+        .get(header::HOST)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("localhost");
+    format!("http://{host}")
+}
+
+fn adapter_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    adapter: pb::Adapter,
+    credential: Option<String>,
+) -> AdapterBody {
+    let (secret, token) = match adapter.protocol.as_str() {
+        "brain" => (None, credential),
+        _ => (credential, None),
+    };
+    AdapterBody {
+        url: format!(
+            "{}{}",
+            base_url(state, headers),
+            endpoint_path(&adapter.id, &adapter.protocol)
+        ),
+        id: adapter.id,
+        object: "workspace_adapter",
+        protocol: adapter.protocol,
+        environment: adapter.environment_id,
+        secret,
+        token,
+        created_at: adapter.created_at_ms,
+        rotated_at: (adapter.rotated_at_ms > 0).then_some(adapter.rotated_at_ms),
+        previous_expires_at: (adapter.previous_expires_at_ms > 0)
+            .then_some(adapter.previous_expires_at_ms),
+    }
+}
+
+/// Register a workspace adapter on an environment of the caller's scope.
+#[utoipa::path(
+    post,
+    path = "/v1/workspace-adapters",
+    tag = "workspace-adapters",
+    request_body = CreateAdapter,
+    responses(
+        (status = 201, description = "Created; `secret` (Novo) or `token` (Brain) is shown only here", body = AdapterBody),
+        (status = 400, description = "environment_invalid: malformed body, unknown protocol, a secret that breaks the rules", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found: not an environment of this scope", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn create_adapter(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<CreateAdapter>,
+) -> Result<(StatusCode, Json<AdapterBody>), ApiError> {
+    let created = state
+        .adapters()
+        .create_adapter(pb::CreateAdapterRequest {
+            scope: caller.scope,
+            protocol: body.protocol,
+            environment_id: body.environment,
+            secret: body.secret.unwrap_or_default(),
+        })
+        .await?
+        .into_inner();
+    let adapter = created.adapter.unwrap_or_default();
+    Ok((
+        StatusCode::CREATED,
+        Json(adapter_body(
+            &state,
+            &headers,
+            adapter,
+            Some(created.credential),
+        )),
+    ))
+}
+
+/// One workspace adapter (never its secret or token).
+#[utoipa::path(
+    get,
+    path = "/v1/workspace-adapters/{id}",
+    tag = "workspace-adapters",
+    params(("id" = String, Path, description = "The adapter's id")),
+    responses(
+        (status = 200, description = "The adapter", body = AdapterBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn get_adapter(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<AdapterBody>, ApiError> {
+    let adapter = state
+        .adapters()
+        .get_adapter(pb::GetAdapterRequest {
+            scope: caller.scope,
+            id,
+        })
+        .await?
+        .into_inner();
+    Ok(Json(adapter_body(&state, &headers, adapter, None)))
+}
+
+/// Delete a workspace adapter: its secret or token stops working at once.
+#[utoipa::path(
+    delete,
+    path = "/v1/workspace-adapters/{id}",
+    tag = "workspace-adapters",
+    params(("id" = String, Path, description = "The adapter's id")),
+    responses(
+        (status = 200, description = "Deleted", body = AdapterDeleted),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn delete_adapter(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<AdapterDeleted>, ApiError> {
+    state
+        .adapters()
+        .delete_adapter(pb::DeleteAdapterRequest {
+            scope: caller.scope,
+            id: id.clone(),
+        })
+        .await?;
+    Ok(Json(AdapterDeleted {
+        id,
+        object: "workspace_adapter",
+        deleted: true,
+    }))
+}
+
+/// Replace the adapter's secret (Novo) or token (Brain); the previous one is accepted for the
+/// configured grace window (`catalog.adapter_credential_grace_seconds`).
+#[utoipa::path(
+    post,
+    path = "/v1/workspace-adapters/{id}/rotate-secret",
+    tag = "workspace-adapters",
+    params(("id" = String, Path, description = "The adapter's id")),
+    request_body = RotateSecret,
+    responses(
+        (status = 200, description = "Rotated; the new `secret` or `token` is shown only here", body = AdapterBody),
+        (status = 400, description = "environment_invalid: a secret that breaks the rules, or one given for Brain", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn rotate_secret(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<AdapterBody>, ApiError> {
+    // An empty body rotates to a generated credential, like `{}`.
+    let body: RotateSecret = if body.iter().all(u8::is_ascii_whitespace) {
+        RotateSecret::default()
+    } else {
+        crate::json::parse(&body)?
+    };
+    let rotated = state
+        .adapters()
+        .rotate_adapter_credential(pb::RotateAdapterCredentialRequest {
+            scope: caller.scope,
+            id,
+            secret: body.secret.unwrap_or_default(),
+        })
+        .await?
+        .into_inner();
+    let adapter = rotated.adapter.unwrap_or_default();
+    Ok(Json(adapter_body(
+        &state,
+        &headers,
+        adapter,
+        Some(rotated.credential),
+    )))
+}

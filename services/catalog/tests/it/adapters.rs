@@ -1,0 +1,184 @@
+//! Workspace adapters in the store, every backend: each test below runs against SQLite and
+//! against PostgreSQL (`PLINTH_TEST_POSTGRES_URL`; required under CI).
+
+use plinth_catalog::adapters::{AdapterId, Credential, NewAdapter, Protocol, token_digest};
+use plinth_catalog::model::{Environment, NewEnvironment, Scope};
+use plinth_catalog::testing::{self, PostgresAvailability};
+use plinth_catalog::{Store, StoreError};
+
+macro_rules! adapter_suite {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let dir = tempfile::tempdir().expect("temp dir");
+                    let store = super::open(&plinth_catalog::testing::sqlite_url(dir.path())).await;
+                    super::$test(store).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let Some(url) = super::postgres_url().await else { return };
+                    let store = super::open(&url).await;
+                    super::$test(store).await;
+                }
+            )*
+        }
+    };
+}
+
+adapter_suite!(
+    an_adapter_names_an_environment_of_its_scope,
+    rotation_keeps_the_previous_credential_for_the_grace_window,
+    brain_adapters_keep_only_the_tokens_digest,
+    delete_stops_the_credential_at_once,
+);
+
+async fn postgres_url() -> Option<String> {
+    match testing::postgres() {
+        PostgresAvailability::Available(server) => {
+            Some(testing::fresh_postgres_database(&server).await)
+        }
+        PostgresAvailability::NotConfigured => None,
+    }
+}
+
+async fn open(url: &str) -> Store {
+    let store = Store::connect(url, 5).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+fn scope(name: &str) -> Scope {
+    Scope::parse(name).expect("scope")
+}
+
+async fn environment(store: &Store, scope_name: &str, name: &str) -> Environment {
+    store
+        .create_environment(
+            NewEnvironment::new(scope(scope_name), name.to_owned(), String::new(), String::new()).expect("valid"),
+        )
+        .await
+        .expect("created")
+}
+
+async fn novo(store: &Store, scope_name: &str, environment: &Environment, secret: &str) -> AdapterId {
+    store
+        .create_adapter(NewAdapter {
+            scope: scope(scope_name),
+            protocol: Protocol::Novo,
+            environment_id: environment.id.clone(),
+            stored_credential: secret.to_owned(),
+        })
+        .await
+        .expect("created")
+        .id
+}
+
+async fn an_adapter_names_an_environment_of_its_scope(store: Store) {
+    let mine = environment(&store, "acme", "Mine").await;
+    let theirs = environment(&store, "globex", "Theirs").await;
+    let id = novo(&store, "acme", &mine, "first-secret-0123456789").await;
+    let adapter = store.get_adapter(&scope("acme"), &id).await.expect("found");
+    assert_eq!(adapter.environment_id, mine.id);
+    assert_eq!(adapter.protocol, Protocol::Novo);
+    assert_eq!(adapter.rotated_at_ms, 0);
+    assert_eq!(adapter.previous_expires_at_ms, 0);
+    assert!(matches!(
+        store.get_adapter(&scope("globex"), &id).await,
+        Err(StoreError::NotFound)
+    ));
+    let refused = store
+        .create_adapter(NewAdapter {
+            scope: scope("acme"),
+            protocol: Protocol::Novo,
+            environment_id: theirs.id.clone(),
+            stored_credential: "x".repeat(20),
+        })
+        .await;
+    assert!(matches!(refused, Err(StoreError::NoSuchEnvironment)));
+    let credentials = store.adapter_credentials(&id).await.expect("by id alone");
+    assert_eq!(credentials.adapter.scope, scope("acme"));
+    assert_eq!(credentials.current, "first-secret-0123456789");
+    assert_eq!(credentials.previous, None);
+}
+
+async fn rotation_keeps_the_previous_credential_for_the_grace_window(store: Store) {
+    let env = environment(&store, "acme", "Rotating").await;
+    let id = novo(&store, "acme", &env, "first-secret-0123456789").await;
+    let rotated = store
+        .rotate_adapter(&scope("acme"), &id, "second-secret-0123456789", 60_000)
+        .await
+        .expect("rotated");
+    assert!(rotated.rotated_at_ms > 0);
+    assert_eq!(rotated.previous_expires_at_ms - rotated.rotated_at_ms, 60_000);
+    let credentials = store.adapter_credentials(&id).await.expect("found");
+    assert_eq!(credentials.current, "second-secret-0123456789");
+    assert_eq!(
+        credentials.previous.as_deref(),
+        Some("first-secret-0123456789")
+    );
+
+    // A window that is over: the previous secret is no longer handed out.
+    store
+        .rotate_adapter(&scope("acme"), &id, "third-secret-0123456789", 0)
+        .await
+        .expect("rotated");
+    let credentials = store.adapter_credentials(&id).await.expect("found");
+    assert_eq!(credentials.current, "third-secret-0123456789");
+    assert_eq!(credentials.previous, None);
+    assert_eq!(credentials.adapter.previous_expires_at_ms, 0);
+
+    assert!(matches!(
+        store
+            .rotate_adapter(&scope("globex"), &id, "x".repeat(20).as_str(), 1000)
+            .await,
+        Err(StoreError::NotFound)
+    ));
+}
+
+async fn brain_adapters_keep_only_the_tokens_digest(store: Store) {
+    let env = environment(&store, "acme", "Brainy").await;
+    let credential = Credential::new(Protocol::Brain, "").expect("generated");
+    let adapter = store
+        .create_adapter(NewAdapter {
+            scope: scope("acme"),
+            protocol: Protocol::Brain,
+            environment_id: env.id.clone(),
+            stored_credential: credential.stored.clone(),
+        })
+        .await
+        .expect("created");
+    let credentials = store
+        .adapter_credentials(&adapter.id)
+        .await
+        .expect("found");
+    assert_eq!(credentials.adapter.protocol, Protocol::Brain);
+    assert_eq!(credentials.current, token_digest(&credential.shown));
+    assert_ne!(credentials.current, credential.shown);
+}
+
+async fn delete_stops_the_credential_at_once(store: Store) {
+    let env = environment(&store, "acme", "Deleting").await;
+    let id = novo(&store, "acme", &env, "first-secret-0123456789").await;
+    assert!(matches!(
+        store.delete_adapter(&scope("globex"), &id).await,
+        Err(StoreError::NotFound)
+    ));
+    store
+        .delete_adapter(&scope("acme"), &id)
+        .await
+        .expect("deleted");
+    assert!(matches!(
+        store.adapter_credentials(&id).await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(
+        store.delete_adapter(&scope("acme"), &id).await,
+        Err(StoreError::NotFound)
+    ));
+}
