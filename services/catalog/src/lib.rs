@@ -7,10 +7,10 @@
 //! domain types and their rules; `service` (environments, builds) and `harnesses` are thin gRPC
 //! adapters; `run` starts it all.
 
-pub mod brain;
-mod brain_service;
 mod adapter_service;
 pub mod adapters;
+pub mod brain;
+mod brain_service;
 mod harnesses;
 pub mod model;
 pub mod persistence;
@@ -33,7 +33,7 @@ use plinth_proto::catalog::v1::harness_service_server::HarnessServiceServer;
 use plinth_proto::catalog::v1::session_service_server::SessionServiceServer;
 use tokio::net::TcpListener;
 
-pub use persistence::{AdapterCredentials, LeasePolicy, Store, StoreError};
+pub use persistence::{AdapterCredentials, LeasePolicy, NewSession, NewTask, Store, StoreError};
 pub use session_service::NODE_HEARTBEAT_MS;
 
 /// The catalog's gRPC service name, as health checks name it.

@@ -4,4 +4,5 @@
 mod adapters;
 mod brain;
 mod harnesses;
+mod sessions;
 mod store;

@@ -1,0 +1,339 @@
+//! Sessions, turns, nodes and tasks in the store, every backend: each test below runs against
+//! SQLite and against PostgreSQL (`PLINTH_TEST_POSTGRES_URL`; required under CI).
+
+use plinth_catalog::model::{EnvironmentId, NewEnvironment, Outcome, Package, Scope};
+use plinth_catalog::sessions::{SessionStatus, TurnKind};
+use plinth_catalog::testing::{self, PostgresAvailability};
+use plinth_catalog::{LeasePolicy, NewSession, NewTask, Store, StoreError};
+
+macro_rules! session_suite {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let dir = tempfile::tempdir().expect("temp dir");
+                    let store = super::open(&plinth_catalog::testing::sqlite_url(dir.path())).await;
+                    super::$test(store).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let Some(url) = super::postgres_url().await else { return };
+                    let store = super::open(&url).await;
+                    super::$test(store).await;
+                }
+            )*
+        }
+    };
+}
+
+session_suite!(
+    a_session_pins_the_active_version_and_keeps_it,
+    sessions_need_a_ready_environment_and_a_live_node,
+    turns_are_numbered_in_order_even_when_they_race,
+    a_task_and_its_session_land_together,
+    a_restarted_node_keeps_its_id_and_its_sessions,
+);
+
+async fn postgres_url() -> Option<String> {
+    match testing::postgres() {
+        PostgresAvailability::Available(server) => {
+            Some(testing::fresh_postgres_database(&server).await)
+        }
+        PostgresAvailability::NotConfigured => None,
+    }
+}
+
+async fn open(url: &str) -> Store {
+    let store = Store::connect(url, 5).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+const LEASES: LeasePolicy = LeasePolicy {
+    lease_ms: 60_000,
+    max_attempts: 3,
+};
+
+fn scope(name: &str) -> Scope {
+    Scope::parse(name).expect("scope")
+}
+
+async fn environment(store: &Store, name: &str) -> EnvironmentId {
+    store
+        .create_environment(
+            NewEnvironment::new(scope("acme"), name.to_owned(), String::new(), String::new())
+                .expect("valid"),
+        )
+        .await
+        .expect("create")
+        .id
+}
+
+/// Builds the next version of `id` to ready with layer `layer`.
+async fn build(store: &Store, id: &EnvironmentId, layer: &str) {
+    store
+        .start_build(&scope("acme"), id, "sha256:source")
+        .await
+        .expect("start");
+    let claim = store
+        .claim_build("builder", LEASES)
+        .await
+        .expect("claim")
+        .expect("work");
+    store
+        .complete_build(
+            &claim.token,
+            Outcome::Ready {
+                layer_tree: layer.to_owned(),
+                packages: vec![Package {
+                    manager: "pip".into(),
+                    name: "requests".into(),
+                    version: "2.32.3".into(),
+                }],
+                size: 1,
+                dependency_key: String::new(),
+            },
+        )
+        .await
+        .expect("complete");
+}
+
+fn new_session(id: &EnvironmentId) -> NewSession {
+    NewSession {
+        scope: scope("acme"),
+        environment_id: id.clone(),
+        version: None,
+        harness_id: String::new(),
+        owner: String::new(),
+        live_since_ms: 0,
+    }
+}
+
+async fn a_session_pins_the_active_version_and_keeps_it(store: Store) {
+    let node = store
+        .register_node("host-a", "http://10.0.0.1:7005", true)
+        .await
+        .expect("register");
+    let id = environment(&store, "Studio").await;
+    build(&store, &id, "sha256:one").await;
+    let session = store
+        .create_session(new_session(&id))
+        .await
+        .expect("session");
+    assert_eq!(session.version, 1);
+    assert_eq!(session.layer_tree, "sha256:one");
+    assert_eq!(session.slug, "studio");
+    assert_eq!(session.node_id, node);
+    assert_eq!(session.node_address, "http://10.0.0.1:7005");
+    assert_eq!(session.status, SessionStatus::Active);
+    assert_eq!(session.workdir, "");
+
+    build(&store, &id, "sha256:two").await;
+    let attached = store
+        .mark_attached(&scope("acme"), &session.id, "/w/1", true)
+        .await
+        .expect("attach");
+    assert_eq!(attached.version, 1, "a session keeps its version");
+    assert_eq!(attached.workdir, "/w/1");
+    let later = store
+        .create_session(new_session(&id))
+        .await
+        .expect("session");
+    assert_eq!(
+        (later.version, later.layer_tree.as_str()),
+        (2, "sha256:two")
+    );
+
+    // Another scope's session does not exist.
+    assert!(matches!(
+        store.get_session(&scope("other"), &session.id).await,
+        Err(StoreError::NotFound)
+    ));
+    let ended = store
+        .end_session(&scope("acme"), &session.id)
+        .await
+        .expect("end");
+    assert_eq!(ended.status, SessionStatus::Ended);
+    assert!(ended.ended_at_ms > 0);
+    let again = store
+        .end_session(&scope("acme"), &session.id)
+        .await
+        .expect("end again");
+    assert_eq!(
+        again.ended_at_ms, ended.ended_at_ms,
+        "ending twice changes nothing"
+    );
+    let live: Vec<_> = store
+        .node_sessions(&node)
+        .await
+        .expect("node sessions")
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(live, vec![later.id]);
+}
+
+async fn sessions_need_a_ready_environment_and_a_live_node(store: Store) {
+    let id = environment(&store, "Unbuilt").await;
+    assert!(matches!(
+        store.create_session(new_session(&id)).await,
+        Err(StoreError::NothingBuilt)
+    ));
+    build(&store, &id, "sha256:one").await;
+    assert!(matches!(
+        store.create_session(new_session(&id)).await,
+        Err(StoreError::NoLiveNode)
+    ));
+    store
+        .register_node("host-a", "http://a", true)
+        .await
+        .expect("register");
+    let mut stale = new_session(&id);
+    stale.live_since_ms = i64::MAX;
+    assert!(matches!(
+        store.create_session(stale).await,
+        Err(StoreError::NoLiveNode)
+    ));
+    let mut other = new_session(&id);
+    other.scope = scope("other");
+    assert!(matches!(
+        store.create_session(other).await,
+        Err(StoreError::NotFound)
+    ));
+    // The emptier node gets the next session.
+    store
+        .register_node("host-b", "http://b", true)
+        .await
+        .expect("register");
+    let first = store.create_session(new_session(&id)).await.expect("first");
+    let second = store
+        .create_session(new_session(&id))
+        .await
+        .expect("second");
+    assert_ne!(first.node_id, second.node_id);
+}
+
+async fn turns_are_numbered_in_order_even_when_they_race(store: Store) {
+    store
+        .register_node("host-a", "http://a", true)
+        .await
+        .expect("register");
+    let id = environment(&store, "Studio").await;
+    build(&store, &id, "sha256:one").await;
+    let session = store
+        .create_session(new_session(&id))
+        .await
+        .expect("session");
+    let recorded = futures::future::join_all((0..16).map(|i| {
+        let store = store.clone();
+        let session = session.id.clone();
+        async move {
+            store
+                .record_turn(
+                    &scope("acme"),
+                    &session,
+                    TurnKind::Exec,
+                    &format!("echo {i}"),
+                    Some(0),
+                )
+                .await
+        }
+    }))
+    .await;
+    let mut sequences: Vec<u64> = recorded
+        .into_iter()
+        .map(|turn| turn.expect("turn").sequence)
+        .collect();
+    sequences.sort_unstable();
+    assert_eq!(sequences, (1..=16).collect::<Vec<_>>());
+    let turns = store
+        .list_turns(&scope("acme"), &session.id)
+        .await
+        .expect("turns");
+    assert_eq!(turns.len(), 16);
+    assert!(
+        turns
+            .iter()
+            .all(|turn| turn.version == 1 && turn.exit_code == Some(0))
+    );
+    let long = "x".repeat(10_000);
+    let cut = store
+        .record_turn(
+            &scope("acme"),
+            &session.id,
+            TurnKind::WriteFile,
+            &long,
+            None,
+        )
+        .await
+        .expect("turn");
+    assert_eq!(cut.detail.len(), 4096);
+    assert!(matches!(
+        store.list_turns(&scope("other"), &session.id).await,
+        Err(StoreError::NotFound)
+    ));
+}
+
+async fn a_task_and_its_session_land_together(store: Store) {
+    store
+        .register_node("host-a", "http://a", true)
+        .await
+        .expect("register");
+    let id = environment(&store, "Studio").await;
+    let refused = store
+        .create_task(NewTask {
+            input: "go".into(),
+            metadata: "{}".into(),
+            session: new_session(&id),
+        })
+        .await;
+    assert!(matches!(refused, Err(StoreError::NothingBuilt)));
+    build(&store, &id, "sha256:one").await;
+    let task = store
+        .create_task(NewTask {
+            input: "Render it.".into(),
+            metadata: r#"{"harness_id":"chrn_x"}"#.into(),
+            session: NewSession {
+                harness_id: "chrn_x".into(),
+                ..new_session(&id)
+            },
+        })
+        .await
+        .expect("task");
+    assert_eq!(task.session.version, 1);
+    assert_eq!(task.session.harness_id, "chrn_x");
+    assert_eq!(task.input, "Render it.");
+}
+
+async fn a_restarted_node_keeps_its_id_and_its_sessions(store: Store) {
+    let first = store
+        .register_node("host-a", "http://old", true)
+        .await
+        .expect("register");
+    let id = environment(&store, "Studio").await;
+    build(&store, &id, "sha256:one").await;
+    let session = store
+        .create_session(new_session(&id))
+        .await
+        .expect("session");
+    let again = store
+        .register_node("host-a", "http://new", false)
+        .await
+        .expect("register again");
+    assert_eq!(again, first);
+    let moved = store
+        .get_session(&scope("acme"), &session.id)
+        .await
+        .expect("session");
+    assert_eq!(moved.node_address, "http://new");
+    let active = store
+        .node_heartbeat(&again, &[(id.clone(), 1), (id.clone(), 7)])
+        .await
+        .expect("heartbeat");
+    assert_eq!(active, vec![(id, 1)]);
+}
