@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "plinth/catalog/v1/harnesses.proto",
         "plinth/catalog/v1/sessions.proto",
         "plinth/node/v1/node.proto",
+        "plinth/node/v1/workspace.proto",
         "plinth/source/v1/source.proto",
     ];
     for proto in protos {

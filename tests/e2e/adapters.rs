@@ -54,10 +54,15 @@ async fn adapters_show_their_credential_once_and_stay_in_their_scope() {
     assert_eq!(novo["environment"], env.as_str());
     assert_eq!(
         novo["url"],
-        server.url(&format!("/v1/workspace-adapters/{id}/novo")).as_str()
+        server
+            .url(&format!("/v1/workspace-adapters/{id}/novo"))
+            .as_str()
     );
     let secret = novo["secret"].as_str().expect("secret shown once");
-    assert!(secret.starts_with("plinth_novo_") && secret.len() >= 64, "{novo}");
+    assert!(
+        secret.starts_with("plinth_novo_") && secret.len() >= 64,
+        "{novo}"
+    );
     assert!(novo.get("token").is_none(), "{novo}");
     assert!(novo["createdAt"].as_i64().expect("createdAt") > 1_600_000_000_000);
     assert_eq!(novo["rotatedAt"], Value::Null);
@@ -141,7 +146,11 @@ async fn adapters_show_their_credential_once_and_stay_in_their_scope() {
     let expires = rotated["previousCredentialExpiresAt"]
         .as_i64()
         .expect("grace window");
-    assert_eq!(expires - rotated_at, 3_600_000, "the default grace window is an hour");
+    assert_eq!(
+        expires - rotated_at,
+        3_600_000,
+        "the default grace window is an hour"
+    );
     let (status, generated) = send(
         server
             .client

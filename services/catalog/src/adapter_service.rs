@@ -79,8 +79,9 @@ impl pb::adapter_service_server::AdapterService for Adapters {
                 request.protocol
             ))
         })?;
-        let environment_id = EnvironmentId::parse(&request.environment_id)
-            .ok_or_else(|| store_error(StoreError::NoSuchEnvironment, "", &request.environment_id))?;
+        let environment_id = EnvironmentId::parse(&request.environment_id).ok_or_else(|| {
+            store_error(StoreError::NoSuchEnvironment, "", &request.environment_id)
+        })?;
         let credential = Credential::new(protocol, &request.secret)?;
         let adapter = self
             .store
@@ -151,7 +152,10 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             .rotate_adapter(&scope, &id, &credential.stored, grace_ms)
             .await
             .map_err(|error| store_error(error, &request.id, ""))?;
-        tracing::info!(previous_expires_at_ms = adapter.previous_expires_at_ms, "workspace adapter credential rotated");
+        tracing::info!(
+            previous_expires_at_ms = adapter.previous_expires_at_ms,
+            "workspace adapter credential rotated"
+        );
         Ok(Response::new(pb::AdapterWithCredential {
             adapter: Some(adapter.into()),
             credential: credential.shown,

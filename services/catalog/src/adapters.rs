@@ -182,7 +182,10 @@ mod tests {
     fn credentials_follow_the_protocol() {
         let novo = Credential::new(Protocol::Novo, "").expect("generated");
         assert!(novo.shown.starts_with("plinth_novo_"));
-        assert_eq!(novo.shown, novo.stored, "a Novo secret is kept as the key itself");
+        assert_eq!(
+            novo.shown, novo.stored,
+            "a Novo secret is kept as the key itself"
+        );
         let chosen = Credential::new(Protocol::Novo, "env_secret_0123456789").expect("chosen");
         assert_eq!(chosen.shown, "env_secret_0123456789");
         assert!(Credential::new(Protocol::Novo, "short").is_err());

@@ -12,6 +12,8 @@ pub mod isolation;
 mod service;
 pub mod sessions;
 pub mod workdir;
+pub mod workspace;
+mod workspace_service;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -26,6 +28,7 @@ use plinth_kit::tasks::CancellationToken;
 use plinth_proto::catalog::v1 as catalog_pb;
 use plinth_proto::catalog::v1::session_service_client::SessionServiceClient;
 use plinth_proto::node::v1::node_service_server::NodeServiceServer;
+use plinth_proto::node::v1::workspace_service_server::WorkspaceServiceServer;
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -149,14 +152,21 @@ pub async fn run(
         sessions,
         isolation: options.isolation.clone(),
         limits: options.limits.clone(),
+        edits: Default::default(),
     };
+    let node = Arc::new(node);
     let limit = usize::try_from(options.limits.max_file_bytes)
         .unwrap_or(usize::MAX)
         .saturating_add(64 * 1024);
     tracing::info!(address = ?grpc.local_addr().ok(), "node serving");
     server
         .add_service(
-            NodeServiceServer::new(node)
+            NodeServiceServer::from_arc(node.clone())
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(limit),
+        )
+        .add_service(
+            WorkspaceServiceServer::from_arc(node)
                 .max_decoding_message_size(limit)
                 .max_encoding_message_size(limit),
         )

@@ -38,6 +38,7 @@ pub struct Node {
     pub(crate) sessions: Arc<SessionTable>,
     pub(crate) isolation: Isolation,
     pub(crate) limits: ExecLimits,
+    pub(crate) edits: crate::workspace_service::EditLocks,
 }
 
 fn cache_error(error: CacheError) -> PlinthError {

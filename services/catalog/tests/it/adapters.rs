@@ -60,13 +60,24 @@ fn scope(name: &str) -> Scope {
 async fn environment(store: &Store, scope_name: &str, name: &str) -> Environment {
     store
         .create_environment(
-            NewEnvironment::new(scope(scope_name), name.to_owned(), String::new(), String::new()).expect("valid"),
+            NewEnvironment::new(
+                scope(scope_name),
+                name.to_owned(),
+                String::new(),
+                String::new(),
+            )
+            .expect("valid"),
         )
         .await
         .expect("created")
 }
 
-async fn novo(store: &Store, scope_name: &str, environment: &Environment, secret: &str) -> AdapterId {
+async fn novo(
+    store: &Store,
+    scope_name: &str,
+    environment: &Environment,
+    secret: &str,
+) -> AdapterId {
     store
         .create_adapter(NewAdapter {
             scope: scope(scope_name),
@@ -115,7 +126,10 @@ async fn rotation_keeps_the_previous_credential_for_the_grace_window(store: Stor
         .await
         .expect("rotated");
     assert!(rotated.rotated_at_ms > 0);
-    assert_eq!(rotated.previous_expires_at_ms - rotated.rotated_at_ms, 60_000);
+    assert_eq!(
+        rotated.previous_expires_at_ms - rotated.rotated_at_ms,
+        60_000
+    );
     let credentials = store.adapter_credentials(&id).await.expect("found");
     assert_eq!(credentials.current, "second-secret-0123456789");
     assert_eq!(
@@ -153,10 +167,7 @@ async fn brain_adapters_keep_only_the_tokens_digest(store: Store) {
         })
         .await
         .expect("created");
-    let credentials = store
-        .adapter_credentials(&adapter.id)
-        .await
-        .expect("found");
+    let credentials = store.adapter_credentials(&adapter.id).await.expect("found");
     assert_eq!(credentials.adapter.protocol, Protocol::Brain);
     assert_eq!(credentials.current, token_digest(&credential.shown));
     assert_ne!(credentials.current, credential.shown);

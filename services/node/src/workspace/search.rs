@@ -1,0 +1,418 @@
+//! Listing, content search and file-name globs over a workspace, walked by descriptor
+//! (`fsx::walk`, no link followed). Contents are matched by ripgrep's own crates
+//! (`grep-regex`, `grep-searcher`), globs by `globset`, and search and find honour
+//! `.gitignore` files (`ignore`) and skip hidden names below where they start, as ripgrep
+//! does.
+
+use std::os::fd::OwnedFd;
+
+use globset::{GlobBuilder, GlobMatcher};
+use grep_regex::RegexMatcherBuilder;
+use grep_searcher::{BinaryDetection, SearcherBuilder, sinks};
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use plinth_kit::{ErrorCode, PlinthError};
+use rustix::fs::FileType;
+
+use super::fsx::Step;
+use super::{Target, Workspace, fsx};
+
+/// Largest file searched.
+const MAX_SEARCH_BYTES: u64 = super::MAX_FILE_BYTES;
+/// Largest `.gitignore` read.
+const MAX_IGNORE_BYTES: u64 = 1024 * 1024;
+
+/// One entry answered.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// As answered (relative to the root, or absolute under the mount).
+    pub path: String,
+    /// `file`, `directory` or `symlink`.
+    pub kind: &'static str,
+    /// A file's size.
+    pub size: Option<u64>,
+    /// Modification time, ms.
+    pub mtime_ms: i64,
+}
+
+fn kind_name(kind: FileType) -> Option<&'static str> {
+    match kind {
+        FileType::RegularFile => Some("file"),
+        FileType::Directory => Some("directory"),
+        FileType::Symlink => Some("symlink"),
+        _ => None,
+    }
+}
+
+fn hidden(rel: &str) -> bool {
+    rel.rsplit('/')
+        .next()
+        .is_some_and(|name| name.starts_with('.'))
+}
+
+/// Lists a directory: its entries, or with `recursive` everything beneath it.
+pub fn list(
+    ws: &Workspace,
+    target: &Target,
+    recursive: bool,
+    include_hidden: bool,
+    max_entries: usize,
+) -> Result<(Vec<Entry>, bool), PlinthError> {
+    let base = ws.open_base(target.base)?;
+    let (_, stat) = fsx::lookup(&base, &target.rel(), &target.display)?;
+    if fsx::kind(&stat) != FileType::Directory {
+        return Err(PlinthError::new(
+            ErrorCode::WorkspacePathInvalid,
+            format!("{}: not a directory", target.display),
+        ));
+    }
+    let mut entries = Vec::new();
+    let mut truncated = false;
+    fsx::walk(
+        &base,
+        &target.rel(),
+        &target.display,
+        |_, _| {},
+        |walked, _| {
+            if !include_hidden && hidden(&walked.rel) {
+                return Step::Skip;
+            }
+            let Some(kind) = kind_name(fsx::kind(&walked.stat)) else {
+                return Step::Skip;
+            };
+            if entries.len() >= max_entries {
+                truncated = true;
+                return Step::Stop;
+            }
+            entries.push(Entry {
+                path: ws.display(target.base, &walked.rel),
+                kind,
+                size: (kind == "file").then(|| u64::try_from(walked.stat.st_size).unwrap_or(0)),
+                mtime_ms: fsx::mtime_ms(&walked.stat),
+            });
+            if recursive { Step::Descend } else { Step::Skip }
+        },
+    )?;
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok((entries, truncated))
+}
+
+/// A glob as agents write them: without `/` it matches a name at any depth, with `/` the
+/// path relative to where the search starts (`**` crosses directories, `*` does not).
+pub struct NameGlob {
+    matcher: GlobMatcher,
+    by_name: bool,
+}
+
+impl NameGlob {
+    /// Compiles `glob` (`workspace_invalid_request` when it is not one).
+    pub fn new(glob: &str) -> Result<Self, PlinthError> {
+        let pattern = glob.trim_start_matches("./");
+        let compiled = GlobBuilder::new(pattern)
+            .literal_separator(true)
+            .build()
+            .map_err(|error| {
+                PlinthError::new(
+                    ErrorCode::WorkspaceInvalidRequest,
+                    format!("glob {glob:?}: {error}"),
+                )
+            })?;
+        Ok(NameGlob {
+            matcher: compiled.compile_matcher(),
+            by_name: !pattern.contains('/'),
+        })
+    }
+
+    /// Whether the file at `rel` (relative to the search's start) matches.
+    pub fn matches(&self, rel: &str) -> bool {
+        if self.by_name {
+            let name = rel.rsplit('/').next().unwrap_or(rel);
+            self.matcher.is_match(name)
+        } else {
+            self.matcher.is_match(rel)
+        }
+    }
+}
+
+/// The `.gitignore` rules in force while walking: one matcher per directory that has one.
+struct Ignores {
+    stack: Vec<(String, Gitignore)>,
+}
+
+impl Ignores {
+    fn new() -> Self {
+        Ignores { stack: Vec::new() }
+    }
+
+    /// Reads `dir`'s `.gitignore`, if any, for the entries beneath `rel`.
+    fn enter(&mut self, dir: &OwnedFd, rel: &str, owner: Option<u32>) {
+        self.stack.retain(|(prefix, _)| {
+            prefix.is_empty() || rel == prefix || rel.starts_with(&format!("{prefix}/"))
+        });
+        let Some(content) = fsx::read_entry(dir, ".gitignore", MAX_IGNORE_BYTES, owner) else {
+            return;
+        };
+        let mut builder = GitignoreBuilder::new(format!("/{rel}"));
+        for line in String::from_utf8_lossy(&content).lines() {
+            let _ = builder.add_line(None, line);
+        }
+        if let Ok(ignore) = builder.build() {
+            self.stack.push((rel.to_owned(), ignore));
+        }
+    }
+
+    fn ignored(&self, rel: &str, is_dir: bool) -> bool {
+        let path = format!("/{rel}");
+        self.stack.iter().rev().any(|(prefix, ignore)| {
+            (prefix.is_empty() || rel.starts_with(&format!("{prefix}/")))
+                && ignore.matched(&path, is_dir).is_ignore()
+        })
+    }
+}
+
+/// Visits the regular files to search beneath `target` (or `target` itself when it is a
+/// file) with their path relative to the start: hidden names and `.gitignore`d paths below
+/// the start are skipped (`.git` is hidden). `visit` answers false to stop.
+fn files(
+    ws: &Workspace,
+    target: &Target,
+    mut visit: impl FnMut(&str, &fsx::Walked, &OwnedFd) -> bool,
+) -> Result<(), PlinthError> {
+    let base = ws.open_base(target.base)?;
+    let start = target.rel();
+    let (_, stat) = fsx::lookup(&base, &start, &target.display)?;
+    if fsx::kind(&stat) == FileType::RegularFile {
+        let parent = target.parts[..target.parts.len().saturating_sub(1)].join("/");
+        let dir = fsx::open_beneath_dir(&base, &parent, &target.display)?;
+        let walked = fsx::Walked { rel: start, stat };
+        let name = walked
+            .rel
+            .rsplit('/')
+            .next()
+            .unwrap_or(&walked.rel)
+            .to_owned();
+        visit(&name, &walked, &dir);
+        return Ok(());
+    }
+    if fsx::kind(&stat) != FileType::Directory {
+        return Err(PlinthError::new(
+            ErrorCode::WorkspacePathInvalid,
+            format!("{}: not a file or directory", target.display),
+        ));
+    }
+    let owner = ws.owner(target.base);
+    let ignores = std::cell::RefCell::new(Ignores::new());
+    fsx::walk(
+        &base,
+        &start,
+        &target.display,
+        |rel, dir| ignores.borrow_mut().enter(dir, rel, owner),
+        |walked, dir| {
+            let is_dir = fsx::kind(&walked.stat) == FileType::Directory;
+            if hidden(&walked.rel) || ignores.borrow().ignored(&walked.rel, is_dir) {
+                return Step::Skip;
+            }
+            if is_dir {
+                return Step::Descend;
+            }
+            if fsx::kind(&walked.stat) != FileType::RegularFile {
+                return Step::Skip;
+            }
+            let relative = walked
+                .rel
+                .strip_prefix(start.as_str())
+                .map_or(walked.rel.as_str(), |rest| rest.trim_start_matches('/'));
+            if visit(relative, walked, dir) {
+                Step::Descend
+            } else {
+                Step::Stop
+            }
+        },
+    )
+}
+
+/// One match.
+#[derive(Debug, Clone)]
+pub struct Found {
+    /// The file as answered.
+    pub path: String,
+    /// Line number, from 1.
+    pub line: u64,
+    /// The line, cut.
+    pub text: String,
+    /// Lines before.
+    pub before: Vec<String>,
+    /// Lines after.
+    pub after: Vec<String>,
+}
+
+/// What a search looks for.
+#[derive(Debug, Clone)]
+pub struct Query {
+    /// The pattern.
+    pub pattern: String,
+    /// Match it as a plain string.
+    pub literal: bool,
+    /// Case-insensitive.
+    pub ignore_case: bool,
+    /// Only files matching this glob.
+    pub glob: Option<String>,
+    /// Context lines each side.
+    pub context: usize,
+    /// Most matches per file.
+    pub per_file: usize,
+    /// Most matches in all.
+    pub max_results: usize,
+    /// Most bytes of a line answered.
+    pub max_line_bytes: usize,
+}
+
+fn cut(line: &[u8], max: usize) -> String {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let text = String::from_utf8_lossy(line);
+    if text.len() <= max {
+        return text.into_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+/// Searches file contents: answers the matches, whether some were left out, and how many
+/// files were searched.
+pub fn search(
+    ws: &Workspace,
+    target: &Target,
+    query: &Query,
+) -> Result<(Vec<Found>, bool, u64), PlinthError> {
+    let matcher = RegexMatcherBuilder::new()
+        .case_insensitive(query.ignore_case)
+        .fixed_strings(query.literal)
+        .build(&query.pattern)
+        .map_err(|error| {
+            PlinthError::new(
+                ErrorCode::WorkspaceInvalidRequest,
+                format!("pattern {:?}: {error}", query.pattern),
+            )
+        })?;
+    let glob = query.glob.as_deref().map(NameGlob::new).transpose()?;
+    let mut searcher = SearcherBuilder::new()
+        .line_number(true)
+        .binary_detection(BinaryDetection::quit(b'\x00'))
+        .build();
+    let owner = ws.owner(target.base);
+    let mut found = Vec::new();
+    let mut truncated = false;
+    let mut searched = 0u64;
+    files(ws, target, |relative, walked, dir| {
+        if let Some(glob) = &glob
+            && !glob.matches(relative)
+        {
+            return true;
+        }
+        let name = walked.rel.rsplit('/').next().unwrap_or(&walked.rel);
+        let Some(content) = fsx::read_entry(dir, name, MAX_SEARCH_BYTES, owner) else {
+            return true;
+        };
+        searched += 1;
+        let mut lines_hit: Vec<u64> = Vec::new();
+        let mut more_in_file = false;
+        let _ = searcher.search_slice(
+            &matcher,
+            &content,
+            sinks::Lossy(|number, _line| {
+                if lines_hit.len() >= query.per_file {
+                    more_in_file = true;
+                    return Ok(false);
+                }
+                lines_hit.push(number);
+                Ok(true)
+            }),
+        );
+        if more_in_file {
+            truncated = true;
+        }
+        if lines_hit.is_empty() {
+            return true;
+        }
+        let lines: Vec<&[u8]> = content.split_inclusive(|b| *b == b'\n').collect();
+        let path = ws.display(target.base, &walked.rel);
+        for number in lines_hit {
+            if found.len() >= query.max_results {
+                truncated = true;
+                return false;
+            }
+            let index = usize::try_from(number).unwrap_or(1).saturating_sub(1);
+            let Some(line) = lines.get(index) else {
+                continue;
+            };
+            let from = index.saturating_sub(query.context);
+            let to = (index + 1 + query.context).min(lines.len());
+            found.push(Found {
+                path: path.clone(),
+                line: number,
+                text: cut(line, query.max_line_bytes),
+                before: lines[from..index]
+                    .iter()
+                    .map(|l| cut(l, query.max_line_bytes))
+                    .collect(),
+                after: lines[index + 1..to]
+                    .iter()
+                    .map(|l| cut(l, query.max_line_bytes))
+                    .collect(),
+            });
+        }
+        true
+    })?;
+    Ok((found, truncated, searched))
+}
+
+/// Files whose path matches a glob, beneath `target`.
+pub fn find(
+    ws: &Workspace,
+    target: &Target,
+    pattern: &str,
+    max_entries: usize,
+) -> Result<(Vec<Entry>, bool), PlinthError> {
+    let glob = NameGlob::new(pattern)?;
+    let mut entries = Vec::new();
+    let mut truncated = false;
+    files(ws, target, |relative, walked, _| {
+        if !glob.matches(relative) {
+            return true;
+        }
+        if entries.len() >= max_entries {
+            truncated = true;
+            return false;
+        }
+        entries.push(Entry {
+            path: ws.display(target.base, &walked.rel),
+            kind: "file",
+            size: Some(u64::try_from(walked.stat.st_size).unwrap_or(0)),
+            mtime_ms: fsx::mtime_ms(&walked.stat),
+        });
+        true
+    })?;
+    Ok((entries, truncated))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_without_a_slash_match_names_at_any_depth() {
+        let glob = NameGlob::new("*.py").expect("glob");
+        assert!(glob.matches("a.py"));
+        assert!(glob.matches("src/deep/a.py"));
+        assert!(!glob.matches("a.pyc"));
+        let glob = NameGlob::new("src/*.py").expect("glob");
+        assert!(glob.matches("src/a.py"));
+        assert!(!glob.matches("src/deep/a.py"));
+        let glob = NameGlob::new("src/**/*.py").expect("glob");
+        assert!(glob.matches("src/deep/a.py"));
+        assert!(NameGlob::new("a[").is_err());
+    }
+}

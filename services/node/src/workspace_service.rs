@@ -1,0 +1,726 @@
+//! The gRPC face of workspace operations (`plinth.node.v1.WorkspaceService`): requests are
+//! checked here, `workspace` does the work on blocking threads. Writes of one session take
+//! turns (its snapshots and records are updated together); reads never wait.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use plinth_kit::{ErrorCode, PlinthError};
+use plinth_proto::node::v1 as pb;
+use tokio::io::AsyncWriteExt;
+use tonic::{Request, Response, Status};
+
+use crate::isolation::ENV_ROOT;
+use crate::service::Node;
+use crate::sessions::LocalSession;
+use crate::workspace::fsx::Previous;
+use crate::workspace::patch::{self, EditKind};
+use crate::workspace::search::{self, Query};
+use crate::workspace::text::{self, Range};
+use crate::workspace::track::{self, Change};
+use crate::workspace::{MAX_FILE_BYTES, Workspace, fsx};
+
+/// One lock per session for workspace writes.
+#[derive(Debug, Default)]
+pub struct EditLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl EditLocks {
+    fn of(&self, session: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+        locks.entry(session.to_owned()).or_default().clone()
+    }
+}
+
+impl Node {
+    fn workspace(&self, id: &str) -> Result<(Arc<LocalSession>, Workspace), PlinthError> {
+        let session = self.sessions.get(id).ok_or_else(|| {
+            PlinthError::new(
+                ErrorCode::NotFound,
+                format!("session {id:?} is not on this node: it ended, or its working directory was lost"),
+            )
+        })?;
+        let uid = if self.isolation.enabled {
+            session.record.uid
+        } else {
+            rustix::process::getuid().as_raw()
+        };
+        let state = session
+            .workdir
+            .parent()
+            .map(|dir| dir.join("workspace"))
+            .unwrap_or_else(|| session.workdir.join("../workspace"));
+        let workspace = Workspace {
+            root: session.workdir.clone(),
+            mount: format!("{ENV_ROOT}/{}", session.record.slug),
+            version_dir: self
+                .cache
+                .version_dir(&session.record.environment_id, session.record.version),
+            uid,
+            state,
+        };
+        Ok((session, workspace))
+    }
+}
+
+/// Runs `work` on a blocking thread.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, PlinthError> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|error| PlinthError::internal(&error))?
+        .map_err(Status::from)
+}
+
+fn count(value: u64, default: usize) -> usize {
+    if value == 0 {
+        default
+    } else {
+        usize::try_from(value).unwrap_or(usize::MAX)
+    }
+}
+
+fn entry(found: search::Entry) -> pb::Entry {
+    pb::Entry {
+        path: found.path,
+        kind: found.kind.to_owned(),
+        size: found.size,
+        mtime_ms: found.mtime_ms,
+    }
+}
+
+fn slice_response(path: String, size: u64, mtime_ms: i64, slice: text::Slice) -> pb::ReadResponse {
+    pb::ReadResponse {
+        path,
+        content: slice.content.into(),
+        binary: slice.binary,
+        size,
+        truncated: slice.truncated,
+        mtime_ms,
+        start_line: slice.start_line,
+        end_line: slice.end_line,
+        total_lines: slice.total_lines,
+        total_lines_partial: slice.total_lines_partial,
+    }
+}
+
+fn valid_output_id(id: &str) -> bool {
+    id.strip_prefix("out_")
+        .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The head of a stream answered inline: at most `limit` bytes, cut after a line end in its
+/// last quarter when there is one; and how many lines were left out.
+fn head(bytes: &[u8], limit: usize) -> (Vec<u8>, bool, u64) {
+    if bytes.len() <= limit {
+        return (bytes.to_vec(), false, 0);
+    }
+    let mut cut = limit;
+    if let Some(newline) = bytes[limit - limit / 4..limit]
+        .iter()
+        .rposition(|b| *b == b'\n')
+    {
+        cut = limit - limit / 4 + newline + 1;
+    }
+    while cut > 0 && std::str::from_utf8(&bytes[..cut]).is_err_and(|e| e.error_len().is_none()) {
+        cut -= 1;
+    }
+    let rest = &bytes[cut..];
+    let mut lines = rest.iter().filter(|b| **b == b'\n').count() as u64;
+    if !rest.is_empty() && !rest.ends_with(b"\n") {
+        lines += 1;
+    }
+    (bytes[..cut].to_vec(), true, lines)
+}
+
+#[tonic::async_trait]
+impl pb::workspace_service_server::WorkspaceService for Node {
+    #[tracing::instrument(name = "node.workspace.read", skip_all)]
+    async fn read(
+        &self,
+        request: Request<pb::ReadRequest>,
+    ) -> Result<Response<pb::ReadResponse>, Status> {
+        let request = request.into_inner();
+        let (_, ws) = self.workspace(&request.session_id)?;
+        let answer = blocking(move || {
+            let target = ws.resolve(&request.path)?;
+            let base = ws.open_base(target.base)?;
+            let (fd, stat) = fsx::lookup(&base, &target.rel(), &target.display)?;
+            fsx::check_readable(&stat, &target.display, ws.owner(target.base))?;
+            let size = u64::try_from(stat.st_size).unwrap_or(0);
+            let mut content = Vec::new();
+            use std::io::Read;
+            fsx::reopen(&fd, &target.display)?
+                .take(MAX_FILE_BYTES)
+                .read_to_end(&mut content)
+                .map_err(|error| PlinthError::internal(&error))?;
+            let partial = size > content.len() as u64;
+            let slice = text::slice(
+                &content,
+                partial,
+                Range {
+                    start_line: request.start_line,
+                    end_line: request.end_line,
+                    max_bytes: request.max_bytes,
+                    lines_threshold: request.lines_threshold,
+                },
+            )?;
+            Ok(slice_response(
+                target.display,
+                size,
+                fsx::mtime_ms(&stat),
+                slice,
+            ))
+        })
+        .await?;
+        Ok(Response::new(answer))
+    }
+
+    #[tracing::instrument(name = "node.workspace.list", skip_all)]
+    async fn list(
+        &self,
+        request: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
+        let request = request.into_inner();
+        let (_, ws) = self.workspace(&request.session_id)?;
+        let answer = blocking(move || {
+            let target = ws.resolve(&request.path)?;
+            let (entries, truncated) = search::list(
+                &ws,
+                &target,
+                request.recursive,
+                request.include_hidden,
+                count(request.max_entries, 500),
+            )?;
+            Ok(pb::ListResponse {
+                root: target.display,
+                entries: entries.into_iter().map(entry).collect(),
+                truncated,
+            })
+        })
+        .await?;
+        Ok(Response::new(answer))
+    }
+
+    #[tracing::instrument(name = "node.workspace.search", skip_all)]
+    async fn search(
+        &self,
+        request: Request<pb::SearchRequest>,
+    ) -> Result<Response<pb::SearchResponse>, Status> {
+        let request = request.into_inner();
+        let (_, ws) = self.workspace(&request.session_id)?;
+        let answer = blocking(move || {
+            let target = ws.resolve(&request.path)?;
+            let query = Query {
+                pattern: request.pattern,
+                literal: request.literal,
+                ignore_case: request.ignore_case,
+                glob: (!request.glob.is_empty()).then_some(request.glob),
+                context: usize::try_from(request.context).unwrap_or(0).min(100),
+                per_file: count(request.limit_per_file, 100),
+                max_results: count(request.max_results, 100),
+                max_line_bytes: count(request.max_bytes_per_line, 500),
+            };
+            let (found, truncated, searched) = search::search(&ws, &target, &query)?;
+            Ok(pb::SearchResponse {
+                matches: found
+                    .into_iter()
+                    .map(|found| pb::Match {
+                        path: found.path,
+                        line: found.line,
+                        text: found.text,
+                        before: found.before,
+                        after: found.after,
+                    })
+                    .collect(),
+                truncated,
+                files_searched: searched,
+            })
+        })
+        .await?;
+        Ok(Response::new(answer))
+    }
+
+    #[tracing::instrument(name = "node.workspace.find", skip_all)]
+    async fn find(
+        &self,
+        request: Request<pb::FindRequest>,
+    ) -> Result<Response<pb::FindResponse>, Status> {
+        let request = request.into_inner();
+        let (_, ws) = self.workspace(&request.session_id)?;
+        let answer = blocking(move || {
+            let target = ws.resolve(&request.path)?;
+            let (entries, truncated) = search::find(
+                &ws,
+                &target,
+                &request.pattern,
+                count(request.max_entries, 200),
+            )?;
+            Ok(pb::FindResponse {
+                entries: entries.into_iter().map(entry).collect(),
+                truncated,
+            })
+        })
+        .await?;
+        Ok(Response::new(answer))
+    }
+
+    #[tracing::instrument(name = "node.workspace.edit", skip_all)]
+    async fn edit(
+        &self,
+        request: Request<pb::EditRequest>,
+    ) -> Result<Response<pb::EditResponse>, Status> {
+        let request = request.into_inner();
+        let (_, ws) = self.workspace(&request.session_id)?;
+        let kind = match pb::EditOperation::try_from(request.operation) {
+            Ok(pb::EditOperation::Create) => EditKind::Create,
+            Ok(pb::EditOperation::Replace) => EditKind::Replace,
+            Ok(pb::EditOperation::InsertAfter) => EditKind::InsertAfter,
+            Ok(pb::EditOperation::InsertBefore) => EditKind::InsertBefore,
+            Ok(pb::EditOperation::Append) => EditKind::Append,
+            _ => {
+                return Err(PlinthError::new(
+                    ErrorCode::WorkspaceInvalidRequest,
+                    "operation: one of create, replace, insert_after, insert_before, append",
+                )
+                .into());
+            }
+        };
+        let lock = self.edits.of(&request.session_id);
+        let _turn = lock.lock().await;
+        let answer = blocking(move || {
+            let target = ws.resolve_writable(&request.path)?;
+            let before = track::current(&ws, &target.parts, &target.display)?;
+            let current = match &before {
+                Previous::Missing => None,
+                Previous::File { content, .. } => {
+                    Some(String::from_utf8(content.clone()).map_err(|_| {
+                        PlinthError::new(
+                            ErrorCode::WorkspaceInvalidRequest,
+                            format!(
+                                "{}: not UTF-8 text; edits work on text files",
+                                target.display
+                            ),
+                        )
+                    })?)
+                }
+            };
+            let new = patch::edit(
+                &target.display,
+                current.as_deref(),
+                kind,
+                request.contents.as_deref(),
+                request.find.as_deref(),
+                request.replace_all,
+            )?;
+            let mut warnings = Vec::new();
+            if kind == EditKind::Create && current.is_some() {
+                warnings.push(format!("{} existed and was overwritten", target.display));
+            }
+            if matches!(kind, EditKind::Replace) && request.contents.as_deref() == Some("") {
+                warnings.push("contents was empty: the matched text was deleted".to_owned());
+            }
+            let created = current.is_none();
+            let bytes_written = new.len() as u64;
+            let rollback_token = if request.dry_run {
+                String::new()
+            } else {
+                track::write(
+                    &ws,
+                    &[Change {
+                        parts: target.parts.clone(),
+                        display: target.display.clone(),
+                        content: Some(new.into_bytes()),
+                    }],
+                )?
+            };
+            Ok(pb::EditResponse {
+                path: target.display,
+                bytes_written,
+                created,
+                rollback_token,
+                warnings,
+            })
+        })
+        .await?;
+        Ok(Response::new(answer))
+    }
+
+    #[tracing::instrument(name = "node.workspace.apply_patch", skip_all)]
+    async fn apply_patch(
+        &self,
+        request: Request<pb::PatchRequest>,
+    ) -> Result<Response<pb::PatchResponse>, Status> {
+        let request = request.into_inner();
+        let (_, ws) = self.workspace(&request.session_id)?;
+        if request.operations.is_empty() {
+            return Err(PlinthError::new(
+                ErrorCode::WorkspaceInvalidRequest,
+                "operations: at least one is required",
+            )
+            .into());
+        }
+        let lock = self.edits.of(&request.session_id);
+        let _turn = lock.lock().await;
+        let answer = blocking(move || {
+            // Work every operation out in memory, later ones seeing earlier ones.
+            let mut state: HashMap<String, Option<String>> = HashMap::new();
+            let mut changes: Vec<Change> = Vec::new();
+            let mut results = Vec::new();
+            let mut failed = false;
+            for operation in &request.operations {
+                let outcome = (|| -> Result<Change, String> {
+                    let target = ws
+                        .resolve_writable(&operation.path)
+                        .map_err(|e| e.message)?;
+                    let key = target.parts.join("/");
+                    let now = match state.get(&key) {
+                        Some(now) => now.clone(),
+                        None => match track::current(&ws, &target.parts, &target.display)
+                            .map_err(|e| e.message)?
+                        {
+                            Previous::Missing => None,
+                            Previous::File { content, .. } => Some(
+                                String::from_utf8(content)
+                                    .map_err(|_| "not UTF-8 text".to_owned())?,
+                            ),
+                        },
+                    };
+                    let new = match operation.kind.as_str() {
+                        "create_file" => {
+                            if now.is_some() {
+                                return Err(format!("{} already exists", target.display));
+                            }
+                            Some(patch::created(&operation.diff)?)
+                        }
+                        "update_file" => {
+                            let Some(now) = now else {
+                                return Err(format!("{} does not exist", target.display));
+                            };
+                            Some(patch::apply(&now, &operation.diff)?)
+                        }
+                        "delete_file" => {
+                            if now.is_none() {
+                                return Err(format!("{} does not exist", target.display));
+                            }
+                            None
+                        }
+                        other => {
+                            return Err(format!(
+                                "type {other:?}: one of create_file, update_file, delete_file"
+                            ));
+                        }
+                    };
+                    state.insert(key, new.clone());
+                    Ok(Change {
+                        parts: target.parts,
+                        display: target.display,
+                        content: new.map(String::into_bytes),
+                    })
+                })();
+                match outcome {
+                    Ok(change) if !failed => {
+                        changes.push(change);
+                        results.push(("ok", String::new()));
+                    }
+                    Ok(_) => results.push(("skipped", String::new())),
+                    Err(error) if !failed => {
+                        failed = true;
+                        results.push(("error", error));
+                    }
+                    Err(_) => results.push(("skipped", String::new())),
+                }
+            }
+            if failed {
+                // Nothing is written: every operation that would have applied is skipped.
+                for result in &mut results {
+                    if result.0 == "ok" {
+                        result.0 = "skipped";
+                    }
+                }
+            }
+            let rollback_token = if failed || request.dry_run {
+                String::new()
+            } else {
+                track::write(&ws, &changes)?
+            };
+            Ok(pb::PatchResponse {
+                applied: !failed,
+                operations: request
+                    .operations
+                    .iter()
+                    .zip(results)
+                    .map(|(operation, (status, error))| pb::PatchOperationResult {
+                        kind: operation.kind.clone(),
+                        path: operation.path.clone(),
+                        status: status.to_owned(),
+                        error,
+                    })
+                    .collect(),
+                rollback_token,
+                warnings: Vec::new(),
+            })
+        })
+        .await?;
+        Ok(Response::new(answer))
+    }
+
+    #[tracing::instrument(name = "node.workspace.write", skip_all)]
+    async fn write(
+        &self,
+        request: Request<pb::WriteRequest>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        let request = request.into_inner();
+        let (_, ws) = self.workspace(&request.session_id)?;
+        if request.content.len() as u64 > MAX_FILE_BYTES {
+            return Err(PlinthError::new(
+                ErrorCode::FileTooLarge,
+                format!("at most {MAX_FILE_BYTES} bytes can be written"),
+            )
+            .with_detail(serde_json::json!({ "max_bytes": MAX_FILE_BYTES }))
+            .into());
+        }
+        let lock = self.edits.of(&request.session_id);
+        let _turn = lock.lock().await;
+        let answer = blocking(move || {
+            let target = ws.resolve_writable(&request.path)?;
+            let created = track::current(&ws, &target.parts, &target.display)? == Previous::Missing;
+            let bytes_written = request.content.len() as u64;
+            let rollback_token = track::write(
+                &ws,
+                &[Change {
+                    parts: target.parts.clone(),
+                    display: target.display.clone(),
+                    content: Some(request.content.to_vec()),
+                }],
+            )?;
+            Ok(pb::WriteResponse {
+                path: target.display,
+                bytes_written,
+                created,
+                rollback_token,
+            })
+        })
+        .await?;
+        Ok(Response::new(answer))
+    }
+
+    #[tracing::instrument(name = "node.workspace.restore", skip_all)]
+    async fn restore(
+        &self,
+        request: Request<pb::RestoreRequest>,
+    ) -> Result<Response<pb::RestoreResponse>, Status> {
+        let request = request.into_inner();
+        let (_, ws) = self.workspace(&request.session_id)?;
+        let lock = self.edits.of(&request.session_id);
+        let _turn = lock.lock().await;
+        let paths = blocking(move || track::restore(&ws, &request.token)).await?;
+        Ok(Response::new(pb::RestoreResponse { paths }))
+    }
+
+    #[tracing::instrument(name = "node.workspace.run_command", skip_all)]
+    async fn run_command(
+        &self,
+        request: Request<pb::RunCommandRequest>,
+    ) -> Result<Response<pb::RunCommandResponse>, Status> {
+        let request = request.into_inner();
+        let spec = request
+            .session
+            .clone()
+            .ok_or_else(|| PlinthError::invalid("a session is required"))?;
+        let (session, ws) = self.workspace(&spec.session_id)?;
+        let cwd = if request.cwd.is_empty() {
+            session.workdir.to_string_lossy().into_owned()
+        } else {
+            let target = ws.resolve(&request.cwd)?;
+            match target.base {
+                crate::workspace::Base::Root => {
+                    ws.root.join(target.rel()).to_string_lossy().into_owned()
+                }
+                crate::workspace::Base::Mount => target.display,
+            }
+        };
+        let keep = request.keep_bytes;
+        let inline = count(request.inline_bytes, 64 * 1024);
+        let events = pb::node_service_server::NodeService::exec(
+            self,
+            Request::new(pb::ExecRequest {
+                session: Some(spec),
+                command: request.command,
+                cwd: cwd.clone(),
+                env: request.env,
+                timeout_ms: request.timeout_ms,
+                output_limit_bytes: keep,
+            }),
+        )
+        .await?
+        .into_inner();
+        let outputs = ws.state.join("outputs");
+        tokio::fs::create_dir_all(&outputs)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        let output_id = format!("out_{}", uuid::Uuid::new_v4().simple());
+        let spill_path = outputs.join(&output_id);
+        let mut spill = tokio::fs::File::create(&spill_path)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let mut result = None;
+        let mut events = events;
+        while let Some(event) = events.next().await {
+            match event?.event {
+                Some(pb::exec_event::Event::Stdout(bytes)) => {
+                    if stdout.len() <= inline {
+                        stdout.extend_from_slice(&bytes);
+                    }
+                    spill
+                        .write_all(&bytes)
+                        .await
+                        .map_err(|error| PlinthError::internal(&error))?;
+                }
+                Some(pb::exec_event::Event::Stderr(bytes)) => {
+                    if stderr.len() <= inline {
+                        stderr.extend_from_slice(&bytes);
+                    }
+                    spill
+                        .write_all(&bytes)
+                        .await
+                        .map_err(|error| PlinthError::internal(&error))?;
+                }
+                Some(pb::exec_event::Event::Result(ended)) => result = Some(ended),
+                None => {}
+            }
+        }
+        spill
+            .flush()
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        let result = result.ok_or_else(|| {
+            PlinthError::new(ErrorCode::Unavailable, "the command ended without a result")
+        })?;
+        let (stdout, stdout_truncated, stdout_lines) = head(&stdout, inline);
+        let (stderr, stderr_truncated, stderr_lines) = head(&stderr, inline);
+        let dropped = result.stdout_dropped_bytes > 0 || result.stderr_dropped_bytes > 0;
+        let spilled = stdout_truncated || stderr_truncated || dropped;
+        if !spilled {
+            let _ = tokio::fs::remove_file(&spill_path).await;
+        }
+        Ok(Response::new(pb::RunCommandResponse {
+            exit_code: result.exit_code,
+            signal: if result.timed_out {
+                "SIGKILL".to_owned()
+            } else {
+                String::new()
+            },
+            stdout: stdout.into(),
+            stderr: stderr.into(),
+            stdout_truncated: stdout_truncated || result.stdout_dropped_bytes > 0,
+            stderr_truncated: stderr_truncated || result.stderr_dropped_bytes > 0,
+            stdout_lines_truncated: stdout_lines,
+            stderr_lines_truncated: stderr_lines,
+            duration_ms: result.duration_ms,
+            timed_out: result.timed_out,
+            output_id: if spilled { output_id } else { String::new() },
+            output_truncated: dropped,
+            cwd,
+        }))
+    }
+
+    #[tracing::instrument(name = "node.workspace.read_output", skip_all)]
+    async fn read_output(
+        &self,
+        request: Request<pb::ReadOutputRequest>,
+    ) -> Result<Response<pb::ReadResponse>, Status> {
+        let request = request.into_inner();
+        let (_, ws) = self.workspace(&request.session_id)?;
+        let answer = blocking(move || {
+            let missing = || {
+                PlinthError::new(
+                    ErrorCode::WorkspaceNotFound,
+                    format!(
+                        "{:?} is not a command output of this workspace; pass output_file_path back unchanged",
+                        request.output_id
+                    ),
+                )
+            };
+            if !valid_output_id(&request.output_id) {
+                return Err(missing());
+            }
+            let path = ws.state.join("outputs").join(&request.output_id);
+            let bytes = std::fs::read(&path).map_err(|_| missing())?;
+            let mtime_ms = std::fs::metadata(&path)
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(0));
+            // Output is answered as text whatever bytes the command wrote.
+            let text = String::from_utf8_lossy(&bytes).replace('\0', "\u{fffd}");
+            let slice = text::slice(
+                text.as_bytes(),
+                false,
+                Range {
+                    start_line: request.start_line,
+                    end_line: request.end_line,
+                    max_bytes: request.max_bytes,
+                    lines_threshold: 0,
+                },
+            )?;
+            Ok(slice_response(request.output_id, bytes.len() as u64, mtime_ms, slice))
+        })
+        .await?;
+        Ok(Response::new(answer))
+    }
+
+    #[tracing::instrument(name = "node.workspace.list_changes", skip_all)]
+    async fn list_changes(
+        &self,
+        request: Request<pb::ListChangesRequest>,
+    ) -> Result<Response<pb::ListChangesResponse>, Status> {
+        let request = request.into_inner();
+        let (_, ws) = self.workspace(&request.session_id)?;
+        let lock = self.edits.of(&request.session_id);
+        let _turn = lock.lock().await;
+        let changes = blocking(move || {
+            track::changes(
+                &ws,
+                request.external_only,
+                &request.exclude,
+                count(request.max_snippet_bytes, 8 * 1024),
+            )
+        })
+        .await?;
+        Ok(Response::new(pb::ListChangesResponse {
+            changes: changes
+                .into_iter()
+                .map(|change| pb::FileChange {
+                    path: change.path,
+                    change: change.change.to_owned(),
+                    size: change.size,
+                    snippet: change.snippet,
+                    reason: change.reason.to_owned(),
+                })
+                .collect(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inline_output_is_cut_at_a_line_end_near_the_limit() {
+        let (kept, cut, lines) = head(b"aaaa\nbbbb\ncccc\n", 12);
+        assert_eq!(
+            (kept.as_slice(), cut, lines),
+            (&b"aaaa\nbbbb\n"[..], true, 1)
+        );
+        let (kept, cut, lines) = head(b"short\n", 100);
+        assert_eq!((kept.as_slice(), cut, lines), (&b"short\n"[..], false, 0));
+    }
+}
