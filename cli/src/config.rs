@@ -80,6 +80,10 @@ pub struct GatewaySection {
     /// (`https://plinth.example.com`); the request's `Host` over plain HTTP when absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub public_url: Option<String>,
+    /// A workspace adapter's run whose session saw no call this long is ended, in seconds.
+    pub adapter_run_idle_seconds: u64,
+    /// Bytes of each of stdout and stderr a Novo runCommand answers inline.
+    pub adapter_command_inline_bytes: u64,
 }
 
 impl Default for GatewaySection {
@@ -91,6 +95,8 @@ impl Default for GatewaySection {
             environments: true,
             tokens: Vec::new(),
             public_url: None,
+            adapter_run_idle_seconds: 3600,
+            adapter_command_inline_bytes: 32 * 1024,
         }
     }
 }

@@ -571,6 +571,8 @@ fn spawn_gateway(
         tokens: config.token_scopes(),
         internal_token: config.internal_token.clone(),
         public_url: config.gateway.public_url.clone(),
+        adapter_run_idle: std::time::Duration::from_secs(config.gateway.adapter_run_idle_seconds),
+        command_inline_bytes: config.gateway.adapter_command_inline_bytes,
     };
     let result = async move {
         let result = plinth_gateway::run(options, listener, backends, shutdown).await;

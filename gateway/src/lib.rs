@@ -13,6 +13,7 @@ mod error;
 mod files;
 mod harnesses;
 mod json;
+mod novo;
 mod sessions;
 
 use std::sync::Arc;
@@ -59,6 +60,11 @@ pub struct GatewayOptions {
     /// The gateway's root URL as agent runtimes reach it, for the URLs workspace adapters
     /// answer; the request's `Host` over plain HTTP when absent.
     pub public_url: Option<String>,
+    /// A workspace adapter's run whose session saw no call this long is ended.
+    pub adapter_run_idle: Duration,
+    /// Bytes of each of stdout and stderr a Novo runCommand answers inline (the rest is
+    /// paged with readCommandOutput).
+    pub command_inline_bytes: u64,
 }
 
 /// Why the gateway could not start or stopped.
@@ -90,6 +96,7 @@ pub(crate) struct AppState {
     tokens: Arc<auth::Tokens>,
     environments: bool,
     public_url: Option<String>,
+    novo: novo::NovoOptions,
 }
 
 impl AppState {
@@ -190,8 +197,13 @@ pub struct Backends {
 
 /// The whole HTTP surface: the API, `/openapi.json`, `/healthz`, `/readyz`, `/metrics`.
 pub fn router(options: &GatewayOptions, backends: Backends) -> Result<Router, GatewayError> {
+    let state = app_state(options, &backends)?;
+    router_with(options, backends, state)
+}
+
+fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, GatewayError> {
     let interceptor = ClientInterceptor::new(options.internal_token.as_ref())?;
-    let state = AppState {
+    Ok(AppState {
         catalog: CatalogServiceClient::with_interceptor(
             backends.catalog.clone(),
             interceptor.clone(),
@@ -214,7 +226,17 @@ pub fn router(options: &GatewayOptions, backends: Backends) -> Result<Router, Ga
         tokens: Arc::new(auth::Tokens::new(options.tokens.clone())),
         environments: options.environments,
         public_url: options.public_url.clone(),
-    };
+        novo: novo::NovoOptions {
+            command_inline_bytes: options.command_inline_bytes,
+        },
+    })
+}
+
+fn router_with(
+    options: &GatewayOptions,
+    backends: Backends,
+    state: AppState,
+) -> Result<Router, GatewayError> {
     let mut api = OpenApiRouter::with_openapi(ApiDoc::openapi()).routes(routes!(capabilities));
     if options.environments {
         api = api
@@ -223,6 +245,7 @@ pub fn router(options: &GatewayOptions, backends: Backends) -> Result<Router, Ga
             .merge(builds::routes())
             .merge(harnesses::routes())
             .merge(sessions::routes())
+            .merge(novo::routes())
             .merge(adapters::routes());
     }
     let (api, mut openapi) = api.split_for_parts();
@@ -291,7 +314,13 @@ pub async fn run(
     backends: Backends,
     shutdown: CancellationToken,
 ) -> Result<(), GatewayError> {
-    let app = router(&options, backends)?;
+    let state = app_state(&options, &backends)?;
+    tokio::spawn(novo::end_idle_runs(
+        state.clone(),
+        options.adapter_run_idle,
+        shutdown.clone(),
+    ));
+    let app = router_with(&options, backends, state)?;
     tracing::info!(address = ?listener.local_addr().ok(), environments = options.environments, scopes = if options.tokens.is_empty() { "single" } else { "by token" }, "gateway serving");
     // Streamed answers (exec output, followed build logs) must not wait on Nagle's algorithm.
     let listener = axum::serve::ListenerExt::tap_io(listener, |stream| {

@@ -18,6 +18,7 @@ use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use plinth_proto::node::v1 as node;
 use plinth_proto::node::v1::node_service_client::NodeServiceClient;
+use plinth_proto::node::v1::workspace_service_client::WorkspaceServiceClient;
 use serde::{Deserialize, Serialize};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -45,6 +46,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
 pub const MAX_SESSION_FILE_BYTES: usize = 64 * 1024 * 1024;
 
 type NodeClient = NodeServiceClient<InterceptedService<Channel, ClientInterceptor>>;
+type WorkspaceClient = WorkspaceServiceClient<InterceptedService<Channel, ClientInterceptor>>;
 
 /// Channels to node agents, by address, made on first use and shared.
 pub struct NodeClients {
@@ -61,7 +63,27 @@ impl NodeClients {
         }
     }
 
-    fn client(&self, address: &str) -> Result<NodeClient, ApiError> {
+    pub(crate) fn client(&self, address: &str) -> Result<NodeClient, ApiError> {
+        Ok(
+            NodeServiceClient::with_interceptor(self.channel(address)?, self.interceptor.clone())
+                .max_decoding_message_size(Self::LIMIT)
+                .max_encoding_message_size(Self::LIMIT),
+        )
+    }
+
+    /// A workspace client for the node at `address` (the same channel).
+    pub(crate) fn workspace(&self, address: &str) -> Result<WorkspaceClient, ApiError> {
+        Ok(WorkspaceServiceClient::with_interceptor(
+            self.channel(address)?,
+            self.interceptor.clone(),
+        )
+        .max_decoding_message_size(Self::LIMIT)
+        .max_encoding_message_size(Self::LIMIT))
+    }
+
+    const LIMIT: usize = MAX_SESSION_FILE_BYTES + 64 * 1024;
+
+    fn channel(&self, address: &str) -> Result<Channel, ApiError> {
         let mut channels = self
             .channels
             .lock()
@@ -79,12 +101,7 @@ impl NodeClients {
                 channel
             }
         };
-        let limit = MAX_SESSION_FILE_BYTES + 64 * 1024;
-        Ok(
-            NodeServiceClient::with_interceptor(channel, self.interceptor.clone())
-                .max_decoding_message_size(limit)
-                .max_encoding_message_size(limit),
-        )
+        Ok(channel)
     }
 }
 
@@ -207,7 +224,7 @@ async fn harness_environment(
 }
 
 /// Places and attaches a session; answers it as the catalog has it after attaching.
-async fn start_session(
+pub(crate) async fn start_session(
     state: &AppState,
     scope: &str,
     session: pb::Session,
@@ -245,7 +262,7 @@ async fn start_session(
         .into_inner())
 }
 
-fn spec(session: &pb::Session) -> node::SessionSpec {
+pub(crate) fn spec(session: &pb::Session) -> node::SessionSpec {
     node::SessionSpec {
         session_id: session.id.clone(),
         environment_id: session.environment_id.clone(),
@@ -319,7 +336,7 @@ async fn active_session(state: &AppState, scope: &str, id: &str) -> Result<pb::S
     Ok(session)
 }
 
-async fn record(
+pub(crate) async fn record(
     state: &AppState,
     scope: &str,
     session: &pb::Session,

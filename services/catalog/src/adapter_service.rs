@@ -9,7 +9,11 @@ use tonic::{Request, Response, Status};
 
 use crate::adapters::{Adapter, AdapterId, Credential, NewAdapter, Protocol};
 use crate::model::{EnvironmentId, Scope};
-use crate::persistence::{Store, StoreError};
+use crate::persistence::{Claimed, Store, StoreError};
+use crate::session_service::NODE_HEARTBEAT_MS;
+
+/// How long an idempotency key's answer is kept.
+pub const IDEMPOTENCY_RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
 
 /// The `plinth.catalog.v1.AdapterService` implementation.
 pub struct Adapters {
@@ -179,5 +183,170 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             current: found.current,
             previous: found.previous.unwrap_or_default(),
         }))
+    }
+
+    #[tracing::instrument(name = "catalog.open_run", skip_all, fields(adapter = %request.get_ref().adapter_id))]
+    async fn open_run(
+        &self,
+        request: Request<pb::OpenRunRequest>,
+    ) -> Result<Response<pb::Run>, Status> {
+        let request = request.into_inner();
+        let id = parse_id(&request.adapter_id)?;
+        let run = &request.run_id;
+        if run.is_empty() || run.len() > 256 || !run.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(PlinthError::new(
+                ErrorCode::WorkspaceInvalidRequest,
+                "a run id is 1 to 256 printable ASCII characters",
+            )
+            .into());
+        }
+        let adapter = self
+            .store
+            .adapter_credentials(&id)
+            .await
+            .map_err(|error| store_error(error, &request.adapter_id, ""))?
+            .adapter;
+        let live_since = plinth_kit::clock::now_ms() - 3 * NODE_HEARTBEAT_MS;
+        let opened = self
+            .store
+            .open_run(&adapter, run, live_since)
+            .await
+            .map_err(|error| match error {
+                StoreError::RunEnded => PlinthError::new(
+                    ErrorCode::WorkspaceRunEnded,
+                    format!("run {run:?} was idle too long and its session ended; its workspace is gone, start a new run"),
+                ),
+                StoreError::NotFound => PlinthError::new(
+                    ErrorCode::EnvironmentNotFound,
+                    format!("environment {} of this adapter was not found", adapter.environment_id),
+                ),
+                StoreError::NothingBuilt => PlinthError::new(
+                    ErrorCode::EnvironmentNotReady,
+                    format!("environment {} has no ready version: build it first", adapter.environment_id),
+                ),
+                StoreError::NoLiveNode => PlinthError::new(
+                    ErrorCode::Unavailable,
+                    "no node agent is alive to run the session; retry",
+                ),
+                other => PlinthError::internal(&other),
+            })?;
+        if opened.created {
+            tracing::info!(session = %opened.session.id, run = %run, "run session created");
+        }
+        Ok(Response::new(pb::Run {
+            session: Some(opened.session.into()),
+            started_at_ms: opened.started_at_ms,
+            created: opened.created,
+        }))
+    }
+
+    #[tracing::instrument(name = "catalog.end_idle_runs", skip_all)]
+    async fn end_idle_runs(
+        &self,
+        request: Request<pb::EndIdleRunsRequest>,
+    ) -> Result<Response<pb::EndIdleRunsResponse>, Status> {
+        let request = request.into_inner();
+        let ended = self
+            .store
+            .end_idle_runs(request.idle_before_ms)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        // Idempotency records past their retention go in the same sweep.
+        let purged = self
+            .store
+            .purge_keys()
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        if !ended.is_empty() || purged > 0 {
+            tracing::info!(ended = ended.len(), purged, "idle runs ended");
+        }
+        Ok(Response::new(pb::EndIdleRunsResponse {
+            sessions: ended.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    #[tracing::instrument(name = "catalog.claim_idempotency_key", skip_all)]
+    async fn claim_idempotency_key(
+        &self,
+        request: Request<pb::ClaimIdempotencyKeyRequest>,
+    ) -> Result<Response<pb::ClaimIdempotencyKeyResponse>, Status> {
+        let request = request.into_inner();
+        let id = parse_id(&request.adapter_id)?;
+        if request.key.is_empty() || request.key.len() > 256 {
+            return Err(PlinthError::new(
+                ErrorCode::WorkspaceInvalidRequest,
+                "an idempotency key is 1 to 256 bytes",
+            )
+            .into());
+        }
+        let claimed = self
+            .store
+            .claim_key(
+                &id,
+                &request.key,
+                &request.run_id,
+                &request.body_sha256,
+                request.lease_ms.max(1000),
+                IDEMPOTENCY_RETENTION_MS,
+            )
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        let answer = match claimed {
+            Claimed::Claimed(claim) => pb::ClaimIdempotencyKeyResponse {
+                outcome: "claimed".to_owned(),
+                claim,
+                ..Default::default()
+            },
+            Claimed::Done { status, response } => pb::ClaimIdempotencyKeyResponse {
+                outcome: "done".to_owned(),
+                status,
+                response,
+                ..Default::default()
+            },
+            Claimed::InFlight => pb::ClaimIdempotencyKeyResponse {
+                outcome: "in_flight".to_owned(),
+                ..Default::default()
+            },
+            Claimed::Mismatch => pb::ClaimIdempotencyKeyResponse {
+                outcome: "mismatch".to_owned(),
+                ..Default::default()
+            },
+        };
+        Ok(Response::new(answer))
+    }
+
+    #[tracing::instrument(name = "catalog.finish_idempotency_key", skip_all)]
+    async fn finish_idempotency_key(
+        &self,
+        request: Request<pb::FinishIdempotencyKeyRequest>,
+    ) -> Result<Response<pb::FinishIdempotencyKeyResponse>, Status> {
+        let request = request.into_inner();
+        let id = parse_id(&request.adapter_id)?;
+        self.store
+            .finish_key(
+                &id,
+                &request.key,
+                &request.claim,
+                request.status,
+                &request.response,
+                IDEMPOTENCY_RETENTION_MS,
+            )
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        Ok(Response::new(pb::FinishIdempotencyKeyResponse {}))
+    }
+
+    #[tracing::instrument(name = "catalog.release_idempotency_key", skip_all)]
+    async fn release_idempotency_key(
+        &self,
+        request: Request<pb::ReleaseIdempotencyKeyRequest>,
+    ) -> Result<Response<pb::FinishIdempotencyKeyResponse>, Status> {
+        let request = request.into_inner();
+        let id = parse_id(&request.adapter_id)?;
+        self.store
+            .release_key(&id, &request.key, &request.claim)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        Ok(Response::new(pb::FinishIdempotencyKeyResponse {}))
     }
 }

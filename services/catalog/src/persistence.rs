@@ -12,7 +12,7 @@ mod builds;
 mod harnesses;
 mod sessions;
 
-pub use adapters::AdapterCredentials;
+pub use adapters::{AdapterCredentials, Claimed, OpenedRun};
 pub use builds::{LeasePolicy, MAX_LOG_BYTES};
 use plinth_kit::database::{Backend, Database, DatabaseError, MigrationFile, now_ms};
 pub use sessions::{NewSession, NewTask};
@@ -59,6 +59,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "brain",
                 include_str!("../migrations/sqlite/0007_brain.sql"),
             ),
+            (
+                8,
+                "adapter runs and idempotency keys",
+                include_str!("../migrations/sqlite/0008_adapter_runs.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -96,6 +101,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "brain",
                 include_str!("../migrations/postgres/0007_brain.sql"),
             ),
+            (
+                8,
+                "adapter runs and idempotency keys",
+                include_str!("../migrations/postgres/0008_adapter_runs.sql"),
+            ),
         ],
     }
 }
@@ -121,6 +131,9 @@ pub enum StoreError {
     /// The environment has no active version: nothing was built yet, or nothing ready.
     #[error("the environment has no ready version")]
     NothingBuilt,
+    /// An adapter's run whose session has ended.
+    #[error("the run's session has ended")]
+    RunEnded,
     /// No node agent has heartbeated recently enough to be given a session.
     #[error("no node agent is alive")]
     NoLiveNode,

@@ -144,6 +144,22 @@ pub enum TurnKind {
     WriteFile,
     /// A working-directory delete.
     DeleteFile,
+    /// A directory listing.
+    ListFiles,
+    /// A content search.
+    SearchFiles,
+    /// A file-name glob search.
+    FindFiles,
+    /// An edit of one file.
+    EditFile,
+    /// A patch of several files.
+    ApplyPatch,
+    /// A read of a command's kept output.
+    ReadOutput,
+    /// Files put back from a rollback token.
+    Restore,
+    /// A listing of the files changed in the session.
+    ListChanges,
 }
 
 impl TurnKind {
@@ -154,6 +170,14 @@ impl TurnKind {
             TurnKind::ReadFile => "read_file",
             TurnKind::WriteFile => "write_file",
             TurnKind::DeleteFile => "delete_file",
+            TurnKind::ListFiles => "list_files",
+            TurnKind::SearchFiles => "search_files",
+            TurnKind::FindFiles => "find_files",
+            TurnKind::EditFile => "edit_file",
+            TurnKind::ApplyPatch => "apply_patch",
+            TurnKind::ReadOutput => "read_output",
+            TurnKind::Restore => "restore",
+            TurnKind::ListChanges => "list_changes",
         }
     }
 
@@ -164,6 +188,14 @@ impl TurnKind {
             "read_file" => Some(TurnKind::ReadFile),
             "write_file" => Some(TurnKind::WriteFile),
             "delete_file" => Some(TurnKind::DeleteFile),
+            "list_files" => Some(TurnKind::ListFiles),
+            "search_files" => Some(TurnKind::SearchFiles),
+            "find_files" => Some(TurnKind::FindFiles),
+            "edit_file" => Some(TurnKind::EditFile),
+            "apply_patch" => Some(TurnKind::ApplyPatch),
+            "read_output" => Some(TurnKind::ReadOutput),
+            "restore" => Some(TurnKind::Restore),
+            "list_changes" => Some(TurnKind::ListChanges),
             _ => None,
         }
     }

@@ -156,3 +156,292 @@ fn adapter_from_row(row: &AnyRow, now: i64) -> Result<AdapterCredentials, StoreE
         previous: previous_live.then_some(previous),
     })
 }
+
+/// A run's session, as [`Store::open_run`] finds or makes it.
+#[derive(Debug, Clone)]
+pub struct OpenedRun {
+    /// Its session.
+    pub session: crate::sessions::Session,
+    /// When the run's first call came.
+    pub started_at_ms: i64,
+    /// Whether this call made the session.
+    pub created: bool,
+}
+
+/// What a claim on an idempotency key found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claimed {
+    /// The key is this call's: run it, then finish with this claim.
+    Claimed(String),
+    /// A call with this key and body ended: its answer.
+    Done {
+        /// HTTP status.
+        status: u32,
+        /// Body.
+        response: String,
+    },
+    /// The first call with this key is still running.
+    InFlight,
+    /// The key was used with another body.
+    Mismatch,
+}
+
+impl Store {
+    /// The session of an adapter's run: the run's first call makes it (pinning the
+    /// environment's active version, placed like any session), later calls find it and mark
+    /// the run used. `StoreError::RunEnded` once its session ended.
+    pub async fn open_run(
+        &self,
+        adapter: &Adapter,
+        run_id: &str,
+        live_since_ms: i64,
+    ) -> Result<OpenedRun, StoreError> {
+        let now = now_ms();
+        if let Some(found) = self.touch_run(adapter, run_id, now).await? {
+            return Ok(found);
+        }
+        let mut tx = self.db.writer.begin().await?;
+        let session_id = super::sessions::insert_session(
+            &mut tx,
+            &super::NewSession {
+                scope: adapter.scope.clone(),
+                environment_id: adapter.environment_id.clone(),
+                version: None,
+                harness_id: String::new(),
+                owner: format!("{} run {run_id}", adapter.id),
+                live_since_ms,
+            },
+        )
+        .await?;
+        let inserted = sqlx::query(
+            "INSERT INTO adapter_runs (adapter_id, run_id, session_id, started_at_ms, \
+             last_used_at_ms) VALUES ($1, $2, $3, $4, $4) ON CONFLICT DO NOTHING",
+        )
+        .bind(adapter.id.as_str())
+        .bind(run_id)
+        .bind(session_id.as_str())
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        if inserted.rows_affected() == 0 {
+            // Another first call of the run won: its session is the run's.
+            tx.rollback().await?;
+            return self
+                .touch_run(adapter, run_id, now)
+                .await?
+                .ok_or(StoreError::NotFound);
+        }
+        tx.commit().await?;
+        Ok(OpenedRun {
+            session: self.get_session(&adapter.scope, &session_id).await?,
+            started_at_ms: now,
+            created: true,
+        })
+    }
+
+    async fn touch_run(
+        &self,
+        adapter: &Adapter,
+        run_id: &str,
+        now: i64,
+    ) -> Result<Option<OpenedRun>, StoreError> {
+        let row = sqlx::query(
+            "UPDATE adapter_runs SET last_used_at_ms = $1 WHERE adapter_id = $2 AND run_id = $3 \
+             RETURNING session_id, started_at_ms",
+        )
+        .bind(now)
+        .bind(adapter.id.as_str())
+        .bind(run_id)
+        .fetch_optional(&self.db.writer)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let id: String = row.try_get("session_id")?;
+        let id = crate::sessions::SessionId::parse(&id)
+            .ok_or_else(|| StoreError::Corrupt(format!("session of run {run_id}")))?;
+        let session = self.get_session(&adapter.scope, &id).await?;
+        if session.status != crate::sessions::SessionStatus::Active {
+            return Err(StoreError::RunEnded);
+        }
+        Ok(Some(OpenedRun {
+            session,
+            started_at_ms: row.try_get("started_at_ms")?,
+            created: false,
+        }))
+    }
+
+    /// Ends the sessions of runs unused since `idle_before_ms` with no claimed call running;
+    /// answers them.
+    pub async fn end_idle_runs(
+        &self,
+        idle_before_ms: i64,
+    ) -> Result<Vec<crate::sessions::Session>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT r.session_id, s.scope FROM adapter_runs r JOIN sessions s ON s.id = r.session_id \
+             WHERE r.last_used_at_ms < $1 AND s.status = 'active' AND NOT EXISTS \
+             (SELECT 1 FROM idempotency_keys k WHERE k.adapter_id = r.adapter_id \
+              AND k.run_id = r.run_id AND k.state = 'running' AND k.lease_until_ms > $2)",
+        )
+        .bind(idle_before_ms)
+        .bind(now_ms())
+        .fetch_all(&self.db.reader)
+        .await?;
+        let mut ended = Vec::new();
+        for row in rows {
+            let id: String = row.try_get("session_id")?;
+            let scope: String = row.try_get("scope")?;
+            let (Some(id), Ok(scope)) =
+                (crate::sessions::SessionId::parse(&id), Scope::parse(&scope))
+            else {
+                continue;
+            };
+            // Only the replica whose update ends it reports it.
+            let updated = sqlx::query(
+                "UPDATE sessions SET status = 'ended', ended_at_ms = $1 WHERE id = $2 AND status = 'active'",
+            )
+            .bind(now_ms())
+            .bind(id.as_str())
+            .execute(&self.db.writer)
+            .await?;
+            if updated.rows_affected() == 1 {
+                ended.push(self.get_session(&scope, &id).await?);
+            }
+        }
+        Ok(ended)
+    }
+
+    /// Claims `key` for a call with this body (see [`Claimed`]). The insert is the claim; a
+    /// claim whose lease ran out is taken over by replacing its token, compare-and-set.
+    pub async fn claim_key(
+        &self,
+        adapter: &AdapterId,
+        key: &str,
+        run_id: &str,
+        body_sha256: &str,
+        lease_ms: i64,
+        retention_ms: i64,
+    ) -> Result<Claimed, StoreError> {
+        let now = now_ms();
+        let claim = uuid::Uuid::new_v4().simple().to_string();
+        let inserted = sqlx::query(
+            "INSERT INTO idempotency_keys (adapter_id, key, run_id, body_sha256, state, claim, \
+             lease_until_ms, expires_at_ms) VALUES ($1, $2, $3, $4, 'running', $5, $6, $7) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(adapter.as_str())
+        .bind(key)
+        .bind(run_id)
+        .bind(body_sha256)
+        .bind(&claim)
+        .bind(now.saturating_add(lease_ms))
+        .bind(now.saturating_add(retention_ms))
+        .execute(&self.db.writer)
+        .await?;
+        if inserted.rows_affected() == 1 {
+            return Ok(Claimed::Claimed(claim));
+        }
+        let row = sqlx::query(
+            "SELECT body_sha256, state, claim, lease_until_ms, status, response, expires_at_ms \
+             FROM idempotency_keys WHERE adapter_id = $1 AND key = $2",
+        )
+        .bind(adapter.as_str())
+        .bind(key)
+        .fetch_optional(&self.db.writer)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let stored_body: String = row.try_get("body_sha256")?;
+        let state: String = row.try_get("state")?;
+        let held: String = row.try_get("claim")?;
+        let lease_until: i64 = row.try_get("lease_until_ms")?;
+        let expires: i64 = row.try_get("expires_at_ms")?;
+        let stale = expires <= now || (state == "running" && lease_until <= now);
+        if stale {
+            // An expired record, or a claim whose holder vanished: take it over.
+            let taken = sqlx::query(
+                "UPDATE idempotency_keys SET run_id = $1, body_sha256 = $2, state = 'running', \
+                 claim = $3, lease_until_ms = $4, status = 0, response = '', expires_at_ms = $5 \
+                 WHERE adapter_id = $6 AND key = $7 AND claim = $8",
+            )
+            .bind(run_id)
+            .bind(body_sha256)
+            .bind(&claim)
+            .bind(now.saturating_add(lease_ms))
+            .bind(now.saturating_add(retention_ms))
+            .bind(adapter.as_str())
+            .bind(key)
+            .bind(&held)
+            .execute(&self.db.writer)
+            .await?;
+            return Ok(if taken.rows_affected() == 1 {
+                Claimed::Claimed(claim)
+            } else {
+                Claimed::InFlight
+            });
+        }
+        if stored_body != body_sha256 {
+            return Ok(Claimed::Mismatch);
+        }
+        if state == "running" {
+            return Ok(Claimed::InFlight);
+        }
+        let status: i64 = row.try_get("status")?;
+        Ok(Claimed::Done {
+            status: u32::try_from(status).unwrap_or(500),
+            response: row.try_get("response")?,
+        })
+    }
+
+    /// Stores a claimed call's answer; a claim that was taken over stores nothing.
+    pub async fn finish_key(
+        &self,
+        adapter: &AdapterId,
+        key: &str,
+        claim: &str,
+        status: u32,
+        response: &str,
+        retention_ms: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE idempotency_keys SET state = 'done', status = $1, response = $2, \
+             expires_at_ms = $3 WHERE adapter_id = $4 AND key = $5 AND claim = $6",
+        )
+        .bind(i64::from(status))
+        .bind(response)
+        .bind(now_ms().saturating_add(retention_ms))
+        .bind(adapter.as_str())
+        .bind(key)
+        .bind(claim)
+        .execute(&self.db.writer)
+        .await?;
+        Ok(())
+    }
+
+    /// Gives a claim up, so a retry runs the call.
+    pub async fn release_key(
+        &self,
+        adapter: &AdapterId,
+        key: &str,
+        claim: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "DELETE FROM idempotency_keys WHERE adapter_id = $1 AND key = $2 AND claim = $3 \
+             AND state = 'running'",
+        )
+        .bind(adapter.as_str())
+        .bind(key)
+        .bind(claim)
+        .execute(&self.db.writer)
+        .await?;
+        Ok(())
+    }
+
+    /// Removes idempotency records past their retention; answers how many.
+    pub async fn purge_keys(&self) -> Result<u64, StoreError> {
+        let deleted = sqlx::query(
+            "DELETE FROM idempotency_keys WHERE expires_at_ms <= $1 AND state = 'done'",
+        )
+        .bind(now_ms())
+        .execute(&self.db.writer)
+        .await?;
+        Ok(deleted.rows_affected())
+    }
+}

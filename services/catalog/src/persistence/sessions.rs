@@ -313,7 +313,7 @@ impl Store {
 }
 
 /// Pins the environment's active version and places the session, inside `tx`.
-async fn insert_session(
+pub(super) async fn insert_session(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
     new: &NewSession,
 ) -> Result<SessionId, StoreError> {

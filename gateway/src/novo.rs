@@ -1,0 +1,935 @@
+//! The Novo workspace adapter: `POST /v1/workspace-adapters/{id}/novo` is the dispatch URL
+//! registered with Novo (novo-http-workspace). Every call is verified before anything else
+//! (`Novo-Signature`: HMAC-SHA256 over `"{t}.{raw body}"` with the adapter's secret, or the
+//! previous one inside its grace window, any `v1` may match, compared in constant time, `t`
+//! within ±300 s), then runs in its run's session (`Novo-Run-Id`; the first call makes it)
+//! through the node's workspace operations, is recorded as a turn, and answers the method's
+//! response shape. Mutating methods are idempotent by `Novo-Request-Id`. Only the JSON shapes
+//! live here; the node does the work.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use hmac::{KeyInit, Mac};
+use plinth_kit::grpc::constant_time_eq;
+use plinth_kit::{ErrorCode, PlinthError};
+use plinth_proto::catalog::v1 as pb;
+use plinth_proto::node::v1 as node;
+use serde_json::{Value, json};
+use sha2::Digest as _;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::AppState;
+use crate::error::{ApiError, ErrorBody};
+use crate::sessions;
+
+/// The dispatch route.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(dispatch))
+}
+
+/// How far `t` may be from now, either way.
+pub const TOLERANCE_SECONDS: i64 = 300;
+/// Largest request body (a runtime artifact can be large).
+const MAX_BODY_BYTES: usize = 70 * 1024 * 1024;
+/// How long a retry waits for the first call with its key before answering 409.
+const WAIT_FOR_FIRST: Duration = Duration::from_secs(10);
+/// Paths left out of run artifacts and external changes: Novo's reserved directory, git's.
+const NOT_ARTIFACTS: [&str; 2] = [".novo", ".git"];
+/// The methods that change the workspace: idempotent by `Novo-Request-Id`.
+const MUTATING: [&str; 5] = [
+    "editFile",
+    "applyPatch",
+    "runCommand",
+    "restore",
+    "writeRuntimeArtifact",
+];
+
+/// How the adapter's calls are run.
+#[derive(Debug, Clone)]
+pub struct NovoOptions {
+    /// Bytes of each of stdout and stderr a runCommand answers inline.
+    pub command_inline_bytes: u64,
+}
+
+fn unauthenticated(message: &str) -> ApiError {
+    ApiError(PlinthError::new(ErrorCode::Unauthenticated, message))
+}
+
+fn invalid(message: impl Into<String>) -> PlinthError {
+    PlinthError::new(ErrorCode::WorkspaceInvalidRequest, message)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes.iter().fold(String::with_capacity(64), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    })
+}
+
+/// The signature of `body` at `t` with `secret`, as lowercase hex.
+pub fn sign(secret: &[u8], t: &str, body: &[u8]) -> String {
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).expect("HMAC takes any key");
+    mac.update(t.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    hex(&mac.finalize().into_bytes())
+}
+
+/// Checks `Novo-Signature` over the raw body against the accepted secrets.
+fn verify(header: Option<&str>, body: &[u8], secrets: &[&str], now_s: i64) -> Result<(), ApiError> {
+    let header = header.ok_or_else(|| unauthenticated("Novo-Signature is missing"))?;
+    let mut t = None;
+    let mut candidates = Vec::new();
+    for part in header.split(',') {
+        match part.trim().split_once('=') {
+            Some(("t", value)) => t = Some(value.trim()),
+            Some(("v1", value)) => candidates.push(value.trim()),
+            // Other schemes are ignored.
+            _ => {}
+        }
+    }
+    let t = t.ok_or_else(|| unauthenticated("Novo-Signature has no t="))?;
+    let at: i64 = t
+        .parse()
+        .map_err(|_| unauthenticated("Novo-Signature: t is not a number of seconds"))?;
+    if (now_s - at).abs() > TOLERANCE_SECONDS {
+        return Err(unauthenticated(
+            "Novo-Signature: t is more than 300 s from now; check the clocks",
+        ));
+    }
+    let mut good = false;
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        let expected = sign(secret.as_bytes(), t, body);
+        for candidate in &candidates {
+            good |= constant_time_eq(candidate.as_bytes(), expected.as_bytes());
+        }
+    }
+    if good {
+        Ok(())
+    } else {
+        Err(unauthenticated(
+            "Novo-Signature: no v1 signature matches this adapter's secret",
+        ))
+    }
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|value| value.to_str().ok())
+}
+
+/// An error as the answer's status and body, the way `ApiError` renders it.
+fn error_answer(error: &PlinthError) -> (u16, Value) {
+    (
+        error.code.http_status(),
+        json!({ "error": { "code": error.code.as_str(), "message": error.message } }),
+    )
+}
+
+fn answer(status: u16, body: &Value) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, axum::Json(body.clone())).into_response()
+}
+
+/// Dispatch one Novo tool call (the `url` of a Novo workspace adapter).
+#[utoipa::path(
+    post,
+    path = "/v1/workspace-adapters/{id}/novo",
+    tag = "workspace-adapters",
+    params(("id" = String, Path, description = "The adapter's id")),
+    request_body(content = Object, description = "{method, args, options?}, signed (Novo-Signature)"),
+    responses(
+        (status = 200, description = "The method's response shape (novo-http-workspace)"),
+        (status = 400, description = "workspace_invalid_request, workspace_path_invalid, workspace_contents_required", body = ErrorBody),
+        (status = 401, description = "unauthenticated: a missing, stale or wrong signature; nothing ran", body = ErrorBody),
+        (status = 403, description = "workspace_read_only", body = ErrorBody),
+        (status = 404, description = "not_found (no such adapter), workspace_not_found", body = ErrorBody),
+        (status = 409, description = "workspace_find_not_unique, workspace_find_not_found, idempotency_in_progress", body = ErrorBody),
+        (status = 410, description = "workspace_run_ended", body = ErrorBody),
+        (status = 422, description = "idempotency_key_reused", body = ErrorBody),
+    )
+)]
+async fn dispatch(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|_| invalid(format!("the body is larger than {MAX_BODY_BYTES} bytes")))?;
+    let found = state
+        .adapters()
+        .get_adapter_credentials(pb::GetAdapterCredentialsRequest { id: id.clone() })
+        .await?
+        .into_inner();
+    let adapter = found.adapter.unwrap_or_default();
+    if adapter.protocol != "novo" {
+        return Err(PlinthError::new(
+            ErrorCode::NotFound,
+            format!("workspace adapter {id:?} is not a Novo adapter"),
+        )
+        .into());
+    }
+    let now_s = plinth_kit::clock::now_ms() / 1000;
+    verify(
+        header(&headers, "novo-signature"),
+        &body,
+        &[&found.current, &found.previous],
+        now_s,
+    )?;
+
+    // Signed: from here on the body is trusted to be Novo's.
+    let call: Value = serde_json::from_slice(&body)
+        .map_err(|error| invalid(format!("the body is not JSON: {error}")))?;
+    let method = call
+        .get("method")
+        .and_then(Value::as_str)
+        .ok_or_else(|| invalid("method: required, a string"))?
+        .to_owned();
+    if header(&headers, "novo-workspace-method") != Some(method.as_str()) {
+        return Err(invalid(format!(
+            "Novo-Workspace-Method must agree with the body's method ({method:?})"
+        ))
+        .into());
+    }
+    let run_id = header(&headers, "novo-run-id")
+        .filter(|run| !run.is_empty())
+        .ok_or_else(|| invalid("Novo-Run-Id is required"))?
+        .to_owned();
+    let args = match call.get("args") {
+        None | Some(Value::Null) => json!({}),
+        Some(Value::Object(args)) => Value::Object(args.clone()),
+        Some(_) => return Err(invalid("args: must be an object").into()),
+    };
+
+    let key = header(&headers, "novo-request-id")
+        .filter(|key| !key.is_empty() && MUTATING.contains(&method.as_str()))
+        .map(str::to_owned);
+    let Some(key) = key else {
+        let (status, body) = run(&state, &adapter, &run_id, &method, &args).await;
+        return Ok(answer(status, &body));
+    };
+
+    // Idempotent: the first call with the key runs, a retry gets its answer.
+    let body_sha256 = hex(&sha2::Sha256::digest(&body));
+    let lease_ms = args
+        .get("timeout_ms")
+        .and_then(Value::as_i64)
+        .unwrap_or(120_000)
+        .clamp(0, 3_600_000)
+        + 60_000;
+    let waited_since = tokio::time::Instant::now();
+    let claim = loop {
+        let claimed = state
+            .adapters()
+            .claim_idempotency_key(pb::ClaimIdempotencyKeyRequest {
+                adapter_id: adapter.id.clone(),
+                key: key.clone(),
+                run_id: run_id.clone(),
+                body_sha256: body_sha256.clone(),
+                lease_ms,
+            })
+            .await?
+            .into_inner();
+        match claimed.outcome.as_str() {
+            "claimed" => break claimed.claim,
+            "done" => {
+                let stored: Value = serde_json::from_str(&claimed.response).unwrap_or(Value::Null);
+                return Ok(answer(
+                    u16::try_from(claimed.status).unwrap_or(500),
+                    &stored,
+                ));
+            }
+            "mismatch" => {
+                return Err(PlinthError::new(
+                    ErrorCode::IdempotencyKeyReused,
+                    format!("Novo-Request-Id {key:?} was used before with a different body"),
+                )
+                .into());
+            }
+            _ if waited_since.elapsed() < WAIT_FOR_FIRST => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            _ => {
+                return Err(PlinthError::new(
+                    ErrorCode::IdempotencyInProgress,
+                    format!(
+                        "the first call with Novo-Request-Id {key:?} is still running; retry later"
+                    ),
+                )
+                .into());
+            }
+        }
+    };
+    let (status, response) = run(&state, &adapter, &run_id, &method, &args).await;
+    if status == 503 {
+        // Nothing is known to have run: a retry runs the call.
+        let _ = state
+            .adapters()
+            .release_idempotency_key(pb::ReleaseIdempotencyKeyRequest {
+                adapter_id: adapter.id.clone(),
+                key,
+                claim,
+            })
+            .await;
+    } else {
+        state
+            .adapters()
+            .finish_idempotency_key(pb::FinishIdempotencyKeyRequest {
+                adapter_id: adapter.id.clone(),
+                key,
+                claim,
+                status: u32::from(status),
+                response: response.to_string(),
+            })
+            .await?;
+    }
+    Ok(answer(status, &response))
+}
+
+/// Runs a call in its run's session; answers its status and body, errors included.
+async fn run(
+    state: &AppState,
+    adapter: &pb::Adapter,
+    run_id: &str,
+    method: &str,
+    args: &Value,
+) -> (u16, Value) {
+    match run_call(state, adapter, run_id, method, args).await {
+        Ok(body) => (200, body),
+        Err(ApiError(error)) => error_answer(&error),
+    }
+}
+
+async fn run_call(
+    state: &AppState,
+    adapter: &pb::Adapter,
+    run_id: &str,
+    method: &str,
+    args: &Value,
+) -> Result<Value, ApiError> {
+    let opened = state
+        .adapters()
+        .open_run(pb::OpenRunRequest {
+            adapter_id: adapter.id.clone(),
+            run_id: run_id.to_owned(),
+        })
+        .await?
+        .into_inner();
+    let mut session = opened.session.unwrap_or_default();
+    if session.workdir.is_empty() {
+        session = sessions::start_session(state, &adapter.scope, session).await?;
+    }
+    let call = Call {
+        state,
+        session: &session,
+        args,
+        inline_bytes: state.novo.command_inline_bytes,
+    };
+    let (body, kind, detail, exit_code) = match method {
+        "readFile" => call.read_file().await?,
+        "listFiles" => call.list_files().await?,
+        "searchFiles" => call.search_files().await?,
+        "findFiles" => call.find_files().await?,
+        "editFile" => call.edit_file().await?,
+        "applyPatch" => call.apply_patch().await?,
+        "runCommand" => call.run_command().await?,
+        "readCommandOutput" => call.read_command_output().await?,
+        "restore" => call.restore().await?,
+        "writeRuntimeArtifact" => call.write_artifact().await?,
+        "getRunArtifacts" => call.run_artifacts().await?,
+        "listExternalFileChanges" => call.external_changes().await?,
+        other => {
+            return Err(invalid(format!("method {other:?} is not one Novo dispatches")).into());
+        }
+    };
+    sessions::record(state, &adapter.scope, &session, kind, &detail, exit_code).await?;
+    Ok(body)
+}
+
+/// One call's arguments and session.
+struct Call<'a> {
+    state: &'a AppState,
+    session: &'a pb::Session,
+    args: &'a Value,
+    inline_bytes: u64,
+}
+
+type Outcome = (Value, &'static str, String, Option<i32>);
+
+impl Call<'_> {
+    fn client(
+        &self,
+    ) -> Result<
+        plinth_proto::node::v1::workspace_service_client::WorkspaceServiceClient<
+            tonic::service::interceptor::InterceptedService<
+                tonic::transport::Channel,
+                plinth_kit::grpc::ClientInterceptor,
+            >,
+        >,
+        ApiError,
+    > {
+        self.state.nodes.workspace(&self.session.node_address)
+    }
+
+    fn string(&self, name: &str) -> Result<Option<String>, PlinthError> {
+        match self.args.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(text)) => Ok(Some(text.clone())),
+            Some(_) => Err(invalid(format!("args.{name}: must be a string"))),
+        }
+    }
+
+    fn required(&self, name: &str) -> Result<String, PlinthError> {
+        self.string(name)?
+            .ok_or_else(|| invalid(format!("args.{name}: required")))
+    }
+
+    fn number(&self, name: &str) -> Result<Option<u64>, PlinthError> {
+        match self.args.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => value
+                .as_u64()
+                .or_else(|| {
+                    value
+                        .as_f64()
+                        .filter(|f| *f >= 0.0 && f.fract() == 0.0)
+                        .map(|f| f as u64)
+                })
+                .map(Some)
+                .ok_or_else(|| invalid(format!("args.{name}: must be a non-negative integer"))),
+        }
+    }
+
+    fn flag(&self, name: &str) -> Result<bool, PlinthError> {
+        match self.args.get(name) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(flag)) => Ok(*flag),
+            Some(_) => Err(invalid(format!("args.{name}: must be a boolean"))),
+        }
+    }
+
+    fn id(&self) -> String {
+        self.session.id.clone()
+    }
+
+    async fn read_file(&self) -> Result<Outcome, ApiError> {
+        let path = self.required("path")?;
+        let read = self
+            .client()?
+            .read(node::ReadRequest {
+                session_id: self.id(),
+                path: path.clone(),
+                start_line: self.number("start_line")?.unwrap_or(0),
+                end_line: self.number("end_line")?.unwrap_or(0),
+                max_bytes: self.number("max_bytes")?.unwrap_or(0),
+                lines_threshold: self.number("lines_threshold")?.unwrap_or(0),
+            })
+            .await?
+            .into_inner();
+        let mut body = json!({
+            "path": read.path,
+            "bytes": read.size,
+            "truncated": read.truncated,
+            "mtimeMs": read.mtime_ms,
+        });
+        if read.binary {
+            body["content"] =
+                json!(base64::engine::general_purpose::STANDARD.encode(&read.content));
+            body["encoding"] = json!("base64");
+        } else {
+            body["content"] = json!(String::from_utf8_lossy(&read.content));
+            body["encoding"] = json!("utf8");
+            body["start_line"] = json!(read.start_line);
+            body["end_line"] = json!(read.end_line);
+            body["total_lines"] = json!(read.total_lines);
+            if read.total_lines_partial {
+                body["total_lines_partial"] = json!(true);
+            }
+        }
+        Ok((body, "read_file", path, None))
+    }
+
+    async fn list_files(&self) -> Result<Outcome, ApiError> {
+        let path = self.string("path")?.unwrap_or_else(|| ".".to_owned());
+        let listed = self
+            .client()?
+            .list(node::ListRequest {
+                session_id: self.id(),
+                path: path.clone(),
+                recursive: self.flag("recursive")?,
+                include_hidden: self.flag("include_hidden")?,
+                max_entries: self.number("max_entries")?.unwrap_or(500).max(1),
+            })
+            .await?
+            .into_inner();
+        let entries: Vec<Value> = listed
+            .entries
+            .into_iter()
+            .map(|entry| {
+                let mut value = json!({ "path": entry.path, "type": entry.kind });
+                if let Some(size) = entry.size {
+                    value["bytes"] = json!(size);
+                }
+                value
+            })
+            .collect();
+        Ok((
+            json!({ "root": listed.root, "entries": entries, "truncated": listed.truncated }),
+            "list_files",
+            path,
+            None,
+        ))
+    }
+
+    async fn search_files(&self) -> Result<Outcome, ApiError> {
+        let pattern = self.required("pattern")?;
+        let found = self
+            .client()?
+            .search(node::SearchRequest {
+                session_id: self.id(),
+                pattern: pattern.clone(),
+                path: self.string("path")?.unwrap_or_else(|| ".".to_owned()),
+                glob: self.string("glob")?.unwrap_or_default(),
+                literal: self.flag("literal")?,
+                ignore_case: self.flag("ignore_case")?,
+                context: u32::try_from(self.number("context")?.unwrap_or(0)).unwrap_or(u32::MAX),
+                limit_per_file: self.number("limit")?.unwrap_or(100).max(1),
+                max_results: self.number("max_results")?.unwrap_or(100).max(1),
+                max_bytes_per_line: self.number("max_bytes_per_match")?.unwrap_or(0),
+            })
+            .await?
+            .into_inner();
+        let with_context = self.number("context")?.unwrap_or(0) > 0;
+        let matches: Vec<Value> = found
+            .matches
+            .into_iter()
+            .map(|found| {
+                let mut value =
+                    json!({ "path": found.path, "line": found.line, "preview": found.text });
+                if with_context {
+                    value["before"] = json!(found.before);
+                    value["after"] = json!(found.after);
+                }
+                value
+            })
+            .collect();
+        Ok((
+            json!({ "matches": matches, "truncated": found.truncated, "files_searched": found.files_searched }),
+            "search_files",
+            pattern,
+            None,
+        ))
+    }
+
+    async fn find_files(&self) -> Result<Outcome, ApiError> {
+        let pattern = self.required("pattern")?;
+        let found = self
+            .client()?
+            .find(node::FindRequest {
+                session_id: self.id(),
+                pattern: pattern.clone(),
+                path: self.string("path")?.unwrap_or_else(|| ".".to_owned()),
+                max_entries: self.number("max_entries")?.unwrap_or(200).max(1),
+            })
+            .await?
+            .into_inner();
+        let entries: Vec<Value> = found
+            .entries
+            .into_iter()
+            .map(|entry| json!({ "path": entry.path, "bytes": entry.size.unwrap_or(0), "mtimeMs": entry.mtime_ms }))
+            .collect();
+        Ok((
+            json!({ "pattern": pattern, "entries": entries, "truncated": found.truncated }),
+            "find_files",
+            pattern,
+            None,
+        ))
+    }
+
+    async fn edit_file(&self) -> Result<Outcome, ApiError> {
+        let path = self.required("path")?;
+        let operation = match self.required("operation")?.as_str() {
+            "create" => node::EditOperation::Create,
+            "replace" => node::EditOperation::Replace,
+            "insert_after" => node::EditOperation::InsertAfter,
+            "insert_before" => node::EditOperation::InsertBefore,
+            "append" => node::EditOperation::Append,
+            other => {
+                return Err(invalid(format!(
+                    "args.operation: {other:?} is not one of create, replace, insert_after, insert_before, append"
+                ))
+                .into());
+            }
+        };
+        let dry_run = self.flag("dry_run")?;
+        let edited = self
+            .client()?
+            .edit(node::EditRequest {
+                session_id: self.id(),
+                path: path.clone(),
+                operation: operation as i32,
+                contents: self.string("contents")?,
+                find: self.string("find")?,
+                replace_all: self.flag("replace_all")?,
+                dry_run,
+            })
+            .await?
+            .into_inner();
+        let mut body = json!({ "path": edited.path, "dry_run": dry_run, "bytes_written": edited.bytes_written });
+        if edited.created {
+            body["created"] = json!(true);
+        }
+        if !edited.rollback_token.is_empty() {
+            body["rollback_token"] = json!(edited.rollback_token);
+        }
+        if !edited.warnings.is_empty() {
+            body["warnings"] = json!(edited.warnings);
+        }
+        Ok((body, "edit_file", path, None))
+    }
+
+    async fn apply_patch(&self) -> Result<Outcome, ApiError> {
+        let Some(Value::Array(operations)) = self.args.get("operations") else {
+            return Err(invalid("args.operations: required, an array").into());
+        };
+        let mut wire = Vec::new();
+        for (index, operation) in operations.iter().enumerate() {
+            let field = |name: &str| {
+                operation
+                    .get(name)
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            };
+            wire.push(node::PatchOperation {
+                kind: field("type")
+                    .ok_or_else(|| invalid(format!("args.operations[{index}].type: required")))?,
+                path: field("path")
+                    .ok_or_else(|| invalid(format!("args.operations[{index}].path: required")))?,
+                diff: field("diff").unwrap_or_default(),
+            });
+        }
+        let detail = wire
+            .iter()
+            .map(|op| op.path.as_str())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let dry_run = self.flag("dry_run")?;
+        let patched = self
+            .client()?
+            .apply_patch(node::PatchRequest {
+                session_id: self.id(),
+                operations: wire,
+                dry_run,
+            })
+            .await?
+            .into_inner();
+        let operations: Vec<Value> = patched
+            .operations
+            .into_iter()
+            .map(|op| {
+                let mut value = json!({ "type": op.kind, "path": op.path, "status": op.status });
+                if !op.error.is_empty() {
+                    value["error"] = json!(op.error);
+                }
+                value
+            })
+            .collect();
+        let mut body =
+            json!({ "applied": patched.applied, "dry_run": dry_run, "operations": operations });
+        if !patched.rollback_token.is_empty() {
+            body["rollback_token"] = json!(patched.rollback_token);
+        }
+        if !patched.warnings.is_empty() {
+            body["warnings"] = json!(patched.warnings);
+        }
+        Ok((body, "apply_patch", detail, None))
+    }
+
+    async fn run_command(&self) -> Result<Outcome, ApiError> {
+        let command = self.required("command")?;
+        if command.trim().is_empty() {
+            return Err(invalid("args.command: must not be empty").into());
+        }
+        let env = match self.args.get("env") {
+            None | Some(Value::Null) => Default::default(),
+            Some(Value::Object(env)) => env
+                .iter()
+                .map(|(k, v)| {
+                    v.as_str()
+                        .map(|v| (k.clone(), v.to_owned()))
+                        .ok_or_else(|| invalid(format!("args.env.{k}: must be a string")))
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(invalid("args.env: must be an object of strings").into()),
+        };
+        let ran = self
+            .client()?
+            .run_command(node::RunCommandRequest {
+                session: Some(sessions::spec(self.session)),
+                command: command.clone(),
+                cwd: self.string("cwd")?.unwrap_or_default(),
+                env,
+                timeout_ms: self.number("timeout_ms")?.unwrap_or(0),
+                inline_bytes: self.inline_bytes,
+                keep_bytes: 0,
+            })
+            .await?
+            .into_inner();
+        let mut body = json!({
+            "command": command,
+            "cwd": ran.cwd,
+            "exit_code": ran.exit_code,
+            "stdout": String::from_utf8_lossy(&ran.stdout),
+            "stderr": String::from_utf8_lossy(&ran.stderr),
+            "stdout_truncated": ran.stdout_truncated,
+            "stderr_truncated": ran.stderr_truncated,
+            "duration_ms": ran.duration_ms,
+            "timed_out": ran.timed_out,
+            "metadata": { "session_id": self.session.id, "environment_version": self.session.version },
+        });
+        if !ran.signal.is_empty() {
+            body["signal"] = json!(ran.signal);
+        }
+        if ran.stdout_truncated {
+            body["stdout_lines_truncated"] = json!(ran.stdout_lines_truncated);
+        }
+        if ran.stderr_truncated {
+            body["stderr_lines_truncated"] = json!(ran.stderr_lines_truncated);
+        }
+        if !ran.output_id.is_empty() {
+            body["output_file_path"] = json!(ran.output_id);
+            body["output_truncated"] = json!(ran.output_truncated);
+        }
+        Ok((body, "exec", command, Some(ran.exit_code)))
+    }
+
+    async fn read_command_output(&self) -> Result<Outcome, ApiError> {
+        let path = self.required("path")?;
+        let read = self
+            .client()?
+            .read_output(node::ReadOutputRequest {
+                session_id: self.id(),
+                output_id: path.clone(),
+                start_line: self.number("start_line")?.unwrap_or(0),
+                end_line: self.number("end_line")?.unwrap_or(0),
+                max_bytes: self.number("max_bytes")?.unwrap_or(0),
+            })
+            .await?
+            .into_inner();
+        let mut body = json!({
+            "path": path,
+            "content": String::from_utf8_lossy(&read.content),
+            "encoding": "utf8",
+            "bytes": read.size,
+            "total_lines": read.total_lines,
+            "start_line": read.start_line,
+            "end_line": read.end_line,
+            "truncated": read.truncated,
+        });
+        if read.total_lines_partial {
+            body["total_lines_partial"] = json!(true);
+        }
+        Ok((body, "read_output", path, None))
+    }
+
+    async fn restore(&self) -> Result<Outcome, ApiError> {
+        let token = self.required("token")?;
+        self.client()?
+            .restore(node::RestoreRequest {
+                session_id: self.id(),
+                token: token.clone(),
+            })
+            .await?;
+        Ok((json!({}), "restore", token, None))
+    }
+
+    async fn write_artifact(&self) -> Result<Outcome, ApiError> {
+        let run = self.required("runId")?;
+        if run.is_empty()
+            || run == "."
+            || run == ".."
+            || run.contains(['/', '\\', '\0'])
+            || run.len() > 200
+        {
+            return Err(invalid("args.runId: one path segment (no /, not . or ..)").into());
+        }
+        let step = self
+            .number("stepNumber")?
+            .ok_or_else(|| invalid("args.stepNumber: required, a non-negative integer"))?;
+        let tool_call = self.required("toolCallId")?;
+        let extension = match self.required("mediaType")?.as_str() {
+            "application/json" => "json",
+            "text/plain" => "txt",
+            other => {
+                return Err(invalid(format!(
+                    "args.mediaType: {other:?} is not application/json or text/plain"
+                ))
+                .into());
+            }
+        };
+        let contents = self
+            .string("contents")?
+            .ok_or_else(|| invalid("args.contents: required, a string"))?;
+        let digest = hex(&sha2::Sha256::digest(tool_call.as_bytes()));
+        let path = format!(
+            "./.novo/artifacts/{run}/{step}-{}.{extension}",
+            &digest[..16]
+        );
+        let written = self
+            .client()?
+            .write(node::WriteRequest {
+                session_id: self.id(),
+                path: path.clone(),
+                content: contents.into_bytes().into(),
+            })
+            .await?
+            .into_inner();
+        Ok((
+            json!({ "path": path, "bytes_written": written.bytes_written }),
+            "write_file",
+            path,
+            None,
+        ))
+    }
+
+    async fn changes(&self, external_only: bool) -> Result<Vec<node::FileChange>, ApiError> {
+        Ok(self
+            .client()?
+            .list_changes(node::ListChangesRequest {
+                session_id: self.id(),
+                external_only,
+                exclude: NOT_ARTIFACTS.iter().map(|s| (*s).to_owned()).collect(),
+                max_snippet_bytes: 0,
+            })
+            .await?
+            .into_inner()
+            .changes)
+    }
+
+    async fn run_artifacts(&self) -> Result<Outcome, ApiError> {
+        let changes: Vec<Value> = self
+            .changes(false)
+            .await?
+            .into_iter()
+            .map(|c| json!({ "path": c.path, "change": c.change, "bytes": c.size }))
+            .collect();
+        Ok((
+            Value::Array(changes),
+            "list_changes",
+            "artifacts".to_owned(),
+            None,
+        ))
+    }
+
+    async fn external_changes(&self) -> Result<Outcome, ApiError> {
+        let changes: Vec<Value> = self
+            .changes(true)
+            .await?
+            .into_iter()
+            .map(|c| {
+                if c.reason.is_empty() {
+                    json!({ "kind": "changed-with-diff", "path": c.path, "snippet": c.snippet })
+                } else {
+                    json!({ "kind": "changed-no-diff", "path": c.path, "reason": c.reason })
+                }
+            })
+            .collect();
+        Ok((
+            Value::Array(changes),
+            "list_changes",
+            "external".to_owned(),
+            None,
+        ))
+    }
+}
+
+/// Ends runs idle since `idle` ago, every half minute, and tells their nodes.
+pub async fn end_idle_runs(
+    state: AppState,
+    idle: Duration,
+    shutdown: plinth_kit::tasks::CancellationToken,
+) {
+    let every = (idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let cutoff =
+            plinth_kit::clock::now_ms() - i64::try_from(idle.as_millis()).unwrap_or(i64::MAX);
+        let ended = match state
+            .adapters()
+            .end_idle_runs(pb::EndIdleRunsRequest {
+                idle_before_ms: cutoff,
+            })
+            .await
+        {
+            Ok(ended) => ended.into_inner().sessions,
+            Err(status) => {
+                tracing::warn!(error = %status.message(), "cannot end idle runs; retrying");
+                continue;
+            }
+        };
+        for session in ended {
+            let detached = match state.nodes.client(&session.node_address) {
+                Ok(mut client) => client
+                    .detach(node::DetachRequest {
+                        session_id: session.id.clone(),
+                    })
+                    .await
+                    .map(|_| ())
+                    .map_err(|status| status.message().to_owned()),
+                Err(ApiError(error)) => Err(error.message),
+            };
+            match detached {
+                Ok(()) => tracing::info!(session = %session.id, "idle run's session ended"),
+                Err(error) => {
+                    tracing::warn!(session = %session.id, %error, "an idle run's session ended, but its node could not be told")
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_are_checked_over_the_raw_body() {
+        let body = br#"{"method":"readFile","args":{"path":"a"}}"#;
+        let t = "1796040000";
+        let good = sign(b"secret-0123456789", t, body);
+        let header = format!("t={t},v0=zzz,v1=00ff,v1={good}");
+        assert!(verify(Some(&header), body, &["secret-0123456789"], 1_796_040_100).is_ok());
+        assert!(verify(Some(&header), body, &["other-secret-000000"], 1_796_040_100).is_err());
+        assert!(
+            verify(
+                Some(&header),
+                &body[1..],
+                &["secret-0123456789"],
+                1_796_040_100
+            )
+            .is_err()
+        );
+        assert!(verify(Some(&header), body, &["secret-0123456789"], 1_796_040_301).is_err());
+        assert!(
+            verify(
+                Some(&format!("t={t},v0={good}")),
+                body,
+                &["secret-0123456789"],
+                1_796_040_000
+            )
+            .is_err()
+        );
+        assert!(verify(None, body, &["secret-0123456789"], 1_796_040_000).is_err());
+    }
+}
