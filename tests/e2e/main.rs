@@ -2,6 +2,7 @@
 //! data directory and database.
 
 mod adapters;
+mod brain;
 mod build_faults;
 mod build_rules;
 mod builds;
@@ -12,6 +13,7 @@ mod harnesses;
 mod helpers;
 mod imports;
 mod node_restart;
+mod novo;
 mod processes;
 mod sessions;
 mod snapshots;
