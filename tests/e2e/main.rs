@@ -2,7 +2,6 @@
 //! data directory and database.
 
 mod adapters;
-mod brain;
 mod build_faults;
 mod build_rules;
 mod builds;
