@@ -137,10 +137,12 @@ fn open_dir(dir: &OwnedFd, name: &str) -> Result<OwnedFd, Errno> {
 pub fn read(root: &Path, path: &str, max: u64) -> Result<Vec<u8>, WorkdirError> {
     components(path)?;
     let dir = open_root(root, path)?;
+    // Non-blocking: a FIFO the session made must not hold the node until a writer appears;
+    // it is refused below, like anything that is not a regular file.
     let fd = rustix::fs::openat2(
         &dir,
         path,
-        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
         Mode::empty(),
         ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
     )
@@ -288,6 +290,21 @@ mod tests {
         // Deleting the link removes the link, not what it points at.
         delete(root.path(), "out").expect("delete");
         assert!(outside.path().join("secret").exists());
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_waiting_for_a_writer() {
+        let root = tempfile::tempdir().expect("tempdir");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            root.path().join("pipe"),
+            Mode::from_raw_mode(0o644),
+        )
+        .expect("mkfifo");
+        assert!(matches!(
+            read(root.path(), "pipe", 1024),
+            Err(WorkdirError::Conflict { .. })
+        ));
     }
 
     #[test]
