@@ -84,6 +84,9 @@ pub struct GatewaySection {
     pub adapter_run_idle_seconds: u64,
     /// Bytes of each of stdout and stderr a Novo runCommand answers inline.
     pub adapter_command_inline_bytes: u64,
+    /// How long a claim on a Brain operation lasts unless its runner renews it (every third
+    /// of it); a redelivery that finds an older claim with no result answers `unknown`.
+    pub brain_operation_lease_seconds: u64,
 }
 
 impl Default for GatewaySection {
@@ -97,6 +100,7 @@ impl Default for GatewaySection {
             public_url: None,
             adapter_run_idle_seconds: 3600,
             adapter_command_inline_bytes: 32 * 1024,
+            brain_operation_lease_seconds: 30,
         }
     }
 }

@@ -573,6 +573,9 @@ fn spawn_gateway(
         public_url: config.gateway.public_url.clone(),
         adapter_run_idle: std::time::Duration::from_secs(config.gateway.adapter_run_idle_seconds),
         command_inline_bytes: config.gateway.adapter_command_inline_bytes,
+        brain_operation_lease: std::time::Duration::from_secs(
+            config.gateway.brain_operation_lease_seconds.max(1),
+        ),
     };
     let result = async move {
         let result = plinth_gateway::run(options, listener, backends, shutdown).await;

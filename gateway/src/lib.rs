@@ -7,6 +7,7 @@
 
 mod adapters;
 mod auth;
+mod brain;
 mod builds;
 mod environments;
 mod error;
@@ -27,6 +28,7 @@ use plinth_kit::config::Secret;
 use plinth_kit::grpc::{ClientInterceptor, InvalidToken};
 use plinth_kit::tasks::CancellationToken;
 use plinth_proto::catalog::v1::adapter_service_client::AdapterServiceClient;
+use plinth_proto::catalog::v1::brain_service_client::BrainServiceClient;
 use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
 use plinth_proto::catalog::v1::harness_service_client::HarnessServiceClient;
 use plinth_proto::catalog::v1::session_service_client::SessionServiceClient;
@@ -57,6 +59,9 @@ pub struct GatewayOptions {
     pub tokens: Vec<(Secret, String)>,
     /// Sent to the services behind, when they require it.
     pub internal_token: Option<Secret>,
+    /// How long a claim on a Brain operation lasts unless its runner renews it; a delivery
+    /// that finds a claim older than this with no result answers `unknown`.
+    pub brain_operation_lease: Duration,
     /// The gateway's root URL as agent runtimes reach it, for the URLs workspace adapters
     /// answer; the request's `Host` over plain HTTP when absent.
     pub public_url: Option<String>,
@@ -82,6 +87,7 @@ type CatalogClient = CatalogServiceClient<InterceptedService<Channel, ClientInte
 type SourceClient = SourceServiceClient<InterceptedService<Channel, ClientInterceptor>>;
 type HarnessClient = HarnessServiceClient<InterceptedService<Channel, ClientInterceptor>>;
 type SessionClient = SessionServiceClient<InterceptedService<Channel, ClientInterceptor>>;
+type BrainClient = BrainServiceClient<InterceptedService<Channel, ClientInterceptor>>;
 type AdapterClient = AdapterServiceClient<InterceptedService<Channel, ClientInterceptor>>;
 
 /// What every handler can reach.
@@ -90,6 +96,8 @@ pub(crate) struct AppState {
     catalog: CatalogClient,
     harnesses: HarnessClient,
     sessions: SessionClient,
+    brain: BrainClient,
+    brain_runtime: Arc<brain::Runtime>,
     adapters: AdapterClient,
     nodes: sessions::Nodes,
     source: SourceClient,
@@ -118,6 +126,11 @@ impl AppState {
     /// A workspace-adapter client for one request; it shares the catalog's channel.
     fn adapters(&self) -> AdapterClient {
         self.adapters.clone()
+    }
+
+    /// A Brain ledger client for one request; it shares the catalog's channel.
+    fn brain(&self) -> BrainClient {
+        self.brain.clone()
     }
 
     /// A source client for one request; clones share the channel.
@@ -220,6 +233,10 @@ fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, 
             backends.catalog.clone(),
             interceptor.clone(),
         ),
+        brain: BrainServiceClient::with_interceptor(backends.catalog.clone(), interceptor.clone())
+            .max_decoding_message_size(brain::CATALOG_MESSAGE_BYTES)
+            .max_encoding_message_size(brain::CATALOG_MESSAGE_BYTES),
+        brain_runtime: Arc::new(brain::Runtime::new(options.brain_operation_lease)),
         nodes: Arc::new(sessions::NodeClients::new(interceptor.clone())),
         source: SourceServiceClient::with_interceptor(backends.source.clone(), interceptor)
             .max_decoding_message_size(4 * 1024 * 1024),
@@ -246,7 +263,8 @@ fn router_with(
             .merge(harnesses::routes())
             .merge(sessions::routes())
             .merge(novo::routes())
-            .merge(adapters::routes());
+            .merge(adapters::routes())
+            .merge(brain::routes());
     }
     let (api, mut openapi) = api.split_for_parts();
     // axum spells a multi-segment parameter `{*path}`; OpenAPI spells it `{path}`.

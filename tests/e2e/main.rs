@@ -2,6 +2,7 @@
 //! data directory and database.
 
 mod adapters;
+mod brain;
 mod build_faults;
 mod build_rules;
 mod builds;

@@ -391,9 +391,8 @@ impl pb::brain_service_server::BrainService for Brain {
     ) -> Result<Response<pb::Binding>, Status> {
         let request = request.into_inner();
         let key = binding_key(request.key)?;
-        let state = BindingState::parse(&request.state).ok_or_else(|| {
-            PlinthError::invalid("state: `attached`, `detached` or `torn_down`")
-        })?;
+        let state = BindingState::parse(&request.state)
+            .ok_or_else(|| PlinthError::invalid("state: `attached`, `detached` or `torn_down`"))?;
         let binding = self
             .store
             .set_binding_state(&key, state)

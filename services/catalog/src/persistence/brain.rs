@@ -210,7 +210,12 @@ impl Store {
         .bind(i64::from(binding.version))
         .bind(binding.lifetime.as_str())
         .bind(i64::from(binding.release_on_turn_end))
-        .bind(binding.plinth_session.as_ref().map_or("", SessionId::as_str))
+        .bind(
+            binding
+                .plinth_session
+                .as_ref()
+                .map_or("", SessionId::as_str),
+        )
         .bind(&binding.configuration)
         .bind(now)
         .execute(&self.db.writer)

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use plinth_catalog::LeasePolicy;
 use plinth_catalog::brain::{
-    Binding, BindingKey, BindingState, Claim, Lifetime, NewOperation, OperationKey,
-    OperationState,
+    Binding, BindingKey, BindingState, Claim, Lifetime, NewOperation, OperationKey, OperationState,
 };
 use plinth_catalog::model::{BuildStatus, EnvironmentId, NewEnvironment, Outcome, Scope};
 use plinth_catalog::persistence::NewSession;

@@ -1,0 +1,605 @@
+//! The Brain environment service: `POST /v1/workspace-adapters/{id}/brain/v1/operations`,
+//! where Brain delivers every `environment/v1` operation of its sessions (setup, turn-end
+//! release, detach, teardown, tool executions, cancellations) and gets one receipt back.
+//!
+//! The adapter registration (`/v1/workspace-adapters`, protocol `brain`) gives the base URL
+//! and the bearer token; a request without that token is refused before anything runs. Each
+//! Brain session's Environment is a *binding* whose resources are a Plinth session on the
+//! adapter's environment, with the version pinned at setup mounted read-only at
+//! `/env/<slug>` (`lifecycle`); tools run there over the node agent (`tools`).
+//!
+//! Delivery: an operation is `(adapter, session_id, sequence)`. It is claimed in the catalog
+//! before anything runs, so a duplicate delivery, even after a restart, never runs it again:
+//! it answers the stored receipt, or `progress` while the first delivery still runs (its
+//! runner renews a lease), or `unknown` once that runner stopped renewing without a result
+//! (the effect may have happened; Plinth never retries it).
+
+mod lifecycle;
+mod receipt;
+mod tools;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, header};
+use plinth_kit::grpc::constant_time_eq;
+use plinth_kit::tasks::CancellationToken;
+use plinth_kit::{ErrorCode, PlinthError};
+use plinth_proto::catalog::v1 as pb;
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::AppState;
+use crate::error::{ApiError, ErrorBody};
+pub use receipt::Receipt;
+use receipt::codes;
+
+/// The one contract served.
+pub const CONTRACT: &str = "environment/v1";
+
+/// Largest operation body accepted (a tool's input carries file contents).
+const MAX_BODY_BYTES: usize = 80 * 1024 * 1024;
+
+/// Largest message to and from the catalog's Brain ledger (a receipt holds a tool's output).
+pub const CATALOG_MESSAGE_BYTES: usize = 12 * 1024 * 1024;
+
+/// Most bytes of a Brain session id or Environment name.
+const MAX_NAME_BYTES: usize = 256;
+
+/// The Brain routes.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(operations))
+}
+
+/// What one gateway process keeps about the operations it is running: their cancellation
+/// handles (a cancellation delivered to this process stops its target at once; one delivered
+/// to another replica reaches it through the lease), and the lease length.
+pub struct Runtime {
+    running: Mutex<HashMap<(String, String, u64), CancellationToken>>,
+    lease: Duration,
+}
+
+impl Runtime {
+    /// Nothing running; claims last `lease` unless renewed (every third of it).
+    pub fn new(lease: Duration) -> Self {
+        Runtime {
+            running: Mutex::new(HashMap::new()),
+            lease: lease.max(Duration::from_millis(300)),
+        }
+    }
+
+    fn lease_ms(&self) -> i64 {
+        i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    fn track(&self, key: &pb::OperationKey) -> CancellationToken {
+        let token = CancellationToken::new();
+        self.lock().insert(tuple(key), token.clone());
+        token
+    }
+
+    fn untrack(&self, key: &pb::OperationKey) {
+        self.lock().remove(&tuple(key));
+    }
+
+    /// Cancels the operation if this process runs it.
+    fn cancel_local(&self, key: &pb::OperationKey) -> bool {
+        match self.lock().get(&tuple(key)) {
+            Some(token) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String, u64), CancellationToken>> {
+        self.running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+fn tuple(key: &pb::OperationKey) -> (String, String, u64) {
+    (key.adapter_id.clone(), key.session_id.clone(), key.sequence)
+}
+
+/// The answer to every operation.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OperationAnswer {
+    /// The command's contract, as sent.
+    #[schema(value_type = String)]
+    pub contract: Value,
+    /// The operation's sequence, as sent.
+    #[schema(value_type = u64)]
+    pub sequence: Value,
+    /// `{"type": "accepted" | "progress" | "result" | "returned" | "failure" | "unknown", …}`.
+    #[schema(value_type = Object)]
+    pub receipt: Value,
+}
+
+/// Everything one operation runs with.
+pub(crate) struct Context {
+    pub state: AppState,
+    /// The adapter it came through: its scope and environment.
+    pub adapter: pb::Adapter,
+    /// The binding it addresses.
+    pub binding: pb::BindingKey,
+    /// Its sequence.
+    pub sequence: u64,
+    /// The configuration it carries (the Environment's current configuration).
+    pub configuration: Option<Value>,
+    /// Cancelled on an explicit cancellation of this operation.
+    pub cancel: CancellationToken,
+}
+
+impl Context {
+    fn scope(&self) -> &str {
+        &self.adapter.scope
+    }
+}
+
+/// Serve one Brain environment operation.
+#[utoipa::path(
+    post,
+    path = "/v1/workspace-adapters/{id}/brain/v1/operations",
+    tag = "workspace-adapters",
+    params(("id" = String, Path, description = "The Brain adapter's id")),
+    request_body(content = Object, description = "{contract: \"environment/v1\", operation: {session_id, environment, sequence, request, binding?, configuration?, template?, context?, reporter?}}"),
+    responses(
+        (status = 200, description = "The receipt, with the command's contract and sequence", body = OperationAnswer),
+        (status = 400, description = "environment_invalid: not a command Plinth can answer (no sequence, no session id)", body = ErrorBody),
+        (status = 401, description = "unauthenticated: not this adapter's bearer token", body = ErrorBody),
+        (status = 503, description = "unavailable: the catalog did not answer; nothing ran, or the outcome could not be recorded", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn operations(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<OperationAnswer>, ApiError> {
+    let adapter = authenticate(&state, &id, &headers).await?;
+    if body.len() > MAX_BODY_BYTES {
+        return Err(PlinthError::new(
+            ErrorCode::FileTooLarge,
+            format!("the operation is larger than {MAX_BODY_BYTES} bytes"),
+        )
+        .with_detail(serde_json::json!({ "max_bytes": MAX_BODY_BYTES }))
+        .into());
+    }
+    let command: Value = serde_json::from_slice(&body)
+        .map_err(|error| PlinthError::invalid(format!("request body: not valid JSON: {error}")))?;
+    let Some(command) = command.as_object() else {
+        return Err(PlinthError::invalid("request body: expected a JSON object").into());
+    };
+    let contract = command.get("contract").cloned().unwrap_or(Value::Null);
+    let operation = command
+        .get("operation")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let sequence = operation.get("sequence").cloned().unwrap_or(Value::Null);
+    let answer = |receipt: Value| {
+        Json(OperationAnswer {
+            contract: contract.clone(),
+            sequence: sequence.clone(),
+            receipt,
+        })
+    };
+    if contract.as_str() != Some(CONTRACT) {
+        let receipt = Receipt::unsupported(format!(
+            "this environment service speaks contract {CONTRACT:?}, not {contract}"
+        ));
+        return Ok(answer(to_value(&receipt)));
+    }
+    let Some(number) = sequence.as_u64().filter(|n| i64::try_from(*n).is_ok()) else {
+        return Err(PlinthError::invalid(
+            "operation.sequence: expected a whole number from 0 to 2^63 - 1",
+        )
+        .into());
+    };
+    let session_id = name_field(&operation, "session_id")?;
+    let environment = name_field(&operation, "environment")?;
+    let request = operation.get("request").cloned().unwrap_or(Value::Null);
+    let kind = request
+        .get("type")
+        .and_then(Value::as_str)
+        .filter(|kind| valid_name(kind) && kind.len() <= 64)
+        .unwrap_or("malformed")
+        .to_owned();
+    let key = pb::OperationKey {
+        adapter_id: adapter.id.clone(),
+        session_id: session_id.clone(),
+        sequence: number,
+    };
+    let context = Context {
+        state: state.clone(),
+        binding: pb::BindingKey {
+            adapter_id: adapter.id.clone(),
+            session_id,
+            environment: environment.clone(),
+        },
+        adapter,
+        sequence: number,
+        configuration: operation.get("configuration").cloned(),
+        cancel: CancellationToken::new(),
+    };
+    let receipt = deliver(context, key, kind, digest(&environment, &request), request).await?;
+    Ok(answer(receipt))
+}
+
+/// Claims the operation and runs it, or answers what a previous delivery left.
+async fn deliver(
+    mut context: Context,
+    key: pb::OperationKey,
+    kind: String,
+    digest: String,
+    request: Value,
+) -> Result<Value, ApiError> {
+    let state = context.state.clone();
+    let runtime = state.brain_runtime.clone();
+    let runner = uuid::Uuid::new_v4().simple().to_string();
+    let claim = state
+        .brain()
+        .claim_operation(pb::ClaimOperationRequest {
+            key: Some(key.clone()),
+            environment: context.binding.environment.clone(),
+            kind: kind.clone(),
+            digest: digest.clone(),
+            runner: runner.clone(),
+            lease_ms: runtime.lease_ms(),
+        })
+        .await?
+        .into_inner();
+    let stored = claim
+        .operation
+        .ok_or_else(|| PlinthError::new(ErrorCode::Internal, "the claim has no operation"))?;
+    if !claim.started {
+        return duplicate(&state, &key, &digest, stored, claim.lease_live).await;
+    }
+    tracing::info!(adapter = %key.adapter_id, brain_session = %key.session_id, sequence = key.sequence, environment = %context.binding.environment, kind = %kind, "brain operation started");
+    context.cancel = runtime.track(&key);
+    let renewal = renew(
+        state.clone(),
+        key.clone(),
+        runner.clone(),
+        context.cancel.clone(),
+    );
+    // The operation runs to its end even if Brain stops waiting: its receipt is stored for the
+    // next delivery, and its effect is never left half done by a dropped connection.
+    let work = plinth_kit::tasks::spawn(async move {
+        let receipt = tokio::select! {
+            receipt = run(&context, &request) => receipt,
+            () = renewal => Receipt::Unknown {
+                message: Some("the operation's claim was lost while it ran".into()),
+            },
+        };
+        let outcome = finish(&context.state, &key, &runner, &receipt).await;
+        context.state.brain_runtime.untrack(&key);
+        outcome
+    });
+    let stored = work
+        .await
+        .map_err(|error| PlinthError::internal(&error))??;
+    Ok(stored)
+}
+
+/// Renews the claim every third of the lease until the operation ends; ends only if the
+/// claim is lost. A cancellation asked for through another replica is passed on.
+async fn renew(state: AppState, key: pb::OperationKey, runner: String, cancel: CancellationToken) {
+    let runtime = state.brain_runtime.clone();
+    let every = runtime.lease / 3;
+    let mut failures = 0u32;
+    loop {
+        tokio::time::sleep(every).await;
+        let renewed = state
+            .brain()
+            .renew_operation(pb::RenewOperationRequest {
+                key: Some(key.clone()),
+                runner: runner.clone(),
+                lease_ms: runtime.lease_ms(),
+            })
+            .await;
+        match renewed {
+            Ok(answer) => {
+                failures = 0;
+                let answer = answer.into_inner();
+                if !answer.held {
+                    tracing::warn!(brain_session = %key.session_id, sequence = key.sequence, "a brain operation's claim was settled while it ran");
+                    return;
+                }
+                if answer.cancel_requested {
+                    cancel.cancel();
+                }
+            }
+            Err(status) => {
+                failures += 1;
+                tracing::warn!(brain_session = %key.session_id, sequence = key.sequence, error = %status.message(), "cannot renew a brain operation's claim");
+                if failures >= 3 {
+                    // Past the lease, a redelivery may be told `unknown`; the result computed
+                    // now can still be stored if nobody did.
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+}
+
+/// Stores the receipt; answers the one every delivery will get. If it cannot be stored, the
+/// answer is a transport failure: a redelivery will say `unknown`, never something else.
+async fn finish(
+    state: &AppState,
+    key: &pb::OperationKey,
+    runner: &str,
+    receipt: &Receipt,
+) -> Result<Value, ApiError> {
+    let mut last = None;
+    for attempt in 0..5u32 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+        }
+        let finished = state
+            .brain()
+            .finish_operation(pb::FinishOperationRequest {
+                key: Some(key.clone()),
+                runner: runner.to_owned(),
+                receipt_json: receipt.to_json(),
+            })
+            .await;
+        match finished {
+            Ok(finished) => {
+                let finished = finished.into_inner();
+                let stored = finished.operation.unwrap_or_default();
+                if !finished.recorded {
+                    tracing::warn!(brain_session = %key.session_id, sequence = key.sequence, "a brain operation finished after it was settled; the stored receipt stands");
+                }
+                return Ok(stored_receipt(&stored.receipt_json));
+            }
+            Err(status) => last = Some(status),
+        }
+    }
+    let status = last.unwrap_or_else(|| tonic::Status::unavailable("no attempt"));
+    tracing::error!(brain_session = %key.session_id, sequence = key.sequence, error = %status.message(), "a brain operation's receipt could not be stored");
+    Err(PlinthError::new(
+        ErrorCode::Unavailable,
+        "the operation ran but its receipt could not be recorded; a redelivery answers `unknown`",
+    )
+    .into())
+}
+
+/// What a second delivery of an operation answers.
+async fn duplicate(
+    state: &AppState,
+    key: &pb::OperationKey,
+    digest: &str,
+    stored: pb::BrainOperation,
+    lease_live: bool,
+) -> Result<Value, ApiError> {
+    if stored.digest != digest {
+        let failure = Receipt::failure(
+            codes::SEQUENCE_REUSED,
+            format!(
+                "sequence {} of this session was delivered before with a different request; an operation is never changed",
+                key.sequence
+            ),
+            false,
+        );
+        return Ok(to_value(&failure));
+    }
+    if stored.state == "finished" {
+        return Ok(stored_receipt(&stored.receipt_json));
+    }
+    if lease_live {
+        return Ok(to_value(&Receipt::Progress {
+            message: Some("the first delivery of this operation is still running".into()),
+        }));
+    }
+    let unknown = Receipt::Unknown {
+        message: Some(
+            "the operation was started and its runner stopped before recording a result; it may or may not have had its effect, and Plinth does not run it again".into(),
+        ),
+    };
+    let settled = state
+        .brain()
+        .settle_abandoned(pb::SettleAbandonedRequest {
+            key: Some(key.clone()),
+            receipt_json: unknown.to_json(),
+        })
+        .await?
+        .into_inner();
+    if settled.state == "finished" {
+        tracing::warn!(brain_session = %key.session_id, sequence = key.sequence, "a brain operation abandoned mid-run is settled as unknown");
+        return Ok(stored_receipt(&settled.receipt_json));
+    }
+    // Its runner renewed between the claim and the settlement: it is running after all.
+    Ok(to_value(&Receipt::Progress {
+        message: Some("the first delivery of this operation is still running".into()),
+    }))
+}
+
+/// Runs one claimed operation.
+async fn run(context: &Context, request: &Value) -> Receipt {
+    let Some(request) = request.as_object() else {
+        return Receipt::invalid("operation.request: expected an object with a `type`");
+    };
+    let Some(kind) = request.get("type").and_then(Value::as_str) else {
+        return Receipt::invalid("operation.request.type: expected a string");
+    };
+    match kind {
+        "setup" => lifecycle::setup(context).await,
+        "call" => lifecycle::call(context, request).await,
+        "detach" => lifecycle::detach(context).await,
+        "teardown" => lifecycle::teardown(context).await,
+        "execute" => tools::execute(context, request).await,
+        "cancel" => cancel(context, request).await,
+        other => Receipt::unsupported(format!(
+            "operation {other:?} is not served here; this environment service serves setup, call (release), detach, teardown, execute (tools) and cancel"
+        )),
+    }
+}
+
+/// `cancel {sequence}`: an explicit cancellation of a running execution of this session.
+async fn cancel(context: &Context, request: &serde_json::Map<String, Value>) -> Receipt {
+    let Some(target) = request.get("sequence").and_then(Value::as_u64) else {
+        return Receipt::invalid("operation.request.sequence: the sequence to cancel");
+    };
+    let key = pb::OperationKey {
+        adapter_id: context.adapter.id.clone(),
+        session_id: context.binding.session_id.clone(),
+        sequence: target,
+    };
+    let marked = context
+        .state
+        .brain()
+        .cancel_operation(pb::CancelOperationRequest {
+            key: Some(key.clone()),
+        })
+        .await;
+    let operation = match marked {
+        Ok(operation) => operation.into_inner(),
+        Err(status) => {
+            let error = PlinthError::from_status(&status);
+            if error.code == ErrorCode::NotFound {
+                return Receipt::failure(
+                    "not_found",
+                    format!("sequence {target} of this session was never delivered here"),
+                    false,
+                );
+            }
+            return receipt::from_error(&error).into();
+        }
+    };
+    let local = context.state.brain_runtime.cancel_local(&key);
+    let running = operation.state == "started";
+    tracing::info!(brain_session = %key.session_id, sequence = target, running, local, "brain cancellation asked");
+    Receipt::Returned {
+        output: Some(serde_json::json!({
+            "sequence": target,
+            "running": running,
+            "cancel_requested": running,
+        })),
+    }
+}
+
+/// The adapter whose bearer token the request carries; anything else is `unauthenticated`,
+/// and nothing runs.
+async fn authenticate(
+    state: &AppState,
+    id: &str,
+    headers: &HeaderMap,
+) -> Result<pb::Adapter, ApiError> {
+    let refused = |message: &str| ApiError(PlinthError::new(ErrorCode::Unauthenticated, message));
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .map(|value| value.as_bytes())
+        .and_then(bearer)
+        .ok_or_else(|| {
+            refused("this endpoint needs `Authorization: Bearer <the adapter's token>`")
+        })?;
+    let found = state
+        .adapters()
+        .get_adapter_credentials(pb::GetAdapterCredentialsRequest { id: id.to_owned() })
+        .await;
+    let credentials = match found {
+        Ok(credentials) => credentials.into_inner(),
+        Err(status) => {
+            let error = PlinthError::from_status(&status);
+            return Err(match error.code {
+                ErrorCode::NotFound | ErrorCode::EnvironmentInvalid => {
+                    refused("the bearer token is not valid for this adapter")
+                }
+                _ => ApiError(error),
+            });
+        }
+    };
+    let adapter = credentials.adapter.unwrap_or_default();
+    let presented = hex(&Sha256::digest(token));
+    let current = constant_time_eq(presented.as_bytes(), credentials.current.as_bytes());
+    let previous = !credentials.previous.is_empty()
+        && constant_time_eq(presented.as_bytes(), credentials.previous.as_bytes());
+    if adapter.protocol != "brain" || !(current || previous) {
+        return Err(refused("the bearer token is not valid for this adapter"));
+    }
+    Ok(adapter)
+}
+
+fn bearer(header: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = header.split_at_checked(7)?;
+    scheme
+        .eq_ignore_ascii_case(b"bearer ")
+        .then(|| rest.trim_ascii())
+        .filter(|token| !token.is_empty())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// A digest of what identifies an operation's effect: its Environment and its request. A
+/// redelivery carries the same; the capabilities beside them (context, reporter) may differ.
+fn digest(environment: &str, request: &Value) -> String {
+    let canonical = serde_json::json!({ "environment": environment, "request": request });
+    hex(&Sha256::digest(canonical.to_string().as_bytes()))
+}
+
+fn valid_name(text: &str) -> bool {
+    !text.is_empty() && text.len() <= MAX_NAME_BYTES && !text.chars().any(char::is_control)
+}
+
+fn name_field(operation: &serde_json::Map<String, Value>, field: &str) -> Result<String, ApiError> {
+    operation
+        .get(field)
+        .and_then(Value::as_str)
+        .filter(|text| valid_name(text))
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            PlinthError::invalid(format!(
+                "operation.{field}: expected a string of 1 to {MAX_NAME_BYTES} bytes without control characters"
+            ))
+            .into()
+        })
+}
+
+fn to_value(receipt: &Receipt) -> Value {
+    serde_json::to_value(receipt).unwrap_or(Value::Null)
+}
+
+fn stored_receipt(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| {
+        to_value(&Receipt::Unknown {
+            message: Some("the stored receipt could not be read".into()),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_digest_follows_the_request_not_the_capabilities() {
+        let request = serde_json::json!({"type": "execute", "input": {"command": "ls"}});
+        let same = serde_json::json!({"input": {"command": "ls"}, "type": "execute"});
+        assert_eq!(digest("workspace", &request), digest("workspace", &same));
+        assert_ne!(digest("workspace", &request), digest("other", &request));
+        assert_eq!(digest("w", &request).len(), 64);
+    }
+
+    #[test]
+    fn bearer_tokens_are_read_strictly() {
+        assert_eq!(bearer(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"bearer  abc "), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"Basic abc"), None);
+        assert_eq!(bearer(b"Bearer "), None);
+    }
+}

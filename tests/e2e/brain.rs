@@ -1,0 +1,747 @@
+//! The Brain environment service through real HTTP, on a really built Brain-style Python
+//! project (`pyproject.toml` + `uv.lock`, built with `uv sync --locked`, no network): the
+//! whole lifecycle for both lifetimes, every receipt kind, `unsupported`, the bearer token,
+//! duplicate deliveries, a deadline, a cancellation, lost resources, and (with a real
+//! `plinth serve` process killed and started again) redelivery across a restart and `unknown`
+//! for an operation interrupted mid-effect.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use crate::builds::tiny_wheel;
+use crate::helpers::{Server, assert_error, send};
+use crate::processes::{Process, free_port, wait_until_ready};
+
+/// A Brain-style project: its dependency comes from a wheel it carries, pinned by its lock.
+const PYPROJECT: &str = r#"[project]
+name = "brain-tools"
+version = "0.1.0"
+requires-python = ">=3.8"
+dependencies = ["tinypkg==1.0"]
+
+[tool.uv]
+package = false
+no-index = true
+find-links = ["wheels"]
+"#;
+
+/// What `uv lock --offline` wrote for [`PYPROJECT`].
+const UV_LOCK: &str = r#"version = 1
+revision = 5
+requires-python = ">=3.8"
+
+[[package]]
+name = "brain-tools"
+version = "0.1.0"
+source = { virtual = "." }
+dependencies = [
+    { name = "tinypkg" },
+]
+
+[package.metadata]
+requires-dist = [{ name = "tinypkg", specifier = "==1.0" }]
+
+[[package]]
+name = "tinypkg"
+version = "1.0"
+source = { registry = "wheels" }
+wheels = [
+    { path = "tinypkg-1.0-py3-none-any.whl" },
+]
+"#;
+
+/// Creates the project on `base` and builds it; answers its id and slug.
+async fn python_project(client: &reqwest::Client, base: &str, name: &str) -> (String, String) {
+    let (status, created) = send(
+        client
+            .post(format!("{base}/v1/environments"))
+            .json(&json!({ "name": name })),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().expect("id").to_owned();
+    let slug = created["slug"].as_str().expect("slug").to_owned();
+    for (path, body) in [
+        ("pyproject.toml", PYPROJECT.as_bytes().to_vec()),
+        ("uv.lock", UV_LOCK.as_bytes().to_vec()),
+        ("wheels/tinypkg-1.0-py3-none-any.whl", tiny_wheel()),
+        (
+            "tool.py",
+            b"import tinypkg\nprint('tool ran with', tinypkg.__file__)\n".to_vec(),
+        ),
+    ] {
+        let (status, answer) = send(
+            client
+                .put(format!("{base}/v1/environments/{id}/files/{path}"))
+                .body(body),
+        )
+        .await;
+        assert_eq!(status, 200, "{path}: {answer}");
+    }
+    let (status, queued) = send(client.post(format!("{base}/v1/environments/{id}/build"))).await;
+    assert_eq!(status, 202, "{queued}");
+    for _ in 0..600 {
+        let (_, build) = send(client.get(format!("{base}/v1/environments/{id}/builds/1"))).await;
+        if build["status"] == "ready" {
+            let log = build["log"].as_str().unwrap_or_default();
+            assert!(log.contains("==> uv sync --locked"), "{log}");
+            return (id, slug);
+        }
+        assert_ne!(build["status"], "failed", "{build}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("the build did not end within 120 s");
+}
+
+/// A registered Brain adapter: where Brain posts, and its token.
+struct Adapter {
+    url: String,
+    token: String,
+}
+
+async fn register(client: &reqwest::Client, base: &str, environment: &str) -> Adapter {
+    let (status, adapter) = send(
+        client
+            .post(format!("{base}/v1/workspace-adapters"))
+            .json(&json!({ "protocol": "brain", "environment": environment })),
+    )
+    .await;
+    assert_eq!(status, 201, "{adapter}");
+    Adapter {
+        url: adapter["url"].as_str().expect("url").to_owned(),
+        token: adapter["token"].as_str().expect("token").to_owned(),
+    }
+}
+
+/// One Brain session's Environment, as Brain addresses it.
+struct Brain<'a> {
+    client: &'a reqwest::Client,
+    adapter: &'a Adapter,
+    session: String,
+    environment: &'static str,
+    configuration: Value,
+}
+
+impl Brain<'_> {
+    /// A command as Brain sends it, with the binding, template, context and reporter Plinth
+    /// keeps unread.
+    fn command(&self, sequence: u64, request: Value) -> Value {
+        json!({
+            "contract": "environment/v1",
+            "operation": {
+                "session_id": self.session,
+                "environment": self.environment,
+                "sequence": sequence,
+                "request": request,
+                "binding": { "id": format!("bnd_{}", self.session), "revision": 1 },
+                "configuration": self.configuration,
+                "template": { "driver": "plinth", "credential": "sealed" },
+                "context": { "url": "http://127.0.0.1:9/context", "token": "ctx", "methods": ["emit"] },
+                "reporter": { "url": "http://127.0.0.1:9/reporter", "token": "rep" },
+            }
+        })
+    }
+
+    async fn post(&self, body: &Value, token: Option<&str>) -> (u16, Value) {
+        let mut request = self
+            .client
+            .post(format!("{}/v1/operations", self.adapter.url))
+            .json(body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        send(request).await
+    }
+
+    /// Delivers an operation; answers the whole answer after checking it echoes the
+    /// contract and sequence.
+    async fn deliver(&self, sequence: u64, request: Value) -> Value {
+        let (status, answer) = self
+            .post(&self.command(sequence, request), Some(&self.adapter.token))
+            .await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["contract"], "environment/v1", "{answer}");
+        assert_eq!(answer["sequence"], sequence, "{answer}");
+        answer
+    }
+
+    /// Delivers an operation; answers its receipt.
+    async fn receipt(&self, sequence: u64, request: Value) -> Value {
+        self.deliver(sequence, request).await["receipt"].clone()
+    }
+
+    /// Runs a tool; answers its receipt.
+    async fn tool(&self, sequence: u64, name: &str, input: Value) -> Value {
+        self.receipt(
+            sequence,
+            json!({ "type": "execute", "descriptor": { "kind": "tool", "name": name }, "input": input }),
+        )
+        .await
+    }
+
+    /// Runs a command that must succeed; answers its output.
+    async fn run(&self, sequence: u64, command: &str) -> Value {
+        let receipt = self
+            .tool(sequence, "run_command", json!({ "command": command }))
+            .await;
+        assert_eq!(receipt["type"], "result", "{command}: {receipt}");
+        let output = receipt["output"].clone();
+        assert_eq!(output["exit_code"], 0, "{command}: {output}");
+        output
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|now| u64::try_from(now.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn assert_failure(receipt: &Value, code: &str) {
+    assert_eq!(receipt["type"], "failure", "{receipt}");
+    assert_eq!(receipt["code"], code, "{receipt}");
+    assert!(receipt["retryable"].is_boolean(), "{receipt}");
+    assert!(
+        !receipt["message"].as_str().unwrap_or_default().is_empty(),
+        "{receipt}"
+    );
+}
+
+fn stdout(output: &Value) -> &str {
+    output["stdout"].as_str().expect("stdout")
+}
+
+#[tokio::test]
+async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let (environment, slug) = python_project(&server.client, &server.base, "Brain Tools").await;
+    let mount = format!("/env/{slug}");
+    let adapter = register(&server.client, &server.base, &environment).await;
+    assert_eq!(
+        adapter.url,
+        server.url(&format!(
+            "/v1/workspace-adapters/{}/brain",
+            adapter.url.rsplit('/').nth(1).expect("id")
+        ))
+    );
+
+    // A workspace: its files last across turns until teardown.
+    let workspace = Brain {
+        client: &server.client,
+        adapter: &adapter,
+        session: "ses_workspace".into(),
+        environment: "plinth",
+        configuration: json!({ "lifetime": "workspace", "image": "kept unread" }),
+    };
+
+    // Without the right token nothing runs: the same sequence is new afterwards.
+    let setup = workspace.command(1, json!({ "type": "setup" }));
+    for token in [
+        None,
+        Some("wrong"),
+        Some(&adapter.token[..adapter.token.len() - 1]),
+    ] {
+        let (status, answer) = workspace.post(&setup, token).await;
+        assert_error(status, &answer, 401, "unauthenticated");
+    }
+    let accepted = workspace.deliver(1, json!({ "type": "setup" })).await;
+    assert_eq!(
+        accepted["receipt"],
+        json!({ "type": "accepted", "on_turn_end": "release" })
+    );
+
+    // Tools run in a Plinth session with the project mounted read-only at /env/<slug>, its
+    // locked dependencies installed by the build: nothing is installed now.
+    let python = workspace
+        .run(
+            2,
+            "set -e; pwd; python -c 'import sys, tinypkg; print(sys.prefix); print(tinypkg.__file__)'; \
+             tinytool; python $PROJECT_ROOT/tool.py; echo UV_NO_SYNC=$UV_NO_SYNC; \
+             test ! -e \"$HOME/.cache\" && echo nothing-cached",
+        )
+        .await;
+    let text = stdout(&python);
+    let workdir = text.lines().next().expect("pwd").to_owned();
+    assert!(text.contains(&format!("{mount}/.venv\n")), "{python}");
+    assert!(
+        text.contains(&format!("{mount}/.venv/lib/")) && text.contains("tinytool ran"),
+        "{python}"
+    );
+    assert!(text.contains("tool ran with"), "{python}");
+    assert!(text.contains("UV_NO_SYNC=1"), "{python}");
+    assert!(text.contains("nothing-cached"), "{python}");
+    assert_eq!(python["version"], 1);
+    let refused = workspace
+        .tool(
+            3,
+            "run_command",
+            json!({ "command": format!("touch {mount}/.venv/x") }),
+        )
+        .await;
+    assert_eq!(refused["type"], "result", "{refused}");
+    assert_ne!(refused["output"]["exit_code"], 0, "{refused}");
+
+    // Files: the workspace operations the Novo adapter uses too.
+    let written = workspace
+        .tool(
+            4,
+            "write_file",
+            json!({ "path": "notes/plan.md", "contents": "step one\n" }),
+        )
+        .await;
+    assert_eq!(written["type"], "result", "{written}");
+    assert_eq!(written["output"]["path"], "notes/plan.md", "{written}");
+    assert_eq!(written["output"]["bytes_written"], 9, "{written}");
+    assert_eq!(written["output"]["created"], true, "{written}");
+    let edited = workspace
+        .tool(
+            5,
+            "edit_file",
+            json!({ "path": "notes/plan.md", "operation": "append", "contents": "step two\n" }),
+        )
+        .await;
+    assert_eq!(edited["type"], "result", "{edited}");
+    let read = workspace
+        .tool(6, "read_file", json!({ "path": "notes/plan.md" }))
+        .await;
+    assert_eq!(read["output"]["content"], "step one\nstep two\n", "{read}");
+    assert_eq!(read["output"]["encoding"], "utf8");
+    assert_eq!(read["output"]["total_lines"], 2, "{read}");
+    let missing = workspace
+        .tool(7, "read_file", json!({ "path": "notes/none.md" }))
+        .await;
+    assert_failure(&missing, "workspace_not_found");
+    let listed = workspace
+        .tool(30, "list_files", json!({ "path": "notes" }))
+        .await;
+    assert_eq!(
+        listed["output"]["entries"],
+        json!([{ "path": "notes/plan.md", "type": "file", "bytes": 18 }]),
+        "{listed}"
+    );
+    let searched = workspace
+        .tool(31, "search_files", json!({ "pattern": "step t.o" }))
+        .await;
+    assert_eq!(
+        searched["output"]["matches"][0]["path"], "notes/plan.md",
+        "{searched}"
+    );
+    assert_eq!(searched["output"]["matches"][0]["line"], 2, "{searched}");
+    let found = workspace
+        .tool(32, "find_files", json!({ "pattern": "*.md" }))
+        .await;
+    assert_eq!(
+        found["output"]["entries"][0]["path"], "notes/plan.md",
+        "{found}"
+    );
+    let patched = workspace
+        .tool(
+            33,
+            "apply_patch",
+            json!({ "operations": [{ "type": "update_file", "path": "notes/plan.md", "diff": "@@ -1,2 +1,2 @@\n step one\n-step two\n+step 2\n" }] }),
+        )
+        .await;
+    assert_eq!(patched["output"]["applied"], true, "{patched}");
+    let mounted = workspace
+        .tool(
+            34,
+            "read_file",
+            json!({ "path": format!("{mount}/pyproject.toml") }),
+        )
+        .await;
+    assert!(
+        mounted["output"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("brain-tools"),
+        "{mounted}"
+    );
+    let read_only = workspace
+        .tool(
+            35,
+            "write_file",
+            json!({ "path": format!("{mount}/x.txt"), "contents": "no" }),
+        )
+        .await;
+    assert_failure(&read_only, "workspace_read_only");
+
+    // Duplicate delivery: the identical answer, and the effect happened once.
+    let once = workspace.deliver(8, json!({ "type": "execute", "descriptor": { "kind": "tool", "name": "run_command" }, "input": { "command": "echo tick >> ticks.txt; wc -l < ticks.txt" } })).await;
+    let twice = workspace.deliver(8, json!({ "type": "execute", "descriptor": { "kind": "tool", "name": "run_command" }, "input": { "command": "echo tick >> ticks.txt; wc -l < ticks.txt" } })).await;
+    assert_eq!(once, twice);
+    assert_eq!(stdout(&workspace.run(9, "cat ticks.txt").await), "tick\n");
+    // The same sequence with another request is refused, and nothing runs.
+    let reused = workspace
+        .tool(
+            8,
+            "run_command",
+            json!({ "command": "echo tock >> ticks.txt" }),
+        )
+        .await;
+    assert_failure(&reused, "sequence_reused");
+    assert_eq!(stdout(&workspace.run(10, "cat ticks.txt").await), "tick\n");
+
+    // `progress`: a delivery that meets the first one still running.
+    let slow = workspace.command(
+        11,
+        json!({ "type": "execute", "descriptor": { "kind": "tool", "name": "run_command" }, "input": { "command": "sleep 2; echo slow" } }),
+    );
+    let first = {
+        let client = server.client.clone();
+        let url = format!("{}/v1/operations", adapter.url);
+        let token = adapter.token.clone();
+        let body = slow.clone();
+        tokio::spawn(async move { send(client.post(url).bearer_auth(token).json(&body)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (status, meanwhile) = workspace.post(&slow, Some(&adapter.token)).await;
+    assert_eq!(status, 200, "{meanwhile}");
+    assert_eq!(meanwhile["receipt"]["type"], "progress", "{meanwhile}");
+    let (status, finished) = first.await.expect("first delivery");
+    assert_eq!(status, 200);
+    assert_eq!(
+        finished["receipt"]["output"]["stdout"], "slow\n",
+        "{finished}"
+    );
+    let (_, after) = workspace.post(&slow, Some(&adapter.token)).await;
+    assert_eq!(after, finished);
+
+    // A deadline that passes: `timeout`, and what the command left running is killed.
+    let timed_out = workspace
+        .receipt(
+            12,
+            json!({
+                "type": "execute",
+                "descriptor": { "kind": "tool", "name": "run_command" },
+                "input": { "command": "echo started > deadline.txt; sleep 30; echo finished >> deadline.txt" },
+                "deadline": now_ms() + 1500,
+            }),
+        )
+        .await;
+    assert_failure(&timed_out, "timeout");
+    let killed = &timed_out["details"]["cleanup"]["killed_processes"];
+    assert!(
+        killed.as_array().is_some_and(|pids| !pids.is_empty()),
+        "{timed_out}"
+    );
+    let past = workspace
+        .receipt(
+            13,
+            json!({
+                "type": "execute",
+                "descriptor": { "kind": "tool", "name": "run_command" },
+                "input": { "command": "echo never > never.txt" },
+                "deadline": now_ms() - 1,
+            }),
+        )
+        .await;
+    assert_failure(&past, "timeout");
+    assert_eq!(past["details"]["cleanup"]["started"], false, "{past}");
+
+    // An explicit cancellation: `cancelled` for the tool, `returned` for the cancel.
+    let long = {
+        let client = server.client.clone();
+        let url = format!("{}/v1/operations", adapter.url);
+        let token = adapter.token.clone();
+        let body = workspace.command(
+            14,
+            json!({ "type": "execute", "descriptor": { "kind": "tool", "name": "run_command" }, "input": { "command": "sleep 60" } }),
+        );
+        tokio::spawn(async move { send(client.post(url).bearer_auth(token).json(&body)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let cancel = workspace
+        .receipt(15, json!({ "type": "cancel", "sequence": 14 }))
+        .await;
+    assert_eq!(cancel["type"], "returned", "{cancel}");
+    assert_eq!(cancel["output"]["running"], true, "{cancel}");
+    let (status, cancelled) = long.await.expect("cancelled delivery");
+    assert_eq!(status, 200);
+    assert_failure(&cancelled["receipt"], "cancelled");
+    assert!(
+        cancelled["receipt"]["details"]["cleanup"]["killed_processes"]
+            .as_array()
+            .is_some_and(|pids| !pids.is_empty()),
+        "{cancelled}"
+    );
+    let files = workspace.run(16, "cat deadline.txt; ls").await;
+    assert_eq!(
+        stdout(&files).lines().next(),
+        Some("started"),
+        "the command stopped at the deadline: {files}"
+    );
+    assert!(!stdout(&files).contains("never.txt"), "{files}");
+
+    // `unsupported`: another contract, an operation, a descriptor, a call, a tool.
+    let (status, other) = workspace
+        .post(
+            &json!({ "contract": "environment/v2", "operation": { "session_id": "ses_workspace", "environment": "plinth", "sequence": 17, "request": { "type": "setup" } } }),
+            Some(&adapter.token),
+        )
+        .await;
+    assert_eq!(status, 200, "{other}");
+    assert_eq!(other["contract"], "environment/v2");
+    assert_eq!(other["sequence"], 17);
+    assert_failure(&other["receipt"], "unsupported");
+    for (sequence, request) in [
+        (18, json!({ "type": "turn" })),
+        (
+            19,
+            json!({ "type": "execute", "descriptor": { "kind": "agentloop", "name": "loop" } }),
+        ),
+        (
+            20,
+            json!({ "type": "call", "name": "snapshot", "input": {} }),
+        ),
+        (
+            21,
+            json!({ "type": "execute", "descriptor": { "kind": "tool", "name": "teleport" } }),
+        ),
+    ] {
+        assert_failure(&workspace.receipt(sequence, request).await, "unsupported");
+    }
+
+    // Turn end: a workspace keeps its session and files.
+    let release = workspace
+        .receipt(
+            22,
+            json!({ "type": "call", "name": "release", "input": { "sequence": 2 } }),
+        )
+        .await;
+    assert_eq!(release["type"], "returned", "{release}");
+    assert_eq!(release["output"]["released"], false, "{release}");
+    let kept = release["output"]["kept"].as_str().expect("kept").to_owned();
+    let next_turn = workspace.run(23, "pwd; cat notes/plan.md").await;
+    assert_eq!(stdout(&next_turn), format!("{workdir}\nstep one\nstep 2\n"));
+
+    // Detach: no more tools; the working directory is kept for teardown.
+    let detached = workspace.receipt(24, json!({ "type": "detach" })).await;
+    assert_eq!(detached["type"], "returned", "{detached}");
+    let after_detach = workspace
+        .tool(25, "read_file", json!({ "path": "notes/plan.md" }))
+        .await;
+    assert_failure(&after_detach, "not_attached");
+    assert!(std::path::Path::new(&workdir).is_dir());
+
+    // Teardown: everything the session had is gone.
+    let teardown = workspace.receipt(26, json!({ "type": "teardown" })).await;
+    assert_eq!(teardown["type"], "returned", "{teardown}");
+    assert_eq!(teardown["output"]["ended"][0]["session"], kept.as_str());
+    assert!(!std::path::Path::new(&workdir).exists(), "{workdir}");
+    let (_, session) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/sessions/{kept}"))),
+    )
+    .await;
+    assert_eq!(session["status"], "ended", "{session}");
+    assert_failure(
+        &workspace.receipt(27, json!({ "type": "setup" })).await,
+        "not_attached",
+    );
+
+    // A disposable session: each turn's end ends its resources; the next turn gets new ones.
+    let disposable = Brain {
+        client: &server.client,
+        adapter: &adapter,
+        session: "ses_disposable".into(),
+        environment: "plinth",
+        configuration: json!({ "lifetime": "disposable" }),
+    };
+    assert_eq!(
+        disposable.receipt(1, json!({ "type": "setup" })).await,
+        json!({ "type": "accepted", "on_turn_end": "release" })
+    );
+    let first_turn = disposable.run(2, "pwd; echo draft > draft.txt").await;
+    let first_workdir = stdout(&first_turn).trim().to_owned();
+    let release = disposable
+        .receipt(
+            3,
+            json!({ "type": "call", "name": "release", "input": { "sequence": 2 } }),
+        )
+        .await;
+    assert_eq!(release["type"], "returned", "{release}");
+    assert_eq!(release["output"]["released"], true, "{release}");
+    assert!(!std::path::Path::new(&first_workdir).exists());
+    let second_turn = disposable
+        .run(4, "pwd; test ! -e draft.txt && echo fresh")
+        .await;
+    let lines: Vec<&str> = stdout(&second_turn).lines().collect();
+    assert_ne!(lines[0], first_workdir);
+    assert_eq!(lines[1], "fresh");
+    // Its Plinth session ended outside Brain: that loss is reported, never replaced.
+    let second_session = disposable
+        .receipt(
+            5,
+            json!({ "type": "call", "name": "release", "input": { "sequence": 4 } }),
+        )
+        .await["output"]["cleanup"]["session"]
+        .as_str()
+        .expect("released session")
+        .to_owned();
+    let third = disposable.run(6, "pwd").await;
+    let third_workdir = stdout(&third).trim().to_owned();
+    let third_session = third_workdir
+        .split('/')
+        .find(|part| part.starts_with("sess_"))
+        .expect("session in workdir")
+        .to_owned();
+    assert_ne!(third_session, second_session);
+    let (status, _) = send(
+        server
+            .client
+            .delete(server.url(&format!("/v1/sessions/{third_session}"))),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let lost = disposable.run_lost(7).await;
+    assert_failure(&lost, "resource_lost");
+    assert_eq!(
+        lost["details"]["resource"],
+        third_session.as_str(),
+        "{lost}"
+    );
+    assert_failure(&disposable.run_lost(8).await, "resource_lost");
+    let detached = disposable.receipt(9, json!({ "type": "detach" })).await;
+    assert_eq!(detached["type"], "returned", "{detached}");
+    let teardown = disposable.receipt(10, json!({ "type": "teardown" })).await;
+    assert_eq!(teardown["type"], "returned", "{teardown}");
+    // Delivered again after teardown: the stored receipt, nothing new.
+    assert_eq!(
+        disposable.receipt(10, json!({ "type": "teardown" })).await,
+        teardown
+    );
+
+    // Setup on a version that is not ready: refused, with Plinth's code.
+    let pinned = Brain {
+        client: &server.client,
+        adapter: &adapter,
+        session: "ses_pinned".into(),
+        environment: "plinth",
+        configuration: json!({ "version": 7 }),
+    };
+    assert_failure(
+        &pinned.receipt(1, json!({ "type": "setup" })).await,
+        "environment_not_ready",
+    );
+    server.stop().await;
+}
+
+impl Brain<'_> {
+    /// A tool call on lost resources; answers its receipt.
+    async fn run_lost(&self, sequence: u64) -> Value {
+        self.tool(sequence, "run_command", json!({ "command": "true" }))
+            .await
+    }
+}
+
+/// `plinth serve` as a real process, on fixed ports, so it can be killed and started again
+/// on the same data directory.
+fn serve(data: &std::path::Path, http: std::net::SocketAddr) -> Process {
+    let config = data.join("plinth.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = \"{}\"\n[gateway]\nlisten = \"{http}\"\nbrain_operation_lease_seconds = 2\n[builder]\nnetwork = false\n",
+            data.display()
+        ),
+    )
+    .expect("config");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(data.join("serve.log"))
+        .expect("log");
+    let child = Command::new(env!("CARGO_BIN_EXE_plinth"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("PLINTH_LOG", "info")
+        .env_remove("PLINTH_TOKENS")
+        .env_remove("PLINTH_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn plinth serve");
+    Process(child)
+}
+
+#[tokio::test]
+async fn redelivery_after_a_restart_answers_the_stored_receipt_or_unknown() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let data = tempfile::tempdir().expect("data");
+    let http = free_port();
+    let base = format!("http://{http}");
+    let client = crate::helpers::http_client();
+    let mut process = serve(data.path(), http);
+    wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
+    let (environment, _) = python_project(&client, &base, "Restarted Tools").await;
+    let adapter = register(&client, &base, &environment).await;
+    let brain = Brain {
+        client: &client,
+        adapter: &adapter,
+        session: "ses_restart".into(),
+        environment: "plinth",
+        configuration: json!({ "lifetime": "workspace" }),
+    };
+    assert_eq!(
+        brain.receipt(1, json!({ "type": "setup" })).await["type"],
+        "accepted"
+    );
+    let append = json!({ "type": "execute", "descriptor": { "kind": "tool", "name": "run_command" }, "input": { "command": "echo once >> effects.txt; cat effects.txt" } });
+    let before = brain.deliver(2, append.clone()).await;
+    assert_eq!(before["receipt"]["output"]["stdout"], "once\n", "{before}");
+
+    // A command still running when the service is killed.
+    let interrupted = json!({ "type": "execute", "descriptor": { "kind": "tool", "name": "run_command" }, "input": { "command": "echo started >> interrupted.txt; sleep 60; echo finished >> interrupted.txt" } });
+    let pending = {
+        let client = client.clone();
+        let url = format!("{}/v1/operations", adapter.url);
+        let token = adapter.token.clone();
+        let body = brain.command(3, interrupted.clone());
+        tokio::spawn(async move { client.post(url).bearer_auth(token).json(&body).send().await })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    process.0.kill().expect("kill");
+    process.0.wait().expect("wait");
+    assert!(
+        pending.await.expect("task").is_err(),
+        "the connection died with the service"
+    );
+
+    let mut process = serve(data.path(), http);
+    wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
+
+    // Finished before the restart: the stored receipt, and the effect is not repeated.
+    let again = brain.deliver(2, append).await;
+    assert_eq!(again, before);
+    // Interrupted mid-effect: `unknown` once its lease has run out (`progress` until then),
+    // the same `unknown` ever after, and never run again.
+    let mut unknown = Value::Null;
+    for _ in 0..100 {
+        let answer = brain.deliver(3, interrupted.clone()).await;
+        match answer["receipt"]["type"].as_str() {
+            Some("progress") => tokio::time::sleep(Duration::from_millis(200)).await,
+            Some("unknown") => {
+                unknown = answer;
+                break;
+            }
+            _ => panic!("neither progress nor unknown: {answer}"),
+        }
+    }
+    assert_eq!(unknown["receipt"]["type"], "unknown", "{unknown}");
+    assert_eq!(brain.deliver(3, interrupted).await, unknown);
+    let effects = brain.run(4, "cat effects.txt; cat interrupted.txt").await;
+    assert_eq!(stdout(&effects), "once\nstarted\n", "{effects}");
+    let teardown = brain.receipt(5, json!({ "type": "teardown" })).await;
+    assert_eq!(teardown["type"], "returned", "{teardown}");
+    drop(process);
+}
