@@ -39,6 +39,8 @@ pub const TOLERANCE_SECONDS: i64 = 300;
 const MAX_BODY_BYTES: usize = 70 * 1024 * 1024;
 /// How long a retry waits for the first call with its key before answering 409.
 const WAIT_FOR_FIRST: Duration = Duration::from_secs(10);
+/// Bytes of each of a command's stdout and stderr kept for `readCommandOutput`.
+const KEEP_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
 /// Paths left out of run artifacts and external changes: Novo's reserved directory, git's.
 const NOT_ARTIFACTS: [&str; 2] = [".novo", ".git"];
 /// The methods that change the workspace: idempotent by `Novo-Request-Id`.
@@ -679,7 +681,7 @@ impl Call<'_> {
                 env,
                 timeout_ms: self.number("timeout_ms")?.unwrap_or(0),
                 inline_bytes: self.inline_bytes,
-                keep_bytes: 0,
+                keep_bytes: KEEP_OUTPUT_BYTES,
             })
             .await?
             .into_inner();

@@ -114,8 +114,40 @@ fn valid_output_id(id: &str) -> bool {
         .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
+/// One output stream as it comes: its first bytes (for the inline head) and its line count.
+#[derive(Debug, Default)]
+struct Stream {
+    start: Vec<u8>,
+    newlines: u64,
+    last: Option<u8>,
+}
+
+impl Stream {
+    fn push(&mut self, bytes: &[u8], inline: usize) {
+        if self.start.len() <= inline {
+            self.start.extend_from_slice(bytes);
+        }
+        self.newlines += bytes.iter().filter(|b| **b == b'\n').count() as u64;
+        if let Some(last) = bytes.last() {
+            self.last = Some(*last);
+        }
+    }
+
+    /// The head answered inline, whether it was cut, and how many lines of the whole
+    /// stream it leaves out (a line it shows only the start of counts as left out).
+    fn head(&self, inline: usize) -> (Vec<u8>, bool, u64) {
+        let (kept, cut, _) = head(&self.start, inline);
+        if !cut {
+            return (kept, false, 0);
+        }
+        let total = self.newlines + u64::from(self.last.is_some_and(|b| b != b'\n'));
+        let shown = kept.iter().filter(|b| **b == b'\n').count() as u64;
+        (kept, true, total.saturating_sub(shown))
+    }
+}
+
 /// The head of a stream answered inline: at most `limit` bytes, cut after a line end in its
-/// last quarter when there is one; and how many lines were left out.
+/// last quarter when there is one; and how many lines of `bytes` were left out.
 fn head(bytes: &[u8], limit: usize) -> (Vec<u8>, bool, u64) {
     if bytes.len() <= limit {
         return (bytes.to_vec(), false, 0);
@@ -538,6 +570,22 @@ impl pb::workspace_service_server::WorkspaceService for Node {
             session.workdir.to_string_lossy().into_owned()
         } else {
             let target = ws.resolve(&request.cwd)?;
+            // The directory must be there, beneath its base without a link out, before the
+            // command is started in it by path.
+            let (check, checked) = (ws.clone(), target.clone());
+            blocking(move || {
+                let base = check.open_base(checked.base)?;
+                let (_, stat) = fsx::lookup(&base, &checked.rel(), &checked.display)?;
+                if fsx::kind(&stat) == rustix::fs::FileType::Directory {
+                    Ok(())
+                } else {
+                    Err(PlinthError::new(
+                        ErrorCode::WorkspacePathInvalid,
+                        format!("cwd {}: not a directory", checked.display),
+                    ))
+                }
+            })
+            .await?;
             match target.base {
                 crate::workspace::Base::Root => {
                     ws.root.join(target.rel()).to_string_lossy().into_owned()
@@ -569,24 +617,20 @@ impl pb::workspace_service_server::WorkspaceService for Node {
         let mut spill = tokio::fs::File::create(&spill_path)
             .await
             .map_err(|error| PlinthError::internal(&error))?;
-        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let (mut stdout, mut stderr) = (Stream::default(), Stream::default());
         let mut result = None;
         let mut events = events;
         while let Some(event) = events.next().await {
             match event?.event {
                 Some(pb::exec_event::Event::Stdout(bytes)) => {
-                    if stdout.len() <= inline {
-                        stdout.extend_from_slice(&bytes);
-                    }
+                    stdout.push(&bytes, inline);
                     spill
                         .write_all(&bytes)
                         .await
                         .map_err(|error| PlinthError::internal(&error))?;
                 }
                 Some(pb::exec_event::Event::Stderr(bytes)) => {
-                    if stderr.len() <= inline {
-                        stderr.extend_from_slice(&bytes);
-                    }
+                    stderr.push(&bytes, inline);
                     spill
                         .write_all(&bytes)
                         .await
@@ -603,8 +647,8 @@ impl pb::workspace_service_server::WorkspaceService for Node {
         let result = result.ok_or_else(|| {
             PlinthError::new(ErrorCode::Unavailable, "the command ended without a result")
         })?;
-        let (stdout, stdout_truncated, stdout_lines) = head(&stdout, inline);
-        let (stderr, stderr_truncated, stderr_lines) = head(&stderr, inline);
+        let (stdout, stdout_truncated, stdout_lines) = stdout.head(inline);
+        let (stderr, stderr_truncated, stderr_lines) = stderr.head(inline);
         let dropped = result.stdout_dropped_bytes > 0 || result.stderr_dropped_bytes > 0;
         let spilled = stdout_truncated || stderr_truncated || dropped;
         if !spilled {
@@ -722,5 +766,25 @@ mod tests {
         );
         let (kept, cut, lines) = head(b"short\n", 100);
         assert_eq!((kept.as_slice(), cut, lines), (&b"short\n"[..], false, 0));
+    }
+
+    #[test]
+    fn lines_left_out_are_counted_over_the_whole_stream() {
+        let mut stream = Stream::default();
+        let lines: Vec<String> = (1..=1000).map(|n| format!("{n}\n")).collect();
+        for chunk in lines.chunks(100) {
+            stream.push(chunk.concat().as_bytes(), 12);
+        }
+        let (kept, cut, left_out) = stream.head(12);
+        assert_eq!((kept.as_slice(), cut), (&b"1\n2\n3\n4\n5\n6\n"[..], true));
+        assert_eq!(left_out, 994);
+        let mut stream = Stream::default();
+        stream.push(b"aaaa\nbbbb\ncc", 4);
+        stream.push(b"cc", 4);
+        assert_eq!(
+            stream.head(4).2,
+            3,
+            "a line shown in part, and one without its end, count"
+        );
     }
 }
