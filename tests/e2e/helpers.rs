@@ -22,7 +22,12 @@ impl Server {
 
     /// `plinth serve` with these flags added, parsed by the real command line.
     pub async fn start_with(flags: &[&str]) -> Self {
-        let data_dir = tempfile::tempdir().expect("temp dir");
+        Self::start_in(tempfile::tempdir().expect("temp dir"), flags).await
+    }
+
+    /// `plinth serve` on this data directory (one a stopped server used, say), with these
+    /// flags added.
+    pub async fn start_in(data_dir: tempfile::TempDir, flags: &[&str]) -> Self {
         let dir = data_dir.path().to_str().expect("utf-8 temp dir").to_owned();
         let mut argv = vec![
             "plinth",
@@ -74,6 +79,17 @@ impl Server {
     /// The full URL of a path.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// Stops the services cleanly and starts `plinth serve` again on the same data
+    /// directory, with these flags (on a new port: use the new `base`).
+    pub async fn restart(mut self, flags: &[&str]) -> Self {
+        if let Some(running) = self.running.take() {
+            running.stop().await.expect("clean stop");
+        }
+        let data_dir =
+            std::mem::replace(&mut self._data_dir, tempfile::tempdir().expect("temp dir"));
+        Self::start_in(data_dir, flags).await
     }
 
     /// Stops the services and checks they stopped cleanly.
