@@ -263,7 +263,7 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
             2,
             "set -e; pwd; python -c 'import sys, tinypkg; print(sys.prefix); print(tinypkg.__file__)'; \
              tinytool; python $PROJECT_ROOT/tool.py; echo UV_NO_SYNC=$UV_NO_SYNC; \
-             test ! -e \"$HOME/.cache\" && echo nothing-cached",
+             test ! -e \"$HOME/.cache\" && test ! -e .venv && echo nothing-cached",
         )
         .await;
     let text = stdout(&python);
@@ -370,6 +370,41 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
         )
         .await;
     assert_failure(&read_only, "workspace_read_only");
+
+    // Every tool call is a turn of the Plinth session, with the version it read.
+    let plinth_session = workdir
+        .split('/')
+        .find(|part| part.starts_with("sess_"))
+        .expect("the session in the working directory's path")
+        .to_owned();
+    let (status, turns) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/sessions/{plinth_session}/turns"))),
+    )
+    .await;
+    assert_eq!(status, 200, "{turns}");
+    let kinds: Vec<&str> = turns["data"]
+        .as_array()
+        .expect("turns")
+        .iter()
+        .map(|turn| {
+            assert_eq!(turn["version"], 1, "{turn}");
+            turn["kind"].as_str().expect("kind")
+        })
+        .collect();
+    for kind in [
+        "exec",
+        "write_file",
+        "edit_file",
+        "read_file",
+        "list_files",
+        "search_files",
+        "find_files",
+        "apply_patch",
+    ] {
+        assert!(kinds.contains(&kind), "{kind} not in {kinds:?}");
+    }
 
     // Duplicate delivery: the identical answer, and the effect happened once.
     let once = workspace.deliver(8, json!({ "type": "execute", "descriptor": { "kind": "tool", "name": "run_command" }, "input": { "command": "echo tick >> ticks.txt; wc -l < ticks.txt" } })).await;

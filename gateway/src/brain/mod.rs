@@ -546,8 +546,13 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// A digest of what identifies an operation's effect: its Environment and its request. A
-/// redelivery carries the same; the capabilities beside them (context, reporter) may differ.
+/// redelivery carries the same; the capabilities beside them (context, reporter) and an
+/// execution's callback, whose credential belongs to one delivery, may differ.
 fn digest(environment: &str, request: &Value) -> String {
+    let mut request = request.clone();
+    if let Some(request) = request.as_object_mut() {
+        request.remove("callback");
+    }
     let canonical = serde_json::json!({ "environment": environment, "request": request });
     hex(&Sha256::digest(canonical.to_string().as_bytes()))
 }
@@ -593,6 +598,9 @@ mod tests {
         assert_eq!(digest("workspace", &request), digest("workspace", &same));
         assert_ne!(digest("workspace", &request), digest("other", &request));
         assert_eq!(digest("w", &request).len(), 64);
+        let mut called_back = request.clone();
+        called_back["callback"] = serde_json::json!({"url": "http://brain/cb", "token": "t2"});
+        assert_eq!(digest("workspace", &request), digest("workspace", &called_back));
     }
 
     #[test]

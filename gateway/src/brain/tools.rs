@@ -351,6 +351,7 @@ async fn run(
                 .await
                 .map_err(failed)?
                 .into_inner();
+            record(context, session, "read_output", &output_id, None).await;
             let mut output = read_output(read);
             output["path"] = json!(output_id);
             output["encoding"] = json!("utf8");
@@ -426,7 +427,7 @@ async fn run(
                 .await
                 .map_err(failed)?
                 .into_inner();
-            record(context, session, "read_file", &listed.root, None).await;
+            record(context, session, "list_files", &listed.root, None).await;
             Ok(json!({
                 "root": listed.root,
                 "entries": listed.entries.into_iter().map(|entry| {
@@ -462,7 +463,7 @@ async fn run(
             record(
                 context,
                 session,
-                "read_file",
+                "search_files",
                 if path.is_empty() { "." } else { &path },
                 None,
             )
@@ -495,14 +496,7 @@ async fn run(
                 .await
                 .map_err(failed)?
                 .into_inner();
-            record(
-                context,
-                session,
-                "read_file",
-                if path.is_empty() { "." } else { &path },
-                None,
-            )
-            .await;
+            record(context, session, "find_files", &pattern, None).await;
             Ok(json!({
                 "pattern": pattern,
                 "entries": found.entries.into_iter().map(|entry| {
@@ -543,9 +537,7 @@ async fn run(
                 .await
                 .map_err(failed)?
                 .into_inner();
-            if !dry_run {
-                record(context, session, "write_file", &edited.path, None).await;
-            }
+            record(context, session, "edit_file", &edited.path, None).await;
             let mut output = json!({
                 "path": edited.path,
                 "dry_run": dry_run,
@@ -585,11 +577,12 @@ async fn run(
                 .await
                 .map_err(failed)?
                 .into_inner();
-            if patched.applied && !dry_run {
-                for operation in &patched.operations {
-                    record(context, session, "write_file", &operation.path, None).await;
-                }
-            }
+            let paths: Vec<&str> = patched
+                .operations
+                .iter()
+                .map(|operation| operation.path.as_str())
+                .collect();
+            record(context, session, "apply_patch", &paths.join(" "), None).await;
             let mut output = json!({
                 "applied": patched.applied,
                 "dry_run": dry_run,
@@ -619,9 +612,7 @@ async fn run(
                 .await
                 .map_err(failed)?
                 .into_inner();
-            for path in &restored.paths {
-                record(context, session, "write_file", path, None).await;
-            }
+            record(context, session, "restore", &restored.paths.join(" "), None).await;
             Ok(json!({ "paths": restored.paths }))
         }
         other => Err(Failure {
