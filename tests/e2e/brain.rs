@@ -774,9 +774,38 @@ async fn redelivery_after_a_restart_answers_the_stored_receipt_or_unknown() {
     }
     assert_eq!(unknown["receipt"]["type"], "unknown", "{unknown}");
     assert_eq!(brain.deliver(3, interrupted).await, unknown);
-    let effects = brain.run(4, "cat effects.txt; cat interrupted.txt").await;
-    assert_eq!(stdout(&effects), "once\nstarted\n", "{effects}");
-    let teardown = brain.receipt(5, json!({ "type": "teardown" })).await;
+    let effects = brain
+        .run(4, "pwd; cat effects.txt; cat interrupted.txt")
+        .await;
+    let text = stdout(&effects);
+    let (workdir, effects) = text.split_once('\n').expect("pwd");
+    assert_eq!(effects, "once\nstarted\n", "{text}");
+
+    // Its working directory lost while the service was down: a failure naming the session,
+    // and no new one in its place.
+    process.0.kill().expect("kill");
+    process.0.wait().expect("wait");
+    let session_dir = std::path::Path::new(workdir).parent().expect("session dir");
+    std::fs::remove_dir_all(session_dir).expect("remove the session's directory");
+    let mut process = serve(data.path(), http);
+    wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
+    let lost = brain
+        .tool(5, "run_command", json!({ "command": "pwd" }))
+        .await;
+    assert_failure(&lost, "resource_lost");
+    let session = session_dir
+        .file_name()
+        .and_then(|name| name.to_str())
+        .expect("session id");
+    assert_eq!(lost["details"]["resource"], session, "{lost}");
+    assert_failure(
+        &brain
+            .tool(6, "read_file", json!({ "path": "effects.txt" }))
+            .await,
+        "resource_lost",
+    );
+    assert!(!session_dir.exists(), "nothing was made in its place");
+    let teardown = brain.receipt(7, json!({ "type": "teardown" })).await;
     assert_eq!(teardown["type"], "returned", "{teardown}");
     drop(process);
 }

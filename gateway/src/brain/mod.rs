@@ -51,6 +51,9 @@ const MAX_BODY_BYTES: usize = 80 * 1024 * 1024;
 /// Largest message to and from the catalog's Brain ledger (a receipt holds a tool's output).
 pub const CATALOG_MESSAGE_BYTES: usize = 12 * 1024 * 1024;
 
+/// Largest receipt stored (the catalog keeps up to 8 MiB).
+const MAX_RECEIPT_BYTES: usize = 8 * 1024 * 1024 - 4096;
+
 /// Most bytes of a Brain session id or Environment name.
 const MAX_NAME_BYTES: usize = 256;
 
@@ -343,6 +346,20 @@ async fn finish(
     runner: &str,
     receipt: &Receipt,
 ) -> Result<Value, ApiError> {
+    let mut text = receipt.to_json();
+    if text.len() > MAX_RECEIPT_BYTES {
+        // An output this large cannot be kept for redelivery; the tool's own paging
+        // (`max_bytes`, line ranges, `read_command_output`) gets it in parts.
+        text = Receipt::Failure(receipt::Failure {
+            code: ErrorCode::FileTooLarge.as_str().to_owned(),
+            message: format!(
+                "the operation's output is larger than {MAX_RECEIPT_BYTES} bytes; ask for less (max_bytes, a line range)"
+            ),
+            retryable: false,
+            details: Some(serde_json::json!({ "max_bytes": MAX_RECEIPT_BYTES })),
+        })
+        .to_json();
+    }
     let mut last = None;
     for attempt in 0..5u32 {
         if attempt > 0 {
@@ -353,7 +370,7 @@ async fn finish(
             .finish_operation(pb::FinishOperationRequest {
                 key: Some(key.clone()),
                 runner: runner.to_owned(),
-                receipt_json: receipt.to_json(),
+                receipt_json: text.clone(),
             })
             .await;
         match finished {
@@ -365,7 +382,16 @@ async fn finish(
                 }
                 return Ok(stored_receipt(&stored.receipt_json));
             }
-            Err(status) => last = Some(status),
+            Err(status) => {
+                let transient = matches!(
+                    status.code(),
+                    tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::DeadlineExceeded
+                );
+                last = Some(status);
+                if !transient {
+                    break;
+                }
+            }
         }
     }
     let status = last.unwrap_or_else(|| tonic::Status::unavailable("no attempt"));
@@ -600,7 +626,10 @@ mod tests {
         assert_eq!(digest("w", &request).len(), 64);
         let mut called_back = request.clone();
         called_back["callback"] = serde_json::json!({"url": "http://brain/cb", "token": "t2"});
-        assert_eq!(digest("workspace", &request), digest("workspace", &called_back));
+        assert_eq!(
+            digest("workspace", &request),
+            digest("workspace", &called_back)
+        );
     }
 
     #[test]
