@@ -193,6 +193,68 @@ impl Brain<'_> {
     }
 }
 
+/// Brain's side of an execution's callback: a real HTTP endpoint that records each call's
+/// bearer token and body, and answers a committed sequence.
+async fn callback_endpoint() -> (
+    String,
+    tokio::sync::mpsc::UnboundedReceiver<(String, Value)>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!(
+        "http://{}/callback",
+        listener.local_addr().expect("address")
+    );
+    let (calls, received) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let calls = calls.clone();
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buffer = [0u8; 4096];
+                let (head, body) = loop {
+                    let read = stream.read(&mut buffer).await.unwrap_or(0);
+                    if read == 0 {
+                        return;
+                    }
+                    request.extend_from_slice(&buffer[..read]);
+                    let text = String::from_utf8_lossy(&request).into_owned();
+                    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                        continue;
+                    };
+                    let length = head
+                        .lines()
+                        .find_map(|line| {
+                            let (name, value) = line.split_once(':')?;
+                            name.eq_ignore_ascii_case("content-length")
+                                .then(|| value.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    if body.len() >= length {
+                        break (head.to_owned(), body[..length].to_owned());
+                    }
+                };
+                let authorization = head
+                    .lines()
+                    .find_map(|line| {
+                        let (name, value) = line.split_once(':')?;
+                        name.eq_ignore_ascii_case("authorization")
+                            .then(|| value.trim().to_owned())
+                    })
+                    .unwrap_or_default();
+                let body = serde_json::from_str(&body).unwrap_or(Value::Null);
+                let _ = calls.send((authorization, body));
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1\r\nconnection: close\r\n\r\n7")
+                    .await;
+            });
+        }
+    });
+    (url, received)
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -286,6 +348,30 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
         .await;
     assert_eq!(refused["type"], "result", "{refused}");
     assert_ne!(refused["output"]["exit_code"], 0, "{refused}");
+
+    // A Tool granted `finish` is finished through its callback once its receipt is stored,
+    // once: a duplicate delivery answers the receipt and calls nothing.
+    let (callback, mut finished_calls) = callback_endpoint().await;
+    let granted = json!({
+        "type": "execute",
+        "descriptor": { "kind": "tool", "name": "run_command" },
+        "input": { "command": "echo called back" },
+        "callback": { "url": callback, "token": "cb-token-1", "methods": ["emit", "result", "finish"] },
+    });
+    let first = workspace.receipt(40, granted.clone()).await;
+    assert_eq!(first["output"]["stdout"], "called back\n", "{first}");
+    let (authorization, body) =
+        tokio::time::timeout(Duration::from_secs(10), finished_calls.recv())
+            .await
+            .expect("finish was called")
+            .expect("a call");
+    assert_eq!(authorization, "Bearer cb-token-1");
+    assert_eq!(body, json!({ "method": "finish", "input": null }));
+    let mut redelivered = granted;
+    redelivered["callback"]["token"] = json!("cb-token-2");
+    assert_eq!(workspace.receipt(40, redelivered).await, first);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(finished_calls.try_recv().is_err(), "finish is called once");
 
     // Files: the workspace operations the Novo adapter uses too.
     let written = workspace

@@ -14,6 +14,7 @@
 //! runner renews a lease), or `unknown` once that runner stopped renewing without a result
 //! (the effect may have happened; Plinth never retries it).
 
+mod callbacks;
 mod lifecycle;
 mod receipt;
 mod tools;
@@ -68,6 +69,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
 pub struct Runtime {
     running: Mutex<HashMap<(String, String, u64), CancellationToken>>,
     lease: Duration,
+    callbacks: callbacks::Caller,
 }
 
 impl Runtime {
@@ -76,6 +78,7 @@ impl Runtime {
         Runtime {
             running: Mutex::new(HashMap::new()),
             lease: lease.max(Duration::from_millis(300)),
+            callbacks: callbacks::Caller::new(),
         }
     }
 
@@ -278,6 +281,10 @@ async fn deliver(
         runner.clone(),
         context.cancel.clone(),
     );
+    // An execution's callback is used by this delivery alone, once its receipt is stored.
+    let callback = (kind == "execute")
+        .then(|| callbacks::Callback::finish_grant(&request))
+        .flatten();
     // The operation runs to its end even if Brain stops waiting: its receipt is stored for the
     // next delivery, and its effect is never left half done by a dropped connection.
     let work = plinth_kit::tasks::spawn(async move {
@@ -288,8 +295,15 @@ async fn deliver(
             },
         };
         let outcome = finish(&context.state, &key, &runner, &receipt).await;
-        context.state.brain_runtime.untrack(&key);
-        outcome
+        let runtime = &context.state.brain_runtime;
+        runtime.untrack(&key);
+        let (recorded, stored) = outcome?;
+        if let (true, Some(callback)) = (recorded, callback) {
+            runtime
+                .callbacks
+                .finish(callback, &key.session_id, key.sequence);
+        }
+        Ok::<_, ApiError>(stored)
     });
     let stored = work
         .await
@@ -338,14 +352,15 @@ async fn renew(state: AppState, key: pb::OperationKey, runner: String, cancel: C
     }
 }
 
-/// Stores the receipt; answers the one every delivery will get. If it cannot be stored, the
-/// answer is a transport failure: a redelivery will say `unknown`, never something else.
+/// Stores the receipt; answers whether this runner's was stored, and the one every delivery
+/// will get. If it cannot be stored, the answer is a transport failure: a redelivery will say
+/// `unknown`, never something else.
 async fn finish(
     state: &AppState,
     key: &pb::OperationKey,
     runner: &str,
     receipt: &Receipt,
-) -> Result<Value, ApiError> {
+) -> Result<(bool, Value), ApiError> {
     let mut text = receipt.to_json();
     if text.len() > MAX_RECEIPT_BYTES {
         // An output this large cannot be kept for redelivery; the tool's own paging
@@ -380,7 +395,7 @@ async fn finish(
                 if !finished.recorded {
                     tracing::warn!(brain_session = %key.session_id, sequence = key.sequence, "a brain operation finished after it was settled; the stored receipt stands");
                 }
-                return Ok(stored_receipt(&stored.receipt_json));
+                return Ok((finished.recorded, stored_receipt(&stored.receipt_json)));
             }
             Err(status) => {
                 let transient = matches!(
