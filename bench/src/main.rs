@@ -4,6 +4,7 @@
 mod build;
 mod environments;
 mod import;
+mod novo;
 mod service;
 mod sessions;
 
@@ -32,6 +33,9 @@ enum Bench {
     /// Session create + first exec vs a bare namespace + read-only bind + exec; first
     /// materialization vs `tar -x`; a one-file version; 200 sessions at once.
     Sessions(sessions::Args),
+    /// readFile, editFile and runCommand through the signed Novo adapter endpoint vs the
+    /// same operations on the session API.
+    Novo(novo::Args),
 }
 
 #[tokio::main]
@@ -42,6 +46,7 @@ async fn main() -> anyhow::Result<()> {
         Bench::Import(args) => import::run(args).await,
         Bench::Build(args) => build::run(args).await,
         Bench::Sessions(args) => sessions::run(args).await,
+        Bench::Novo(args) => novo::run(args).await,
     }
 }
 
