@@ -373,6 +373,47 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(finished_calls.try_recv().is_err(), "finish is called once");
 
+    // Large inputs and outputs: a 3 MiB write; a 5 MiB read; an output too large to keep for
+    // redelivery is refused as such, not lost.
+    let big = "b".repeat(3 * 1024 * 1024);
+    let written = workspace
+        .tool(
+            41,
+            "write_file",
+            json!({ "path": "big.txt", "contents": big }),
+        )
+        .await;
+    assert_eq!(
+        written["output"]["bytes_written"],
+        3 * 1024 * 1024,
+        "{written}"
+    );
+    workspace
+        .run(42, "head -c 9437184 /dev/zero | tr '\\0' a > huge.txt")
+        .await;
+    let read = workspace
+        .tool(
+            43,
+            "read_file",
+            json!({ "path": "huge.txt", "max_bytes": 5 * 1024 * 1024 }),
+        )
+        .await;
+    assert_eq!(read["type"], "result", "{}", read["type"]);
+    assert_eq!(read["output"]["bytes"], 9437184);
+    assert_eq!(read["output"]["truncated"], true);
+    assert_eq!(
+        read["output"]["content"].as_str().map(str::len),
+        Some(5 * 1024 * 1024)
+    );
+    let too_large = workspace
+        .tool(
+            44,
+            "read_file",
+            json!({ "path": "huge.txt", "max_bytes": 9437184 }),
+        )
+        .await;
+    assert_failure(&too_large, "file_too_large");
+
     // Files: the workspace operations the Novo adapter uses too.
     let written = workspace
         .tool(

@@ -24,7 +24,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::Json;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, header};
 use plinth_kit::grpc::constant_time_eq;
@@ -172,17 +172,22 @@ async fn operations(
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Json<OperationAnswer>, ApiError> {
     let adapter = authenticate(&state, &id, &headers).await?;
-    if body.len() > MAX_BODY_BYTES {
-        return Err(PlinthError::new(
-            ErrorCode::FileTooLarge,
-            format!("the operation is larger than {MAX_BODY_BYTES} bytes"),
-        )
-        .with_detail(serde_json::json!({ "max_bytes": MAX_BODY_BYTES }))
-        .into());
-    }
+    // Read only once the token is checked, and only up to the limit (a tool's input may carry
+    // a file, so axum's 2 MB default for bodies does not apply).
+    let body = axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|_| {
+            PlinthError::new(
+                ErrorCode::FileTooLarge,
+                format!(
+                    "the operation is larger than {MAX_BODY_BYTES} bytes, or was not received whole"
+                ),
+            )
+            .with_detail(serde_json::json!({ "max_bytes": MAX_BODY_BYTES }))
+        })?;
     let command: Value = serde_json::from_slice(&body)
         .map_err(|error| PlinthError::invalid(format!("request body: not valid JSON: {error}")))?;
     let Some(command) = command.as_object() else {

@@ -17,6 +17,8 @@ use crate::sessions::SessionId;
 const MAX_LEASE_MS: i64 = 10 * 60 * 1000;
 /// Most bytes of a stored receipt or configuration.
 const MAX_JSON_BYTES: usize = 8 * 1024 * 1024;
+/// Largest message the service takes or answers: a receipt and its envelope.
+pub const MAX_MESSAGE_BYTES: usize = MAX_JSON_BYTES + 1024 * 1024;
 
 /// The `plinth.catalog.v1.BrainService` implementation.
 pub struct Brain {

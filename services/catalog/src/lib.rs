@@ -107,9 +107,11 @@ pub async fn run(
             store.clone(),
         )))
         .add_service(sessions)
-        .add_service(BrainServiceServer::new(brain_service::Brain::new(
-            store.clone(),
-        )))
+        .add_service(
+            BrainServiceServer::new(brain_service::Brain::new(store.clone()))
+                .max_decoding_message_size(brain_service::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(brain_service::MAX_MESSAGE_BYTES),
+        )
         .add_service(AdapterServiceServer::new(adapter_service::Adapters::new(
             store.clone(),
             options.adapter_credential_grace,
