@@ -22,6 +22,9 @@ const IN_MEMORY_MAX: usize = 8 * 1024 * 1024;
 const PART_SIZE: usize = 8 * 1024 * 1024;
 /// Parts in flight at once per upload.
 const PARTS_IN_FLIGHT: usize = 2;
+/// Threads writing [`BlobStore::put_files`] into a directory store (more than cores: much of
+/// the time goes to file-system calls, not CPU).
+const LOCAL_WRITERS: usize = 4;
 
 /// A stored blob.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +64,21 @@ pub enum BlobError {
     /// Local spooling failed.
     #[error("spooling a blob locally failed: {0}")]
     Io(#[from] std::io::Error),
+    /// A file given to [`BlobStore::put_files`] no longer hashes to its digest; it was not stored.
+    #[error("{path} changed after it was hashed; it was not stored")]
+    Changed {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Reading a file given to [`BlobStore::put_files`], or writing it into a directory store,
+    /// failed.
+    #[error("storing {path}: {source}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// A content-addressed store of blobs.
@@ -68,6 +86,8 @@ pub enum BlobError {
 pub struct BlobStore {
     store: Arc<dyn ObjectStore>,
     spool_dir: PathBuf,
+    /// The directory of a `file://` store, which [`BlobStore::put_files`] writes directly.
+    local: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for BlobStore {
@@ -88,6 +108,7 @@ impl BlobStore {
     ///
     /// Reads of large blobs are verified into temporary files under `spool_dir`.
     pub fn open(url: &str, spool_dir: PathBuf) -> Result<Self, BlobError> {
+        let mut local = None;
         let store: Arc<dyn ObjectStore> = if url == "memory://" {
             Arc::new(object_store::memory::InMemory::new())
         } else if let Some(dir) = url.strip_prefix("file://") {
@@ -95,13 +116,19 @@ impl BlobStore {
                 return Err(BlobError::UnsupportedUrl(url.to_owned()));
             }
             std::fs::create_dir_all(dir)?;
+            // The same directory `LocalFileSystem` resolves its paths against.
+            local = Some(std::fs::canonicalize(dir)?);
             Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir)?)
         } else if let Some(rest) = url.strip_prefix("s3://") {
             open_s3(url, rest)?
         } else {
             return Err(BlobError::UnsupportedUrl(url.to_owned()));
         };
-        Ok(BlobStore { store, spool_dir })
+        Ok(BlobStore {
+            store,
+            spool_dir,
+            local,
+        })
     }
 
     /// The object-store path of a blob.
@@ -244,6 +271,58 @@ impl BlobStore {
         }
     }
 
+    /// Stores the blobs of local files that the store lacks, `parallel` at a time, and returns
+    /// how many it wrote. Each file was hashed by the caller and must still hash to the digest
+    /// given with it: one that does not is [`BlobError::Changed`] and is not stored. A file
+    /// listed twice, or two files with one digest, is stored once.
+    ///
+    /// A directory store (`file://`) is written on a few threads of its own, in the layout
+    /// and with the create-only, staged writes its object store uses (a staging name ends in
+    /// `#<digits>`, which listing ignores): thousands of small files, each one object-store
+    /// call of several hand-offs between tasks and threads, would otherwise spend more time
+    /// handing off than writing. Other stores check for each blob, then stream it in.
+    pub async fn put_files(
+        &self,
+        files: Vec<(PathBuf, Digest)>,
+        parallel: usize,
+    ) -> Result<u64, BlobError> {
+        let mut seen = std::collections::HashSet::new();
+        let files: Vec<(PathBuf, Digest)> = files
+            .into_iter()
+            .filter(|(_, digest)| seen.insert(*digest))
+            .collect();
+        if let Some(root) = &self.local {
+            let root = root.clone();
+            return tokio::task::spawn_blocking(move || put_local_files(&root, &files))
+                .await
+                .map_err(|join| BlobError::Io(std::io::Error::other(join.to_string())))?;
+        }
+        let written: Vec<bool> = futures::stream::iter(files)
+            .map(|(path, digest)| async move {
+                if self.contains(&digest).await? {
+                    return Ok(false);
+                }
+                let file =
+                    tokio::fs::File::open(&path)
+                        .await
+                        .map_err(|source| BlobError::File {
+                            path: path.clone(),
+                            source,
+                        })?;
+                let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024);
+                let stored = self.put_stream(stream, u64::MAX).await?;
+                if stored.digest != digest {
+                    // What was stored is a blob of other content under its own name: harmless.
+                    return Err(BlobError::Changed { path });
+                }
+                Ok(true)
+            })
+            .buffer_unordered(parallel.max(1))
+            .try_collect()
+            .await?;
+        Ok(written.into_iter().filter(|&written| written).count() as u64)
+    }
+
     /// Whether a blob exists.
     pub async fn contains(&self, digest: &Digest) -> Result<bool, BlobError> {
         match self.store.head(&Self::location(digest)).await {
@@ -292,6 +371,125 @@ impl BlobStore {
         }
         Ok(verified)
     }
+}
+
+/// [`BlobStore::put_files`] for a directory store rooted at `root`: [`LOCAL_WRITERS`] threads
+/// take files in turn; the first error stops them all.
+fn put_local_files(root: &std::path::Path, files: &[(PathBuf, Digest)]) -> Result<u64, BlobError> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    let (next, written, failed) = (
+        AtomicUsize::new(0),
+        AtomicU64::new(0),
+        AtomicBool::new(false),
+    );
+    let threads = LOCAL_WRITERS.min(files.len() / 16 + 1);
+    let errors: Vec<BlobError> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut buffer = vec![0u8; 256 * 1024];
+                    while !failed.load(Ordering::Relaxed) {
+                        let (path, digest) = files.get(next.fetch_add(1, Ordering::Relaxed))?;
+                        match put_local_file(root, path, digest, &mut buffer) {
+                            Ok(true) => {
+                                written.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(false) => {}
+                            Err(error) => {
+                                failed.store(true, Ordering::Relaxed);
+                                return Some(error);
+                            }
+                        }
+                    }
+                    None
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .filter_map(|worker| {
+                worker.join().unwrap_or_else(|_| {
+                    Some(BlobError::Io(std::io::Error::other(
+                        "a writer thread panicked",
+                    )))
+                })
+            })
+            .collect()
+    });
+    match errors.into_iter().next() {
+        Some(error) => Err(error),
+        None => Ok(written.into_inner()),
+    }
+}
+
+/// Writes one file's blob into the directory store at `root` unless it is there: copied to a
+/// staging name beside its final one while hashed, then linked to the final name (create-only:
+/// an existing blob of that name holds the same bytes) and the staging name removed. Returns
+/// whether it wrote the blob.
+fn put_local_file(
+    root: &std::path::Path,
+    path: &std::path::Path,
+    digest: &Digest,
+    buffer: &mut [u8],
+) -> Result<bool, BlobError> {
+    use std::io::{Read, Write};
+    let target = root.join(BlobStore::location(digest).as_ref());
+    if std::fs::symlink_metadata(&target).is_ok() {
+        return Ok(false);
+    }
+    let io = |source| BlobError::File {
+        path: path.to_owned(),
+        source,
+    };
+    let mut input = std::fs::File::open(path).map_err(io)?;
+    let mut attempt = 1u32;
+    let (staging, mut output) = loop {
+        let mut staging = target.clone().into_os_string();
+        staging.push(format!("#{attempt}"));
+        let staging = PathBuf::from(staging);
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&staging)
+        {
+            Ok(output) => break (staging, output),
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => attempt += 1,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                if let Some(parent) = target.parent() {
+                    std::fs::create_dir_all(parent).map_err(io)?;
+                }
+            }
+            Err(error) => return Err(io(error)),
+        }
+    };
+    let copied = (|| {
+        let mut hasher = sha2::Sha256::new();
+        loop {
+            let read = match input.read(buffer) {
+                Ok(0) => break,
+                Ok(read) => read,
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(error) => return Err(io(error)),
+            };
+            hasher.update(&buffer[..read]);
+            output.write_all(&buffer[..read]).map_err(io)?;
+        }
+        if Digest::from_bytes(hasher.finalize().into()) != *digest {
+            return Err(BlobError::Changed {
+                path: path.to_owned(),
+            });
+        }
+        drop(output);
+        match std::fs::hard_link(&staging, &target) {
+            Ok(()) => Ok(true),
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(error) => Err(io(error)),
+        }
+    })();
+    let removed = std::fs::remove_file(&staging);
+    let written = copied?;
+    removed.map_err(io)?;
+    Ok(written)
 }
 
 fn open_s3(url: &str, rest: &str) -> Result<Arc<dyn ObjectStore>, BlobError> {

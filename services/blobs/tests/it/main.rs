@@ -53,6 +53,8 @@ blob_suite!(
     a_failing_source_stores_nothing,
     a_corrupt_blob_is_refused_on_read,
     a_missing_blob_is_not_found,
+    local_files_are_stored_once_each_and_only_when_missing,
+    a_file_that_changed_after_hashing_is_not_stored,
 );
 
 /// A new bucket on the S3 test server, or `None` when none is configured outside CI.
@@ -250,5 +252,78 @@ async fn a_missing_blob_is_not_found(store: BlobStore) {
     assert!(
         matches!(error, BlobError::NotFound(d) if d == digest),
         "{error}"
+    );
+}
+
+async fn local_files_are_stored_once_each_and_only_when_missing(store: BlobStore) {
+    let dir = tempfile::tempdir().expect("dir");
+    let (same, other, large) = (pattern(100), pattern(200), pattern(3 * 1024 * 1024 + 7));
+    let mut files = Vec::new();
+    for (name, content) in [
+        ("a", &same),
+        ("b", &same),
+        ("c", &other),
+        ("d", &large),
+        ("e", &Bytes::new()),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, content).expect("write");
+        files.push((path, Digest::of(content)));
+    }
+    // Many files, to keep several writers busy.
+    for n in 0..200 {
+        let content = pattern(n * 7);
+        let path = dir.path().join(format!("many-{n}"));
+        std::fs::write(&path, &content).expect("write");
+        files.push((path, Digest::of(&content)));
+    }
+    let unique: std::collections::HashSet<Digest> = files.iter().map(|(_, d)| *d).collect();
+    store.put_bytes(other.clone()).await.expect("put");
+
+    let written = store.put_files(files.clone(), 8).await.expect("put files");
+    assert_eq!(
+        written,
+        unique.len() as u64 - 1,
+        "all but the one already stored"
+    );
+    let mut stored = objects(&store).await;
+    stored.sort();
+    let mut expected: Vec<String> = unique
+        .iter()
+        .map(|digest| BlobStore::location(digest).to_string())
+        .collect();
+    expected.sort();
+    assert_eq!(stored, expected, "each content once, nothing staged");
+    for content in [&same, &large] {
+        let read = store
+            .get(&Digest::of(content))
+            .await
+            .expect("get")
+            .into_bytes()
+            .await
+            .expect("bytes");
+        assert!(read == content, "bytes differ");
+    }
+    assert_eq!(store.put_files(files, 8).await.expect("again"), 0);
+}
+
+async fn a_file_that_changed_after_hashing_is_not_stored(store: BlobStore) {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("file");
+    std::fs::write(&path, b"what it is now").expect("write");
+    let hashed = Digest::of(b"what it was");
+    let error = store
+        .put_files(vec![(path.clone(), hashed)], 4)
+        .await
+        .expect_err("changed");
+    assert!(
+        matches!(&error, BlobError::Changed { path: changed } if *changed == path),
+        "{error}"
+    );
+    assert!(!store.contains(&hashed).await.expect("contains"));
+    let stored = objects(&store).await;
+    assert!(
+        !stored.contains(&BlobStore::location(&hashed).to_string()),
+        "{stored:?}"
     );
 }
