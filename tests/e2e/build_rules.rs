@@ -203,6 +203,45 @@ async fn builds_queue_run_fail_activate_and_roll_back_by_the_rules() {
 }
 
 #[tokio::test]
+async fn a_waiting_claim_is_handed_a_build_queued_meanwhile() {
+    let server = Server::start_with(&["--builders", "0"]).await;
+    let builder = Builder::connect(&server).await;
+    let ask = |mut client: CatalogServiceClient<tonic::transport::Channel>| async move {
+        client
+            .claim_build(pb::ClaimBuildRequest {
+                builder: "test".into(),
+            })
+            .await
+            .expect("claim")
+            .into_inner()
+            .claim
+    };
+
+    // Nothing queued: after its short wait, the answer is empty.
+    let begun = std::time::Instant::now();
+    assert!(ask(builder.0.clone()).await.is_none());
+    // A guard against a hang, not a speed claim.
+    assert!(begun.elapsed() < Duration::from_secs(30));
+
+    // A build queued while a claim waits is handed to that claim.
+    let id = environment(&server).await;
+    let waiting = tokio::spawn(ask(builder.0.clone()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, queued) = post(&server, &format!("/v1/environments/{id}/build")).await;
+    assert_eq!(status, 202, "{queued}");
+    let claim = waiting
+        .await
+        .expect("join")
+        .expect("the build queued meanwhile");
+    let build = claim.build.expect("build");
+    assert_eq!(
+        (build.environment_id.as_str(), build.version),
+        (id.as_str(), 1)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn a_followed_log_streams_as_written_ends_with_the_build_and_resumes_at_an_offset() {
     let server = Server::start_with(&["--builders", "0"]).await;
     let mut builder = Builder::connect(&server).await;

@@ -1,8 +1,11 @@
 //! The gRPC face of the catalog: wire types are validated into domain types on receipt,
 //! the store does the work, and domain types go back out. No rule lives here.
 
+use std::time::Duration;
+
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
+use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
 use crate::model::{
@@ -11,15 +14,29 @@ use crate::model::{
 };
 use crate::persistence::{LeasePolicy, Store, StoreError};
 
+/// How long a `ClaimBuild` with nothing to hand out waits for a build to be queued before it
+/// answers empty (a long poll): a builder hears of a build queued meanwhile at once, not at its
+/// next poll. It also bounds how long such a call holds up this server's shutdown.
+const CLAIM_HOLD: Duration = Duration::from_secs(2);
+/// How often a waiting `ClaimBuild` looks at the queue all the same: a build re-queued when its
+/// lease expires, or queued through another catalog, is announced to nobody.
+const CLAIM_RECHECK: Duration = Duration::from_millis(500);
+
 /// The `plinth.catalog.v1.CatalogService` implementation.
 pub struct Catalog {
     store: Store,
     leases: LeasePolicy,
+    /// Wakes waiting `ClaimBuild` calls when a build is queued here.
+    queued: Notify,
 }
 
 impl Catalog {
     pub fn new(store: Store, leases: LeasePolicy) -> Self {
-        Catalog { store, leases }
+        Catalog {
+            store,
+            leases,
+            queued: Notify::new(),
+        }
     }
 }
 
@@ -167,6 +184,7 @@ impl pb::catalog_service_server::CatalogService for Catalog {
             .await
             .map_err(|error| store_error(error, &request.id))?;
         tracing::info!(version = build.version, "build queued");
+        self.queued.notify_waiters();
         Ok(Response::new(build.into()))
     }
 
@@ -232,11 +250,24 @@ impl pb::catalog_service_server::CatalogService for Catalog {
         &self,
         request: Request<pb::ClaimBuildRequest>,
     ) -> Result<Response<pb::ClaimBuildResponse>, Status> {
-        let claim = self
-            .store
-            .claim_build(&request.get_ref().builder, self.leases)
-            .await
-            .map_err(|error| store_error(error, ""))?;
+        let builder = &request.get_ref().builder;
+        let deadline = tokio::time::Instant::now() + CLAIM_HOLD;
+        let claim = loop {
+            // Listening before looking: a build queued between the two still wakes this call.
+            let queued = self.queued.notified();
+            tokio::pin!(queued);
+            queued.as_mut().enable();
+            let claim = self
+                .store
+                .claim_build(builder, self.leases)
+                .await
+                .map_err(|error| store_error(error, ""))?;
+            let now = tokio::time::Instant::now();
+            if claim.is_some() || now >= deadline {
+                break claim;
+            }
+            let _ = tokio::time::timeout((deadline - now).min(CLAIM_RECHECK), queued).await;
+        };
         Ok(Response::new(pb::ClaimBuildResponse {
             claim: claim.map(|claim| {
                 tracing::info!(environment = %claim.build.environment_id, version = claim.build.version, attempt = claim.build.attempt, "build leased");
