@@ -1,11 +1,44 @@
 //! Installing: runs a source's manifests ([`crate::manifests`]) in the build sandbox
-//! ([`crate::sandbox`]) at the environment's mount path, then compiles Python bytecode, and keeps
-//! the installers' output as the build log.
+//! ([`crate::sandbox`]) at the environment's mount path, makes sure the venv's Python files have
+//! bytecode, and keeps the installers' output as the build log.
 //!
 //! The caller materializes the source into a scratch directory, calls [`install`], then
 //! [`crate::layer::scan`]s the same directory. Afterwards every file in it is owned by the build
 //! uid; the builder (root) can read and delete it. HOME and `/tmp` of the build live in a
 //! directory `.plinth-build-*` created beside the scratch directory and removed on return.
+//!
+//! ## The download cache
+//!
+//! uv, pip and npm keep their downloads in the build's cache, which sits in the scratch
+//! directory under the reserved name [`BUILD_CACHE`] (`/env/<slug>/.plinth-build-cache`) while
+//! the installers run: on the same mount as `.venv`, so uv hard-links installed files from it
+//! instead of copying them. With [`InstallOptions::cache_dir`] the cache persists: it is renamed
+//! into the scratch directory before the first command and renamed back after the last, whether
+//! the build succeeded, failed or timed out, so it is never part of the layer. A source's own
+//! top-level `.plinth-build-cache` is removed first, as `.venv` and `node_modules` are. While one
+//! build holds the cache, a concurrent build of the same scope starts from an empty one; the
+//! first to finish puts its cache back and the other's is dropped.
+//!
+//! Hard links mean a file installed by uv and the cache's copy are one file: a later step that
+//! writes one *in place* (an npm lifecycle script, `setup.sh` appending to an installed module)
+//! changes the other too. Such a build's cache is discarded rather than put back
+//! ([`InstallReport::cache_discarded`]), so no later build installs the changed file.
+//!
+//! ## Bytecode
+//!
+//! A read-only environment cannot hold a `__pycache__` written at import time, so every `.py`
+//! under `.venv` gets a checked-hash `.pyc`: valid whatever the files' modification times when a
+//! version is materialized (hard links from a blob cache give them new ones), checked against
+//! the source at import, and written with `SOURCE_DATE_EPOCH` set (which makes hash-based pycs
+//! Python's default: uv, pip and `py_compile` all follow it). uv compiles site-packages itself
+//! as it installs (`UV_COMPILE_BYTECODE=1`, in parallel). After the installers:
+//!
+//! - uv installed the Python packages and no `setup.sh` ran: nothing more to do;
+//! - uv installed them and `setup.sh` ran: `compileall` of just the `.py` files under `.venv`
+//!   that lack a checked-hash `.pyc` (compileall's own up-to-date check understands only
+//!   timestamp pycs and would recompile everything);
+//! - otherwise (pip, or a `.venv` made by `setup.sh`): `compileall -f` of all of `.venv`;
+//! - dependencies reused from an earlier build: nothing (that build compiled them).
 //!
 //! ## What reaches the installers
 //!
@@ -17,12 +50,13 @@
 //!   `UV_PROJECT_ENVIRONMENT=/env/<slug>/.venv`;
 //! - `UV_PYTHON_DOWNLOADS=never`, `UV_PYTHON_PREFERENCE=only-system`: the build uses the
 //!   toolchain's Python (a downloaded one would live in the build's HOME, which is discarded);
-//! - `UV_LINK_MODE=copy`: the uv cache is on another mount than the venv, where hard links fail;
+//! - `UV_COMPILE_BYTECODE=1`, `SOURCE_DATE_EPOCH=315532800` (1980-01-01, the earliest time a
+//!   wheel's zip can record): bytecode as described above;
 //! - `PIP_DISABLE_PIP_VERSION_CHECK=1`, `PIP_NO_INPUT=1`, `PIP_PROGRESS_BAR=off`,
 //!   `npm_config_fund=false`, `npm_config_audit=false`, `npm_config_update_notifier=false`,
 //!   `npm_config_progress=false`: no prompts, no chatter, no calls home beyond the install;
-//! - with `options.cache_dir`: `XDG_CACHE_HOME=/env/.cache`, `UV_CACHE_DIR=/env/.cache/uv`,
-//!   `PIP_CACHE_DIR=/env/.cache/pip`, `npm_config_cache=/env/.cache/npm`;
+//! - `XDG_CACHE_HOME=/env/<slug>/.plinth-build-cache`, and `UV_CACHE_DIR`, `PIP_CACHE_DIR`,
+//!   `npm_config_cache` its `uv`, `pip` and `npm` subdirectories;
 //! - then `options.extra_env`, verbatim.
 //!
 //! Offline installs (tests, air-gapped deployments) go through `extra_env`;
@@ -31,7 +65,9 @@
 //! `PIP_NO_INDEX=1` + `PIP_FIND_LINKS=<dir>`, `npm_config_offline=true`, and a network namespace
 //! of the build's own, so nothing can reach the network whatever a tool decides.
 
-use std::os::unix::fs::MetadataExt;
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -41,6 +77,21 @@ use crate::sandbox::{self, Sandbox, SandboxError};
 
 /// How much of a failed step's output its error carries.
 const ERROR_TAIL_BYTES: usize = 4 * 1024;
+
+/// The reserved name of the build's download cache in the scratch directory, for as long as the
+/// installers run (see the module documentation). A source's own top-level entry of this name is
+/// removed before installing.
+pub const BUILD_CACHE: &str = ".plinth-build-cache";
+
+/// `SOURCE_DATE_EPOCH` for the installers: 1980-01-01T00:00:00Z, the earliest time a zip (and so
+/// a wheel built during the install) can hold.
+const SOURCE_DATE_EPOCH: &str = "315532800";
+
+/// The flags word of a checked-hash `.pyc` (PEP 552): hash-based (bit 0) and checked (bit 1).
+const CHECKED_HASH_PYC: u32 = 0b11;
+
+/// The list of files the bytecode pass compiles, in the build's `/tmp`.
+const BYTECODE_LIST: &str = ".plinth-uncompiled";
 
 /// How a build installs. [`Default`] is a production-shaped starting point.
 #[derive(Debug, Clone)]
@@ -61,8 +112,10 @@ pub struct InstallOptions {
     /// PATH inside the sandbox after the environment's own bins: where uv, python3, node and npm
     /// live. Its directories must be readable and searchable by `uid`.
     pub path: String,
-    /// A persistent download cache for uv, pip and npm, mounted at `/env/.cache`. Share one only
-    /// between builds of one scope: a build can write anything into it.
+    /// Where the download cache of uv, pip and npm persists between builds (without it, each
+    /// build starts from an empty cache). It must be on the scratch directory's file system: it
+    /// is renamed into the scratch directory for the build. Share one only between builds of
+    /// one scope: a build can write anything into it.
     pub cache_dir: Option<PathBuf>,
     /// Run installers without any network (see [`InstallOptions::offline`]).
     pub isolate_network: bool,
@@ -118,6 +171,10 @@ pub struct InstallReport {
     pub used_uv: bool,
     /// Bytes of output cut from the middle of the log.
     pub log_bytes_cut: u64,
+    /// A step after uv's wrote in place to a file uv had hard-linked from the download cache, so
+    /// the cache was dropped instead of kept. Anything else that shares files with that cache
+    /// (dependency trees kept from earlier builds of the scope) may hold the change too.
+    pub cache_discarded: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -189,7 +246,6 @@ pub async fn install(
         root: root.clone(),
         home: prepared.work.path().join("home"),
         tmp: prepared.work.path().join("tmp"),
-        cache: options.cache_dir.clone(),
         uid: options.uid,
         gid: options.gid,
         hidden_paths: options.hidden_paths.clone(),
@@ -199,24 +255,47 @@ pub async fn install(
 
     let mut log = CappedLog::new(log, options.log_head_bytes, options.log_tail_bytes);
     let result = run_steps(&sandbox, &root, &prepared.plan, options, &mut log).await;
+    let discard = result.as_ref().is_ok_and(|ran| ran.cache_changed);
+    if discard {
+        log.write(
+            b"==> a step after uv's changed files uv had hard-linked from the download cache: \
+              the cache is discarded, not kept for later builds\n",
+        );
+    }
     let cut = log.finish();
-    // HOME and /tmp go, as root, whatever the build left there (an npm cache can take a while
-    // to delete: off the runtime).
-    let _ = tokio::task::spawn_blocking(move || drop(prepared)).await;
-    result.map(|(steps, used_uv)| InstallReport {
-        steps,
-        used_uv,
+    // The cache leaves the scratch directory before anyone scans it; HOME and /tmp go, as
+    // root, whatever the build left there (an npm cache can take a while to delete: off the
+    // runtime).
+    let Prepared {
+        work, mut cache, ..
+    } = prepared;
+    let returned = tokio::task::spawn_blocking(move || {
+        let returned = cache.give_back(discard);
+        drop(work);
+        returned
+    })
+    .await
+    .map_err(|join| std::io::Error::other(join.to_string()))
+    .and_then(|returned| returned);
+    let ran = result?;
+    returned.map_err(scratch_error)?;
+    Ok(InstallReport {
+        steps: ran.steps,
+        used_uv: ran.used_uv,
         log_bytes_cut: cut,
+        cache_discarded: discard,
     })
 }
 
 struct Prepared {
     plan: Plan,
     work: tempfile::TempDir,
+    cache: BuildCache,
 }
 
-/// Drops the dependency trees that came with the source, makes the build's HOME and `/tmp`, and
-/// hands everything the build may write to its uid.
+/// Drops the dependency trees (and any [`BUILD_CACHE`]) that came with the source, makes the
+/// build's HOME and `/tmp`, hands everything the build may write to its uid, and moves the
+/// download cache in.
 fn prepare(
     root: &Path,
     parent: &Path,
@@ -232,18 +311,12 @@ fn prepare(
     // a session gets. Only the top level: a nested node_modules is the project's own business.
     // Reused dependencies were installed by an earlier build here, and stay.
     let dropped: &[&str] = if reuse_dependencies {
-        &[]
+        &[BUILD_CACHE]
     } else {
-        &[".venv", "node_modules"]
+        &[BUILD_CACHE, ".venv", "node_modules"]
     };
-    for dependencies in dropped {
-        let path = root.join(dependencies);
-        match std::fs::symlink_metadata(&path) {
-            Ok(metadata) if metadata.is_dir() => std::fs::remove_dir_all(&path)?,
-            Ok(_) => std::fs::remove_file(&path)?,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => return Err(error),
-        }
+    for name in dropped {
+        remove_any(&root.join(name))?;
     }
     let mut plan = manifests::plan(root);
     if reuse_dependencies {
@@ -257,12 +330,101 @@ fn prepare(
     }
     chown_tree(root, uid, gid)?;
     chown_tree(work.path(), uid, gid)?;
-    if let Some(cache) = cache {
-        std::fs::create_dir_all(cache)?;
-        // Only the top: a persistent cache can be large, and builds of one uid fill it.
-        std::os::unix::fs::lchown(cache, Some(uid), Some(gid))?;
+    // After the chown: a persistent cache can be large, and builds of one uid fill it.
+    let cache = BuildCache::lend(root, cache, uid, gid)?;
+    Ok(Prepared { plan, work, cache })
+}
+
+/// Removes a file, link or directory tree if there is one, never following a link.
+fn remove_any(path: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(metadata) if metadata.is_dir() => std::fs::remove_dir_all(path),
+        Ok(_) => std::fs::remove_file(path),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(error),
     }
-    Ok(Prepared { plan, work })
+}
+
+/// The build's download cache, at [`BUILD_CACHE`] in the scratch directory while the build runs.
+struct BuildCache {
+    /// Its path in the scratch directory.
+    inside: PathBuf,
+    /// Where it persists between builds, if anywhere.
+    home: Option<PathBuf>,
+    /// It has left the scratch directory.
+    gone: bool,
+}
+
+impl BuildCache {
+    /// Moves the persistent cache at `home` into the scratch directory `root` (a rename: both
+    /// are on one file system), or makes an empty one there when there is none to move (no
+    /// `home`, the first build of a scope, or another build of the scope holds it now).
+    fn lend(root: &Path, home: Option<&Path>, uid: u32, gid: u32) -> std::io::Result<BuildCache> {
+        let inside = root.join(BUILD_CACHE);
+        let mut moved = false;
+        if let Some(home) = home {
+            if let Some(parent) = home.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            match std::fs::rename(home, &inside) {
+                Ok(()) => moved = true,
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) if error.kind() == std::io::ErrorKind::CrossesDevices => {
+                    tracing::warn!(cache = %home.display(), "the download cache is on another file system than the build's scratch directory; builds start from an empty cache");
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        if moved && !std::fs::symlink_metadata(&inside)?.is_dir() {
+            // Only builder code writes there, and only directories; anything else is no cache.
+            std::fs::remove_file(&inside)?;
+            moved = false;
+        }
+        if !moved {
+            std::fs::create_dir(&inside)?;
+        }
+        // Only the top: a persistent cache can be large, and builds of one uid fill it.
+        std::os::unix::fs::lchown(&inside, Some(uid), Some(gid))?;
+        Ok(BuildCache {
+            inside,
+            home: home.map(Path::to_owned),
+            gone: false,
+        })
+    }
+
+    /// Takes the cache out of the scratch directory: back to its home, unless `discard`, there
+    /// is none, or another build's cache got there first; otherwise it is deleted. Whatever the
+    /// build left at the reserved name that is not a directory is deleted too.
+    fn give_back(&mut self, discard: bool) -> std::io::Result<()> {
+        self.gone = true;
+        let metadata = match std::fs::symlink_metadata(&self.inside) {
+            Ok(metadata) => metadata,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(error) => return Err(error),
+        };
+        if metadata.is_dir()
+            && !discard
+            && let Some(home) = &self.home
+            && std::fs::rename(&self.inside, home).is_ok()
+        {
+            return Ok(());
+        }
+        remove_any(&self.inside)
+    }
+}
+
+impl Drop for BuildCache {
+    /// An install abandoned midway (its future dropped) still puts the cache back; the build
+    /// publishes nothing. Only a rename here: deleting can take long, and the scratch directory
+    /// is deleted anyway.
+    fn drop(&mut self) {
+        if !self.gone
+            && let Some(home) = &self.home
+            && std::fs::symlink_metadata(&self.inside).is_ok_and(|metadata| metadata.is_dir())
+        {
+            let _ = std::fs::rename(&self.inside, home);
+        }
+    }
 }
 
 /// `lchown` on every entry under `root` (and `root`), never following a link.
@@ -282,14 +444,23 @@ fn chown_tree(root: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Runs the plan's commands, then the bytecode pass. Returns the commands run and whether uv was.
+/// What [`run_steps`] did.
+struct Ran {
+    /// The commands run, as shown in the log.
+    steps: Vec<String>,
+    used_uv: bool,
+    /// A step after uv's changed a file that shares its inode with the download cache.
+    cache_changed: bool,
+}
+
+/// Runs the plan's commands, then the bytecode pass.
 async fn run_steps(
     sandbox: &Sandbox,
     root: &Path,
     plan: &Plan,
     options: &InstallOptions,
     log: &mut CappedLog<'_>,
-) -> Result<(Vec<String>, bool), InstallError> {
+) -> Result<Ran, InstallError> {
     let uv = find_executable(&options.path, "uv").is_some();
     let used_uv = uv && plan.has_python();
     if plan.has_python() && !uv {
@@ -321,7 +492,13 @@ async fn run_steps(
         }
     }
     let mut run = Vec::new();
+    // Files of `.venv` hard-linked with the cache, as they were before the first step that is
+    // not uv's (npm's lifecycle scripts, `setup.sh`) ran: that step must not change them.
+    let mut linked: Option<HashMap<(u64, u64), (i64, i64)>> = None;
     for step in &plan.steps {
+        if !step.is_python() && linked.is_none() && venv_python(root).is_some() {
+            linked = Some(blocking(root, |root| Ok(linked_files(&root.join(".venv")))).await?);
+        }
         let toolchain = Toolchain {
             uv,
             venv_exists: venv_python(root).is_some(),
@@ -332,41 +509,211 @@ async fn run_steps(
             run.push(manifests::display(&argv));
         }
     }
-    // Reused dependencies were compiled by the build that installed them.
-    if venv_python(root).is_some() && !options.reuse_dependencies {
-        let mount = sandbox.mount_path();
-        // Bytecode makes imports from a read-only venv ~2.5× faster (PERFORMANCE.md), and a
-        // session cannot write it later. `unchecked-hash` pycs are trusted without comparing
-        // the source's mtime: materializing a version (hard links from a blob cache) gives
-        // every file a new mtime, which would make timestamp pycs stale and recompiled on every
-        // import. `-f` rewrites the timestamp pycs pip already made.
-        let argv: Vec<String> = [
-            format!("{mount}/.venv/bin/python").as_str(),
-            "-m",
-            "compileall",
-            "-q",
-            "-f",
-            "-j",
-            "0",
-            "--invalidation-mode",
-            "unchecked-hash",
-            format!("{mount}/.venv").as_str(),
-        ]
-        .map(str::to_owned)
-        .to_vec();
-        match run_command(sandbox, &argv, environment(sandbox, options, true), log).await {
-            Ok(()) => {}
-            // Packages often ship files that do not compile (templates, other Pythons' code);
-            // pip ignores those too. The rest is compiled all the same.
-            Err(InstallError::StepFailed { status, .. }) => log.write(
-                format!("==> some files did not compile (exit status {status}); continuing\n")
-                    .as_bytes(),
-            ),
-            Err(error) => return Err(error),
+    let cache_changed = match linked {
+        Some(before) => {
+            blocking(root, move |root| {
+                let after = linked_files(&root.join(".venv"));
+                Ok(before
+                    .iter()
+                    .any(|(inode, changed)| after.get(inode).is_some_and(|now| now != changed)))
+            })
+            .await?
         }
-        run.push(manifests::display(&argv));
+        None => false,
+    };
+
+    // Reused dependencies were compiled by the build that installed them; uv compiled what it
+    // installed (see the module documentation).
+    let setup_ran = plan.steps.contains(&Step::SetupScript);
+    if venv_python(root).is_some() && !options.reuse_dependencies && (!used_uv || setup_ran) {
+        let mount = sandbox.mount_path();
+        let compile = |rest: &[&str]| -> Vec<String> {
+            [
+                format!("{mount}/.venv/bin/python").as_str(),
+                "-m",
+                "compileall",
+                "-q",
+                "-f",
+            ]
+            .iter()
+            .chain(rest)
+            .map(|word| (*word).to_owned())
+            .collect()
+        };
+        let argv = if used_uv {
+            // Only what `setup.sh` added (or compiled otherwise), listed in the build's /tmp
+            // (a command line could not hold a long list).
+            let uncompiled = blocking(root, |root| Ok(uncompiled(root))).await?;
+            if uncompiled.is_empty() {
+                None
+            } else {
+                let list = sandbox.tmp.join(BYTECODE_LIST);
+                write_list(&list, &uncompiled).map_err(|source| InstallError::Scratch {
+                    path: list.clone(),
+                    source,
+                })?;
+                let list = format!("/tmp/{BYTECODE_LIST}");
+                Some(compile(&[
+                    "--invalidation-mode",
+                    "checked-hash",
+                    "-i",
+                    &list,
+                ]))
+            }
+        } else {
+            let venv = format!("{mount}/.venv");
+            Some(compile(&[
+                "-j",
+                "0",
+                "--invalidation-mode",
+                "checked-hash",
+                &venv,
+            ]))
+        };
+        if let Some(argv) = argv {
+            match run_command(sandbox, &argv, environment(sandbox, options, true), log).await {
+                Ok(()) => {}
+                // Packages often ship files that do not compile (templates, other Pythons'
+                // code); pip and uv ignore those too. The rest is compiled all the same.
+                Err(InstallError::StepFailed { status, .. }) => log.write(
+                    format!("==> some files did not compile (exit status {status}); continuing\n")
+                        .as_bytes(),
+                ),
+                Err(error) => return Err(error),
+            }
+            run.push(manifests::display(&argv));
+        }
     }
-    Ok((run, used_uv))
+    Ok(Ran {
+        steps: run,
+        used_uv,
+        cache_changed,
+    })
+}
+
+/// Runs `work` on the scratch directory off the runtime (it walks trees).
+async fn blocking<T: Send + 'static>(
+    root: &Path,
+    work: impl FnOnce(&Path) -> std::io::Result<T> + Send + 'static,
+) -> Result<T, InstallError> {
+    let owned = root.to_owned();
+    tokio::task::spawn_blocking(move || work(&owned))
+        .await
+        .map_err(|join| std::io::Error::other(join.to_string()))
+        .and_then(|done| done)
+        .map_err(|source| InstallError::Scratch {
+            path: root.to_owned(),
+            source,
+        })
+}
+
+/// Every regular file under `dir` (not following links) with more than one link, by inode:
+/// when its inode last changed (ctime, seconds and nanoseconds). Unreadable parts are skipped.
+fn linked_files(dir: &Path) -> HashMap<(u64, u64), (i64, i64)> {
+    let mut linked = HashMap::new();
+    walk(dir, &mut |_, metadata| {
+        if metadata.is_file() && metadata.nlink() > 1 {
+            linked.insert(
+                (metadata.dev(), metadata.ino()),
+                (metadata.ctime(), metadata.ctime_nsec()),
+            );
+        }
+    });
+    linked
+}
+
+/// Calls `visit` with every entry under `dir` and its metadata, not following links.
+fn walk(dir: &Path, visit: &mut dyn FnMut(&Path, &std::fs::Metadata)) {
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(metadata) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if metadata.is_dir() {
+                pending.push(path.clone());
+            }
+            visit(&path, &metadata);
+        }
+    }
+}
+
+/// The `.py` files under `.venv` in the scratch directory `root` without a checked-hash `.pyc`
+/// beside them in `__pycache__`, as the sandbox sees them (`/env/<slug>/…` is `root`; only paths
+/// relative to it are returned, sorted). Names that are not UTF-8 or hold a newline cannot be
+/// listed for compileall and are left out.
+fn uncompiled(root: &Path) -> Vec<String> {
+    let mut sources = Vec::new();
+    walk(&root.join(".venv"), &mut |path, metadata| {
+        if metadata.is_file() && path.extension().is_some_and(|ext| ext == "py") {
+            sources.push(path.to_owned());
+        }
+    });
+    let mut uncompiled: Vec<String> = sources
+        .into_iter()
+        .filter(|source| !has_checked_hash_pyc(source))
+        .filter_map(|source| {
+            let relative = source.strip_prefix(root).ok()?.to_str()?.to_owned();
+            (!relative.contains('\n')).then_some(relative)
+        })
+        .collect();
+    uncompiled.sort_unstable();
+    uncompiled
+}
+
+/// Whether `__pycache__/<stem>.<tag>.pyc` beside `source` exists for some interpreter tag and
+/// is a checked-hash pyc. Opened without following links or blocking (it is the build's file).
+fn has_checked_hash_pyc(source: &Path) -> bool {
+    let (Some(dir), Some(stem)) = (
+        source.parent(),
+        source.file_stem().and_then(|stem| stem.to_str()),
+    ) else {
+        return false;
+    };
+    let Ok(entries) = std::fs::read_dir(dir.join("__pycache__")) else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let name = entry.file_name();
+        let Some(tag) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(stem)?.strip_prefix('.'))
+            .and_then(|rest| rest.strip_suffix(".pyc"))
+        else {
+            return false;
+        };
+        if tag.is_empty() || tag.contains('.') {
+            return false;
+        }
+        let mut header = [0u8; 8];
+        crate::layer::open_file(&entry.path())
+            .and_then(|mut pyc| pyc.read_exact(&mut header))
+            .is_ok_and(|()| {
+                u32::from_le_bytes([header[4], header[5], header[6], header[7]]) == CHECKED_HASH_PYC
+            })
+    })
+}
+
+/// Writes the bytecode pass's list of files (paths relative to the mount path, which is the
+/// command's working directory), replacing whatever the build left at that name, readable by
+/// the build.
+fn write_list(list: &Path, files: &[String]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    remove_any(list)?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(list)?;
+    for path in files {
+        file.write_all(path.as_bytes())?;
+        file.write_all(b"\n")?;
+    }
+    file.flush()
 }
 
 /// Runs one command, logging a `==> command` line and its output; a non-zero exit is an error.
@@ -409,6 +756,7 @@ async fn run_command(
 fn environment(sandbox: &Sandbox, options: &InstallOptions, python: bool) -> Vec<(String, String)> {
     let mount = sandbox.mount_path();
     let venv = format!("{mount}/.venv");
+    let cache = format!("{mount}/{BUILD_CACHE}");
     let mut env: Vec<(String, String)> = Vec::new();
     let mut set = |name: &str, value: &str| {
         env.retain(|(existing, _)| existing != name);
@@ -428,7 +776,8 @@ fn environment(sandbox: &Sandbox, options: &InstallOptions, python: bool) -> Vec
     set("UV_PROJECT_ENVIRONMENT", &venv);
     set("UV_PYTHON_DOWNLOADS", "never");
     set("UV_PYTHON_PREFERENCE", "only-system");
-    set("UV_LINK_MODE", "copy");
+    set("UV_COMPILE_BYTECODE", "1");
+    set("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH);
     set("PIP_DISABLE_PIP_VERSION_CHECK", "1");
     set("PIP_NO_INPUT", "1");
     set("PIP_PROGRESS_BAR", "off");
@@ -436,13 +785,10 @@ fn environment(sandbox: &Sandbox, options: &InstallOptions, python: bool) -> Vec
     set("npm_config_audit", "false");
     set("npm_config_update_notifier", "false");
     set("npm_config_progress", "false");
-    if sandbox.cache.is_some() {
-        let cache = sandbox::CACHE;
-        set("XDG_CACHE_HOME", cache);
-        set("UV_CACHE_DIR", &format!("{cache}/uv"));
-        set("PIP_CACHE_DIR", &format!("{cache}/pip"));
-        set("npm_config_cache", &format!("{cache}/npm"));
-    }
+    set("XDG_CACHE_HOME", &cache);
+    set("UV_CACHE_DIR", &format!("{cache}/uv"));
+    set("PIP_CACHE_DIR", &format!("{cache}/pip"));
+    set("npm_config_cache", &format!("{cache}/npm"));
     for (name, value) in &options.extra_env {
         set(name, value);
     }
@@ -478,7 +824,6 @@ mod tests {
             root: PathBuf::from("/scratch"),
             home: PathBuf::from("/work/home"),
             tmp: PathBuf::from("/work/tmp"),
-            cache: Some(PathBuf::from("/cache")),
             uid: 65534,
             gid: 65534,
             hidden_paths: Vec::new(),
@@ -507,7 +852,13 @@ mod tests {
         );
         assert_eq!(get("HOME"), Some("/env/.home"));
         assert_eq!(get("VIRTUAL_ENV"), Some("/env/demo/.venv"));
-        assert_eq!(get("UV_CACHE_DIR"), Some("/env/.cache/uv"));
+        assert_eq!(
+            get("UV_CACHE_DIR"),
+            Some("/env/demo/.plinth-build-cache/uv")
+        );
+        assert_eq!(get("UV_COMPILE_BYTECODE"), Some("1"));
+        assert_eq!(get("SOURCE_DATE_EPOCH"), Some("315532800"));
+        assert_eq!(get("UV_LINK_MODE"), None, "uv hard-links from the cache");
         assert_eq!(get("npm_config_audit"), Some("true"));
         assert_eq!(get("PIP_FIND_LINKS"), Some("/wheels"));
         assert_eq!(
@@ -521,6 +872,137 @@ mod tests {
             environment(&sandbox(), &options, false)
                 .iter()
                 .all(|(name, _)| name != "VIRTUAL_ENV")
+        );
+    }
+
+    fn me() -> (u32, u32) {
+        (
+            rustix::process::getuid().as_raw(),
+            rustix::process::getgid().as_raw(),
+        )
+    }
+
+    #[test]
+    fn the_cache_is_lent_to_the_scratch_directory_and_put_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (root, home) = (dir.path().join("scratch"), dir.path().join("caches/scope"));
+        std::fs::create_dir(&root).expect("mkdir");
+        let (uid, gid) = me();
+
+        // The first build of a scope: an empty cache, kept afterwards.
+        let mut cache = BuildCache::lend(&root, Some(&home), uid, gid).expect("lend");
+        std::fs::write(root.join(BUILD_CACHE).join("entry"), "x").expect("write");
+        cache.give_back(false).expect("give back");
+        assert!(!root.join(BUILD_CACHE).exists());
+        assert_eq!(
+            std::fs::read_to_string(home.join("entry")).expect("kept"),
+            "x"
+        );
+
+        // The next takes it in with a rename.
+        let mut cache = BuildCache::lend(&root, Some(&home), uid, gid).expect("lend");
+        assert!(!home.exists());
+        assert!(root.join(BUILD_CACHE).join("entry").exists());
+        // A concurrent build of the scope meanwhile starts from an empty one…
+        let other_root = dir.path().join("other");
+        std::fs::create_dir(&other_root).expect("mkdir");
+        let mut other = BuildCache::lend(&other_root, Some(&home), uid, gid).expect("lend");
+        assert!(!other_root.join(BUILD_CACHE).join("entry").exists());
+        std::fs::write(other_root.join(BUILD_CACHE).join("other"), "y").expect("write");
+        // …and whichever finishes first puts its cache back; the other's is dropped.
+        cache.give_back(false).expect("give back");
+        other.give_back(false).expect("give back");
+        assert!(home.join("entry").exists());
+        assert!(!home.join("other").exists());
+        assert!(!other_root.join(BUILD_CACHE).exists());
+
+        // A discarded cache is deleted.
+        let mut cache = BuildCache::lend(&root, Some(&home), uid, gid).expect("lend");
+        cache.give_back(true).expect("give back");
+        assert!(!root.join(BUILD_CACHE).exists());
+        assert!(!home.exists());
+    }
+
+    #[test]
+    fn what_a_build_leaves_at_the_reserved_name_is_removed_not_followed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (root, home) = (dir.path().join("scratch"), dir.path().join("cache"));
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&root).expect("mkdir");
+        std::fs::create_dir(&outside).expect("mkdir");
+        std::fs::write(outside.join("keep"), "x").expect("write");
+        let (uid, gid) = me();
+
+        let mut cache = BuildCache::lend(&root, Some(&home), uid, gid).expect("lend");
+        std::fs::remove_dir_all(root.join(BUILD_CACHE)).expect("rm");
+        std::os::unix::fs::symlink(&outside, root.join(BUILD_CACHE)).expect("symlink");
+        cache.give_back(false).expect("give back");
+        assert!(std::fs::symlink_metadata(root.join(BUILD_CACHE)).is_err());
+        assert!(std::fs::symlink_metadata(&home).is_err());
+        assert!(outside.join("keep").exists());
+
+        // Without a home, the cache lasts one build.
+        let mut cache = BuildCache::lend(&root, None, uid, gid).expect("lend");
+        assert!(root.join(BUILD_CACHE).is_dir());
+        cache.give_back(false).expect("give back");
+        assert!(!root.join(BUILD_CACHE).exists());
+    }
+
+    #[test]
+    fn an_abandoned_install_still_puts_the_cache_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (root, home) = (dir.path().join("scratch"), dir.path().join("cache"));
+        std::fs::create_dir(&root).expect("mkdir");
+        std::fs::create_dir(&home).expect("mkdir");
+        std::fs::write(home.join("entry"), "x").expect("write");
+        let (uid, gid) = me();
+        drop(BuildCache::lend(&root, Some(&home), uid, gid).expect("lend"));
+        assert!(home.join("entry").exists());
+        assert!(!root.join(BUILD_CACHE).exists());
+    }
+
+    #[test]
+    fn only_sources_without_checked_hash_bytecode_are_listed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let site = root.join(".venv/lib/python3.11/site-packages");
+        let pyc = |name: &str, flags: u32| {
+            let cache = site.join("__pycache__");
+            std::fs::create_dir_all(&cache).expect("mkdir");
+            let mut bytes = vec![0xa7, 0x0d, 0x0d, 0x0a];
+            bytes.extend_from_slice(&flags.to_le_bytes());
+            bytes.extend_from_slice(&[0; 8]);
+            std::fs::write(cache.join(name), bytes).expect("write");
+        };
+        for source in [
+            "checked",
+            "timestamp",
+            "unchecked",
+            "none",
+            "other.name",
+            "opt",
+        ] {
+            std::fs::create_dir_all(&site).expect("mkdir");
+            std::fs::write(site.join(format!("{source}.py")), "").expect("write");
+        }
+        pyc("checked.cpython-311.pyc", 3);
+        pyc("timestamp.cpython-311.pyc", 0);
+        pyc("unchecked.cpython-311.pyc", 1);
+        pyc("other.cpython-311.pyc", 3);
+        pyc("opt.cpython-311.opt-1.pyc", 3);
+        std::os::unix::fs::symlink(
+            site.join("__pycache__/checked.cpython-311.pyc"),
+            site.join("__pycache__/other.name.cpython-311.pyc"),
+        )
+        .expect("symlink");
+        std::fs::write(root.join(".venv/README.txt"), "").expect("write");
+        std::fs::write(root.join("app.py"), "").expect("write");
+
+        let prefix = ".venv/lib/python3.11/site-packages/";
+        assert_eq!(
+            uncompiled(root),
+            ["none", "opt", "other.name", "timestamp", "unchecked"]
+                .map(|name| format!("{prefix}{name}.py"))
         );
     }
 

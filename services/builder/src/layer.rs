@@ -4,7 +4,7 @@
 //! [`scan`] walks the built directory without following any link: a symlink is recorded as a
 //! symlink with its target text, wherever it points (an installer's link that escapes the root
 //! is the node's to refuse or keep, never the builder's to follow). Regular files are hashed
-//! while streaming. Anything else (FIFOs, sockets, devices) and names that are not UTF-8 are
+//! while streaming, several at a time. Anything else (FIFOs, sockets, devices) and names that are not UTF-8 are
 //! skipped and counted. The scan runs after every build process is dead (the sandbox's PID
 //! namespace ends with its command), so nothing can swap a file under it; files are opened with
 //! `O_NOFOLLOW` all the same.
@@ -25,6 +25,8 @@ use sha2::Digest as _;
 /// Package metadata files larger than this are not read (a METADATA's long description can be
 /// big, but its headers come first; a package.json this big is not a package's).
 const METADATA_MAX_BYTES: u64 = 1024 * 1024;
+/// At most this many threads hash a layer's files.
+const HASH_THREADS: usize = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum EntryKind {
@@ -103,8 +105,9 @@ pub fn scan(dir: &Path) -> Result<Layer, LayerError> {
         move |source| LayerError::Io { path, source }
     };
     let mut entries = Vec::new();
+    // (index in `entries`, host path) of every regular file.
+    let mut files: Vec<(usize, PathBuf)> = Vec::new();
     let mut skipped = 0u64;
-    let mut bytes = 0u64;
     // (host path, layer path) of directories still to read.
     let mut pending: Vec<(PathBuf, String)> = vec![(dir.to_owned(), String::new())];
     while let Some((host_dir, layer_dir)) = pending.pop() {
@@ -147,14 +150,14 @@ pub fn scan(dir: &Path) -> Result<Layer, LayerError> {
                     target: None,
                 }
             } else if file_type.is_file() {
-                let (size, digest) = hash_file(&host_path).map_err(io(&host_path))?;
-                bytes += size;
+                // Hashed below, with the others.
+                files.push((entries.len(), host_path));
                 LayerEntry {
                     path,
                     kind: EntryKind::File,
                     executable: metadata.permissions().mode() & 0o111 != 0,
-                    size,
-                    digest: Some(digest),
+                    size: 0,
+                    digest: None,
                     target: None,
                 }
             } else {
@@ -163,6 +166,13 @@ pub fn scan(dir: &Path) -> Result<Layer, LayerError> {
             };
             entries.push(entry);
         }
+    }
+    let mut bytes = 0u64;
+    for ((index, _), hashed) in files.iter().zip(hash_files(&files)?) {
+        let (size, digest) = hashed;
+        bytes += size;
+        entries[*index].size = size;
+        entries[*index].digest = Some(digest);
     }
     entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
     let packages = packages(dir, &entries);
@@ -174,9 +184,58 @@ pub fn scan(dir: &Path) -> Result<Layer, LayerError> {
     })
 }
 
+/// The size and digest of each file, in order, hashed on as many threads as there are cores
+/// (up to [`HASH_THREADS`]): a layer is thousands of small files, and each costs system calls
+/// as well as hashing.
+fn hash_files(files: &[(usize, PathBuf)]) -> Result<Vec<(u64, Digest)>, LayerError> {
+    let hash = |path: &PathBuf| {
+        hash_file(path).map_err(|source| LayerError::Io {
+            path: path.clone(),
+            source,
+        })
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZero::get)
+        .min(HASH_THREADS)
+        .min(files.len() / 64 + 1);
+    if threads <= 1 {
+        return files.iter().map(|(_, path)| hash(path)).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut hashed: Vec<Option<(u64, Digest)>> = vec![None; files.len()];
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let at = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((_, path)) = files.get(at) else {
+                            return Ok(done);
+                        };
+                        done.push((at, hash(path)?));
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            let done = worker.join().map_err(|_| LayerError::Io {
+                path: PathBuf::new(),
+                source: std::io::Error::other("a hashing thread panicked"),
+            })??;
+            for (at, result) in done {
+                hashed[at] = Some(result);
+            }
+        }
+        Ok(())
+    })?;
+    // Every index was taken by some thread, and every thread finished without an error.
+    Ok(hashed.into_iter().flatten().collect())
+}
+
 /// Opens a regular file without following a link at its last component (and refuses anything
 /// that is not a regular file by then).
-fn open_file(path: &Path) -> std::io::Result<std::fs::File> {
+pub(crate) fn open_file(path: &Path) -> std::io::Result<std::fs::File> {
     use rustix::fs::{Mode, OFlags};
     let fd = rustix::fs::open(
         path,
@@ -418,6 +477,22 @@ mod tests {
             Digest::of(b"hello").to_string()
         );
         assert_eq!(json["entries"][1]["kind"], "dir");
+    }
+
+    #[test]
+    fn many_files_are_hashed_in_parallel_each_to_its_own_entry() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for n in 0..500 {
+            write(dir.path(), &format!("d{}/f{n}", n % 7), &"x".repeat(n));
+        }
+        let layer = scan(dir.path()).expect("scan");
+        for n in 0..500 {
+            let file = entry(&layer, &format!("d{}/f{n}", n % 7));
+            assert_eq!(file.size, n as u64);
+            assert_eq!(file.digest, Some(Digest::of("x".repeat(n).as_bytes())));
+        }
+        assert_eq!(layer.bytes, (0..500u64).sum::<u64>());
+        assert_eq!(layer.entries.len(), 507);
     }
 
     #[test]

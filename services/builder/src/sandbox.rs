@@ -4,14 +4,15 @@
 //! What the command sees (ARCHITECTURE §3.3, UHP §9):
 //!
 //! - `/env` is a fresh read-only tmpfs holding only `/env/<slug>` (the scratch directory,
-//!   bind-mounted read-write, the working directory), `/env/.home` (`HOME`, the build's own) and,
-//!   when configured, `/env/.cache` (a persistent package cache). No other environment is
-//!   visible, whatever the host has under `/env`.
+//!   bind-mounted read-write, the working directory) and `/env/.home` (`HOME`, the build's own).
+//!   No other environment is visible, whatever the host has under `/env`. (A build's download
+//!   cache lives inside the scratch directory while it runs, on the same mount as what it
+//!   installs, so installers can hard-link from it: see [`mod@crate::install`].)
 //! - `/tmp` is the build's own directory (on disk, beside HOME) and `/dev/shm` a small private
 //!   tmpfs, so tools that write there work without touching the host's.
 //! - Every other mount of the host (but `/proc`, `/sys` and `/dev`, kernel interfaces and device
 //!   nodes) is re-mounted read-only inside the namespace, so the command can write nowhere but
-//!   `/env/<slug>`, HOME, the cache, `/tmp` and `/dev/shm`, whatever the host's permissions say.
+//!   `/env/<slug>`, HOME, `/tmp` and `/dev/shm`, whatever the host's permissions say.
 //!   (Host mounts stay as they are: every remount is of the namespace's copy.)
 //! - Each hidden path (the builder's state, other environments, sessions) is covered by an empty,
 //!   read-only, mode-000 tmpfs (a file by `/dev/null`).
@@ -52,8 +53,6 @@ use tokio::sync::mpsc;
 pub const ENV_ROOT: &str = "/env";
 /// The command's `HOME` inside the sandbox.
 pub const HOME: &str = "/env/.home";
-/// Where the persistent cache (if any) is mounted inside the sandbox.
-pub const CACHE: &str = "/env/.cache";
 
 /// PATH for the setup script itself (not the command): where util-linux and coreutils live.
 const SYSTEM_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
@@ -117,8 +116,6 @@ pub struct Sandbox {
     pub home: PathBuf,
     /// The build's own `/tmp`.
     pub tmp: PathBuf,
-    /// A persistent package cache, mounted at [`CACHE`].
-    pub cache: Option<PathBuf>,
     pub uid: u32,
     pub gid: u32,
     /// Host paths covered by an empty read-only tmpfs (directories) or `/dev/null` (files).
@@ -130,8 +127,8 @@ pub struct Sandbox {
     pub timeout: Duration,
 }
 
-/// Checks a slug is one path segment that cannot collide with the sandbox's own `/env/.home`
-/// and `/env/.cache`, nor be read as an option.
+/// Checks a slug is one path segment that cannot collide with the sandbox's own `/env/.home`,
+/// nor be read as an option.
 pub fn validate_slug(slug: &str) -> Result<(), SandboxError> {
     let valid = !slug.is_empty()
         && slug.len() <= 128
@@ -342,13 +339,8 @@ impl Sandbox {
                 )));
             }
         }
-        let own = [
-            Some(&self.root),
-            Some(&self.home),
-            Some(&self.tmp),
-            self.cache.as_ref(),
-        ];
-        if let Some(relative) = own.into_iter().flatten().find(|path| !path.is_absolute()) {
+        let own = [&self.root, &self.home, &self.tmp];
+        if let Some(relative) = own.into_iter().find(|path| !path.is_absolute()) {
             return Err(SandboxError::RelativePath(relative.clone()));
         }
         for hidden in &self.hidden_paths {
@@ -376,10 +368,6 @@ impl Sandbox {
         ]);
         s.bind(self.root.as_os_str().as_bytes(), mount_path.as_bytes());
         s.bind(self.home.as_os_str().as_bytes(), HOME.as_bytes());
-        if let Some(cache) = &self.cache {
-            s.words(&[b"mkdir", &quote(CACHE.as_bytes())]);
-            s.bind(cache.as_os_str().as_bytes(), CACHE.as_bytes());
-        }
         s.words(&[
             b"mount -o remount,bind,ro",
             &quote(ENV_ROOT.as_bytes()),
@@ -755,7 +743,6 @@ mod tests {
             root: PathBuf::from("/scratch/it's"),
             home: PathBuf::from("/work/home"),
             tmp: PathBuf::from("/work/tmp"),
-            cache: None,
             uid: 65534,
             gid: 65534,
             hidden_paths: vec![PathBuf::from("/var/lib/plinth"), PathBuf::from("/env/x")],

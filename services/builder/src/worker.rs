@@ -39,7 +39,8 @@ pub struct BuilderOptions {
     pub work_dir: PathBuf,
     /// How installers run.
     pub install: InstallOptions,
-    /// How long to wait before asking again when nothing is queued.
+    /// How long to wait before asking again when nothing is queued (unless the catalog already
+    /// held the empty answer at least this long).
     pub idle_poll: Duration,
     /// What the installers are (see `tools::identity`): part of every dependency key, so a new
     /// uv, Python or npm never reuses what an older one installed.
@@ -77,21 +78,29 @@ pub async fn run(
         if shutdown.is_cancelled() {
             return Ok(());
         }
-        let claim = catalog
-            .clone()
-            .claim_build(pb::ClaimBuildRequest {
+        let asked = tokio::time::Instant::now();
+        let mut client = catalog.clone();
+        let claim = tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            claim = client.claim_build(pb::ClaimBuildRequest {
                 builder: options.name.clone(),
-            })
-            .await;
-        let claim = match claim {
-            Ok(answer) => answer.into_inner().claim,
+            }) => claim,
+        };
+        // The catalog holds an empty answer open for a while (a long poll): after one that took
+        // a poll's length, ask again at once, or a build queued now would wait for the sleep.
+        let (claim, held) = match claim {
+            Ok(answer) => (
+                answer.into_inner().claim,
+                asked.elapsed() >= options.idle_poll,
+            ),
             Err(status) => {
                 tracing::warn!(error = %status.message(), "cannot reach the catalog for work; retrying");
-                None
+                (None, false)
             }
         };
         match claim {
             Some(claim) => build(&options, catalog.clone(), &blobs, claim, &shutdown).await,
+            None if held => {}
             None => {
                 tokio::select! {
                     () = shutdown.cancelled() => return Ok(()),
@@ -210,7 +219,7 @@ async fn build(
             Ok(done) => {
                 tracing::info!(status = done.into_inner().status, "build completed");
                 if let Some(layer) = published_layer {
-                    keep_dependencies(&options.work_dir, &layer, &scratch).await;
+                    keep_dependencies(&options.work_dir, &claim.scope, &layer, &scratch).await;
                 }
             }
             Err(status) if PlinthError::from_status(&status).code == ErrorCode::LeaseLost => {
@@ -300,14 +309,10 @@ async fn produce(
         });
     }
     let mut install_options = options.install.clone();
-    // uv's, pip's and npm's downloads persist across builds of one scope, on the build's file
-    // system so uv can hard-link from them; another scope's builds never see them.
-    install_options.cache_dir = Some(
-        options
-            .work_dir
-            .join("cache")
-            .join(&Digest::of(scope.as_bytes()).to_hex()[..16]),
-    );
+    // uv's, pip's and npm's downloads persist across builds of one scope, on the scratch
+    // directory's file system so a build can take the cache in with a rename (and uv hard-link
+    // from it); another scope's builds never see them.
+    install_options.cache_dir = Some(options.work_dir.join("cache").join(scope_key(scope)));
     let phase = std::time::Instant::now();
     if let Some(earlier) = reusable.dependencies {
         let layer: Digest = earlier
@@ -321,7 +326,7 @@ async fn produce(
                 let _ = tokio::fs::remove_file(&path).await;
             }
         }
-        let kept = kept_dependencies(&options.work_dir, &layer);
+        let kept = kept_dependencies(&options.work_dir, scope, &layer);
         if !take_kept(&kept, scratch).await {
             materialize(blobs, &layer, scratch, Some(&[".venv", "node_modules"]))
                 .await
@@ -341,9 +346,13 @@ async fn produce(
     let mut sink = |bytes: &[u8]| {
         let _ = log.send(bytes.to_vec());
     };
-    install::install(scratch, slug, &install_options, &mut sink)
+    let report = install::install(scratch, slug, &install_options, &mut sink)
         .await
         .map_err(|error| error.to_string())?;
+    if report.cache_discarded {
+        // Kept trees of the scope may share the changed files with the discarded cache.
+        drop_kept_dependencies(&options.work_dir, scope).await;
+    }
     let _ =
         log.send(format!("==> installed in {:.2} s\n", phase.elapsed().as_secs_f64()).into_bytes());
     let phase = std::time::Instant::now();
@@ -354,24 +363,29 @@ async fn produce(
             .map_err(|error| error.to_string())?
             .map_err(|error| format!("reading the built layer failed: {error}"))?
     };
-    // Only blobs the store lacks are uploaded, many at a time: a venv is thousands of small
-    // files, and each is an object-store round trip.
-    let files: Vec<&layer::LayerEntry> = scanned
+    let hashed = phase.elapsed().as_secs_f64();
+    let phase = std::time::Instant::now();
+    // Only blobs the store lacks are uploaded, each content once (a venv holds many identical
+    // files: empty `__init__.py`s, licences, `INSTALLER`s), many at a time: a venv is thousands
+    // of small files.
+    let files: Vec<(PathBuf, Digest)> = scanned
         .entries
         .iter()
         .filter(|entry| entry.kind == EntryKind::File)
-        .collect();
-    let uploads: Vec<_> = files
-        .into_iter()
-        .map(|entry| upload_one(blobs, scratch, entry))
-        .collect();
-    futures::stream::iter(uploads)
-        .buffer_unordered(PARALLEL_BLOBS)
-        .try_collect::<()>()
-        .await?;
+        .map(|entry| {
+            let digest = entry
+                .digest
+                .ok_or_else(|| format!("{} has no digest", entry.path))?;
+            Ok((scratch.join(&entry.path), digest))
+        })
+        .collect::<Result<_, String>>()?;
+    let stored = blobs
+        .put_files(files, PARALLEL_BLOBS)
+        .await
+        .map_err(|error| format!("storing the layer's files failed: {error}"))?;
     let _ = log.send(
         format!(
-            "==> layer of {} entries hashed and its new blobs stored in {:.2} s\n",
+            "==> layer of {} entries hashed in {hashed:.2} s; {stored} new blobs stored in {:.2} s\n",
             scanned.entries.len(),
             phase.elapsed().as_secs_f64()
         )
@@ -413,32 +427,6 @@ async fn produce(
     })
 }
 
-/// Uploads one layer file unless the store already has its blob.
-async fn upload_one(
-    blobs: &BlobStore,
-    scratch: &Path,
-    entry: &layer::LayerEntry,
-) -> Result<(), String> {
-    let digest = entry
-        .digest
-        .ok_or_else(|| format!("{} has no digest", entry.path))?;
-    if blobs.contains(&digest).await.map_err(|e| e.to_string())? {
-        return Ok(());
-    }
-    let file = tokio::fs::File::open(scratch.join(&entry.path))
-        .await
-        .map_err(|e| format!("{}: {e}", entry.path))?;
-    let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024);
-    let stored = blobs
-        .put_stream(stream, u64::MAX)
-        .await
-        .map_err(|e| e.to_string())?;
-    if stored.digest != digest {
-        return Err(format!("{} changed while it was published", entry.path));
-    }
-    Ok(())
-}
-
 /// Writes one tree file from its verified blob.
 async fn write_one(blobs: &BlobStore, root: &Path, entry: &TreeEntry) -> Result<(), String> {
     let target = root.join(&entry.path);
@@ -477,16 +465,41 @@ async fn write_one(blobs: &BlobStore, root: &Path, entry: &TreeEntry) -> Result<
 /// How many builds' dependency trees a builder keeps on its disk for the next rebuild.
 const KEPT_DEPENDENCY_TREES: usize = 4;
 
-/// Where a builder keeps the `.venv` and `node_modules` of the build that produced `layer`.
-fn kept_dependencies(work_dir: &Path, layer: &Digest) -> PathBuf {
-    work_dir.join("kept").join(layer.to_hex())
+/// A scope's name on the builder's disk (its download cache, its kept trees).
+fn scope_key(scope: &str) -> String {
+    Digest::of(scope.as_bytes()).to_hex()[..16].to_owned()
+}
+
+/// Where a builder keeps the `.venv` and `node_modules` of the build of `scope` that produced
+/// `layer`. Per scope: uv installs hard links to the scope's download cache, which the scope's
+/// later builds can write to, so a kept tree is only ever lent to builds of its own scope.
+fn kept_dependencies(work_dir: &Path, scope: &str, layer: &Digest) -> PathBuf {
+    work_dir
+        .join("kept")
+        .join(format!("{}-{}", scope_key(scope), layer.to_hex()))
+}
+
+/// Forgets every dependency tree kept for `scope`.
+async fn drop_kept_dependencies(work_dir: &Path, scope: &str) {
+    let (parent, prefix) = (work_dir.join("kept"), format!("{}-", scope_key(scope)));
+    let _ = tokio::task::spawn_blocking(move || {
+        let Ok(entries) = std::fs::read_dir(&parent) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    })
+    .await;
 }
 
 /// After a build is published, its dependency trees are exactly those of its layer (no build
 /// process is left running): moving them aside (a rename) spares the next rebuild of the same
 /// dependencies from writing thousands of files back out of the blob store.
-async fn keep_dependencies(work_dir: &Path, layer: &Digest, scratch: &Path) {
-    let kept = kept_dependencies(work_dir, layer);
+async fn keep_dependencies(work_dir: &Path, scope: &str, layer: &Digest, scratch: &Path) {
+    let kept = kept_dependencies(work_dir, scope, layer);
     let mut present = false;
     for tree in [".venv", "node_modules"] {
         present |= tokio::fs::symlink_metadata(scratch.join(tree))

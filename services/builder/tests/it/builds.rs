@@ -41,15 +41,27 @@ fn site_packages(scratch: &Path) -> std::path::PathBuf {
     python.join("site-packages")
 }
 
-/// Checks a .pyc is hash-based and unchecked: its flags word (bytes 4..8) is 0b01.
-fn assert_unchecked_hash_pyc(path: &Path) {
+/// Checks a .pyc is hash-based and checked: its flags word (bytes 4..8) is 0b11.
+fn assert_checked_hash_pyc(path: &Path) {
     let bytes = std::fs::read(path).expect("read pyc");
     assert_eq!(
         u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")),
-        1,
-        "{} is not an unchecked-hash pyc",
+        3,
+        "{} is not a checked-hash pyc",
         path.display()
     );
+}
+
+/// The one .pyc of `module` (a `.py` file's stem) in `dir/__pycache__`.
+fn pyc_of(dir: &Path, module: &str) -> std::path::PathBuf {
+    std::fs::read_dir(dir.join("__pycache__"))
+        .unwrap_or_else(|error| panic!("{}/__pycache__: {error}", dir.display()))
+        .map(|entry| entry.expect("entry").path())
+        .find(|path| {
+            let name = path.file_name().expect("name").to_string_lossy();
+            name.starts_with(&format!("{module}.")) && name.ends_with(".pyc")
+        })
+        .unwrap_or_else(|| panic!("no .pyc for {module} in {}", dir.display()))
 }
 
 /// No file the build left in `.venv` or `node_modules` mentions where it was built on the host.
@@ -95,6 +107,8 @@ async fn a_project_with_requirements_package_json_and_setup_sh_builds_at_the_mou
              tinynpm > from-node.txt\n\
              command -v tinytool > which-python.txt\n\
              command -v tinynpm > which-node.txt\n\
+             site=$(echo .venv/lib/python3*/site-packages)\n\
+             echo 'ADDED = 1' > \"$site/added_by_setup.py\"\n\
              echo setup done\n",
         ),
         ("app/main.py", "print('hi')\n"),
@@ -114,7 +128,12 @@ async fn a_project_with_requirements_package_json_and_setup_sh_builds_at_the_mou
             "bash setup.sh",
         ]
     );
-    assert!(report.steps[4].contains("compileall"), "{:?}", report.steps);
+    // uv compiled what it installed; the bytecode pass compiles only what had no bytecode.
+    assert!(
+        report.steps[4].contains("compileall") && report.steps[4].contains("-i /tmp/"),
+        "{:?}",
+        report.steps
+    );
     for line in [
         "==> uv pip install -r requirements.txt\n",
         "==> npm install\n",
@@ -153,14 +172,15 @@ async fn a_project_with_requirements_package_json_and_setup_sh_builds_at_the_mou
     assert!(cfg.lines().any(|line| line.starts_with("home = ")), "{cfg}");
     assert!(scratch.path.join("node_modules/.bin/tinynpm").exists());
 
-    // Bytecode, hash-based so it stays valid however the files are materialized.
-    let pyc_dir = site_packages(&scratch.path).join("tinypkg/__pycache__");
-    let pyc = std::fs::read_dir(&pyc_dir)
-        .expect("tinypkg/__pycache__")
-        .map(|entry| entry.expect("entry").path())
-        .find(|path| path.extension().is_some_and(|ext| ext == "pyc"))
-        .expect("a .pyc for tinypkg");
-    assert_unchecked_hash_pyc(&pyc);
+    // Bytecode, hash-based so it stays valid however the files are materialized: uv's for
+    // what it installed, the bytecode pass's for what setup.sh added.
+    let site = site_packages(&scratch.path);
+    let pyc = pyc_of(&site.join("tinypkg"), "__init__");
+    assert_checked_hash_pyc(&pyc);
+    assert_checked_hash_pyc(&pyc_of(&site, "added_by_setup"));
+    // The download cache was in the scratch directory only while the build ran.
+    assert!(!scratch.path.join(".plinth-build-cache").exists());
+    assert!(!report.cache_discarded);
 
     // Everything the build made is the build uid's.
     for path in [
@@ -226,17 +246,29 @@ async fn pyproject_projects_run_uv_sync_and_uv_sync_locked() {
     let unlocked = Scratch::new(&[("pyproject.toml", pyproject)]);
     let (result, log) = build(&unlocked, "unlocked", &options).await;
     let report = result.unwrap_or_else(|error| panic!("{error}\nlog:\n{log}"));
-    assert_eq!(report.steps[0], "uv sync");
-    assert!(
-        site_packages(&unlocked.path)
-            .join("tinypkg/__init__.py")
-            .exists()
-    );
+    assert_eq!(report.steps, ["uv sync"], "uv compiled; no bytecode pass");
+    let installed = site_packages(&unlocked.path).join("tinypkg/__init__.py");
+    assert_checked_hash_pyc(&pyc_of(installed.parent().expect("dir"), "__init__"));
     let lock = unlocked.read("uv.lock");
     assert!(lock.contains("name = \"tinypkg\""), "{lock}");
     assert!(
         cache.path().join("cache/uv").is_dir(),
-        "uv used the persistent cache"
+        "uv used the persistent cache, and it was put back"
+    );
+    // Installed files are hard links into the cache, which is no part of the layer.
+    let metadata = std::fs::metadata(&installed).expect("metadata");
+    assert!(
+        metadata.nlink() > 1,
+        "{} is not linked",
+        installed.display()
+    );
+    assert!(!unlocked.path.join(".plinth-build-cache").exists());
+    assert!(
+        scan(&unlocked.path)
+            .expect("scan")
+            .entries
+            .iter()
+            .all(|entry| !entry.path.starts_with(".plinth-build-cache"))
     );
 
     // With that lock: `uv sync --locked` installs exactly it.
@@ -247,6 +279,68 @@ async fn pyproject_projects_run_uv_sync_and_uv_sync_locked() {
     assert!(log.contains("==> uv sync --locked\n"), "{log}");
     let layer = scan(&locked.path).expect("scan");
     assert_eq!(packages(&layer), ["pip tinypkg 1.0"]);
+}
+
+#[tokio::test]
+async fn a_step_that_changes_hard_linked_files_in_place_costs_the_cache() {
+    if !require_sandbox() {
+        return;
+    }
+    let Some(uv) = require_uv() else { return };
+    let fixtures = Fixtures::new(Some(&uv));
+    let cache = tempfile::tempdir().expect("tempdir");
+    let options = InstallOptions {
+        cache_dir: Some(cache.path().join("cache")),
+        ..fixtures.options()
+    };
+
+    // Replacing an installed file (a new file under the old name) leaves the cache alone.
+    let replacing = Scratch::new(&[
+        ("requirements.txt", "tinypkg\n"),
+        (
+            "setup.sh",
+            "f=$(echo .venv/lib/python3*/site-packages/tinypkg/__init__.py)\n\
+             cp \"$f\" new.py && echo '# patched' >> new.py && mv new.py \"$f\"\n",
+        ),
+    ]);
+    let (result, log) = build(&replacing, "replacing", &options).await;
+    let report = result.unwrap_or_else(|error| panic!("{error}\nlog:\n{log}"));
+    assert!(!report.cache_discarded, "{log}");
+    assert!(cache.path().join("cache/uv").is_dir());
+
+    // Appending to it writes the cache's copy too: that cache is not kept.
+    let appending = Scratch::new(&[
+        ("requirements.txt", "tinypkg\n"),
+        (
+            "setup.sh",
+            "echo '# patched' >> .venv/lib/python3*/site-packages/tinypkg/__init__.py\n",
+        ),
+    ]);
+    let (result, log) = build(&appending, "appending", &options).await;
+    let report = result.unwrap_or_else(|error| panic!("{error}\nlog:\n{log}"));
+    assert!(report.cache_discarded, "{log}");
+    assert!(log.contains("the cache is discarded"), "{log}");
+    assert!(!cache.path().join("cache").exists());
+    assert!(!appending.path.join(".plinth-build-cache").exists());
+    // The build itself has what its setup.sh made.
+    let installed = site_packages(&appending.path).join("tinypkg/__init__.py");
+    assert!(
+        std::fs::read_to_string(installed)
+            .expect("read")
+            .ends_with("# patched\n")
+    );
+
+    // The next build starts from an empty cache and installs the wheel as it is.
+    let next = Scratch::new(&[("requirements.txt", "tinypkg\n")]);
+    let (result, log) = build(&next, "next", &options).await;
+    result.unwrap_or_else(|error| panic!("{error}\nlog:\n{log}"));
+    let installed = site_packages(&next.path).join("tinypkg/__init__.py");
+    assert!(
+        !std::fs::read_to_string(installed)
+            .expect("read")
+            .contains("patched")
+    );
+    assert!(cache.path().join("cache/uv").is_dir());
 }
 
 #[tokio::test]
@@ -306,14 +400,12 @@ async fn without_uv_requirements_fall_back_to_venv_and_pip() {
         "{:?}",
         layer.packages
     );
-    let pyc_dir = site_packages(&scratch.path).join("tinypkg/__pycache__");
-    let pyc = std::fs::read_dir(&pyc_dir)
-        .expect("tinypkg/__pycache__")
-        .map(|entry| entry.expect("entry").path())
-        .find(|path| path.extension().is_some_and(|ext| ext == "pyc"))
-        .expect("a .pyc for tinypkg");
-    // pip compiled it with timestamps first; the bytecode pass rewrote it.
-    assert_unchecked_hash_pyc(&pyc);
+    // pip may compile with timestamps; the bytecode pass rewrote everything, hash-based.
+    assert!(report.steps[2].contains("compileall"), "{:?}", report.steps);
+    assert_checked_hash_pyc(&pyc_of(
+        &site_packages(&scratch.path).join("tinypkg"),
+        "__init__",
+    ));
     assert_no_scratch_path(&scratch.path, &layer);
 }
 
@@ -459,8 +551,12 @@ async fn dependency_directories_from_the_source_are_dropped_before_installing() 
     let scratch = Scratch::new(&[
         (".venv/bin/python", "a laptop's venv"),
         (".venv/lib/junk.py", ""),
+        (".plinth-build-cache/uv/junk", "not the scope's cache"),
         ("sub/node_modules/kept/package.json", "{}"),
-        ("setup.sh", "ls -A > listing.txt\n"),
+        (
+            "setup.sh",
+            "ls -A > listing.txt\nls -A .plinth-build-cache > cache.txt\n",
+        ),
     ]);
     // A link to elsewhere is removed as a link; what it points at is left alone.
     std::os::unix::fs::symlink(outside.path(), scratch.path.join("node_modules")).expect("symlink");
@@ -468,11 +564,14 @@ async fn dependency_directories_from_the_source_are_dropped_before_installing() 
     let (result, log) = build(&scratch, "stale", &fixtures.options()).await;
     result.unwrap_or_else(|error| panic!("{error}\nlog:\n{log}"));
 
+    // The reserved name holds the build's own (empty) download cache, not the source's.
     let listing = scratch.read("listing.txt");
     assert_eq!(
-        listing, "listing.txt\nsetup.sh\nsub\n",
+        listing, ".plinth-build-cache\nlisting.txt\nsetup.sh\nsub\n",
         "setup.sh saw {listing:?}"
     );
+    assert_eq!(scratch.read("cache.txt"), "");
+    assert!(!scratch.path.join(".plinth-build-cache").exists());
     assert!(!scratch.path.join(".venv").exists());
     assert!(std::fs::symlink_metadata(scratch.path.join("node_modules")).is_err());
     assert!(outside.path().join("keep.txt").exists());
