@@ -3,55 +3,14 @@
 
 use plinth_catalog::adapters::{AdapterId, Credential, NewAdapter, Protocol, token_digest};
 use plinth_catalog::model::{Environment, NewEnvironment, Scope};
-use plinth_catalog::testing::{self, PostgresAvailability};
 use plinth_catalog::{Store, StoreError};
 
-macro_rules! adapter_suite {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    let dir = tempfile::tempdir().expect("temp dir");
-                    let store = super::open(&plinth_catalog::testing::sqlite_url(dir.path())).await;
-                    super::$test(store).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    let Some(url) = super::postgres_url().await else { return };
-                    let store = super::open(&url).await;
-                    super::$test(store).await;
-                }
-            )*
-        }
-    };
-}
-
-adapter_suite!(
+backend_suite!(
     an_adapter_names_an_environment_of_its_scope,
     rotation_keeps_the_previous_credential_for_the_grace_window,
     brain_adapters_keep_only_the_tokens_digest,
     delete_stops_the_credential_at_once,
 );
-
-async fn postgres_url() -> Option<String> {
-    match testing::postgres() {
-        PostgresAvailability::Available(server) => {
-            Some(testing::fresh_postgres_database(&server).await)
-        }
-        PostgresAvailability::NotConfigured => None,
-    }
-}
-
-async fn open(url: &str) -> Store {
-    let store = Store::connect(url, 5).await.expect("connect");
-    store.migrate().await.expect("migrate");
-    store
-}
 
 fn scope(name: &str) -> Scope {
     Scope::parse(name).expect("scope")

@@ -10,35 +10,9 @@ use plinth_catalog::brain::{
 };
 use plinth_catalog::model::{BuildStatus, EnvironmentId, NewEnvironment, Outcome, Scope};
 use plinth_catalog::persistence::NewSession;
-use plinth_catalog::testing::{self, PostgresAvailability};
 use plinth_catalog::{Store, StoreError};
 
-macro_rules! brain_suite {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    let dir = tempfile::tempdir().expect("temp dir");
-                    let store = super::open(&plinth_catalog::testing::sqlite_url(dir.path())).await;
-                    super::$test(store).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    let Some(url) = super::postgres_url().await else { return };
-                    let store = super::open(&url).await;
-                    super::$test(store).await;
-                }
-            )*
-        }
-    };
-}
-
-brain_suite!(
+backend_suite!(
     an_operation_runs_once_and_answers_its_receipt_ever_after,
     concurrent_deliveries_let_exactly_one_run,
     an_abandoned_operation_is_settled_once_and_its_runner_fenced,
@@ -48,21 +22,6 @@ brain_suite!(
     a_binding_is_set_up_once_and_its_session_swapped_by_compare_and_set,
     a_session_can_pin_a_ready_version_and_is_found_by_its_owner,
 );
-
-async fn postgres_url() -> Option<String> {
-    match testing::postgres() {
-        PostgresAvailability::Available(server) => {
-            Some(testing::fresh_postgres_database(&server).await)
-        }
-        PostgresAvailability::NotConfigured => None,
-    }
-}
-
-async fn open(url: &str) -> Store {
-    let store = Store::connect(url, 5).await.expect("connect");
-    store.migrate().await.expect("migrate");
-    store
-}
 
 fn key(sequence: u64) -> OperationKey {
     OperationKey {

@@ -4,35 +4,9 @@
 use plinth_catalog::model::{
     Environment, EnvironmentId, Harness, HarnessFields, HarnessId, NewEnvironment, Scope,
 };
-use plinth_catalog::testing::{self, PostgresAvailability};
 use plinth_catalog::{Store, StoreError};
 
-macro_rules! harness_suite {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    let dir = tempfile::tempdir().expect("temp dir");
-                    let store = super::open(&plinth_catalog::testing::sqlite_url(dir.path())).await;
-                    super::$test(store).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    let Some(url) = super::postgres_url().await else { return };
-                    let store = super::open(&url).await;
-                    super::$test(store).await;
-                }
-            )*
-        }
-    };
-}
-
-harness_suite!(
+backend_suite!(
     a_created_harness_reads_back_whole,
     a_harness_must_name_an_environment_of_its_scope,
     list_is_confined_to_its_scope_oldest_first,
@@ -43,21 +17,6 @@ harness_suite!(
     delete_removes_only_that_harness,
     a_harness_racing_its_environments_deletion_lands_or_is_refused,
 );
-
-async fn postgres_url() -> Option<String> {
-    match testing::postgres() {
-        PostgresAvailability::Available(server) => {
-            Some(testing::fresh_postgres_database(&server).await)
-        }
-        PostgresAvailability::NotConfigured => None,
-    }
-}
-
-async fn open(url: &str) -> Store {
-    let store = Store::connect(url, 5).await.expect("connect");
-    store.migrate().await.expect("migrate");
-    store
-}
 
 fn scope(name: &str) -> Scope {
     Scope::parse(name).expect("scope")

@@ -1,8 +1,56 @@
 //! The catalog's integration tests: the store conformance suite, run unchanged against
 //! SQLite and PostgreSQL.
 
+use plinth_catalog::Store;
+use plinth_catalog::testing::{self, PostgresAvailability};
+
+/// Runs each named `async fn(Store)` of the calling module twice: against a fresh SQLite
+/// database and against a fresh PostgreSQL database (`PLINTH_TEST_POSTGRES_URL`; required
+/// under CI).
+macro_rules! backend_suite {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let dir = tempfile::tempdir().expect("temp dir");
+                    let store = crate::open(&plinth_catalog::testing::sqlite_url(dir.path())).await;
+                    super::$test(store).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let Some(url) = crate::postgres_url().await else { return };
+                    let store = crate::open(&url).await;
+                    super::$test(store).await;
+                }
+            )*
+        }
+    };
+}
+
 mod adapters;
 mod brain;
 mod harnesses;
 mod sessions;
 mod store;
+
+/// A fresh PostgreSQL database, or `None` when none is configured (outside CI).
+async fn postgres_url() -> Option<String> {
+    match testing::postgres() {
+        PostgresAvailability::Available(server) => {
+            Some(testing::fresh_postgres_database(&server).await)
+        }
+        PostgresAvailability::NotConfigured => None,
+    }
+}
+
+/// The store at `url`, migrated.
+async fn open(url: &str) -> Store {
+    let store = Store::connect(url, 5).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    store
+}

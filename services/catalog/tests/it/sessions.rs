@@ -3,56 +3,15 @@
 
 use plinth_catalog::model::{EnvironmentId, NewEnvironment, Outcome, Package, Scope};
 use plinth_catalog::sessions::{SessionStatus, TurnKind};
-use plinth_catalog::testing::{self, PostgresAvailability};
 use plinth_catalog::{LeasePolicy, NewSession, NewTask, Store, StoreError};
 
-macro_rules! session_suite {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    let dir = tempfile::tempdir().expect("temp dir");
-                    let store = super::open(&plinth_catalog::testing::sqlite_url(dir.path())).await;
-                    super::$test(store).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    let Some(url) = super::postgres_url().await else { return };
-                    let store = super::open(&url).await;
-                    super::$test(store).await;
-                }
-            )*
-        }
-    };
-}
-
-session_suite!(
+backend_suite!(
     a_session_pins_the_active_version_and_keeps_it,
     sessions_need_a_ready_environment_and_a_live_node,
     turns_are_numbered_in_order_even_when_they_race,
     a_task_and_its_session_land_together,
     a_restarted_node_keeps_its_id_and_its_sessions,
 );
-
-async fn postgres_url() -> Option<String> {
-    match testing::postgres() {
-        PostgresAvailability::Available(server) => {
-            Some(testing::fresh_postgres_database(&server).await)
-        }
-        PostgresAvailability::NotConfigured => None,
-    }
-}
-
-async fn open(url: &str) -> Store {
-    let store = Store::connect(url, 5).await.expect("connect");
-    store.migrate().await.expect("migrate");
-    store
-}
 
 const LEASES: LeasePolicy = LeasePolicy {
     lease_ms: 60_000,

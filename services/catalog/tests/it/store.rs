@@ -8,35 +8,9 @@ use plinth_catalog::model::{
     BuildStatus, EnvironmentChanges, EnvironmentId, EnvironmentStatus, NewEnvironment, Outcome,
     Package, Scope,
 };
-use plinth_catalog::testing::{self, PostgresAvailability};
 use plinth_catalog::{Store, StoreError};
 
-macro_rules! store_suite {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    let dir = tempfile::tempdir().expect("temp dir");
-                    let store = super::open(&plinth_catalog::testing::sqlite_url(dir.path())).await;
-                    super::$test(store).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    let Some(url) = super::postgres_url().await else { return };
-                    let store = super::open(&url).await;
-                    super::$test(store).await;
-                }
-            )*
-        }
-    };
-}
-
-store_suite!(
+backend_suite!(
     created_environment_reads_back_whole,
     slug_is_unique_per_scope_not_across_scopes,
     concurrent_creates_of_one_slug_let_exactly_one_win,
@@ -53,21 +27,6 @@ store_suite!(
     a_build_whose_builders_keep_vanishing_fails,
     deleting_waits_for_the_build_and_takes_its_versions,
 );
-
-async fn postgres_url() -> Option<String> {
-    match testing::postgres() {
-        PostgresAvailability::Available(server) => {
-            Some(testing::fresh_postgres_database(&server).await)
-        }
-        PostgresAvailability::NotConfigured => None,
-    }
-}
-
-async fn open(url: &str) -> Store {
-    let store = Store::connect(url, 5).await.expect("connect");
-    store.migrate().await.expect("migrate");
-    store
-}
 
 fn scope(name: &str) -> Scope {
     Scope::parse(name).expect("scope")
