@@ -10,7 +10,7 @@ use plinth_blobs::tree::{Tree, TreeEntryKind};
 use plinth_blobs::{BlobStore, Digest};
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, send};
+use crate::helpers::{Server, put_file, send, wait_for_build};
 
 /// A wheel: `tinypkg` 1.0 with a console script `tinytool`.
 pub fn tiny_wheel() -> Vec<u8> {
@@ -78,32 +78,8 @@ pub fn tiny_npm_package() -> Vec<u8> {
     builder.into_inner().expect("tar").finish().expect("gz")
 }
 
-async fn put(server: &Server, id: &str, path: &str, body: impl Into<reqwest::Body>) {
-    let (status, answer) = send(
-        server
-            .client
-            .put(server.url(&format!("/v1/environments/{id}/files/{path}")))
-            .body(body),
-    )
-    .await;
-    assert_eq!(status, 200, "{path}: {answer}");
-}
-
-async fn wait_for_build(server: &Server, id: &str, version: u64) -> Value {
-    for _ in 0..600 {
-        let (_, build) = send(
-            server
-                .client
-                .get(server.url(&format!("/v1/environments/{id}/builds/{version}"))),
-        )
-        .await;
-        if build["status"] == "ready" || build["status"] == "failed" {
-            return build;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("build {version} did not end within 120 s");
-}
+/// How long a build of these small projects may take.
+const BUILD_LIMIT: Duration = Duration::from_secs(120);
 
 #[tokio::test]
 async fn a_python_and_node_project_builds_to_a_working_layer_at_its_mount_path() {
@@ -119,36 +95,35 @@ async fn a_python_and_node_project_builds_to_a_working_layer_at_its_mount_path()
     )
     .await;
     let id = created["id"].as_str().expect("id").to_owned();
-    put(
+    put_file(
         &server,
         &id,
         "wheels/tinypkg-1.0-py3-none-any.whl",
         tiny_wheel(),
     )
     .await;
-    put(
+    put_file(
         &server,
         &id,
         "requirements.txt",
         "--no-index\n--find-links wheels\ntinypkg==1.0\n",
     )
     .await;
-    put(&server, &id, "vendor/tinynpm-1.2.3.tgz", tiny_npm_package()).await;
-    put(
-        &server,
+    put_file(&server, &id, "vendor/tinynpm-1.2.3.tgz", tiny_npm_package()).await;
+    put_file(&server,
         &id,
         "package.json",
         r#"{"name": "studio", "version": "0.0.0", "dependencies": {"tinynpm": "file:vendor/tinynpm-1.2.3.tgz"}}"#,
     )
     .await;
-    put(
+    put_file(
         &server,
         &id,
         "setup.sh",
         "set -e\ntinytool > made-by-setup.txt\ntinynpm >> made-by-setup.txt\n",
     )
     .await;
-    put(&server, &id, "run.py", "print('hello')\n").await;
+    put_file(&server, &id, "run.py", "print('hello')\n").await;
 
     let (status, queued) = send(
         server
@@ -157,7 +132,7 @@ async fn a_python_and_node_project_builds_to_a_working_layer_at_its_mount_path()
     )
     .await;
     assert_eq!(status, 202, "{queued}");
-    let build = wait_for_build(&server, &id, 1).await;
+    let build = wait_for_build(&server, &id, 1, BUILD_LIMIT).await;
     assert_eq!(
         build["status"],
         "ready",
@@ -250,14 +225,14 @@ async fn a_python_and_node_project_builds_to_a_working_layer_at_its_mount_path()
         && e.file_digest() == Some(Digest::of(b"print('hello')\n"))));
 
     // Changing a source file reuses the installed dependencies: the installers do not run.
-    put(&server, &id, "run.py", "print('hello again')\n").await;
+    put_file(&server, &id, "run.py", "print('hello again')\n").await;
     send(
         server
             .client
             .post(server.url(&format!("/v1/environments/{id}/build"))),
     )
     .await;
-    let second = wait_for_build(&server, &id, 2).await;
+    let second = wait_for_build(&server, &id, 2, BUILD_LIMIT).await;
     assert_eq!(second["status"], "ready", "{second}");
     let log = second["log"].as_str().unwrap_or("");
     assert!(log.contains("reusing its .venv and node_modules"), "{log}");
@@ -274,7 +249,7 @@ async fn a_python_and_node_project_builds_to_a_working_layer_at_its_mount_path()
             .post(server.url(&format!("/v1/environments/{id}/build"))),
     )
     .await;
-    let third = wait_for_build(&server, &id, 3).await;
+    let third = wait_for_build(&server, &id, 3, BUILD_LIMIT).await;
     assert_eq!(third["status"], "ready", "{third}");
     assert!(
         third["log"]
@@ -320,7 +295,7 @@ async fn a_failing_setup_sh_fails_the_build_with_its_output_and_changes_nothing(
     )
     .await;
     let id = created["id"].as_str().expect("id").to_owned();
-    put(
+    put_file(
         &server,
         &id,
         "setup.sh",
@@ -333,7 +308,7 @@ async fn a_failing_setup_sh_fails_the_build_with_its_output_and_changes_nothing(
             .post(server.url(&format!("/v1/environments/{id}/build"))),
     )
     .await;
-    let build = wait_for_build(&server, &id, 1).await;
+    let build = wait_for_build(&server, &id, 1, BUILD_LIMIT).await;
     assert_eq!(build["status"], "failed");
     assert!(
         build["error"].as_str().unwrap_or("").contains('3'),

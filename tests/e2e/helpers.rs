@@ -185,3 +185,53 @@ pub fn can_build() -> bool {
     eprintln!("not root: skipping a build test (CI runs it as root)");
     false
 }
+
+/// Puts one file of an environment's source; anything but 200 fails the test.
+pub async fn put_file(server: &Server, id: &str, path: &str, body: impl Into<reqwest::Body>) {
+    let (status, answer) = send(
+        server
+            .client
+            .put(server.url(&format!("/v1/environments/{id}/files/{path}")))
+            .body(body),
+    )
+    .await;
+    assert_eq!(status, 200, "{path}: {answer}");
+}
+
+/// Polls a build every 200 ms until it is `ready` or `failed`; answers its record. A build
+/// still running after `limit` fails the test.
+pub async fn wait_for_build(
+    server: &Server,
+    id: &str,
+    version: u64,
+    limit: std::time::Duration,
+) -> Value {
+    let polls = limit.as_millis() / 200;
+    for _ in 0..polls {
+        let (_, build) = send(
+            server
+                .client
+                .get(server.url(&format!("/v1/environments/{id}/builds/{version}"))),
+        )
+        .await;
+        if build["status"] == "ready" || build["status"] == "failed" {
+            return build;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    panic!("build {version} did not end within {limit:?}");
+}
+
+/// Starts the next build of `id` (version `version`) and waits until it is ready; a failed
+/// build or one running past `limit` fails the test.
+pub async fn build_ready(server: &Server, id: &str, version: u64, limit: std::time::Duration) {
+    let (status, queued) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/environments/{id}/build"))),
+    )
+    .await;
+    assert_eq!(status, 202, "{queued}");
+    let build = wait_for_build(server, id, version, limit).await;
+    assert_eq!(build["status"], "ready", "{build}");
+}

@@ -9,42 +9,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::builds::{tiny_npm_package, tiny_wheel};
-use crate::helpers::{Server, assert_error, send};
+use crate::helpers::{Server, assert_error, build_ready, put_file, send};
 
-async fn put(server: &Server, id: &str, path: &str, body: impl Into<reqwest::Body>) {
-    let (status, answer) = send(
-        server
-            .client
-            .put(server.url(&format!("/v1/environments/{id}/files/{path}")))
-            .body(body),
-    )
-    .await;
-    assert_eq!(status, 200, "{path}: {answer}");
-}
-
-async fn build(server: &Server, id: &str, version: u64) {
-    let (status, queued) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/environments/{id}/build"))),
-    )
-    .await;
-    assert_eq!(status, 202, "{queued}");
-    for _ in 0..600 {
-        let (_, build) = send(
-            server
-                .client
-                .get(server.url(&format!("/v1/environments/{id}/builds/{version}"))),
-        )
-        .await;
-        if build["status"] == "ready" {
-            return;
-        }
-        assert_ne!(build["status"], "failed", "{build}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("build {version} did not end within 120 s");
-}
+/// How long a build of these small projects may take.
+const BUILD_LIMIT: Duration = Duration::from_secs(120);
 
 /// An environment with a wheel, an npm package and a script, built once.
 async fn project(server: &Server, name: &str) -> (String, String) {
@@ -58,31 +26,30 @@ async fn project(server: &Server, name: &str) -> (String, String) {
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().expect("id").to_owned();
     let slug = created["slug"].as_str().expect("slug").to_owned();
-    put(
+    put_file(
         server,
         &id,
         "wheels/tinypkg-1.0-py3-none-any.whl",
         tiny_wheel(),
     )
     .await;
-    put(
+    put_file(
         server,
         &id,
         "requirements.txt",
         "--no-index\n--find-links wheels\ntinypkg==1.0\n",
     )
     .await;
-    put(server, &id, "vendor/tinynpm-1.2.3.tgz", tiny_npm_package()).await;
-    put(
-        server,
+    put_file(server, &id, "vendor/tinynpm-1.2.3.tgz", tiny_npm_package()).await;
+    put_file(server,
         &id,
         "package.json",
         r#"{"name": "studio", "version": "0.0.0", "dependencies": {"tinynpm": "file:vendor/tinynpm-1.2.3.tgz"}}"#,
     )
     .await;
-    put(server, &id, "run.py", "print('version one')\n").await;
-    put(server, &id, "data/deep/nested/file.txt", "nested\n").await;
-    build(server, &id, 1).await;
+    put_file(server, &id, "run.py", "print('version one')\n").await;
+    put_file(server, &id, "data/deep/nested/file.txt", "nested\n").await;
+    build_ready(server, &id, 1, BUILD_LIMIT).await;
     (id, slug)
 }
 
@@ -316,8 +283,8 @@ async fn a_session_runs_the_environment_read_only_beside_its_private_workdir() {
     assert_ne!(snoop["exit_code"], 0, "{snoop}");
 
     // A new version: the running session keeps its own; a new session reads the new one.
-    put(&server, &id, "run.py", "print('version two')\n").await;
-    build(&server, &id, 2).await;
+    put_file(&server, &id, "run.py", "print('version two')\n").await;
+    build_ready(&server, &id, 2, BUILD_LIMIT).await;
     let kept = exec(&server, &first, "python3 $PROJECT_ROOT/run.py").await;
     assert_eq!(kept["stdout"], "version one\n", "{kept}");
     assert_eq!(kept["version"], 1);
@@ -385,8 +352,8 @@ async fn exec_output_is_capped_timed_and_streamed() {
     )
     .await;
     let id = created["id"].as_str().expect("id").to_owned();
-    put(&server, &id, "hello.txt", "hello\n").await;
-    build(&server, &id, 1).await;
+    put_file(&server, &id, "hello.txt", "hello\n").await;
+    build_ready(&server, &id, 1, BUILD_LIMIT).await;
     let session = start_session(&server, &id).await;
     let session_id = session["id"].as_str().expect("id");
 
@@ -536,8 +503,8 @@ async fn sessions_and_tasks_are_refused_unless_their_environment_is_ready() {
     )
     .await;
     let ready = ready["id"].as_str().expect("id").to_owned();
-    put(&server, &ready, "hello.txt", "hello\n").await;
-    build(&server, &ready, 1).await;
+    put_file(&server, &ready, "hello.txt", "hello\n").await;
+    build_ready(&server, &ready, 1, BUILD_LIMIT).await;
     let (status, harness) = send(
         server
             .client
@@ -610,8 +577,8 @@ async fn without_isolation_every_session_says_so() {
     )
     .await;
     let id = created["id"].as_str().expect("id").to_owned();
-    put(&server, &id, "hello.txt", "hello\n").await;
-    build(&server, &id, 1).await;
+    put_file(&server, &id, "hello.txt", "hello\n").await;
+    build_ready(&server, &id, 1, BUILD_LIMIT).await;
     let session = start_session(&server, &id).await;
     assert_eq!(session["isolated"], false, "{session}");
     let instructions = session["instructions"].as_str().expect("instructions");

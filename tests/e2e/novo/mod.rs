@@ -12,7 +12,7 @@ use hmac::{KeyInit, Mac};
 use serde_json::{Value, json};
 
 use crate::builds::tiny_wheel;
-use crate::helpers::{Server, assert_error, json as read_json, send};
+use crate::helpers::{Server, assert_error, build_ready, json as read_json, put_file, send};
 
 pub const SECRET: &str = "env_secret_0123456789abcdef";
 
@@ -138,36 +138,10 @@ pub async fn environment(
     let id = created["id"].as_str().expect("id").to_owned();
     let slug = created["slug"].as_str().expect("slug").to_owned();
     for (path, content) in files {
-        let (status, put) = send(
-            server
-                .client
-                .put(server.url(&format!("/v1/environments/{id}/files/{path}")))
-                .body(content.clone()),
-        )
-        .await;
-        assert_eq!(status, 200, "{path}: {put}");
+        put_file(server, &id, path, content.clone()).await;
     }
-    let (status, _) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/environments/{id}/build"))),
-    )
-    .await;
-    assert_eq!(status, 202);
-    for _ in 0..900 {
-        let (_, build) = send(
-            server
-                .client
-                .get(server.url(&format!("/v1/environments/{id}/builds/1"))),
-        )
-        .await;
-        if build["status"] == "ready" {
-            return (id, slug);
-        }
-        assert_ne!(build["status"], "failed", "{build}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("build did not end");
+    build_ready(server, &id, 1, Duration::from_secs(180)).await;
+    (id, slug)
 }
 
 /// A Novo adapter for `environment` with `SECRET`; its id.
