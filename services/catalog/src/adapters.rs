@@ -9,8 +9,8 @@ use std::fmt;
 use plinth_kit::PlinthError;
 use sha2::Digest as _;
 
+use crate::model::prefixed_id;
 use crate::model::{EnvironmentId, Scope};
-use crate::sessions::prefixed_id;
 
 prefixed_id!(
     /// `wadp_` followed by 32 lowercase hex digits.

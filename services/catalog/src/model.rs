@@ -1,8 +1,6 @@
 //! The catalog's domain types and the rules that make them valid. Wire types (prost) are
 //! converted into these at the edge (`service`), and nothing here knows about gRPC or SQL.
 
-use std::fmt;
-
 use plinth_kit::{ErrorCode, PlinthError};
 
 /// Most characters a name may have.
@@ -14,68 +12,56 @@ pub const MAX_SLUG_CHARS: usize = 63;
 /// Most bytes a scope may have.
 pub const MAX_SCOPE_BYTES: usize = 128;
 
-/// `henv_` followed by 32 lowercase hex digits.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct EnvironmentId(String);
+/// Declares an id newtype: a prefix and 32 lowercase hex digits, made by `generate` and
+/// accepted by `parse` in exactly that shape.
+macro_rules! prefixed_id {
+    ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(String);
 
-impl EnvironmentId {
-    const PREFIX: &'static str = "henv_";
+        impl $name {
+            const PREFIX: &'static str = $prefix;
 
-    /// A fresh random id.
-    pub fn generate() -> Self {
-        EnvironmentId(format!("{}{}", Self::PREFIX, uuid::Uuid::new_v4().simple()))
-    }
+            /// A fresh random id.
+            pub fn generate() -> Self {
+                $name(format!("{}{}", Self::PREFIX, uuid::Uuid::new_v4().simple()))
+            }
 
-    /// Accepts exactly the shape [`EnvironmentId::generate`] makes; anything else cannot name
-    /// an environment, and callers report it as not found.
-    pub fn parse(text: &str) -> Option<Self> {
-        is_generated_id(text, Self::PREFIX).then(|| EnvironmentId(text.to_owned()))
-    }
+            /// Accepts exactly the shape `generate` makes; anything else names nothing, and
+            /// callers report it as not found.
+            pub fn parse(text: &str) -> Option<Self> {
+                $crate::model::is_generated_id(text, Self::PREFIX).then(|| $name(text.to_owned()))
+            }
 
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
+            /// The id as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
 }
+pub(crate) use prefixed_id;
 
-impl fmt::Display for EnvironmentId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// `chrn_` followed by 32 lowercase hex digits.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct HarnessId(String);
-
-impl HarnessId {
-    const PREFIX: &'static str = "chrn_";
-
-    /// A fresh random id.
-    pub fn generate() -> Self {
-        HarnessId(format!("{}{}", Self::PREFIX, uuid::Uuid::new_v4().simple()))
-    }
-
-    /// Accepts exactly the shape [`HarnessId::generate`] makes; anything else cannot name a
-    /// harness, and callers report it as not found.
-    pub fn parse(text: &str) -> Option<Self> {
-        is_generated_id(text, Self::PREFIX).then(|| HarnessId(text.to_owned()))
-    }
-
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for HarnessId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+prefixed_id!(
+    /// `henv_` followed by 32 lowercase hex digits.
+    EnvironmentId,
+    "henv_"
+);
+prefixed_id!(
+    /// `chrn_` followed by 32 lowercase hex digits.
+    HarnessId,
+    "chrn_"
+);
 
 /// Whether `text` is `prefix` and 32 lowercase hex digits: the shape of every generated id.
-fn is_generated_id(text: &str, prefix: &str) -> bool {
+pub(crate) fn is_generated_id(text: &str, prefix: &str) -> bool {
     text.strip_prefix(prefix).is_some_and(|hex| {
         hex.len() == 32
             && hex

@@ -3,50 +3,7 @@
 //! and keeps it for its whole life (UHP §6); every exec or file call is a turn that records
 //! the version it read (§6.5).
 
-use std::fmt;
-
-use crate::model::{EnvironmentId, Scope};
-
-macro_rules! prefixed_id {
-    ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
-        $(#[$doc])*
-        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(String);
-
-        impl $name {
-            const PREFIX: &'static str = $prefix;
-
-            /// A fresh random id.
-            pub fn generate() -> Self {
-                $name(format!("{}{}", Self::PREFIX, uuid::Uuid::new_v4().simple()))
-            }
-
-            /// Accepts exactly the shape `generate` makes; anything else names nothing, and
-            /// callers report it as not found.
-            pub fn parse(text: &str) -> Option<Self> {
-                let hex = text.strip_prefix(Self::PREFIX)?;
-                let well_formed = hex.len() == 32
-                    && hex
-                        .bytes()
-                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-                well_formed.then(|| $name(text.to_owned()))
-            }
-
-            /// The id as text.
-            pub fn as_str(&self) -> &str {
-                &self.0
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
-            }
-        }
-    };
-}
-
-pub(crate) use prefixed_id;
+use crate::model::{EnvironmentId, Scope, prefixed_id};
 
 prefixed_id!(
     /// `sess_` followed by 32 lowercase hex digits.
