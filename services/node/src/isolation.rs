@@ -1,35 +1,40 @@
-//! Running one command of a session, isolated, with direct system calls (the kernel work is
-//! ~1 ms; the `unshare`/`mount` tools would add ~5 ms per command).
+//! Isolating a session's commands, with direct system calls (the kernel work is ~1 ms a
+//! command when done afresh; the `unshare`/`mount` tools would add ~5 ms).
 //!
-//! Between `fork` and `exec` the child:
+//! Each session gets one private mount namespace, made when it attaches (or, after a node
+//! restart, before its first command) on a dedicated thread of the node, [`Namespaces`], and
+//! held by a file descriptor. In it:
 //!
-//! 1. enters a private mount namespace (`unshare(CLONE_NEWNS)`) with private propagation, so
-//!    nothing it mounts reaches the host and every mount dies with its last process (a node
-//!    killed mid-command leaves no stray mounts);
-//! 2. mounts a small tmpfs over `/env`, so no other environment is visible, makes
-//!    `/env/<slug>` in it, bind-mounts the version's directory there and remounts that bind
-//!    read-only (the version directory holds no mounts of its own, so this is the recursive
-//!    read-only view `mount_setattr(AT_RECURSIVE)` would give), then makes the tmpfs
-//!    read-only too;
-//! 3. takes a detached copy of its working directory's mount (`open_tree`), hides the
-//!    node's state (every hidden path gets an empty tmpfs: other sessions' working
-//!    directories, the blob cache, in `plinth serve` the whole data directory), and moves the
-//!    working directory back in at its own path (`move_mount`) before the tmpfs is made
-//!    read-only;
-//! 4. drops to the session's uid and gid with no supplementary groups, asks to be killed if
-//!    the node dies, and changes to its working directory.
+//! 1. propagation is private, so nothing mounted there reaches the host;
+//! 2. a small tmpfs covers `/env`, so no other environment is visible, with `/env/<slug>` in
+//!    it: a bind of the version's directory remounted read-only (the version directory holds no
+//!    mounts of its own, so this is the recursive read-only view `mount_setattr(AT_RECURSIVE)`
+//!    would give), then the tmpfs is made read-only too;
+//! 3. the node's state is hidden (every hidden path gets an empty tmpfs: other sessions'
+//!    working directories, the blob cache, in `plinth serve` the whole data directory), and the
+//!    session's working directory, taken as a detached copy of its mount first (`open_tree`),
+//!    is moved back in at its own path (`move_mount`) before that tmpfs is made read-only.
 //!
-//! Everything the child touches is prepared before the fork (C strings, the list of
-//! directories to make), and it only makes raw system calls (rustix's `linux_raw` backend):
-//! nothing allocates or takes a lock between fork and exec.
+//! Each command then costs only what it must: between `fork` and `exec` the child enters the
+//! session's namespace (`setns`), drops to the session's uid and gid with no supplementary
+//! groups, asks to be killed if the node dies, sets `no_new_privs` and changes to its working
+//! directory. The namespace lives as long as its descriptor or a process in it: when the node
+//! ends a session, or dies, the mounts go with it, and the host never holds any of them.
+//!
+//! Everything the child touches is prepared before the fork, and it only makes raw system
+//! calls (rustix's `linux_raw` backend): nothing allocates or takes a lock between fork and
+//! exec.
 
 use std::ffi::{CStr, CString, OsStr};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use rustix::fs::{CWD, Mode};
+use rustix::fs::{CWD, Mode, OFlags};
 use rustix::io::Errno;
 use rustix::mount::{MountFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags};
+use rustix::thread::LinkNameSpaceType;
 
 /// Where environments appear.
 pub const ENV_ROOT: &str = "/env";
@@ -49,12 +54,6 @@ pub struct Isolation {
 /// One command to start.
 #[derive(Debug, Clone)]
 pub struct Launch {
-    /// The materialized version.
-    pub version_dir: PathBuf,
-    /// The environment's slug.
-    pub slug: String,
-    /// The session's working directory.
-    pub workdir: PathBuf,
     /// The session's uid (and gid).
     pub uid: u32,
     /// Where the command starts.
@@ -65,7 +64,7 @@ pub struct Launch {
     pub command: String,
 }
 
-/// Why a command could not be prepared.
+/// Why a command or a namespace could not be prepared.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
     /// A path or value holds a NUL byte.
@@ -74,25 +73,39 @@ pub enum LaunchError {
     /// The working directory is not beneath a hidden path, so it cannot be re-exposed.
     #[error("the working directory {0} is not beneath the node's state directory")]
     Workdir(PathBuf),
+    /// Isolated commands run in their session's namespace, and there is none.
+    #[error("the session has no mount namespace")]
+    NoNamespace,
+    /// The kernel refused to make the namespace.
+    #[error("making the session's mount namespace failed at {step}: {errno}")]
+    Namespace {
+        /// What was being done.
+        step: &'static str,
+        /// The kernel's answer.
+        errno: Errno,
+    },
+    /// The namespace thread is gone.
+    #[error("the node's namespace thread has stopped; restart the node agent")]
+    Stopped,
 }
 
 fn c_path(path: &Path, what: &'static str) -> Result<CString, LaunchError> {
     CString::new(path.as_os_str().as_bytes()).map_err(|_| LaunchError::Nul(what))
 }
 
-/// What the child does between fork and exec, prepared in the parent.
-struct Plan {
+/// What a session's namespace holds, prepared before the namespace thread makes it.
+#[derive(Debug)]
+pub struct NamespacePlan {
     env_root: CString,
     mount_point: CString,
     version_dir: CString,
     workdir: CString,
     hidden: Vec<CString>,
-    /// The hidden path holding the working directory, and the directories to make in its
-    /// tmpfs down to the working directory's mount point.
+    /// The directories to make in the hiding tmpfs down to the working directory's mount
+    /// point.
     workdir_parents: Vec<CString>,
+    /// The hidden path holding the working directory.
     hiding_root: CString,
-    uid: u32,
-    cwd: CString,
 }
 
 impl Isolation {
@@ -113,8 +126,12 @@ impl Isolation {
         std::fs::create_dir_all(ENV_ROOT).map_err(|error| format!("creating {ENV_ROOT}: {error}"))
     }
 
-    /// The command, ready to spawn.
-    pub fn command(&self, launch: &Launch) -> Result<tokio::process::Command, LaunchError> {
+    /// The command, ready to spawn: in `namespace` (the session's) when isolated.
+    pub fn command(
+        &self,
+        launch: &Launch,
+        namespace: Option<Arc<OwnedFd>>,
+    ) -> Result<tokio::process::Command, LaunchError> {
         let mut command = tokio::process::Command::new("/bin/sh");
         command
             .arg("-c")
@@ -130,18 +147,28 @@ impl Isolation {
             command.current_dir(&launch.cwd);
             return Ok(command);
         }
-        let plan = self.plan(launch)?;
+        let namespace = namespace.ok_or(LaunchError::NoNamespace)?;
+        let uid = launch.uid;
+        let cwd = c_path(&launch.cwd, "the working directory")?;
         // SAFETY: the closure runs in the forked child before exec. It only makes raw system
-        // calls on data prepared before the fork (`plan` owns its C strings; nothing is
-        // allocated, no lock is taken), as `pre_exec` requires.
+        // calls on data prepared before the fork (it owns the C string and a reference to the
+        // namespace's descriptor; nothing is allocated, no lock is taken), as `pre_exec`
+        // requires.
         #[allow(unsafe_code)]
         unsafe {
-            command.pre_exec(move || enter(&plan).map_err(std::io::Error::from));
+            command.pre_exec(move || enter(&namespace, uid, &cwd).map_err(std::io::Error::from));
         }
         Ok(command)
     }
 
-    fn plan(&self, launch: &Launch) -> Result<Plan, LaunchError> {
+    /// What a session's namespace holds: `version_dir` read-only at `/env/<slug>`, the node's
+    /// state hidden but for `workdir`.
+    pub fn namespace_plan(
+        &self,
+        version_dir: &Path,
+        slug: &str,
+        workdir: &Path,
+    ) -> Result<NamespacePlan, LaunchError> {
         // Only the outermost hidden paths get a tmpfs: one inside another is hidden already.
         let mut hidden: Vec<PathBuf> = self.hidden.clone();
         hidden.sort();
@@ -157,66 +184,141 @@ impl Isolation {
             .collect();
         let hiding_root = outermost
             .iter()
-            .find(|root| launch.workdir.starts_with(root))
-            .ok_or_else(|| LaunchError::Workdir(launch.workdir.clone()))?
+            .find(|root| workdir.starts_with(root))
+            .ok_or_else(|| LaunchError::Workdir(workdir.to_owned()))?
             .clone();
         let mut parents = Vec::new();
         let mut current = hiding_root.clone();
-        if let Ok(rest) = launch.workdir.strip_prefix(&hiding_root) {
+        if let Ok(rest) = workdir.strip_prefix(&hiding_root) {
             for part in rest.components() {
                 current.push(part);
                 parents.push(c_path(&current, "the working directory")?);
             }
         }
-        let mount_point = format!("{ENV_ROOT}/{}", launch.slug);
-        Ok(Plan {
+        let mount_point = format!("{ENV_ROOT}/{slug}");
+        Ok(NamespacePlan {
             env_root: CString::new(ENV_ROOT).map_err(|_| LaunchError::Nul("/env"))?,
             mount_point: CString::new(mount_point).map_err(|_| LaunchError::Nul("the slug"))?,
-            version_dir: c_path(&launch.version_dir, "the version directory")?,
-            workdir: c_path(&launch.workdir, "the working directory")?,
+            version_dir: c_path(version_dir, "the version directory")?,
+            workdir: c_path(workdir, "the working directory")?,
             hidden: outermost
                 .iter()
                 .map(|path| c_path(path, "a hidden path"))
                 .collect::<Result<_, _>>()?,
             workdir_parents: parents,
             hiding_root: c_path(&hiding_root, "a hidden path")?,
-            uid: launch.uid,
-            cwd: c_path(&launch.cwd, "the working directory")?,
         })
     }
 }
 
 const TMPFS_OPTIONS: &CStr = c"mode=0755,size=64k";
 const EMPTY: &CStr = c"";
+const OWN_NAMESPACE: &CStr = c"/proc/thread-self/ns/mnt";
 
-/// The child's side (see the module documentation). Raw system calls only.
-fn enter(plan: &Plan) -> Result<(), Errno> {
-    // SAFETY: a new mount namespace only; no file-descriptor table or fs_struct is shared
-    // with another thread (the forked child has one thread).
+/// The child's side between fork and exec (see the module documentation). Raw system calls
+/// only.
+fn enter(namespace: &OwnedFd, uid: u32, cwd: &CStr) -> Result<(), Errno> {
+    rustix::thread::move_into_link_name_space(namespace.as_fd(), Some(LinkNameSpaceType::Mount))?;
+    // rustix's raw uid and gid calls change only the calling thread, which after the fork is
+    // the whole process.
+    rustix::thread::set_thread_groups(&[])?;
+    let gid = rustix::process::Gid::from_raw(uid);
+    rustix::thread::set_thread_res_gid(gid, gid, gid)?;
+    let uid = rustix::process::Uid::from_raw(uid);
+    rustix::thread::set_thread_res_uid(uid, uid, uid)?;
+    // After the uid change, which clears it.
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+    rustix::thread::set_no_new_privs(true)?;
+    rustix::process::chdir(cwd)?;
+    Ok(())
+}
+
+/// Makes sessions' mount namespaces on one dedicated thread: it unshares into a new namespace,
+/// mounts what the plan says, keeps a descriptor of it and returns to the node's namespace.
+/// Nothing else ever runs on that thread, so no other code sees its namespace change.
+#[derive(Debug, Clone)]
+pub struct Namespaces {
+    jobs: std::sync::mpsc::Sender<Job>,
+}
+
+type Job = (
+    NamespacePlan,
+    tokio::sync::oneshot::Sender<Result<OwnedFd, LaunchError>>,
+);
+
+impl Namespaces {
+    /// Starts the thread.
+    pub fn start() -> std::io::Result<Self> {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        let home = rustix::fs::open(OWN_NAMESPACE, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+        std::thread::Builder::new()
+            .name("plinth-namespaces".to_owned())
+            .spawn(move || {
+                for (plan, reply) in queue {
+                    let made = make_namespace(&plan);
+                    // Back to the node's namespace whatever happened; a thread that cannot
+                    // return makes no more namespaces.
+                    let returned = rustix::thread::move_into_link_name_space(
+                        home.as_fd(),
+                        Some(LinkNameSpaceType::Mount),
+                    );
+                    let _ = reply.send(made);
+                    if let Err(errno) = returned {
+                        tracing::error!(%errno, "the namespace thread cannot return to the node's mount namespace; sessions' commands cannot start until the node agent restarts");
+                        return;
+                    }
+                }
+            })?;
+        Ok(Namespaces { jobs })
+    }
+
+    /// Makes one session's namespace; answers a descriptor holding it.
+    pub async fn make(&self, plan: NamespacePlan) -> Result<OwnedFd, LaunchError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.jobs
+            .send((plan, reply))
+            .map_err(|_| LaunchError::Stopped)?;
+        answer.await.map_err(|_| LaunchError::Stopped)?
+    }
+}
+
+/// The namespace thread's side: runs in the new namespace, leaves the thread there.
+fn make_namespace(plan: &NamespacePlan) -> Result<OwnedFd, LaunchError> {
+    let step = |step: &'static str| move |errno: Errno| LaunchError::Namespace { step, errno };
+    // SAFETY: this thread shares nothing the unshare changes with any code that expects it
+    // unchanged: a new mount namespace (and, implied, its own root and working directory)
+    // for this dedicated thread only.
     #[allow(unsafe_code)]
     unsafe {
-        rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)?;
+        rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)
+            .map_err(step("unshare"))?;
     }
     rustix::mount::mount_change(
         c"/",
         MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
-    )?;
+    )
+    .map_err(step("making propagation private"))?;
     let quiet = MountFlags::NOSUID | MountFlags::NODEV;
-    rustix::mount::mount(c"tmpfs", &*plan.env_root, c"tmpfs", quiet, TMPFS_OPTIONS)?;
-    make_dir(&plan.mount_point)?;
-    rustix::mount::mount_bind(&*plan.version_dir, &*plan.mount_point)?;
+    rustix::mount::mount(c"tmpfs", &*plan.env_root, c"tmpfs", quiet, TMPFS_OPTIONS)
+        .map_err(step("mounting /env"))?;
+    make_dir(&plan.mount_point).map_err(step("making /env/<slug>"))?;
+    rustix::mount::mount_bind(&*plan.version_dir, &*plan.mount_point)
+        .map_err(step("binding the version"))?;
     rustix::mount::mount_remount(
         &*plan.mount_point,
         MountFlags::BIND | MountFlags::RDONLY | quiet,
         EMPTY,
-    )?;
-    rustix::mount::mount_remount(&*plan.env_root, MountFlags::RDONLY | quiet, TMPFS_OPTIONS)?;
+    )
+    .map_err(step("making the version read-only"))?;
+    rustix::mount::mount_remount(&*plan.env_root, MountFlags::RDONLY | quiet, TMPFS_OPTIONS)
+        .map_err(step("making /env read-only"))?;
 
     let workdir = rustix::mount::open_tree(
         CWD,
         &*plan.workdir,
         OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-    )?;
+    )
+    .map_err(step("taking the working directory"))?;
     for hidden in &plan.hidden {
         match rustix::mount::mount(
             c"tmpfs",
@@ -227,11 +329,11 @@ fn enter(plan: &Plan) -> Result<(), Errno> {
         ) {
             // A hidden path that does not exist on this host has nothing to hide.
             Ok(()) | Err(Errno::NOENT) => {}
-            Err(error) => return Err(error),
+            Err(errno) => return Err(step("hiding the node's state")(errno)),
         }
     }
     for dir in &plan.workdir_parents {
-        make_dir(dir)?;
+        make_dir(dir).map_err(step("making the working directory's mount point"))?;
     }
     rustix::mount::move_mount(
         &workdir,
@@ -239,32 +341,16 @@ fn enter(plan: &Plan) -> Result<(), Errno> {
         CWD,
         &*plan.workdir,
         MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-    )?;
+    )
+    .map_err(step("mounting the working directory"))?;
     rustix::mount::mount_remount(
         &*plan.hiding_root,
         MountFlags::RDONLY | quiet | MountFlags::NOEXEC,
         TMPFS_OPTIONS,
-    )?;
-
-    let id = plan.uid;
-    // rustix's raw uid and gid calls change only the calling thread, which after the fork is
-    // the whole process.
-    rustix::thread::set_thread_groups(&[])?;
-    rustix::thread::set_thread_res_gid(
-        rustix::process::Gid::from_raw(id),
-        rustix::process::Gid::from_raw(id),
-        rustix::process::Gid::from_raw(id),
-    )?;
-    rustix::thread::set_thread_res_uid(
-        rustix::process::Uid::from_raw(id),
-        rustix::process::Uid::from_raw(id),
-        rustix::process::Uid::from_raw(id),
-    )?;
-    // After the uid change, which clears it.
-    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
-    rustix::thread::set_no_new_privs(true)?;
-    rustix::process::chdir(&*plan.cwd)?;
-    Ok(())
+    )
+    .map_err(step("making the hiding tmpfs read-only"))?;
+    rustix::fs::open(OWN_NAMESPACE, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(step("keeping the namespace"))
 }
 
 fn make_dir(path: &CStr) -> Result<(), Errno> {

@@ -82,6 +82,9 @@ pub enum NodeError {
     /// The token is not a valid header value.
     #[error("the internal token cannot be sent: {0}")]
     Token(String),
+    /// The thread that makes sessions' mount namespaces could not start.
+    #[error("starting the namespace thread: {0}")]
+    Namespaces(std::io::Error),
     /// The gRPC server failed.
     #[error("node gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
@@ -147,10 +150,16 @@ pub async fn run(
         .report_health(&[SERVICE_NAME], readiness.clone(), shutdown.clone())
         .await;
     admin::spawn(admin, readiness, shutdown.clone());
+    let namespaces = if options.isolation.enabled {
+        Some(isolation::Namespaces::start().map_err(NodeError::Namespaces)?)
+    } else {
+        None
+    };
     let node = service::Node {
         cache,
         sessions,
         isolation: options.isolation.clone(),
+        namespaces,
         limits: options.limits.clone(),
         edits: Default::default(),
     };

@@ -13,7 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::cache::{CacheError, VersionCache};
-use crate::isolation::{self, ENV_ROOT, Isolation, Launch};
+use crate::isolation::{self, ENV_ROOT, Isolation, Launch, Namespaces};
 use crate::sessions::{LocalSession, SessionError, SessionRecord, SessionTable};
 use crate::workdir::{self, WorkdirError};
 
@@ -37,6 +37,8 @@ pub struct Node {
     pub(crate) cache: Arc<VersionCache>,
     pub(crate) sessions: Arc<SessionTable>,
     pub(crate) isolation: Isolation,
+    /// Makes sessions' mount namespaces (isolated nodes only).
+    pub(crate) namespaces: Option<Namespaces>,
     pub(crate) limits: ExecLimits,
     pub(crate) edits: crate::workspace_service::EditLocks,
 }
@@ -87,6 +89,32 @@ fn lost(id: &str) -> PlinthError {
 impl Node {
     fn session(&self, id: &str) -> Result<Arc<LocalSession>, PlinthError> {
         self.sessions.get(id).ok_or_else(|| lost(id))
+    }
+
+    /// The session's mount namespace, made the first time it is needed: when it attaches, or
+    /// before its first command after a node restart. None when the node does not isolate.
+    async fn namespace(
+        &self,
+        session: &LocalSession,
+        version_dir: &Path,
+    ) -> Result<Option<Arc<std::os::fd::OwnedFd>>, PlinthError> {
+        let Some(namespaces) = &self.namespaces else {
+            return Ok(None);
+        };
+        let made = session
+            .namespace
+            .get_or_try_init(|| async {
+                let plan = self
+                    .isolation
+                    .namespace_plan(version_dir, &session.record.slug, &session.workdir)
+                    .map_err(|error| PlinthError::invalid(error.to_string()))?;
+                namespaces.make(plan).await.map(Arc::new).map_err(|error| {
+                    tracing::error!(session = %session.record.session_id, %error, "cannot isolate a session");
+                    PlinthError::new(ErrorCode::Unavailable, error.to_string())
+                })
+            })
+            .await?;
+        Ok(Some(made.clone()))
     }
 
     /// Where a command starts: the working directory, a path relative to it, or an absolute
@@ -155,6 +183,11 @@ impl pb::node_service_server::NodeService for Node {
             .await
             .map_err(|error| PlinthError::internal(&error))?
             .map_err(session_error)?;
+        if let Err(error) = self.namespace(&session, &materialized.path).await {
+            // A session its commands cannot run in is not kept.
+            self.sessions.detach(&session.record.session_id).await;
+            return Err(error.into());
+        }
         tracing::info!(session = %session.record.session_id, version = session.record.version, uid = session.record.uid, materialize_ms = materialized.took.as_millis() as u64, fetched = materialized.fetched, "session attached");
         Ok(Response::new(pb::AttachResponse {
             workdir: session.workdir.to_string_lossy().into_owned(),
@@ -228,10 +261,8 @@ impl pb::node_service_server::NodeService for Node {
         {
             tracing::warn!(slug = %session.record.slug, %error, "cannot link /env/<slug> to the version without isolation; commands will not find it there");
         }
+        let namespace = self.namespace(&session, &version.path).await?;
         let launch = Launch {
-            version_dir: version.path,
-            slug: session.record.slug.clone(),
-            workdir: session.workdir.clone(),
             uid: session.record.uid,
             cwd,
             env: isolation::session_env(&session.record.slug, &session.workdir, has_venv, &extra),
@@ -239,7 +270,7 @@ impl pb::node_service_server::NodeService for Node {
         };
         let mut command = self
             .isolation
-            .command(&launch)
+            .command(&launch, namespace)
             .map_err(|error| PlinthError::invalid(error.to_string()))?;
         let (events, receiver) = mpsc::channel::<Result<pb::ExecEvent, Status>>(32);
         let started = Instant::now();

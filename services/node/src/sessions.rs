@@ -42,6 +42,8 @@ pub struct LocalSession {
     pub workdir: PathBuf,
     /// Cancelled when it ends: its running commands are killed.
     pub ended: CancellationToken,
+    /// Its mount namespace, once made (isolated nodes only); it goes when the session does.
+    pub namespace: tokio::sync::OnceCell<Arc<std::os::fd::OwnedFd>>,
 }
 
 /// Why a session could not be made.
@@ -108,6 +110,7 @@ impl SessionTable {
                         workdir: path.join("work"),
                         record,
                         ended: CancellationToken::new(),
+                        namespace: Default::default(),
                     };
                     sessions.insert(session.record.session_id.clone(), Arc::new(session));
                 }
@@ -205,6 +208,7 @@ impl SessionTable {
             record,
             workdir,
             ended: CancellationToken::new(),
+            namespace: Default::default(),
         });
         sessions.insert(session.record.session_id.clone(), session.clone());
         Ok(session)
