@@ -4,7 +4,7 @@
 //! turn with the version it read. `POST /v1/tasks` is refused before anything starts unless
 //! the task's environment (its own, else its harness's) is ready.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use axum::Json;
@@ -102,6 +102,74 @@ impl NodeClients {
             }
         };
         Ok(channel)
+    }
+}
+
+/// Active sessions this gateway started or looked up, so that a command or file call needs no
+/// catalog lookup before it goes to the node. Nothing depends on an entry being current: a
+/// session ended through another gateway is refused by its node (which detaches a session
+/// before the catalog ends it) and by the catalog when the turn is recorded.
+#[derive(Debug, Default)]
+pub struct LiveSessions {
+    inner: Mutex<LiveInner>,
+}
+
+#[derive(Debug, Default)]
+struct LiveInner {
+    sessions: HashMap<(String, String), Arc<pb::Session>>,
+    /// Oldest first; may name entries forgotten since.
+    order: VecDeque<(String, String)>,
+}
+
+impl LiveSessions {
+    /// Entries kept; the oldest go first.
+    const CAP: usize = 10_000;
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LiveInner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn get(&self, scope: &str, id: &str) -> Option<Arc<pb::Session>> {
+        self.lock()
+            .sessions
+            .get(&(scope.to_owned(), id.to_owned()))
+            .cloned()
+    }
+
+    fn put(&self, scope: &str, session: &pb::Session) {
+        if session.status != "active" || session.workdir.is_empty() {
+            return;
+        }
+        let key = (scope.to_owned(), session.id.clone());
+        let mut inner = self.lock();
+        if inner
+            .sessions
+            .insert(key.clone(), Arc::new(session.clone()))
+            .is_none()
+        {
+            inner.order.push_back(key);
+        }
+        while inner.sessions.len() > Self::CAP {
+            match inner.order.pop_front() {
+                Some(oldest) => {
+                    inner.sessions.remove(&oldest);
+                }
+                None => break,
+            }
+        }
+        if inner.order.len() > 2 * Self::CAP {
+            let LiveInner { sessions, order } = &mut *inner;
+            order.retain(|key| sessions.contains_key(key));
+        }
+    }
+
+    /// The session ended (or its entry is in doubt).
+    pub(crate) fn forget(&self, scope: &str, id: &str) {
+        self.lock()
+            .sessions
+            .remove(&(scope.to_owned(), id.to_owned()));
     }
 }
 
@@ -250,16 +318,24 @@ pub(crate) async fn start_session(
             return Err(status.into());
         }
     };
-    Ok(state
-        .sessions()
-        .mark_attached(pb::MarkAttachedRequest {
-            scope: scope.to_owned(),
-            id: session.id,
-            workdir: attached.workdir,
-            isolated: attached.isolated,
-        })
-        .await?
-        .into_inner())
+    // The catalog records the working directory when it places the session on a node that
+    // says where it keeps sessions; only a node that does not, or disagrees, needs a write.
+    let session = if attached.workdir == session.workdir && attached.isolated == session.isolated {
+        session
+    } else {
+        state
+            .sessions()
+            .mark_attached(pb::MarkAttachedRequest {
+                scope: scope.to_owned(),
+                id: session.id,
+                workdir: attached.workdir,
+                isolated: attached.isolated,
+            })
+            .await?
+            .into_inner()
+    };
+    state.live.put(scope, &session);
+    Ok(session)
 }
 
 pub(crate) fn spec(session: &pb::Session) -> node::SessionSpec {
@@ -319,7 +395,14 @@ async fn create_session(
 }
 
 /// An active session of the caller, or why not.
-async fn active_session(state: &AppState, scope: &str, id: &str) -> Result<pb::Session, ApiError> {
+async fn active_session(
+    state: &AppState,
+    scope: &str,
+    id: &str,
+) -> Result<Arc<pb::Session>, ApiError> {
+    if let Some(session) = state.live.get(scope, id) {
+        return Ok(session);
+    }
     let session = state
         .sessions()
         .get_session(pb::GetSessionRequest {
@@ -333,7 +416,8 @@ async fn active_session(state: &AppState, scope: &str, id: &str) -> Result<pb::S
             PlinthError::new(ErrorCode::NotFound, format!("session {id} has ended")).into(),
         );
     }
-    Ok(session)
+    state.live.put(scope, &session);
+    Ok(Arc::new(session))
 }
 
 pub(crate) async fn record(
@@ -358,6 +442,48 @@ pub(crate) async fn record(
         })
         .await?
         .into_inner())
+}
+
+/// A command's turn and its run, each begun beside the other: both, or the first error. A
+/// turn whose command never ran is finished as -1 (could not start); a session either refused
+/// is forgotten, so the next call asks the catalog.
+fn settle<T>(
+    state: &AppState,
+    scope: &str,
+    session: &pb::Session,
+    turn: Result<pb::Turn, ApiError>,
+    ran: Result<T, ApiError>,
+) -> Result<(pb::Turn, T), ApiError> {
+    match (turn, ran) {
+        (Ok(turn), Ok(ran)) => Ok((turn, ran)),
+        (Ok(turn), Err(error)) => {
+            finish_turn(state, scope, &turn, -1);
+            state.live.forget(scope, &session.id);
+            Err(error)
+        }
+        (Err(error), _) => {
+            state.live.forget(scope, &session.id);
+            Err(error)
+        }
+    }
+}
+
+/// Records how a command's turn ended, after the answer has gone: the caller does not wait
+/// for the write. (Until it lands, the turn lists without an exit code, as a running one
+/// does.)
+pub(crate) fn finish_turn(state: &AppState, scope: &str, turn: &pb::Turn, exit_code: i32) {
+    let mut sessions = state.sessions();
+    let request = pb::FinishTurnRequest {
+        scope: scope.to_owned(),
+        session_id: turn.session_id.clone(),
+        sequence: turn.sequence,
+        exit_code,
+    };
+    tokio::spawn(async move {
+        if let Err(status) = sessions.finish_turn(request).await {
+            tracing::warn!(error = %status.message(), "recording how a command ended failed");
+        }
+    });
 }
 
 /// One session.
@@ -415,6 +541,7 @@ async fn end_session(
         })
         .await?
         .into_inner();
+    state.live.forget(&caller.scope, &session.id);
     state
         .nodes
         .client(&session.node_address)?
@@ -516,54 +643,47 @@ async fn exec(
         return Err(PlinthError::invalid("command: must not be empty").into());
     }
     let session = active_session(&state, &caller.scope, &id).await?;
-    let events = state
-        .nodes
-        .client(&session.node_address)?
-        .exec(node::ExecRequest {
-            session: Some(spec(&session)),
-            command: body.command.clone(),
-            cwd: body.cwd.unwrap_or_default(),
-            env: body.env.unwrap_or_default().into_iter().collect(),
-            timeout_ms: body.timeout_ms.unwrap_or(0),
-            output_limit_bytes: EXEC_OUTPUT_BYTES,
-        })
-        .await?
-        .into_inner();
+    let mut node = state.nodes.client(&session.node_address)?;
+    let request = node::ExecRequest {
+        session: Some(spec(&session)),
+        command: body.command.clone(),
+        cwd: body.cwd.unwrap_or_default(),
+        env: body.env.unwrap_or_default().into_iter().collect(),
+        timeout_ms: body.timeout_ms.unwrap_or(0),
+        output_limit_bytes: EXEC_OUTPUT_BYTES,
+    };
+    // The turn is recorded as the command starts, beside it rather than after it; how it ended
+    // is added when it ends.
+    let begun = record(&state, &caller.scope, &session, "exec", &body.command, None);
     if query.stream.unwrap_or(false) {
-        return Ok(stream_exec(
-            state,
-            caller.scope,
-            session,
-            body.command,
-            events,
-        ));
+        let started = async { Ok::<_, ApiError>(node.exec(request).await?.into_inner()) };
+        let (turn, events) = tokio::join!(begun, started);
+        let (turn, events) = settle(&state, &caller.scope, &session, turn, events)?;
+        return Ok(stream_exec(state, caller.scope, session, turn, events));
     }
-    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    let mut result = None;
-    let mut events = events;
-    while let Some(event) = events.next().await {
-        match event?.event {
-            Some(node::exec_event::Event::Stdout(bytes)) => stdout.extend_from_slice(&bytes),
-            Some(node::exec_event::Event::Stderr(bytes)) => stderr.extend_from_slice(&bytes),
-            Some(node::exec_event::Event::Result(ended)) => result = Some(ended),
-            None => {}
+    let ran = async {
+        let mut events = node.exec(request).await?.into_inner();
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let mut result = None;
+        while let Some(event) = events.next().await {
+            match event?.event {
+                Some(node::exec_event::Event::Stdout(bytes)) => stdout.extend_from_slice(&bytes),
+                Some(node::exec_event::Event::Stderr(bytes)) => stderr.extend_from_slice(&bytes),
+                Some(node::exec_event::Event::Result(ended)) => result = Some(ended),
+                None => {}
+            }
         }
-    }
-    let result = result.ok_or_else(|| {
-        PlinthError::new(
-            ErrorCode::Unavailable,
-            "the node ended the command without a result",
-        )
-    })?;
-    let turn = record(
-        &state,
-        &caller.scope,
-        &session,
-        "exec",
-        &body.command,
-        Some(result.exit_code),
-    )
-    .await?;
+        let result = result.ok_or_else(|| {
+            PlinthError::new(
+                ErrorCode::Unavailable,
+                "the node ended the command without a result",
+            )
+        })?;
+        Ok::<_, ApiError>((stdout, stderr, result))
+    };
+    let (turn, ran) = tokio::join!(begun, ran);
+    let (turn, (stdout, stderr, result)) = settle(&state, &caller.scope, &session, turn, ran)?;
+    finish_turn(&state, &caller.scope, &turn, result.exit_code);
     let mut stdout = String::from_utf8_lossy(&stdout).into_owned();
     let mut stderr = String::from_utf8_lossy(&stderr).into_owned();
     if result.stdout_dropped_bytes > 0 {
@@ -590,11 +710,11 @@ async fn exec(
 fn stream_exec(
     state: AppState,
     scope: String,
-    session: pb::Session,
-    command: String,
+    session: Arc<pb::Session>,
+    turn: pb::Turn,
     events: tonic::Streaming<node::ExecEvent>,
 ) -> Response {
-    let lines = async_stream_lines(state, scope, session, command, events);
+    let lines = async_stream_lines(state, scope, session, turn, events);
     Response::builder()
         .header(header::CONTENT_TYPE, "application/x-ndjson")
         .header(header::CACHE_CONTROL, "no-cache")
@@ -602,73 +722,88 @@ fn stream_exec(
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
+/// A streamed command's state: its events until the result, then nothing.
+struct Streamed {
+    events: Option<tonic::Streaming<node::ExecEvent>>,
+    state: AppState,
+    scope: String,
+    session: Arc<pb::Session>,
+    turn: pb::Turn,
+}
+
+impl Drop for Streamed {
+    /// A stream that ends (or a client that leaves) before the result leaves its turn
+    /// finished as a command that could not complete.
+    fn drop(&mut self) {
+        if self.events.is_some() {
+            finish_turn(&self.state, &self.scope, &self.turn, -1);
+        }
+    }
+}
+
 fn async_stream_lines(
     state: AppState,
     scope: String,
-    session: pb::Session,
-    command: String,
+    session: Arc<pb::Session>,
+    turn: pb::Turn,
     events: tonic::Streaming<node::ExecEvent>,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
-    futures::stream::unfold(
-        (Some(events), state, scope, session, command),
-        |(events, state, scope, session, command)| async move {
-            let mut events = events?;
-            let line = match events.next().await {
-                Some(Ok(node::ExecEvent { event: Some(event) })) => match event {
-                    node::exec_event::Event::Stdout(bytes) => {
-                        serde_json::json!({ "stdout": String::from_utf8_lossy(&bytes) })
-                    }
-                    node::exec_event::Event::Stderr(bytes) => {
-                        serde_json::json!({ "stderr": String::from_utf8_lossy(&bytes) })
-                    }
-                    node::exec_event::Event::Result(ended) => {
-                        let turn = record(
-                            &state,
-                            &scope,
-                            &session,
-                            "exec",
-                            &command,
-                            Some(ended.exit_code),
-                        )
-                        .await;
-                        let (version, sequence) = match &turn {
-                            Ok(turn) => (turn.version, turn.sequence),
-                            Err(_) => (session.version, 0),
-                        };
-                        let line = serde_json::json!({
-                            "exit_code": ended.exit_code,
-                            "duration_ms": ended.duration_ms,
-                            "timed_out": ended.timed_out,
-                            "stdout_truncated": ended.stdout_dropped_bytes > 0,
-                            "stderr_truncated": ended.stderr_dropped_bytes > 0,
-                            "stdout_dropped_bytes": ended.stdout_dropped_bytes,
-                            "stderr_dropped_bytes": ended.stderr_dropped_bytes,
-                            "version": version,
-                            "turn": sequence,
-                        });
-                        let mut text = line.to_string();
-                        text.push('\n');
-                        return Some((
-                            Ok(Bytes::from(text)),
-                            (None, state, scope, session, command),
-                        ));
-                    }
-                },
-                Some(Ok(_)) => serde_json::json!({}),
-                Some(Err(status)) => {
-                    let error = PlinthError::from_status(&status);
-                    serde_json::json!({ "error": { "code": error.code.as_str(), "message": error.message } })
+    let streamed = Streamed {
+        events: Some(events),
+        state,
+        scope,
+        session,
+        turn,
+    };
+    futures::stream::unfold(streamed, |mut streamed| async move {
+        let events = streamed.events.as_mut()?;
+        let line = match events.next().await {
+            Some(Ok(node::ExecEvent { event: Some(event) })) => match event {
+                node::exec_event::Event::Stdout(bytes) => {
+                    serde_json::json!({ "stdout": String::from_utf8_lossy(&bytes) })
                 }
-                None => return None,
-            };
-            let mut text = line.to_string();
-            text.push('\n');
-            Some((
-                Ok(Bytes::from(text)),
-                (Some(events), state, scope, session, command),
-            ))
-        },
-    )
+                node::exec_event::Event::Stderr(bytes) => {
+                    serde_json::json!({ "stderr": String::from_utf8_lossy(&bytes) })
+                }
+                node::exec_event::Event::Result(ended) => {
+                    streamed.events = None;
+                    finish_turn(
+                        &streamed.state,
+                        &streamed.scope,
+                        &streamed.turn,
+                        ended.exit_code,
+                    );
+                    let line = serde_json::json!({
+                        "exit_code": ended.exit_code,
+                        "duration_ms": ended.duration_ms,
+                        "timed_out": ended.timed_out,
+                        "stdout_truncated": ended.stdout_dropped_bytes > 0,
+                        "stderr_truncated": ended.stderr_dropped_bytes > 0,
+                        "stdout_dropped_bytes": ended.stdout_dropped_bytes,
+                        "stderr_dropped_bytes": ended.stderr_dropped_bytes,
+                        "version": streamed.turn.version,
+                        "turn": streamed.turn.sequence,
+                    });
+                    let mut text = line.to_string();
+                    text.push('\n');
+                    return Some((Ok(Bytes::from(text)), streamed));
+                }
+            },
+            Some(Ok(_)) => serde_json::json!({}),
+            Some(Err(status)) => {
+                streamed
+                    .state
+                    .live
+                    .forget(&streamed.scope, &streamed.session.id);
+                let error = PlinthError::from_status(&status);
+                serde_json::json!({ "error": { "code": error.code.as_str(), "message": error.message } })
+            }
+            None => return None,
+        };
+        let mut text = line.to_string();
+        text.push('\n');
+        Some((Ok(Bytes::from(text)), streamed))
+    })
 }
 
 /// A session's turns.
@@ -682,7 +817,8 @@ pub struct TurnBody {
     pub detail: String,
     /// The environment version the turn read.
     pub version: u32,
-    /// The command's exit status (exec only).
+    /// The command's exit status (exec only; null while it runs, and -1 for one that could
+    /// not start or whose end was not seen).
     pub exit_code: Option<i32>,
     /// Milliseconds since the Unix epoch.
     pub at: i64,

@@ -294,15 +294,43 @@ async fn a_session_runs_the_environment_read_only_beside_its_private_workdir() {
     assert_eq!(fresh["stdout"], "version two\n", "{fresh}");
     assert_eq!(fresh["version"], 2);
 
-    // Every exec and file call is a turn with the version it read.
-    let (status, turns) = send(
-        server
-            .client
-            .get(server.url(&format!("/v1/sessions/{session_id}/turns"))),
-    )
-    .await;
-    assert_eq!(status, 200, "{turns}");
+    // Every exec and file call is a turn with the version it read; a command's turn gets its
+    // exit status when it ends (recorded just after the answer).
+    let mut turns = Value::Null;
+    for _ in 0..100 {
+        let (status, listed) = send(
+            server
+                .client
+                .get(server.url(&format!("/v1/sessions/{session_id}/turns"))),
+        )
+        .await;
+        assert_eq!(status, 200, "{listed}");
+        turns = listed;
+        let ended = turns["data"]
+            .as_array()
+            .expect("turns")
+            .iter()
+            .filter(|turn| turn["kind"] == "exec")
+            .all(|turn| turn["exit_code"].is_i64());
+        if ended {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let turns = turns["data"].as_array().expect("turns");
+    let exits: Vec<i64> = turns
+        .iter()
+        .filter(|turn| turn["kind"] == "exec")
+        .map(|turn| {
+            turn["exit_code"]
+                .as_i64()
+                .expect("every command's end is recorded")
+        })
+        .collect();
+    assert!(
+        exits.contains(&0) && exits.iter().any(|code| *code != 0),
+        "{turns:?}"
+    );
     assert!(turns.len() >= 15, "{turns:?}");
     assert!(turns.iter().all(|turn| turn["version"] == 1), "{turns:?}");
     assert!(

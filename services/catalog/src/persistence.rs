@@ -64,6 +64,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "adapter runs and idempotency keys",
                 include_str!("../migrations/sqlite/0008_adapter_runs.sql"),
             ),
+            (
+                9,
+                "where nodes keep sessions",
+                include_str!("../migrations/sqlite/0009_node_sessions_dir.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -105,6 +110,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 8,
                 "adapter runs and idempotency keys",
                 include_str!("../migrations/postgres/0008_adapter_runs.sql"),
+            ),
+            (
+                9,
+                "where nodes keep sessions",
+                include_str!("../migrations/postgres/0009_node_sessions_dir.sql"),
             ),
         ],
     }

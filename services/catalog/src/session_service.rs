@@ -50,6 +50,8 @@ impl Sessions {
             harness_id,
             owner,
             live_since_ms: now_ms() - 3 * NODE_HEARTBEAT_MS,
+            // The gateway attaches a session it created before it answers.
+            workdir_at_placement: true,
         })
     }
 }
@@ -170,7 +172,12 @@ impl pb::session_service_server::SessionService for Sessions {
         }
         let id = self
             .store
-            .register_node(&request.name, &request.address, request.isolated)
+            .register_node(
+                &request.name,
+                &request.address,
+                request.isolated,
+                &request.sessions_dir,
+            )
             .await
             .map_err(|error| PlinthError::internal(&error))?;
         tracing::info!(node = %id, name = %request.name, address = %request.address, isolated = request.isolated, "node registered");
@@ -305,6 +312,21 @@ impl pb::session_service_server::SessionService for Sessions {
             .await
             .map_err(|error| session_error(error, &turn.session_id))?;
         Ok(Response::new(recorded.into()))
+    }
+
+    #[tracing::instrument(name = "catalog.finish_turn", skip_all)]
+    async fn finish_turn(
+        &self,
+        request: Request<pb::FinishTurnRequest>,
+    ) -> Result<Response<pb::FinishTurnResponse>, Status> {
+        let request = request.into_inner();
+        let scope = Scope::parse(&request.scope)?;
+        let id = session_id(&request.session_id)?;
+        self.store
+            .finish_turn(&scope, &id, request.sequence, request.exit_code)
+            .await
+            .map_err(|error| session_error(error, &request.session_id))?;
+        Ok(Response::new(pb::FinishTurnResponse {}))
     }
 
     #[tracing::instrument(name = "catalog.list_turns", skip_all)]

@@ -189,6 +189,8 @@ pub struct Node {
     pub address: String,
     /// Whether it isolates commands.
     pub isolated: bool,
+    /// Where it keeps sessions (empty when it did not say).
+    pub sessions_dir: String,
 }
 
 /// A task: an input run in the session created for it.

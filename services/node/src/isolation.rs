@@ -250,7 +250,11 @@ impl Namespaces {
     /// Starts the thread.
     pub fn start() -> std::io::Result<Self> {
         let (jobs, queue) = std::sync::mpsc::channel::<Job>();
-        let home = rustix::fs::open(OWN_NAMESPACE, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+        let home = rustix::fs::open(
+            OWN_NAMESPACE,
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
         std::thread::Builder::new()
             .name("plinth-namespaces".to_owned())
             .spawn(move || {
@@ -349,8 +353,12 @@ fn make_namespace(plan: &NamespacePlan) -> Result<OwnedFd, LaunchError> {
         TMPFS_OPTIONS,
     )
     .map_err(step("making the hiding tmpfs read-only"))?;
-    rustix::fs::open(OWN_NAMESPACE, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(step("keeping the namespace"))
+    rustix::fs::open(
+        OWN_NAMESPACE,
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(step("keeping the namespace"))
 }
 
 fn make_dir(path: &CStr) -> Result<(), Errno> {

@@ -203,6 +203,11 @@ async fn keep_registered(
                     name: options.name.clone(),
                     address: options.advertise_url.clone(),
                     isolated: options.isolation.enabled,
+                    sessions_dir: options
+                        .state_dir
+                        .join("sessions")
+                        .to_string_lossy()
+                        .into_owned(),
                 })
                 .await
             {

@@ -35,6 +35,11 @@ pub struct NewSession {
     pub owner: String,
     /// Nodes whose last heartbeat is older than this are not given sessions.
     pub live_since_ms: i64,
+    /// Record the working directory when the session is placed (on a node that says where it
+    /// keeps sessions), for a caller that attaches the session before it answers. Otherwise
+    /// the working directory stays empty until `mark_attached`, which is how a caller that
+    /// finds the session later knows it still has to be attached.
+    pub workdir_at_placement: bool,
 }
 
 /// A new task.
@@ -55,13 +60,15 @@ impl Store {
         name: &str,
         address: &str,
         isolated: bool,
+        sessions_dir: &str,
     ) -> Result<NodeId, StoreError> {
         let now = now_ms();
         let row = sqlx::query(
-            "INSERT INTO nodes (id, name, address, isolated, registered_at_ms, heartbeat_at_ms) \
-             VALUES ($1, $2, $3, $4, $5, $5) \
+            "INSERT INTO nodes (id, name, address, isolated, registered_at_ms, heartbeat_at_ms, \
+             sessions_dir) VALUES ($1, $2, $3, $4, $5, $5, $6) \
              ON CONFLICT (name) DO UPDATE SET address = excluded.address, \
-             isolated = excluded.isolated, heartbeat_at_ms = excluded.heartbeat_at_ms \
+             isolated = excluded.isolated, heartbeat_at_ms = excluded.heartbeat_at_ms, \
+             sessions_dir = excluded.sessions_dir \
              RETURNING id",
         )
         .bind(NodeId::generate().as_str())
@@ -69,6 +76,7 @@ impl Store {
         .bind(address)
         .bind(i64::from(isolated))
         .bind(now)
+        .bind(sessions_dir)
         .fetch_one(&self.db.writer)
         .await?;
         let id: String = row.try_get("id")?;
@@ -212,8 +220,8 @@ impl Store {
     ) -> Result<Turn, StoreError> {
         let mut tx = self.db.writer.begin().await?;
         let row = sqlx::query(
-            "UPDATE sessions SET turns = turns + 1 WHERE id = $1 AND scope = $2 \
-             RETURNING turns, version",
+            "UPDATE sessions SET turns = turns + 1 \
+             WHERE id = $1 AND scope = $2 AND status = 'active' RETURNING turns, version",
         )
         .bind(id.as_str())
         .bind(scope.as_str())
@@ -246,6 +254,43 @@ impl Store {
         .await?;
         tx.commit().await?;
         Ok(turn)
+    }
+
+    /// Records how a command's turn ended; a turn ended already keeps its first exit status.
+    pub async fn finish_turn(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        sequence: u64,
+        exit_code: i32,
+    ) -> Result<(), StoreError> {
+        let updated = sqlx::query(
+            "UPDATE turns SET exit_code = $1 WHERE session_id = $2 AND sequence = $3 \
+             AND exit_code IS NULL \
+             AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $2 AND s.scope = $4)",
+        )
+        .bind(i64::from(exit_code))
+        .bind(id.as_str())
+        .bind(i64::try_from(sequence).map_err(|_| StoreError::NotFound)?)
+        .bind(scope.as_str())
+        .execute(&self.db.writer)
+        .await?;
+        if updated.rows_affected() == 0 {
+            // Finished already, or not there: only the second is an error.
+            let exists = sqlx::query(
+                "SELECT 1 FROM turns t JOIN sessions s ON s.id = t.session_id \
+                 WHERE t.session_id = $1 AND t.sequence = $2 AND s.scope = $3",
+            )
+            .bind(id.as_str())
+            .bind(i64::try_from(sequence).map_err(|_| StoreError::NotFound)?)
+            .bind(scope.as_str())
+            .fetch_optional(&self.db.reader)
+            .await?;
+            if exists.is_none() {
+                return Err(StoreError::NotFound);
+            }
+        }
+        Ok(())
     }
 
     /// A session's turns, oldest first.
@@ -352,10 +397,20 @@ pub(super) async fn insert_session(
         .await?
         .ok_or(StoreError::NoLiveNode)?;
     let id = SessionId::generate();
+    // Where the node will make the working directory, when it says where it keeps sessions.
+    let workdir = if node.sessions_dir.is_empty() || !new.workdir_at_placement {
+        String::new()
+    } else {
+        format!(
+            "{}/{}/work",
+            node.sessions_dir.trim_end_matches('/'),
+            id.as_str()
+        )
+    };
     sqlx::query(
         "INSERT INTO sessions (id, scope, environment_id, environment_name, entry, version, \
-         slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms, owner) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'active', $12, $13)",
+         slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms, owner, workdir) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'active', $12, $13, $14)",
     )
     .bind(id.as_str())
     .bind(new.scope.as_str())
@@ -370,6 +425,7 @@ pub(super) async fn insert_session(
     .bind(i64::from(node.isolated))
     .bind(now_ms())
     .bind(&new.owner)
+    .bind(workdir)
     .execute(&mut **tx)
     .await?;
     Ok(id)
@@ -381,7 +437,7 @@ async fn live_node(
     live_since_ms: i64,
 ) -> Result<Option<Node>, StoreError> {
     let row = sqlx::query(
-        "SELECT n.id, n.address, n.isolated, \
+        "SELECT n.id, n.address, n.isolated, n.sessions_dir, \
          (SELECT COUNT(*) FROM sessions s WHERE s.node_id = n.id AND s.status = 'active') AS load \
          FROM nodes n WHERE n.heartbeat_at_ms >= $1 ORDER BY load, n.registered_at_ms, n.id LIMIT 1",
     )
@@ -395,6 +451,7 @@ async fn live_node(
         id: NodeId::parse(&id).ok_or_else(|| StoreError::Corrupt(format!("node id {id:?}")))?,
         address: row.try_get("address")?,
         isolated: isolated != 0,
+        sessions_dir: row.try_get("sessions_dir")?,
     }))
 }
 

@@ -70,12 +70,13 @@ fn new_session(id: &EnvironmentId) -> NewSession {
         harness_id: String::new(),
         owner: String::new(),
         live_since_ms: 0,
+        workdir_at_placement: true,
     }
 }
 
 async fn a_session_pins_the_active_version_and_keeps_it(store: Store) {
     let node = store
-        .register_node("host-a", "http://10.0.0.1:7005", true)
+        .register_node("host-a", "http://10.0.0.1:7005", true, "")
         .await
         .expect("register");
     let id = environment(&store, "Studio").await;
@@ -135,6 +136,26 @@ async fn a_session_pins_the_active_version_and_keeps_it(store: Store) {
         .map(|s| s.id)
         .collect();
     assert_eq!(live, vec![later.id]);
+
+    // A node that says where it keeps sessions gets each one's working directory recorded
+    // when the session is placed.
+    store
+        .register_node(
+            "host-a",
+            "http://10.0.0.1:7005",
+            true,
+            "/var/lib/plinth/sessions/",
+        )
+        .await
+        .expect("register again");
+    let placed = store
+        .create_session(new_session(&id))
+        .await
+        .expect("session");
+    assert_eq!(
+        placed.workdir,
+        format!("/var/lib/plinth/sessions/{}/work", placed.id.as_str())
+    );
 }
 
 async fn sessions_need_a_ready_environment_and_a_live_node(store: Store) {
@@ -149,7 +170,7 @@ async fn sessions_need_a_ready_environment_and_a_live_node(store: Store) {
         Err(StoreError::NoLiveNode)
     ));
     store
-        .register_node("host-a", "http://a", true)
+        .register_node("host-a", "http://a", true, "")
         .await
         .expect("register");
     let mut stale = new_session(&id);
@@ -166,7 +187,7 @@ async fn sessions_need_a_ready_environment_and_a_live_node(store: Store) {
     ));
     // The emptier node gets the next session.
     store
-        .register_node("host-b", "http://b", true)
+        .register_node("host-b", "http://b", true, "")
         .await
         .expect("register");
     let first = store.create_session(new_session(&id)).await.expect("first");
@@ -179,7 +200,7 @@ async fn sessions_need_a_ready_environment_and_a_live_node(store: Store) {
 
 async fn turns_are_numbered_in_order_even_when_they_race(store: Store) {
     store
-        .register_node("host-a", "http://a", true)
+        .register_node("host-a", "http://a", true, "")
         .await
         .expect("register");
     let id = environment(&store, "Studio").await;
@@ -236,11 +257,63 @@ async fn turns_are_numbered_in_order_even_when_they_race(store: Store) {
         store.list_turns(&scope("other"), &session.id).await,
         Err(StoreError::NotFound)
     ));
+
+    // A command's turn is recorded as it starts and finished when it ends, once.
+    let running = store
+        .record_turn(&scope("acme"), &session.id, TurnKind::Exec, "sleep 1", None)
+        .await
+        .expect("turn");
+    let exit_of = |turns: Vec<plinth_catalog::sessions::Turn>, sequence: u64| {
+        turns
+            .into_iter()
+            .find(|turn| turn.sequence == sequence)
+            .map(|turn| turn.exit_code)
+    };
+    let turns = store
+        .list_turns(&scope("acme"), &session.id)
+        .await
+        .expect("turns");
+    assert_eq!(exit_of(turns, running.sequence), Some(None));
+    assert!(matches!(
+        store
+            .finish_turn(&scope("other"), &session.id, running.sequence, 3)
+            .await,
+        Err(StoreError::NotFound)
+    ));
+    store
+        .finish_turn(&scope("acme"), &session.id, running.sequence, 3)
+        .await
+        .expect("finish");
+    store
+        .finish_turn(&scope("acme"), &session.id, running.sequence, 9)
+        .await
+        .expect("finishing again changes nothing");
+    let turns = store
+        .list_turns(&scope("acme"), &session.id)
+        .await
+        .expect("turns");
+    assert_eq!(exit_of(turns, running.sequence), Some(Some(3)));
+    assert!(matches!(
+        store.finish_turn(&scope("acme"), &session.id, 999, 0).await,
+        Err(StoreError::NotFound)
+    ));
+
+    // An ended session takes no more turns.
+    store
+        .end_session(&scope("acme"), &session.id)
+        .await
+        .expect("end");
+    assert!(matches!(
+        store
+            .record_turn(&scope("acme"), &session.id, TurnKind::Exec, "true", None)
+            .await,
+        Err(StoreError::NotFound)
+    ));
 }
 
 async fn a_task_and_its_session_land_together(store: Store) {
     store
-        .register_node("host-a", "http://a", true)
+        .register_node("host-a", "http://a", true, "")
         .await
         .expect("register");
     let id = environment(&store, "Studio").await;
@@ -271,7 +344,7 @@ async fn a_task_and_its_session_land_together(store: Store) {
 
 async fn a_restarted_node_keeps_its_id_and_its_sessions(store: Store) {
     let first = store
-        .register_node("host-a", "http://old", true)
+        .register_node("host-a", "http://old", true, "")
         .await
         .expect("register");
     let id = environment(&store, "Studio").await;
@@ -281,7 +354,7 @@ async fn a_restarted_node_keeps_its_id_and_its_sessions(store: Store) {
         .await
         .expect("session");
     let again = store
-        .register_node("host-a", "http://new", false)
+        .register_node("host-a", "http://new", false, "")
         .await
         .expect("register again");
     assert_eq!(again, first);
