@@ -15,15 +15,12 @@
 //!    session's working directory, taken as a detached copy of its mount first (`open_tree`),
 //!    is moved back in at its own path (`move_mount`) before that tmpfs is made read-only.
 //!
-//! Each command then costs only what it must: between `fork` and `exec` the child enters the
-//! session's namespace (`setns`), drops to the session's uid and gid with no supplementary
-//! groups, asks to be killed if the node dies, sets `no_new_privs` and changes to its working
-//! directory. The namespace lives as long as its descriptor or a process in it: when the node
-//! ends a session, or dies, the mounts go with it, and the host never holds any of them.
-//!
-//! Everything the child touches is prepared before the fork, and it only makes raw system
-//! calls (rustix's `linux_raw` backend): nothing allocates or takes a lock between fork and
-//! exec.
+//! Each command then costs only what it must: started without copying the node's memory
+//! ([`crate::spawn`]), the child enters the session's namespace (`setns`), drops to the
+//! session's uid and gid with no supplementary groups, asks to be killed if the node dies,
+//! sets `no_new_privs` and changes to its working directory. The namespace lives as long as
+//! its descriptor or a process in it: when the node ends a session, or dies, the mounts go
+//! with it, and the host never holds any of them.
 
 use std::ffi::{CStr, CString, OsStr};
 use std::os::fd::{AsFd, OwnedFd};
@@ -126,39 +123,42 @@ impl Isolation {
         std::fs::create_dir_all(ENV_ROOT).map_err(|error| format!("creating {ENV_ROOT}: {error}"))
     }
 
-    /// The command, ready to spawn: in `namespace` (the session's) when isolated.
+    /// The command, ready to spawn: in `namespace` (the session's) and as the session's uid
+    /// when isolated.
     pub fn command(
         &self,
         launch: &Launch,
         namespace: Option<Arc<OwnedFd>>,
-    ) -> Result<tokio::process::Command, LaunchError> {
-        let mut command = tokio::process::Command::new("/bin/sh");
-        command
-            .arg("-c")
-            .arg(&launch.command)
-            .env_clear()
-            .envs(launch.env.iter().map(|(k, v)| (k, v)))
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
+    ) -> Result<crate::spawn::Command, LaunchError> {
+        let argv = vec![
+            c"/bin/sh".to_owned(),
+            c"-c".to_owned(),
+            CString::new(launch.command.as_str()).map_err(|_| LaunchError::Nul("the command"))?,
+        ];
+        let env = launch
+            .env
+            .iter()
+            .map(|(name, value)| CString::new(format!("{name}={value}")))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| LaunchError::Nul("an environment variable"))?;
+        let cwd = c_path(&launch.cwd, "the working directory")?;
         if !self.enabled {
-            command.current_dir(&launch.cwd);
-            return Ok(command);
+            return Ok(crate::spawn::Command {
+                argv,
+                env,
+                cwd,
+                namespace: None,
+                uid: None,
+            });
         }
         let namespace = namespace.ok_or(LaunchError::NoNamespace)?;
-        let uid = launch.uid;
-        let cwd = c_path(&launch.cwd, "the working directory")?;
-        // SAFETY: the closure runs in the forked child before exec. It only makes raw system
-        // calls on data prepared before the fork (it owns the C string and a reference to the
-        // namespace's descriptor; nothing is allocated, no lock is taken), as `pre_exec`
-        // requires.
-        #[allow(unsafe_code)]
-        unsafe {
-            command.pre_exec(move || enter(&namespace, uid, &cwd).map_err(std::io::Error::from));
-        }
-        Ok(command)
+        Ok(crate::spawn::Command {
+            argv,
+            env,
+            cwd,
+            namespace: Some(namespace),
+            uid: Some(launch.uid),
+        })
     }
 
     /// What a session's namespace holds: `version_dir` read-only at `/env/<slug>`, the node's
@@ -214,24 +214,6 @@ impl Isolation {
 const TMPFS_OPTIONS: &CStr = c"mode=0755,size=64k";
 const EMPTY: &CStr = c"";
 const OWN_NAMESPACE: &CStr = c"/proc/thread-self/ns/mnt";
-
-/// The child's side between fork and exec (see the module documentation). Raw system calls
-/// only.
-fn enter(namespace: &OwnedFd, uid: u32, cwd: &CStr) -> Result<(), Errno> {
-    rustix::thread::move_into_link_name_space(namespace.as_fd(), Some(LinkNameSpaceType::Mount))?;
-    // rustix's raw uid and gid calls change only the calling thread, which after the fork is
-    // the whole process.
-    rustix::thread::set_thread_groups(&[])?;
-    let gid = rustix::process::Gid::from_raw(uid);
-    rustix::thread::set_thread_res_gid(gid, gid, gid)?;
-    let uid = rustix::process::Uid::from_raw(uid);
-    rustix::thread::set_thread_res_uid(uid, uid, uid)?;
-    // After the uid change, which clears it.
-    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
-    rustix::thread::set_no_new_privs(true)?;
-    rustix::process::chdir(cwd)?;
-    Ok(())
-}
 
 /// Makes sessions' mount namespaces on one dedicated thread: it unshares into a new namespace,
 /// mounts what the plan says, keeps a descriptor of it and returns to the node's namespace.

@@ -11,6 +11,7 @@ pub mod cache;
 pub mod isolation;
 mod service;
 pub mod sessions;
+pub mod spawn;
 pub mod workdir;
 pub mod workspace;
 mod workspace_service;

@@ -268,13 +268,13 @@ impl pb::node_service_server::NodeService for Node {
             env: isolation::session_env(&session.record.slug, &session.workdir, has_venv, &extra),
             command: request.command,
         };
-        let mut command = self
+        let command = self
             .isolation
             .command(&launch, namespace)
             .map_err(|error| PlinthError::invalid(error.to_string()))?;
         let (events, receiver) = mpsc::channel::<Result<pb::ExecEvent, Status>>(32);
         let started = Instant::now();
-        let child = command.spawn();
+        let child = crate::spawn::spawn(&command);
         let mut child = match child {
             Ok(child) => child,
             Err(error) => {
@@ -300,14 +300,9 @@ impl pb::node_service_server::NodeService for Node {
         tokio::spawn(async move {
             let out = tokio::spawn(pump(stdout, events.clone(), limit, true));
             let err = tokio::spawn(pump(stderr, events.clone(), limit, false));
-            let group = child
-                .id()
-                .and_then(|pid| rustix::process::Pid::from_raw(pid as i32));
+            let group = child.pid();
             let kill_group = || {
-                if let Some(group) = group {
-                    let _ =
-                        rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
-                }
+                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
             };
             let mut timed_out = false;
             let status = tokio::select! {
@@ -336,7 +331,7 @@ impl pb::node_service_server::NodeService for Node {
                 .ok()
                 .and_then(Result::ok)
                 .unwrap_or(0);
-            let exit_code = status.map(status_code).unwrap_or(-1);
+            let exit_code = status.unwrap_or(-1);
             let _ = events
                 .send(Ok(event(pb::exec_event::Event::Result(pb::ExecResult {
                     exit_code,
@@ -446,14 +441,6 @@ impl pb::node_service_server::NodeService for Node {
 
 fn event(event: pb::exec_event::Event) -> pb::ExecEvent {
     pb::ExecEvent { event: Some(event) }
-}
-
-/// The exit status as a shell reports it: the code, or 128 + the signal.
-fn status_code(status: std::process::ExitStatus) -> i32 {
-    use std::os::unix::process::ExitStatusExt;
-    status
-        .code()
-        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
 /// Forwards a pipe's bytes as events until `limit` bytes were sent; answers how many more
