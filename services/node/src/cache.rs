@@ -198,7 +198,8 @@ impl VersionCache {
                 reason: format!("environment id {environment:?}"),
             });
         }
-        if tokio::fs::metadata(&path).await.is_ok() {
+        // A cached version's directory is a hot dentry: one stat, not worth a thread hop.
+        if std::fs::symlink_metadata(&path).is_ok() {
             self.lock_used().insert(key, SystemTime::now());
             return Ok(Materialized {
                 path,

@@ -201,7 +201,7 @@ impl Store {
             return Ok(found);
         }
         let mut tx = self.db.writer.begin().await?;
-        let session_id = super::sessions::insert_session(
+        let session = super::sessions::insert_session(
             &mut tx,
             &super::NewSession {
                 scope: adapter.scope.clone(),
@@ -222,7 +222,7 @@ impl Store {
         )
         .bind(adapter.id.as_str())
         .bind(run_id)
-        .bind(session_id.as_str())
+        .bind(session.id.as_str())
         .bind(now)
         .execute(&mut *tx)
         .await?;
@@ -236,7 +236,7 @@ impl Store {
         }
         tx.commit().await?;
         Ok(OpenedRun {
-            session: self.get_session(&adapter.scope, &session_id).await?,
+            session,
             started_at_ms: now,
             created: true,
         })

@@ -122,15 +122,16 @@ impl Store {
     /// the fewest live sessions.
     pub async fn create_session(&self, new: NewSession) -> Result<Session, StoreError> {
         let mut tx = self.db.writer.begin().await?;
-        let id = insert_session(&mut tx, &new).await?;
+        let session = insert_session(&mut tx, &new).await?;
         tx.commit().await?;
-        self.get_session(&new.scope, &id).await
+        Ok(session)
     }
 
     /// Creates a task and the session it runs in, together.
     pub async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
         let mut tx = self.db.writer.begin().await?;
-        let session_id = insert_session(&mut tx, &new.session).await?;
+        let session = insert_session(&mut tx, &new.session).await?;
+        let session_id = session.id.clone();
         let id = TaskId::generate();
         let now = now_ms();
         sqlx::query(
@@ -152,7 +153,7 @@ impl Store {
             input: new.input,
             harness_id: new.session.harness_id.clone(),
             metadata: new.metadata,
-            session: self.get_session(&new.session.scope, &session_id).await?,
+            session,
             created_at_ms: now,
         })
     }
@@ -361,7 +362,7 @@ impl Store {
 pub(super) async fn insert_session(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
     new: &NewSession,
-) -> Result<SessionId, StoreError> {
+) -> Result<Session, StoreError> {
     // The version asked for, else the active one; either must be a ready build.
     let environment = sqlx::query(
         "SELECT e.name, e.slug, e.entry, b.version, b.status, b.layer_tree FROM environments e \
@@ -407,28 +408,49 @@ pub(super) async fn insert_session(
             id.as_str()
         )
     };
+    let session = Session {
+        id,
+        scope: new.scope.clone(),
+        environment_id: new.environment_id.clone(),
+        environment_name: environment.try_get("name")?,
+        entry: environment.try_get("entry")?,
+        version: u32::try_from(version)
+            .map_err(|_| StoreError::Corrupt(format!("version {version}")))?,
+        slug: environment.try_get("slug")?,
+        layer_tree,
+        node_id: node.id,
+        node_address: node.address,
+        harness_id: new.harness_id.clone(),
+        workdir,
+        isolated: node.isolated,
+        status: SessionStatus::Active,
+        turns: 0,
+        created_at_ms: now_ms(),
+        ended_at_ms: 0,
+        owner: new.owner.clone(),
+    };
     sqlx::query(
         "INSERT INTO sessions (id, scope, environment_id, environment_name, entry, version, \
          slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms, owner, workdir) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'active', $12, $13, $14)",
     )
-    .bind(id.as_str())
-    .bind(new.scope.as_str())
-    .bind(new.environment_id.as_str())
-    .bind(environment.try_get::<String, _>("name")?)
-    .bind(environment.try_get::<String, _>("entry")?)
+    .bind(session.id.as_str())
+    .bind(session.scope.as_str())
+    .bind(session.environment_id.as_str())
+    .bind(&session.environment_name)
+    .bind(&session.entry)
     .bind(version)
-    .bind(environment.try_get::<String, _>("slug")?)
-    .bind(layer_tree)
-    .bind(node.id.as_str())
-    .bind(&new.harness_id)
-    .bind(i64::from(node.isolated))
-    .bind(now_ms())
-    .bind(&new.owner)
-    .bind(workdir)
+    .bind(&session.slug)
+    .bind(&session.layer_tree)
+    .bind(session.node_id.as_str())
+    .bind(&session.harness_id)
+    .bind(i64::from(session.isolated))
+    .bind(session.created_at_ms)
+    .bind(&session.owner)
+    .bind(&session.workdir)
     .execute(&mut **tx)
     .await?;
-    Ok(id)
+    Ok(session)
 }
 
 /// The live node with the fewest live sessions.
