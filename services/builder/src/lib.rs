@@ -8,8 +8,8 @@
 //! leasing jobs from catalog, materializing the source, uploading blobs and storing the layer
 //! tree belong to the service that wires this in (ARCHITECTURE §3).
 //!
-//! The sandbox needs root on a Linux host with util-linux (`unshare`, `mount`, `setpriv`); see
-//! [`sandbox`] for what it guarantees and what it does not.
+//! The sandbox needs root on a Linux host (it sets up namespaces, mounts and the build's uid
+//! with direct system calls); see [`sandbox`] for what it guarantees and what it does not.
 
 pub mod install;
 pub mod layer;

@@ -16,22 +16,39 @@
 //!   (Host mounts stay as they are: every remount is of the namespace's copy.)
 //! - Each hidden path (the builder's state, other environments, sessions) is covered by an empty,
 //!   read-only, mode-000 tmpfs (a file by `/dev/null`).
-//! - A new PID namespace whose first process is the (root) setup shell, waiting for the command:
-//!   the command sees only its own processes, and when the command ends, times out or the
-//!   builder drops the run, the namespace's first process ends and the kernel kills every
-//!   process left in it, daemons and `setsid` escapees included. A timeout returns only once
-//!   they are all gone. IPC and UTS namespaces are private too, and with `isolate_network` so is the network (only
-//!   a loopback that is down: no network at all).
-//! - It runs as `uid:gid` with no supplementary groups, no capabilities (bounding set emptied)
-//!   and `no_new_privs` (set-uid binaries cannot raise it), with exactly the environment it is
-//!   given: nothing of the builder's own environment is inherited.
+//! - A new PID namespace whose first process is a minimal root waiter, the command's parent:
+//!   the command sees only its own processes (`/proc` is the namespace's), and when the command
+//!   ends, times out or the builder drops the run, the namespace's first process ends and the
+//!   kernel kills every process left in it, daemons and `setsid` escapees included. A timeout
+//!   returns only once they are all gone. IPC and UTS namespaces are private too, and with
+//!   `isolate_network` so is the network (only a loopback that is down: no network at all).
+//! - It runs as `uid:gid` with no supplementary groups, no capabilities (bounding set emptied,
+//!   inheritable set cleared) and `no_new_privs` (set-uid binaries cannot raise it), with
+//!   exactly the environment it is given: nothing of the builder's own environment is inherited.
 //!
-//! Mechanism: the builder runs as root and uses util-linux (`unshare`, `mount`, `setpriv`) and
-//! `env` from coreutils. The workspace denies `unsafe_code`, and doing this with raw syscalls
-//! needs `pre_exec`/`fork` (unsafe). The tools cost ~5 ms more per command than syscalls would
-//! (PERFORMANCE.md); a build runs a handful of commands that take seconds each and is not
-//! latency-critical (session attach is, and lives in the node agent), so the tools are the right
-//! trade here. Every path and value put into the setup script is single-quoted byte for byte.
+//! Mechanism: direct system calls in the child between `fork` and `exec` (`pre_exec`), as the
+//! node agent isolates sessions. Setting up with util-linux (`unshare`, `mount`, `setpriv`, `env`
+//! and a setup shell: about 13 process launches) cost ~40 ms per command, and a build runs at
+//! least two; the system calls take a few milliseconds. A PID namespace needs a first process
+//! inside it, and `unshare(CLONE_NEWPID)` moves only the caller's *children* there, so the child
+//! std forks (P, outside the namespace, the process the builder waits for) forks once more:
+//!
+//! 1. P unshares the mount, PID, IPC and UTS (and network) namespaces and forks C, the PID
+//!    namespace's first process. P closes every descriptor but stdio, waits for C and exits with
+//!    its status.
+//! 2. C asks for SIGKILL should P die (a dropped run kills P: C dies, so does the namespace),
+//!    makes every mount private, mounts the namespace's `/proc`, sets up the mounts above and
+//!    forks D. C closes every descriptor but stdio and waits: it reaps whatever is orphaned in
+//!    the namespace and exits with D's status (128 + the signal if D was killed by one), which
+//!    takes the rest of the namespace down.
+//! 3. D empties the capability bounding set, drops to `uid:gid`, clears the inheritable
+//!    capabilities, sets `no_new_privs`, changes to `/env/<slug>` and returns to std, which
+//!    executes the command (looked up on the command's own `PATH`) with exactly its environment.
+//!
+//! Each step runs only raw system calls on data prepared before the fork (C strings, the mount
+//! list): nothing is allocated and no lock is taken between fork and exec. The spawn returns
+//! once D has executed the command or one of C's or D's steps failed; a failed step writes
+//! `plinth-sandbox: cannot …` to the command's stderr first, so the error names the step.
 //!
 //! The host keeps one trace: an empty `/env` directory, created as the tmpfs's mount point.
 //!
@@ -39,14 +56,17 @@
 //! host's file system stays *readable* wherever the uid's permissions allow (hide what matters
 //! with `hidden_paths`); with the network on, the command reaches whatever the host reaches.
 
-use std::ffi::OsString;
+use std::ffi::{CStr, CString};
 use std::io::Read;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
+use rustix::io::Errno;
+use rustix::mount::{MountFlags, MountPropagationFlags};
+use rustix::thread::UnshareFlags;
 use tokio::sync::mpsc;
 
 /// Where environments are mounted; inside the sandbox, a private tmpfs.
@@ -54,28 +74,23 @@ pub const ENV_ROOT: &str = "/env";
 /// The command's `HOME` inside the sandbox.
 pub const HOME: &str = "/env/.home";
 
-/// PATH for the setup script itself (not the command): where util-linux and coreutils live.
-const SYSTEM_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
-/// The setup script prints this just before it hands over to the command: output before it
-/// is the setup's own, and its absence means the sandbox was never set up.
-const READY: &[u8] = b"plinth-sandbox: ready\n";
+/// What a failed setup step writes before its name (and what the error reports).
+const CANNOT: &[u8] = b"plinth-sandbox: cannot ";
 /// At most this much setup output is kept for an error message.
-const SETUP_OUTPUT_CAP: usize = 64 * 1024;
+const SETUP_OUTPUT_CAP: u64 = 64 * 1024;
 /// How long to wait for the output pipe to close once the sandbox is dead.
 const DRAIN_AFTER_KILL: Duration = Duration::from_secs(5);
-/// How long a killed namespace may take to empty before `unshare` is killed outright.
+/// How long a killed namespace may take to empty before its waiter is killed outright.
 const TEARDOWN_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     #[error(
         "the build sandbox is not permitted here: {0}. Run the builder as root (in a container: \
-         with CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID, CAP_CHOWN and a seccomp/AppArmor profile \
-         that allows unshare and mount)"
+         with CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID, CAP_SETPCAP, CAP_CHOWN and a \
+         seccomp/AppArmor profile that allows unshare and mount)"
     )]
     NotPermitted(String),
-    #[error("{tool} was not found; the build sandbox needs util-linux (unshare, mount, setpriv)")]
-    ToolMissing { tool: &'static str },
     #[error(
         "invalid environment slug {0:?}: use letters, digits, '.', '_' and '-', not starting with '.' or '-'"
     )]
@@ -187,51 +202,40 @@ impl Sandbox {
             .map_err(SandboxError::io(format!("creating {ENV_ROOT} on the host")))?;
         let mounts = std::fs::read("/proc/self/mountinfo")
             .map_err(SandboxError::io("reading /proc/self/mountinfo"))?;
-        let script = self.script(&host_mounts(&mounts), argv, env)?;
+        let plan = self.plan(&host_mounts(&mounts), argv, env)?;
 
         let (reader, writer) = std::io::pipe().map_err(SandboxError::io("creating a pipe"))?;
         let stderr = writer
             .try_clone()
             .map_err(SandboxError::io("creating a pipe"))?;
-        let mut command = tokio::process::Command::new("unshare");
+        let mut command = tokio::process::Command::new(&argv[0]);
         command
-            .args([
-                "--mount",
-                "--propagation",
-                "private",
-                "--pid",
-                "--fork",
-                "--kill-child",
-                "--mount-proc",
-                "--ipc",
-                "--uts",
-            ])
-            .args(self.isolate_network.then_some("--net"))
-            .arg("--")
-            .arg("/bin/sh")
-            .arg("-c")
-            .arg(OsString::from_vec(script))
+            .args(&argv[1..])
             .env_clear()
-            .env("PATH", SYSTEM_PATH)
-            .env("LANG", "C.UTF-8")
-            .current_dir("/")
+            .envs(env.iter().map(|(name, value)| (name, value)))
             .stdin(Stdio::null())
             .stdout(writer)
             .stderr(stderr)
             // Its own process group, the fallback for a timeout; and if this future is dropped,
-            // `unshare` dies and `--kill-child` takes the namespace down with it (the signal goes
-            // to the setup shell, which stays root: a uid change would clear it).
+            // the waiter is killed, and the namespace's first process with it.
             .process_group(0)
             .kill_on_drop(true);
+        // SAFETY: the closure runs in the child std forks, before exec. It only makes raw system
+        // calls on data `plan` prepared before the fork (it owns its C strings and the mount
+        // list; nothing is allocated, no lock is taken), and the processes it forks do the
+        // same until they exit or exec (see `enter`), as `pre_exec` requires.
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(move || enter(&plan).map_err(std::io::Error::from));
+        }
+        // Returns once the command is executing or the setup failed (a few milliseconds of
+        // system calls).
         let spawned = command.spawn();
         // The command holds our copies of the pipe's write end: drop them, or EOF never comes.
         drop(command);
         let mut child = match spawned {
             Ok(child) => child,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                return Err(SandboxError::ToolMissing { tool: "unshare" });
-            }
-            Err(error) => return Err(SandboxError::io("starting unshare")(error)),
+            Err(error) => return Err(setup_error(error, reader, &argv[0])),
         };
 
         let (chunks, mut received) = mpsc::channel::<Vec<u8>>(16);
@@ -254,14 +258,6 @@ impl Sandbox {
             }
         });
 
-        let mut setup = SetupOutput::default();
-        let mut pass = |chunk: &[u8], setup: &mut SetupOutput| {
-            if let Some(after) = setup.feed(chunk)
-                && !after.is_empty()
-            {
-                output(&after);
-            }
-        };
         let deadline = tokio::time::sleep(self.timeout);
         tokio::pin!(deadline);
         let mut status = None;
@@ -269,7 +265,7 @@ impl Sandbox {
         while status.is_none() || !eof {
             tokio::select! {
                 chunk = received.recv(), if !eof => match chunk {
-                    Some(chunk) => pass(&chunk, &mut setup),
+                    Some(chunk) => output(&chunk),
                     None => eof = true,
                 },
                 exited = child.wait(), if status.is_none() => {
@@ -280,7 +276,7 @@ impl Sandbox {
                     // Whatever was written before the kill still belongs in the log.
                     let _ = tokio::time::timeout(DRAIN_AFTER_KILL, async {
                         while let Some(chunk) = received.recv().await {
-                            pass(&chunk, &mut setup);
+                            output(&chunk);
                         }
                     })
                     .await;
@@ -289,39 +285,22 @@ impl Sandbox {
             }
         }
         let _ = reader_task.await;
-        let status = status.ok_or_else(|| SandboxError::Setup("no exit status".to_owned()))?;
-        if !setup.ready {
-            let text = String::from_utf8_lossy(&setup.before).trim().to_owned();
-            let text = if text.is_empty() {
-                format!("the sandbox exited with status {}", status_code(status))
-            } else {
-                text
-            };
-            return Err(
-                if text.contains("not permitted") || text.contains("ermission denied") {
-                    SandboxError::NotPermitted(text)
-                } else if text.contains("setpriv: not found") {
-                    SandboxError::ToolMissing { tool: "setpriv" }
-                } else {
-                    SandboxError::Setup(text)
-                },
-            );
-        }
-        Ok(status)
+        status.ok_or_else(|| SandboxError::Setup("no exit status".to_owned()))
     }
 
-    /// The shell script that sets the namespace up and then becomes the command. `mounts` are
-    /// the host's mount points (with their options) to make read-only.
-    fn script(
+    /// Checks the command and the sandbox's paths and prepares, as C strings, everything the
+    /// child needs. `mounts` are the host's mount points (with their flags) to make read-only.
+    fn plan(
         &self,
         mounts: &[HostMount],
         argv: &[String],
         env: &[(String, String)],
-    ) -> Result<Vec<u8>, SandboxError> {
+    ) -> Result<Plan, SandboxError> {
         let Some(program) = argv.first() else {
             return Err(SandboxError::InvalidCommand("empty command".to_owned()));
         };
-        // `env` reads leading NAME=VALUE words as assignments, so the program cannot hold '='.
+        // A word with '=' in the program's place is an assignment to a shell or `env`: no
+        // manifest names a program that way.
         if program.is_empty() || program.contains('=') {
             return Err(SandboxError::InvalidCommand(format!(
                 "program name {program:?}"
@@ -348,141 +327,350 @@ impl Sandbox {
                 return Err(SandboxError::InvalidHiddenPath(hidden.clone()));
             }
         }
-        let mount_path = self.mount_path();
-
-        let mut s = Script::default();
-        s.line(b"set -e");
-        s.line(b"fail() { echo \"plinth-sandbox: $*\" >&2; exit 1; }");
-        s.line(b"warn() { echo \"plinth-sandbox: warning: $*\" >&2; }");
-        // /env first, while the host's paths are still reachable (a hidden path may contain
-        // the scratch directory), then the rest of the host read-only, then the hidden paths.
-        s.words(&[
-            b"mount -t tmpfs -o mode=0755,nosuid,nodev,size=1m plinth-env",
-            &quote(ENV_ROOT.as_bytes()),
-            b"|| fail 'cannot mount a tmpfs on /env'",
-        ]);
-        s.words(&[
-            b"mkdir",
-            &quote(mount_path.as_bytes()),
-            &quote(HOME.as_bytes()),
-        ]);
-        s.bind(self.root.as_os_str().as_bytes(), mount_path.as_bytes());
-        s.bind(self.home.as_os_str().as_bytes(), HOME.as_bytes());
-        s.words(&[
-            b"mount -o remount,bind,ro",
-            &quote(ENV_ROOT.as_bytes()),
-            b"|| fail 'cannot make /env read-only'",
-        ]);
-        s.bind(self.tmp.as_os_str().as_bytes(), b"/tmp");
-        s.line(
-            b"if [ -d /dev/shm ]; then mount -t tmpfs -o nosuid,nodev,mode=1777,size=64m \
-              plinth-shm /dev/shm || fail 'cannot mount a tmpfs on /dev/shm'; fi",
-        );
-        for mount in mounts {
-            let options = format!("remount,bind,ro{}", mount.flags);
-            let point = quote(&mount.point);
-            if mount.point == b"/" {
-                s.words(&[
-                    b"mount -o",
-                    options.as_bytes(),
-                    &point,
-                    b"|| fail 'cannot make / read-only'",
-                ]);
-            } else {
-                s.words(&[
-                    b"mount -o",
-                    options.as_bytes(),
-                    &point,
-                    b"|| warn 'could not make'",
-                    &point,
-                    b"read-only",
-                ]);
-            }
+        let hidden = self
+            .hidden_paths
+            .iter()
+            .map(|path| path.as_os_str().as_bytes())
+            .filter(|path| {
+                !path_is_under(path, ENV_ROOT.as_bytes()) && !path_is_under(path, b"/tmp")
+            })
+            .map(c_string)
+            .collect::<Result<_, _>>()?;
+        let read_only = mounts
+            .iter()
+            .map(|mount| {
+                Ok(ReadOnly {
+                    point: c_string(&mount.point)?,
+                    flags: mount.flags,
+                    required: mount.point == b"/",
+                })
+            })
+            .collect::<Result<_, SandboxError>>()?;
+        let mut namespaces = UnshareFlags::NEWNS
+            | UnshareFlags::NEWPID
+            | UnshareFlags::NEWIPC
+            | UnshareFlags::NEWUTS;
+        if self.isolate_network {
+            namespaces |= UnshareFlags::NEWNET;
         }
-        for hidden in &self.hidden_paths {
-            let path = hidden.as_os_str().as_bytes();
-            if path_is_under(path, ENV_ROOT.as_bytes()) || path_is_under(path, b"/tmp") {
-                continue;
+        Ok(Plan {
+            namespaces,
+            mount_path: c_string(self.mount_path().as_bytes())?,
+            root: c_string(self.root.as_os_str().as_bytes())?,
+            home: c_string(self.home.as_os_str().as_bytes())?,
+            tmp: c_string(self.tmp.as_os_str().as_bytes())?,
+            read_only,
+            hidden,
+            uid: rustix::process::Uid::from_raw(self.uid),
+            gid: rustix::process::Gid::from_raw(self.gid),
+        })
+    }
+}
+
+fn c_string(bytes: &[u8]) -> Result<CString, SandboxError> {
+    CString::new(bytes).map_err(|_| {
+        SandboxError::InvalidCommand(format!(
+            "a NUL in the path {:?}",
+            String::from_utf8_lossy(bytes)
+        ))
+    })
+}
+
+/// The error for a spawn that failed: a setup step that said which it was (on the command's
+/// stderr, read here to the end: every process of the sandbox is gone by now), or else the
+/// command itself could not be executed.
+fn setup_error(error: std::io::Error, reader: std::io::PipeReader, program: &str) -> SandboxError {
+    let mut said = Vec::new();
+    let _ = reader.take(SETUP_OUTPUT_CAP).read_to_end(&mut said);
+    let said = String::from_utf8_lossy(&said);
+    let prefix = String::from_utf8_lossy(CANNOT);
+    let Some(step) = said
+        .lines()
+        .rev()
+        .find_map(|line| line.strip_prefix(prefix.as_ref()))
+    else {
+        return SandboxError::Io {
+            context: format!("starting {program:?} in the build sandbox"),
+            source: error,
+        };
+    };
+    let text = format!("cannot {step}: {error}");
+    match error.kind() {
+        std::io::ErrorKind::PermissionDenied => SandboxError::NotPermitted(text),
+        _ => SandboxError::Setup(text),
+    }
+}
+
+/// Everything the sandbox's processes need between fork and exec, prepared before the fork.
+struct Plan {
+    namespaces: UnshareFlags,
+    /// `/env/<slug>`.
+    mount_path: CString,
+    root: CString,
+    home: CString,
+    tmp: CString,
+    read_only: Vec<ReadOnly>,
+    /// Hidden paths outside `/env` and `/tmp`.
+    hidden: Vec<CString>,
+    uid: rustix::process::Uid,
+    gid: rustix::process::Gid,
+}
+
+/// A host mount to make read-only in the namespace.
+struct ReadOnly {
+    point: CString,
+    /// Per-mount flags to keep: a bind remount sets them all at once.
+    flags: MountFlags,
+    /// `/`: the sandbox is refused if it stays writable; others only warn.
+    required: bool,
+}
+
+const ENV_ROOT_C: &CStr = c"/env";
+const HOME_C: &CStr = c"/env/.home";
+const ENV_TMPFS: &CStr = c"mode=0755,size=1m";
+const SHM_TMPFS: &CStr = c"mode=1777,size=64m";
+const HIDDEN_TMPFS: &CStr = c"mode=000,size=4k";
+const EMPTY: &CStr = c"";
+
+/// The sandbox's side of the fork (see the module documentation), run in P; returns only in D,
+/// ready to exec, or with the error of a step (which std reports to the spawning parent).
+/// Raw system calls only.
+fn enter(plan: &Plan) -> Result<(), Errno> {
+    // SAFETY: new namespaces only; the forked child has one thread, so no file-descriptor
+    // table or fs_struct is shared with another.
+    #[allow(unsafe_code)]
+    unsafe { rustix::thread::unshare_unsafe(plan.namespaces) }
+        .map_err(|error| cannot(&[b"create namespaces (unshare)"], error))?;
+    if let Some(first) = fork().map_err(|error| cannot(&[b"fork"], error))? {
+        // P: std's error pipe must not wait for us, only for C or D.
+        close_inherited();
+        exit(wait_for(first));
+    }
+
+    // C: the PID namespace's first process, still root.
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+        .map_err(|error| cannot(&[b"ask for the parent-death signal"], error))?;
+    mount_everything(plan)?;
+    if let Some(command) = fork().map_err(|error| cannot(&[b"fork"], error))? {
+        close_inherited();
+        exit(reap_until(command));
+    }
+
+    // D: becomes the command.
+    drop_privileges(plan)?;
+    rustix::process::chdir(&*plan.mount_path)
+        .map_err(|error| cannot(&[b"change to ", plan.mount_path.to_bytes()], error))?;
+    Ok(())
+}
+
+/// C's mounts, in the order that keeps host paths reachable as long as they are needed: /env
+/// first (a hidden path may contain the scratch directory), then /tmp and /dev/shm, the rest of
+/// the host read-only, then the hidden paths.
+fn mount_everything(plan: &Plan) -> Result<(), Errno> {
+    use rustix::mount::{mount, mount_bind, mount_change, mount_remount};
+    let quiet = MountFlags::NOSUID | MountFlags::NODEV;
+    mount_change(
+        c"/",
+        MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+    )
+    .map_err(|error| cannot(&[b"make the mounts private"], error))?;
+    mount(
+        c"proc",
+        c"/proc",
+        c"proc",
+        quiet | MountFlags::NOEXEC,
+        EMPTY,
+    )
+    .map_err(|error| cannot(&[b"mount the namespace's /proc"], error))?;
+    mount(c"plinth-env", ENV_ROOT_C, c"tmpfs", quiet, ENV_TMPFS)
+        .map_err(|error| cannot(&[b"mount a tmpfs on /env"], error))?;
+    for (from, to) in [(&*plan.root, &*plan.mount_path), (&*plan.home, HOME_C)] {
+        rustix::fs::mkdir(to, rustix::fs::Mode::from_raw_mode(0o755))
+            .map_err(|error| cannot(&[b"make ", to.to_bytes()], error))?;
+        mount_bind(from, to).map_err(|error| cannot(&[b"bind-mount ", to.to_bytes()], error))?;
+    }
+    mount_remount(
+        ENV_ROOT_C,
+        MountFlags::BIND | MountFlags::RDONLY | quiet,
+        EMPTY,
+    )
+    .map_err(|error| cannot(&[b"make /env read-only"], error))?;
+    mount_bind(&*plan.tmp, c"/tmp").map_err(|error| cannot(&[b"bind-mount /tmp"], error))?;
+    if is_directory(c"/dev/shm") == Some(true) {
+        mount(c"plinth-shm", c"/dev/shm", c"tmpfs", quiet, SHM_TMPFS)
+            .map_err(|error| cannot(&[b"mount a tmpfs on /dev/shm"], error))?;
+    }
+    for host in &plan.read_only {
+        let flags = MountFlags::BIND | MountFlags::RDONLY | host.flags;
+        if let Err(error) = mount_remount(&*host.point, flags, EMPTY) {
+            if host.required {
+                return Err(cannot(&[b"make / read-only"], error));
             }
-            let path = quote(path);
-            s.words(&[
-                b"if [ -d",
-                &path,
-                b"]; then mount -t tmpfs -o ro,nosuid,nodev,noexec,mode=000,size=4k plinth-hidden",
-                &path,
-                b"|| fail 'cannot hide'",
-                &path,
-                b"; elif [ -e",
-                &path,
-                b"]; then mount --bind /dev/null",
-                &path,
-                b"|| fail 'cannot hide'",
-                &path,
-                b"; fi",
+            say(&[
+                b"plinth-sandbox: warning: could not make ",
+                host.point.to_bytes(),
+                b" read-only\n",
             ]);
         }
-        s.line(b"command -v setpriv > /dev/null || fail 'setpriv: not found'");
-        s.words(&[b"cd", &quote(mount_path.as_bytes())]);
-        s.words(&[b"printf '%s'", &quote(READY)]);
-        let uid = format!("--reuid={}", self.uid);
-        let gid = format!("--regid={}", self.gid);
-        let mut exec: Vec<Vec<u8>> = vec![
-            // Not `exec`: the root shell stays the namespace's first process (see `stop`).
-            b"setpriv".to_vec(),
-            uid.into_bytes(),
-            gid.into_bytes(),
-            b"--clear-groups --inh-caps=-all --bounding-set=-all --no-new-privs -- env -i".to_vec(),
-        ];
-        exec.extend(
-            env.iter()
-                .map(|(name, value)| quote(format!("{name}={value}").as_bytes())),
-        );
-        exec.extend(argv.iter().map(|arg| quote(arg.as_bytes())));
-        let exec: Vec<&[u8]> = exec.iter().map(Vec::as_slice).collect();
-        s.words(&exec);
-        Ok(s.0)
     }
+    for hidden in &plan.hidden {
+        let covered = match is_directory(hidden) {
+            Some(true) => mount(
+                c"plinth-hidden",
+                &**hidden,
+                c"tmpfs",
+                quiet | MountFlags::NOEXEC | MountFlags::RDONLY,
+                HIDDEN_TMPFS,
+            ),
+            Some(false) => mount_bind(c"/dev/null", &**hidden),
+            // Nothing there: nothing to hide.
+            None => Ok(()),
+        };
+        covered.map_err(|error| cannot(&[b"hide ", hidden.to_bytes()], error))?;
+    }
+    Ok(())
 }
 
-/// The setup script, built from bytes (host paths need not be UTF-8).
-#[derive(Default)]
-struct Script(Vec<u8>);
-
-impl Script {
-    fn line(&mut self, line: &[u8]) {
-        self.0.extend_from_slice(line);
-        self.0.push(b'\n');
-    }
-
-    fn words(&mut self, words: &[&[u8]]) {
-        self.line(&words.join(&b' '));
-    }
-
-    fn bind(&mut self, from: &[u8], to: &[u8]) {
-        let to = quote(to);
-        self.words(&[
-            b"mount --bind",
-            &quote(from),
-            &to,
-            b"|| fail 'cannot bind-mount'",
-            &to,
-        ]);
-    }
-}
-
-/// `bytes` as one shell word: single-quoted, each `'` written as `'\''`.
-pub(crate) fn quote(bytes: &[u8]) -> Vec<u8> {
-    let mut quoted = Vec::with_capacity(bytes.len() + 2);
-    quoted.push(b'\'');
-    for &byte in bytes {
-        if byte == b'\'' {
-            quoted.extend_from_slice(b"'\\''");
-        } else {
-            quoted.push(byte);
+/// D's privileges: the bounding set emptied (while still root, which it takes), then the uid
+/// and gid with no supplementary groups (which clears the effective and permitted sets), the
+/// inheritable set cleared, and `no_new_privs`. rustix's raw uid and gid calls change only the
+/// calling thread, which after the fork is the whole process.
+fn drop_privileges(plan: &Plan) -> Result<(), Errno> {
+    use rustix::thread::{CapabilitySet, CapabilitySets};
+    for capability in 0..64 {
+        match rustix::thread::remove_capability_from_bounding_set(CapabilitySet::from_bits_retain(
+            1 << capability,
+        )) {
+            Ok(()) => {}
+            // Past the last capability this kernel knows.
+            Err(Errno::INVAL) => break,
+            Err(error) => return Err(cannot(&[b"empty the capability bounding set"], error)),
         }
     }
-    quoted.push(b'\'');
-    quoted
+    rustix::thread::set_thread_groups(&[])
+        .map_err(|error| cannot(&[b"drop the supplementary groups"], error))?;
+    rustix::thread::set_thread_res_gid(plan.gid, plan.gid, plan.gid)
+        .map_err(|error| cannot(&[b"change the gid"], error))?;
+    rustix::thread::set_thread_res_uid(plan.uid, plan.uid, plan.uid)
+        .map_err(|error| cannot(&[b"change the uid"], error))?;
+    let none = CapabilitySet::empty();
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets {
+            effective: none,
+            permitted: none,
+            inheritable: none,
+        },
+    )
+    .map_err(|error| cannot(&[b"clear the capabilities"], error))?;
+    rustix::thread::set_no_new_privs(true)
+        .map_err(|error| cannot(&[b"set no_new_privs"], error))?;
+    Ok(())
+}
+
+/// Whether `path` is a directory (following links, as mounting on it does); `None` if nothing
+/// is there.
+fn is_directory(path: &CStr) -> Option<bool> {
+    let stat = rustix::fs::stat(path).ok()?;
+    Some(rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::Directory)
+}
+
+/// Writes `parts` to stderr (the command's output pipe), one `write` each: no allocation.
+fn say(parts: &[&[u8]]) {
+    for part in parts {
+        let _ = rustix::io::write(rustix::stdio::stderr(), part);
+    }
+}
+
+/// Says which step failed (`plinth-sandbox: cannot <step>`), for [`setup_error`].
+fn cannot(step: &[&[u8]], error: Errno) -> Errno {
+    say(&[CANNOT]);
+    say(step);
+    say(&[b"\n"]);
+    error
+}
+
+/// A plain `fork` as the raw system call (no `atfork` handlers, no locks): `Some(child)` in
+/// the parent, `None` in the child.
+fn fork() -> Result<Option<rustix::process::Pid>, Errno> {
+    // SAFETY: `clone` with only SIGCHLD is `fork`. Both processes go on running nothing but raw
+    // system calls on memory that each now has its own copy of (see `enter`).
+    #[allow(unsafe_code)]
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            libc::c_long::from(libc::SIGCHLD),
+            0,
+            0,
+            0,
+            0,
+        )
+    };
+    if pid == 0 {
+        return Ok(None);
+    }
+    match i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        Some(child) if pid > 0 => Ok(Some(child)),
+        _ => Err(Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::AGAIN)),
+    }
+}
+
+/// Closes every descriptor but stdio: among them the write end of std's exec-status pipe,
+/// which must close when D executes the command, not when the waiters exit.
+fn close_inherited() {
+    // SAFETY: plain system calls on descriptor numbers; nothing of this process uses the
+    // descriptors afterwards (it only waits and exits).
+    #[allow(unsafe_code)]
+    unsafe {
+        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
+            // Kernels before 5.9.
+            for fd in 3..65_536 {
+                libc::close(fd);
+            }
+        }
+    }
+}
+
+/// Waits for `child`; its status as an exit code (128 + the signal if one killed it).
+fn wait_for(child: rustix::process::Pid) -> i32 {
+    loop {
+        match rustix::process::waitpid(Some(child), rustix::process::WaitOptions::empty()) {
+            Ok(Some((_, status))) => return exit_code(status),
+            Ok(None) | Err(Errno::INTR) => {}
+            Err(_) => return 1,
+        }
+    }
+}
+
+/// Waits for any child, reaping orphans, until `command` ends; its status as an exit code.
+fn reap_until(command: rustix::process::Pid) -> i32 {
+    loop {
+        match rustix::process::wait(rustix::process::WaitOptions::empty()) {
+            Ok(Some((pid, status))) if pid == command => return exit_code(status),
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(_) => return 1,
+        }
+    }
+}
+
+fn exit_code(status: rustix::process::WaitStatus) -> i32 {
+    status
+        .exit_status()
+        .or_else(|| status.terminating_signal().map(|signal| 128 + signal))
+        .unwrap_or(1)
+}
+
+/// Ends this process at once (no `atexit` handlers, no buffers flushed: there are none of its
+/// own between fork and exec).
+fn exit(code: i32) -> ! {
+    // SAFETY: `_exit` is async-signal-safe and touches no memory of the process.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::_exit(code)
+    }
 }
 
 fn path_is_under(path: &[u8], root: &[u8]) -> bool {
@@ -495,8 +683,8 @@ fn path_is_under(path: &[u8], root: &[u8]) -> bool {
 #[derive(Debug, PartialEq, Eq)]
 struct HostMount {
     point: Vec<u8>,
-    /// `,nosuid,nodev,noexec` as the mount had them.
-    flags: String,
+    /// `nosuid`, `nodev` and `noexec` as the mount had them.
+    flags: MountFlags,
 }
 
 /// The host's mount points from `/proc/self/mountinfo`, minus those the sandbox replaces
@@ -516,14 +704,14 @@ fn host_mounts(mountinfo: &[u8]) -> Vec<HostMount> {
         if skip || mounts.iter().any(|mount| mount.point == point) {
             continue;
         }
-        let mut flags = String::new();
+        let mut flags = MountFlags::empty();
         for option in options.split(|&byte| byte == b',') {
-            for kept in ["nosuid", "nodev", "noexec"] {
-                if option == kept.as_bytes() {
-                    flags.push(',');
-                    flags.push_str(kept);
-                }
-            }
+            flags |= match option {
+                b"nosuid" => MountFlags::NOSUID,
+                b"nodev" => MountFlags::NODEV,
+                b"noexec" => MountFlags::NOEXEC,
+                _ => MountFlags::empty(),
+            };
         }
         mounts.push(HostMount { point, flags });
     }
@@ -556,10 +744,10 @@ fn unescape_mountinfo(field: &[u8]) -> Vec<u8> {
 }
 
 /// Stops a sandbox past its time limit, returning once nothing of it runs. Killing the PID
-/// namespace's first process (the setup shell, `unshare`'s child) makes the kernel kill every
-/// process in the namespace, and `unshare`, which waits for that child, exits only after the
-/// last one is gone. Should that not happen in time, or the child not exist yet, the process
-/// group (`unshare` and whatever did not leave it) is killed instead.
+/// namespace's first process (C, the child of the waiter P that the builder spawned) makes the
+/// kernel kill every process in the namespace, and P, which waits for C, exits only after the
+/// last one is gone. Should that not happen in time, or C not exist yet, the process group (P
+/// and whatever did not leave it) is killed instead.
 async fn stop(child: &mut tokio::process::Child) {
     use rustix::process::{Pid, Signal, kill_process, kill_process_group};
     let Some(pid) = child.id() else { return };
@@ -604,60 +792,9 @@ fn parent_of(stat: &[u8]) -> Option<u32> {
     rest.split_ascii_whitespace().nth(1)?.parse().ok()
 }
 
-/// Separates the setup script's output from the command's at the [`READY`] marker.
-#[derive(Default)]
-struct SetupOutput {
-    ready: bool,
-    before: Vec<u8>,
-}
-
-impl SetupOutput {
-    /// Takes a chunk; returns the part that belongs to the command's output (setup warnings
-    /// included once the sandbox is known to be up), or `None` while still in setup.
-    fn feed<'a>(&'a mut self, chunk: &'a [u8]) -> Option<std::borrow::Cow<'a, [u8]>> {
-        if self.ready {
-            return Some(std::borrow::Cow::Borrowed(chunk));
-        }
-        self.before.extend_from_slice(chunk);
-        let found = self
-            .before
-            .windows(READY.len())
-            .position(|window| window == READY);
-        match found {
-            Some(at) => {
-                self.ready = true;
-                let mut passed = self.before[..at].to_vec();
-                passed.extend_from_slice(&self.before[at + READY.len()..]);
-                self.before.clear();
-                Some(std::borrow::Cow::Owned(passed))
-            }
-            None => {
-                if self.before.len() > SETUP_OUTPUT_CAP {
-                    let excess = self.before.len() - SETUP_OUTPUT_CAP;
-                    self.before.drain(..excess);
-                }
-                None
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quoting_survives_the_shell() {
-        for text in ["plain", "it's", "a b", "$(touch /x)", "'\\''", "\n", ""] {
-            let script = [b"printf '%s' ".as_slice(), &quote(text.as_bytes())].concat();
-            let out = std::process::Command::new("/bin/sh")
-                .arg("-c")
-                .arg(OsString::from_vec(script))
-                .output()
-                .expect("sh");
-            assert_eq!(String::from_utf8_lossy(&out.stdout), text);
-        }
-    }
 
     #[test]
     fn slugs_are_one_safe_segment() {
@@ -684,15 +821,15 @@ mod tests {
             vec![
                 HostMount {
                     point: b"/".to_vec(),
-                    flags: String::new()
+                    flags: MountFlags::empty()
                 },
                 HostMount {
                     point: b"/mnt/a b".to_vec(),
-                    flags: ",nosuid,nodev".to_owned()
+                    flags: MountFlags::NOSUID | MountFlags::NODEV
                 },
                 HostMount {
                     point: b"/environment".to_vec(),
-                    flags: ",noexec".to_owned()
+                    flags: MountFlags::NOEXEC
                 },
             ]
         );
@@ -721,22 +858,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn setup_output_is_split_at_the_marker_even_across_chunks() {
-        let mut setup = SetupOutput::default();
-        assert!(
-            setup
-                .feed(b"plinth-sandbox: warning: x\nplinth-san")
-                .is_none()
-        );
-        let passed = setup.feed(b"dbox: ready\nhello").expect("ready");
-        assert_eq!(&*passed, b"plinth-sandbox: warning: x\nhello");
-        assert_eq!(
-            &*setup.feed(b"plinth-sandbox: ready\n").expect("ready"),
-            READY
-        );
-    }
-
     fn sandbox() -> Sandbox {
         Sandbox {
             slug: "demo".to_owned(),
@@ -752,40 +873,75 @@ mod tests {
     }
 
     #[test]
-    fn the_script_quotes_paths_and_refuses_bad_input() {
+    fn the_plan_keeps_paths_exact_and_refuses_bad_input() {
         let argv = vec!["bash".to_owned(), "setup.sh".to_owned()];
         let env = vec![("A".to_owned(), "x y".to_owned())];
-        let script = sandbox()
-            .script(&host_mounts(b"1 0 1:1 / / rw - ext4 x rw\n"), &argv, &env)
-            .expect("script");
-        let script = String::from_utf8(script).expect("utf-8");
-        assert!(script.contains("mount --bind '/scratch/it'\\''s' '/env/demo'"));
-        assert!(script.contains("mount -o remount,bind,ro '/' || fail"));
-        assert!(script.contains("plinth-hidden '/var/lib/plinth'"));
-        assert!(
-            !script.contains("'/env/x'"),
+        let plan = sandbox()
+            .plan(&host_mounts(b"1 0 1:1 / / rw - ext4 x rw\n"), &argv, &env)
+            .expect("plan");
+        assert_eq!(plan.root.as_bytes(), b"/scratch/it's");
+        assert_eq!(plan.mount_path.as_bytes(), b"/env/demo");
+        assert_eq!(plan.read_only.len(), 1);
+        assert_eq!(plan.read_only[0].point.as_bytes(), b"/");
+        assert!(plan.read_only[0].required, "/ must be made read-only");
+        assert_eq!(
+            plan.hidden,
+            vec![CString::new("/var/lib/plinth").expect("path")],
             "paths under /env are covered already"
         );
-        assert!(
-            script.ends_with("env -i 'A=x y' 'bash' 'setup.sh'\n"),
-            "{script}"
+        assert_eq!(
+            plan.namespaces,
+            UnshareFlags::NEWNS
+                | UnshareFlags::NEWPID
+                | UnshareFlags::NEWIPC
+                | UnshareFlags::NEWUTS
         );
+        let mut offline = sandbox();
+        offline.isolate_network = true;
+        let plan = offline.plan(&[], &argv, &env).expect("plan");
+        assert!(plan.namespaces.contains(UnshareFlags::NEWNET));
 
         let bad_env = vec![("A=B".to_owned(), String::new())];
-        assert!(sandbox().script(&[], &argv, &bad_env).is_err());
-        assert!(sandbox().script(&[], &["X=1".to_owned()], &[]).is_err());
-        assert!(sandbox().script(&[], &[], &[]).is_err());
+        assert!(sandbox().plan(&[], &argv, &bad_env).is_err());
+        assert!(sandbox().plan(&[], &["X=1".to_owned()], &[]).is_err());
+        assert!(sandbox().plan(&[], &["a\0b".to_owned()], &[]).is_err());
+        assert!(sandbox().plan(&[], &[], &[]).is_err());
         let mut relative = sandbox();
         relative.home = PathBuf::from("home");
         assert!(matches!(
-            relative.script(&[], &argv, &[]),
+            relative.plan(&[], &argv, &[]),
             Err(SandboxError::RelativePath(_))
         ));
         let mut root_hidden = sandbox();
         root_hidden.hidden_paths = vec![PathBuf::from("/")];
         assert!(matches!(
-            root_hidden.script(&[], &argv, &[]),
+            root_hidden.plan(&[], &argv, &[]),
             Err(SandboxError::InvalidHiddenPath(_))
         ));
+    }
+
+    #[test]
+    fn a_failed_step_is_named_in_the_error() {
+        let (reader, mut writer) = std::io::pipe().expect("pipe");
+        std::io::Write::write_all(
+            &mut writer,
+            b"plinth-sandbox: warning: x\nplinth-sandbox: cannot mount a tmpfs on /env\n",
+        )
+        .expect("write");
+        drop(writer);
+        let error = setup_error(std::io::Error::from_raw_os_error(1), reader, "uv");
+        assert!(
+            matches!(&error, SandboxError::NotPermitted(text) if text.starts_with("cannot mount a tmpfs on /env: ")),
+            "{error}"
+        );
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(writer);
+        let error = setup_error(std::io::Error::from_raw_os_error(2), reader, "uv");
+        assert!(
+            error
+                .to_string()
+                .contains("starting \"uv\" in the build sandbox"),
+            "{error}"
+        );
     }
 }

@@ -40,7 +40,8 @@ async fn the_sandbox_hides_paths_drops_privileges_and_confines_writes() {
          ls -A /env > env.txt\n\
          env | sort > vars.txt\n\
          pwd > pwd.txt\n\
-         ls /proc | grep -c '^[0-9]' > processes.txt\n",
+         ls /proc | grep -c '^[0-9]' > processes.txt\n\
+         grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs):' /proc/self/status > privileges.txt\n",
         secret_dir = hidden_dir.path().join("secret.txt").display(),
         secret_file = hidden_file.display(),
         root_dir = root_dir.path().display(),
@@ -89,6 +90,19 @@ async fn the_sandbox_hides_paths_drops_privileges_and_confines_writes() {
     // Its own PID namespace: a shell, `ls`, `grep`, not the host's processes.
     let processes: u32 = scratch.read("processes.txt").trim().parse().expect("count");
     assert!(processes < 10, "{processes} processes visible");
+
+    // No capability in any set, bounding set included, and no way to gain one.
+    let privileges = scratch.read("privileges.txt");
+    for line in privileges.lines() {
+        let (name, value) = line.split_once(':').expect("a status line");
+        let expected = if name == "NoNewPrivs" {
+            "1"
+        } else {
+            "0000000000000000"
+        };
+        assert_eq!(value.trim(), expected, "{privileges}");
+    }
+    assert_eq!(privileges.lines().count(), 6, "{privileges}");
 
     let vars = scratch.read("vars.txt");
     assert!(vars.contains("HOME=/env/.home\n"), "{vars}");
