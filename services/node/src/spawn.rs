@@ -35,6 +35,56 @@ use tokio::net::unix::pipe;
 
 /// The child's stack: what it runs before `execve` is a few frames of system calls.
 const STACK_BYTES: usize = 256 * 1024;
+/// Below it, a page that faults: a child overflowing its stack dies instead of writing into
+/// the node's memory.
+const GUARD_BYTES: usize = 4096;
+
+/// A child stack, mapped once per thread that starts commands. `CLONE_VFORK` suspends that
+/// thread until its child has exec'd, so no two children ever run on one stack.
+struct ChildStack {
+    base: *mut c_void,
+}
+
+impl ChildStack {
+    fn map() -> io::Result<Self> {
+        use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
+        // SAFETY: a fresh anonymous mapping, owned by this value; its lowest page is made
+        // inaccessible before anything uses it.
+        #[allow(unsafe_code)]
+        unsafe {
+            let base = rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                STACK_BYTES + GUARD_BYTES,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )?;
+            if let Err(error) = rustix::mm::mprotect(base, GUARD_BYTES, MprotectFlags::empty()) {
+                let _ = rustix::mm::munmap(base, STACK_BYTES + GUARD_BYTES);
+                return Err(error.into());
+            }
+            Ok(ChildStack { base })
+        }
+    }
+
+    /// The stack's top, 16-byte aligned (it grows down).
+    fn top(&self) -> *mut c_void {
+        ((self.base as usize + GUARD_BYTES + STACK_BYTES) & !15) as *mut c_void
+    }
+}
+
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, used by no child once its thread runs again.
+        #[allow(unsafe_code)]
+        unsafe {
+            let _ = rustix::mm::munmap(self.base, STACK_BYTES + GUARD_BYTES);
+        }
+    }
+}
+
+thread_local! {
+    static STACK: std::cell::RefCell<Option<ChildStack>> = const { std::cell::RefCell::new(None) };
+}
 
 /// A command to start.
 #[derive(Debug)]
@@ -212,13 +262,23 @@ pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
         failed_step: AtomicI32::new(0),
         failed_errno: AtomicI32::new(0),
     };
-    let mut stack = vec![0u8; STACK_BYTES];
-    let top = (stack.as_mut_ptr() as usize + STACK_BYTES) & !15;
+    let top = STACK.with(|stack| {
+        let mut stack = stack.borrow_mut();
+        if stack.is_none() {
+            *stack = Some(ChildStack::map()?);
+        }
+        Ok::<_, io::Error>(stack.as_ref().map(ChildStack::top))
+    });
+    let top = match top {
+        Ok(Some(top)) => top,
+        Ok(None) => return Err(prepare("mapping a stack")(io::Error::other("no stack"))),
+        Err(error) => return Err(prepare("mapping a stack")(error)),
+    };
     let mut pidfd: c_int = -1;
 
     // SAFETY: `clone` with CLONE_VM | CLONE_VFORK suspends this thread until the child has
-    // called `execve` or exited, so `plan`, the strings it points to and `stack` outlive
-    // every use the child makes of them. Every signal is blocked on this thread across the
+    // called `execve` or exited, so `plan`, the strings it points to and this thread's stack
+    // mapping outlive every use the child makes of them. Every signal is blocked on this thread across the
     // call, so none is handled in the child before it resets dispositions; the old mask is
     // restored right after. `child` only makes system calls (see the module documentation).
     #[allow(unsafe_code)]
@@ -229,7 +289,7 @@ pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
         let pid = libc::clone(
             child,
-            top as *mut c_void,
+            top,
             libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
             std::ptr::from_ref(&plan).cast_mut().cast::<c_void>(),
             &mut pidfd as *mut c_int,
@@ -238,7 +298,6 @@ pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         (pid, clone_error)
     };
-    drop(stack);
     drop((stdout_write, stderr_write, null));
     if pid < 0 {
         return Err(prepare("starting the process")(clone_error));
