@@ -452,7 +452,8 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(
     stdout: bool,
 ) -> u64 {
     let Some(mut pipe) = pipe else { return 0 };
-    let mut buffer = vec![0u8; 64 * 1024];
+    // Small: a command usually writes little, and hundreds may run at once.
+    let mut buffer = vec![0u8; 16 * 1024];
     let (mut sent, mut dropped) = (0u64, 0u64);
     loop {
         let read = match pipe.read(&mut buffer).await {
