@@ -276,11 +276,11 @@ impl BlobStore {
     /// given with it: one that does not is [`BlobError::Changed`] and is not stored. A file
     /// listed twice, or two files with one digest, is stored once.
     ///
-    /// A directory store (`file://`) is written on a few threads of its own, in the layout
-    /// and with the create-only, staged writes its object store uses (a staging name ends in
-    /// `#<digits>`, which listing ignores): thousands of small files, each one object-store
-    /// call of several hand-offs between tasks and threads, would otherwise spend more time
-    /// handing off than writing. Other stores check for each blob, then stream it in.
+    /// A directory store (`file://`) is written on a few threads of its own, in the layout its
+    /// object store uses, each blob written unnamed and linked into place create-only (see
+    /// `put_local_file`): thousands of small files, each one object-store call of several
+    /// hand-offs between tasks and threads, would otherwise spend more time handing off than
+    /// writing. Other stores check for each blob, then stream it in.
     pub async fn put_files(
         &self,
         files: Vec<(PathBuf, Digest)>,
@@ -382,6 +382,8 @@ fn put_local_files(root: &std::path::Path, files: &[(PathBuf, Digest)]) -> Resul
         AtomicU64::new(0),
         AtomicBool::new(false),
     );
+    // Cleared by the first writer that finds unnamed files refused here.
+    let unnamed = AtomicBool::new(true);
     let threads = LOCAL_WRITERS.min(files.len() / 16 + 1);
     let errors: Vec<BlobError> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
@@ -390,7 +392,7 @@ fn put_local_files(root: &std::path::Path, files: &[(PathBuf, Digest)]) -> Resul
                     let mut buffer = vec![0u8; 256 * 1024];
                     while !failed.load(Ordering::Relaxed) {
                         let (path, digest) = files.get(next.fetch_add(1, Ordering::Relaxed))?;
-                        match put_local_file(root, path, digest, &mut buffer) {
+                        match put_local_file(root, path, digest, &mut buffer, &unnamed) {
                             Ok(true) => {
                                 written.fetch_add(1, Ordering::Relaxed);
                             }
@@ -422,17 +424,26 @@ fn put_local_files(root: &std::path::Path, files: &[(PathBuf, Digest)]) -> Resul
     }
 }
 
-/// Writes one file's blob into the directory store at `root` unless it is there: copied to a
-/// staging name beside its final one while hashed, then linked to the final name (create-only:
-/// an existing blob of that name holds the same bytes) and the staging name removed. Returns
-/// whether it wrote the blob.
+/// Writes one file's blob into the directory store at `root` unless it is there, and returns
+/// whether it wrote it.
+///
+/// The bytes go, hashed as they are copied, into an unnamed file (`O_TMPFILE`) in the blob's
+/// directory, which is linked to its final name only once it matches the digest: no name ever
+/// shows a partial blob, and a blob already under that name (another writer won) holds the
+/// same bytes, so the link failing with "exists" is success and the unnamed file vanishes
+/// when closed. A blob thus costs one directory entry where a named staging file costs three
+/// operations (create it, link it, unlink it), and a writer that dies leaves nothing behind.
+/// Where the file system refuses unnamed files or the kernel refuses to link one, `unnamed`
+/// is cleared and this blob and every later one take [`put_local_staged`]'s path.
 fn put_local_file(
     root: &std::path::Path,
     path: &std::path::Path,
     digest: &Digest,
     buffer: &mut [u8],
+    unnamed: &std::sync::atomic::AtomicBool,
 ) -> Result<bool, BlobError> {
-    use std::io::{Read, Write};
+    use std::io::Seek;
+    use std::sync::atomic::Ordering;
     let target = root.join(BlobStore::location(digest).as_ref());
     if std::fs::symlink_metadata(&target).is_ok() {
         return Ok(false);
@@ -442,9 +453,72 @@ fn put_local_file(
         source,
     };
     let mut input = std::fs::File::open(path).map_err(io)?;
+    if unnamed.load(Ordering::Relaxed) {
+        let directory = target.parent().unwrap_or(root);
+        let open = || {
+            rustix::fs::open(
+                directory,
+                rustix::fs::OFlags::WRONLY
+                    | rustix::fs::OFlags::TMPFILE
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::from_raw_mode(0o666),
+            )
+        };
+        let opened = match open() {
+            Err(rustix::io::Errno::NOENT) => {
+                std::fs::create_dir_all(directory).map_err(io)?;
+                open()
+            }
+            opened => opened,
+        };
+        // Any other refusal (no O_TMPFILE support: EOPNOTSUPP, EISDIR, EINVAL) falls back;
+        // an error that is not about unnamed files repeats there and is reported.
+        if let Ok(output) = opened {
+            let mut output = std::fs::File::from(output);
+            copy_verified(&mut input, &mut output, path, digest, buffer)?;
+            match link_unnamed(&output, &target) {
+                Ok(()) => return Ok(true),
+                Err(rustix::io::Errno::EXIST) => return Ok(false),
+                Err(_) => input.rewind().map_err(io)?,
+            }
+        }
+        unnamed.store(false, Ordering::Relaxed);
+    }
+    put_local_staged(&target, input, path, digest, buffer)
+}
+
+/// Gives an unnamed file the name `target`, create-only. `AT_EMPTY_PATH` links the descriptor
+/// itself but needs `CAP_DAC_READ_SEARCH` (refused with ENOENT or EPERM without it); the
+/// descriptor's `/proc/self/fd` entry works for any user where `/proc` is mounted.
+fn link_unnamed(file: &std::fs::File, target: &std::path::Path) -> rustix::io::Result<()> {
+    use rustix::fs::{AtFlags, CWD, linkat};
+    match linkat(file, "", CWD, target, AtFlags::EMPTY_PATH) {
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::PERM) => {
+            let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(file));
+            linkat(CWD, proc.as_str(), CWD, target, AtFlags::SYMLINK_FOLLOW)
+        }
+        linked => linked,
+    }
+}
+
+/// [`put_local_file`] where unnamed files are refused: the blob is copied to a staging name
+/// beside its final one (ending in `#<digits>`, which listing ignores), linked to the final
+/// name (create-only: an existing blob of that name holds the same bytes), and the staging
+/// name removed.
+fn put_local_staged(
+    target: &std::path::Path,
+    mut input: std::fs::File,
+    path: &std::path::Path,
+    digest: &Digest,
+    buffer: &mut [u8],
+) -> Result<bool, BlobError> {
+    let io = |source| BlobError::File {
+        path: path.to_owned(),
+        source,
+    };
     let mut attempt = 1u32;
     let (staging, mut output) = loop {
-        let mut staging = target.clone().into_os_string();
+        let mut staging = target.as_os_str().to_owned();
         staging.push(format!("#{attempt}"));
         let staging = PathBuf::from(staging);
         match std::fs::OpenOptions::new()
@@ -462,34 +536,51 @@ fn put_local_file(
             Err(error) => return Err(io(error)),
         }
     };
-    let copied = (|| {
-        let mut hasher = sha2::Sha256::new();
-        loop {
-            let read = match input.read(buffer) {
-                Ok(0) => break,
-                Ok(read) => read,
-                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(error) => return Err(io(error)),
-            };
-            hasher.update(&buffer[..read]);
-            output.write_all(&buffer[..read]).map_err(io)?;
-        }
-        if Digest::from_bytes(hasher.finalize().into()) != *digest {
-            return Err(BlobError::Changed {
-                path: path.to_owned(),
-            });
-        }
+    let copied = copy_verified(&mut input, &mut output, path, digest, buffer).and_then(|()| {
         drop(output);
-        match std::fs::hard_link(&staging, &target) {
+        match std::fs::hard_link(&staging, target) {
             Ok(()) => Ok(true),
             Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
             Err(error) => Err(io(error)),
         }
-    })();
+    });
     let removed = std::fs::remove_file(&staging);
     let written = copied?;
     removed.map_err(io)?;
     Ok(written)
+}
+
+/// Copies `input` (the file at `path`) to `output` through `buffer` while hashing it;
+/// [`BlobError::Changed`] if the bytes do not hash to `digest`.
+fn copy_verified(
+    input: &mut std::fs::File,
+    output: &mut std::fs::File,
+    path: &std::path::Path,
+    digest: &Digest,
+    buffer: &mut [u8],
+) -> Result<(), BlobError> {
+    use std::io::{Read, Write};
+    let io = |source| BlobError::File {
+        path: path.to_owned(),
+        source,
+    };
+    let mut hasher = sha2::Sha256::new();
+    loop {
+        let read = match input.read(buffer) {
+            Ok(0) => break,
+            Ok(read) => read,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(error) => return Err(io(error)),
+        };
+        hasher.update(&buffer[..read]);
+        output.write_all(&buffer[..read]).map_err(io)?;
+    }
+    if Digest::from_bytes(hasher.finalize().into()) != *digest {
+        return Err(BlobError::Changed {
+            path: path.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 fn open_s3(url: &str, rest: &str) -> Result<Arc<dyn ObjectStore>, BlobError> {
@@ -573,6 +664,54 @@ impl VerifiedBlob {
                 let chunks: Vec<Bytes> = spooled.into_stream().try_collect().await?;
                 Ok(concat(chunks))
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+
+    /// Where unnamed files are refused, the staged path keeps the same guarantees: the blob is
+    /// stored whole under its final name, storing it again is success without a write, changed
+    /// content is refused, and no staging name is left.
+    #[test]
+    fn the_staged_fallback_stores_once_and_leaves_no_staging_name() {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().join("store");
+        let (path, content) = (dir.path().join("file"), b"bytes copied in several reads");
+        std::fs::write(&path, content).expect("write");
+        let digest = Digest::of(content);
+        let target = root.join(BlobStore::location(&digest).as_ref());
+        let mut buffer = [0u8; 4];
+        let refused = AtomicBool::new(false);
+
+        let put = |buffer: &mut [u8]| put_local_file(&root, &path, &digest, buffer, &refused);
+        assert!(put(&mut buffer).expect("first put writes"));
+        assert!(!put(&mut buffer).expect("second put finds it"));
+        let input = std::fs::File::open(&path).expect("open");
+        let raced = put_local_staged(&target, input, &path, &digest, &mut buffer);
+        assert!(
+            !raced.expect("losing the link is success"),
+            "nothing written"
+        );
+        assert_eq!(std::fs::read(&target).expect("read"), content);
+
+        let other = Digest::of(b"other content");
+        let error = put_local_file(&root, &path, &other, &mut buffer, &refused)
+            .expect_err("content that does not match is refused");
+        assert!(matches!(error, BlobError::Changed { .. }), "{error}");
+        let other_target = root.join(BlobStore::location(&other).as_ref());
+        assert!(!other_target.exists(), "nothing stored for a changed file");
+        for directory in [&target, &other_target].map(|file| file.parent().expect("parent")) {
+            let names: Vec<_> = std::fs::read_dir(directory)
+                .into_iter()
+                .flatten()
+                .map(|entry| entry.expect("entry").file_name())
+                .collect();
+            assert!(names.len() <= 1, "only final names: {names:?}");
         }
     }
 }

@@ -327,3 +327,66 @@ async fn a_file_that_changed_after_hashing_is_not_stored(store: BlobStore) {
         "{stored:?}"
     );
 }
+
+/// Two writers storing the same files into one directory store at once (two builds publishing
+/// the same dependency) link each blob exactly once; the other finds it there, which is
+/// success. What is left is each blob under its final name and nothing else, whole, and read
+/// back verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_store_takes_the_same_files_from_two_writers_once_each() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("file://{}/blobs", dir.path().display());
+    let first = BlobStore::open(&url, dir.path().join("spool")).expect("open");
+    let second = BlobStore::open(&url, dir.path().join("spool")).expect("open");
+    let sources = tempfile::tempdir().expect("sources");
+    let mut files = Vec::new();
+    // Distinct lengths make distinct contents; one spans several copy buffers.
+    for len in (0..300).map(|n| n * 13 + 1).chain([1_000_003]) {
+        let content = pattern(len);
+        let path = sources.path().join(format!("file-{len}"));
+        std::fs::write(&path, &content).expect("write");
+        files.push((path, Digest::of(&content)));
+    }
+
+    let (by_first, by_second) = tokio::join!(
+        first.put_files(files.clone(), 4),
+        second.put_files(files.clone(), 4)
+    );
+    let written = by_first.expect("first writer") + by_second.expect("second writer");
+    assert_eq!(
+        written,
+        files.len() as u64,
+        "each blob linked by one writer"
+    );
+
+    let mut on_disk = Vec::new();
+    let mut directories = vec![dir.path().join("blobs")];
+    while let Some(directory) = directories.pop() {
+        for entry in std::fs::read_dir(&directory).expect("read dir") {
+            let entry = entry.expect("entry");
+            if entry.file_type().expect("type").is_dir() {
+                directories.push(entry.path());
+            } else {
+                on_disk.push(entry.path());
+            }
+        }
+    }
+    assert_eq!(on_disk.len(), files.len(), "only final names: {on_disk:?}");
+    for (path, digest) in &files {
+        let stored = dir
+            .path()
+            .join("blobs")
+            .join(BlobStore::location(digest).as_ref());
+        let bytes = std::fs::read(&stored).expect("stored under its final name");
+        assert_eq!(Digest::of(&bytes), *digest, "{} is whole", path.display());
+        let read = first
+            .get(digest)
+            .await
+            .expect("get")
+            .into_bytes()
+            .await
+            .expect("bytes");
+        assert_eq!(Digest::of(&read), *digest);
+    }
+    assert_eq!(second.put_files(files, 4).await.expect("again"), 0);
+}
