@@ -142,22 +142,20 @@ impl Isolation {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|_| LaunchError::Nul("an environment variable"))?;
         let cwd = c_path(&launch.cwd, "the working directory")?;
-        if !self.enabled {
-            return Ok(crate::spawn::Command {
-                argv,
-                env,
-                cwd,
-                namespace: None,
-                uid: None,
-            });
-        }
-        let namespace = namespace.ok_or(LaunchError::NoNamespace)?;
+        let (namespace, uid) = if self.enabled {
+            (
+                Some(namespace.ok_or(LaunchError::NoNamespace)?),
+                Some(launch.uid),
+            )
+        } else {
+            (None, None)
+        };
         Ok(crate::spawn::Command {
             argv,
             env,
             cwd,
-            namespace: Some(namespace),
-            uid: Some(launch.uid),
+            namespace,
+            uid,
         })
     }
 
