@@ -19,6 +19,67 @@ pub struct Args {
     /// Rounds of each path, alternating; each Plinth round has a fresh service and data.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Run on a fresh ext4 file system (a sparse image on a loop device, made with mkfs
+    /// defaults, removed afterwards) rather than on the disk as earlier runs left it: every run
+    /// creates and deletes tens of thousands of files, and on a disk mounted with `discard`
+    /// the next run's file creation stays slow for minutes after. Needs root.
+    #[arg(long)]
+    fresh_fs: bool,
+}
+
+/// A fresh ext4 file system mounted from a sparse image; unmounted and deleted when dropped.
+struct FreshFs {
+    image: PathBuf,
+    mount: tempfile::TempDir,
+}
+
+impl FreshFs {
+    fn make(parent: &Path) -> anyhow::Result<FreshFs> {
+        let image = parent.join(format!("plinth-bench-{}.ext4", std::process::id()));
+        std::fs::File::create(&image)
+            .and_then(|file| file.set_len(8 << 30))
+            .with_context(|| format!("cannot create {}", image.display()))?;
+        let made = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-E", "nodiscard"])
+            .arg(&image)
+            .status();
+        if !made.is_ok_and(|status| status.success()) {
+            let _ = std::fs::remove_file(&image);
+            anyhow::bail!("mkfs.ext4 failed on {}", image.display());
+        }
+        let mount = tempfile::tempdir_in(parent)?;
+        let mounted = Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&image)
+            .arg(mount.path())
+            .status();
+        if !mounted.is_ok_and(|status| status.success()) {
+            let _ = std::fs::remove_file(&image);
+            anyhow::bail!(
+                "cannot mount {} (needs root and a loop device)",
+                image.display()
+            );
+        }
+        Ok(FreshFs { image, mount })
+    }
+}
+
+impl Drop for FreshFs {
+    fn drop(&mut self) {
+        let unmounted = Command::new("umount")
+            .arg(self.mount.path())
+            .status()
+            .is_ok_and(|status| status.success());
+        if unmounted {
+            let _ = std::fs::remove_file(&self.image);
+        } else {
+            eprintln!(
+                "could not unmount {}; remove {} after unmounting it",
+                self.mount.path().display(),
+                self.image.display()
+            );
+        }
+    }
 }
 
 /// The project's top-level requirements; with their dependencies, 20+ distributions.
@@ -107,9 +168,22 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "build it: cargo build --release -p plinth -p plinth-bench"
     );
     let uv = uv_binary()?;
-    let work = match std::env::var_os("PLINTH_BENCH_DIR") {
-        Some(dir) => tempfile::tempdir_in(dir)?,
-        None => tempfile::tempdir()?,
+    let parent = std::env::var_os("PLINTH_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let fresh = if args.fresh_fs {
+        Some(FreshFs::make(&parent)?)
+    } else {
+        None
+    };
+    let work = match &fresh {
+        Some(fresh) => tempfile::tempdir_in(fresh.mount.path())?,
+        None => tempfile::tempdir_in(&parent)?,
+    };
+    let disk = if fresh.is_some() {
+        "a fresh ext4 file system (loop device, mkfs defaults)"
+    } else {
+        "the disk as it is"
     };
     let wheels = wheelhouse(&work.path().join("wheelhouse"))?;
     let requirements = format!("--no-index\n--find-links wheels\n{REQUIREMENTS}");
@@ -229,6 +303,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // path runs slows that path's file creation (ext4 without a journal, as on the machine the
     // figures come from, skips inodes freed in the last few seconds when allocating).
     drop(work);
+    drop(fresh);
     let (base, full, again) = (
         median(baseline.clone()),
         median(plinth.clone()),
@@ -236,6 +311,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
     println!("plinth-bench build");
     println!("machine: {}", crate::machine());
+    println!("working on {disk} under {}", parent.display());
     println!(
         "project: {} wheels ({packages} packages installed) from a local wheelhouse, cold caches, {} rounds, median",
         wheels.len(),

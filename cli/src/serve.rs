@@ -1,12 +1,15 @@
 //! The processes `plinth` runs: every service in one (`serve`), or one service each
-//! (`catalog`, `gateway`). Services talk gRPC even inside one process, exactly as they do
-//! across hosts, so `serve` exercises the same paths a cluster does.
+//! (`catalog`, `gateway`). Services talk gRPC even inside one process: under `serve` a call
+//! goes straight into the other service's gRPC stack (the same encoding, token check, spans
+//! and metrics) instead of over HTTP/2 on loopback, and each service still listens on its
+//! port for callers elsewhere.
 
 use std::net::SocketAddr;
 
 use anyhow::Context as _;
 use plinth_catalog::{CatalogOptions, LeasePolicy};
 use plinth_gateway::{Backends, GatewayOptions};
+use plinth_kit::grpc::{LocalSlot, Transport};
 use plinth_kit::tasks::CancellationToken;
 use plinth_source::{GitPolicy, SourceLimits, SourceOptions};
 use tokio::net::TcpListener;
@@ -69,11 +72,19 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
     let catalog_addr = catalog_listener.local_addr()?;
     let source_addr = source_listener.local_addr()?;
     let mut services = JoinSet::new();
+    let mut peers = Peers {
+        catalog: format!("http://{catalog_addr}"),
+        source: format!("http://{source_addr}"),
+        catalog_local: Some(LocalSlot::default()),
+        source_local: Some(LocalSlot::default()),
+        nodes: Vec::new(),
+    };
     spawn_catalog(
         &mut services,
         config,
         catalog_listener,
         None,
+        peers.catalog_local.clone(),
         shutdown.clone(),
     )?;
     spawn_source(
@@ -81,22 +92,29 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
         config,
         source_listener,
         None,
+        peers.source_local.clone(),
         shutdown.clone(),
     )?;
     let http_addr = http.local_addr()?;
-    let urls = BackendUrls {
-        catalog: format!("http://{catalog_addr}"),
-        source: format!("http://{source_addr}"),
-    };
-    spawn_gateway(&mut services, config, http, &urls, shutdown.clone())?;
-    if config.node.enabled {
+    let node = if config.node.enabled {
         let listener = bind(config.node.listen, "node agent").await?;
+        let slot = LocalSlot::default();
+        peers
+            .nodes
+            .push((node_url(config, listener.local_addr()?), slot.clone()));
+        Some((listener, slot))
+    } else {
+        None
+    };
+    spawn_gateway(&mut services, config, http, &peers, shutdown.clone())?;
+    if let Some((listener, slot)) = node {
         spawn_node(
             &mut services,
             config,
-            &urls.catalog,
+            peers.catalog()?,
             listener,
             None,
+            Some(slot),
             true,
             shutdown.clone(),
         )?;
@@ -105,7 +123,7 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
         spawn_builder(
             &mut services,
             config,
-            &urls.catalog,
+            peers.catalog()?,
             index,
             shutdown.clone(),
         )?;
@@ -135,13 +153,7 @@ async fn start_alone(
     exposure: &str,
     listen: Option<SocketAddr>,
     admin_listen: Option<SocketAddr>,
-    spawn: fn(
-        &mut Services,
-        &Config,
-        TcpListener,
-        Option<TcpListener>,
-        CancellationToken,
-    ) -> anyhow::Result<()>,
+    spawn: SpawnService,
 ) -> anyhow::Result<Running> {
     let listener = bind(listen, name).await?;
     let address = listener.local_addr()?;
@@ -154,7 +166,14 @@ async fn start_alone(
     };
     let shutdown = CancellationToken::new();
     let mut services = JoinSet::new();
-    spawn(&mut services, config, listener, admin, shutdown.clone())?;
+    spawn(
+        &mut services,
+        config,
+        listener,
+        admin,
+        None,
+        shutdown.clone(),
+    )?;
     Ok(Running {
         http_addr: address,
         catalog_addr: address,
@@ -197,7 +216,7 @@ pub async fn start_builder(config: &Config) -> anyhow::Result<Running> {
     spawn_builder(
         &mut services,
         config,
-        &config.gateway.catalog_url,
+        Peers::remote(config).catalog()?,
         0,
         shutdown.clone(),
     )?;
@@ -214,7 +233,7 @@ pub async fn start_builder(config: &Config) -> anyhow::Result<Running> {
 fn spawn_builder(
     services: &mut Services,
     config: &Config,
-    catalog_url: &str,
+    catalog: Transport,
     index: u32,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -242,7 +261,7 @@ fn spawn_builder(
     let interceptor = plinth_kit::grpc::ClientInterceptor::new(config.internal_token.as_ref())?;
     let catalog =
         plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient::with_interceptor(
-            channel(catalog_url, "catalog")?,
+            catalog,
             interceptor,
         );
     let name = section.name.clone().unwrap_or_else(|| "builder".to_owned());
@@ -329,9 +348,10 @@ pub async fn start_node(
     spawn_node(
         &mut services,
         config,
-        &config.gateway.catalog_url,
+        Peers::remote(config).catalog()?,
         listener,
         admin,
+        None,
         false,
         shutdown.clone(),
     )?;
@@ -350,9 +370,10 @@ pub async fn start_node(
 fn spawn_node(
     services: &mut Services,
     config: &Config,
-    catalog_url: &str,
+    catalog: Transport,
     listener: TcpListener,
     admin: Option<TcpListener>,
+    local: Option<LocalSlot>,
     tolerant: bool,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -379,10 +400,7 @@ fn spawn_node(
     let address = listener.local_addr()?;
     let options = plinth_node::NodeOptions {
         name: section.name.clone().unwrap_or_else(|| "node".to_owned()),
-        advertise_url: section
-            .advertise_url
-            .clone()
-            .unwrap_or_else(|| format!("http://{address}")),
+        advertise_url: node_url(config, address),
         isolation: plinth_node::Isolation {
             enabled: !section.insecure_no_isolation,
             // Sessions see neither Plinth's data (databases, blobs, builds) nor the node's
@@ -406,8 +424,8 @@ fn spawn_node(
             max_file_bytes: 64 * 1024 * 1024,
         },
         internal_token: config.internal_token.clone(),
+        local,
     };
-    let catalog = channel(catalog_url, "catalog")?;
     let result = async move {
         let result = match plinth_node::run(options, catalog, listener, admin, shutdown.clone())
             .await
@@ -434,11 +452,13 @@ pub async fn start_gateway(config: &Config) -> anyhow::Result<Running> {
     let shutdown = CancellationToken::new();
     let http_addr = listener.local_addr()?;
     let mut services = JoinSet::new();
-    let urls = BackendUrls {
-        catalog: config.gateway.catalog_url.clone(),
-        source: config.gateway.source_url.clone(),
-    };
-    spawn_gateway(&mut services, config, listener, &urls, shutdown.clone())?;
+    spawn_gateway(
+        &mut services,
+        config,
+        listener,
+        &Peers::remote(config),
+        shutdown.clone(),
+    )?;
     Ok(Running {
         http_addr,
         catalog_addr: http_addr,
@@ -450,11 +470,23 @@ pub async fn start_gateway(config: &Config) -> anyhow::Result<Running> {
 
 type Services = JoinSet<(&'static str, anyhow::Result<()>)>;
 
+/// Starts one gRPC service into `Services`: its listener, its admin listener, the slot through
+/// which this process calls it directly, and what stops it.
+type SpawnService = fn(
+    &mut Services,
+    &Config,
+    TcpListener,
+    Option<TcpListener>,
+    Option<LocalSlot>,
+    CancellationToken,
+) -> anyhow::Result<()>;
+
 fn spawn_catalog(
     services: &mut Services,
     config: &Config,
     listener: TcpListener,
     admin: Option<TcpListener>,
+    local: Option<LocalSlot>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     if let Some(url) = &config.catalog.database_url
@@ -485,6 +517,7 @@ fn spawn_catalog(
         adapter_credential_grace: std::time::Duration::from_secs(
             config.catalog.adapter_credential_grace_seconds,
         ),
+        local,
     };
     let result = async move {
         let result = plinth_catalog::run(options, listener, admin, shutdown).await;
@@ -494,10 +527,53 @@ fn spawn_catalog(
     Ok(())
 }
 
-/// Where the gateway finds the services behind it.
-struct BackendUrls {
+/// Where services find the catalog and the source service (and, under `serve`, the node):
+/// their URLs, and the slots through which those in this process are called directly.
+struct Peers {
     catalog: String,
     source: String,
+    catalog_local: Option<LocalSlot>,
+    source_local: Option<LocalSlot>,
+    /// Node agents in this process, by the URL they register.
+    nodes: Vec<(String, LocalSlot)>,
+}
+
+impl Peers {
+    /// The configured URLs, nothing in this process.
+    fn remote(config: &Config) -> Self {
+        Peers {
+            catalog: config.gateway.catalog_url.clone(),
+            source: config.gateway.source_url.clone(),
+            catalog_local: None,
+            source_local: None,
+            nodes: Vec::new(),
+        }
+    }
+
+    fn catalog(&self) -> anyhow::Result<Transport> {
+        transport(&self.catalog, "catalog", self.catalog_local.as_ref())
+    }
+
+    fn source(&self) -> anyhow::Result<Transport> {
+        transport(&self.source, "source", self.source_local.as_ref())
+    }
+}
+
+fn transport(url: &str, name: &str, local: Option<&LocalSlot>) -> anyhow::Result<Transport> {
+    let channel = channel(url, name)?;
+    Ok(match local {
+        Some(slot) => Transport::in_process(channel, slot.clone()),
+        None => Transport::remote(channel),
+    })
+}
+
+/// The URL a node registers, so the gateway can reach it.
+fn node_url(config: &Config, address: SocketAddr) -> String {
+    config
+        .node
+        .advertise_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{address}"))
 }
 
 fn channel(url: &str, name: &str) -> anyhow::Result<tonic::transport::Channel> {
@@ -510,6 +586,7 @@ fn spawn_source(
     config: &Config,
     listener: TcpListener,
     admin: Option<TcpListener>,
+    local: Option<LocalSlot>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let section = &config.source;
@@ -538,6 +615,7 @@ fn spawn_source(
             ..GitPolicy::default()
         },
         internal_token: config.internal_token.clone(),
+        local,
     };
     if options.database_url.starts_with("sqlite:") || options.blob_url.starts_with("file:") {
         std::fs::create_dir_all(&config.data_dir).with_context(|| {
@@ -559,12 +637,17 @@ fn spawn_gateway(
     services: &mut Services,
     config: &Config,
     listener: TcpListener,
-    urls: &BackendUrls,
+    peers: &Peers,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let backends = Backends {
-        catalog: channel(&urls.catalog, "catalog")?,
-        source: channel(&urls.source, "source")?,
+        catalog: peers.catalog()?,
+        source: peers.source()?,
+        local_nodes: peers
+            .nodes
+            .iter()
+            .map(|(url, slot)| Ok((url.clone(), transport(url, "node", Some(slot))?)))
+            .collect::<anyhow::Result<_>>()?,
     };
     let options = GatewayOptions {
         environments: config.gateway.environments,

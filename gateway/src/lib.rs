@@ -25,7 +25,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use plinth_kit::admin::{self, ReadinessCheck};
 use plinth_kit::config::Secret;
-use plinth_kit::grpc::{ClientInterceptor, InvalidToken};
+use plinth_kit::grpc::{ClientInterceptor, InvalidToken, Transport};
 use plinth_kit::tasks::CancellationToken;
 use plinth_proto::catalog::v1::adapter_service_client::AdapterServiceClient;
 use plinth_proto::catalog::v1::brain_service_client::BrainServiceClient;
@@ -36,7 +36,6 @@ use plinth_proto::source::v1::source_service_client::SourceServiceClient;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -83,12 +82,12 @@ pub enum GatewayError {
     Serve(#[from] std::io::Error),
 }
 
-type CatalogClient = CatalogServiceClient<InterceptedService<Channel, ClientInterceptor>>;
-type SourceClient = SourceServiceClient<InterceptedService<Channel, ClientInterceptor>>;
-type HarnessClient = HarnessServiceClient<InterceptedService<Channel, ClientInterceptor>>;
-type SessionClient = SessionServiceClient<InterceptedService<Channel, ClientInterceptor>>;
-type BrainClient = BrainServiceClient<InterceptedService<Channel, ClientInterceptor>>;
-type AdapterClient = AdapterServiceClient<InterceptedService<Channel, ClientInterceptor>>;
+type CatalogClient = CatalogServiceClient<InterceptedService<Transport, ClientInterceptor>>;
+type SourceClient = SourceServiceClient<InterceptedService<Transport, ClientInterceptor>>;
+type HarnessClient = HarnessServiceClient<InterceptedService<Transport, ClientInterceptor>>;
+type SessionClient = SessionServiceClient<InterceptedService<Transport, ClientInterceptor>>;
+type BrainClient = BrainServiceClient<InterceptedService<Transport, ClientInterceptor>>;
+type AdapterClient = AdapterServiceClient<InterceptedService<Transport, ClientInterceptor>>;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -200,13 +199,16 @@ async fn capabilities(
     })
 }
 
-/// Channels to the services behind the gateway (see `plinth_kit::grpc::connect_lazy`).
+/// How the gateway reaches the services behind it (see `plinth_kit::grpc::Transport`).
 #[derive(Debug, Clone)]
 pub struct Backends {
     /// The catalog.
-    pub catalog: Channel,
+    pub catalog: Transport,
     /// The source service.
-    pub source: Channel,
+    pub source: Transport,
+    /// Node agents in this process, by the address they register; others are reached over
+    /// the network at their address.
+    pub local_nodes: Vec<(String, Transport)>,
 }
 
 /// The whole HTTP surface: the API, `/openapi.json`, `/healthz`, `/readyz`, `/metrics`.
@@ -238,7 +240,10 @@ fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, 
             .max_decoding_message_size(brain::CATALOG_MESSAGE_BYTES)
             .max_encoding_message_size(brain::CATALOG_MESSAGE_BYTES),
         brain_runtime: Arc::new(brain::Runtime::new(options.brain_operation_lease)),
-        nodes: Arc::new(sessions::NodeClients::new(interceptor.clone())),
+        nodes: Arc::new(sessions::NodeClients::new(
+            interceptor.clone(),
+            backends.local_nodes.clone(),
+        )),
         live: Arc::default(),
         source: SourceServiceClient::with_interceptor(backends.source.clone(), interceptor)
             .max_decoding_message_size(4 * 1024 * 1024),
@@ -310,7 +315,7 @@ fn readiness(backends: Backends) -> ReadinessCheck {
     })
 }
 
-async fn serving(channel: Channel, name: &str, service: &str) -> Result<(), String> {
+async fn serving(channel: Transport, name: &str, service: &str) -> Result<(), String> {
     let request = HealthCheckRequest {
         service: service.to_owned(),
     };

@@ -367,17 +367,7 @@ struct Call<'a> {
 type Outcome = (Value, &'static str, String, Option<i32>);
 
 impl Call<'_> {
-    fn client(
-        &self,
-    ) -> Result<
-        plinth_proto::node::v1::workspace_service_client::WorkspaceServiceClient<
-            tonic::service::interceptor::InterceptedService<
-                tonic::transport::Channel,
-                plinth_kit::grpc::ClientInterceptor,
-            >,
-        >,
-        ApiError,
-    > {
+    fn client(&self) -> Result<crate::sessions::WorkspaceClient, ApiError> {
         self.state.nodes.workspace(&self.session.node_address)
     }
 

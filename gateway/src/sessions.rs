@@ -13,7 +13,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use plinth_kit::grpc::ClientInterceptor;
+use plinth_kit::grpc::{ClientInterceptor, Transport};
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use plinth_proto::node::v1 as node;
@@ -21,7 +21,6 @@ use plinth_proto::node::v1::node_service_client::NodeServiceClient;
 use plinth_proto::node::v1::workspace_service_client::WorkspaceServiceClient;
 use serde::{Deserialize, Serialize};
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -45,21 +44,23 @@ pub fn routes() -> OpenApiRouter<AppState> {
 /// Most bytes of a working-directory file through the API.
 pub const MAX_SESSION_FILE_BYTES: usize = 64 * 1024 * 1024;
 
-type NodeClient = NodeServiceClient<InterceptedService<Channel, ClientInterceptor>>;
-type WorkspaceClient = WorkspaceServiceClient<InterceptedService<Channel, ClientInterceptor>>;
+pub(crate) type WorkspaceClient =
+    WorkspaceServiceClient<InterceptedService<Transport, ClientInterceptor>>;
+type NodeClient = NodeServiceClient<InterceptedService<Transport, ClientInterceptor>>;
 
-/// Channels to node agents, by address, made on first use and shared.
+/// Transports to node agents, by address: those in this process given at the start, the
+/// others channels made on first use and shared.
 pub struct NodeClients {
     interceptor: ClientInterceptor,
-    channels: Mutex<HashMap<String, Channel>>,
+    channels: Mutex<HashMap<String, Transport>>,
 }
 
 impl NodeClients {
-    /// No channels yet; each carries `interceptor`'s token.
-    pub fn new(interceptor: ClientInterceptor) -> Self {
+    /// Only `local` nodes known yet; every call carries `interceptor`'s token.
+    pub fn new(interceptor: ClientInterceptor, local: Vec<(String, Transport)>) -> Self {
         NodeClients {
             interceptor,
-            channels: Mutex::new(HashMap::new()),
+            channels: Mutex::new(local.into_iter().collect()),
         }
     }
 
@@ -83,7 +84,7 @@ impl NodeClients {
 
     const LIMIT: usize = MAX_SESSION_FILE_BYTES + 64 * 1024;
 
-    fn channel(&self, address: &str) -> Result<Channel, ApiError> {
+    fn channel(&self, address: &str) -> Result<Transport, ApiError> {
         let mut channels = self
             .channels
             .lock()
@@ -91,12 +92,14 @@ impl NodeClients {
         let channel = match channels.get(address) {
             Some(channel) => channel.clone(),
             None => {
-                let channel = plinth_kit::grpc::connect_lazy(address).map_err(|error| {
-                    PlinthError::new(
-                        ErrorCode::Unavailable,
-                        format!("the session's node ({address}) cannot be reached: {error}"),
-                    )
-                })?;
+                let channel = plinth_kit::grpc::connect_lazy(address)
+                    .map(Transport::remote)
+                    .map_err(|error| {
+                        PlinthError::new(
+                            ErrorCode::Unavailable,
+                            format!("the session's node ({address}) cannot be reached: {error}"),
+                        )
+                    })?;
                 channels.insert(address.to_owned(), channel.clone());
                 channel
             }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt};
 use plinth_blobs::tree::{Tree, TreeEntry, TreeEntryKind};
 use plinth_blobs::{BlobStore, Digest};
-use plinth_kit::grpc::ClientInterceptor;
+use plinth_kit::grpc::{ClientInterceptor, Transport};
 use plinth_kit::tasks::CancellationToken;
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
@@ -20,7 +20,6 @@ use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 
 use crate::install::{self, InstallOptions};
 use crate::layer::{self, EntryKind};
@@ -28,7 +27,7 @@ use crate::layer::{self, EntryKind};
 /// Blob reads or writes in flight at once when materializing or publishing.
 const PARALLEL_BLOBS: usize = 32;
 
-type Catalog = CatalogServiceClient<InterceptedService<Channel, ClientInterceptor>>;
+type Catalog = CatalogServiceClient<InterceptedService<Transport, ClientInterceptor>>;
 
 /// How a builder runs.
 #[derive(Debug, Clone)]

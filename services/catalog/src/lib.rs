@@ -55,6 +55,8 @@ pub struct CatalogOptions {
     pub leases: LeasePolicy,
     /// How long a workspace adapter's rotated-out credential is still accepted.
     pub adapter_credential_grace: std::time::Duration,
+    /// Where callers in this process reach the catalog directly, when they run beside it.
+    pub local: Option<plinth_kit::grpc::LocalSlot>,
 }
 
 /// Why the catalog stopped.
@@ -88,7 +90,8 @@ pub async fn run(
     let server = GrpcServer::new(
         plinth_proto::FILE_DESCRIPTOR_SET,
         options.internal_token.clone(),
-    );
+    )
+    .answer_locally(options.local.clone());
     server
         .report_health(
             &[SERVICE_NAME, HARNESS_SERVICE_NAME],

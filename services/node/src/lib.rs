@@ -24,7 +24,7 @@ use std::time::Duration;
 use plinth_blobs::BlobStore;
 use plinth_kit::admin::{self, ReadinessCheck};
 use plinth_kit::config::Secret;
-use plinth_kit::grpc::{ClientInterceptor, GrpcServer};
+use plinth_kit::grpc::{ClientInterceptor, GrpcServer, Transport};
 use plinth_kit::tasks::CancellationToken;
 use plinth_proto::catalog::v1 as catalog_pb;
 use plinth_proto::catalog::v1::session_service_client::SessionServiceClient;
@@ -32,7 +32,6 @@ use plinth_proto::node::v1::node_service_server::NodeServiceServer;
 use plinth_proto::node::v1::workspace_service_server::WorkspaceServiceServer;
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 
 pub use cache::VersionCache;
 pub use isolation::Isolation;
@@ -63,6 +62,8 @@ pub struct NodeOptions {
     pub limits: ExecLimits,
     /// When set, every call to this node must carry it, and calls to the catalog carry it.
     pub internal_token: Option<Secret>,
+    /// Where callers in this process reach the node directly, when they run beside it.
+    pub local: Option<plinth_kit::grpc::LocalSlot>,
 }
 
 /// Why the node stopped.
@@ -91,13 +92,13 @@ pub enum NodeError {
     Grpc(#[from] tonic::transport::Error),
 }
 
-type Catalog = SessionServiceClient<InterceptedService<Channel, ClientInterceptor>>;
+type Catalog = SessionServiceClient<InterceptedService<Transport, ClientInterceptor>>;
 
 /// Checks isolation, opens the cache and the sessions on disk, registers with the catalog
 /// (on `catalog`), and serves gRPC on `grpc` until `shutdown`.
 pub async fn run(
     options: NodeOptions,
-    catalog: Channel,
+    catalog: Transport,
     grpc: TcpListener,
     admin: Option<TcpListener>,
     shutdown: CancellationToken,
@@ -145,7 +146,8 @@ pub async fn run(
     let server = GrpcServer::new(
         plinth_proto::FILE_DESCRIPTOR_SET,
         options.internal_token.clone(),
-    );
+    )
+    .answer_locally(options.local.clone());
     let readiness: ReadinessCheck = Arc::new(|| Box::pin(async { Ok(()) }));
     server
         .report_health(&[SERVICE_NAME], readiness.clone(), shutdown.clone())

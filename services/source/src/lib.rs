@@ -52,6 +52,9 @@ pub struct SourceOptions {
     pub git: GitPolicy,
     /// When set, every call must carry it.
     pub internal_token: Option<Secret>,
+    /// Where callers in this process reach the source service directly, when they run beside
+    /// it.
+    pub local: Option<plinth_kit::grpc::LocalSlot>,
 }
 
 /// Why the source service stopped.
@@ -89,7 +92,8 @@ pub async fn run(
     let server = GrpcServer::new(
         plinth_proto::FILE_DESCRIPTOR_SET,
         options.internal_token.clone(),
-    );
+    )
+    .answer_locally(options.local.clone());
     server
         .report_health(&[SERVICE_NAME], readiness.clone(), shutdown.clone())
         .await;
