@@ -3,6 +3,7 @@
 
 mod build;
 mod environments;
+mod http1;
 mod import;
 mod novo;
 mod service;

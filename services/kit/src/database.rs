@@ -98,6 +98,10 @@ impl Database {
             AnyPoolOptions::new()
                 .max_connections(connections.max(1))
                 .acquire_timeout(Duration::from_secs(10))
+                // A pinged SQLite connection is a file in this process: the ping would be one
+                // more trip to its worker thread on every query, and can tell nothing. A
+                // Postgres connection can be dropped by the network while it idles.
+                .test_before_acquire(backend == Backend::Postgres)
         };
         let reader = pool(max_connections).connect(&url).await?;
         let writer = match backend {

@@ -121,10 +121,78 @@ impl Store {
     /// Creates a session on the environment's active version, placed on the live node with
     /// the fewest live sessions.
     pub async fn create_session(&self, new: NewSession) -> Result<Session, StoreError> {
+        // One statement, so one trip to the database: it succeeds whenever the session can be
+        // placed. When it places nothing, the step-by-step transaction says why (or places
+        // the session, if what was missing has appeared since).
+        if let Some(session) = self.place_session(&new).await? {
+            return Ok(session);
+        }
         let mut tx = self.db.writer.begin().await?;
         let session = insert_session(&mut tx, &new).await?;
         tx.commit().await?;
         Ok(session)
+    }
+
+    /// Places a session in one statement: the version asked for (or the active one) if it is
+    /// a ready build with a layer, on the live node with the fewest active sessions. `None`
+    /// when any of that is missing.
+    async fn place_session(&self, new: &NewSession) -> Result<Option<Session>, StoreError> {
+        let id = SessionId::generate();
+        let created_at_ms = now_ms();
+        let row = sqlx::query(
+            "INSERT INTO sessions (id, scope, environment_id, environment_name, entry, version, \
+             slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms, owner, workdir) \
+             SELECT $1, e.scope, e.id, e.name, e.entry, b.version, e.slug, b.layer_tree, n.id, $5, \
+             n.isolated, 'active', $6, $7, \
+             CASE WHEN n.sessions_dir = '' OR $8 = 0 THEN '' \
+             ELSE rtrim(n.sessions_dir, '/') || '/' || $1 || '/work' END \
+             FROM environments e \
+             JOIN builds b ON b.environment_id = e.id \
+             AND b.version = COALESCE($4, e.active_version) \
+             AND b.status = 'ready' AND b.layer_tree <> '' \
+             JOIN nodes n ON n.id = (SELECT c.id FROM nodes c WHERE c.heartbeat_at_ms >= $9 \
+             ORDER BY (SELECT COUNT(*) FROM sessions a WHERE a.node_id = c.id \
+             AND a.status = 'active'), c.registered_at_ms, c.id LIMIT 1) \
+             WHERE e.id = $2 AND e.scope = $3 \
+             RETURNING environment_name, entry, version, slug, layer_tree, node_id, isolated, \
+             workdir, (SELECT address FROM nodes WHERE id = node_id) AS node_address",
+        )
+        .bind(id.as_str())
+        .bind(new.environment_id.as_str())
+        .bind(new.scope.as_str())
+        .bind(new.version.map(i64::from))
+        .bind(&new.harness_id)
+        .bind(created_at_ms)
+        .bind(&new.owner)
+        .bind(i64::from(new.workdir_at_placement))
+        .bind(new.live_since_ms)
+        .fetch_optional(&self.db.writer)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let corrupt = |what: &str| StoreError::Corrupt(format!("{what} of session {id}"));
+        let version: i64 = row.try_get("version")?;
+        let node: String = row.try_get("node_id")?;
+        let isolated: i64 = row.try_get("isolated")?;
+        Ok(Some(Session {
+            scope: new.scope.clone(),
+            environment_id: new.environment_id.clone(),
+            environment_name: row.try_get("environment_name")?,
+            entry: row.try_get("entry")?,
+            version: u32::try_from(version).map_err(|_| corrupt("version"))?,
+            slug: row.try_get("slug")?,
+            layer_tree: row.try_get("layer_tree")?,
+            node_id: NodeId::parse(&node).ok_or_else(|| corrupt("node"))?,
+            node_address: row.try_get("node_address")?,
+            harness_id: new.harness_id.clone(),
+            workdir: row.try_get("workdir")?,
+            isolated: isolated != 0,
+            status: SessionStatus::Active,
+            turns: 0,
+            created_at_ms,
+            ended_at_ms: 0,
+            owner: new.owner.clone(),
+            id,
+        }))
     }
 
     /// Creates a task and the session it runs in, together.
