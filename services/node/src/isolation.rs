@@ -215,16 +215,41 @@ const OWN_NAMESPACE: &CStr = c"/proc/thread-self/ns/mnt";
 
 /// Makes sessions' mount namespaces on one dedicated thread: it unshares into a new namespace,
 /// mounts what the plan says, keeps a descriptor of it and returns to the node's namespace.
-/// Nothing else ever runs on that thread, so no other code sees its namespace change.
+/// What else runs on that thread is a session's setup around its namespace (its directories),
+/// handed over in the same job so an attach costs one hand-off; nothing else sees the
+/// thread's namespace change.
 #[derive(Debug, Clone)]
 pub struct Namespaces {
     jobs: std::sync::mpsc::Sender<Job>,
 }
 
-type Job = (
-    NamespacePlan,
-    tokio::sync::oneshot::Sender<Result<OwnedFd, LaunchError>>,
-);
+type Job = Box<dyn FnOnce(&NamespaceThread) + Send>;
+
+/// The namespace thread, as a job sees it.
+pub struct NamespaceThread {
+    home: OwnedFd,
+    stranded: std::cell::Cell<bool>,
+}
+
+impl NamespaceThread {
+    /// Makes one session's namespace; answers a descriptor holding it. The thread is back in
+    /// the node's namespace afterwards, whatever happened.
+    pub fn make(&self, plan: &NamespacePlan) -> Result<OwnedFd, LaunchError> {
+        if self.stranded.get() {
+            return Err(LaunchError::Stopped);
+        }
+        let made = make_namespace(plan);
+        if let Err(errno) = rustix::thread::move_into_link_name_space(
+            self.home.as_fd(),
+            Some(LinkNameSpaceType::Mount),
+        ) {
+            tracing::error!(%errno, "the namespace thread cannot return to the node's mount namespace; sessions' commands cannot start until the node agent restarts");
+            self.stranded.set(true);
+            return Err(LaunchError::Stopped);
+        }
+        made
+    }
+}
 
 impl Namespaces {
     /// Starts the thread.
@@ -238,17 +263,15 @@ impl Namespaces {
         std::thread::Builder::new()
             .name("plinth-namespaces".to_owned())
             .spawn(move || {
-                for (plan, reply) in queue {
-                    let made = make_namespace(&plan);
-                    // Back to the node's namespace whatever happened; a thread that cannot
-                    // return makes no more namespaces.
-                    let returned = rustix::thread::move_into_link_name_space(
-                        home.as_fd(),
-                        Some(LinkNameSpaceType::Mount),
-                    );
-                    let _ = reply.send(made);
-                    if let Err(errno) = returned {
-                        tracing::error!(%errno, "the namespace thread cannot return to the node's mount namespace; sessions' commands cannot start until the node agent restarts");
+                let thread = NamespaceThread {
+                    home,
+                    stranded: std::cell::Cell::new(false),
+                };
+                for job in queue {
+                    job(&thread);
+                    if thread.stranded.get() {
+                        // A thread that cannot return makes no more namespaces; the jobs
+                        // still queued, and any sent later, are answered `Stopped`.
                         return;
                     }
                 }
@@ -256,13 +279,23 @@ impl Namespaces {
         Ok(Namespaces { jobs })
     }
 
-    /// Makes one session's namespace; answers a descriptor holding it.
-    pub async fn make(&self, plan: NamespacePlan) -> Result<OwnedFd, LaunchError> {
+    /// Runs `job` on the namespace thread; answers what it answers.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        job: impl FnOnce(&NamespaceThread) -> T + Send + 'static,
+    ) -> Result<T, LaunchError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.jobs
-            .send((plan, reply))
+            .send(Box::new(move |thread: &NamespaceThread| {
+                let _ = reply.send(job(thread));
+            }))
             .map_err(|_| LaunchError::Stopped)?;
-        answer.await.map_err(|_| LaunchError::Stopped)?
+        answer.await.map_err(|_| LaunchError::Stopped)
+    }
+
+    /// Makes one session's namespace; answers a descriptor holding it.
+    pub async fn make(&self, plan: NamespacePlan) -> Result<OwnedFd, LaunchError> {
+        self.run(move |thread| thread.make(&plan)).await?
     }
 }
 

@@ -136,6 +136,7 @@ pub async fn run(
         active.clone(),
         shutdown.clone(),
     ));
+    tokio::spawn(keep_spares(sessions.clone(), shutdown.clone()));
     tokio::spawn(evict_in_background(
         cache.clone(),
         sessions.clone(),
@@ -185,6 +186,24 @@ pub async fn run(
         .serve(grpc, shutdown)
         .await?;
     Ok(())
+}
+
+/// Keeps spare session directories ready: at start, and again whenever one is taken.
+async fn keep_spares(sessions: Arc<SessionTable>, shutdown: CancellationToken) {
+    loop {
+        let table = sessions.clone();
+        match tokio::task::spawn_blocking(move || table.make_spares()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "cannot make spare session directories; sessions make their own");
+            }
+            Err(error) => tracing::warn!(%error, "making spare session directories stopped"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = sessions.spare_taken() => {}
+        }
+    }
 }
 
 /// Registers (again after a restart, or when the catalog forgot the node), reconciles the

@@ -178,16 +178,52 @@ impl pb::node_service_server::NodeService for Node {
             return Err(PlinthError::invalid(format!("invalid slug {:?}", record.slug)).into());
         }
         let sessions = self.sessions.clone();
-        let owned = self.isolation.enabled;
-        let session = tokio::task::spawn_blocking(move || sessions.attach(record, owned))
-            .await
-            .map_err(|error| PlinthError::internal(&error))?
-            .map_err(session_error)?;
-        if let Err(error) = self.namespace(&session, &materialized.path).await {
-            // A session its commands cannot run in is not kept.
-            self.sessions.detach(&session.record.session_id).await;
-            return Err(error.into());
-        }
+        let session = match &self.namespaces {
+            // The directories and the namespace in one hand-off to the namespace thread.
+            Some(namespaces) => {
+                let isolation = self.isolation.clone();
+                let version_dir = materialized.path.clone();
+                let attached = namespaces
+                    .run(move |thread| {
+                        let session = sessions.attach(record, true).map_err(|error| (session_error(error), None))?;
+                        if session.namespace.initialized() {
+                            return Ok(session);
+                        }
+                        let made = isolation
+                            .namespace_plan(&version_dir, &session.record.slug, &session.workdir)
+                            .map_err(|error| PlinthError::invalid(error.to_string()))
+                            .and_then(|plan| {
+                                thread.make(&plan).map_err(|error| {
+                                    tracing::error!(session = %session.record.session_id, %error, "cannot isolate a session");
+                                    PlinthError::new(ErrorCode::Unavailable, error.to_string())
+                                })
+                            });
+                        match made {
+                            Ok(namespace) => {
+                                let _ = session.namespace.set(Arc::new(namespace));
+                                Ok(session)
+                            }
+                            Err(error) => Err((error, Some(session.record.session_id.clone()))),
+                        }
+                    })
+                    .await
+                    .map_err(|error| PlinthError::new(ErrorCode::Unavailable, error.to_string()))?;
+                match attached {
+                    Ok(session) => session,
+                    Err((error, made)) => {
+                        // A session its commands cannot run in is not kept.
+                        if let Some(id) = made {
+                            self.sessions.detach(&id).await;
+                        }
+                        return Err(error.into());
+                    }
+                }
+            }
+            None => tokio::task::spawn_blocking(move || sessions.attach(record, false))
+                .await
+                .map_err(|error| PlinthError::internal(&error))?
+                .map_err(session_error)?,
+        };
         tracing::info!(session = %session.record.session_id, version = session.record.version, uid = session.record.uid, materialize_ms = materialized.took.as_millis() as u64, fetched = materialized.fetched, "session attached");
         Ok(Response::new(pb::AttachResponse {
             workdir: session.workdir.to_string_lossy().into_owned(),
@@ -297,48 +333,57 @@ impl pb::node_service_server::NodeService for Node {
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
         let ended = session.ended.clone();
+        // One task per command: its output pumps and its wait are polled together, so the
+        // end of the command reaches the caller without hand-offs between tasks.
         tokio::spawn(async move {
-            let out = tokio::spawn(pump(stdout, events.clone(), limit, true));
-            let err = tokio::spawn(pump(stderr, events.clone(), limit, false));
+            let out = pump(stdout, events.clone(), limit, true);
+            let err = pump(stderr, events.clone(), limit, false);
+            tokio::pin!(out, err);
+            let (mut out_done, mut err_done) = (None, None);
             let group = child.pid();
             let kill_group = || {
                 let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
             };
             let mut timed_out = false;
-            let status = tokio::select! {
-                status = child.wait() => status.ok(),
-                () = tokio::time::sleep(timeout) => {
-                    timed_out = true;
-                    kill_group();
-                    child.wait().await.ok()
-                }
-                () = ended.cancelled() => {
-                    kill_group();
-                    child.wait().await.ok()
+            let deadline = tokio::time::sleep(timeout);
+            tokio::pin!(deadline);
+            let status = loop {
+                tokio::select! {
+                    status = child.wait() => break status.ok(),
+                    dropped = &mut out, if out_done.is_none() => out_done = Some(dropped),
+                    dropped = &mut err, if err_done.is_none() => err_done = Some(dropped),
+                    () = &mut deadline => {
+                        timed_out = true;
+                        kill_group();
+                        break child.wait().await.ok();
+                    }
+                    () = ended.cancelled() => {
+                        kill_group();
+                        break child.wait().await.ok();
+                    }
                 }
             };
             // What the command left running in its group goes with it: a turn ends when its
-            // command does, and nothing holds the output pipes open after.
+            // command does, and nothing holds the output pipes open after. What escaped the
+            // group and still holds a pipe gets two seconds.
             kill_group();
-            let drain = Duration::from_secs(2);
-            let stdout_dropped = tokio::time::timeout(drain, out)
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .unwrap_or(0);
-            let stderr_dropped = tokio::time::timeout(drain, err)
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .unwrap_or(0);
+            let drain = tokio::time::sleep(Duration::from_secs(2));
+            tokio::pin!(drain);
+            while out_done.is_none() || err_done.is_none() {
+                tokio::select! {
+                    dropped = &mut out, if out_done.is_none() => out_done = Some(dropped),
+                    dropped = &mut err, if err_done.is_none() => err_done = Some(dropped),
+                    () = &mut drain => break,
+                }
+            }
             let exit_code = status.unwrap_or(-1);
             let _ = events
                 .send(Ok(event(pb::exec_event::Event::Result(pb::ExecResult {
                     exit_code,
                     duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                     timed_out,
-                    stdout_dropped_bytes: stdout_dropped,
-                    stderr_dropped_bytes: stderr_dropped,
+                    stdout_dropped_bytes: out_done.unwrap_or(0),
+                    stderr_dropped_bytes: err_done.unwrap_or(0),
                 }))))
                 .await;
         });

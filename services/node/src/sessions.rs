@@ -2,6 +2,11 @@
 //! `sessions/<id>/session.json` (what it reads, its uid) beside `sessions/<id>/work/`, the
 //! working directory (mode 0700, owned by the session's uid). A session directory without its
 //! record is a half-made attach and is removed at start.
+//!
+//! A few directories of that shape (`sessions/.spare-…/`, with an empty record file to fill)
+//! are made ahead of need in the background, so an attach renames one into place and fills
+//! its record instead of creating three inodes while the caller waits. They have no record,
+//! so a restart removes them like any half-made attach.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::PermissionsExt;
@@ -80,12 +85,37 @@ pub fn valid_session_id(id: &str) -> bool {
     })
 }
 
+/// Spare session directories kept ready.
+const SPARES: usize = 8;
+
 /// The node's sessions.
 #[derive(Debug)]
 pub struct SessionTable {
     dir: PathBuf,
     base_uid: u32,
     sessions: Mutex<HashMap<String, Arc<LocalSession>>>,
+    /// Session directories made ahead of need, each with its `work/` and an empty record.
+    spares: Mutex<Vec<PathBuf>>,
+    /// Told when a spare is taken.
+    spare_taken: tokio::sync::Notify,
+    /// Numbers spares' names within this process's run.
+    spare_names: std::sync::atomic::AtomicU64,
+}
+
+const RECORD: &str = "session.json";
+const RECORD_DRAFT: &str = ".session.json.tmp";
+
+/// Makes a session directory: itself (0711), `work/` (0700) and an empty record draft.
+fn make_session_dir(dir: &Path) -> Result<(), SessionError> {
+    let work = dir.join("work");
+    std::fs::create_dir(dir).map_err(io("creating the session directory"))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
+        .map_err(io("securing the session directory"))?;
+    std::fs::create_dir(&work).map_err(io("creating the working directory"))?;
+    std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o700))
+        .map_err(io("securing the working directory"))?;
+    std::fs::File::create(dir.join(RECORD_DRAFT)).map_err(io("writing the session record"))?;
+    Ok(())
 }
 
 impl SessionTable {
@@ -98,7 +128,7 @@ impl SessionTable {
         for entry in std::fs::read_dir(dir).map_err(io(format!("reading {}", dir.display())))? {
             let entry = entry.map_err(io(format!("reading {}", dir.display())))?;
             let path = entry.path();
-            let record = std::fs::read(path.join("session.json"))
+            let record = std::fs::read(path.join(RECORD))
                 .ok()
                 .and_then(|bytes| serde_json::from_slice::<SessionRecord>(&bytes).ok())
                 .filter(|record| {
@@ -114,6 +144,9 @@ impl SessionTable {
                     };
                     sessions.insert(session.record.session_id.clone(), Arc::new(session));
                 }
+                None if entry.file_name().to_string_lossy().starts_with(".spare-") => {
+                    remove_tree(&path);
+                }
                 None => {
                     tracing::warn!(dir = %path.display(), "removing a session directory without a valid record");
                     remove_tree(&path);
@@ -124,7 +157,54 @@ impl SessionTable {
             dir: dir.to_owned(),
             base_uid,
             sessions: Mutex::new(sessions),
+            spares: Mutex::new(Vec::new()),
+            spare_taken: tokio::sync::Notify::new(),
+            spare_names: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Makes spare session directories until there are enough; blocking.
+    pub fn make_spares(&self) -> Result<(), SessionError> {
+        let unique = std::process::id();
+        while self.lock_spares().len() < SPARES {
+            let number = self
+                .spare_names
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let dir = self.dir.join(format!(".spare-{unique}-{number}"));
+            if let Err(error) = make_session_dir(&dir) {
+                remove_tree(&dir);
+                return Err(error);
+            }
+            self.lock_spares().push(dir);
+        }
+        Ok(())
+    }
+
+    /// Waits until a spare is taken.
+    pub async fn spare_taken(&self) {
+        self.spare_taken.notified().await;
+    }
+
+    fn lock_spares(&self) -> std::sync::MutexGuard<'_, Vec<PathBuf>> {
+        self.spares
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Puts a spare session directory at `dir`, or makes one there when none is ready.
+    fn place_session_dir(&self, dir: &Path) -> Result<(), SessionError> {
+        let spare = self.lock_spares().pop();
+        if let Some(spare) = spare {
+            self.spare_taken.notify_one();
+            match std::fs::rename(&spare, dir) {
+                Ok(()) => return Ok(()),
+                Err(error) => {
+                    tracing::warn!(spare = %spare.display(), %error, "cannot use a spare session directory; making one");
+                    remove_tree(&spare);
+                }
+            }
+        }
+        make_session_dir(dir)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<LocalSession>>> {
@@ -183,11 +263,7 @@ impl SessionTable {
         let dir = self.dir.join(&record.session_id);
         let workdir = dir.join("work");
         let made = (|| {
-            std::fs::create_dir_all(&workdir).map_err(io("creating the working directory"))?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
-                .map_err(io("securing the session directory"))?;
-            std::fs::set_permissions(&workdir, std::fs::Permissions::from_mode(0o700))
-                .map_err(io("securing the working directory"))?;
+            self.place_session_dir(&dir)?;
             if owned_by_uid {
                 std::os::unix::fs::chown(&workdir, Some(record.uid), Some(record.uid))
                     .map_err(io("giving the working directory to the session's uid"))?;
@@ -195,10 +271,9 @@ impl SessionTable {
             // The record last, atomically: a directory without one is a half-made attach.
             let json = serde_json::to_vec_pretty(&record)
                 .map_err(|error| io("encoding the record")(std::io::Error::other(error)))?;
-            let temporary = dir.join(".session.json.tmp");
-            std::fs::write(&temporary, json).map_err(io("writing the session record"))?;
-            std::fs::rename(&temporary, dir.join("session.json"))
-                .map_err(io("writing the session record"))
+            let draft = dir.join(RECORD_DRAFT);
+            std::fs::write(&draft, json).map_err(io("writing the session record"))?;
+            std::fs::rename(&draft, dir.join(RECORD)).map_err(io("writing the session record"))
         })();
         if let Err(error) = made {
             remove_tree(&dir);
@@ -236,5 +311,90 @@ impl SessionTable {
             self.detach(id).await;
         }
         stale.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str) -> SessionRecord {
+        SessionRecord {
+            session_id: id.to_owned(),
+            environment_id: "henv_0123456789abcdef0123456789abcdef".to_owned(),
+            version: 1,
+            slug: "demo".to_owned(),
+            layer_tree: "sha256:00".to_owned(),
+            uid: 0,
+        }
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn an_attach_takes_a_spare_and_a_restart_keeps_sessions_but_not_spares() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("sessions");
+        let table = SessionTable::load(&dir, 50_000).unwrap();
+        table.make_spares().unwrap();
+        let spares = entries(&dir);
+        assert_eq!(spares.len(), SPARES);
+        assert!(spares.iter().all(|name| name.starts_with(".spare-")));
+
+        let id = "sess_0123456789abcdef0123456789abcdef";
+        let session = table.attach(record(id), false).unwrap();
+        assert_eq!(session.workdir, dir.join(id).join("work"));
+        let names = entries(&dir);
+        assert_eq!(
+            names.len(),
+            SPARES,
+            "one spare became the session: {names:?}"
+        );
+        assert!(names.contains(&id.to_owned()));
+        assert_eq!(entries(&dir.join(id)), ["session.json", "work"]);
+        assert_eq!(mode(&dir.join(id)), 0o711);
+        assert_eq!(mode(&session.workdir), 0o700);
+        std::fs::write(session.workdir.join("notes.txt"), "kept").unwrap();
+
+        // Made again, the spare taken is replaced.
+        table.make_spares().unwrap();
+        assert_eq!(entries(&dir).len(), SPARES + 1);
+
+        drop(table);
+        let reloaded = SessionTable::load(&dir, 50_000).unwrap();
+        assert_eq!(entries(&dir), [id]);
+        let again = reloaded.get(id).expect("the session survives a restart");
+        assert_eq!(again.record.uid, session.record.uid);
+        assert_eq!(
+            std::fs::read_to_string(again.workdir.join("notes.txt")).unwrap(),
+            "kept"
+        );
+    }
+
+    #[test]
+    fn without_spares_an_attach_makes_its_own_directory() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("sessions");
+        let table = SessionTable::load(&dir, 50_000).unwrap();
+        let id = "sess_fedcba9876543210fedcba9876543210";
+        let session = table.attach(record(id), false).unwrap();
+        assert_eq!(entries(&dir), [id]);
+        assert_eq!(entries(&dir.join(id)), ["session.json", "work"]);
+        assert_eq!(mode(&session.workdir), 0o700);
+        let stored: SessionRecord =
+            serde_json::from_slice(&std::fs::read(dir.join(id).join("session.json")).unwrap())
+                .unwrap();
+        assert_eq!(stored, session.record);
     }
 }
