@@ -331,29 +331,39 @@ mod tests {
 
     fn entries(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .expect("test setup")
+            .map(|entry| {
+                entry
+                    .expect("test setup")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .collect();
         names.sort();
         names
     }
 
     fn mode(path: &Path) -> u32 {
-        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+        std::fs::metadata(path)
+            .expect("test setup")
+            .permissions()
+            .mode()
+            & 0o7777
     }
 
     #[test]
     fn an_attach_takes_a_spare_and_a_restart_keeps_sessions_but_not_spares() {
-        let root = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().expect("test setup");
         let dir = root.path().join("sessions");
-        let table = SessionTable::load(&dir, 50_000).unwrap();
-        table.make_spares().unwrap();
+        let table = SessionTable::load(&dir, 50_000).expect("test setup");
+        table.make_spares().expect("test setup");
         let spares = entries(&dir);
         assert_eq!(spares.len(), SPARES);
         assert!(spares.iter().all(|name| name.starts_with(".spare-")));
 
         let id = "sess_0123456789abcdef0123456789abcdef";
-        let session = table.attach(record(id), false).unwrap();
+        let session = table.attach(record(id), false).expect("test setup");
         assert_eq!(session.workdir, dir.join(id).join("work"));
         let names = entries(&dir);
         assert_eq!(
@@ -365,36 +375,37 @@ mod tests {
         assert_eq!(entries(&dir.join(id)), ["session.json", "work"]);
         assert_eq!(mode(&dir.join(id)), 0o711);
         assert_eq!(mode(&session.workdir), 0o700);
-        std::fs::write(session.workdir.join("notes.txt"), "kept").unwrap();
+        std::fs::write(session.workdir.join("notes.txt"), "kept").expect("test setup");
 
         // Made again, the spare taken is replaced.
-        table.make_spares().unwrap();
+        table.make_spares().expect("test setup");
         assert_eq!(entries(&dir).len(), SPARES + 1);
 
         drop(table);
-        let reloaded = SessionTable::load(&dir, 50_000).unwrap();
+        let reloaded = SessionTable::load(&dir, 50_000).expect("test setup");
         assert_eq!(entries(&dir), [id]);
         let again = reloaded.get(id).expect("the session survives a restart");
         assert_eq!(again.record.uid, session.record.uid);
         assert_eq!(
-            std::fs::read_to_string(again.workdir.join("notes.txt")).unwrap(),
+            std::fs::read_to_string(again.workdir.join("notes.txt")).expect("test setup"),
             "kept"
         );
     }
 
     #[test]
     fn without_spares_an_attach_makes_its_own_directory() {
-        let root = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().expect("test setup");
         let dir = root.path().join("sessions");
-        let table = SessionTable::load(&dir, 50_000).unwrap();
+        let table = SessionTable::load(&dir, 50_000).expect("test setup");
         let id = "sess_fedcba9876543210fedcba9876543210";
-        let session = table.attach(record(id), false).unwrap();
+        let session = table.attach(record(id), false).expect("test setup");
         assert_eq!(entries(&dir), [id]);
         assert_eq!(entries(&dir.join(id)), ["session.json", "work"]);
         assert_eq!(mode(&session.workdir), 0o700);
-        let stored: SessionRecord =
-            serde_json::from_slice(&std::fs::read(dir.join(id).join("session.json")).unwrap())
-                .unwrap();
+        let stored: SessionRecord = serde_json::from_slice(
+            &std::fs::read(dir.join(id).join("session.json")).expect("test setup"),
+        )
+        .expect("test setup");
         assert_eq!(stored, session.record);
     }
 }
