@@ -36,7 +36,10 @@ impl Service {
             ])
             .arg(data_dir)
             .args(extra)
-            .env("PLINTH_LOG", "warn")
+            .env(
+                "PLINTH_LOG",
+                std::env::var("BENCH_SERVE_LOG").unwrap_or_else(|_| "warn".to_owned()),
+            )
             .stdin(Stdio::null())
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;
