@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
+use crate::fresh_fs::FreshFs;
 use crate::service::Service;
 
 /// Build benchmark.
@@ -20,66 +21,10 @@ pub struct Args {
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Run on a fresh ext4 file system (a sparse image on a loop device, made with mkfs
-    /// defaults, removed afterwards) rather than on the disk as earlier runs left it: every run
-    /// creates and deletes tens of thousands of files, and on a disk mounted with `discard`
-    /// the next run's file creation stays slow for minutes after. Needs root.
+    /// defaults, removed afterwards) rather than on the disk as earlier runs left it. Needs
+    /// root.
     #[arg(long)]
     fresh_fs: bool,
-}
-
-/// A fresh ext4 file system mounted from a sparse image; unmounted and deleted when dropped.
-struct FreshFs {
-    image: PathBuf,
-    mount: tempfile::TempDir,
-}
-
-impl FreshFs {
-    fn make(parent: &Path) -> anyhow::Result<FreshFs> {
-        let image = parent.join(format!("plinth-bench-{}.ext4", std::process::id()));
-        std::fs::File::create(&image)
-            .and_then(|file| file.set_len(8 << 30))
-            .with_context(|| format!("cannot create {}", image.display()))?;
-        let made = Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-E", "nodiscard"])
-            .arg(&image)
-            .status();
-        if !made.is_ok_and(|status| status.success()) {
-            let _ = std::fs::remove_file(&image);
-            anyhow::bail!("mkfs.ext4 failed on {}", image.display());
-        }
-        let mount = tempfile::tempdir_in(parent)?;
-        let mounted = Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&image)
-            .arg(mount.path())
-            .status();
-        if !mounted.is_ok_and(|status| status.success()) {
-            let _ = std::fs::remove_file(&image);
-            anyhow::bail!(
-                "cannot mount {} (needs root and a loop device)",
-                image.display()
-            );
-        }
-        Ok(FreshFs { image, mount })
-    }
-}
-
-impl Drop for FreshFs {
-    fn drop(&mut self) {
-        let unmounted = Command::new("umount")
-            .arg(self.mount.path())
-            .status()
-            .is_ok_and(|status| status.success());
-        if unmounted {
-            let _ = std::fs::remove_file(&self.image);
-        } else {
-            eprintln!(
-                "could not unmount {}; remove {} after unmounting it",
-                self.mount.path().display(),
-                self.image.display()
-            );
-        }
-    }
 }
 
 /// The project's top-level requirements; with their dependencies, 20+ distributions.
@@ -201,7 +146,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         None
     };
     let work = match &fresh {
-        Some(fresh) => tempfile::tempdir_in(fresh.mount.path())?,
+        Some(fresh) => tempfile::tempdir_in(fresh.path())?,
         None => tempfile::tempdir_in(&parent)?,
     };
     let disk = if fresh.is_some() {

@@ -3,6 +3,7 @@
 
 mod build;
 mod environments;
+mod fresh_fs;
 mod http1;
 mod import;
 mod novo;

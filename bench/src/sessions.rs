@@ -39,6 +39,10 @@ pub struct Args {
     /// Sessions created at once.
     #[arg(long, default_value_t = 200)]
     concurrent: usize,
+    /// Run on a fresh ext4 file system (a sparse image on a loop device, made with mkfs
+    /// defaults, removed afterwards) rather than on the disk as earlier runs left it.
+    #[arg(long)]
+    fresh_fs: bool,
 }
 
 fn percentile(values: &[f64], fraction: f64) -> f64 {
@@ -206,12 +210,29 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         binary.exists(),
         "build it: cargo build --release -p plinth -p plinth-bench"
     );
-    let work = match std::env::var_os("PLINTH_BENCH_DIR") {
-        Some(dir) => tempfile::tempdir_in(dir)?,
-        None => tempfile::tempdir()?,
+    let parent = std::env::var_os("PLINTH_BENCH_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let fresh = if args.fresh_fs {
+        Some(crate::fresh_fs::FreshFs::make(&parent)?)
+    } else {
+        None
+    };
+    let work = match &fresh {
+        Some(fresh) => tempfile::tempdir_in(fresh.path())?,
+        None => tempfile::tempdir_in(&parent)?,
     };
     let client = reqwest::Client::new();
     println!("machine: {}", crate::machine());
+    println!(
+        "working on {} under {}",
+        if fresh.is_some() {
+            "a fresh ext4 file system (loop device, mkfs defaults)"
+        } else {
+            "the disk as it is"
+        },
+        parent.display()
+    );
 
     // 1. Attach + first exec beside the floor.
     let service = Service::start(
