@@ -17,7 +17,7 @@ mod store;
 pub mod tree;
 
 pub use digest::{Digest, DigestParseError};
-pub use store::{Blob, BlobError, BlobStore, VerifiedBlob};
+pub use store::{Blob, BlobError, BlobStore, VerifiedBlob, link_unnamed};
 
 /// Makes ring the process's TLS crypto provider. HTTP clients here (object storage's, and
 /// any `reqwest` client of the process) use rustls without a built-in provider, which spares

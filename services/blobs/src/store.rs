@@ -487,10 +487,11 @@ fn put_local_file(
     put_local_staged(&target, input, path, digest, buffer)
 }
 
-/// Gives an unnamed file the name `target`, create-only. `AT_EMPTY_PATH` links the descriptor
-/// itself but needs `CAP_DAC_READ_SEARCH` (refused with ENOENT or EPERM without it); the
-/// descriptor's `/proc/self/fd` entry works for any user where `/proc` is mounted.
-fn link_unnamed(file: &std::fs::File, target: &std::path::Path) -> rustix::io::Result<()> {
+/// Gives an unnamed file (opened with `O_TMPFILE`) the name `target`, create-only: EEXIST when
+/// the name is taken. `AT_EMPTY_PATH` links the descriptor itself but needs
+/// `CAP_DAC_READ_SEARCH` (refused with ENOENT or EPERM without it); the descriptor's
+/// `/proc/self/fd` entry works for any user where `/proc` is mounted.
+pub fn link_unnamed(file: &std::fs::File, target: &std::path::Path) -> rustix::io::Result<()> {
     use rustix::fs::{AtFlags, CWD, linkat};
     match linkat(file, "", CWD, target, AtFlags::EMPTY_PATH) {
         Err(rustix::io::Errno::NOENT | rustix::io::Errno::PERM) => {

@@ -16,6 +16,7 @@
 //! or materialize.
 
 use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd as _, BorrowedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -312,6 +313,22 @@ impl VersionCache {
             .get(&digest)
             .await
             .map_err(|error| CacheError::Blobs(error.to_string()))?;
+        let mode = if executable { 0o555 } else { 0o444 };
+        // Most blobs of a version are small and arrive whole: one hand-off writes each.
+        let blob = match blob {
+            plinth_blobs::VerifiedBlob::Memory(bytes) => {
+                let size = bytes.len() as u64;
+                let directory = self.root.join("blobs");
+                let target = self.blob_path(&digest, executable);
+                tokio::task::spawn_blocking(move || write_blob(&directory, &target, &bytes, mode))
+                    .await
+                    .map_err(|error| io("writing a blob file")(std::io::Error::other(error)))??;
+                self.blob_bytes.fetch_add(size, Ordering::Relaxed);
+                self.lock_present().insert(blob_name(&digest, executable));
+                return Ok(());
+            }
+            spooled => spooled,
+        };
         let temporary = self.root.join("blobs").join(format!(
             ".tmp-{}-{}",
             digest.to_hex(),
@@ -331,7 +348,6 @@ impl VersionCache {
                     .map_err(io("writing a blob file"))?;
             }
             file.flush().await.map_err(io("writing a blob file"))?;
-            let mode = if executable { 0o555 } else { 0o444 };
             tokio::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode))
                 .await
                 .map_err(io("setting a blob's mode"))?;
@@ -432,6 +448,50 @@ fn blob_name(digest: &Digest, executable: bool) -> String {
     }
 }
 
+/// Writes a whole blob into the cache's `directory` as `target` (mode `mode`): an unnamed
+/// file (`O_TMPFILE`) linked to its name once written, so no name shows part of a blob and a
+/// node that dies mid-write leaves nothing; one directory entry per blob. Where unnamed files
+/// are refused, a staging name beside it, renamed into place.
+fn write_blob(directory: &Path, target: &Path, bytes: &[u8], mode: u32) -> Result<(), CacheError> {
+    use std::io::Write as _;
+    let permissions = std::fs::Permissions::from_mode(mode);
+    if let Ok(unnamed) = rustix::fs::open(
+        directory,
+        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::TMPFILE | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::from_raw_mode(mode),
+    ) {
+        let mut file = std::fs::File::from(unnamed);
+        file.write_all(bytes).map_err(io("writing a blob file"))?;
+        // The umask may have narrowed the mode asked for at open.
+        file.set_permissions(permissions.clone())
+            .map_err(io("setting a blob's mode"))?;
+        match plinth_blobs::link_unnamed(&file, target) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => return Ok(()),
+            Err(_) => {}
+        }
+    }
+    write_blob_staged(directory, target, bytes, permissions)
+}
+
+/// [`write_blob`] where unnamed files are refused.
+fn write_blob_staged(
+    directory: &Path,
+    target: &Path,
+    bytes: &[u8],
+    permissions: std::fs::Permissions,
+) -> Result<(), CacheError> {
+    let staging = directory.join(format!(".tmp-{}", uuid::Uuid::new_v4().simple()));
+    let written = (|| {
+        std::fs::write(&staging, bytes).map_err(io("writing a blob file"))?;
+        std::fs::set_permissions(&staging, permissions).map_err(io("setting a blob's mode"))?;
+        std::fs::rename(&staging, target).map_err(io("placing a blob"))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&staging);
+    }
+    written
+}
+
 fn blob_path(root: &Path, digest: &Digest, executable: bool) -> PathBuf {
     root.join("blobs").join(blob_name(digest, executable))
 }
@@ -495,6 +555,20 @@ fn link_version(
             .iter()
             .filter(|entry| entry.kind != TreeEntryKind::Dir)
             .collect();
+        // Links are made relative to the two directories, held open: the kernel walks only
+        // each entry's own path, not the cache's and the staging directory's as well.
+        let directory = |path: &Path| {
+            rustix::fs::open(
+                path,
+                rustix::fs::OFlags::PATH
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|errno| io(format!("opening {}", path.display()))(errno.into()))
+        };
+        let (blobs, staged) = (directory(&root.join("blobs"))?, directory(staging)?);
+        let (blobs, staged) = (blobs.as_fd(), staged.as_fd());
         let chunk = leaves.len().div_ceil(LINK_THREADS).max(1);
         std::thread::scope(|scope| {
             let workers: Vec<_> = leaves
@@ -502,7 +576,7 @@ fn link_version(
                 .map(|part| {
                     scope.spawn(move || {
                         part.iter()
-                            .try_for_each(|entry| place(root, staging, entry))
+                            .try_for_each(|entry| place(blobs, staged, entry))
                     })
                 })
                 .collect();
@@ -533,13 +607,21 @@ fn link_version(
     built
 }
 
-/// Makes one file (a hard link to its blob) or symlink of a version.
-fn place(root: &Path, staging: &Path, entry: &TreeEntry) -> Result<(), CacheError> {
-    let target = staging.join(&entry.path);
+/// Makes one file (a hard link to its blob in `blobs`) or symlink of a version, at its path
+/// beneath `staging`.
+fn place(
+    blobs: BorrowedFd<'_>,
+    staging: BorrowedFd<'_>,
+    entry: &TreeEntry,
+) -> Result<(), CacheError> {
+    let failed = |what: &str| {
+        let what = format!("{what} {}", entry.path);
+        move |errno: rustix::io::Errno| io(what)(errno.into())
+    };
     if entry.kind == TreeEntryKind::Symlink {
         let link = entry.target.clone().unwrap_or_default();
-        return std::os::unix::fs::symlink(&link, &target)
-            .map_err(io(format!("linking {}", entry.path)));
+        return rustix::fs::symlinkat(link.as_str(), staging, entry.path.as_str())
+            .map_err(failed("linking"));
     }
     let executable = entry.mode & 0o111 != 0;
     let mode = if executable { 0o555 } else { 0o444 };
@@ -549,27 +631,50 @@ fn place(root: &Path, staging: &Path, entry: &TreeEntry) -> Result<(), CacheErro
             reason: format!("{} has no digest", entry.path),
         });
     };
-    let own_copy = |source: Option<&Path>| -> Result<(), CacheError> {
-        match source {
-            Some(source) => std::fs::copy(source, &target).map(|_| ()),
-            None => std::fs::File::create(&target).map(|_| ()),
+    // A file of its own: empty, or its blob has too many links already.
+    let own_copy = |source: Option<&str>| -> Result<(), CacheError> {
+        let created = rustix::fs::openat(
+            staging,
+            entry.path.as_str(),
+            rustix::fs::OFlags::WRONLY
+                | rustix::fs::OFlags::CREATE
+                | rustix::fs::OFlags::EXCL
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::from_raw_mode(mode),
+        )
+        .map_err(failed("creating"))?;
+        let mut output = std::fs::File::from(created);
+        if let Some(source) = source {
+            let input = rustix::fs::openat(
+                blobs,
+                source,
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(failed("reading the blob of"))?;
+            std::io::copy(&mut std::fs::File::from(input), &mut output)
+                .map_err(io(format!("creating {}", entry.path)))?;
         }
-        .map_err(io(format!("creating {}", entry.path)))?;
-        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
+        output
+            .set_permissions(std::fs::Permissions::from_mode(mode))
             .map_err(io(format!("setting the mode of {}", entry.path)))
     };
     if entry.size.unwrap_or(0) == 0 {
         return own_copy(None);
     }
-    let source = blob_path(root, &digest, executable);
-    match std::fs::hard_link(&source, &target) {
+    let source = blob_name(&digest, executable);
+    match rustix::fs::linkat(
+        blobs,
+        source.as_str(),
+        staging,
+        entry.path.as_str(),
+        rustix::fs::AtFlags::empty(),
+    ) {
         Ok(()) => Ok(()),
         // Too many links to one inode (a file repeated across many versions): this one gets
         // its own copy.
-        Err(error) if error.raw_os_error() == Some(rustix::io::Errno::MLINK.raw_os_error()) => {
-            own_copy(Some(&source))
-        }
-        Err(error) => Err(io(format!("linking {}", entry.path))(error)),
+        Err(rustix::io::Errno::MLINK) => own_copy(Some(&source)),
+        Err(errno) => Err(failed("linking")(errno)),
     }
 }
 
@@ -591,4 +696,50 @@ pub fn remove_tree(path: &Path) {
         }
     }
     let _ = std::fs::remove_dir_all(path);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .expect("list")
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Both ways of writing a blob leave it whole, under its name only, with its mode.
+    #[test]
+    fn a_blob_is_written_whole_with_its_mode_either_way() {
+        let dir = tempfile::tempdir().expect("dir");
+        let unnamed = dir.path().join("abc");
+        write_blob(dir.path(), &unnamed, b"blob bytes", 0o555).expect("unnamed write");
+        let staged = dir.path().join("def");
+        write_blob_staged(
+            dir.path(),
+            &staged,
+            b"other bytes",
+            std::fs::Permissions::from_mode(0o444),
+        )
+        .expect("staged write");
+        assert_eq!(names(dir.path()), ["abc", "def"]);
+        assert_eq!(std::fs::read(&unnamed).expect("read"), b"blob bytes");
+        assert_eq!(std::fs::read(&staged).expect("read"), b"other bytes");
+        let mode =
+            |path: &Path| std::fs::metadata(path).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode(&unnamed), 0o555);
+        assert_eq!(mode(&staged), 0o444);
+        // Written again (another fetch won the race): the first stays, nothing is left over.
+        write_blob(dir.path(), &unnamed, b"blob bytes", 0o555).expect("second write");
+        assert_eq!(names(dir.path()), ["abc", "def"]);
+    }
 }
