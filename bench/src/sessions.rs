@@ -476,7 +476,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let _ = std::fs::remove_dir_all(&target);
 
         let cache_dir = work.path().join(format!("cache-{round}"));
-        let cache = plinth_node::VersionCache::open(&cache_dir, blobs.clone(), u64::MAX)?;
+        // As a node that isolates sessions runs it: a one-file version is a layer.
+        let cache =
+            plinth_node::VersionCache::open(&cache_dir, blobs.clone(), u64::MAX)?.with_layers(true);
         sync();
         let first = cache.materialize("henv_bench", 1, &v1).await?;
         anyhow::ensure!(first.fetched > 0, "nothing fetched");

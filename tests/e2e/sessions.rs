@@ -4,6 +4,7 @@
 //! hard a command tries; the working directory is writable and private; a session keeps its
 //! version across activations; tasks are refused unless their environment is ready.
 
+use std::os::unix::fs::FileTypeExt as _;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -283,16 +284,55 @@ async fn a_session_runs_the_environment_read_only_beside_its_private_workdir() {
     assert_ne!(snoop["exit_code"], 0, "{snoop}");
 
     // A new version: the running session keeps its own; a new session reads the new one.
+    // It changes one file and removes another, so the node makes it as a layer over version 1:
+    // what its sessions see must still be exactly version 2.
     put_file(&server, &id, "run.py", "print('version two')\n").await;
+    let (status, removed) = send(server.client.delete(server.url(&format!(
+        "/v1/environments/{id}/files/data/deep/nested/file.txt"
+    ))))
+    .await;
+    assert_eq!(status, 200, "{removed}");
     build_ready(&server, &id, 2, BUILD_LIMIT).await;
     let kept = exec(&server, &first, "python3 $PROJECT_ROOT/run.py").await;
     assert_eq!(kept["stdout"], "version one\n", "{kept}");
     assert_eq!(kept["version"], 1);
+    let still = exec(
+        &server,
+        &first,
+        "cat $PROJECT_ROOT/data/deep/nested/file.txt",
+    )
+    .await;
+    assert_eq!(still["stdout"], "nested\n", "{still}");
     let third = start_session(&server, &id).await;
     assert_eq!(third["environment"]["version"], 2);
+    let versions = server.data_dir().join("node/cache/versions").join(&id);
+    assert_eq!(
+        std::fs::read_to_string(versions.join("2.base")).expect("version 2 is a layer"),
+        "1"
+    );
+    assert!(
+        std::fs::symlink_metadata(versions.join("2/data/deep/nested/file.txt"))
+            .is_ok_and(|whiteout| whiteout.file_type().is_char_device()),
+        "the removed file is a whiteout in the layer"
+    );
     let fresh = exec(&server, &third, "python3 $PROJECT_ROOT/run.py").await;
     assert_eq!(fresh["stdout"], "version two\n", "{fresh}");
     assert_eq!(fresh["version"], 2);
+    let view = exec(
+        &server,
+        &third,
+        "test ! -e $PROJECT_ROOT/data/deep/nested/file.txt && echo gone && \
+         python -c 'import tinypkg; print(tinypkg.__name__)' && touch $PROJECT_ROOT/new.txt",
+    )
+    .await;
+    assert_ne!(view["exit_code"], 0, "{view}");
+    assert_eq!(view["stdout"], "gone\ntinypkg\n", "{view}");
+    assert!(
+        view["stderr"]
+            .as_str()
+            .is_some_and(|stderr| stderr.contains("Read-only file system")),
+        "{view}"
+    );
 
     // Every exec and file call is a turn with the version it read; a command's turn gets its
     // exit status when it ends (recorded just after the answer).

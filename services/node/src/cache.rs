@@ -6,6 +6,14 @@
 //! - `versions/<environment id>/<version>/`: one directory per materialized version, every
 //!   file a hard link into `blobs/`, directories read-only. A version directory exists only
 //!   once complete: it is built under `staging/` and renamed into place.
+//! - `versions/<environment id>/<version>.tree`: the version's layer tree digest, so a later
+//!   version can be compared with it.
+//! - `versions/<environment id>/<version>.base`: present when the version is a *layer* over
+//!   the cached version it names: its directory then holds only what differs (changed and new
+//!   entries, and overlay whiteouts for removed ones), and sessions see it through a
+//!   read-only overlay mount of it over its base (and the base's bases), made in their mount
+//!   namespace. Layers are made only where sessions are isolated (the node mounts), at most
+//!   [`MAX_LAYERS`] deep, and only when less than half the entries differ.
 //! - `staging/`: partial materializations; emptied at start.
 //!
 //! Materializing a version fetches only the blobs the cache lacks (many at a time: a venv's
@@ -30,6 +38,12 @@ use tokio::io::AsyncWriteExt;
 
 /// Blobs fetched at once on a cold node.
 const PARALLEL_FETCHES: usize = 64;
+
+/// Most layers one version's view stacks (itself and its bases).
+pub const MAX_LAYERS: usize = 8;
+
+/// Decoded trees kept to compare a new version with its base without fetching it again.
+const KEPT_TREES: usize = 2;
 
 /// A version in the cache: its environment and number.
 pub type VersionKey = (String, u32);
@@ -68,6 +82,9 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CacheError {
 pub struct Materialized {
     /// The version's directory.
     pub path: PathBuf,
+    /// When the version is a layer: the directories under it, nearest first. Its files are
+    /// what an overlay of `path` over these shows.
+    pub lower: Vec<PathBuf>,
     /// Blobs fetched from the store (0 when the version was cached).
     pub fetched: u64,
     /// Time taken.
@@ -85,6 +102,31 @@ pub struct VersionCache {
     cap_bytes: u64,
     /// Names of the blob files present, so deciding what to fetch costs no `stat` per file.
     present: Mutex<HashSet<String>>,
+    /// Whether new versions may be layers over cached ones.
+    layered: bool,
+    /// Each layered version's base version (of the same environment).
+    bases: Mutex<HashMap<VersionKey, u32>>,
+    /// The last trees decoded, by digest.
+    trees: Mutex<Vec<(String, Arc<Tree>)>>,
+}
+
+impl Materialized {
+    /// Whether `name` (a top-level entry) is in the version, looking through its layers.
+    pub fn has(&self, name: &str) -> bool {
+        for layer in std::iter::once(&self.path).chain(&self.lower) {
+            match std::fs::symlink_metadata(layer.join(name)) {
+                Ok(metadata) => return !is_whiteout(&metadata),
+                Err(_) => continue,
+            }
+        }
+        false
+    }
+}
+
+/// An overlay whiteout: a character device 0/0 hiding the name in the layers below.
+fn is_whiteout(metadata: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    metadata.file_type().is_char_device() && metadata.rdev() == 0
 }
 
 impl std::fmt::Debug for VersionCache {
@@ -128,7 +170,11 @@ impl VersionCache {
             blob_bytes: AtomicU64::new(bytes),
             cap_bytes,
             present: Mutex::new(present),
+            layered: false,
+            bases: Mutex::new(HashMap::new()),
+            trees: Mutex::new(Vec::new()),
         };
+        cache.load_layers();
         for (key, path) in cache.cached_versions() {
             let used = std::fs::metadata(&path)
                 .and_then(|m| m.modified())
@@ -136,6 +182,118 @@ impl VersionCache {
             cache.lock_used().insert(key, used);
         }
         Ok(cache)
+    }
+
+    /// Lets new versions be layers over cached ones (see the module notes): for nodes whose
+    /// sessions see versions through mounts they make. Refused (left off) when the cache's
+    /// path holds a character an overlay mount's options cannot carry.
+    pub fn with_layers(mut self, layered: bool) -> Self {
+        let path = self.root.to_string_lossy();
+        self.layered = layered && !path.contains([':', ',', '\\']);
+        self
+    }
+
+    /// Finds the layered versions on disk and their bases; removes a layer whose base is gone
+    /// (with whatever stacks on it), and sidecar files without their version.
+    fn load_layers(&self) {
+        let versions = self.root.join("versions");
+        let Ok(environments) = std::fs::read_dir(&versions) else {
+            return;
+        };
+        let mut bases = HashMap::new();
+        for environment in environments.flatten() {
+            let name = environment.file_name().to_string_lossy().into_owned();
+            let Ok(entries) = std::fs::read_dir(environment.path()) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let file = entry.file_name().to_string_lossy().into_owned();
+                let Some((number, kind)) = file.split_once('.') else {
+                    continue;
+                };
+                let Ok(number) = number.parse::<u32>() else {
+                    continue;
+                };
+                if std::fs::symlink_metadata(environment.path().join(number.to_string())).is_err() {
+                    let _ = std::fs::remove_file(entry.path());
+                    continue;
+                }
+                if kind == "base" {
+                    let base = std::fs::read_to_string(entry.path())
+                        .ok()
+                        .and_then(|text| text.trim().parse::<u32>().ok());
+                    match base {
+                        Some(base) => {
+                            bases.insert((name.clone(), number), base);
+                        }
+                        // Unreadable: the layer cannot be shown; it goes below.
+                        None => {
+                            bases.insert((name.clone(), number), u32::MAX);
+                        }
+                    }
+                }
+            }
+        }
+        // A layer stands when its chain of bases ends in a whole version, within the limit.
+        let stands = |key: &VersionKey| -> bool {
+            let mut current = key.clone();
+            for _ in 0..MAX_LAYERS {
+                match bases.get(&current) {
+                    None => {
+                        return std::fs::symlink_metadata(self.version_dir(&current.0, current.1))
+                            .is_ok();
+                    }
+                    Some(base) => current = (current.0.clone(), *base),
+                }
+            }
+            false
+        };
+        let fallen: Vec<VersionKey> = bases.keys().filter(|key| !stands(key)).cloned().collect();
+        for key in &fallen {
+            tracing::warn!(environment = %key.0, version = key.1, "removing a cached layer whose base is gone");
+            self.remove_version(key);
+            bases.remove(key);
+        }
+        *self.lock_bases() = bases;
+    }
+
+    fn lock_bases(&self) -> std::sync::MutexGuard<'_, HashMap<VersionKey, u32>> {
+        self.bases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The directories under a version, nearest first (empty for a whole version).
+    fn lower_of(&self, key: &VersionKey) -> Vec<PathBuf> {
+        let bases = self.lock_bases();
+        let mut lower = Vec::new();
+        let mut current = key.clone();
+        while let Some(base) = bases.get(&current) {
+            current = (current.0.clone(), *base);
+            lower.push(self.version_dir(&current.0, current.1));
+            if lower.len() >= MAX_LAYERS {
+                break;
+            }
+        }
+        lower
+    }
+
+    /// Removes a version's directory and sidecars (renamed out of `versions/` first, so it
+    /// never looks whole while half deleted). False when it was not there.
+    fn remove_version(&self, key: &VersionKey) -> bool {
+        let path = self.version_dir(&key.0, key.1);
+        let doomed = self
+            .root
+            .join("staging")
+            .join(format!("evicted-{}", uuid::Uuid::new_v4().simple()));
+        let moved = std::fs::rename(&path, &doomed).is_ok();
+        if moved {
+            remove_tree(&doomed);
+        }
+        for sidecar in ["tree", "base"] {
+            let _ = std::fs::remove_file(path.with_extension(sidecar));
+        }
+        moved
     }
 
     fn lock_present(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
@@ -201,9 +359,11 @@ impl VersionCache {
         }
         // A cached version's directory is a hot dentry: one stat, not worth a thread hop.
         if std::fs::symlink_metadata(&path).is_ok() {
+            let lower = self.lower_of(&key);
             self.lock_used().insert(key, SystemTime::now());
             return Ok(Materialized {
                 path,
+                lower,
                 fetched: 0,
                 took: begun.elapsed(),
             });
@@ -219,52 +379,65 @@ impl VersionCache {
         let result = if tokio::fs::metadata(&path).await.is_ok() {
             Ok(0)
         } else {
-            self.build_version(layer_tree, &path).await
+            self.build_version(&key, layer_tree, &path).await
         };
         self.in_flight
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&key);
         let fetched = result?;
+        let lower = self.lower_of(&key);
         self.lock_used().insert(key, SystemTime::now());
         Ok(Materialized {
             path,
+            lower,
             fetched,
             took: begun.elapsed(),
         })
     }
 
-    /// Fetches what is missing, links the version together under `staging/`, and renames it
-    /// into place. Answers how many blobs were fetched.
-    async fn build_version(&self, layer_tree: &str, path: &Path) -> Result<u64, CacheError> {
-        let digest: Digest = layer_tree.parse().map_err(|_| CacheError::BadTree {
-            digest: layer_tree.to_owned(),
-            reason: "not a sha256 digest".to_owned(),
-        })?;
-        let bytes = self
-            .blobs
-            .get(&digest)
-            .await
-            .map_err(|error| CacheError::Blobs(error.to_string()))?
-            .into_bytes()
-            .await
-            .map_err(|error| CacheError::Blobs(error.to_string()))?;
-        let tree = Tree::decode(&bytes).map_err(|error| CacheError::BadTree {
-            digest: layer_tree.to_owned(),
-            reason: error.to_string(),
-        })?;
-        for entry in &tree.entries {
-            if !safe_relative(&entry.path) {
-                return Err(CacheError::BadTree {
-                    digest: layer_tree.to_owned(),
-                    reason: format!("unsafe path {:?}", entry.path),
-                });
+    /// Fetches what is missing, links the version together under `staging/` (as a layer over
+    /// a cached version when it may be one), and renames it into place. Answers how many blobs
+    /// were fetched.
+    async fn build_version(
+        &self,
+        key: &VersionKey,
+        layer_tree: &str,
+        path: &Path,
+    ) -> Result<u64, CacheError> {
+        let tree = self.tree(layer_tree).await?;
+        if self.layered
+            && let Some((base, delta)) = self.base_for(key, &tree).await
+        {
+            match self
+                .place(layer_tree, &delta.put, &delta.removed, Some(base), path)
+                .await
+            {
+                Ok(fetched) => {
+                    self.lock_bases().insert(key.clone(), base);
+                    return Ok(fetched);
+                }
+                Err(error) => {
+                    tracing::warn!(environment = %key.0, version = key.1, base, %error, "cannot make the version as a layer; making it whole");
+                }
             }
         }
+        self.place(layer_tree, &tree.entries, &[], None, path).await
+    }
 
+    /// Fetches the blobs `entries` need and the cache lacks, then links `entries` (and
+    /// whiteouts for `removed`) under `staging/` and renames them to `path`, with the sidecars.
+    async fn place(
+        &self,
+        layer_tree: &str,
+        entries: &[TreeEntry],
+        removed: &[String],
+        base: Option<u32>,
+        path: &Path,
+    ) -> Result<u64, CacheError> {
         // Every blob the version needs and the cache lacks, fetched many at a time.
         let mut wanted: HashSet<(Digest, bool)> = HashSet::new();
-        for entry in &tree.entries {
+        for entry in entries {
             if let (TreeEntryKind::File, Some(digest)) = (entry.kind, entry.file_digest())
                 && entry.size.unwrap_or(0) > 0
             {
@@ -295,11 +468,101 @@ impl VersionCache {
             .join(uuid::Uuid::new_v4().simple().to_string());
         let root = self.root.clone();
         let final_path = path.to_owned();
-        let entries = tree.entries;
-        tokio::task::spawn_blocking(move || link_version(&root, &entries, &staging, &final_path))
-            .await
-            .map_err(|error| io("linking a version")(std::io::Error::other(error.to_string())))??;
+        let entries = entries.to_vec();
+        let removed = removed.to_vec();
+        let layer_tree = layer_tree.to_owned();
+        tokio::task::spawn_blocking(move || {
+            link_version(
+                &root,
+                &entries,
+                &removed,
+                &staging,
+                &final_path,
+                &layer_tree,
+                base,
+            )
+        })
+        .await
+        .map_err(|error| io("linking a version")(std::io::Error::other(error.to_string())))??;
         Ok(fetched)
+    }
+
+    /// A layer tree, fetched, verified, decoded and checked (the last few are kept).
+    async fn tree(&self, layer_tree: &str) -> Result<Arc<Tree>, CacheError> {
+        let kept = self
+            .trees
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .find(|(digest, _)| digest == layer_tree)
+            .map(|(_, tree)| tree.clone());
+        if let Some(tree) = kept {
+            return Ok(tree);
+        }
+        let digest: Digest = layer_tree.parse().map_err(|_| CacheError::BadTree {
+            digest: layer_tree.to_owned(),
+            reason: "not a sha256 digest".to_owned(),
+        })?;
+        let bytes = self
+            .blobs
+            .get(&digest)
+            .await
+            .map_err(|error| CacheError::Blobs(error.to_string()))?
+            .into_bytes()
+            .await
+            .map_err(|error| CacheError::Blobs(error.to_string()))?;
+        let tree = Tree::decode(&bytes).map_err(|error| CacheError::BadTree {
+            digest: layer_tree.to_owned(),
+            reason: error.to_string(),
+        })?;
+        for entry in &tree.entries {
+            if !safe_relative(&entry.path) {
+                return Err(CacheError::BadTree {
+                    digest: layer_tree.to_owned(),
+                    reason: format!("unsafe path {:?}", entry.path),
+                });
+            }
+        }
+        let tree = Arc::new(tree);
+        let mut trees = self
+            .trees
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        trees.insert(0, (layer_tree.to_owned(), tree.clone()));
+        trees.truncate(KEPT_TREES);
+        Ok(tree)
+    }
+
+    /// The cached version of the same environment to make `key` a layer over (the newest
+    /// with room for one more layer), and what differs; none when every candidate differs in
+    /// half its entries or more, or a name changes kind.
+    async fn base_for(&self, key: &VersionKey, tree: &Tree) -> Option<(u32, Delta)> {
+        let dir = self.root.join("versions").join(&key.0);
+        let mut candidates: Vec<u32> = std::fs::read_dir(&dir)
+            .ok()?
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|version| *version != key.1)
+            .collect();
+        candidates.sort_unstable_by(|a, b| b.cmp(a));
+        for candidate in candidates.into_iter().take(2) {
+            let candidate_key = (key.0.clone(), candidate);
+            if self.lower_of(&candidate_key).len() + 2 > MAX_LAYERS {
+                continue;
+            }
+            let Ok(digest) = std::fs::read_to_string(dir.join(format!("{candidate}.tree"))) else {
+                continue;
+            };
+            let Ok(base) = self.tree(digest.trim()).await else {
+                continue;
+            };
+            if let Some(delta) = delta(&base, tree)
+                && (delta.put.len() + delta.removed.len()) * 2 < tree.entries.len().max(1)
+            {
+                return Some((candidate, delta));
+            }
+        }
+        None
     }
 
     fn blob_path(&self, digest: &Digest, executable: bool) -> PathBuf {
@@ -384,10 +647,19 @@ impl VersionCache {
             .keys()
             .cloned()
             .collect();
+        // A layer's base goes only after the layer: a base whose layers were all removed is a
+        // candidate on the next pass.
+        let bases: HashSet<VersionKey> = self
+            .lock_bases()
+            .iter()
+            .map(|((environment, _), base)| (environment.clone(), *base))
+            .collect();
         let mut candidates: Vec<(SystemTime, VersionKey, PathBuf)> = self
             .cached_versions()
             .into_iter()
-            .filter(|(key, _)| !keep.contains(key) && !in_flight.contains(key))
+            .filter(|(key, _)| {
+                !keep.contains(key) && !in_flight.contains(key) && !bases.contains(key)
+            })
             .map(|(key, path)| {
                 let used = self
                     .lock_used()
@@ -398,19 +670,14 @@ impl VersionCache {
             })
             .collect();
         candidates.sort();
-        for (_, key, path) in candidates {
+        for (_, key, _) in candidates {
             if self.blob_bytes() <= self.cap_bytes {
                 break;
             }
-            // Renamed out of `versions/` first, so it never looks whole while half deleted.
-            let doomed = self
-                .root
-                .join("staging")
-                .join(format!("evicted-{}", uuid::Uuid::new_v4().simple()));
-            if std::fs::rename(&path, &doomed).is_err() {
+            if !self.remove_version(&key) {
                 continue;
             }
-            remove_tree(&doomed);
+            self.lock_bases().remove(&key);
             self.lock_used().remove(&key);
             removed.push(key);
             self.sweep_blobs();
@@ -517,28 +784,106 @@ fn safe_relative(path: &str) -> bool {
             .all(|part| !part.is_empty() && part != "." && part != "..")
 }
 
+/// What a version holds that its base does not.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Delta {
+    /// Entries new or changed (a file's content or executable bit, a link's target).
+    put: Vec<TreeEntry>,
+    /// Names the base has and the version does not; only the topmost of a removed subtree.
+    removed: Vec<String>,
+}
+
+/// Every name in a tree: its entries and the directories above them.
+fn names(tree: &Tree) -> HashSet<&str> {
+    let mut names = HashSet::with_capacity(tree.entries.len());
+    for entry in &tree.entries {
+        let mut next = Some(entry.path.as_str());
+        while let Some(name) = next {
+            if !names.insert(name) {
+                break;
+            }
+            next = name.rsplit_once('/').map(|(parent, _)| parent);
+        }
+    }
+    names
+}
+
+/// How `new` differs from `base`; none when an entry of both changes kind (a layer would need
+/// an opaque directory for it).
+fn delta(base: &Tree, new: &Tree) -> Option<Delta> {
+    let by_path: HashMap<&str, &TreeEntry> = base
+        .entries
+        .iter()
+        .map(|entry| (entry.path.as_str(), entry))
+        .collect();
+    let mut delta = Delta::default();
+    for entry in &new.entries {
+        match by_path.get(entry.path.as_str()) {
+            None => delta.put.push(entry.clone()),
+            Some(old) if old.kind != entry.kind => return None,
+            Some(old) => {
+                let same = match entry.kind {
+                    TreeEntryKind::Dir => true,
+                    TreeEntryKind::File => {
+                        old.digest == entry.digest && (old.mode & 0o111) == (entry.mode & 0o111)
+                    }
+                    TreeEntryKind::Symlink => old.target == entry.target,
+                };
+                if !same {
+                    delta.put.push(entry.clone());
+                }
+            }
+        }
+    }
+    let (old_names, new_names) = (names(base), names(new));
+    let mut removed: Vec<String> = old_names
+        .iter()
+        .filter(|name| !new_names.contains(*name))
+        .filter(|name| match name.rsplit_once('/') {
+            None => true,
+            Some((parent, _)) => new_names.contains(parent),
+        })
+        .map(|name| (*name).to_owned())
+        .collect();
+    removed.sort();
+    delta.removed = removed;
+    Some(delta)
+}
+
 /// Threads linking one version: link and mkdir are cheap system calls, so a few threads
 /// keep the disk busy.
 const LINK_THREADS: usize = 4;
 
-/// Builds a version's directory under `staging/` from cached blobs, makes it read-only and
-/// renames it to `final_path`. Directories are known from the tree (no `stat` per file) and
-/// made parents first; files and links are then made by a few threads at once.
+/// Builds a version's directory under `staging/` from cached blobs (with an overlay whiteout
+/// for each of `removed` when it is a layer over `base`), makes it read-only, writes its
+/// sidecars and renames it to `final_path`. Directories are known from the tree (no `stat`
+/// per file) and made parents first; files and links are then made by a few threads at once.
 fn link_version(
     root: &Path,
     entries: &[TreeEntry],
+    removed: &[String],
     staging: &Path,
     final_path: &Path,
+    layer_tree: &str,
+    base: Option<u32>,
 ) -> Result<(), CacheError> {
     let built = (|| {
         std::fs::create_dir_all(staging).map_err(io("creating a staging directory"))?;
         let mut directories: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
-        for entry in entries {
-            let dir = if entry.kind == TreeEntryKind::Dir {
-                Some(entry.path.as_str())
-            } else {
-                entry.path.rsplit_once('/').map(|(parent, _)| parent)
-            };
+        let parents = removed
+            .iter()
+            .filter_map(|path| path.rsplit_once('/').map(|(parent, _)| parent));
+        for dir in entries
+            .iter()
+            .map(|entry| {
+                if entry.kind == TreeEntryKind::Dir {
+                    Some(entry.path.as_str())
+                } else {
+                    entry.path.rsplit_once('/').map(|(parent, _)| parent)
+                }
+            })
+            .chain(parents.map(Some))
+        {
             let mut next = dir;
             while let Some(dir) = next {
                 if !directories.insert(dir) {
@@ -588,6 +933,16 @@ fn link_version(
                 })
             })
         })?;
+        for path in removed {
+            rustix::fs::mknodat(
+                staged,
+                path.as_str(),
+                rustix::fs::FileType::CharacterDevice,
+                rustix::fs::Mode::empty(),
+                0,
+            )
+            .map_err(|errno| io(format!("hiding {path} from the base version"))(errno.into()))?;
+        }
         // Directories read-only, deepest first (the read-only mount is what enforces it for
         // sessions; this keeps the node's own tools from writing by mistake).
         for dir in directories.iter().rev() {
@@ -598,6 +953,16 @@ fn link_version(
             .map_err(io("making the version read-only"))?;
         if let Some(parent) = final_path.parent() {
             std::fs::create_dir_all(parent).map_err(io("creating the versions directory"))?;
+        }
+        // The sidecars first: a version directory is only ever seen with them.
+        std::fs::write(final_path.with_extension("tree"), layer_tree)
+            .map_err(io("recording the version's tree"))?;
+        match base {
+            Some(base) => std::fs::write(final_path.with_extension("base"), base.to_string())
+                .map_err(io("recording the version's base"))?,
+            None => {
+                let _ = std::fs::remove_file(final_path.with_extension("base"));
+            }
         }
         std::fs::rename(staging, final_path).map_err(io("placing the version"))
     })();
@@ -715,6 +1080,57 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    fn file(path: &str, content: &str, executable: bool) -> TreeEntry {
+        TreeEntry::file(
+            path,
+            Digest::of(content.as_bytes()),
+            content.len() as u64,
+            executable,
+        )
+    }
+
+    fn paths(entries: &[TreeEntry]) -> Vec<&str> {
+        entries.iter().map(|entry| entry.path.as_str()).collect()
+    }
+
+    #[test]
+    fn a_delta_holds_what_changed_and_the_topmost_removed_names() {
+        let base = Tree::new(vec![
+            TreeEntry::dir("a"),
+            file("a/same.txt", "same", false),
+            file("a/changed.txt", "before", false),
+            file("a/mode.sh", "echo", false),
+            TreeEntry::symlink("a/link", "same.txt"),
+            file("gone/deep/file.txt", "x", false),
+            file("gone/other.txt", "y", false),
+            file("kept/removed.txt", "z", false),
+            file("kept/stays.txt", "w", false),
+        ]);
+        let new = Tree::new(vec![
+            TreeEntry::dir("a"),
+            file("a/same.txt", "same", false),
+            file("a/changed.txt", "after", false),
+            file("a/mode.sh", "echo", true),
+            TreeEntry::symlink("a/link", "changed.txt"),
+            file("kept/stays.txt", "w", false),
+            file("new/file.txt", "n", false),
+        ]);
+        let found = delta(&base, &new).expect("a layer can hold it");
+        assert_eq!(
+            paths(&found.put),
+            ["a/changed.txt", "a/link", "a/mode.sh", "new/file.txt"]
+        );
+        assert_eq!(found.removed, ["gone", "kept/removed.txt"]);
+        assert_eq!(delta(&new, &new), Some(Delta::default()));
+    }
+
+    #[test]
+    fn a_name_that_changes_kind_needs_a_whole_version() {
+        let base = Tree::new(vec![TreeEntry::dir("thing"), file("thing/x", "x", false)]);
+        let new = Tree::new(vec![file("thing", "now a file", false)]);
+        assert_eq!(delta(&base, &new), None);
     }
 
     /// Both ways of writing a blob leave it whole, under its name only, with its mode.

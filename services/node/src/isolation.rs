@@ -96,6 +96,9 @@ pub struct NamespacePlan {
     env_root: CString,
     mount_point: CString,
     version_dir: CString,
+    /// For a version made as a layer: `lowerdir=<version>:<base>:…`, an overlay of them is
+    /// mounted instead of binding the version's directory.
+    overlay: Option<CString>,
     workdir: CString,
     hidden: Vec<CString>,
     /// The directories to make in the hiding tmpfs down to the working directory's mount
@@ -164,6 +167,7 @@ impl Isolation {
     pub fn namespace_plan(
         &self,
         version_dir: &Path,
+        lower: &[PathBuf],
         slug: &str,
         workdir: &Path,
     ) -> Result<NamespacePlan, LaunchError> {
@@ -194,7 +198,21 @@ impl Isolation {
             }
         }
         let mount_point = format!("{ENV_ROOT}/{slug}");
+        let overlay = if lower.is_empty() {
+            None
+        } else {
+            // The cache makes layers only where its path needs no escaping in these options.
+            let layers: Vec<String> = std::iter::once(version_dir)
+                .chain(lower.iter().map(PathBuf::as_path))
+                .map(|path| path.to_string_lossy().into_owned())
+                .collect();
+            Some(
+                CString::new(format!("lowerdir={}", layers.join(":")))
+                    .map_err(|_| LaunchError::Nul("the version directory"))?,
+            )
+        };
         Ok(NamespacePlan {
+            overlay,
             env_root: CString::new(ENV_ROOT).map_err(|_| LaunchError::Nul("/env"))?,
             mount_point: CString::new(mount_point).map_err(|_| LaunchError::Nul("the slug"))?,
             version_dir: c_path(version_dir, "the version directory")?,
@@ -319,14 +337,27 @@ fn make_namespace(plan: &NamespacePlan) -> Result<OwnedFd, LaunchError> {
     rustix::mount::mount(c"tmpfs", &*plan.env_root, c"tmpfs", quiet, TMPFS_OPTIONS)
         .map_err(step("mounting /env"))?;
     make_dir(&plan.mount_point).map_err(step("making /env/<slug>"))?;
-    rustix::mount::mount_bind(&*plan.version_dir, &*plan.mount_point)
-        .map_err(step("binding the version"))?;
-    rustix::mount::mount_remount(
-        &*plan.mount_point,
-        MountFlags::BIND | MountFlags::RDONLY | quiet,
-        EMPTY,
-    )
-    .map_err(step("making the version read-only"))?;
+    match &plan.overlay {
+        // Only lower layers: the overlay is read-only by construction.
+        Some(options) => rustix::mount::mount(
+            c"overlay",
+            &*plan.mount_point,
+            c"overlay",
+            MountFlags::RDONLY | quiet,
+            &**options,
+        )
+        .map_err(step("mounting the version's layers"))?,
+        None => {
+            rustix::mount::mount_bind(&*plan.version_dir, &*plan.mount_point)
+                .map_err(step("binding the version"))?;
+            rustix::mount::mount_remount(
+                &*plan.mount_point,
+                MountFlags::BIND | MountFlags::RDONLY | quiet,
+                EMPTY,
+            )
+            .map_err(step("making the version read-only"))?;
+        }
+    }
     rustix::mount::mount_remount(&*plan.env_root, MountFlags::RDONLY | quiet, TMPFS_OPTIONS)
         .map_err(step("making /env read-only"))?;
 

@@ -113,9 +113,14 @@ pub async fn run(
         .map_err(|error| NodeError::Blobs(error.to_string()))?;
     let cache = {
         let (dir, cap) = (options.state_dir.join("cache"), options.cache_cap_bytes);
-        tokio::task::spawn_blocking(move || VersionCache::open(&dir, blobs, cap))
-            .await
-            .map_err(|error| NodeError::Blobs(error.to_string()))??
+        // Versions may be layers over cached ones where sessions see them through the mounts
+        // the node makes; without isolation they are linked whole.
+        let layered = options.isolation.enabled;
+        tokio::task::spawn_blocking(move || {
+            VersionCache::open(&dir, blobs, cap).map(|cache| cache.with_layers(layered))
+        })
+        .await
+        .map_err(|error| NodeError::Blobs(error.to_string()))??
     };
     let cache = Arc::new(cache);
     let sessions = Arc::new(SessionTable::load(

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::cache::{CacheError, VersionCache};
+use crate::cache::{CacheError, Materialized, VersionCache};
 use crate::isolation::{self, ENV_ROOT, Isolation, Launch, Namespaces};
 use crate::sessions::{LocalSession, SessionError, SessionRecord, SessionTable};
 use crate::workdir::{self, WorkdirError};
@@ -96,7 +96,7 @@ impl Node {
     async fn namespace(
         &self,
         session: &LocalSession,
-        version_dir: &Path,
+        version: &Materialized,
     ) -> Result<Option<Arc<std::os::fd::OwnedFd>>, PlinthError> {
         let Some(namespaces) = &self.namespaces else {
             return Ok(None);
@@ -106,7 +106,12 @@ impl Node {
             .get_or_try_init(|| async {
                 let plan = self
                     .isolation
-                    .namespace_plan(version_dir, &session.record.slug, &session.workdir)
+                    .namespace_plan(
+                        &version.path,
+                        &version.lower,
+                        &session.record.slug,
+                        &session.workdir,
+                    )
                     .map_err(|error| PlinthError::invalid(error.to_string()))?;
                 namespaces.make(plan).await.map(Arc::new).map_err(|error| {
                     tracing::error!(session = %session.record.session_id, %error, "cannot isolate a session");
@@ -182,7 +187,7 @@ impl pb::node_service_server::NodeService for Node {
             // The directories and the namespace in one hand-off to the namespace thread.
             Some(namespaces) => {
                 let isolation = self.isolation.clone();
-                let version_dir = materialized.path.clone();
+                let (version_dir, lower) = (materialized.path.clone(), materialized.lower.clone());
                 let attached = namespaces
                     .run(move |thread| {
                         let session = sessions.attach(record, true).map_err(|error| (session_error(error), None))?;
@@ -190,7 +195,7 @@ impl pb::node_service_server::NodeService for Node {
                             return Ok(session);
                         }
                         let made = isolation
-                            .namespace_plan(&version_dir, &session.record.slug, &session.workdir)
+                            .namespace_plan(&version_dir, &lower, &session.record.slug, &session.workdir)
                             .map_err(|error| PlinthError::invalid(error.to_string()))
                             .and_then(|plan| {
                                 thread.make(&plan).map_err(|error| {
@@ -291,13 +296,13 @@ impl pb::node_service_server::NodeService for Node {
             )
             .await
             .map_err(cache_error)?;
-        let has_venv = version.path.join(".venv").exists();
+        let has_venv = version.has(".venv");
         if !self.isolation.enabled
             && let Err(error) = isolation::link_unisolated(&session.record.slug, &version.path)
         {
             tracing::warn!(slug = %session.record.slug, %error, "cannot link /env/<slug> to the version without isolation; commands will not find it there");
         }
-        let namespace = self.namespace(&session, &version.path).await?;
+        let namespace = self.namespace(&session, &version).await?;
         let launch = Launch {
             uid: session.record.uid,
             cwd,

@@ -280,3 +280,107 @@ async fn a_tree_with_an_unsafe_path_is_refused_and_leaves_nothing() {
     assert!(cache.cached_versions().is_empty());
     assert!(!root.path().join("escape").exists());
 }
+
+/// Where the node isolates sessions, a version that differs from a cached one by a few entries
+/// is a layer over it: its directory holds what changed and a whiteout for what went, it
+/// survives a restart with its base, its base is not evicted while it stays, and it goes when
+/// its base is lost.
+#[tokio::test]
+async fn a_one_file_version_is_a_layer_over_its_base() {
+    let store = store();
+    let root = tempfile::tempdir().expect("tempdir");
+    let open = |cap: u64| {
+        VersionCache::open(root.path(), store.blobs.clone(), cap)
+            .expect("open")
+            .with_layers(true)
+    };
+    let cache = open(u64::MAX);
+    let unchanged: Vec<(String, String)> = (0..8)
+        .map(|n| (format!("lib/pkg/m{n}.py"), format!("x = {n}\n")))
+        .collect();
+    let mut files: Vec<(&str, &str, bool)> = unchanged
+        .iter()
+        .map(|(path, content)| (path.as_str(), content.as_str(), false))
+        .collect();
+    let mut first = files.clone();
+    first.push(("run.py", "print(1)\n", false));
+    first.push(("lib/old.txt", "old\n", false));
+    let v1 = layer(&store.blobs, &first, vec![]).await;
+    files.push(("run.py", "print(2)\n", false));
+    let v2 = layer(&store.blobs, &files, vec![]).await;
+
+    let whole = cache.materialize(ENV, 1, &v1).await.expect("version 1");
+    assert!(whole.lower.is_empty());
+    let layered = cache.materialize(ENV, 2, &v2).await.expect("version 2");
+    assert_eq!(layered.fetched, 1);
+    assert_eq!(layered.lower, vec![cache.version_dir(ENV, 1)]);
+    // The layer holds run.py, the whiteout of lib/old.txt, and lib (its parent); nothing else.
+    let mut held: Vec<String> = Vec::new();
+    for top in std::fs::read_dir(&layered.path).expect("layer").flatten() {
+        held.push(top.file_name().to_string_lossy().into_owned());
+    }
+    held.sort();
+    assert_eq!(held, ["lib", "run.py"]);
+    let lib: Vec<String> = std::fs::read_dir(layered.path.join("lib"))
+        .expect("lib")
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(lib, ["old.txt"]);
+    assert_eq!(
+        std::fs::read_to_string(layered.path.join("run.py")).expect("run.py"),
+        "print(2)\n"
+    );
+    let whiteout = std::fs::symlink_metadata(layered.path.join("lib/old.txt")).expect("whiteout");
+    assert_eq!((whiteout.mode() & 0o170000, whiteout.rdev()), (0o020000, 0));
+    assert!(layered.has("run.py") && layered.has("lib"));
+    assert_eq!(
+        std::fs::read_to_string(cache.version_dir(ENV, 2).with_extension("base")).expect("base"),
+        "1"
+    );
+
+    // A restart finds the layer and its base; nothing is fetched again.
+    drop(cache);
+    let cache = open(0);
+    let again = cache.materialize(ENV, 2, &v2).await.expect("cached");
+    assert_eq!(
+        (again.fetched, again.lower.clone()),
+        (0, vec![cache.version_dir(ENV, 1)])
+    );
+
+    // Over its cap, the cache keeps version 2 (a session reads it) and so its base too.
+    let keep: HashSet<(String, u32)> = [(ENV.to_owned(), 2)].into();
+    assert_eq!(cache.evict(&keep), vec![]);
+    // Nothing kept: the layer goes first, then its base.
+    assert_eq!(cache.evict(&HashSet::new()), vec![(ENV.to_owned(), 2)]);
+    assert_eq!(cache.evict(&HashSet::new()), vec![(ENV.to_owned(), 1)]);
+    assert!(!cache.version_dir(ENV, 2).with_extension("base").exists());
+
+    // A layer whose base is gone is removed at start.
+    let cache = open(u64::MAX);
+    cache
+        .materialize(ENV, 1, &v1)
+        .await
+        .expect("version 1 again");
+    let layered = cache
+        .materialize(ENV, 2, &v2)
+        .await
+        .expect("version 2 again");
+    assert_eq!(layered.lower.len(), 1);
+    drop(cache);
+    std::fs::remove_dir_all(root.path().join("versions").join(ENV).join("1"))
+        .or_else(|_| {
+            std::process::Command::new("chmod")
+                .args(["-R", "u+w"])
+                .arg(root.path().join("versions").join(ENV).join("1"))
+                .status()
+                .map(|_| ())
+                .and_then(|()| {
+                    std::fs::remove_dir_all(root.path().join("versions").join(ENV).join("1"))
+                })
+        })
+        .expect("lose version 1");
+    let cache = open(u64::MAX);
+    assert!(cache.cached_versions().is_empty());
+    assert!(!cache.version_dir(ENV, 2).exists());
+}
