@@ -20,11 +20,14 @@ pub struct Args {
     /// Rounds of each path, alternating; each Plinth round has a fresh service and data.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// Run on a fresh ext4 file system (a sparse image on a loop device, made with mkfs
-    /// defaults, removed afterwards) rather than on the disk as earlier runs left it. Needs
-    /// root.
+    /// Run on a fresh ext4 file system (a sparse image on a loop device, removed afterwards)
+    /// rather than on the disk as earlier runs left it. Needs root.
     #[arg(long)]
     fresh_fs: bool,
+    /// With `--fresh-fs`: give the new file system a journal (mkfs's default). Without, it
+    /// has none, like the disk the figures in bench/README.md come from.
+    #[arg(long)]
+    journal: bool,
 }
 
 /// The project's top-level requirements; with their dependencies, 20+ distributions.
@@ -141,7 +144,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
     let fresh = if args.fresh_fs {
-        Some(FreshFs::make(&parent)?)
+        Some(FreshFs::make(&parent, args.journal)?)
     } else {
         None
     };
@@ -149,11 +152,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Some(fresh) => tempfile::tempdir_in(fresh.path())?,
         None => tempfile::tempdir_in(&parent)?,
     };
-    let disk = if fresh.is_some() {
-        "a fresh ext4 file system (loop device, mkfs defaults)"
-    } else {
-        "the disk as it is"
-    };
+    let disk = fresh
+        .as_ref()
+        .map_or("the disk as it is", crate::fresh_fs::FreshFs::describe);
     let wheels = wheelhouse(&work.path().join("wheelhouse"))?;
     let requirements = format!("--no-index\n--find-links wheels\n{REQUIREMENTS}");
 

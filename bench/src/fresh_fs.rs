@@ -12,6 +12,7 @@ use anyhow::Context as _;
 pub struct FreshFs {
     image: PathBuf,
     mount: tempfile::TempDir,
+    journal: bool,
 }
 
 impl FreshFs {
@@ -20,16 +21,28 @@ impl FreshFs {
         self.mount.path()
     }
 
-    /// Makes and mounts one under `parent`.
-    pub fn make(parent: &Path) -> anyhow::Result<FreshFs> {
+    /// What it is, for the report.
+    pub fn describe(&self) -> &'static str {
+        if self.journal {
+            "a fresh ext4 file system with a journal (loop device)"
+        } else {
+            "a fresh ext4 file system without a journal (loop device)"
+        }
+    }
+
+    /// Makes and mounts one under `parent`; with a journal (mkfs's default) or without (as the
+    /// disk the figures in bench/README.md come from).
+    pub fn make(parent: &Path, journal: bool) -> anyhow::Result<FreshFs> {
         let image = parent.join(format!("plinth-bench-{}.ext4", std::process::id()));
         std::fs::File::create(&image)
             .and_then(|file| file.set_len(8 << 30))
             .with_context(|| format!("cannot create {}", image.display()))?;
-        let made = Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-E", "nodiscard"])
-            .arg(&image)
-            .status();
+        let mut mkfs = Command::new("mkfs.ext4");
+        mkfs.args(["-q", "-F", "-E", "nodiscard"]);
+        if !journal {
+            mkfs.args(["-O", "^has_journal"]);
+        }
+        let made = mkfs.arg(&image).status();
         if !made.is_ok_and(|status| status.success()) {
             let _ = std::fs::remove_file(&image);
             anyhow::bail!("mkfs.ext4 failed on {}", image.display());
@@ -47,7 +60,11 @@ impl FreshFs {
                 image.display()
             );
         }
-        Ok(FreshFs { image, mount })
+        Ok(FreshFs {
+            image,
+            mount,
+            journal,
+        })
     }
 }
 

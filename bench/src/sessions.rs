@@ -39,10 +39,14 @@ pub struct Args {
     /// Sessions created at once.
     #[arg(long, default_value_t = 200)]
     concurrent: usize,
-    /// Run on a fresh ext4 file system (a sparse image on a loop device, made with mkfs
-    /// defaults, removed afterwards) rather than on the disk as earlier runs left it.
+    /// Run on a fresh ext4 file system (a sparse image on a loop device, removed afterwards)
+    /// rather than on the disk as earlier runs left it.
     #[arg(long)]
     fresh_fs: bool,
+    /// With `--fresh-fs`: give the new file system a journal (mkfs's default). Without, it
+    /// has none, like the disk the figures in bench/README.md come from.
+    #[arg(long)]
+    journal: bool,
 }
 
 fn percentile(values: &[f64], fraction: f64) -> f64 {
@@ -214,7 +218,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
     let fresh = if args.fresh_fs {
-        Some(crate::fresh_fs::FreshFs::make(&parent)?)
+        Some(crate::fresh_fs::FreshFs::make(&parent, args.journal)?)
     } else {
         None
     };
@@ -226,11 +230,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     println!("machine: {}", crate::machine());
     println!(
         "working on {} under {}",
-        if fresh.is_some() {
-            "a fresh ext4 file system (loop device, mkfs defaults)"
-        } else {
-            "the disk as it is"
-        },
+        fresh
+            .as_ref()
+            .map_or("the disk as it is", crate::fresh_fs::FreshFs::describe),
         parent.display()
     );
 
