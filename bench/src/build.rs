@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
-use crate::fresh_fs::FreshFs;
+use crate::fresh_fs::WorkDir;
 use crate::service::Service;
 
 /// Build benchmark.
@@ -92,19 +92,8 @@ async fn build(
         .await?
         .error_for_status()?;
     let answered = begun.elapsed().as_secs_f64();
-    loop {
-        let record: serde_json::Value = client
-            .get(format!("{base}/v1/environments/{id}/builds/{version}"))
-            .send()
-            .await?
-            .json()
-            .await?;
-        match record["status"].as_str() {
-            Some("ready") => return Ok((answered, begun.elapsed().as_secs_f64())),
-            Some("failed") => anyhow::bail!("build failed: {}\n{}", record["error"], record["log"]),
-            _ => tokio::time::sleep(Duration::from_millis(10)).await,
-        }
-    }
+    crate::service::wait_for_build(client, base, id, version, Duration::from_millis(10)).await?;
+    Ok((answered, begun.elapsed().as_secs_f64()))
 }
 
 /// Builds a one-file project and waits for it, so the measured build finds the builder running
@@ -131,30 +120,10 @@ async fn warm_up(client: &reqwest::Client, base: &str) -> anyhow::Result<()> {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let binary = std::env::current_exe()?
-        .parent()
-        .context("no directory")?
-        .join("plinth");
-    anyhow::ensure!(
-        binary.exists(),
-        "build it: cargo build --release -p plinth -p plinth-bench"
-    );
+    let binary = crate::service::binary()?;
     let uv = uv_binary()?;
-    let parent = std::env::var_os("PLINTH_BENCH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    let fresh = if args.fresh_fs {
-        Some(FreshFs::make(&parent, args.journal)?)
-    } else {
-        None
-    };
-    let work = match &fresh {
-        Some(fresh) => tempfile::tempdir_in(fresh.path())?,
-        None => tempfile::tempdir_in(&parent)?,
-    };
-    let disk = fresh
-        .as_ref()
-        .map_or("the disk as it is", crate::fresh_fs::FreshFs::describe);
+    let work = WorkDir::make(args.fresh_fs, args.journal)?;
+    let disk = work.describe();
     let wheels = wheelhouse(&work.path().join("wheelhouse"))?;
     let requirements = format!("--no-index\n--find-links wheels\n{REQUIREMENTS}");
 
@@ -274,7 +243,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // path runs slows that path's file creation (ext4 without a journal, as on the machine the
     // figures come from, skips inodes freed in the last few seconds when allocating).
     drop(work);
-    drop(fresh);
     let (base, full, again) = (
         median(baseline.clone()),
         median(plinth.clone()),
@@ -282,7 +250,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
     println!("plinth-bench build");
     println!("machine: {}", crate::machine());
-    println!("working on {disk} under {}", parent.display());
+    println!("working on {disk}");
     println!(
         "project: {} wheels ({packages} packages installed) from a local wheelhouse, cold caches, {} rounds, median",
         wheels.len(),

@@ -1,5 +1,5 @@
-//! `--fresh-fs`: a benchmark's files on a new ext4 file system rather than on the disk as
-//! earlier runs left it. Every run creates and deletes tens of thousands of files, and on a
+//! Where a benchmark keeps its files, and `--fresh-fs`: those files on a new ext4 file system
+//! rather than on the disk as earlier runs left it. Every run creates and deletes tens of thousands of files, and on a
 //! disk whose ext4 has no journal (as on the machine the figures come from) file creation
 //! skips inodes freed in the last few seconds to minutes, so each run slows the next.
 
@@ -83,5 +83,47 @@ impl Drop for FreshFs {
                 self.image.display()
             );
         }
+    }
+}
+
+/// Where a benchmark keeps its files: a temporary directory under `PLINTH_BENCH_DIR` (the
+/// system's temporary directory when unset), on a fresh file system when asked. Dropped, the
+/// directory goes first, then the file system.
+pub struct WorkDir {
+    dir: tempfile::TempDir,
+    fresh: Option<FreshFs>,
+    parent: PathBuf,
+}
+
+impl WorkDir {
+    /// Makes one; `fresh` (and `journal`) as `--fresh-fs` (and `--journal`) say.
+    pub fn make(fresh: bool, journal: bool) -> anyhow::Result<WorkDir> {
+        let parent = std::env::var_os("PLINTH_BENCH_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
+        let fresh = if fresh {
+            Some(FreshFs::make(&parent, journal)?)
+        } else {
+            None
+        };
+        let dir = match &fresh {
+            Some(fresh) => tempfile::tempdir_in(fresh.path())?,
+            None => tempfile::tempdir_in(&parent)?,
+        };
+        Ok(WorkDir { dir, fresh, parent })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// What disk it is on, for the report.
+    pub fn describe(&self) -> String {
+        let disk = self
+            .fresh
+            .as_ref()
+            .map_or("the disk as it is", FreshFs::describe);
+        format!("{disk} under {}", self.parent.display())
     }
 }

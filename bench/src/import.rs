@@ -10,7 +10,6 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Context as _;
 use tokio::sync::Semaphore;
 
 use crate::service::Service;
@@ -117,20 +116,9 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let binary = std::env::current_exe()?
-        .parent()
-        .context("no directory")?
-        .join("plinth");
-    anyhow::ensure!(
-        binary.exists(),
-        "{} is missing: build it with `cargo build --release -p plinth -p plinth-bench`",
-        binary.display()
-    );
+    let binary = crate::service::binary()?;
     // Everything on one disk: the temporary directory's (PLINTH_BENCH_DIR to choose another).
-    let work = match std::env::var_os("PLINTH_BENCH_DIR") {
-        Some(dir) => tempfile::tempdir_in(dir)?,
-        None => tempfile::tempdir()?,
-    };
+    let work = crate::fresh_fs::WorkDir::make(false, false)?;
     let archive = work.path().join("project.tar.gz");
     let started = Instant::now();
     let (bytes, files) = generate(&archive, args.files, args.mib * 1024 * 1024)?;

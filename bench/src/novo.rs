@@ -201,18 +201,8 @@ async fn throughput(
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let binary = std::env::current_exe()?
-        .parent()
-        .context("no directory")?
-        .join("plinth");
-    anyhow::ensure!(
-        binary.exists(),
-        "build it: cargo build --release -p plinth -p plinth-bench"
-    );
-    let work = match std::env::var_os("PLINTH_BENCH_DIR") {
-        Some(dir) => tempfile::tempdir_in(dir)?,
-        None => tempfile::tempdir()?,
-    };
+    let binary = crate::service::binary()?;
+    let work = crate::fresh_fs::WorkDir::make(false, false)?;
     let client = reqwest::Client::new();
     println!("machine: {}", crate::machine());
     let service = Service::start(
@@ -237,22 +227,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         json!({}),
     )
     .await?;
-    loop {
-        let build: Value = client
-            .get(format!(
-                "{}/v1/environments/{environment}/builds/1",
-                service.base
-            ))
-            .send()
-            .await?
-            .json()
-            .await?;
-        match build["status"].as_str() {
-            Some("ready") => break,
-            Some("failed") => anyhow::bail!("build failed: {build}"),
-            _ => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
+    crate::service::wait_for_build(
+        &client,
+        &service.base,
+        &environment,
+        1,
+        Duration::from_millis(50),
+    )
+    .await?;
     let adapter = post(
         &client,
         format!("{}/v1/workspace-adapters", service.base),

@@ -1,11 +1,51 @@
 //! A `plinth serve` child process for benchmarks: started from the release binary beside
 //! the benchmark's own, with its own data directory, stopped when dropped.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context as _;
+
+/// The release `plinth` binary beside this benchmark's own.
+pub fn binary() -> anyhow::Result<PathBuf> {
+    let binary = std::env::current_exe()?
+        .parent()
+        .context("no directory")?
+        .join("plinth");
+    anyhow::ensure!(
+        binary.exists(),
+        "{} is missing: build it with `cargo build --release -p plinth -p plinth-bench`",
+        binary.display()
+    );
+    Ok(binary)
+}
+
+/// Asks for build `version` of `environment` every `every` until it is ready; an error when it
+/// failed.
+pub async fn wait_for_build(
+    client: &reqwest::Client,
+    base: &str,
+    environment: &str,
+    version: u64,
+    every: Duration,
+) -> anyhow::Result<()> {
+    loop {
+        let record: serde_json::Value = client
+            .get(format!(
+                "{base}/v1/environments/{environment}/builds/{version}"
+            ))
+            .send()
+            .await?
+            .json()
+            .await?;
+        match record["status"].as_str() {
+            Some("ready") => return Ok(()),
+            Some("failed") => anyhow::bail!("build failed: {}\n{}", record["error"], record["log"]),
+            _ => tokio::time::sleep(every).await,
+        }
+    }
+}
 
 /// A `plinth serve` child process with its own data directory.
 pub struct Service {

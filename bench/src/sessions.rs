@@ -206,35 +206,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         rustix::process::geteuid().is_root(),
         "the session benchmark needs root (mount namespaces, session uids)"
     );
-    let binary = std::env::current_exe()?
-        .parent()
-        .context("no directory")?
-        .join("plinth");
-    anyhow::ensure!(
-        binary.exists(),
-        "build it: cargo build --release -p plinth -p plinth-bench"
-    );
-    let parent = std::env::var_os("PLINTH_BENCH_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    let fresh = if args.fresh_fs {
-        Some(crate::fresh_fs::FreshFs::make(&parent, args.journal)?)
-    } else {
-        None
-    };
-    let work = match &fresh {
-        Some(fresh) => tempfile::tempdir_in(fresh.path())?,
-        None => tempfile::tempdir_in(&parent)?,
-    };
+    let binary = crate::service::binary()?;
+    let work = crate::fresh_fs::WorkDir::make(args.fresh_fs, args.journal)?;
     let client = reqwest::Client::new();
     println!("machine: {}", crate::machine());
-    println!(
-        "working on {} under {}",
-        fresh
-            .as_ref()
-            .map_or("the disk as it is", crate::fresh_fs::FreshFs::describe),
-        parent.display()
-    );
+    println!("working on {}", work.describe());
 
     // 1. Attach + first exec beside the floor.
     let service = Service::start(
@@ -262,22 +238,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     )
     .await
     .ok();
-    loop {
-        let build: serde_json::Value = client
-            .get(format!(
-                "{}/v1/environments/{environment}/builds/1",
-                service.base
-            ))
-            .send()
-            .await?
-            .json()
-            .await?;
-        match build["status"].as_str() {
-            Some("ready") => break,
-            Some("failed") => anyhow::bail!("build failed: {build}"),
-            _ => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
+    crate::service::wait_for_build(
+        &client,
+        &service.base,
+        &environment,
+        1,
+        Duration::from_millis(50),
+    )
+    .await?;
     // The version is cached by the first session.
     post(
         &client,
