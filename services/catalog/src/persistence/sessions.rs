@@ -154,8 +154,9 @@ impl Store {
              ORDER BY (SELECT COUNT(*) FROM sessions a WHERE a.node_id = c.id \
              AND a.status = 'active'), c.registered_at_ms, c.id LIMIT 1) \
              WHERE e.id = $2 AND e.scope = $3 \
-             RETURNING environment_name, entry, version, slug, layer_tree, node_id, isolated, \
-             workdir, (SELECT address FROM nodes WHERE id = node_id) AS node_address",
+             RETURNING id, scope, environment_id, environment_name, entry, version, slug, \
+             layer_tree, node_id, harness_id, workdir, isolated, status, turns, created_at_ms, \
+             ended_at_ms, owner, (SELECT address FROM nodes WHERE id = node_id) AS node_address",
         )
         .bind(id.as_str())
         .bind(new.environment_id.as_str())
@@ -168,31 +169,7 @@ impl Store {
         .bind(new.live_since_ms)
         .fetch_optional(&self.db.writer)
         .await?;
-        let Some(row) = row else { return Ok(None) };
-        let corrupt = |what: &str| StoreError::Corrupt(format!("{what} of session {id}"));
-        let version: i64 = row.try_get("version")?;
-        let node: String = row.try_get("node_id")?;
-        let isolated: i64 = row.try_get("isolated")?;
-        Ok(Some(Session {
-            scope: new.scope.clone(),
-            environment_id: new.environment_id.clone(),
-            environment_name: row.try_get("environment_name")?,
-            entry: row.try_get("entry")?,
-            version: u32::try_from(version).map_err(|_| corrupt("version"))?,
-            slug: row.try_get("slug")?,
-            layer_tree: row.try_get("layer_tree")?,
-            node_id: NodeId::parse(&node).ok_or_else(|| corrupt("node"))?,
-            node_address: row.try_get("node_address")?,
-            harness_id: new.harness_id.clone(),
-            workdir: row.try_get("workdir")?,
-            isolated: isolated != 0,
-            status: SessionStatus::Active,
-            turns: 0,
-            created_at_ms,
-            ended_at_ms: 0,
-            owner: new.owner.clone(),
-            id,
-        }))
+        row.as_ref().map(session_from_row).transpose()
     }
 
     /// Creates a task and the session it runs in, together.
