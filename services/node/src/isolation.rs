@@ -310,11 +310,6 @@ impl Namespaces {
             .map_err(|_| LaunchError::Stopped)?;
         answer.await.map_err(|_| LaunchError::Stopped)
     }
-
-    /// Makes one session's namespace; answers a descriptor holding it.
-    pub async fn make(&self, plan: NamespacePlan) -> Result<OwnedFd, LaunchError> {
-        self.run(move |thread| thread.make(&plan)).await?
-    }
 }
 
 /// The namespace thread's side: runs in the new namespace, leaves the thread there.

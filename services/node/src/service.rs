@@ -78,6 +78,23 @@ fn workdir_error(error: WorkdirError) -> PlinthError {
     }
 }
 
+/// Makes a session's mount namespace on the namespace thread.
+fn isolate(
+    thread: &isolation::NamespaceThread,
+    isolation: &Isolation,
+    version: &Materialized,
+    record: &SessionRecord,
+    workdir: &Path,
+) -> Result<std::os::fd::OwnedFd, PlinthError> {
+    let plan = isolation
+        .namespace_plan(&version.path, &version.lower, &record.slug, workdir)
+        .map_err(|error| PlinthError::invalid(error.to_string()))?;
+    thread.make(&plan).map_err(|error| {
+        tracing::error!(session = %record.session_id, %error, "cannot isolate a session");
+        PlinthError::new(ErrorCode::Unavailable, error.to_string())
+    })
+}
+
 /// A session this node does not hold (never attached here, ended, or its directory lost).
 fn lost(id: &str) -> PlinthError {
     PlinthError::new(
@@ -104,19 +121,13 @@ impl Node {
         let made = session
             .namespace
             .get_or_try_init(|| async {
-                let plan = self
-                    .isolation
-                    .namespace_plan(
-                        &version.path,
-                        &version.lower,
-                        &session.record.slug,
-                        &session.workdir,
-                    )
-                    .map_err(|error| PlinthError::invalid(error.to_string()))?;
-                namespaces.make(plan).await.map(Arc::new).map_err(|error| {
-                    tracing::error!(session = %session.record.session_id, %error, "cannot isolate a session");
-                    PlinthError::new(ErrorCode::Unavailable, error.to_string())
-                })
+                let (isolation, version) = (self.isolation.clone(), version.clone());
+                let (record, workdir) = (session.record.clone(), session.workdir.clone());
+                namespaces
+                    .run(move |thread| isolate(thread, &isolation, &version, &record, &workdir))
+                    .await
+                    .map_err(|error| PlinthError::new(ErrorCode::Unavailable, error.to_string()))?
+                    .map(Arc::new)
             })
             .await?;
         Ok(Some(made.clone()))
@@ -186,24 +197,22 @@ impl pb::node_service_server::NodeService for Node {
         let session = match &self.namespaces {
             // The directories and the namespace in one hand-off to the namespace thread.
             Some(namespaces) => {
-                let isolation = self.isolation.clone();
-                let (version_dir, lower) = (materialized.path.clone(), materialized.lower.clone());
+                let (isolation, version) = (self.isolation.clone(), materialized.clone());
                 let attached = namespaces
                     .run(move |thread| {
-                        let session = sessions.attach(record, true).map_err(|error| (session_error(error), None))?;
+                        let session = sessions
+                            .attach(record, true)
+                            .map_err(|error| (session_error(error), None))?;
                         if session.namespace.initialized() {
                             return Ok(session);
                         }
-                        let made = isolation
-                            .namespace_plan(&version_dir, &lower, &session.record.slug, &session.workdir)
-                            .map_err(|error| PlinthError::invalid(error.to_string()))
-                            .and_then(|plan| {
-                                thread.make(&plan).map_err(|error| {
-                                    tracing::error!(session = %session.record.session_id, %error, "cannot isolate a session");
-                                    PlinthError::new(ErrorCode::Unavailable, error.to_string())
-                                })
-                            });
-                        match made {
+                        match isolate(
+                            thread,
+                            &isolation,
+                            &version,
+                            &session.record,
+                            &session.workdir,
+                        ) {
                             Ok(namespace) => {
                                 let _ = session.namespace.set(Arc::new(namespace));
                                 Ok(session)
