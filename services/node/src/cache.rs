@@ -34,7 +34,6 @@ use std::time::{Duration, Instant, SystemTime};
 use futures::{StreamExt, TryStreamExt};
 use plinth_blobs::tree::{Tree, TreeEntry, TreeEntryKind};
 use plinth_blobs::{BlobStore, Digest};
-use tokio::io::AsyncWriteExt;
 
 /// Blobs fetched at once on a cold node.
 const PARALLEL_FETCHES: usize = 64;
@@ -577,60 +576,21 @@ impl VersionCache {
             .await
             .map_err(|error| CacheError::Blobs(error.to_string()))?;
         let mode = if executable { 0o555 } else { 0o444 };
-        // Most blobs of a version are small and arrive whole: one hand-off writes each.
-        let blob = match blob {
-            plinth_blobs::VerifiedBlob::Memory(bytes) => {
-                let size = bytes.len() as u64;
-                let directory = self.root.join("blobs");
-                let target = self.blob_path(&digest, executable);
-                tokio::task::spawn_blocking(move || write_blob(&directory, &target, &bytes, mode))
-                    .await
-                    .map_err(|error| io("writing a blob file")(std::io::Error::other(error)))??;
-                self.blob_bytes.fetch_add(size, Ordering::Relaxed);
-                self.lock_present().insert(blob_name(&digest, executable));
-                return Ok(());
-            }
-            spooled => spooled,
+        let size = blob.size();
+        // In memory (most blobs of a version are small) or in a spooled file: either way one
+        // hand-off writes it.
+        let source: Box<dyn BlobSource> = match blob {
+            plinth_blobs::VerifiedBlob::Memory(bytes) => Box::new(std::io::Cursor::new(bytes)),
+            plinth_blobs::VerifiedBlob::Spooled { file, .. } => Box::new(file.into_std().await),
         };
-        let temporary = self.root.join("blobs").join(format!(
-            ".tmp-{}-{}",
-            digest.to_hex(),
-            uuid::Uuid::new_v4().simple()
-        ));
-        let written: Result<u64, CacheError> = async {
-            let mut file = tokio::fs::File::create(&temporary)
-                .await
-                .map_err(io("creating a blob file"))?;
-            let mut chunks = blob.into_stream();
-            let mut size = 0u64;
-            while let Some(chunk) = chunks.next().await {
-                let chunk = chunk.map_err(|error| CacheError::Blobs(error.to_string()))?;
-                size += chunk.len() as u64;
-                file.write_all(&chunk)
-                    .await
-                    .map_err(io("writing a blob file"))?;
-            }
-            file.flush().await.map_err(io("writing a blob file"))?;
-            tokio::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode))
-                .await
-                .map_err(io("setting a blob's mode"))?;
-            tokio::fs::rename(&temporary, self.blob_path(&digest, executable))
-                .await
-                .map_err(io("placing a blob"))?;
-            Ok(size)
-        }
-        .await;
-        match written {
-            Ok(size) => {
-                self.blob_bytes.fetch_add(size, Ordering::Relaxed);
-                self.lock_present().insert(blob_name(&digest, executable));
-                Ok(())
-            }
-            Err(error) => {
-                let _ = tokio::fs::remove_file(&temporary).await;
-                Err(error)
-            }
-        }
+        let directory = self.root.join("blobs");
+        let target = self.blob_path(&digest, executable);
+        tokio::task::spawn_blocking(move || write_blob(&directory, &target, source, mode))
+            .await
+            .map_err(|error| io("writing a blob file")(std::io::Error::other(error)))??;
+        self.blob_bytes.fetch_add(size, Ordering::Relaxed);
+        self.lock_present().insert(blob_name(&digest, executable));
+        Ok(())
     }
 
     /// Removes least recently used versions not in `keep` until the blobs fit under the cap,
@@ -715,12 +675,20 @@ fn blob_name(digest: &Digest, executable: bool) -> String {
     }
 }
 
-/// Writes a whole blob into the cache's `directory` as `target` (mode `mode`): an unnamed
-/// file (`O_TMPFILE`) linked to its name once written, so no name shows part of a blob and a
-/// node that dies mid-write leaves nothing; one directory entry per blob. Where unnamed files
-/// are refused, a staging name beside it, renamed into place.
-fn write_blob(directory: &Path, target: &Path, bytes: &[u8], mode: u32) -> Result<(), CacheError> {
-    use std::io::Write as _;
+/// A verified blob's bytes, to be read once more if the first way of writing them fails.
+trait BlobSource: std::io::Read + std::io::Seek + Send {}
+impl<T: std::io::Read + std::io::Seek + Send> BlobSource for T {}
+
+/// Writes a blob into the cache's `directory` as `target` (mode `mode`): an unnamed file
+/// (`O_TMPFILE`) linked to its name once written, so no name shows part of a blob and a node
+/// that dies mid-write leaves nothing; one directory entry per blob. Where unnamed files are
+/// refused, a staging name beside it, renamed into place.
+fn write_blob(
+    directory: &Path,
+    target: &Path,
+    mut source: Box<dyn BlobSource>,
+    mode: u32,
+) -> Result<(), CacheError> {
     let permissions = std::fs::Permissions::from_mode(mode);
     if let Ok(unnamed) = rustix::fs::open(
         directory,
@@ -728,29 +696,32 @@ fn write_blob(directory: &Path, target: &Path, bytes: &[u8], mode: u32) -> Resul
         rustix::fs::Mode::from_raw_mode(mode),
     ) {
         let mut file = std::fs::File::from(unnamed);
-        file.write_all(bytes).map_err(io("writing a blob file"))?;
+        std::io::copy(&mut source, &mut file).map_err(io("writing a blob file"))?;
         // The umask may have narrowed the mode asked for at open.
         file.set_permissions(permissions.clone())
             .map_err(io("setting a blob's mode"))?;
         match plinth_blobs::link_unnamed(&file, target) {
             Ok(()) | Err(rustix::io::Errno::EXIST) => return Ok(()),
-            Err(_) => {}
+            Err(_) => source.rewind().map_err(io("reading a blob again"))?,
         }
     }
-    write_blob_staged(directory, target, bytes, permissions)
+    write_blob_staged(directory, target, &mut source, permissions)
 }
 
 /// [`write_blob`] where unnamed files are refused.
 fn write_blob_staged(
     directory: &Path,
     target: &Path,
-    bytes: &[u8],
+    source: &mut dyn std::io::Read,
     permissions: std::fs::Permissions,
 ) -> Result<(), CacheError> {
     let staging = directory.join(format!(".tmp-{}", uuid::Uuid::new_v4().simple()));
     let written = (|| {
-        std::fs::write(&staging, bytes).map_err(io("writing a blob file"))?;
-        std::fs::set_permissions(&staging, permissions).map_err(io("setting a blob's mode"))?;
+        let mut file = std::fs::File::create(&staging).map_err(io("writing a blob file"))?;
+        std::io::copy(source, &mut file).map_err(io("writing a blob file"))?;
+        file.set_permissions(permissions)
+            .map_err(io("setting a blob's mode"))?;
+        drop(file);
         std::fs::rename(&staging, target).map_err(io("placing a blob"))
     })();
     if written.is_err() {
@@ -1138,12 +1109,15 @@ mod tests {
     fn a_blob_is_written_whole_with_its_mode_either_way() {
         let dir = tempfile::tempdir().expect("dir");
         let unnamed = dir.path().join("abc");
-        write_blob(dir.path(), &unnamed, b"blob bytes", 0o555).expect("unnamed write");
+        let bytes = |content: &'static [u8]| -> Box<dyn BlobSource> {
+            Box::new(std::io::Cursor::new(content))
+        };
+        write_blob(dir.path(), &unnamed, bytes(b"blob bytes"), 0o555).expect("unnamed write");
         let staged = dir.path().join("def");
         write_blob_staged(
             dir.path(),
             &staged,
-            b"other bytes",
+            &mut &b"other bytes"[..],
             std::fs::Permissions::from_mode(0o444),
         )
         .expect("staged write");
@@ -1155,7 +1129,14 @@ mod tests {
         assert_eq!(mode(&unnamed), 0o555);
         assert_eq!(mode(&staged), 0o444);
         // Written again (another fetch won the race): the first stays, nothing is left over.
-        write_blob(dir.path(), &unnamed, b"blob bytes", 0o555).expect("second write");
+        write_blob(dir.path(), &unnamed, bytes(b"blob bytes"), 0o555).expect("second write");
         assert_eq!(names(dir.path()), ["abc", "def"]);
+        // A large blob comes from the file the store spooled it to.
+        std::fs::write(dir.path().join("spool"), b"spooled bytes").expect("spool");
+        let source = std::fs::File::open(dir.path().join("spool")).expect("open");
+        let large = dir.path().join("ghi");
+        write_blob(dir.path(), &large, Box::new(source), 0o444).expect("from a file");
+        assert_eq!(std::fs::read(&large).expect("read"), b"spooled bytes");
+        assert_eq!(mode(&large), 0o444);
     }
 }
