@@ -238,6 +238,51 @@ pub struct BuilderSection {
     /// Whether installers may use the network. Off: no network at all, and uv, pip and npm
     /// install only from what the project carries (find-links, `file:` packages, caches).
     pub network: bool,
+    /// A PEM bundle of the certificate authorities installers trust; when absent, the first
+    /// of `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`, `PIP_CERT`, `CURL_CA_BUNDLE` and
+    /// `NODE_EXTRA_CA_CERTS` in the builder's environment that names a file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<PathBuf>,
+    /// The proxy for HTTPS; `HTTPS_PROXY` (or `https_proxy`) when absent.
+    #[serde(
+        serialize_with = "config::serialize_redacted_url",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub https_proxy: Option<String>,
+    /// The proxy for plain HTTP; `HTTP_PROXY` (or `http_proxy`) when absent.
+    #[serde(
+        serialize_with = "config::serialize_redacted_url",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub http_proxy: Option<String>,
+    /// Hosts reached without a proxy; `NO_PROXY` (or `no_proxy`) when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_proxy: Option<String>,
+    /// The Python index used instead of PyPI; `UV_DEFAULT_INDEX`, `UV_INDEX_URL` or
+    /// `PIP_INDEX_URL` when absent.
+    #[serde(
+        serialize_with = "config::serialize_redacted_url",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub python_index_url: Option<String>,
+    /// Further Python indexes; `UV_INDEX`, `UV_EXTRA_INDEX_URL` or `PIP_EXTRA_INDEX_URL`
+    /// (space-separated) when empty.
+    #[serde(serialize_with = "serialize_redacted_urls")]
+    pub python_extra_index_urls: Vec<String>,
+    /// The npm registry used instead of the public one; `NPM_CONFIG_REGISTRY` (or
+    /// `npm_config_registry`) when absent.
+    #[serde(
+        serialize_with = "config::serialize_redacted_url",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub npm_registry: Option<String>,
+}
+
+fn serialize_redacted_urls<S: serde::Serializer>(
+    urls: &[String],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(urls.iter().map(|url| config::redact_url(url)))
 }
 
 impl Default for BuilderSection {
@@ -251,6 +296,13 @@ impl Default for BuilderSection {
             tools_dir: PathBuf::from("/var/lib/plinth/tools"),
             name: None,
             network: true,
+            ca_bundle: None,
+            https_proxy: None,
+            http_proxy: None,
+            no_proxy: None,
+            python_index_url: None,
+            python_extra_index_urls: Vec::new(),
+            npm_registry: None,
         }
     }
 }
@@ -355,9 +407,10 @@ impl Config {
             config.node.insecure_no_isolation = true;
         }
         apply_access_flags(&mut config, &args.access)?;
+        config.make_paths_absolute()?;
         config.resolve_database();
         config.resolve_source();
-        config.resolve_builder();
+        config.resolve_builder()?;
         config.resolve_node();
         config.node.listen.get_or_insert(EPHEMERAL_LOOPBACK);
         config.catalog.listen.get_or_insert(EPHEMERAL_LOOPBACK);
@@ -381,6 +434,7 @@ impl Config {
         if let Some(url) = &args.database_url {
             config.catalog.database_url = Some(url.clone());
         }
+        config.make_paths_absolute()?;
         config.resolve_database();
         config.catalog.listen.get_or_insert(DEFAULT_CATALOG_LISTEN);
         Ok(config)
@@ -405,6 +459,7 @@ impl Config {
             config.source.blob_url = Some(url.clone());
         }
         config.apply_git_flags(&args.git);
+        config.make_paths_absolute()?;
         config.resolve_source();
         config.source.listen.get_or_insert(DEFAULT_SOURCE_LISTEN);
         Ok(config)
@@ -451,8 +506,9 @@ impl Config {
         if let Some(name) = &args.name {
             config.builder.name = Some(name.clone());
         }
+        config.make_paths_absolute()?;
         config.resolve_source();
-        config.resolve_builder();
+        config.resolve_builder()?;
         Ok(config)
     }
 
@@ -480,6 +536,7 @@ impl Config {
         if args.insecure_no_isolation {
             config.node.insecure_no_isolation = true;
         }
+        config.make_paths_absolute()?;
         config.resolve_source();
         config.resolve_node();
         config
@@ -501,7 +558,7 @@ impl Config {
         }
     }
 
-    fn resolve_builder(&mut self) {
+    fn resolve_builder(&mut self) -> Result<(), ConfigError> {
         self.builder
             .work_dir
             .get_or_insert_with(|| self.data_dir.join("builder"));
@@ -510,6 +567,99 @@ impl Config {
                 .map(|name| name.trim().to_owned())
                 .unwrap_or_else(|_| "builder".to_owned());
             self.builder.name = Some(format!("{host}-{}", std::process::id()));
+        }
+        self.resolve_registries(&|name| std::env::var(name).ok());
+        let hidden = self.builder_hidden_paths();
+        if let Some(why) =
+            plinth_builder::sandbox::hidden_from_builds(&self.builder.tools_dir, &hidden)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "builder.tools_dir: builds could not reach the tools placed there: {why}. \
+                 Choose a directory outside it, such as the default /var/lib/plinth/tools"
+            )));
+        }
+        if let Some(bundle) = &self.builder.ca_bundle
+            && !bundle.is_file()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "builder.ca_bundle {} is not a readable file: name the PEM bundle of the \
+                 certificate authorities builds should trust",
+                bundle.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// What builds must not see: Plinth's data (databases, blobs, other builds) and the
+    /// builder's own state. Their own scratch directory is mounted before these are hidden.
+    pub fn builder_hidden_paths(&self) -> Vec<PathBuf> {
+        let mut hidden = vec![self.data_dir.clone()];
+        hidden.extend(self.builder.work_dir.clone());
+        hidden
+    }
+
+    /// Fills the registry settings the file and flags left unset from the standard variables
+    /// of the builder's own environment (`lookup`), so a machine that reaches registries
+    /// through its own certificate authority, a proxy or a mirror builds as its other tools
+    /// do. A certificate variable naming no file is passed over.
+    fn resolve_registries(&mut self, lookup: &dyn Fn(&str) -> Option<String>) {
+        let first = |names: &[&str]| {
+            names
+                .iter()
+                .filter_map(|name| lookup(name))
+                .map(|value| value.trim().to_owned())
+                .find(|value| !value.is_empty())
+        };
+        let builder = &mut self.builder;
+        if builder.ca_bundle.is_none() {
+            builder.ca_bundle = [
+                "SSL_CERT_FILE",
+                "REQUESTS_CA_BUNDLE",
+                "PIP_CERT",
+                "CURL_CA_BUNDLE",
+                "NODE_EXTRA_CA_CERTS",
+            ]
+            .iter()
+            .filter_map(|name| lookup(name))
+            .map(|value| PathBuf::from(value.trim()))
+            .find(|path| path.is_absolute() && path.is_file());
+        }
+        if builder.https_proxy.is_none() {
+            builder.https_proxy = first(&["HTTPS_PROXY", "https_proxy"]);
+        }
+        if builder.http_proxy.is_none() {
+            builder.http_proxy = first(&["HTTP_PROXY", "http_proxy"]);
+        }
+        if builder.no_proxy.is_none() {
+            builder.no_proxy = first(&["NO_PROXY", "no_proxy"]);
+        }
+        if builder.python_index_url.is_none() {
+            builder.python_index_url =
+                first(&["UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"]);
+        }
+        if builder.python_extra_index_urls.is_empty() {
+            builder.python_extra_index_urls =
+                first(&["UV_INDEX", "UV_EXTRA_INDEX_URL", "PIP_EXTRA_INDEX_URL"])
+                    .map(|urls| urls.split_whitespace().map(str::to_owned).collect())
+                    .unwrap_or_default();
+        }
+        if builder.npm_registry.is_none() {
+            builder.npm_registry = first(&["NPM_CONFIG_REGISTRY", "npm_config_registry"]);
+        }
+    }
+
+    /// The registry settings builds use (the certificate bundle as the builder found it; the
+    /// builder passes builds a copy they can read).
+    pub fn registries(&self) -> plinth_builder::Registries {
+        let builder = &self.builder;
+        plinth_builder::Registries {
+            ca_bundle: builder.ca_bundle.clone(),
+            https_proxy: builder.https_proxy.clone(),
+            http_proxy: builder.http_proxy.clone(),
+            no_proxy: builder.no_proxy.clone(),
+            python_index_url: builder.python_index_url.clone(),
+            python_extra_index_urls: builder.python_extra_index_urls.clone(),
+            npm_registry: builder.npm_registry.clone(),
         }
     }
 
@@ -526,8 +676,81 @@ impl Config {
             config.gateway.source_url = url.clone();
         }
         apply_access_flags(&mut config, &args.access)?;
+        config.make_paths_absolute()?;
         config.refuse_open_scope_beyond_loopback()?;
         Ok(config)
+    }
+
+    /// Makes every configured path absolute, against the working directory `plinth` was
+    /// started in, once, before anything is derived from them: a relative path would otherwise
+    /// mean something else to each service that uses it (the builder's sandbox changes
+    /// directory; mounts need absolute paths), and `--dump-config` shows what is used.
+    fn make_paths_absolute(&mut self) -> Result<(), ConfigError> {
+        fn absolute(path: &mut PathBuf, key: &str) -> Result<(), ConfigError> {
+            if path.as_os_str().is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "{key} is empty: name a directory"
+                )));
+            }
+            if !path.is_absolute() {
+                *path = std::path::absolute(&*path).map_err(|error| {
+                    ConfigError::Invalid(format!(
+                        "{key} {} is relative and the working directory cannot be read ({error}): \
+                         give an absolute path",
+                        path.display()
+                    ))
+                })?;
+            }
+            Ok(())
+        }
+        fn absolute_url(
+            url: &mut Option<String>,
+            scheme: &str,
+            key: &str,
+        ) -> Result<(), ConfigError> {
+            let Some(rest) = url.as_deref().and_then(|url| url.strip_prefix(scheme)) else {
+                return Ok(());
+            };
+            if rest.starts_with('/') || rest.starts_with(":memory:") || rest.is_empty() {
+                return Ok(());
+            }
+            let (path, query) = rest
+                .split_once('?')
+                .map_or((rest, None), |(path, query)| (path, Some(query)));
+            let mut path = PathBuf::from(path);
+            absolute(&mut path, key)?;
+            *url = Some(match query {
+                Some(query) => format!("{scheme}{}?{query}", path.display()),
+                None => format!("{scheme}{}", path.display()),
+            });
+            Ok(())
+        }
+        absolute(&mut self.data_dir, "data_dir")?;
+        if let Some(dir) = &mut self.source.spool_dir {
+            absolute(dir, "source.spool_dir")?;
+        }
+        if let Some(dir) = &mut self.builder.work_dir {
+            absolute(dir, "builder.work_dir")?;
+        }
+        absolute(&mut self.builder.tools_dir, "builder.tools_dir")?;
+        if let Some(bundle) = &mut self.builder.ca_bundle {
+            absolute(bundle, "builder.ca_bundle")?;
+        }
+        if let Some(dir) = &mut self.node.state_dir {
+            absolute(dir, "node.state_dir")?;
+        }
+        absolute_url(
+            &mut self.catalog.database_url,
+            "sqlite://",
+            "catalog.database_url",
+        )?;
+        absolute_url(
+            &mut self.source.database_url,
+            "sqlite://",
+            "source.database_url",
+        )?;
+        absolute_url(&mut self.source.blob_url, "file://", "source.blob_url")?;
+        Ok(())
     }
 
     fn resolve_database(&mut self) {

@@ -283,9 +283,7 @@ fn spawn_builder(
         uid: section.uid,
         gid: section.gid,
         step_timeout: std::time::Duration::from_secs(section.step_timeout_seconds.max(1)),
-        // The build sees neither Plinth's data (databases, blobs, other builds) nor the
-        // builder's state; its own scratch directory is mounted before these are hidden.
-        hidden_paths: vec![config.data_dir.clone(), work_dir.clone()],
+        hidden_paths: config.builder_hidden_paths(),
         cache_dir: None,
         ..plinth_builder::InstallOptions::default()
     };
@@ -300,12 +298,23 @@ fn spawn_builder(
         idle_poll: std::time::Duration::from_millis(500),
         toolchain: String::new(),
     };
+    let registries = config.registries();
     let result = async move {
         let result = async {
             let shown = tools_dir.display().to_string();
-            let prepared =
-                tokio::task::spawn_blocking(move || plinth_builder::tools::prepare(&tools_dir))
-                    .await?;
+            let (prepared, registries) = tokio::task::spawn_blocking(move || {
+                let prepared = plinth_builder::tools::prepare(&tools_dir);
+                let registries = builds_registries(&tools_dir, prepared.is_ok(), registries)?;
+                anyhow::Ok((prepared, registries))
+            })
+            .await??;
+            tracing::info!(
+                ca_bundle = ?registries.ca_bundle,
+                https_proxy = registries.https_proxy.as_deref().map(plinth_kit::config::redact_url),
+                python_index_url = registries.python_index_url.as_deref().map(plinth_kit::config::redact_url),
+                npm_registry = registries.npm_registry.as_deref().map(plinth_kit::config::redact_url),
+                "builds reach registries with these settings"
+            );
             // A builder that cannot place uv still builds (pip instead of uv); one that
             // cannot sandbox says so in each build's error. Neither stops the other services.
             let path = prepared.unwrap_or_else(|error| {
@@ -319,6 +328,7 @@ fn spawn_builder(
             })
             .await?;
             options.install.path = path;
+            options.install.registries = registries;
             plinth_builder::worker::run(options, catalog, blobs, shutdown).await?;
             anyhow::Ok(())
         }
@@ -327,6 +337,27 @@ fn spawn_builder(
     };
     services.spawn(result.instrument(tracing::Span::current()));
     Ok(())
+}
+
+/// The registry settings as builds see them: the certificate bundle replaced by a copy in
+/// the tools directory, which the build user can read and the sandbox shows.
+fn builds_registries(
+    tools_dir: &std::path::Path,
+    tools_ready: bool,
+    mut registries: plinth_builder::Registries,
+) -> anyhow::Result<plinth_builder::Registries> {
+    let Some(bundle) = registries.ca_bundle.take() else {
+        return Ok(registries);
+    };
+    anyhow::ensure!(
+        tools_ready,
+        "builds need the certificate bundle {} and it cannot be placed in builder.tools_dir {} \
+         (see the error above)",
+        bundle.display(),
+        tools_dir.display()
+    );
+    registries.ca_bundle = Some(plinth_builder::tools::place_ca_bundle(tools_dir, &bundle)?);
+    Ok(registries)
 }
 
 /// Starts this host's node agent alone.

@@ -323,13 +323,17 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
     let python = workspace
         .run(
             2,
-            "set -e; pwd; python -c 'import sys, tinypkg; print(sys.prefix); print(tinypkg.__file__)'; \
+            "set -e; pwd; echo $PLINTH_SESSION_ID; python -c 'import sys, tinypkg; print(sys.prefix); print(tinypkg.__file__)'; \
              tinytool; python $PROJECT_ROOT/tool.py; echo UV_NO_SYNC=$UV_NO_SYNC; \
              test ! -e \"$HOME/.cache\" && test ! -e .venv && echo nothing-cached",
         )
         .await;
     let text = stdout(&python);
-    let workdir = text.lines().next().expect("pwd").to_owned();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("/home/session"), "{python}");
+    let plinth_session = lines.next().expect("the session's id").to_owned();
+    let workdir = crate::helpers::host_workdir(&server.data_dir(), &plinth_session);
+    assert!(workdir.is_dir(), "{}", workdir.display());
     assert!(text.contains(&format!("{mount}/.venv\n")), "{python}");
     assert!(
         text.contains(&format!("{mount}/.venv/lib/")) && text.contains("tinytool ran"),
@@ -499,11 +503,6 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
     assert_failure(&read_only, "workspace_read_only");
 
     // Every tool call is a turn of the Plinth session, with the version it read.
-    let plinth_session = workdir
-        .split('/')
-        .find(|part| part.starts_with("sess_"))
-        .expect("the session in the working directory's path")
-        .to_owned();
     let (status, turns) = send(
         server
             .client
@@ -680,7 +679,7 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
     assert_eq!(release["output"]["released"], false, "{release}");
     let kept = release["output"]["kept"].as_str().expect("kept").to_owned();
     let next_turn = workspace.run(23, "pwd; cat notes/plan.md").await;
-    assert_eq!(stdout(&next_turn), format!("{workdir}\nstep one\nstep 2\n"));
+    assert_eq!(stdout(&next_turn), "/home/session\nstep one\nstep 2\n");
 
     // Detach: no more tools; the working directory is kept for teardown.
     let detached = workspace.receipt(24, json!({ "type": "detach" })).await;
@@ -689,13 +688,13 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
         .tool(25, "read_file", json!({ "path": "notes/plan.md" }))
         .await;
     assert_failure(&after_detach, "not_attached");
-    assert!(std::path::Path::new(&workdir).is_dir());
+    assert!(workdir.is_dir());
 
     // Teardown: everything the session had is gone.
     let teardown = workspace.receipt(26, json!({ "type": "teardown" })).await;
     assert_eq!(teardown["type"], "returned", "{teardown}");
     assert_eq!(teardown["output"]["ended"][0]["session"], kept.as_str());
-    assert!(!std::path::Path::new(&workdir).exists(), "{workdir}");
+    assert!(!workdir.exists(), "{}", workdir.display());
     let (_, session) = send(
         server
             .client
@@ -720,8 +719,12 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
         disposable.receipt(1, json!({ "type": "setup" })).await,
         json!({ "type": "accepted", "on_turn_end": "release" })
     );
-    let first_turn = disposable.run(2, "pwd; echo draft > draft.txt").await;
-    let first_workdir = stdout(&first_turn).trim().to_owned();
+    let first_turn = disposable
+        .run(2, "echo $PLINTH_SESSION_ID; echo draft > draft.txt")
+        .await;
+    let first_session = stdout(&first_turn).trim().to_owned();
+    let first_workdir = crate::helpers::host_workdir(&server.data_dir(), &first_session);
+    assert!(first_workdir.is_dir(), "{}", first_workdir.display());
     let release = disposable
         .receipt(
             3,
@@ -730,12 +733,15 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
         .await;
     assert_eq!(release["type"], "returned", "{release}");
     assert_eq!(release["output"]["released"], true, "{release}");
-    assert!(!std::path::Path::new(&first_workdir).exists());
+    assert!(!first_workdir.exists());
     let second_turn = disposable
-        .run(4, "pwd; test ! -e draft.txt && echo fresh")
+        .run(
+            4,
+            "echo $PLINTH_SESSION_ID; test ! -e draft.txt && echo fresh",
+        )
         .await;
     let lines: Vec<&str> = stdout(&second_turn).lines().collect();
-    assert_ne!(lines[0], first_workdir);
+    assert_ne!(lines[0], first_session);
     assert_eq!(lines[1], "fresh");
     // Its Plinth session ended outside Brain: that loss is reported, never replaced.
     let second_session = disposable
@@ -747,13 +753,9 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
         .as_str()
         .expect("released session")
         .to_owned();
-    let third = disposable.run(6, "pwd").await;
-    let third_workdir = stdout(&third).trim().to_owned();
-    let third_session = third_workdir
-        .split('/')
-        .find(|part| part.starts_with("sess_"))
-        .expect("session in workdir")
-        .to_owned();
+    let third = disposable.run(6, "echo $PLINTH_SESSION_ID").await;
+    let third_session = stdout(&third).trim().to_owned();
+    assert!(third_session.starts_with("sess_"), "{third}");
     assert_ne!(third_session, second_session);
     let (status, _) = send(
         server
@@ -902,17 +904,21 @@ async fn redelivery_after_a_restart_answers_the_stored_receipt_or_unknown() {
     assert_eq!(unknown["receipt"]["type"], "unknown", "{unknown}");
     assert_eq!(brain.deliver(3, interrupted).await, unknown);
     let effects = brain
-        .run(4, "pwd; cat effects.txt; cat interrupted.txt")
+        .run(
+            4,
+            "echo $PLINTH_SESSION_ID; cat effects.txt; cat interrupted.txt",
+        )
         .await;
     let text = stdout(&effects);
-    let (workdir, effects) = text.split_once('\n').expect("pwd");
+    let (session, effects) = text.split_once('\n').expect("the session's id");
+    let workdir = crate::helpers::host_workdir(data.path(), session);
     assert_eq!(effects, "once\nstarted\n", "{text}");
 
     // Its working directory lost while the service was down: a failure naming the session,
     // and no new one in its place.
     process.0.kill().expect("kill");
     process.0.wait().expect("wait");
-    let session_dir = std::path::Path::new(workdir).parent().expect("session dir");
+    let session_dir = workdir.parent().expect("session dir");
     std::fs::remove_dir_all(session_dir).expect("remove the session's directory");
     let mut process = serve(data.path(), http);
     wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;

@@ -108,6 +108,16 @@ impl Drop for Server {
     }
 }
 
+/// Where the node of a `serve` on `data_dir` keeps a session's working directory on the host
+/// (the session itself sees it at `/home/session`).
+pub fn host_workdir(data_dir: &std::path::Path, session_id: &str) -> std::path::PathBuf {
+    data_dir
+        .join("node")
+        .join("sessions")
+        .join(session_id)
+        .join("work")
+}
+
 /// An HTTP client (with the process's TLS provider installed first).
 pub fn http_client() -> reqwest::Client {
     plinth_blobs::install_tls_provider();

@@ -219,7 +219,8 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let session_id = session["id"].as_str().expect("a session").to_owned();
-    let workdir = session["workdir"].as_str().expect("workdir").to_owned();
+    assert_eq!(session["workdir"], "/home/session", "{session}");
+    let workdir = crate::helpers::host_workdir(data.path(), &session_id);
     let wrote = exec(
         &client,
         &base,
@@ -243,7 +244,7 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
         "{:?}",
         host_mounts(data.path())
     );
-    assert!(std::path::Path::new(&workdir).join("mine.txt").exists());
+    assert!(workdir.join("mine.txt").exists());
 
     let mut agent = spawn(&node_args, &config, &node_log);
     wait_until_ready(&client, &format!("http://{node_admin}/readyz"), &mut agent).await;
@@ -287,7 +288,7 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
     // Ending the first session removes its working directory on the node.
     let (status, _) = send(client.delete(format!("{base}/v1/sessions/{session_id}"))).await;
     assert_eq!(status, 200);
-    assert!(!std::path::Path::new(&workdir).exists());
+    assert!(!workdir.exists());
     assert!(
         host_mounts(data.path()).is_empty(),
         "{:?}",

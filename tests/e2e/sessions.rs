@@ -94,8 +94,13 @@ async fn a_session_runs_the_environment_read_only_beside_its_private_workdir() {
     assert_eq!(first["environment"]["version"], 1);
     assert_eq!(first["environment"]["mount"], mount.as_str());
     assert_eq!(first["isolated"], true);
+    // The session sees its working directory at one path, whatever the node's data
+    // directory.
     let workdir = first["workdir"].as_str().expect("workdir").to_owned();
-    assert!(workdir.starts_with('/'), "{first}");
+    assert_eq!(workdir, "/home/session", "{first}");
+    let first_id = first["id"].as_str().expect("id");
+    let host_workdir = crate::helpers::host_workdir(&server.data_dir(), first_id);
+    assert!(host_workdir.is_dir(), "{}", host_workdir.display());
     let instructions = first["instructions"].as_str().expect("instructions");
     for needle in [
         mount.as_str(),
@@ -253,16 +258,23 @@ async fn a_session_runs_the_environment_read_only_beside_its_private_workdir() {
     // A second session on the same environment cannot read the first's working directory.
     let second = start_session(&server, &id).await;
     let second_workdir = second["workdir"].as_str().expect("workdir");
-    assert_ne!(second_workdir, workdir);
+    assert_eq!(second_workdir, workdir, "the same path, its own directory");
+    let first_on_host = host_workdir.display();
     let peek = exec(
         &server,
         &second,
-        &format!("cat {workdir}/out.txt; ls {workdir}"),
+        &format!(
+            "cat {workdir}/out.txt; ls {workdir}; cat {first_on_host}/out.txt; ls {first_on_host}"
+        ),
     )
     .await;
     assert_ne!(peek["exit_code"], 0, "{peek}");
     assert!(
         !peek["stdout"].as_str().unwrap_or("").contains("from-exec"),
+        "{peek}"
+    );
+    assert!(
+        !peek["stdout"].as_str().unwrap_or("").contains("out.txt"),
         "{peek}"
     );
     let ids = exec(&server, &second, "id -u").await;
@@ -392,10 +404,7 @@ async fn a_session_runs_the_environment_read_only_beside_its_private_workdir() {
     .await;
     assert_eq!(status, 200, "{ended}");
     assert_eq!(ended["status"], "ended");
-    assert!(
-        !std::path::Path::new(&workdir).exists(),
-        "{workdir} is gone"
-    );
+    assert!(!host_workdir.exists(), "{} is gone", host_workdir.display());
     let (status, refused) = send(
         server
             .client

@@ -57,6 +57,8 @@
 //!   `npm_config_progress=false`: no prompts, no chatter, no calls home beyond the install;
 //! - `XDG_CACHE_HOME=/env/<slug>/.plinth-build-cache`, and `UV_CACHE_DIR`, `PIP_CACHE_DIR`,
 //!   `npm_config_cache` its `uv`, `pip` and `npm` subdirectories;
+//! - the registry settings (`options.registries`: certificate authority, proxies, indexes) under
+//!   each installer's names ([`mod@crate::registries`]);
 //! - then `options.extra_env`, verbatim.
 //!
 //! Offline installs (tests, air-gapped deployments) go through `extra_env`;
@@ -73,6 +75,7 @@ use std::time::Duration;
 
 use crate::manifests::{self, Plan, Step, Toolchain};
 use crate::output::{CappedLog, Tail};
+use crate::registries::{self, Registries};
 use crate::sandbox::{self, Sandbox, SandboxError};
 
 /// How much of a failed step's output its error carries.
@@ -119,6 +122,8 @@ pub struct InstallOptions {
     pub cache_dir: Option<PathBuf>,
     /// Run installers without any network (see [`InstallOptions::offline`]).
     pub isolate_network: bool,
+    /// How installers reach registries: certificate authority, proxies, indexes.
+    pub registries: Registries,
     /// The scratch directory already holds `.venv` and `node_modules` reused from an earlier
     /// version with the same manifests and toolchain: keep them, run only `setup.sh`.
     pub reuse_dependencies: bool,
@@ -137,6 +142,7 @@ impl Default for InstallOptions {
             path: "/usr/local/bin:/usr/bin:/bin".to_owned(),
             cache_dir: None,
             isolate_network: false,
+            registries: Registries::default(),
             reuse_dependencies: false,
         }
     }
@@ -187,11 +193,14 @@ pub enum InstallError {
     },
     #[error("`{tool}` is not on the build's PATH ({path}); install it or fix the builder's path")]
     ToolMissing { tool: String, path: String },
-    #[error("`{step}` failed with exit status {status}; its output ended with:\n{tail}")]
+    #[error("`{step}` failed with exit status {status}; its output ended with:\n{tail}{hint}")]
     StepFailed {
         step: String,
         status: i32,
         tail: String,
+        /// A line naming the setting to look at when the output shows a certificate, proxy or
+        /// network failure (with its leading newline), else empty.
+        hint: String,
     },
     #[error(
         "`{step}` exceeded its time limit of {limit:?} and was killed; its output ended with:\n{tail}"
@@ -505,7 +514,14 @@ async fn run_steps(
         };
         for argv in step.commands(toolchain) {
             let python = plan.has_python() || venv_python(root).is_some();
-            run_command(sandbox, &argv, environment(sandbox, options, python), log).await?;
+            run_command(
+                sandbox,
+                &argv,
+                environment(sandbox, options, python),
+                &options.registries,
+                log,
+            )
+            .await?;
             run.push(manifests::display(&argv));
         }
     }
@@ -571,7 +587,15 @@ async fn run_steps(
             ]))
         };
         if let Some(argv) = argv {
-            match run_command(sandbox, &argv, environment(sandbox, options, true), log).await {
+            match run_command(
+                sandbox,
+                &argv,
+                environment(sandbox, options, true),
+                &options.registries,
+                log,
+            )
+            .await
+            {
                 Ok(()) => {}
                 // Packages often ship files that do not compile (templates, other Pythons'
                 // code); pip and uv ignore those too. The rest is compiled all the same.
@@ -721,6 +745,7 @@ async fn run_command(
     sandbox: &Sandbox,
     argv: &[String],
     env: Vec<(String, String)>,
+    registries: &Registries,
     log: &mut CappedLog<'_>,
 ) -> Result<(), InstallError> {
     let shown = manifests::display(argv);
@@ -744,10 +769,18 @@ async fn run_command(
     if status.success() {
         Ok(())
     } else {
+        let tail = tail.text();
+        let hint = registries::hint(registries, sandbox.isolate_network, &tail)
+            .map(|hint| {
+                log.write(format!("==> {hint}\n").as_bytes());
+                format!("\n{hint}")
+            })
+            .unwrap_or_default();
         Err(InstallError::StepFailed {
             step: shown,
             status: sandbox::status_code(status),
-            tail: tail.text(),
+            tail,
+            hint,
         })
     }
 }
@@ -789,6 +822,9 @@ fn environment(sandbox: &Sandbox, options: &InstallOptions, python: bool) -> Vec
     set("UV_CACHE_DIR", &format!("{cache}/uv"));
     set("PIP_CACHE_DIR", &format!("{cache}/pip"));
     set("npm_config_cache", &format!("{cache}/npm"));
+    for (name, value) in options.registries.env() {
+        set(&name, &value);
+    }
     for (name, value) in &options.extra_env {
         set(name, value);
     }

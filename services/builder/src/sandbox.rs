@@ -158,6 +158,33 @@ pub fn validate_slug(slug: &str) -> Result<(), SandboxError> {
     }
 }
 
+/// Why a build would not see `path` as it is on the host, if it would not: `/env`, `/tmp` and
+/// `/dev/shm` are the sandbox's own, and every hidden path is covered. For a path a build must
+/// reach (the tools directory), so a configuration that hides it is refused at start instead
+/// of failing every build with "No such file".
+pub fn hidden_from_builds(path: &Path, hidden_paths: &[PathBuf]) -> Option<String> {
+    let bytes = path.as_os_str().as_bytes();
+    for own in [ENV_ROOT, "/tmp", "/dev/shm"] {
+        if path_is_under(bytes, own.as_bytes()) {
+            return Some(format!(
+                "{} is under {own}, which the build sandbox replaces with its own",
+                path.display()
+            ));
+        }
+    }
+    hidden_paths
+        .iter()
+        .find(|hidden| path.starts_with(hidden))
+        .map(|hidden| {
+            format!(
+                "{} is under {}, which the build sandbox hides (Plinth's data and the builder's \
+                 state)",
+                path.display(),
+                hidden.display()
+            )
+        })
+}
+
 /// Refuses early when the sandbox cannot work: it needs root to mount and to change uid.
 pub fn check_permitted() -> Result<(), SandboxError> {
     if rustix::process::geteuid().is_root() {

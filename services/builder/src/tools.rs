@@ -55,6 +55,39 @@ pub fn prepare(dir: &Path) -> std::io::Result<String> {
     Ok(format!("{}:{SYSTEM_PATH}", dir.display()))
 }
 
+/// The name of the certificate bundle's copy in the tools directory.
+pub const CA_BUNDLE: &str = "ca-bundle.pem";
+
+/// Copies the certificate bundle `source` into the tools directory `dir` (made by [`prepare`]),
+/// readable by every user, and answers the copy's path: the file a setting or `SSL_CERT_FILE`
+/// names may sit under root's home or `/tmp`, which the build user cannot read or the sandbox
+/// hides. The copy is replaced atomically, so a build never reads half a bundle.
+pub fn place_ca_bundle(dir: &Path, source: &Path) -> std::io::Result<PathBuf> {
+    let bundle = std::fs::read(source).map_err(|error| {
+        std::io::Error::new(
+            error.kind(),
+            format!(
+                "reading the certificate bundle {} (builder.ca_bundle, or SSL_CERT_FILE in the \
+                 builder's environment): {error}",
+                source.display()
+            ),
+        )
+    })?;
+    if !bundle.windows(11).any(|window| window == b"-----BEGIN ") {
+        return Err(std::io::Error::other(format!(
+            "the certificate bundle {} holds no PEM certificate (builder.ca_bundle, or \
+             SSL_CERT_FILE in the builder's environment)",
+            source.display()
+        )));
+    }
+    let target = dir.join(CA_BUNDLE);
+    let staging = dir.join(format!(".{CA_BUNDLE}-{}", std::process::id()));
+    std::fs::write(&staging, &bundle)?;
+    std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o644))?;
+    std::fs::rename(&staging, &target)?;
+    Ok(target)
+}
+
 /// The real `uv` binary: from its Python package (pip installs it there), else from PATH,
 /// resolved through links, as long as it is an executable, not a wrapper script.
 fn find_uv() -> Option<PathBuf> {

@@ -69,6 +69,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "where nodes keep sessions",
                 include_str!("../migrations/sqlite/0009_node_sessions_dir.sql"),
             ),
+            (
+                10,
+                "where sessions see their working directory",
+                include_str!("../migrations/sqlite/0010_node_session_workdir.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -115,6 +120,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 9,
                 "where nodes keep sessions",
                 include_str!("../migrations/postgres/0009_node_sessions_dir.sql"),
+            ),
+            (
+                10,
+                "where sessions see their working directory",
+                include_str!("../migrations/postgres/0010_node_session_workdir.sql"),
             ),
         ],
     }

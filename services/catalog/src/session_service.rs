@@ -170,6 +170,15 @@ impl pb::session_service_server::SessionService for Sessions {
                 PlinthError::invalid("a node needs a name (≤ 256 bytes) and an address").into(),
             );
         }
+        let absolute_or_empty =
+            |path: &str| path.is_empty() || (path.starts_with('/') && path.len() <= 4096);
+        if !absolute_or_empty(&request.sessions_dir) || !absolute_or_empty(&request.session_workdir)
+        {
+            return Err(PlinthError::invalid(
+                "sessions_dir and session_workdir are absolute paths (≤ 4096 bytes) or empty",
+            )
+            .into());
+        }
         let id = self
             .store
             .register_node(
@@ -177,6 +186,7 @@ impl pb::session_service_server::SessionService for Sessions {
                 &request.address,
                 request.isolated,
                 &request.sessions_dir,
+                &request.session_workdir,
             )
             .await
             .map_err(|error| PlinthError::internal(&error))?;

@@ -10,10 +10,15 @@
 //!    it: a bind of the version's directory remounted read-only (the version directory holds no
 //!    mounts of its own, so this is the recursive read-only view `mount_setattr(AT_RECURSIVE)`
 //!    would give), then the tmpfs is made read-only too;
-//! 3. the node's state is hidden (every hidden path gets an empty tmpfs: other sessions'
-//!    working directories, the blob cache, in `plinth serve` the whole data directory), and the
-//!    session's working directory, taken as a detached copy of its mount first (`open_tree`),
-//!    is moved back in at its own path (`move_mount`) before that tmpfs is made read-only.
+//! 3. the node's state is hidden (every hidden path gets an empty read-only tmpfs: other
+//!    sessions' working directories, the blob cache, in `plinth serve` the whole data
+//!    directory);
+//! 4. the session's working directory, taken as a detached copy of its mount first
+//!    (`open_tree`), is moved (`move_mount`) to [`WORKDIR`], `/home/session`, on a small tmpfs
+//!    over `/home` that is then made read-only. The path the session sees is the same on every
+//!    node and does not depend on where the node keeps it: the node mounts it as root, so the
+//!    session's uid needs no way through the host path's parents (a data directory inside a
+//!    0700 home works), and the host's home directories are out of sight.
 //!
 //! Each command then costs only what it must: started without copying the node's memory
 //! ([`crate::spawn`]), the child enters the session's namespace (`setns`), drops to the
@@ -35,6 +40,13 @@ use rustix::thread::LinkNameSpaceType;
 
 /// Where environments appear.
 pub const ENV_ROOT: &str = "/env";
+
+/// Where an isolated session sees its own working directory (its `HOME` and starting
+/// directory), whatever the host path: mounted there in the session's namespace.
+pub const WORKDIR: &str = "/home/session";
+
+/// The directory [`WORKDIR`] is made in: a fresh tmpfs in each session's namespace.
+const WORKDIR_PARENT: &str = "/home";
 
 /// The PATH a session's shell starts from, after the environment's own directories.
 pub const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -67,9 +79,6 @@ pub enum LaunchError {
     /// A path or value holds a NUL byte.
     #[error("{0} contains a NUL byte")]
     Nul(&'static str),
-    /// The working directory is not beneath a hidden path, so it cannot be re-exposed.
-    #[error("the working directory {0} is not beneath the node's state directory")]
-    Workdir(PathBuf),
     /// Isolated commands run in their session's namespace, and there is none.
     #[error("the session has no mount namespace")]
     NoNamespace,
@@ -101,11 +110,9 @@ pub struct NamespacePlan {
     overlay: Option<CString>,
     workdir: CString,
     hidden: Vec<CString>,
-    /// The directories to make in the hiding tmpfs down to the working directory's mount
-    /// point.
-    workdir_parents: Vec<CString>,
-    /// The hidden path holding the working directory.
-    hiding_root: CString,
+    /// `/home`, and [`WORKDIR`] in it.
+    workdir_parent: CString,
+    workdir_mount: CString,
 }
 
 impl Isolation {
@@ -123,7 +130,10 @@ impl Isolation {
                     .to_owned(),
             );
         }
-        std::fs::create_dir_all(ENV_ROOT).map_err(|error| format!("creating {ENV_ROOT}: {error}"))
+        for dir in [ENV_ROOT, WORKDIR_PARENT] {
+            std::fs::create_dir_all(dir).map_err(|error| format!("creating {dir}: {error}"))?;
+        }
+        Ok(())
     }
 
     /// The command, ready to spawn: in `namespace` (the session's) and as the session's uid
@@ -163,7 +173,7 @@ impl Isolation {
     }
 
     /// What a session's namespace holds: `version_dir` read-only at `/env/<slug>`, the node's
-    /// state hidden but for `workdir`.
+    /// state hidden, `workdir` at [`WORKDIR`].
     pub fn namespace_plan(
         &self,
         version_dir: &Path,
@@ -184,19 +194,6 @@ impl Isolation {
             })
             .cloned()
             .collect();
-        let hiding_root = outermost
-            .iter()
-            .find(|root| workdir.starts_with(root))
-            .ok_or_else(|| LaunchError::Workdir(workdir.to_owned()))?
-            .clone();
-        let mut parents = Vec::new();
-        let mut current = hiding_root.clone();
-        if let Ok(rest) = workdir.strip_prefix(&hiding_root) {
-            for part in rest.components() {
-                current.push(part);
-                parents.push(c_path(&current, "the working directory")?);
-            }
-        }
         let mount_point = format!("{ENV_ROOT}/{slug}");
         let overlay = if lower.is_empty() {
             None
@@ -221,8 +218,8 @@ impl Isolation {
                 .iter()
                 .map(|path| c_path(path, "a hidden path"))
                 .collect::<Result<_, _>>()?,
-            workdir_parents: parents,
-            hiding_root: c_path(&hiding_root, "a hidden path")?,
+            workdir_parent: CString::new(WORKDIR_PARENT).map_err(|_| LaunchError::Nul("/home"))?,
+            workdir_mount: CString::new(WORKDIR).map_err(|_| LaunchError::Nul("/home/session"))?,
         })
     }
 }
@@ -367,7 +364,7 @@ fn make_namespace(plan: &NamespacePlan) -> Result<OwnedFd, LaunchError> {
             c"tmpfs",
             &**hidden,
             c"tmpfs",
-            quiet | MountFlags::NOEXEC,
+            quiet | MountFlags::NOEXEC | MountFlags::RDONLY,
             TMPFS_OPTIONS,
         ) {
             // A hidden path that does not exist on this host has nothing to hide.
@@ -375,23 +372,29 @@ fn make_namespace(plan: &NamespacePlan) -> Result<OwnedFd, LaunchError> {
             Err(errno) => return Err(step("hiding the node's state")(errno)),
         }
     }
-    for dir in &plan.workdir_parents {
-        make_dir(dir).map_err(step("making the working directory's mount point"))?;
-    }
+    rustix::mount::mount(
+        c"tmpfs",
+        &*plan.workdir_parent,
+        c"tmpfs",
+        quiet | MountFlags::NOEXEC,
+        TMPFS_OPTIONS,
+    )
+    .map_err(step("mounting /home"))?;
+    make_dir(&plan.workdir_mount).map_err(step("making the working directory's mount point"))?;
     rustix::mount::move_mount(
         &workdir,
         EMPTY,
         CWD,
-        &*plan.workdir,
+        &*plan.workdir_mount,
         MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
     )
     .map_err(step("mounting the working directory"))?;
     rustix::mount::mount_remount(
-        &*plan.hiding_root,
+        &*plan.workdir_parent,
         MountFlags::RDONLY | quiet | MountFlags::NOEXEC,
         TMPFS_OPTIONS,
     )
-    .map_err(step("making the hiding tmpfs read-only"))?;
+    .map_err(step("making /home read-only"))?;
     rustix::fs::open(
         OWN_NAMESPACE,
         OFlags::RDONLY | OFlags::CLOEXEC,
@@ -409,9 +412,11 @@ fn make_dir(path: &CStr) -> Result<(), Errno> {
 
 /// The environment a session's commands get (UHP §6.3): the environment's tools first on
 /// `PATH`, `PYTHONPATH`/`NODE_PATH` starting with it, `PROJECT_ROOT`, `HOME` = the working
-/// directory. Caller-given variables come first; `PATH`, `PYTHONPATH` and `NODE_PATH` given by
-/// the caller follow the environment's entries, and `HOME`/`PROJECT_ROOT` cannot be replaced.
+/// directory, `PLINTH_SESSION_ID` = the session's id. Caller-given variables come first;
+/// `PATH`, `PYTHONPATH` and `NODE_PATH` given by the caller follow the environment's entries,
+/// and `HOME`, `PROJECT_ROOT` and `PLINTH_SESSION_ID` cannot be replaced.
 pub fn session_env(
+    session_id: &str,
     slug: &str,
     workdir: &Path,
     has_venv: bool,
@@ -433,7 +438,7 @@ pub fn session_env(
         .filter(|(key, _)| {
             !matches!(
                 key.as_str(),
-                "PATH" | "PYTHONPATH" | "NODE_PATH" | "HOME" | "PROJECT_ROOT"
+                "PATH" | "PYTHONPATH" | "NODE_PATH" | "HOME" | "PROJECT_ROOT" | "PLINTH_SESSION_ID"
             )
         })
         .cloned()
@@ -456,6 +461,7 @@ pub fn session_env(
     );
     set("PROJECT_ROOT", mount.clone());
     set("HOME", workdir.to_string_lossy().into_owned());
+    set("PLINTH_SESSION_ID", session_id.to_owned());
     if has_venv {
         set("VIRTUAL_ENV", format!("{mount}/.venv"));
     }
@@ -512,12 +518,14 @@ mod tests {
     #[test]
     fn the_environment_comes_first_and_home_cannot_be_replaced() {
         let env = session_env(
+            "sess_1",
             "demo",
             Path::new("/w"),
             true,
             &[
                 ("PATH".into(), "/mine".into()),
                 ("HOME".into(), "/elsewhere".into()),
+                ("PLINTH_SESSION_ID".into(), "sess_2".into()),
                 ("FOO".into(), "bar".into()),
             ],
         );
@@ -529,6 +537,7 @@ mod tests {
             )
         );
         assert_eq!(get("HOME"), Some("/w"));
+        assert_eq!(get("PLINTH_SESSION_ID"), Some("sess_1"));
         assert_eq!(get("PROJECT_ROOT"), Some("/env/demo"));
         assert_eq!(get("PYTHONPATH"), Some("/env/demo"));
         assert_eq!(get("NODE_PATH"), Some("/env/demo/node_modules"));

@@ -235,6 +235,11 @@ async fn keep_registered(
                         .join("sessions")
                         .to_string_lossy()
                         .into_owned(),
+                    session_workdir: if options.isolation.enabled {
+                        isolation::WORKDIR.to_owned()
+                    } else {
+                        String::new()
+                    },
                 })
                 .await
             {

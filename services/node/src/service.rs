@@ -108,6 +108,16 @@ impl Node {
         self.sessions.get(id).ok_or_else(|| lost(id))
     }
 
+    /// Where the session's commands see its working directory: [`isolation::WORKDIR`] in its
+    /// own namespace, or the host path when the node does not isolate.
+    pub(crate) fn seen_workdir(&self, session: &LocalSession) -> PathBuf {
+        if self.isolation.enabled {
+            PathBuf::from(isolation::WORKDIR)
+        } else {
+            session.workdir.clone()
+        }
+    }
+
     /// The session's mount namespace, made the first time it is needed: when it attaches, or
     /// before its first command after a node restart. None when the node does not isolate.
     async fn namespace(
@@ -133,11 +143,12 @@ impl Node {
         Ok(Some(made.clone()))
     }
 
-    /// Where a command starts: the working directory, a path relative to it, or an absolute
-    /// path beneath it or beneath the mount.
+    /// Where a command starts, as the command sees it: the working directory, a path relative
+    /// to it, or an absolute path beneath it or beneath the mount.
     fn cwd(&self, session: &LocalSession, cwd: &str) -> Result<PathBuf, PlinthError> {
+        let workdir = self.seen_workdir(session);
         if cwd.is_empty() {
-            return Ok(session.workdir.clone());
+            return Ok(workdir);
         }
         let path = Path::new(cwd);
         if path
@@ -151,16 +162,16 @@ impl Node {
         }
         let mount = PathBuf::from(format!("{ENV_ROOT}/{}", session.record.slug));
         if path.is_absolute() {
-            if path.starts_with(&session.workdir) || path.starts_with(&mount) {
+            if path.starts_with(&workdir) || path.starts_with(&mount) {
                 return Ok(path.to_owned());
             }
             return Err(PlinthError::invalid(format!(
                 "cwd {cwd:?} must be beneath the working directory ({}) or the environment ({})",
-                session.workdir.display(),
+                workdir.display(),
                 mount.display()
             )));
         }
-        Ok(session.workdir.join(path))
+        Ok(workdir.join(path))
     }
 }
 
@@ -240,7 +251,7 @@ impl pb::node_service_server::NodeService for Node {
         };
         tracing::info!(session = %session.record.session_id, version = session.record.version, uid = session.record.uid, materialize_ms = materialized.took.as_millis() as u64, fetched = materialized.fetched, "session attached");
         Ok(Response::new(pb::AttachResponse {
-            workdir: session.workdir.to_string_lossy().into_owned(),
+            workdir: self.seen_workdir(&session).to_string_lossy().into_owned(),
             isolated: self.isolation.enabled,
             materialize_ms: if materialized.fetched > 0 {
                 u64::try_from(materialized.took.as_millis()).unwrap_or(u64::MAX)
@@ -315,7 +326,13 @@ impl pb::node_service_server::NodeService for Node {
         let launch = Launch {
             uid: session.record.uid,
             cwd,
-            env: isolation::session_env(&session.record.slug, &session.workdir, has_venv, &extra),
+            env: isolation::session_env(
+                &session.record.session_id,
+                &session.record.slug,
+                &self.seen_workdir(&session),
+                has_venv,
+                &extra,
+            ),
             command: request.command,
         };
         let command = self

@@ -56,6 +56,7 @@ impl Node {
             .unwrap_or_else(|| session.workdir.join("../workspace"));
         let workspace = Workspace {
             root: session.workdir.clone(),
+            shown_root: self.seen_workdir(&session),
             mount: format!("{ENV_ROOT}/{}", session.record.slug),
             version_dir: self
                 .cache
@@ -565,9 +566,9 @@ impl pb::workspace_service_server::WorkspaceService for Node {
             .session
             .clone()
             .ok_or_else(|| PlinthError::invalid("a session is required"))?;
-        let (session, ws) = self.workspace(&spec.session_id)?;
+        let (_, ws) = self.workspace(&spec.session_id)?;
         let cwd = if request.cwd.is_empty() {
-            session.workdir.to_string_lossy().into_owned()
+            ws.shown_root.to_string_lossy().into_owned()
         } else {
             let target = ws.resolve(&request.cwd)?;
             // The directory must be there, beneath its base without a link out, before the
@@ -587,9 +588,11 @@ impl pb::workspace_service_server::WorkspaceService for Node {
             })
             .await?;
             match target.base {
-                crate::workspace::Base::Root => {
-                    ws.root.join(target.rel()).to_string_lossy().into_owned()
-                }
+                crate::workspace::Base::Root => ws
+                    .shown_root
+                    .join(target.rel())
+                    .to_string_lossy()
+                    .into_owned(),
                 crate::workspace::Base::Mount => target.display,
             }
         };

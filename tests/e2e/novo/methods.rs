@@ -1059,7 +1059,7 @@ async fn run_command_caps_output_and_pages_the_rest() {
         )
         .await;
     let cwd = ran["cwd"].as_str().expect("cwd").to_owned();
-    assert!(cwd.starts_with('/'), "{ran}");
+    assert_eq!(cwd, "/home/session", "{ran}");
     let duration = ran["duration_ms"].as_u64().expect("duration");
     let session = ran["metadata"]["session_id"].clone();
     assert!(

@@ -420,7 +420,9 @@ async fn a_failing_setup_script_fails_the_build_with_its_status_and_output() {
     let (result, log) = build(&scratch, "failing", &fixtures.options()).await;
 
     match result {
-        Err(InstallError::StepFailed { step, status, tail }) => {
+        Err(InstallError::StepFailed {
+            step, status, tail, ..
+        }) => {
             assert_eq!(step, "bash setup.sh");
             assert_eq!(status, 3);
             assert!(tail.contains("boom"), "{tail}");

@@ -55,20 +55,24 @@ pub struct NewTask {
 
 impl Store {
     /// Registers a node agent by name (a restarted agent keeps its id and its sessions).
+    /// `session_workdir`, when not empty, is where every session of the node sees its working
+    /// directory; otherwise a session's is `<sessions_dir>/<id>/work`, or unknown until it
+    /// attaches when `sessions_dir` is empty too.
     pub async fn register_node(
         &self,
         name: &str,
         address: &str,
         isolated: bool,
         sessions_dir: &str,
+        session_workdir: &str,
     ) -> Result<NodeId, StoreError> {
         let now = now_ms();
         let row = sqlx::query(
             "INSERT INTO nodes (id, name, address, isolated, registered_at_ms, heartbeat_at_ms, \
-             sessions_dir) VALUES ($1, $2, $3, $4, $5, $5, $6) \
+             sessions_dir, session_workdir) VALUES ($1, $2, $3, $4, $5, $5, $6, $7) \
              ON CONFLICT (name) DO UPDATE SET address = excluded.address, \
              isolated = excluded.isolated, heartbeat_at_ms = excluded.heartbeat_at_ms, \
-             sessions_dir = excluded.sessions_dir \
+             sessions_dir = excluded.sessions_dir, session_workdir = excluded.session_workdir \
              RETURNING id",
         )
         .bind(NodeId::generate().as_str())
@@ -77,6 +81,7 @@ impl Store {
         .bind(i64::from(isolated))
         .bind(now)
         .bind(sessions_dir)
+        .bind(session_workdir)
         .fetch_one(&self.db.writer)
         .await?;
         let id: String = row.try_get("id")?;
@@ -144,7 +149,8 @@ impl Store {
              slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms, owner, workdir) \
              SELECT $1, e.scope, e.id, e.name, e.entry, b.version, e.slug, b.layer_tree, n.id, $5, \
              n.isolated, 'active', $6, $7, \
-             CASE WHEN n.sessions_dir = '' OR $8 = 0 THEN '' \
+             CASE WHEN $8 = 0 THEN '' WHEN n.session_workdir <> '' THEN n.session_workdir \
+             WHEN n.sessions_dir = '' THEN '' \
              ELSE rtrim(n.sessions_dir, '/') || '/' || $1 || '/work' END \
              FROM environments e \
              JOIN builds b ON b.environment_id = e.id \

@@ -433,7 +433,7 @@ async fn a_session_can_pin_a_ready_version_and_is_found_by_its_owner(store: Stor
     )
     .await;
     let node = store
-        .register_node("node-a", "http://127.0.0.1:1", true, "")
+        .register_node("node-a", "http://127.0.0.1:1", true, "", "")
         .await
         .expect("node");
     store.node_heartbeat(&node, &[]).await.expect("heartbeat");

@@ -76,7 +76,7 @@ fn new_session(id: &EnvironmentId) -> NewSession {
 
 async fn a_session_pins_the_active_version_and_keeps_it(store: Store) {
     let node = store
-        .register_node("host-a", "http://10.0.0.1:7005", true, "")
+        .register_node("host-a", "http://10.0.0.1:7005", true, "", "")
         .await
         .expect("register");
     let id = environment(&store, "Studio").await;
@@ -145,6 +145,7 @@ async fn a_session_pins_the_active_version_and_keeps_it(store: Store) {
             "http://10.0.0.1:7005",
             true,
             "/var/lib/plinth/sessions/",
+            "",
         )
         .await
         .expect("register again");
@@ -156,6 +157,24 @@ async fn a_session_pins_the_active_version_and_keeps_it(store: Store) {
         placed.workdir,
         format!("/var/lib/plinth/sessions/{}/work", placed.id.as_str())
     );
+
+    // A node that mounts each session's working directory at one path in the session's own
+    // namespace gets that path recorded for every session.
+    store
+        .register_node(
+            "host-a",
+            "http://10.0.0.1:7005",
+            true,
+            "/var/lib/plinth/sessions/",
+            "/home/session",
+        )
+        .await
+        .expect("register again");
+    let placed = store
+        .create_session(new_session(&id))
+        .await
+        .expect("session");
+    assert_eq!(placed.workdir, "/home/session");
 }
 
 async fn sessions_need_a_ready_environment_and_a_live_node(store: Store) {
@@ -170,7 +189,7 @@ async fn sessions_need_a_ready_environment_and_a_live_node(store: Store) {
         Err(StoreError::NoLiveNode)
     ));
     store
-        .register_node("host-a", "http://a", true, "")
+        .register_node("host-a", "http://a", true, "", "")
         .await
         .expect("register");
     let mut stale = new_session(&id);
@@ -187,7 +206,7 @@ async fn sessions_need_a_ready_environment_and_a_live_node(store: Store) {
     ));
     // The emptier node gets the next session.
     store
-        .register_node("host-b", "http://b", true, "")
+        .register_node("host-b", "http://b", true, "", "")
         .await
         .expect("register");
     let first = store.create_session(new_session(&id)).await.expect("first");
@@ -200,7 +219,7 @@ async fn sessions_need_a_ready_environment_and_a_live_node(store: Store) {
 
 async fn turns_are_numbered_in_order_even_when_they_race(store: Store) {
     store
-        .register_node("host-a", "http://a", true, "")
+        .register_node("host-a", "http://a", true, "", "")
         .await
         .expect("register");
     let id = environment(&store, "Studio").await;
@@ -313,7 +332,7 @@ async fn turns_are_numbered_in_order_even_when_they_race(store: Store) {
 
 async fn a_task_and_its_session_land_together(store: Store) {
     store
-        .register_node("host-a", "http://a", true, "")
+        .register_node("host-a", "http://a", true, "", "")
         .await
         .expect("register");
     let id = environment(&store, "Studio").await;
@@ -344,7 +363,7 @@ async fn a_task_and_its_session_land_together(store: Store) {
 
 async fn a_restarted_node_keeps_its_id_and_its_sessions(store: Store) {
     let first = store
-        .register_node("host-a", "http://old", true, "")
+        .register_node("host-a", "http://old", true, "", "")
         .await
         .expect("register");
     let id = environment(&store, "Studio").await;
@@ -354,7 +373,7 @@ async fn a_restarted_node_keeps_its_id_and_its_sessions(store: Store) {
         .await
         .expect("session");
     let again = store
-        .register_node("host-a", "http://new", false, "")
+        .register_node("host-a", "http://new", false, "", "")
         .await
         .expect("register again");
     assert_eq!(again, first);

@@ -54,8 +54,11 @@ impl Target {
 /// One session's workspace.
 #[derive(Debug, Clone)]
 pub struct Workspace {
-    /// The working directory.
+    /// The working directory, on the host.
     pub root: PathBuf,
+    /// The working directory as the session's commands see it: absolute paths beneath it are
+    /// the session's files, and answers name it so.
+    pub shown_root: PathBuf,
     /// `/env/<slug>`.
     pub mount: String,
     /// The materialized version the mount shows.
@@ -80,7 +83,7 @@ impl Workspace {
         if path.len() > 4096 {
             return Err(invalid(path, "longer than 4096 bytes"));
         }
-        let root = self.root.to_string_lossy();
+        let root = self.shown_root.to_string_lossy();
         let (base, rest) = if let Some(rest) = path.strip_prefix('/') {
             let absolute = format!("/{rest}");
             if let Some(rest) = strip_dir(&absolute, &self.mount) {
@@ -186,6 +189,7 @@ mod tests {
     fn workspace() -> Workspace {
         Workspace {
             root: PathBuf::from("/state/sessions/s/work"),
+            shown_root: PathBuf::from("/home/session"),
             mount: "/env/demo".to_owned(),
             version_dir: PathBuf::from("/state/cache/versions/e/1"),
             uid: 200_000,
@@ -203,9 +207,7 @@ mod tests {
             (t.base, t.display.as_str(), t.parts.len()),
             (Base::Root, ".", 0)
         );
-        let t = ws
-            .resolve("/state/sessions/s/work/b")
-            .expect("absolute root");
+        let t = ws.resolve("/home/session/b").expect("absolute root");
         assert_eq!((t.base, t.display.as_str()), (Base::Root, "b"));
         let t = ws.resolve("/env/demo/run.py").expect("mount");
         assert_eq!(
@@ -216,6 +218,9 @@ mod tests {
             "../x",
             "a/../../x",
             "/etc/passwd",
+            // The host path is not the session's: it sees its files at the shown root only.
+            "/state/sessions/s/work/b",
+            "/home/sessionx",
             "/env/demox/a",
             "/env/other",
             "a\0b",
