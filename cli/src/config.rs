@@ -881,6 +881,111 @@ mod tests {
     }
 
     #[test]
+    fn every_configured_path_is_absolute_once_loaded() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("plinth.toml");
+        std::fs::write(
+            &file,
+            "[node]\nstate_dir = \"node-state\"\n[source]\nspool_dir = \"./spool\"\n",
+        )
+        .expect("write");
+        let path = file.to_str().expect("utf-8");
+        let config = serve(&["--config", path, "--data-dir", "./data"]).expect("config");
+        let here = std::env::current_dir().expect("working directory");
+        assert_eq!(config.data_dir, here.join("data"));
+        assert_eq!(config.node.state_dir, Some(here.join("node-state")));
+        assert_eq!(config.source.spool_dir, Some(here.join("spool")));
+        assert_eq!(config.builder.work_dir, Some(here.join("data/builder")));
+        assert_eq!(
+            config.catalog.database_url,
+            Some(sqlite_url(&here.join("data/catalog.db")))
+        );
+        let config =
+            serve(&["--database-url", "sqlite://rel/catalog.db?mode=rwc"]).expect("config");
+        assert_eq!(
+            config.catalog.database_url,
+            Some(format!(
+                "sqlite://{}?mode=rwc",
+                here.join("rel/catalog.db").display()
+            ))
+        );
+    }
+
+    #[test]
+    fn a_tools_dir_the_build_sandbox_hides_is_a_start_up_error() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("plinth.toml");
+        for (tools, why) in [
+            ("/tmp/plinth-tools", "/tmp"),
+            ("/srv/plinth/builder/tools", "/srv/plinth"),
+        ] {
+            std::fs::write(
+                &file,
+                format!("data_dir = \"/srv/plinth\"\n[builder]\ntools_dir = \"{tools}\"\n"),
+            )
+            .expect("write");
+            let error = serve(&["--config", file.to_str().expect("utf-8")]).expect_err(tools);
+            let said = error.to_string();
+            assert!(
+                said.contains("builder.tools_dir") && said.contains(why),
+                "{said}"
+            );
+        }
+    }
+
+    #[test]
+    fn registry_settings_come_from_the_builders_environment_unless_configured() {
+        let bundle = tempfile::NamedTempFile::new().expect("bundle");
+        let bundle_path = bundle.path().to_string_lossy().into_owned();
+        let variables = [
+            ("SSL_CERT_FILE", "/no/such/bundle.pem"),
+            ("REQUESTS_CA_BUNDLE", bundle_path.as_str()),
+            ("https_proxy", "http://u:p@proxy:3128"),
+            ("NO_PROXY", "localhost,.internal"),
+            ("PIP_INDEX_URL", "https://mirror/simple"),
+            ("UV_EXTRA_INDEX_URL", "https://a/simple https://b/simple"),
+            ("npm_config_registry", "https://npm.mirror/"),
+        ];
+        let lookup = |name: &str| {
+            variables
+                .iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| (*value).to_owned())
+        };
+        let mut config = Config::default();
+        config.builder.npm_registry = Some("https://configured/".to_owned());
+        config.resolve_registries(&lookup);
+        let registries = config.registries();
+        // A variable naming no file is passed over for the next.
+        assert_eq!(registries.ca_bundle, Some(bundle.path().to_owned()));
+        assert_eq!(
+            registries.https_proxy.as_deref(),
+            Some("http://u:p@proxy:3128")
+        );
+        assert_eq!(registries.http_proxy, None);
+        assert_eq!(registries.no_proxy.as_deref(), Some("localhost,.internal"));
+        assert_eq!(
+            registries.python_index_url.as_deref(),
+            Some("https://mirror/simple")
+        );
+        assert_eq!(
+            registries.python_extra_index_urls,
+            vec!["https://a/simple".to_owned(), "https://b/simple".to_owned()]
+        );
+        assert_eq!(
+            registries.npm_registry.as_deref(),
+            Some("https://configured/")
+        );
+        let dumped = config.dump().expect("dump");
+        assert!(
+            dumped.contains("https_proxy = \"http://u:<redacted>@proxy:3128\""),
+            "{dumped}"
+        );
+        assert!(!dumped.contains("u:p@"), "{dumped}");
+        assert!(dumped.contains(&bundle_path), "{dumped}");
+    }
+
+    #[test]
     fn dumped_config_hides_every_secret() {
         let config = serve(&[
             "--tokens",

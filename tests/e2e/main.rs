@@ -8,6 +8,7 @@ mod build_rules;
 mod builds;
 mod environments;
 mod files;
+mod first_run;
 mod grpc_surface;
 mod harnesses;
 mod helpers;
