@@ -1,42 +1,39 @@
-//! Isolating a session's commands, with direct system calls (the kernel work is ~1 ms a
-//! command when done afresh; the `unshare`/`mount` tools would add ~5 ms).
+//! Isolating a session's commands, with direct system calls (no `unshare`/`mount` tools,
+//! which would add ~5 ms a command).
 //!
-//! Each session gets one private mount namespace, made when it attaches (or, after a node
-//! restart, before its first command) on a dedicated thread of the node, [`Namespaces`], and
-//! held by a file descriptor. In it:
+//! Each session gets a sandbox when it attaches (or, after a node restart, before its first
+//! command): a keeper process ([`plinth_sandbox::keeper`]), started on a dedicated thread of
+//! the node ([`Namespaces`]), owns the session's own PID, mount, IPC, UTS and network
+//! namespaces and builds its root from an allow-list ([`plinth_sandbox::root`]):
 //!
-//! 1. propagation is private, so nothing mounted there reaches the host;
-//! 2. a small tmpfs covers `/env`, so no other environment is visible, with `/env/<slug>` in
-//!    it: a bind of the version's directory remounted read-only (the version directory holds no
-//!    mounts of its own, so this is the recursive read-only view `mount_setattr(AT_RECURSIVE)`
-//!    would give), then the tmpfs is made read-only too;
-//! 3. the node's state is hidden (every hidden path gets an empty read-only tmpfs: other
-//!    sessions' working directories, the blob cache, in `plinth serve` the whole data
-//!    directory);
-//! 4. the session's working directory, taken as a detached copy of its mount first
-//!    (`open_tree`), is moved (`move_mount`) to [`WORKDIR`], `/home/session`, on a small tmpfs
-//!    over `/home` that is then made read-only. The path the session sees is the same on every
-//!    node and does not depend on where the node keeps it: the node mounts it as root, so the
-//!    session's uid needs no way through the host path's parents (a data directory inside a
-//!    0700 home works), and the host's home directories are out of sight.
+//! - the host's system directories (`/usr`, `/bin`, `/lib*`, `/etc`, `/opt`) read-only, with
+//!   the node's hidden paths covered wherever they fall beneath one;
+//! - `/env/<slug>`: the version, read-only (a bind remounted read-only, or a read-only overlay
+//!   of its layers);
+//! - [`WORKDIR`], `/home/session`: the session's working directory, whatever its host path,
+//!   so the session's uid needs no way through the host path's parents;
+//! - a private `/tmp` and `/dev/shm` (tmpfs), a minimal `/dev`, its own `/proc` (it sees its
+//!   own processes only), and nothing else: not the data directory, the blobs, the database,
+//!   the node's state or any other session, wherever they are configured;
+//! - a network namespace of its own with only its loopback up (no route anywhere: not the
+//!   node's services on the host's loopback, not the network).
 //!
 //! Each command then costs only what it must: started without copying the node's memory
-//! ([`crate::spawn`]), the child enters the session's namespace (`setns`), drops to the
-//! session's uid and gid with no supplementary groups, asks to be killed if the node dies,
-//! sets `no_new_privs` and changes to its working directory. The namespace lives as long as
-//! its descriptor or a process in it: when the node ends a session, or dies, the mounts go
-//! with it, and the host never holds any of them.
+//! ([`crate::spawn`]) in the keeper's PID namespace, the child enters the keeper's other
+//! namespaces (one `setns` with its pidfd), empties its capability bounding set, drops to the
+//! session's uid and gid with no supplementary groups and no capabilities, asks to be killed
+//! if the node dies, sets `no_new_privs` and changes to its working directory. Ending the
+//! session kills the keeper, and the kernel kills every process left in its PID namespace
+//! (daemons and `setsid` escapees too) before the keeper is reaped. The host never holds any
+//! of the sandbox's mounts.
 
-use std::ffi::{CStr, CString, OsStr};
-use std::os::fd::{AsFd, OwnedFd};
+use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustix::fs::{CWD, Mode, OFlags};
-use rustix::io::Errno;
-use rustix::mount::{MountFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags};
-use rustix::thread::LinkNameSpaceType;
+use plinth_sandbox::keeper::{Keeper, KeeperError};
+use plinth_sandbox::root::{Bind, RootPlan, RootSpec};
 
 /// Where environments appear.
 pub const ENV_ROOT: &str = "/env";
@@ -45,8 +42,10 @@ pub const ENV_ROOT: &str = "/env";
 /// directory), whatever the host path: mounted there in the session's namespace.
 pub const WORKDIR: &str = "/home/session";
 
-/// The directory [`WORKDIR`] is made in: a fresh tmpfs in each session's namespace.
-const WORKDIR_PARENT: &str = "/home";
+/// Size of a session's private `/tmp`.
+const TMP_BYTES: u64 = 256 * 1024 * 1024;
+/// Size of a session's private `/dev/shm`.
+const SHM_BYTES: u64 = 64 * 1024 * 1024;
 
 /// The PATH a session's shell starts from, after the environment's own directories.
 pub const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -56,7 +55,9 @@ pub const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin
 pub struct Isolation {
     /// False only with `--insecure-no-isolation`.
     pub enabled: bool,
-    /// Directories hidden from sessions (the node's state, the data directory).
+    /// Paths never shown to sessions (the node's state, the data directory, the
+    /// configuration file): absent from their root, and covered should they lie beneath a
+    /// system directory it shows.
     pub hidden: Vec<PathBuf>,
 }
 
@@ -73,23 +74,21 @@ pub struct Launch {
     pub command: String,
 }
 
-/// Why a command or a namespace could not be prepared.
+/// Why a command or a sandbox could not be prepared.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
     /// A path or value holds a NUL byte.
     #[error("{0} contains a NUL byte")]
     Nul(&'static str),
-    /// Isolated commands run in their session's namespace, and there is none.
-    #[error("the session has no mount namespace")]
+    /// Isolated commands run in their session's sandbox, and there is none.
+    #[error("the session has no sandbox")]
     NoNamespace,
-    /// The kernel refused to make the namespace.
-    #[error("making the session's mount namespace failed at {step}: {errno}")]
-    Namespace {
-        /// What was being done.
-        step: &'static str,
-        /// The kernel's answer.
-        errno: Errno,
-    },
+    /// The sandbox's root could not be planned.
+    #[error("planning the session's sandbox: {0}")]
+    Plan(#[from] plinth_sandbox::root::RootError),
+    /// The sandbox could not be made.
+    #[error(transparent)]
+    Keeper(#[from] KeeperError),
     /// The namespace thread is gone.
     #[error("the node's namespace thread has stopped; restart the node agent")]
     Stopped,
@@ -99,20 +98,10 @@ fn c_path(path: &Path, what: &'static str) -> Result<CString, LaunchError> {
     CString::new(path.as_os_str().as_bytes()).map_err(|_| LaunchError::Nul(what))
 }
 
-/// What a session's namespace holds, prepared before the namespace thread makes it.
+/// What a session's sandbox holds, prepared before the namespace thread makes it.
 #[derive(Debug)]
 pub struct NamespacePlan {
-    env_root: CString,
-    mount_point: CString,
-    version_dir: CString,
-    /// For a version made as a layer: `lowerdir=<version>:<base>:…`, an overlay of them is
-    /// mounted instead of binding the version's directory.
-    overlay: Option<CString>,
-    workdir: CString,
-    hidden: Vec<CString>,
-    /// `/home`, and [`WORKDIR`] in it.
-    workdir_parent: CString,
-    workdir_mount: CString,
+    root: RootPlan,
 }
 
 impl Isolation {
@@ -130,10 +119,8 @@ impl Isolation {
                     .to_owned(),
             );
         }
-        for dir in [ENV_ROOT, WORKDIR_PARENT] {
-            std::fs::create_dir_all(dir).map_err(|error| format!("creating {dir}: {error}"))?;
-        }
-        Ok(())
+        // The sandbox's root is built on a tmpfs mounted over /env in its own namespace.
+        std::fs::create_dir_all(ENV_ROOT).map_err(|error| format!("creating {ENV_ROOT}: {error}"))
     }
 
     /// The command, ready to spawn: in `namespace` (the session's) and as the session's uid
@@ -141,7 +128,7 @@ impl Isolation {
     pub fn command(
         &self,
         launch: &Launch,
-        namespace: Option<Arc<OwnedFd>>,
+        namespace: Option<Arc<Keeper>>,
     ) -> Result<crate::spawn::Command, LaunchError> {
         let argv = vec![
             c"/bin/sh".to_owned(),
@@ -172,8 +159,9 @@ impl Isolation {
         })
     }
 
-    /// What a session's namespace holds: `version_dir` read-only at `/env/<slug>`, the node's
-    /// state hidden, `workdir` at [`WORKDIR`].
+    /// What a session's sandbox holds: `version_dir` (over its `lower` layers) read-only at
+    /// `/env/<slug>`, `workdir` at [`WORKDIR`], the system directories read-only, nothing of
+    /// the node.
     pub fn namespace_plan(
         &self,
         version_dir: &Path,
@@ -181,58 +169,35 @@ impl Isolation {
         slug: &str,
         workdir: &Path,
     ) -> Result<NamespacePlan, LaunchError> {
-        // Only the outermost hidden paths get a tmpfs: one inside another is hidden already.
-        let mut hidden: Vec<PathBuf> = self.hidden.clone();
-        hidden.sort();
-        hidden.dedup();
-        let outermost: Vec<PathBuf> = hidden
-            .iter()
-            .filter(|path| {
-                !hidden
-                    .iter()
-                    .any(|other| other != *path && path.starts_with(other))
-            })
-            .cloned()
-            .collect();
-        let mount_point = format!("{ENV_ROOT}/{slug}");
-        let overlay = if lower.is_empty() {
-            None
-        } else {
-            // The cache makes layers only where its path needs no escaping in these options.
-            let layers: Vec<String> = std::iter::once(version_dir)
-                .chain(lower.iter().map(PathBuf::as_path))
-                .map(|path| path.to_string_lossy().into_owned())
-                .collect();
-            Some(
-                CString::new(format!("lowerdir={}", layers.join(":")))
-                    .map_err(|_| LaunchError::Nul("the version directory"))?,
-            )
+        let spec = RootSpec {
+            cover: self.hidden.clone(),
+            binds: vec![
+                Bind {
+                    host: version_dir.to_owned(),
+                    lower: lower.to_vec(),
+                    inside: PathBuf::from(format!("{ENV_ROOT}/{slug}")),
+                    read_only: true,
+                },
+                Bind {
+                    host: workdir.to_owned(),
+                    lower: Vec::new(),
+                    inside: PathBuf::from(WORKDIR),
+                    read_only: false,
+                },
+            ],
+            tmp_bytes: TMP_BYTES,
+            shm_bytes: SHM_BYTES,
         };
         Ok(NamespacePlan {
-            overlay,
-            env_root: CString::new(ENV_ROOT).map_err(|_| LaunchError::Nul("/env"))?,
-            mount_point: CString::new(mount_point).map_err(|_| LaunchError::Nul("the slug"))?,
-            version_dir: c_path(version_dir, "the version directory")?,
-            workdir: c_path(workdir, "the working directory")?,
-            hidden: outermost
-                .iter()
-                .map(|path| c_path(path, "a hidden path"))
-                .collect::<Result<_, _>>()?,
-            workdir_parent: CString::new(WORKDIR_PARENT).map_err(|_| LaunchError::Nul("/home"))?,
-            workdir_mount: CString::new(WORKDIR).map_err(|_| LaunchError::Nul("/home/session"))?,
+            root: RootPlan::new(&spec)?,
         })
     }
 }
 
-const TMPFS_OPTIONS: &CStr = c"mode=0755,size=64k";
-const EMPTY: &CStr = c"";
-const OWN_NAMESPACE: &CStr = c"/proc/thread-self/ns/mnt";
-
-/// Makes sessions' mount namespaces on one dedicated thread: it unshares into a new namespace,
-/// mounts what the plan says, keeps a descriptor of it and returns to the node's namespace.
-/// What else runs on that thread is a session's setup around its namespace (its directories),
-/// handed over in the same job so an attach costs one hand-off; nothing else sees the
-/// thread's namespace change.
+/// Starts sessions' keepers on one dedicated thread, which lives as long as the node: a
+/// keeper is killed when the thread that started it ends. What else runs on that thread is a
+/// session's setup around its sandbox (its directories), handed over in the same job so an
+/// attach costs one hand-off.
 #[derive(Debug, Clone)]
 pub struct Namespaces {
     jobs: std::sync::mpsc::Sender<Job>,
@@ -242,27 +207,13 @@ type Job = Box<dyn FnOnce(&NamespaceThread) + Send>;
 
 /// The namespace thread, as a job sees it.
 pub struct NamespaceThread {
-    home: OwnedFd,
-    stranded: std::cell::Cell<bool>,
+    _private: (),
 }
 
 impl NamespaceThread {
-    /// Makes one session's namespace; answers a descriptor holding it. The thread is back in
-    /// the node's namespace afterwards, whatever happened.
-    pub fn make(&self, plan: &NamespacePlan) -> Result<OwnedFd, LaunchError> {
-        if self.stranded.get() {
-            return Err(LaunchError::Stopped);
-        }
-        let made = make_namespace(plan);
-        if let Err(errno) = rustix::thread::move_into_link_name_space(
-            self.home.as_fd(),
-            Some(LinkNameSpaceType::Mount),
-        ) {
-            tracing::error!(%errno, "the namespace thread cannot return to the node's mount namespace; sessions' commands cannot start until the node agent restarts");
-            self.stranded.set(true);
-            return Err(LaunchError::Stopped);
-        }
-        made
+    /// Starts one session's keeper, its sandbox built as `plan` says.
+    pub fn make(&self, plan: &NamespacePlan) -> Result<Keeper, LaunchError> {
+        Ok(Keeper::start(&plan.root)?)
     }
 }
 
@@ -270,25 +221,12 @@ impl Namespaces {
     /// Starts the thread.
     pub fn start() -> std::io::Result<Self> {
         let (jobs, queue) = std::sync::mpsc::channel::<Job>();
-        let home = rustix::fs::open(
-            OWN_NAMESPACE,
-            OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
         std::thread::Builder::new()
             .name("plinth-namespaces".to_owned())
             .spawn(move || {
-                let thread = NamespaceThread {
-                    home,
-                    stranded: std::cell::Cell::new(false),
-                };
+                let thread = NamespaceThread { _private: () };
                 for job in queue {
                     job(&thread);
-                    if thread.stranded.get() {
-                        // A thread that cannot return makes no more namespaces; the jobs
-                        // still queued, and any sent later, are answered `Stopped`.
-                        return;
-                    }
                 }
             })?;
         Ok(Namespaces { jobs })
@@ -306,107 +244,6 @@ impl Namespaces {
             }))
             .map_err(|_| LaunchError::Stopped)?;
         answer.await.map_err(|_| LaunchError::Stopped)
-    }
-}
-
-/// The namespace thread's side: runs in the new namespace, leaves the thread there.
-fn make_namespace(plan: &NamespacePlan) -> Result<OwnedFd, LaunchError> {
-    let step = |step: &'static str| move |errno: Errno| LaunchError::Namespace { step, errno };
-    // SAFETY: this thread shares nothing the unshare changes with any code that expects it
-    // unchanged: a new mount namespace (and, implied, its own root and working directory)
-    // for this dedicated thread only.
-    #[allow(unsafe_code)]
-    unsafe {
-        rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)
-            .map_err(step("unshare"))?;
-    }
-    rustix::mount::mount_change(
-        c"/",
-        MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
-    )
-    .map_err(step("making propagation private"))?;
-    let quiet = MountFlags::NOSUID | MountFlags::NODEV;
-    rustix::mount::mount(c"tmpfs", &*plan.env_root, c"tmpfs", quiet, TMPFS_OPTIONS)
-        .map_err(step("mounting /env"))?;
-    make_dir(&plan.mount_point).map_err(step("making /env/<slug>"))?;
-    match &plan.overlay {
-        // Only lower layers: the overlay is read-only by construction.
-        Some(options) => rustix::mount::mount(
-            c"overlay",
-            &*plan.mount_point,
-            c"overlay",
-            MountFlags::RDONLY | quiet,
-            &**options,
-        )
-        .map_err(step("mounting the version's layers"))?,
-        None => {
-            rustix::mount::mount_bind(&*plan.version_dir, &*plan.mount_point)
-                .map_err(step("binding the version"))?;
-            rustix::mount::mount_remount(
-                &*plan.mount_point,
-                MountFlags::BIND | MountFlags::RDONLY | quiet,
-                EMPTY,
-            )
-            .map_err(step("making the version read-only"))?;
-        }
-    }
-    rustix::mount::mount_remount(&*plan.env_root, MountFlags::RDONLY | quiet, TMPFS_OPTIONS)
-        .map_err(step("making /env read-only"))?;
-
-    let workdir = rustix::mount::open_tree(
-        CWD,
-        &*plan.workdir,
-        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-    )
-    .map_err(step("taking the working directory"))?;
-    for hidden in &plan.hidden {
-        match rustix::mount::mount(
-            c"tmpfs",
-            &**hidden,
-            c"tmpfs",
-            quiet | MountFlags::NOEXEC | MountFlags::RDONLY,
-            TMPFS_OPTIONS,
-        ) {
-            // A hidden path that does not exist on this host has nothing to hide.
-            Ok(()) | Err(Errno::NOENT) => {}
-            Err(errno) => return Err(step("hiding the node's state")(errno)),
-        }
-    }
-    rustix::mount::mount(
-        c"tmpfs",
-        &*plan.workdir_parent,
-        c"tmpfs",
-        quiet | MountFlags::NOEXEC,
-        TMPFS_OPTIONS,
-    )
-    .map_err(step("mounting /home"))?;
-    make_dir(&plan.workdir_mount).map_err(step("making the working directory's mount point"))?;
-    rustix::mount::move_mount(
-        &workdir,
-        EMPTY,
-        CWD,
-        &*plan.workdir_mount,
-        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-    )
-    .map_err(step("mounting the working directory"))?;
-    rustix::mount::mount_remount(
-        &*plan.workdir_parent,
-        MountFlags::RDONLY | quiet | MountFlags::NOEXEC,
-        TMPFS_OPTIONS,
-    )
-    .map_err(step("making /home read-only"))?;
-    rustix::fs::open(
-        OWN_NAMESPACE,
-        OFlags::RDONLY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(step("keeping the namespace"))
-}
-
-fn make_dir(path: &CStr) -> Result<(), Errno> {
-    match rustix::fs::mkdir(path, Mode::from_raw_mode(0o755)) {
-        Ok(()) | Err(Errno::EXIST) => Ok(()),
-        Err(error) => Err(error),
     }
 }
 

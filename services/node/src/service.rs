@@ -78,14 +78,14 @@ fn workdir_error(error: WorkdirError) -> PlinthError {
     }
 }
 
-/// Makes a session's mount namespace on the namespace thread.
+/// Starts a session's sandbox on the namespace thread.
 fn isolate(
     thread: &isolation::NamespaceThread,
     isolation: &Isolation,
     version: &Materialized,
     record: &SessionRecord,
     workdir: &Path,
-) -> Result<std::os::fd::OwnedFd, PlinthError> {
+) -> Result<plinth_sandbox::keeper::Keeper, PlinthError> {
     let plan = isolation
         .namespace_plan(&version.path, &version.lower, &record.slug, workdir)
         .map_err(|error| PlinthError::invalid(error.to_string()))?;
@@ -124,7 +124,7 @@ impl Node {
         &self,
         session: &LocalSession,
         version: &Materialized,
-    ) -> Result<Option<Arc<std::os::fd::OwnedFd>>, PlinthError> {
+    ) -> Result<Option<Arc<plinth_sandbox::keeper::Keeper>>, PlinthError> {
         let Some(namespaces) = &self.namespaces else {
             return Ok(None);
         };

@@ -47,8 +47,9 @@ pub struct LocalSession {
     pub workdir: PathBuf,
     /// Cancelled when it ends: its running commands are killed.
     pub ended: CancellationToken,
-    /// Its mount namespace, once made (isolated nodes only); it goes when the session does.
-    pub namespace: tokio::sync::OnceCell<Arc<std::os::fd::OwnedFd>>,
+    /// Its sandbox's keeper, once started (isolated nodes only); killing it ends every
+    /// process of the session.
+    pub namespace: tokio::sync::OnceCell<Arc<plinth_sandbox::keeper::Keeper>>,
 }
 
 /// Why a session could not be made.
@@ -291,10 +292,18 @@ impl SessionTable {
 
     /// Ends a session: its commands are killed and its directory removed before this returns.
     pub async fn detach(&self, id: &str) -> bool {
-        let Some(session) = self.lock().remove(id) else {
+        let Some(session) = self.get(id) else {
             return false;
         };
         session.ended.cancel();
+        // Every process of the session is gone before its uid is free for another session:
+        // the keeper is reaped only once its PID namespace is empty.
+        if let Some(keeper) = session.namespace.get().cloned() {
+            let _ = tokio::task::spawn_blocking(move || keeper.kill()).await;
+        }
+        if self.lock().remove(id).is_none() {
+            return false;
+        }
         let dir = self.dir.join(id);
         let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
         true

@@ -9,11 +9,15 @@
 //! - everything the child reads is prepared first (C strings, pointer arrays, pipes, a stack);
 //! - every signal is blocked on the calling thread around `clone`, so no handler of the node
 //!   runs in the child while it shares the node's memory;
+//! - for a session's command, the calling thread enters the keeper's PID namespace for the
+//!   children it starts (`setns(pidfd, CLONE_NEWPID)`) just before `clone` and returns to the
+//!   node's right after, so the command is a process of the session's PID namespace;
 //! - the child resets every handled signal to its default and unblocks all (the command starts
-//!   as if from a fresh process: `SIGPIPE` too, which the node ignores), enters the session's
-//!   mount namespace, starts its own process group, drops to the session's uid and gid with
-//!   no supplementary groups, asks to be killed if the node dies, sets `no_new_privs`, changes
-//!   to its working directory, puts the pipes on 0, 1 and 2 and calls `execve`. It makes raw
+//!   as if from a fresh process: `SIGPIPE` too, which the node ignores), enters the keeper's
+//!   mount, IPC, UTS and network namespaces, starts its own process group, empties its
+//!   capability bounding set, drops to the session's uid and gid with no supplementary groups
+//!   and clears every capability, asks to be killed if the node dies, sets `no_new_privs`,
+//!   changes to its working directory, puts the pipes on 0, 1 and 2 and calls `execve`. It makes raw
 //!   system calls (rustix's `linux_raw` backend, and libc wrappers that are only system calls);
 //!   it allocates nothing and takes no lock;
 //! - a step that fails is written to memory the parent reads once `clone` returns, and the
@@ -95,8 +99,8 @@ pub struct Command {
     pub env: Vec<CString>,
     /// Where it starts.
     pub cwd: CString,
-    /// The mount namespace it runs in; `None` keeps the node's.
-    pub namespace: Option<Arc<OwnedFd>>,
+    /// The sandbox it runs in (its keeper's namespaces); `None` keeps the node's.
+    pub namespace: Option<Arc<plinth_sandbox::keeper::Keeper>>,
     /// The uid and gid it runs as; `None` keeps the node's.
     pub uid: Option<u32>,
 }
@@ -127,9 +131,9 @@ fn prepare(what: &'static str) -> impl FnOnce(io::Error) -> SpawnError {
 }
 
 /// What the child does, in the order it does it: the names of its steps.
-const STEPS: [&str; 9] = [
+const STEPS: [&str; 10] = [
     "resetting signals",
-    "entering the session's mount namespace",
+    "entering the session's sandbox",
     "starting a process group",
     "dropping supplementary groups",
     "switching to the session's gid",
@@ -137,6 +141,7 @@ const STEPS: [&str; 9] = [
     "setting up the process (death signal, no_new_privs)",
     "changing to the working directory",
     "connecting standard input and output",
+    "dropping capabilities",
 ];
 const STEP_EXEC: i32 = STEPS.len() as i32;
 
@@ -217,6 +222,20 @@ impl Drop for Child {
     }
 }
 
+/// The node's own PID namespace, to return to after starting a session's command.
+fn own_pid_namespace() -> io::Result<std::os::fd::BorrowedFd<'static>> {
+    static OWN: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
+    if let Some(fd) = OWN.get() {
+        return Ok(fd.as_fd());
+    }
+    let fd = rustix::fs::open(
+        c"/proc/self/ns/pid",
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(OWN.get_or_init(|| fd).as_fd())
+}
+
 fn pointers(strings: &[CString]) -> Vec<*const c_char> {
     strings
         .iter()
@@ -254,7 +273,10 @@ pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
         argv: argv.as_ptr(),
         envp: envp.as_ptr(),
         cwd: command.cwd.as_ptr(),
-        namespace: command.namespace.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
+        namespace: command
+            .namespace
+            .as_ref()
+            .map_or(-1, |keeper| keeper.pidfd().as_raw_fd()),
         uid: command.uid,
         stdin: null.as_raw_fd(),
         stdout: stdout_write.as_raw_fd(),
@@ -275,6 +297,20 @@ pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
         Err(error) => return Err(prepare("mapping a stack")(error)),
     };
     let mut pidfd: c_int = -1;
+    // The command must be a process of the session's PID namespace: this thread's children
+    // are, from here until it returns to the node's below.
+    let pid_namespace = match &command.namespace {
+        Some(keeper) => {
+            let own = own_pid_namespace().map_err(prepare("opening the node's PID namespace"))?;
+            rustix::thread::move_into_thread_name_spaces(
+                keeper.pidfd(),
+                rustix::thread::ThreadNameSpaceType::PROCESS_ID,
+            )
+            .map_err(|errno| prepare("entering the session's PID namespace")(errno.into()))?;
+            Some(own)
+        }
+        None => None,
+    };
 
     // SAFETY: `clone` with CLONE_VM | CLONE_VFORK suspends this thread until the child has
     // called `execve` or exited, so `plan`, the strings it points to and this thread's stack
@@ -298,6 +334,18 @@ pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         (pid, clone_error)
     };
+    if let Some(own) = pid_namespace {
+        // Back to the node's PID namespace for whatever else this thread starts. It is the
+        // thread's own active namespace, which setns always allows; should it still fail, the
+        // thread's later children would be born in a session's namespace: stop the node
+        // rather than risk that.
+        if let Err(errno) =
+            rustix::thread::move_into_link_name_space(own, Some(LinkNameSpaceType::ProcessID))
+        {
+            tracing::error!(%errno, "cannot return to the node's PID namespace after starting a command; stopping");
+            std::process::abort();
+        }
+    }
     drop((stdout_write, stderr_write, null));
     if pid < 0 {
         return Err(prepare("starting the process")(clone_error));
@@ -396,9 +444,13 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
         // SAFETY: the parent holds the namespace's descriptor open across the clone.
         #[allow(unsafe_code)]
         let namespace = unsafe { std::os::fd::BorrowedFd::borrow_raw(plan.namespace) };
-        if let Err(errno) =
-            rustix::thread::move_into_link_name_space(namespace, Some(LinkNameSpaceType::Mount))
-        {
+        if let Err(errno) = rustix::thread::move_into_thread_name_spaces(
+            namespace,
+            rustix::thread::ThreadNameSpaceType::MOUNT
+                | rustix::thread::ThreadNameSpaceType::INTER_PROCESS_COMMUNICATION
+                | rustix::thread::ThreadNameSpaceType::HOST_NAME_AND_NIS_DOMAIN_NAME
+                | rustix::thread::ThreadNameSpaceType::NETWORK,
+        ) {
             return failed(1, errno.raw_os_error());
         }
     }
@@ -406,6 +458,18 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
         return failed(2, errno.raw_os_error());
     }
     if let Some(uid) = plan.uid {
+        // While still root (it takes CAP_SETPCAP): nothing the command runs can regain a
+        // capability, set-uid programs included.
+        for capability in 0..64 {
+            match rustix::thread::remove_capability_from_bounding_set(
+                rustix::thread::CapabilitySet::from_bits_retain(1 << capability),
+            ) {
+                Ok(()) => {}
+                // Past the last capability this kernel knows.
+                Err(rustix::io::Errno::INVAL) => break,
+                Err(errno) => return failed(9, errno.raw_os_error()),
+            }
+        }
         // rustix's raw calls change only the calling task: this child, not the node.
         if let Err(errno) = rustix::thread::set_thread_groups(&[]) {
             return failed(3, errno.raw_os_error());
@@ -417,6 +481,20 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
         let uid = rustix::process::Uid::from_raw(uid);
         if let Err(errno) = rustix::thread::set_thread_res_uid(uid, uid, uid) {
             return failed(5, errno.raw_os_error());
+        }
+    }
+    if plan.uid.is_some() {
+        // The uid change cleared the effective and permitted sets, not the inheritable one.
+        let none = rustix::thread::CapabilitySet::empty();
+        if let Err(errno) = rustix::thread::set_capabilities(
+            None,
+            rustix::thread::CapabilitySets {
+                effective: none,
+                permitted: none,
+                inheritable: none,
+            },
+        ) {
+            return failed(9, errno.raw_os_error());
         }
     }
     // After the uid change, which clears it.

@@ -7,3 +7,6 @@
 //! prepared before the fork: nothing is allocated and no lock is taken there.
 //!
 //! What does not belong here: how a session or a build is scheduled, recorded or served.
+
+pub mod keeper;
+pub mod root;

@@ -1,0 +1,532 @@
+//! The sandbox's file system: an allow-listed root, built from what it may see, never the
+//! host's root minus a deny-list (a deny-list misses the next configured path).
+//!
+//! [`RootSpec`] says what is shown; [`RootPlan::new`] turns it, before any fork, into a list of
+//! steps on C strings ([`Step`]); [`RootPlan::enter`] runs them in the process that owns the new
+//! mount namespace, with raw system calls only (it may run in a child sharing the node's
+//! memory: nothing is allocated and no lock is taken). The root it builds:
+//!
+//! | path | what | how |
+//! |---|---|---|
+//! | `/usr`, `/bin`, `/sbin`, `/lib*`, `/etc`, `/opt` | the host's, where they exist | recursive bind, every mount read-only, `nosuid`, `nodev` |
+//! | a covered path beneath those (the data directory, a config file, …) | nothing | an empty read-only tmpfs, or `/dev/null` for a file |
+//! | read-only binds (`/env/<slug>`) | the version | bind remounted read-only, or a read-only overlay of its layers |
+//! | writable binds (`/home/session`) | the working directory | bind, `nosuid`, `nodev` |
+//! | `/tmp`, `/dev/shm` | private | tmpfs of a given size (charged to the session's memory cgroup) |
+//! | `/dev` | `null`, `zero`, `full`, `random`, `urandom`, `tty`, its own `pts`, `fd`/`stdin`/`stdout`/`stderr` links | a small tmpfs, host nodes bound onto files, read-only |
+//! | `/proc` | the sandbox's own processes | a new procfs (the builder of the root is the PID namespace's first process), `hidepid=2` so the keeper (root) is not listed |
+//! | `/var/tmp` | `/tmp` | a link |
+//! | everything else (`/root`, `/home`, `/var`, `/srv`, `/mnt`, `/run`, `/sys`, the data directory wherever it is) | absent | not in the root at all |
+//!
+//! The root itself is a tmpfs mounted over `/env` while it is built (the host's `/env` holds
+//! nothing the sandbox needs), entered with `pivot_root`, and made read-only last. The host
+//! keeps no mount of it: everything lives in the sandbox's mount namespace.
+
+use std::ffi::{CStr, CString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::Mode;
+use rustix::io::Errno;
+use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
+
+/// Host directories a sandbox sees read-only, where the host has them.
+pub const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
+];
+
+/// Device nodes a sandbox gets, bound from the host's `/dev`.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// Where the new root is built (a tmpfs over it, in the sandbox's mount namespace only).
+const BUILD_AT: &str = "/env";
+
+/// What a sandbox's file system shows.
+#[derive(Debug, Clone, Default)]
+pub struct RootSpec {
+    /// Host paths never shown, even beneath a system directory (the data directory, the node's
+    /// state, a configuration file): covered when they fall beneath one.
+    pub cover: Vec<PathBuf>,
+    /// Host directories shown at a path of their own: `(host, inside, read_only)`.
+    pub binds: Vec<Bind>,
+    /// Size of the private `/tmp`, in bytes.
+    pub tmp_bytes: u64,
+    /// Size of the private `/dev/shm`, in bytes.
+    pub shm_bytes: u64,
+}
+
+/// A host directory shown inside the sandbox.
+#[derive(Debug, Clone)]
+pub struct Bind {
+    /// The host directory (for an overlay, its topmost layer).
+    pub host: PathBuf,
+    /// Lower layers under `host`, topmost first: shown as one read-only overlay.
+    pub lower: Vec<PathBuf>,
+    /// Where it appears (absolute).
+    pub inside: PathBuf,
+    /// Whether it is read-only.
+    pub read_only: bool,
+}
+
+/// One thing the builder of the root does.
+#[derive(Debug)]
+pub enum Step {
+    /// Makes every mount private, so nothing reaches the host.
+    Private,
+    /// A tmpfs: where, options, flags.
+    Tmpfs(CString, CString, MountFlags),
+    /// A directory.
+    Mkdir(CString),
+    /// An empty file to bind a node onto.
+    Touch(CString),
+    /// A symbolic link: target, where.
+    Symlink(CString, CString),
+    /// A bind: from, to, recursive.
+    Bind(CString, CString, bool),
+    /// A bind's per-mount flags, read-only unless said.
+    Remount(CString, MountFlags),
+    /// A read-only overlay: where, its `lowerdir=` options.
+    Overlay(CString, CString),
+    /// The sandbox's own devpts instance.
+    Devpts(CString),
+    /// The sandbox's own procfs.
+    Proc(CString),
+    /// Enters the new root and drops the old one.
+    PivotRoot,
+    /// Makes the root read-only.
+    RootReadOnly,
+}
+
+impl Step {
+    /// What it does, for an error message.
+    pub fn describe(&self) -> (&'static str, &CStr) {
+        match self {
+            Step::Private => ("making mounts private", c"/"),
+            Step::Tmpfs(path, _, _) => ("mounting a tmpfs on", path),
+            Step::Mkdir(path) => ("making the directory", path),
+            Step::Touch(path) => ("making the file", path),
+            Step::Symlink(_, path) => ("making the link", path),
+            Step::Bind(_, path, _) => ("binding", path),
+            Step::Remount(path, _) => ("setting the mount flags of", path),
+            Step::Overlay(path, _) => ("mounting the overlay on", path),
+            Step::Devpts(path) => ("mounting devpts on", path),
+            Step::Proc(path) => ("mounting proc on", path),
+            Step::PivotRoot => ("entering the new root", c"/"),
+            Step::RootReadOnly => ("making the root read-only", c"/"),
+        }
+    }
+}
+
+/// Why a plan could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum RootError {
+    /// A path holds a NUL byte or is relative.
+    #[error("the sandbox cannot show {0}: paths must be absolute, without NUL bytes")]
+    Path(PathBuf),
+    /// The host's mount table could not be read.
+    #[error("reading the host's mounts: {0}")]
+    Mounts(std::io::Error),
+}
+
+/// A step that failed while the root was built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failure {
+    /// Its index in [`RootPlan::steps`].
+    pub step: usize,
+    /// The kernel's answer.
+    pub errno: Errno,
+}
+
+/// The steps that build a sandbox's root, ready to run after a fork.
+#[derive(Debug)]
+pub struct RootPlan {
+    /// In order.
+    pub steps: Vec<Step>,
+}
+
+fn c(path: &Path) -> Result<CString, RootError> {
+    if !path.is_absolute() {
+        return Err(RootError::Path(path.to_owned()));
+    }
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| RootError::Path(path.to_owned()))
+}
+
+/// `inside` as built: beneath [`BUILD_AT`].
+fn staged(inside: &Path) -> PathBuf {
+    let relative = inside.strip_prefix("/").unwrap_or(inside);
+    Path::new(BUILD_AT).join(relative)
+}
+
+/// A host mount point and the flags a read-only remount of it must keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostMount {
+    /// Where it is mounted.
+    pub point: PathBuf,
+    /// `nosuid`, `nodev`, `noexec` as it had them.
+    pub flags: MountFlags,
+}
+
+/// The host's mount points from `/proc/self/mountinfo` text.
+pub fn host_mounts(mountinfo: &[u8]) -> Vec<HostMount> {
+    let mut mounts = Vec::new();
+    for line in mountinfo.split(|byte| *byte == b'\n') {
+        let fields: Vec<&[u8]> = line.split(|byte| *byte == b' ').collect();
+        if fields.len() < 6 {
+            continue;
+        }
+        let point = unescape(fields[4]);
+        let mut flags = MountFlags::empty();
+        for option in fields[5].split(|byte| *byte == b',') {
+            match option {
+                b"nosuid" => flags |= MountFlags::NOSUID,
+                b"nodev" => flags |= MountFlags::NODEV,
+                b"noexec" => flags |= MountFlags::NOEXEC,
+                _ => {}
+            }
+        }
+        mounts.push(HostMount {
+            point: PathBuf::from(std::ffi::OsStr::from_bytes(&point)),
+            flags,
+        });
+    }
+    mounts
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut index = 0;
+    while index < field.len() {
+        if field[index] == b'\\' && index + 3 < field.len() {
+            let digits = &field[index + 1..index + 4];
+            if digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
+                let value = digits
+                    .iter()
+                    .fold(0u32, |acc, digit| acc * 8 + u32::from(digit - b'0'));
+                if let Ok(byte) = u8::try_from(value) {
+                    out.push(byte);
+                    index += 4;
+                    continue;
+                }
+            }
+        }
+        out.push(field[index]);
+        index += 1;
+    }
+    out
+}
+
+impl RootPlan {
+    /// The steps for `spec`, reading the host's file system and mount table now.
+    pub fn new(spec: &RootSpec) -> Result<Self, RootError> {
+        let mountinfo = std::fs::read("/proc/self/mountinfo").map_err(RootError::Mounts)?;
+        Self::with_mounts(spec, &host_mounts(&mountinfo))
+    }
+
+    /// The steps for `spec` given the host's mounts.
+    pub fn with_mounts(spec: &RootSpec, mounts: &[HostMount]) -> Result<Self, RootError> {
+        let quiet = MountFlags::NOSUID | MountFlags::NODEV;
+        let mut steps = vec![
+            Step::Private,
+            Step::Tmpfs(c(Path::new(BUILD_AT))?, CString::from(c"mode=0755,size=1m"), quiet),
+        ];
+        let mut shown = Vec::new();
+        for dir in SYSTEM_DIRS {
+            let host = Path::new(dir);
+            let Ok(meta) = std::fs::symlink_metadata(host) else {
+                continue;
+            };
+            let target = staged(host);
+            if meta.file_type().is_symlink() {
+                let link = std::fs::read_link(host).map_err(|_| RootError::Path(host.into()))?;
+                let link = CString::new(link.as_os_str().as_bytes())
+                    .map_err(|_| RootError::Path(host.into()))?;
+                steps.push(Step::Symlink(link, c(&target)?));
+                continue;
+            }
+            if !meta.is_dir() {
+                continue;
+            }
+            shown.push(host.to_owned());
+            steps.push(Step::Mkdir(c(&target)?));
+            steps.push(Step::Bind(c(host)?, c(&target)?, true));
+            // Every mount of the recursive bind read-only, keeping the flags it had (a bind
+            // remount sets every per-mount flag at once).
+            let top_flags = mounts
+                .iter()
+                .filter(|mount| host.starts_with(&mount.point))
+                .max_by_key(|mount| mount.point.as_os_str().len())
+                .map_or(MountFlags::empty(), |mount| mount.flags);
+            steps.push(Step::Remount(c(&target)?, MountFlags::RDONLY | quiet | top_flags));
+            for mount in mounts.iter().filter(|mount| {
+                mount.point != host && mount.point.starts_with(host)
+            }) {
+                steps.push(Step::Remount(
+                    c(&staged(&mount.point))?,
+                    MountFlags::RDONLY | quiet | mount.flags,
+                ));
+            }
+        }
+        for covered in &spec.cover {
+            if !shown.iter().any(|dir| covered.starts_with(dir)) {
+                continue;
+            }
+            let target = c(&staged(covered))?;
+            match std::fs::metadata(covered) {
+                Ok(meta) if meta.is_dir() => steps.push(Step::Tmpfs(
+                    target,
+                    CString::from(c"mode=000,size=4k"),
+                    quiet | MountFlags::NOEXEC | MountFlags::RDONLY,
+                )),
+                Ok(_) => steps.push(Step::Bind(CString::from(c"/dev/null"), target, false)),
+                Err(_) => {}
+            }
+        }
+        let mut made: Vec<PathBuf> = Vec::new();
+        let mut make_parents = |steps: &mut Vec<Step>, inside: &Path| -> Result<(), RootError> {
+            let mut path = PathBuf::from("/");
+            for part in inside.components().skip(1) {
+                path.push(part);
+                if !made.contains(&path) {
+                    made.push(path.clone());
+                    steps.push(Step::Mkdir(c(&staged(&path))?));
+                }
+            }
+            Ok(())
+        };
+        for bind in &spec.binds {
+            make_parents(&mut steps, &bind.inside)?;
+            let target = c(&staged(&bind.inside))?;
+            if bind.lower.is_empty() {
+                steps.push(Step::Bind(c(&bind.host)?, target.clone(), false));
+                let flags = if bind.read_only { MountFlags::RDONLY | quiet } else { quiet };
+                steps.push(Step::Remount(target, flags));
+            } else {
+                // The cache makes layers only where its path needs no escaping here.
+                let layers: Vec<String> = std::iter::once(&bind.host)
+                    .chain(bind.lower.iter())
+                    .map(|path| path.to_string_lossy().into_owned())
+                    .collect();
+                let options = CString::new(format!("lowerdir={}", layers.join(":")))
+                    .map_err(|_| RootError::Path(bind.host.clone()))?;
+                steps.push(Step::Overlay(target, options));
+            }
+        }
+        let tmp = CString::new(format!("mode=1777,size={}", spec.tmp_bytes.max(4096)))
+            .map_err(|_| RootError::Path("/tmp".into()))?;
+        let shm = CString::new(format!("mode=1777,size={}", spec.shm_bytes.max(4096)))
+            .map_err(|_| RootError::Path("/dev/shm".into()))?;
+        make_parents(&mut steps, Path::new("/tmp"))?;
+        steps.push(Step::Tmpfs(c(&staged(Path::new("/tmp")))?, tmp, quiet));
+        make_parents(&mut steps, Path::new("/var"))?;
+        steps.push(Step::Symlink(
+            CString::from(c"../tmp"),
+            c(&staged(Path::new("/var/tmp")))?,
+        ));
+        let dev = staged(Path::new("/dev"));
+        make_parents(&mut steps, Path::new("/dev"))?;
+        steps.push(Step::Tmpfs(
+            c(&dev)?,
+            CString::from(c"mode=0755,size=64k"),
+            MountFlags::NOSUID | MountFlags::NOEXEC,
+        ));
+        for device in DEVICES {
+            if Path::new("/dev").join(device).exists() {
+                steps.push(Step::Touch(c(&dev.join(device))?));
+                steps.push(Step::Bind(
+                    c(&Path::new("/dev").join(device))?,
+                    c(&dev.join(device))?,
+                    false,
+                ));
+            }
+        }
+        for (target, name) in [
+            ("/proc/self/fd", "fd"),
+            ("/proc/self/fd/0", "stdin"),
+            ("/proc/self/fd/1", "stdout"),
+            ("/proc/self/fd/2", "stderr"),
+            ("pts/ptmx", "ptmx"),
+        ] {
+            let target = CString::new(target).map_err(|_| RootError::Path(dev.clone()))?;
+            steps.push(Step::Symlink(target, c(&dev.join(name))?));
+        }
+        steps.push(Step::Mkdir(c(&dev.join("shm"))?));
+        steps.push(Step::Tmpfs(c(&dev.join("shm"))?, shm, quiet));
+        steps.push(Step::Mkdir(c(&dev.join("pts"))?));
+        steps.push(Step::Devpts(c(&dev.join("pts"))?));
+        steps.push(Step::Remount(
+            c(&dev)?,
+            MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NOEXEC,
+        ));
+        make_parents(&mut steps, Path::new("/proc"))?;
+        steps.push(Step::Proc(c(&staged(Path::new("/proc")))?));
+        steps.push(Step::Mkdir(c(&staged(Path::new("/.old-root")))?));
+        steps.push(Step::PivotRoot);
+        steps.push(Step::RootReadOnly);
+        Ok(RootPlan { steps })
+    }
+
+    /// Builds the root and enters it. Runs in the process that owns the sandbox's new mount
+    /// namespace (and, for `/proc`, is its PID namespace's first process), as root; raw system
+    /// calls only.
+    pub fn enter(&self) -> Result<(), Failure> {
+        use rustix::mount::{mount, mount_bind, mount_bind_recursive, mount_change, mount_remount};
+        const EMPTY: &CStr = c"";
+        for (index, step) in self.steps.iter().enumerate() {
+            let failed = |errno: Errno| Failure {
+                step: index,
+                errno,
+            };
+            match step {
+                Step::Private => mount_change(
+                    c"/",
+                    MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+                ),
+                Step::Tmpfs(path, options, flags) => {
+                    mount(c"plinth", &**path, c"tmpfs", *flags, &**options)
+                }
+                Step::Mkdir(path) => match rustix::fs::mkdir(&**path, Mode::from_raw_mode(0o755)) {
+                    Ok(()) | Err(Errno::EXIST) => Ok(()),
+                    Err(errno) => Err(errno),
+                },
+                Step::Touch(path) => rustix::fs::open(
+                    &**path,
+                    rustix::fs::OFlags::CREATE | rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o644),
+                )
+                .map(drop),
+                Step::Symlink(target, path) => rustix::fs::symlink(&**target, &**path),
+                Step::Bind(from, to, true) => mount_bind_recursive(&**from, &**to),
+                Step::Bind(from, to, false) => mount_bind(&**from, &**to),
+                Step::Remount(path, flags) => {
+                    mount_remount(&**path, MountFlags::BIND | *flags, EMPTY)
+                }
+                Step::Overlay(path, options) => mount(
+                    c"overlay",
+                    &**path,
+                    c"overlay",
+                    MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+                    &**options,
+                ),
+                Step::Devpts(path) => mount(
+                    c"devpts",
+                    &**path,
+                    c"devpts",
+                    MountFlags::NOSUID | MountFlags::NOEXEC,
+                    c"newinstance,ptmxmode=0666,mode=0620",
+                ),
+                // hidepid=2: the sandbox's processes see only their own uid's processes, not
+                // the keeper (root), whose command line is the node's (they share memory).
+                Step::Proc(path) => mount(
+                    c"proc",
+                    &**path,
+                    c"proc",
+                    MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+                    c"hidepid=2",
+                ),
+                Step::PivotRoot => pivot(),
+                Step::RootReadOnly => mount_remount(
+                    c"/",
+                    MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+                    c"mode=0755,size=1m",
+                ),
+            }
+            .map_err(failed)?;
+        }
+        Ok(())
+    }
+}
+
+/// Enters [`BUILD_AT`] as the root; the old root is detached and its mount point removed.
+fn pivot() -> Result<(), Errno> {
+    rustix::process::pivot_root(c"/env", c"/env/.old-root")?;
+    rustix::process::chdir(c"/")?;
+    rustix::mount::unmount(c"/.old-root", UnmountFlags::DETACH)?;
+    rustix::fs::rmdir(c"/.old-root")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_points_and_flags_are_read_with_escapes() {
+        let text = b"22 1 8:1 / / rw,relatime - ext4 /dev/vda rw\n\
+                     30 22 0:5 / /usr/lib\\040x rw,nosuid,nodev - tmpfs t rw\n\
+                     31 22 0:6 / /etc/hosts ro,noexec - ext4 /dev/vda rw\n";
+        let mounts = host_mounts(text);
+        assert_eq!(mounts.len(), 3);
+        assert_eq!(mounts[1].point, PathBuf::from("/usr/lib x"));
+        assert_eq!(mounts[1].flags, MountFlags::NOSUID | MountFlags::NODEV);
+        assert_eq!(mounts[2].flags, MountFlags::NOEXEC);
+    }
+
+    #[test]
+    fn the_plan_shows_only_what_it_names_and_covers_what_it_must_hide() {
+        let config = tempfile::NamedTempFile::new_in("/etc").ok();
+        let mut cover = vec![PathBuf::from("/var/lib/plinth")];
+        if let Some(config) = &config {
+            cover.push(config.path().to_owned());
+        }
+        let spec = RootSpec {
+            cover,
+            binds: vec![
+                Bind {
+                    host: "/srv/cache/v1".into(),
+                    lower: Vec::new(),
+                    inside: "/env/demo".into(),
+                    read_only: true,
+                },
+                Bind {
+                    host: "/srv/sessions/s/work".into(),
+                    lower: Vec::new(),
+                    inside: "/home/session".into(),
+                    read_only: false,
+                },
+            ],
+            tmp_bytes: 1 << 20,
+            shm_bytes: 1 << 20,
+        };
+        let plan = RootPlan::with_mounts(&spec, &[]).expect("plan");
+        let binds: Vec<String> = plan
+            .steps
+            .iter()
+            .filter_map(|step| match step {
+                Step::Bind(from, to, _) => Some(format!(
+                    "{} -> {}",
+                    from.to_string_lossy(),
+                    to.to_string_lossy()
+                )),
+                _ => None,
+            })
+            .collect();
+        assert!(binds.contains(&"/usr -> /env/usr".to_owned()), "{binds:?}");
+        assert!(binds.contains(&"/srv/cache/v1 -> /env/env/demo".to_owned()), "{binds:?}");
+        assert!(
+            binds.contains(&"/srv/sessions/s/work -> /env/home/session".to_owned()),
+            "{binds:?}"
+        );
+        assert!(!binds.iter().any(|bind| bind.starts_with("/var ") || bind.starts_with("/root")), "{binds:?}");
+        // A path outside every shown directory needs no cover; a file inside one is covered.
+        assert!(!binds.iter().any(|bind| bind.contains("/var/lib/plinth")), "{binds:?}");
+        if let Some(config) = &config {
+            let covered = format!("/dev/null -> /env{}", config.path().display());
+            assert!(binds.contains(&covered), "{binds:?}");
+        }
+        // The version read-only, the working directory writable.
+        let remounts: Vec<(String, bool)> = plan
+            .steps
+            .iter()
+            .filter_map(|step| match step {
+                Step::Remount(path, flags) => Some((
+                    path.to_string_lossy().into_owned(),
+                    flags.contains(MountFlags::RDONLY),
+                )),
+                _ => None,
+            })
+            .collect();
+        assert!(remounts.contains(&("/env/env/demo".to_owned(), true)), "{remounts:?}");
+        assert!(remounts.contains(&("/env/home/session".to_owned(), false)), "{remounts:?}");
+        assert!(matches!(plan.steps.last(), Some(Step::RootReadOnly)));
+    }
+}
