@@ -19,3 +19,4 @@ mod processes;
 mod sessions;
 mod snapshots;
 mod tracing_propagation;
+mod walkthrough;
