@@ -6,7 +6,13 @@
 //! (builds). What runs between `fork` and `exec` here makes raw system calls only, on data
 //! prepared before the fork: nothing is allocated and no lock is taken there.
 //!
+//! - [`cgroup`]: memory, process and CPU limits per session, and killing everything a session
+//!   started (cgroup v2, or v1 where a node has no v2 controllers).
+//! - [`root`]: the sandbox's file system, built from an allow-list.
+//! - [`keeper`]: the first process of a session's PID namespace, owner of its namespaces.
+//!
 //! What does not belong here: how a session or a build is scheduled, recorded or served.
 
+pub mod cgroup;
 pub mod keeper;
 pub mod root;
