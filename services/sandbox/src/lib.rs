@@ -6,4 +6,9 @@
 //! (builds). What runs between `fork` and `exec` here makes raw system calls only, on data
 //! prepared before the fork: nothing is allocated and no lock is taken there.
 //!
+//! - [`egress`]: the network policy, `none` or `egress` through a filtering HTTP proxy the
+//!   node serves on a socket inside the sandbox's network namespace.
+//!
 //! What does not belong here: how a session or a build is scheduled, recorded or served.
+
+pub mod egress;
