@@ -8,11 +8,15 @@
 //!
 //! - [`cgroup`]: memory, process and CPU limits per session, and killing everything a session
 //!   started (cgroup v2, or v1 where a node has no v2 controllers).
+//! - [`egress`]: the network policy, `none` or `egress` through a filtering HTTP proxy the
+//!   node serves on a socket inside the sandbox's network namespace.
 //! - [`root`]: the sandbox's file system, built from an allow-list.
 //! - [`keeper`]: the first process of a session's PID namespace, owner of its namespaces.
+//! - [`seccomp`]: the system calls sandboxes never need, refused with `EPERM`.
 //!
 //! What does not belong here: how a session or a build is scheduled, recorded or served.
 
 pub mod cgroup;
+pub mod egress;
 pub mod keeper;
 pub mod root;
