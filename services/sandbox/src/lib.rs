@@ -20,3 +20,4 @@ pub mod cgroup;
 pub mod egress;
 pub mod keeper;
 pub mod root;
+pub mod seccomp;
