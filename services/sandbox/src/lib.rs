@@ -6,4 +6,8 @@
 //! (builds). What runs between `fork` and `exec` here makes raw system calls only, on data
 //! prepared before the fork: nothing is allocated and no lock is taken there.
 //!
+//! - [`disk`]: the per-session disk limit (`disk_mb`) on the working directory.
+//!
 //! What does not belong here: how a session or a build is scheduled, recorded or served.
+
+pub mod disk;
