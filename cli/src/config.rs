@@ -28,6 +28,9 @@ const EPHEMERAL_LOOPBACK: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCA
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
+    /// The configuration file this was read from, if any: hidden from sessions and builds.
+    #[serde(skip)]
+    pub source_file: Option<PathBuf>,
     /// Where the embedded database and object store live.
     pub data_dir: PathBuf,
     /// Shared secret between services; calls without it are refused when set.
@@ -50,6 +53,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
+            source_file: None,
             data_dir: PathBuf::from("./plinth-data"),
             internal_token: None,
             log: LogConfig::default(),
@@ -335,6 +339,28 @@ pub struct NodeSection {
     pub exec_timeout_seconds: u64,
     /// The longest time limit a caller may ask for, in seconds.
     pub exec_max_timeout_seconds: u64,
+    /// What sessions may reach: `egress` (the internet through the node's filtering proxy,
+    /// never the host's services or private addresses) or `none` (only their own loopback).
+    pub network: SessionNetwork,
+    /// Addresses, networks or host names (each with an optional `:port`) sessions may reach
+    /// although the egress policy refuses their range: a private package mirror.
+    pub egress_allow: Vec<String>,
+    /// A session's memory limit, in MiB (its private /tmp and /dev/shm count against it).
+    pub session_memory_mb: u64,
+    /// A session's process limit.
+    pub session_pids: u64,
+    /// A session's CPU limit, in thousandths of a core.
+    pub session_cpu_millicores: u64,
+}
+
+/// `node.network`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionNetwork {
+    /// Nothing but the session's own loopback.
+    None,
+    /// The internet through the node's filtering proxy.
+    Egress,
 }
 
 impl Default for NodeSection {
@@ -350,6 +376,11 @@ impl Default for NodeSection {
             session_base_uid: 200_000,
             exec_timeout_seconds: 120,
             exec_max_timeout_seconds: 3600,
+            network: SessionNetwork::Egress,
+            egress_allow: Vec::new(),
+            session_memory_mb: 2048,
+            session_pids: 1024,
+            session_cpu_millicores: 2000,
         }
     }
 }
@@ -360,6 +391,10 @@ impl Config {
             Some(path) => config::read_toml(path)?,
             None => Config::default(),
         };
+        config.source_file = common
+            .config
+            .as_ref()
+            .map(|path| std::path::absolute(path).unwrap_or_else(|_| path.clone()));
         if let Some(filter) = &common.log {
             config.log.filter = filter.clone();
         }

@@ -360,6 +360,19 @@ fn builds_registries(
     Ok(registries)
 }
 
+/// What sessions (and builds) may reach on the network: the internet, never the host's
+/// loopback, private, link-local or metadata addresses, nor the node's own addresses, plus
+/// what `allow` names (a private mirror).
+pub fn egress_policy(allow: &[String]) -> anyhow::Result<plinth_sandbox::egress::EgressPolicy> {
+    let own: Vec<String> = plinth_sandbox::egress::node_addresses()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|address| address.to_string())
+        .collect();
+    plinth_sandbox::egress::EgressPolicy::from_config(allow, &own)
+        .context("node.egress_allow: entries are addresses, networks (CIDR) or host names, each with an optional :port")
+}
+
 /// Starts this host's node agent alone.
 pub async fn start_node(
     config: &Config,
@@ -434,9 +447,25 @@ fn spawn_node(
         advertise_url: node_url(config, address),
         isolation: plinth_node::Isolation {
             enabled: !section.insecure_no_isolation,
-            // Sessions see neither Plinth's data (databases, blobs, builds) nor the node's
-            // state (the cache, other sessions); their own working directory is put back.
-            hidden: vec![data_dir, state_dir.clone()],
+            // Sessions see neither Plinth's data (databases, blobs, builds), the node's state
+            // (the cache, other sessions) nor the configuration file, wherever they are.
+            hidden: [data_dir, state_dir.clone()]
+                .into_iter()
+                .chain(config.source_file.clone())
+                .collect(),
+            cgroups: None,
+            limits: plinth_sandbox::cgroup::Limits {
+                memory_bytes: Some(section.session_memory_mb.saturating_mul(1024 * 1024)),
+                pids: Some(section.session_pids),
+                cpu_millicores: Some(section.session_cpu_millicores),
+            },
+            egress: match section.network {
+                crate::config::SessionNetwork::None => None,
+                crate::config::SessionNetwork::Egress => {
+                    Some(std::sync::Arc::new(egress_policy(&section.egress_allow)?))
+                }
+            },
+            seccomp: None,
         },
         state_dir,
         blob_url,

@@ -602,6 +602,8 @@ pub struct ExecResultBody {
     pub duration_ms: u64,
     /// Whether it was killed at its time limit.
     pub timed_out: bool,
+    /// Whether the kernel killed it for exceeding the session's memory limit.
+    pub oom_killed: bool,
     /// Whether stdout was cut.
     pub stdout_truncated: bool,
     /// Whether stderr was cut.
@@ -701,6 +703,7 @@ async fn exec(
         stderr,
         duration_ms: result.duration_ms,
         timed_out: result.timed_out,
+        oom_killed: result.oom_killed,
         stdout_truncated: result.stdout_dropped_bytes > 0,
         stderr_truncated: result.stderr_dropped_bytes > 0,
         version: turn.version,
@@ -780,6 +783,7 @@ fn async_stream_lines(
                         "exit_code": ended.exit_code,
                         "duration_ms": ended.duration_ms,
                         "timed_out": ended.timed_out,
+                        "oom_killed": ended.oom_killed,
                         "stdout_truncated": ended.stdout_dropped_bytes > 0,
                         "stderr_truncated": ended.stderr_dropped_bytes > 0,
                         "stdout_dropped_bytes": ended.stdout_dropped_bytes,

@@ -55,6 +55,15 @@ pub const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin
 pub struct Isolation {
     /// False only with `--insecure-no-isolation`.
     pub enabled: bool,
+    /// Each session's cgroup is made under these (detected at start; isolated nodes only).
+    pub cgroups: Option<Arc<plinth_sandbox::cgroup::Cgroups>>,
+    /// A session's memory, process and CPU limits.
+    pub limits: plinth_sandbox::cgroup::Limits,
+    /// What sessions may reach: nothing but their own loopback (`None`), or the internet
+    /// through the node's filtering proxy.
+    pub egress: Option<Arc<plinth_sandbox::egress::EgressPolicy>>,
+    /// The system calls sessions' commands may not make.
+    pub seccomp: Option<&'static plinth_sandbox::seccomp::Filter>,
     /// Paths never shown to sessions (the node's state, the data directory, the
     /// configuration file): absent from their root, and covered should they lie beneath a
     /// system directory it shows.
@@ -104,6 +113,46 @@ pub struct NamespacePlan {
     root: RootPlan,
 }
 
+/// A session's running sandbox: its keeper (its namespaces and processes), its cgroup, and
+/// the egress proxy listening inside its network namespace. Dropping it ends all three.
+#[derive(Debug)]
+pub struct Sandbox {
+    /// The first process of its PID namespace.
+    pub keeper: Keeper,
+    /// Its limits (none on a node without cgroups).
+    pub cgroup: Option<plinth_sandbox::cgroup::SessionCgroup>,
+    /// Where its commands find the egress proxy, when it has one.
+    pub proxy: Option<std::net::SocketAddr>,
+    /// Stops the proxy.
+    pub stop_proxy: plinth_kit::tasks::CancellationToken,
+}
+
+impl Sandbox {
+    /// Ends every process of the session and removes its cgroup. Blocks for as long as the
+    /// kernel takes to empty the namespace.
+    pub fn end(&self) {
+        self.stop_proxy.cancel();
+        self.keeper.kill();
+        if let Some(cgroup) = &self.cgroup
+            && let Err(error) = cgroup.kill_all()
+        {
+            tracing::warn!(cgroup = cgroup.name(), %error, "cannot empty a session's cgroup");
+        }
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        self.end();
+        if let Some(cgroup) = self.cgroup.take() {
+            let name = cgroup.name().to_owned();
+            if let Err(error) = cgroup.remove() {
+                tracing::warn!(cgroup = %name, %error, "cannot remove a session's cgroup");
+            }
+        }
+    }
+}
+
 impl Isolation {
     /// Checks the node can isolate sessions: root (mount namespaces and uid switches).
     pub fn check(&self) -> Result<(), String> {
@@ -128,7 +177,8 @@ impl Isolation {
     pub fn command(
         &self,
         launch: &Launch,
-        namespace: Option<Arc<Keeper>>,
+        namespace: Option<Arc<Sandbox>>,
+        cgroup: Option<plinth_sandbox::cgroup::SessionCgroup>,
     ) -> Result<crate::spawn::Command, LaunchError> {
         let argv = vec![
             c"/bin/sh".to_owned(),
@@ -155,6 +205,8 @@ impl Isolation {
             env,
             cwd,
             namespace,
+            cgroup,
+            seccomp: if self.enabled { self.seccomp } else { None },
             uid,
         })
     }
@@ -211,9 +263,15 @@ pub struct NamespaceThread {
 }
 
 impl NamespaceThread {
-    /// Starts one session's keeper, its sandbox built as `plan` says.
-    pub fn make(&self, plan: &NamespacePlan) -> Result<Keeper, LaunchError> {
-        Ok(Keeper::start(&plan.root)?)
+    /// Starts one session's keeper, its sandbox built as `plan` says, in the cgroup made for
+    /// it (whose descriptors the keeper writes itself into first).
+    pub fn make(
+        &self,
+        plan: &NamespacePlan,
+        cgroup: Option<&plinth_sandbox::cgroup::SessionCgroup>,
+    ) -> Result<Keeper, LaunchError> {
+        let join = cgroup.map_or(&[][..], |cgroup| cgroup.join_fds());
+        Ok(Keeper::start(&plan.root, join)?)
     }
 }
 

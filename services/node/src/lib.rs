@@ -104,6 +104,10 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), NodeError> {
     options.isolation.check().map_err(NodeError::NotPermitted)?;
+    let mut options = options;
+    if options.isolation.enabled {
+        sandbox_setup(&mut options)?;
+    }
     if !options.isolation.enabled {
         tracing::warn!(
             "running with --insecure-no-isolation: session commands share this node's user and file system, and nothing but file modes keeps them out of the environment; every session says so"
@@ -190,6 +194,45 @@ pub async fn run(
         )
         .serve(grpc, shutdown)
         .await?;
+    Ok(())
+}
+
+/// What an isolated node needs beyond root, found at start: its cgroups (v2, or v1 where a
+/// host has no v2 controllers), the seccomp filter, and the egress policy. Session cgroups a
+/// killed node left behind are removed.
+fn sandbox_setup(options: &mut NodeOptions) -> Result<(), NodeError> {
+    use std::hash::{Hash, Hasher};
+    // One group per node state directory: stable across restarts, apart from other nodes
+    // (and test runs) on the same host.
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    options.state_dir.hash(&mut hasher);
+    let group = format!("plinth-{:08x}", hasher.finish() as u32);
+    let cgroups = plinth_sandbox::cgroup::Cgroups::detect(&group).map_err(|error| {
+        NodeError::NotPermitted(format!(
+            "sessions need cgroups for their memory, process and CPU limits: {error}"
+        ))
+    })?;
+    tracing::info!(cgroups = %cgroups.describe(), "session limits on cgroups");
+    let live: HashSet<String> = std::fs::read_dir(options.state_dir.join("sessions"))
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|entry| entry.file_name().to_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    for name in cgroups.list().unwrap_or_default() {
+        if !live.contains(&name) {
+            if let Err(error) = cgroups.destroy(&name) {
+                tracing::warn!(cgroup = %name, %error, "cannot remove a session cgroup a stopped node left");
+            }
+        }
+    }
+    options.isolation.cgroups = Some(Arc::new(cgroups));
+    options.isolation.seccomp =
+        Some(plinth_sandbox::seccomp::Filter::shared().map_err(|error| {
+            NodeError::NotPermitted(format!("building the seccomp filter: {error}"))
+        })?);
     Ok(())
 }
 

@@ -78,21 +78,91 @@ fn workdir_error(error: WorkdirError) -> PlinthError {
     }
 }
 
-/// Starts a session's sandbox on the namespace thread.
+/// Starts a session's sandbox on the namespace thread: its cgroup (made again if a crashed
+/// node left it), then its keeper in it.
 fn isolate(
     thread: &isolation::NamespaceThread,
     isolation: &Isolation,
     version: &Materialized,
     record: &SessionRecord,
     workdir: &Path,
-) -> Result<plinth_sandbox::keeper::Keeper, PlinthError> {
+) -> Result<isolation::Sandbox, PlinthError> {
+    let unavailable = |error: String| {
+        tracing::error!(session = %record.session_id, %error, "cannot isolate a session");
+        PlinthError::new(ErrorCode::Unavailable, error)
+    };
     let plan = isolation
         .namespace_plan(&version.path, &version.lower, &record.slug, workdir)
         .map_err(|error| PlinthError::invalid(error.to_string()))?;
-    thread.make(&plan).map_err(|error| {
-        tracing::error!(session = %record.session_id, %error, "cannot isolate a session");
-        PlinthError::new(ErrorCode::Unavailable, error.to_string())
+    let cgroup = match &isolation.cgroups {
+        Some(cgroups) => {
+            let made = match cgroups.create(&record.session_id, &isolation.limits) {
+                Err(plinth_sandbox::cgroup::CgroupError::Exists { .. }) => {
+                    // Left by a node that died: nothing of it runs any more.
+                    let _ = cgroups.destroy(&record.session_id);
+                    cgroups.create(&record.session_id, &isolation.limits)
+                }
+                other => other,
+            };
+            Some(made.map_err(|error| unavailable(format!("the session's cgroup: {error}")))?)
+        }
+        None => None,
+    };
+    let keeper = thread
+        .make(&plan, cgroup.as_ref())
+        .map_err(|error| unavailable(error.to_string()))?;
+    Ok(isolation::Sandbox {
+        keeper,
+        cgroup,
+        proxy: None,
+        stop_proxy: plinth_kit::tasks::CancellationToken::new(),
     })
+}
+
+/// Serves the egress proxy inside the sandbox's network namespace, when sessions have one;
+/// answers where commands find it.
+fn start_proxy(
+    isolation: &Isolation,
+    sandbox: &mut isolation::Sandbox,
+    session_id: &str,
+) -> Result<(), PlinthError> {
+    let Some(policy) = &isolation.egress else {
+        return Ok(());
+    };
+    let unavailable = |what: &str, error: std::io::Error| {
+        tracing::error!(session = %session_id, %error, "cannot give a session its egress proxy");
+        PlinthError::new(ErrorCode::Unavailable, format!("{what}: {error}"))
+    };
+    let netns = rustix::fs::open(
+        format!("/proc/{}/ns/net", sandbox.keeper.pid().as_raw_nonzero()),
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|errno| unavailable("opening the session's network namespace", errno.into()))?;
+    let address = plinth_sandbox::egress::DEFAULT_PROXY_ADDR;
+    let listener = plinth_sandbox::egress::listen_in(std::os::fd::AsFd::as_fd(&netns), address)
+        .and_then(|listener| {
+            listener.set_nonblocking(true)?;
+            tokio::net::TcpListener::from_std(listener)
+        })
+        .map_err(|error| unavailable("listening inside the session's network", error))?;
+    let (policy, stop, label) = (
+        policy.clone(),
+        sandbox.stop_proxy.clone(),
+        session_id.to_owned(),
+    );
+    tokio::spawn(async move {
+        plinth_sandbox::egress::serve(
+            listener,
+            policy,
+            Arc::new(plinth_sandbox::egress::SystemResolver),
+            &label,
+            stop,
+        )
+        .await;
+    });
+    sandbox.proxy = Some(address);
+    Ok(())
 }
 
 /// A session this node does not hold (never attached here, ended, or its directory lost).
@@ -124,7 +194,7 @@ impl Node {
         &self,
         session: &LocalSession,
         version: &Materialized,
-    ) -> Result<Option<Arc<plinth_sandbox::keeper::Keeper>>, PlinthError> {
+    ) -> Result<Option<Arc<isolation::Sandbox>>, PlinthError> {
         let Some(namespaces) = &self.namespaces else {
             return Ok(None);
         };
@@ -133,11 +203,14 @@ impl Node {
             .get_or_try_init(|| async {
                 let (isolation, version) = (self.isolation.clone(), version.clone());
                 let (record, workdir) = (session.record.clone(), session.workdir.clone());
-                namespaces
+                let mut sandbox = namespaces
                     .run(move |thread| isolate(thread, &isolation, &version, &record, &workdir))
                     .await
-                    .map_err(|error| PlinthError::new(ErrorCode::Unavailable, error.to_string()))?
-                    .map(Arc::new)
+                    .map_err(|error| {
+                        PlinthError::new(ErrorCode::Unavailable, error.to_string())
+                    })??;
+                start_proxy(&self.isolation, &mut sandbox, &session.record.session_id)?;
+                Ok::<_, PlinthError>(Arc::new(sandbox))
             })
             .await?;
         Ok(Some(made.clone()))
@@ -173,6 +246,12 @@ impl Node {
         }
         Ok(workdir.join(path))
     }
+}
+
+/// Numbers commands' cgroups within this node's run.
+fn next_command() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 type ExecStream = ReceiverStream<Result<pb::ExecEvent, Status>>;
@@ -215,7 +294,7 @@ impl pb::node_service_server::NodeService for Node {
                             .attach(record, true)
                             .map_err(|error| (session_error(error), None))?;
                         if session.namespace.initialized() {
-                            return Ok(session);
+                            return Ok((session, None));
                         }
                         match isolate(
                             thread,
@@ -224,15 +303,20 @@ impl pb::node_service_server::NodeService for Node {
                             &session.record,
                             &session.workdir,
                         ) {
-                            Ok(namespace) => {
-                                let _ = session.namespace.set(Arc::new(namespace));
-                                Ok(session)
-                            }
+                            Ok(sandbox) => Ok((session, Some(sandbox))),
                             Err(error) => Err((error, Some(session.record.session_id.clone()))),
                         }
                     })
                     .await
                     .map_err(|error| PlinthError::new(ErrorCode::Unavailable, error.to_string()))?;
+                let attached = attached.and_then(|(session, sandbox)| {
+                    if let Some(mut sandbox) = sandbox {
+                        start_proxy(&self.isolation, &mut sandbox, &session.record.session_id)
+                            .map_err(|error| (error, Some(session.record.session_id.clone())))?;
+                        let _ = session.namespace.set(Arc::new(sandbox));
+                    }
+                    Ok(session)
+                });
                 match attached {
                     Ok(session) => session,
                     Err((error, made)) => {
@@ -323,21 +407,44 @@ impl pb::node_service_server::NodeService for Node {
             tracing::warn!(slug = %session.record.slug, %error, "cannot link /env/<slug> to the version without isolation; commands will not find it there");
         }
         let namespace = self.namespace(&session, &version).await?;
+        let mut env = isolation::session_env(
+            &session.record.session_id,
+            &session.record.slug,
+            &self.seen_workdir(&session),
+            has_venv,
+            &extra,
+        );
+        if let Some(proxy) = namespace.as_ref().and_then(|sandbox| sandbox.proxy) {
+            env.retain(|(name, _)| !name.to_ascii_lowercase().ends_with("_proxy"));
+            env.extend(plinth_sandbox::egress::proxy_env(proxy));
+        }
+        // Each command in a cgroup of its own below its session's, so a command that times
+        // out takes its whole tree with it, daemons included.
+        let session_cgroup = namespace
+            .as_ref()
+            .and_then(|sandbox| sandbox.cgroup.as_ref());
+        let command_cgroup = match session_cgroup {
+            Some(cgroup) => {
+                let name = format!("cmd-{}", next_command());
+                Some(cgroup.child(&name).map_err(|error| {
+                    PlinthError::new(
+                        ErrorCode::Unavailable,
+                        format!("the command's cgroup: {error}"),
+                    )
+                })?)
+            }
+            None => None,
+        };
+        let oom_before = session_cgroup.and_then(|cgroup| cgroup.oom_kills().ok());
         let launch = Launch {
             uid: session.record.uid,
             cwd,
-            env: isolation::session_env(
-                &session.record.session_id,
-                &session.record.slug,
-                &self.seen_workdir(&session),
-                has_venv,
-                &extra,
-            ),
+            env,
             command: request.command,
         };
-        let command = self
+        let mut command = self
             .isolation
-            .command(&launch, namespace)
+            .command(&launch, namespace.clone(), command_cgroup)
             .map_err(|error| PlinthError::invalid(error.to_string()))?;
         let (events, receiver) = mpsc::channel::<Result<pb::ExecEvent, Status>>(32);
         let started = Instant::now();
@@ -364,6 +471,8 @@ impl pb::node_service_server::NodeService for Node {
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
         let ended = session.ended.clone();
+        let command_cgroup = command.cgroup.take();
+        drop(command);
         // One task per command: its output pumps and its wait are polled together, so the
         // end of the command reaches the caller without hand-offs between tasks.
         tokio::spawn(async move {
@@ -386,6 +495,9 @@ impl pb::node_service_server::NodeService for Node {
                     () = &mut deadline => {
                         timed_out = true;
                         kill_group();
+                        if let Some(cgroup) = &command_cgroup {
+                            let _ = cgroup.kill_all();
+                        }
                         break child.wait().await.ok();
                     }
                     () = ended.cancelled() => {
@@ -408,6 +520,17 @@ impl pb::node_service_server::NodeService for Node {
                 }
             }
             let exit_code = status.unwrap_or(-1);
+            let oom_killed = match (
+                oom_before,
+                namespace
+                    .as_ref()
+                    .and_then(|sandbox| sandbox.cgroup.as_ref()),
+            ) {
+                (Some(before), Some(cgroup)) => {
+                    exit_code == 128 + 9 && cgroup.oom_kills().is_ok_and(|after| after > before)
+                }
+                _ => false,
+            };
             let _ = events
                 .send(Ok(event(pb::exec_event::Event::Result(pb::ExecResult {
                     exit_code,
@@ -415,8 +538,14 @@ impl pb::node_service_server::NodeService for Node {
                     timed_out,
                     stdout_dropped_bytes: out_done.unwrap_or(0),
                     stderr_dropped_bytes: err_done.unwrap_or(0),
+                    oom_killed,
                 }))))
                 .await;
+            // A group its processes left is removed; one a daemon still holds stays until the
+            // session ends.
+            if let Some(cgroup) = command_cgroup {
+                let _ = tokio::task::spawn_blocking(move || cgroup.remove()).await;
+            }
         });
         Ok(Response::new(ReceiverStream::new(receiver)))
     }

@@ -49,7 +49,7 @@ pub struct LocalSession {
     pub ended: CancellationToken,
     /// Its sandbox's keeper, once started (isolated nodes only); killing it ends every
     /// process of the session.
-    pub namespace: tokio::sync::OnceCell<Arc<plinth_sandbox::keeper::Keeper>>,
+    pub namespace: tokio::sync::OnceCell<Arc<crate::isolation::Sandbox>>,
 }
 
 /// Why a session could not be made.
@@ -298,8 +298,8 @@ impl SessionTable {
         session.ended.cancel();
         // Every process of the session is gone before its uid is free for another session:
         // the keeper is reaped only once its PID namespace is empty.
-        if let Some(keeper) = session.namespace.get().cloned() {
-            let _ = tokio::task::spawn_blocking(move || keeper.kill()).await;
+        if let Some(sandbox) = session.namespace.get().cloned() {
+            let _ = tokio::task::spawn_blocking(move || sandbox.end()).await;
         }
         if self.lock().remove(id).is_none() {
             return false;

@@ -100,7 +100,11 @@ pub struct Command {
     /// Where it starts.
     pub cwd: CString,
     /// The sandbox it runs in (its keeper's namespaces); `None` keeps the node's.
-    pub namespace: Option<Arc<plinth_sandbox::keeper::Keeper>>,
+    pub namespace: Option<Arc<crate::isolation::Sandbox>>,
+    /// The cgroup it joins before anything else (its own, below its session's).
+    pub cgroup: Option<plinth_sandbox::cgroup::SessionCgroup>,
+    /// The system calls it may not make, installed last before `execve`.
+    pub seccomp: Option<&'static plinth_sandbox::seccomp::Filter>,
     /// The uid and gid it runs as; `None` keeps the node's.
     pub uid: Option<u32>,
 }
@@ -131,7 +135,7 @@ fn prepare(what: &'static str) -> impl FnOnce(io::Error) -> SpawnError {
 }
 
 /// What the child does, in the order it does it: the names of its steps.
-const STEPS: [&str; 10] = [
+const STEPS: [&str; 12] = [
     "resetting signals",
     "entering the session's sandbox",
     "starting a process group",
@@ -142,6 +146,8 @@ const STEPS: [&str; 10] = [
     "changing to the working directory",
     "connecting standard input and output",
     "dropping capabilities",
+    "joining the command's cgroup",
+    "installing the seccomp filter",
 ];
 const STEP_EXEC: i32 = STEPS.len() as i32;
 
@@ -152,6 +158,10 @@ struct Plan {
     envp: *const *const c_char,
     cwd: *const c_char,
     namespace: RawFd,
+    /// `cgroup.procs` descriptors of the command's cgroup (`join_count` of them).
+    join: [RawFd; 8],
+    join_count: usize,
+    seccomp: Option<&'static plinth_sandbox::seccomp::Filter>,
     uid: Option<u32>,
     stdin: RawFd,
     stdout: RawFd,
@@ -266,6 +276,20 @@ pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
     .map_err(|errno| {
         prepare("opening /dev/null")(io::Error::from_raw_os_error(errno.raw_os_error()))
     })?;
+    let mut join = [-1; 8];
+    let join_fds = command
+        .cgroup
+        .as_ref()
+        .map_or(&[][..], |cgroup| cgroup.join_fds());
+    if join_fds.len() > join.len() {
+        return Err(prepare("joining the command's cgroup")(io::Error::other(
+            "more cgroup hierarchies than a command can join",
+        )));
+    }
+    for (slot, fd) in join.iter_mut().zip(join_fds) {
+        *slot = fd.as_raw_fd();
+    }
+    let join_count = join_fds.len();
     let argv = pointers(&command.argv);
     let envp = pointers(&command.env);
     let plan = Plan {
@@ -276,7 +300,10 @@ pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
         namespace: command
             .namespace
             .as_ref()
-            .map_or(-1, |keeper| keeper.pidfd().as_raw_fd()),
+            .map_or(-1, |sandbox| sandbox.keeper.pidfd().as_raw_fd()),
+        join,
+        join_count,
+        seccomp: command.seccomp,
         uid: command.uid,
         stdin: null.as_raw_fd(),
         stdout: stdout_write.as_raw_fd(),
@@ -301,9 +328,10 @@ pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
     // are, from here until it returns to the node's below.
     let pid_namespace = match &command.namespace {
         Some(keeper) => {
+            // A keeper that died leaves a namespace no process can be born in.
             let own = own_pid_namespace().map_err(prepare("opening the node's PID namespace"))?;
             rustix::thread::move_into_thread_name_spaces(
-                keeper.pidfd(),
+                keeper.keeper.pidfd(),
                 rustix::thread::ThreadNameSpaceType::PROCESS_ID,
             )
             .map_err(|errno| prepare("entering the session's PID namespace")(errno.into()))?;
@@ -440,6 +468,14 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
             return failed(0, libc::EINVAL);
         }
     }
+    for fd in &plan.join[..plan.join_count] {
+        // SAFETY: the parent holds the cgroup's descriptors open across the clone.
+        #[allow(unsafe_code)]
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(*fd) };
+        if let Err(errno) = plinth_sandbox::cgroup::join(&[fd]) {
+            return failed(10, errno.raw_os_error());
+        }
+    }
     if plan.namespace >= 0 {
         // SAFETY: the parent holds the namespace's descriptor open across the clone.
         #[allow(unsafe_code)]
@@ -449,7 +485,8 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
             rustix::thread::ThreadNameSpaceType::MOUNT
                 | rustix::thread::ThreadNameSpaceType::INTER_PROCESS_COMMUNICATION
                 | rustix::thread::ThreadNameSpaceType::HOST_NAME_AND_NIS_DOMAIN_NAME
-                | rustix::thread::ThreadNameSpaceType::NETWORK,
+                | rustix::thread::ThreadNameSpaceType::NETWORK
+                | rustix::thread::ThreadNameSpaceType::CONTROL_GROUP,
         ) {
             return failed(1, errno.raw_os_error());
         }
@@ -518,6 +555,12 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
                 return failed(8, *libc::__errno_location());
             }
         }
+        // Last: the filter refuses `setns`, which the steps above need.
+        if let Some(filter) = plan.seccomp
+            && let Err(errno) = filter.install()
+        {
+            return failed(11, errno.raw_os_error());
+        }
         libc::execve(plan.program, plan.argv, plan.envp);
         failed(STEP_EXEC, *libc::__errno_location())
     }
@@ -539,6 +582,8 @@ mod tests {
             env: vec![c"PATH=/usr/bin:/bin".to_owned(), c"GREETING=hi".to_owned()],
             cwd: CString::new(cwd).expect("cwd"),
             namespace: None,
+            cgroup: None,
+            seccomp: None,
             uid: None,
         }
     }

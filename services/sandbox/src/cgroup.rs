@@ -530,6 +530,34 @@ impl SessionCgroup {
         Ok(())
     }
 
+    /// A group below this one, with no limits of its own (this group's hold for it): one per
+    /// command, so a command's whole tree, `setsid` daemons included, can be killed without
+    /// touching the rest of the session. Made in every hierarchy; a group of that name left
+    /// from before is used as it is.
+    pub fn child(&self, name: &str) -> Result<SessionCgroup, CgroupError> {
+        check_name(name)?;
+        let mut child = SessionCgroup {
+            name: name.to_owned(),
+            version: self.version,
+            dirs: Vec::with_capacity(self.dirs.len()),
+            join: Vec::with_capacity(self.dirs.len()),
+        };
+        for dir in &self.dirs {
+            let path = dir.path.join(name);
+            match fs::create_dir(&path) {
+                Ok(()) => {}
+                Err(error) if error.kind() == ErrorKind::AlreadyExists => {}
+                Err(error) => return Err(io_error("creating", &path)(error)),
+            }
+            child.dirs.push(SessionDir {
+                controllers: dir.controllers.clone(),
+                path,
+            });
+        }
+        child.open_join_fds()?;
+        Ok(child)
+    }
+
     /// The group's directory for `controller`.
     fn dir(&self, controller: &str) -> Option<&Path> {
         self.dirs

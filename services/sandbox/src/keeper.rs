@@ -64,6 +64,8 @@ pub enum KeeperError {
 /// What the keeper reads, in the node's memory (which it shares) until it says it is ready.
 struct Plan<'a> {
     root: &'a RootPlan,
+    /// `cgroup.procs` of the session's cgroup: the keeper joins it before anything else.
+    join: &'a [OwnedFd],
     status: RawFd,
     /// Set before the keeper exits on a failure: a root step (`< ROOT_DONE`) or a later one.
     failed_step: AtomicUsize,
@@ -72,10 +74,12 @@ struct Plan<'a> {
 
 /// The steps after the root, as `failed_step` values.
 const ROOT_DONE: usize = 1 << 20;
-const LATER_STEPS: [&str; 3] = [
+const LATER_STEPS: [&str; 5] = [
     "naming its host",
     "bringing its loopback up",
     "saying it is ready",
+    "joining the session's cgroup",
+    "making its cgroup namespace",
 ];
 
 /// A running keeper.
@@ -137,16 +141,18 @@ impl Drop for Stack {
 }
 
 impl Keeper {
-    /// Starts a keeper whose sandbox has the root `root`, and waits until it is ready. Call it
-    /// from a thread that lives as long as the node (the keeper is killed when the thread
-    /// that started it ends: the parent-death signal follows the thread).
-    pub fn start(root: &RootPlan) -> Result<Keeper, KeeperError> {
-        let (status_read, status_write) =
-            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-                .map_err(|errno| KeeperError::Start(errno.into()))?;
+    /// Starts a keeper whose sandbox has the root `root`, in the cgroup whose `cgroup.procs`
+    /// descriptors are `join` (see [`crate::cgroup::SessionCgroup::join_fds`]; the sandbox's
+    /// cgroup namespace is rooted there), and waits until it is ready. Call it from a thread
+    /// that lives as long as the node (the keeper is killed when the thread that started it
+    /// ends: the parent-death signal follows the thread).
+    pub fn start(root: &RootPlan, join: &[OwnedFd]) -> Result<Keeper, KeeperError> {
+        let (status_read, status_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|errno| KeeperError::Start(errno.into()))?;
         let stack = Stack::map().map_err(KeeperError::Start)?;
         let plan = Plan {
             root,
+            join,
             status: status_write.as_raw_fd(),
             failed_step: AtomicUsize::new(0),
             failed_errno: AtomicI32::new(0),
@@ -205,7 +211,7 @@ impl Keeper {
         let step = plan.failed_step.load(Ordering::SeqCst);
         let errno = Errno::from_raw_os_error(plan.failed_errno.load(Ordering::SeqCst).max(1));
         Err(if step >= ROOT_DONE {
-            KeeperError::Setup(LATER_STEPS[(step - ROOT_DONE).min(2)], errno)
+            KeeperError::Setup(LATER_STEPS[(step - ROOT_DONE).min(4)], errno)
         } else {
             let (what, path) = root
                 .steps
@@ -279,6 +285,18 @@ extern "C" fn keeper(arg: *mut c_void) -> c_int {
             libc::_exit(127)
         }
     };
+    // Into the session's cgroup first, while its descriptors are still open.
+    if let Err(errno) = crate::cgroup::join(plan.join) {
+        return fail(ROOT_DONE + 3, errno);
+    }
+    // SAFETY: a new cgroup namespace for this process alone (it shares no nsproxy with the
+    // node: it is another process), rooted at the cgroup it just joined.
+    #[allow(unsafe_code)]
+    if let Err(errno) =
+        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWCGROUP) }
+    {
+        return fail(ROOT_DONE + 4, errno);
+    }
     // SAFETY: system calls on this process's own signal state and descriptors.
     #[allow(unsafe_code)]
     unsafe {
@@ -305,9 +323,7 @@ extern "C" fn keeper(arg: *mut c_void) -> c_int {
         }
         libc::syscall(libc::SYS_close_range, status + 1, u32::MAX, 0u32);
     }
-    if let Err(errno) =
-        rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
-    {
+    if let Err(errno) = rustix::process::set_parent_process_death_signal(Some(Signal::KILL)) {
         return fail(ROOT_DONE, errno);
     }
     if let Err(Failure { step, errno }) = plan.root.enter() {

@@ -12,11 +12,13 @@
 //!   node serves on a socket inside the sandbox's network namespace.
 //! - [`root`]: the sandbox's file system, built from an allow-list.
 //! - [`keeper`]: the first process of a session's PID namespace, owner of its namespaces.
+//! - [`disk`]: a session's disk limit, an ext4 image of its size on a loop device.
 //! - [`seccomp`]: the system calls sandboxes never need, refused with `EPERM`.
 //!
 //! What does not belong here: how a session or a build is scheduled, recorded or served.
 
 pub mod cgroup;
+pub mod disk;
 pub mod egress;
 pub mod keeper;
 pub mod root;
