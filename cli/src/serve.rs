@@ -364,9 +364,14 @@ fn builds_registries(
 /// loopback, private, link-local or metadata addresses, nor the node's own addresses, plus
 /// what `allow` names (a private mirror).
 pub fn egress_policy(allow: &[String]) -> anyhow::Result<plinth_sandbox::egress::EgressPolicy> {
+    // The node's own addresses the range table would let through (a public address): its
+    // services listen there too. Loopback and private ones are refused already, and stay
+    // open to `allow` (a test's loopback server, a mirror on the private network).
+    let table = plinth_sandbox::egress::EgressPolicy::default();
     let own: Vec<String> = plinth_sandbox::egress::node_addresses()
         .unwrap_or_default()
         .into_iter()
+        .filter(|address| table.check(*address).is_ok())
         .map(|address| address.to_string())
         .collect();
     plinth_sandbox::egress::EgressPolicy::from_config(allow, &own)

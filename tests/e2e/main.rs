@@ -16,6 +16,7 @@ mod imports;
 mod node_restart;
 mod novo;
 mod processes;
+mod sandbox;
 mod sessions;
 mod snapshots;
 mod tracing_propagation;

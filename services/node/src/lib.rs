@@ -222,10 +222,10 @@ fn sandbox_setup(options: &mut NodeOptions) -> Result<(), NodeError> {
         })
         .unwrap_or_default();
     for name in cgroups.list().unwrap_or_default() {
-        if !live.contains(&name) {
-            if let Err(error) = cgroups.destroy(&name) {
-                tracing::warn!(cgroup = %name, %error, "cannot remove a session cgroup a stopped node left");
-            }
+        if !live.contains(&name)
+            && let Err(error) = cgroups.destroy(&name)
+        {
+            tracing::warn!(cgroup = %name, %error, "cannot remove a session cgroup a stopped node left");
         }
     }
     options.isolation.cgroups = Some(Arc::new(cgroups));

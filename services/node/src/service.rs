@@ -520,17 +520,23 @@ impl pb::node_service_server::NodeService for Node {
                 }
             }
             let exit_code = status.unwrap_or(-1);
-            let oom_killed = match (
+            // The kernel counts an OOM kill in the victim's own group (cgroup v1) or in every
+            // group above it with memory accounting (v2): either tells.
+            let in_command = command_cgroup
+                .as_ref()
+                .is_some_and(|cgroup| cgroup.oom_kills().is_ok_and(|kills| kills > 0));
+            let in_session = match (
                 oom_before,
                 namespace
                     .as_ref()
                     .and_then(|sandbox| sandbox.cgroup.as_ref()),
             ) {
                 (Some(before), Some(cgroup)) => {
-                    exit_code == 128 + 9 && cgroup.oom_kills().is_ok_and(|after| after > before)
+                    cgroup.oom_kills().is_ok_and(|after| after > before)
                 }
                 _ => false,
             };
+            let oom_killed = exit_code == 128 + 9 && (in_command || in_session);
             let _ = events
                 .send(Ok(event(pb::exec_event::Event::Result(pb::ExecResult {
                     exit_code,

@@ -1,0 +1,499 @@
+//! The session sandbox, tested as the attacker: from inside a real session of a really built
+//! environment (`plinth serve` with its in-process builder and node agent, over real HTTP),
+//! try what must fail, and check that it failed and that nothing changed for the victim.
+//! Traffic goes only to loopback and to the session's own network namespace.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::helpers::{Server, build_ready, put_file, send};
+
+const BUILD_LIMIT: Duration = Duration::from_secs(120);
+
+/// A built environment holding one script.
+async fn environment(server: &Server, name: &str) -> String {
+    let (status, created) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .json(&json!({ "name": name })),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().expect("id").to_owned();
+    put_file(server, &id, "run.py", "print('hi')\n").await;
+    build_ready(server, &id, 1, BUILD_LIMIT).await;
+    id
+}
+
+async fn session(server: &Server, environment: &str) -> Value {
+    let (status, session) = send(
+        server
+            .client
+            .post(server.url("/v1/sessions"))
+            .json(&json!({ "environment": environment })),
+    )
+    .await;
+    assert_eq!(status, 201, "{session}");
+    session
+}
+
+async fn exec_with(server: &Server, session: &Value, body: Value) -> Value {
+    let id = session["id"].as_str().expect("session id");
+    let (status, result) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/sessions/{id}/exec")))
+            .json(&body),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}: {result}");
+    result
+}
+
+async fn exec(server: &Server, session: &Value, command: &str) -> Value {
+    exec_with(
+        server,
+        session,
+        json!({ "command": command, "timeout_ms": 60_000 }),
+    )
+    .await
+}
+
+async fn end(server: &Server, session: &Value) {
+    let id = session["id"].as_str().expect("session id");
+    let (status, ended) = send(
+        server
+            .client
+            .delete(server.url(&format!("/v1/sessions/{id}"))),
+    )
+    .await;
+    assert_eq!(status, 200, "{ended}");
+}
+
+/// Host processes whose command line holds `marker`, as the host sees them.
+fn host_processes(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains(marker) && !cmdline.contains("sandbox::") {
+                found.push(format!("{pid}: {cmdline}"));
+            }
+        }
+    }
+    found
+}
+
+/// How many processes session `id`'s cgroup holds, as the kernel counts them for its
+/// limit (`pids.current` of its group, v1 or v2).
+fn processes_of(id: &str) -> usize {
+    fn find(dir: &std::path::Path, id: &str, depth: usize) -> Option<std::path::PathBuf> {
+        if depth == 0 {
+            return None;
+        }
+        for entry in std::fs::read_dir(dir).ok()?.flatten() {
+            let path = entry.path();
+            if !entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                continue;
+            }
+            if entry.file_name() == id && path.join("pids.current").exists() {
+                return Some(path);
+            }
+            if let Some(found) = find(&path, id, depth - 1) {
+                return Some(found);
+            }
+        }
+        None
+    }
+    find(std::path::Path::new("/sys/fs/cgroup"), id, 7)
+        .and_then(|group| std::fs::read_to_string(group.join("pids.current")).ok())
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits (bounded) until no host process holds `marker`; answers those still there.
+async fn gone(marker: &str) -> Vec<String> {
+    for _ in 0..50 {
+        let left = host_processes(marker);
+        if left.is_empty() {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    host_processes(marker)
+}
+
+/// Every TCP port listening on the host's loopback (and wildcard) addresses.
+fn host_listening_ports() -> BTreeSet<u16> {
+    let mut ports = BTreeSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // st 0A is LISTEN.
+            if fields.len() > 3
+                && fields[3] == "0A"
+                && let Some(port) = fields[1]
+                    .rsplit(':')
+                    .next()
+                    .and_then(|hex| u16::from_str_radix(hex, 16).ok())
+            {
+                ports.insert(port);
+            }
+        }
+    }
+    ports
+}
+
+#[tokio::test]
+async fn a_session_sees_its_own_processes_and_files_and_nothing_of_the_node() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let id = environment(&server, "Sandbox View").await;
+    let first = session(&server, &id).await;
+    let data_dir = server.data_dir();
+    let ran = exec(
+        &server,
+        &first,
+        &format!(
+            "sleep 30 & ps -e -o pid=,comm= | sort -n; echo ---; ls /; echo ---; \
+             ls {data} 2>&1; ls /root 2>&1; ls /var 2>&1; cat /proc/1/cmdline 2>&1; \
+             echo ---; grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status; \
+             unshare --mount true 2>&1; echo unshare=$?; kill %1",
+            data = data_dir.display()
+        ),
+    )
+    .await;
+    let stdout = ran["stdout"].as_str().expect("stdout");
+    let sections: Vec<&str> = stdout.split("---\n").collect();
+    assert_eq!(sections.len(), 4, "{ran}");
+    // Only its own processes: the shell, the sleep, ps and sort.
+    let processes: Vec<&str> = sections[0].lines().collect();
+    assert!(processes.len() <= 4, "{ran}");
+    assert!(
+        processes.iter().all(|line| ["sh", "sleep", "ps", "sort"]
+            .contains(&line.split_whitespace().nth(1).unwrap_or(""))),
+        "{ran}"
+    );
+    // An allow-listed root: the system, the environment, the working directory.
+    let root: BTreeSet<&str> = sections[1].lines().collect();
+    for absent in ["root", "srv", "mnt", "run", "sys", "work"] {
+        assert!(!root.contains(absent), "/{absent} is visible: {ran}");
+    }
+    for present in ["env", "home", "tmp", "usr", "proc", "dev", "etc"] {
+        assert!(root.contains(present), "/{present} is missing: {ran}");
+    }
+    let hidden = sections[2];
+    assert_eq!(
+        hidden.matches("No such file or directory").count(),
+        3,
+        "the data directory, /root or the keeper is visible: {ran}"
+    );
+    // /var holds only the link to /tmp.
+    assert!(hidden.lines().any(|line| line == "tmp"), "{ran}");
+    let status = sections[3];
+    for line in [
+        "CapInh:\t0000000000000000",
+        "CapPrm:\t0000000000000000",
+        "CapEff:\t0000000000000000",
+        "CapBnd:\t0000000000000000",
+        "CapAmb:\t0000000000000000",
+        "NoNewPrivs:\t1",
+        "Seccomp:\t2",
+    ] {
+        assert!(status.contains(line), "{line:?} missing: {ran}");
+    }
+    assert!(status.contains("Operation not permitted"), "{ran}");
+    assert!(status.contains("unshare=1"), "{ran}");
+}
+
+#[tokio::test]
+async fn a_session_reaches_no_port_of_the_host() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let id = environment(&server, "Sandbox Ports").await;
+    let attacker = session(&server, &id).await;
+    // Every port serve listens on (gateway, catalog, source, node) and anything else on
+    // the host, straight and through the session's proxy.
+    let ports = host_listening_ports();
+    let gateway_port = server
+        .base
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.parse::<u16>().ok())
+        .expect("gateway port");
+    assert!(ports.contains(&gateway_port), "{ports:?}");
+    let list = ports
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let ran = exec(
+        &server,
+        &attacker,
+        &format!(
+            r#"python3 - <<'EOF'
+import socket
+reached = []
+for port in [{ports}]:
+    for host in ['127.0.0.1', '::1']:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            reached.append((host, port))
+        except OSError:
+            pass
+print('reached', reached)
+EOF
+for port in {list}; do curl -s -m 3 --noproxy '' -x "$HTTP_PROXY" -o /dev/null -w '%{{http_code}} ' http://127.0.0.1:$port/; done"#,
+            ports = ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", "),
+        ),
+    )
+    .await;
+    let stdout = ran["stdout"].as_str().expect("stdout");
+    assert!(stdout.starts_with("reached []\n"), "{ran}");
+    let codes: Vec<&str> = stdout
+        .lines()
+        .nth(1)
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(codes.len(), ports.len(), "{ran}");
+    assert!(codes.iter().all(|code| *code == "403"), "{ran}");
+    // The gateway still serves its own callers.
+    let (status, _) = send(server.client.get(server.url("/v1/capabilities"))).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn sessions_share_no_tmp_shm_or_processes_and_nothing_they_started_outlives_them() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let id = environment(&server, "Sandbox Neighbours").await;
+    let victim = session(&server, &id).await;
+    let attacker = session(&server, &id).await;
+    let wrote = exec(
+        &server,
+        &victim,
+        "echo secret > /tmp/victim-secret && echo shm > /dev/shm/victim-shm && \
+         setsid -f sleep 1001 > /dev/null 2>&1 < /dev/null && \
+         setsid -f sh -c '(sleep 1002 > /dev/null 2>&1 < /dev/null &)' && sleep 0.3 && echo started",
+    )
+    .await;
+    assert_eq!(wrote["stdout"], "started\n", "{wrote}");
+    let peek = exec(
+        &server,
+        &attacker,
+        "cat /tmp/victim-secret /dev/shm/victim-shm 2>&1; ps -e -o comm= | grep -c sleep; \
+         ls /tmp /dev/shm",
+    )
+    .await;
+    let said = peek["stdout"].as_str().expect("stdout");
+    assert!(
+        !said.contains("secret\n") && !said.contains("shm\n"),
+        "{peek}"
+    );
+    assert!(
+        said.contains("\n0\n"),
+        "the victim's daemons are visible: {peek}"
+    );
+    // The victim's /tmp is not the host's either.
+    assert!(!std::path::Path::new("/tmp/victim-secret").exists());
+    assert_eq!(host_processes("sleep 1001").len(), 1, "the daemon runs");
+    assert_eq!(host_processes("sleep 1002").len(), 1, "the daemon runs");
+
+    // Ending the session ends both daemons; the next session's uid has no process.
+    let victim_uid = exec(&server, &victim, "id -u").await["stdout"]
+        .as_str()
+        .expect("uid")
+        .trim()
+        .to_owned();
+    end(&server, &victim).await;
+    assert_eq!(gone("sleep 1001").await, Vec::<String>::new());
+    assert_eq!(gone("sleep 1002").await, Vec::<String>::new());
+    let next = session(&server, &id).await;
+    let next_uid = exec(&server, &next, "id -u").await["stdout"]
+        .as_str()
+        .expect("uid")
+        .trim()
+        .to_owned();
+    let others = exec(&server, &next, "ps -e -o comm=").await;
+    let names: BTreeSet<&str> = others["stdout"].as_str().expect("stdout").lines().collect();
+    assert!(
+        names.iter().all(|name| ["ps", "sh"].contains(name)),
+        "{next_uid} (was {victim_uid}): {others}"
+    );
+
+    // A command that times out takes its whole tree with it, daemons included.
+    let timed = exec_with(
+        &server,
+        &attacker,
+        json!({
+            "command": "setsid -f sleep 1003 > /dev/null 2>&1 < /dev/null; setsid -f sh -c '(sleep 1004 > /dev/null 2>&1 < /dev/null &)'; sleep 60",
+            "timeout_ms": 1000,
+        }),
+    )
+    .await;
+    assert_eq!(timed["timed_out"], true, "{timed}");
+    assert_eq!(gone("sleep 1003").await, Vec::<String>::new());
+    assert_eq!(gone("sleep 1004").await, Vec::<String>::new());
+    let still = exec(&server, &attacker, "echo alive").await;
+    assert_eq!(still["stdout"], "alive\n", "{still}");
+}
+
+#[tokio::test]
+async fn memory_and_process_limits_hold_inside_the_session_only() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let config = tempfile::NamedTempFile::new().expect("config");
+    std::fs::write(
+        config.path(),
+        "[builder]\nnetwork = false\n[node]\nsession_memory_mb = 128\nsession_pids = 64\n",
+    )
+    .expect("write config");
+    let path = config.path().to_str().expect("utf-8").to_owned();
+    let server = Server::start_with(&["--config", &path]).await;
+    let id = environment(&server, "Sandbox Limits").await;
+    let hog = session(&server, &id).await;
+    let ran = exec(
+        &server,
+        &hog,
+        "python3 -c \"b = bytearray(512 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096]); print('allocated')\"",
+    )
+    .await;
+    assert_eq!(ran["oom_killed"], true, "{ran}");
+    assert_eq!(ran["exit_code"], 137, "{ran}");
+    assert!(
+        !ran["stdout"].as_str().unwrap_or("").contains("allocated"),
+        "{ran}"
+    );
+    let echo = exec(&server, &hog, "echo still here").await;
+    assert_eq!(echo["stdout"], "still here\n", "{echo}");
+
+    // A fork storm stops at the limit: counted from the host while it runs.
+    let hog_id = hog["id"].as_str().expect("id").to_owned();
+    let storm = exec_with(
+        &server,
+        &hog,
+        json!({
+            "command": "python3 -c \"\nimport os, time\nstarted = 0\nfor _ in range(300):\n    try:\n        if os.fork() == 0:\n            os.execvp('sleep', ['sleep', '30'])\n        started += 1\n    except OSError:\n        pass\nprint(started, flush=True)\ntime.sleep(2)\n\"",
+            "timeout_ms": 10_000,
+        }),
+    );
+    let count = async {
+        let mut most = 0;
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            most = most.max(processes_of(&hog_id));
+        }
+        most
+    };
+    let (storm, most) = tokio::join!(storm, count);
+    assert!(most <= 64, "{most} processes: {storm}");
+    assert!(
+        most >= 32,
+        "the storm never started ({most} processes): {storm}"
+    );
+    // Another session is untouched by the first's limits being hit.
+    let other = session(&server, &id).await;
+    let fine = exec(&server, &other, "for i in 1 2 3; do echo $i; done").await;
+    assert_eq!(fine["stdout"], "1\n2\n3\n", "{fine}");
+}
+
+#[tokio::test]
+async fn egress_reaches_only_what_policy_allows_and_none_reaches_nothing() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    // "The internet" for this test: a server on the host's loopback, explicitly allowed.
+    let internet = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let internet_addr = internet.local_addr().expect("addr");
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut stream, _)) = internet.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut buffer = [0u8; 4096];
+            let _ = stream.read(&mut buffer).await;
+            let _ = stream
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\nConnection: close\r\n\r\ninternet",
+                )
+                .await;
+        }
+    });
+    let config = tempfile::NamedTempFile::new().expect("config");
+    std::fs::write(
+        config.path(),
+        format!("[builder]\nnetwork = false\n[node]\negress_allow = [\"{internet_addr}\"]\n"),
+    )
+    .expect("write config");
+    let path = config.path().to_str().expect("utf-8").to_owned();
+    let server = Server::start_with(&["--config", &path]).await;
+    let id = environment(&server, "Sandbox Egress").await;
+    let agent = session(&server, &id).await;
+    let gateway = server.base.trim_start_matches("http://").to_owned();
+    let ran = exec(
+        &server,
+        &agent,
+        &format!(
+            "for url in http://{internet_addr}/ http://{gateway}/v1/capabilities http://10.1.2.3/ http://169.254.169.254/latest/meta-data; do \
+             curl -s -m 5 --noproxy '' -x \"$HTTP_PROXY\" -w ' %{{http_code}}' \"$url\" | tr '\\n' ' '; echo; done"
+        ),
+    )
+    .await;
+    let lines: Vec<&str> = ran["stdout"].as_str().expect("stdout").lines().collect();
+    assert_eq!(lines.len(), 4, "{ran}");
+    assert_eq!(lines[0].trim(), "internet 200", "{ran}");
+    for refused in &lines[1..] {
+        assert!(refused.trim().ends_with(" 403"), "{ran}");
+        assert!(refused.contains("plinth egress"), "{ran}");
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    // With no network, nothing is reached: not even the allowed server.
+    let config = tempfile::NamedTempFile::new().expect("config");
+    std::fs::write(
+        config.path(),
+        format!("[builder]\nnetwork = false\n[node]\nnetwork = \"none\"\negress_allow = [\"{internet_addr}\"]\n"),
+    )
+    .expect("write config");
+    let path = config.path().to_str().expect("utf-8").to_owned();
+    let closed = Server::start_with(&["--config", &path]).await;
+    let id = environment(&closed, "Sandbox None").await;
+    let agent = session(&closed, &id).await;
+    let ran = exec(
+        &closed,
+        &agent,
+        &format!(
+            "env | grep -ci proxy; curl -s -m 3 http://{internet_addr}/ ; echo direct=$?; \
+             curl -s -m 3 -x http://127.0.0.1:3128 http://{internet_addr}/ ; echo proxied=$?"
+        ),
+    )
+    .await;
+    let stdout = ran["stdout"].as_str().expect("stdout");
+    assert!(stdout.starts_with("0\n"), "{ran}");
+    assert!(stdout.contains("direct=7"), "{ran}");
+    assert!(stdout.contains("proxied=7"), "{ran}");
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
