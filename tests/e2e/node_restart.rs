@@ -229,6 +229,18 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
     )
     .await;
     assert_eq!(wrote["stdout"], "hello\n", "{wrote}");
+    // A daemon the session started, and one it double-forked, die with the node.
+    let daemons = exec(
+        &client,
+        &base,
+        &session_id,
+        "setsid -f sleep 1010 > /dev/null 2>&1 < /dev/null; \
+         setsid -f sh -c '(sleep 1011 > /dev/null 2>&1 < /dev/null &)'; sleep 0.3; echo started",
+    )
+    .await;
+    assert_eq!(daemons["stdout"], "started\n", "{daemons}");
+    assert_eq!(crate::sandbox::host_processes("sleep 1010").len(), 1);
+    assert_eq!(crate::sandbox::host_processes("sleep 1011").len(), 1);
     assert!(
         host_mounts(data.path()).is_empty(),
         "{:?}",
@@ -245,6 +257,8 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
         host_mounts(data.path())
     );
     assert!(workdir.join("mine.txt").exists());
+    assert_eq!(crate::sandbox::gone("sleep 1010").await, Vec::<String>::new());
+    assert_eq!(crate::sandbox::gone("sleep 1011").await, Vec::<String>::new());
 
     let mut agent = spawn(&node_args, &config, &node_log);
     wait_until_ready(&client, &format!("http://{node_admin}/readyz"), &mut agent).await;

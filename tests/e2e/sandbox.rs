@@ -74,7 +74,7 @@ async fn end(server: &Server, session: &Value) {
 }
 
 /// Host processes whose command line holds `marker`, as the host sees them.
-fn host_processes(marker: &str) -> Vec<String> {
+pub(crate) fn host_processes(marker: &str) -> Vec<String> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
         let Some(pid) = entry.file_name().to_str().map(str::to_owned) else {
@@ -85,7 +85,7 @@ fn host_processes(marker: &str) -> Vec<String> {
         }
         if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            if cmdline.contains(marker) && !cmdline.contains("sandbox::") {
+            if cmdline.contains(marker) && !cmdline.contains("::") {
                 found.push(format!("{pid}: {cmdline}"));
             }
         }
@@ -121,7 +121,7 @@ fn processes_of(id: &str) -> usize {
 }
 
 /// Waits (bounded) until no host process holds `marker`; answers those still there.
-async fn gone(marker: &str) -> Vec<String> {
+pub(crate) async fn gone(marker: &str) -> Vec<String> {
     for _ in 0..50 {
         let left = host_processes(marker);
         if left.is_empty() {
