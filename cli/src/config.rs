@@ -351,6 +351,10 @@ pub struct NodeSection {
     pub session_pids: u64,
     /// A session's CPU limit, in thousandths of a core.
     pub session_cpu_millicores: u64,
+    /// A session's working directory limit, in MiB: an ext4 image of that size on a loop
+    /// device. None by default; a node that cannot limit disks refuses to start with it set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_disk_mb: Option<u64>,
 }
 
 /// `node.network`.
@@ -381,6 +385,7 @@ impl Default for NodeSection {
             session_memory_mb: 2048,
             session_pids: 1024,
             session_cpu_millicores: 2000,
+            session_disk_mb: None,
         }
     }
 }

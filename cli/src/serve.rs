@@ -475,6 +475,7 @@ fn spawn_node(
         state_dir,
         blob_url,
         cache_cap_bytes: section.cache_max_bytes,
+        disk_mb: section.session_disk_mb,
         base_uid: section.session_base_uid,
         limits: plinth_node::ExecLimits {
             default_timeout: std::time::Duration::from_secs(section.exec_timeout_seconds.max(1)),

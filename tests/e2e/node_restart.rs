@@ -257,8 +257,14 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
         host_mounts(data.path())
     );
     assert!(workdir.join("mine.txt").exists());
-    assert_eq!(crate::sandbox::gone("sleep 1010").await, Vec::<String>::new());
-    assert_eq!(crate::sandbox::gone("sleep 1011").await, Vec::<String>::new());
+    assert_eq!(
+        crate::sandbox::gone("sleep 1010").await,
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        crate::sandbox::gone("sleep 1011").await,
+        Vec::<String>::new()
+    );
 
     let mut agent = spawn(&node_args, &config, &node_log);
     wait_until_ready(&client, &format!("http://{node_admin}/readyz"), &mut agent).await;

@@ -497,3 +497,46 @@ async fn egress_reaches_only_what_policy_allows_and_none_reaches_nothing() {
     assert!(stdout.contains("proxied=7"), "{ran}");
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn a_working_directory_cannot_grow_past_its_disk_limit() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let config = tempfile::NamedTempFile::new().expect("config");
+    std::fs::write(
+        config.path(),
+        "[builder]\nnetwork = false\n[node]\nsession_disk_mb = 64\n",
+    )
+    .expect("write config");
+    let path = config.path().to_str().expect("utf-8").to_owned();
+    let server = Server::start_with(&["--config", &path]).await;
+    let id = environment(&server, "Sandbox Disk").await;
+    let filler = session(&server, &id).await;
+    let ran = exec(
+        &server,
+        &filler,
+        "dd if=/dev/zero of=big bs=1M count=200 2>&1; echo dd=$?; \
+         stat -c %s big; rm big; echo small > small.txt && cat small.txt",
+    )
+    .await;
+    let stdout = ran["stdout"].as_str().expect("stdout");
+    assert!(stdout.contains("No space left on device"), "{ran}");
+    assert!(stdout.contains("dd=1\n"), "{ran}");
+    let size: u64 = stdout
+        .lines()
+        .find_map(|line| line.parse().ok())
+        .expect("the file's size");
+    assert!(size <= 64 * 1024 * 1024, "{size} bytes: {ran}");
+    assert!(stdout.ends_with("small\n"), "{ran}");
+    // The node's disk is untouched by the attempt, and ending the session leaves no mount.
+    let data = server.data_dir();
+    let mounted = |needle: &std::path::Path| {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .contains(&needle.display().to_string())
+    };
+    assert!(mounted(&data), "the limited working directory is a mount");
+    end(&server, &filler).await;
+    assert!(!mounted(&data), "a mount is left after the session ended");
+}

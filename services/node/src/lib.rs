@@ -64,6 +64,8 @@ pub struct NodeOptions {
     pub internal_token: Option<Secret>,
     /// Where callers in this process reach the node directly, when they run beside it.
     pub local: Option<plinth_kit::grpc::LocalSlot>,
+    /// Each session's working directory limited to this many MiB (isolated nodes only).
+    pub disk_mb: Option<u64>,
 }
 
 /// Why the node stopped.
@@ -127,9 +129,26 @@ pub async fn run(
         .map_err(|error| NodeError::Blobs(error.to_string()))??
     };
     let cache = Arc::new(cache);
-    let sessions = Arc::new(SessionTable::load(
-        &options.state_dir.join("sessions"),
+    let sessions_dir = options.state_dir.join("sessions");
+    let disk = match options.disk_mb {
+        Some(size_mb) if options.isolation.enabled => {
+            let dir = sessions_dir.clone();
+            let limits = tokio::task::spawn_blocking(move || plinth_sandbox::disk::DiskLimits::check(&dir))
+                .await
+                .map_err(|error| NodeError::NotPermitted(error.to_string()))?
+                .map_err(|error| {
+                    NodeError::NotPermitted(format!(
+                        "node.session_disk_mb is set, and this node cannot limit working directories: {error}"
+                    ))
+                })?;
+            Some((Arc::new(limits), size_mb))
+        }
+        _ => None,
+    };
+    let sessions = Arc::new(SessionTable::load_limited(
+        &sessions_dir,
         options.base_uid,
+        disk,
     )?);
     tracing::info!(node = %options.name, sessions = sessions.len(), cached_versions = cache.cached_versions().len(), cache_bytes = cache.blob_bytes(), isolated = options.isolation.enabled, "node state loaded");
 

@@ -50,6 +50,9 @@ pub struct LocalSession {
     /// Its sandbox's keeper, once started (isolated nodes only); killing it ends every
     /// process of the session.
     pub namespace: tokio::sync::OnceCell<Arc<crate::isolation::Sandbox>>,
+    /// Its working directory's disk limit, when the node limits disks: an image mounted at
+    /// `workdir`, removed when the session ends.
+    pub disk: Mutex<Option<plinth_sandbox::disk::LimitedDir>>,
 }
 
 /// Why a session could not be made.
@@ -101,6 +104,8 @@ pub struct SessionTable {
     spare_taken: tokio::sync::Notify,
     /// Numbers spares' names within this process's run.
     spare_names: std::sync::atomic::AtomicU64,
+    /// Each session's working directory limited to this many MiB, when set.
+    disk: Option<(Arc<plinth_sandbox::disk::DiskLimits>, u64)>,
 }
 
 const RECORD: &str = "session.json";
@@ -122,7 +127,29 @@ fn make_session_dir(dir: &Path) -> Result<(), SessionError> {
 impl SessionTable {
     /// Loads the sessions on disk under `dir`.
     pub fn load(dir: &Path, base_uid: u32) -> Result<Self, SessionError> {
+        Self::load_limited(dir, base_uid, None)
+    }
+
+    /// Loads the sessions on disk under `dir`, each working directory limited by `disk` to
+    /// the MiB given: what a killed node left of images is removed first, and the limited
+    /// working directories of the sessions kept are mounted again.
+    pub fn load_limited(
+        dir: &Path,
+        base_uid: u32,
+        disk: Option<(Arc<plinth_sandbox::disk::DiskLimits>, u64)>,
+    ) -> Result<Self, SessionError> {
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        if let Some((limits, _)) = &disk {
+            // Before anything removes a session directory: a mounted one cannot be.
+            let sessions_dir = dir.to_owned();
+            limits
+                .remove_leftovers(dir, |name| sessions_dir.join(name).join(RECORD).is_file())
+                .map_err(|error| {
+                    io("removing disk images a stopped node left")(std::io::Error::other(
+                        error.to_string(),
+                    ))
+                })?;
+        }
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
             .map_err(io(format!("securing {}", dir.display())))?;
         let mut sessions = HashMap::new();
@@ -142,6 +169,7 @@ impl SessionTable {
                         record,
                         ended: CancellationToken::new(),
                         namespace: Default::default(),
+                        disk: Mutex::new(None),
                     };
                     sessions.insert(session.record.session_id.clone(), Arc::new(session));
                 }
@@ -154,6 +182,23 @@ impl SessionTable {
                 }
             }
         }
+        if let Some((limits, _)) = &disk {
+            for session in sessions.values() {
+                let session_dir = dir.join(&session.record.session_id);
+                if !session_dir.join("work.ext4").exists() {
+                    continue;
+                }
+                let limited = limits.open(&session_dir).map_err(|error| {
+                    io("mounting a session's working directory again")(std::io::Error::other(
+                        error.to_string(),
+                    ))
+                })?;
+                *session
+                    .disk
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(limited);
+            }
+        }
         Ok(SessionTable {
             dir: dir.to_owned(),
             base_uid,
@@ -161,6 +206,7 @@ impl SessionTable {
             spares: Mutex::new(Vec::new()),
             spare_taken: tokio::sync::Notify::new(),
             spare_names: std::sync::atomic::AtomicU64::new(0),
+            disk,
         })
     }
 
@@ -172,7 +218,14 @@ impl SessionTable {
                 .spare_names
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let dir = self.dir.join(format!(".spare-{unique}-{number}"));
-            if let Err(error) = make_session_dir(&dir) {
+            let made = make_session_dir(&dir).and_then(|()| match &self.disk {
+                // The image formatted ahead too: an attach only mounts it.
+                Some((limits, size_mb)) => limits.prepare(&dir, *size_mb).map_err(|error| {
+                    io("formatting a spare disk image")(std::io::Error::other(error.to_string()))
+                }),
+                None => Ok(()),
+            });
+            if let Err(error) = made {
                 remove_tree(&dir);
                 return Err(error);
             }
@@ -263,11 +316,22 @@ impl SessionTable {
             .ok_or(SessionError::Full)?;
         let dir = self.dir.join(&record.session_id);
         let workdir = dir.join("work");
+        let mut limited = None;
         let made = (|| {
             self.place_session_dir(&dir)?;
             if owned_by_uid {
                 std::os::unix::fs::chown(&workdir, Some(record.uid), Some(record.uid))
                     .map_err(io("giving the working directory to the session's uid"))?;
+            }
+            if let Some((disk, size_mb)) = &self.disk {
+                limited = Some(
+                    disk.create(&dir, *size_mb, record.uid, record.uid)
+                        .map_err(|error| {
+                            io("limiting the working directory's disk")(std::io::Error::other(
+                                error.to_string(),
+                            ))
+                        })?,
+                );
             }
             // The record last, atomically: a directory without one is a half-made attach.
             let json = serde_json::to_vec_pretty(&record)
@@ -277,6 +341,9 @@ impl SessionTable {
             std::fs::rename(&draft, dir.join(RECORD)).map_err(io("writing the session record"))
         })();
         if let Err(error) = made {
+            if let Some(limited) = limited.take() {
+                let _ = limited.remove();
+            }
             remove_tree(&dir);
             return Err(error);
         }
@@ -285,6 +352,7 @@ impl SessionTable {
             workdir,
             ended: CancellationToken::new(),
             namespace: Default::default(),
+            disk: Mutex::new(limited),
         });
         sessions.insert(session.record.session_id.clone(), session.clone());
         Ok(session)
@@ -303,6 +371,19 @@ impl SessionTable {
         }
         if self.lock().remove(id).is_none() {
             return false;
+        }
+        let limited = session
+            .disk
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(limited) = limited {
+            let _ = tokio::task::spawn_blocking(move || {
+                if let Err(error) = limited.remove() {
+                    tracing::warn!(%error, "cannot remove a session's disk image");
+                }
+            })
+            .await;
         }
         let dir = self.dir.join(id);
         let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
