@@ -1,9 +1,13 @@
 //! `plinth-bench sessions`: what a session costs, beside the floors of the same machine.
 //!
 //! 1. Session create + first `exec true` on a cached version, through the gateway of a
-//!    `plinth serve` (release build, its own process), p50 and p99; beside the floor: a bare
-//!    fork + `unshare(CLONE_NEWNS)` + read-only bind mount + exec of `true`, with raw system
-//!    calls, in this process.
+//!    `plinth serve` (release build, its own process; the whole sandbox: its own namespaces,
+//!    allow-listed root, cgroup limits, seccomp, egress proxy), p50 and p99; beside two
+//!    floors with raw system calls in this process: the sandbox floor (a cgroup with the same
+//!    limits made and joined, then the same namespaces — mount, PID, IPC, UTS, network,
+//!    cgroup — a read-only bind, a fork into the PID namespace, exec of `true`, the cgroup
+//!    removed), and the earlier mount-only floor (fork + `unshare(CLONE_NEWNS)` + read-only
+//!    bind + exec of `true`).
 //! 2. First materialization of a version of ≥ 20,000 files and ≥ 300 MB into a cold node
 //!    cache (the node's own `VersionCache` over a `file://` blob store), beside `tar -x` of the
 //!    same files onto the same disk; then a version that differs by one file.
@@ -83,6 +87,88 @@ fn floor_once(version: &CString, target: &CString) -> anyhow::Result<f64> {
     }
     let status = command.status()?;
     anyhow::ensure!(status.success(), "the floor command failed: {status}");
+    Ok(begun.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// The sandbox floor: what a session's sandbox is made of, with nothing else: a cgroup
+/// with the session's limits made and joined, the same namespaces, a read-only bind, the
+/// first process of the PID namespace forked, `/bin/true` executed there, the cgroup
+/// removed.
+fn sandbox_floor_once(
+    cgroups: &plinth_sandbox::cgroup::Cgroups,
+    run: usize,
+    version: &CString,
+    target: &CString,
+) -> anyhow::Result<f64> {
+    let (version, target) = (version.clone(), target.clone());
+    let begun = Instant::now();
+    let limits = plinth_sandbox::cgroup::Limits {
+        memory_bytes: Some(2048 * 1024 * 1024),
+        pids: Some(1024),
+        cpu_millicores: Some(2000),
+    };
+    let cgroup = cgroups.create(&format!("floor-{run}"), &limits)?;
+    let join: Vec<i32> = cgroup
+        .join_fds()
+        .iter()
+        .map(std::os::fd::AsRawFd::as_raw_fd)
+        .collect();
+    let mut command = Command::new("/bin/true");
+    // SAFETY: only raw system calls on descriptors and C strings made before the fork; the
+    // forked process only waits and exits.
+    #[allow(unsafe_code)]
+    unsafe {
+        command.pre_exec(move || {
+            for fd in &join {
+                let fd = std::os::fd::BorrowedFd::borrow_raw(*fd);
+                plinth_sandbox::cgroup::join(&[fd])?;
+            }
+            rustix::thread::unshare_unsafe(
+                rustix::thread::UnshareFlags::NEWNS
+                    | rustix::thread::UnshareFlags::NEWPID
+                    | rustix::thread::UnshareFlags::NEWIPC
+                    | rustix::thread::UnshareFlags::NEWUTS
+                    | rustix::thread::UnshareFlags::NEWNET
+                    | rustix::thread::UnshareFlags::NEWCGROUP,
+            )?;
+            rustix::mount::mount_change(
+                c"/",
+                rustix::mount::MountPropagationFlags::PRIVATE
+                    | rustix::mount::MountPropagationFlags::REC,
+            )?;
+            rustix::mount::mount_bind(&*version, &*target)?;
+            rustix::mount::mount_remount(
+                &*target,
+                rustix::mount::MountFlags::BIND | rustix::mount::MountFlags::RDONLY,
+                c"",
+            )?;
+            // The PID namespace's first process is the next child: it executes `true`.
+            let pid = libc::syscall(
+                libc::SYS_clone,
+                libc::c_long::from(libc::SIGCHLD),
+                0,
+                0,
+                0,
+                0,
+            );
+            if pid > 0 {
+                let mut status = 0;
+                libc::waitpid(pid as i32, &mut status, 0);
+                libc::_exit(if libc::WIFEXITED(status) {
+                    libc::WEXITSTATUS(status)
+                } else {
+                    1
+                });
+            }
+            Ok(())
+        });
+    }
+    let status = command.status()?;
+    cgroup.remove()?;
+    anyhow::ensure!(
+        status.success(),
+        "the sandbox floor command failed: {status}"
+    );
     Ok(begun.elapsed().as_secs_f64() * 1000.0)
 }
 
@@ -267,6 +353,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // adds on top.
     let (mut plinth, mut create, mut exec, mut floor, mut pooled) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut sandbox_floor = Vec::new();
+    let floor_cgroups = plinth_sandbox::cgroup::Cgroups::detect("plinth-bench-floor")?;
     let mut lean = crate::http1::Http1::connect(&service.base)?;
     let create_body = serde_json::json!({"environment": environment});
     let exec_body = serde_json::json!({"command": "true"});
@@ -290,6 +378,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         create.push(created);
         exec.push(total - created);
         floor.push(floor_once(&floor_source, &floor_target)?);
+        sandbox_floor.push(sandbox_floor_once(
+            &floor_cgroups,
+            sandbox_floor.len(),
+            &floor_source,
+            &floor_target,
+        )?);
         client
             .delete(format!("{}/v1/sessions/{id}", service.base))
             .send()
@@ -318,6 +412,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     let p50 = percentile(&plinth, 0.5);
     let floor50 = percentile(&floor, 0.5);
+    let sandbox50 = percentile(&sandbox_floor, 0.5);
     println!(
         "\nsession create + first `exec true` on a cached version ({} runs, alternating with the floor)",
         args.attaches
@@ -339,11 +434,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         percentile(&exec, 0.99)
     );
     println!(
-        "| floor: fork + unshare + ro bind + exec true | {:.2} ms | {:.2} ms |",
+        "| sandbox floor: cgroup made + joined, mount/PID/IPC/UTS/net/cgroup namespaces, ro bind, fork, exec true | {:.2} ms | {:.2} ms |",
+        sandbox50,
+        percentile(&sandbox_floor, 0.99)
+    );
+    println!(
+        "| mount-only floor: fork + unshare + ro bind + exec true | {:.2} ms | {:.2} ms |",
         floor50,
         percentile(&floor, 0.99)
     );
-    println!("ratio (p50): {:.2}×", p50 / floor50);
+    println!(
+        "ratio (p50): {:.2}× the sandbox floor, {:.2}× the mount-only floor",
+        p50 / sandbox50,
+        p50 / floor50
+    );
     println!(
         "the same pairs through reqwest (an async, pooled client), alternated with these: p50 {:.2} ms, p99 {:.2} ms",
         percentile(&pooled, 0.5),
