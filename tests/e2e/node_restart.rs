@@ -176,6 +176,16 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
     ]);
     let mut agent = spawn(&node_args, &config, &node_log);
     wait_until_ready(&client, &format!("http://{node_admin}/readyz"), &mut agent).await;
+    // Which cgroups hold sessions' limits is said where operators look.
+    let ready = client
+        .get(format!("http://{node_admin}/readyz"))
+        .send()
+        .await
+        .expect("readyz")
+        .text()
+        .await
+        .expect("readyz body");
+    assert!(ready.contains("session limits: cgroup v"), "{ready}");
 
     let base = format!("http://{http}");
     let (_, created) = send(

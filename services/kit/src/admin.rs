@@ -30,9 +30,32 @@ pub fn router(readiness: ReadinessCheck) -> Router {
         .with_state(readiness)
 }
 
+/// Facts about how this process runs, shown under `ready` by `/readyz` (e.g. which cgroup
+/// version holds sessions' limits). One line each, replaced by `key`.
+static DETAILS: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// Sets a line `/readyz` shows once the process is ready: `key: value`.
+pub fn describe(key: &str, value: impl Into<String>) {
+    let mut details = DETAILS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    details.retain(|(existing, _)| existing != key);
+    details.push((key.to_owned(), value.into()));
+}
+
 async fn readyz(State(readiness): State<ReadinessCheck>) -> Response {
     match readiness().await {
-        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Ok(()) => {
+            let mut body = String::from("ready\n");
+            for (key, value) in DETAILS
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+            {
+                body.push_str(&format!("{key}: {value}\n"));
+            }
+            (StatusCode::OK, body).into_response()
+        }
         Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: {reason}\n"),

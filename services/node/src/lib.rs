@@ -232,6 +232,7 @@ fn sandbox_setup(options: &mut NodeOptions) -> Result<(), NodeError> {
         ))
     })?;
     tracing::info!(cgroups = %cgroups.describe(), "session limits on cgroups");
+    plinth_kit::admin::describe("session limits", cgroups.describe());
     let live: HashSet<String> = std::fs::read_dir(options.state_dir.join("sessions"))
         .map(|entries| {
             entries
