@@ -690,6 +690,7 @@ fn spawn_gateway(
         brain_operation_lease: std::time::Duration::from_secs(
             config.gateway.brain_operation_lease_seconds.max(1),
         ),
+        session_limits: config.sessions.policy()?,
     };
     let result = async move {
         let result = plinth_gateway::run(options, listener, backends, shutdown).await;

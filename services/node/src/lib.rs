@@ -2,7 +2,10 @@
 //! into a local cache (`cache`), keeps the sessions placed on it and their private working
 //! directories (`sessions`, `workdir`), and runs each session's commands in a private mount
 //! namespace where the version is read-only at `/env/<slug>` (`isolation`). It registers with
-//! the catalog and heartbeats; the catalog decides which sessions exist and what they read.
+//! the catalog and heartbeats; the catalog decides which sessions exist and what they read,
+//! and each heartbeat's answer lists the node's live sessions, so a session the catalog ended
+//! without the node being told (past its lifetime or idle limit, or while a call to the node
+//! failed) is detached here within a heartbeat. A session's limits are kept in its record.
 //!
 //! What does not belong here: placing sessions or pinning versions (the catalog), HTTP shapes
 //! and turn records (the gateway and the catalog), building versions (the builder).
@@ -18,6 +21,7 @@ mod workspace_service;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -213,7 +217,7 @@ async fn keep_spares(sessions: Arc<SessionTable>, shutdown: CancellationToken) {
 
 /// Registers (again after a restart, or when the catalog forgot the node), reconciles the
 /// sessions on disk with the catalog's, then heartbeats, learning which cached versions are
-/// active.
+/// active and which of its sessions are live: those that are not are detached.
 async fn keep_registered(
     options: NodeOptions,
     mut catalog: Catalog,
@@ -223,6 +227,9 @@ async fn keep_registered(
     shutdown: CancellationToken,
 ) {
     let mut registered: Option<(String, Duration)> = None;
+    // Set while sessions a heartbeat found ended are being detached, so a slow removal is not
+    // started again by the next heartbeat.
+    let detaching = Arc::new(AtomicBool::new(false));
     loop {
         let pause = match registered.clone() {
             None => match catalog
@@ -269,13 +276,15 @@ async fn keep_registered(
                         version,
                     })
                     .collect();
+                // The sessions held before asking: only these may be found ended by the answer.
+                let known = sessions.ids();
                 match catalog
                     .node_heartbeat(catalog_pb::NodeHeartbeatRequest { node_id, cached })
                     .await
                 {
                     Ok(answer) => {
+                        let answer = answer.into_inner();
                         let now_active = answer
-                            .into_inner()
                             .active
                             .into_iter()
                             .map(|v| (v.environment_id, v.version))
@@ -283,6 +292,10 @@ async fn keep_registered(
                         *active
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner) = now_active;
+                        if answer.sessions_listed {
+                            let live: HashSet<String> = answer.live_sessions.into_iter().collect();
+                            detach_ended(&sessions, known, live, &detaching);
+                        }
                     }
                     Err(status) if status.code() == tonic::Code::NotFound => registered = None,
                     Err(status) => {
@@ -297,6 +310,32 @@ async fn keep_registered(
             () = tokio::time::sleep(pause) => {}
         }
     }
+}
+
+/// Detaches, in the background, the sessions of `known` the catalog no longer lists as live:
+/// ended by their lifetime or idle limit, or by a caller whose call to this node failed. Their
+/// processes are killed and their working directories removed. Does nothing while an earlier
+/// round is still at it; the next heartbeat finds what is left.
+fn detach_ended(
+    sessions: &Arc<SessionTable>,
+    known: Vec<String>,
+    live: HashSet<String>,
+    detaching: &Arc<AtomicBool>,
+) {
+    if known.iter().all(|id| live.contains(id)) || detaching.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let (sessions, detaching) = (sessions.clone(), detaching.clone());
+    plinth_kit::tasks::spawn(async move {
+        let removed = sessions.retain_of(known, &live).await;
+        if removed > 0 {
+            tracing::info!(
+                removed,
+                "detached sessions the catalog ended (lifetime, idle, or a missed end)"
+            );
+        }
+        detaching.store(false, Ordering::Release);
+    });
 }
 
 /// After a restart: sessions the catalog ended while the node was away are removed.

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 
 use crate::cache::{CacheError, Materialized, VersionCache};
 use crate::isolation::{self, ENV_ROOT, Isolation, Launch, Namespaces};
-use crate::sessions::{LocalSession, SessionError, SessionRecord, SessionTable};
+use crate::sessions::{LocalSession, SessionError, SessionLimits, SessionRecord, SessionTable};
 use crate::workdir::{self, WorkdirError};
 
 /// Limits of the node's calls.
@@ -93,6 +93,19 @@ fn isolate(
         tracing::error!(session = %record.session_id, %error, "cannot isolate a session");
         PlinthError::new(ErrorCode::Unavailable, error.to_string())
     })
+}
+
+/// Limits as sent (0 is no limit) as the record keeps them.
+fn limits_from_wire(limits: pb::Limits) -> SessionLimits {
+    let limit = |value: u64| (value > 0).then_some(value);
+    SessionLimits {
+        memory_mb: limit(limits.memory_mb),
+        pids: limit(limits.pids),
+        cpu_millicores: limit(limits.cpu_millicores),
+        disk_mb: limit(limits.disk_mb),
+        lifetime_s: limit(limits.lifetime_s),
+        idle_s: limit(limits.idle_s),
+    }
 }
 
 /// A session this node does not hold (never attached here, ended, or its directory lost).
@@ -200,6 +213,7 @@ impl pb::node_service_server::NodeService for Node {
             slug: spec.slug,
             layer_tree: spec.layer_tree,
             uid: 0,
+            limits: spec.limits.map(limits_from_wire).unwrap_or_default(),
         };
         if !isolation::valid_slug(&record.slug) {
             return Err(PlinthError::invalid(format!("invalid slug {:?}", record.slug)).into());
