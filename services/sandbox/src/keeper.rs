@@ -141,9 +141,8 @@ impl Keeper {
     /// from a thread that lives as long as the node (the keeper is killed when the thread
     /// that started it ends: the parent-death signal follows the thread).
     pub fn start(root: &RootPlan) -> Result<Keeper, KeeperError> {
-        let (status_read, status_write) =
-            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-                .map_err(|errno| KeeperError::Start(errno.into()))?;
+        let (status_read, status_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|errno| KeeperError::Start(errno.into()))?;
         let stack = Stack::map().map_err(KeeperError::Start)?;
         let plan = Plan {
             root,
@@ -305,9 +304,7 @@ extern "C" fn keeper(arg: *mut c_void) -> c_int {
         }
         libc::syscall(libc::SYS_close_range, status + 1, u32::MAX, 0u32);
     }
-    if let Err(errno) =
-        rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
-    {
+    if let Err(errno) = rustix::process::set_parent_process_death_signal(Some(Signal::KILL)) {
         return fail(ROOT_DONE, errno);
     }
     if let Err(Failure { step, errno }) = plan.root.enter() {

@@ -228,7 +228,11 @@ impl RootPlan {
         let quiet = MountFlags::NOSUID | MountFlags::NODEV;
         let mut steps = vec![
             Step::Private,
-            Step::Tmpfs(c(Path::new(BUILD_AT))?, CString::from(c"mode=0755,size=1m"), quiet),
+            Step::Tmpfs(
+                c(Path::new(BUILD_AT))?,
+                CString::from(c"mode=0755,size=1m"),
+                quiet,
+            ),
         ];
         let mut shown = Vec::new();
         for dir in SYSTEM_DIRS {
@@ -257,10 +261,14 @@ impl RootPlan {
                 .filter(|mount| host.starts_with(&mount.point))
                 .max_by_key(|mount| mount.point.as_os_str().len())
                 .map_or(MountFlags::empty(), |mount| mount.flags);
-            steps.push(Step::Remount(c(&target)?, MountFlags::RDONLY | quiet | top_flags));
-            for mount in mounts.iter().filter(|mount| {
-                mount.point != host && mount.point.starts_with(host)
-            }) {
+            steps.push(Step::Remount(
+                c(&target)?,
+                MountFlags::RDONLY | quiet | top_flags,
+            ));
+            for mount in mounts
+                .iter()
+                .filter(|mount| mount.point != host && mount.point.starts_with(host))
+            {
                 steps.push(Step::Remount(
                     c(&staged(&mount.point))?,
                     MountFlags::RDONLY | quiet | mount.flags,
@@ -299,7 +307,11 @@ impl RootPlan {
             let target = c(&staged(&bind.inside))?;
             if bind.lower.is_empty() {
                 steps.push(Step::Bind(c(&bind.host)?, target.clone(), false));
-                let flags = if bind.read_only { MountFlags::RDONLY | quiet } else { quiet };
+                let flags = if bind.read_only {
+                    MountFlags::RDONLY | quiet
+                } else {
+                    quiet
+                };
                 steps.push(Step::Remount(target, flags));
             } else {
                 // The cache makes layers only where its path needs no escaping here.
@@ -373,10 +385,7 @@ impl RootPlan {
         use rustix::mount::{mount, mount_bind, mount_bind_recursive, mount_change, mount_remount};
         const EMPTY: &CStr = c"";
         for (index, step) in self.steps.iter().enumerate() {
-            let failed = |errno: Errno| Failure {
-                step: index,
-                errno,
-            };
+            let failed = |errno: Errno| Failure { step: index, errno };
             match step {
                 Step::Private => mount_change(
                     c"/",
@@ -391,7 +400,9 @@ impl RootPlan {
                 },
                 Step::Touch(path) => rustix::fs::open(
                     &**path,
-                    rustix::fs::OFlags::CREATE | rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::OFlags::CREATE
+                        | rustix::fs::OFlags::WRONLY
+                        | rustix::fs::OFlags::CLOEXEC,
                     Mode::from_raw_mode(0o644),
                 )
                 .map(drop),
@@ -501,14 +512,25 @@ mod tests {
             })
             .collect();
         assert!(binds.contains(&"/usr -> /env/usr".to_owned()), "{binds:?}");
-        assert!(binds.contains(&"/srv/cache/v1 -> /env/env/demo".to_owned()), "{binds:?}");
+        assert!(
+            binds.contains(&"/srv/cache/v1 -> /env/env/demo".to_owned()),
+            "{binds:?}"
+        );
         assert!(
             binds.contains(&"/srv/sessions/s/work -> /env/home/session".to_owned()),
             "{binds:?}"
         );
-        assert!(!binds.iter().any(|bind| bind.starts_with("/var ") || bind.starts_with("/root")), "{binds:?}");
+        assert!(
+            !binds
+                .iter()
+                .any(|bind| bind.starts_with("/var ") || bind.starts_with("/root")),
+            "{binds:?}"
+        );
         // A path outside every shown directory needs no cover; a file inside one is covered.
-        assert!(!binds.iter().any(|bind| bind.contains("/var/lib/plinth")), "{binds:?}");
+        assert!(
+            !binds.iter().any(|bind| bind.contains("/var/lib/plinth")),
+            "{binds:?}"
+        );
         if let Some(config) = &config {
             let covered = format!("/dev/null -> /env{}", config.path().display());
             assert!(binds.contains(&covered), "{binds:?}");
@@ -525,8 +547,14 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert!(remounts.contains(&("/env/env/demo".to_owned(), true)), "{remounts:?}");
-        assert!(remounts.contains(&("/env/home/session".to_owned(), false)), "{remounts:?}");
+        assert!(
+            remounts.contains(&("/env/env/demo".to_owned(), true)),
+            "{remounts:?}"
+        );
+        assert!(
+            remounts.contains(&("/env/home/session".to_owned(), false)),
+            "{remounts:?}"
+        );
         assert!(matches!(plan.steps.last(), Some(Step::RootReadOnly)));
     }
 }
