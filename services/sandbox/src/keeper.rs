@@ -243,15 +243,11 @@ impl Keeper {
     /// Blocks for as long as the kernel takes to empty the namespace (milliseconds).
     pub fn kill(&self) {
         let _ = rustix::process::pidfd_send_signal(&self.pidfd, Signal::KILL);
-        loop {
-            match rustix::process::waitid(
-                WaitId::PidFd(self.pidfd.as_fd()),
-                WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
-            ) {
-                Err(Errno::INTR) => continue,
-                _ => break,
-            }
-        }
+        // Waits (without reaping) until the keeper has exited, again when a signal interrupts.
+        while let Err(Errno::INTR) = rustix::process::waitid(
+            WaitId::PidFd(self.pidfd.as_fd()),
+            WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
+        ) {}
     }
 }
 
