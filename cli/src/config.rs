@@ -48,6 +48,8 @@ pub struct Config {
     pub builder: BuilderSection,
     /// The node agent.
     pub node: NodeSection,
+    /// Sessions' limits: the default and maximum of each.
+    pub sessions: SessionsSection,
 }
 
 impl Default for Config {
@@ -62,6 +64,7 @@ impl Default for Config {
             source: SourceSection::default(),
             builder: BuilderSection::default(),
             node: NodeSection::default(),
+            sessions: SessionsSection::default(),
         }
     }
 }
@@ -345,16 +348,6 @@ pub struct NodeSection {
     /// Addresses, networks or host names (each with an optional `:port`) sessions may reach
     /// although the egress policy refuses their range: a private package mirror.
     pub egress_allow: Vec<String>,
-    /// A session's memory limit, in MiB (its private /tmp and /dev/shm count against it).
-    pub session_memory_mb: u64,
-    /// A session's process limit.
-    pub session_pids: u64,
-    /// A session's CPU limit, in thousandths of a core.
-    pub session_cpu_millicores: u64,
-    /// A session's working directory limit, in MiB: an ext4 image of that size on a loop
-    /// device. None by default; a node that cannot limit disks refuses to start with it set.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub session_disk_mb: Option<u64>,
 }
 
 /// `node.network`.
@@ -382,11 +375,90 @@ impl Default for NodeSection {
             exec_max_timeout_seconds: 3600,
             network: SessionNetwork::Egress,
             egress_allow: Vec::new(),
-            session_memory_mb: 2048,
-            session_pids: 1024,
-            session_cpu_millicores: 2000,
-            session_disk_mb: None,
         }
+    }
+}
+
+/// `[sessions]`: each limit's default (what a session gets when it does not ask) and maximum
+/// (the most it may ask for). The gateway applies them; tasks and workspace adapters' sessions
+/// get the defaults.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionsSection {
+    /// Memory, in MiB.
+    pub memory_mb: u64,
+    /// The most memory a session may ask for, in MiB.
+    pub max_memory_mb: u64,
+    /// Processes and threads at once.
+    pub pids: u64,
+    /// The most processes a session may ask for.
+    pub max_pids: u64,
+    /// CPU, in cores (fractional).
+    pub cpu: f64,
+    /// The most CPU a session may ask for, in cores.
+    pub max_cpu: f64,
+    /// Disk used in the working directory, in MiB; none when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_mb: Option<u64>,
+    /// The most disk a session may ask for, in MiB.
+    pub max_disk_mb: u64,
+    /// Seconds from creation until a session is ended.
+    pub lifetime_s: u64,
+    /// The longest lifetime a session may ask for, in seconds.
+    pub max_lifetime_s: u64,
+    /// Seconds without an exec or file call until a session is ended.
+    pub idle_s: u64,
+    /// The longest idle time a session may ask for, in seconds.
+    pub max_idle_s: u64,
+}
+
+impl Default for SessionsSection {
+    fn default() -> Self {
+        SessionsSection {
+            memory_mb: 1024,
+            max_memory_mb: 8192,
+            pids: 512,
+            max_pids: 4096,
+            cpu: 1.0,
+            max_cpu: 4.0,
+            disk_mb: None,
+            max_disk_mb: 10_240,
+            lifetime_s: 86_400,
+            max_lifetime_s: 604_800,
+            idle_s: 3_600,
+            max_idle_s: 86_400,
+        }
+    }
+}
+
+impl SessionsSection {
+    /// The policy the gateway applies, or why these values make none: a default above its
+    /// maximum, a zero, a CPU that is not a positive number.
+    pub fn policy(&self) -> Result<plinth_gateway::limits::LimitPolicy, ConfigError> {
+        use plinth_gateway::limits::{Limit, LimitPolicy, SessionLimits, millicores};
+        let cpu = |cores: f64, key: &str| {
+            millicores(cores).ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "sessions.{key} ({cores}) must be a positive number of cores"
+                ))
+            })
+        };
+        let defaults = SessionLimits::default()
+            .with(Limit::MemoryMb, Some(self.memory_mb))
+            .with(Limit::Pids, Some(self.pids))
+            .with(Limit::Cpu, Some(cpu(self.cpu, "cpu")?))
+            .with(Limit::DiskMb, self.disk_mb)
+            .with(Limit::LifetimeS, Some(self.lifetime_s))
+            .with(Limit::IdleS, Some(self.idle_s));
+        let maxima = [
+            self.max_memory_mb,
+            self.max_pids,
+            cpu(self.max_cpu, "max_cpu")?,
+            self.max_disk_mb,
+            self.max_lifetime_s,
+            self.max_idle_s,
+        ];
+        LimitPolicy::new(defaults, maxima).map_err(ConfigError::Invalid)
     }
 }
 
@@ -456,6 +528,7 @@ impl Config {
         config.catalog.listen.get_or_insert(EPHEMERAL_LOOPBACK);
         config.source.listen.get_or_insert(EPHEMERAL_LOOPBACK);
         config.refuse_open_scope_beyond_loopback()?;
+        config.sessions.policy()?;
         Ok(config)
     }
 
@@ -718,6 +791,7 @@ impl Config {
         apply_access_flags(&mut config, &args.access)?;
         config.make_paths_absolute()?;
         config.refuse_open_scope_beyond_loopback()?;
+        config.sessions.policy()?;
         Ok(config)
     }
 
@@ -1023,6 +1097,57 @@ mod tests {
         );
         assert!(!dumped.contains("u:p@"), "{dumped}");
         assert!(dumped.contains(&bundle_path), "{dumped}");
+    }
+
+    #[test]
+    fn session_limits_are_configured_by_file_and_a_default_above_its_maximum_is_refused() {
+        use plinth_gateway::limits::Limit;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("plinth.toml");
+        let path = file.to_str().expect("utf-8");
+        let policy = serve(&[])
+            .expect("config")
+            .sessions
+            .policy()
+            .expect("defaults");
+        assert_eq!(policy.defaults().get(Limit::MemoryMb), Some(1024));
+        assert_eq!(policy.defaults().get(Limit::Cpu), Some(1000));
+        assert_eq!(policy.defaults().get(Limit::DiskMb), None);
+        assert_eq!(policy.max(Limit::DiskMb), 10_240);
+
+        std::fs::write(
+            &file,
+            "[sessions]\ncpu = 0.5\ndisk_mb = 2048\nidle_s = 60\n",
+        )
+        .expect("write");
+        let config = serve(&["--config", path]).expect("config");
+        let policy = config.sessions.policy().expect("valid");
+        assert_eq!(policy.defaults().get(Limit::Cpu), Some(500));
+        assert_eq!(policy.defaults().get(Limit::DiskMb), Some(2048));
+        assert_eq!(policy.defaults().get(Limit::IdleS), Some(60));
+        let dumped = config.dump().expect("dump");
+        for line in [
+            "[sessions]",
+            "cpu = 0.5",
+            "disk_mb = 2048",
+            "max_memory_mb = 8192",
+        ] {
+            assert!(dumped.contains(line), "{line} not in:\n{dumped}");
+        }
+
+        for (body, key) in [
+            ("memory_mb = 9000\n", "sessions.max_memory_mb"),
+            ("max_cpu = 0.5\n", "sessions.max_cpu"),
+            ("max_idle_s = 0\n", "sessions.max_idle_s"),
+            ("cpu = -1.0\n", "sessions.cpu"),
+        ] {
+            std::fs::write(&file, format!("[sessions]\n{body}")).expect("write");
+            let error = serve(&["--config", path]).expect_err(body);
+            assert!(error.to_string().contains(key), "{body}: {error}");
+        }
+        std::fs::write(&file, "[sessions]\nmemory = 1\n").expect("write");
+        let error = serve(&["--config", path]).expect_err("unknown key");
+        assert!(error.to_string().contains("memory"), "{error}");
     }
 
     #[test]

@@ -459,10 +459,11 @@ fn spawn_node(
                 .chain(config.source_file.clone())
                 .collect(),
             cgroups: None,
+            // For sessions whose record carries no limits (made before limits existed).
             limits: plinth_sandbox::cgroup::Limits {
-                memory_bytes: Some(section.session_memory_mb.saturating_mul(1024 * 1024)),
-                pids: Some(section.session_pids),
-                cpu_millicores: Some(section.session_cpu_millicores),
+                memory_bytes: Some(config.sessions.memory_mb.saturating_mul(1024 * 1024)),
+                pids: Some(config.sessions.pids),
+                cpu_millicores: Some((config.sessions.cpu * 1000.0).round() as u64),
             },
             egress: match section.network {
                 crate::config::SessionNetwork::None => None,
@@ -475,7 +476,7 @@ fn spawn_node(
         state_dir,
         blob_url,
         cache_cap_bytes: section.cache_max_bytes,
-        disk_mb: section.session_disk_mb,
+        disk_required: config.sessions.disk_mb,
         base_uid: section.session_base_uid,
         limits: plinth_node::ExecLimits {
             default_timeout: std::time::Duration::from_secs(section.exec_timeout_seconds.max(1)),
@@ -725,6 +726,7 @@ fn spawn_gateway(
         brain_operation_lease: std::time::Duration::from_secs(
             config.gateway.brain_operation_lease_seconds.max(1),
         ),
+        session_limits: config.sessions.policy()?,
     };
     let result = async move {
         let result = plinth_gateway::run(options, listener, backends, shutdown).await;

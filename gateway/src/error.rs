@@ -34,7 +34,7 @@ pub struct ErrorBody {
 /// One error.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorObject {
-    /// A code from the error table: `environment_invalid`, `environment_not_found`,
+    /// A code from the error table: `environment_invalid`, `invalid_request`, `environment_not_found`,
     /// `environment_exists`, `environment_busy`, `environment_not_ready`, `file_too_large`,
     /// `unauthenticated`, `not_found`, `method_not_allowed`, `unavailable`, `internal`.
     #[schema(example = "environment_invalid")]

@@ -14,6 +14,7 @@ mod error;
 mod files;
 mod harnesses;
 mod json;
+pub mod limits;
 mod novo;
 mod sessions;
 
@@ -69,6 +70,9 @@ pub struct GatewayOptions {
     /// Bytes of each of stdout and stderr a Novo runCommand answers inline (the rest is
     /// paged with readCommandOutput).
     pub command_inline_bytes: u64,
+    /// Sessions' limits: the default and maximum of each. Tasks' and workspace adapters'
+    /// sessions get the defaults.
+    pub session_limits: limits::LimitPolicy,
 }
 
 /// Why the gateway could not start or stopped.
@@ -105,6 +109,7 @@ pub(crate) struct AppState {
     environments: bool,
     public_url: Option<String>,
     novo: novo::NovoOptions,
+    session_limits: limits::LimitPolicy,
 }
 
 impl AppState {
@@ -253,6 +258,7 @@ fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, 
         novo: novo::NovoOptions {
             command_inline_bytes: options.command_inline_bytes,
         },
+        session_limits: options.session_limits,
     })
 }
 

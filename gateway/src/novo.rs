@@ -322,6 +322,7 @@ async fn run_call(
         .open_run(pb::OpenRunRequest {
             adapter_id: adapter.id.clone(),
             run_id: run_id.to_owned(),
+            limits: Some(state.session_limits.defaults().to_catalog()),
         })
         .await?
         .into_inner();

@@ -29,6 +29,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::json::JsonBody;
+use crate::limits::{LimitsBody, LimitsRequest, SessionLimits};
 
 /// The session and task routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -134,11 +135,24 @@ impl LiveSessions {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The entry of a session, unless it is past its lifetime: that one the catalog has
+    /// ended or is about to, so the caller asks it rather than run anything.
     fn get(&self, scope: &str, id: &str) -> Option<Arc<pb::Session>> {
-        self.lock()
-            .sessions
-            .get(&(scope.to_owned(), id.to_owned()))
-            .cloned()
+        let key = (scope.to_owned(), id.to_owned());
+        let mut inner = self.lock();
+        let session = inner.sessions.get(&key)?;
+        let lifetime_ms = session
+            .limits
+            .map(|limits| limits.lifetime_s)
+            .filter(|&seconds| seconds > 0)
+            .and_then(|seconds| i64::try_from(seconds.saturating_mul(1000)).ok());
+        if let Some(lifetime_ms) = lifetime_ms
+            && plinth_kit::clock::now_ms() >= session.created_at_ms.saturating_add(lifetime_ms)
+        {
+            inner.sessions.remove(&key);
+            return None;
+        }
+        Some(session.clone())
     }
 
     fn put(&self, scope: &str, session: &pb::Session) {
@@ -208,6 +222,9 @@ pub struct SessionBody {
     pub harness_id: Option<String>,
     /// Turns recorded so far.
     pub turns: u64,
+    /// What it may use: every limit, `null` when it has none. Past `lifetime_s` since its
+    /// creation, or `idle_s` without an exec or file call, it is ended.
+    pub limits: LimitsBody,
     /// Milliseconds since the Unix epoch.
     #[serde(rename = "createdAt")]
     pub created_at: i64,
@@ -260,6 +277,7 @@ fn session_body(session: pb::Session) -> SessionBody {
         isolated: session.isolated,
         harness_id: (!session.harness_id.is_empty()).then_some(session.harness_id),
         turns: session.turns,
+        limits: SessionLimits::from_catalog(session.limits.as_ref()).body(),
         created_at: session.created_at_ms,
         ended_at: (session.ended_at_ms > 0).then_some(session.ended_at_ms),
     }
@@ -275,6 +293,11 @@ pub struct CreateSession {
     /// Or a harness whose environment to read.
     #[serde(default)]
     pub harness_id: Option<String>,
+    /// What the session may use; each limit left out gets its configured default, and none
+    /// may pass its configured maximum (`invalid_request`, naming the limit and the maximum).
+    #[serde(default)]
+    #[schema(value_type = Option<LimitsRequest>)]
+    pub limits: Option<serde_json::Value>,
 }
 
 /// Resolves a harness's environment; an unknown harness is `not_found`.
@@ -348,6 +371,7 @@ pub(crate) fn spec(session: &pb::Session) -> node::SessionSpec {
         version: session.version,
         slug: session.slug.clone(),
         layer_tree: session.layer_tree.clone(),
+        limits: Some(SessionLimits::from_catalog(session.limits.as_ref()).to_node()),
     }
 }
 
@@ -359,7 +383,7 @@ pub(crate) fn spec(session: &pb::Session) -> node::SessionSpec {
     request_body = CreateSession,
     responses(
         (status = 201, description = "Started: the version is mounted read-only at environment.mount", body = SessionBody),
-        (status = 400, description = "environment_invalid: malformed body, or neither environment nor harness_id", body = ErrorBody),
+        (status = 400, description = "environment_invalid: malformed body, or neither environment nor harness_id; invalid_request: a limit unknown, not a number of its kind, 0 or less, or past its maximum (detail: limit, max)", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found, or not_found for an unknown harness", body = ErrorBody),
         (status = 409, description = "environment_not_ready: nothing built yet", body = ErrorBody),
@@ -372,6 +396,7 @@ async fn create_session(
     caller: Caller,
     JsonBody(body): JsonBody<CreateSession>,
 ) -> Result<(StatusCode, Json<SessionBody>), ApiError> {
+    let limits = state.session_limits.resolve(body.limits.as_ref())?;
     let harness_id = body.harness_id.unwrap_or_default();
     let environment = match (body.environment, harness_id.is_empty()) {
         (Some(environment), _) => environment,
@@ -389,6 +414,7 @@ async fn create_session(
             scope: caller.scope.clone(),
             environment_id: environment,
             harness_id,
+            limits: Some(limits.to_catalog()),
             ..Default::default()
         })
         .await?
@@ -1134,6 +1160,7 @@ async fn create_task(
             environment_id: environment,
             harness_id,
             metadata_json: metadata.to_string(),
+            limits: Some(state.session_limits.defaults().to_catalog()),
         })
         .await?
         .into_inner();

@@ -13,6 +13,7 @@ mod grpc_surface;
 mod harnesses;
 mod helpers;
 mod imports;
+mod limits;
 mod node_restart;
 mod novo;
 mod processes;

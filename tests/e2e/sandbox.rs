@@ -29,14 +29,12 @@ async fn environment(server: &Server, name: &str) -> String {
 }
 
 async fn session(server: &Server, environment: &str) -> Value {
-    let (status, session) = send(
-        server
-            .client
-            .post(server.url("/v1/sessions"))
-            .json(&json!({ "environment": environment })),
-    )
-    .await;
-    assert_eq!(status, 201, "{session}");
+    session_with(server, json!({ "environment": environment })).await
+}
+
+async fn session_with(server: &Server, body: Value) -> Value {
+    let (status, session) = send(server.client.post(server.url("/v1/sessions")).json(&body)).await;
+    assert_eq!(status, 201, "{body}: {session}");
     session
 }
 
@@ -362,16 +360,14 @@ async fn memory_and_process_limits_hold_inside_the_session_only() {
     if !crate::helpers::can_build() {
         return;
     }
-    let config = tempfile::NamedTempFile::new().expect("config");
-    std::fs::write(
-        config.path(),
-        "[builder]\nnetwork = false\n[node]\nsession_memory_mb = 128\nsession_pids = 64\n",
-    )
-    .expect("write config");
-    let path = config.path().to_str().expect("utf-8").to_owned();
-    let server = Server::start_with(&["--config", &path]).await;
+    let server = Server::start_with(&["--builder-network", "false"]).await;
     let id = environment(&server, "Sandbox Limits").await;
-    let hog = session(&server, &id).await;
+    let hog = session_with(
+        &server,
+        json!({ "environment": id, "limits": { "memory_mb": 128, "pids": 64 } }),
+    )
+    .await;
+    assert_eq!(hog["limits"]["memory_mb"], 128, "{hog}");
     let ran = exec(
         &server,
         &hog,
@@ -503,16 +499,13 @@ async fn a_working_directory_cannot_grow_past_its_disk_limit() {
     if !crate::helpers::can_build() {
         return;
     }
-    let config = tempfile::NamedTempFile::new().expect("config");
-    std::fs::write(
-        config.path(),
-        "[builder]\nnetwork = false\n[node]\nsession_disk_mb = 64\n",
-    )
-    .expect("write config");
-    let path = config.path().to_str().expect("utf-8").to_owned();
-    let server = Server::start_with(&["--config", &path]).await;
+    let server = Server::start_with(&["--builder-network", "false"]).await;
     let id = environment(&server, "Sandbox Disk").await;
-    let filler = session(&server, &id).await;
+    let filler = session_with(
+        &server,
+        json!({ "environment": id, "limits": { "disk_mb": 64 } }),
+    )
+    .await;
     let ran = exec(
         &server,
         &filler,

@@ -158,6 +158,7 @@ pub async fn allocate(context: &Context, version: Option<u32>) -> Result<pb::Ses
             harness_id: String::new(),
             version,
             owner: owner(&context.binding),
+            limits: Some(context.state.session_limits.defaults().to_catalog()),
         })
         .await
         .map_err(|status| receipt::from_error(&PlinthError::from_status(&status)))?

@@ -206,15 +206,16 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             .await
             .map_err(|error| store_error(error, &request.adapter_id, ""))?
             .adapter;
+        let limits = crate::session_service::limits_from_wire(request.limits)?;
         let live_since = plinth_kit::clock::now_ms() - 3 * NODE_HEARTBEAT_MS;
         let opened = self
             .store
-            .open_run(&adapter, run, live_since)
+            .open_run(&adapter, run, live_since, limits)
             .await
             .map_err(|error| match error {
                 StoreError::RunEnded => PlinthError::new(
                     ErrorCode::WorkspaceRunEnded,
-                    format!("run {run:?} was idle too long and its session ended; its workspace is gone, start a new run"),
+                    format!("run {run:?} ended (idle too long, or past its session's lifetime); its workspace is gone, start a new run"),
                 ),
                 StoreError::NotFound => PlinthError::new(
                     ErrorCode::EnvironmentNotFound,

@@ -5,7 +5,7 @@
 //! File bytes never come here (the source service and the blob store hold them), and neither
 //! do HTTP shapes (the gateway owns those). `persistence` owns every query; `model` holds the
 //! domain types and their rules; `service` (environments, builds) and `harnesses` are thin gRPC
-//! adapters; `run` starts it all.
+//! adapters; `sweep` ends sessions past their lifetime or idle limit; `run` starts it all.
 
 mod adapter_service;
 pub mod adapters;
@@ -17,6 +17,7 @@ pub mod persistence;
 mod service;
 mod session_service;
 pub mod sessions;
+pub mod sweep;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -100,6 +101,10 @@ pub async fn run(
         )
         .await;
     admin::spawn(admin, readiness, shutdown.clone());
+    plinth_kit::tasks::spawn(sweep::end_sessions_past_their_limits(
+        store.clone(),
+        shutdown.clone(),
+    ));
 
     let service = CatalogServiceServer::new(service::Catalog::new(store.clone(), options.leases))
         .max_decoding_message_size(4 * 1024 * 1024);

@@ -74,6 +74,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "where sessions see their working directory",
                 include_str!("../migrations/sqlite/0010_node_session_workdir.sql"),
             ),
+            (
+                11,
+                "session limits and when sessions end",
+                include_str!("../migrations/sqlite/0011_session_limits.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -125,6 +130,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 10,
                 "where sessions see their working directory",
                 include_str!("../migrations/postgres/0010_node_session_workdir.sql"),
+            ),
+            (
+                11,
+                "session limits and when sessions end",
+                include_str!("../migrations/postgres/0011_session_limits.sql"),
             ),
         ],
     }

@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status};
 
 use crate::model::{EnvironmentId, Scope};
 use crate::persistence::{NewSession, NewTask, Store, StoreError};
-use crate::sessions::{NodeId, Session, SessionId, Task, Turn, TurnKind};
+use crate::sessions::{NodeId, Session, SessionId, SessionLimits, Task, Turn, TurnKind};
 
 /// How often nodes heartbeat; a node silent for three periods gets no new sessions.
 pub const NODE_HEARTBEAT_MS: i64 = 2_000;
@@ -30,6 +30,7 @@ impl Sessions {
         harness_id: String,
         version: Option<u32>,
         owner: String,
+        limits: Option<pb::SessionLimits>,
     ) -> Result<NewSession, PlinthError> {
         if owner.len() > 1024 || owner.chars().any(char::is_control) {
             return Err(PlinthError::invalid(
@@ -52,7 +53,38 @@ impl Sessions {
             live_since_ms: now_ms() - 3 * NODE_HEARTBEAT_MS,
             // The gateway attaches a session it created before it answers.
             workdir_at_placement: true,
+            limits: limits_from_wire(limits)?,
         })
+    }
+}
+
+/// A session's limits as received: absent or 0 is no limit.
+pub(crate) fn limits_from_wire(
+    limits: Option<pb::SessionLimits>,
+) -> Result<SessionLimits, PlinthError> {
+    let limits = limits.unwrap_or_default();
+    SessionLimits::from_wire([
+        limits.memory_mb,
+        limits.pids,
+        limits.cpu_millicores,
+        limits.disk_mb,
+        limits.lifetime_s,
+        limits.idle_s,
+    ])
+    .map_err(|message| PlinthError::new(ErrorCode::InvalidRequest, message))
+}
+
+impl From<SessionLimits> for pb::SessionLimits {
+    fn from(limits: SessionLimits) -> Self {
+        let [memory_mb, pids, cpu_millicores, disk_mb, lifetime_s, idle_s] = limits.to_wire();
+        pb::SessionLimits {
+            memory_mb,
+            pids,
+            cpu_millicores,
+            disk_mb,
+            lifetime_s,
+            idle_s,
+        }
     }
 }
 
@@ -126,6 +158,7 @@ impl From<Session> for pb::Session {
             entry: session.entry,
             turns: session.turns,
             owner: session.owner,
+            limits: Some(session.limits.into()),
         }
     }
 }
@@ -222,6 +255,13 @@ impl pb::session_service_server::SessionService for Sessions {
                     StoreError::NotFound => missing("node", node.as_str()),
                     other => PlinthError::internal(&other),
                 })?;
+        // Read after the heartbeat arrived, so a session the node attached before sending it
+        // is listed unless it has ended.
+        let live = self
+            .store
+            .node_session_ids(&node)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
         Ok(Response::new(pb::NodeHeartbeatResponse {
             active: active
                 .into_iter()
@@ -230,6 +270,8 @@ impl pb::session_service_server::SessionService for Sessions {
                     version,
                 })
                 .collect(),
+            live_sessions: live.iter().map(|id| id.as_str().to_owned()).collect(),
+            sessions_listed: true,
         }))
     }
 
@@ -245,6 +287,7 @@ impl pb::session_service_server::SessionService for Sessions {
             request.harness_id,
             request.version,
             request.owner,
+            request.limits,
         )?;
         let session = self
             .store
@@ -385,6 +428,7 @@ impl pb::session_service_server::SessionService for Sessions {
             request.harness_id,
             None,
             String::new(),
+            request.limits,
         )?;
         let metadata = if request.metadata_json.is_empty() {
             "{}".to_owned()

@@ -49,6 +49,82 @@ impl SessionStatus {
     }
 }
 
+/// Largest value any limit may have: beyond anything a host has, and small enough that a
+/// lifetime or idle time in milliseconds added to a timestamp stays far inside an `i64`.
+pub const MAX_LIMIT_VALUE: u64 = 1 << 40;
+
+/// What a session may use; `None` is no limit. The gateway decides them (its configured
+/// defaults and maxima); the catalog stores them and acts on `lifetime_s` and `idle_s`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// Memory, in MiB.
+    pub memory_mb: Option<u64>,
+    /// Processes and threads at once.
+    pub pids: Option<u64>,
+    /// CPU, in thousandths of a core.
+    pub cpu_millicores: Option<u64>,
+    /// Disk used in the working directory, in MiB.
+    pub disk_mb: Option<u64>,
+    /// Seconds from creation after which the session is ended.
+    pub lifetime_s: Option<u64>,
+    /// Seconds without a turn after which the session is ended.
+    pub idle_s: Option<u64>,
+}
+
+impl SessionLimits {
+    /// Reads limits as sent (0 is no limit), refusing values past [`MAX_LIMIT_VALUE`].
+    pub fn from_wire(
+        [memory_mb, pids, cpu_millicores, disk_mb, lifetime_s, idle_s]: [u64; 6],
+    ) -> Result<Self, String> {
+        let value = |name: &str, value: u64| match value {
+            0 => Ok(None),
+            value if value <= MAX_LIMIT_VALUE => Ok(Some(value)),
+            value => Err(format!(
+                "limits.{name}: {value} is more than {MAX_LIMIT_VALUE}"
+            )),
+        };
+        Ok(SessionLimits {
+            memory_mb: value("memory_mb", memory_mb)?,
+            pids: value("pids", pids)?,
+            cpu_millicores: value("cpu_millicores", cpu_millicores)?,
+            disk_mb: value("disk_mb", disk_mb)?,
+            lifetime_s: value("lifetime_s", lifetime_s)?,
+            idle_s: value("idle_s", idle_s)?,
+        })
+    }
+
+    /// The limits as sent: 0 for none.
+    pub fn to_wire(self) -> [u64; 6] {
+        [
+            self.memory_mb,
+            self.pids,
+            self.cpu_millicores,
+            self.disk_mb,
+            self.lifetime_s,
+            self.idle_s,
+        ]
+        .map(|limit| limit.unwrap_or(0))
+    }
+
+    /// When a session created at `created_at_ms` whose last turn (or creation) was at
+    /// `active_at_ms` ends by these limits: the earlier of its lifetime's end and its idle
+    /// time's end; `None` when it has neither limit.
+    pub fn ends_at_ms(&self, created_at_ms: i64, active_at_ms: i64) -> Option<i64> {
+        let after = |from: i64, seconds: Option<u64>| {
+            seconds.map(|s| {
+                from.saturating_add(i64::try_from(s).unwrap_or(i64::MAX).saturating_mul(1000))
+            })
+        };
+        match (
+            after(created_at_ms, self.lifetime_s),
+            after(active_at_ms, self.idle_s),
+        ) {
+            (Some(lifetime), Some(idle)) => Some(lifetime.min(idle)),
+            (lifetime, idle) => lifetime.or(idle),
+        }
+    }
+}
+
 /// A session: where it runs and what it reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Session {
@@ -88,6 +164,8 @@ pub struct Session {
     pub ended_at_ms: i64,
     /// Who it was made for (a Brain binding's label); empty when a client asked for it.
     pub owner: String,
+    /// Its effective limits.
+    pub limits: SessionLimits,
 }
 
 /// What a turn did.
@@ -233,6 +311,39 @@ mod tests {
         assert!(SessionId::parse("sess_").is_none());
         assert!(SessionId::parse(&id.as_str().to_uppercase()).is_none());
         assert!(NodeId::parse(id.as_str()).is_none());
+    }
+
+    #[test]
+    fn a_session_ends_at_the_earlier_of_its_lifetime_and_its_idle_time() {
+        let limits = |lifetime_s, idle_s| SessionLimits {
+            lifetime_s,
+            idle_s,
+            ..SessionLimits::default()
+        };
+        assert_eq!(limits(None, None).ends_at_ms(1_000, 5_000), None);
+        assert_eq!(
+            limits(Some(10), None).ends_at_ms(1_000, 5_000),
+            Some(11_000)
+        );
+        assert_eq!(limits(None, Some(2)).ends_at_ms(1_000, 5_000), Some(7_000));
+        assert_eq!(
+            limits(Some(10), Some(2)).ends_at_ms(1_000, 5_000),
+            Some(7_000)
+        );
+        assert_eq!(
+            limits(Some(5), Some(2)).ends_at_ms(1_000, 5_000),
+            Some(6_000)
+        );
+    }
+
+    #[test]
+    fn limits_travel_as_zero_for_none_and_are_bounded() {
+        let limits = SessionLimits::from_wire([1024, 0, 500, 0, 60, 0]).expect("valid");
+        assert_eq!(limits.memory_mb, Some(1024));
+        assert_eq!(limits.pids, None);
+        assert_eq!(limits.to_wire(), [1024, 0, 500, 0, 60, 0]);
+        let refused = SessionLimits::from_wire([0, 0, 0, 0, MAX_LIMIT_VALUE + 1, 0]);
+        assert!(refused.expect_err("too large").contains("lifetime_s"));
     }
 
     #[test]

@@ -19,6 +19,10 @@ pub const ERROR_DOMAIN: &str = "plinth";
 pub enum ErrorCode {
     /// The request is malformed or breaks a rule; the message names what.
     EnvironmentInvalid,
+    /// A request's value is outside what the server allows of it (a session limit past its
+    /// maximum, zero, of the wrong type, or unknown); the message and `detail` name the value
+    /// and what is allowed.
+    InvalidRequest,
     /// The object does not exist, or belongs to another scope.
     EnvironmentNotFound,
     /// The slug (and so the mount path) is already taken in the scope.
@@ -67,8 +71,9 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::EnvironmentInvalid,
+        ErrorCode::InvalidRequest,
         ErrorCode::EnvironmentNotFound,
         ErrorCode::EnvironmentExists,
         ErrorCode::EnvironmentBusy,
@@ -96,6 +101,7 @@ impl ErrorCode {
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorCode::EnvironmentInvalid => "environment_invalid",
+            ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::EnvironmentNotFound => "environment_not_found",
             ErrorCode::EnvironmentExists => "environment_exists",
             ErrorCode::EnvironmentBusy => "environment_busy",
@@ -129,6 +135,7 @@ impl ErrorCode {
     pub fn http_status(self) -> u16 {
         match self {
             ErrorCode::EnvironmentInvalid
+            | ErrorCode::InvalidRequest
             | ErrorCode::WorkspacePathInvalid
             | ErrorCode::WorkspaceInvalidRequest
             | ErrorCode::WorkspaceContentsRequired => 400,
@@ -157,6 +164,7 @@ impl ErrorCode {
     pub fn grpc_code(self) -> tonic::Code {
         match self {
             ErrorCode::EnvironmentInvalid
+            | ErrorCode::InvalidRequest
             | ErrorCode::WorkspacePathInvalid
             | ErrorCode::WorkspaceInvalidRequest
             | ErrorCode::WorkspaceContentsRequired => tonic::Code::InvalidArgument,

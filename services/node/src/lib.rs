@@ -2,7 +2,10 @@
 //! into a local cache (`cache`), keeps the sessions placed on it and their private working
 //! directories (`sessions`, `workdir`), and runs each session's commands in a private mount
 //! namespace where the version is read-only at `/env/<slug>` (`isolation`). It registers with
-//! the catalog and heartbeats; the catalog decides which sessions exist and what they read.
+//! the catalog and heartbeats; the catalog decides which sessions exist and what they read,
+//! and each heartbeat's answer lists the node's live sessions, so a session the catalog ended
+//! without the node being told (past its lifetime or idle limit, or while a call to the node
+//! failed) is detached here within a heartbeat. A session's limits are kept in its record.
 //!
 //! What does not belong here: placing sessions or pinning versions (the catalog), HTTP shapes
 //! and turn records (the gateway and the catalog), building versions (the builder).
@@ -18,6 +21,7 @@ mod workspace_service;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -64,8 +68,10 @@ pub struct NodeOptions {
     pub internal_token: Option<Secret>,
     /// Where callers in this process reach the node directly, when they run beside it.
     pub local: Option<plinth_kit::grpc::LocalSlot>,
-    /// Each session's working directory limited to this many MiB (isolated nodes only).
-    pub disk_mb: Option<u64>,
+    /// The default disk limit sessions get, in MiB: when set, a node that cannot limit
+    /// working directories refuses to start; when not, it starts and refuses only the
+    /// sessions that ask for one. Spare session directories are made with an image of it.
+    pub disk_required: Option<u64>,
 }
 
 /// Why the node stopped.
@@ -130,20 +136,26 @@ pub async fn run(
     };
     let cache = Arc::new(cache);
     let sessions_dir = options.state_dir.join("sessions");
-    let disk = match options.disk_mb {
-        Some(size_mb) if options.isolation.enabled => {
-            let dir = sessions_dir.clone();
-            let limits = tokio::task::spawn_blocking(move || plinth_sandbox::disk::DiskLimits::check(&dir))
+    let disk = if options.isolation.enabled {
+        let dir = sessions_dir.clone();
+        let checked =
+            tokio::task::spawn_blocking(move || plinth_sandbox::disk::DiskLimits::check(&dir))
                 .await
-                .map_err(|error| NodeError::NotPermitted(error.to_string()))?
-                .map_err(|error| {
-                    NodeError::NotPermitted(format!(
-                        "node.session_disk_mb is set, and this node cannot limit working directories: {error}"
-                    ))
-                })?;
-            Some((Arc::new(limits), size_mb))
+                .map_err(|error| NodeError::NotPermitted(error.to_string()))?;
+        match (checked, options.disk_required) {
+            (Ok(limits), default) => Some((Arc::new(limits), default)),
+            (Err(error), Some(_)) => {
+                return Err(NodeError::NotPermitted(format!(
+                    "sessions.disk_mb gives every session a disk limit, and this node cannot limit working directories: {error}"
+                )));
+            }
+            (Err(error), None) => {
+                tracing::warn!(%error, "this node cannot limit working directories; sessions that ask for disk_mb are refused");
+                None
+            }
         }
-        _ => None,
+    } else {
+        None
     };
     let sessions = Arc::new(SessionTable::load_limited(
         &sessions_dir,
@@ -276,7 +288,7 @@ async fn keep_spares(sessions: Arc<SessionTable>, shutdown: CancellationToken) {
 
 /// Registers (again after a restart, or when the catalog forgot the node), reconciles the
 /// sessions on disk with the catalog's, then heartbeats, learning which cached versions are
-/// active.
+/// active and which of its sessions are live: those that are not are detached.
 async fn keep_registered(
     options: NodeOptions,
     mut catalog: Catalog,
@@ -286,6 +298,9 @@ async fn keep_registered(
     shutdown: CancellationToken,
 ) {
     let mut registered: Option<(String, Duration)> = None;
+    // Set while sessions a heartbeat found ended are being detached, so a slow removal is not
+    // started again by the next heartbeat.
+    let detaching = Arc::new(AtomicBool::new(false));
     loop {
         let pause = match registered.clone() {
             None => match catalog
@@ -332,13 +347,15 @@ async fn keep_registered(
                         version,
                     })
                     .collect();
+                // The sessions held before asking: only these may be found ended by the answer.
+                let known = sessions.ids();
                 match catalog
                     .node_heartbeat(catalog_pb::NodeHeartbeatRequest { node_id, cached })
                     .await
                 {
                     Ok(answer) => {
+                        let answer = answer.into_inner();
                         let now_active = answer
-                            .into_inner()
                             .active
                             .into_iter()
                             .map(|v| (v.environment_id, v.version))
@@ -346,6 +363,10 @@ async fn keep_registered(
                         *active
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner) = now_active;
+                        if answer.sessions_listed {
+                            let live: HashSet<String> = answer.live_sessions.into_iter().collect();
+                            detach_ended(&sessions, known, live, &detaching);
+                        }
                     }
                     Err(status) if status.code() == tonic::Code::NotFound => registered = None,
                     Err(status) => {
@@ -360,6 +381,32 @@ async fn keep_registered(
             () = tokio::time::sleep(pause) => {}
         }
     }
+}
+
+/// Detaches, in the background, the sessions of `known` the catalog no longer lists as live:
+/// ended by their lifetime or idle limit, or by a caller whose call to this node failed. Their
+/// processes are killed and their working directories removed. Does nothing while an earlier
+/// round is still at it; the next heartbeat finds what is left.
+fn detach_ended(
+    sessions: &Arc<SessionTable>,
+    known: Vec<String>,
+    live: HashSet<String>,
+    detaching: &Arc<AtomicBool>,
+) {
+    if known.iter().all(|id| live.contains(id)) || detaching.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let (sessions, detaching) = (sessions.clone(), detaching.clone());
+    plinth_kit::tasks::spawn(async move {
+        let removed = sessions.retain_of(known, &live).await;
+        if removed > 0 {
+            tracing::info!(
+                removed,
+                "detached sessions the catalog ended (lifetime, idle, or a missed end)"
+            );
+        }
+        detaching.store(false, Ordering::Release);
+    });
 }
 
 /// After a restart: sessions the catalog ended while the node was away are removed.

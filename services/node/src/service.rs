@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 
 use crate::cache::{CacheError, Materialized, VersionCache};
 use crate::isolation::{self, ENV_ROOT, Isolation, Launch, Namespaces};
-use crate::sessions::{LocalSession, SessionError, SessionRecord, SessionTable};
+use crate::sessions::{LocalSession, SessionError, SessionLimits, SessionRecord, SessionTable};
 use crate::workdir::{self, WorkdirError};
 
 /// Limits of the node's calls.
@@ -56,7 +56,9 @@ fn cache_error(error: CacheError) -> PlinthError {
 fn session_error(error: SessionError) -> PlinthError {
     match error {
         SessionError::InvalidId(_) => PlinthError::invalid(error.to_string()),
-        SessionError::Full => PlinthError::new(ErrorCode::Unavailable, error.to_string()),
+        SessionError::Full | SessionError::NoDiskLimits => {
+            PlinthError::new(ErrorCode::Unavailable, error.to_string())
+        }
         other => PlinthError::internal(&other),
     }
 }
@@ -94,13 +96,25 @@ fn isolate(
     let plan = isolation
         .namespace_plan(&version.path, &version.lower, &record.slug, workdir)
         .map_err(|error| PlinthError::invalid(error.to_string()))?;
+    // The session's own limits; the node's defaults for a record that has none.
+    let given = &record.limits;
+    let limits =
+        if given.memory_mb.is_none() && given.pids.is_none() && given.cpu_millicores.is_none() {
+            isolation.limits
+        } else {
+            plinth_sandbox::cgroup::Limits {
+                memory_bytes: given.memory_mb.map(|mb| mb.saturating_mul(1024 * 1024)),
+                pids: given.pids,
+                cpu_millicores: given.cpu_millicores,
+            }
+        };
     let cgroup = match &isolation.cgroups {
         Some(cgroups) => {
-            let made = match cgroups.create(&record.session_id, &isolation.limits) {
+            let made = match cgroups.create(&record.session_id, &limits) {
                 Err(plinth_sandbox::cgroup::CgroupError::Exists { .. }) => {
                     // Left by a node that died: nothing of it runs any more.
                     let _ = cgroups.destroy(&record.session_id);
-                    cgroups.create(&record.session_id, &isolation.limits)
+                    cgroups.create(&record.session_id, &limits)
                 }
                 other => other,
             };
@@ -163,6 +177,19 @@ fn start_proxy(
     });
     sandbox.proxy = Some(address);
     Ok(())
+}
+
+/// Limits as sent (0 is no limit) as the record keeps them.
+fn limits_from_wire(limits: pb::Limits) -> SessionLimits {
+    let limit = |value: u64| (value > 0).then_some(value);
+    SessionLimits {
+        memory_mb: limit(limits.memory_mb),
+        pids: limit(limits.pids),
+        cpu_millicores: limit(limits.cpu_millicores),
+        disk_mb: limit(limits.disk_mb),
+        lifetime_s: limit(limits.lifetime_s),
+        idle_s: limit(limits.idle_s),
+    }
 }
 
 /// A session this node does not hold (never attached here, ended, or its directory lost).
@@ -279,6 +306,7 @@ impl pb::node_service_server::NodeService for Node {
             slug: spec.slug,
             layer_tree: spec.layer_tree,
             uid: 0,
+            limits: spec.limits.map(limits_from_wire).unwrap_or_default(),
         };
         if !isolation::valid_slug(&record.slug) {
             return Err(PlinthError::invalid(format!("invalid slug {:?}", record.slug)).into());

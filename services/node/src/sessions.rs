@@ -36,6 +36,30 @@ pub struct SessionRecord {
     pub layer_tree: String,
     /// The uid (and gid) its commands run as.
     pub uid: u32,
+    /// What it may use, as the catalog stored it. Records written before limits existed
+    /// have none.
+    #[serde(default)]
+    pub limits: SessionLimits,
+}
+
+/// A session's limits, as its record keeps them; `None` is no limit. The node records them
+/// when the session attaches; the catalog ends sessions past `lifetime_s` or `idle_s`, and the
+/// node detaches them when its heartbeat no longer lists them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SessionLimits {
+    /// Memory, in MiB.
+    pub memory_mb: Option<u64>,
+    /// Processes and threads at once.
+    pub pids: Option<u64>,
+    /// CPU, in thousandths of a core.
+    pub cpu_millicores: Option<u64>,
+    /// Disk used in the working directory, in MiB.
+    pub disk_mb: Option<u64>,
+    /// Seconds from creation after which the session ends.
+    pub lifetime_s: Option<u64>,
+    /// Seconds without a turn after which the session ends.
+    pub idle_s: Option<u64>,
 }
 
 /// A session on this node.
@@ -64,6 +88,11 @@ pub enum SessionError {
     /// The id is not a session id.
     #[error("invalid session id {0:?}")]
     InvalidId(String),
+    /// The session asks for a disk limit, and this node cannot make one.
+    #[error(
+        "the session asks for disk_mb, and this node cannot limit working directories (see its log at start)"
+    )]
+    NoDiskLimits,
     /// Local disk.
     #[error("{what}: {source}")]
     Io {
@@ -104,8 +133,9 @@ pub struct SessionTable {
     spare_taken: tokio::sync::Notify,
     /// Numbers spares' names within this process's run.
     spare_names: std::sync::atomic::AtomicU64,
-    /// Each session's working directory limited to this many MiB, when set.
-    disk: Option<(Arc<plinth_sandbox::disk::DiskLimits>, u64)>,
+    /// How working directories are limited (when the node can), and the default size
+    /// spares are made with.
+    disk: Option<(Arc<plinth_sandbox::disk::DiskLimits>, Option<u64>)>,
 }
 
 const RECORD: &str = "session.json";
@@ -130,13 +160,14 @@ impl SessionTable {
         Self::load_limited(dir, base_uid, None)
     }
 
-    /// Loads the sessions on disk under `dir`, each working directory limited by `disk` to
-    /// the MiB given: what a killed node left of images is removed first, and the limited
-    /// working directories of the sessions kept are mounted again.
+    /// Loads the sessions on disk under `dir`, working directories limited by `disk` where
+    /// their limits say (spares made for the default size given): what a killed node left of
+    /// images is removed first, and the limited working directories of the sessions kept are
+    /// mounted again.
     pub fn load_limited(
         dir: &Path,
         base_uid: u32,
-        disk: Option<(Arc<plinth_sandbox::disk::DiskLimits>, u64)>,
+        disk: Option<(Arc<plinth_sandbox::disk::DiskLimits>, Option<u64>)>,
     ) -> Result<Self, SessionError> {
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         if let Some((limits, _)) = &disk {
@@ -219,11 +250,11 @@ impl SessionTable {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let dir = self.dir.join(format!(".spare-{unique}-{number}"));
             let made = make_session_dir(&dir).and_then(|()| match &self.disk {
-                // The image formatted ahead too: an attach only mounts it.
-                Some((limits, size_mb)) => limits.prepare(&dir, *size_mb).map_err(|error| {
+                // The image of the default size formatted ahead too: an attach only mounts it.
+                Some((limits, Some(size_mb))) => limits.prepare(&dir, *size_mb).map_err(|error| {
                     io("formatting a spare disk image")(std::io::Error::other(error.to_string()))
                 }),
-                None => Ok(()),
+                _ => Ok(()),
             });
             if let Err(error) = made {
                 remove_tree(&dir);
@@ -323,15 +354,17 @@ impl SessionTable {
                 std::os::unix::fs::chown(&workdir, Some(record.uid), Some(record.uid))
                     .map_err(io("giving the working directory to the session's uid"))?;
             }
-            if let Some((disk, size_mb)) = &self.disk {
-                limited = Some(
-                    disk.create(&dir, *size_mb, record.uid, record.uid)
-                        .map_err(|error| {
-                            io("limiting the working directory's disk")(std::io::Error::other(
-                                error.to_string(),
-                            ))
-                        })?,
-                );
+            if let Some(size_mb) = record.limits.disk_mb {
+                let Some((disk, _)) = &self.disk else {
+                    return Err(SessionError::NoDiskLimits);
+                };
+                limited = Some(disk.create(&dir, size_mb, record.uid, record.uid).map_err(
+                    |error| {
+                        io("limiting the working directory's disk")(std::io::Error::other(
+                            error.to_string(),
+                        ))
+                    },
+                )?);
             }
             // The record last, atomically: a directory without one is a half-made attach.
             let json = serde_json::to_vec_pretty(&record)
@@ -392,11 +425,14 @@ impl SessionTable {
 
     /// Ends every session not in `live` (the catalog's list after a restart); answers how many.
     pub async fn retain(&self, live: &HashSet<String>) -> usize {
-        let stale: Vec<String> = self
-            .ids()
-            .into_iter()
-            .filter(|id| !live.contains(id))
-            .collect();
+        self.retain_of(self.ids(), live).await
+    }
+
+    /// Ends every session of `known` (ids this node held before it asked the catalog) that is
+    /// not in `live` (the catalog's answer); answers how many. A session attached after the
+    /// question was sent is not in `known`, so an answer older than it cannot end it.
+    pub async fn retain_of(&self, known: Vec<String>, live: &HashSet<String>) -> usize {
+        let stale: Vec<String> = known.into_iter().filter(|id| !live.contains(id)).collect();
         for id in &stale {
             self.detach(id).await;
         }
@@ -416,6 +452,7 @@ mod tests {
             slug: "demo".to_owned(),
             layer_tree: "sha256:00".to_owned(),
             uid: 0,
+            limits: SessionLimits::default(),
         }
     }
 
@@ -497,5 +534,56 @@ mod tests {
         )
         .expect("test setup");
         assert_eq!(stored, session.record);
+    }
+
+    #[tokio::test]
+    async fn limits_are_recorded_and_a_record_without_them_still_loads() {
+        let root = tempfile::tempdir().expect("test setup");
+        let dir = root.path().join("sessions");
+        let table = SessionTable::load(&dir, 50_000).expect("test setup");
+        let limited = "sess_00000000000000000000000000000001";
+        let limits = SessionLimits {
+            memory_mb: Some(1024),
+            pids: Some(512),
+            cpu_millicores: Some(500),
+            disk_mb: None,
+            lifetime_s: Some(60),
+            idle_s: Some(30),
+        };
+        table
+            .attach(
+                SessionRecord {
+                    limits,
+                    ..record(limited)
+                },
+                false,
+            )
+            .expect("test setup");
+        // A record of a node from before limits: no `limits` key.
+        let old = "sess_00000000000000000000000000000002";
+        std::fs::create_dir_all(dir.join(old).join("work")).expect("test setup");
+        let mut json = serde_json::to_value(record(old)).expect("test setup");
+        json.as_object_mut().expect("object").remove("limits");
+        std::fs::write(dir.join(old).join("session.json"), json.to_string()).expect("test setup");
+        drop(table);
+
+        let reloaded = SessionTable::load(&dir, 50_000).expect("test setup");
+        assert_eq!(reloaded.get(limited).expect("kept").record.limits, limits);
+        assert_eq!(
+            reloaded
+                .get(old)
+                .expect("an old record loads")
+                .record
+                .limits,
+            SessionLimits::default()
+        );
+
+        // Only sessions known before the catalog was asked are ended for missing from its
+        // answer.
+        let live: HashSet<String> = HashSet::new();
+        assert_eq!(reloaded.retain_of(vec![old.to_owned()], &live).await, 1);
+        assert!(reloaded.get(old).is_none());
+        assert!(reloaded.get(limited).is_some());
+        assert!(!dir.join(old).exists());
     }
 }

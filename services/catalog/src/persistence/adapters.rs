@@ -189,12 +189,14 @@ pub enum Claimed {
 impl Store {
     /// The session of an adapter's run: the run's first call makes it (pinning the
     /// environment's active version, placed like any session), later calls find it and mark
-    /// the run used. `StoreError::RunEnded` once its session ended.
+    /// the run used. `StoreError::RunEnded` once its session ended. `limits` are the new
+    /// session's, when this call makes it.
     pub async fn open_run(
         &self,
         adapter: &Adapter,
         run_id: &str,
         live_since_ms: i64,
+        limits: crate::sessions::SessionLimits,
     ) -> Result<OpenedRun, StoreError> {
         let now = now_ms();
         if let Some(found) = self.touch_run(adapter, run_id, now).await? {
@@ -213,6 +215,7 @@ impl Store {
                 // Whichever call of the run comes first attaches it: the empty working
                 // directory is how the others know it has not been yet.
                 workdir_at_placement: false,
+                limits,
             },
         )
         .await?;

@@ -4,6 +4,12 @@
 //! sequence is the session row's counter, incremented under the row's lock, so concurrent
 //! turns of one session are numbered without gaps or duplicates. A task row and its session
 //! are inserted together: a task is never left without its session.
+//!
+//! A session's limits are stored with it when it is placed, in the placing statement itself.
+//! `ends_at_ms` is when its lifetime or idle limit ends it, whichever comes first: set at
+//! placement, moved by each turn (in the turn's own update of the row), and read by the sweep
+//! that ends sessions past it with one conditional UPDATE. A session past it takes no turn even
+//! before the sweep reaches it.
 
 use plinth_kit::database::now_ms;
 use sqlx::Row;
@@ -12,13 +18,20 @@ use sqlx::any::AnyRow;
 use super::{Store, StoreError};
 use crate::model::{EnvironmentId, Scope};
 use crate::sessions::{
-    MAX_TURN_DETAIL_BYTES, Node, NodeId, Session, SessionId, SessionStatus, Task, TaskId, Turn,
-    TurnKind, cut,
+    MAX_TURN_DETAIL_BYTES, Node, NodeId, Session, SessionId, SessionLimits, SessionStatus, Task,
+    TaskId, Turn, TurnKind, cut,
 };
 
 const SESSION_COLUMNS: &str = "s.id, s.scope, s.environment_id, s.environment_name, s.entry, \
      s.version, s.slug, s.layer_tree, s.node_id, n.address AS node_address, s.harness_id, \
-     s.workdir, s.isolated, s.status, s.turns, s.created_at_ms, s.ended_at_ms, s.owner";
+     s.workdir, s.isolated, s.status, s.turns, s.created_at_ms, s.ended_at_ms, s.owner, \
+     s.limit_memory_mb, s.limit_pids, s.limit_cpu_millicores, s.limit_disk_mb, \
+     s.limit_lifetime_s, s.limit_idle_s";
+
+/// A limit as stored: NULL for none.
+fn stored(limit: Option<u64>) -> Option<i64> {
+    limit.map(|value| i64::try_from(value).unwrap_or(i64::MAX))
+}
 
 /// What a new session reads and where it runs.
 #[derive(Debug, Clone)]
@@ -40,6 +53,8 @@ pub struct NewSession {
     /// the working directory stays empty until `mark_attached`, which is how a caller that
     /// finds the session later knows it still has to be attached.
     pub workdir_at_placement: bool,
+    /// Its effective limits, stored with it.
+    pub limits: SessionLimits,
 }
 
 /// A new task.
@@ -139,19 +154,23 @@ impl Store {
     }
 
     /// Places a session in one statement: the version asked for (or the active one) if it is
-    /// a ready build with a layer, on the live node with the fewest active sessions. `None`
-    /// when any of that is missing.
+    /// a ready build with a layer, on the live node with the fewest active sessions, with its
+    /// limits. `None` when any of that is missing.
     async fn place_session(&self, new: &NewSession) -> Result<Option<Session>, StoreError> {
         let id = SessionId::generate();
         let created_at_ms = now_ms();
+        let limits = &new.limits;
         let row = sqlx::query(
             "INSERT INTO sessions (id, scope, environment_id, environment_name, entry, version, \
-             slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms, owner, workdir) \
+             slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms, owner, workdir, \
+             limit_memory_mb, limit_pids, limit_cpu_millicores, limit_disk_mb, limit_lifetime_s, \
+             limit_idle_s, ends_at_ms) \
              SELECT $1, e.scope, e.id, e.name, e.entry, b.version, e.slug, b.layer_tree, n.id, $5, \
              n.isolated, 'active', $6, $7, \
              CASE WHEN $8 = 0 THEN '' WHEN n.session_workdir <> '' THEN n.session_workdir \
              WHEN n.sessions_dir = '' THEN '' \
-             ELSE rtrim(n.sessions_dir, '/') || '/' || $1 || '/work' END \
+             ELSE rtrim(n.sessions_dir, '/') || '/' || $1 || '/work' END, \
+             $10, $11, $12, $13, $14, $15, $16 \
              FROM environments e \
              JOIN builds b ON b.environment_id = e.id \
              AND b.version = COALESCE($4, e.active_version) \
@@ -162,7 +181,9 @@ impl Store {
              WHERE e.id = $2 AND e.scope = $3 \
              RETURNING id, scope, environment_id, environment_name, entry, version, slug, \
              layer_tree, node_id, harness_id, workdir, isolated, status, turns, created_at_ms, \
-             ended_at_ms, owner, (SELECT address FROM nodes WHERE id = node_id) AS node_address",
+             ended_at_ms, owner, limit_memory_mb, limit_pids, limit_cpu_millicores, \
+             limit_disk_mb, limit_lifetime_s, limit_idle_s, \
+             (SELECT address FROM nodes WHERE id = node_id) AS node_address",
         )
         .bind(id.as_str())
         .bind(new.environment_id.as_str())
@@ -173,6 +194,13 @@ impl Store {
         .bind(&new.owner)
         .bind(i64::from(new.workdir_at_placement))
         .bind(new.live_since_ms)
+        .bind(stored(limits.memory_mb))
+        .bind(stored(limits.pids))
+        .bind(stored(limits.cpu_millicores))
+        .bind(stored(limits.disk_mb))
+        .bind(stored(limits.lifetime_s))
+        .bind(stored(limits.idle_s))
+        .bind(limits.ends_at_ms(created_at_ms, created_at_ms))
         .fetch_optional(&self.db.writer)
         .await?;
         row.as_ref().map(session_from_row).transpose()
@@ -270,13 +298,23 @@ impl Store {
         detail: &str,
         exit_code: Option<i32>,
     ) -> Result<Turn, StoreError> {
+        let now = now_ms();
         let mut tx = self.db.writer.begin().await?;
+        // A turn moves the session's idle end to `now + idle`, unless its lifetime ends it
+        // sooner; a session past its end takes no turn, whether or not the sweep ended it yet.
         let row = sqlx::query(
-            "UPDATE sessions SET turns = turns + 1 \
-             WHERE id = $1 AND scope = $2 AND status = 'active' RETURNING turns, version",
+            "UPDATE sessions SET turns = turns + 1, ends_at_ms = CASE \
+             WHEN limit_idle_s IS NULL THEN ends_at_ms \
+             WHEN limit_lifetime_s IS NOT NULL \
+             AND created_at_ms + limit_lifetime_s * 1000 < $3 + limit_idle_s * 1000 \
+             THEN created_at_ms + limit_lifetime_s * 1000 \
+             ELSE $3 + limit_idle_s * 1000 END \
+             WHERE id = $1 AND scope = $2 AND status = 'active' \
+             AND (ends_at_ms IS NULL OR ends_at_ms > $3) RETURNING turns, version",
         )
         .bind(id.as_str())
         .bind(scope.as_str())
+        .bind(now)
         .fetch_optional(&mut *tx)
         .await?
         .ok_or(StoreError::NotFound)?;
@@ -288,7 +326,7 @@ impl Store {
             kind,
             detail: cut(detail, MAX_TURN_DETAIL_BYTES),
             version: u32::try_from(version).unwrap_or(0),
-            at_ms: now_ms(),
+            at_ms: now,
             exit_code,
         };
         sqlx::query(
@@ -389,6 +427,51 @@ impl Store {
         rows.iter().map(session_from_row).collect()
     }
 
+    /// The ids of the live sessions placed on a node: what a node's heartbeat is answered, so
+    /// it detaches the sessions that ended without it being told.
+    pub async fn node_session_ids(&self, node: &NodeId) -> Result<Vec<SessionId>, StoreError> {
+        let rows = sqlx::query("SELECT id FROM sessions WHERE node_id = $1 AND status = 'active'")
+            .bind(node.as_str())
+            .fetch_all(&self.db.reader)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let id: String = row.try_get("id")?;
+                SessionId::parse(&id)
+                    .ok_or_else(|| StoreError::Corrupt(format!("session id {id:?}")))
+            })
+            .collect()
+    }
+
+    /// Ends at most `batch` active sessions whose lifetime or idle limit has passed at `now_ms`,
+    /// as [`Store::end_session`] ends a session, and answers their ids. One statement that
+    /// ends only what is still active and still past its end, so replicas sweeping at once
+    /// each end a session at most once between them, and a turn that moved a session's end
+    /// meanwhile keeps it.
+    pub async fn end_sessions_past_their_limits(
+        &self,
+        now_ms: i64,
+        batch: u32,
+    ) -> Result<Vec<SessionId>, StoreError> {
+        let rows = sqlx::query(
+            "UPDATE sessions SET status = 'ended', ended_at_ms = $1 \
+             WHERE id IN (SELECT id FROM sessions WHERE status = 'active' AND ends_at_ms <= $1 \
+             ORDER BY ends_at_ms LIMIT $2) \
+             AND status = 'active' AND ends_at_ms <= $1 RETURNING id",
+        )
+        .bind(now_ms)
+        .bind(i64::from(batch))
+        .fetch_all(&self.db.writer)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let id: String = row.try_get("id")?;
+                SessionId::parse(&id)
+                    .ok_or_else(|| StoreError::Corrupt(format!("session id {id:?}")))
+            })
+            .collect()
+    }
+
     /// The live sessions of the scope made for `owner`, oldest first.
     pub async fn owned_sessions(
         &self,
@@ -459,6 +542,7 @@ pub(super) async fn insert_session(
             id.as_str()
         )
     };
+    let created_at_ms = now_ms();
     let session = Session {
         id,
         scope: new.scope.clone(),
@@ -476,14 +560,19 @@ pub(super) async fn insert_session(
         isolated: node.isolated,
         status: SessionStatus::Active,
         turns: 0,
-        created_at_ms: now_ms(),
+        created_at_ms,
         ended_at_ms: 0,
         owner: new.owner.clone(),
+        limits: new.limits,
     };
+    let limits = &new.limits;
     sqlx::query(
         "INSERT INTO sessions (id, scope, environment_id, environment_name, entry, version, \
-         slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms, owner, workdir) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'active', $12, $13, $14)",
+         slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms, owner, workdir, \
+         limit_memory_mb, limit_pids, limit_cpu_millicores, limit_disk_mb, limit_lifetime_s, \
+         limit_idle_s, ends_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'active', $12, $13, $14, \
+         $15, $16, $17, $18, $19, $20, $21)",
     )
     .bind(session.id.as_str())
     .bind(session.scope.as_str())
@@ -499,6 +588,13 @@ pub(super) async fn insert_session(
     .bind(session.created_at_ms)
     .bind(&session.owner)
     .bind(&session.workdir)
+    .bind(stored(limits.memory_mb))
+    .bind(stored(limits.pids))
+    .bind(stored(limits.cpu_millicores))
+    .bind(stored(limits.disk_mb))
+    .bind(stored(limits.lifetime_s))
+    .bind(stored(limits.idle_s))
+    .bind(limits.ends_at_ms(created_at_ms, created_at_ms))
     .execute(&mut **tx)
     .await?;
     Ok(session)
@@ -538,6 +634,20 @@ fn session_from_row(row: &AnyRow) -> Result<Session, StoreError> {
     let version: i64 = row.try_get("version")?;
     let isolated: i64 = row.try_get("isolated")?;
     let turns: i64 = row.try_get("turns")?;
+    let limit = |column: &str| -> Result<Option<u64>, StoreError> {
+        let value: Option<i64> = row.try_get(column)?;
+        value
+            .map(|value| u64::try_from(value).map_err(|_| corrupt(column)))
+            .transpose()
+    };
+    let limits = SessionLimits {
+        memory_mb: limit("limit_memory_mb")?,
+        pids: limit("limit_pids")?,
+        cpu_millicores: limit("limit_cpu_millicores")?,
+        disk_mb: limit("limit_disk_mb")?,
+        lifetime_s: limit("limit_lifetime_s")?,
+        idle_s: limit("limit_idle_s")?,
+    };
     Ok(Session {
         id: SessionId::parse(&id).ok_or_else(|| corrupt("id"))?,
         scope: Scope::parse(&scope).map_err(|_| corrupt("scope"))?,
@@ -557,5 +667,6 @@ fn session_from_row(row: &AnyRow) -> Result<Session, StoreError> {
         created_at_ms: row.try_get("created_at_ms")?,
         ended_at_ms: row.try_get("ended_at_ms")?,
         owner: row.try_get("owner")?,
+        limits,
     })
 }

@@ -445,6 +445,7 @@ async fn a_session_can_pin_a_ready_version_and_is_found_by_its_owner(store: Stor
         owner: owner.to_owned(),
         live_since_ms: 0,
         workdir_at_placement: true,
+        limits: Default::default(),
     };
 
     let active = store

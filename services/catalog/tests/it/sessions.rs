@@ -2,7 +2,7 @@
 //! SQLite and against PostgreSQL (`PLINTH_TEST_POSTGRES_URL`; required under CI).
 
 use plinth_catalog::model::{EnvironmentId, NewEnvironment, Outcome, Package, Scope};
-use plinth_catalog::sessions::{SessionStatus, TurnKind};
+use plinth_catalog::sessions::{SessionLimits, SessionStatus, TurnKind};
 use plinth_catalog::{LeasePolicy, NewSession, NewTask, Store, StoreError};
 
 backend_suite!(
@@ -11,6 +11,9 @@ backend_suite!(
     turns_are_numbered_in_order_even_when_they_race,
     a_task_and_its_session_land_together,
     a_restarted_node_keeps_its_id_and_its_sessions,
+    limits_are_stored_with_the_session_and_its_task,
+    the_sweep_ends_sessions_past_their_lifetime_and_no_others,
+    idle_time_counts_from_the_last_turn,
 );
 
 const LEASES: LeasePolicy = LeasePolicy {
@@ -71,6 +74,29 @@ fn new_session(id: &EnvironmentId) -> NewSession {
         owner: String::new(),
         live_since_ms: 0,
         workdir_at_placement: true,
+        limits: SessionLimits::default(),
+    }
+}
+
+/// A session on a built environment of a registered node, with `limits`.
+async fn limited_session(
+    store: &Store,
+    id: &EnvironmentId,
+    limits: SessionLimits,
+) -> plinth_catalog::sessions::Session {
+    store
+        .create_session(NewSession {
+            limits,
+            ..new_session(id)
+        })
+        .await
+        .expect("session")
+}
+
+fn lifetime(seconds: u64) -> SessionLimits {
+    SessionLimits {
+        lifetime_s: Some(seconds),
+        ..SessionLimits::default()
     }
 }
 
@@ -387,4 +413,216 @@ async fn a_restarted_node_keeps_its_id_and_its_sessions(store: Store) {
         .await
         .expect("heartbeat");
     assert_eq!(active, vec![(id, 1)]);
+}
+
+async fn limits_are_stored_with_the_session_and_its_task(store: Store) {
+    let node = store
+        .register_node("host-a", "http://a", true, "", "")
+        .await
+        .expect("register");
+    let id = environment(&store, "Studio").await;
+    build(&store, &id, "sha256:one").await;
+    let limits = SessionLimits {
+        memory_mb: Some(2048),
+        pids: Some(256),
+        cpu_millicores: Some(500),
+        disk_mb: None,
+        lifetime_s: Some(86_400),
+        idle_s: Some(3_600),
+    };
+    // Placed by the one-statement path, and read back by every way a session is found.
+    let session = limited_session(&store, &id, limits).await;
+    assert_eq!(session.limits, limits);
+    let found = store
+        .get_session(&scope("acme"), &session.id)
+        .await
+        .expect("get");
+    assert_eq!(found.limits, limits);
+    let listed = store.node_sessions(&node).await.expect("node sessions");
+    assert_eq!(listed[0].limits, limits);
+    assert_eq!(
+        store.node_session_ids(&node).await.expect("ids"),
+        vec![session.id.clone()]
+    );
+    // The transaction path: a task's session.
+    let task = store
+        .create_task(NewTask {
+            input: "go".into(),
+            metadata: "{}".into(),
+            session: NewSession {
+                limits: lifetime(60),
+                ..new_session(&id)
+            },
+        })
+        .await
+        .expect("task");
+    assert_eq!(task.session.limits, lifetime(60));
+    let found = store
+        .get_session(&scope("acme"), &task.session.id)
+        .await
+        .expect("get");
+    assert_eq!(found.limits, lifetime(60));
+    // None at all.
+    let unlimited = limited_session(&store, &id, SessionLimits::default()).await;
+    let found = store
+        .get_session(&scope("acme"), &unlimited.id)
+        .await
+        .expect("get");
+    assert_eq!(found.limits, SessionLimits::default());
+}
+
+async fn the_sweep_ends_sessions_past_their_lifetime_and_no_others(store: Store) {
+    let node = store
+        .register_node("host-a", "http://a", true, "", "")
+        .await
+        .expect("register");
+    let id = environment(&store, "Studio").await;
+    build(&store, &id, "sha256:one").await;
+    let short = limited_session(&store, &id, lifetime(60)).await;
+    let long = limited_session(&store, &id, lifetime(3_600)).await;
+    let unlimited = limited_session(&store, &id, SessionLimits::default()).await;
+    let idle_only = limited_session(
+        &store,
+        &id,
+        SessionLimits {
+            idle_s: Some(600),
+            ..SessionLimits::default()
+        },
+    )
+    .await;
+
+    // Nothing is past its end yet.
+    let now = plinth_kit::clock::now_ms();
+    assert!(
+        store
+            .end_sessions_past_their_limits(now, 100)
+            .await
+            .expect("sweep")
+            .is_empty()
+    );
+
+    // Two minutes on, only the one-minute session is past its lifetime; it ends as
+    // EndSession ends a session, and only once however often the sweep runs.
+    let later = short.created_at_ms + 120_000;
+    let ended = store
+        .end_sessions_past_their_limits(later, 100)
+        .await
+        .expect("sweep");
+    assert_eq!(ended, vec![short.id.clone()]);
+    assert!(
+        store
+            .end_sessions_past_their_limits(later, 100)
+            .await
+            .expect("sweep again")
+            .is_empty()
+    );
+    let gone = store
+        .get_session(&scope("acme"), &short.id)
+        .await
+        .expect("get");
+    assert_eq!(gone.status, SessionStatus::Ended);
+    assert_eq!(gone.ended_at_ms, later);
+    assert!(matches!(
+        store
+            .record_turn(&scope("acme"), &short.id, TurnKind::Exec, "true", None)
+            .await,
+        Err(StoreError::NotFound)
+    ));
+    for kept in [&long, &unlimited, &idle_only] {
+        let kept = store
+            .get_session(&scope("acme"), &kept.id)
+            .await
+            .expect("get");
+        assert_eq!(kept.status, SessionStatus::Active, "{:?}", kept.limits);
+    }
+    let mut live = store.node_session_ids(&node).await.expect("ids");
+    live.sort();
+    let mut expected = vec![long.id.clone(), unlimited.id.clone(), idle_only.id.clone()];
+    expected.sort();
+    assert_eq!(
+        live, expected,
+        "the node is told which sessions are still live"
+    );
+
+    // A batch ends at most its size; the next sweep ends the rest.
+    let a_day_on = long.created_at_ms + 86_400_000;
+    let first = store
+        .end_sessions_past_their_limits(a_day_on, 1)
+        .await
+        .expect("sweep");
+    assert_eq!(first.len(), 1);
+    let rest = store
+        .end_sessions_past_their_limits(a_day_on, 100)
+        .await
+        .expect("sweep");
+    let mut swept: Vec<_> = first.into_iter().chain(rest).collect();
+    swept.sort();
+    let mut expected = vec![long.id.clone(), idle_only.id.clone()];
+    expected.sort();
+    assert_eq!(swept, expected);
+    let kept = store
+        .get_session(&scope("acme"), &unlimited.id)
+        .await
+        .expect("get");
+    assert_eq!(kept.status, SessionStatus::Active, "no limit, no end");
+}
+
+async fn idle_time_counts_from_the_last_turn(store: Store) {
+    store
+        .register_node("host-a", "http://a", true, "", "")
+        .await
+        .expect("register");
+    let id = environment(&store, "Studio").await;
+    build(&store, &id, "sha256:one").await;
+    let limits = SessionLimits {
+        idle_s: Some(60),
+        lifetime_s: Some(600),
+        ..SessionLimits::default()
+    };
+    let busy = limited_session(&store, &id, limits).await;
+    let quiet = limited_session(&store, &id, limits).await;
+    // A turn a little after creation moves the busy session's idle end past the quiet one's.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let turn = store
+        .record_turn(&scope("acme"), &busy.id, TurnKind::Exec, "true", None)
+        .await
+        .expect("turn");
+    assert!(turn.at_ms >= busy.created_at_ms + 50);
+
+    // Just past the quiet session's idle end: it ends, the busy one does not.
+    let quiet_end = quiet.created_at_ms.max(busy.created_at_ms) + 60_000;
+    assert!(quiet_end < turn.at_ms + 60_000);
+    let ended = store
+        .end_sessions_past_their_limits(quiet_end, 100)
+        .await
+        .expect("sweep");
+    assert_eq!(ended, vec![quiet.id.clone()]);
+    // Past its own idle end, counted from the turn, the busy one ends too.
+    let ended = store
+        .end_sessions_past_their_limits(turn.at_ms + 60_000, 100)
+        .await
+        .expect("sweep");
+    assert_eq!(ended, vec![busy.id.clone()]);
+
+    // Turns never move the end past the lifetime: with a lifetime shorter than the idle time
+    // left, the lifetime ends the session.
+    let capped = limited_session(
+        &store,
+        &id,
+        SessionLimits {
+            idle_s: Some(600),
+            lifetime_s: Some(60),
+            ..SessionLimits::default()
+        },
+    )
+    .await;
+    store
+        .record_turn(&scope("acme"), &capped.id, TurnKind::Exec, "true", None)
+        .await
+        .expect("turn");
+    let ended = store
+        .end_sessions_past_their_limits(capped.created_at_ms + 60_000, 100)
+        .await
+        .expect("sweep");
+    assert_eq!(ended, vec![capped.id]);
 }

@@ -1,0 +1,481 @@
+//! Session limits: what a client may ask for in `POST /v1/sessions` (`limits`), the configured
+//! default and maximum of each, and how a session shows the limits it has.
+//!
+//! The gateway decides a session's limits because it holds the configuration; the catalog
+//! stores them with the session (and ends it past `lifetime_s` or `idle_s`), the node keeps
+//! them in the session's record. A refused limit is `invalid_request` whose message and
+//! `detail` (`{"limit", "max"}`) name the limit and its maximum.
+
+use plinth_kit::{ErrorCode, PlinthError};
+use plinth_proto::catalog::v1 as pb;
+use plinth_proto::node::v1 as node;
+use serde::Serialize;
+use serde_json::{Value, json};
+use utoipa::ToSchema;
+
+/// Largest value any limit may have (the catalog refuses more): far beyond any host.
+pub const MAX_LIMIT_VALUE: u64 = 1 << 40;
+
+/// One kind of limit. Its name is its JSON key, and the name of its default in the
+/// configuration's `[sessions]`; its maximum there is `max_<name>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// Memory, in MiB.
+    MemoryMb,
+    /// Processes and threads at once.
+    Pids,
+    /// CPU, in cores (fractional); kept in thousandths of a core.
+    Cpu,
+    /// Disk used in the working directory, in MiB.
+    DiskMb,
+    /// Seconds from creation until the session is ended.
+    LifetimeS,
+    /// Seconds without a call until the session is ended.
+    IdleS,
+}
+
+impl Limit {
+    /// Every limit, in the order the API lists them.
+    pub const ALL: [Limit; 6] = [
+        Limit::MemoryMb,
+        Limit::Pids,
+        Limit::Cpu,
+        Limit::DiskMb,
+        Limit::LifetimeS,
+        Limit::IdleS,
+    ];
+
+    /// Its JSON key.
+    pub fn name(self) -> &'static str {
+        match self {
+            Limit::MemoryMb => "memory_mb",
+            Limit::Pids => "pids",
+            Limit::Cpu => "cpu",
+            Limit::DiskMb => "disk_mb",
+            Limit::LifetimeS => "lifetime_s",
+            Limit::IdleS => "idle_s",
+        }
+    }
+
+    fn unit(self) -> &'static str {
+        match self {
+            Limit::MemoryMb | Limit::DiskMb => "MiB",
+            Limit::Pids => "processes",
+            Limit::Cpu => "cores",
+            Limit::LifetimeS | Limit::IdleS => "seconds",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    fn parse(name: &str) -> Option<Limit> {
+        Limit::ALL.into_iter().find(|limit| limit.name() == name)
+    }
+
+    /// A stored value as the API shows it: CPU in cores, the rest as they are.
+    fn show(self, value: u64) -> Value {
+        match self {
+            Limit::Cpu => json!(cores(value)),
+            _ => json!(value),
+        }
+    }
+}
+
+/// Thousandths of a core as cores.
+fn cores(millicores: u64) -> f64 {
+    millicores as f64 / 1000.0
+}
+
+/// Cores as thousandths of a core, or `None` when they are not a positive finite number.
+pub fn millicores(cores: f64) -> Option<u64> {
+    let millicores = (cores * 1000.0).round();
+    (cores.is_finite() && cores > 0.0 && millicores <= MAX_LIMIT_VALUE as f64)
+        .then_some(millicores as u64)
+}
+
+/// A value for every limit, in the units kept (CPU in thousandths of a core); `None` is no
+/// limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionLimits([Option<u64>; 6]);
+
+impl SessionLimits {
+    /// The value of `limit`.
+    pub fn get(&self, limit: Limit) -> Option<u64> {
+        self.0[limit.index()]
+    }
+
+    /// With `limit` set to `value`.
+    pub fn with(mut self, limit: Limit, value: Option<u64>) -> Self {
+        self.0[limit.index()] = value;
+        self
+    }
+
+    /// As the catalog takes them: 0 for none.
+    pub fn to_catalog(self) -> pb::SessionLimits {
+        let value = |limit| self.get(limit).unwrap_or(0);
+        pb::SessionLimits {
+            memory_mb: value(Limit::MemoryMb),
+            pids: value(Limit::Pids),
+            cpu_millicores: value(Limit::Cpu),
+            disk_mb: value(Limit::DiskMb),
+            lifetime_s: value(Limit::LifetimeS),
+            idle_s: value(Limit::IdleS),
+        }
+    }
+
+    /// As the catalog stores them (0 is none; absent, for a session from before limits, is
+    /// none at all).
+    pub fn from_catalog(limits: Option<&pb::SessionLimits>) -> Self {
+        let Some(limits) = limits else {
+            return SessionLimits::default();
+        };
+        let value = |value: u64| (value > 0).then_some(value);
+        SessionLimits([
+            value(limits.memory_mb),
+            value(limits.pids),
+            value(limits.cpu_millicores),
+            value(limits.disk_mb),
+            value(limits.lifetime_s),
+            value(limits.idle_s),
+        ])
+    }
+
+    /// As the node records them.
+    pub fn to_node(self) -> node::Limits {
+        let limits = self.to_catalog();
+        node::Limits {
+            memory_mb: limits.memory_mb,
+            pids: limits.pids,
+            cpu_millicores: limits.cpu_millicores,
+            disk_mb: limits.disk_mb,
+            lifetime_s: limits.lifetime_s,
+            idle_s: limits.idle_s,
+        }
+    }
+
+    /// As a session shows them.
+    pub fn body(self) -> LimitsBody {
+        LimitsBody {
+            memory_mb: self.get(Limit::MemoryMb),
+            pids: self.get(Limit::Pids),
+            cpu: self.get(Limit::Cpu).map(cores),
+            disk_mb: self.get(Limit::DiskMb),
+            lifetime_s: self.get(Limit::LifetimeS),
+            idle_s: self.get(Limit::IdleS),
+        }
+    }
+}
+
+/// A session's effective limits, every key present; `null` is no limit.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct LimitsBody {
+    /// Memory, in MiB.
+    pub memory_mb: Option<u64>,
+    /// Processes and threads at once.
+    pub pids: Option<u64>,
+    /// CPU, in cores (0.5 is half a core).
+    pub cpu: Option<f64>,
+    /// Disk used in the working directory, in MiB.
+    pub disk_mb: Option<u64>,
+    /// Seconds from creation until the session is ended.
+    pub lifetime_s: Option<u64>,
+    /// Seconds without an exec or file call until the session is ended.
+    pub idle_s: Option<u64>,
+}
+
+/// What `POST /v1/sessions` takes as `limits`: any of these; the others get their defaults.
+/// Each must be more than 0 and at most its configured maximum.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub struct LimitsRequest {
+    /// Memory, in MiB (a whole number).
+    memory_mb: Option<u64>,
+    /// Processes and threads at once (a whole number).
+    pids: Option<u64>,
+    /// CPU, in cores; fractional (0.5), at least 0.001.
+    cpu: Option<f64>,
+    /// Disk used in the working directory, in MiB (a whole number).
+    disk_mb: Option<u64>,
+    /// Seconds from creation until the session is ended (a whole number).
+    lifetime_s: Option<u64>,
+    /// Seconds without an exec or file call until the session is ended (a whole number).
+    idle_s: Option<u64>,
+}
+
+/// The configured default and maximum of every limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitPolicy {
+    defaults: SessionLimits,
+    maxima: [u64; 6],
+}
+
+impl LimitPolicy {
+    /// `defaults` (none for a limit without one) and `maxima`, in the units kept. Refuses a
+    /// maximum of 0 or past [`MAX_LIMIT_VALUE`], and a default of 0 or above its maximum,
+    /// naming the configuration keys (`[sessions]` `<name>`, `max_<name>`).
+    pub fn new(defaults: SessionLimits, maxima: [u64; 6]) -> Result<Self, String> {
+        for limit in Limit::ALL {
+            let (name, max) = (limit.name(), maxima[limit.index()]);
+            if max == 0 || max > MAX_LIMIT_VALUE {
+                return Err(format!(
+                    "sessions.max_{name} must be more than 0 and at most {}",
+                    limit.show(MAX_LIMIT_VALUE)
+                ));
+            }
+            match defaults.get(limit) {
+                Some(0) => {
+                    return Err(format!("sessions.{name} must be more than 0"));
+                }
+                Some(default) if default > max => {
+                    return Err(format!(
+                        "sessions.{name} ({}) is above sessions.max_{name} ({}): a default must \
+                         be one a client could ask for",
+                        limit.show(default),
+                        limit.show(max)
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(LimitPolicy { defaults, maxima })
+    }
+
+    /// The defaults: what a session gets when it asks for nothing (tasks, workspace adapters).
+    pub fn defaults(&self) -> SessionLimits {
+        self.defaults
+    }
+
+    /// The maximum of `limit`.
+    pub fn max(&self, limit: Limit) -> u64 {
+        self.maxima[limit.index()]
+    }
+
+    /// The limits a session gets for `requested` (the body's `limits`; absent or `null`: the
+    /// defaults). Every given value must be a number of its kind (whole, except `cpu`), more
+    /// than 0 and at most its maximum; an unknown key is refused.
+    pub fn resolve(&self, requested: Option<&Value>) -> Result<SessionLimits, PlinthError> {
+        let mut limits = self.defaults;
+        let object = match requested {
+            None | Some(Value::Null) => return Ok(limits),
+            Some(Value::Object(object)) => object,
+            Some(_) => {
+                return Err(PlinthError::new(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "limits: expected an object, such as {{\"memory_mb\": 1024, \"cpu\": 0.5}}; \
+                         the limits are {}",
+                        Self::names()
+                    ),
+                ));
+            }
+        };
+        for (key, value) in object {
+            let Some(limit) = Limit::parse(key) else {
+                return Err(PlinthError::new(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "limits.{key}: no such limit; the limits are {}",
+                        Self::names()
+                    ),
+                )
+                .with_detail(json!({ "limit": key, "limits": Limit::ALL.map(Limit::name) })));
+            };
+            if value.is_null() {
+                continue;
+            }
+            limits = limits.with(limit, Some(self.check(limit, value)?));
+        }
+        Ok(limits)
+    }
+
+    /// One given value in the units kept, or why not.
+    fn check(&self, limit: Limit, value: &Value) -> Result<u64, PlinthError> {
+        let (name, unit, max) = (limit.name(), limit.unit(), self.max(limit));
+        let shown_max = limit.show(max);
+        let least = if limit == Limit::Cpu { "0.001" } else { "1" };
+        let refuse = |what: String| {
+            PlinthError::new(
+                ErrorCode::InvalidRequest,
+                format!("limits.{name}: {what}; it must be from {least} to {shown_max} {unit}"),
+            )
+            .with_detail(json!({ "limit": name, "max": shown_max }))
+        };
+        let kept = match (limit, value) {
+            (Limit::Cpu, Value::Number(number)) => {
+                let cores = number.as_f64().unwrap_or(f64::NAN);
+                if cores.is_nan() || cores <= 0.0 {
+                    return Err(refuse(format!("{number} is too small")));
+                }
+                match millicores(cores) {
+                    Some(0) => return Err(refuse(format!("{number} is too small"))),
+                    Some(millicores) => millicores,
+                    None => u64::MAX,
+                }
+            }
+            (_, Value::Number(number)) => match (number.as_u64(), number.as_i64()) {
+                (Some(0), _) | (None, Some(_)) => {
+                    return Err(refuse(format!("{number} is too small")));
+                }
+                (Some(value), _) => value,
+                (None, None) => {
+                    return Err(refuse(format!("{number} is not a whole number")));
+                }
+            },
+            (_, other) => {
+                let expected = if limit == Limit::Cpu {
+                    "a number"
+                } else {
+                    "a whole number"
+                };
+                return Err(refuse(format!("expected {expected}, got {}", kind(other))));
+            }
+        };
+        if kept > max {
+            return Err(refuse(format!("{value} is more than its maximum")));
+        }
+        Ok(kept)
+    }
+
+    fn names() -> String {
+        Limit::ALL.map(Limit::name).join(", ")
+    }
+}
+
+/// A JSON value's kind, for messages.
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> LimitPolicy {
+        let defaults = SessionLimits::default()
+            .with(Limit::MemoryMb, Some(1024))
+            .with(Limit::Pids, Some(512))
+            .with(Limit::Cpu, Some(1000))
+            .with(Limit::LifetimeS, Some(86_400))
+            .with(Limit::IdleS, Some(3_600));
+        LimitPolicy::new(defaults, [4096, 4096, 4000, 10_240, 604_800, 86_400]).expect("valid")
+    }
+
+    fn refused(body: Value) -> PlinthError {
+        policy().resolve(Some(&body)).expect_err("refused")
+    }
+
+    #[test]
+    fn given_limits_replace_their_defaults_and_the_rest_stay() {
+        let limits = policy()
+            .resolve(Some(
+                &json!({"memory_mb": 2048, "cpu": 0.5, "disk_mb": 100, "idle_s": null}),
+            ))
+            .expect("valid");
+        assert_eq!(
+            limits.body(),
+            LimitsBody {
+                memory_mb: Some(2048),
+                pids: Some(512),
+                cpu: Some(0.5),
+                disk_mb: Some(100),
+                lifetime_s: Some(86_400),
+                idle_s: Some(3_600),
+            }
+        );
+        assert_eq!(
+            policy().resolve(None).expect("defaults"),
+            policy().defaults()
+        );
+        assert_eq!(
+            policy().resolve(Some(&Value::Null)).expect("defaults"),
+            policy().defaults()
+        );
+        let at_max = policy()
+            .resolve(Some(&json!({"memory_mb": 4096, "cpu": 4})))
+            .expect("the maximum itself is allowed");
+        assert_eq!(at_max.get(Limit::Cpu), Some(4000));
+    }
+
+    #[test]
+    fn refusals_name_the_limit_and_its_maximum() {
+        for (body, limit, max) in [
+            (json!({"memory_mb": 4097}), "memory_mb", json!(4096)),
+            (json!({"memory_mb": 0}), "memory_mb", json!(4096)),
+            (json!({"pids": -3}), "pids", json!(4096)),
+            (json!({"pids": 1.5}), "pids", json!(4096)),
+            (json!({"lifetime_s": "60"}), "lifetime_s", json!(604_800)),
+            (json!({"idle_s": true}), "idle_s", json!(86_400)),
+            (json!({"cpu": 4.5}), "cpu", json!(4.0)),
+            (json!({"cpu": 0}), "cpu", json!(4.0)),
+            (json!({"cpu": -1}), "cpu", json!(4.0)),
+            (json!({"cpu": 0.0001}), "cpu", json!(4.0)),
+            (json!({"cpu": "half"}), "cpu", json!(4.0)),
+        ] {
+            let error = refused(body.clone());
+            assert_eq!(error.code, ErrorCode::InvalidRequest, "{body}");
+            assert_eq!(
+                error.detail,
+                Some(json!({"limit": limit, "max": max})),
+                "{body}"
+            );
+            assert!(
+                error.message.starts_with(&format!("limits.{limit}:"))
+                    && error.message.contains(&max.to_string()),
+                "{body}: {}",
+                error.message
+            );
+        }
+        let unknown = refused(json!({"memory": 10}));
+        assert_eq!(unknown.code, ErrorCode::InvalidRequest);
+        assert!(
+            unknown.message.contains("limits.memory"),
+            "{}",
+            unknown.message
+        );
+        assert!(unknown.message.contains("memory_mb"), "{}", unknown.message);
+        assert_eq!(unknown.detail.expect("detail")["limit"], "memory");
+        let not_an_object = refused(json!([1024]));
+        assert_eq!(not_an_object.code, ErrorCode::InvalidRequest);
+    }
+
+    #[test]
+    fn a_default_above_its_maximum_or_zero_is_refused() {
+        let too_much = SessionLimits::default().with(Limit::MemoryMb, Some(9000));
+        let error = LimitPolicy::new(too_much, [8192; 6]).expect_err("refused");
+        assert!(
+            error.contains("sessions.memory_mb") && error.contains("sessions.max_memory_mb"),
+            "{error}"
+        );
+        let error =
+            LimitPolicy::new(SessionLimits::default(), [8192, 1, 1, 1, 0, 1]).expect_err("refused");
+        assert!(error.contains("sessions.max_lifetime_s"), "{error}");
+        let zero = SessionLimits::default().with(Limit::Pids, Some(0));
+        assert!(LimitPolicy::new(zero, [8192; 6]).is_err());
+        assert_eq!(millicores(0.5), Some(500));
+        assert_eq!(millicores(f64::NAN), None);
+    }
+
+    #[test]
+    fn limits_travel_as_zero_for_none() {
+        let limits = SessionLimits::default()
+            .with(Limit::Cpu, Some(250))
+            .with(Limit::IdleS, Some(30));
+        let wire = limits.to_catalog();
+        assert_eq!(
+            (wire.cpu_millicores, wire.memory_mb, wire.idle_s),
+            (250, 0, 30)
+        );
+        assert_eq!(SessionLimits::from_catalog(Some(&wire)), limits);
+        assert_eq!(SessionLimits::from_catalog(None), SessionLimits::default());
+        assert_eq!(limits.to_node().cpu_millicores, 250);
+    }
+}
