@@ -39,52 +39,12 @@ use tokio::net::unix::pipe;
 
 /// The child's stack: what it runs before `execve` is a few frames of system calls.
 const STACK_BYTES: usize = 256 * 1024;
-/// Below it, a page that faults: a child overflowing its stack dies instead of writing into
-/// the node's memory.
-const GUARD_BYTES: usize = 4096;
 
-/// A child stack, mapped once per thread that starts commands. `CLONE_VFORK` suspends that
-/// thread until its child has exec'd, so no two children ever run on one stack.
-struct ChildStack {
-    base: *mut c_void,
-}
-
-impl ChildStack {
-    fn map() -> io::Result<Self> {
-        use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
-        // SAFETY: a fresh anonymous mapping, owned by this value; its lowest page is made
-        // inaccessible before anything uses it.
-        #[allow(unsafe_code)]
-        unsafe {
-            let base = rustix::mm::mmap_anonymous(
-                std::ptr::null_mut(),
-                STACK_BYTES + GUARD_BYTES,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::PRIVATE,
-            )?;
-            if let Err(error) = rustix::mm::mprotect(base, GUARD_BYTES, MprotectFlags::empty()) {
-                let _ = rustix::mm::munmap(base, STACK_BYTES + GUARD_BYTES);
-                return Err(error.into());
-            }
-            Ok(ChildStack { base })
-        }
-    }
-
-    /// The stack's top, 16-byte aligned (it grows down).
-    fn top(&self) -> *mut c_void {
-        ((self.base as usize + GUARD_BYTES + STACK_BYTES) & !15) as *mut c_void
-    }
-}
-
-impl Drop for ChildStack {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, used by no child once its thread runs again.
-        #[allow(unsafe_code)]
-        unsafe {
-            let _ = rustix::mm::munmap(self.base, STACK_BYTES + GUARD_BYTES);
-        }
-    }
-}
+/// A child stack, mapped once per thread that starts commands (with a guard page below it: a
+/// child overflowing its stack dies instead of writing into the node's memory).
+/// `CLONE_VFORK` suspends that thread until its child has exec'd, so no two children ever run
+/// on one stack.
+type ChildStack = plinth_sandbox::keeper::Stack;
 
 thread_local! {
     static STACK: std::cell::RefCell<Option<ChildStack>> = const { std::cell::RefCell::new(None) };
@@ -314,7 +274,7 @@ pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
     let top = STACK.with(|stack| {
         let mut stack = stack.borrow_mut();
         if stack.is_none() {
-            *stack = Some(ChildStack::map()?);
+            *stack = Some(ChildStack::map(STACK_BYTES)?);
         }
         Ok::<_, io::Error>(stack.as_ref().map(ChildStack::top))
     });

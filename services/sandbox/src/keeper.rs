@@ -91,13 +91,17 @@ pub struct Keeper {
     pid: rustix::process::Pid,
 }
 
+/// A stack for a child that runs in the parent's memory (`clone(CLONE_VM …)`), with a page
+/// below it that faults, so an overflow cannot write into the parent's memory. The node's
+/// command starter and the keeper both run their children on one.
 #[derive(Debug)]
-struct Stack {
+pub struct Stack {
     base: *mut c_void,
+    bytes: usize,
 }
 
-// SAFETY: the mapping is owned by one `Keeper` and only unmapped by its `Drop`, after the keeper
-// process using it is reaped; nothing else touches it.
+// SAFETY: the mapping is owned by one value and only unmapped by its `Drop`, after the child
+// using it is gone (its owners guarantee that); nothing else touches it.
 #[allow(unsafe_code)]
 unsafe impl Send for Stack {}
 // SAFETY: as above; shared references never touch the mapping.
@@ -105,7 +109,8 @@ unsafe impl Send for Stack {}
 unsafe impl Sync for Stack {}
 
 impl Stack {
-    fn map() -> io::Result<Self> {
+    /// Maps a stack of `bytes` (plus its guard page).
+    pub fn map(bytes: usize) -> io::Result<Self> {
         use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
         // SAFETY: a fresh anonymous mapping owned by this value; its lowest page is made
         // inaccessible before anything runs on it.
@@ -113,29 +118,30 @@ impl Stack {
         unsafe {
             let base = rustix::mm::mmap_anonymous(
                 std::ptr::null_mut(),
-                STACK_BYTES + GUARD_BYTES,
+                bytes + GUARD_BYTES,
                 ProtFlags::READ | ProtFlags::WRITE,
                 MapFlags::PRIVATE,
             )?;
             if let Err(error) = rustix::mm::mprotect(base, GUARD_BYTES, MprotectFlags::empty()) {
-                let _ = rustix::mm::munmap(base, STACK_BYTES + GUARD_BYTES);
+                let _ = rustix::mm::munmap(base, bytes + GUARD_BYTES);
                 return Err(error.into());
             }
-            Ok(Stack { base })
+            Ok(Stack { base, bytes })
         }
     }
 
-    fn top(&self) -> *mut c_void {
-        ((self.base as usize + GUARD_BYTES + STACK_BYTES) & !15) as *mut c_void
+    /// Its top, 16-byte aligned (it grows down): what `clone` takes.
+    pub fn top(&self) -> *mut c_void {
+        ((self.base as usize + GUARD_BYTES + self.bytes) & !15) as *mut c_void
     }
 }
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        // SAFETY: unmapped once, after its keeper was reaped (see `Keeper`'s `Drop`).
+        // SAFETY: unmapped once, after the child that ran on it is gone (see `Stack`).
         #[allow(unsafe_code)]
         unsafe {
-            let _ = rustix::mm::munmap(self.base, STACK_BYTES + GUARD_BYTES);
+            let _ = rustix::mm::munmap(self.base, self.bytes + GUARD_BYTES);
         }
     }
 }
@@ -149,7 +155,7 @@ impl Keeper {
     pub fn start(root: &RootPlan, join: &[OwnedFd]) -> Result<Keeper, KeeperError> {
         let (status_read, status_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|errno| KeeperError::Start(errno.into()))?;
-        let stack = Stack::map().map_err(KeeperError::Start)?;
+        let stack = Stack::map(STACK_BYTES).map_err(KeeperError::Start)?;
         let plan = Plan {
             root,
             join,
