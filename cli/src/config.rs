@@ -242,9 +242,15 @@ pub struct BuilderSection {
     /// This builder's name; the host name when absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Whether installers may use the network. Off: no network at all, and uv, pip and npm
-    /// install only from what the project carries (find-links, `file:` packages, caches).
+    /// Whether installers may use the network. On: the package registries through the build's
+    /// egress proxy (or, with `https_proxy`/`http_proxy` set, the host's network and that
+    /// proxy). Off: no network at all, and uv, pip and npm install only from what the project
+    /// carries (find-links, `file:` packages, caches).
     pub network: bool,
+    /// Addresses, networks or host names (each with an optional `:port`) builds may reach
+    /// although the egress policy refuses their range, besides the package registries (PyPI,
+    /// npm and the configured indexes, allowed by name): a private mirror or download host.
+    pub egress_allow: Vec<String>,
     /// A PEM bundle of the certificate authorities installers trust; when absent, the first
     /// of `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`, `PIP_CERT`, `CURL_CA_BUNDLE` and
     /// `NODE_EXTRA_CA_CERTS` in the builder's environment that names a file.
@@ -303,6 +309,7 @@ impl Default for BuilderSection {
             tools_dir: PathBuf::from("/var/lib/plinth/tools"),
             name: None,
             network: true,
+            egress_allow: Vec::new(),
             ca_bundle: None,
             https_proxy: None,
             http_proxy: None,
@@ -703,11 +710,15 @@ impl Config {
         Ok(())
     }
 
-    /// What builds must not see: Plinth's data (databases, blobs, other builds) and the
-    /// builder's own state. Their own scratch directory is mounted before these are hidden.
+    /// What builds must not see, as sessions do not: Plinth's data (databases, blobs, other
+    /// builds), the builder's and the node's state, and the configuration file. They are absent
+    /// from a build's root, and covered where they lie beneath a system directory it shows; the
+    /// build's own scratch directory is shown all the same.
     pub fn builder_hidden_paths(&self) -> Vec<PathBuf> {
         let mut hidden = vec![self.data_dir.clone()];
         hidden.extend(self.builder.work_dir.clone());
+        hidden.extend(self.node.state_dir.clone());
+        hidden.extend(self.source_file.clone());
         hidden
     }
 

@@ -277,8 +277,9 @@ fn spawn_builder(
         .map(|(name, value)| (name.to_owned(), value.to_owned()))
         .to_vec()
     };
+    let registries = config.registries();
     let install = plinth_builder::InstallOptions {
-        isolate_network: !section.network,
+        network: builds_network(section, &registries, index == 0)?,
         extra_env: offline,
         uid: section.uid,
         gid: section.gid,
@@ -298,7 +299,6 @@ fn spawn_builder(
         idle_poll: std::time::Duration::from_millis(500),
         toolchain: String::new(),
     };
-    let registries = config.registries();
     let result = async move {
         let result = async {
             let shown = tools_dir.display().to_string();
@@ -360,10 +360,64 @@ fn builds_registries(
     Ok(registries)
 }
 
-/// What sessions (and builds) may reach on the network: the internet, never the host's
+/// What builds reach: nothing (`builder.network = false`); the package registries through
+/// each build's egress proxy; or, when an upstream proxy is configured (which the egress proxy
+/// cannot chain to), the host's network with that proxy in the installers' environment, as
+/// `warn` says once.
+fn builds_network(
+    section: &crate::config::BuilderSection,
+    registries: &plinth_builder::Registries,
+    warn: bool,
+) -> anyhow::Result<plinth_builder::BuildNetwork> {
+    if !section.network {
+        return Ok(plinth_builder::BuildNetwork::None);
+    }
+    if registries.https_proxy.is_some() || registries.http_proxy.is_some() {
+        if warn {
+            tracing::warn!(
+                https_proxy = registries
+                    .https_proxy
+                    .as_deref()
+                    .map(plinth_kit::config::redact_url),
+                http_proxy = registries
+                    .http_proxy
+                    .as_deref()
+                    .map(plinth_kit::config::redact_url),
+                "builds use the host's network and the configured upstream proxy: the egress proxy cannot chain to it, so nothing keeps builds from the host's services, private networks or the metadata address"
+            );
+        }
+        return Ok(plinth_builder::BuildNetwork::Host);
+    }
+    Ok(plinth_builder::BuildNetwork::Egress(std::sync::Arc::new(
+        builds_egress_policy(registries, &section.egress_allow)?,
+    )))
+}
+
+/// What builds may reach through their egress proxy: what sessions may (the internet, never
+/// the host's loopback, private, link-local or metadata addresses, nor the node's own), plus
+/// the package registries by name (PyPI, npm and the configured indexes, wherever the node's
+/// resolver says they are) and `builder.egress_allow`.
+pub fn builds_egress_policy(
+    registries: &plinth_builder::Registries,
+    allow: &[String],
+) -> anyhow::Result<plinth_sandbox::egress::EgressPolicy> {
+    let registries = registries
+        .egress_allow()
+        .map_err(|why| anyhow::anyhow!("builds' registries: {why}"))?;
+    let entries: Vec<String> = registries
+        .into_iter()
+        .chain(allow.iter().cloned())
+        .collect();
+    egress_policy(&entries, "builder.egress_allow")
+}
+
+/// What sessions and builds may reach on the network: the internet, never the host's
 /// loopback, private, link-local or metadata addresses, nor the node's own addresses, plus
-/// what `allow` names (a private mirror).
-pub fn egress_policy(allow: &[String]) -> anyhow::Result<plinth_sandbox::egress::EgressPolicy> {
+/// what `allow` names (a private mirror; `key` is its configuration key, for the error).
+pub fn egress_policy(
+    allow: &[String],
+    key: &str,
+) -> anyhow::Result<plinth_sandbox::egress::EgressPolicy> {
     // The node's own addresses the range table would let through (a public address): its
     // services listen there too. Loopback and private ones are refused already, and stay
     // open to `allow` (a test's loopback server, a mirror on the private network).
@@ -374,8 +428,11 @@ pub fn egress_policy(allow: &[String]) -> anyhow::Result<plinth_sandbox::egress:
         .filter(|address| table.check(*address).is_ok())
         .map(|address| address.to_string())
         .collect();
-    plinth_sandbox::egress::EgressPolicy::from_config(allow, &own)
-        .context("node.egress_allow: entries are addresses, networks (CIDR) or host names, each with an optional :port")
+    plinth_sandbox::egress::EgressPolicy::from_config(allow, &own).with_context(|| {
+        format!(
+            "{key}: entries are addresses, networks (CIDR) or host names, each with an optional :port"
+        )
+    })
 }
 
 /// Starts this host's node agent alone.
@@ -467,9 +524,10 @@ fn spawn_node(
             },
             egress: match section.network {
                 crate::config::SessionNetwork::None => None,
-                crate::config::SessionNetwork::Egress => {
-                    Some(std::sync::Arc::new(egress_policy(&section.egress_allow)?))
-                }
+                crate::config::SessionNetwork::Egress => Some(std::sync::Arc::new(egress_policy(
+                    &section.egress_allow,
+                    "node.egress_allow",
+                )?)),
             },
             seccomp: None,
         },
@@ -734,4 +792,69 @@ fn spawn_gateway(
     };
     services.spawn(result.instrument(tracing::Span::current()));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plinth_sandbox::egress::Host;
+
+    fn can(policy: &plinth_sandbox::egress::EgressPolicy, host: &str, addr: &str) -> bool {
+        let host = Host::parse(host).expect("a host");
+        policy
+            .permit(&host, addr.parse().expect("an address"))
+            .is_ok()
+    }
+
+    #[test]
+    fn builds_reach_the_registries_by_name_and_what_egress_allow_adds_nothing_else() {
+        let registries = plinth_builder::Registries {
+            python_index_url: Some("https://mirror.internal:8443/simple".to_owned()),
+            ..plinth_builder::Registries::default()
+        };
+        let policy = builds_egress_policy(&registries, &["downloads.example:443".to_owned()])
+            .expect("policy");
+        // By name, wherever the resolver says they are (a documentation address here).
+        assert!(can(&policy, "pypi.org", "203.0.113.80:443"));
+        assert!(can(&policy, "files.pythonhosted.org", "203.0.113.80:443"));
+        assert!(can(&policy, "registry.npmjs.org", "203.0.113.80:443"));
+        assert!(can(&policy, "mirror.internal", "10.0.0.5:8443"));
+        assert!(can(&policy, "downloads.example", "192.168.1.1:443"));
+        // Not on another port, not another name, not the node's loopback.
+        assert!(!can(&policy, "pypi.org", "203.0.113.80:22"));
+        assert!(!can(&policy, "mirror.internal", "10.0.0.5:22"));
+        assert!(!can(&policy, "evil.example", "203.0.113.80:443"));
+        assert!(!can(&policy, "localhost", "127.0.0.1:443"));
+        assert!(!can(&policy, "169.254.169.254", "169.254.169.254:80"));
+
+        let error =
+            builds_egress_policy(&registries, &["not a host".to_owned()]).expect_err("a bad entry");
+        assert!(
+            format!("{error:#}").contains("builder.egress_allow"),
+            "{error:#}"
+        );
+    }
+
+    #[test]
+    fn builds_get_no_network_the_egress_proxy_or_with_an_upstream_proxy_the_hosts() {
+        let mut section = crate::config::BuilderSection::default();
+        let registries = plinth_builder::Registries::default();
+        assert!(matches!(
+            builds_network(&section, &registries, false).expect("network"),
+            plinth_builder::BuildNetwork::Egress(_)
+        ));
+        let behind = plinth_builder::Registries {
+            https_proxy: Some("http://proxy.internal:3128".to_owned()),
+            ..plinth_builder::Registries::default()
+        };
+        assert!(matches!(
+            builds_network(&section, &behind, false).expect("network"),
+            plinth_builder::BuildNetwork::Host
+        ));
+        section.network = false;
+        assert!(matches!(
+            builds_network(&section, &behind, false).expect("network"),
+            plinth_builder::BuildNetwork::None
+        ));
+    }
 }

@@ -5,6 +5,7 @@ mod adapters;
 mod brain;
 mod build_faults;
 mod build_rules;
+mod build_sandbox;
 mod builds;
 mod environments;
 mod files;

@@ -59,24 +59,52 @@
 //!   `npm_config_cache` its `uv`, `pip` and `npm` subdirectories;
 //! - the registry settings (`options.registries`: certificate authority, proxies, indexes) under
 //!   each installer's names ([`mod@crate::registries`]);
+//! - with [`BuildNetwork::Egress`], the egress proxy ([`plinth_sandbox::egress::proxy_env`]:
+//!   `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` in both cases, `NO_PROXY` for loopback only, npm's
+//!   and Yarn's own names) at `http://127.0.0.1:3128`;
 //! - then `options.extra_env`, verbatim.
+//!
+//! ## The network
+//!
+//! [`InstallOptions::network`] says what a build reaches:
+//!
+//! - [`BuildNetwork::None`]: nothing. Each command gets a network namespace of its own with
+//!   only its loopback.
+//! - [`BuildNetwork::Egress`]: what the policy given lets through, by the filtering proxy
+//!   sessions get ([`plinth_sandbox::egress`]; `plinth serve` gives builds the sessions'
+//!   policy plus the package registries by name). For each build the builder makes a network
+//!   namespace that holds nothing but a loopback, listens in it on `127.0.0.1:3128` and serves
+//!   that socket from its own network: every destination is resolved by the builder and
+//!   checked before it is dialled, so loopback, private, link-local and metadata addresses and
+//!   the node's own are refused unless the policy allows them. Every command of the build
+//!   enters that namespace; when the build ends, the proxy stops and the namespace goes. There
+//!   is no DNS and no route inside: a tool that ignores the proxy variables reaches nothing.
+//! - [`BuildNetwork::Host`]: the host's network, unfiltered (for an upstream proxy, which the
+//!   egress proxy cannot chain to).
 //!
 //! Offline installs (tests, air-gapped deployments) go through `extra_env`;
 //! [`InstallOptions::offline`] sets them: `UV_OFFLINE=1` + `UV_FIND_LINKS=<dir>` (uv has no
 //! environment variable for `--no-index`; offline mode with find-links is the equivalent),
-//! `PIP_NO_INDEX=1` + `PIP_FIND_LINKS=<dir>`, `npm_config_offline=true`, and a network namespace
-//! of the build's own, so nothing can reach the network whatever a tool decides.
+//! `PIP_NO_INDEX=1` + `PIP_FIND_LINKS=<dir>`, `npm_config_offline=true`, the find-links
+//! directory shown to the build read-only, and no network, so nothing can reach the network
+//! whatever a tool decides.
 
 use std::collections::HashMap;
 use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
+
+use plinth_sandbox::egress::{DEFAULT_PROXY_ADDR, EgressPolicy};
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tracing::Instrument;
 
 use crate::manifests::{self, Plan, Step, Toolchain};
 use crate::output::{CappedLog, Tail};
 use crate::registries::{self, Registries};
-use crate::sandbox::{self, Sandbox, SandboxError};
+use crate::sandbox::{self, Network, Sandbox, SandboxError};
 
 /// How much of a failed step's output its error carries.
 const ERROR_TAIL_BYTES: usize = 4 * 1024;
@@ -113,15 +141,19 @@ pub struct InstallOptions {
     /// Variables added to (and overriding) the installers' environment.
     pub extra_env: Vec<(String, String)>,
     /// PATH inside the sandbox after the environment's own bins: where uv, python3, node and npm
-    /// live. Its directories must be readable and searchable by `uid`.
+    /// live. Its directories must be readable and searchable by `uid`; those outside the system
+    /// directories (the tools directory) are shown to builds read-only.
     pub path: String,
+    /// Further host directories builds see read-only at their own path (find-links, local
+    /// packages). Nothing of the host but the system directories and these is shown.
+    pub read_only_paths: Vec<PathBuf>,
     /// Where the download cache of uv, pip and npm persists between builds (without it, each
     /// build starts from an empty cache). It must be on the scratch directory's file system: it
     /// is renamed into the scratch directory for the build. Share one only between builds of
     /// one scope: a build can write anything into it.
     pub cache_dir: Option<PathBuf>,
-    /// Run installers without any network (see [`InstallOptions::offline`]).
-    pub isolate_network: bool,
+    /// What installers reach (see the module documentation).
+    pub network: BuildNetwork,
     /// How installers reach registries: certificate authority, proxies, indexes.
     pub registries: Registries,
     /// The scratch directory already holds `.venv` and `node_modules` reused from an earlier
@@ -140,8 +172,9 @@ impl Default for InstallOptions {
             hidden_paths: Vec::new(),
             extra_env: Vec::new(),
             path: "/usr/local/bin:/usr/bin:/bin".to_owned(),
+            read_only_paths: Vec::new(),
             cache_dir: None,
-            isolate_network: false,
+            network: BuildNetwork::None,
             registries: Registries::default(),
             reuse_dependencies: false,
         }
@@ -149,8 +182,9 @@ impl Default for InstallOptions {
 }
 
 impl InstallOptions {
-    /// Installs from `find_links` (a directory of wheels and sdists, readable by `uid`) and
-    /// npm's cache or local `file:` packages only, with no network at all.
+    /// Installs from `find_links` (a directory of wheels and sdists, readable by `uid`, shown
+    /// to the build read-only) and npm's cache or local `file:` packages only, with no network
+    /// at all.
     pub fn offline(mut self, find_links: &Path) -> Self {
         let find_links = find_links.to_string_lossy().into_owned();
         self.extra_env.extend(
@@ -163,9 +197,22 @@ impl InstallOptions {
             ]
             .map(|(name, value)| (name.to_owned(), value.to_owned())),
         );
-        self.isolate_network = true;
+        self.read_only_paths.push(PathBuf::from(find_links));
+        self.network = BuildNetwork::None;
         self
     }
+}
+
+/// What a build's installers reach (see the module documentation).
+#[derive(Debug, Clone, Default)]
+pub enum BuildNetwork {
+    /// Nothing: each command gets a network namespace holding only its loopback.
+    #[default]
+    None,
+    /// What this policy lets through, by the egress proxy in the build's own network namespace.
+    Egress(Arc<EgressPolicy>),
+    /// The host's network, unfiltered.
+    Host,
 }
 
 /// What a successful install ran.
@@ -210,6 +257,8 @@ pub enum InstallError {
         limit: Duration,
         tail: String,
     },
+    #[error("giving the build its network (its namespace and egress proxy): {0}")]
+    Network(std::io::Error),
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
 }
@@ -250,15 +299,27 @@ pub async fn install(
         .map_err(|join| scratch_error(std::io::Error::other(join.to_string())))?
         .map_err(scratch_error)?
     };
+    // The egress proxy lives as long as this call: dropping `_egress` stops it.
+    let (network, _egress) = match &options.network {
+        BuildNetwork::None => (Network::None, None),
+        BuildNetwork::Host => (Network::Host, None),
+        BuildNetwork::Egress(policy) => {
+            let egress = Egress::start(policy.clone(), format!("build of {slug}"))
+                .await
+                .map_err(InstallError::Network)?;
+            (Network::Join(egress.netns.clone()), Some(egress))
+        }
+    };
     let sandbox = Sandbox {
         slug: slug.to_owned(),
         root: root.clone(),
         home: prepared.work.path().join("home"),
         tmp: prepared.work.path().join("tmp"),
+        shown: sandbox::shown_directories(&options.path, &options.read_only_paths),
         uid: options.uid,
         gid: options.gid,
         hidden_paths: options.hidden_paths.clone(),
-        isolate_network: options.isolate_network,
+        network,
         timeout: options.step_timeout,
     };
 
@@ -294,6 +355,49 @@ pub async fn install(
         log_bytes_cut: cut,
         cache_discarded: discard,
     })
+}
+
+/// A build's network namespace and the egress proxy serving the socket in it, for as long as
+/// the build runs.
+struct Egress {
+    netns: Arc<OwnedFd>,
+    /// Stops the proxy when the build is over (or abandoned).
+    _stop: DropGuard,
+}
+
+impl Egress {
+    async fn start(policy: Arc<EgressPolicy>, label: String) -> std::io::Result<Egress> {
+        // Two short-lived threads (one makes the namespace, one listens in it): off the
+        // runtime.
+        let (netns, listener) = tokio::task::spawn_blocking(|| {
+            let netns = plinth_sandbox::egress::new_namespace()?;
+            let listener = plinth_sandbox::egress::listen_in(netns.as_fd(), DEFAULT_PROXY_ADDR)?;
+            listener.set_nonblocking(true)?;
+            std::io::Result::Ok((netns, listener))
+        })
+        .await
+        .map_err(|join| std::io::Error::other(join.to_string()))??;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let stop = CancellationToken::new();
+        let serving = stop.clone();
+        tokio::spawn(
+            async move {
+                plinth_sandbox::egress::serve(
+                    listener,
+                    policy,
+                    Arc::new(plinth_sandbox::egress::SystemResolver),
+                    &label,
+                    serving,
+                )
+                .await;
+            }
+            .instrument(tracing::Span::current()),
+        );
+        Ok(Egress {
+            netns: Arc::new(netns),
+            _stop: stop.drop_guard(),
+        })
+    }
 }
 
 struct Prepared {
@@ -770,7 +874,7 @@ async fn run_command(
         Ok(())
     } else {
         let tail = tail.text();
-        let hint = registries::hint(registries, sandbox.isolate_network, &tail)
+        let hint = registries::hint(registries, &sandbox.network, &tail)
             .map(|hint| {
                 log.write(format!("==> {hint}\n").as_bytes());
                 format!("\n{hint}")
@@ -825,6 +929,13 @@ fn environment(sandbox: &Sandbox, options: &InstallOptions, python: bool) -> Vec
     for (name, value) in options.registries.env() {
         set(&name, &value);
     }
+    // After the registries' proxies: in the build's namespace nothing but the egress proxy
+    // leads anywhere, so no host is reached without it.
+    if matches!(options.network, BuildNetwork::Egress(_)) {
+        for (name, value) in plinth_sandbox::egress::proxy_env(DEFAULT_PROXY_ADDR) {
+            set(&name, &value);
+        }
+    }
     for (name, value) in &options.extra_env {
         set(name, value);
     }
@@ -860,10 +971,11 @@ mod tests {
             root: PathBuf::from("/scratch"),
             home: PathBuf::from("/work/home"),
             tmp: PathBuf::from("/work/tmp"),
+            shown: Vec::new(),
             uid: 65534,
             gid: 65534,
             hidden_paths: Vec::new(),
-            isolate_network: false,
+            network: Network::None,
             timeout: Duration::from_secs(1),
         }
     }
@@ -903,12 +1015,46 @@ mod tests {
                 .count(),
             1
         );
-        assert!(options.isolate_network);
+        assert!(matches!(options.network, BuildNetwork::None));
+        assert_eq!(options.read_only_paths, vec![PathBuf::from("/wheels")]);
         assert!(
             environment(&sandbox(), &options, false)
                 .iter()
                 .all(|(name, _)| name != "VIRTUAL_ENV")
         );
+        assert_eq!(get("HTTPS_PROXY"), None, "no proxy without the network");
+    }
+
+    #[test]
+    fn with_egress_the_proxy_wins_over_the_registries_proxies_and_extra_env_over_both() {
+        let options = InstallOptions {
+            network: BuildNetwork::Egress(Arc::new(EgressPolicy::default())),
+            registries: Registries {
+                https_proxy: Some("http://upstream:3128".to_owned()),
+                no_proxy: Some(".internal".to_owned()),
+                python_index_url: Some("https://pypi.internal/simple".to_owned()),
+                ..Registries::default()
+            },
+            extra_env: vec![("YARN_HTTP_PROXY".to_owned(), "http://mine".to_owned())],
+            ..InstallOptions::default()
+        };
+        let env = environment(&sandbox(), &options, true);
+        let get = |name: &str| {
+            env.iter()
+                .find(|(existing, _)| existing == name)
+                .map(|(_, value)| value.as_str())
+        };
+        for name in [
+            "HTTPS_PROXY",
+            "https_proxy",
+            "HTTP_PROXY",
+            "npm_config_https_proxy",
+        ] {
+            assert_eq!(get(name), Some("http://127.0.0.1:3128"), "{name}");
+        }
+        assert_eq!(get("NO_PROXY"), Some("localhost,127.0.0.1,::1"));
+        assert_eq!(get("UV_INDEX_URL"), Some("https://pypi.internal/simple"));
+        assert_eq!(get("YARN_HTTP_PROXY"), Some("http://mine"));
     }
 
     fn me() -> (u32, u32) {

@@ -2,9 +2,10 @@
 //! manifests install, installed at the mount path sessions will see, in isolation.
 //!
 //! This crate is the builder's core as a library: which steps a source needs
-//! ([`manifests`]), running them as an unprivileged user in a private mount namespace where the
-//! scratch directory is `/env/<slug>` ([`sandbox`], [`install()`]), and describing the result
-//! entry by entry with its packages ([`layer`]). It holds no state and speaks no protocol:
+//! ([`manifests`]), running them as an unprivileged user in the sandbox sessions get (an
+//! allow-listed root where the scratch directory is `/env/<slug>`, the seccomp filter, no
+//! network or the egress proxy: [`plinth_sandbox`], [`sandbox`], [`install()`]), and
+//! describing the result entry by entry with its packages ([`layer`]). It holds no state and speaks no protocol:
 //! leasing jobs from catalog, materializing the source, uploading blobs and storing the layer
 //! tree belong to the service that wires this in (ARCHITECTURE §3).
 //!
@@ -20,7 +21,7 @@ pub mod sandbox;
 pub mod tools;
 pub mod worker;
 
-pub use install::{InstallError, InstallOptions, InstallReport, install};
+pub use install::{BuildNetwork, InstallError, InstallOptions, InstallReport, install};
 pub use layer::{EntryKind, Layer, LayerEntry, LayerError, Package, scan};
 pub use manifests::{Plan, Step, plan};
 pub use registries::Registries;

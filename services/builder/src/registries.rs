@@ -12,11 +12,19 @@
 
 use std::path::PathBuf;
 
+use crate::sandbox::Network;
+
+/// The public registries builds reach by name when they have the network (over HTTPS):
+/// PyPI's index and its files, and npm's registry (which serves its tarballs too).
+pub const PUBLIC_REGISTRIES: &[&str] =
+    &["pypi.org", "files.pythonhosted.org", "registry.npmjs.org"];
+
 /// What builds use to reach registries. Every value is optional: an absent one leaves the
 /// installers' own default (the public registries, the system's certificate authorities).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Registries {
-    /// A PEM bundle of trusted certificate authorities, as the sandbox sees it.
+    /// A PEM bundle of trusted certificate authorities, as the sandbox sees it: in the tools
+    /// directory (`crate::tools::place_ca_bundle`) or a system directory, which builds are shown.
     pub ca_bundle: Option<PathBuf>,
     /// The proxy for HTTPS requests (`http://proxy.internal:3128`).
     pub https_proxy: Option<String>,
@@ -33,6 +41,35 @@ pub struct Registries {
 }
 
 impl Registries {
+    /// Where builds must be able to go, as egress `allow` entries (`host:port`, see
+    /// [`plinth_sandbox::egress::Allow`]): each [`PUBLIC_REGISTRIES`] on 443, and the host of
+    /// each configured index and registry on its URL's port. Allowed by name, so whatever the
+    /// builder's resolver answers for them is reached, a mirror on a private address included;
+    /// an error names a URL without a host or with a scheme other than `http` and `https`.
+    pub fn egress_allow(&self) -> Result<Vec<String>, String> {
+        let mut entries: Vec<String> = PUBLIC_REGISTRIES
+            .iter()
+            .map(|host| format!("{host}:443"))
+            .collect();
+        for url in self
+            .python_index_url
+            .iter()
+            .chain(&self.python_extra_index_urls)
+            .chain(&self.npm_registry)
+        {
+            let entry = host_and_port(url).ok_or_else(|| {
+                format!(
+                    "{} is not an http:// or https:// URL with a host",
+                    plinth_kit::config::redact_url(url)
+                )
+            })?;
+            if !entries.contains(&entry) {
+                entries.push(entry);
+            }
+        }
+        Ok(entries)
+    }
+
     /// The variables that tell uv, pip, npm, git and curl about these settings.
     pub fn env(&self) -> Vec<(String, String)> {
         let mut env = Vec::new();
@@ -82,6 +119,27 @@ impl Registries {
     }
 }
 
+/// `host:port` of an `http` or `https` URL (the scheme's port when it names none), without its
+/// credentials; an IPv6 host stays bracketed.
+fn host_and_port(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let default = match scheme.to_ascii_lowercase().as_str() {
+        "https" => 443,
+        "http" => 80,
+        _ => return None,
+    };
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let authority = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let (host, port) = match authority.rsplit_once(':') {
+        // `[::1]` alone has colons but no port after its bracket.
+        Some((host, port)) if !port.contains(']') => (host, port.parse::<u16>().ok()?),
+        _ => (authority, default),
+    };
+    (!host.is_empty() && port != 0).then(|| format!("{}:{port}", host.to_ascii_lowercase()))
+}
+
 /// What went wrong, as far as an installer's output tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Trouble {
@@ -105,6 +163,8 @@ const CERTIFICATE: &[&str] = &[
     "server certificate verification failed",
 ];
 const PROXY: &[&str] = &[
+    "plinth egress:",
+    "unsuccessful tunnel",
     "proxyerror",
     "proxy error",
     "tunnel connection failed",
@@ -144,8 +204,10 @@ fn trouble(output: &str) -> Option<Trouble> {
 }
 
 /// A line naming the setting to look at, when `output` (a failed installer's) shows a
-/// certificate, proxy or reachability failure; `offline` says builds had no network at all.
-pub fn hint(registries: &Registries, offline: bool, output: &str) -> Option<String> {
+/// certificate, proxy or reachability failure; `network` is what the build was given.
+pub fn hint(registries: &Registries, network: &Network, output: &str) -> Option<String> {
+    let offline = matches!(network, Network::None);
+    let egress = matches!(network, Network::Join(_));
     let shown = |value: &Option<String>| match value {
         Some(value) => plinth_kit::config::redact_url(value),
         None => "not set".to_owned(),
@@ -160,6 +222,14 @@ pub fn hint(registries: &Registries, offline: bool, output: &str) -> Option<Stri
                 None => "the installers' default authorities".to_owned(),
             }
         ),
+        Trouble::Proxy | Trouble::Unreachable if egress => "builds reach the network only \
+             through the egress proxy (HTTPS_PROXY in their environment), which refuses \
+             loopback, private, link-local and metadata addresses and the node's own, except \
+             for the package registries (pypi.org, files.pythonhosted.org, registry.npmjs.org, \
+             the configured builder.python_index_url, builder.python_extra_index_urls and \
+             builder.npm_registry) and builder.egress_allow: add a host builds need there (a \
+             private mirror); a tool that ignores the proxy variables reaches nothing"
+            .to_owned(),
         Trouble::Proxy => format!(
             "the proxy failed. Check builder.https_proxy and builder.http_proxy (or HTTPS_PROXY \
              and HTTP_PROXY in the builder's environment) and builder.no_proxy; builds used \
@@ -234,33 +304,92 @@ mod tests {
     }
 
     #[test]
+    fn builds_may_reach_the_public_registries_and_each_configured_one_on_its_port() {
+        assert_eq!(
+            Registries::default().egress_allow(),
+            Ok(vec![
+                "pypi.org:443".to_owned(),
+                "files.pythonhosted.org:443".to_owned(),
+                "registry.npmjs.org:443".to_owned(),
+            ])
+        );
+        let registries = Registries {
+            python_index_url: Some("https://user:secret@Pypi.Internal/simple".to_owned()),
+            python_extra_index_urls: vec![
+                "http://10.0.0.5:3141/root/pypi/+simple/".to_owned(),
+                "https://[fd00::5]:8443/simple".to_owned(),
+                "https://pypi.org/simple".to_owned(),
+            ],
+            npm_registry: Some("http://npm.internal?x=1".to_owned()),
+            ..Registries::default()
+        };
+        let allowed = registries.egress_allow().expect("entries");
+        assert_eq!(
+            allowed[3..],
+            [
+                "pypi.internal:443",
+                "10.0.0.5:3141",
+                "[fd00::5]:8443",
+                "npm.internal:80"
+            ]
+        );
+        for entry in &allowed {
+            assert!(
+                entry.parse::<plinth_sandbox::egress::Allow>().is_ok(),
+                "{entry}"
+            );
+        }
+        let bad = Registries {
+            npm_registry: Some("ftp://user:secret@npm.internal".to_owned()),
+            ..Registries::default()
+        };
+        let error = bad.egress_allow().expect_err("not http");
+        assert!(!error.contains("secret"), "{error}");
+    }
+
+    #[test]
     fn a_failure_names_the_setting_to_look_at_and_hides_credentials() {
         let registries = Registries {
             https_proxy: Some("http://user:hunter2@proxy:3128".to_owned()),
             ..Registries::default()
         };
         let uv = "error: Request failed after 3 retries\n  Caused by: invalid peer certificate: UnknownIssuer";
-        let said = hint(&registries, false, uv).expect("a certificate hint");
+        let said = hint(&registries, &Network::Host, uv).expect("a certificate hint");
         assert!(said.contains("builder.ca_bundle"), "{said}");
         let npm = "npm error code ECONNREFUSED\nnpm error errno ECONNREFUSED";
-        let said = hint(&registries, false, npm).expect("a reachability hint");
+        let said = hint(&registries, &Network::Host, npm).expect("a reachability hint");
         assert!(said.contains("builder.https_proxy"), "{said}");
         assert!(!said.contains("hunter2"), "{said}");
-        let said = hint(&registries, true, npm).expect("an offline hint");
+        let said = hint(&registries, &Network::None, npm).expect("an offline hint");
         assert!(said.contains("builder.network = false"), "{said}");
         let pip = "ProxyError('Cannot connect to proxy.', OSError('Tunnel connection failed: 407 Proxy Authentication Required'))";
         assert!(
-            hint(&registries, false, pip)
+            hint(&registries, &Network::Host, pip)
                 .expect("a proxy hint")
                 .contains("builder.http_proxy")
         );
         assert_eq!(
             hint(
                 &registries,
-                false,
+                &Network::Host,
                 "ModuleNotFoundError: No module named 'x'"
             ),
             None
         );
+        // Through the egress proxy, a refusal names builder.egress_allow.
+        let netns = std::sync::Arc::new(
+            rustix::fs::open(
+                "/proc/self/ns/net",
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .expect("our network namespace"),
+        );
+        let refused = "ERROR: Could not install packages due to an OSError: \
+            HTTPSConnectionPool(host='mirror.example', port=443): Max retries exceeded \
+            (Caused by ProxyError('Unable to connect to proxy', OSError('Tunnel connection \
+            failed: 403 Forbidden')))";
+        let said = hint(&registries, &Network::Join(netns), refused).expect("an egress hint");
+        assert!(said.contains("builder.egress_allow"), "{said}");
     }
 }

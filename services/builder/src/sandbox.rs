@@ -1,30 +1,44 @@
 //! The build sandbox: runs one command of a build at the environment's mount path, as an
 //! unprivileged user, in private namespaces, with a time limit, streaming its output.
 //!
-//! What the command sees (ARCHITECTURE §3.3, UHP §9):
+//! It is the sessions' recipe ([`plinth_sandbox`]), so sessions and builds cannot drift apart in
+//! what they hide: the same allow-listed root, the same seccomp filter, the same egress proxy.
+//! What the command sees (ARCHITECTURE §3.3, UHP §9), built by [`plinth_sandbox::root`] from
+//! what it may see, never from the host's root minus a deny-list:
 //!
-//! - `/env` is a fresh read-only tmpfs holding only `/env/<slug>` (the scratch directory,
-//!   bind-mounted read-write, the working directory) and `/env/.home` (`HOME`, the build's own).
-//!   No other environment is visible, whatever the host has under `/env`. (A build's download
-//!   cache lives inside the scratch directory while it runs, on the same mount as what it
-//!   installs, so installers can hard-link from it: see [`mod@crate::install`].)
-//! - `/tmp` is the build's own directory (on disk, beside HOME) and `/dev/shm` a small private
-//!   tmpfs, so tools that write there work without touching the host's.
-//! - Every other mount of the host (but `/proc`, `/sys` and `/dev`, kernel interfaces and device
-//!   nodes) is re-mounted read-only inside the namespace, so the command can write nowhere but
-//!   `/env/<slug>`, HOME, `/tmp` and `/dev/shm`, whatever the host's permissions say.
-//!   (Host mounts stay as they are: every remount is of the namespace's copy.)
-//! - Each hidden path (the builder's state, other environments, sessions) is covered by an empty,
-//!   read-only, mode-000 tmpfs (a file by `/dev/null`).
+//! - the host's system directories (`/usr`, `/bin`, `/sbin`, `/lib*`, `/etc`, `/opt`)
+//!   read-only, with the hidden paths (Plinth's data directory, the builder's state, the
+//!   configuration file) covered wherever they fall beneath one;
+//! - `/env/<slug>`: the scratch directory, read-write, the working directory; `/env/.home`:
+//!   `HOME`, the build's own. Nothing else under `/env`: no other environment, whatever the host
+//!   has there. (A build's download cache lives inside the scratch directory while it runs, on
+//!   the same mount as what it installs, so installers can hard-link from it: see
+//!   [`mod@crate::install`].)
+//! - the tools directories ([`Sandbox::shown`]: the entries of the installers' `PATH` that are
+//!   not system directories, where `uv` and the certificate bundle's copy live, and find-links
+//!   of an offline build) read-only at their own path;
+//! - `/tmp`: the build's own directory on disk (pip builds wheels there, more than memory
+//!   should hold), `/var/tmp` a link to it (unless a shown directory lies beneath it);
+//!   `/dev/shm` a 64 MiB tmpfs; a minimal `/dev`; its own `/proc`;
+//! - nothing else: not `/root`, `/home`, `/var`, `/srv`, `/run`, `/sys`, the data directory,
+//!   other builds' scratch directories or sessions, wherever they are configured.
+//!
+//! And further:
+//!
 //! - A new PID namespace whose first process is a minimal root waiter, the command's parent:
-//!   the command sees only its own processes (`/proc` is the namespace's), and when the command
-//!   ends, times out or the builder drops the run, the namespace's first process ends and the
-//!   kernel kills every process left in it, daemons and `setsid` escapees included. A timeout
-//!   returns only once they are all gone. IPC and UTS namespaces are private too, and with
-//!   `isolate_network` so is the network (only a loopback that is down: no network at all).
+//!   the command sees only its own processes (`/proc` is the namespace's, `hidepid=2`), and when
+//!   the command ends, times out or the builder drops the run, the namespace's first process
+//!   ends and the kernel kills every process left in it, daemons and `setsid` escapees
+//!   included. A timeout returns only once they are all gone. IPC and UTS namespaces are
+//!   private too (the host is named `build`).
+//! - The network ([`Network`]): with `None`, a namespace of the command's own holding only its
+//!   loopback; with `Join`, the namespace a build was given by the builder, whose only way out
+//!   is the egress proxy listening in it (see [`mod@crate::install`]); with `Host`, the host's.
 //! - It runs as `uid:gid` with no supplementary groups, no capabilities (bounding set emptied,
-//!   inheritable set cleared) and `no_new_privs` (set-uid binaries cannot raise it), with
-//!   exactly the environment it is given: nothing of the builder's own environment is inherited.
+//!   inheritable set cleared), `no_new_privs` (set-uid binaries cannot raise it) and the
+//!   sessions' seccomp filter ([`plinth_sandbox::seccomp`]: no mounts, namespaces, keyrings,
+//!   `bpf`, `ptrace`…), with exactly the environment it is given: nothing of the builder's own
+//!   environment is inherited.
 //!
 //! Mechanism: direct system calls in the child between `fork` and `exec` (`pre_exec`), as the
 //! node agent isolates sessions. Setting up with util-linux (`unshare`, `mount`, `setpriv`, `env`
@@ -33,43 +47,49 @@
 //! inside it, and `unshare(CLONE_NEWPID)` moves only the caller's *children* there, so the child
 //! std forks (P, outside the namespace, the process the builder waits for) forks once more:
 //!
-//! 1. P unshares the mount, PID, IPC and UTS (and network) namespaces and forks C, the PID
+//! 1. P enters the build's network namespace (`setns`) when it has one, unshares the mount,
+//!    PID, IPC and UTS namespaces (and the network, for `None`) and forks C, the PID
 //!    namespace's first process. P closes every descriptor but stdio, waits for C and exits with
 //!    its status.
 //! 2. C asks for SIGKILL should P die (a dropped run kills P: C dies, so does the namespace),
-//!    makes every mount private, mounts the namespace's `/proc`, sets up the mounts above and
-//!    forks D. C closes every descriptor but stdio and waits: it reaps whatever is orphaned in
-//!    the namespace and exits with D's status (128 + the signal if D was killed by one), which
-//!    takes the rest of the namespace down.
+//!    builds the root and enters it ([`plinth_sandbox::root::RootPlan::enter`]: a tmpfs over
+//!    `/env` in the new mount namespace, the steps above, `pivot_root`), names the host, brings
+//!    a private network's loopback up and forks D. C closes every descriptor but stdio and
+//!    waits: it reaps whatever is orphaned in the namespace and exits with D's status (128 + the
+//!    signal if D was killed by one), which takes the rest of the namespace down.
 //! 3. D empties the capability bounding set, drops to `uid:gid`, clears the inheritable
-//!    capabilities, sets `no_new_privs`, changes to `/env/<slug>` and returns to std, which
-//!    executes the command (looked up on the command's own `PATH`) with exactly its environment.
+//!    capabilities, sets `no_new_privs`, changes to `/env/<slug>`, installs the seccomp filter
+//!    (last: it refuses `setns`, `unshare` and `mount`) and returns to std, which executes the
+//!    command (looked up on the command's own `PATH`) with exactly its environment.
 //!
-//! Each step runs only raw system calls on data prepared before the fork (C strings, the mount
-//! list): nothing is allocated and no lock is taken between fork and exec. The spawn returns
-//! once D has executed the command or one of C's or D's steps failed; a failed step writes
-//! `plinth-sandbox: cannot …` to the command's stderr first, so the error names the step.
+//! Each step runs only raw system calls on data prepared before the fork (the root's plan of C
+//! strings, the compiled filter): nothing is allocated and no lock is taken between fork and
+//! exec. The spawn returns once D has executed the command or one of the steps failed; a
+//! failed step writes `plinth-sandbox: cannot …` to the command's stderr first, so the error
+//! names the step (for the root, what it was doing and to which path).
 //!
-//! The host keeps one trace: an empty `/env` directory, created as the tmpfs's mount point.
+//! The host keeps one trace: an empty `/env` directory, the mount point of the root's tmpfs.
 //!
-//! Limits: no CPU, memory or disk quota (that needs cgroups, which the deployment provides); the
-//! host's file system stays *readable* wherever the uid's permissions allow (hide what matters
-//! with `hidden_paths`); with the network on, the command reaches whatever the host reaches.
+//! Limits: no CPU, memory or disk quota (that needs cgroups, which the deployment provides);
+//! with `Host`, the command reaches whatever the host reaches.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
+use plinth_sandbox::root::{Bind, RootPlan, RootSpec, SYSTEM_DIRS};
+use plinth_sandbox::seccomp::Filter;
 use rustix::io::Errno;
-use rustix::mount::{MountFlags, MountPropagationFlags};
 use rustix::thread::UnshareFlags;
 use tokio::sync::mpsc;
 
-/// Where environments are mounted; inside the sandbox, a private tmpfs.
+/// Where environments are mounted; inside the sandbox, the root's own directory.
 pub const ENV_ROOT: &str = "/env";
 /// The command's `HOME` inside the sandbox.
 pub const HOME: &str = "/env/.home";
@@ -82,6 +102,10 @@ const SETUP_OUTPUT_CAP: u64 = 64 * 1024;
 const DRAIN_AFTER_KILL: Duration = Duration::from_secs(5);
 /// How long a killed namespace may take to empty before its waiter is killed outright.
 const TEARDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Size of the build's private `/dev/shm`.
+const SHM_BYTES: u64 = 64 * 1024 * 1024;
+/// Host paths a build sees as its own, whatever the host has there.
+const OWN_PATHS: [&str; 4] = [ENV_ROOT, "/tmp", "/dev", "/proc"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -99,6 +123,8 @@ pub enum SandboxError {
     InvalidHiddenPath(PathBuf),
     #[error("the sandbox's directories must be absolute paths, not {0:?}")]
     RelativePath(PathBuf),
+    #[error("{path:?} cannot be shown to builds: {why}")]
+    CannotShow { path: PathBuf, why: String },
     #[error("invalid command or environment for the sandbox: {0}")]
     InvalidCommand(String),
     #[error("could not set up the build sandbox: {0}")]
@@ -131,15 +157,30 @@ pub struct Sandbox {
     pub home: PathBuf,
     /// The build's own `/tmp`.
     pub tmp: PathBuf,
+    /// Host directories shown read-only at their own path besides the system directories: the
+    /// tools directory, find-links ([`shown_directories`]). None may be or hold a hidden path.
+    pub shown: Vec<PathBuf>,
     pub uid: u32,
     pub gid: u32,
-    /// Host paths covered by an empty read-only tmpfs (directories) or `/dev/null` (files).
-    /// Paths under `/env` and `/tmp` are replaced wholesale anyway and need no entry.
+    /// Host paths never shown: covered by an empty read-only tmpfs (directories) or `/dev/null`
+    /// (files) where they fall beneath a system directory; absent anywhere else.
     pub hidden_paths: Vec<PathBuf>,
-    /// Give the command a network namespace of its own with no interfaces up.
-    pub isolate_network: bool,
+    /// The network the command is given.
+    pub network: Network,
     /// The wall-clock limit for one command.
     pub timeout: Duration,
+}
+
+/// The network a build's command is given.
+#[derive(Debug, Clone)]
+pub enum Network {
+    /// A network namespace of the command's own, holding only its loopback: no network.
+    None,
+    /// The network namespace behind this descriptor (a build's, whose only way out is the
+    /// egress proxy the builder serves in it).
+    Join(Arc<OwnedFd>),
+    /// The host's network, unfiltered.
+    Host,
 }
 
 /// Checks a slug is one path segment that cannot collide with the sandbox's own `/env/.home`,
@@ -158,13 +199,13 @@ pub fn validate_slug(slug: &str) -> Result<(), SandboxError> {
     }
 }
 
-/// Why a build would not see `path` as it is on the host, if it would not: `/env`, `/tmp` and
-/// `/dev/shm` are the sandbox's own, and every hidden path is covered. For a path a build must
-/// reach (the tools directory), so a configuration that hides it is refused at start instead
-/// of failing every build with "No such file".
+/// Why a build could not be shown `path` as it is on the host, if it could not: `/env`, `/tmp`,
+/// `/dev` and `/proc` are the sandbox's own, and a hidden path is never shown. For a path a
+/// build must reach (the tools directory), so a configuration that hides it is refused at start
+/// instead of failing every build with "No such file".
 pub fn hidden_from_builds(path: &Path, hidden_paths: &[PathBuf]) -> Option<String> {
     let bytes = path.as_os_str().as_bytes();
-    for own in [ENV_ROOT, "/tmp", "/dev/shm"] {
+    for own in OWN_PATHS {
         if path_is_under(bytes, own.as_bytes()) {
             return Some(format!(
                 "{} is under {own}, which the build sandbox replaces with its own",
@@ -172,13 +213,21 @@ pub fn hidden_from_builds(path: &Path, hidden_paths: &[PathBuf]) -> Option<Strin
             ));
         }
     }
+    if let Some(hidden) = hidden_paths.iter().find(|hidden| path.starts_with(hidden)) {
+        return Some(format!(
+            "{} is under {}, which the build sandbox hides (Plinth's data and the builder's \
+             state)",
+            path.display(),
+            hidden.display()
+        ));
+    }
     hidden_paths
         .iter()
-        .find(|hidden| path.starts_with(hidden))
+        .find(|hidden| hidden.starts_with(path))
         .map(|hidden| {
             format!(
-                "{} is under {}, which the build sandbox hides (Plinth's data and the builder's \
-                 state)",
+                "{} holds {}, which the build sandbox hides (Plinth's data and the builder's \
+                 state): showing it would show that too",
                 path.display(),
                 hidden.display()
             )
@@ -206,6 +255,28 @@ pub fn status_code(status: ExitStatus) -> i32 {
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
+/// The host directories a build is shown read-only at their own path: each absolute directory
+/// on the installers' `path` that is not beneath a system directory (the tools directory, where
+/// `uv` and the certificate bundle's copy are), then `extra` (find-links), without one that
+/// lies beneath another or does not exist.
+pub fn shown_directories(path: &str, extra: &[PathBuf]) -> Vec<PathBuf> {
+    let candidates = path
+        .split(':')
+        .map(PathBuf::from)
+        .chain(extra.iter().cloned())
+        .filter(|dir| dir.is_absolute() && dir.is_dir())
+        .filter(|dir| !SYSTEM_DIRS.iter().any(|system| dir.starts_with(system)));
+    let mut shown: Vec<PathBuf> = Vec::new();
+    for dir in candidates {
+        if shown.iter().any(|kept| dir.starts_with(kept)) {
+            continue;
+        }
+        shown.retain(|kept| !kept.starts_with(&dir));
+        shown.push(dir);
+    }
+    shown
+}
+
 impl Sandbox {
     /// The command's working directory and the environment's mount path: `/env/<slug>`.
     pub fn mount_path(&self) -> String {
@@ -224,12 +295,11 @@ impl Sandbox {
     ) -> Result<ExitStatus, SandboxError> {
         validate_slug(&self.slug)?;
         check_permitted()?;
-        // The tmpfs needs a mount point; an empty directory on the host is all it leaves there.
+        // The root's tmpfs needs a mount point; an empty directory on the host is all it leaves
+        // there.
         std::fs::create_dir_all(ENV_ROOT)
             .map_err(SandboxError::io(format!("creating {ENV_ROOT} on the host")))?;
-        let mounts = std::fs::read("/proc/self/mountinfo")
-            .map_err(SandboxError::io("reading /proc/self/mountinfo"))?;
-        let plan = self.plan(&host_mounts(&mounts), argv, env)?;
+        let plan = self.plan(argv, env)?;
 
         let (reader, writer) = std::io::pipe().map_err(SandboxError::io("creating a pipe"))?;
         let stderr = writer
@@ -248,9 +318,10 @@ impl Sandbox {
             .process_group(0)
             .kill_on_drop(true);
         // SAFETY: the closure runs in the child std forks, before exec. It only makes raw system
-        // calls on data `plan` prepared before the fork (it owns its C strings and the mount
-        // list; nothing is allocated, no lock is taken), and the processes it forks do the
-        // same until they exit or exec (see `enter`), as `pre_exec` requires.
+        // calls on data `plan` prepared before the fork (it owns the root's plan of C strings,
+        // the network namespace's descriptor and a reference to the compiled filter; nothing
+        // is allocated, no lock is taken), and the processes it forks do the same until they
+        // exit or exec (see `enter`), as `pre_exec` requires.
         #[allow(unsafe_code)]
         unsafe {
             command.pre_exec(move || enter(&plan).map_err(std::io::Error::from));
@@ -315,14 +386,9 @@ impl Sandbox {
         status.ok_or_else(|| SandboxError::Setup("no exit status".to_owned()))
     }
 
-    /// Checks the command and the sandbox's paths and prepares, as C strings, everything the
-    /// child needs. `mounts` are the host's mount points (with their flags) to make read-only.
-    fn plan(
-        &self,
-        mounts: &[HostMount],
-        argv: &[String],
-        env: &[(String, String)],
-    ) -> Result<Plan, SandboxError> {
+    /// Checks the command and the sandbox's paths and prepares everything the child needs: the
+    /// root's steps as C strings, the namespaces, the filter.
+    fn plan(&self, argv: &[String], env: &[(String, String)]) -> Result<Plan, SandboxError> {
         let Some(program) = argv.first() else {
             return Err(SandboxError::InvalidCommand("empty command".to_owned()));
         };
@@ -346,7 +412,11 @@ impl Sandbox {
             }
         }
         let own = [&self.root, &self.home, &self.tmp];
-        if let Some(relative) = own.into_iter().find(|path| !path.is_absolute()) {
+        if let Some(relative) = own
+            .into_iter()
+            .chain(&self.shown)
+            .find(|path| !path.is_absolute())
+        {
             return Err(SandboxError::RelativePath(relative.clone()));
         }
         for hidden in &self.hidden_paths {
@@ -354,42 +424,76 @@ impl Sandbox {
                 return Err(SandboxError::InvalidHiddenPath(hidden.clone()));
             }
         }
-        let hidden = self
-            .hidden_paths
-            .iter()
-            .map(|path| path.as_os_str().as_bytes())
-            .filter(|path| {
-                !path_is_under(path, ENV_ROOT.as_bytes()) && !path_is_under(path, b"/tmp")
-            })
-            .map(c_string)
-            .collect::<Result<_, _>>()?;
-        let read_only = mounts
-            .iter()
-            .map(|mount| {
-                Ok(ReadOnly {
-                    point: c_string(&mount.point)?,
-                    flags: mount.flags,
-                    required: mount.point == b"/",
-                })
-            })
-            .collect::<Result<_, SandboxError>>()?;
+        // The root is built on a tmpfs over /env: a host directory beneath it is out of reach
+        // by then.
+        if let Some(under) = own
+            .into_iter()
+            .find(|path| path_is_under(path.as_os_str().as_bytes(), ENV_ROOT.as_bytes()))
+        {
+            return Err(SandboxError::CannotShow {
+                path: under.clone(),
+                why: format!("the build sandbox builds its root over {ENV_ROOT}"),
+            });
+        }
+        for shown in &self.shown {
+            if let Some(why) = hidden_from_builds(shown, &self.hidden_paths) {
+                return Err(SandboxError::CannotShow {
+                    path: shown.clone(),
+                    why,
+                });
+            }
+        }
+        let mut binds = vec![
+            Bind {
+                host: self.root.clone(),
+                lower: Vec::new(),
+                inside: PathBuf::from(self.mount_path()),
+                read_only: false,
+            },
+            Bind {
+                host: self.home.clone(),
+                lower: Vec::new(),
+                inside: PathBuf::from(HOME),
+                read_only: false,
+            },
+        ];
+        binds.extend(self.shown.iter().map(|dir| Bind {
+            host: dir.clone(),
+            lower: Vec::new(),
+            inside: dir.clone(),
+            read_only: true,
+        }));
+        let spec = RootSpec {
+            cover: self.hidden_paths.clone(),
+            binds,
+            tmp_bytes: 0,
+            tmp_host: Some(self.tmp.clone()),
+            shm_bytes: SHM_BYTES,
+        };
+        let root = RootPlan::new(&spec).map_err(|error| SandboxError::Setup(error.to_string()))?;
+        let seccomp = Filter::shared()
+            .map_err(|error| SandboxError::Setup(format!("the seccomp filter: {error}")))?;
         let mut namespaces = UnshareFlags::NEWNS
             | UnshareFlags::NEWPID
             | UnshareFlags::NEWIPC
             | UnshareFlags::NEWUTS;
-        if self.isolate_network {
-            namespaces |= UnshareFlags::NEWNET;
-        }
+        let netns = match &self.network {
+            Network::None => {
+                namespaces |= UnshareFlags::NEWNET;
+                None
+            }
+            Network::Join(netns) => Some(netns.clone()),
+            Network::Host => None,
+        };
         Ok(Plan {
             namespaces,
+            netns,
+            loopback: matches!(self.network, Network::None),
+            root,
             mount_path: c_string(self.mount_path().as_bytes())?,
-            root: c_string(self.root.as_os_str().as_bytes())?,
-            home: c_string(self.home.as_os_str().as_bytes())?,
-            tmp: c_string(self.tmp.as_os_str().as_bytes())?,
-            read_only,
-            hidden,
             uid: rustix::process::Uid::from_raw(self.uid),
             gid: rustix::process::Gid::from_raw(self.gid),
+            seccomp,
         })
     }
 }
@@ -431,38 +535,29 @@ fn setup_error(error: std::io::Error, reader: std::io::PipeReader, program: &str
 /// Everything the sandbox's processes need between fork and exec, prepared before the fork.
 struct Plan {
     namespaces: UnshareFlags,
+    /// The build's network namespace, entered instead of making one.
+    netns: Option<Arc<OwnedFd>>,
+    /// Bring the loopback of a namespace made here up.
+    loopback: bool,
+    root: RootPlan,
     /// `/env/<slug>`.
     mount_path: CString,
-    root: CString,
-    home: CString,
-    tmp: CString,
-    read_only: Vec<ReadOnly>,
-    /// Hidden paths outside `/env` and `/tmp`.
-    hidden: Vec<CString>,
     uid: rustix::process::Uid,
     gid: rustix::process::Gid,
+    seccomp: &'static Filter,
 }
-
-/// A host mount to make read-only in the namespace.
-struct ReadOnly {
-    point: CString,
-    /// Per-mount flags to keep: a bind remount sets them all at once.
-    flags: MountFlags,
-    /// `/`: the sandbox is refused if it stays writable; others only warn.
-    required: bool,
-}
-
-const ENV_ROOT_C: &CStr = c"/env";
-const HOME_C: &CStr = c"/env/.home";
-const ENV_TMPFS: &CStr = c"mode=0755,size=1m";
-const SHM_TMPFS: &CStr = c"mode=1777,size=64m";
-const HIDDEN_TMPFS: &CStr = c"mode=000,size=4k";
-const EMPTY: &CStr = c"";
 
 /// The sandbox's side of the fork (see the module documentation), run in P; returns only in D,
 /// ready to exec, or with the error of a step (which std reports to the spawning parent).
 /// Raw system calls only.
 fn enter(plan: &Plan) -> Result<(), Errno> {
+    if let Some(netns) = &plan.netns {
+        rustix::thread::move_into_link_name_space(
+            netns.as_fd(),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        )
+        .map_err(|error| cannot(&[b"enter the build's network namespace (setns)"], error))?;
+    }
     // SAFETY: new namespaces only; the forked child has one thread, so no file-descriptor
     // table or fs_struct is shared with another.
     #[allow(unsafe_code)]
@@ -477,7 +572,27 @@ fn enter(plan: &Plan) -> Result<(), Errno> {
     // C: the PID namespace's first process, still root.
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
         .map_err(|error| cannot(&[b"ask for the parent-death signal"], error))?;
-    mount_everything(plan)?;
+    if let Err(failure) = plan.root.enter() {
+        let (what, path) = plan
+            .root
+            .steps
+            .get(failure.step)
+            .map_or(("building the root", c"/"), |step| step.describe());
+        return Err(cannot(
+            &[
+                b"build the root while ",
+                what.as_bytes(),
+                b" ",
+                path.to_bytes(),
+            ],
+            failure.errno,
+        ));
+    }
+    rustix::system::sethostname(b"build").map_err(|error| cannot(&[b"name the host"], error))?;
+    if plan.loopback {
+        plinth_sandbox::keeper::loopback_up()
+            .map_err(|error| cannot(&[b"bring the loopback up"], error))?;
+    }
     if let Some(command) = fork().map_err(|error| cannot(&[b"fork"], error))? {
         close_inherited();
         exit(reap_until(command));
@@ -487,74 +602,10 @@ fn enter(plan: &Plan) -> Result<(), Errno> {
     drop_privileges(plan)?;
     rustix::process::chdir(&*plan.mount_path)
         .map_err(|error| cannot(&[b"change to ", plan.mount_path.to_bytes()], error))?;
-    Ok(())
-}
-
-/// C's mounts, in the order that keeps host paths reachable as long as they are needed: /env
-/// first (a hidden path may contain the scratch directory), then /tmp and /dev/shm, the rest of
-/// the host read-only, then the hidden paths.
-fn mount_everything(plan: &Plan) -> Result<(), Errno> {
-    use rustix::mount::{mount, mount_bind, mount_change, mount_remount};
-    let quiet = MountFlags::NOSUID | MountFlags::NODEV;
-    mount_change(
-        c"/",
-        MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
-    )
-    .map_err(|error| cannot(&[b"make the mounts private"], error))?;
-    mount(
-        c"proc",
-        c"/proc",
-        c"proc",
-        quiet | MountFlags::NOEXEC,
-        EMPTY,
-    )
-    .map_err(|error| cannot(&[b"mount the namespace's /proc"], error))?;
-    mount(c"plinth-env", ENV_ROOT_C, c"tmpfs", quiet, ENV_TMPFS)
-        .map_err(|error| cannot(&[b"mount a tmpfs on /env"], error))?;
-    for (from, to) in [(&*plan.root, &*plan.mount_path), (&*plan.home, HOME_C)] {
-        rustix::fs::mkdir(to, rustix::fs::Mode::from_raw_mode(0o755))
-            .map_err(|error| cannot(&[b"make ", to.to_bytes()], error))?;
-        mount_bind(from, to).map_err(|error| cannot(&[b"bind-mount ", to.to_bytes()], error))?;
-    }
-    mount_remount(
-        ENV_ROOT_C,
-        MountFlags::BIND | MountFlags::RDONLY | quiet,
-        EMPTY,
-    )
-    .map_err(|error| cannot(&[b"make /env read-only"], error))?;
-    mount_bind(&*plan.tmp, c"/tmp").map_err(|error| cannot(&[b"bind-mount /tmp"], error))?;
-    if is_directory(c"/dev/shm") == Some(true) {
-        mount(c"plinth-shm", c"/dev/shm", c"tmpfs", quiet, SHM_TMPFS)
-            .map_err(|error| cannot(&[b"mount a tmpfs on /dev/shm"], error))?;
-    }
-    for host in &plan.read_only {
-        let flags = MountFlags::BIND | MountFlags::RDONLY | host.flags;
-        if let Err(error) = mount_remount(&*host.point, flags, EMPTY) {
-            if host.required {
-                return Err(cannot(&[b"make / read-only"], error));
-            }
-            say(&[
-                b"plinth-sandbox: warning: could not make ",
-                host.point.to_bytes(),
-                b" read-only\n",
-            ]);
-        }
-    }
-    for hidden in &plan.hidden {
-        let covered = match is_directory(hidden) {
-            Some(true) => mount(
-                c"plinth-hidden",
-                &**hidden,
-                c"tmpfs",
-                quiet | MountFlags::NOEXEC | MountFlags::RDONLY,
-                HIDDEN_TMPFS,
-            ),
-            Some(false) => mount_bind(c"/dev/null", &**hidden),
-            // Nothing there: nothing to hide.
-            None => Ok(()),
-        };
-        covered.map_err(|error| cannot(&[b"hide ", hidden.to_bytes()], error))?;
-    }
+    // Last: the filter refuses `setns`, `unshare` and `mount`. std's exec follows at once.
+    plan.seccomp
+        .install()
+        .map_err(|error| cannot(&[b"install the seccomp filter"], error))?;
     Ok(())
 }
 
@@ -593,13 +644,6 @@ fn drop_privileges(plan: &Plan) -> Result<(), Errno> {
     rustix::thread::set_no_new_privs(true)
         .map_err(|error| cannot(&[b"set no_new_privs"], error))?;
     Ok(())
-}
-
-/// Whether `path` is a directory (following links, as mounting on it does); `None` if nothing
-/// is there.
-fn is_directory(path: &CStr) -> Option<bool> {
-    let stat = rustix::fs::stat(path).ok()?;
-    Some(rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::Directory)
 }
 
 /// Writes `parts` to stderr (the command's output pipe), one `write` each: no allocation.
@@ -705,71 +749,6 @@ fn path_is_under(path: &[u8], root: &[u8]) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with(b"/"))
 }
 
-/// A host mount point to re-mount read-only, with the per-mount flags to keep (a bind remount
-/// sets every per-mount flag at once, so flags not named are cleared).
-#[derive(Debug, PartialEq, Eq)]
-struct HostMount {
-    point: Vec<u8>,
-    /// `nosuid`, `nodev` and `noexec` as the mount had them.
-    flags: MountFlags,
-}
-
-/// The host's mount points from `/proc/self/mountinfo`, minus those the sandbox replaces
-/// (`/env`, `/tmp`) or must leave alone (`/proc`, `/sys`, `/dev`: kernel interfaces and device
-/// nodes, which nobody unprivileged can create files in anyway). Stacked mounts appear once.
-fn host_mounts(mountinfo: &[u8]) -> Vec<HostMount> {
-    let mut mounts: Vec<HostMount> = Vec::new();
-    for line in mountinfo.split(|&byte| byte == b'\n') {
-        let fields: Vec<&[u8]> = line.split(|&byte| byte == b' ').collect();
-        let (Some(point), Some(options)) = (fields.get(4), fields.get(5)) else {
-            continue;
-        };
-        let point = unescape_mountinfo(point);
-        let skip = [ENV_ROOT.as_bytes(), b"/tmp", b"/proc", b"/sys", b"/dev"]
-            .iter()
-            .any(|root| path_is_under(&point, root));
-        if skip || mounts.iter().any(|mount| mount.point == point) {
-            continue;
-        }
-        let mut flags = MountFlags::empty();
-        for option in options.split(|&byte| byte == b',') {
-            flags |= match option {
-                b"nosuid" => MountFlags::NOSUID,
-                b"nodev" => MountFlags::NODEV,
-                b"noexec" => MountFlags::NOEXEC,
-                _ => MountFlags::empty(),
-            };
-        }
-        mounts.push(HostMount { point, flags });
-    }
-    mounts
-}
-
-/// Decodes mountinfo's `\ooo` octal escapes (space, tab, newline, backslash).
-fn unescape_mountinfo(field: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(field.len());
-    let mut i = 0;
-    while i < field.len() {
-        let octal = field.get(i + 1..i + 4).filter(|digits| {
-            field[i] == b'\\' && digits.iter().all(|digit| (b'0'..=b'7').contains(digit))
-        });
-        match octal {
-            Some(digits) => {
-                let value = digits
-                    .iter()
-                    .fold(0u32, |acc, digit| acc * 8 + u32::from(digit - b'0'));
-                out.push(u8::try_from(value).unwrap_or(b'?'));
-                i += 4;
-            }
-            None => {
-                out.push(field[i]);
-                i += 1;
-            }
-        }
-    }
-    out
-}
-
 /// Stops a sandbox past its time limit, returning once nothing of it runs. Killing the PID
 /// namespace's first process (C, the child of the waiter P that the builder spawned) makes the
 /// kernel kill every process in the namespace, and P, which waits for C, exits only after the
@@ -822,7 +801,6 @@ fn parent_of(stat: &[u8]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
     #[test]
     fn slugs_are_one_safe_segment() {
         for good in ["content-studio", "a", "v1.2_x"] {
@@ -831,37 +809,6 @@ mod tests {
         for bad in ["", ".home", "-x", "a/b", "..", "a b", "é", "a'b"] {
             assert!(validate_slug(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn mountinfo_is_parsed_filtered_and_unescaped() {
-        let info = b"27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n\
-            22 27 0:21 / /proc rw,relatime - proc proc rw\n\
-            28 27 0:25 / /mnt/a\\040b ro,nosuid,nodev,relatime - tmpfs x ro\n\
-            29 27 0:25 / /env/other ro - tmpfs x ro\n\
-            30 27 0:25 / /tmp rw,noexec - tmpfs x rw\n\
-            31 27 0:25 / /dev/shm rw - tmpfs x rw\n\
-            32 27 0:26 / /mnt/a\\040b rw - tmpfs x rw\n\
-            33 27 0:27 / /environment rw,noexec - tmpfs x rw\n";
-        assert_eq!(
-            host_mounts(info),
-            vec![
-                HostMount {
-                    point: b"/".to_vec(),
-                    flags: MountFlags::empty()
-                },
-                HostMount {
-                    point: b"/mnt/a b".to_vec(),
-                    flags: MountFlags::NOSUID | MountFlags::NODEV
-                },
-                HostMount {
-                    point: b"/environment".to_vec(),
-                    flags: MountFlags::NOEXEC
-                },
-            ]
-        );
-        assert_eq!(unescape_mountinfo(b"a\\134b\\011"), b"a\\b\t");
-        assert_eq!(unescape_mountinfo(b"trailing\\"), b"trailing\\");
     }
 
     #[test]
@@ -891,30 +838,73 @@ mod tests {
             root: PathBuf::from("/scratch/it's"),
             home: PathBuf::from("/work/home"),
             tmp: PathBuf::from("/work/tmp"),
+            shown: vec![PathBuf::from("/var/lib/plinth/tools")],
             uid: 65534,
             gid: 65534,
-            hidden_paths: vec![PathBuf::from("/var/lib/plinth"), PathBuf::from("/env/x")],
-            isolate_network: false,
+            hidden_paths: vec![
+                PathBuf::from("/var/lib/plinth/data"),
+                PathBuf::from("/env/x"),
+            ],
+            network: Network::None,
             timeout: Duration::from_secs(1),
         }
     }
 
+    /// The root's binds and bind flags as `from -> to (ro|rw)`, and whether a tmpfs is at
+    /// `/tmp`.
+    fn binds(plan: &Plan) -> (Vec<String>, bool) {
+        use plinth_sandbox::root::Step;
+        let mut shown = Vec::new();
+        for (index, step) in plan.root.steps.iter().enumerate() {
+            if let Step::Bind(from, to, _) = step {
+                let read_only = plan.root.steps[index + 1..]
+                    .iter()
+                    .find_map(|later| match later {
+                        Step::Remount(path, flags) if path == to => {
+                            Some(flags.contains(rustix::mount::MountFlags::RDONLY))
+                        }
+                        _ => None,
+                    });
+                shown.push(format!(
+                    "{} -> {} ({})",
+                    from.to_string_lossy(),
+                    to.to_string_lossy(),
+                    if read_only == Some(false) { "rw" } else { "ro" }
+                ));
+            }
+        }
+        let tmpfs_at_tmp =
+            plan.root.steps.iter().any(
+                |step| matches!(step, Step::Tmpfs(path, _, _) if path.as_c_str() == c"/env/tmp"),
+            );
+        (shown, tmpfs_at_tmp)
+    }
+
     #[test]
-    fn the_plan_keeps_paths_exact_and_refuses_bad_input() {
+    fn the_plan_shows_the_scratch_home_tmp_and_tools_and_nothing_of_the_host_beyond() {
         let argv = vec!["bash".to_owned(), "setup.sh".to_owned()];
         let env = vec![("A".to_owned(), "x y".to_owned())];
-        let plan = sandbox()
-            .plan(&host_mounts(b"1 0 1:1 / / rw - ext4 x rw\n"), &argv, &env)
-            .expect("plan");
-        assert_eq!(plan.root.as_bytes(), b"/scratch/it's");
+        let plan = sandbox().plan(&argv, &env).expect("plan");
         assert_eq!(plan.mount_path.as_bytes(), b"/env/demo");
-        assert_eq!(plan.read_only.len(), 1);
-        assert_eq!(plan.read_only[0].point.as_bytes(), b"/");
-        assert!(plan.read_only[0].required, "/ must be made read-only");
-        assert_eq!(
-            plan.hidden,
-            vec![CString::new("/var/lib/plinth").expect("path")],
-            "paths under /env are covered already"
+        let (shown, tmpfs_at_tmp) = binds(&plan);
+        for expected in [
+            "/scratch/it's -> /env/env/demo (rw)",
+            "/work/home -> /env/env/.home (rw)",
+            "/work/tmp -> /env/tmp (rw)",
+            "/var/lib/plinth/tools -> /env/var/lib/plinth/tools (ro)",
+            "/usr -> /env/usr (ro)",
+        ] {
+            assert!(
+                shown.iter().any(|bind| bind == expected),
+                "{expected}: {shown:?}"
+            );
+        }
+        assert!(!tmpfs_at_tmp, "a build's /tmp is its directory on disk");
+        assert!(
+            !shown
+                .iter()
+                .any(|bind| bind.starts_with("/var ") || bind.starts_with("/root")),
+            "{shown:?}"
         );
         assert_eq!(
             plan.namespaces,
@@ -922,29 +912,96 @@ mod tests {
                 | UnshareFlags::NEWPID
                 | UnshareFlags::NEWIPC
                 | UnshareFlags::NEWUTS
+                | UnshareFlags::NEWNET
         );
-        let mut offline = sandbox();
-        offline.isolate_network = true;
-        let plan = offline.plan(&[], &argv, &env).expect("plan");
-        assert!(plan.namespaces.contains(UnshareFlags::NEWNET));
+        assert!(plan.loopback && plan.netns.is_none());
 
+        // A build given a namespace enters it, and makes none.
+        let mut joined = sandbox();
+        let netns = Arc::new(
+            rustix::fs::open(
+                "/proc/self/ns/net",
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .expect("our own network namespace"),
+        );
+        joined.network = Network::Join(netns);
+        let plan = joined.plan(&argv, &env).expect("plan");
+        assert!(!plan.namespaces.contains(UnshareFlags::NEWNET));
+        assert!(plan.netns.is_some() && !plan.loopback);
+        let mut host = sandbox();
+        host.network = Network::Host;
+        let plan = host.plan(&argv, &env).expect("plan");
+        assert!(!plan.namespaces.contains(UnshareFlags::NEWNET) && plan.netns.is_none());
+    }
+
+    #[test]
+    fn the_plan_refuses_bad_input_and_paths_it_cannot_show() {
+        let argv = vec!["bash".to_owned(), "setup.sh".to_owned()];
         let bad_env = vec![("A=B".to_owned(), String::new())];
-        assert!(sandbox().plan(&[], &argv, &bad_env).is_err());
-        assert!(sandbox().plan(&[], &["X=1".to_owned()], &[]).is_err());
-        assert!(sandbox().plan(&[], &["a\0b".to_owned()], &[]).is_err());
-        assert!(sandbox().plan(&[], &[], &[]).is_err());
+        assert!(sandbox().plan(&argv, &bad_env).is_err());
+        assert!(sandbox().plan(&["X=1".to_owned()], &[]).is_err());
+        assert!(sandbox().plan(&["a\0b".to_owned()], &[]).is_err());
+        assert!(sandbox().plan(&[], &[]).is_err());
         let mut relative = sandbox();
         relative.home = PathBuf::from("home");
         assert!(matches!(
-            relative.plan(&[], &argv, &[]),
+            relative.plan(&argv, &[]),
             Err(SandboxError::RelativePath(_))
         ));
         let mut root_hidden = sandbox();
         root_hidden.hidden_paths = vec![PathBuf::from("/")];
         assert!(matches!(
-            root_hidden.plan(&[], &argv, &[]),
+            root_hidden.plan(&argv, &[]),
             Err(SandboxError::InvalidHiddenPath(_))
         ));
+        // A tools directory that holds a hidden path, or lies beneath one, or beneath a path
+        // the sandbox replaces; a scratch directory under /env.
+        for (shown, root) in [
+            ("/var/lib/plinth", "/scratch"),
+            ("/var/lib/plinth/data/tools", "/scratch"),
+            ("/tmp/tools", "/scratch"),
+            ("/var/lib/plinth/tools", "/env/scratch"),
+        ] {
+            let mut sandbox = sandbox();
+            sandbox.shown = vec![PathBuf::from(shown)];
+            sandbox.root = PathBuf::from(root);
+            assert!(
+                matches!(
+                    sandbox.plan(&argv, &[]),
+                    Err(SandboxError::CannotShow { .. })
+                ),
+                "{shown}, {root}"
+            );
+        }
+    }
+
+    #[test]
+    fn shown_directories_are_the_tools_outside_system_directories_once_each() {
+        let tools = tempfile::Builder::new()
+            .prefix("plinth-shown-")
+            .tempdir_in("/var/tmp")
+            .expect("tempdir");
+        let inner = tools.path().join("bin");
+        std::fs::create_dir(&inner).expect("mkdir");
+        let other = tempfile::Builder::new()
+            .prefix("plinth-shown-")
+            .tempdir_in("/var/tmp")
+            .expect("tempdir");
+        let path = format!(
+            "{}:/usr/local/bin:/usr/bin:relative:/nowhere/at/all:{}",
+            inner.display(),
+            tools.path().display()
+        );
+        assert_eq!(
+            shown_directories(&path, &[other.path().to_owned(), inner.clone()]),
+            vec![tools.path().to_owned(), other.path().to_owned()]
+        );
+        assert_eq!(
+            shown_directories("/usr/local/bin:/usr/bin:/bin", &[]),
+            Vec::<PathBuf>::new()
+        );
     }
 
     #[test]
@@ -952,13 +1009,13 @@ mod tests {
         let (reader, mut writer) = std::io::pipe().expect("pipe");
         std::io::Write::write_all(
             &mut writer,
-            b"plinth-sandbox: warning: x\nplinth-sandbox: cannot mount a tmpfs on /env\n",
+            b"plinth-sandbox: warning: x\nplinth-sandbox: cannot build the root while mounting a tmpfs on /env\n",
         )
         .expect("write");
         drop(writer);
         let error = setup_error(std::io::Error::from_raw_os_error(1), reader, "uv");
         assert!(
-            matches!(&error, SandboxError::NotPermitted(text) if text.starts_with("cannot mount a tmpfs on /env: ")),
+            matches!(&error, SandboxError::NotPermitted(text) if text.starts_with("cannot build the root while mounting a tmpfs on /env: ")),
             "{error}"
         );
         let (reader, writer) = std::io::pipe().expect("pipe");

@@ -238,6 +238,7 @@ impl Isolation {
                 },
             ],
             tmp_bytes: TMP_BYTES,
+            tmp_host: None,
             shm_bytes: SHM_BYTES,
         };
         Ok(NamespacePlan {

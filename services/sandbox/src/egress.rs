@@ -17,7 +17,8 @@
 //!
 //! - [`policy`]: the table of refused ranges and the configuration's `allow`/`deny` entries;
 //! - [`proxy`]: the proxy server;
-//! - [`netns`]: the socket inside the namespace, bringing `lo` up, the node's own addresses.
+//! - [`netns`]: a new namespace, the socket inside it, bringing `lo` up, the node's own
+//!   addresses.
 
 pub mod netns;
 pub mod policy;
@@ -28,7 +29,7 @@ mod tests;
 
 use std::net::SocketAddr;
 
-pub use netns::{listen_in, loopback_up, node_addresses};
+pub use netns::{listen_in, loopback_up, new_namespace, node_addresses};
 pub use policy::{Allow, Cidr, EgressPolicy, Host, Permitted, PolicyError, Reason, Refusal};
 pub use proxy::{Connect, Limits, Proxy, Resolve, SystemResolver, TcpConnect, serve};
 

@@ -12,10 +12,10 @@
 //! | a covered path beneath those (the data directory, a config file, …) | nothing | an empty read-only tmpfs, or `/dev/null` for a file |
 //! | read-only binds (`/env/<slug>`) | the version | bind remounted read-only, or a read-only overlay of its layers |
 //! | writable binds (`/home/session`) | the working directory | bind, `nosuid`, `nodev` |
-//! | `/tmp`, `/dev/shm` | private | tmpfs of a given size (charged to the session's memory cgroup) |
+//! | `/tmp`, `/dev/shm` | private | tmpfs of a given size (charged to the session's memory cgroup); or, for `/tmp`, a host directory of the sandbox's own (a build's, where pip builds wheels), bind, `nosuid`, `nodev` |
 //! | `/dev` | `null`, `zero`, `full`, `random`, `urandom`, `tty`, its own `pts`, `fd`/`stdin`/`stdout`/`stderr` links | a small tmpfs, host nodes bound onto files, read-only |
 //! | `/proc` | the sandbox's own processes | a new procfs (the builder of the root is the PID namespace's first process), `hidepid=2` so the keeper (root) is not listed |
-//! | `/var/tmp` | `/tmp` | a link |
+//! | `/var/tmp` | `/tmp` | a link (unless a bind is shown beneath it) |
 //! | everything else (`/root`, `/home`, `/var`, `/srv`, `/mnt`, `/run`, `/sys`, the data directory wherever it is) | absent | not in the root at all |
 //!
 //! The root itself is a tmpfs mounted over `/env` while it is built (the host's `/env` holds
@@ -51,6 +51,10 @@ pub struct RootSpec {
     pub binds: Vec<Bind>,
     /// Size of the private `/tmp`, in bytes.
     pub tmp_bytes: u64,
+    /// A host directory of the sandbox's own shown read-write at `/tmp` instead of a tmpfs
+    /// (`tmp_bytes` is then unused): builds write much there (pip builds wheels in `/tmp`),
+    /// more than memory should hold. Sessions keep the tmpfs, charged to their memory limit.
+    pub tmp_host: Option<PathBuf>,
     /// Size of the private `/dev/shm`, in bytes.
     pub shm_bytes: u64,
 }
@@ -324,17 +328,33 @@ impl RootPlan {
                 steps.push(Step::Overlay(target, options));
             }
         }
-        let tmp = CString::new(format!("mode=1777,size={}", spec.tmp_bytes.max(4096)))
-            .map_err(|_| RootError::Path("/tmp".into()))?;
         let shm = CString::new(format!("mode=1777,size={}", spec.shm_bytes.max(4096)))
             .map_err(|_| RootError::Path("/dev/shm".into()))?;
         make_parents(&mut steps, Path::new("/tmp"))?;
-        steps.push(Step::Tmpfs(c(&staged(Path::new("/tmp")))?, tmp, quiet));
-        make_parents(&mut steps, Path::new("/var"))?;
-        steps.push(Step::Symlink(
-            CString::from(c"../tmp"),
-            c(&staged(Path::new("/var/tmp")))?,
-        ));
+        let tmp_target = c(&staged(Path::new("/tmp")))?;
+        match &spec.tmp_host {
+            Some(host) => {
+                steps.push(Step::Bind(c(host)?, tmp_target.clone(), false));
+                steps.push(Step::Remount(tmp_target, quiet));
+            }
+            None => {
+                let tmp = CString::new(format!("mode=1777,size={}", spec.tmp_bytes.max(4096)))
+                    .map_err(|_| RootError::Path("/tmp".into()))?;
+                steps.push(Step::Tmpfs(tmp_target, tmp, quiet));
+            }
+        }
+        // `/var/tmp` is `/tmp`, unless something is shown beneath it (a build's find-links).
+        if !spec
+            .binds
+            .iter()
+            .any(|bind| bind.inside.starts_with("/var/tmp"))
+        {
+            make_parents(&mut steps, Path::new("/var"))?;
+            steps.push(Step::Symlink(
+                CString::from(c"../tmp"),
+                c(&staged(Path::new("/var/tmp")))?,
+            ));
+        }
         let dev = staged(Path::new("/dev"));
         make_parents(&mut steps, Path::new("/dev"))?;
         steps.push(Step::Tmpfs(
@@ -496,6 +516,7 @@ mod tests {
                 },
             ],
             tmp_bytes: 1 << 20,
+            tmp_host: None,
             shm_bytes: 1 << 20,
         };
         let plan = RootPlan::with_mounts(&spec, &[]).expect("plan");
@@ -556,5 +577,56 @@ mod tests {
             "{remounts:?}"
         );
         assert!(matches!(plan.steps.last(), Some(Step::RootReadOnly)));
+        assert!(
+            plan.steps.iter().any(
+                |step| matches!(step, Step::Tmpfs(path, _, _) if path.as_c_str() == c"/env/tmp")
+            ),
+            "sessions' /tmp is a tmpfs"
+        );
+    }
+
+    #[test]
+    fn a_host_directory_can_be_the_sandboxs_tmp() {
+        let spec = RootSpec {
+            tmp_host: Some("/srv/builds/b1/tmp".into()),
+            ..RootSpec::default()
+        };
+        let plan = RootPlan::with_mounts(&spec, &[]).expect("plan");
+        let at_tmp: Vec<&Step> = plan
+            .steps
+            .iter()
+            .filter(|step| match step {
+                Step::Tmpfs(path, _, _) | Step::Bind(_, path, _) | Step::Remount(path, _) => {
+                    path.as_c_str() == c"/env/tmp"
+                }
+                _ => false,
+            })
+            .collect();
+        assert!(
+            matches!(
+                at_tmp.as_slice(),
+                [Step::Bind(from, _, false), Step::Remount(_, flags)]
+                    if from.as_c_str() == c"/srv/builds/b1/tmp" && !flags.contains(MountFlags::RDONLY)
+            ),
+            "{at_tmp:?}"
+        );
+        let link_at_var_tmp = |plan: &RootPlan| {
+            plan.steps.iter().any(
+                |step| matches!(step, Step::Symlink(_, path) if path.as_c_str() == c"/env/var/tmp"),
+            )
+        };
+        assert!(link_at_var_tmp(&plan), "/var/tmp is /tmp");
+        // Unless something is shown beneath it: then it is a directory holding only that.
+        let spec = RootSpec {
+            binds: vec![Bind {
+                host: "/var/tmp/find-links".into(),
+                lower: Vec::new(),
+                inside: "/var/tmp/find-links".into(),
+                read_only: true,
+            }],
+            ..spec
+        };
+        let plan = RootPlan::with_mounts(&spec, &[]).expect("plan");
+        assert!(!link_at_var_tmp(&plan));
     }
 }

@@ -133,7 +133,8 @@ impl Fixtures {
         self.dir.path().join("tinynpm-1.2.3.tgz")
     }
 
-    /// Offline options whose PATH starts with the tools directory.
+    /// Offline options whose PATH starts with the tools directory; the fixtures (the npm
+    /// tarball `package_json` names) are shown to builds read-only.
     pub fn options(&self) -> InstallOptions {
         InstallOptions {
             step_timeout: Duration::from_secs(120),
@@ -141,6 +142,7 @@ impl Fixtures {
                 "{}:/usr/local/bin:/usr/bin:/bin",
                 self.dir.path().join("tools").display()
             ),
+            read_only_paths: vec![self.dir.path().to_owned()],
             ..InstallOptions::default()
         }
         .offline(&self.wheels())

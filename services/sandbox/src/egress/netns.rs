@@ -1,7 +1,8 @@
-//! The proxy's listening socket inside a sandbox's network namespace, and the node's own
+//! A sandbox's network namespace, the proxy's listening socket inside it, and the node's own
 //! addresses.
 //!
-//! A socket belongs to the network namespace it was created in, whoever holds it later. So
+//! A session's namespace is its keeper's; a build's is made by the builder before the build
+//! starts ([`new_namespace`]) and entered by the build's first process. A socket belongs to the network namespace it was created in, whoever holds it later. So
 //! the node makes the sandbox's end of the proxy on a short-lived thread of its own that
 //! enters the sandbox's namespace (`setns` changes only the calling thread), brings its
 //! loopback up, binds and listens, and ends; the listener it returns is then accepted on by
@@ -9,10 +10,39 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
 use rustix::net::{AddressFamily, SocketType};
 use rustix::thread::LinkNameSpaceType;
+
+/// A new network namespace, holding nothing but a loopback that is down, kept alive by the
+/// descriptor returned (and by any socket made in it, such as [`listen_in`]'s). Made on a
+/// short-lived thread of its own, so the caller's namespace never changes. The descriptor is
+/// close-on-exec: a process enters the namespace with `setns` on it, never inherits it.
+pub fn new_namespace() -> io::Result<OwnedFd> {
+    std::thread::Builder::new()
+        .name("plinth-egress-netns".to_owned())
+        .spawn(|| -> io::Result<OwnedFd> {
+            // SAFETY: a new network namespace for this thread alone, which ends right after
+            // (`unshare` of CLONE_NEWNET changes no state shared with the other threads: not
+            // the descriptor table, not the file system context).
+            #[allow(unsafe_code)]
+            unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }
+                .map_err(|errno| context("making a network namespace", errno.into()))?;
+            rustix::fs::open(
+                "/proc/thread-self/ns/net",
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|errno| context("opening the new network namespace", errno.into()))
+        })?
+        .join()
+        .unwrap_or_else(|_| {
+            Err(io::Error::other(
+                "the thread making a network namespace panicked",
+            ))
+        })
+}
 
 /// A listening TCP socket bound to `addr` inside the network namespace `netns` (a descriptor
 /// of `/proc/<pid>/ns/net` or a bind mount of one), with the namespace's loopback brought up

@@ -644,22 +644,7 @@ fn the_nodes_addresses_include_its_loopback() {
 
 /// A new network namespace, held by a descriptor; the thread that made it ends.
 fn new_netns() -> Arc<OwnedFd> {
-    std::thread::spawn(|| -> io::Result<OwnedFd> {
-        // SAFETY: only this thread, which ends right after, moves to the new namespace.
-        #[allow(unsafe_code)]
-        unsafe {
-            rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET)?;
-        }
-        Ok(rustix::fs::open(
-            "/proc/thread-self/ns/net",
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )?)
-    })
-    .join()
-    .expect("the namespace thread did not panic")
-    .map(Arc::new)
-    .expect("a new network namespace (the tests run as root)")
+    Arc::new(new_namespace().expect("a new network namespace (the tests run as root)"))
 }
 
 /// A sandbox's network: its own namespace, with the proxy listening on its
@@ -804,6 +789,22 @@ async fn inside_a_sandbox_the_nodes_loopback_is_not_there() {
     let (code, out) = sandbox.curl(&[], &["--noproxy", "*", PROXY]).await;
     assert_eq!(code, 0, "{out}");
     assert!(out.ends_with("\n400"), "{out}");
+}
+
+#[test]
+fn a_new_namespace_is_not_the_callers() {
+    let ours = rustix::fs::stat("/proc/thread-self/ns/net").expect("our namespace");
+    let netns = new_namespace().expect("a new network namespace (the tests run as root)");
+    let made = rustix::fs::fstat(&netns).expect("its namespace");
+    assert_ne!(made.st_ino, ours.st_ino);
+    // The caller stays where it was.
+    let after = rustix::fs::stat("/proc/thread-self/ns/net").expect("our namespace");
+    assert_eq!(after.st_ino, ours.st_ino);
+    // Its loopback is not ours: the port we listen on is free there.
+    let host = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let taken = host.local_addr().expect("bound");
+    let inside = listen_in(netns.as_fd(), taken).expect("the same address, in the namespace");
+    assert_eq!(inside.local_addr().expect("bound"), taken);
 }
 
 #[test]
