@@ -530,6 +530,7 @@ fn spawn_node(
                 )?)),
             },
             seccomp: None,
+            networks: None,
         },
         state_dir,
         blob_url,

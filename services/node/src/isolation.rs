@@ -64,6 +64,9 @@ pub struct Isolation {
     pub egress: Option<Arc<plinth_sandbox::egress::EgressPolicy>>,
     /// The system calls sessions' commands may not make.
     pub seccomp: Option<&'static plinth_sandbox::seccomp::Filter>,
+    /// Network namespaces made ahead (with the egress proxy's listener bound in each when
+    /// sessions have egress); set at start on isolated nodes.
+    pub networks: Option<Arc<plinth_sandbox::egress::SpareNetworks>>,
     /// Paths never shown to sessions (the node's state, the data directory, the
     /// configuration file): absent from their root, and covered should they lie beneath a
     /// system directory it shows.
@@ -123,6 +126,8 @@ pub struct Sandbox {
     pub cgroup: Option<plinth_sandbox::cgroup::SessionCgroup>,
     /// Where its commands find the egress proxy, when it has one.
     pub proxy: Option<std::net::SocketAddr>,
+    /// The proxy's listener, bound inside its network namespace, until the proxy serves it.
+    pub listener: Option<std::net::TcpListener>,
     /// Stops the proxy.
     pub stop_proxy: plinth_kit::tasks::CancellationToken,
 }
@@ -270,9 +275,10 @@ impl NamespaceThread {
         &self,
         plan: &NamespacePlan,
         cgroup: Option<&plinth_sandbox::cgroup::SessionCgroup>,
+        network: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> Result<Keeper, LaunchError> {
         let join = cgroup.map_or(&[][..], |cgroup| cgroup.join_fds());
-        Ok(Keeper::start(&plan.root, join)?)
+        Ok(Keeper::start(&plan.root, join, network)?)
     }
 }
 

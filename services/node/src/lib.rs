@@ -177,6 +177,9 @@ pub async fn run(
         shutdown.clone(),
     ));
     tokio::spawn(keep_spares(sessions.clone(), shutdown.clone()));
+    if let Some(networks) = options.isolation.networks.clone() {
+        tokio::spawn(keep_spare_networks(networks, shutdown.clone()));
+    }
     tokio::spawn(evict_in_background(
         cache.clone(),
         sessions.clone(),
@@ -261,11 +264,45 @@ fn sandbox_setup(options: &mut NodeOptions) -> Result<(), NodeError> {
         }
     }
     options.isolation.cgroups = Some(Arc::new(cgroups));
+    options.isolation.networks = Some(Arc::new(plinth_sandbox::egress::SpareNetworks::new(
+        SPARE_NETWORKS,
+        options
+            .isolation
+            .egress
+            .as_ref()
+            .map(|_| plinth_sandbox::egress::DEFAULT_PROXY_ADDR),
+    )));
     options.isolation.seccomp =
         Some(plinth_sandbox::seccomp::Filter::shared().map_err(|error| {
             NodeError::NotPermitted(format!("building the seccomp filter: {error}"))
         })?);
     Ok(())
+}
+
+/// Network namespaces kept ready for sessions' sandboxes.
+const SPARE_NETWORKS: usize = 8;
+
+/// Keeps spare network namespaces ready, checking every 50 ms.
+async fn keep_spare_networks(
+    networks: Arc<plinth_sandbox::egress::SpareNetworks>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        if networks.wanting() {
+            let refill = networks.clone();
+            match tokio::task::spawn_blocking(move || refill.refill()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "cannot make spare network namespaces; sessions make their own");
+                }
+                Err(error) => tracing::warn!(%error, "making spare network namespaces stopped"),
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
 }
 
 /// Keeps spare session directories ready: at start, and again whenever one is taken.

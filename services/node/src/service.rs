@@ -93,6 +93,7 @@ fn isolate(
         tracing::error!(session = %record.session_id, %error, "cannot isolate a session");
         PlinthError::new(ErrorCode::Unavailable, error)
     };
+    let begun = Instant::now();
     let plan = isolation
         .namespace_plan(&version.path, &version.lower, &record.slug, workdir)
         .map_err(|error| PlinthError::invalid(error.to_string()))?;
@@ -108,6 +109,7 @@ fn isolate(
                 cpu_millicores: given.cpu_millicores,
             }
         };
+    let planned = begun.elapsed();
     let cgroup = match &isolation.cgroups {
         Some(cgroups) => {
             let made = match cgroups.create(&record.session_id, &limits) {
@@ -122,13 +124,40 @@ fn isolate(
         }
         None => None,
     };
+    let grouped = begun.elapsed();
+    let network =
+        match &isolation.networks {
+            Some(networks) => Some(networks.take().map_err(|error| {
+                unavailable(format!("the session's network namespace: {error}"))
+            })?),
+            None => None,
+        };
+    // The keeper joins the session's group, so the session's cgroup namespace is rooted
+    // there. A move into a cgroup waits for the kernel's migration lock to change mode (an
+    // RCU grace period: 5-15 ms here unless another move happened just before); the first
+    // command's move right after it is then cheap.
     let keeper = thread
-        .make(&plan, cgroup.as_ref())
+        .make(
+            &plan,
+            cgroup.as_ref(),
+            network
+                .as_ref()
+                .map(|network| std::os::fd::AsFd::as_fd(&network.namespace)),
+        )
         .map_err(|error| unavailable(error.to_string()))?;
+    let listener = network.and_then(|network| network.listener);
+    tracing::debug!(
+        session = %record.session_id,
+        plan_us = planned.as_micros() as u64,
+        cgroup_us = (grouped - planned).as_micros() as u64,
+        keeper_us = (begun.elapsed() - grouped).as_micros() as u64,
+        "sandbox made"
+    );
     Ok(isolation::Sandbox {
         keeper,
         cgroup,
         proxy: None,
+        listener,
         stop_proxy: plinth_kit::tasks::CancellationToken::new(),
     })
 }
@@ -147,14 +176,22 @@ fn start_proxy(
         tracing::error!(session = %session_id, %error, "cannot give a session its egress proxy");
         PlinthError::new(ErrorCode::Unavailable, format!("{what}: {error}"))
     };
-    let netns = rustix::fs::open(
-        format!("/proc/{}/ns/net", sandbox.keeper.pid().as_raw_nonzero()),
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .map_err(|errno| unavailable("opening the session's network namespace", errno.into()))?;
     let address = plinth_sandbox::egress::DEFAULT_PROXY_ADDR;
-    let listener = plinth_sandbox::egress::listen_in(std::os::fd::AsFd::as_fd(&netns), address)
+    // The spare network namespace the keeper entered came with the listener bound in it;
+    // one made now when it did not.
+    let listener = match sandbox.listener.take() {
+        Some(listener) => Ok(listener),
+        None => rustix::fs::open(
+            format!("/proc/{}/ns/net", sandbox.keeper.pid().as_raw_nonzero()),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(std::io::Error::from)
+        .and_then(|netns| {
+            plinth_sandbox::egress::listen_in(std::os::fd::AsFd::as_fd(&netns), address)
+        }),
+    };
+    let listener = listener
         .and_then(|listener| {
             listener.set_nonblocking(true)?;
             tokio::net::TcpListener::from_std(listener)

@@ -29,7 +29,9 @@ mod tests;
 
 use std::net::SocketAddr;
 
-pub use netns::{listen_in, loopback_up, new_namespace, node_addresses};
+pub use netns::{
+    SpareNetwork, SpareNetworks, listen_in, loopback_up, new_namespace, node_addresses,
+};
 pub use policy::{Allow, Cidr, EgressPolicy, Host, Permitted, PolicyError, Reason, Refusal};
 pub use proxy::{Connect, Limits, Proxy, Resolve, SystemResolver, TcpConnect, serve};
 

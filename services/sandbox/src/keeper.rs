@@ -66,6 +66,8 @@ struct Plan<'a> {
     root: &'a RootPlan,
     /// `cgroup.procs` of the session's cgroup: the keeper joins it before anything else.
     join: &'a [OwnedFd],
+    /// A network namespace made ahead to enter, instead of a new one.
+    network: RawFd,
     status: RawFd,
     /// Set before the keeper exits on a failure: a root step (`< ROOT_DONE`) or a later one.
     failed_step: AtomicUsize,
@@ -74,12 +76,13 @@ struct Plan<'a> {
 
 /// The steps after the root, as `failed_step` values.
 const ROOT_DONE: usize = 1 << 20;
-const LATER_STEPS: [&str; 5] = [
+const LATER_STEPS: [&str; 6] = [
     "naming its host",
     "bringing its loopback up",
     "saying it is ready",
     "joining the session's cgroup",
     "making its cgroup namespace",
+    "entering its network namespace",
 ];
 
 /// A running keeper.
@@ -152,13 +155,22 @@ impl Keeper {
     /// cgroup namespace is rooted there), and waits until it is ready. Call it from a thread
     /// that lives as long as the node (the keeper is killed when the thread that started it
     /// ends: the parent-death signal follows the thread).
-    pub fn start(root: &RootPlan, join: &[OwnedFd]) -> Result<Keeper, KeeperError> {
+    ///
+    /// `network`, when given, is a network namespace made ahead (see
+    /// [`crate::egress::SpareNetworks`]) the keeper enters instead of making one: making one
+    /// is the slowest part of a sandbox while the kernel tears others down.
+    pub fn start(
+        root: &RootPlan,
+        join: &[OwnedFd],
+        network: Option<BorrowedFd<'_>>,
+    ) -> Result<Keeper, KeeperError> {
         let (status_read, status_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|errno| KeeperError::Start(errno.into()))?;
         let stack = Stack::map(STACK_BYTES).map_err(KeeperError::Start)?;
         let plan = Plan {
             root,
             join,
+            network: network.map_or(-1, |fd| fd.as_raw_fd()),
             status: status_write.as_raw_fd(),
             failed_step: AtomicUsize::new(0),
             failed_errno: AtomicI32::new(0),
@@ -179,7 +191,14 @@ impl Keeper {
             let pid = libc::clone(
                 keeper,
                 stack.top(),
-                libc::CLONE_VM | libc::CLONE_PIDFD | NAMESPACES | libc::SIGCHLD,
+                libc::CLONE_VM
+                    | libc::CLONE_PIDFD
+                    | libc::SIGCHLD
+                    | if network.is_some() {
+                        NAMESPACES & !libc::CLONE_NEWNET
+                    } else {
+                        NAMESPACES
+                    },
                 std::ptr::from_ref(&plan).cast_mut().cast::<c_void>(),
                 &mut pidfd as *mut c_int,
             );
@@ -217,7 +236,7 @@ impl Keeper {
         let step = plan.failed_step.load(Ordering::SeqCst);
         let errno = Errno::from_raw_os_error(plan.failed_errno.load(Ordering::SeqCst).max(1));
         Err(if step >= ROOT_DONE {
-            KeeperError::Setup(LATER_STEPS[(step - ROOT_DONE).min(4)], errno)
+            KeeperError::Setup(LATER_STEPS[(step - ROOT_DONE).min(5)], errno)
         } else {
             let (what, path) = root
                 .steps
@@ -286,6 +305,18 @@ extern "C" fn keeper(arg: *mut c_void) -> c_int {
             libc::_exit(127)
         }
     };
+    if plan.network >= 0 {
+        // SAFETY: the parent holds the namespace's descriptor open until this process says
+        // it is ready.
+        #[allow(unsafe_code)]
+        let network = unsafe { BorrowedFd::borrow_raw(plan.network) };
+        if let Err(errno) = rustix::thread::move_into_link_name_space(
+            network,
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        ) {
+            return fail(ROOT_DONE + 5, errno);
+        }
+    }
     // Into the session's cgroup first, while its descriptors are still open.
     if let Err(errno) = crate::cgroup::join(plan.join) {
         return fail(ROOT_DONE + 3, errno);

@@ -10,7 +10,7 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use rustix::net::{AddressFamily, SocketType};
 use rustix::thread::LinkNameSpaceType;
@@ -163,4 +163,76 @@ pub fn node_addresses() -> io::Result<Vec<IpAddr>> {
 
 fn context(what: &str, error: io::Error) -> io::Error {
     io::Error::new(error.kind(), format!("{what}: {error}"))
+}
+
+/// A network namespace made ahead of need, with the egress proxy's listener already bound in
+/// it when sandboxes get one. Making a namespace costs ~1 ms, and far more while the kernel
+/// is tearing down others (sessions ending): made in the background, it costs an attach
+/// nothing.
+#[derive(Debug)]
+pub struct SpareNetwork {
+    /// The namespace (the sandbox's keeper enters it).
+    pub namespace: OwnedFd,
+    /// The proxy's listener inside it, when sandboxes reach the network through the proxy.
+    pub listener: Option<std::net::TcpListener>,
+}
+
+/// Spare network namespaces, kept at a count by [`SpareNetworks::refill`].
+#[derive(Debug)]
+pub struct SpareNetworks {
+    spares: std::sync::Mutex<Vec<SpareNetwork>>,
+    keep: usize,
+    listen: Option<SocketAddr>,
+}
+
+impl SpareNetworks {
+    /// Keeps `keep` spares, each with a listener at `listen` when given.
+    pub fn new(keep: usize, listen: Option<SocketAddr>) -> Self {
+        SpareNetworks {
+            spares: std::sync::Mutex::new(Vec::with_capacity(keep)),
+            keep,
+            listen,
+        }
+    }
+
+    fn make(&self) -> io::Result<SpareNetwork> {
+        let namespace = new_namespace()?;
+        let listener = match self.listen {
+            Some(addr) => Some(listen_in(namespace.as_fd(), addr)?),
+            None => None,
+        };
+        Ok(SpareNetwork {
+            namespace,
+            listener,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<SpareNetwork>> {
+        self.spares
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A spare, or one made now when none is ready. Blocking.
+    pub fn take(&self) -> io::Result<SpareNetwork> {
+        let spare = self.lock().pop();
+        match spare {
+            Some(spare) => Ok(spare),
+            None => self.make(),
+        }
+    }
+
+    /// Makes spares until there are enough. Blocking.
+    pub fn refill(&self) -> io::Result<()> {
+        while self.lock().len() < self.keep {
+            let spare = self.make()?;
+            self.lock().push(spare);
+        }
+        Ok(())
+    }
+
+    /// Whether fewer than the count are ready.
+    pub fn wanting(&self) -> bool {
+        self.lock().len() < self.keep
+    }
 }
