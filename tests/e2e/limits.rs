@@ -228,6 +228,30 @@ async fn a_session_reports_the_limits_it_asked_for_and_the_defaults_fill_the_res
         }),
         "{task}"
     );
+
+    // Ending them takes their disk images (mounted on the node) with them.
+    let data = server.data_dir().display().to_string();
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.contains(&data))
+            .count()
+    };
+    assert_eq!(mounted(), 2, "one image each");
+    for ended in [
+        id,
+        task["session"]["id"].as_str().expect("the task's session"),
+    ] {
+        let (status, answer) = send(
+            server
+                .client
+                .delete(server.url(&format!("/v1/sessions/{ended}"))),
+        )
+        .await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    assert_eq!(mounted(), 0, "an image is left mounted");
 }
 
 #[tokio::test]
