@@ -29,7 +29,7 @@
 //!   the command sees only its own processes (`/proc` is the namespace's, `hidepid=2`), and when
 //!   the command ends, times out or the builder drops the run, the namespace's first process
 //!   ends and the kernel kills every process left in it, daemons and `setsid` escapees
-//!   included. A timeout returns only once they are all gone. IPC and UTS namespaces are
+//!   included. A timeout returns only once they are all gone. IPC, UTS and cgroup namespaces are
 //!   private too (the host is named `build`).
 //! - The network ([`Network`]): with `None`, a namespace of the command's own holding only its
 //!   loopback; with `Join`, the namespace a build was given by the builder, whose only way out
@@ -48,7 +48,7 @@
 //! std forks (P, outside the namespace, the process the builder waits for) forks once more:
 //!
 //! 1. P enters the build's network namespace (`setns`) when it has one, unshares the mount,
-//!    PID, IPC and UTS namespaces (and the network, for `None`) and forks C, the PID
+//!    PID, IPC, UTS and cgroup namespaces (and the network, for `None`) and forks C, the PID
 //!    namespace's first process. P closes every descriptor but stdio, waits for C and exits with
 //!    its status.
 //! 2. C asks for SIGKILL should P die (a dropped run kills P: C dies, so does the namespace),
@@ -473,10 +473,12 @@ impl Sandbox {
         let root = RootPlan::new(&spec).map_err(|error| SandboxError::Setup(error.to_string()))?;
         let seccomp = Filter::shared()
             .map_err(|error| SandboxError::Setup(format!("the seccomp filter: {error}")))?;
+        // A cgroup namespace too, as sessions have: the build sees its cgroup as the root.
         let mut namespaces = UnshareFlags::NEWNS
             | UnshareFlags::NEWPID
             | UnshareFlags::NEWIPC
-            | UnshareFlags::NEWUTS;
+            | UnshareFlags::NEWUTS
+            | UnshareFlags::NEWCGROUP;
         let netns = match &self.network {
             Network::None => {
                 namespaces |= UnshareFlags::NEWNET;
@@ -912,6 +914,7 @@ mod tests {
                 | UnshareFlags::NEWPID
                 | UnshareFlags::NEWIPC
                 | UnshareFlags::NEWUTS
+                | UnshareFlags::NEWCGROUP
                 | UnshareFlags::NEWNET
         );
         assert!(plan.loopback && plan.netns.is_none());
