@@ -107,6 +107,7 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
         None
     };
     spawn_gateway(&mut services, config, http, &peers, shutdown.clone())?;
+    let node_ready = std::sync::Arc::new(tokio::sync::Notify::new());
     if let Some((listener, slot)) = node {
         spawn_node(
             &mut services,
@@ -115,9 +116,20 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
             listener,
             None,
             Some(slot),
-            true,
+            Some(node_ready.clone()),
             shutdown.clone(),
         )?;
+        // Serve once its node has registered (or said why it cannot run): after a restart
+        // the catalog still names the node's old address until then, and a session's call
+        // would be refused.
+        if tokio::time::timeout(NODE_READY_WAIT, node_ready.notified())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the node agent has not registered with the catalog yet; sessions may be refused until it has"
+            );
+        }
     }
     for index in 0..config.builder.count {
         spawn_builder(
@@ -435,6 +447,9 @@ pub fn egress_policy(
     })
 }
 
+/// How long `serve` waits for its node agent to register before it serves anyway.
+const NODE_READY_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Starts this host's node agent alone.
 pub async fn start_node(
     config: &Config,
@@ -458,7 +473,7 @@ pub async fn start_node(
         listener,
         admin,
         None,
-        false,
+        None,
         shutdown.clone(),
     )?;
     Ok(Running {
@@ -480,9 +495,12 @@ fn spawn_node(
     listener: TcpListener,
     admin: Option<TcpListener>,
     local: Option<LocalSlot>,
-    tolerant: bool,
+    // Under `serve`: told once the node registers, or once it cannot start (a node that
+    // cannot isolate sessions then logs why and stays out of the way).
+    serve_ready: Option<std::sync::Arc<tokio::sync::Notify>>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let tolerant = serve_ready.is_some();
     let section = &config.node;
     let state_dir = section
         .state_dir
@@ -551,6 +569,7 @@ fn spawn_node(
         },
         internal_token: config.internal_token.clone(),
         local,
+        registered: serve_ready.clone(),
     };
     let result = async move {
         let result = match plinth_node::run(options, catalog, listener, admin, shutdown.clone())
@@ -558,11 +577,18 @@ fn spawn_node(
         {
             Err(plinth_node::NodeError::NotPermitted(why)) if tolerant => {
                 tracing::error!("the node agent cannot start, so sessions cannot run here: {why}");
+                if let Some(ready) = &serve_ready {
+                    ready.notify_one();
+                }
                 shutdown.cancelled().await;
                 Ok(())
             }
             other => other.map_err(anyhow::Error::from),
         };
+        // A node that stopped (failed) is not waited for either.
+        if let Some(ready) = &serve_ready {
+            ready.notify_one();
+        }
         ("node", result)
     };
     services.spawn(result.instrument(tracing::Span::current()));

@@ -68,6 +68,9 @@ pub struct NodeOptions {
     pub internal_token: Option<Secret>,
     /// Where callers in this process reach the node directly, when they run beside it.
     pub local: Option<plinth_kit::grpc::LocalSlot>,
+    /// Told once the node has registered with the catalog (and every time it registers
+    /// again): `plinth serve` waits for it before it serves.
+    pub registered: Option<Arc<tokio::sync::Notify>>,
     /// The default disk limit sessions get, in MiB: when set, a node that cannot limit
     /// working directories refuses to start; when not, it starts and refuses only the
     /// sessions that ask for one. Spare session directories are made with an image of it.
@@ -366,6 +369,9 @@ async fn keep_registered(
                             .max(100),
                     );
                     tracing::info!(node_id = %answer.node_id, "node registered with the catalog");
+                    if let Some(registered) = &options.registered {
+                        registered.notify_one();
+                    }
                     reconcile(&mut catalog, &answer.node_id, &sessions).await;
                     registered = Some((answer.node_id, every));
                     every
