@@ -13,43 +13,6 @@ use crate::helpers::{Server, build_ready, put_file, send, wait_for_build};
 
 const BUILD_LIMIT: Duration = Duration::from_secs(180);
 
-/// Every TCP port listening on the host (any address: whatever listens on a wildcard answers
-/// on loopback too).
-fn host_listening_ports() -> BTreeSet<u16> {
-    let mut ports = BTreeSet::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            // st 0A is LISTEN.
-            if fields.len() > 3
-                && fields[3] == "0A"
-                && let Some(port) = fields[1]
-                    .rsplit(':')
-                    .next()
-                    .and_then(|hex| u16::from_str_radix(hex, 16).ok())
-            {
-                ports.insert(port);
-            }
-        }
-    }
-    ports
-}
-
-async fn create(server: &Server, name: &str) -> String {
-    let (status, created) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({ "name": name })),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
-    created["id"].as_str().expect("id").to_owned()
-}
-
 #[tokio::test]
 async fn a_build_with_the_network_reaches_no_host_port_and_sees_nothing_of_plinth() {
     if !crate::helpers::can_build() {
@@ -57,7 +20,7 @@ async fn a_build_with_the_network_reaches_no_host_port_and_sees_nothing_of_plint
     }
     let server = Server::start_with(&["--builder-network", "true"]).await;
     // The victims: another environment, built, and a session of it with a file of its own.
-    let victim = create(&server, "Build Sandbox Victim").await;
+    let victim = crate::helpers::create_environment(&server, "Build Sandbox Victim").await;
     put_file(&server, &victim, "run.py", "print('victim')\n").await;
     build_ready(&server, &victim, 1, BUILD_LIMIT).await;
     let (status, session) = send(
@@ -81,7 +44,7 @@ async fn a_build_with_the_network_reaches_no_host_port_and_sees_nothing_of_plint
 
     // Every port serve listens on (gateway, catalog, source, node) and anything else on the
     // host, straight and through the build's proxy, plain and tunnelled.
-    let ports = host_listening_ports();
+    let ports = crate::helpers::host_listening_ports();
     let gateway_port = server
         .base
         .rsplit(':')
@@ -120,7 +83,7 @@ echo "attack: env $(ls -A /env | tr '\n' ' ')"
 grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status | sed 's/^/attack: status /'
 "#
     );
-    let attacker = create(&server, "Build Sandbox Attacker").await;
+    let attacker = crate::helpers::create_environment(&server, "Build Sandbox Attacker").await;
     put_file(&server, &attacker, "setup.sh", script).await;
     let (status, queued) = send(
         server

@@ -245,3 +245,56 @@ pub async fn build_ready(server: &Server, id: &str, version: u64, limit: std::ti
     let build = wait_for_build(server, id, version, limit).await;
     assert_eq!(build["status"], "ready", "{build}");
 }
+
+/// Every TCP port listening on the host (any address: whatever listens on a wildcard answers
+/// on loopback too), from the test process's `/proc/net/tcp{,6}`.
+pub fn host_listening_ports() -> std::collections::BTreeSet<u16> {
+    let mut ports = std::collections::BTreeSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // st 0A is LISTEN.
+            if fields.len() > 3
+                && fields[3] == "0A"
+                && let Some(port) = fields[1]
+                    .rsplit(':')
+                    .next()
+                    .and_then(|hex| u16::from_str_radix(hex, 16).ok())
+            {
+                ports.insert(port);
+            }
+        }
+    }
+    ports
+}
+
+/// Creates an environment named `name`; answers its id.
+pub async fn create_environment(server: &Server, name: &str) -> String {
+    let (status, created) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .json(&serde_json::json!({ "name": name })),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    created["id"].as_str().expect("id").to_owned()
+}
+
+/// An environment holding one script, built within `limit`: its id.
+pub async fn built_environment(server: &Server, name: &str, limit: std::time::Duration) -> String {
+    let id = create_environment(server, name).await;
+    put_file(server, &id, "run.py", "print('hi')\n").await;
+    build_ready(server, &id, 1, limit).await;
+    id
+}
+
+/// `POST /v1/sessions` with `body`; anything but 201 fails the test.
+pub async fn start_session_with(server: &Server, body: Value) -> Value {
+    let (status, session) = send(server.client.post(server.url("/v1/sessions")).json(&body)).await;
+    assert_eq!(status, 201, "{body}: {session}");
+    session
+}

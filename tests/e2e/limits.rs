@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, assert_error, build_ready, put_file, send};
+use crate::helpers::{Server, assert_error, send};
 
 /// How long a build of this one-file project may take.
 const BUILD_LIMIT: Duration = Duration::from_secs(60);
@@ -24,28 +24,6 @@ async fn server_with_sessions(toml: &str) -> (Server, tempfile::TempDir) {
     let path = file.to_str().expect("utf-8").to_owned();
     let server = Server::start_with(&["--config", &path, "--builder-network", "false"]).await;
     (server, dir)
-}
-
-/// A built environment with one script.
-async fn project(server: &Server, name: &str) -> String {
-    let (status, created) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({ "name": name })),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().expect("id").to_owned();
-    put_file(server, &id, "run.py", "print('hi')\n").await;
-    build_ready(server, &id, 1, BUILD_LIMIT).await;
-    id
-}
-
-async fn start_session(server: &Server, body: Value) -> Value {
-    let (status, session) = send(server.client.post(server.url("/v1/sessions")).json(&body)).await;
-    assert_eq!(status, 201, "{session}");
-    session
 }
 
 async fn exec(server: &Server, id: &str) -> (u16, Value) {
@@ -182,9 +160,10 @@ async fn a_session_reports_the_limits_it_asked_for_and_the_defaults_fill_the_res
         return;
     }
     let (server, _config) = server_with_sessions("pids = 256\ndisk_mb = 512\n").await;
-    let environment = project(&server, "Limited Studio").await;
+    let environment =
+        crate::helpers::built_environment(&server, "Limited Studio", BUILD_LIMIT).await;
 
-    let session = start_session(
+    let session = crate::helpers::start_session_with(
         &server,
         json!({ "environment": environment, "limits": {"memory_mb": 2048, "cpu": 0.5, "idle_s": null} }),
     )
@@ -260,8 +239,8 @@ async fn a_session_past_its_lifetime_is_ended_and_its_working_directory_removed(
         return;
     }
     let (server, _config) = server_with_sessions("").await;
-    let environment = project(&server, "Short Lived").await;
-    let session = start_session(
+    let environment = crate::helpers::built_environment(&server, "Short Lived", BUILD_LIMIT).await;
+    let session = crate::helpers::start_session_with(
         &server,
         json!({ "environment": environment, "limits": {"lifetime_s": 3} }),
     )
@@ -291,8 +270,8 @@ async fn a_session_without_a_call_for_its_idle_time_is_ended() {
         return;
     }
     let (server, _config) = server_with_sessions("").await;
-    let environment = project(&server, "Idle Studio").await;
-    let session = start_session(
+    let environment = crate::helpers::built_environment(&server, "Idle Studio", BUILD_LIMIT).await;
+    let session = crate::helpers::start_session_with(
         &server,
         json!({ "environment": environment, "limits": {"idle_s": 2} }),
     )

@@ -8,34 +8,12 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, build_ready, put_file, send};
+use crate::helpers::{Server, built_environment, send, start_session_with};
 
 const BUILD_LIMIT: Duration = Duration::from_secs(120);
 
-/// A built environment holding one script.
-async fn environment(server: &Server, name: &str) -> String {
-    let (status, created) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({ "name": name })),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().expect("id").to_owned();
-    put_file(server, &id, "run.py", "print('hi')\n").await;
-    build_ready(server, &id, 1, BUILD_LIMIT).await;
-    id
-}
-
 async fn session(server: &Server, environment: &str) -> Value {
-    session_with(server, json!({ "environment": environment })).await
-}
-
-async fn session_with(server: &Server, body: Value) -> Value {
-    let (status, session) = send(server.client.post(server.url("/v1/sessions")).json(&body)).await;
-    assert_eq!(status, 201, "{body}: {session}");
-    session
+    start_session_with(server, json!({ "environment": environment })).await
 }
 
 async fn exec_with(server: &Server, session: &Value, body: Value) -> Value {
@@ -130,37 +108,13 @@ pub(crate) async fn gone(marker: &str) -> Vec<String> {
     host_processes(marker)
 }
 
-/// Every TCP port listening on the host's loopback (and wildcard) addresses.
-fn host_listening_ports() -> BTreeSet<u16> {
-    let mut ports = BTreeSet::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            // st 0A is LISTEN.
-            if fields.len() > 3
-                && fields[3] == "0A"
-                && let Some(port) = fields[1]
-                    .rsplit(':')
-                    .next()
-                    .and_then(|hex| u16::from_str_radix(hex, 16).ok())
-            {
-                ports.insert(port);
-            }
-        }
-    }
-    ports
-}
-
 #[tokio::test]
 async fn a_session_sees_its_own_processes_and_files_and_nothing_of_the_node() {
     if !crate::helpers::can_build() {
         return;
     }
     let server = Server::start_with(&["--builder-network", "false"]).await;
-    let id = environment(&server, "Sandbox View").await;
+    let id = built_environment(&server, "Sandbox View", BUILD_LIMIT).await;
     let first = session(&server, &id).await;
     let data_dir = server.data_dir();
     let ran = exec(
@@ -224,11 +178,11 @@ async fn a_session_reaches_no_port_of_the_host() {
         return;
     }
     let server = Server::start_with(&["--builder-network", "false"]).await;
-    let id = environment(&server, "Sandbox Ports").await;
+    let id = built_environment(&server, "Sandbox Ports", BUILD_LIMIT).await;
     let attacker = session(&server, &id).await;
     // Every port serve listens on (gateway, catalog, source, node) and anything else on
     // the host, straight and through the session's proxy.
-    let ports = host_listening_ports();
+    let ports = crate::helpers::host_listening_ports();
     let gateway_port = server
         .base
         .rsplit(':')
@@ -283,7 +237,7 @@ async fn sessions_share_no_tmp_shm_or_processes_and_nothing_they_started_outlive
         return;
     }
     let server = Server::start_with(&["--builder-network", "false"]).await;
-    let id = environment(&server, "Sandbox Neighbours").await;
+    let id = built_environment(&server, "Sandbox Neighbours", BUILD_LIMIT).await;
     let victim = session(&server, &id).await;
     let attacker = session(&server, &id).await;
     let wrote = exec(
@@ -361,8 +315,8 @@ async fn memory_and_process_limits_hold_inside_the_session_only() {
         return;
     }
     let server = Server::start_with(&["--builder-network", "false"]).await;
-    let id = environment(&server, "Sandbox Limits").await;
-    let hog = session_with(
+    let id = built_environment(&server, "Sandbox Limits", BUILD_LIMIT).await;
+    let hog = start_session_with(
         &server,
         json!({ "environment": id, "limits": { "memory_mb": 128, "pids": 64 } }),
     )
@@ -446,7 +400,7 @@ async fn egress_reaches_only_what_policy_allows_and_none_reaches_nothing() {
     .expect("write config");
     let path = config.path().to_str().expect("utf-8").to_owned();
     let server = Server::start_with(&["--config", &path]).await;
-    let id = environment(&server, "Sandbox Egress").await;
+    let id = built_environment(&server, "Sandbox Egress", BUILD_LIMIT).await;
     let agent = session(&server, &id).await;
     let gateway = server.base.trim_start_matches("http://").to_owned();
     let ran = exec(
@@ -476,7 +430,7 @@ async fn egress_reaches_only_what_policy_allows_and_none_reaches_nothing() {
     .expect("write config");
     let path = config.path().to_str().expect("utf-8").to_owned();
     let closed = Server::start_with(&["--config", &path]).await;
-    let id = environment(&closed, "Sandbox None").await;
+    let id = built_environment(&closed, "Sandbox None", BUILD_LIMIT).await;
     let agent = session(&closed, &id).await;
     let ran = exec(
         &closed,
@@ -500,8 +454,8 @@ async fn a_working_directory_cannot_grow_past_its_disk_limit() {
         return;
     }
     let server = Server::start_with(&["--builder-network", "false"]).await;
-    let id = environment(&server, "Sandbox Disk").await;
-    let filler = session_with(
+    let id = built_environment(&server, "Sandbox Disk", BUILD_LIMIT).await;
+    let filler = start_session_with(
         &server,
         json!({ "environment": id, "limits": { "disk_mb": 64 } }),
     )
