@@ -592,7 +592,7 @@ fn enter(plan: &Plan) -> Result<(), Errno> {
     }
     rustix::system::sethostname(b"build").map_err(|error| cannot(&[b"name the host"], error))?;
     if plan.loopback {
-        plinth_sandbox::keeper::loopback_up()
+        plinth_sandbox::egress::netns::bring_loopback_up()
             .map_err(|error| cannot(&[b"bring the loopback up"], error))?;
     }
     if let Some(command) = fork().map_err(|error| cannot(&[b"fork"], error))? {

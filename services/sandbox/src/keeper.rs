@@ -260,17 +260,6 @@ impl Keeper {
         self.pid
     }
 
-    /// Whether it still runs (a keeper that died leaves a sandbox no command can join).
-    pub fn alive(&self) -> bool {
-        matches!(
-            rustix::process::waitid(
-                WaitId::PidFd(self.pidfd.as_fd()),
-                WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
-            ),
-            Ok(None)
-        )
-    }
-
     /// Kills the keeper, and with it every process of the sandbox; returns once all are gone.
     /// Blocks for as long as the kernel takes to empty the namespace (milliseconds).
     pub fn kill(&self) {
@@ -364,7 +353,7 @@ extern "C" fn keeper(arg: *mut c_void) -> c_int {
     if let Err(errno) = rustix::system::sethostname(b"session") {
         return fail(ROOT_DONE, errno);
     }
-    if let Err(errno) = loopback_up() {
+    if let Err(errno) = crate::egress::netns::bring_loopback_up() {
         return fail(ROOT_DONE + 1, errno);
     }
     // SAFETY: the status pipe's write end, open in this process (see above).
@@ -381,32 +370,6 @@ extern "C" fn keeper(arg: *mut c_void) -> c_int {
         libc::close(status_fd);
     }
     reap_forever()
-}
-
-/// Brings `lo` up in the current network namespace (a new one's loopback is down), so a
-/// session's own servers on 127.0.0.1 work.
-pub fn loopback_up() -> Result<(), Errno> {
-    let socket = rustix::net::socket(
-        rustix::net::AddressFamily::INET,
-        rustix::net::SocketType::DGRAM,
-        None,
-    )?;
-    // SAFETY: `ifreq` is plain data; the ioctls read and write only it.
-    #[allow(unsafe_code)]
-    unsafe {
-        let mut request: libc::ifreq = std::mem::zeroed();
-        for (slot, byte) in request.ifr_name.iter_mut().zip(b"lo\0") {
-            *slot = *byte as libc::c_char;
-        }
-        if libc::ioctl(socket.as_raw_fd(), libc::SIOCGIFFLAGS, &mut request) != 0 {
-            return Err(Errno::from_raw_os_error(*libc::__errno_location()));
-        }
-        request.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-        if libc::ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS, &request) != 0 {
-            return Err(Errno::from_raw_os_error(*libc::__errno_location()));
-        }
-    }
-    Ok(())
 }
 
 /// Reaps every orphan of the namespace until the keeper is killed. SIGCHLD stays blocked and

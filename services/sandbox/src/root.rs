@@ -196,26 +196,23 @@ pub fn host_mounts(mountinfo: &[u8]) -> Vec<HostMount> {
     mounts
 }
 
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape(field: &[u8]) -> Vec<u8> {
+/// mountinfo writes space, tab, newline and backslash in paths as `\ooo` octal escapes.
+pub(crate) fn unescape(field: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(field.len());
-    let mut index = 0;
-    while index < field.len() {
-        if field[index] == b'\\' && index + 3 < field.len() {
-            let digits = &field[index + 1..index + 4];
-            if digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
-                let value = digits
-                    .iter()
-                    .fold(0u32, |acc, digit| acc * 8 + u32::from(digit - b'0'));
-                if let Ok(byte) = u8::try_from(value) {
-                    out.push(byte);
-                    index += 4;
-                    continue;
-                }
-            }
+    let mut i = 0;
+    while i < field.len() {
+        if field[i] == b'\\'
+            && let Some(octal) = field.get(i + 1..i + 4)
+            && octal.iter().all(|digit| (b'0'..=b'7').contains(digit))
+        {
+            out.push(octal.iter().fold(0u8, |value, digit| {
+                value.wrapping_mul(8).wrapping_add(digit - b'0')
+            }));
+            i += 4;
+        } else {
+            out.push(field[i]);
+            i += 1;
         }
-        out.push(field[index]);
-        index += 1;
     }
     out
 }

@@ -51,26 +51,9 @@ fn parse_mount(line: &str) -> Option<Mount> {
     })
 }
 
-/// mountinfo writes space, tab, newline and backslash in paths as `\ooo` octal escapes.
+/// A mountinfo path with its `\ooo` escapes undone.
 fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && let Some(octal) = bytes.get(i + 1..i + 4)
-            && octal.iter().all(|digit| (b'0'..=b'7').contains(digit))
-        {
-            out.push(octal.iter().fold(0u8, |value, digit| {
-                value.wrapping_mul(8).wrapping_add(digit - b'0')
-            }));
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    String::from_utf8_lossy(&crate::root::unescape(field.as_bytes())).into_owned()
 }
 
 /// One line of `/proc/self/cgroup`: the process's cgroup in one hierarchy.

@@ -74,15 +74,24 @@ pub fn listen_in(netns: BorrowedFd<'_>, addr: SocketAddr) -> io::Result<std::net
 /// Brings up `lo` in the calling thread's network namespace: a new namespace's loopback is
 /// down, so not even `127.0.0.1` answers until this has run. Doing it twice is harmless.
 pub fn loopback_up() -> io::Result<()> {
-    let socket = rustix::net::socket(AddressFamily::INET, SocketType::DGRAM, None)
-        .map_err(|errno| context("opening a socket to configure lo", errno.into()))?;
+    bring_loopback_up().map_err(|errno| context("bringing lo up", errno.into()))
+}
+
+/// [`loopback_up`] with raw system calls only (nothing allocated, no lock taken), for a
+/// process between `fork` and `exec` or one sharing the node's memory (a sandbox's keeper,
+/// a build's first process).
+pub fn bring_loopback_up() -> Result<(), rustix::io::Errno> {
+    let socket = rustix::net::socket(AddressFamily::INET, SocketType::DGRAM, None)?;
     let mut request = ifreq_for(c"lo");
     // SAFETY: SIOCGIFFLAGS reads `ifr_name` and writes `ifr_ifru.ifru_flags` of the ifreq it
     // is given, which lives on this stack frame for the whole call.
     #[allow(unsafe_code)]
     let got = unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCGIFFLAGS, &mut request) };
     if got < 0 {
-        return Err(context("reading lo's flags", io::Error::last_os_error()));
+        return Err(
+            rustix::io::Errno::from_io_error(&io::Error::last_os_error())
+                .unwrap_or(rustix::io::Errno::IO),
+        );
     }
     // SAFETY: SIOCGIFFLAGS has just written the flags member of the union.
     #[allow(unsafe_code)]
@@ -95,7 +104,10 @@ pub fn loopback_up() -> io::Result<()> {
     #[allow(unsafe_code)]
     let set = unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS, &request) };
     if set < 0 {
-        return Err(context("bringing lo up", io::Error::last_os_error()));
+        return Err(
+            rustix::io::Errno::from_io_error(&io::Error::last_os_error())
+                .unwrap_or(rustix::io::Errno::IO),
+        );
     }
     Ok(())
 }
