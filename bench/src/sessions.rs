@@ -60,6 +60,22 @@ fn percentile(values: &[f64], fraction: f64) -> f64 {
     sorted[index.min(sorted.len() - 1)]
 }
 
+/// In a new mount namespace: makes its mounts private and binds `version` read-only over
+/// `target`. Raw system calls, for a child between fork and exec.
+fn bind_read_only(version: &CString, target: &CString) -> std::io::Result<()> {
+    rustix::mount::mount_change(
+        c"/",
+        rustix::mount::MountPropagationFlags::PRIVATE | rustix::mount::MountPropagationFlags::REC,
+    )?;
+    rustix::mount::mount_bind(&**version, &**target)?;
+    rustix::mount::mount_remount(
+        &**target,
+        rustix::mount::MountFlags::BIND | rustix::mount::MountFlags::RDONLY,
+        c"",
+    )?;
+    Ok(())
+}
+
 /// The floor: fork, a private mount namespace, a read-only bind of `version` over `target`,
 /// exec `/bin/true`, wait. Raw system calls, like the node's own.
 fn floor_once(version: &CString, target: &CString) -> anyhow::Result<f64> {
@@ -71,17 +87,7 @@ fn floor_once(version: &CString, target: &CString) -> anyhow::Result<f64> {
     unsafe {
         command.pre_exec(move || {
             rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)?;
-            rustix::mount::mount_change(
-                c"/",
-                rustix::mount::MountPropagationFlags::PRIVATE
-                    | rustix::mount::MountPropagationFlags::REC,
-            )?;
-            rustix::mount::mount_bind(&*version, &*target)?;
-            rustix::mount::mount_remount(
-                &*target,
-                rustix::mount::MountFlags::BIND | rustix::mount::MountFlags::RDONLY,
-                c"",
-            )?;
+            bind_read_only(&version, &target)?;
             Ok(())
         });
     }
@@ -131,17 +137,7 @@ fn sandbox_floor_once(
                     | rustix::thread::UnshareFlags::NEWNET
                     | rustix::thread::UnshareFlags::NEWCGROUP,
             )?;
-            rustix::mount::mount_change(
-                c"/",
-                rustix::mount::MountPropagationFlags::PRIVATE
-                    | rustix::mount::MountPropagationFlags::REC,
-            )?;
-            rustix::mount::mount_bind(&*version, &*target)?;
-            rustix::mount::mount_remount(
-                &*target,
-                rustix::mount::MountFlags::BIND | rustix::mount::MountFlags::RDONLY,
-                c"",
-            )?;
+            bind_read_only(&version, &target)?;
             // The PID namespace's first process is the next child: it executes `true`.
             let pid = libc::syscall(
                 libc::SYS_clone,
