@@ -109,6 +109,16 @@ fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// The session id `/proc/<pid>/stat` gives a process (as seen from this PID namespace: 0
+/// when the leader is outside it), or None once it has gone.
+fn session_of(pid: Pid) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero())).ok()?;
+    // The command name may hold spaces and parentheses; the fields follow its last ')'.
+    let fields = &stat[stat.rfind(')')? + 1..];
+    // state, ppid, pgrp, session
+    fields.split_whitespace().nth(3)?.parse().ok()
+}
+
 fn wait(child: &mut Child) -> ExitStatus {
     child.wait().expect("waiting for a command")
 }
@@ -331,8 +341,11 @@ fn a_daemon_that_double_forked_into_its_own_session_does_not_survive_kill_all() 
     let daemon = Pid::from_raw(daemon).expect("a pid");
     let daemon_fd = pidfd(daemon);
     assert!(!ended(&daemon_fd), "the daemon runs");
+    // Read from /proc rather than getsid(2): before `setsid` runs, the daemon's session is
+    // the test runner's, whose leader may live in an ancestor PID namespace, where getsid
+    // answers 0 (which rustix refuses as a pid).
     eventually("the daemon leading a session of its own", || {
-        rustix::process::getsid(Some(daemon)) == Ok(daemon)
+        session_of(daemon) == Some(daemon.as_raw_nonzero().get())
     });
     assert!(
         session.processes().expect("listing").contains(&daemon),
