@@ -33,6 +33,28 @@ pub enum Command {
     /// its own mount namespace with the environment read-only (needs root unless
     /// --insecure-no-isolation).
     Node(NodeArgs),
+    /// Make credentials for calls between services.
+    #[command(subcommand)]
+    Credential(CredentialCommand),
+}
+
+/// `plinth credential …`.
+#[derive(Debug, Subcommand)]
+pub enum CredentialCommand {
+    /// Print a new random credential for one role (and, for a node or builder, one name),
+    /// and the `[[accept]]` entry the services it calls need (its digest, not the token).
+    New(NewCredentialArgs),
+}
+
+/// `plinth credential new`.
+#[derive(Debug, Args)]
+pub struct NewCredentialArgs {
+    /// `gateway`, `builder`, `node` or `observer`.
+    #[arg(long)]
+    pub role: String,
+    /// The one node or builder the credential is for (its `--name`); any when absent.
+    #[arg(long)]
+    pub name: Option<String>,
 }
 
 /// Flags every command takes.
@@ -50,9 +72,6 @@ pub struct CommonArgs {
     /// Log format.
     #[arg(long, env = "PLINTH_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormatArg>,
-    /// Shared secret the services require of each other's calls.
-    #[arg(long, env = "PLINTH_INTERNAL_TOKEN", hide_env_values = true)]
-    pub internal_token: Option<String>,
 }
 
 /// Log formats.

@@ -33,9 +33,11 @@ pub struct Config {
     pub source_file: Option<PathBuf>,
     /// Where the embedded database and object store live.
     pub data_dir: PathBuf,
-    /// Shared secret between services; calls without it are refused when set.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Replaced by `[internal]`; refused with a message that says so.
+    #[serde(skip_serializing)]
     pub internal_token: Option<Secret>,
+    /// Credentials and TLS between services.
+    pub internal: crate::internal::InternalSection,
     /// Logging.
     pub log: LogConfig,
     /// The REST gateway.
@@ -58,6 +60,7 @@ impl Default for Config {
             source_file: None,
             data_dir: PathBuf::from("./plinth-data"),
             internal_token: None,
+            internal: crate::internal::InternalSection::default(),
             log: LogConfig::default(),
             gateway: GatewaySection::default(),
             catalog: CatalogSection::default(),
@@ -488,9 +491,12 @@ impl Config {
                 LogFormatArg::Json => LogFormat::Json,
             };
         }
-        if let Some(token) = &common.internal_token {
-            config.internal_token = Some(Secret::new(token.clone()));
+        if config.internal_token.is_some() || std::env::var_os("PLINTH_INTERNAL_TOKEN").is_some() {
+            return Err(ConfigError::Invalid(
+                crate::internal::TOKEN_REPLACED.to_owned(),
+            ));
         }
+        config.internal.apply_env()?;
         Ok(config)
     }
 

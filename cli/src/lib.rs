@@ -5,6 +5,7 @@
 
 pub mod args;
 pub mod config;
+pub mod internal;
 pub mod serve;
 
 use anyhow::Context as _;
@@ -16,6 +17,7 @@ use crate::config::Config;
 /// Runs a parsed command line to completion.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let (name, config, dump) = match &cli.command {
+        Command::Credential(command) => return internal::credential_command(command),
         Command::Serve(args) => ("plinth", Config::for_serve(args)?, args.common.dump_config),
         Command::Catalog(args) => (
             "plinth-catalog",
@@ -61,6 +63,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Gateway(_) => serve::start_gateway(&config).await?,
         Command::Builder(_) => serve::start_builder(&config).await?,
         Command::Node(args) => serve::start_node(&config, args.admin_listen).await?,
+        Command::Credential(_) => return Ok(()),
     };
     tasks::cancel_on_signal(running.shutdown.clone());
     running.wait().await

@@ -1,7 +1,7 @@
 //! The processes `plinth` runs: every service in one (`serve`), or one service each
 //! (`catalog`, `gateway`). Services talk gRPC even inside one process: under `serve` a call
-//! goes straight into the other service's gRPC stack (the same encoding, token check, spans
-//! and metrics) instead of over HTTP/2 on loopback, and each service still listens on its
+//! goes straight into the other service's gRPC stack (the same encoding, credential check,
+//! spans and metrics) instead of over HTTP/2 on loopback, and each service still listens on its
 //! port for callers elsewhere.
 
 use std::net::SocketAddr;
@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use anyhow::Context as _;
 use plinth_catalog::{CatalogOptions, LeasePolicy};
 use plinth_gateway::{Backends, GatewayOptions};
-use plinth_kit::grpc::{LocalSlot, Transport};
+use plinth_kit::grpc::{Internal, LocalSlot, Transport};
 use plinth_kit::tasks::CancellationToken;
 use plinth_source::{GitPolicy, SourceLimits, SourceOptions};
 use tokio::net::TcpListener;
@@ -26,6 +26,8 @@ pub struct Running {
     pub catalog_addr: SocketAddr,
     /// Where the source service serves gRPC.
     pub source_addr: SocketAddr,
+    /// Where the node agent serves gRPC, when this process runs one.
+    pub node_addr: Option<SocketAddr>,
     /// Cancel to stop everything.
     pub shutdown: CancellationToken,
     services: JoinSet<(&'static str, anyhow::Result<()>)>,
@@ -71,10 +73,17 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
     let shutdown = CancellationToken::new();
     let catalog_addr = catalog_listener.local_addr()?;
     let source_addr = source_listener.local_addr()?;
+    let node_name = config
+        .node
+        .name
+        .clone()
+        .unwrap_or_else(|| "node".to_owned());
+    let internal = config.internal.for_serve(&node_name)?;
+    let scheme = scheme(config);
     let mut services = JoinSet::new();
     let mut peers = Peers {
-        catalog: format!("http://{catalog_addr}"),
-        source: format!("http://{source_addr}"),
+        catalog: format!("{scheme}://{catalog_addr}"),
+        source: format!("{scheme}://{source_addr}"),
         catalog_local: Some(LocalSlot::default()),
         source_local: Some(LocalSlot::default()),
         nodes: Vec::new(),
@@ -82,6 +91,7 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
     spawn_catalog(
         &mut services,
         config,
+        &internal.services,
         catalog_listener,
         None,
         peers.catalog_local.clone(),
@@ -90,14 +100,17 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
     spawn_source(
         &mut services,
         config,
+        &internal.services,
         source_listener,
         None,
         peers.source_local.clone(),
         shutdown.clone(),
     )?;
     let http_addr = http.local_addr()?;
+    let mut node_addr = None;
     let node = if config.node.enabled {
         let listener = bind(config.node.listen, "node agent").await?;
+        node_addr = Some(listener.local_addr()?);
         let slot = LocalSlot::default();
         peers
             .nodes
@@ -106,13 +119,21 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
     } else {
         None
     };
-    spawn_gateway(&mut services, config, http, &peers, shutdown.clone())?;
+    spawn_gateway(
+        &mut services,
+        config,
+        &internal.gateway,
+        http,
+        &peers,
+        shutdown.clone(),
+    )?;
     let node_ready = std::sync::Arc::new(tokio::sync::Notify::new());
     if let Some((listener, slot)) = node {
         spawn_node(
             &mut services,
             config,
-            peers.catalog()?,
+            &internal.node,
+            peers.catalog(&internal.node)?,
             listener,
             None,
             Some(slot),
@@ -135,7 +156,8 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
         spawn_builder(
             &mut services,
             config,
-            peers.catalog()?,
+            &internal.builder,
+            peers.catalog(&internal.builder)?,
             index,
             shutdown.clone(),
         )?;
@@ -145,6 +167,7 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
         http_addr,
         catalog_addr,
         source_addr,
+        node_addr,
         shutdown,
         services,
     })
@@ -157,21 +180,20 @@ async fn bind(address: Option<SocketAddr>, what: &str) -> anyhow::Result<TcpList
         .with_context(|| format!("cannot listen for the {what} on {address}"))
 }
 
-/// One gRPC service started alone: its listeners bound, with a warning when it is reachable
-/// beyond loopback and nothing proves its callers are part of the deployment.
+/// One gRPC service started alone: its listeners bound, and the credentials it accepts
+/// required, so that nothing reaches it without proving its role.
 async fn start_alone(
     config: &Config,
-    name: &str,
+    name: &'static str,
     exposure: &str,
     listen: Option<SocketAddr>,
     admin_listen: Option<SocketAddr>,
     spawn: SpawnService,
 ) -> anyhow::Result<Running> {
+    let internal = config.internal.for_process(name, false, true)?;
     let listener = bind(listen, name).await?;
     let address = listener.local_addr()?;
-    if !address.ip().is_loopback() && config.internal_token.is_none() {
-        tracing::warn!(%address, "the {name} listens beyond loopback without an internal token: {exposure}; set PLINTH_INTERNAL_TOKEN");
-    }
+    tracing::info!(%address, "the {name} answers only the roles that may call it: {exposure}");
     let admin = match admin_listen {
         Some(address) => Some(bind(Some(address), &format!("{name} admin endpoints")).await?),
         None => None,
@@ -181,6 +203,7 @@ async fn start_alone(
     spawn(
         &mut services,
         config,
+        &internal,
         listener,
         admin,
         None,
@@ -190,6 +213,7 @@ async fn start_alone(
         http_addr: address,
         catalog_addr: address,
         source_addr: address,
+        node_addr: None,
         shutdown,
         services,
     })
@@ -200,7 +224,7 @@ pub async fn start_catalog(config: &Config) -> anyhow::Result<Running> {
     start_alone(
         config,
         "catalog",
-        "anything that reaches it can act in any scope",
+        "the gateway acts for scopes, builders for their builds, nodes for themselves",
         config.catalog.listen,
         config.catalog.admin_listen,
         spawn_catalog,
@@ -213,7 +237,7 @@ pub async fn start_source(config: &Config) -> anyhow::Result<Running> {
     start_alone(
         config,
         "source service",
-        "anything that reaches it can read and write any environment's files",
+        "the gateway only",
         config.source.listen,
         config.source.admin_listen,
         spawn_source,
@@ -223,12 +247,14 @@ pub async fn start_source(config: &Config) -> anyhow::Result<Running> {
 
 /// Starts one builder alone.
 pub async fn start_builder(config: &Config) -> anyhow::Result<Running> {
+    let internal = config.internal.for_process("builder", true, false)?;
     let shutdown = CancellationToken::new();
     let mut services = JoinSet::new();
     spawn_builder(
         &mut services,
         config,
-        Peers::remote(config).catalog()?,
+        &internal,
+        Peers::remote(config).catalog(&internal)?,
         0,
         shutdown.clone(),
     )?;
@@ -237,6 +263,7 @@ pub async fn start_builder(config: &Config) -> anyhow::Result<Running> {
         http_addr: unbound,
         catalog_addr: unbound,
         source_addr: unbound,
+        node_addr: None,
         shutdown,
         services,
     })
@@ -245,6 +272,7 @@ pub async fn start_builder(config: &Config) -> anyhow::Result<Running> {
 fn spawn_builder(
     services: &mut Services,
     config: &Config,
+    internal: &Internal,
     catalog: Transport,
     index: u32,
     shutdown: CancellationToken,
@@ -270,7 +298,7 @@ fn spawn_builder(
             plinth_kit::config::redact_url(&blob_url)
         )
     })?;
-    let interceptor = plinth_kit::grpc::ClientInterceptor::new(config.internal_token.as_ref())?;
+    let interceptor = internal.interceptor("builder")?;
     let catalog =
         plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient::with_interceptor(
             catalog,
@@ -455,11 +483,9 @@ pub async fn start_node(
     config: &Config,
     admin_listen: Option<SocketAddr>,
 ) -> anyhow::Result<Running> {
+    let internal = config.internal.for_process("node agent", true, true)?;
     let listener = bind(config.node.listen, "node agent").await?;
     let address = listener.local_addr()?;
-    if !address.ip().is_loopback() && config.internal_token.is_none() {
-        tracing::warn!(%address, "the node agent listens beyond loopback without an internal token: anything that reaches it can run commands in any session; set PLINTH_INTERNAL_TOKEN");
-    }
     let admin = match admin_listen {
         Some(address) => Some(bind(Some(address), "node admin endpoints").await?),
         None => None,
@@ -469,7 +495,8 @@ pub async fn start_node(
     spawn_node(
         &mut services,
         config,
-        Peers::remote(config).catalog()?,
+        &internal,
+        Peers::remote(config).catalog(&internal)?,
         listener,
         admin,
         None,
@@ -480,6 +507,7 @@ pub async fn start_node(
         http_addr: address,
         catalog_addr: address,
         source_addr: address,
+        node_addr: Some(address),
         shutdown,
         services,
     })
@@ -491,6 +519,7 @@ pub async fn start_node(
 fn spawn_node(
     services: &mut Services,
     config: &Config,
+    internal: &Internal,
     catalog: Transport,
     listener: TcpListener,
     admin: Option<TcpListener>,
@@ -567,7 +596,7 @@ fn spawn_node(
             max_output_bytes: 16 * 1024 * 1024,
             max_file_bytes: 64 * 1024 * 1024,
         },
-        internal_token: config.internal_token.clone(),
+        internal: internal.clone(),
         local,
         registered: serve_ready.clone(),
     };
@@ -601,12 +630,14 @@ pub async fn start_gateway(config: &Config) -> anyhow::Result<Running> {
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
+    let internal = config.internal.for_process("gateway", true, false)?;
     let shutdown = CancellationToken::new();
     let http_addr = listener.local_addr()?;
     let mut services = JoinSet::new();
     spawn_gateway(
         &mut services,
         config,
+        &internal,
         listener,
         &Peers::remote(config),
         shutdown.clone(),
@@ -615,6 +646,7 @@ pub async fn start_gateway(config: &Config) -> anyhow::Result<Running> {
         http_addr,
         catalog_addr: http_addr,
         source_addr: http_addr,
+        node_addr: None,
         shutdown,
         services,
     })
@@ -627,6 +659,7 @@ type Services = JoinSet<(&'static str, anyhow::Result<()>)>;
 type SpawnService = fn(
     &mut Services,
     &Config,
+    &Internal,
     TcpListener,
     Option<TcpListener>,
     Option<LocalSlot>,
@@ -636,6 +669,7 @@ type SpawnService = fn(
 fn spawn_catalog(
     services: &mut Services,
     config: &Config,
+    internal: &Internal,
     listener: TcpListener,
     admin: Option<TcpListener>,
     local: Option<LocalSlot>,
@@ -665,7 +699,7 @@ fn spawn_catalog(
             .clone()
             .context("database URL is not resolved")?,
         max_connections: config.catalog.max_connections,
-        internal_token: config.internal_token.clone(),
+        internal: internal.clone(),
         adapter_credential_grace: std::time::Duration::from_secs(
             config.catalog.adapter_credential_grace_seconds,
         ),
@@ -702,17 +736,27 @@ impl Peers {
         }
     }
 
-    fn catalog(&self) -> anyhow::Result<Transport> {
-        transport(&self.catalog, "catalog", self.catalog_local.as_ref())
+    fn catalog(&self, internal: &Internal) -> anyhow::Result<Transport> {
+        transport(
+            internal,
+            &self.catalog,
+            "catalog",
+            self.catalog_local.as_ref(),
+        )
     }
 
-    fn source(&self) -> anyhow::Result<Transport> {
-        transport(&self.source, "source", self.source_local.as_ref())
+    fn source(&self, internal: &Internal) -> anyhow::Result<Transport> {
+        transport(internal, &self.source, "source", self.source_local.as_ref())
     }
 }
 
-fn transport(url: &str, name: &str, local: Option<&LocalSlot>) -> anyhow::Result<Transport> {
-    let channel = channel(url, name)?;
+fn transport(
+    internal: &Internal,
+    url: &str,
+    name: &str,
+    local: Option<&LocalSlot>,
+) -> anyhow::Result<Transport> {
+    let channel = channel(internal, url, name)?;
     Ok(match local {
         Some(slot) => Transport::in_process(channel, slot.clone()),
         None => Transport::remote(channel),
@@ -725,17 +769,32 @@ fn node_url(config: &Config, address: SocketAddr) -> String {
         .node
         .advertise_url
         .clone()
-        .unwrap_or_else(|| format!("http://{address}"))
+        .unwrap_or_else(|| format!("{}://{address}", scheme(config)))
 }
 
-fn channel(url: &str, name: &str) -> anyhow::Result<tonic::transport::Channel> {
-    plinth_kit::grpc::connect_lazy(url)
-        .with_context(|| format!("{name} URL {url:?} is not a valid http:// URL"))
+/// `https` when the services serve TLS, `http` otherwise.
+fn scheme(config: &Config) -> &'static str {
+    if config.internal.serves_tls() {
+        "https"
+    } else {
+        "http"
+    }
+}
+
+fn channel(
+    internal: &Internal,
+    url: &str,
+    name: &str,
+) -> anyhow::Result<tonic::transport::Channel> {
+    internal
+        .connect(url)
+        .with_context(|| format!("{name} URL {url:?} cannot be used"))
 }
 
 fn spawn_source(
     services: &mut Services,
     config: &Config,
+    internal: &Internal,
     listener: TcpListener,
     admin: Option<TcpListener>,
     local: Option<LocalSlot>,
@@ -766,7 +825,7 @@ fn spawn_source(
             allow_private_addresses: section.git_allow_private_addresses,
             ..GitPolicy::default()
         },
-        internal_token: config.internal_token.clone(),
+        internal: internal.clone(),
         local,
     };
     if options.database_url.starts_with("sqlite:") || options.blob_url.starts_with("file:") {
@@ -788,23 +847,24 @@ fn spawn_source(
 fn spawn_gateway(
     services: &mut Services,
     config: &Config,
+    internal: &Internal,
     listener: TcpListener,
     peers: &Peers,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let backends = Backends {
-        catalog: peers.catalog()?,
-        source: peers.source()?,
+        catalog: peers.catalog(internal)?,
+        source: peers.source(internal)?,
         local_nodes: peers
             .nodes
             .iter()
-            .map(|(url, slot)| Ok((url.clone(), transport(url, "node", Some(slot))?)))
+            .map(|(url, slot)| Ok((url.clone(), transport(internal, url, "node", Some(slot))?)))
             .collect::<anyhow::Result<_>>()?,
     };
     let options = GatewayOptions {
         environments: config.gateway.environments,
         tokens: config.token_scopes(),
-        internal_token: config.internal_token.clone(),
+        internal: internal.clone(),
         public_url: config.gateway.public_url.clone(),
         adapter_run_idle: std::time::Duration::from_secs(config.gateway.adapter_run_idle_seconds),
         command_inline_bytes: config.gateway.adapter_command_inline_bytes,

@@ -25,8 +25,9 @@ use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
 use plinth_kit::admin::{self, ReadinessCheck};
+use plinth_kit::auth::Role;
 use plinth_kit::config::Secret;
-use plinth_kit::grpc::{ClientInterceptor, InvalidToken, Transport};
+use plinth_kit::grpc::{ClientInterceptor, ClientSetupError, Internal, Transport};
 use plinth_kit::tasks::CancellationToken;
 use plinth_proto::catalog::v1::adapter_service_client::AdapterServiceClient;
 use plinth_proto::catalog::v1::brain_service_client::BrainServiceClient;
@@ -57,8 +58,9 @@ pub struct GatewayOptions {
     pub environments: bool,
     /// Bearer token → scope. Empty: one scope, [`DEFAULT_SCOPE`], for every caller.
     pub tokens: Vec<(Secret, String)>,
-    /// Sent to the services behind, when they require it.
-    pub internal_token: Option<Secret>,
+    /// The gateway's credential for the services behind, TLS to them, and who may read its
+    /// `/metrics` and `/readyz` details when the API itself needs a token.
+    pub internal: Internal,
     /// How long a claim on a Brain operation lasts unless its runner renews it; a delivery
     /// that finds a claim older than this with no result answers `unknown`.
     pub brain_operation_lease: Duration,
@@ -78,9 +80,9 @@ pub struct GatewayOptions {
 /// Why the gateway could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
-    /// The internal token cannot be sent.
+    /// No usable internal credential.
     #[error(transparent)]
-    InternalToken(#[from] InvalidToken),
+    InternalCredential(#[from] ClientSetupError),
     /// The HTTP server failed.
     #[error("gateway HTTP server failed: {0}")]
     Serve(#[from] std::io::Error),
@@ -223,7 +225,7 @@ pub fn router(options: &GatewayOptions, backends: Backends) -> Result<Router, Ga
 }
 
 fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, GatewayError> {
-    let interceptor = ClientInterceptor::new(options.internal_token.as_ref())?;
+    let interceptor = options.internal.interceptor("gateway")?;
     Ok(AppState {
         catalog: CatalogServiceClient::with_interceptor(
             backends.catalog.clone(),
@@ -247,6 +249,7 @@ fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, 
         brain_runtime: Arc::new(brain::Runtime::new(options.brain_operation_lease)),
         nodes: Arc::new(sessions::NodeClients::new(
             interceptor.clone(),
+            options.internal.clone(),
             backends.local_nodes.clone(),
         )),
         live: Arc::default(),
@@ -298,9 +301,16 @@ fn router_with(
         .fallback(error::no_such_route)
         .method_not_allowed_fallback(error::method_not_allowed)
         .with_state(state)
-        .merge(admin::router(readiness(backends)))
+        .merge(admin::router(readiness(backends), metrics_guard(options)))
         .layer(axum::middleware::from_fn(plinth_kit::http::observe));
     Ok(app)
+}
+
+/// Who may read `/metrics` and `/readyz` details: anyone while the API itself is open (no
+/// client tokens, and no `observer` credential configured), otherwise an internal credential.
+fn metrics_guard(options: &GatewayOptions) -> Option<Arc<plinth_kit::auth::Accepted>> {
+    let open = options.tokens.is_empty() && !options.internal.accepted.has_role(Role::Observer);
+    (!open).then(|| options.internal.accepted.clone())
 }
 
 /// Ready when every service behind says it is serving (which each says only while its

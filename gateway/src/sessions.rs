@@ -13,7 +13,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use plinth_kit::grpc::{ClientInterceptor, Transport};
+use plinth_kit::grpc::{ClientInterceptor, Internal, Transport};
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use plinth_proto::node::v1 as node;
@@ -53,14 +53,21 @@ type NodeClient = NodeServiceClient<InterceptedService<Transport, ClientIntercep
 /// others channels made on first use and shared.
 pub struct NodeClients {
     interceptor: ClientInterceptor,
+    internal: Internal,
     channels: Mutex<HashMap<String, Transport>>,
 }
 
 impl NodeClients {
-    /// Only `local` nodes known yet; every call carries `interceptor`'s token.
-    pub fn new(interceptor: ClientInterceptor, local: Vec<(String, Transport)>) -> Self {
+    /// Only `local` nodes known yet; every call carries `interceptor`'s credential, and
+    /// `https://` nodes are reached with `internal`'s TLS.
+    pub fn new(
+        interceptor: ClientInterceptor,
+        internal: Internal,
+        local: Vec<(String, Transport)>,
+    ) -> Self {
         NodeClients {
             interceptor,
+            internal,
             channels: Mutex::new(local.into_iter().collect()),
         }
     }
@@ -93,7 +100,9 @@ impl NodeClients {
         let channel = match channels.get(address) {
             Some(channel) => channel.clone(),
             None => {
-                let channel = plinth_kit::grpc::connect_lazy(address)
+                let channel = self
+                    .internal
+                    .connect(address)
                     .map(Transport::remote)
                     .map_err(|error| {
                         PlinthError::new(

@@ -11,8 +11,6 @@ use serde_json::{Value, json};
 use crate::helpers::send;
 use crate::processes::{Process, free_port, wait_until_ready};
 
-const TOKEN: &str = "fault-test-internal-token";
-
 struct Cluster {
     _data: tempfile::TempDir,
     config: std::path::PathBuf,
@@ -25,10 +23,10 @@ struct Cluster {
 
 fn spawn(args: &[&str], config: &std::path::Path, log: Option<std::fs::File>) -> Process {
     let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
+    crate::credentials::apply(&mut command, crate::credentials::shared(), args[0]);
     command
         .args(args)
         .env("PLINTH_CONFIG", config)
-        .env("PLINTH_INTERNAL_TOKEN", TOKEN)
         .env("PLINTH_LOG", "info")
         .env_remove("PLINTH_TOKENS")
         .stdin(Stdio::null());
@@ -203,16 +201,9 @@ impl Cluster {
             .connect()
             .await
             .expect("connect");
-        let token: tonic::metadata::MetadataValue<_> =
-            format!("Bearer {TOKEN}").parse().expect("token");
         let mut client = pb::catalog_service_client::CatalogServiceClient::with_interceptor(
             channel,
-            move |mut request: tonic::Request<()>| {
-                request
-                    .metadata_mut()
-                    .insert("authorization", token.clone());
-                Ok(request)
-            },
+            crate::credentials::shared().interceptor(plinth_kit::auth::Role::Gateway),
         );
         client
             .get_build(pb::GetBuildRequest {

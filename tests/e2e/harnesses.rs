@@ -3,8 +3,6 @@
 //! environment is deleted, bad input of every kind, and the catalog's `HarnessService` that
 //! other services call.
 
-use plinth_kit::config::Secret;
-use plinth_kit::grpc::ClientInterceptor;
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use plinth_proto::catalog::v1::harness_service_client::HarnessServiceClient;
@@ -605,12 +603,13 @@ async fn openapi_documents_the_harness_endpoints_and_switched_off_means_404() {
 }
 
 /// Other services (tasks, sessions) reach harnesses through the catalog's `HarnessService`:
-/// it is listed by reflection, healthy with the catalog, guarded by the internal token, and
+/// it is listed by reflection, healthy with the catalog, open only to the gateway's role, and
 /// `GetHarness(scope, id)` answers the environment the harness names.
 #[tokio::test]
 async fn the_catalog_serves_harnesses_over_grpc() {
-    const TOKEN: &str = "only-services-know-this";
-    let server = Server::start_with(&["--internal-token", TOKEN]).await;
+    let credentials = crate::credentials::Credentials::new();
+    let config = credentials.serve_config();
+    let server = Server::start_with(&["--config", config.to_str().expect("utf-8")]).await;
     let client = Client::open(&server);
     let studio = client.environment("Studio").await;
     let harness = client.harness("Cutter", &studio).await;
@@ -644,7 +643,7 @@ async fn the_catalog_serves_harnesses_over_grpc() {
         .expect_err("no token");
     assert_eq!(refused.code(), tonic::Code::Unauthenticated);
 
-    let interceptor = ClientInterceptor::new(Some(&Secret::new(TOKEN))).expect("token");
+    let interceptor = credentials.interceptor(plinth_kit::auth::Role::Gateway);
     let mut harnesses = HarnessServiceClient::with_interceptor(channel, interceptor);
     let found = harnesses
         .get_harness(get("default", &id_of(&harness)))

@@ -55,6 +55,14 @@ impl Server {
         }
     }
 
+    /// Where the in-process node agent serves gRPC.
+    pub fn node_addr(&self) -> std::net::SocketAddr {
+        self.running
+            .as_ref()
+            .and_then(|running| running.node_addr)
+            .expect("a running node")
+    }
+
     /// Where the in-process catalog serves gRPC.
     pub fn catalog_addr(&self) -> std::net::SocketAddr {
         self.running

@@ -11,18 +11,17 @@ use serde_json::{Value, json};
 use crate::helpers::send;
 use crate::processes::{Process, free_port, wait_until_ready};
 
-const TOKEN: &str = "node-restart-internal-token";
-
 fn spawn(args: &[String], config: &std::path::Path, log: &std::path::Path) -> Process {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .expect("log file");
-    let child = Command::new(env!("CARGO_BIN_EXE_plinth"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
+    crate::credentials::apply(&mut command, crate::credentials::shared(), &args[0]);
+    let child = command
         .args(args)
         .env("PLINTH_CONFIG", config)
-        .env("PLINTH_INTERNAL_TOKEN", TOKEN)
         .env("PLINTH_LOG", "info")
         .env_remove("PLINTH_TOKENS")
         .stdin(Stdio::null())

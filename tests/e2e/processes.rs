@@ -1,7 +1,7 @@
 //! `plinth catalog`, `plinth source` and `plinth gateway` as real processes, talking gRPC to
 //! each other over loopback, with the catalog and the source index sharing one PostgreSQL
-//! database (`PLINTH_TEST_POSTGRES_URL`, required under CI) and the internal token between
-//! them.
+//! database (`PLINTH_TEST_POSTGRES_URL`, required under CI) and each process proving its
+//! role with its own internal credential.
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
@@ -12,7 +12,9 @@ use plinth_proto::catalog::v1::ListEnvironmentsRequest;
 use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
 use serde_json::json;
 
+use crate::credentials::Credentials;
 use crate::helpers::{assert_error, send};
+use plinth_kit::auth::Role;
 
 /// A child process killed when the test ends, however it ends.
 pub(crate) struct Process(pub(crate) Child);
@@ -30,10 +32,11 @@ pub(crate) fn free_port() -> SocketAddr {
         .expect("a free port")
 }
 
-fn plinth(args: &[&str], internal_token: &str) -> Process {
-    let child = Command::new(env!("CARGO_BIN_EXE_plinth"))
+fn plinth(args: &[&str], credentials: &Credentials) -> Process {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
+    crate::credentials::apply(&mut command, credentials, args[0]);
+    let child = command
         .args(args)
-        .env("PLINTH_INTERNAL_TOKEN", internal_token)
         .env("PLINTH_LOG", "warn")
         .env_remove("PLINTH_TOKENS")
         .env_remove("PLINTH_CONFIG")
@@ -62,7 +65,7 @@ pub(crate) async fn wait_until_ready(client: &reqwest::Client, url: &str, proces
 struct Deployment<'a> {
     database_url: String,
     blob_url: String,
-    token: &'a str,
+    credentials: &'a Credentials,
     grpc: SocketAddr,
     admin: SocketAddr,
     source: SocketAddr,
@@ -89,7 +92,7 @@ impl Deployment<'_> {
                 "--database-url",
                 &self.database_url,
             ],
-            self.token,
+            self.credentials,
         );
         wait_until_ready(client, &format!("http://{admin}/readyz"), &mut catalog).await;
         let (source, source_admin) = (self.source.to_string(), self.source_admin.to_string());
@@ -105,7 +108,7 @@ impl Deployment<'_> {
                 "--blob-url",
                 &self.blob_url,
             ],
-            self.token,
+            self.credentials,
         );
         wait_until_ready(
             client,
@@ -126,7 +129,7 @@ impl Deployment<'_> {
                 "--tokens",
                 "tok-acme=acme",
             ],
-            self.token,
+            self.credentials,
         );
         wait_until_ready(client, &format!("http://{http}/readyz"), &mut gateway).await;
         (catalog, source_service, gateway)
@@ -139,7 +142,7 @@ async fn catalog_source_and_gateway_as_processes_over_grpc_on_postgres() {
         return;
     };
     let database_url = testing::fresh_postgres_database(&server).await;
-    let token = "internal-secret-for-this-test";
+    let credentials = Credentials::new();
     let (grpc, admin, http) = (free_port(), free_port(), free_port());
     let blobs = tempfile::tempdir().expect("blob dir");
 
@@ -147,7 +150,7 @@ async fn catalog_source_and_gateway_as_processes_over_grpc_on_postgres() {
     let deployment = Deployment {
         database_url: database_url.clone(),
         blob_url: format!("file://{}", blobs.path().display()),
-        token,
+        credentials: &credentials,
         grpc,
         admin,
         source: free_port(),
@@ -186,19 +189,38 @@ async fn catalog_source_and_gateway_as_processes_over_grpc_on_postgres() {
     .await;
     assert_error(status, &clash, 409, "environment_exists");
 
-    // The catalog refuses callers without the internal token, but answers health probes.
+    // The catalog refuses callers without a credential, and callers whose role may not make
+    // the call, but answers health probes.
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
         .expect("url")
         .connect()
         .await
         .expect("connect");
+    let list = || ListEnvironmentsRequest {
+        scope: "acme".into(),
+    };
     let refused = CatalogServiceClient::new(channel.clone())
-        .list_environments(ListEnvironmentsRequest {
-            scope: "acme".into(),
-        })
+        .list_environments(list())
         .await
-        .expect_err("no token, no answer");
+        .expect_err("no credential, no answer");
     assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    for role in [Role::Builder, Role::Node, Role::Observer] {
+        let refused =
+            CatalogServiceClient::with_interceptor(channel.clone(), credentials.interceptor(role))
+                .list_environments(list())
+                .await
+                .expect_err("only the gateway acts for a scope");
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{role}");
+    }
+    let listed = CatalogServiceClient::with_interceptor(
+        channel.clone(),
+        credentials.interceptor(Role::Gateway),
+    )
+    .list_environments(list())
+    .await
+    .expect("the gateway's credential lists")
+    .into_inner();
+    assert_eq!(listed.environments.len(), 1);
     let health = tonic_health::pb::health_client::HealthClient::new(channel)
         .check(tonic_health::pb::HealthCheckRequest {
             service: String::new(),
@@ -210,15 +232,23 @@ async fn catalog_source_and_gateway_as_processes_over_grpc_on_postgres() {
         tonic_health::pb::health_check_response::ServingStatus::Serving
     );
 
-    // Each process serves its own metrics.
-    let catalog_metrics = client
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .expect("request")
-        .text()
-        .await
-        .expect("body");
+    // Each process serves its own metrics, to a caller with a credential; `/readyz` says
+    // whether it is ready to anyone.
+    for url in [format!("http://{admin}/metrics"), format!("{base}/metrics")] {
+        let anonymous = client.get(&url).send().await.expect("request");
+        assert_eq!(anonymous.status(), 401, "{url}");
+    }
+    let scrape = |url: String| {
+        let request = client
+            .get(url)
+            .bearer_auth(credentials.token(Role::Observer));
+        async move {
+            let response = request.send().await.expect("request");
+            assert_eq!(response.status(), 200);
+            response.text().await.expect("body")
+        }
+    };
+    let catalog_metrics = scrape(format!("http://{admin}/metrics")).await;
     assert!(
         catalog_metrics.contains("CreateEnvironment"),
         "{catalog_metrics}"
@@ -227,18 +257,22 @@ async fn catalog_source_and_gateway_as_processes_over_grpc_on_postgres() {
         catalog_metrics.contains("code=\"Unauthenticated\""),
         "{catalog_metrics}"
     );
-    let gateway_metrics = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .expect("request")
-        .text()
-        .await
-        .expect("body");
+    assert!(
+        catalog_metrics.contains("code=\"PermissionDenied\""),
+        "{catalog_metrics}"
+    );
+    let gateway_metrics = scrape(format!("{base}/metrics")).await;
     assert!(
         gateway_metrics.contains("plinth_http_requests_total"),
         "{gateway_metrics}"
     );
+    let ready = client
+        .get(format!("http://{admin}/readyz"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(ready.status(), 200);
+    assert_eq!(ready.text().await.expect("body"), "ready\n");
 
     // The environment outlives the processes: it is in PostgreSQL.
     // A file goes through all three processes.

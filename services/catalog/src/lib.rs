@@ -24,8 +24,8 @@ pub mod testing;
 use std::sync::Arc;
 
 use plinth_kit::admin::{self, ReadinessCheck};
-use plinth_kit::config::Secret;
-use plinth_kit::grpc::GrpcServer;
+use plinth_kit::auth::{Access, Role};
+use plinth_kit::grpc::Internal;
 use plinth_kit::tasks::CancellationToken;
 use plinth_proto::catalog::v1::adapter_service_server::AdapterServiceServer;
 use plinth_proto::catalog::v1::brain_service_server::BrainServiceServer;
@@ -43,6 +43,49 @@ pub const SERVICE_NAME: &str = "plinth.catalog.v1.CatalogService";
 /// exactly when it is.
 pub const HARNESS_SERVICE_NAME: &str = "plinth.catalog.v1.HarnessService";
 
+/// Which roles may call each of the catalog's RPCs: builders only the calls about builds they
+/// lease, nodes only their own registration and sessions, the gateway everything that acts
+/// for a scope.
+pub const ACCESS: Access = Access(&[
+    (
+        "/plinth.catalog.v1.CatalogService/ClaimBuild",
+        &[Role::Builder],
+    ),
+    (
+        "/plinth.catalog.v1.CatalogService/RenewLease",
+        &[Role::Builder],
+    ),
+    (
+        "/plinth.catalog.v1.CatalogService/AppendBuildLog",
+        &[Role::Builder],
+    ),
+    (
+        "/plinth.catalog.v1.CatalogService/FindReusable",
+        &[Role::Builder],
+    ),
+    (
+        "/plinth.catalog.v1.CatalogService/CompleteBuild",
+        &[Role::Builder],
+    ),
+    (
+        "/plinth.catalog.v1.SessionService/RegisterNode",
+        &[Role::Node],
+    ),
+    (
+        "/plinth.catalog.v1.SessionService/NodeHeartbeat",
+        &[Role::Node],
+    ),
+    (
+        "/plinth.catalog.v1.SessionService/ListNodeSessions",
+        &[Role::Node],
+    ),
+    ("/plinth.catalog.v1.CatalogService/", &[Role::Gateway]),
+    ("/plinth.catalog.v1.SessionService/", &[Role::Gateway]),
+    ("/plinth.catalog.v1.HarnessService/", &[Role::Gateway]),
+    ("/plinth.catalog.v1.BrainService/", &[Role::Gateway]),
+    ("/plinth.catalog.v1.AdapterService/", &[Role::Gateway]),
+]);
+
 /// How the catalog runs.
 #[derive(Debug, Clone)]
 pub struct CatalogOptions {
@@ -50,8 +93,8 @@ pub struct CatalogOptions {
     pub database_url: String,
     /// Upper bound on pooled database connections.
     pub max_connections: u32,
-    /// When set, every catalog call must carry it.
-    pub internal_token: Option<Secret>,
+    /// Who may call the catalog (see [`ACCESS`]), and TLS.
+    pub internal: Internal,
     /// How builds are leased to builders.
     pub leases: LeasePolicy,
     /// How long a workspace adapter's rotated-out credential is still accepted.
@@ -88,11 +131,10 @@ pub async fn run(
         let store = readiness_store.clone();
         Box::pin(async move { store.ping().await.map_err(|error| error.to_string()) })
     });
-    let server = GrpcServer::new(
-        plinth_proto::FILE_DESCRIPTOR_SET,
-        options.internal_token.clone(),
-    )
-    .answer_locally(options.local.clone());
+    let server = options
+        .internal
+        .server(plinth_proto::FILE_DESCRIPTOR_SET, ACCESS)
+        .answer_locally(options.local.clone());
     server
         .report_health(
             &[SERVICE_NAME, HARNESS_SERVICE_NAME],
@@ -100,7 +142,12 @@ pub async fn run(
             shutdown.clone(),
         )
         .await;
-    admin::spawn(admin, readiness, shutdown.clone());
+    admin::spawn(
+        admin,
+        readiness,
+        Some(options.internal.accepted.clone()),
+        shutdown.clone(),
+    );
     plinth_kit::tasks::spawn(sweep::end_sessions_past_their_limits(
         store.clone(),
         shutdown.clone(),

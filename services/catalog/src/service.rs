@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use plinth_kit::auth::Principal;
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use tokio::sync::Notify;
@@ -251,6 +252,14 @@ impl pb::catalog_service_server::CatalogService for Catalog {
         request: Request<pb::ClaimBuildRequest>,
     ) -> Result<Response<pb::ClaimBuildResponse>, Status> {
         let builder = &request.get_ref().builder;
+        if let Some(caller) = Principal::of(&request)
+            && !caller.may_act_as(builder)
+        {
+            return Err(Status::permission_denied(format!(
+                "this credential is builder {:?}'s and claims builds for no other builder",
+                caller.name.as_deref().unwrap_or_default()
+            )));
+        }
         let deadline = tokio::time::Instant::now() + CLAIM_HOLD;
         let claim = loop {
             // Listening before looking: a build queued between the two still wakes this call.

@@ -1,6 +1,7 @@
 //! The gRPC face of sessions, turns, nodes and tasks (`plinth.catalog.v1.SessionService`):
 //! wire types are validated into domain types on receipt, the store does the work.
 
+use plinth_kit::auth::Principal;
 use plinth_kit::clock::now_ms;
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
@@ -21,6 +22,23 @@ pub struct Sessions {
 impl Sessions {
     pub fn new(store: Store) -> Self {
         Sessions { store }
+    }
+
+    /// Refuses a credential for one node acting for another (or for an unknown node, which
+    /// must register first, under its own name).
+    async fn check_node(&self, caller: Option<&Principal>, node: &NodeId) -> Result<(), Status> {
+        let Some(caller) = caller.filter(|caller| caller.name.is_some()) else {
+            return Ok(());
+        };
+        let name = self
+            .store
+            .node_name(node)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        match name {
+            Some(name) if caller.may_act_as(&name) => Ok(()),
+            _ => Err(not_this_node(caller)),
+        }
     }
 
     fn new_session(
@@ -128,6 +146,13 @@ fn session_id(text: &str) -> Result<SessionId, PlinthError> {
     SessionId::parse(text).ok_or_else(|| missing("session", text))
 }
 
+fn not_this_node(caller: &Principal) -> Status {
+    Status::permission_denied(format!(
+        "this credential is node {:?}'s and acts for no other node",
+        caller.name.as_deref().unwrap_or_default()
+    ))
+}
+
 fn node_id(text: &str) -> Result<NodeId, PlinthError> {
     NodeId::parse(text).ok_or_else(|| missing("node", text))
 }
@@ -197,7 +222,13 @@ impl pb::session_service_server::SessionService for Sessions {
         &self,
         request: Request<pb::RegisterNodeRequest>,
     ) -> Result<Response<pb::RegisterNodeResponse>, Status> {
+        let caller = Principal::of(&request).cloned();
         let request = request.into_inner();
+        if let Some(caller) = caller
+            && !caller.may_act_as(&request.name)
+        {
+            return Err(not_this_node(&caller));
+        }
         if request.name.is_empty() || request.name.len() > 256 || request.address.is_empty() {
             return Err(
                 PlinthError::invalid("a node needs a name (≤ 256 bytes) and an address").into(),
@@ -235,8 +266,10 @@ impl pb::session_service_server::SessionService for Sessions {
         &self,
         request: Request<pb::NodeHeartbeatRequest>,
     ) -> Result<Response<pb::NodeHeartbeatResponse>, Status> {
+        let caller = Principal::of(&request).cloned();
         let request = request.into_inner();
         let node = node_id(&request.node_id)?;
+        self.check_node(caller.as_ref(), &node).await?;
         let cached: Vec<(EnvironmentId, u32)> = request
             .cached
             .iter()
@@ -406,6 +439,7 @@ impl pb::session_service_server::SessionService for Sessions {
         request: Request<pb::ListNodeSessionsRequest>,
     ) -> Result<Response<pb::ListNodeSessionsResponse>, Status> {
         let node = node_id(&request.get_ref().node_id)?;
+        self.check_node(Principal::of(&request), &node).await?;
         let sessions = self
             .store
             .node_sessions(&node)

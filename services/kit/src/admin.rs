@@ -1,5 +1,7 @@
 //! The small HTTP surface every Plinth process offers operators: `/healthz` (the process
-//! runs), `/readyz` (its dependencies answer) and `/metrics` (Prometheus text).
+//! runs), `/readyz` (its dependencies answer) and `/metrics` (Prometheus text). When guarded,
+//! `/readyz` tells anyone whether the process is ready but says why, and how it runs, only to
+//! a caller with a credential the process accepts, and `/metrics` answers only such callers.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -7,12 +9,13 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::Accepted;
 use crate::telemetry;
 
 /// Answers whether the process's dependencies answer; `Err` says which does not.
@@ -20,14 +23,30 @@ pub type ReadinessCheck =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
 
 /// `/healthz`, `/readyz` and `/metrics`, to merge into a router or serve on their own.
-pub fn router(readiness: ReadinessCheck) -> Router {
+/// With `guard`, details and metrics need a credential it accepts (any role: the services'
+/// own, or an `observer`'s for a scraper); without, they are open.
+pub fn router(readiness: ReadinessCheck, guard: Option<Arc<Accepted>>) -> Router {
     // Installed now, not at the first scrape, so nothing recorded before it is lost.
     telemetry::metrics();
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(readiness)
+        .with_state(Admin { readiness, guard })
+}
+
+#[derive(Clone)]
+struct Admin {
+    readiness: ReadinessCheck,
+    guard: Option<Arc<Accepted>>,
+}
+
+impl Admin {
+    fn trusts(&self, headers: &HeaderMap) -> bool {
+        self.guard
+            .as_ref()
+            .is_none_or(|accepted| accepted.authenticate_headers(headers).is_some())
+    }
 }
 
 /// Facts about how this process runs, shown under `ready` by `/readyz` (e.g. which cgroup
@@ -43,8 +62,11 @@ pub fn describe(key: &str, value: impl Into<String>) {
     details.push((key.to_owned(), value.into()));
 }
 
-async fn readyz(State(readiness): State<ReadinessCheck>) -> Response {
-    match readiness().await {
+async fn readyz(State(admin): State<Admin>, headers: HeaderMap) -> Response {
+    let trusted = admin.trusts(&headers);
+    match (admin.readiness)().await {
+        Ok(()) if !trusted => (StatusCode::OK, "ready\n").into_response(),
+        Err(_) if !trusted => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response(),
         Ok(()) => {
             let mut body = String::from("ready\n");
             for (key, value) in DETAILS
@@ -64,7 +86,16 @@ async fn readyz(State(readiness): State<ReadinessCheck>) -> Response {
     }
 }
 
-async fn metrics() -> Response {
+async fn metrics(State(admin): State<Admin>, headers: HeaderMap) -> Response {
+    if !admin.trusts(&headers) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
+            "metrics need `Authorization: Bearer <token>` with an internal credential this \
+             process accepts (an `observer` entry in `[[internal.accept]]`)\n",
+        )
+            .into_response();
+    }
     (
         [(
             axum::http::header::CONTENT_TYPE,
@@ -79,10 +110,11 @@ async fn metrics() -> Response {
 pub fn spawn(
     listener: Option<TcpListener>,
     readiness: ReadinessCheck,
+    guard: Option<Arc<Accepted>>,
     shutdown: CancellationToken,
 ) {
     if let Some(listener) = listener {
-        crate::tasks::spawn_background("admin server", serve(listener, readiness, shutdown));
+        crate::tasks::spawn_background("admin server", serve(listener, readiness, guard, shutdown));
     }
 }
 
@@ -90,9 +122,10 @@ pub fn spawn(
 pub async fn serve(
     listener: TcpListener,
     readiness: ReadinessCheck,
+    guard: Option<Arc<Accepted>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(readiness))
+    axum::serve(listener, router(readiness, guard))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
 }

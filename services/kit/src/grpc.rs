@@ -1,6 +1,6 @@
 //! gRPC plumbing shared by every Plinth service: the server (health, reflection, traces carried
-//! in from metadata, per-rpc metrics, the internal token) and the client side (trace context
-//! and the internal token carried out).
+//! in from metadata, per-rpc metrics, each call's credential checked against the RPC's rule,
+//! optional TLS) and the client side (trace context and the caller's credential carried out).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -20,24 +20,29 @@ use tonic_health::server::HealthReporter;
 use tracing::Instrument;
 
 use crate::admin::ReadinessCheck;
+use crate::auth::{Principal, ServerAuth};
 use crate::config::Secret;
 use crate::telemetry;
+use crate::tls::TlsSettings;
 
-/// Paths every caller may use without the internal token: probes and reflection.
-const OPEN_PREFIXES: [&str; 2] = ["/grpc.health.", "/grpc.reflection."];
+/// Paths every caller may use without a credential: health probes.
+const OPEN_PREFIX: &str = "/grpc.health.";
+/// Paths any accepted credential may use, whatever its role: reflection.
+const ANY_ROLE_PREFIX: &str = "/grpc.reflection.";
 
 /// A gRPC server with health and reflection, built up service by service.
 pub struct GrpcServer {
     routes: RoutesBuilder,
     health: HealthReporter,
-    internal_token: Option<Secret>,
+    auth: ServerAuth,
+    tls: Option<TlsSettings>,
     local: Option<LocalSlot>,
 }
 
 impl GrpcServer {
-    /// A server that answers `grpc.health.v1` and reflection over `descriptor_set`, and, when
-    /// `internal_token` is set, refuses every other call that does not carry it.
-    pub fn new(descriptor_set: &'static [u8], internal_token: Option<Secret>) -> Self {
+    /// A server that answers `grpc.health.v1` to anyone, reflection over `descriptor_set` to
+    /// any caller `auth` accepts, and every other call only from the roles `auth`'s rules name.
+    pub fn new(descriptor_set: &'static [u8], auth: ServerAuth) -> Self {
         telemetry::metrics();
         let (health, health_service) = tonic_health::server::health_reporter();
         let mut routes = RoutesBuilder::default();
@@ -57,13 +62,21 @@ impl GrpcServer {
         GrpcServer {
             routes,
             health,
-            internal_token,
+            auth,
+            tls: None,
             local: None,
         }
     }
 
+    /// Serves over TLS with `tls`'s certificate (and requires client certificates when it
+    /// says so); plain HTTP/2 when `None`.
+    pub fn tls(mut self, tls: Option<TlsSettings>) -> Self {
+        self.tls = tls;
+        self
+    }
+
     /// Once serving, also answers calls made in this process through `slot` (see
-    /// [`Transport::in_process`]): the same services, token check, spans and metrics, without
+    /// [`Transport::in_process`]): the same services, credential check, spans and metrics, without
     /// the network.
     pub fn answer_locally(mut self, slot: Option<LocalSlot>) -> Self {
         self.local = slot;
@@ -145,7 +158,7 @@ impl GrpcServer {
         shutdown: CancellationToken,
     ) -> Result<(), tonic::transport::Error> {
         let layer = ServerLayer {
-            internal_token: self.internal_token.map(Arc::new),
+            auth: Arc::new(self.auth),
         };
         let routes = self.routes.routes();
         if let Some(slot) = self.local {
@@ -154,7 +167,11 @@ impl GrpcServer {
                 routes.clone(),
             )));
         }
-        tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = self.tls.as_ref().and_then(TlsSettings::server) {
+            builder = builder.tls_config(tls)?;
+        }
+        builder
             .accept_http1(false)
             .layer(layer)
             .add_routes(routes)
@@ -168,11 +185,11 @@ impl GrpcServer {
     }
 }
 
-/// Wraps every call: a `grpc.server` span that continues the caller's trace, the internal
-/// token check, and the request counter and latency histogram.
+/// Wraps every call: a `grpc.server` span that continues the caller's trace, the credential
+/// and role check, and the request counter and latency histogram.
 #[derive(Clone)]
 struct ServerLayer {
-    internal_token: Option<Arc<Secret>>,
+    auth: Arc<ServerAuth>,
 }
 
 impl<S> tower::Layer<S> for ServerLayer {
@@ -181,7 +198,7 @@ impl<S> tower::Layer<S> for ServerLayer {
     fn layer(&self, inner: S) -> Self::Service {
         ServerService {
             inner,
-            internal_token: self.internal_token.clone(),
+            auth: self.auth.clone(),
         }
     }
 }
@@ -189,7 +206,7 @@ impl<S> tower::Layer<S> for ServerLayer {
 #[derive(Clone)]
 struct ServerService<S> {
     inner: S,
-    internal_token: Option<Arc<Secret>>,
+    auth: Arc<ServerAuth>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -215,15 +232,19 @@ where
         let path = request.uri().path().to_owned();
         let span = tracing::info_span!("grpc.server", otel.kind = "server", rpc = %path, grpc.code = tracing::field::Empty);
         telemetry::extract(&span, request.headers());
-        let open = OPEN_PREFIXES.iter().any(|prefix| path.starts_with(prefix));
-        if !open && !carries_token(&request, self.internal_token.as_deref()) {
-            let _entered = span.enter();
-            tracing::warn!("call without the internal token refused");
-            record(&path, tonic::Code::Unauthenticated, Duration::ZERO);
-            let status = tonic::Status::unauthenticated(
-                "this service needs the deployment's internal token (PLINTH_INTERNAL_TOKEN)",
-            );
-            return Box::pin(std::future::ready(Ok(status.into_http())));
+        let mut request = request;
+        if !path.starts_with(OPEN_PREFIX) {
+            match self.check(&path, request.headers()) {
+                Ok(principal) => {
+                    request.extensions_mut().insert(principal);
+                }
+                Err(status) => {
+                    let _entered = span.enter();
+                    tracing::warn!(code = ?status.code(), "{}", status.message());
+                    record(&path, status.code(), Duration::ZERO);
+                    return Box::pin(std::future::ready(Ok(status.into_http())));
+                }
+            }
         }
         // The clone that was polled ready is the one that must be called.
         let clone = self.inner.clone();
@@ -250,17 +271,23 @@ where
     }
 }
 
-fn carries_token(request: &http::Request<Body>, token: Option<&Secret>) -> bool {
-    let Some(token) = token else {
-        return true;
-    };
-    let Some(value) = request.headers().get(http::header::AUTHORIZATION) else {
-        return false;
-    };
-    let Some(given) = value.as_bytes().strip_prefix(b"Bearer ") else {
-        return false;
-    };
-    constant_time_eq(given, token.expose().as_bytes())
+impl<S> ServerService<S> {
+    /// Who the call's credential says it is, if it may call `path`.
+    fn check(&self, path: &str, headers: &http::HeaderMap) -> Result<Principal, tonic::Status> {
+        let Some(principal) = self.auth.accepted.authenticate_headers(headers) else {
+            return Err(tonic::Status::unauthenticated(
+                "this service needs an internal credential it accepts (`internal.credential` or \
+                 PLINTH_INTERNAL_CREDENTIAL in the caller, `[[internal.accept]]` here)",
+            ));
+        };
+        if path.starts_with(ANY_ROLE_PREFIX) || self.auth.access.allows(path, principal.role) {
+            return Ok(principal);
+        }
+        Err(tonic::Status::permission_denied(format!(
+            "a {} credential may not call {path}",
+            principal.role
+        )))
+    }
 }
 
 /// Compares without an early exit, so the time taken says nothing about the secret.
@@ -285,7 +312,7 @@ fn record(path: &str, code: tonic::Code, elapsed: Duration) {
         .record(elapsed.as_secs_f64());
 }
 
-/// A service's whole call stack (token check, spans, metrics, routing), called directly.
+/// A service's whole call stack (credential check, spans, metrics, routing), called directly.
 type LocalService =
     tower::util::BoxCloneSyncService<http::Request<Body>, http::Response<Body>, Infallible>;
 
@@ -315,7 +342,7 @@ impl std::fmt::Debug for LocalSlot {
 
 /// How a client reaches another Plinth service: over its gRPC channel, or, when the service
 /// runs in the same process and is serving, by calling its stack directly. A direct call is
-/// still a gRPC call (messages are encoded, the token checked, the span and metrics recorded
+/// still a gRPC call (messages are encoded, the credential checked, the span and metrics recorded
 /// by the same server code); it skips HTTP/2 over loopback, whose connection and buffer tasks
 /// cost about 0.3 ms of thread hand-offs per call.
 #[derive(Clone)]
@@ -386,9 +413,17 @@ impl tower::Service<http::Request<Body>> for Transport {
 }
 
 /// A channel to another Plinth service that connects on first use and reconnects as needed,
-/// so services can start in any order.
-pub fn connect_lazy(url: &str) -> Result<Channel, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(url.to_owned())?
+/// so services can start in any order. An `https://` URL is reached over TLS, verified
+/// against `tls`'s CA and presenting its certificate; `tls` is required for one.
+pub fn connect_lazy(url: &str, tls: Option<&TlsSettings>) -> Result<Channel, ConnectError> {
+    let mut endpoint = Endpoint::from_shared(url.to_owned())?;
+    if url.starts_with("https://") {
+        let tls = tls
+            .and_then(TlsSettings::client)
+            .ok_or_else(|| ConnectError::NoCa(url.to_owned()))?;
+        endpoint = endpoint.tls_config(tls)?;
+    }
+    Ok(endpoint
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(30))
@@ -396,30 +431,40 @@ pub fn connect_lazy(url: &str) -> Result<Channel, tonic::transport::Error> {
         .connect_lazy())
 }
 
-/// Carries the caller's trace context and the internal token on every outgoing call.
-#[derive(Clone, Default)]
+/// Why a channel to another service cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The URL or TLS settings are not usable.
+    #[error("{0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// An `https://` URL without a CA to verify it by.
+    #[error(
+        "{0} is https, but no CA is configured to verify it: set `internal.tls.ca` (PLINTH_INTERNAL_TLS_CA)"
+    )]
+    NoCa(String),
+}
+
+/// Carries the caller's trace context and its credential on every outgoing call.
+#[derive(Clone)]
 pub struct ClientInterceptor {
-    internal_token: Option<Arc<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>>,
+    credential: Arc<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 impl ClientInterceptor {
-    /// An interceptor that sends `internal_token`, when set, as a bearer token.
-    pub fn new(internal_token: Option<&Secret>) -> Result<Self, InvalidToken> {
-        let internal_token = match internal_token {
-            Some(token) => Some(Arc::new(
-                format!("Bearer {}", token.expose())
-                    .parse()
-                    .map_err(|_| InvalidToken)?,
-            )),
-            None => None,
-        };
-        Ok(ClientInterceptor { internal_token })
+    /// An interceptor that sends `credential` as a bearer token.
+    pub fn new(credential: &Secret) -> Result<Self, InvalidToken> {
+        let credential = Arc::new(
+            format!("Bearer {}", credential.expose())
+                .parse()
+                .map_err(|_| InvalidToken)?,
+        );
+        Ok(ClientInterceptor { credential })
     }
 }
 
-/// The internal token holds characters that cannot travel in a header.
+/// The credential holds characters that cannot travel in a header.
 #[derive(Debug, thiserror::Error)]
-#[error("the internal token must be printable ASCII")]
+#[error("the internal credential must be printable ASCII")]
 pub struct InvalidToken;
 
 impl Interceptor for ClientInterceptor {
@@ -438,9 +483,64 @@ impl Interceptor for ClientInterceptor {
                 metadata.insert(key, value);
             }
         }
-        if let Some(token) = &self.internal_token {
-            metadata.insert("authorization", token.as_ref().clone());
-        }
+        metadata.insert("authorization", self.credential.as_ref().clone());
         Ok(request)
+    }
+}
+
+/// How one process takes part in calls between services: its own credential (sent on the
+/// calls it makes), the credentials it accepts (on the calls it answers), and TLS for both.
+#[derive(Clone, Debug, Default)]
+pub struct Internal {
+    /// What this process sends; required by every process that calls another.
+    pub credential: Option<Secret>,
+    /// Who may call this process's services.
+    pub accepted: Arc<crate::auth::Accepted>,
+    /// Certificates, when the deployment uses TLS between services.
+    pub tls: Option<TlsSettings>,
+}
+
+/// A process that calls other services was given no credential to call them with.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the {0} calls other services and needs its own internal credential: set \
+     PLINTH_INTERNAL_CREDENTIAL (or `internal.credential_file`); `plinth credential new --role {0}` makes one"
+)]
+pub struct MissingCredential(pub &'static str);
+
+/// Why a process cannot make its clients.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientSetupError {
+    /// No credential.
+    #[error(transparent)]
+    Missing(#[from] MissingCredential),
+    /// A credential that cannot travel in a header.
+    #[error(transparent)]
+    Invalid(#[from] InvalidToken),
+}
+
+impl Internal {
+    /// The interceptor that sends this process's credential; `role` names the process in the
+    /// error when it has none.
+    pub fn interceptor(&self, role: &'static str) -> Result<ClientInterceptor, ClientSetupError> {
+        let credential = self.credential.as_ref().ok_or(MissingCredential(role))?;
+        Ok(ClientInterceptor::new(credential)?)
+    }
+
+    /// A gRPC server that checks callers against what this process accepts and `access`.
+    pub fn server(&self, descriptor_set: &'static [u8], access: crate::auth::Access) -> GrpcServer {
+        GrpcServer::new(
+            descriptor_set,
+            ServerAuth {
+                accepted: self.accepted.clone(),
+                access,
+            },
+        )
+        .tls(self.tls.clone())
+    }
+
+    /// A lazily connecting channel to `url` (TLS for `https://`).
+    pub fn connect(&self, url: &str) -> Result<Channel, ConnectError> {
+        connect_lazy(url, self.tls.as_ref())
     }
 }

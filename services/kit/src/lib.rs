@@ -11,6 +11,7 @@
 //! Business rules do not belong here, nor anything that knows what an environment is.
 
 pub mod admin;
+pub mod auth;
 pub mod clock;
 pub mod config;
 #[cfg(feature = "database")]
@@ -20,5 +21,6 @@ pub mod grpc;
 pub mod http;
 pub mod tasks;
 pub mod telemetry;
+pub mod tls;
 
 pub use error::{ErrorCode, PlinthError};

@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use plinth_blobs::BlobStore;
 use plinth_kit::admin::{self, ReadinessCheck};
-use plinth_kit::config::Secret;
-use plinth_kit::grpc::{ClientInterceptor, GrpcServer, Transport};
+use plinth_kit::auth::{Access, Role};
+use plinth_kit::grpc::{ClientInterceptor, Internal, Transport};
 use plinth_kit::tasks::CancellationToken;
 use plinth_proto::catalog::v1 as catalog_pb;
 use plinth_proto::catalog::v1::session_service_client::SessionServiceClient;
@@ -64,8 +64,8 @@ pub struct NodeOptions {
     pub base_uid: u32,
     /// Limits of commands and file calls.
     pub limits: ExecLimits,
-    /// When set, every call to this node must carry it, and calls to the catalog carry it.
-    pub internal_token: Option<Secret>,
+    /// Its own credential (sent to the catalog), who may call it (the gateway), and TLS.
+    pub internal: Internal,
     /// Where callers in this process reach the node directly, when they run beside it.
     pub local: Option<plinth_kit::grpc::LocalSlot>,
     /// Told once the node has registered with the catalog (and every time it registers
@@ -102,6 +102,13 @@ pub enum NodeError {
     #[error("node gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
 }
+
+/// Which roles may call the node: the gateway, which places sessions and acts for their
+/// scopes.
+pub const ACCESS: Access = Access(&[
+    ("/plinth.node.v1.NodeService/", &[Role::Gateway]),
+    ("/plinth.node.v1.WorkspaceService/", &[Role::Gateway]),
+]);
 
 type Catalog = SessionServiceClient<InterceptedService<Transport, ClientInterceptor>>;
 
@@ -167,7 +174,9 @@ pub async fn run(
     )?);
     tracing::info!(node = %options.name, sessions = sessions.len(), cached_versions = cache.cached_versions().len(), cache_bytes = cache.blob_bytes(), isolated = options.isolation.enabled, "node state loaded");
 
-    let interceptor = ClientInterceptor::new(options.internal_token.as_ref())
+    let interceptor = options
+        .internal
+        .interceptor("node")
         .map_err(|error| NodeError::Token(error.to_string()))?;
     let catalog = SessionServiceClient::with_interceptor(catalog, interceptor);
     let active: Arc<Mutex<HashSet<cache::VersionKey>>> = Arc::default();
@@ -190,16 +199,20 @@ pub async fn run(
         shutdown.clone(),
     ));
 
-    let server = GrpcServer::new(
-        plinth_proto::FILE_DESCRIPTOR_SET,
-        options.internal_token.clone(),
-    )
-    .answer_locally(options.local.clone());
+    let server = options
+        .internal
+        .server(plinth_proto::FILE_DESCRIPTOR_SET, ACCESS)
+        .answer_locally(options.local.clone());
     let readiness: ReadinessCheck = Arc::new(|| Box::pin(async { Ok(()) }));
     server
         .report_health(&[SERVICE_NAME], readiness.clone(), shutdown.clone())
         .await;
-    admin::spawn(admin, readiness, shutdown.clone());
+    admin::spawn(
+        admin,
+        readiness,
+        Some(options.internal.accepted.clone()),
+        shutdown.clone(),
+    );
     let namespaces = if options.isolation.enabled {
         Some(isolation::Namespaces::start().map_err(NodeError::Namespaces)?)
     } else {

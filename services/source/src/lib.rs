@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use plinth_blobs::BlobStore;
 use plinth_kit::admin::{self, ReadinessCheck};
-use plinth_kit::config::Secret;
-use plinth_kit::grpc::GrpcServer;
+use plinth_kit::auth::{Access, Role};
+use plinth_kit::grpc::Internal;
 use plinth_kit::tasks::CancellationToken;
 use plinth_proto::source::v1::source_service_server::SourceServiceServer;
 use tokio::net::TcpListener;
@@ -50,8 +50,9 @@ pub struct SourceOptions {
     pub limits: SourceLimits,
     /// What git imports may reach.
     pub git: GitPolicy,
-    /// When set, every call must carry it.
-    pub internal_token: Option<Secret>,
+    /// Who may call the source service (the gateway only: every call names a scope), and
+    /// TLS.
+    pub internal: Internal,
     /// Where callers in this process reach the source service directly, when they run beside
     /// it.
     pub local: Option<plinth_kit::grpc::LocalSlot>,
@@ -71,6 +72,9 @@ pub enum SourceError {
     Grpc(#[from] tonic::transport::Error),
 }
 
+/// Which roles may call the source service: the gateway only, since every call names a scope.
+pub const ACCESS: Access = Access(&[("/plinth.source.v1.SourceService/", &[Role::Gateway])]);
+
 /// Opens the index and the blob store and serves gRPC on `grpc` (and `/healthz`, `/readyz`,
 /// `/metrics` on `admin`, when given) until `shutdown` is cancelled.
 pub async fn run(
@@ -89,15 +93,19 @@ pub async fn run(
         let index = readiness_index.clone();
         Box::pin(async move { index.ping().await.map_err(|error| error.to_string()) })
     });
-    let server = GrpcServer::new(
-        plinth_proto::FILE_DESCRIPTOR_SET,
-        options.internal_token.clone(),
-    )
-    .answer_locally(options.local.clone());
+    let server = options
+        .internal
+        .server(plinth_proto::FILE_DESCRIPTOR_SET, ACCESS)
+        .answer_locally(options.local.clone());
     server
         .report_health(&[SERVICE_NAME], readiness.clone(), shutdown.clone())
         .await;
-    admin::spawn(admin, readiness, shutdown.clone());
+    admin::spawn(
+        admin,
+        readiness,
+        Some(options.internal.accepted.clone()),
+        shutdown.clone(),
+    );
 
     let service = SourceServiceServer::new(service::Source::new(
         index.clone(),

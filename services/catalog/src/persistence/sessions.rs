@@ -103,6 +103,15 @@ impl Store {
         NodeId::parse(&id).ok_or_else(|| StoreError::Corrupt(format!("node id {id:?}")))
     }
 
+    /// The name a node registered with, if it is registered.
+    pub async fn node_name(&self, node: &NodeId) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT name FROM nodes WHERE id = $1")
+            .bind(node.as_str())
+            .fetch_optional(&self.db.reader)
+            .await?;
+        Ok(row.map(|row| row.try_get("name")).transpose()?)
+    }
+
     /// Records that a node is alive; answers which of the versions it caches are active.
     pub async fn node_heartbeat(
         &self,
