@@ -15,6 +15,7 @@ mod grpc_surface;
 mod harnesses;
 mod helpers;
 mod imports;
+mod internal_tls;
 mod limits;
 mod node_restart;
 mod novo;
