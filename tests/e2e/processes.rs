@@ -37,6 +37,7 @@ fn plinth(args: &[&str], internal_token: &str) -> Process {
         .env("PLINTH_LOG", "warn")
         .env_remove("PLINTH_TOKENS")
         .env_remove("PLINTH_CONFIG")
+        .env("PLINTH_SEAL_KEY", crate::helpers::SEAL_KEY)
         .stdin(Stdio::null())
         .spawn()
         .expect("spawn plinth");
