@@ -148,8 +148,20 @@ pub struct CatalogSection {
     /// Leases a build may be handed before a lost builder fails it.
     pub build_max_attempts: u32,
     /// How long a workspace adapter's rotated-out secret or token is still accepted, in
-    /// seconds.
+    /// seconds, when the rotation does not say.
     pub adapter_credential_grace_seconds: u64,
+    /// A file holding the key that seals workspace adapters' credentials in the database: 32
+    /// random bytes in base64. Every catalog on one database needs the same key.
+    /// `plinth serve` makes `<data_dir>/seal.key` when neither this nor `PLINTH_SEAL_KEY` is
+    /// given; `plinth catalog` refuses to start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seal_key_file: Option<PathBuf>,
+    /// The key itself, from `PLINTH_SEAL_KEY` (never from the file); it wins over the file.
+    #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
+    pub seal_key: Option<Secret>,
+    /// Whether `seal_key_file` is made when missing (`plinth serve`'s own key file only).
+    #[serde(skip)]
+    pub make_seal_key_file: bool,
 }
 
 impl Default for CatalogSection {
@@ -162,6 +174,9 @@ impl Default for CatalogSection {
             build_lease_seconds: 30,
             build_max_attempts: 3,
             adapter_credential_grace_seconds: 3600,
+            seal_key_file: None,
+            seal_key: None,
+            make_seal_key_file: false,
         }
     }
 }
@@ -540,6 +555,7 @@ impl Config {
         config.node.listen.get_or_insert(EPHEMERAL_LOOPBACK);
         config.catalog.listen.get_or_insert(EPHEMERAL_LOOPBACK);
         config.source.listen.get_or_insert(EPHEMERAL_LOOPBACK);
+        config.resolve_seal_key(&|name| std::env::var(name).ok(), true)?;
         config.refuse_open_scope_beyond_loopback()?;
         config.sessions.policy()?;
         Ok(config)
@@ -563,7 +579,35 @@ impl Config {
         config.make_paths_absolute()?;
         config.resolve_database();
         config.catalog.listen.get_or_insert(DEFAULT_CATALOG_LISTEN);
+        config.resolve_seal_key(&|name| std::env::var(name).ok(), false)?;
         Ok(config)
+    }
+
+    /// Where the catalog's seal key comes from: `PLINTH_SEAL_KEY` (from `lookup`), else
+    /// `catalog.seal_key_file`, else (`plinth serve` only, `own_file`) `<data_dir>/seal.key`,
+    /// made at first start: beside the database, never in it. A rotation's grace past its
+    /// maximum is refused here too, since the catalog would refuse every rotation that asked
+    /// for it.
+    fn resolve_seal_key(
+        &mut self,
+        lookup: &dyn Fn(&str) -> Option<String>,
+        own_file: bool,
+    ) -> Result<(), ConfigError> {
+        let max = plinth_catalog::adapters::MAX_GRACE_SECONDS;
+        if self.catalog.adapter_credential_grace_seconds > max {
+            return Err(ConfigError::Invalid(format!(
+                "catalog.adapter_credential_grace_seconds is {}; it must be at most {max} (a week)",
+                self.catalog.adapter_credential_grace_seconds
+            )));
+        }
+        self.catalog.seal_key = lookup("PLINTH_SEAL_KEY")
+            .filter(|key| !key.trim().is_empty())
+            .map(Secret::new);
+        if self.catalog.seal_key.is_none() && self.catalog.seal_key_file.is_none() && own_file {
+            self.catalog.seal_key_file = Some(self.data_dir.join("seal.key"));
+            self.catalog.make_seal_key_file = true;
+        }
+        Ok(())
     }
 
     /// The configuration `plinth source` runs with.
@@ -725,6 +769,7 @@ impl Config {
         hidden.extend(self.builder.work_dir.clone());
         hidden.extend(self.node.state_dir.clone());
         hidden.extend(self.source_file.clone());
+        hidden.extend(self.catalog.seal_key_file.clone());
         hidden
     }
 
@@ -869,6 +914,15 @@ impl Config {
         }
         if let Some(dir) = &mut self.node.state_dir {
             absolute(dir, "node.state_dir")?;
+        }
+        if let Some(file) = &mut self.catalog.seal_key_file {
+            if file.as_os_str().is_empty() {
+                return Err(ConfigError::Invalid(
+                    "catalog.seal_key_file is empty: name the file that holds the seal key"
+                        .to_owned(),
+                ));
+            }
+            absolute(file, "catalog.seal_key_file")?;
         }
         absolute_url(
             &mut self.catalog.database_url,
@@ -1184,5 +1238,55 @@ mod tests {
         }
         assert!(dumped.contains("scope = \"acme\""));
         assert!(dumped.contains("postgres://app:<redacted>@db/plinth"));
+    }
+
+    #[test]
+    fn the_seal_key_comes_from_the_environment_a_file_or_serves_own_file() {
+        let here = std::env::current_dir().expect("cwd");
+        let mut config = serve(&["--data-dir", "data"]).expect("config");
+        config.catalog.seal_key_file = None;
+        config
+            .resolve_seal_key(&|_| None, true)
+            .expect("serve's own file");
+        assert_eq!(
+            config.catalog.seal_key_file,
+            Some(here.join("data/seal.key"))
+        );
+        assert!(config.catalog.make_seal_key_file);
+        assert!(
+            config
+                .builder_hidden_paths()
+                .contains(&here.join("data/seal.key"))
+        );
+
+        let mut config = serve(&["--data-dir", "data"]).expect("config");
+        config.catalog.seal_key_file = None;
+        config
+            .resolve_seal_key(
+                &|name| (name == "PLINTH_SEAL_KEY").then(|| "a-key-in-base64".to_owned()),
+                true,
+            )
+            .expect("from the environment");
+        assert_eq!(config.catalog.seal_key_file, None);
+        let dumped = config.dump().expect("dump");
+        assert!(!dumped.contains("a-key-in-base64"), "{dumped}");
+        assert!(dumped.contains("seal_key = \"<redacted>\""), "{dumped}");
+
+        let mut config = Config::default();
+        config
+            .resolve_seal_key(&|_| None, false)
+            .expect("a catalog alone");
+        assert_eq!(
+            config.catalog.seal_key_file, None,
+            "plinth catalog makes none"
+        );
+        assert!(!config.catalog.make_seal_key_file);
+
+        let mut config = Config::default();
+        config.catalog.adapter_credential_grace_seconds = 604_801;
+        let error = config
+            .resolve_seal_key(&|_| None, false)
+            .expect_err("past a week");
+        assert!(error.to_string().contains("604800"), "{error}");
     }
 }

@@ -142,14 +142,25 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
         )?;
         // Serve once its node has registered (or said why it cannot run): after a restart
         // the catalog still names the node's old address until then, and a session's call
-        // would be refused.
-        if tokio::time::timeout(NODE_READY_WAIT, node_ready.notified())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                "the node agent has not registered with the catalog yet; sessions may be refused until it has"
-            );
+        // would be refused. A service that stops meanwhile (a catalog refusing its seal key,
+        // say) stops the start at once, with its reason.
+        tokio::select! {
+            waited = tokio::time::timeout(NODE_READY_WAIT, node_ready.notified()) => {
+                if waited.is_err() {
+                    tracing::warn!(
+                        "the node agent has not registered with the catalog yet; sessions may be refused until it has"
+                    );
+                }
+            }
+            Some(stopped) = services.join_next() => {
+                shutdown.cancel();
+                while services.join_next().await.is_some() {}
+                return Err(match stopped {
+                    Ok((name, Err(error))) => error.context(format!("{name} stopped")),
+                    Ok((name, Ok(()))) => anyhow::anyhow!("{name} stopped unexpectedly"),
+                    Err(join) => anyhow::anyhow!("a service panicked: {join}"),
+                });
+            }
         }
     }
     for index in 0..config.builder.count {
@@ -557,10 +568,12 @@ fn spawn_node(
         isolation: plinth_node::Isolation {
             enabled: !section.insecure_no_isolation,
             // Sessions see neither Plinth's data (databases, blobs, builds), the node's state
-            // (the cache, other sessions) nor the configuration file, wherever they are.
+            // (the cache, other sessions), the configuration file nor the seal key, wherever
+            // they are.
             hidden: [data_dir, state_dir.clone()]
                 .into_iter()
                 .chain(config.source_file.clone())
+                .chain(config.catalog.seal_key_file.clone())
                 .collect(),
             cgroups: None,
             // For sessions whose record carries no limits (made before limits existed).
@@ -691,6 +704,7 @@ fn spawn_catalog(
             .saturating_mul(1000),
         max_attempts: config.catalog.build_max_attempts.max(1),
     };
+    let seal_key = seal_key(config)?;
     let options = CatalogOptions {
         leases,
         database_url: config
@@ -704,6 +718,7 @@ fn spawn_catalog(
             config.catalog.adapter_credential_grace_seconds,
         ),
         local,
+        seal_key,
     };
     let result = async move {
         let result = plinth_catalog::run(options, listener, admin, shutdown).await;
@@ -711,6 +726,38 @@ fn spawn_catalog(
     };
     services.spawn(result.instrument(tracing::Span::current()));
     Ok(())
+}
+
+/// The key the catalog seals adapter credentials with: `PLINTH_SEAL_KEY`, else the key file
+/// (`plinth serve`'s own is made at its first start), else a refusal that says how to make one.
+fn seal_key(config: &Config) -> anyhow::Result<plinth_catalog::SealKey> {
+    use plinth_catalog::SealKey;
+    let section = &config.catalog;
+    if let Some(key) = &section.seal_key {
+        return SealKey::from_base64(key.expose())
+            .context("PLINTH_SEAL_KEY holds no usable seal key");
+    }
+    let Some(path) = &section.seal_key_file else {
+        anyhow::bail!(
+            "the catalog needs a key to seal workspace adapters' credentials in its database, and none is configured: {}",
+            plinth_catalog::seal::MAKE_A_KEY
+        );
+    };
+    let (key, made) = if section.make_seal_key_file {
+        SealKey::read_or_create_file(path)?
+    } else {
+        (SealKey::read_file(path)?, false)
+    };
+    if made {
+        tracing::info!(path = %path.display(), seal_key = key.id(), "made a seal key for adapter credentials: back it up, but never beside the database's own backups");
+    }
+    let mode = std::fs::metadata(path).map_or(0, |meta| {
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions())
+    });
+    if mode & 0o077 != 0 {
+        tracing::warn!(path = %path.display(), mode = format!("{:o}", mode & 0o777), "the seal key file can be read by other users: chmod 600 it");
+    }
+    Ok(key)
 }
 
 /// Where services find the catalog and the source service (and, under `serve`, the node):

@@ -1,8 +1,10 @@
 //! Workspace adapters: `POST /v1/workspace-adapters` registers an endpoint an agent runtime
 //! calls (Novo's signed dispatch, Brain's environment operations) to work in sessions on one
-//! environment; `GET`/`DELETE /v1/workspace-adapters/{id}` and `POST …/{id}/rotate-secret`
-//! manage it. The credential (Novo: the HMAC secret; Brain: a bearer token) is answered once,
-//! on creation and on rotation, and never again. The catalog owns the rules.
+//! environment; `GET`/`PATCH`/`DELETE /v1/workspace-adapters/{id}` and
+//! `POST …/{id}/rotate-secret` manage it. The credential (Novo: the HMAC secret; Brain: a
+//! bearer token) is answered once, on creation and on rotation, and never again. A Brain
+//! adapter's `callback_origins` are where its executions' callbacks may go. The catalog owns
+//! the rules.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -22,7 +24,7 @@ use crate::json::JsonBody;
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_adapter))
-        .routes(routes!(get_adapter, delete_adapter))
+        .routes(routes!(get_adapter, update_adapter, delete_adapter))
         .routes(routes!(rotate_secret))
 }
 
@@ -38,6 +40,20 @@ pub struct CreateAdapter {
     /// left out. Brain tokens are always generated.
     #[serde(default)]
     pub secret: Option<String>,
+    /// Brain only: the origins (scheme, host and port: `https://brain.internal:8443`) its
+    /// Brain calls back from. An execution whose callback URL is elsewhere is refused, and
+    /// without any, every execution that carries a callback is.
+    #[serde(default)]
+    pub callback_origins: Option<Vec<String>>,
+}
+
+/// `PATCH /v1/workspace-adapters/{id}`: what is given changes, the rest stays.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateAdapter {
+    /// Brain only: the callback origins, replacing the old ones (`[]`: none).
+    #[serde(default)]
+    pub callback_origins: Option<Vec<String>>,
 }
 
 /// `POST …/{id}/rotate-secret`.
@@ -47,6 +63,10 @@ pub struct RotateSecret {
     /// Novo only: the new secret; generated when left out.
     #[serde(default)]
     pub secret: Option<String>,
+    /// How long the previous secret or token is still accepted, in seconds, from 0 (refused
+    /// at once) to 604800 (a week); `catalog.adapter_credential_grace_seconds` when left out.
+    #[serde(default)]
+    pub grace_seconds: Option<u64>,
 }
 
 /// A workspace adapter.
@@ -78,6 +98,9 @@ pub struct AdapterBody {
     /// Until when the previous credential is accepted (ms), or null when none is.
     #[serde(rename = "previousCredentialExpiresAt")]
     pub previous_expires_at: Option<i64>,
+    /// Brain: the origins its executions' callbacks may go to, normalised.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub callback_origins: Option<Vec<String>>,
 }
 
 /// `DELETE` answer.
@@ -115,9 +138,9 @@ fn adapter_body(
     adapter: pb::Adapter,
     credential: Option<String>,
 ) -> AdapterBody {
-    let (secret, token) = match adapter.protocol.as_str() {
-        "brain" => (None, credential),
-        _ => (credential, None),
+    let (secret, token, callback_origins) = match adapter.protocol.as_str() {
+        "brain" => (None, credential, Some(adapter.callback_origins)),
+        _ => (credential, None, None),
     };
     AdapterBody {
         url: format!(
@@ -135,6 +158,7 @@ fn adapter_body(
         rotated_at: (adapter.rotated_at_ms > 0).then_some(adapter.rotated_at_ms),
         previous_expires_at: (adapter.previous_expires_at_ms > 0)
             .then_some(adapter.previous_expires_at_ms),
+        callback_origins,
     }
 }
 
@@ -146,7 +170,7 @@ fn adapter_body(
     request_body = CreateAdapter,
     responses(
         (status = 201, description = "Created; `secret` (Novo) or `token` (Brain) is shown only here", body = AdapterBody),
-        (status = 400, description = "environment_invalid: malformed body, unknown protocol, a secret that breaks the rules", body = ErrorBody),
+        (status = 400, description = "environment_invalid: malformed body, unknown protocol, a secret that breaks the rules, a callback origin that is not one", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found: not an environment of this scope", body = ErrorBody),
     ),
@@ -165,6 +189,7 @@ async fn create_adapter(
             protocol: body.protocol,
             environment_id: body.environment,
             secret: body.secret.unwrap_or_default(),
+            callback_origins: body.callback_origins.unwrap_or_default(),
         })
         .await?
         .into_inner();
@@ -210,6 +235,43 @@ async fn get_adapter(
     Ok(Json(adapter_body(&state, &headers, adapter, None)))
 }
 
+/// Change a workspace adapter: a Brain adapter's `callback_origins` (never its protocol,
+/// environment or credential).
+#[utoipa::path(
+    patch,
+    path = "/v1/workspace-adapters/{id}",
+    tag = "workspace-adapters",
+    params(("id" = String, Path, description = "The adapter's id")),
+    request_body = UpdateAdapter,
+    responses(
+        (status = 200, description = "The adapter as it is now", body = AdapterBody),
+        (status = 400, description = "environment_invalid: malformed body, a callback origin that is not one, origins for a Novo adapter", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn update_adapter(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<UpdateAdapter>,
+) -> Result<Json<AdapterBody>, ApiError> {
+    let adapter = state
+        .adapters()
+        .update_adapter(pb::UpdateAdapterRequest {
+            scope: caller.scope,
+            id,
+            callback_origins: body
+                .callback_origins
+                .map(|origins| pb::CallbackOrigins { origins }),
+        })
+        .await?
+        .into_inner();
+    Ok(Json(adapter_body(&state, &headers, adapter, None)))
+}
+
 /// Delete a workspace adapter: its secret or token stops working at once.
 #[utoipa::path(
     delete,
@@ -242,8 +304,9 @@ async fn delete_adapter(
     }))
 }
 
-/// Replace the adapter's secret (Novo) or token (Brain); the previous one is accepted for the
-/// configured grace window (`catalog.adapter_credential_grace_seconds`).
+/// Replace the adapter's secret (Novo) or token (Brain); the previous one is accepted for
+/// `grace_seconds` more (0: refused at once), or the configured grace window
+/// (`catalog.adapter_credential_grace_seconds`) when the body does not say.
 #[utoipa::path(
     post,
     path = "/v1/workspace-adapters/{id}/rotate-secret",
@@ -252,7 +315,7 @@ async fn delete_adapter(
     request_body = RotateSecret,
     responses(
         (status = 200, description = "Rotated; the new `secret` or `token` is shown only here", body = AdapterBody),
-        (status = 400, description = "environment_invalid: a secret that breaks the rules, or one given for Brain", body = ErrorBody),
+        (status = 400, description = "environment_invalid: a secret that breaks the rules, or one given for Brain; grace_seconds not a whole number from 0 to 604800", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "not_found", body = ErrorBody),
     ),
@@ -277,6 +340,7 @@ async fn rotate_secret(
             scope: caller.scope,
             id,
             secret: body.secret.unwrap_or_default(),
+            grace_seconds: body.grace_seconds,
         })
         .await?
         .into_inner();

@@ -236,3 +236,425 @@ async fn adapters_show_their_credential_once_and_stay_in_their_scope() {
     assert_error(status, &body, 404, "not_found");
     server.stop().await;
 }
+
+/// `POST …/rotate-secret` with `body`, in ACME's scope.
+async fn rotate(server: &Server, id: &str, body: Value) -> (u16, Value) {
+    send(
+        server
+            .client
+            .post(server.url(&format!("/v1/workspace-adapters/{id}/rotate-secret")))
+            .bearer_auth(ACME)
+            .json(&body),
+    )
+    .await
+}
+
+/// What a Brain runtime holding `token` is answered for an operation that needs nothing built
+/// (cancelling a sequence never delivered): 200 with a receipt once the token is accepted,
+/// 401 before anything runs otherwise.
+async fn brain_status(server: &Server, id: &str, token: &str, sequence: u64) -> u16 {
+    let (status, answer) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/workspace-adapters/{id}/brain/v1/operations")))
+            .bearer_auth(token)
+            .json(&json!({
+                "contract": "environment/v1",
+                "operation": {
+                    "session_id": "ses_rotation",
+                    "environment": "plinth",
+                    "sequence": sequence,
+                    "request": { "type": "cancel", "sequence": 1_000_000 },
+                },
+            })),
+    )
+    .await;
+    match status {
+        200 => assert_eq!(answer["receipt"]["code"], "not_found", "{answer}"),
+        401 => assert_eq!(answer["error"]["code"], "unauthenticated", "{answer}"),
+        other => panic!("{other}: {answer}"),
+    }
+    status
+}
+
+/// Whether a call Novo signs with `secret` gets past the signature check. The call can run
+/// nothing (the environment has no build): past the check it is refused for that, before it
+/// as `401 unauthenticated`.
+async fn novo_accepts(server: &Server, id: &str, secret: &str) -> bool {
+    let body = serde_json::to_vec(&json!({"method": "listFiles", "args": {}})).expect("json");
+    let t = crate::novo::now();
+    let (status, answer) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/workspace-adapters/{id}/novo")))
+            .header("Novo-Workspace-Method", "listFiles")
+            .header("Novo-Run-Id", "run_rotation")
+            .header("Novo-Request-Id", crate::novo::request_id())
+            .header(
+                "Novo-Signature",
+                format!("t={t},v1={}", crate::novo::sign(secret, t, &body)),
+            )
+            .body(body),
+    )
+    .await;
+    if status == 401 {
+        assert_eq!(answer["error"]["code"], "unauthenticated", "{answer}");
+        return false;
+    }
+    assert_eq!(answer["error"]["code"], "environment_not_ready", "{answer}");
+    true
+}
+
+#[tokio::test]
+async fn a_rotation_without_grace_revokes_the_old_credential_at_once() {
+    let server = Server::start_with(&["--tokens", "tok-acme=acme"]).await;
+    let env = environment(&server, ACME, "Rotated Studio").await;
+
+    // Brain: the old token works until the rotation, and not one call after it.
+    let (status, brain) = create(
+        &server,
+        ACME,
+        json!({"protocol": "brain", "environment": env}),
+    )
+    .await;
+    assert_eq!(status, 201, "{brain}");
+    let id = brain["id"].as_str().expect("id").to_owned();
+    let old = brain["token"].as_str().expect("token").to_owned();
+    assert_eq!(brain_status(&server, &id, &old, 1).await, 200);
+    let (status, rotated) = rotate(&server, &id, json!({"grace_seconds": 0})).await;
+    assert_eq!(status, 200, "{rotated}");
+    assert_eq!(
+        rotated["previousCredentialExpiresAt"],
+        Value::Null,
+        "{rotated}"
+    );
+    let new = rotated["token"].as_str().expect("token").to_owned();
+    assert_eq!(brain_status(&server, &id, &old, 2).await, 401);
+    assert_eq!(brain_status(&server, &id, &new, 2).await, 200);
+
+    // With a grace, both work until it ends, then only the new one.
+    let (status, graced) = rotate(&server, &id, json!({"grace_seconds": 2})).await;
+    assert_eq!(status, 200, "{graced}");
+    let newest = graced["token"].as_str().expect("token").to_owned();
+    let rotated_at = graced["rotatedAt"].as_i64().expect("rotatedAt");
+    let expires = graced["previousCredentialExpiresAt"]
+        .as_i64()
+        .expect("expires");
+    assert_eq!(expires - rotated_at, 2_000, "{graced}");
+    assert_eq!(brain_status(&server, &id, &new, 3).await, 200);
+    assert_eq!(brain_status(&server, &id, &newest, 4).await, 200);
+    assert_eq!(brain_status(&server, &id, &old, 5).await, 401);
+    let (_, shown) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/workspace-adapters/{id}")))
+            .bearer_auth(ACME),
+    )
+    .await;
+    assert_eq!(shown["previousCredentialExpiresAt"], expires, "{shown}");
+    let now_ms = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis(),
+    )
+    .expect("ms");
+    tokio::time::sleep(std::time::Duration::from_millis(
+        u64::try_from(expires - now_ms + 300).unwrap_or(0),
+    ))
+    .await;
+    assert_eq!(brain_status(&server, &id, &new, 6).await, 401);
+    assert_eq!(brain_status(&server, &id, &newest, 6).await, 200);
+
+    // Novo the same: a signature with the rotated-out secret is refused at once.
+    let (status, novo) = create(
+        &server,
+        ACME,
+        json!({"protocol": "novo", "environment": env, "secret": "env_secret_before_0123456789"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{novo}");
+    let novo_id = novo["id"].as_str().expect("id").to_owned();
+    assert!(novo_accepts(&server, &novo_id, "env_secret_before_0123456789").await);
+    let (status, rotated) = rotate(
+        &server,
+        &novo_id,
+        json!({"secret": "env_secret_after_0123456789", "grace_seconds": 0}),
+    )
+    .await;
+    assert_eq!(status, 200, "{rotated}");
+    assert!(!novo_accepts(&server, &novo_id, "env_secret_before_0123456789").await);
+    assert!(novo_accepts(&server, &novo_id, "env_secret_after_0123456789").await);
+
+    // The grace is checked; a refused rotation changes nothing.
+    for bad in [
+        json!({"grace_seconds": -1}),
+        json!({"grace_seconds": 1.5}),
+        json!({"grace_seconds": "60"}),
+        json!({"grace_seconds": 604_801}),
+        json!({"grace": 60}),
+    ] {
+        let (status, body) = rotate(&server, &novo_id, bad.clone()).await;
+        assert_error(status, &body, 400, "environment_invalid");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(message.contains("grace"), "{bad}: {message}");
+    }
+    let (_, body) = rotate(&server, &novo_id, json!({"grace_seconds": 604_801})).await;
+    assert_eq!(body["error"]["detail"]["max"], 604_800, "{body}");
+    assert!(novo_accepts(&server, &novo_id, "env_secret_after_0123456789").await);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn callback_origins_are_checked_normalised_shown_and_updated() {
+    let server = Server::start_with(&["--tokens", "tok-acme=acme,tok-globex=globex"]).await;
+    let env = environment(&server, ACME, "Origins Studio").await;
+    let (status, brain) = create(
+        &server,
+        ACME,
+        json!({"protocol": "brain", "environment": env,
+               "callback_origins": ["HTTPS://Brain.Internal:8443/", "http://127.1:9000", "https://brain.example:443"]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{brain}");
+    let normalised = json!([
+        "https://brain.internal:8443",
+        "http://127.0.0.1:9000",
+        "https://brain.example"
+    ]);
+    assert_eq!(brain["callback_origins"], normalised, "{brain}");
+    let id = brain["id"].as_str().expect("id").to_owned();
+    let url = server.url(&format!("/v1/workspace-adapters/{id}"));
+    let (_, shown) = send(server.client.get(&url).bearer_auth(ACME)).await;
+    assert_eq!(shown["callback_origins"], normalised, "{shown}");
+
+    // What is not an origin is refused, saying which and how.
+    for (bad, why) in [
+        ("brain.internal:8443", "not an origin"),
+        ("ftp://brain.internal", "http or https"),
+        ("https://brain.internal/callback", "path"),
+        ("https://user:pw@brain.internal", "user"),
+    ] {
+        let (status, body) = create(
+            &server,
+            ACME,
+            json!({"protocol": "brain", "environment": env, "callback_origins": [bad]}),
+        )
+        .await;
+        assert_error(status, &body, 400, "environment_invalid");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(
+            message.contains("callback_origins[0]") && message.contains(why),
+            "{bad}: {message}"
+        );
+        let (status, body) = send(
+            server
+                .client
+                .patch(&url)
+                .bearer_auth(ACME)
+                .json(&json!({"callback_origins": ["https://ok.example", bad]})),
+        )
+        .await;
+        assert_error(status, &body, 400, "environment_invalid");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .expect("message")
+                .contains("callback_origins[1]"),
+            "{body}"
+        );
+    }
+    let (status, body) = create(
+        &server,
+        ACME,
+        json!({"protocol": "novo", "environment": env, "callback_origins": ["https://a.example"]}),
+    )
+    .await;
+    assert_error(status, &body, 400, "environment_invalid");
+    let (_, shown) = send(server.client.get(&url).bearer_auth(ACME)).await;
+    assert_eq!(
+        shown["callback_origins"], normalised,
+        "refusals changed nothing"
+    );
+
+    // PATCH replaces them, in this scope only; nothing else can be changed there.
+    let (status, body) = send(
+        server
+            .client
+            .patch(&url)
+            .bearer_auth(GLOBEX)
+            .json(&json!({"callback_origins": []})),
+    )
+    .await;
+    assert_error(status, &body, 404, "not_found");
+    let (status, body) = send(
+        server
+            .client
+            .patch(&url)
+            .bearer_auth(ACME)
+            .json(&json!({"environment": env})),
+    )
+    .await;
+    assert_error(status, &body, 400, "environment_invalid");
+    let (status, patched) = send(
+        server
+            .client
+            .patch(&url)
+            .bearer_auth(ACME)
+            .json(&json!({"callback_origins": ["http://[::1]:7000"]})),
+    )
+    .await;
+    assert_eq!(status, 200, "{patched}");
+    assert_eq!(patched["callback_origins"], json!(["http://[::1]:7000"]));
+    assert_eq!(patched["createdAt"], brain["createdAt"]);
+    let (status, cleared) = send(
+        server
+            .client
+            .patch(&url)
+            .bearer_auth(ACME)
+            .json(&json!({"callback_origins": []})),
+    )
+    .await;
+    assert_eq!(status, 200, "{cleared}");
+    assert_eq!(cleared["callback_origins"], json!([]));
+    server.stop().await;
+}
+
+/// Runs `plinth` with `args` and `env` until it exits (60 s at most); answers whether it
+/// succeeded and what it wrote to stderr.
+fn run_plinth(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_plinth"));
+    command
+        .args(args)
+        .env("PLINTH_LOG", "info")
+        .env_remove("PLINTH_TOKENS")
+        .env_remove("PLINTH_CONFIG")
+        .env_remove("PLINTH_SEAL_KEY")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = crate::processes::Process(command.spawn().expect("spawn plinth"));
+    for _ in 0..600 {
+        if let Some(status) = child.0.try_wait().expect("wait") {
+            let mut stderr = String::new();
+            if let Some(mut pipe) = child.0.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+            }
+            return (status.success(), stderr);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("plinth {args:?} was still running after 60 s");
+}
+
+/// The bytes of the catalog's SQLite files in `data`: the database and its write-ahead log.
+fn catalog_files(data: &std::path::Path) -> Vec<u8> {
+    ["catalog.db", "catalog.db-wal", "catalog.db-journal"]
+        .iter()
+        .filter_map(|name| std::fs::read(data.join(name)).ok())
+        .flatten()
+        .collect()
+}
+
+fn holds(bytes: &[u8], text: &str) -> bool {
+    bytes
+        .windows(text.len())
+        .any(|window| window == text.as_bytes())
+}
+
+#[tokio::test]
+async fn a_copy_of_the_database_holds_no_adapter_credential_and_another_key_opens_none() {
+    let server = Server::start_with(&["--tokens", "tok-acme=acme"]).await;
+    let env = environment(&server, ACME, "Sealed Studio").await;
+    let first = "env_secret_sealed_first_0123456789";
+    let second = "env_secret_sealed_second_0123456789";
+    let (status, novo) = create(
+        &server,
+        ACME,
+        json!({"protocol": "novo", "environment": env, "secret": first}),
+    )
+    .await;
+    assert_eq!(status, 201, "{novo}");
+    let novo_id = novo["id"].as_str().expect("id").to_owned();
+    let (status, rotated) = rotate(&server, &novo_id, json!({"secret": second})).await;
+    assert_eq!(status, 200, "{rotated}");
+    let (status, brain) = create(
+        &server,
+        ACME,
+        json!({"protocol": "brain", "environment": env}),
+    )
+    .await;
+    assert_eq!(status, 201, "{brain}");
+    let token = brain["token"].as_str().expect("token").to_owned();
+    assert!(
+        novo_accepts(&server, &novo_id, first).await,
+        "inside its grace"
+    );
+    assert!(novo_accepts(&server, &novo_id, second).await);
+
+    // `plinth serve` made its key at first start: beside the database, private to its user.
+    let data = server.stop_keeping_data().await;
+    let key_file = data.path().join("seal.key");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&key_file)
+            .expect("seal.key")
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+    let key = std::fs::read_to_string(&key_file).expect("key");
+    let key = key.trim();
+
+    // A copy of the database files: neither secret, nor the token or its digest, nor the key.
+    let bytes = catalog_files(data.path());
+    assert!(bytes.len() > 4096, "the database is there");
+    let digest: String = <sha2::Sha256 as sha2::Digest>::digest(token.as_bytes())
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    for secret in [first, second, token.as_str(), digest.as_str(), key] {
+        assert!(
+            !holds(&bytes, secret),
+            "{secret} is in the database's files"
+        );
+    }
+
+    // Started with another key, the catalog opens none of them, and refuses to start saying
+    // which adapter and which keys, and what to do.
+    let dir = data.path().to_str().expect("utf-8").to_owned();
+    let (started, stderr) = run_plinth(
+        &["serve", "--data-dir", &dir, "--listen", "127.0.0.1:0"],
+        &[(
+            "PLINTH_SEAL_KEY",
+            "YW5vdGhlciBzZWFsIGtleSwgbmV2ZXIgdGhlIHNhbWU=",
+        )],
+    );
+    assert!(!started, "{stderr}");
+    assert!(
+        stderr.contains("was sealed with seal key")
+            && stderr.contains("PLINTH_SEAL_KEY")
+            && (stderr.contains(&novo_id) || stderr.contains(brain["id"].as_str().expect("id"))),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // A catalog alone, with no key at all, says how to make one.
+    let (started, stderr) = run_plinth(
+        &["catalog", "--data-dir", &dir, "--listen", "127.0.0.1:0"],
+        &[],
+    );
+    assert!(!started, "{stderr}");
+    assert!(
+        stderr.contains("head -c 32 /dev/urandom") && stderr.contains("seal_key_file"),
+        "{stderr}"
+    );
+
+    // With its own key again, both signatures verify as before.
+    let server = Server::start_in(data, &["--tokens", "tok-acme=acme"]).await;
+    assert!(novo_accepts(&server, &novo_id, first).await);
+    assert!(novo_accepts(&server, &novo_id, second).await);
+    assert!(!novo_accepts(&server, &novo_id, "env_secret_never_given_0123456789").await);
+    server.stop().await;
+}

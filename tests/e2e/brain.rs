@@ -1,9 +1,9 @@
 //! The Brain environment service through real HTTP, on a really built Brain-style Python
 //! project (`pyproject.toml` + `uv.lock`, built with `uv sync --locked`, no network): the
 //! whole lifecycle for both lifetimes, every receipt kind, `unsupported`, the bearer token,
-//! duplicate deliveries, a deadline, a cancellation, lost resources, and (with a real
-//! `plinth serve` process killed and started again) redelivery across a restart and `unknown`
-//! for an operation interrupted mid-effect.
+//! duplicate deliveries, a deadline, a cancellation, lost resources, callbacks sent only to the
+//! adapter's registered origins, and (with a real `plinth serve` process killed and started
+//! again) redelivery across a restart and `unknown` for an operation interrupted mid-effect.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -95,24 +95,38 @@ async fn python_project(client: &reqwest::Client, base: &str, name: &str) -> (St
     panic!("the build did not end within 120 s");
 }
 
-/// A registered Brain adapter: where Brain posts, and its token.
+/// A registered Brain adapter: its id, where Brain posts, and its token.
 struct Adapter {
+    id: String,
     url: String,
     token: String,
 }
 
-async fn register(client: &reqwest::Client, base: &str, environment: &str) -> Adapter {
+/// Registers a Brain adapter whose Brain calls back from `callback_origins`.
+async fn register(
+    client: &reqwest::Client,
+    base: &str,
+    environment: &str,
+    callback_origins: &[&str],
+) -> Adapter {
     let (status, adapter) = send(
         client
             .post(format!("{base}/v1/workspace-adapters"))
-            .json(&json!({ "protocol": "brain", "environment": environment })),
+            .json(&json!({ "protocol": "brain", "environment": environment, "callback_origins": callback_origins })),
     )
     .await;
     assert_eq!(status, 201, "{adapter}");
     Adapter {
+        id: adapter["id"].as_str().expect("id").to_owned(),
         url: adapter["url"].as_str().expect("url").to_owned(),
         token: adapter["token"].as_str().expect("token").to_owned(),
     }
+}
+
+/// The origin (`http://127.0.0.1:<port>`) of a loopback URL.
+fn origin_of(url: &str) -> String {
+    let rest = url.strip_prefix("http://").expect("http");
+    format!("http://{}", rest.split('/').next().expect("authority"))
 }
 
 /// One Brain session's Environment, as Brain addresses it.
@@ -284,7 +298,15 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
     let server = Server::start_with(&["--builder-network", "false"]).await;
     let (environment, slug) = python_project(&server.client, &server.base, "Brain Tools").await;
     let mount = format!("/env/{slug}");
-    let adapter = register(&server.client, &server.base, &environment).await;
+    // Brain's side of executions' callbacks, whose origin the adapter registers.
+    let (callback, mut finished_calls) = callback_endpoint().await;
+    let adapter = register(
+        &server.client,
+        &server.base,
+        &environment,
+        &[&origin_of(&callback)],
+    )
+    .await;
     assert_eq!(
         adapter.url,
         server.url(&format!(
@@ -355,7 +377,6 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
 
     // A Tool granted `finish` is finished through its callback once its receipt is stored,
     // once: a duplicate delivery answers the receipt and calls nothing.
-    let (callback, mut finished_calls) = callback_endpoint().await;
     let granted = json!({
         "type": "execute",
         "descriptor": { "kind": "tool", "name": "run_command" },
@@ -797,6 +818,196 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
     server.stop().await;
 }
 
+/// An execution of `run_command` whose callback grants `finish` at `url` with `token`.
+fn called_back(command: &str, url: &str, token: &str) -> Value {
+    json!({
+        "type": "execute",
+        "descriptor": { "kind": "tool", "name": "run_command" },
+        "input": { "command": command },
+        "callback": { "url": url, "token": token, "methods": ["emit", "finish"] },
+    })
+}
+
+/// A listener on loopback that accepts every connection and counts it: where an attacker
+/// would have Plinth send a callback. Answers its base URL and the count.
+async fn counting_listener() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = count.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(stream);
+        }
+    });
+    (url, count)
+}
+
+#[tokio::test]
+async fn an_execution_is_called_back_only_at_a_registered_origin() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let environment =
+        crate::helpers::built_environment(&server, "Called Back", Duration::from_secs(120)).await;
+    let (callback, mut finished_calls) = callback_endpoint().await;
+    let allowed = origin_of(&callback);
+    let port = allowed.rsplit(':').next().expect("port").to_owned();
+    let (target, connections) = counting_listener().await;
+
+    // Registered with a trailing slash; kept and shown as the origin.
+    let adapter = register(
+        &server.client,
+        &server.base,
+        &environment,
+        &[&format!("{allowed}/")],
+    )
+    .await;
+    let (status, shown) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/workspace-adapters/{}", adapter.id))),
+    )
+    .await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(shown["callback_origins"], json!([allowed]), "{shown}");
+    let brain = Brain {
+        client: &server.client,
+        adapter: &adapter,
+        session: "ses_callbacks".into(),
+        environment: "plinth",
+        configuration: json!({ "lifetime": "workspace" }),
+    };
+    assert_eq!(
+        brain.receipt(1, json!({ "type": "setup" })).await["type"],
+        "accepted"
+    );
+
+    // As whoever holds the adapter's token: callbacks elsewhere on loopback (another port,
+    // the registered port under another name or scheme). Each is refused before it runs, and
+    // says why.
+    let mut refusals = Vec::new();
+    for (sequence, url) in [
+        (2, format!("{target}/steal")),
+        (3, format!("http://localhost:{port}/callback")),
+        (4, format!("https://127.0.0.1:{port}/callback")),
+    ] {
+        let receipt = brain
+            .receipt(
+                sequence,
+                called_back("echo ran >> ran.txt", &url, "stolen-token"),
+            )
+            .await;
+        assert_failure(&receipt, "callback_refused");
+        assert_eq!(receipt["retryable"], false, "{receipt}");
+        let message = receipt["message"].as_str().expect("message");
+        assert!(
+            message.contains("not a registered callback origin") && message.contains(&allowed),
+            "{message}"
+        );
+        assert!(!message.contains("stolen-token"), "{message}");
+        assert_eq!(receipt["details"]["callback_origins"], json!([allowed]));
+        refusals.push(receipt);
+    }
+    // A redelivery with another token answers the same refusal and sends nothing either.
+    assert_eq!(
+        brain
+            .receipt(
+                2,
+                called_back("echo ran >> ran.txt", &format!("{target}/steal"), "token-2")
+            )
+            .await,
+        refusals[0]
+    );
+
+    // At the registered origin: the tool runs (and nothing of the refused ones ran before
+    // it), and it is finished through its callback with its token.
+    let inside = brain
+        .receipt(
+            5,
+            called_back(
+                "test ! -e ran.txt && echo nothing-ran",
+                &callback,
+                "cb-token-inside",
+            ),
+        )
+        .await;
+    assert_eq!(inside["type"], "result", "{inside}");
+    assert_eq!(stdout(&inside["output"]), "nothing-ran\n", "{inside}");
+    let (authorization, body) =
+        tokio::time::timeout(Duration::from_secs(10), finished_calls.recv())
+            .await
+            .expect("finish was called")
+            .expect("a call");
+    assert_eq!(authorization, "Bearer cb-token-inside");
+    assert_eq!(body, json!({ "method": "finish", "input": null }));
+    // The refused executions were delivered before this one, whose callback has come; well
+    // after it, nothing has reached the target, nor the registered origin for them.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        connections.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "nothing was sent outside the registered origins"
+    );
+    assert!(finished_calls.try_recv().is_err(), "only the one finish");
+
+    // An adapter registered without origins runs executions without a callback and refuses
+    // those with one, saying how to register its origin; once registered, it is called back.
+    let bare = register(&server.client, &server.base, &environment, &[]).await;
+    let bare_brain = Brain {
+        client: &server.client,
+        adapter: &bare,
+        session: "ses_bare".into(),
+        environment: "plinth",
+        configuration: json!({ "lifetime": "workspace" }),
+    };
+    assert_eq!(
+        bare_brain.receipt(1, json!({ "type": "setup" })).await["type"],
+        "accepted"
+    );
+    assert_eq!(stdout(&bare_brain.run(2, "echo plain").await), "plain\n");
+    let refused = bare_brain
+        .receipt(3, called_back("echo x", &callback, "cb-token-bare"))
+        .await;
+    assert_failure(&refused, "callback_refused");
+    let message = refused["message"].as_str().expect("message");
+    assert!(
+        message.contains("registered none")
+            && message.contains(&format!("PATCH /v1/workspace-adapters/{}", bare.id)),
+        "{message}"
+    );
+    let (status, patched) = send(
+        server
+            .client
+            .patch(server.url(&format!("/v1/workspace-adapters/{}", bare.id)))
+            .json(&json!({ "callback_origins": [allowed] })),
+    )
+    .await;
+    assert_eq!(status, 200, "{patched}");
+    assert_eq!(patched["callback_origins"], json!([allowed]));
+    assert!(patched.get("token").is_none(), "{patched}");
+    let later = bare_brain
+        .receipt(4, called_back("echo later", &callback, "cb-token-later"))
+        .await;
+    assert_eq!(stdout(&later["output"]), "later\n", "{later}");
+    let (authorization, _) = tokio::time::timeout(Duration::from_secs(10), finished_calls.recv())
+        .await
+        .expect("finish was called")
+        .expect("a call");
+    assert_eq!(authorization, "Bearer cb-token-later");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        finished_calls.try_recv().is_err(),
+        "the refused one was never sent"
+    );
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 0);
+    server.stop().await;
+}
+
 impl Brain<'_> {
     /// A tool call on lost resources; answers its receipt.
     async fn run_lost(&self, sequence: u64) -> Value {
@@ -848,7 +1059,7 @@ async fn redelivery_after_a_restart_answers_the_stored_receipt_or_unknown() {
     let mut process = serve(data.path(), http);
     wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
     let (environment, _) = python_project(&client, &base, "Restarted Tools").await;
-    let adapter = register(&client, &base, &environment).await;
+    let adapter = register(&client, &base, &environment, &[]).await;
     let brain = Brain {
         client: &client,
         adapter: &adapter,

@@ -44,8 +44,9 @@ impl Cluster {
         std::fs::write(
             &config,
             format!(
-                "data_dir = \"{}\"\n[catalog]\nbuild_lease_seconds = 3\nbuild_max_attempts = 5\n[builder]\nnetwork = false\n",
-                data.path().display()
+                "data_dir = \"{}\"\n[catalog]\nbuild_lease_seconds = 3\nbuild_max_attempts = 5\nseal_key_file = \"{}\"\n[builder]\nnetwork = false\n",
+                data.path().display(),
+                crate::helpers::seal_key_file(data.path()).display()
             ),
         )
         .expect("config");

@@ -100,6 +100,15 @@ impl Server {
         Self::start_in(data_dir, flags).await
     }
 
+    /// Stops the services cleanly and hands over the data directory, for another process to
+    /// be started on it.
+    pub async fn stop_keeping_data(mut self) -> tempfile::TempDir {
+        if let Some(running) = self.running.take() {
+            running.stop().await.expect("clean stop");
+        }
+        std::mem::replace(&mut self._data_dir, tempfile::tempdir().expect("temp dir"))
+    }
+
     /// Stops the services and checks they stopped cleanly.
     pub async fn stop(mut self) {
         if let Some(running) = self.running.take() {
@@ -114,6 +123,20 @@ impl Drop for Server {
             running.shutdown.cancel();
         }
     }
+}
+
+/// The seal key the tests give a catalog started alone (`plinth catalog` refuses to start
+/// without one): 32 bytes in base64.
+pub const SEAL_KEY: &str = "c2VhbCBrZXkgb2YgdGhlIGUyZSB0ZXN0cywgMzIgYiE=";
+
+/// Writes [`SEAL_KEY`] to `seal.key` in `dir` (mode 0600); answers the file, for a
+/// configuration's `catalog.seal_key_file`.
+pub fn seal_key_file(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = dir.join("seal.key");
+    std::fs::write(&path, format!("{SEAL_KEY}\n")).expect("seal key file");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("mode");
+    path
 }
 
 /// Where the node of a `serve` on `data_dir` keeps a session's working directory on the host

@@ -88,8 +88,9 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
     std::fs::write(
         &config,
         format!(
-            "data_dir = \"{}\"\n[builder]\nnetwork = false\n",
-            data.path().display()
+            "data_dir = \"{}\"\n[builder]\nnetwork = false\n[catalog]\nseal_key_file = \"{}\"\n",
+            data.path().display(),
+            crate::helpers::seal_key_file(data.path()).display()
         ),
     )
     .expect("config");

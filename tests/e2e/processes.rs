@@ -40,6 +40,7 @@ fn plinth(args: &[&str], credentials: &Credentials) -> Process {
         .env("PLINTH_LOG", "warn")
         .env_remove("PLINTH_TOKENS")
         .env_remove("PLINTH_CONFIG")
+        .env("PLINTH_SEAL_KEY", crate::helpers::SEAL_KEY)
         .stdin(Stdio::null())
         .spawn()
         .expect("spawn plinth");

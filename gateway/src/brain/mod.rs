@@ -286,17 +286,34 @@ async fn deliver(
         runner.clone(),
         context.cancel.clone(),
     );
-    // An execution's callback is used by this delivery alone, once its receipt is stored.
-    let callback = (kind == "execute")
-        .then(|| callbacks::Callback::finish_grant(&request))
-        .flatten();
+    // An execution's callback is used by this delivery alone, once its receipt is stored, and
+    // only at an origin the adapter registered: one elsewhere refuses the execution before
+    // anything runs.
+    let (callback, refusal) = if kind == "execute" {
+        match callbacks::Callback::of_execution(
+            &request,
+            &context.adapter.id,
+            &context.adapter.callback_origins,
+        ) {
+            Ok(callback) => (callback, None),
+            Err(failure) => {
+                tracing::warn!(adapter = %key.adapter_id, brain_session = %key.session_id, sequence = key.sequence, code = %failure.code, "brain execution refused: its callback is not at a registered origin");
+                (None, Some(Receipt::from(failure)))
+            }
+        }
+    } else {
+        (None, None)
+    };
     // The operation runs to its end even if Brain stops waiting: its receipt is stored for the
     // next delivery, and its effect is never left half done by a dropped connection.
     let work = plinth_kit::tasks::spawn(async move {
-        let receipt = tokio::select! {
-            receipt = run(&context, &request) => receipt,
-            () = renewal => Receipt::Unknown {
-                message: Some("the operation's claim was lost while it ran".into()),
+        let receipt = match refusal {
+            Some(refusal) => refusal,
+            None => tokio::select! {
+                receipt = run(&context, &request) => receipt,
+                () = renewal => Receipt::Unknown {
+                    message: Some("the operation's claim was lost while it ran".into()),
+                },
             },
         };
         let outcome = finish(&context.state, &key, &runner, &receipt).await;

@@ -76,6 +76,9 @@ pub mod codes {
     pub const NOT_ATTACHED: &str = "not_attached";
     /// The sequence was delivered before with a different request.
     pub const SEQUENCE_REUSED: &str = "sequence_reused";
+    /// An execution's callback URL is not at one of the adapter's registered callback
+    /// origins; nothing ran and nothing was sent to it.
+    pub const CALLBACK_REFUSED: &str = "callback_refused";
 }
 
 impl Receipt {

@@ -7,7 +7,9 @@ use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::adapters::{Adapter, AdapterId, Credential, NewAdapter, Protocol};
+use crate::adapters::{
+    Adapter, AdapterId, Credential, NewAdapter, Protocol, callback_origins, rotation_grace,
+};
 use crate::model::{EnvironmentId, Scope};
 use crate::persistence::{Claimed, Store, StoreError};
 use crate::session_service::NODE_HEARTBEAT_MS;
@@ -22,7 +24,8 @@ pub struct Adapters {
 }
 
 impl Adapters {
-    /// `grace`: how long a rotated-out credential is still accepted.
+    /// `grace`: how long a rotated-out credential is still accepted when the rotation does not
+    /// say.
     pub fn new(store: Store, grace: Duration) -> Self {
         Adapters { store, grace }
     }
@@ -64,6 +67,7 @@ impl From<Adapter> for pb::Adapter {
             created_at_ms: adapter.created_at_ms,
             rotated_at_ms: adapter.rotated_at_ms,
             previous_expires_at_ms: adapter.previous_expires_at_ms,
+            callback_origins: adapter.callback_origins,
         }
     }
 }
@@ -87,6 +91,7 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             store_error(StoreError::NoSuchEnvironment, "", &request.environment_id)
         })?;
         let credential = Credential::new(protocol, &request.secret)?;
+        let origins = callback_origins(protocol, &request.callback_origins)?;
         let adapter = self
             .store
             .create_adapter(NewAdapter {
@@ -94,6 +99,7 @@ impl pb::adapter_service_server::AdapterService for Adapters {
                 protocol,
                 environment_id,
                 stored_credential: credential.stored,
+                callback_origins: origins,
             })
             .await
             .map_err(|error| store_error(error, "", &request.environment_id))?;
@@ -150,13 +156,18 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             .await
             .map_err(|error| store_error(error, &request.id, ""))?;
         let credential = Credential::new(existing.protocol, &request.secret)?;
-        let grace_ms = i64::try_from(self.grace.as_millis()).unwrap_or(i64::MAX);
+        let grace = match request.grace_seconds {
+            Some(seconds) => rotation_grace(seconds)?,
+            None => self.grace,
+        };
+        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
         let adapter = self
             .store
             .rotate_adapter(&scope, &id, &credential.stored, grace_ms)
             .await
             .map_err(|error| store_error(error, &request.id, ""))?;
         tracing::info!(
+            grace_ms,
             previous_expires_at_ms = adapter.previous_expires_at_ms,
             "workspace adapter credential rotated"
         );
@@ -164,6 +175,32 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             adapter: Some(adapter.into()),
             credential: credential.shown,
         }))
+    }
+
+    #[tracing::instrument(name = "catalog.update_adapter", skip_all, fields(scope = %request.get_ref().scope, id = %request.get_ref().id))]
+    async fn update_adapter(
+        &self,
+        request: Request<pb::UpdateAdapterRequest>,
+    ) -> Result<Response<pb::Adapter>, Status> {
+        let request = request.into_inner();
+        let scope = Scope::parse(&request.scope)?;
+        let id = parse_id(&request.id)?;
+        let existing = self
+            .store
+            .get_adapter(&scope, &id)
+            .await
+            .map_err(|error| store_error(error, &request.id, ""))?;
+        let Some(given) = request.callback_origins else {
+            return Ok(Response::new(existing.into()));
+        };
+        let origins = callback_origins(existing.protocol, &given.origins)?;
+        let adapter = self
+            .store
+            .set_callback_origins(&scope, &id, &origins)
+            .await
+            .map_err(|error| store_error(error, &request.id, ""))?;
+        tracing::info!(callback_origins = ?adapter.callback_origins, "workspace adapter updated");
+        Ok(Response::new(adapter.into()))
     }
 
     #[tracing::instrument(name = "catalog.get_adapter_credentials", skip_all, fields(id = %request.get_ref().id))]

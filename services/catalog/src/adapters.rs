@@ -1,8 +1,9 @@
 //! Workspace adapters: the domain types and their rules. An adapter is an endpoint Plinth
 //! hosts for an agent runtime (Novo, Brain) whose calls run in sessions on one environment of
 //! the adapter's scope. Its credential authenticates the runtime: a Novo adapter's HMAC secret
-//! (kept as given, since verifying a signature needs the key itself), or a Brain adapter's
-//! bearer token (kept only as its SHA-256).
+//! (verifying a signature needs the key itself), or a Brain adapter's bearer token (kept only
+//! as its SHA-256); either is sealed before it is stored (`seal`). A Brain adapter also names
+//! the callback origins its Brain uses: the only places Plinth sends an execution's callback.
 
 use std::fmt;
 
@@ -69,6 +70,25 @@ pub struct Adapter {
     pub rotated_at_ms: i64,
     /// Until when the previous credential is accepted; 0 when none is.
     pub previous_expires_at_ms: i64,
+    /// Brain: the origins an execution's callback may be sent to, normalised. Empty: none,
+    /// and an execution that carries a callback is refused.
+    pub callback_origins: Vec<String>,
+}
+
+/// Longest grace a rotation may give the credential it replaces: a week. Past that a
+/// credential meant to be replaced would in effect stay.
+pub const MAX_GRACE_SECONDS: u64 = 7 * 24 * 60 * 60;
+
+/// The grace a rotation asked for, checked: 0 (the old credential is refused at once) to
+/// [`MAX_GRACE_SECONDS`].
+pub fn rotation_grace(seconds: u64) -> Result<std::time::Duration, PlinthError> {
+    if seconds > MAX_GRACE_SECONDS {
+        return Err(PlinthError::invalid(format!(
+            "grace_seconds: {seconds} is more than its maximum; it must be from 0 (refuse the old credential at once) to {MAX_GRACE_SECONDS} (a week)"
+        ))
+        .with_detail(serde_json::json!({ "max": MAX_GRACE_SECONDS })));
+    }
+    Ok(std::time::Duration::from_secs(seconds))
 }
 
 /// Shortest secret a caller may choose.
@@ -170,8 +190,76 @@ pub struct NewAdapter {
     pub protocol: Protocol,
     /// The environment named (checked against the scope by the insert).
     pub environment_id: EnvironmentId,
-    /// What to store as its credential.
+    /// What to store as its credential (sealed by the store).
     pub stored_credential: String,
+    /// Brain: its callback origins, normalised ([`callback_origins`]).
+    pub callback_origins: Vec<String>,
+}
+
+/// Most callback origins an adapter may name.
+pub const MAX_CALLBACK_ORIGINS: usize = 32;
+
+/// Longest callback origin, in bytes.
+const MAX_ORIGIN_BYTES: usize = 2048;
+
+/// Checks and normalises the callback origins given for an adapter of `protocol`: each is an
+/// `http` or `https` origin (scheme, host and port; no user, path, query or fragment),
+/// answered in the URL standard's serialization (lowercase, `127.1` → `127.0.0.1`, a
+/// scheme's default port left out), which is how a callback URL's origin is compared with
+/// them. Duplicates are kept once. Only Brain makes callbacks.
+pub fn callback_origins(protocol: Protocol, given: &[String]) -> Result<Vec<String>, PlinthError> {
+    if given.is_empty() {
+        return Ok(Vec::new());
+    }
+    if protocol != Protocol::Brain {
+        return Err(PlinthError::invalid(format!(
+            "callback_origins: only a Brain adapter is called back; a {protocol} adapter takes none"
+        )));
+    }
+    if given.len() > MAX_CALLBACK_ORIGINS {
+        return Err(PlinthError::invalid(format!(
+            "callback_origins: at most {MAX_CALLBACK_ORIGINS}, got {}",
+            given.len()
+        ))
+        .with_detail(serde_json::json!({ "max": MAX_CALLBACK_ORIGINS })));
+    }
+    let mut origins: Vec<String> = Vec::with_capacity(given.len());
+    for (index, text) in given.iter().enumerate() {
+        let origin = origin(text).map_err(|why| {
+            PlinthError::invalid(format!(
+                "callback_origins[{index}]: {text:?} is not an origin: {why}; give scheme, host and port, such as \"https://brain.internal:8443\""
+            ))
+        })?;
+        if !origins.contains(&origin) {
+            origins.push(origin);
+        }
+    }
+    Ok(origins)
+}
+
+fn origin(text: &str) -> Result<String, &'static str> {
+    if text.len() > MAX_ORIGIN_BYTES {
+        return Err("it is too long");
+    }
+    if text.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err("it has spaces or control characters");
+    }
+    let url = url::Url::parse(text).map_err(|_| "it is not a URL")?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err("the scheme must be http or https");
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("it must not carry a user or password");
+    }
+    if url.host().is_none() {
+        return Err("it has no host");
+    }
+    // `https://host:8443` and `https://host:8443/` are both origins (the standard gives every
+    // http URL a path of at least `/`); anything more is not.
+    if url.path() != "/" || url.query().is_some() || url.fragment().is_some() {
+        return Err("it must not have a path, query or fragment");
+    }
+    Ok(url.origin().ascii_serialization())
 }
 
 #[cfg(test)]
@@ -200,6 +288,60 @@ mod tests {
             Credential::new(Protocol::Novo, "").expect("one").shown,
             novo.shown
         );
+    }
+
+    #[test]
+    fn callback_origins_are_checked_and_normalised() {
+        let given = |origins: &[&str]| -> Vec<String> {
+            origins.iter().map(|&origin| origin.to_owned()).collect()
+        };
+        assert_eq!(
+            callback_origins(
+                Protocol::Brain,
+                &given(&[
+                    "https://Brain.Internal:8443",
+                    "https://brain.internal:8443/",
+                    "http://127.1:9000",
+                    "https://brain.example:443",
+                    "http://[::1]:80",
+                ])
+            )
+            .expect("valid"),
+            given(&[
+                "https://brain.internal:8443",
+                "http://127.0.0.1:9000",
+                "https://brain.example",
+                "http://[::1]",
+            ])
+        );
+        for bad in [
+            "brain.internal:8443",
+            "ftp://brain.internal",
+            "file:///etc/passwd",
+            "https://user:pass@brain.internal",
+            "https://brain.internal/callback",
+            "https://brain.internal?x=1",
+            "https://brain.internal/#frag",
+            "https://",
+            "https://brain internal",
+            "",
+        ] {
+            let error = callback_origins(Protocol::Brain, &given(&[bad])).expect_err(bad);
+            assert_eq!(error.code, plinth_kit::ErrorCode::EnvironmentInvalid);
+            assert!(
+                error.message.contains("callback_origins[0]"),
+                "{}",
+                error.message
+            );
+        }
+        assert!(callback_origins(Protocol::Novo, &given(&["https://a.example"])).is_err());
+        assert!(
+            callback_origins(Protocol::Novo, &[])
+                .expect("none")
+                .is_empty()
+        );
+        let many: Vec<String> = (0..33).map(|n| format!("https://h{n}.example")).collect();
+        assert!(callback_origins(Protocol::Brain, &many).is_err());
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! File bytes never come here (the source service and the blob store hold them), and neither
 //! do HTTP shapes (the gateway owns those). `persistence` owns every query; `model` holds the
 //! domain types and their rules; `service` (environments, builds) and `harnesses` are thin gRPC
-//! adapters; `sweep` ends sessions past their lifetime or idle limit; `run` starts it all.
+//! adapters; `sweep` ends sessions past their lifetime or idle limit; `seal` seals workspace
+//! adapters' credentials at rest; `run` starts it all.
 
 mod adapter_service;
 pub mod adapters;
@@ -14,6 +15,7 @@ mod brain_service;
 mod harnesses;
 pub mod model;
 pub mod persistence;
+pub mod seal;
 mod service;
 mod session_service;
 pub mod sessions;
@@ -35,6 +37,7 @@ use plinth_proto::catalog::v1::session_service_server::SessionServiceServer;
 use tokio::net::TcpListener;
 
 pub use persistence::{AdapterCredentials, LeasePolicy, NewSession, NewTask, Store, StoreError};
+pub use seal::{SealError, SealKey};
 pub use session_service::NODE_HEARTBEAT_MS;
 
 /// The catalog's gRPC service name, as health checks name it.
@@ -101,6 +104,9 @@ pub struct CatalogOptions {
     pub adapter_credential_grace: std::time::Duration,
     /// Where callers in this process reach the catalog directly, when they run beside it.
     pub local: Option<plinth_kit::grpc::LocalSlot>,
+    /// Seals workspace adapters' credentials in the database; every catalog on one database
+    /// needs the same key.
+    pub seal_key: SealKey,
 }
 
 /// Why the catalog stopped.
@@ -122,9 +128,15 @@ pub async fn run(
     admin: Option<TcpListener>,
     shutdown: CancellationToken,
 ) -> Result<(), CatalogError> {
-    let store = Store::connect(&options.database_url, options.max_connections).await?;
+    let seal_key = options.seal_key.id().to_owned();
+    let store = Store::connect(
+        &options.database_url,
+        options.max_connections,
+        options.seal_key,
+    )
+    .await?;
     store.migrate().await?;
-    tracing::info!(backend = store.backend().as_str(), address = ?grpc.local_addr().ok(), "catalog serving");
+    tracing::info!(backend = store.backend().as_str(), address = ?grpc.local_addr().ok(), %seal_key, "catalog serving");
 
     let readiness_store = store.clone();
     let readiness: ReadinessCheck = Arc::new(move || {

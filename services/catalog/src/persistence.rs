@@ -5,6 +5,8 @@
 //! in a transactional database, SQLite for one machine or PostgreSQL for a cluster. Both run
 //! the same SQL through sqlx's `Any` driver: times are i64 milliseconds, ids are text.
 //! Uniqueness (one slug per scope) is an index, so it holds across catalog replicas.
+//! Workspace adapters' credentials are sealed (`crate::seal`) with a key the store is given
+//! and never writes: what is stored verifies nothing without it.
 
 mod adapters;
 mod brain;
@@ -79,6 +81,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "session limits and when sessions end",
                 include_str!("../migrations/sqlite/0011_session_limits.sql"),
             ),
+            (
+                12,
+                "adapter callback origins and sealed credentials",
+                include_str!("../migrations/sqlite/0012_adapter_origins_and_sealing.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -136,6 +143,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "session limits and when sessions end",
                 include_str!("../migrations/postgres/0011_session_limits.sql"),
             ),
+            (
+                12,
+                "adapter callback origins and sealed credentials",
+                include_str!("../migrations/postgres/0012_adapter_origins_and_sealing.sql"),
+            ),
         ],
     }
 }
@@ -179,22 +191,31 @@ pub enum StoreError {
     /// A stored row breaks an invariant the schema should have kept.
     #[error("stored row is corrupt: {0}")]
     Corrupt(String),
+    /// A sealed credential cannot be opened with this store's key.
+    #[error(transparent)]
+    Seal(#[from] crate::seal::SealError),
 }
 
 /// The catalog's database.
 #[derive(Clone)]
 pub struct Store {
     db: Database,
+    seal: std::sync::Arc<crate::seal::SealKey>,
 }
 
 const ENVIRONMENT_COLUMNS: &str = "id, scope, name, slug, description, entry, active_version, \
      latest_version, files_count, files_bytes, created_at_ms, updated_at_ms";
 
 impl Store {
-    /// Connects. SQLite files are created when missing.
-    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+    /// Connects. SQLite files are created when missing. `seal` seals adapter credentials.
+    pub async fn connect(
+        url: &str,
+        max_connections: u32,
+        seal: crate::seal::SealKey,
+    ) -> Result<Self, StoreError> {
         Ok(Store {
             db: Database::connect(url, max_connections).await?,
+            seal: std::sync::Arc::new(seal),
         })
     }
     /// Which database this is.
@@ -202,11 +223,15 @@ impl Store {
         self.db.backend
     }
 
-    /// Applies the migrations this build knows, in order; safe to run from every replica.
+    /// Applies the migrations this build knows, in order, then seals the adapter credentials
+    /// an earlier version stored in clear and checks that this store's key opens every sealed
+    /// one (`StoreError::Seal` names the adapter and both keys otherwise); safe to run from
+    /// every replica.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         self.db
             .migrate("_plinth_catalog_migrations", migrations(self.db.backend))
             .await?;
+        self.seal_stored_credentials().await?;
         Ok(())
     }
 

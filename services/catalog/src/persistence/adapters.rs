@@ -1,21 +1,29 @@
 //! Workspace adapters. What is durable here and why: an adapter row is the owner's record of
-//! which environment a runtime's calls run on and what authenticates those calls; the
-//! dispatch endpoints look it up on every call, so a deleted adapter stops working at once on
-//! every gateway. The environment is checked by the insert itself (an adapter is never written
-//! pointing outside its scope however requests race), with no foreign key, as for harnesses.
-//! A rotation moves the current credential to `previous_secret` with its expiry in the same
-//! statement, so there is never a moment with neither accepted.
+//! which environment a runtime's calls run on, where a Brain may be called back, and what
+//! authenticates those calls; the dispatch endpoints look it up on every call, so a deleted
+//! adapter stops working at once on every gateway. The environment is checked by the insert
+//! itself (an adapter is never written pointing outside its scope however requests race), with
+//! no foreign key, as for harnesses. A rotation moves the current credential to
+//! `previous_secret` with its expiry in the same statement, so there is never a moment with
+//! neither accepted (or, with no grace, drops it in that statement).
+//!
+//! Credentials are sealed with the store's key before they are written, with the adapter's id
+//! bound to them, and the row names the key (`seal_key_id`); they are opened only to answer
+//! `adapter_credentials`. Rows an earlier version wrote in clear (an empty `seal_key_id`) are
+//! sealed at start by [`Store::seal_stored_credentials`], which also refuses a key that does not
+//! open what is there.
 
-use plinth_kit::database::now_ms;
-use sqlx::Row;
+use plinth_kit::database::{Backend, now_ms};
 use sqlx::any::AnyRow;
+use sqlx::{Executor as _, Row};
 
 use super::{Store, StoreError};
 use crate::adapters::{Adapter, AdapterId, NewAdapter, Protocol};
 use crate::model::{EnvironmentId, Scope};
+use crate::seal::SealError;
 
 const ADAPTER_COLUMNS: &str = "id, scope, protocol, environment_id, secret, previous_secret, \
-     previous_expires_at_ms, created_at_ms, rotated_at_ms";
+     previous_expires_at_ms, created_at_ms, rotated_at_ms, callback_origins, seal_key_id";
 
 /// An adapter with what verifies its calls now.
 #[derive(Debug, Clone)]
@@ -30,7 +38,7 @@ pub struct AdapterCredentials {
 
 impl Store {
     /// Inserts an adapter, if its environment is one of the scope
-    /// (`StoreError::NoSuchEnvironment` otherwise).
+    /// (`StoreError::NoSuchEnvironment` otherwise). Its credential is sealed first.
     pub async fn create_adapter(&self, new: NewAdapter) -> Result<Adapter, StoreError> {
         let now = now_ms();
         let adapter = Adapter {
@@ -41,16 +49,23 @@ impl Store {
             created_at_ms: now,
             rotated_at_ms: 0,
             previous_expires_at_ms: 0,
+            callback_origins: new.callback_origins,
         };
+        let sealed = self
+            .seal
+            .seal(adapter.id.as_str(), &new.stored_credential)?;
         let inserted = sqlx::query(
             "INSERT INTO workspace_adapters (id, scope, protocol, environment_id, secret, \
-             created_at_ms) SELECT $1, scope, $2, id, $3, $4 FROM environments \
-             WHERE scope = $5 AND id = $6",
+             created_at_ms, callback_origins, seal_key_id) \
+             SELECT $1, scope, $2, id, $3, $4, $5, $6 FROM environments \
+             WHERE scope = $7 AND id = $8",
         )
         .bind(adapter.id.as_str())
         .bind(adapter.protocol.as_str())
-        .bind(&new.stored_credential)
+        .bind(&sealed)
         .bind(now)
+        .bind(origins_text(&adapter.callback_origins))
+        .bind(self.seal.id())
         .bind(adapter.scope.as_str())
         .bind(adapter.environment_id.as_str())
         .execute(&self.db.writer)
@@ -61,7 +76,7 @@ impl Store {
         Ok(adapter)
     }
 
-    /// One adapter of the scope.
+    /// One adapter of the scope (its credentials are not opened).
     pub async fn get_adapter(&self, scope: &Scope, id: &AdapterId) -> Result<Adapter, StoreError> {
         let sql = format!(
             "SELECT {ADAPTER_COLUMNS} FROM workspace_adapters WHERE scope = $1 AND id = $2"
@@ -72,7 +87,29 @@ impl Store {
             .fetch_optional(&self.db.reader)
             .await?
             .ok_or(StoreError::NotFound)?;
-        Ok(adapter_from_row(&row, now_ms())?.adapter)
+        adapter_from_row(&row, now_ms())
+    }
+
+    /// Replaces the callback origins of an adapter of the scope (already checked against its
+    /// protocol).
+    pub async fn set_callback_origins(
+        &self,
+        scope: &Scope,
+        id: &AdapterId,
+        origins: &[String],
+    ) -> Result<Adapter, StoreError> {
+        let sql = format!(
+            "UPDATE workspace_adapters SET callback_origins = $1 WHERE scope = $2 AND id = $3 \
+             RETURNING {ADAPTER_COLUMNS}"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(origins_text(origins))
+            .bind(scope.as_str())
+            .bind(id.as_str())
+            .fetch_optional(&self.db.writer)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        adapter_from_row(&row, now_ms())
     }
 
     /// Deletes an adapter of the scope.
@@ -88,9 +125,10 @@ impl Store {
         Ok(())
     }
 
-    /// Makes `stored` the adapter's credential; the one it replaces is accepted for
-    /// `grace_ms` more. A previous credential still in its window is dropped: only one is
-    /// kept.
+    /// Makes `stored` the adapter's credential (sealed first). With a `grace_ms` above 0 the
+    /// one it replaces is accepted for that much longer; with 0 it is dropped in the same
+    /// statement, refused from the moment this returns. A previous credential still in its
+    /// window is dropped either way: only one is kept.
     pub async fn rotate_adapter(
         &self,
         scope: &Scope,
@@ -99,24 +137,52 @@ impl Store {
         grace_ms: i64,
     ) -> Result<Adapter, StoreError> {
         let now = now_ms();
+        let sealed = self.seal.seal(id.as_str(), stored)?;
+        let expires = if grace_ms > 0 {
+            now.saturating_add(grace_ms)
+        } else {
+            0
+        };
+        // Only a row sealed with this key is rotated: its current value moves to the previous
+        // slot unopened, so it must be one this key opens.
         let sql = format!(
-            "UPDATE workspace_adapters SET previous_secret = secret, \
+            "UPDATE workspace_adapters SET \
+             previous_secret = CASE WHEN $1 > 0 THEN secret ELSE '' END, \
              previous_expires_at_ms = $1, secret = $2, rotated_at_ms = $3 \
-             WHERE scope = $4 AND id = $5 RETURNING {ADAPTER_COLUMNS}"
+             WHERE scope = $4 AND id = $5 AND seal_key_id = $6 RETURNING {ADAPTER_COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(now.saturating_add(grace_ms.max(0)))
-            .bind(stored)
+            .bind(expires)
+            .bind(&sealed)
             .bind(now)
             .bind(scope.as_str())
             .bind(id.as_str())
+            .bind(self.seal.id())
             .fetch_optional(&self.db.writer)
-            .await?
-            .ok_or(StoreError::NotFound)?;
-        Ok(adapter_from_row(&row, now)?.adapter)
+            .await?;
+        match row {
+            Some(row) => adapter_from_row(&row, now),
+            None => {
+                // Not there, or sealed otherwise: say which.
+                let sql = format!(
+                    "SELECT {ADAPTER_COLUMNS} FROM workspace_adapters WHERE scope = $1 AND id = $2"
+                );
+                let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(scope.as_str())
+                    .bind(id.as_str())
+                    .fetch_optional(&self.db.writer)
+                    .await?
+                    .ok_or(StoreError::NotFound)?;
+                Err(self.credentials_from_row(&row, now).err().unwrap_or_else(|| {
+                    StoreError::Corrupt(format!(
+                        "adapter {id}: its credential was written in clear by an earlier version; restart the catalog to seal it"
+                    ))
+                }))
+            }
+        }
     }
 
-    /// An adapter by id alone, with the credentials accepted now.
+    /// An adapter by id alone, with the credentials accepted now, opened.
     pub async fn adapter_credentials(
         &self,
         id: &AdapterId,
@@ -127,12 +193,121 @@ impl Store {
             .fetch_optional(&self.db.reader)
             .await?
             .ok_or(StoreError::NotFound)?;
-        adapter_from_row(&row, now_ms())
+        self.credentials_from_row(&row, now_ms())
+    }
+
+    /// Seals every credential an earlier version stored in clear, and checks that this key
+    /// opens every sealed one; answers how many adapters were sealed now. On SQLite the
+    /// overwritten clear values are zeroed in the file and the write-ahead log is emptied, so
+    /// the file keeps no copy of them.
+    pub async fn seal_stored_credentials(&self) -> Result<u64, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, secret, previous_secret, seal_key_id FROM workspace_adapters ORDER BY id",
+        )
+        .fetch_all(&self.db.writer)
+        .await?;
+        let mut clear = Vec::new();
+        for row in &rows {
+            let id: String = row.try_get("id")?;
+            let key_id: String = row.try_get("seal_key_id")?;
+            let secret: String = row.try_get("secret")?;
+            let previous: String = row.try_get("previous_secret")?;
+            if key_id.is_empty() {
+                clear.push((
+                    self.seal.seal(&id, &secret)?,
+                    self.seal.seal(&id, &previous)?,
+                    id,
+                ));
+                continue;
+            }
+            if key_id != self.seal.id() {
+                return Err(SealError::WrongKey {
+                    adapter: id,
+                    sealed_with: key_id,
+                    key: self.seal.id().to_owned(),
+                }
+                .into());
+            }
+            self.seal.open(&id, &secret)?;
+            self.seal.open(&id, &previous)?;
+        }
+        if clear.is_empty() {
+            return Ok(0);
+        }
+        let mut connection = self.db.writer.acquire().await?;
+        if self.db.backend == Backend::Sqlite {
+            connection.execute("PRAGMA secure_delete = ON").await?;
+        }
+        let mut sealed = 0;
+        for (secret, previous, id) in &clear {
+            sealed += sqlx::query(
+                "UPDATE workspace_adapters SET secret = $1, previous_secret = $2, \
+                 seal_key_id = $3 WHERE id = $4 AND seal_key_id = ''",
+            )
+            .bind(secret)
+            .bind(previous)
+            .bind(self.seal.id())
+            .bind(id)
+            .execute(&mut *connection)
+            .await?
+            .rows_affected();
+        }
+        if self.db.backend == Backend::Sqlite {
+            connection.execute("PRAGMA secure_delete = OFF").await?;
+            connection
+                .execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                .await?;
+        }
+        tracing::info!(
+            sealed,
+            seal_key = self.seal.id(),
+            "workspace adapter credentials an earlier version stored in clear are sealed now"
+        );
+        Ok(sealed)
+    }
+
+    /// Reads a row's credentials, opened; a previous credential whose window closed before
+    /// `now` is left out. A row sealed with another key is `SealError::WrongKey`; one an
+    /// earlier version wrote in clear (possible only while such a version still runs beside
+    /// this one) is read as it is.
+    fn credentials_from_row(
+        &self,
+        row: &AnyRow,
+        now: i64,
+    ) -> Result<AdapterCredentials, StoreError> {
+        let adapter = adapter_from_row(row, now)?;
+        let id = adapter.id.as_str();
+        let key_id: String = row.try_get("seal_key_id")?;
+        let secret: String = row.try_get("secret")?;
+        let previous: String = row.try_get("previous_secret")?;
+        let (current, previous) = if key_id.is_empty() {
+            (secret, previous)
+        } else if key_id == self.seal.id() {
+            (self.seal.open(id, &secret)?, self.seal.open(id, &previous)?)
+        } else {
+            return Err(SealError::WrongKey {
+                adapter: id.to_owned(),
+                sealed_with: key_id,
+                key: self.seal.id().to_owned(),
+            }
+            .into());
+        };
+        let previous_live = adapter.previous_expires_at_ms > 0 && !previous.is_empty();
+        Ok(AdapterCredentials {
+            adapter,
+            current,
+            previous: previous_live.then_some(previous),
+        })
     }
 }
 
-/// Reads a row; a previous credential whose window closed before `now` is left out.
-fn adapter_from_row(row: &AnyRow, now: i64) -> Result<AdapterCredentials, StoreError> {
+fn origins_text(origins: &[String]) -> String {
+    serde_json::to_string(origins).unwrap_or_else(|_| "[]".to_owned())
+}
+
+/// Reads a row's adapter; a previous credential whose window closed before `now` shows no
+/// expiry.
+fn adapter_from_row(row: &AnyRow, now: i64) -> Result<Adapter, StoreError> {
     let id: String = row.try_get("id")?;
     let corrupt = |what: &str| StoreError::Corrupt(format!("{what} of adapter {id}"));
     let scope: String = row.try_get("scope")?;
@@ -140,20 +315,19 @@ fn adapter_from_row(row: &AnyRow, now: i64) -> Result<AdapterCredentials, StoreE
     let environment: String = row.try_get("environment_id")?;
     let previous: String = row.try_get("previous_secret")?;
     let expires: i64 = row.try_get("previous_expires_at_ms")?;
+    let origins: String = row.try_get("callback_origins")?;
+    let callback_origins: Vec<String> =
+        serde_json::from_str(&origins).map_err(|_| corrupt("callback origins"))?;
     let previous_live = !previous.is_empty() && expires > now;
-    Ok(AdapterCredentials {
-        adapter: Adapter {
-            id: AdapterId::parse(&id).ok_or_else(|| corrupt("id"))?,
-            scope: Scope::parse(&scope).map_err(|_| corrupt("scope"))?,
-            protocol: Protocol::parse(&protocol).ok_or_else(|| corrupt("protocol"))?,
-            environment_id: EnvironmentId::parse(&environment)
-                .ok_or_else(|| corrupt("environment"))?,
-            created_at_ms: row.try_get("created_at_ms")?,
-            rotated_at_ms: row.try_get("rotated_at_ms")?,
-            previous_expires_at_ms: if previous_live { expires } else { 0 },
-        },
-        current: row.try_get("secret")?,
-        previous: previous_live.then_some(previous),
+    Ok(Adapter {
+        id: AdapterId::parse(&id).ok_or_else(|| corrupt("id"))?,
+        scope: Scope::parse(&scope).map_err(|_| corrupt("scope"))?,
+        protocol: Protocol::parse(&protocol).ok_or_else(|| corrupt("protocol"))?,
+        environment_id: EnvironmentId::parse(&environment).ok_or_else(|| corrupt("environment"))?,
+        created_at_ms: row.try_get("created_at_ms")?,
+        rotated_at_ms: row.try_get("rotated_at_ms")?,
+        previous_expires_at_ms: if previous_live { expires } else { 0 },
+        callback_origins,
     })
 }
 

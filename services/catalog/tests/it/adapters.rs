@@ -10,6 +10,8 @@ backend_suite!(
     rotation_keeps_the_previous_credential_for_the_grace_window,
     brain_adapters_keep_only_the_tokens_digest,
     delete_stops_the_credential_at_once,
+    a_rotation_without_grace_drops_the_previous_credential_in_the_same_write,
+    callback_origins_are_kept_and_replaced,
 );
 
 fn scope(name: &str) -> Scope {
@@ -43,6 +45,7 @@ async fn novo(
             protocol: Protocol::Novo,
             environment_id: environment.id.clone(),
             stored_credential: secret.to_owned(),
+            callback_origins: Vec::new(),
         })
         .await
         .expect("created")
@@ -68,6 +71,7 @@ async fn an_adapter_names_an_environment_of_its_scope(store: Store) {
             protocol: Protocol::Novo,
             environment_id: theirs.id.clone(),
             stored_credential: "x".repeat(20),
+            callback_origins: Vec::new(),
         })
         .await;
     assert!(matches!(refused, Err(StoreError::NoSuchEnvironment)));
@@ -98,9 +102,10 @@ async fn rotation_keeps_the_previous_credential_for_the_grace_window(store: Stor
 
     // A window that is over: the previous secret is no longer handed out.
     store
-        .rotate_adapter(&scope("acme"), &id, "third-secret-0123456789", 0)
+        .rotate_adapter(&scope("acme"), &id, "third-secret-0123456789", 1)
         .await
         .expect("rotated");
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     let credentials = store.adapter_credentials(&id).await.expect("found");
     assert_eq!(credentials.current, "third-secret-0123456789");
     assert_eq!(credentials.previous, None);
@@ -123,6 +128,7 @@ async fn brain_adapters_keep_only_the_tokens_digest(store: Store) {
             protocol: Protocol::Brain,
             environment_id: env.id.clone(),
             stored_credential: credential.stored.clone(),
+            callback_origins: vec!["https://brain.internal:8443".to_owned()],
         })
         .await
         .expect("created");
@@ -151,4 +157,78 @@ async fn delete_stops_the_credential_at_once(store: Store) {
         store.delete_adapter(&scope("acme"), &id).await,
         Err(StoreError::NotFound)
     ));
+}
+
+async fn a_rotation_without_grace_drops_the_previous_credential_in_the_same_write(store: Store) {
+    let env = environment(&store, "acme", "Revoking").await;
+    let id = novo(&store, "acme", &env, "first-secret-0123456789").await;
+    store
+        .rotate_adapter(&scope("acme"), &id, "second-secret-0123456789", 60_000)
+        .await
+        .expect("rotated with grace");
+    let revoked = store
+        .rotate_adapter(&scope("acme"), &id, "third-secret-0123456789", 0)
+        .await
+        .expect("rotated without grace");
+    assert_eq!(revoked.previous_expires_at_ms, 0);
+    let credentials = store.adapter_credentials(&id).await.expect("found");
+    assert_eq!(credentials.current, "third-secret-0123456789");
+    assert_eq!(
+        credentials.previous, None,
+        "neither the rotated-out secret nor the one in its window before is accepted"
+    );
+}
+
+async fn callback_origins_are_kept_and_replaced(store: Store) {
+    let env = environment(&store, "acme", "Called Back").await;
+    let credential = Credential::new(Protocol::Brain, "").expect("generated");
+    let adapter = store
+        .create_adapter(NewAdapter {
+            scope: scope("acme"),
+            protocol: Protocol::Brain,
+            environment_id: env.id.clone(),
+            stored_credential: credential.stored,
+            callback_origins: vec!["https://brain.internal:8443".to_owned()],
+        })
+        .await
+        .expect("created");
+    assert_eq!(
+        store
+            .get_adapter(&scope("acme"), &adapter.id)
+            .await
+            .expect("found")
+            .callback_origins,
+        ["https://brain.internal:8443"]
+    );
+    let replaced = store
+        .set_callback_origins(
+            &scope("acme"),
+            &adapter.id,
+            &[
+                "http://127.0.0.1:9000".to_owned(),
+                "https://b.example".to_owned(),
+            ],
+        )
+        .await
+        .expect("replaced");
+    assert_eq!(
+        replaced.callback_origins,
+        ["http://127.0.0.1:9000", "https://b.example"]
+    );
+    let credentials = store.adapter_credentials(&adapter.id).await.expect("found");
+    assert_eq!(
+        credentials.adapter.callback_origins,
+        replaced.callback_origins
+    );
+    assert!(matches!(
+        store
+            .set_callback_origins(&scope("globex"), &adapter.id, &[])
+            .await,
+        Err(StoreError::NotFound)
+    ));
+    let cleared = store
+        .set_callback_origins(&scope("acme"), &adapter.id, &[])
+        .await
+        .expect("cleared");
+    assert!(cleared.callback_origins.is_empty());
 }

@@ -35,6 +35,7 @@ macro_rules! backend_suite {
 mod adapters;
 mod brain;
 mod harnesses;
+mod sealing;
 mod sessions;
 mod store;
 
@@ -48,9 +49,14 @@ async fn postgres_url() -> Option<String> {
     }
 }
 
+/// The seal key the suite's stores use.
+fn seal_key() -> plinth_catalog::SealKey {
+    plinth_catalog::SealKey::from_bytes(&[42; 32]).expect("key")
+}
+
 /// The store at `url`, migrated.
 async fn open(url: &str) -> Store {
-    let store = Store::connect(url, 5).await.expect("connect");
+    let store = Store::connect(url, 5, seal_key()).await.expect("connect");
     store.migrate().await.expect("migrate");
     store
 }
