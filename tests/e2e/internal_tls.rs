@@ -72,6 +72,7 @@ fn spawn(args: &[&str], credentials: &Credentials, tls: &[(&str, &Path)], mutual
             "PLINTH_INTERNAL_TLS_REQUIRE_CLIENT_CERT",
             mutual.to_string(),
         )
+        .env("PLINTH_SEAL_KEY", crate::helpers::SEAL_KEY)
         .args(args)
         .env("PLINTH_LOG", "warn")
         .env_remove("PLINTH_TOKENS")
@@ -323,6 +324,7 @@ async fn a_split_service_without_credentials_refuses_to_start_and_says_what_to_s
             .env_remove("PLINTH_INTERNAL_CREDENTIAL")
             .env_remove("PLINTH_INTERNAL_ACCEPT_FILE")
             .env_remove("PLINTH_CONFIG")
+            .env("PLINTH_SEAL_KEY", crate::helpers::SEAL_KEY)
             .env("PLINTH_LOG", "warn")
             .stdin(Stdio::null())
             .output()
