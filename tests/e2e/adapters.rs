@@ -641,9 +641,13 @@ async fn a_copy_of_the_database_holds_no_adapter_credential_and_another_key_open
     assert!(!stderr.contains("panicked"), "{stderr}");
 
     // A catalog alone, with no key at all, says how to make one.
+    let accept_file = crate::credentials::shared().accept_file();
     let (started, stderr) = run_plinth(
         &["catalog", "--data-dir", &dir, "--listen", "127.0.0.1:0"],
-        &[],
+        &[(
+            "PLINTH_INTERNAL_ACCEPT_FILE",
+            accept_file.to_str().expect("utf-8"),
+        )],
     );
     assert!(!started, "{stderr}");
     assert!(
