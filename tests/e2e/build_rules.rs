@@ -11,10 +11,11 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Server, assert_error, send};
 
-struct Builder(CatalogServiceClient<tonic::transport::Channel>);
+/// The test as a builder, over the catalog's builder protocol.
+pub(crate) struct Builder(CatalogServiceClient<tonic::transport::Channel>);
 
 impl Builder {
-    async fn connect(server: &Server) -> Self {
+    pub(crate) async fn connect(server: &Server) -> Self {
         let channel =
             tonic::transport::Endpoint::from_shared(format!("http://{}", server.catalog_addr()))
                 .expect("url")
@@ -24,7 +25,7 @@ impl Builder {
         Builder(CatalogServiceClient::new(channel))
     }
 
-    async fn claim(&mut self) -> pb::BuildClaim {
+    pub(crate) async fn claim(&mut self) -> pb::BuildClaim {
         self.0
             .claim_build(pb::ClaimBuildRequest {
                 builder: "test".into(),
@@ -36,7 +37,7 @@ impl Builder {
             .expect("a queued build")
     }
 
-    async fn log(&mut self, claim: &pb::BuildClaim, text: &str) {
+    pub(crate) async fn log(&mut self, claim: &pb::BuildClaim, text: &str) {
         self.0
             .append_build_log(pb::AppendBuildLogRequest {
                 lease_token: claim.lease_token.clone(),
@@ -46,7 +47,7 @@ impl Builder {
             .expect("log");
     }
 
-    async fn finish(
+    pub(crate) async fn finish(
         &mut self,
         claim: &pb::BuildClaim,
         outcome: pb::complete_build_request::Outcome,
@@ -61,7 +62,7 @@ impl Builder {
     }
 }
 
-fn ready(layer: &str) -> pb::complete_build_request::Outcome {
+pub(crate) fn ready(layer: &str) -> pb::complete_build_request::Outcome {
     pb::complete_build_request::Outcome::Ready(pb::BuildReady {
         layer_tree: layer.into(),
         packages: vec![pb::Package {

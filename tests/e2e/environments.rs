@@ -345,7 +345,8 @@ async fn ids_that_cannot_exist_are_not_found() {
 
 #[tokio::test]
 async fn tokens_define_scopes_and_other_scopes_do_not_exist() {
-    let server = Server::start_with(&["--tokens", "tok-acme=acme,tok-globex=globex"]).await;
+    let server =
+        Server::start_with_tokens(&[("tok-acme", "acme"), ("tok-globex", "globex")], &[]).await;
     let authed = |method: reqwest::Method, path: &str, token: &str| {
         server
             .client

@@ -31,16 +31,24 @@ pub(crate) fn free_port() -> SocketAddr {
 }
 
 fn plinth(args: &[&str], internal_token: &str) -> Process {
-    let child = Command::new(env!("CARGO_BIN_EXE_plinth"))
+    plinth_with_tokens(args, internal_token, None)
+}
+
+/// `plinth` with client tokens in `PLINTH_TOKENS` (as `token=scope,…`), never on its command
+/// line.
+fn plinth_with_tokens(args: &[&str], internal_token: &str, tokens: Option<&str>) -> Process {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
+    command
         .args(args)
         .env("PLINTH_INTERNAL_TOKEN", internal_token)
         .env("PLINTH_LOG", "warn")
         .env_remove("PLINTH_TOKENS")
         .env_remove("PLINTH_CONFIG")
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn plinth");
-    Process(child)
+        .stdin(Stdio::null());
+    if let Some(tokens) = tokens {
+        command.env("PLINTH_TOKENS", tokens);
+    }
+    Process(command.spawn().expect("spawn plinth"))
 }
 
 pub(crate) async fn wait_until_ready(client: &reqwest::Client, url: &str, process: &mut Process) {
@@ -114,7 +122,7 @@ impl Deployment<'_> {
         )
         .await;
         let source_url = format!("http://{source}");
-        let mut gateway = plinth(
+        let mut gateway = plinth_with_tokens(
             &[
                 "gateway",
                 "--listen",
@@ -123,10 +131,9 @@ impl Deployment<'_> {
                 &catalog_url,
                 "--source-url",
                 &source_url,
-                "--tokens",
-                "tok-acme=acme",
             ],
             self.token,
+            Some("tok-acme=acme"),
         );
         wait_until_ready(client, &format!("http://{http}/readyz"), &mut gateway).await;
         (catalog, source_service, gateway)
