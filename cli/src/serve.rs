@@ -812,6 +812,7 @@ fn spawn_gateway(
             config.gateway.brain_operation_lease_seconds.max(1),
         ),
         session_limits: config.sessions.policy()?,
+        edge: config.gateway.edge_limits()?,
     };
     let result = async move {
         let result = plinth_gateway::run(options, listener, backends, shutdown).await;

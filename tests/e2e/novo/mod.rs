@@ -5,6 +5,7 @@
 
 mod idempotency;
 mod methods;
+mod verification;
 
 use std::time::Duration;
 
