@@ -80,7 +80,16 @@ impl Target {
             }
             Op::Run => json!({"command": "true"}),
         };
-        let body = serde_json::to_vec(&json!({"method": op.name(), "args": args}))?;
+        let id = format!(
+            "req_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        // Each call is its own signed request (the gateway refuses the same one twice), as
+        // each of Novo's tool calls is.
+        let body = serde_json::to_vec(
+            &json!({"method": op.name(), "args": args, "options": {"callId": id}}),
+        )?;
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
             .as_secs()
@@ -90,11 +99,6 @@ impl Target {
         mac.update(b".");
         mac.update(&body);
         let signature = format!("t={t},v1={}", hex(&mac.finalize().into_bytes()));
-        let id = format!(
-            "req_{}_{}",
-            std::process::id(),
-            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
         let response = self
             .client
             .post(&self.adapter_url)

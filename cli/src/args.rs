@@ -94,15 +94,38 @@ pub struct GitArgs {
     pub git_allow_private_addresses: Option<bool>,
 }
 
-/// Who may call the REST API and what it serves: `serve` and `gateway` take these.
+/// Who may call the REST API and what it serves: `serve` and `gateway` take these. Client
+/// tokens come from the config file (`[[gateway.tokens]]`) or `PLINTH_TOKENS` only: a command
+/// line is readable by every process of the host.
 #[derive(Debug, Args)]
 pub struct AccessArgs {
-    /// Bearer tokens and their scopes, `token=scope,token=scope`.
-    #[arg(long, env = "PLINTH_TOKENS", hide_env_values = true)]
-    pub tokens: Option<String>,
+    /// Refused with a message saying where tokens go instead.
+    #[arg(long = "tokens", hide = true, value_name = "TOKENS")]
+    pub tokens_on_the_command_line: Option<String>,
     /// Serve the environments chapter (`true`/`false`).
     #[arg(long, env = "PLINTH_ENVIRONMENTS")]
     pub environments: Option<bool>,
+}
+
+/// The gateway's own limits: `serve` and `gateway` take these.
+#[derive(Debug, Args)]
+pub struct EdgeArgs {
+    /// Requests per second each client token may make (0: no limit).
+    #[arg(long, env = "PLINTH_RATE_LIMIT_PER_SECOND")]
+    pub rate_limit_per_second: Option<u32>,
+    /// Requests a client token may make at once above its rate.
+    #[arg(long, env = "PLINTH_RATE_LIMIT_BURST")]
+    pub rate_limit_burst: Option<u32>,
+    /// Seconds from a request's arrival to its answer's head (commands, uploads and session
+    /// starts have limits of their own).
+    #[arg(long, env = "PLINTH_REQUEST_TIMEOUT_SECONDS")]
+    pub request_timeout_seconds: Option<u64>,
+    /// Requests the gateway serves at once, streamed answers included.
+    #[arg(long, env = "PLINTH_MAX_CONCURRENT_REQUESTS")]
+    pub max_concurrent_requests: Option<u32>,
+    /// Workspace-adapter bodies read at once before their signature is known.
+    #[arg(long, env = "PLINTH_ADAPTER_MAX_UNVERIFIED_BODIES")]
+    pub adapter_max_unverified_bodies: Option<u32>,
 }
 
 /// `plinth serve`.
@@ -142,6 +165,8 @@ pub struct ServeArgs {
     pub insecure_no_isolation: bool,
     #[command(flatten)]
     pub access: AccessArgs,
+    #[command(flatten)]
+    pub edge: EdgeArgs,
 }
 
 /// `plinth catalog`.
@@ -254,4 +279,6 @@ pub struct GatewayArgs {
     pub source_url: Option<String>,
     #[command(flatten)]
     pub access: AccessArgs,
+    #[command(flatten)]
+    pub edge: EdgeArgs,
 }

@@ -10,8 +10,8 @@ use plinth_kit::telemetry::{LogConfig, LogFormat};
 use serde::{Deserialize, Serialize};
 
 use crate::args::{
-    AccessArgs, BuilderArgs, CatalogArgs, CommonArgs, GatewayArgs, GitArgs, LogFormatArg, NodeArgs,
-    ServeArgs, SourceArgs,
+    AccessArgs, BuilderArgs, CatalogArgs, CommonArgs, EdgeArgs, GatewayArgs, GitArgs, LogFormatArg,
+    NodeArgs, ServeArgs, SourceArgs,
 };
 
 /// The REST address when none is given.
@@ -97,6 +97,17 @@ pub struct GatewaySection {
     /// How long a claim on a Brain operation lasts unless its runner renews it (every third
     /// of it); a redelivery that finds an older claim with no result answers `unknown`.
     pub brain_operation_lease_seconds: u64,
+    /// Requests per second each client token may make, sustained (0: no limit).
+    pub rate_limit_per_second: u32,
+    /// Requests a client token may make at once above its rate.
+    pub rate_limit_burst: u32,
+    /// Seconds from a request's arrival to its answer's head; commands, uploads and session
+    /// starts have limits of their own.
+    pub request_timeout_seconds: u64,
+    /// Requests the gateway serves at once, streamed answers included; past it, 503.
+    pub max_concurrent_requests: u32,
+    /// Workspace-adapter (Novo) bodies read at once before their signature is known.
+    pub adapter_max_unverified_bodies: u32,
 }
 
 impl Default for GatewaySection {
@@ -111,7 +122,48 @@ impl Default for GatewaySection {
             adapter_run_idle_seconds: 3600,
             adapter_command_inline_bytes: 32 * 1024,
             brain_operation_lease_seconds: 30,
+            rate_limit_per_second: 100,
+            rate_limit_burst: 200,
+            request_timeout_seconds: 60,
+            max_concurrent_requests: 1024,
+            adapter_max_unverified_bodies: 4,
         }
+    }
+}
+
+impl GatewaySection {
+    /// The gateway's own limits, or why these values make none.
+    pub fn edge_limits(&self) -> Result<plinth_gateway::EdgeLimits, ConfigError> {
+        let positive = |value: u64, key: &str| {
+            if value == 0 {
+                Err(ConfigError::Invalid(format!(
+                    "gateway.{key} must be at least 1"
+                )))
+            } else {
+                Ok(value)
+            }
+        };
+        positive(self.request_timeout_seconds, "request_timeout_seconds")?;
+        positive(
+            self.max_concurrent_requests.into(),
+            "max_concurrent_requests",
+        )?;
+        positive(
+            self.adapter_max_unverified_bodies.into(),
+            "adapter_max_unverified_bodies",
+        )?;
+        if self.rate_limit_per_second > 0 {
+            positive(self.rate_limit_burst.into(), "rate_limit_burst")?;
+        }
+        Ok(plinth_gateway::EdgeLimits {
+            rate_per_second: self.rate_limit_per_second,
+            rate_burst: self.rate_limit_burst,
+            request_timeout: std::time::Duration::from_secs(self.request_timeout_seconds),
+            max_concurrent_requests: usize::try_from(self.max_concurrent_requests)
+                .unwrap_or(usize::MAX),
+            max_unverified_bodies: usize::try_from(self.adapter_max_unverified_bodies)
+                .unwrap_or(usize::MAX),
+        })
     }
 }
 
@@ -546,7 +598,8 @@ impl Config {
         if args.insecure_no_isolation {
             config.node.insecure_no_isolation = true;
         }
-        apply_access_flags(&mut config, &args.access)?;
+        apply_access_flags(&mut config, &args.access, &|name| std::env::var(name).ok())?;
+        apply_edge_flags(&mut config, &args.edge)?;
         config.make_paths_absolute()?;
         config.resolve_database();
         config.resolve_source();
@@ -850,7 +903,8 @@ impl Config {
         if let Some(url) = &args.source_url {
             config.gateway.source_url = url.clone();
         }
-        apply_access_flags(&mut config, &args.access)?;
+        apply_access_flags(&mut config, &args.access, &|name| std::env::var(name).ok())?;
+        apply_edge_flags(&mut config, &args.edge)?;
         config.make_paths_absolute()?;
         config.refuse_open_scope_beyond_loopback()?;
         config.sessions.policy()?;
@@ -973,12 +1027,32 @@ impl Config {
     }
 }
 
-fn apply_access_flags(config: &mut Config, access: &AccessArgs) -> Result<(), ConfigError> {
-    if let Some(tokens) = access.tokens.as_deref() {
-        config.gateway.tokens = config::parse_token_scopes(tokens)?
+/// The variable client tokens may come from besides the config file.
+const TOKENS_VARIABLE: &str = "PLINTH_TOKENS";
+
+/// Client tokens come from the config file or `PLINTH_TOKENS` (`lookup` reads the
+/// environment), never from the command line, which every process of the host can read.
+fn apply_access_flags(
+    config: &mut Config,
+    access: &AccessArgs,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    if access.tokens_on_the_command_line.is_some() {
+        return Err(ConfigError::Invalid(format!(
+            "--tokens is refused: a command line is readable by every process of this host \
+             (ps, /proc/<pid>/cmdline), so a token given there is not secret. Put the tokens in \
+             the config file ([[gateway.tokens]] with token and scope) or in the environment \
+             variable {TOKENS_VARIABLE}=token=scope,token=scope"
+        )));
+    }
+    let mut source = "gateway.tokens";
+    if let Some(tokens) = lookup(TOKENS_VARIABLE).filter(|tokens| !tokens.trim().is_empty()) {
+        config.gateway.tokens = config::parse_token_scopes(&tokens)
+            .map_err(|error| ConfigError::Invalid(format!("{TOKENS_VARIABLE}: {error}")))?
             .into_iter()
             .map(|(token, scope)| TokenEntry { token, scope })
             .collect();
+        source = TOKENS_VARIABLE;
     }
     if let Some(environments) = access.environments {
         config.gateway.environments = environments;
@@ -1001,7 +1075,48 @@ fn apply_access_flags(config: &mut Config, access: &AccessArgs) -> Result<(), Co
             )));
         }
     }
+    refuse_duplicate_tokens(&config.gateway.tokens, source)
+}
+
+/// The same token twice would grant whichever scope came last, silently: a start-up error
+/// that names the entries by position and scope, never the token.
+fn refuse_duplicate_tokens(tokens: &[TokenEntry], source: &str) -> Result<(), ConfigError> {
+    for (later, entry) in tokens.iter().enumerate() {
+        if let Some(first) = tokens[..later]
+            .iter()
+            .position(|earlier| earlier.token.expose() == entry.token.expose())
+        {
+            return Err(ConfigError::Invalid(format!(
+                "{source}: entries {} (scope {:?}) and {} (scope {:?}) have the same token; \
+                 each token must be listed once, with the one scope it grants",
+                first + 1,
+                tokens[first].scope,
+                later + 1,
+                entry.scope
+            )));
+        }
+    }
     Ok(())
+}
+
+fn apply_edge_flags(config: &mut Config, edge: &EdgeArgs) -> Result<(), ConfigError> {
+    let gateway = &mut config.gateway;
+    if let Some(rate) = edge.rate_limit_per_second {
+        gateway.rate_limit_per_second = rate;
+    }
+    if let Some(burst) = edge.rate_limit_burst {
+        gateway.rate_limit_burst = burst;
+    }
+    if let Some(seconds) = edge.request_timeout_seconds {
+        gateway.request_timeout_seconds = seconds;
+    }
+    if let Some(max) = edge.max_concurrent_requests {
+        gateway.max_concurrent_requests = max;
+    }
+    if let Some(max) = edge.adapter_max_unverified_bodies {
+        gateway.adapter_max_unverified_bodies = max;
+    }
+    gateway.edge_limits().map(|_| ())
 }
 
 /// The SQLite URL of a database file.
@@ -1056,13 +1171,124 @@ mod tests {
         assert!(error.to_string().contains("listen_addr"), "{error}");
     }
 
+    /// A config file with `body`, kept as long as the answer lives.
+    fn config_file(body: &str) -> (tempfile::TempDir, String) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("plinth.toml");
+        std::fs::write(&file, body).expect("write");
+        let path = file.to_str().expect("utf-8").to_owned();
+        (dir, path)
+    }
+
     #[test]
     fn an_open_scope_stays_on_loopback() {
         let error = serve(&["--listen", "0.0.0.0:8080"]).expect_err("refused");
         assert!(error.to_string().contains("without tokens"), "{error}");
-        serve(&["--listen", "0.0.0.0:8080", "--tokens", "t=acme"]).expect("tokens make it safe");
-        let error = serve(&["--tokens", "t=has space"]).expect_err("bad scope");
+        let (_dir, path) = config_file("[[gateway.tokens]]\ntoken = \"t\"\nscope = \"acme\"\n");
+        serve(&["--listen", "0.0.0.0:8080", "--config", &path]).expect("tokens make it safe");
+        let (_dir, path) =
+            config_file("[[gateway.tokens]]\ntoken = \"t\"\nscope = \"has space\"\n");
+        let error = serve(&["--config", &path]).expect_err("bad scope");
         assert!(error.to_string().contains("scope"), "{error}");
+    }
+
+    #[test]
+    fn client_tokens_come_from_the_file_or_the_environment_never_a_flag() {
+        let error = serve(&["--tokens", "tok-on-the-command-line=acme"]).expect_err("refused");
+        let said = error.to_string();
+        assert!(
+            said.contains("--tokens is refused")
+                && said.contains("[[gateway.tokens]]")
+                && said.contains("PLINTH_TOKENS"),
+            "{said}"
+        );
+        assert!(!said.contains("tok-on-the-command-line"), "{said}");
+
+        let access = |environments| AccessArgs {
+            tokens_on_the_command_line: None,
+            environments,
+        };
+        let from_env =
+            |name: &str| (name == "PLINTH_TOKENS").then(|| "tok-a=acme, tok-b=globex".to_owned());
+        let mut config = Config::default();
+        apply_access_flags(&mut config, &access(None), &from_env).expect("variable");
+        let scopes: Vec<_> = config
+            .token_scopes()
+            .into_iter()
+            .map(|(token, scope)| (token.expose().to_owned(), scope))
+            .collect();
+        assert_eq!(
+            scopes,
+            [
+                ("tok-a".to_owned(), "acme".to_owned()),
+                ("tok-b".to_owned(), "globex".to_owned())
+            ]
+        );
+        let twice =
+            |name: &str| (name == "PLINTH_TOKENS").then(|| "tok-a=acme,tok-a=globex".to_owned());
+        let error = apply_access_flags(&mut Config::default(), &access(None), &twice)
+            .expect_err("duplicate");
+        assert!(
+            error.to_string().starts_with("PLINTH_TOKENS: entries 1"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_same_token_twice_in_the_file_is_a_start_up_error_that_does_not_print_it() {
+        let (_dir, path) = config_file(
+            "[[gateway.tokens]]\ntoken = \"tok-secret-twice\"\nscope = \"acme\"\n\
+             [[gateway.tokens]]\ntoken = \"tok-other\"\nscope = \"initech\"\n\
+             [[gateway.tokens]]\ntoken = \"tok-secret-twice\"\nscope = \"globex\"\n",
+        );
+        let said = serve(&["--config", &path])
+            .expect_err("duplicate")
+            .to_string();
+        assert!(
+            said.contains("gateway.tokens")
+                && said.contains("entries 1 (scope \"acme\") and 3 (scope \"globex\")")
+                && said.contains("same token"),
+            "{said}"
+        );
+        assert!(!said.contains("tok-secret-twice"), "{said}");
+    }
+
+    #[test]
+    fn the_edge_limits_have_defaults_a_file_flags_and_a_floor() {
+        let config = serve(&[]).expect("defaults");
+        let limits = config.gateway.edge_limits().expect("valid");
+        assert_eq!(limits.rate_per_second, 100);
+        assert_eq!(limits.rate_burst, 200);
+        assert_eq!(limits.request_timeout, std::time::Duration::from_secs(60));
+        assert_eq!(limits.max_concurrent_requests, 1024);
+        assert_eq!(limits.max_unverified_bodies, 4);
+        let dumped = config.dump().expect("dump");
+        for line in [
+            "rate_limit_per_second = 100",
+            "rate_limit_burst = 200",
+            "request_timeout_seconds = 60",
+            "max_concurrent_requests = 1024",
+            "adapter_max_unverified_bodies = 4",
+        ] {
+            assert!(dumped.contains(line), "{line} not in:\n{dumped}");
+        }
+        let (_dir, path) =
+            config_file("[gateway]\nrate_limit_per_second = 5\nrate_limit_burst = 7\n");
+        let config = serve(&["--config", &path, "--request-timeout-seconds", "9"]).expect("file");
+        let limits = config.gateway.edge_limits().expect("valid");
+        assert_eq!((limits.rate_per_second, limits.rate_burst), (5, 7));
+        assert_eq!(limits.request_timeout, std::time::Duration::from_secs(9));
+        for flag in [
+            "--request-timeout-seconds",
+            "--max-concurrent-requests",
+            "--adapter-max-unverified-bodies",
+            "--rate-limit-burst",
+        ] {
+            let error = serve(&[flag, "0"]).expect_err(flag);
+            assert!(error.to_string().contains("at least 1"), "{flag}: {error}");
+        }
+        serve(&["--rate-limit-per-second", "0", "--rate-limit-burst", "0"])
+            .expect("no rate limit needs no burst");
     }
 
     #[test]
@@ -1223,17 +1449,25 @@ mod tests {
 
     #[test]
     fn dumped_config_hides_every_secret() {
+        let (_dir, path) = config_file(
+            "[[gateway.tokens]]\ntoken = \"tok-very-secret\"\nscope = \"acme\"\n\
+             [internal]\ncredential = \"internal-secret\"\n\
+             [[internal.accept]]\nrole = \"observer\"\ntoken = \"observer-secret-0123456789\"\n",
+        );
         let config = serve(&[
-            "--tokens",
-            "tok-very-secret=acme",
+            "--config",
+            &path,
             "--database-url",
             "postgres://app:db-password@db/plinth",
-            "--internal-token",
-            "internal-secret",
         ])
         .expect("config");
         let dumped = config.dump().expect("dump");
-        for secret in ["tok-very-secret", "db-password", "internal-secret"] {
+        for secret in [
+            "tok-very-secret",
+            "db-password",
+            "internal-secret",
+            "observer-secret-0123456789",
+        ] {
             assert!(!dumped.contains(secret), "{secret} leaked:\n{dumped}");
         }
         assert!(dumped.contains("scope = \"acme\""));

@@ -28,6 +28,8 @@ pub struct Running {
     pub source_addr: SocketAddr,
     /// Where the node agent serves gRPC, when this process runs one.
     pub node_addr: Option<SocketAddr>,
+    /// Under `serve`: the credentials it made for its parts, for callers in this process.
+    pub credentials: Option<crate::internal::ServeInternal>,
     /// Cancel to stop everything.
     pub shutdown: CancellationToken,
     services: JoinSet<(&'static str, anyhow::Result<()>)>,
@@ -179,6 +181,7 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
         catalog_addr,
         source_addr,
         node_addr,
+        credentials: Some(internal),
         shutdown,
         services,
     })
@@ -225,6 +228,7 @@ async fn start_alone(
         catalog_addr: address,
         source_addr: address,
         node_addr: None,
+        credentials: None,
         shutdown,
         services,
     })
@@ -275,6 +279,7 @@ pub async fn start_builder(config: &Config) -> anyhow::Result<Running> {
         catalog_addr: unbound,
         source_addr: unbound,
         node_addr: None,
+        credentials: None,
         shutdown,
         services,
     })
@@ -519,6 +524,7 @@ pub async fn start_node(
         catalog_addr: address,
         source_addr: address,
         node_addr: Some(address),
+        credentials: None,
         shutdown,
         services,
     })
@@ -660,6 +666,7 @@ pub async fn start_gateway(config: &Config) -> anyhow::Result<Running> {
         catalog_addr: http_addr,
         source_addr: http_addr,
         node_addr: None,
+        credentials: None,
         shutdown,
         services,
     })
@@ -919,6 +926,7 @@ fn spawn_gateway(
             config.gateway.brain_operation_lease_seconds.max(1),
         ),
         session_limits: config.sessions.policy()?,
+        edge: config.gateway.edge_limits()?,
     };
     let result = async move {
         let result = plinth_gateway::run(options, listener, backends, shutdown).await;

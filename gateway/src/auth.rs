@@ -35,20 +35,32 @@ impl Tokens {
                 "this server needs `Authorization: Bearer <token>`",
             ));
         };
-        let Some(token) = strip_bearer(header) else {
+        if strip_bearer(header).is_none() {
             return Err(unauthenticated(
                 "the Authorization header must be `Bearer <token>`",
             ));
-        };
+        }
+        self.identify(Some(header))
+            .map(|index| self.pairs[index].1.clone())
+            .ok_or_else(|| unauthenticated("the bearer token is not one this server knows"))
+    }
+
+    /// How many tokens are configured.
+    pub fn count(&self) -> usize {
+        self.pairs.len()
+    }
+
+    /// Which configured token `header` carries (its position in the configuration), if any.
+    /// Every token is compared, in constant time.
+    pub fn identify(&self, header: Option<&[u8]>) -> Option<usize> {
+        let token = strip_bearer(header?)?;
         let mut found = None;
-        for (candidate, scope) in &self.pairs {
+        for (index, (candidate, _)) in self.pairs.iter().enumerate() {
             if constant_time_eq(token, candidate.expose().as_bytes()) {
-                found = Some(scope);
+                found = Some(index);
             }
         }
         found
-            .cloned()
-            .ok_or_else(|| unauthenticated("the bearer token is not one this server knows"))
     }
 }
 

@@ -34,14 +34,20 @@ pub struct ErrorBody {
 /// One error.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorObject {
-    /// A code from the error table: `environment_invalid`, `invalid_request`, `environment_not_found`,
-    /// `environment_exists`, `environment_busy`, `environment_not_ready`, `file_too_large`,
-    /// `unauthenticated`, `not_found`, `method_not_allowed`, `unavailable`, `internal`.
+    /// A code from the error table: `environment_invalid`, `invalid_request`,
+    /// `environment_not_found`, `environment_exists`, `environment_busy`,
+    /// `environment_not_ready`, `file_too_large`, `unauthenticated`, `not_found`,
+    /// `method_not_allowed`, `rate_limited` (429, with `Retry-After`), `unavailable` (503,
+    /// with `Retry-After` when the gateway itself is at its limit), `internal`,
+    /// `workspace_path_invalid`, `workspace_invalid_request`, `workspace_contents_required`,
+    /// `workspace_read_only`, `workspace_not_found`, `workspace_find_not_unique`,
+    /// `workspace_find_not_found`, `workspace_run_ended`, `idempotency_key_reused`,
+    /// `idempotency_in_progress`.
     #[schema(example = "environment_invalid")]
     pub code: &'static str,
     /// What went wrong, for a person; names the field or path at fault.
     pub message: String,
-    /// Particulars a program can act on, such as `max_bytes`.
+    /// Particulars a program can act on, such as `max_bytes` or `retry_after_seconds`.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub detail: Option<serde_json::Value>,
@@ -54,6 +60,10 @@ impl IntoResponse for ApiError {
             message,
             detail,
         } = self.0;
+        let retry_after = detail
+            .as_ref()
+            .and_then(|detail| detail.get(RETRY_AFTER_SECONDS))
+            .and_then(serde_json::Value::as_u64);
         let status =
             StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = ErrorBody {
@@ -70,8 +80,25 @@ impl IntoResponse for ApiError {
                 HeaderValue::from_static("Bearer realm=\"plinth\""),
             );
         }
+        if let Some(seconds) = retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         response
     }
+}
+
+/// The `detail` key that says when to try again; the answer carries it as `Retry-After` too.
+pub const RETRY_AFTER_SECONDS: &str = "retry_after_seconds";
+
+/// An error a client should retry after `seconds`: `detail.retry_after_seconds` and the
+/// `Retry-After` header say so.
+pub fn retry_after(code: ErrorCode, message: impl Into<String>, seconds: u64) -> ApiError {
+    ApiError(
+        PlinthError::new(code, message)
+            .with_detail(serde_json::json!({ RETRY_AFTER_SECONDS: seconds.max(1) })),
+    )
 }
 
 /// Any route this server does not have.

@@ -286,7 +286,7 @@ fn file_path(
     tag = "files",
     params(("id" = String, Path, description = "The environment's id"), ("path" = String, Path, description = "The file, relative to the root")),
     responses(
-        (status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 200, description = "The file's bytes, never to be sniffed (`X-Content-Type-Options: nosniff`); HTML, SVG, JavaScript, XHTML and XML come as `Content-Disposition: attachment`", content_type = "application/octet-stream", body = Vec<u8>),
         (status = 400, description = "environment_invalid: a path that escapes the root, or names a directory", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found: no such environment or file", body = ErrorBody),
@@ -333,6 +333,7 @@ async fn read_file(
     if let Ok(etag) = HeaderValue::from_str(&format!("\"{}\"", entry.digest)) {
         headers.insert(header::ETAG, etag);
     }
+    crate::downloads::mark(headers, &path);
     Ok(response)
 }
 

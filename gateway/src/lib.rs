@@ -9,6 +9,8 @@ mod adapters;
 mod auth;
 mod brain;
 mod builds;
+mod downloads;
+mod edge;
 mod environments;
 mod error;
 mod files;
@@ -47,6 +49,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 pub use auth::DEFAULT_SCOPE;
+pub use edge::EdgeLimits;
 pub use error::{ErrorBody, ErrorObject};
 
 /// How the gateway behaves.
@@ -75,6 +78,9 @@ pub struct GatewayOptions {
     /// Sessions' limits: the default and maximum of each. Tasks' and workspace adapters'
     /// sessions get the defaults.
     pub session_limits: limits::LimitPolicy,
+    /// The gateway's own limits: rate per token, requests in flight, the request deadline,
+    /// unverified adapter bodies.
+    pub edge: EdgeLimits,
 }
 
 /// Why the gateway could not start or stopped.
@@ -258,9 +264,11 @@ fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, 
         tokens: Arc::new(auth::Tokens::new(options.tokens.clone())),
         environments: options.environments,
         public_url: options.public_url.clone(),
-        novo: novo::NovoOptions {
-            command_inline_bytes: options.command_inline_bytes,
-        },
+        novo: novo::NovoOptions::new(
+            options.command_inline_bytes,
+            options.edge.max_unverified_bodies,
+            options.edge.request_timeout,
+        ),
         session_limits: options.session_limits,
     })
 }
@@ -289,7 +297,9 @@ fn router_with(
         .into_iter()
         .map(|(path, item)| (path.replace("{*", "{"), item))
         .collect();
+    document_rate_limits(&mut openapi);
     let openapi = Arc::new(openapi);
+    let edge = edge::Edge::new(options.edge, state.tokens.clone());
     let app = api
         .route(
             "/openapi.json",
@@ -300,6 +310,16 @@ fn router_with(
         )
         .fallback(error::no_such_route)
         .method_not_allowed_fallback(error::method_not_allowed)
+        // Outermost last: a token's rate, then the requests in flight, then the deadline.
+        .layer(axum::middleware::from_fn_with_state(
+            edge.clone(),
+            edge::deadline,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            edge.clone(),
+            edge::in_flight,
+        ))
+        .layer(axum::middleware::from_fn_with_state(edge, edge::rate_limit))
         .with_state(state)
         .merge(admin::router(readiness(backends), metrics_guard(options)))
         .layer(axum::middleware::from_fn(plinth_kit::http::observe));
@@ -311,6 +331,57 @@ fn router_with(
 fn metrics_guard(options: &GatewayOptions) -> Option<Arc<plinth_kit::auth::Accepted>> {
     let open = options.tokens.is_empty() && !options.internal.accepted.has_role(Role::Observer);
     (!open).then(|| options.internal.accepted.clone())
+}
+
+/// Every operation a bearer token calls may be refused for the token's rate: `429
+/// rate_limited`, with `Retry-After`.
+fn document_rate_limits(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{ContentBuilder, HeaderBuilder, Object, Ref, ResponseBuilder, Type};
+    let refused = ResponseBuilder::new()
+        .description("rate_limited: past this token's rate (`gateway.rate_limit_per_second`, `gateway.rate_limit_burst`); retry after `Retry-After` seconds")
+        .header(
+            "Retry-After",
+            HeaderBuilder::new()
+                .schema(Some(Object::with_type(Type::Integer)))
+                .description(Some("Seconds until the token may call again"))
+                .build(),
+        )
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build(),
+        )
+        .build();
+    for (path, item) in &mut openapi.paths.paths {
+        // Workspace adapters' dispatch endpoints are called with the adapter's credential,
+        // not a client token.
+        if path.ends_with("/novo") || path.contains("/brain/") {
+            continue;
+        }
+        for operation in [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let bearer = operation
+                .security
+                .as_ref()
+                .is_some_and(|security| !security.is_empty());
+            if bearer {
+                operation
+                    .responses
+                    .responses
+                    .entry("429".to_owned())
+                    .or_insert_with(|| refused.clone().into());
+            }
+        }
+    }
 }
 
 /// Ready when every service behind says it is serving (which each says only while its

@@ -1,42 +1,47 @@
 //! The Novo workspace adapter: `POST /v1/workspace-adapters/{id}/novo` is the dispatch URL
-//! registered with Novo (novo-http-workspace). Every call is verified before anything else
-//! (`Novo-Signature`: HMAC-SHA256 over `"{t}.{raw body}"` with the adapter's secret, or the
-//! previous one inside its grace window, any `v1` may match, compared in constant time, `t`
-//! within ±300 s), then runs in its run's session (`Novo-Run-Id`; the first call makes it)
-//! through the node's workspace operations, is recorded as a turn, and answers the method's
-//! response shape. Mutating methods are idempotent by `Novo-Request-Id`. Only the JSON shapes
-//! live here; the node does the work.
+//! registered with Novo (novo-http-workspace). Every call is verified before anything else,
+//! and as much as can be before its body is read (`signature`: the header's shape and age,
+//! then the adapter, then the body streamed into the HMAC under its size limit, with a bound
+//! on how many unverified bodies are read at once); a verified call is admitted once (a
+//! replay inside the window is refused), then runs in its run's session (`Novo-Run-Id`; the
+//! first call makes it) through the node's workspace operations, is recorded as a turn, and
+//! answers the method's response shape. Mutating methods are idempotent by
+//! `Novo-Request-Id`. Only the JSON shapes live here; the node does the work.
 
+mod signature;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header as http_header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use hmac::{KeyInit, Mac};
-use plinth_kit::grpc::constant_time_eq;
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use plinth_proto::node::v1 as node;
 use serde_json::{Value, json};
 use sha2::Digest as _;
+use tokio::sync::Semaphore;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::AppState;
-use crate::error::{ApiError, ErrorBody};
+use crate::error::{self, ApiError, ErrorBody};
 use crate::sessions;
+use signature::{Admission, Arrival, ReplayMemory, SignatureHeader};
 
 /// The dispatch route.
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(dispatch))
 }
 
-/// How far `t` may be from now, either way.
-pub const TOLERANCE_SECONDS: i64 = 300;
 /// Largest request body (a runtime artifact can be large).
 const MAX_BODY_BYTES: usize = 70 * 1024 * 1024;
+/// Most signed requests remembered for replay protection at once (each a few hundred bytes);
+/// past it new calls are refused until the oldest leave the window.
+const REPLAY_MEMORY: usize = 200_000;
 /// How long a retry waits for the first call with its key before answering 409.
 const WAIT_FOR_FIRST: Duration = Duration::from_secs(10);
 /// Bytes of each of a command's stdout and stderr kept for `readCommandOutput`.
@@ -52,15 +57,34 @@ const MUTATING: [&str; 5] = [
     "writeRuntimeArtifact",
 ];
 
-/// How the adapter's calls are run.
+/// How the adapter's calls are run and verified.
 #[derive(Debug, Clone)]
 pub struct NovoOptions {
     /// Bytes of each of stdout and stderr a runCommand answers inline.
     pub command_inline_bytes: u64,
+    /// How many bodies not yet verified are read at once (each up to `MAX_BODY_BYTES`).
+    unverified_bodies: Arc<Semaphore>,
+    /// How long an unverified body may take to arrive.
+    body_deadline: Duration,
+    /// The signed requests of the replay window.
+    replays: Arc<ReplayMemory>,
 }
 
-fn unauthenticated(message: &str) -> ApiError {
-    ApiError(PlinthError::new(ErrorCode::Unauthenticated, message))
+impl NovoOptions {
+    /// Options with at most `max_unverified_bodies` bodies read before their signature is
+    /// known, each within `body_deadline`.
+    pub fn new(
+        command_inline_bytes: u64,
+        max_unverified_bodies: usize,
+        body_deadline: Duration,
+    ) -> Self {
+        NovoOptions {
+            command_inline_bytes,
+            unverified_bodies: Arc::new(Semaphore::new(max_unverified_bodies.max(1))),
+            body_deadline,
+            replays: Arc::new(ReplayMemory::new(REPLAY_MEMORY)),
+        }
+    }
 }
 
 fn invalid(message: impl Into<String>) -> PlinthError {
@@ -73,53 +97,6 @@ fn hex(bytes: &[u8]) -> String {
         let _ = write!(out, "{b:02x}");
         out
     })
-}
-
-/// The signature of `body` at `t` with `secret`, as lowercase hex.
-pub fn sign(secret: &[u8], t: &str, body: &[u8]) -> String {
-    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).expect("HMAC takes any key");
-    mac.update(t.as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    hex(&mac.finalize().into_bytes())
-}
-
-/// Checks `Novo-Signature` over the raw body against the accepted secrets.
-fn verify(header: Option<&str>, body: &[u8], secrets: &[&str], now_s: i64) -> Result<(), ApiError> {
-    let header = header.ok_or_else(|| unauthenticated("Novo-Signature is missing"))?;
-    let mut t = None;
-    let mut candidates = Vec::new();
-    for part in header.split(',') {
-        match part.trim().split_once('=') {
-            Some(("t", value)) => t = Some(value.trim()),
-            Some(("v1", value)) => candidates.push(value.trim()),
-            // Other schemes are ignored.
-            _ => {}
-        }
-    }
-    let t = t.ok_or_else(|| unauthenticated("Novo-Signature has no t="))?;
-    let at: i64 = t
-        .parse()
-        .map_err(|_| unauthenticated("Novo-Signature: t is not a number of seconds"))?;
-    if (now_s - at).abs() > TOLERANCE_SECONDS {
-        return Err(unauthenticated(
-            "Novo-Signature: t is more than 300 s from now; check the clocks",
-        ));
-    }
-    let mut good = false;
-    for secret in secrets.iter().filter(|s| !s.is_empty()) {
-        let expected = sign(secret.as_bytes(), t, body);
-        for candidate in &candidates {
-            good |= constant_time_eq(candidate.as_bytes(), expected.as_bytes());
-        }
-    }
-    if good {
-        Ok(())
-    } else {
-        Err(unauthenticated(
-            "Novo-Signature: no v1 signature matches this adapter's secret",
-        ))
-    }
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -149,12 +126,14 @@ fn answer(status: u16, body: &Value) -> Response {
     responses(
         (status = 200, description = "The method's response shape (novo-http-workspace)"),
         (status = 400, description = "workspace_invalid_request, workspace_path_invalid, workspace_contents_required", body = ErrorBody),
-        (status = 401, description = "unauthenticated: a missing, stale or wrong signature; nothing ran", body = ErrorBody),
+        (status = 401, description = "unauthenticated: a missing, stale or wrong signature, or a signed request received before (a replay); nothing ran", body = ErrorBody),
         (status = 403, description = "workspace_read_only", body = ErrorBody),
         (status = 404, description = "not_found (no such adapter), workspace_not_found", body = ErrorBody),
         (status = 409, description = "workspace_find_not_unique, workspace_find_not_found, idempotency_in_progress", body = ErrorBody),
         (status = 410, description = "workspace_run_ended", body = ErrorBody),
+        (status = 413, description = "file_too_large: the body passed 70 MiB (detail.max_bytes); refused as it passed, nothing ran", body = ErrorBody),
         (status = 422, description = "idempotency_key_reused", body = ErrorBody),
+        (status = 503, description = "unavailable: too many unverified bodies being read at once, or the catalog did not answer; Retry-After says when to retry", body = ErrorBody),
     )
 )]
 async fn dispatch(
@@ -163,9 +142,14 @@ async fn dispatch(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = axum::body::to_bytes(body, MAX_BODY_BYTES)
-        .await
-        .map_err(|_| invalid(format!("the body is larger than {MAX_BODY_BYTES} bytes")))?;
+    // Everything the headers alone can refuse is refused before a byte of the body is read.
+    let now_s = plinth_kit::clock::now_ms() / 1000;
+    let signed = SignatureHeader::parse(header(&headers, "novo-signature"), now_s)?;
+    let declared = header(&headers, http_header::CONTENT_LENGTH.as_str())
+        .and_then(|length| length.trim().parse::<u64>().ok());
+    if declared.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
+        return Err(signature::too_large(MAX_BODY_BYTES));
+    }
     let found = state
         .adapters()
         .get_adapter_credentials(pb::GetAdapterCredentialsRequest { id: id.clone() })
@@ -179,15 +163,28 @@ async fn dispatch(
         )
         .into());
     }
-    let now_s = plinth_kit::clock::now_ms() / 1000;
-    verify(
-        header(&headers, "novo-signature"),
-        &body,
-        &[&found.current, &found.previous],
-        now_s,
-    )?;
+    // Anyone who knows the URL can send a body that looks signed; only so many are read at once.
+    let Ok(reading) = state.novo.unverified_bodies.clone().try_acquire_owned() else {
+        metrics::counter!("plinth_gateway_refused_total", "reason" => "novo_unverified_bodies")
+            .increment(1);
+        return Err(error::retry_after(
+            ErrorCode::Unavailable,
+            "too many unverified calls are being received at once; retry shortly",
+            1,
+        ));
+    };
+    let verified = signature::read_verified(
+        body,
+        &signed,
+        &[found.current.as_bytes(), found.previous.as_bytes()],
+        MAX_BODY_BYTES,
+        state.novo.body_deadline,
+    )
+    .await?;
+    drop(reading);
 
     // Signed: from here on the body is trusted to be Novo's.
+    let body = verified.body.clone();
     let call: Value = serde_json::from_slice(&body)
         .map_err(|error| invalid(format!("the body is not JSON: {error}")))?;
     let method = call
@@ -195,6 +192,24 @@ async fn dispatch(
         .and_then(Value::as_str)
         .ok_or_else(|| invalid("method: required, a string"))?
         .to_owned();
+    // Once per signed request: the same bytes again are a replay, unless they are the same
+    // idempotent call retried, which idempotency answers below without running it again.
+    let arrival = Arrival {
+        adapter: &adapter.id,
+        signature: verified.signature,
+        at: signed.at,
+        run: header(&headers, "novo-run-id").unwrap_or_default(),
+        request: header(&headers, "novo-request-id").unwrap_or_default(),
+        idempotent: MUTATING.contains(&method.as_str()),
+    };
+    let admitted = state
+        .novo
+        .replays
+        .admit(&arrival, plinth_kit::clock::now_ms() / 1000)?;
+    if admitted == Admission::Retry {
+        tracing::info!(adapter = %adapter.id, "a signed call arrived again; answered by its Novo-Request-Id");
+    }
+    drop(verified);
     if header(&headers, "novo-workspace-method") != Some(method.as_str()) {
         return Err(invalid(format!(
             "Novo-Workspace-Method must agree with the body's method ({method:?})"
@@ -889,40 +904,5 @@ pub async fn end_idle_runs(
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn signatures_are_checked_over_the_raw_body() {
-        let body = br#"{"method":"readFile","args":{"path":"a"}}"#;
-        let t = "1796040000";
-        let good = sign(b"secret-0123456789", t, body);
-        let header = format!("t={t},v0=zzz,v1=00ff,v1={good}");
-        assert!(verify(Some(&header), body, &["secret-0123456789"], 1_796_040_100).is_ok());
-        assert!(verify(Some(&header), body, &["other-secret-000000"], 1_796_040_100).is_err());
-        assert!(
-            verify(
-                Some(&header),
-                &body[1..],
-                &["secret-0123456789"],
-                1_796_040_100
-            )
-            .is_err()
-        );
-        assert!(verify(Some(&header), body, &["secret-0123456789"], 1_796_040_301).is_err());
-        assert!(
-            verify(
-                Some(&format!("t={t},v0={good}")),
-                body,
-                &["secret-0123456789"],
-                1_796_040_000
-            )
-            .is_err()
-        );
-        assert!(verify(None, body, &["secret-0123456789"], 1_796_040_000).is_err());
     }
 }

@@ -939,7 +939,7 @@ fn file_path(
     tag = "sessions",
     params(("id" = String, Path, description = "The session's id"), ("path" = String, Path, description = "Relative to the working directory")),
     responses(
-        (status = 200, description = "The file's bytes", content_type = "application/octet-stream"),
+        (status = 200, description = "The file's bytes, never to be sniffed (`X-Content-Type-Options: nosniff`); HTML, SVG, JavaScript, XHTML and XML come as `Content-Disposition: attachment`", content_type = "application/octet-stream"),
         (status = 400, description = "environment_invalid: a bad path, or a directory", body = ErrorBody),
         (status = 404, description = "not_found", body = ErrorBody),
         (status = 413, description = "file_too_large", body = ErrorBody),
@@ -973,11 +973,13 @@ async fn read_file(
     )
     .await?;
     let mime = mime_guess::from_path(&path.path).first_or_octet_stream();
-    Ok((
+    let mut response = (
         [(header::CONTENT_TYPE, mime.essence_str().to_owned())],
         content,
     )
-        .into_response())
+        .into_response();
+    crate::downloads::mark(response.headers_mut(), &path.path);
+    Ok(response)
 }
 
 /// Write a file of the session's working directory (parents made).

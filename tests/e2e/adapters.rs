@@ -35,7 +35,8 @@ async fn create(server: &Server, token: &str, body: Value) -> (u16, Value) {
 
 #[tokio::test]
 async fn adapters_show_their_credential_once_and_stay_in_their_scope() {
-    let server = Server::start_with(&["--tokens", "tok-acme=acme,tok-globex=globex"]).await;
+    let server =
+        Server::start_with_tokens(&[("tok-acme", "acme"), ("tok-globex", "globex")], &[]).await;
     let env = environment(&server, ACME, "Adapter Studio").await;
     let other = environment(&server, GLOBEX, "Other Studio").await;
 

@@ -11,20 +11,31 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Server, assert_error, send};
 
-struct Builder(CatalogServiceClient<tonic::transport::Channel>);
+/// The test as a builder, over the catalog's builder protocol.
+pub(crate) struct Builder(Catalog);
+
+type Catalog = CatalogServiceClient<
+    tonic::service::interceptor::InterceptedService<
+        tonic::transport::Channel,
+        plinth_kit::grpc::ClientInterceptor,
+    >,
+>;
 
 impl Builder {
-    async fn connect(server: &Server) -> Self {
+    pub(crate) async fn connect(server: &Server) -> Self {
         let channel =
             tonic::transport::Endpoint::from_shared(format!("http://{}", server.catalog_addr()))
                 .expect("url")
                 .connect()
                 .await
                 .expect("connect");
-        Builder(CatalogServiceClient::new(channel))
+        Builder(CatalogServiceClient::with_interceptor(
+            channel,
+            server.interceptor(plinth_kit::auth::Role::Builder),
+        ))
     }
 
-    async fn claim(&mut self) -> pb::BuildClaim {
+    pub(crate) async fn claim(&mut self) -> pb::BuildClaim {
         self.0
             .claim_build(pb::ClaimBuildRequest {
                 builder: "test".into(),
@@ -36,7 +47,7 @@ impl Builder {
             .expect("a queued build")
     }
 
-    async fn log(&mut self, claim: &pb::BuildClaim, text: &str) {
+    pub(crate) async fn log(&mut self, claim: &pb::BuildClaim, text: &str) {
         self.0
             .append_build_log(pb::AppendBuildLogRequest {
                 lease_token: claim.lease_token.clone(),
@@ -46,7 +57,7 @@ impl Builder {
             .expect("log");
     }
 
-    async fn finish(
+    pub(crate) async fn finish(
         &mut self,
         claim: &pb::BuildClaim,
         outcome: pb::complete_build_request::Outcome,
@@ -61,7 +72,7 @@ impl Builder {
     }
 }
 
-fn ready(layer: &str) -> pb::complete_build_request::Outcome {
+pub(crate) fn ready(layer: &str) -> pb::complete_build_request::Outcome {
     pb::complete_build_request::Outcome::Ready(pb::BuildReady {
         layer_tree: layer.into(),
         packages: vec![pb::Package {
@@ -206,7 +217,7 @@ async fn builds_queue_run_fail_activate_and_roll_back_by_the_rules() {
 async fn a_waiting_claim_is_handed_a_build_queued_meanwhile() {
     let server = Server::start_with(&["--builders", "0"]).await;
     let builder = Builder::connect(&server).await;
-    let ask = |mut client: CatalogServiceClient<tonic::transport::Channel>| async move {
+    let ask = |mut client: Catalog| async move {
         client
             .claim_build(pb::ClaimBuildRequest {
                 builder: "test".into(),

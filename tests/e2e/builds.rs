@@ -269,15 +269,18 @@ async fn server_layer(server: &Server, id: &str) -> Digest {
             .connect()
             .await
             .expect("connect");
-    let build = pb::catalog_service_client::CatalogServiceClient::new(channel)
-        .get_build(pb::GetBuildRequest {
-            scope: "default".into(),
-            id: id.into(),
-            version: 1,
-        })
-        .await
-        .expect("build")
-        .into_inner();
+    let build = pb::catalog_service_client::CatalogServiceClient::with_interceptor(
+        channel,
+        server.interceptor(plinth_kit::auth::Role::Gateway),
+    )
+    .get_build(pb::GetBuildRequest {
+        scope: "default".into(),
+        id: id.into(),
+        version: 1,
+    })
+    .await
+    .expect("build")
+    .into_inner();
     build.layer_tree.parse().expect("layer digest")
 }
 

@@ -345,7 +345,8 @@ async fn ids_that_cannot_exist_are_not_found() {
 
 #[tokio::test]
 async fn tokens_define_scopes_and_other_scopes_do_not_exist() {
-    let server = Server::start_with(&["--tokens", "tok-acme=acme,tok-globex=globex"]).await;
+    let server =
+        Server::start_with_tokens(&[("tok-acme", "acme"), ("tok-globex", "globex")], &[]).await;
     let authed = |method: reqwest::Method, path: &str, token: &str| {
         server
             .client
@@ -590,7 +591,10 @@ async fn a_gateway_whose_catalog_is_down_answers_unavailable_and_not_ready() {
     let plinth::args::Command::Gateway(args) = &cli.command else {
         unreachable!()
     };
-    let config = plinth::config::Config::for_gateway(args).expect("config");
+    let mut config = plinth::config::Config::for_gateway(args).expect("config");
+    config.internal.credential = Some(plinth_kit::config::Secret::new(
+        crate::credentials::shared().token(plinth_kit::auth::Role::Gateway),
+    ));
     let running = plinth::serve::start_gateway(&config).await.expect("start");
     let base = format!("http://{}", running.http_addr);
     let client = crate::helpers::http_client();

@@ -285,7 +285,7 @@ async fn paths_that_escape_or_are_malformed_are_refused_on_every_endpoint() {
 
 #[tokio::test]
 async fn files_of_another_scope_or_a_missing_environment_do_not_exist() {
-    let server = Server::start_with(&["--tokens", "tok-a=acme,tok-b=globex"]).await;
+    let server = Server::start_with_tokens(&[("tok-a", "acme"), ("tok-b", "globex")], &[]).await;
     let (_, created) = send(
         server
             .client

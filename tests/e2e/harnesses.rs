@@ -222,7 +222,8 @@ async fn the_harness_lifecycle_gives_the_documented_answers() {
 
 #[tokio::test]
 async fn a_harness_write_must_name_an_environment_of_the_callers_scope() {
-    let server = Server::start_with(&["--tokens", "tok-acme=acme,tok-globex=globex"]).await;
+    let server =
+        Server::start_with_tokens(&[("tok-acme", "acme"), ("tok-globex", "globex")], &[]).await;
     let acme = Client::with_token(&server, "tok-acme");
     let globex = Client::with_token(&server, "tok-globex");
     let mine = acme.environment("Studio").await;
@@ -259,7 +260,8 @@ async fn a_harness_write_must_name_an_environment_of_the_callers_scope() {
 
 #[tokio::test]
 async fn another_scopes_harness_is_not_found() {
-    let server = Server::start_with(&["--tokens", "tok-acme=acme,tok-globex=globex"]).await;
+    let server =
+        Server::start_with_tokens(&[("tok-acme", "acme"), ("tok-globex", "globex")], &[]).await;
     let acme = Client::with_token(&server, "tok-acme");
     let globex = Client::with_token(&server, "tok-globex");
     let mine = acme.environment("Studio").await;

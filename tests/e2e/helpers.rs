@@ -25,6 +25,23 @@ impl Server {
         Self::start_in(tempfile::tempdir().expect("temp dir"), flags).await
     }
 
+    /// `plinth serve` with these client tokens (`(token, scope)`) in its config file, as they
+    /// must be given (never on the command line), and these flags added.
+    pub async fn start_with_tokens(tokens: &[(&str, &str)], flags: &[&str]) -> Self {
+        Self::start_with_config(&tokens_toml(tokens), flags).await
+    }
+
+    /// `plinth serve` with this config file (kept in its data directory) and these flags.
+    pub async fn start_with_config(toml: &str, flags: &[&str]) -> Self {
+        let data_dir = tempfile::tempdir().expect("temp dir");
+        let file = data_dir.path().join("plinth.toml");
+        std::fs::write(&file, toml).expect("config file");
+        let file = file.to_str().expect("utf-8").to_owned();
+        let mut all = vec!["--config", file.as_str()];
+        all.extend_from_slice(flags);
+        Self::start_in(data_dir, &all).await
+    }
+
     /// `plinth serve` on this data directory (one a stopped server used, say), with these
     /// flags added.
     pub async fn start_in(data_dir: tempfile::TempDir, flags: &[&str]) -> Self {
@@ -53,6 +70,23 @@ impl Server {
             running: Some(running),
             _data_dir: data_dir,
         }
+    }
+
+    /// A client interceptor that calls the in-process services with the credential `serve`
+    /// made for `role` (its gateway's, builders' or node's).
+    pub fn interceptor(&self, role: plinth_kit::auth::Role) -> plinth_kit::grpc::ClientInterceptor {
+        let credentials = self
+            .running
+            .as_ref()
+            .and_then(|running| running.credentials.as_ref())
+            .expect("serve's credentials");
+        let internal = match role {
+            plinth_kit::auth::Role::Gateway => &credentials.gateway,
+            plinth_kit::auth::Role::Builder => &credentials.builder,
+            plinth_kit::auth::Role::Node => &credentials.node,
+            plinth_kit::auth::Role::Observer => panic!("serve makes no observer credential"),
+        };
+        internal.interceptor("test").expect("a credential")
     }
 
     /// Where the in-process node agent serves gRPC.
@@ -137,6 +171,14 @@ pub fn seal_key_file(dir: &std::path::Path) -> std::path::PathBuf {
     std::fs::write(&path, format!("{SEAL_KEY}\n")).expect("seal key file");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("mode");
     path
+}
+
+/// `[[gateway.tokens]]` entries for these `(token, scope)` pairs.
+pub fn tokens_toml(tokens: &[(&str, &str)]) -> String {
+    tokens
+        .iter()
+        .map(|(token, scope)| format!("[[gateway.tokens]]\ntoken = {token:?}\nscope = {scope:?}\n"))
+        .collect()
 }
 
 /// Where the node of a `serve` on `data_dir` keeps a session's working directory on the host

@@ -8,6 +8,7 @@ mod build_rules;
 mod build_sandbox;
 mod builds;
 mod credentials;
+mod edge;
 mod environments;
 mod files;
 mod first_run;

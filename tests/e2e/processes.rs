@@ -33,18 +33,25 @@ pub(crate) fn free_port() -> SocketAddr {
 }
 
 fn plinth(args: &[&str], credentials: &Credentials) -> Process {
+    plinth_with_tokens(args, credentials, None)
+}
+
+/// `plinth` with client tokens in `PLINTH_TOKENS` (as `token=scope,…`), never on its command
+/// line.
+fn plinth_with_tokens(args: &[&str], credentials: &Credentials, tokens: Option<&str>) -> Process {
     let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
     crate::credentials::apply(&mut command, credentials, args[0]);
-    let child = command
+    command
         .args(args)
         .env("PLINTH_LOG", "warn")
         .env_remove("PLINTH_TOKENS")
         .env_remove("PLINTH_CONFIG")
         .env("PLINTH_SEAL_KEY", crate::helpers::SEAL_KEY)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn plinth");
-    Process(child)
+        .stdin(Stdio::null());
+    if let Some(tokens) = tokens {
+        command.env("PLINTH_TOKENS", tokens);
+    }
+    Process(command.spawn().expect("spawn plinth"))
 }
 
 pub(crate) async fn wait_until_ready(client: &reqwest::Client, url: &str, process: &mut Process) {
@@ -118,7 +125,7 @@ impl Deployment<'_> {
         )
         .await;
         let source_url = format!("http://{source}");
-        let mut gateway = plinth(
+        let mut gateway = plinth_with_tokens(
             &[
                 "gateway",
                 "--listen",
@@ -127,10 +134,9 @@ impl Deployment<'_> {
                 &catalog_url,
                 "--source-url",
                 &source_url,
-                "--tokens",
-                "tok-acme=acme",
             ],
             self.credentials,
+            Some("tok-acme=acme"),
         );
         wait_until_ready(client, &format!("http://{http}/readyz"), &mut gateway).await;
         (catalog, source_service, gateway)
@@ -232,6 +238,16 @@ async fn catalog_source_and_gateway_as_processes_over_grpc_on_postgres() {
         health.into_inner().status(),
         tonic_health::pb::health_check_response::ServingStatus::Serving
     );
+
+    // Every RPC of the split catalog and source service, as every role.
+    crate::grpc_surface::assert_every_rpc_answers_only_its_roles(
+        &credentials,
+        &[
+            ("/plinth.catalog.", grpc),
+            ("/plinth.source.", deployment.source),
+        ],
+    )
+    .await;
 
     // Each process serves its own metrics, to a caller with a credential; `/readyz` says
     // whether it is ready to anyone.

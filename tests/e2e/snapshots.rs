@@ -30,9 +30,16 @@ async fn a_snapshot_freezes_the_source_and_later_writes_do_not_change_it() {
     send(put("bin/run.sh", "#!/bin/sh\n")).await;
     send(put("data/a.txt", "a")).await;
 
-    let mut source = SourceServiceClient::connect(format!("http://{}", server.source_addr()))
-        .await
-        .expect("connect");
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", server.source_addr()))
+            .expect("url")
+            .connect()
+            .await
+            .expect("connect");
+    let mut source = SourceServiceClient::with_interceptor(
+        channel,
+        server.interceptor(plinth_kit::auth::Role::Gateway),
+    );
     let first = source
         .snapshot(SnapshotRequest {
             environment_id: id.clone(),

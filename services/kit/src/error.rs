@@ -67,11 +67,14 @@ pub enum ErrorCode {
     IdempotencyKeyReused,
     /// The first request with this idempotency key is still running.
     IdempotencyInProgress,
+    /// The caller sent more requests than its rate allows; `detail.retry_after_seconds` (and
+    /// the `Retry-After` header) say when to try again.
+    RateLimited,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::EnvironmentInvalid,
         ErrorCode::InvalidRequest,
         ErrorCode::EnvironmentNotFound,
@@ -95,6 +98,7 @@ impl ErrorCode {
         ErrorCode::WorkspaceRunEnded,
         ErrorCode::IdempotencyKeyReused,
         ErrorCode::IdempotencyInProgress,
+        ErrorCode::RateLimited,
     ];
 
     /// The code as it appears on the wire.
@@ -123,6 +127,7 @@ impl ErrorCode {
             ErrorCode::WorkspaceRunEnded => "workspace_run_ended",
             ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
             ErrorCode::IdempotencyInProgress => "idempotency_in_progress",
+            ErrorCode::RateLimited => "rate_limited",
         }
     }
 
@@ -153,6 +158,7 @@ impl ErrorCode {
             ErrorCode::WorkspaceRunEnded => 410,
             ErrorCode::IdempotencyKeyReused => 422,
             ErrorCode::FileTooLarge => 413,
+            ErrorCode::RateLimited => 429,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Unavailable => 503,
@@ -183,6 +189,7 @@ impl ErrorCode {
                 tonic::Code::FailedPrecondition
             }
             ErrorCode::FileTooLarge => tonic::Code::OutOfRange,
+            ErrorCode::RateLimited => tonic::Code::ResourceExhausted,
             ErrorCode::Unauthenticated => tonic::Code::Unauthenticated,
             ErrorCode::MethodNotAllowed => tonic::Code::Unimplemented,
             ErrorCode::Unavailable => tonic::Code::Unavailable,

@@ -5,6 +5,7 @@
 
 mod idempotency;
 mod methods;
+mod verification;
 
 use std::time::Duration;
 
@@ -88,10 +89,14 @@ impl Novo {
         format!("t={t},v1={}", sign(secret, t, body))
     }
 
-    /// A signed call with this request id.
+    /// A signed call with this request id. Each tool call is its own signed request (the
+    /// gateway refuses the same one twice), so the body names the call; a retry with the same
+    /// id is the same request again.
     pub async fn keyed(&self, method: &str, args: Value, key: &str) -> (u16, Value) {
-        let body = serde_json::to_vec(&json!({"method": method, "args": args, "options": {}}))
-            .expect("json");
+        let body = serde_json::to_vec(
+            &json!({"method": method, "args": args, "options": {"callId": key}}),
+        )
+        .expect("json");
         let signature = Self::signature(&self.secret, &body);
         self.raw(method, body, Some(signature), key).await
     }

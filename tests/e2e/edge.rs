@@ -1,0 +1,405 @@
+//! The gateway's own limits as a client meets them: one token past its rate is refused with
+//! `429 rate_limited` and `Retry-After` while another token is served; streamed answers and
+//! commands outlive the request deadline; downloads a browser would run come as attachments,
+//! and none is sniffed; client tokens come from the config file or the environment only, once
+//! each.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::build_rules::{Builder, ready};
+use crate::helpers::{
+    Server, assert_error, built_environment, json as read_json, put_file, send, start_session_with,
+    tokens_toml,
+};
+
+const ACME: &str = "tok-acme-edge";
+const GLOBEX: &str = "tok-globex-edge";
+
+#[tokio::test]
+async fn one_token_past_its_rate_is_refused_while_another_is_served() {
+    let config = format!(
+        "{}[gateway]\nrate_limit_per_second = 1\nrate_limit_burst = 3\n",
+        tokens_toml(&[(ACME, "acme"), (GLOBEX, "globex")])
+    );
+    let server = Server::start_with_config(&config, &[]).await;
+    let list = |token: &'static str| {
+        server
+            .client
+            .get(server.url("/v1/environments"))
+            .bearer_auth(token)
+            .send()
+    };
+
+    // Acme spends its burst, all at once.
+    let burst = futures::future::join_all((0..3).map(|_| list(ACME))).await;
+    for response in burst {
+        assert_eq!(response.expect("request").status(), 200);
+    }
+    // The next is refused, and in the same moment Globex is served.
+    let (refused, served) = tokio::join!(list(ACME), list(GLOBEX));
+    let refused = refused.expect("request");
+    let retry_after = refused
+        .headers()
+        .get("retry-after")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok())
+        .expect("Retry-After in whole seconds");
+    let (status, body) = read_json(refused).await;
+    assert_error(status, &body, 429, "rate_limited");
+    assert_eq!(body["error"]["detail"]["retry_after_seconds"], retry_after);
+    assert!((1..=2).contains(&retry_after), "{retry_after}");
+    let (status, listed) = read_json(served.expect("request")).await;
+    assert_eq!(status, 200, "{listed}");
+    // A request with no token, or an unknown one, is refused for that, not counted.
+    let (status, body) = send(server.client.get(server.url("/v1/environments"))).await;
+    assert_error(status, &body, 401, "unauthenticated");
+    let (status, body) = send(
+        server
+            .client
+            .get(server.url("/v1/environments"))
+            .bearer_auth("tok-unknown"),
+    )
+    .await;
+    assert_error(status, &body, 401, "unauthenticated");
+    // After the wait it names, Acme is served again.
+    tokio::time::sleep(Duration::from_secs(retry_after)).await;
+    let (status, listed) = read_json(list(ACME).await.expect("request")).await;
+    assert_eq!(status, 200, "{listed}");
+
+    // The API's description says so, for every operation a token calls.
+    let (status, doc) = send(server.client.get(server.url("/openapi.json"))).await;
+    assert_eq!(status, 200);
+    for (path, method) in [
+        ("/v1/environments", "get"),
+        ("/v1/environments/{id}/files/{path}", "put"),
+        ("/v1/sessions/{id}/exec", "post"),
+    ] {
+        let refused = &doc["paths"][path][method]["responses"]["429"];
+        assert!(
+            refused["description"]
+                .as_str()
+                .is_some_and(|text| text.contains("rate_limited")),
+            "{method} {path}: {refused}"
+        );
+        assert!(refused["headers"].get("Retry-After").is_some(), "{refused}");
+    }
+    assert!(
+        doc["paths"]["/v1/workspace-adapters/{id}/novo"]["post"]["responses"]
+            .get("429")
+            .is_none(),
+        "Novo calls with its signature, not a client token"
+    );
+    assert!(
+        doc["components"]["schemas"]["ErrorObject"]["properties"]["code"]["description"]
+            .as_str()
+            .is_some_and(|text| text.contains("rate_limited")),
+        "the error codes listed in the schema name it"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_followed_build_log_outlives_the_request_deadline() {
+    let server = Server::start_with(&["--builders", "0", "--request-timeout-seconds", "1"]).await;
+    let mut builder = Builder::connect(&server).await;
+    let (status, created) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .json(&json!({"name": "Slow Build"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().expect("id");
+    let (status, queued) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/environments/{id}/build"))),
+    )
+    .await;
+    assert_eq!(status, 202, "{queued}");
+    let claim = builder.claim().await;
+    builder.log(&claim, "resolving\n").await;
+    let follower = {
+        let (client, url) = (
+            server.client.clone(),
+            server.url(&format!("/v1/environments/{id}/builds/1/log?follow=true")),
+        );
+        tokio::spawn(async move {
+            let response = client.get(url).send().await.expect("request");
+            (response.status().as_u16(), response.text().await)
+        })
+    };
+    // Three times the deadline: the stream goes on.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    builder.log(&claim, "installing\n").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    builder.log(&claim, "done\n").await;
+    builder.finish(&claim, ready("sha256:slow")).await;
+    let (status, text) = tokio::time::timeout(Duration::from_secs(20), follower)
+        .await
+        .expect("the stream ends with the build")
+        .expect("task");
+    assert_eq!(status, 200);
+    assert_eq!(
+        text.expect("the whole stream"),
+        "resolving\ninstalling\ndone\n"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn commands_and_their_streams_outlive_the_request_deadline() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&[
+        "--builder-network",
+        "false",
+        "--request-timeout-seconds",
+        "1",
+    ])
+    .await;
+    let id = built_environment(&server, "Deadline Studio", Duration::from_secs(180)).await;
+    let session = start_session_with(&server, json!({"environment": id})).await;
+    let session = session["id"].as_str().expect("id");
+    let exec = |stream: bool| {
+        server
+            .client
+            .post(server.url(&format!(
+                "/v1/sessions/{session}/exec{}",
+                if stream { "?stream=true" } else { "" }
+            )))
+            .json(&json!({"command": "sleep 2.5; echo finished", "timeout_ms": 30_000}))
+            .send()
+    };
+    let (status, ran) = read_json(exec(false).await.expect("exec")).await;
+    assert_eq!(status, 200, "{ran}");
+    assert_eq!(ran["stdout"], "finished\n", "{ran}");
+    let streamed = exec(true).await.expect("exec");
+    assert_eq!(streamed.status(), 200);
+    let text = streamed.text().await.expect("the whole stream");
+    let events: Vec<Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("an event"))
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|event| event["stdout"].as_str() == Some("finished\n")),
+        "{text}"
+    );
+    assert_eq!(events.last().expect("a result")["exit_code"], 0, "{text}");
+    server.stop().await;
+}
+
+/// The download headers of one answer: content type, `X-Content-Type-Options`,
+/// `Content-Disposition`.
+type DownloadHeaders = (String, String, Option<String>);
+
+fn download_headers(response: &reqwest::Response) -> DownloadHeaders {
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+    };
+    (
+        header("content-type").unwrap_or_default(),
+        header("x-content-type-options").unwrap_or_default(),
+        header("content-disposition"),
+    )
+}
+
+/// What a browser would run, with script in it.
+const PAGE: &str = "<html><body><script>fetch('/v1/environments')</script></body></html>\n";
+const DRAWING: &str = "<svg xmlns=\"http://www.w3.org/2000/svg\"><script>alert(1)</script></svg>\n";
+const NOTES: &str = "<script>not run: plain text</script>\n";
+
+fn assert_downloads(answers: &[(&str, DownloadHeaders)]) {
+    for (name, (content_type, nosniff, disposition)) in answers {
+        assert_eq!(nosniff, "nosniff", "{name}");
+        match *name {
+            "index.html" | "logo.svg" => {
+                let disposition = disposition.as_deref().unwrap_or_default();
+                assert!(
+                    disposition.starts_with("attachment")
+                        && disposition.contains(&format!("filename=\"{name}\"")),
+                    "{name}: {disposition:?}"
+                );
+            }
+            _ => {
+                assert_eq!(content_type, "text/plain", "{name}");
+                assert_eq!(disposition, &None, "{name}: shown, as text");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn downloads_a_browser_would_run_are_attachments_and_none_is_sniffed() {
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let (status, created) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .json(&json!({"name": "Download Studio"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().expect("id").to_owned();
+    let files = [
+        ("index.html", PAGE),
+        ("logo.svg", DRAWING),
+        ("notes.txt", NOTES),
+    ];
+    for (name, content) in files {
+        put_file(&server, &id, &format!("site/{name}"), content).await;
+    }
+    let mut answers = Vec::new();
+    for (name, content) in files {
+        let response = server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}/files/site/{name}")))
+            .send()
+            .await
+            .expect("download");
+        assert_eq!(response.status(), 200);
+        let headers = download_headers(&response);
+        assert_eq!(response.text().await.expect("bytes"), content, "unchanged");
+        answers.push((name, headers));
+    }
+    assert_eq!(answers[0].1.0, "text/html");
+    assert_eq!(answers[1].1.0, "image/svg+xml");
+    assert_downloads(&answers);
+
+    // The same from a session's working directory.
+    if crate::helpers::can_build() {
+        put_file(&server, &id, "run.py", "print('hi')\n").await;
+        crate::helpers::build_ready(&server, &id, 1, Duration::from_secs(180)).await;
+        let session = start_session_with(&server, json!({"environment": id})).await;
+        let session = session["id"].as_str().expect("id");
+        let mut answers = Vec::new();
+        for (name, content) in files {
+            let url = server.url(&format!("/v1/sessions/{session}/files/out/{name}"));
+            let (status, wrote) = send(server.client.put(&url).body(content)).await;
+            assert_eq!(status, 200, "{wrote}");
+            let response = server.client.get(&url).send().await.expect("download");
+            assert_eq!(response.status(), 200);
+            let headers = download_headers(&response);
+            assert_eq!(response.text().await.expect("bytes"), content);
+            answers.push((name, headers));
+        }
+        assert_downloads(&answers);
+    }
+    server.stop().await;
+}
+
+/// `plinth serve` with these arguments and environment, expected to stop at start-up: its
+/// exit status and what it said.
+fn refused_start(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let data = tempfile::tempdir().expect("data dir");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
+    command
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data.path())
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .env_remove("PLINTH_CONFIG")
+        .env_remove("PLINTH_TOKENS")
+        .env("PLINTH_LOG", "warn")
+        .stdin(Stdio::null());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let output = command.output().expect("run plinth serve");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), said)
+}
+
+#[tokio::test]
+async fn client_tokens_come_from_the_config_file_or_the_environment_once_each() {
+    // On the command line: refused, saying where tokens go instead, without echoing it.
+    let (ok, said) = refused_start(&["--tokens", "tok-in-argv=acme", "--dump-config"], &[]);
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains("--tokens is refused")
+            && said.contains("[[gateway.tokens]]")
+            && said.contains("PLINTH_TOKENS"),
+        "{said}"
+    );
+    assert!(!said.contains("tok-in-argv"), "{said}");
+
+    // The same token twice in the file: start-up stops and names the entries, not the token.
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("plinth.toml");
+    std::fs::write(
+        &file,
+        tokens_toml(&[
+            ("tok-listed-twice", "acme"),
+            ("tok-other", "initech"),
+            ("tok-listed-twice", "globex"),
+        ]),
+    )
+    .expect("config");
+    let path = file.to_str().expect("utf-8");
+    let (ok, said) = refused_start(&["--config", path, "--dump-config"], &[]);
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains("gateway.tokens: entries 1 (scope \"acme\") and 3 (scope \"globex\") have the same token"),
+        "{said}"
+    );
+    assert!(!said.contains("tok-listed-twice"), "{said}");
+
+    // From the environment, with the edge limits: taken, and shown (token redacted).
+    let (ok, dumped) = refused_start(
+        &["--dump-config"],
+        &[
+            ("PLINTH_TOKENS", "tok-from-env=acme"),
+            ("PLINTH_RATE_LIMIT_PER_SECOND", "7"),
+            ("PLINTH_RATE_LIMIT_BURST", "9"),
+            ("PLINTH_REQUEST_TIMEOUT_SECONDS", "45"),
+            ("PLINTH_MAX_CONCURRENT_REQUESTS", "64"),
+            ("PLINTH_ADAPTER_MAX_UNVERIFIED_BODIES", "2"),
+        ],
+    );
+    assert!(ok, "{dumped}");
+    for line in [
+        "scope = \"acme\"",
+        "rate_limit_per_second = 7",
+        "rate_limit_burst = 9",
+        "request_timeout_seconds = 45",
+        "max_concurrent_requests = 64",
+        "adapter_max_unverified_bodies = 2",
+    ] {
+        assert!(dumped.contains(line), "{line} not in:\n{dumped}");
+    }
+    assert!(!dumped.contains("tok-from-env"), "{dumped}");
+    let (ok, said) = refused_start(
+        &["--dump-config"],
+        &[("PLINTH_TOKENS", "tok-a=acme,tok-a=globex")],
+    );
+    assert!(!ok, "{said}");
+    assert!(said.contains("PLINTH_TOKENS: entries 1"), "{said}");
+
+    // And a server with tokens from its file serves them.
+    let server = Server::start_with_tokens(&[(ACME, "acme")], &[]).await;
+    let (status, listed) = send(
+        server
+            .client
+            .get(server.url("/v1/environments"))
+            .bearer_auth(ACME),
+    )
+    .await;
+    assert_eq!(status, 200, "{listed}");
+    server.stop().await;
+}
