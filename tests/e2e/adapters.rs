@@ -282,7 +282,12 @@ async fn brain_status(server: &Server, id: &str, token: &str, sequence: u64) -> 
 /// nothing (the environment has no build): past the check it is refused for that, before it
 /// as `401 unauthenticated`.
 async fn novo_accepts(server: &Server, id: &str, secret: &str) -> bool {
-    let body = serde_json::to_vec(&json!({"method": "listFiles", "args": {}})).expect("json");
+    // Each call its own body (a byte-identical signed call is a replay).
+    let call = crate::novo::request_id();
+    let body = serde_json::to_vec(
+        &json!({"method": "listFiles", "args": {}, "options": {"callId": call}}),
+    )
+    .expect("json");
     let t = crate::novo::now();
     let (status, answer) = send(
         server
@@ -308,7 +313,7 @@ async fn novo_accepts(server: &Server, id: &str, secret: &str) -> bool {
 
 #[tokio::test]
 async fn a_rotation_without_grace_revokes_the_old_credential_at_once() {
-    let server = Server::start_with(&["--tokens", "tok-acme=acme"]).await;
+    let server = Server::start_with_tokens(&[("tok-acme", "acme")], &[]).await;
     let env = environment(&server, ACME, "Rotated Studio").await;
 
     // Brain: the old token works until the rotation, and not one call after it.
@@ -408,7 +413,7 @@ async fn a_rotation_without_grace_revokes_the_old_credential_at_once() {
 
 #[tokio::test]
 async fn callback_origins_are_checked_normalised_shown_and_updated() {
-    let server = Server::start_with(&["--tokens", "tok-acme=acme,tok-globex=globex"]).await;
+    let server = Server::start_with_tokens(&[("tok-acme", "acme"), ("tok-globex", "globex")], &[]).await;
     let env = environment(&server, ACME, "Origins Studio").await;
     let (status, brain) = create(
         &server,
@@ -568,7 +573,7 @@ fn holds(bytes: &[u8], text: &str) -> bool {
 
 #[tokio::test]
 async fn a_copy_of_the_database_holds_no_adapter_credential_and_another_key_opens_none() {
-    let server = Server::start_with(&["--tokens", "tok-acme=acme"]).await;
+    let server = Server::start_with_tokens(&[("tok-acme", "acme")], &[]).await;
     let env = environment(&server, ACME, "Sealed Studio").await;
     let first = "env_secret_sealed_first_0123456789";
     let second = "env_secret_sealed_second_0123456789";
@@ -657,7 +662,10 @@ async fn a_copy_of_the_database_holds_no_adapter_credential_and_another_key_open
     );
 
     // With its own key again, both signatures verify as before.
-    let server = Server::start_in(data, &["--tokens", "tok-acme=acme"]).await;
+    let tokens = tempfile::tempdir().expect("dir");
+    let config = tokens.path().join("plinth.toml");
+    std::fs::write(&config, crate::helpers::tokens_toml(&[("tok-acme", "acme")])).expect("config");
+    let server = Server::start_in(data, &["--config", config.to_str().expect("utf-8")]).await;
     assert!(novo_accepts(&server, &novo_id, first).await);
     assert!(novo_accepts(&server, &novo_id, second).await);
     assert!(!novo_accepts(&server, &novo_id, "env_secret_never_given_0123456789").await);
