@@ -92,6 +92,9 @@ pub struct GitArgs {
     /// Let git imports reach loopback and private addresses (`true`/`false`).
     #[arg(long, env = "PLINTH_GIT_ALLOW_PRIVATE_ADDRESSES")]
     pub git_allow_private_addresses: Option<bool>,
+    /// Most bytes one git fetch may write; past it the fetch is stopped.
+    #[arg(long, env = "PLINTH_GIT_MAX_FETCH_BYTES")]
+    pub git_max_fetch_bytes: Option<u64>,
 }
 
 /// Who may call the REST API and what it serves: `serve` and `gateway` take these. Client

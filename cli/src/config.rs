@@ -270,6 +270,9 @@ pub struct SourceSection {
     pub git_allowed_schemes: Vec<String>,
     /// Whether git imports may reach loopback and private addresses.
     pub git_allow_private_addresses: bool,
+    /// Most bytes one git fetch may write (the pack as received); past it the fetch is
+    /// stopped and the import answered `file_too_large`.
+    pub git_max_fetch_bytes: u64,
 }
 
 impl Default for SourceSection {
@@ -287,6 +290,7 @@ impl Default for SourceSection {
             max_import_entries: limits.max_import_entries,
             git_allowed_schemes: vec!["https".to_owned()],
             git_allow_private_addresses: false,
+            git_max_fetch_bytes: plinth_source::git::DEFAULT_MAX_FETCH_BYTES,
         }
     }
 }
@@ -698,6 +702,9 @@ impl Config {
         }
         if let Some(private) = git.git_allow_private_addresses {
             self.source.git_allow_private_addresses = private;
+        }
+        if let Some(max) = git.git_max_fetch_bytes {
+            self.source.git_max_fetch_bytes = max;
         }
     }
 
@@ -1522,5 +1529,24 @@ mod tests {
             .resolve_seal_key(&|_| None, false)
             .expect_err("past a week");
         assert!(error.to_string().contains("604800"), "{error}");
+    }
+
+    #[test]
+    fn the_git_fetch_cap_has_a_default_shown_in_the_dump_and_the_file_and_flag_set_it() {
+        let config = serve(&[]).expect("config");
+        assert_eq!(config.source.git_max_fetch_bytes, 1 << 30);
+        let dumped = config.dump().expect("dump");
+        assert!(
+            dumped.contains("git_max_fetch_bytes = 1073741824"),
+            "{dumped}"
+        );
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("plinth.toml");
+        std::fs::write(&file, "[source]\ngit_max_fetch_bytes = 5000\n").expect("write");
+        let path = file.to_str().expect("utf-8");
+        let config = serve(&["--config", path]).expect("config");
+        assert_eq!(config.source.git_max_fetch_bytes, 5000);
+        let config = serve(&["--config", path, "--git-max-fetch-bytes", "7000"]).expect("config");
+        assert_eq!(config.source.git_max_fetch_bytes, 7000, "the flag wins");
     }
 }

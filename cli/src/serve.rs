@@ -877,6 +877,7 @@ fn spawn_source(
         git: GitPolicy {
             allowed_schemes: section.git_allowed_schemes.clone(),
             allow_private_addresses: section.git_allow_private_addresses,
+            max_fetch_bytes: section.git_max_fetch_bytes,
             ..GitPolicy::default()
         },
         internal: internal.clone(),

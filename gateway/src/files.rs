@@ -469,10 +469,10 @@ async fn make_directory(
     request_body(content = GitImport, description = "An archive (any content type but application/json), or this JSON naming a git repository"),
     responses(
         (status = 200, description = "What landed", body = ImportReport),
-        (status = 400, description = "environment_invalid: not an archive, an ambiguous archive (duplicate names, zip records that disagree), too many entries, a git URL that is not allowed", body = ErrorBody),
+        (status = 400, description = "environment_invalid: not an archive, an ambiguous archive (duplicate names, zip records that disagree), too many entries, a git URL that is not allowed or whose host is not public, a git server that redirected (give the final URL)", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
-        (status = 413, description = "file_too_large: the archive, its contents or one member passed a limit (detail.max_bytes); nothing was imported", body = ErrorBody),
+        (status = 413, description = "file_too_large: the archive, its contents, one member or a git fetch (source.git_max_fetch_bytes) passed a limit (detail.max_bytes); nothing was imported", body = ErrorBody),
         (status = 503, description = "unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))

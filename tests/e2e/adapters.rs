@@ -413,7 +413,8 @@ async fn a_rotation_without_grace_revokes_the_old_credential_at_once() {
 
 #[tokio::test]
 async fn callback_origins_are_checked_normalised_shown_and_updated() {
-    let server = Server::start_with_tokens(&[("tok-acme", "acme"), ("tok-globex", "globex")], &[]).await;
+    let server =
+        Server::start_with_tokens(&[("tok-acme", "acme"), ("tok-globex", "globex")], &[]).await;
     let env = environment(&server, ACME, "Origins Studio").await;
     let (status, brain) = create(
         &server,
@@ -664,7 +665,11 @@ async fn a_copy_of_the_database_holds_no_adapter_credential_and_another_key_open
     // With its own key again, both signatures verify as before.
     let tokens = tempfile::tempdir().expect("dir");
     let config = tokens.path().join("plinth.toml");
-    std::fs::write(&config, crate::helpers::tokens_toml(&[("tok-acme", "acme")])).expect("config");
+    std::fs::write(
+        &config,
+        crate::helpers::tokens_toml(&[("tok-acme", "acme")]),
+    )
+    .expect("config");
     let server = Server::start_in(data, &["--config", config.to_str().expect("utf-8")]).await;
     assert!(novo_accepts(&server, &novo_id, first).await);
     assert!(novo_accepts(&server, &novo_id, second).await);

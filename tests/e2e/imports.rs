@@ -394,6 +394,50 @@ async fn git_urls_outside_the_policy_are_refused() {
 }
 
 #[tokio::test]
+async fn a_git_repository_larger_than_the_fetch_cap_is_refused_with_the_cap() {
+    let repo = tempfile::tempdir().expect("repo");
+    let dir = repo.path();
+    git(dir, &["init", "--quiet"]);
+    // 1 MiB that does not compress, against a cap of 64 KiB.
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    let noise: Vec<u8> = (0..1 << 17)
+        .flat_map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()
+        })
+        .collect();
+    std::fs::write(dir.join("noise.bin"), noise).expect("write");
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "--quiet", "-m", "big"]);
+    let server = Server::start_with(&[
+        "--git-allowed-schemes",
+        "file",
+        "--git-allow-private-addresses",
+        "true",
+        "--git-max-fetch-bytes",
+        "65536",
+    ])
+    .await;
+    let id = environment(&server).await;
+    let (status, body) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/environments/{id}/import")))
+            .json(&json!({"git": {"url": format!("file://{}", dir.display()), "ref": "main"}})),
+    )
+    .await;
+    assert_error(status, &body, 413, "file_too_large");
+    assert_eq!(body["error"]["detail"]["max_bytes"], 65536, "{body}");
+    assert!(tree(&server, &id).await.is_empty(), "nothing was imported");
+    let scratch = server.data_dir().join("spool/git");
+    let left = std::fs::read_dir(&scratch).map_or(0, |entries| entries.count());
+    assert_eq!(left, 0, "the fetch's directory is gone");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn hostile_member_names_are_dropped_and_nothing_lands_outside_the_root() {
     let server = Server::start().await;
     let id = environment(&server).await;

@@ -4,10 +4,24 @@
 //! libgit2 cannot speak HTTPS without OpenSSL, which this project does not link; `git`
 //! itself is the reference implementation of the protocol.
 //!
-//! URLs are checked first: the scheme must be allowed (https only by default; `ext::` and
-//! friends never), and an http(s) host must not resolve to a loopback, private or link-local
-//! address unless configuration allows it.
+//! A fetch reaches what the URL names and nothing else:
+//! - the scheme must be allowed (https only by default; `ext::` and friends never);
+//! - an http(s) host is resolved once, here ([`address`]); every address must be public unless
+//!   configuration allows private ones, and `git` is told those addresses
+//!   (`http.curloptResolve`), so it never resolves the name itself (DNS rebinding);
+//! - redirects are not followed (`http.followRedirects=false`): the import fails and says so;
+//! - `git` reads no configuration but what is given here: no system or user gitconfig, no
+//!   proxy, no credential helper, nothing of the service's environment but `PATH`;
+//! - the bytes a fetch writes are watched while it runs, and past
+//!   [`GitPolicy::max_fetch_bytes`] its whole process group is killed.
+//!
+//! Fetches write into directories of their own (`scratch`), which a start of the service
+//! clears of anything a killed predecessor left.
 
+pub mod address;
+mod scratch;
+
+use std::fmt;
 use std::net::IpAddr;
 use std::path::Path;
 use std::process::Stdio;
@@ -16,23 +30,41 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use plinth_blobs::{BlobStore, Digest};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use rustix::process::{Pid, Signal};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
 use crate::archive::Limits;
 use crate::import::{ImportError, Imported};
 use crate::paths::SourcePath;
 use crate::persistence::{IndexEntry, Kind};
+use address::{Classify, Host, Pin, Resolve, SystemResolver};
+use scratch::Scratch;
+
+pub use scratch::remove_leftovers;
+
+/// The default cap on the bytes one fetch may write: 1 GiB.
+pub const DEFAULT_MAX_FETCH_BYTES: u64 = 1024 * 1024 * 1024;
+
+/// How often a running fetch's bytes are counted.
+const FETCH_WATCH_INTERVAL: Duration = Duration::from_millis(20);
 
 /// What git imports may reach.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct GitPolicy {
     /// URL schemes allowed: some of `https`, `http`, `file`.
     pub allowed_schemes: Vec<String>,
-    /// Whether hosts may resolve to loopback, private or link-local addresses.
+    /// Whether hosts may resolve to loopback, private, link-local or other addresses that are
+    /// not public.
     pub allow_private_addresses: bool,
     /// Longest a fetch may take.
     pub fetch_timeout: Duration,
+    /// Most bytes one fetch may write (the pack as received, and its index).
+    pub max_fetch_bytes: u64,
+    /// Resolves URL hosts: the system's resolver.
+    pub resolver: Arc<dyn Resolve>,
+    /// Which addresses are public: [`address::refusal`].
+    pub classify: Classify,
 }
 
 impl Default for GitPolicy {
@@ -41,7 +73,21 @@ impl Default for GitPolicy {
             allowed_schemes: vec!["https".to_owned()],
             allow_private_addresses: false,
             fetch_timeout: Duration::from_secs(300),
+            max_fetch_bytes: DEFAULT_MAX_FETCH_BYTES,
+            resolver: Arc::new(SystemResolver),
+            classify: Arc::new(address::refusal),
         }
+    }
+}
+
+impl fmt::Debug for GitPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GitPolicy")
+            .field("allowed_schemes", &self.allowed_schemes)
+            .field("allow_private_addresses", &self.allow_private_addresses)
+            .field("fetch_timeout", &self.fetch_timeout)
+            .field("max_fetch_bytes", &self.max_fetch_bytes)
+            .finish_non_exhaustive()
     }
 }
 
@@ -51,6 +97,22 @@ pub enum GitError {
     /// The URL is not allowed.
     #[error("{0}")]
     Refused(String),
+    /// The server answered with a redirect, which is never followed.
+    #[error(
+        "the server answered with a redirect (HTTP {status}), which git imports do not follow; give the repository's final URL"
+    )]
+    Redirected {
+        /// The HTTP status.
+        status: u16,
+    },
+    /// The fetch wrote more than the policy allows; it was stopped.
+    #[error(
+        "the repository's fetch passed the limit of {max} bytes (source.git_max_fetch_bytes) and was stopped; nothing was imported"
+    )]
+    TooLarge {
+        /// The limit.
+        max: u64,
+    },
     /// `git` failed.
     #[error("git failed: {0}")]
     Failed(String),
@@ -64,19 +126,67 @@ fn failed(message: impl Into<String>) -> ImportError {
     ImportError::Git(GitError::Failed(message.into()))
 }
 
-/// Checks `url` against the policy.
-pub async fn check_url(url: &str, policy: &GitPolicy) -> Result<String, ImportError> {
+/// A URL scheme git imports know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    /// `https://`.
+    Https,
+    /// `http://`.
+    Http,
+    /// `file://`, a repository on the service's own disk.
+    File,
+}
+
+impl Scheme {
+    fn parse(text: &str) -> Option<Scheme> {
+        match text {
+            "https" => Some(Scheme::Https),
+            "http" => Some(Scheme::Http),
+            "file" => Some(Scheme::File),
+            _ => None,
+        }
+    }
+
+    /// The scheme as written in URLs and in `protocol.<name>.allow`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Https => "https",
+            Scheme::Http => "http",
+            Scheme::File => "file",
+        }
+    }
+
+    fn default_port(self) -> u16 {
+        match self {
+            Scheme::Http => 80,
+            Scheme::Https | Scheme::File => 443,
+        }
+    }
+}
+
+/// A URL that passed the policy: its scheme and, when its host is a name, the addresses the
+/// name resolved to, which are all `git` may connect to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The scheme.
+    pub scheme: Scheme,
+    /// The name's checked addresses; `None` for an address literal or a `file://` URL.
+    pub pin: Option<Pin>,
+}
+
+/// Checks `url` against the policy, resolving its host (once) and checking every address.
+pub async fn check_url(url: &str, policy: &GitPolicy) -> Result<Target, ImportError> {
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(refused(format!(
             "{url:?} is not a URL with a scheme such as https://"
         )));
     };
     let scheme = scheme.to_ascii_lowercase();
-    if !matches!(scheme.as_str(), "https" | "http" | "file") {
+    let Some(known) = Scheme::parse(&scheme) else {
         return Err(refused(format!(
             "scheme {scheme:?} is never allowed; use https://"
         )));
-    }
+    };
     if !policy
         .allowed_schemes
         .iter()
@@ -90,75 +200,112 @@ pub async fn check_url(url: &str, policy: &GitPolicy) -> Result<String, ImportEr
     if url.chars().any(|c| c.is_control() || c == ' ') || url.starts_with('-') {
         return Err(refused("the URL has spaces or control characters"));
     }
-    if scheme == "file" {
-        return Ok(scheme);
+    if known == Scheme::File {
+        return Ok(Target {
+            scheme: known,
+            pin: None,
+        });
     }
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host_port = authority.rsplit('@').next().unwrap_or(authority);
-    if host_port.is_empty() {
-        return Err(refused("the URL has no host"));
+    if authority.contains('\\') {
+        return Err(refused("the URL's host part has a backslash"));
     }
-    let with_port = if host_port.starts_with('[') {
-        if host_port.contains("]:") {
-            host_port.to_owned()
-        } else {
-            format!("{host_port}:443")
+    let host_port = match authority.split_once('@') {
+        Some((_, after)) if after.contains('@') => {
+            return Err(refused("the URL's host part has more than one '@'"));
         }
-    } else if host_port.contains(':') {
-        host_port.to_owned()
-    } else {
-        format!("{host_port}:443")
+        Some((_, host_port)) => host_port,
+        None => authority,
+    };
+    let (host, port) = split_port(host_port, known.default_port())?;
+    let host = Host::parse(host).map_err(refused)?;
+    let (addresses, pin) = match host {
+        Host::Ip(ip) => (vec![ip], None),
+        Host::Name(name) => {
+            let addresses = resolve(policy, &name).await?;
+            let pin = Pin {
+                name,
+                port,
+                addresses: addresses.clone(),
+            };
+            (addresses, Some(pin))
+        }
     };
     if !policy.allow_private_addresses {
-        let addresses = tokio::net::lookup_host(with_port.as_str())
-            .await
-            .map_err(|error| refused(format!("cannot resolve {host_port}: {error}")))?;
-        for address in addresses {
-            if is_private(address.ip()) {
+        for ip in &addresses {
+            if let Some(why) = (policy.classify)(*ip) {
+                let resolved = match &pin {
+                    Some(pin) => {
+                        format!("{} resolves to an address that is not public: ", pin.name)
+                    }
+                    None => String::new(),
+                };
                 return Err(refused(format!(
-                    "{host_port} resolves to {}, a loopback, private or link-local address",
-                    address.ip()
+                    "{resolved}{why}; git imports reach public addresses only"
                 )));
             }
         }
     }
-    Ok(scheme)
+    Ok(Target { scheme: known, pin })
 }
 
-fn is_private(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || (a == 100 && (64..128).contains(&b))
+/// Splits `host[:port]` or `[v6][:port]`; a port, when written, is 1 to 65535 in digits.
+fn split_port(host_port: &str, default: u16) -> Result<(&str, u16), ImportError> {
+    let bad_port = || refused(format!("{host_port:?} does not end in a port (1 to 65535)"));
+    let (host, port) = match (host_port.starts_with('['), host_port.find(']')) {
+        (true, Some(end)) => {
+            let (host, after) = host_port.split_at(end + 1);
+            match after {
+                "" => (host, None),
+                after => (host, Some(after.strip_prefix(':').ok_or_else(bad_port)?)),
+            }
         }
-        IpAddr::V6(v6) => {
-            let first = v6.segments()[0];
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (first & 0xfe00) == 0xfc00
-                || (first & 0xffc0) == 0xfe80
-                || v6
-                    .to_ipv4_mapped()
-                    .is_some_and(|v4| is_private(IpAddr::V4(v4)))
+        // An unclosed bracket: the host is refused as it is.
+        (true, None) => (host_port, None),
+        (false, _) => match host_port.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        },
+    };
+    let port = match port {
+        None => default,
+        Some(text) => text
+            .parse::<u16>()
+            .ok()
+            .filter(|&port| port != 0 && text.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(bad_port)?,
+    };
+    Ok((host, port))
+}
+
+async fn resolve(policy: &GitPolicy, name: &str) -> Result<Vec<IpAddr>, ImportError> {
+    let answer = tokio::time::timeout(policy.fetch_timeout, policy.resolver.resolve(name))
+        .await
+        .map_err(|_| refused(format!("resolving {name} took too long")))?
+        .map_err(|error| refused(format!("cannot resolve {name}: {error}")))?;
+    let mut addresses: Vec<IpAddr> = Vec::with_capacity(answer.len());
+    for ip in answer {
+        if !addresses.contains(&ip) {
+            addresses.push(ip);
         }
     }
+    if addresses.is_empty() {
+        return Err(refused(format!("{name} resolves to no address")));
+    }
+    Ok(addresses)
 }
 
-fn git(repository: &Path, scheme: &str) -> Command {
+/// `git` with no configuration but this: nothing from the system, the user or the
+/// environment (no proxy, credential helper, URL rewriting or trace), only `scheme` among
+/// transports, no hooks, no redirects followed, every object checked on arrival.
+fn git(repository: &Path, scheme: Scheme) -> Command {
     let mut command = Command::new("git");
     command
         .arg("-C")
         .arg(repository)
         .args(["-c", "protocol.allow=never"])
         .arg("-c")
-        .arg(format!("protocol.{scheme}.allow=always"))
+        .arg(format!("protocol.{}.allow=always", scheme.as_str()))
         .args([
             "-c",
             "core.hooksPath=/dev/null",
@@ -166,10 +313,12 @@ fn git(repository: &Path, scheme: &str) -> Command {
             "transfer.fsckObjects=true",
         ])
         .args(["-c", "submodule.recurse=false", "-c", "credential.helper="])
+        .args(["-c", "http.followRedirects=false", "-c", "http.proxy="])
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", repository)
         .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_TERMINAL_PROMPT", "0")
         .env("GIT_LFS_SKIP_SMUDGE", "1")
         .env("GIT_PROTOCOL_FROM_USER", "0")
@@ -180,7 +329,7 @@ fn git(repository: &Path, scheme: &str) -> Command {
 
 async fn run(
     repository: &Path,
-    scheme: &str,
+    scheme: Scheme,
     args: &[&str],
     what: &str,
     timeout: Duration,
@@ -195,15 +344,185 @@ async fn run(
         .map_err(|_| failed(format!("{what} took longer than {} s", timeout.as_secs())))?
         .map_err(|error| failed(format!("cannot run git for {what}: {error}")))?;
     if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let last = stderr
-            .lines()
-            .rev()
-            .find(|line| !line.trim().is_empty())
-            .unwrap_or("");
-        return Err(failed(format!("{what}: {last}")));
+        return Err(failed(format!("{what}: {}", last_line(&output.stderr))));
     }
     Ok(output.stdout)
+}
+
+fn last_line(stderr: &[u8]) -> String {
+    String::from_utf8_lossy(stderr)
+        .lines()
+        .rev()
+        .find(|line| !line.trim().is_empty())
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// A fetch's processes: `git fetch` leads a process group of its own, holding the
+/// `git-remote-http(s)`, `fetch-pack` and `index-pack` it runs, and the group is killed whole
+/// when the fetch is stopped or abandoned (killing `git` alone would leave them downloading).
+/// The group is only signalled while its leader is not yet reaped, so its id cannot have been
+/// reused.
+struct FetchGroup(Option<Pid>);
+
+impl FetchGroup {
+    fn kill(&mut self) {
+        if let Some(group) = self.0.take() {
+            let _ = rustix::process::kill_process_group(group, Signal::KILL);
+        }
+    }
+
+    /// The leader was reaped: nothing to signal any more.
+    fn ended(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for FetchGroup {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The oldest `git` that honours `http.curloptResolve` (2.37); an older one ignores it
+/// silently and would resolve the name itself.
+const PIN_SINCE: (u32, u32) = (2, 37);
+
+/// `git version 2.47.3` → `(2, 47)`.
+fn parse_version(output: &str) -> Option<(u32, u32)> {
+    let version = output.trim().strip_prefix("git version ")?;
+    let mut numbers = version.split(['.', ' ', '-']);
+    let major = numbers.next()?.parse().ok()?;
+    let minor = numbers.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// Refuses to fetch by name with a `git` too old to be pinned to the checked addresses.
+async fn require_pinning_git() -> Result<(), ImportError> {
+    static VERSION: tokio::sync::OnceCell<Option<(u32, u32)>> = tokio::sync::OnceCell::const_new();
+    let version = VERSION
+        .get_or_init(|| async {
+            let output = Command::new("git")
+                .arg("version")
+                .env_clear()
+                .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+                .stdin(Stdio::null())
+                .output()
+                .await
+                .ok()?;
+            parse_version(&String::from_utf8_lossy(&output.stdout))
+        })
+        .await;
+    match version {
+        Some(version) if *version >= PIN_SINCE => Ok(()),
+        Some((major, minor)) => Err(failed(format!(
+            "git {major}.{minor} cannot be held to the addresses checked (http.curloptResolve needs git {}.{} or newer); install a newer git on the source service's host",
+            PIN_SINCE.0, PIN_SINCE.1
+        ))),
+        None => Err(failed(
+            "cannot tell which git is installed (`git version` did not answer); install git on the source service's host",
+        )),
+    }
+}
+
+/// Runs `git fetch <args>` into `scratch`, connecting only to `target`'s checked addresses,
+/// and stops it once `scratch` holds more than the policy's `max_fetch_bytes`.
+async fn fetch(
+    scratch: &Scratch,
+    target: &Target,
+    policy: &GitPolicy,
+    args: &[&str],
+) -> Result<(), ImportError> {
+    let mut command = git(scratch.path(), target.scheme);
+    if let Some(pin) = &target.pin {
+        require_pinning_git().await?;
+        command
+            .arg("-c")
+            .arg(format!("http.curloptResolve={}", pin.curl_resolve()));
+    }
+    // Always keep the pack as received, so the bytes on disk are the bytes fetched.
+    command
+        .args(["-c", "fetch.unpackLimit=1", "fetch"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = command
+        .spawn()
+        .map_err(|error| failed(format!("cannot run git fetch: {error}")))?;
+    let mut group = FetchGroup(
+        child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .and_then(Pid::from_raw),
+    );
+    let stderr = child
+        .stderr
+        .take()
+        .map(|stderr| tokio::spawn(read_head(stderr)));
+    let max = policy.max_fetch_bytes;
+    let too_large = || ImportError::Git(GitError::TooLarge { max });
+    let deadline = tokio::time::sleep(policy.fetch_timeout);
+    tokio::pin!(deadline);
+    let mut watch = tokio::time::interval(FETCH_WATCH_INTERVAL);
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => {
+                group.ended();
+                break status.map_err(|error| failed(format!("git fetch: {error}")))?;
+            }
+            () = &mut deadline => {
+                group.kill();
+                let _ = child.wait().await;
+                return Err(failed(format!(
+                    "git fetch took longer than {} s",
+                    policy.fetch_timeout.as_secs()
+                )));
+            }
+            _ = watch.tick() => {
+                // A fresh bare repository: a few dozen entries to stat.
+                if scratch.bytes() > max {
+                    group.kill();
+                    let _ = child.wait().await;
+                    return Err(too_large());
+                }
+            }
+        }
+    };
+    if scratch.bytes() > max {
+        return Err(too_large());
+    }
+    if status.success() {
+        return Ok(());
+    }
+    let stderr = match stderr {
+        Some(task) => task.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let text = String::from_utf8_lossy(&stderr);
+    if let Some(status) = redirect_status(&text) {
+        return Err(ImportError::Git(GitError::Redirected { status }));
+    }
+    Err(failed(format!("git fetch: {}", last_line(&stderr))))
+}
+
+/// The first 64 KiB of a stream, the rest read and dropped so the writer never blocks.
+async fn read_head(mut stream: impl AsyncRead + Unpin) -> Vec<u8> {
+    let mut head = Vec::new();
+    let _ = (&mut stream).take(64 * 1024).read_to_end(&mut head).await;
+    let _ = tokio::io::copy(&mut stream, &mut tokio::io::sink()).await;
+    head
+}
+
+/// The status of a redirect `git` reports having been answered (it says "The requested URL
+/// returned error: 301" when it does not follow one).
+fn redirect_status(stderr: &str) -> Option<u16> {
+    const MARKER: &str = "The requested URL returned error: ";
+    stderr.match_indices(MARKER).find_map(|(at, _)| {
+        let start = at + MARKER.len();
+        let status: u16 = stderr.get(start..start + 3)?.parse().ok()?;
+        (300..400).contains(&status).then_some(status)
+    })
 }
 
 /// Fetches `reference` (branch, tag or commit; empty: the default branch) of `url` and
@@ -216,19 +535,19 @@ pub async fn import(
     url: &str,
     reference: &str,
 ) -> Result<Imported, ImportError> {
-    let scheme = check_url(url, policy).await?;
+    let target = check_url(url, policy).await?;
+    let scheme = target.scheme;
     if reference.starts_with('-') || reference.chars().any(|c| c.is_control() || c == ' ') {
         return Err(refused(format!(
             "{reference:?} is not a branch, tag or commit"
         )));
     }
-    std::fs::create_dir_all(spool_dir)?;
-    let scratch = tempfile::tempdir_in(spool_dir)?;
+    let scratch = Scratch::new(spool_dir)?;
     let repository = scratch.path();
     let timeout = policy.fetch_timeout;
     run(
         repository,
-        &scheme,
+        scheme,
         &["init", "--bare", "--quiet", "."],
         "git init",
         timeout,
@@ -239,25 +558,27 @@ pub async fn import(
     } else {
         reference
     };
-    let fetch = ["fetch", "--quiet", "--no-tags", "--no-recurse-submodules"];
-    let shallow = [&fetch[..], &["--depth", "1", "--", url, wanted]].concat();
-    let shallow = run(repository, &scheme, &shallow, "git fetch", timeout).await;
-    if let Err(error) = shallow {
+    let options = ["--quiet", "--no-tags", "--no-recurse-submodules"];
+    let shallow = [&options[..], &["--depth", "1", "--", url, wanted]].concat();
+    match fetch(&scratch, &target, policy, &shallow).await {
+        Ok(()) => {}
         // Some servers refuse a commit id in a shallow fetch; a full fetch can still find it.
-        if !(wanted.len() >= 7 && wanted.bytes().all(|b| b.is_ascii_hexdigit())) {
-            return Err(error);
+        Err(ImportError::Git(GitError::Failed(_)))
+            if wanted.len() >= 7 && wanted.bytes().all(|b| b.is_ascii_hexdigit()) =>
+        {
+            let full = [&options[..], &["--", url, "+refs/*:refs/remotes/origin/*"]].concat();
+            fetch(&scratch, &target, policy, &full).await?;
+            let resolve = ["update-ref", "FETCH_HEAD", wanted];
+            run(
+                repository,
+                scheme,
+                &resolve,
+                "resolving the commit",
+                timeout,
+            )
+            .await?;
         }
-        let full = [&fetch[..], &["--", url, "+refs/*:refs/remotes/origin/*"]].concat();
-        run(repository, &scheme, &full, "git fetch", timeout).await?;
-        let resolve = ["update-ref", "FETCH_HEAD", wanted];
-        run(
-            repository,
-            &scheme,
-            &resolve,
-            "resolving the commit",
-            timeout,
-        )
-        .await?;
+        Err(error) => return Err(error),
     }
     let list = [
         "ls-tree",
@@ -267,7 +588,7 @@ pub async fn import(
         "--full-tree",
         "FETCH_HEAD^{tree}",
     ];
-    let listing = run(repository, &scheme, &list, "reading the tree", timeout).await?;
+    let listing = run(repository, scheme, &list, "reading the tree", timeout).await?;
 
     let mut imported = Imported::default();
     let mut files: Vec<(SourcePath, bool, String)> = Vec::new();
@@ -312,7 +633,7 @@ pub async fn import(
             _ => imported.skip("other"),
         }
     }
-    let stored = store_blobs(repository, &scheme, blobs, &files, limits).await?;
+    let stored = store_blobs(repository, scheme, blobs, &files, limits).await?;
     for ((path, executable, _), (digest, size)) in files.into_iter().zip(stored) {
         imported.entries.push(IndexEntry {
             path,
@@ -329,7 +650,7 @@ pub async fn import(
 /// Reads each blob through one `git cat-file --batch` and stores it.
 async fn store_blobs(
     repository: &Path,
-    scheme: &str,
+    scheme: Scheme,
     blobs: &BlobStore,
     files: &[(SourcePath, bool, String)],
     limits: Limits,
@@ -427,7 +748,39 @@ async fn store_blobs(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
+
+    /// Answers every name with the same addresses, and counts the questions.
+    struct Answer(Vec<IpAddr>, AtomicUsize);
+
+    impl Resolve for Answer {
+        fn resolve<'a>(
+            &'a self,
+            _name: &'a str,
+        ) -> plinth_sandbox::egress::proxy::BoxFuture<'a, std::io::Result<Vec<IpAddr>>> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            Box::pin(std::future::ready(Ok(self.0.clone())))
+        }
+    }
+
+    fn answering(addresses: &[&str]) -> (GitPolicy, Arc<Answer>) {
+        let answer = Arc::new(Answer(
+            addresses.iter().map(|a| a.parse().expect("ip")).collect(),
+            AtomicUsize::new(0),
+        ));
+        let policy = GitPolicy {
+            allowed_schemes: vec!["http".into(), "https".into()],
+            resolver: answer.clone(),
+            ..GitPolicy::default()
+        };
+        (policy, answer)
+    }
+
+    fn message(error: ImportError) -> String {
+        error.to_string()
+    }
 
     #[tokio::test]
     async fn urls_are_checked_against_the_policy() {
@@ -440,9 +793,12 @@ mod tests {
             "http://example.com/repo.git",
             "https://127.0.0.1/repo.git",
             "https://[::1]/repo.git",
+            "https://[::ffff:127.0.0.1]/repo.git",
             "https://10.0.0.8/repo.git",
             "https://169.254.169.254/latest",
             "https://user@192.168.1.1:8443/repo.git",
+            "https://2130706433/repo.git",
+            "https://0x7f.1/repo.git",
             "-oProxyCommand=evil",
         ] {
             assert!(
@@ -456,16 +812,124 @@ mod tests {
             ..GitPolicy::default()
         };
         assert_eq!(
-            check_url("file:///srv/repo", &open).await.ok().as_deref(),
-            Some("file")
+            check_url("file:///srv/repo", &open).await.ok(),
+            Some(Target {
+                scheme: Scheme::File,
+                pin: None
+            })
         );
         assert_eq!(
-            check_url("http://127.0.0.1:9/repo.git", &open)
-                .await
-                .ok()
-                .as_deref(),
-            Some("http")
+            check_url("http://127.0.0.1:9/repo.git", &open).await.ok(),
+            Some(Target {
+                scheme: Scheme::Http,
+                pin: None
+            })
         );
         assert!(check_url("ext::sh", &open).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_name_is_resolved_once_and_pinned_to_every_address_it_gave() {
+        let (policy, answer) = answering(&["140.82.112.3", "2606:4700::1111"]);
+        for (url, port) in [
+            ("https://Git.Example.com/org/repo.git", 443),
+            ("http://git.example.com/org/repo.git", 80),
+            (
+                "https://user:secret@git.example.com:8443/repo.git?x#y",
+                8443,
+            ),
+        ] {
+            let target = check_url(url, &policy).await.expect(url);
+            assert_eq!(
+                target.pin.map(|pin| pin.curl_resolve()),
+                Some(format!(
+                    "git.example.com:{port}:140.82.112.3,[2606:4700::1111]"
+                )),
+                "{url}"
+            );
+        }
+        assert_eq!(answer.1.load(Ordering::SeqCst), 3, "one lookup per URL");
+    }
+
+    #[tokio::test]
+    async fn a_name_with_any_address_that_is_not_public_is_refused() {
+        for addresses in [
+            &["127.0.0.1"][..],
+            &["140.82.112.3", "10.0.0.1"],
+            &["2606:4700::1111", "::ffff:169.254.169.254"],
+            &["64:ff9b::808:808"],
+            &[],
+        ] {
+            let (policy, _) = answering(addresses);
+            let error = check_url("https://git.example.com/repo.git", &policy)
+                .await
+                .expect_err("refused");
+            assert!(
+                matches!(error, ImportError::Git(GitError::Refused(_))),
+                "{addresses:?}: {error}"
+            );
+            assert!(message(error).contains("git.example.com"));
+        }
+        let (mut policy, _) = answering(&["127.0.0.1"]);
+        policy.allow_private_addresses = true;
+        let target = check_url("http://git.example.com:8080/repo.git", &policy)
+            .await
+            .expect("allowed by configuration");
+        assert_eq!(
+            target.pin.map(|pin| pin.curl_resolve()).as_deref(),
+            Some("git.example.com:8080:127.0.0.1"),
+            "still pinned to the address checked"
+        );
+    }
+
+    #[tokio::test]
+    async fn authorities_another_parser_could_read_differently_are_refused() {
+        let (policy, answer) = answering(&["140.82.112.3"]);
+        for url in [
+            "https://a@b@git.example.com/repo.git",
+            "https://git.example.com./repo.git",
+            "https://git.example.com:/repo.git",
+            "https://git.example.com:+443/repo.git",
+            "https://git.example.com:0/repo.git",
+            "https://git.example.com:65536/repo.git",
+            "https://git.example.com:443:443/repo.git",
+            "https://[2606:4700::1111]x/repo.git",
+            "https://evil.example\\@git.example.com/repo.git",
+            "https:///repo.git",
+        ] {
+            assert!(
+                matches!(
+                    check_url(url, &policy).await,
+                    Err(ImportError::Git(GitError::Refused(_)))
+                ),
+                "{url} must be refused"
+            );
+        }
+        assert_eq!(answer.1.load(Ordering::SeqCst), 0, "nothing was resolved");
+    }
+
+    #[test]
+    fn git_versions_are_read_for_the_pin() {
+        assert_eq!(parse_version("git version 2.47.3\n"), Some((2, 47)));
+        assert_eq!(parse_version("git version 2.37.0.windows.1"), Some((2, 37)));
+        assert_eq!(parse_version("git version 2.34.1"), Some((2, 34)));
+        assert!(parse_version("git version 2.34.1").is_some_and(|v| v < PIN_SINCE));
+        assert_eq!(parse_version("not git"), None);
+    }
+
+    #[test]
+    fn a_redirect_is_recognised_in_what_git_reports() {
+        let stderr = "fatal: unable to access 'http://example.test/repo.git/': The requested URL returned error: 301\n";
+        assert_eq!(redirect_status(stderr), Some(301));
+        assert_eq!(
+            redirect_status("The requested URL returned error: 302"),
+            Some(302)
+        );
+        assert_eq!(
+            redirect_status("The requested URL returned error: 404"),
+            None
+        );
+        assert_eq!(redirect_status("The requested URL returned error: 3"), None);
+        assert_eq!(redirect_status("fatal: repository not found"), None);
     }
 }

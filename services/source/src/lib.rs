@@ -75,14 +75,27 @@ pub enum SourceError {
 /// Which roles may call the source service: the gateway only, since every call names a scope.
 pub const ACCESS: Access = Access(&[("/plinth.source.v1.SourceService/", &[Role::Gateway])]);
 
-/// Opens the index and the blob store and serves gRPC on `grpc` (and `/healthz`, `/readyz`,
-/// `/metrics` on `admin`, when given) until `shutdown` is cancelled.
+/// Removes the git fetch directories a killed run left in the spool directory, opens the
+/// index and the blob store and serves gRPC on `grpc` (and `/healthz`, `/readyz`, `/metrics`
+/// on `admin`, when given) until `shutdown` is cancelled.
 pub async fn run(
     options: SourceOptions,
     grpc: TcpListener,
     admin: Option<TcpListener>,
     shutdown: CancellationToken,
 ) -> Result<(), SourceError> {
+    match git::remove_leftovers(&options.spool_dir) {
+        Ok(0) => {}
+        Ok(removed) => tracing::info!(
+            removed,
+            "removed git fetch directories left by an earlier run"
+        ),
+        Err(error) => tracing::warn!(
+            %error,
+            spool_dir = %options.spool_dir.display(),
+            "cannot remove git fetch directories left by an earlier run; check the spool directory's permissions"
+        ),
+    }
     let index = Index::connect(&options.database_url, options.max_connections).await?;
     index.migrate().await?;
     let blobs = BlobStore::open(&options.blob_url, options.spool_dir.clone())?;

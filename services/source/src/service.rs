@@ -14,7 +14,7 @@ use plinth_proto::source::v1 as pb;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::archive::{ArchiveError, Limits};
-use crate::git::{self, GitPolicy};
+use crate::git::{self, GitError, GitPolicy};
 use crate::import::{self, ImportError, Imported};
 use crate::paths::SourcePath;
 use crate::persistence::{Index, IndexEntry, IndexError, Kind};
@@ -131,6 +131,13 @@ fn import_error(error: ImportError) -> PlinthError {
         ImportError::Upload(message) => PlinthError::invalid(format!(
             "the upload ended before the whole body arrived: {message}"
         )),
+        ImportError::Git(GitError::TooLarge { max }) => PlinthError::new(
+            ErrorCode::FileTooLarge,
+            format!(
+                "the git fetch passed the limit of {max} bytes (source.git_max_fetch_bytes) and was stopped; nothing was imported"
+            ),
+        )
+        .with_detail(serde_json::json!({ "max_bytes": max })),
         ImportError::Git(refused) => PlinthError::invalid(format!("git import refused: {refused}")),
         other => PlinthError::internal(&other),
     }
@@ -445,5 +452,43 @@ impl pb::source_service_server::SourceService for Source {
             .await
             .map_err(index_error)?;
         Ok(Response::new(pb::DropEnvironmentResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the gateway reads off the wire: the error as a client of the REST API gets it.
+    fn as_received(error: ImportError) -> PlinthError {
+        PlinthError::from_status(&import_error(error).into())
+    }
+
+    #[test]
+    fn a_fetch_past_its_cap_reaches_the_api_as_file_too_large_with_the_cap() {
+        let received = as_received(ImportError::Git(GitError::TooLarge { max: 65_536 }));
+        assert_eq!(received.code, ErrorCode::FileTooLarge);
+        assert_eq!(received.code.http_status(), 413);
+        assert_eq!(
+            received.detail,
+            Some(serde_json::json!({ "max_bytes": 65_536 }))
+        );
+        assert!(
+            received.message.contains("source.git_max_fetch_bytes"),
+            "{}",
+            received.message
+        );
+    }
+
+    #[test]
+    fn a_redirect_reaches_the_api_as_a_refusal_that_asks_for_the_final_url() {
+        let received = as_received(ImportError::Git(GitError::Redirected { status: 301 }));
+        assert_eq!(received.code, ErrorCode::EnvironmentInvalid);
+        assert!(
+            received.message.contains("redirect (HTTP 301)")
+                && received.message.contains("final URL"),
+            "{}",
+            received.message
+        );
     }
 }

@@ -1,4 +1,6 @@
 //! The source service's integration tests: the index conformance suite on SQLite and
-//! PostgreSQL.
+//! PostgreSQL, and git imports against a real git server.
 
+mod git;
+mod git_server;
 mod index;
