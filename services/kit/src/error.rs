@@ -70,11 +70,17 @@ pub enum ErrorCode {
     /// The caller sent more requests than its rate allows; `detail.retry_after_seconds` (and
     /// the `Retry-After` header) say when to try again.
     RateLimited,
+    /// The scope is at one of its quotas (environments, stored bytes, sessions, queued
+    /// builds); `detail` is `{quota, limit, used}`.
+    QuotaExceeded,
+    /// A call with this idempotency key may or may not have taken effect and never will be
+    /// known: its first attempt was cut off after it was dispatched. It is not run again.
+    OutcomeUnknown,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 26] = [
         ErrorCode::EnvironmentInvalid,
         ErrorCode::InvalidRequest,
         ErrorCode::EnvironmentNotFound,
@@ -99,6 +105,8 @@ impl ErrorCode {
         ErrorCode::IdempotencyKeyReused,
         ErrorCode::IdempotencyInProgress,
         ErrorCode::RateLimited,
+        ErrorCode::QuotaExceeded,
+        ErrorCode::OutcomeUnknown,
     ];
 
     /// The code as it appears on the wire.
@@ -128,6 +136,8 @@ impl ErrorCode {
             ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
             ErrorCode::IdempotencyInProgress => "idempotency_in_progress",
             ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::QuotaExceeded => "quota_exceeded",
+            ErrorCode::OutcomeUnknown => "outcome_unknown",
         }
     }
 
@@ -153,12 +163,13 @@ impl ErrorCode {
             | ErrorCode::LeaseLost
             | ErrorCode::WorkspaceFindNotUnique
             | ErrorCode::WorkspaceFindNotFound
-            | ErrorCode::IdempotencyInProgress => 409,
+            | ErrorCode::IdempotencyInProgress
+            | ErrorCode::OutcomeUnknown => 409,
             ErrorCode::WorkspaceReadOnly => 403,
             ErrorCode::WorkspaceRunEnded => 410,
             ErrorCode::IdempotencyKeyReused => 422,
             ErrorCode::FileTooLarge => 413,
-            ErrorCode::RateLimited => 429,
+            ErrorCode::RateLimited | ErrorCode::QuotaExceeded => 429,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Unavailable => 503,
@@ -189,7 +200,8 @@ impl ErrorCode {
                 tonic::Code::FailedPrecondition
             }
             ErrorCode::FileTooLarge => tonic::Code::OutOfRange,
-            ErrorCode::RateLimited => tonic::Code::ResourceExhausted,
+            ErrorCode::RateLimited | ErrorCode::QuotaExceeded => tonic::Code::ResourceExhausted,
+            ErrorCode::OutcomeUnknown => tonic::Code::Unknown,
             ErrorCode::Unauthenticated => tonic::Code::Unauthenticated,
             ErrorCode::MethodNotAllowed => tonic::Code::Unimplemented,
             ErrorCode::Unavailable => tonic::Code::Unavailable,

@@ -5,8 +5,9 @@
 //! carried across gRPC, Prometheus metrics (`telemetry`), the gRPC server and client
 //! plumbing every service shares (`grpc`), HTTP request spans and metrics (`http`), the
 //! small admin HTTP surface (`admin`), and
-//! shutdown and task spawning (`tasks`), and, with the `database` feature, opening a
-//! service's SQLite or PostgreSQL database (`database`).
+//! shutdown and task spawning (`tasks`), quotas per scope and their limits (`quota`), and,
+//! with the `database` feature, opening a service's SQLite or PostgreSQL database
+//! (`database`).
 //!
 //! Business rules do not belong here, nor anything that knows what an environment is.
 
@@ -19,6 +20,7 @@ pub mod database;
 pub mod error;
 pub mod grpc;
 pub mod http;
+pub mod quota;
 pub mod tasks;
 pub mod telemetry;
 pub mod tls;
