@@ -266,6 +266,9 @@ impl pb::adapter_service_server::AdapterService for Adapters {
                     ErrorCode::Unavailable,
                     "no node agent is alive to run the session; retry",
                 ),
+                StoreError::QuotaExceeded { quota, limit, used } => {
+                    plinth_kit::quota::exceeded(quota, limit, used)
+                }
                 other => PlinthError::internal(&other),
             })?;
         if opened.created {
@@ -360,7 +363,8 @@ impl pb::adapter_service_server::AdapterService for Adapters {
     ) -> Result<Response<pb::FinishIdempotencyKeyResponse>, Status> {
         let request = request.into_inner();
         let id = parse_id(&request.adapter_id)?;
-        self.store
+        let stored = self
+            .store
             .finish_key(
                 &id,
                 &request.key,
@@ -371,7 +375,7 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             )
             .await
             .map_err(|error| PlinthError::internal(&error))?;
-        Ok(Response::new(pb::FinishIdempotencyKeyResponse {}))
+        Ok(Response::new(pb::FinishIdempotencyKeyResponse { stored }))
     }
 
     #[tracing::instrument(name = "catalog.release_idempotency_key", skip_all)]
@@ -385,6 +389,28 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             .release_key(&id, &request.key, &request.claim)
             .await
             .map_err(|error| PlinthError::internal(&error))?;
-        Ok(Response::new(pb::FinishIdempotencyKeyResponse {}))
+        Ok(Response::new(pb::FinishIdempotencyKeyResponse {
+            stored: false,
+        }))
+    }
+
+    #[tracing::instrument(name = "catalog.renew_idempotency_key", skip_all)]
+    async fn renew_idempotency_key(
+        &self,
+        request: Request<pb::RenewIdempotencyKeyRequest>,
+    ) -> Result<Response<pb::RenewIdempotencyKeyResponse>, Status> {
+        let request = request.into_inner();
+        let id = parse_id(&request.adapter_id)?;
+        let held = self
+            .store
+            .renew_key(
+                &id,
+                &request.key,
+                &request.claim,
+                request.lease_ms.max(1000),
+            )
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        Ok(Response::new(pb::RenewIdempotencyKeyResponse { held }))
     }
 }

@@ -6,7 +6,8 @@
 //! do HTTP shapes (the gateway owns those). `persistence` owns every query; `model` holds the
 //! domain types and their rules; `service` (environments, builds) and `harnesses` are thin gRPC
 //! adapters; `sweep` ends sessions past their lifetime or idle limit; `seal` seals workspace
-//! adapters' credentials at rest; `run` starts it all.
+//! adapters' credentials at rest; `quota_service` answers a scope's usage of its quotas (the
+//! store enforces them); `run` starts it all.
 
 mod adapter_service;
 pub mod adapters;
@@ -15,6 +16,7 @@ mod brain_service;
 mod harnesses;
 pub mod model;
 pub mod persistence;
+mod quota_service;
 pub mod seal;
 mod service;
 mod session_service;
@@ -33,6 +35,7 @@ use plinth_proto::catalog::v1::adapter_service_server::AdapterServiceServer;
 use plinth_proto::catalog::v1::brain_service_server::BrainServiceServer;
 use plinth_proto::catalog::v1::catalog_service_server::CatalogServiceServer;
 use plinth_proto::catalog::v1::harness_service_server::HarnessServiceServer;
+use plinth_proto::catalog::v1::quota_service_server::QuotaServiceServer;
 use plinth_proto::catalog::v1::session_service_server::SessionServiceServer;
 use tokio::net::TcpListener;
 
@@ -87,6 +90,7 @@ pub const ACCESS: Access = Access(&[
     ("/plinth.catalog.v1.HarnessService/", &[Role::Gateway]),
     ("/plinth.catalog.v1.BrainService/", &[Role::Gateway]),
     ("/plinth.catalog.v1.AdapterService/", &[Role::Gateway]),
+    ("/plinth.catalog.v1.QuotaService/", &[Role::Gateway]),
 ]);
 
 /// How the catalog runs.
@@ -107,6 +111,8 @@ pub struct CatalogOptions {
     /// Seals workspace adapters' credentials in the database; every catalog on one database
     /// needs the same key.
     pub seal_key: SealKey,
+    /// Every scope's limits on environments, active sessions and builds queued or running.
+    pub quotas: plinth_kit::quota::Quotas,
 }
 
 /// Why the catalog stopped.
@@ -134,7 +140,8 @@ pub async fn run(
         options.max_connections,
         options.seal_key,
     )
-    .await?;
+    .await?
+    .with_quotas(options.quotas);
     store.migrate().await?;
     tracing::info!(backend = store.backend().as_str(), address = ?grpc.local_addr().ok(), %seal_key, "catalog serving");
 
@@ -182,6 +189,9 @@ pub async fn run(
         .add_service(AdapterServiceServer::new(adapter_service::Adapters::new(
             store.clone(),
             options.adapter_credential_grace,
+        )))
+        .add_service(QuotaServiceServer::new(quota_service::Quotas::new(
+            store.clone(),
         )))
         .serve(grpc, shutdown)
         .await?;

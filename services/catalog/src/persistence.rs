@@ -12,11 +12,13 @@ mod adapters;
 mod brain;
 mod builds;
 mod harnesses;
+mod quotas;
 mod sessions;
 
 pub use adapters::{AdapterCredentials, Claimed, OpenedRun};
 pub use builds::{LeasePolicy, MAX_LOG_BYTES};
 use plinth_kit::database::{Backend, Database, DatabaseError, MigrationFile, now_ms};
+pub use quotas::Usage;
 pub use sessions::{NewSession, NewTask};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -86,6 +88,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "adapter callback origins and sealed credentials",
                 include_str!("../migrations/sqlite/0012_adapter_origins_and_sealing.sql"),
             ),
+            (
+                13,
+                "quotas per scope",
+                include_str!("../migrations/sqlite/0013_quotas.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -148,6 +155,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "adapter callback origins and sealed credentials",
                 include_str!("../migrations/postgres/0012_adapter_origins_and_sealing.sql"),
             ),
+            (
+                13,
+                "quotas per scope",
+                include_str!("../migrations/postgres/0013_quotas.sql"),
+            ),
         ],
     }
 }
@@ -182,6 +194,16 @@ pub enum StoreError {
     /// The builder's lease expired or was handed on; its write is refused.
     #[error("the lease expired or was handed to another builder")]
     LeaseLost,
+    /// One more would take the scope past a quota.
+    #[error("the scope is at its {quota} quota ({used} of {limit})")]
+    QuotaExceeded {
+        /// Which quota.
+        quota: plinth_kit::quota::Quota,
+        /// The scope's limit.
+        limit: u64,
+        /// What the scope has.
+        used: u64,
+    },
     /// The database could not be opened or migrated.
     #[error(transparent)]
     Open(#[from] DatabaseError),
@@ -201,6 +223,8 @@ pub enum StoreError {
 pub struct Store {
     db: Database,
     seal: std::sync::Arc<crate::seal::SealKey>,
+    /// Every scope's limits (`quotas`); the defaults unless `with_quotas` set them.
+    quotas: std::sync::Arc<plinth_kit::quota::Quotas>,
 }
 
 const ENVIRONMENT_COLUMNS: &str = "id, scope, name, slug, description, entry, active_version, \
@@ -216,6 +240,7 @@ impl Store {
         Ok(Store {
             db: Database::connect(url, max_connections).await?,
             seal: std::sync::Arc::new(seal),
+            quotas: std::sync::Arc::default(),
         })
     }
     /// Which database this is.
@@ -246,7 +271,8 @@ impl Store {
     }
 
     /// Inserts a new environment. A slug already used in the scope is refused by the unique
-    /// index, so two concurrent creates cannot both succeed.
+    /// index, so two concurrent creates cannot both succeed; a scope at its environments
+    /// quota is refused (`StoreError::QuotaExceeded`), counted after taking the scope's row.
     pub async fn create_environment(&self, new: NewEnvironment) -> Result<Environment, StoreError> {
         let now = now_ms();
         let environment = Environment {
@@ -264,6 +290,15 @@ impl Store {
             updated_at_ms: now,
             builds: Vec::new(),
         };
+        let mut tx = self.db.writer.begin().await?;
+        let limit = self.limit(&environment.scope, plinth_kit::quota::Quota::Environments);
+        quotas::admit_one(
+            &mut tx,
+            &environment.scope,
+            plinth_kit::quota::Quota::Environments,
+            limit,
+        )
+        .await?;
         let result = sqlx::query(
             "INSERT INTO environments (id, scope, name, slug, description, entry, \
              created_at_ms, updated_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
@@ -276,10 +311,13 @@ impl Store {
         .bind(&environment.entry)
         .bind(now)
         .bind(now)
-        .execute(&self.db.writer)
+        .execute(&mut *tx)
         .await;
         match result {
-            Ok(_) => Ok(environment),
+            Ok(_) => {
+                tx.commit().await?;
+                Ok(environment)
+            }
             Err(sqlx::Error::Database(error)) if error.is_unique_violation() => {
                 Err(StoreError::SlugTaken)
             }

@@ -58,6 +58,9 @@ fn store_error(error: StoreError, id: &str) -> PlinthError {
             ErrorCode::LeaseLost,
             "the lease expired or was handed to another builder; stop this build",
         ),
+        StoreError::QuotaExceeded { quota, limit, used } => {
+            plinth_kit::quota::exceeded(quota, limit, used)
+        }
         StoreError::NotFound => PlinthError::not_found(format_args!("environment {id}")),
         StoreError::SlugTaken => PlinthError::new(
             ErrorCode::EnvironmentExists,

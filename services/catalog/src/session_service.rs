@@ -130,6 +130,9 @@ fn placement_error(error: StoreError, environment: &str) -> PlinthError {
             ErrorCode::Unavailable,
             "no node agent is alive to run the session; start `plinth node` (or check the running ones) and retry",
         ),
+        StoreError::QuotaExceeded { quota, limit, used } => {
+            plinth_kit::quota::exceeded(quota, limit, used)
+        }
         other => PlinthError::internal(&other),
     }
 }

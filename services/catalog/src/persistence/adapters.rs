@@ -342,6 +342,26 @@ pub struct OpenedRun {
     pub created: bool,
 }
 
+/// The HTTP status a settled claim answers (`outcome_unknown`).
+pub const OUTCOME_UNKNOWN_STATUS: u32 = 409;
+
+/// The answer stored for a claim whose holder stopped before storing one.
+fn outcome_unknown_answer() -> String {
+    let code = plinth_kit::ErrorCode::OutcomeUnknown;
+    debug_assert_eq!(u32::from(code.http_status()), OUTCOME_UNKNOWN_STATUS);
+    serde_json::json!({
+        "error": {
+            "code": code.as_str(),
+            "message": "the first call with this idempotency key was dispatched, then its \
+                server stopped before recording what it did (it was stopped, or lost the \
+                catalog for longer than its claim's lease): the call may or may not have taken \
+                effect, and it is not run again under this key. Check the workspace, then send \
+                the call with a new key if it is still wanted",
+        }
+    })
+    .to_string()
+}
+
 /// What a claim on an idempotency key found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claimed {
@@ -391,6 +411,7 @@ impl Store {
                 workdir_at_placement: false,
                 limits,
             },
+            self.limit(&adapter.scope, plinth_kit::quota::Quota::Sessions),
         )
         .await?;
         let inserted = sqlx::query(
@@ -489,8 +510,10 @@ impl Store {
         Ok(ended)
     }
 
-    /// Claims `key` for a call with this body (see [`Claimed`]). The insert is the claim; a
-    /// claim whose lease ran out is taken over by replacing its token, compare-and-set.
+    /// Claims `key` for a call with this body (see [`Claimed`]). The insert is the claim. A
+    /// claim whose lease ran out with no answer is settled, compare-and-set on its token, as
+    /// an `outcome_unknown` answer (the call may have taken effect, so it is never run
+    /// again); only a record past its retention is taken over and run anew.
     pub async fn claim_key(
         &self,
         adapter: &AdapterId,
@@ -529,17 +552,18 @@ impl Store {
         .await?
         .ok_or(StoreError::NotFound)?;
         let stored_body: String = row.try_get("body_sha256")?;
-        let state: String = row.try_get("state")?;
+        let mut state: String = row.try_get("state")?;
         let held: String = row.try_get("claim")?;
         let lease_until: i64 = row.try_get("lease_until_ms")?;
         let expires: i64 = row.try_get("expires_at_ms")?;
-        let stale = expires <= now || (state == "running" && lease_until <= now);
-        if stale {
-            // An expired record, or a claim whose holder vanished: take it over.
+        let mut status: i64 = row.try_get("status")?;
+        let mut response: String = row.try_get("response")?;
+        if expires <= now {
+            // A record past its retention: the key is free again.
             let taken = sqlx::query(
                 "UPDATE idempotency_keys SET run_id = $1, body_sha256 = $2, state = 'running', \
                  claim = $3, lease_until_ms = $4, status = 0, response = '', expires_at_ms = $5 \
-                 WHERE adapter_id = $6 AND key = $7 AND claim = $8",
+                 WHERE adapter_id = $6 AND key = $7 AND claim = $8 AND expires_at_ms <= $9",
             )
             .bind(run_id)
             .bind(body_sha256)
@@ -549,6 +573,7 @@ impl Store {
             .bind(adapter.as_str())
             .bind(key)
             .bind(&held)
+            .bind(now)
             .execute(&self.db.writer)
             .await?;
             return Ok(if taken.rows_affected() == 1 {
@@ -557,20 +582,71 @@ impl Store {
                 Claimed::InFlight
             });
         }
+        if state == "running" && lease_until <= now {
+            // The claim's holder stopped renewing before storing an answer: it died, or lost
+            // the catalog for a whole lease. What it did is not known and never will be.
+            let unknown = outcome_unknown_answer();
+            let settled = sqlx::query(
+                "UPDATE idempotency_keys SET state = 'done', status = $1, response = $2, \
+                 expires_at_ms = $3 WHERE adapter_id = $4 AND key = $5 AND claim = $6 \
+                 AND state = 'running' AND lease_until_ms <= $7",
+            )
+            .bind(i64::from(OUTCOME_UNKNOWN_STATUS))
+            .bind(&unknown)
+            .bind(now.saturating_add(retention_ms))
+            .bind(adapter.as_str())
+            .bind(key)
+            .bind(&held)
+            .bind(now)
+            .execute(&self.db.writer)
+            .await?;
+            if settled.rows_affected() == 1 {
+                tracing::warn!(adapter = %adapter, "an idempotent call's claim ran out with no answer; settled as outcome unknown");
+                state = "done".to_owned();
+                status = i64::from(OUTCOME_UNKNOWN_STATUS);
+                response = unknown;
+            } else {
+                // Renewed, answered or settled meanwhile: look again on the next try.
+                return Ok(Claimed::InFlight);
+            }
+        }
         if stored_body != body_sha256 {
             return Ok(Claimed::Mismatch);
         }
         if state == "running" {
             return Ok(Claimed::InFlight);
         }
-        let status: i64 = row.try_get("status")?;
         Ok(Claimed::Done {
             status: u32::try_from(status).unwrap_or(500),
-            response: row.try_get("response")?,
+            response,
         })
     }
 
-    /// Stores a claimed call's answer; a claim that was taken over stores nothing.
+    /// Extends a running claim's lease to `lease_ms` from now; false once the claim has an
+    /// answer, was settled, or is another's.
+    pub async fn renew_key(
+        &self,
+        adapter: &AdapterId,
+        key: &str,
+        claim: &str,
+        lease_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let renewed = sqlx::query(
+            "UPDATE idempotency_keys SET lease_until_ms = $1 WHERE adapter_id = $2 AND key = $3 \
+             AND claim = $4 AND state = 'running'",
+        )
+        .bind(now_ms().saturating_add(lease_ms))
+        .bind(adapter.as_str())
+        .bind(key)
+        .bind(claim)
+        .execute(&self.db.writer)
+        .await?;
+        Ok(renewed.rows_affected() == 1)
+    }
+
+    /// Stores a claimed call's answer; answers whether it was stored. A claim that was
+    /// settled (its lease ran out first) or taken over stores nothing: the answer already
+    /// given to a retry stays the answer.
     pub async fn finish_key(
         &self,
         adapter: &AdapterId,
@@ -579,10 +655,11 @@ impl Store {
         status: u32,
         response: &str,
         retention_ms: i64,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
+    ) -> Result<bool, StoreError> {
+        let stored = sqlx::query(
             "UPDATE idempotency_keys SET state = 'done', status = $1, response = $2, \
-             expires_at_ms = $3 WHERE adapter_id = $4 AND key = $5 AND claim = $6",
+             expires_at_ms = $3 WHERE adapter_id = $4 AND key = $5 AND claim = $6 \
+             AND state = 'running'",
         )
         .bind(i64::from(status))
         .bind(response)
@@ -592,10 +669,11 @@ impl Store {
         .bind(claim)
         .execute(&self.db.writer)
         .await?;
-        Ok(())
+        Ok(stored.rows_affected() == 1)
     }
 
-    /// Gives a claim up, so a retry runs the call.
+    /// Gives a claim up, so a retry runs the call: only for a call that certainly did not
+    /// start.
     pub async fn release_key(
         &self,
         adapter: &AdapterId,
@@ -616,8 +694,10 @@ impl Store {
 
     /// Removes idempotency records past their retention; answers how many.
     pub async fn purge_keys(&self) -> Result<u64, StoreError> {
+        // A claim never settled (no retry came) goes too once its lease and retention end.
         let deleted = sqlx::query(
-            "DELETE FROM idempotency_keys WHERE expires_at_ms <= $1 AND state = 'done'",
+            "DELETE FROM idempotency_keys WHERE expires_at_ms <= $1 \
+             AND (state = 'done' OR lease_until_ms <= $1)",
         )
         .bind(now_ms())
         .execute(&self.db.writer)

@@ -32,7 +32,9 @@ pub struct LeasePolicy {
 
 impl Store {
     /// Queues the next version of an environment, building `source_tree`. A build already
-    /// queued or running is `StoreError::Busy`, by the schema's partial unique index.
+    /// queued or running is `StoreError::Busy`, by the schema's partial unique index; a scope
+    /// with as many builds queued or running as its quota allows is
+    /// `StoreError::QuotaExceeded`, counted after taking the scope's row.
     pub async fn start_build(
         &self,
         scope: &Scope,
@@ -40,6 +42,8 @@ impl Store {
         source_tree: &str,
     ) -> Result<Build, StoreError> {
         let mut tx = self.db.writer.begin().await?;
+        let quota = plinth_kit::quota::Quota::QueuedBuilds;
+        super::quotas::take_scope(&mut tx, scope).await?;
         let row = sqlx::query(
             "SELECT COALESCE(latest_version, 0) AS latest FROM environments WHERE scope = $1 AND id = $2",
         )
@@ -49,6 +53,18 @@ impl Store {
         .await?
         .ok_or(StoreError::NotFound)?;
         let latest: i64 = row.try_get("latest")?;
+        // The environment's own build in flight says more than the scope's quota would.
+        let busy = sqlx::query(
+            "SELECT 1 AS busy FROM builds WHERE environment_id = $1 \
+             AND status IN ('queued', 'building')",
+        )
+        .bind(id.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        if busy.is_some() {
+            return Err(StoreError::Busy);
+        }
+        super::quotas::admit_one(&mut tx, scope, quota, self.limit(scope, quota)).await?;
         let version = latest + 1;
         let now = now_ms();
         let inserted = sqlx::query(

@@ -12,6 +12,7 @@
 //! before the sweep reaches it.
 
 use plinth_kit::database::now_ms;
+use plinth_kit::quota::Quota;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -149,76 +150,29 @@ impl Store {
 
     /// Creates a session on the environment's active version, placed on the live node with
     /// the fewest live sessions.
+    /// A scope with as many active sessions as its quota allows is refused
+    /// (`StoreError::QuotaExceeded`), counted after taking the scope's row.
     pub async fn create_session(&self, new: NewSession) -> Result<Session, StoreError> {
-        // One statement, so one trip to the database: it succeeds whenever the session can be
-        // placed. When it places nothing, the step-by-step transaction says why (or places
-        // the session, if what was missing has appeared since).
-        if let Some(session) = self.place_session(&new).await? {
+        let limit = self.limit(&new.scope, Quota::Sessions);
+        let mut tx = self.db.writer.begin().await?;
+        super::quotas::take_scope(&mut tx, &new.scope).await?;
+        // One statement places the session whenever it can be placed. When it places
+        // nothing, the step-by-step checks say why (or place the session, if what was missing
+        // has appeared since).
+        if let Some(session) = place_session(&mut tx, &new, limit).await? {
+            tx.commit().await?;
             return Ok(session);
         }
-        let mut tx = self.db.writer.begin().await?;
-        let session = insert_session(&mut tx, &new).await?;
+        let session = insert_session(&mut tx, &new, limit).await?;
         tx.commit().await?;
         Ok(session)
     }
 
-    /// Places a session in one statement: the version asked for (or the active one) if it is
-    /// a ready build with a layer, on the live node with the fewest active sessions, with its
-    /// limits. `None` when any of that is missing.
-    async fn place_session(&self, new: &NewSession) -> Result<Option<Session>, StoreError> {
-        let id = SessionId::generate();
-        let created_at_ms = now_ms();
-        let limits = &new.limits;
-        let row = sqlx::query(
-            "INSERT INTO sessions (id, scope, environment_id, environment_name, entry, version, \
-             slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms, owner, workdir, \
-             limit_memory_mb, limit_pids, limit_cpu_millicores, limit_disk_mb, limit_lifetime_s, \
-             limit_idle_s, ends_at_ms) \
-             SELECT $1, e.scope, e.id, e.name, e.entry, b.version, e.slug, b.layer_tree, n.id, $5, \
-             n.isolated, 'active', $6, $7, \
-             CASE WHEN $8 = 0 THEN '' WHEN n.session_workdir <> '' THEN n.session_workdir \
-             WHEN n.sessions_dir = '' THEN '' \
-             ELSE rtrim(n.sessions_dir, '/') || '/' || $1 || '/work' END, \
-             $10, $11, $12, $13, $14, $15, $16 \
-             FROM environments e \
-             JOIN builds b ON b.environment_id = e.id \
-             AND b.version = COALESCE($4, e.active_version) \
-             AND b.status = 'ready' AND b.layer_tree <> '' \
-             JOIN nodes n ON n.id = (SELECT c.id FROM nodes c WHERE c.heartbeat_at_ms >= $9 \
-             ORDER BY (SELECT COUNT(*) FROM sessions a WHERE a.node_id = c.id \
-             AND a.status = 'active'), c.registered_at_ms, c.id LIMIT 1) \
-             WHERE e.id = $2 AND e.scope = $3 \
-             RETURNING id, scope, environment_id, environment_name, entry, version, slug, \
-             layer_tree, node_id, harness_id, workdir, isolated, status, turns, created_at_ms, \
-             ended_at_ms, owner, limit_memory_mb, limit_pids, limit_cpu_millicores, \
-             limit_disk_mb, limit_lifetime_s, limit_idle_s, \
-             (SELECT address FROM nodes WHERE id = node_id) AS node_address",
-        )
-        .bind(id.as_str())
-        .bind(new.environment_id.as_str())
-        .bind(new.scope.as_str())
-        .bind(new.version.map(i64::from))
-        .bind(&new.harness_id)
-        .bind(created_at_ms)
-        .bind(&new.owner)
-        .bind(i64::from(new.workdir_at_placement))
-        .bind(new.live_since_ms)
-        .bind(stored(limits.memory_mb))
-        .bind(stored(limits.pids))
-        .bind(stored(limits.cpu_millicores))
-        .bind(stored(limits.disk_mb))
-        .bind(stored(limits.lifetime_s))
-        .bind(stored(limits.idle_s))
-        .bind(limits.ends_at_ms(created_at_ms, created_at_ms))
-        .fetch_optional(&self.db.writer)
-        .await?;
-        row.as_ref().map(session_from_row).transpose()
-    }
-
     /// Creates a task and the session it runs in, together.
     pub async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
+        let limit = self.limit(&new.session.scope, Quota::Sessions);
         let mut tx = self.db.writer.begin().await?;
-        let session = insert_session(&mut tx, &new.session).await?;
+        let session = insert_session(&mut tx, &new.session, limit).await?;
         let session_id = session.id.clone();
         let id = TaskId::generate();
         let now = now_ms();
@@ -501,10 +455,71 @@ impl Store {
     }
 }
 
+/// Places a session in one statement: the version asked for (or the active one) if it is a
+/// ready build with a layer, on the live node with the fewest active sessions, with its
+/// limits, while the scope has fewer than `limit` active sessions. `None` when any of that is
+/// missing.
+async fn place_session(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    new: &NewSession,
+    limit: u64,
+) -> Result<Option<Session>, StoreError> {
+    let id = SessionId::generate();
+    let created_at_ms = now_ms();
+    let limits = &new.limits;
+    let row = sqlx::query(
+        "INSERT INTO sessions (id, scope, environment_id, environment_name, entry, version, \
+         slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms, owner, workdir, \
+         limit_memory_mb, limit_pids, limit_cpu_millicores, limit_disk_mb, limit_lifetime_s, \
+         limit_idle_s, ends_at_ms) \
+         SELECT $1, e.scope, e.id, e.name, e.entry, b.version, e.slug, b.layer_tree, n.id, $5, \
+         n.isolated, 'active', $6, $7, \
+         CASE WHEN $8 = 0 THEN '' WHEN n.session_workdir <> '' THEN n.session_workdir \
+         WHEN n.sessions_dir = '' THEN '' \
+         ELSE rtrim(n.sessions_dir, '/') || '/' || $1 || '/work' END, \
+         $10, $11, $12, $13, $14, $15, $16 \
+         FROM environments e \
+         JOIN builds b ON b.environment_id = e.id \
+         AND b.version = COALESCE($4, e.active_version) \
+         AND b.status = 'ready' AND b.layer_tree <> '' \
+         JOIN nodes n ON n.id = (SELECT c.id FROM nodes c WHERE c.heartbeat_at_ms >= $9 \
+         ORDER BY (SELECT COUNT(*) FROM sessions a WHERE a.node_id = c.id \
+         AND a.status = 'active'), c.registered_at_ms, c.id LIMIT 1) \
+         WHERE e.id = $2 AND e.scope = $3 \
+         AND (SELECT COUNT(*) FROM sessions q WHERE q.scope = $3 AND q.status = 'active') < $17 \
+         RETURNING id, scope, environment_id, environment_name, entry, version, slug, \
+         layer_tree, node_id, harness_id, workdir, isolated, status, turns, created_at_ms, \
+         ended_at_ms, owner, limit_memory_mb, limit_pids, limit_cpu_millicores, \
+         limit_disk_mb, limit_lifetime_s, limit_idle_s, \
+         (SELECT address FROM nodes WHERE id = node_id) AS node_address",
+    )
+    .bind(id.as_str())
+    .bind(new.environment_id.as_str())
+    .bind(new.scope.as_str())
+    .bind(new.version.map(i64::from))
+    .bind(&new.harness_id)
+    .bind(created_at_ms)
+    .bind(&new.owner)
+    .bind(i64::from(new.workdir_at_placement))
+    .bind(new.live_since_ms)
+    .bind(stored(limits.memory_mb))
+    .bind(stored(limits.pids))
+    .bind(stored(limits.cpu_millicores))
+    .bind(stored(limits.disk_mb))
+    .bind(stored(limits.lifetime_s))
+    .bind(stored(limits.idle_s))
+    .bind(limits.ends_at_ms(created_at_ms, created_at_ms))
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .fetch_optional(&mut **tx)
+    .await?;
+    row.as_ref().map(session_from_row).transpose()
+}
+
 /// Pins the environment's active version and places the session, inside `tx`.
 pub(super) async fn insert_session(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
     new: &NewSession,
+    limit: u64,
 ) -> Result<Session, StoreError> {
     // The version asked for, else the active one; either must be a ready build.
     let environment = sqlx::query(
@@ -537,6 +552,7 @@ pub(super) async fn insert_session(
             new.environment_id
         ))
     })?;
+    super::quotas::admit_one(tx, &new.scope, Quota::Sessions, limit).await?;
     let node = live_node(tx, new.live_since_ms)
         .await?
         .ok_or(StoreError::NoLiveNode)?;
