@@ -7,7 +7,8 @@
 //! Whether an environment exists, and whose it is, is the catalog's business: callers ask it
 //! first. Building and mounting are not here either. `paths` holds the one path rule;
 //! `archive` reads untrusted archives; `import` and `git` turn them into entries and blobs;
-//! `persistence` owns the index; `service` is the gRPC adapter; `run` starts it all.
+//! `persistence` owns the index and each scope's stored bytes (the distinct blobs its sources
+//! and build layers hold, and its quota); `service` is the gRPC adapter; `run` starts it all.
 
 pub mod archive;
 pub mod git;
@@ -56,6 +57,8 @@ pub struct SourceOptions {
     /// Where callers in this process reach the source service directly, when they run beside
     /// it.
     pub local: Option<plinth_kit::grpc::LocalSlot>,
+    /// Every scope's limits; the source service enforces stored bytes.
+    pub quotas: plinth_kit::quota::Quotas,
 }
 
 /// Why the source service stopped.
@@ -72,8 +75,19 @@ pub enum SourceError {
     Grpc(#[from] tonic::transport::Error),
 }
 
-/// Which roles may call the source service: the gateway only, since every call names a scope.
-pub const ACCESS: Access = Access(&[("/plinth.source.v1.SourceService/", &[Role::Gateway])]);
+/// Which roles may call the source service: builders only to count and forget the layers
+/// of builds they lease, the gateway everything else (every call names a scope).
+pub const ACCESS: Access = Access(&[
+    (
+        "/plinth.source.v1.SourceService/RecordLayer",
+        &[Role::Builder],
+    ),
+    (
+        "/plinth.source.v1.SourceService/ForgetLayer",
+        &[Role::Builder],
+    ),
+    ("/plinth.source.v1.SourceService/", &[Role::Gateway]),
+]);
 
 /// Removes the git fetch directories a killed run left in the spool directory, opens the
 /// index and the blob store and serves gRPC on `grpc` (and `/healthz`, `/readyz`, `/metrics`
@@ -96,7 +110,9 @@ pub async fn run(
             "cannot remove git fetch directories left by an earlier run; check the spool directory's permissions"
         ),
     }
-    let index = Index::connect(&options.database_url, options.max_connections).await?;
+    let index = Index::connect(&options.database_url, options.max_connections)
+        .await?
+        .with_quotas(options.quotas);
     index.migrate().await?;
     let blobs = BlobStore::open(&options.blob_url, options.spool_dir.clone())?;
     tracing::info!(address = ?grpc.local_addr().ok(), "source serving");

@@ -6,6 +6,12 @@
 //! transaction that first bumps the environment's generation, which serializes the writers of
 //! one environment, so the file-versus-directory rules and the statistics never race. An
 //! import is one transaction too: it lands whole or not at all.
+//!
+//! Each change also moves its scope's stored bytes (`ledger`) in the same transaction, and is
+//! refused there when it would pass the scope's stored-bytes quota. A source's scope is
+//! recorded the first time a request names it ([`Index::bind_scope`]).
+
+mod ledger;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -18,16 +24,30 @@ use crate::paths::SourcePath;
 
 fn migrations(backend: Backend) -> &'static [MigrationFile] {
     match backend {
-        Backend::Sqlite => &[(
-            1,
-            "source",
-            include_str!("../migrations/sqlite/0001_source.sql"),
-        )],
-        Backend::Postgres => &[(
-            1,
-            "source",
-            include_str!("../migrations/postgres/0001_source.sql"),
-        )],
+        Backend::Sqlite => &[
+            (
+                1,
+                "source",
+                include_str!("../migrations/sqlite/0001_source.sql"),
+            ),
+            (
+                2,
+                "stored bytes per scope",
+                include_str!("../migrations/sqlite/0002_stored_bytes.sql"),
+            ),
+        ],
+        Backend::Postgres => &[
+            (
+                1,
+                "source",
+                include_str!("../migrations/postgres/0001_source.sql"),
+            ),
+            (
+                2,
+                "stored bytes per scope",
+                include_str!("../migrations/postgres/0002_stored_bytes.sql"),
+            ),
+        ],
     }
 }
 
@@ -103,6 +123,22 @@ pub enum IndexError {
     /// A stored row breaks an invariant.
     #[error("stored index row is corrupt: {0}")]
     Corrupt(String),
+    /// The change would take its scope past its stored-bytes quota; nothing changed.
+    #[error("the scope's stored bytes would pass its quota: {used} of {limit} used, {adding} more")]
+    QuotaExceeded {
+        /// The scope's limit.
+        limit: u64,
+        /// What the scope holds without the change.
+        used: u64,
+        /// What the change would add.
+        adding: u64,
+    },
+    /// A request named a scope other than the one the source belongs to.
+    #[error("environment {environment} belongs to another scope")]
+    OtherScope {
+        /// The environment.
+        environment: String,
+    },
 }
 
 /// Files and bytes of one source.
@@ -118,6 +154,8 @@ pub struct Stats {
 #[derive(Clone)]
 pub struct Index {
     db: Database,
+    /// Every scope's limits; only stored bytes are enforced here.
+    quotas: std::sync::Arc<plinth_kit::quota::Quotas>,
 }
 
 const COLUMNS: &str = "path, kind, digest, size, executable";
@@ -127,7 +165,21 @@ impl Index {
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, IndexError> {
         Ok(Index {
             db: Database::connect(url, max_connections).await?,
+            quotas: std::sync::Arc::default(),
         })
+    }
+
+    /// These limits from now on (the defaults until set).
+    pub fn with_quotas(mut self, quotas: plinth_kit::quota::Quotas) -> Self {
+        self.quotas = std::sync::Arc::new(quotas);
+        self
+    }
+
+    fn stored_bytes_limit(&self, scope: &str) -> Option<u64> {
+        Some(
+            self.quotas
+                .limit(scope, plinth_kit::quota::Quota::StoredBytes),
+        )
     }
 
     /// Applies the migrations this build knows.
@@ -218,10 +270,21 @@ impl Index {
         size: u64,
         executable: Option<bool>,
     ) -> Result<IndexEntry, IndexError> {
-        let mut tx = self.begin_change(environment).await?;
+        let (mut tx, scope) = self.begin_change(environment).await?;
         let existing = entries_at(&mut tx, environment, path).await?;
         check_parents_are_directories(path, &existing)?;
         let new_size = i64::try_from(size).unwrap_or(i64::MAX);
+        let mut holders = ledger::Holders::new();
+        ledger::hold(&mut holders, &digest.to_string(), new_size, 1);
+        if let Some(IndexEntry {
+            digest: Some(replaced),
+            size: replaced_size,
+            ..
+        }) = existing.get(path.as_str())
+        {
+            let replaced_size = i64::try_from(*replaced_size).unwrap_or(i64::MAX);
+            ledger::hold(&mut holders, &replaced.to_string(), replaced_size, -1);
+        }
         let (executable, delta) = match existing.get(path.as_str()) {
             Some(entry) if entry.kind == Kind::Directory => {
                 return Err(IndexError::Conflict {
@@ -258,6 +321,9 @@ impl Index {
         };
         rows.push(entry.clone());
         upsert(&mut tx, environment, &rows).await?;
+        if let Some(scope) = &scope {
+            ledger::apply(&mut tx, scope, &holders, self.stored_bytes_limit(scope)).await?;
+        }
         finish_change(tx, environment, Some(delta)).await?;
         Ok(entry)
     }
@@ -268,7 +334,7 @@ impl Index {
         environment: &str,
         path: &SourcePath,
     ) -> Result<IndexEntry, IndexError> {
-        let mut tx = self.begin_change(environment).await?;
+        let (mut tx, _) = self.begin_change(environment).await?;
         let existing = entries_at(&mut tx, environment, path).await?;
         check_parents_are_directories(path, &existing)?;
         if let Some(entry) = existing.get(path.as_str())
@@ -296,7 +362,7 @@ impl Index {
         environment: &str,
         path: &SourcePath,
     ) -> Result<(u64, u64), IndexError> {
-        let mut tx = self.begin_change(environment).await?;
+        let (mut tx, scope) = self.begin_change(environment).await?;
         let (low, high) = subtree_range(path);
         let counts = sqlx::query(
             "SELECT kind, COUNT(*) AS n, CAST(COALESCE(SUM(size), 0) AS BIGINT) AS bytes FROM source_entries \
@@ -327,6 +393,13 @@ impl Index {
         if files + directories == 0 {
             return Err(IndexError::NotFound(path.to_string()));
         }
+        if let Some(scope) = &scope {
+            let held =
+                ledger::source_holders(&mut tx, environment, Some((path.as_str(), &low, &high)))
+                    .await?;
+            let released = ledger::difference(&held, &ledger::Holders::new());
+            ledger::apply(&mut tx, scope, &released, None).await?;
+        }
         sqlx::query(
             "DELETE FROM source_entries WHERE environment_id = $1 \
              AND (path = $2 OR (path >= $3 AND path < $4))",
@@ -354,7 +427,11 @@ impl Index {
         replace: bool,
         entries: &[IndexEntry],
     ) -> Result<(), IndexError> {
-        let mut tx = self.begin_change(environment).await?;
+        let (mut tx, scope) = self.begin_change(environment).await?;
+        let held_before = match &scope {
+            Some(_) => Some(ledger::source_holders(&mut tx, environment, None).await?),
+            None => None,
+        };
         let mut state: BTreeMap<String, Kind> = BTreeMap::new();
         if replace {
             sqlx::query("DELETE FROM source_entries WHERE environment_id = $1")
@@ -419,13 +496,53 @@ impl Index {
             rows.push(entry.clone());
         }
         upsert(&mut tx, environment, &rows).await?;
+        if let (Some(scope), Some(before)) = (&scope, &held_before) {
+            let after = ledger::source_holders(&mut tx, environment, None).await?;
+            let change = ledger::difference(before, &after);
+            ledger::apply(&mut tx, scope, &change, self.stored_bytes_limit(scope)).await?;
+        }
         finish_change(tx, environment, None).await?;
         Ok(())
     }
 
-    /// Forgets a source.
+    /// Forgets a source, and the layers recorded for its builds: its scope holds their blobs
+    /// no more.
     pub async fn drop_environment(&self, environment: &str) -> Result<(), IndexError> {
-        let mut tx = self.db.writer.begin().await?;
+        let (mut tx, scope) = self.begin_change(environment).await?;
+        if let Some(scope) = &scope {
+            let held = ledger::source_holders(&mut tx, environment, None).await?;
+            let mut released = ledger::difference(&held, &ledger::Holders::new());
+            let layers = sqlx::query(
+                "SELECT DISTINCT layer_tree FROM source_layers WHERE environment_id = $1",
+            )
+            .bind(environment)
+            .fetch_all(&mut *tx)
+            .await?;
+            let mut trees = Vec::new();
+            for row in &layers {
+                let tree: String = row.try_get("layer_tree")?;
+                let count: i64 = sqlx::query(
+                    "SELECT COUNT(*) AS n FROM source_layers WHERE environment_id = $1 AND layer_tree = $2",
+                )
+                .bind(environment)
+                .bind(&tree)
+                .fetch_one(&mut *tx)
+                .await?
+                .try_get("n")?;
+                for (digest, (size, _)) in ledger::layer_holders(&mut tx, &tree, 1).await? {
+                    ledger::hold(&mut released, &digest, size, -count);
+                }
+                trees.push(tree);
+            }
+            ledger::apply(&mut tx, scope, &released, None).await?;
+            sqlx::query("DELETE FROM source_layers WHERE environment_id = $1")
+                .bind(environment)
+                .execute(&mut *tx)
+                .await?;
+            for tree in &trees {
+                forget_unheld_tree(&mut tx, tree).await?;
+            }
+        }
         sqlx::query("DELETE FROM source_entries WHERE environment_id = $1")
             .bind(environment)
             .execute(&mut *tx)
@@ -440,21 +557,236 @@ impl Index {
 
     /// Opens a write transaction holding the environment's row, so writers of one environment
     /// take turns.
+    /// Answers the source's scope too, when its files are counted in that scope's stored
+    /// bytes (see [`Index::bind_scope`]): the change must then move them.
     async fn begin_change(
         &self,
         environment: &str,
-    ) -> Result<Transaction<'static, Any>, IndexError> {
+    ) -> Result<(Transaction<'static, Any>, Option<String>), IndexError> {
         let mut tx = self.db.writer.begin().await?;
-        sqlx::query(
+        let row = sqlx::query(
             "INSERT INTO source_environments (environment_id) VALUES ($1) \
              ON CONFLICT (environment_id) DO UPDATE \
-             SET generation = source_environments.generation + 1",
+             SET generation = source_environments.generation + 1 \
+             RETURNING scope, counted",
         )
         .bind(environment)
+        .fetch_one(&mut *tx)
+        .await?;
+        let scope: String = row.try_get("scope")?;
+        let counted: i64 = row.try_get("counted")?;
+        Ok((tx, (counted != 0 && !scope.is_empty()).then_some(scope)))
+    }
+
+    /// Records that the source of `environment` belongs to `scope` (the gateway names it with
+    /// every change), and counts its files in the scope's stored bytes from now on: at once
+    /// for a source an earlier version wrote, whatever the quota (its bytes are there
+    /// already). Cheap when already done: one read. `IndexError::OtherScope` when the source
+    /// belongs to another scope.
+    pub async fn bind_scope(&self, environment: &str, scope: &str) -> Result<(), IndexError> {
+        let bound =
+            sqlx::query("SELECT scope, counted FROM source_environments WHERE environment_id = $1")
+                .bind(environment)
+                .fetch_optional(&self.db.reader)
+                .await?;
+        if let Some(row) = &bound {
+            let known: String = row.try_get("scope")?;
+            let counted: i64 = row.try_get("counted")?;
+            if known == scope && counted != 0 {
+                return Ok(());
+            }
+            if !known.is_empty() && known != scope {
+                return Err(IndexError::OtherScope {
+                    environment: environment.to_owned(),
+                });
+            }
+        }
+        let (mut tx, _) = self.begin_change(environment).await?;
+        let row = sqlx::query(
+            "UPDATE source_environments SET scope = $1 WHERE environment_id = $2 \
+             AND (scope = '' OR scope = $1) RETURNING counted",
+        )
+        .bind(scope)
+        .bind(environment)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Err(IndexError::OtherScope {
+                environment: environment.to_owned(),
+            });
+        };
+        let counted: i64 = row.try_get("counted")?;
+        if counted == 0 {
+            let held = ledger::source_holders(&mut tx, environment, None).await?;
+            let adopted = ledger::difference(&ledger::Holders::new(), &held);
+            ledger::apply(&mut tx, scope, &adopted, None).await?;
+            sqlx::query("UPDATE source_environments SET counted = 1 WHERE environment_id = $1")
+                .bind(environment)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The bytes of the distinct blobs `scope` holds in its sources and recorded layers.
+    pub async fn stored_bytes(&self, scope: &str) -> Result<u64, IndexError> {
+        let row = sqlx::query("SELECT bytes FROM scope_stored_bytes WHERE scope = $1")
+            .bind(scope)
+            .fetch_optional(&self.db.reader)
+            .await?;
+        let bytes: i64 = match row {
+            Some(row) => row.try_get("bytes")?,
+            None => 0,
+        };
+        Ok(u64::try_from(bytes).unwrap_or(0))
+    }
+
+    /// The stored-bytes limit of `scope`.
+    pub fn stored_bytes_quota(&self, scope: &str) -> u64 {
+        self.quotas
+            .limit(scope, plinth_kit::quota::Quota::StoredBytes)
+    }
+
+    /// Counts a build's layer (its distinct file blobs, `blobs`: digest → size) in `scope`'s
+    /// stored bytes, for version `version` of `environment`, recorded by build attempt
+    /// `attempt`. A later attempt's record replaces an earlier one's; an earlier attempt's
+    /// is ignored (answers false). Refused with `IndexError::QuotaExceeded` when the blobs
+    /// the scope holds nowhere else would take it past its quota; nothing is recorded then.
+    pub async fn record_layer(
+        &self,
+        scope: &str,
+        environment: &str,
+        version: u32,
+        attempt: u32,
+        layer_tree: &str,
+        blobs: &BTreeMap<String, u64>,
+    ) -> Result<bool, IndexError> {
+        self.bind_scope(environment, scope).await?;
+        let (mut tx, _) = self.begin_change(environment).await?;
+        let earlier = sqlx::query(
+            "SELECT attempt, layer_tree, scope FROM source_layers \
+             WHERE environment_id = $1 AND version = $2",
+        )
+        .bind(environment)
+        .bind(i64::from(version))
+        .fetch_optional(&mut *tx)
+        .await?;
+        let mut change = ledger::Holders::new();
+        if let Some(row) = &earlier {
+            let earlier_attempt: i64 = row.try_get("attempt")?;
+            let earlier_tree: String = row.try_get("layer_tree")?;
+            if earlier_attempt > i64::from(attempt)
+                || (earlier_attempt == i64::from(attempt) && earlier_tree == layer_tree)
+            {
+                return Ok(earlier_attempt == i64::from(attempt));
+            }
+            change = ledger::layer_holders(&mut tx, &earlier_tree, -1).await?;
+        }
+        let known = sqlx::query("SELECT 1 AS known FROM layer_blobs WHERE layer_tree = $1 LIMIT 1")
+            .bind(layer_tree)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if known.is_none() {
+            let blobs: Vec<(&String, &u64)> = blobs.iter().collect();
+            for batch in blobs.chunks(INSERT_BATCH) {
+                let mut sql =
+                    String::from("INSERT INTO layer_blobs (layer_tree, digest, size) VALUES ");
+                for i in 0..batch.len() {
+                    if i > 0 {
+                        sql.push_str(", ");
+                    }
+                    sql.push_str(&format!("(${}, ${}, ${})", i * 3 + 1, i * 3 + 2, i * 3 + 3));
+                }
+                sql.push_str(" ON CONFLICT (layer_tree, digest) DO NOTHING");
+                let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for (digest, size) in batch {
+                    query = query
+                        .bind(layer_tree)
+                        .bind(digest.as_str())
+                        .bind(i64::try_from(**size).unwrap_or(i64::MAX));
+                }
+                query.execute(&mut *tx).await?;
+            }
+        }
+        for (digest, (size, n)) in ledger::layer_holders(&mut tx, layer_tree, 1).await? {
+            ledger::hold(&mut change, &digest, size, n);
+        }
+        ledger::apply(&mut tx, scope, &change, self.stored_bytes_limit(scope)).await?;
+        sqlx::query(
+            "INSERT INTO source_layers (environment_id, version, attempt, scope, layer_tree) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (environment_id, version) DO UPDATE \
+             SET attempt = excluded.attempt, scope = excluded.scope, \
+             layer_tree = excluded.layer_tree",
+        )
+        .bind(environment)
+        .bind(i64::from(version))
+        .bind(i64::from(attempt))
+        .bind(scope)
+        .bind(layer_tree)
         .execute(&mut *tx)
         .await?;
-        Ok(tx)
+        if let Some(row) = &earlier {
+            let earlier_tree: String = row.try_get("layer_tree")?;
+            if earlier_tree != layer_tree {
+                forget_unheld_tree(&mut tx, &earlier_tree).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(true)
     }
+
+    /// Forgets the layer recorded for `version` of `environment` by build attempt `attempt`
+    /// (a build whose version was not published, or a version removed): its scope holds its
+    /// blobs no more. Answers whether there was one.
+    pub async fn forget_layer(
+        &self,
+        environment: &str,
+        version: u32,
+        attempt: Option<u32>,
+    ) -> Result<bool, IndexError> {
+        let (mut tx, _) = self.begin_change(environment).await?;
+        let row = sqlx::query(
+            "SELECT attempt, layer_tree, scope FROM source_layers \
+             WHERE environment_id = $1 AND version = $2",
+        )
+        .bind(environment)
+        .bind(i64::from(version))
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else { return Ok(false) };
+        let recorded_attempt: i64 = row.try_get("attempt")?;
+        if attempt.is_some_and(|attempt| i64::from(attempt) != recorded_attempt) {
+            return Ok(false);
+        }
+        let tree: String = row.try_get("layer_tree")?;
+        let scope: String = row.try_get("scope")?;
+        let released = ledger::layer_holders(&mut tx, &tree, -1).await?;
+        ledger::apply(&mut tx, &scope, &released, None).await?;
+        sqlx::query("DELETE FROM source_layers WHERE environment_id = $1 AND version = $2")
+            .bind(environment)
+            .bind(i64::from(version))
+            .execute(&mut *tx)
+            .await?;
+        forget_unheld_tree(&mut tx, &tree).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+}
+
+/// Drops a layer tree's blob list once no recorded layer names it.
+async fn forget_unheld_tree(
+    tx: &mut Transaction<'static, Any>,
+    layer_tree: &str,
+) -> Result<(), IndexError> {
+    sqlx::query(
+        "DELETE FROM layer_blobs WHERE layer_tree = $1 \
+         AND NOT EXISTS (SELECT 1 FROM source_layers WHERE layer_tree = $1)",
+    )
+    .bind(layer_tree)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 /// How a change moved an environment's file statistics.

@@ -90,7 +90,29 @@ fn index_error(error: IndexError) -> PlinthError {
             format!("{path} does not exist in the environment's source"),
         ),
         IndexError::Conflict { path, reason } => PlinthError::invalid(format!("{path}: {reason}")),
+        IndexError::QuotaExceeded { limit, used, .. } => {
+            plinth_kit::quota::exceeded(plinth_kit::quota::Quota::StoredBytes, limit, used)
+        }
+        IndexError::OtherScope { environment } => PlinthError::new(
+            ErrorCode::EnvironmentNotFound,
+            format!("environment {environment} was not found"),
+        ),
         other => PlinthError::internal(&other),
+    }
+}
+
+impl Source {
+    /// Records the scope a change names as its source's (see `Index::bind_scope`); a change
+    /// that names none (a caller from before scopes were sent) changes nothing in the ledger
+    /// of a source not yet bound.
+    async fn bind(&self, environment: &str, scope: &str) -> Result<(), PlinthError> {
+        if scope.is_empty() {
+            return Ok(());
+        }
+        self.index
+            .bind_scope(environment, scope)
+            .await
+            .map_err(index_error)
     }
 }
 
@@ -282,6 +304,7 @@ impl pb::source_service_server::SourceService for Source {
         };
         let path = parse_path(&header.path)?;
         tracing::Span::current().record("environment", header.environment_id.as_str());
+        self.bind(&header.environment_id, &header.scope).await?;
         let chunks = chunks_after_header(stream, |message: pb::WriteFileRequest| {
             match message.message {
                 Some(pb::write_file_request::Message::Chunk(chunk)) => Some(chunk),
@@ -315,6 +338,7 @@ impl pb::source_service_server::SourceService for Source {
     ) -> Result<Response<pb::Entry>, Status> {
         let request = request.into_inner();
         let path = parse_path(&request.path)?;
+        self.bind(&request.environment_id, &request.scope).await?;
         let entry = self
             .index
             .make_directory(&request.environment_id, &path)
@@ -330,6 +354,7 @@ impl pb::source_service_server::SourceService for Source {
     ) -> Result<Response<pb::DeleteResponse>, Status> {
         let request = request.into_inner();
         let path = parse_path(&request.path)?;
+        self.bind(&request.environment_id, &request.scope).await?;
         let (files, directories) = self
             .index
             .delete(&request.environment_id, &path)
@@ -351,6 +376,7 @@ impl pb::source_service_server::SourceService for Source {
             _ => return Err(PlinthError::invalid("an import starts with its header").into()),
         };
         tracing::Span::current().record("environment", header.environment_id.as_str());
+        self.bind(&header.environment_id, &header.scope).await?;
         let imported: Imported = match &header.git {
             Some(source) => git::import(
                 &self.blobs,
@@ -447,11 +473,101 @@ impl pb::source_service_server::SourceService for Source {
         &self,
         request: Request<pb::DropEnvironmentRequest>,
     ) -> Result<Response<pb::DropEnvironmentResponse>, Status> {
+        let request = request.into_inner();
+        self.bind(&request.environment_id, &request.scope).await?;
         self.index
-            .drop_environment(&request.get_ref().environment_id)
+            .drop_environment(&request.environment_id)
             .await
             .map_err(index_error)?;
         Ok(Response::new(pb::DropEnvironmentResponse {}))
+    }
+
+    #[tracing::instrument(name = "source.record_layer", skip_all, fields(environment = %request.get_ref().environment_id, version = request.get_ref().version))]
+    async fn record_layer(
+        &self,
+        request: Request<pb::RecordLayerRequest>,
+    ) -> Result<Response<pb::RecordLayerResponse>, Status> {
+        let request = request.into_inner();
+        if request.scope.is_empty() {
+            return Err(PlinthError::invalid("scope: required").into());
+        }
+        let digest: plinth_blobs::Digest = request.layer_tree.parse().map_err(|_| {
+            PlinthError::invalid(format!(
+                "layer_tree: {:?} is not a sha256 digest",
+                request.layer_tree
+            ))
+        })?;
+        // The tree is read from the blob store (verified) once per record; its file blobs,
+        // each once, are what the layer holds.
+        let bytes = self
+            .blobs
+            .get(&digest)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?
+            .into_bytes()
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        let tree = plinth_blobs::tree::Tree::decode(&bytes).map_err(|error| {
+            PlinthError::invalid(format!("layer_tree {}: {error}", request.layer_tree))
+        })?;
+        let mut blobs = std::collections::BTreeMap::new();
+        for entry in &tree.entries {
+            if let (Some(file), Some(size)) = (entry.file_digest(), entry.size) {
+                blobs.insert(file.to_string(), size);
+            }
+        }
+        let recorded = self
+            .index
+            .record_layer(
+                &request.scope,
+                &request.environment_id,
+                request.version,
+                request.attempt,
+                &request.layer_tree,
+                &blobs,
+            )
+            .await
+            .map_err(index_error)?;
+        let stored_bytes = self
+            .index
+            .stored_bytes(&request.scope)
+            .await
+            .map_err(index_error)?;
+        Ok(Response::new(pb::RecordLayerResponse {
+            stored_bytes,
+            recorded,
+        }))
+    }
+
+    #[tracing::instrument(name = "source.forget_layer", skip_all, fields(environment = %request.get_ref().environment_id, version = request.get_ref().version))]
+    async fn forget_layer(
+        &self,
+        request: Request<pb::ForgetLayerRequest>,
+    ) -> Result<Response<pb::ForgetLayerResponse>, Status> {
+        let request = request.into_inner();
+        let forgotten = self
+            .index
+            .forget_layer(
+                &request.environment_id,
+                request.version,
+                Some(request.attempt),
+            )
+            .await
+            .map_err(index_error)?;
+        Ok(Response::new(pb::ForgetLayerResponse { forgotten }))
+    }
+
+    #[tracing::instrument(name = "source.usage", skip_all)]
+    async fn usage(
+        &self,
+        request: Request<pb::UsageRequest>,
+    ) -> Result<Response<pb::UsageResponse>, Status> {
+        let scope = request.into_inner().scope;
+        let stored_bytes = self.index.stored_bytes(&scope).await.map_err(index_error)?;
+        Ok(Response::new(pb::UsageResponse {
+            stored_bytes,
+            limit: self.index.stored_bytes_quota(&scope),
+        }))
     }
 }
 

@@ -306,6 +306,7 @@ async fn the_service_removes_fetches_a_killed_run_left_when_it_starts() {
         git: GitPolicy::default(),
         internal: plinth_kit::grpc::Internal::default(),
         local: None,
+        quotas: plinth_kit::quota::Quotas::default(),
     };
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -1,6 +1,8 @@
 //! The source service's integration tests: the index conformance suite on SQLite and
 //! PostgreSQL, and git imports against a real git server.
 
+#[macro_use]
+mod index;
 mod git;
 mod git_server;
-mod index;
+mod stored_bytes;
