@@ -1,9 +1,10 @@
 //! The builder's work loop: lease the oldest queued build from the catalog, materialize its
 //! source tree from the blob store (verified), install at the mount path in isolation
 //! (`install`), describe the result as a layer (`layer`), upload the blobs the store lacks,
-//! store the layer tree, and complete the build, all under the lease: the lease is renewed
-//! every third of its length, and once it is lost the build is abandoned and nothing of it
-//! is published (the catalog refuses a stale token anyway).
+//! store the layer tree, count it in its scope's stored bytes with the source service (a
+//! layer past the scope's quota fails the build), and complete the build, all under the
+//! lease: the lease is renewed every third of its length, and once it is lost the build is
+//! abandoned and nothing of it is published (the catalog refuses a stale token anyway).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,6 +30,15 @@ const PARALLEL_BLOBS: usize = 32;
 
 type Catalog = CatalogServiceClient<InterceptedService<Transport, ClientInterceptor>>;
 
+/// The source service, where layers are counted in their scope's stored bytes.
+pub type LayerLedger = plinth_proto::source::v1::source_service_client::SourceServiceClient<
+    InterceptedService<Transport, ClientInterceptor>,
+>;
+
+/// How often counting a layer is tried before its build fails, and the pause between tries.
+const LEDGER_TRIES: u32 = 3;
+const LEDGER_PAUSE: Duration = Duration::from_secs(1);
+
 /// How a builder runs.
 #[derive(Debug, Clone)]
 pub struct BuilderOptions {
@@ -44,6 +54,9 @@ pub struct BuilderOptions {
     /// What the installers are (see `tools::identity`): part of every dependency key, so a new
     /// uv, Python or npm never reuses what an older one installed.
     pub toolchain: String,
+    /// Where layers are counted in their scope's stored bytes before a build completes; none:
+    /// layers are not counted (the builder warns at start).
+    pub layers: Option<LayerLedger>,
 }
 
 /// Why the builder stopped.
@@ -71,6 +84,11 @@ pub async fn run(
         path: builds.clone(),
         source,
     })?;
+    if options.layers.is_none() {
+        tracing::warn!(
+            "no source service to count layers in: built layers do not count in their scope's stored-bytes quota (give the builder builder.source_url)"
+        );
+    }
     tracing::info!(builder = %options.name, work_dir = %options.work_dir.display(), "builder waiting for work");
     let options = Arc::new(options);
     loop {
@@ -192,6 +210,21 @@ async fn build(
     };
     drop(log_tx);
     let _ = shipper.await;
+    // A layer counts in its scope's stored bytes before it is published; past the quota the
+    // build fails instead.
+    let mut recorded = false;
+    let outcome = match outcome {
+        Ok(ready) if !lease_lost.is_cancelled() => {
+            match record_layer(options, &claim.scope, &build, &ready.layer_tree).await {
+                Ok(counted) => {
+                    recorded = counted;
+                    Ok(ready)
+                }
+                Err(error) => Err(error),
+            }
+        }
+        other => other,
+    };
     let published_layer = outcome
         .as_ref()
         .ok()
@@ -202,6 +235,7 @@ async fn build(
     };
     // Whichever call learned it (a renewal, a log append, a reuse query), a lost lease ends
     // the build here, and nothing it made is offered to the catalog.
+    let mut published = false;
     if lease_lost.is_cancelled() {
         if !shutdown.is_cancelled() {
             tracing::error!("lease lost: this build was abandoned and publishes nothing");
@@ -216,6 +250,7 @@ async fn build(
             .await;
         match completed {
             Ok(done) => {
+                published = true;
                 tracing::info!(status = done.into_inner().status, "build completed");
                 if let Some(layer) = published_layer {
                     keep_dependencies(&options.work_dir, &claim.scope, &layer, &scratch).await;
@@ -229,6 +264,9 @@ async fn build(
             }
         }
     }
+    if recorded && !published {
+        forget_layer(options, &build).await;
+    }
     lease_lost.cancel();
     let _ = keeper.await;
     // Scratch directories can be large; removing them must not hold up the next build.
@@ -239,6 +277,74 @@ async fn build(
             tracing::warn!(dir = %scratch.display(), %error, "removing a build's scratch directory failed");
         }
     });
+}
+
+/// Counts a build's layer in its scope's stored bytes; answers whether it was counted (false
+/// when no source service is configured). The error is the build's `error` for its owner.
+async fn record_layer(
+    options: &BuilderOptions,
+    scope: &str,
+    build: &pb::Build,
+    layer_tree: &str,
+) -> Result<bool, String> {
+    let Some(ledger) = &options.layers else {
+        return Ok(false);
+    };
+    let request = plinth_proto::source::v1::RecordLayerRequest {
+        scope: scope.to_owned(),
+        environment_id: build.environment_id.clone(),
+        version: build.version,
+        attempt: build.attempt,
+        layer_tree: layer_tree.to_owned(),
+    };
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match ledger.clone().record_layer(request.clone()).await {
+            Ok(answer) => {
+                tracing::info!(
+                    stored_bytes = answer.into_inner().stored_bytes,
+                    "layer counted in its scope's stored bytes"
+                );
+                return Ok(true);
+            }
+            Err(status) => {
+                let error = PlinthError::from_status(&status);
+                if error.code == ErrorCode::QuotaExceeded {
+                    return Err(format!(
+                        "the built layer was not published: it would take this scope past its stored-bytes quota. {}",
+                        error.message
+                    ));
+                }
+                if error.code != ErrorCode::Unavailable || tries >= LEDGER_TRIES {
+                    return Err(format!(
+                        "the built layer could not be counted in this scope's stored bytes ({}); build again",
+                        error.message
+                    ));
+                }
+                tracing::warn!(error = %error.message, "counting the layer failed; retrying");
+                tokio::time::sleep(LEDGER_PAUSE).await;
+            }
+        }
+    }
+}
+
+/// Forgets what this attempt counted, once its build will not be published.
+async fn forget_layer(options: &BuilderOptions, build: &pb::Build) {
+    let Some(ledger) = &options.layers else {
+        return;
+    };
+    let forgotten = ledger
+        .clone()
+        .forget_layer(plinth_proto::source::v1::ForgetLayerRequest {
+            environment_id: build.environment_id.clone(),
+            version: build.version,
+            attempt: build.attempt,
+        })
+        .await;
+    if let Err(status) = forgotten {
+        tracing::warn!(error = %status.message(), "the unpublished layer could not be forgotten; it counts in its scope's stored bytes until its environment is deleted");
+    }
 }
 
 /// Materializes, installs, scans and uploads; the error is the build's `error` for its owner.
