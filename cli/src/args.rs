@@ -232,6 +232,10 @@ pub struct BuilderArgs {
     /// This builder's name, for operators.
     #[arg(long, env = "PLINTH_BUILDER_NAME")]
     pub name: Option<String>,
+    /// The source service's gRPC URL, where built layers are counted in their scope's stored
+    /// bytes (none: they are not counted).
+    #[arg(long, env = "PLINTH_BUILDER_SOURCE_URL")]
+    pub source_url: Option<String>,
 }
 
 /// `plinth node`.

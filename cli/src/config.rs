@@ -52,6 +52,8 @@ pub struct Config {
     pub node: NodeSection,
     /// Sessions' limits: the default and maximum of each.
     pub sessions: SessionsSection,
+    /// Quotas per scope: defaults, and overrides for named scopes.
+    pub quotas: QuotasSection,
 }
 
 impl Default for Config {
@@ -68,6 +70,7 @@ impl Default for Config {
             builder: BuilderSection::default(),
             node: NodeSection::default(),
             sessions: SessionsSection::default(),
+            quotas: QuotasSection::default(),
         }
     }
 }
@@ -108,6 +111,10 @@ pub struct GatewaySection {
     pub max_concurrent_requests: u32,
     /// Workspace-adapter (Novo) bodies read at once before their signature is known.
     pub adapter_max_unverified_bodies: u32,
+    /// How long a Novo idempotent call's claim lasts unless renewed (every third of it while
+    /// the call runs), in seconds; a retry that finds it run out with no answer stored
+    /// answers `outcome_unknown` and never runs the call again.
+    pub novo_call_lease_seconds: u64,
 }
 
 impl Default for GatewaySection {
@@ -127,6 +134,7 @@ impl Default for GatewaySection {
             request_timeout_seconds: 60,
             max_concurrent_requests: 1024,
             adapter_max_unverified_bodies: 4,
+            novo_call_lease_seconds: 30,
         }
     }
 }
@@ -316,6 +324,10 @@ pub struct BuilderSection {
     /// This builder's name; the host name when absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The source service's gRPC URL, where `plinth builder` counts each built layer in its
+    /// scope's stored bytes; when absent, layers are not counted (`serve` always counts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_url: Option<String>,
     /// Whether installers may use the network. On: the package registries through the build's
     /// egress proxy (or, with `https_proxy`/`http_proxy` set, the host's network and that
     /// proxy). Off: no network at all, and uv, pip and npm install only from what the project
@@ -382,6 +394,7 @@ impl Default for BuilderSection {
             step_timeout_seconds: 1800,
             tools_dir: PathBuf::from("/var/lib/plinth/tools"),
             name: None,
+            source_url: None,
             network: true,
             egress_allow: Vec::new(),
             ca_bundle: None,
@@ -543,6 +556,116 @@ impl SessionsSection {
     }
 }
 
+/// `[quotas]`: what each scope may have at most, by default; `[[quotas.scopes]]` raise or
+/// lower them for one scope. The catalog enforces environments, sessions and queued builds;
+/// the source service stored bytes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuotasSection {
+    /// Environments a scope may have.
+    pub environments: u64,
+    /// Bytes of distinct blobs a scope's sources and build layers may hold (each blob counted
+    /// once per scope).
+    pub stored_bytes: u64,
+    /// Sessions a scope may have active at once.
+    pub sessions: u64,
+    /// Builds a scope may have queued or running at once.
+    pub queued_builds: u64,
+    /// Per-scope overrides.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub scopes: Vec<ScopeQuotas>,
+}
+
+/// `[[quotas.scopes]]`: one scope's own limits; each one left out is the default.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScopeQuotas {
+    /// The scope (as `[[gateway.tokens]]` names it).
+    pub scope: String,
+    /// Environments.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub environments: Option<u64>,
+    /// Stored bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stored_bytes: Option<u64>,
+    /// Active sessions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<u64>,
+    /// Builds queued or running.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queued_builds: Option<u64>,
+}
+
+impl Default for QuotasSection {
+    fn default() -> Self {
+        let defaults = plinth_kit::quota::QuotaLimits::DEFAULT;
+        QuotasSection {
+            environments: defaults.environments,
+            stored_bytes: defaults.stored_bytes,
+            sessions: defaults.sessions,
+            queued_builds: defaults.queued_builds,
+            scopes: Vec::new(),
+        }
+    }
+}
+
+impl QuotasSection {
+    /// `PLINTH_QUOTA_ENVIRONMENTS`, `PLINTH_QUOTA_STORED_BYTES`, `PLINTH_QUOTA_SESSIONS` and
+    /// `PLINTH_QUOTA_QUEUED_BUILDS` (from `lookup`) replace the file's defaults.
+    fn apply_env(&mut self, lookup: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        for (name, value) in [
+            ("PLINTH_QUOTA_ENVIRONMENTS", &mut self.environments),
+            ("PLINTH_QUOTA_STORED_BYTES", &mut self.stored_bytes),
+            ("PLINTH_QUOTA_SESSIONS", &mut self.sessions),
+            ("PLINTH_QUOTA_QUEUED_BUILDS", &mut self.queued_builds),
+        ] {
+            if let Some(text) = lookup(name).filter(|text| !text.trim().is_empty()) {
+                *value = text.trim().parse().map_err(|_| {
+                    ConfigError::Invalid(format!(
+                        "{name} is {text:?}; it must be a whole number (0 allows none)"
+                    ))
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The limits the services apply, or why these make none: a scope override without a
+    /// scope, or a scope named twice.
+    pub fn quotas(&self) -> Result<plinth_kit::quota::Quotas, ConfigError> {
+        let mut quotas = plinth_kit::quota::Quotas::new(plinth_kit::quota::QuotaLimits {
+            environments: self.environments,
+            stored_bytes: self.stored_bytes,
+            sessions: self.sessions,
+            queued_builds: self.queued_builds,
+        });
+        let mut seen = std::collections::HashSet::new();
+        for (index, entry) in self.scopes.iter().enumerate() {
+            if entry.scope.trim().is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "quotas.scopes[{index}] names no scope: give scope = \"<scope>\""
+                )));
+            }
+            if !seen.insert(entry.scope.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "quotas.scopes names scope {:?} more than once; give each scope one entry",
+                    entry.scope
+                )));
+            }
+            quotas = quotas.with_scope(
+                entry.scope.clone(),
+                plinth_kit::quota::QuotaOverride {
+                    environments: entry.environments,
+                    stored_bytes: entry.stored_bytes,
+                    sessions: entry.sessions,
+                    queued_builds: entry.queued_builds,
+                },
+            );
+        }
+        Ok(quotas)
+    }
+}
+
 impl Config {
     fn load(common: &CommonArgs) -> Result<Self, ConfigError> {
         let mut config: Config = match &common.config {
@@ -568,6 +691,8 @@ impl Config {
             ));
         }
         config.internal.apply_env()?;
+        config.quotas.apply_env(&|name| std::env::var(name).ok())?;
+        config.quotas.quotas()?;
         Ok(config)
     }
 
@@ -735,6 +860,9 @@ impl Config {
         }
         if let Some(name) = &args.name {
             config.builder.name = Some(name.clone());
+        }
+        if let Some(url) = &args.source_url {
+            config.builder.source_url = Some(url.clone());
         }
         config.make_paths_absolute()?;
         config.resolve_source();
@@ -1548,5 +1676,47 @@ mod tests {
         assert_eq!(config.source.git_max_fetch_bytes, 5000);
         let config = serve(&["--config", path, "--git-max-fetch-bytes", "7000"]).expect("config");
         assert_eq!(config.source.git_max_fetch_bytes, 7000, "the flag wins");
+    }
+
+    #[test]
+    fn quotas_come_from_the_file_the_environment_and_per_scope_overrides() {
+        let (_dir, path) = config_file(
+            "[quotas]\nsessions = 5\nstored_bytes = 4096\n\
+             [[quotas.scopes]]\nscope = \"acme\"\nsessions = 500\n",
+        );
+        let config = serve(&["--config", &path]).expect("config");
+        let quotas = config.quotas.quotas().expect("quotas");
+        use plinth_kit::quota::Quota;
+        assert_eq!(quotas.limit("acme", Quota::Sessions), 500);
+        assert_eq!(quotas.limit("acme", Quota::StoredBytes), 4096);
+        assert_eq!(quotas.limit("globex", Quota::Sessions), 5);
+        assert_eq!(quotas.limit("globex", Quota::Environments), 1000);
+        assert_eq!(quotas.limit("globex", Quota::QueuedBuilds), 20);
+
+        let mut section = QuotasSection::default();
+        let env = |name: &str| match name {
+            "PLINTH_QUOTA_ENVIRONMENTS" => Some("7".to_owned()),
+            "PLINTH_QUOTA_QUEUED_BUILDS" => Some(" 3 ".to_owned()),
+            _ => None,
+        };
+        section.apply_env(&env).expect("env");
+        assert_eq!((section.environments, section.queued_builds), (7, 3));
+        assert_eq!(section.stored_bytes, 50 * 1024 * 1024 * 1024);
+        let error = section
+            .apply_env(&|name: &str| (name == "PLINTH_QUOTA_SESSIONS").then(|| "lots".to_owned()))
+            .expect_err("not a number");
+        assert!(
+            error.to_string().contains("PLINTH_QUOTA_SESSIONS"),
+            "{error}"
+        );
+
+        let (_dir, path) = config_file(
+            "[[quotas.scopes]]\nscope = \"acme\"\n[[quotas.scopes]]\nscope = \"acme\"\nsessions = 1\n",
+        );
+        let error = serve(&["--config", &path]).expect_err("twice");
+        assert!(
+            error.to_string().contains("\"acme\" more than once"),
+            "{error}"
+        );
     }
 }

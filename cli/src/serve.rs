@@ -171,6 +171,7 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
             config,
             &internal.builder,
             peers.catalog(&internal.builder)?,
+            Some(peers.source(&internal.builder)?),
             index,
             shutdown.clone(),
         )?;
@@ -265,11 +266,18 @@ pub async fn start_builder(config: &Config) -> anyhow::Result<Running> {
     let internal = config.internal.for_process("builder", true, false)?;
     let shutdown = CancellationToken::new();
     let mut services = JoinSet::new();
+    let layers = config
+        .builder
+        .source_url
+        .as_deref()
+        .map(|url| transport(&internal, url, "source", None))
+        .transpose()?;
     spawn_builder(
         &mut services,
         config,
         &internal,
         Peers::remote(config).catalog(&internal)?,
+        layers,
         0,
         shutdown.clone(),
     )?;
@@ -290,6 +298,7 @@ fn spawn_builder(
     config: &Config,
     internal: &Internal,
     catalog: Transport,
+    source: Option<Transport>,
     index: u32,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -315,6 +324,12 @@ fn spawn_builder(
         )
     })?;
     let interceptor = internal.interceptor("builder")?;
+    let layers = source.map(|source| {
+        plinth_proto::source::v1::source_service_client::SourceServiceClient::with_interceptor(
+            source,
+            interceptor.clone(),
+        )
+    });
     let catalog =
         plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient::with_interceptor(
             catalog,
@@ -354,6 +369,7 @@ fn spawn_builder(
         install,
         idle_poll: std::time::Duration::from_millis(500),
         toolchain: String::new(),
+        layers,
     };
     let result = async move {
         let result = async {
@@ -726,6 +742,7 @@ fn spawn_catalog(
         ),
         local,
         seal_key,
+        quotas: config.quotas.quotas()?,
     };
     let result = async move {
         let result = plinth_catalog::run(options, listener, admin, shutdown).await;
@@ -882,6 +899,7 @@ fn spawn_source(
         },
         internal: internal.clone(),
         local,
+        quotas: config.quotas.quotas()?,
     };
     if options.database_url.starts_with("sqlite:") || options.blob_url.starts_with("file:") {
         std::fs::create_dir_all(&config.data_dir).with_context(|| {
@@ -928,6 +946,9 @@ fn spawn_gateway(
         ),
         session_limits: config.sessions.policy()?,
         edge: config.gateway.edge_limits()?,
+        novo_call_lease: std::time::Duration::from_secs(
+            config.gateway.novo_call_lease_seconds.max(1),
+        ),
     };
     let result = async move {
         let result = plinth_gateway::run(options, listener, backends, shutdown).await;

@@ -172,6 +172,7 @@ fn version_path(
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
         (status = 409, description = "environment_busy: a build is queued or running", body = ErrorBody),
+        (status = 429, description = "quota_exceeded: the scope has as many builds queued or running as its quota allows (detail: quota, limit, used). Also rate_limited, with Retry-After", body = ErrorBody),
         (status = 503, description = "unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))

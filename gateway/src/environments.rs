@@ -320,6 +320,7 @@ impl<S: Send + Sync> FromRequestParts<S> for EnvironmentIdParam {
         (status = 400, description = "environment_invalid: malformed JSON, unknown or mistyped field, a name that yields no slug, a limit broken", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 409, description = "environment_exists: the slug (and mount path) is taken in this scope", body = ErrorBody),
+        (status = 429, description = "quota_exceeded: the scope has as many environments as its quota allows (detail: quota, limit, used). Also rate_limited, with Retry-After", body = ErrorBody),
         (status = 503, description = "unavailable: the catalog did not answer", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -461,14 +462,16 @@ async fn delete_environment(
     EnvironmentIdParam(id): EnvironmentIdParam,
 ) -> Result<Json<DeletedEnvironment>, ApiError> {
     let request = pb::DeleteEnvironmentRequest {
-        scope: caller.scope,
+        scope: caller.scope.clone(),
         id: id.clone(),
     };
     state.catalog().delete_environment(request).await?;
     // The catalog's word is final: the environment is gone. Its source index is forgotten
-    // too; if that fails, the rows are unreachable and only cost space.
+    // too, and its scope's stored bytes let go of its files and layers; if that fails, the
+    // rows are unreachable and still count in the scope's stored bytes.
     let drop = plinth_proto::source::v1::DropEnvironmentRequest {
         environment_id: id.clone(),
+        scope: caller.scope,
     };
     if let Err(status) = state.source().drop_environment(drop).await {
         tracing::warn!(environment = %id, error = %status.message(), "forgetting a deleted environment's source failed");

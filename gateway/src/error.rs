@@ -42,7 +42,9 @@ pub struct ErrorObject {
     /// `workspace_path_invalid`, `workspace_invalid_request`, `workspace_contents_required`,
     /// `workspace_read_only`, `workspace_not_found`, `workspace_find_not_unique`,
     /// `workspace_find_not_found`, `workspace_run_ended`, `idempotency_key_reused`,
-    /// `idempotency_in_progress`.
+    /// `idempotency_in_progress`, `outcome_unknown` (409: an idempotent call was cut off after
+    /// it was dispatched; it is not run again), `quota_exceeded` (429, with `detail`
+    /// `{quota, limit, used}`).
     #[schema(example = "environment_invalid")]
     pub code: &'static str,
     /// What went wrong, for a person; names the field or path at fault.

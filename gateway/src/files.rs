@@ -350,6 +350,7 @@ async fn read_file(
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
         (status = 413, description = "file_too_large: detail.max_bytes states the limit; nothing was stored", body = ErrorBody),
+        (status = 429, description = "quota_exceeded: the file would take the scope past its stored-bytes quota (detail: quota, limit, used); nothing was stored. Also rate_limited, with Retry-After", body = ErrorBody),
         (status = 503, description = "unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -371,6 +372,7 @@ async fn write_file(
                 environment_id: id,
                 path,
                 executable: query.executable,
+                scope: caller.scope.clone(),
             },
         )),
     };
@@ -414,6 +416,7 @@ async fn delete_path(
         .delete(pb::DeleteRequest {
             environment_id: id,
             path: path.clone(),
+            scope: caller.scope.clone(),
         })
         .await?
         .into_inner();
@@ -453,6 +456,7 @@ async fn make_directory(
         .make_directory(pb::MakeDirectoryRequest {
             environment_id: id,
             path: body.path,
+            scope: caller.scope.clone(),
         })
         .await?
         .into_inner();
@@ -473,6 +477,7 @@ async fn make_directory(
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
         (status = 413, description = "file_too_large: the archive, its contents, one member or a git fetch (source.git_max_fetch_bytes) passed a limit (detail.max_bytes); nothing was imported", body = ErrorBody),
+        (status = 429, description = "quota_exceeded: the import would take the scope past its stored-bytes quota (detail: quota, limit, used); nothing was imported. Also rate_limited, with Retry-After", body = ErrorBody),
         (status = 503, description = "unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -515,6 +520,7 @@ async fn import(
                     url: body.git.url,
                     r#ref: body.git.reference.unwrap_or_default(),
                 }),
+                scope: caller.scope.clone(),
             })),
         };
         source
@@ -527,6 +533,7 @@ async fn import(
                 environment_id: id,
                 replace: query.replace.unwrap_or(false),
                 git: None,
+                scope: caller.scope.clone(),
             })),
         };
         stream_to_source(

@@ -19,6 +19,7 @@ mod json;
 pub mod limits;
 mod novo;
 mod sessions;
+mod usage;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +36,7 @@ use plinth_proto::catalog::v1::adapter_service_client::AdapterServiceClient;
 use plinth_proto::catalog::v1::brain_service_client::BrainServiceClient;
 use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
 use plinth_proto::catalog::v1::harness_service_client::HarnessServiceClient;
+use plinth_proto::catalog::v1::quota_service_client::QuotaServiceClient;
 use plinth_proto::catalog::v1::session_service_client::SessionServiceClient;
 use plinth_proto::source::v1::source_service_client::SourceServiceClient;
 use serde::Serialize;
@@ -75,6 +77,10 @@ pub struct GatewayOptions {
     /// Bytes of each of stdout and stderr a Novo runCommand answers inline (the rest is
     /// paged with readCommandOutput).
     pub command_inline_bytes: u64,
+    /// How long a Novo idempotent call's claim lasts unless renewed (the gateway renews it
+    /// every third while the call runs); a retry that finds it run out with no answer stored
+    /// settles it as `outcome_unknown` and never runs the call again.
+    pub novo_call_lease: Duration,
     /// Sessions' limits: the default and maximum of each. Tasks' and workspace adapters'
     /// sessions get the defaults.
     pub session_limits: limits::LimitPolicy,
@@ -100,6 +106,7 @@ type HarnessClient = HarnessServiceClient<InterceptedService<Transport, ClientIn
 type SessionClient = SessionServiceClient<InterceptedService<Transport, ClientInterceptor>>;
 type BrainClient = BrainServiceClient<InterceptedService<Transport, ClientInterceptor>>;
 type AdapterClient = AdapterServiceClient<InterceptedService<Transport, ClientInterceptor>>;
+type QuotaClient = QuotaServiceClient<InterceptedService<Transport, ClientInterceptor>>;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -110,6 +117,7 @@ pub(crate) struct AppState {
     brain: BrainClient,
     brain_runtime: Arc<brain::Runtime>,
     adapters: AdapterClient,
+    quotas: QuotaClient,
     nodes: sessions::Nodes,
     live: Arc<sessions::LiveSessions>,
     source: SourceClient,
@@ -139,6 +147,11 @@ impl AppState {
     /// A workspace-adapter client for one request; it shares the catalog's channel.
     fn adapters(&self) -> AdapterClient {
         self.adapters.clone()
+    }
+
+    /// A quota client for one request; it shares the catalog's channel.
+    fn quotas(&self) -> QuotaClient {
+        self.quotas.clone()
     }
 
     /// A Brain ledger client for one request; it shares the catalog's channel.
@@ -249,6 +262,7 @@ fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, 
             backends.catalog.clone(),
             interceptor.clone(),
         ),
+        quotas: QuotaServiceClient::with_interceptor(backends.catalog.clone(), interceptor.clone()),
         brain: BrainServiceClient::with_interceptor(backends.catalog.clone(), interceptor.clone())
             .max_decoding_message_size(brain::CATALOG_MESSAGE_BYTES)
             .max_encoding_message_size(brain::CATALOG_MESSAGE_BYTES),
@@ -268,7 +282,8 @@ fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, 
             options.command_inline_bytes,
             options.edge.max_unverified_bodies,
             options.edge.request_timeout,
-        ),
+        )
+        .with_call_lease(options.novo_call_lease),
         session_limits: options.session_limits,
     })
 }
@@ -288,7 +303,8 @@ fn router_with(
             .merge(sessions::routes())
             .merge(novo::routes())
             .merge(adapters::routes())
-            .merge(brain::routes());
+            .merge(brain::routes())
+            .merge(usage::routes());
     }
     let (api, mut openapi) = api.split_for_parts();
     // axum spells a multi-segment parameter `{*path}`; OpenAPI spells it `{path}`.

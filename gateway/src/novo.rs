@@ -6,11 +6,16 @@
 //! replay inside the window is refused), then runs in its run's session (`Novo-Run-Id`; the
 //! first call makes it) through the node's workspace operations, is recorded as a turn, and
 //! answers the method's response shape. Mutating methods are idempotent by
-//! `Novo-Request-Id`. Only the JSON shapes live here; the node does the work.
+//! `Novo-Request-Id` and never run twice: the key is claimed in the catalog before the call
+//! runs, the claim's lease is renewed while it runs, and its answer is stored; a failure that
+//! may have followed the call's effect is stored as `outcome_unknown`, and only a call that
+//! certainly did not start gives its key up. Only the JSON shapes live here; the node does
+//! the work.
 
 mod signature;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -24,6 +29,7 @@ use plinth_proto::node::v1 as node;
 use serde_json::{Value, json};
 use sha2::Digest as _;
 use tokio::sync::Semaphore;
+use tracing::Instrument as _;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -44,6 +50,10 @@ const MAX_BODY_BYTES: usize = 70 * 1024 * 1024;
 const REPLAY_MEMORY: usize = 200_000;
 /// How long a retry waits for the first call with its key before answering 409.
 const WAIT_FOR_FIRST: Duration = Duration::from_secs(10);
+/// How long a call's answer that could not be stored at once (the catalog did not answer) is
+/// tried again in the background; past it, a retry settles the key as `outcome_unknown` once
+/// the claim's lease has run out.
+const STORE_ANSWER_FOR: Duration = Duration::from_secs(15 * 60);
 /// Bytes of each of a command's stdout and stderr kept for `readCommandOutput`.
 const KEEP_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
 /// Paths left out of run artifacts and external changes: Novo's reserved directory, git's.
@@ -68,6 +78,10 @@ pub struct NovoOptions {
     body_deadline: Duration,
     /// The signed requests of the replay window.
     replays: Arc<ReplayMemory>,
+    /// How long an idempotent call's claim lasts unless renewed (every third of it while the
+    /// call runs); a retry that finds it run out with no answer settles it as
+    /// `outcome_unknown`.
+    call_lease: Duration,
 }
 
 impl NovoOptions {
@@ -83,9 +97,19 @@ impl NovoOptions {
             unverified_bodies: Arc::new(Semaphore::new(max_unverified_bodies.max(1))),
             body_deadline,
             replays: Arc::new(ReplayMemory::new(REPLAY_MEMORY)),
+            call_lease: DEFAULT_CALL_LEASE,
         }
     }
+
+    /// An idempotent call's claim lasts `lease` unless renewed (at least a second).
+    pub fn with_call_lease(mut self, lease: Duration) -> Self {
+        self.call_lease = lease.max(Duration::from_secs(1));
+        self
+    }
 }
+
+/// How long an idempotent call's claim lasts unless renewed, by default.
+pub const DEFAULT_CALL_LEASE: Duration = Duration::from_secs(30);
 
 fn invalid(message: impl Into<String>) -> PlinthError {
     PlinthError::new(ErrorCode::WorkspaceInvalidRequest, message)
@@ -129,10 +153,11 @@ fn answer(status: u16, body: &Value) -> Response {
         (status = 401, description = "unauthenticated: a missing, stale or wrong signature, or a signed request received before (a replay); nothing ran", body = ErrorBody),
         (status = 403, description = "workspace_read_only", body = ErrorBody),
         (status = 404, description = "not_found (no such adapter), workspace_not_found", body = ErrorBody),
-        (status = 409, description = "workspace_find_not_unique, workspace_find_not_found, idempotency_in_progress", body = ErrorBody),
+        (status = 409, description = "workspace_find_not_unique, workspace_find_not_found; idempotency_in_progress: the first call with this Novo-Request-Id is still running (or its outcome is not stored yet); outcome_unknown: the first call with this Novo-Request-Id was dispatched and then cut off (its node or server stopped), so it may or may not have taken effect; it is never run again under this id", body = ErrorBody),
         (status = 410, description = "workspace_run_ended", body = ErrorBody),
         (status = 413, description = "file_too_large: the body passed 70 MiB (detail.max_bytes); refused as it passed, nothing ran", body = ErrorBody),
         (status = 422, description = "idempotency_key_reused", body = ErrorBody),
+        (status = 429, description = "quota_exceeded: the run's session would pass the scope's active-sessions quota (detail: quota, limit, used); nothing ran", body = ErrorBody),
         (status = 503, description = "unavailable: too many unverified bodies being read at once, or the catalog did not answer; Retry-After says when to retry", body = ErrorBody),
     )
 )]
@@ -230,18 +255,13 @@ async fn dispatch(
         .filter(|key| !key.is_empty() && MUTATING.contains(&method.as_str()))
         .map(str::to_owned);
     let Some(key) = key else {
-        let (status, body) = run(&state, &adapter, &run_id, &method, &args).await;
-        return Ok(answer(status, &body));
+        let ran = run(&state, &adapter, &run_id, &method, &args).await;
+        return Ok(answer(ran.status, &ran.body));
     };
 
     // Idempotent: the first call with the key runs, a retry gets its answer.
     let body_sha256 = hex(&sha2::Sha256::digest(&body));
-    let lease_ms = args
-        .get("timeout_ms")
-        .and_then(Value::as_i64)
-        .unwrap_or(120_000)
-        .clamp(0, 3_600_000)
-        + 60_000;
+    let lease_ms = i64::try_from(state.novo.call_lease.as_millis()).unwrap_or(i64::MAX);
     let waited_since = tokio::time::Instant::now();
     let claim = loop {
         let claimed = state
@@ -278,50 +298,258 @@ async fn dispatch(
                 return Err(PlinthError::new(
                     ErrorCode::IdempotencyInProgress,
                     format!(
-                        "the first call with Novo-Request-Id {key:?} is still running; retry later"
+                        "the first call with Novo-Request-Id {key:?} is still running, or its outcome is not stored yet; retry later"
                     ),
                 )
                 .into());
             }
         }
     };
-    let (status, response) = run(&state, &adapter, &run_id, &method, &args).await;
-    if status == 503 {
-        // Nothing is known to have run: a retry runs the call.
-        let _ = state
-            .adapters()
-            .release_idempotency_key(pb::ReleaseIdempotencyKeyRequest {
-                adapter_id: adapter.id.clone(),
-                key,
-                claim,
-            })
-            .await;
-    } else {
-        state
-            .adapters()
-            .finish_idempotency_key(pb::FinishIdempotencyKeyRequest {
-                adapter_id: adapter.id.clone(),
-                key,
-                claim,
-                status: u32::from(status),
-                response: response.to_string(),
-            })
-            .await?;
+    let held = Claim {
+        adapter: adapter.id.clone(),
+        key,
+        claim,
+    };
+    // The call runs to its end in a task of its own, even if Novo hangs up (it retries on a
+    // timeout): its answer must be stored for that retry, and its claim must not be left
+    // running with nobody to finish it.
+    let running = tokio::spawn(
+        run_claimed(state.clone(), adapter, run_id, method, args, held)
+            .instrument(tracing::Span::current()),
+    );
+    match running.await {
+        Ok((status, response)) => Ok(answer(status, &response)),
+        Err(join) => Err(PlinthError::internal(&join).into()),
     }
-    Ok(answer(status, &response))
 }
 
-/// Runs a call in its run's session; answers its status and body, errors included.
+/// Runs a call whose key `held` claims, renewing the claim while it runs, then stores its
+/// answer (or releases the key, if the call certainly did not start); answers the call's
+/// status and body.
+async fn run_claimed(
+    state: AppState,
+    adapter: pb::Adapter,
+    run_id: String,
+    method: String,
+    args: Value,
+    held: Claim,
+) -> (u16, Value) {
+    // The claim is renewed while the call runs, so a long command is not settled under it;
+    // whatever ends this task ends the renewals (unless the answer is still being stored).
+    let renewing = plinth_kit::tasks::CancellationToken::new();
+    let renewals = renewing.clone().drop_guard();
+    tokio::spawn(
+        renew(
+            state.clone(),
+            held.clone(),
+            state.novo.call_lease,
+            renewing.clone(),
+        )
+        .instrument(tracing::Span::current()),
+    );
+    let ran = run(&state, &adapter, &run_id, &method, &args).await;
+    let (status, response, settle) = match (ran.reached, ran.status) {
+        // Refused before anything was sent to the node: nothing ran, a retry runs it.
+        (Reached::Before, status) => (status, ran.body, Settle::Release),
+        // Sent, then no answer (the node, or the way to it, failed): it may have run. It is
+        // never run again; this and every retry answer that it is not known.
+        (Reached::Dispatched, 500 | 503) => {
+            let cause = ran.body["error"]["message"]
+                .as_str()
+                .unwrap_or("it failed")
+                .to_owned();
+            tracing::warn!(adapter = %adapter.id, %method, %cause, "an idempotent call failed after it was dispatched; its outcome is unknown");
+            let (status, body) = error_answer(&outcome_unknown(&held.key, &cause));
+            (status, body.clone(), Settle::Finish { status, body })
+        }
+        (Reached::Dispatched, status) => (
+            status,
+            ran.body.clone(),
+            Settle::Finish {
+                status,
+                body: ran.body,
+            },
+        ),
+    };
+    if let Err(error) = held.settle(&state, &settle).await {
+        // The answer is known but not stored (the catalog did not answer): it is answered
+        // now, and stored in the background while the claim is renewed, so a retry waits for
+        // it instead of settling the key as unknown.
+        tracing::warn!(adapter = %adapter.id, error = %error.0.message, "an idempotent call's outcome could not be recorded; retrying in the background");
+        tokio::spawn(
+            held.settle_in_background(state.clone(), settle, renewals.disarm())
+                .instrument(tracing::Span::current()),
+        );
+    }
+    (status, response)
+}
+
+/// The answer of an idempotent call whose outcome is not known.
+fn outcome_unknown(key: &str, cause: &str) -> PlinthError {
+    PlinthError::new(
+        ErrorCode::OutcomeUnknown,
+        format!(
+            "the call with Novo-Request-Id {key:?} was dispatched to its session, then cut off ({cause}): it may or may not have taken effect, and it is not run again under this id. Check the workspace, then send the call with a new Novo-Request-Id if it is still wanted"
+        ),
+    )
+}
+
+/// A claim on an idempotency key, held while its call runs.
+#[derive(Debug, Clone)]
+struct Claim {
+    adapter: String,
+    key: String,
+    claim: String,
+}
+
+/// What becomes of a claim once its call has ended.
+#[derive(Debug, Clone)]
+enum Settle {
+    /// Store this answer for retries.
+    Finish { status: u16, body: Value },
+    /// Give the key up: the call certainly did not start.
+    Release,
+}
+
+impl Claim {
+    /// One try at storing the answer, or releasing the key.
+    async fn settle(&self, state: &AppState, settle: &Settle) -> Result<(), ApiError> {
+        match settle {
+            Settle::Finish { status, body } => {
+                let finished = state
+                    .adapters()
+                    .finish_idempotency_key(pb::FinishIdempotencyKeyRequest {
+                        adapter_id: self.adapter.clone(),
+                        key: self.key.clone(),
+                        claim: self.claim.clone(),
+                        status: u32::from(*status),
+                        response: body.to_string(),
+                    })
+                    .await?
+                    .into_inner();
+                if !finished.stored {
+                    tracing::warn!(adapter = %self.adapter, "an idempotent call ended after its claim was settled as outcome unknown; retries keep that answer");
+                }
+            }
+            Settle::Release => {
+                state
+                    .adapters()
+                    .release_idempotency_key(pb::ReleaseIdempotencyKeyRequest {
+                        adapter_id: self.adapter.clone(),
+                        key: self.key.clone(),
+                        claim: self.claim.clone(),
+                    })
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Tries `settle` until it lands (or `STORE_ANSWER_FOR` passes), then stops `renewing`.
+    async fn settle_in_background(
+        self,
+        state: AppState,
+        settle: Settle,
+        renewing: plinth_kit::tasks::CancellationToken,
+    ) {
+        let since = tokio::time::Instant::now();
+        let mut pause = Duration::from_millis(250);
+        loop {
+            tokio::time::sleep(pause).await;
+            match self.settle(&state, &settle).await {
+                Ok(()) => {
+                    tracing::info!(adapter = %self.adapter, "an idempotent call's outcome was recorded after a retry");
+                    break;
+                }
+                Err(error) if since.elapsed() >= STORE_ANSWER_FOR => {
+                    tracing::error!(adapter = %self.adapter, error = %error.0.message, "an idempotent call's outcome could not be recorded; a retry will be answered outcome_unknown");
+                    break;
+                }
+                Err(_) => pause = (pause * 2).min(Duration::from_secs(2)),
+            }
+        }
+        renewing.cancel();
+    }
+}
+
+/// Renews `claim` every third of `lease` until `stop`, or until the catalog says it is not
+/// held any more.
+async fn renew(
+    state: AppState,
+    claim: Claim,
+    lease: Duration,
+    stop: plinth_kit::tasks::CancellationToken,
+) {
+    let every = (lease / 3).max(Duration::from_millis(100));
+    let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let renewed = tokio::time::timeout(
+            every,
+            state
+                .adapters()
+                .renew_idempotency_key(pb::RenewIdempotencyKeyRequest {
+                    adapter_id: claim.adapter.clone(),
+                    key: claim.key.clone(),
+                    claim: claim.claim.clone(),
+                    lease_ms,
+                }),
+        )
+        .await;
+        match renewed {
+            Ok(Ok(answer)) if !answer.get_ref().held => return,
+            Ok(Ok(_)) => {}
+            Ok(Err(status)) => {
+                tracing::warn!(adapter = %claim.adapter, error = %status.message(), "renewing an idempotent call's claim failed; retrying");
+            }
+            Err(_) => {
+                tracing::warn!(adapter = %claim.adapter, "renewing an idempotent call's claim timed out; retrying");
+            }
+        }
+    }
+}
+
+/// How far a call got before it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reached {
+    /// Nothing was sent to the node: the call certainly did not start.
+    Before,
+    /// The call was sent to the node: it may have had its effect, whatever came back.
+    Dispatched,
+}
+
+/// A call's answer and how far it got.
+struct Ran {
+    status: u16,
+    body: Value,
+    reached: Reached,
+}
+
+/// Runs a call in its run's session; answers its status and body, errors included, and
+/// whether it was sent to the node.
 async fn run(
     state: &AppState,
     adapter: &pb::Adapter,
     run_id: &str,
     method: &str,
     args: &Value,
-) -> (u16, Value) {
-    match run_call(state, adapter, run_id, method, args).await {
+) -> Ran {
+    let dispatched = AtomicBool::new(false);
+    let (status, body) = match run_call(state, adapter, run_id, method, args, &dispatched).await {
         Ok(body) => (200, body),
         Err(ApiError(error)) => error_answer(&error),
+    };
+    Ran {
+        status,
+        body,
+        reached: if dispatched.load(Ordering::SeqCst) {
+            Reached::Dispatched
+        } else {
+            Reached::Before
+        },
     }
 }
 
@@ -331,6 +559,7 @@ async fn run_call(
     run_id: &str,
     method: &str,
     args: &Value,
+    dispatched: &AtomicBool,
 ) -> Result<Value, ApiError> {
     let opened = state
         .adapters()
@@ -350,6 +579,7 @@ async fn run_call(
         session: &session,
         args,
         inline_bytes: state.novo.command_inline_bytes,
+        dispatched,
     };
     let (body, kind, detail, exit_code) = match method {
         "readFile" => call.read_file().await?,
@@ -368,7 +598,17 @@ async fn run_call(
             return Err(invalid(format!("method {other:?} is not one Novo dispatches")).into());
         }
     };
-    sessions::record(state, &adapter.scope, &session, kind, &detail, exit_code).await?;
+    // The call has run: a turn that cannot be recorded because the catalog did not answer
+    // does not turn its answer into an error.
+    match sessions::record(state, &adapter.scope, &session, kind, &detail, exit_code).await {
+        Err(ApiError(error))
+            if matches!(error.code, ErrorCode::Unavailable | ErrorCode::Internal) =>
+        {
+            tracing::warn!(session = %session.id, error = %error.message, "a Novo call ran, but its turn could not be recorded");
+        }
+        Err(error) => return Err(error),
+        Ok(_) => {}
+    }
     Ok(body)
 }
 
@@ -378,13 +618,19 @@ struct Call<'a> {
     session: &'a pb::Session,
     args: &'a Value,
     inline_bytes: u64,
+    /// Set once a request to the node is made: from then on the call may have run.
+    dispatched: &'a AtomicBool,
 }
 
 type Outcome = (Value, &'static str, String, Option<i32>);
 
 impl Call<'_> {
+    /// The node's workspace client, for a request made at once: the call counts as
+    /// dispatched from here on.
     fn client(&self) -> Result<crate::sessions::WorkspaceClient, ApiError> {
-        self.state.nodes.workspace(&self.session.node_address)
+        let client = self.state.nodes.workspace(&self.session.node_address)?;
+        self.dispatched.store(true, Ordering::SeqCst);
+        Ok(client)
     }
 
     fn string(&self, name: &str) -> Result<Option<String>, PlinthError> {

@@ -397,6 +397,7 @@ pub(crate) fn spec(session: &pb::Session) -> node::SessionSpec {
         (status = 404, description = "environment_not_found, or not_found for an unknown harness", body = ErrorBody),
         (status = 409, description = "environment_not_ready: nothing built yet", body = ErrorBody),
         (status = 503, description = "unavailable: no node agent is alive", body = ErrorBody),
+        (status = 429, description = "quota_exceeded: the scope has as many active sessions as its quota allows (detail: quota, limit, used). Also rate_limited, with Retry-After", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -1133,6 +1134,7 @@ pub struct TaskBody {
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found: no environment (the task's, or its harness's), or not there", body = ErrorBody),
         (status = 409, description = "environment_not_ready: nothing built yet", body = ErrorBody),
+        (status = 429, description = "quota_exceeded: the task's session would pass the scope's active-sessions quota (detail: quota, limit, used). Also rate_limited, with Retry-After", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
