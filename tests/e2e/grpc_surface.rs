@@ -108,12 +108,14 @@ async fn health_is_open_and_reflection_needs_a_credential() {
 }
 
 /// The RPCs only builders may make (each about a build the builder leases).
-const BUILDER_RPCS: [&str; 5] = [
+const BUILDER_RPCS: [&str; 7] = [
     "/plinth.catalog.v1.CatalogService/ClaimBuild",
     "/plinth.catalog.v1.CatalogService/RenewLease",
     "/plinth.catalog.v1.CatalogService/AppendBuildLog",
     "/plinth.catalog.v1.CatalogService/FindReusable",
     "/plinth.catalog.v1.CatalogService/CompleteBuild",
+    "/plinth.source.v1.SourceService/RecordLayer",
+    "/plinth.source.v1.SourceService/ForgetLayer",
 ];
 /// The RPCs only nodes may make (each about the node itself).
 const NODE_RPCS: [&str; 3] = [

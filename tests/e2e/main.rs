@@ -21,6 +21,7 @@ mod limits;
 mod node_restart;
 mod novo;
 mod processes;
+mod quotas;
 mod sandbox;
 mod sessions;
 mod snapshots;

@@ -3,6 +3,7 @@
 //! scripted agent run, the signature rules, every method's shape, defaults and errors
 //! (`methods`), and idempotency and secret rotation, across a restart (`idempotency`).
 
+mod faults;
 mod idempotency;
 mod methods;
 mod verification;
