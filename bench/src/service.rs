@@ -47,6 +47,14 @@ pub async fn wait_for_build(
     }
 }
 
+/// Quotas no benchmark reaches (thousands of environments and sessions in one scope).
+pub const UNLIMITED_QUOTAS: [(&str, &str); 4] = [
+    ("PLINTH_QUOTA_ENVIRONMENTS", "1000000000"),
+    ("PLINTH_QUOTA_STORED_BYTES", "1000000000000000"),
+    ("PLINTH_QUOTA_SESSIONS", "1000000000"),
+    ("PLINTH_QUOTA_QUEUED_BUILDS", "1000000000"),
+];
+
 /// A `plinth serve` child process with its own data directory.
 pub struct Service {
     child: Child,
@@ -80,6 +88,8 @@ impl Service {
                 "PLINTH_LOG",
                 std::env::var("BENCH_SERVE_LOG").unwrap_or_else(|_| "warn".to_owned()),
             )
+            // Benchmarks measure speed, not quotas: every quota is out of their way.
+            .envs(UNLIMITED_QUOTAS)
             .stdin(Stdio::null())
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;

@@ -339,7 +339,7 @@ async fn forget_layer(options: &BuilderOptions, build: &pb::Build) {
         .forget_layer(plinth_proto::source::v1::ForgetLayerRequest {
             environment_id: build.environment_id.clone(),
             version: build.version,
-            attempt: build.attempt,
+            attempt: Some(build.attempt),
         })
         .await;
     if let Err(status) = forgotten {

@@ -547,11 +547,7 @@ impl pb::source_service_server::SourceService for Source {
         let request = request.into_inner();
         let forgotten = self
             .index
-            .forget_layer(
-                &request.environment_id,
-                request.version,
-                Some(request.attempt),
-            )
+            .forget_layer(&request.environment_id, request.version, request.attempt)
             .await
             .map_err(index_error)?;
         Ok(Response::new(pb::ForgetLayerResponse { forgotten }))
