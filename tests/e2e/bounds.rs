@@ -19,6 +19,8 @@ use crate::processes::{Process, free_port, wait_until_ready};
 const IMPORT_PEAK_MAX_MB: u64 = 128;
 /// Peak memory `plinth serve` may reach while writes over a 1 GiB file are refused.
 const SPARSE_WRITE_PEAK_MAX_MB: u64 = 128;
+/// Peak memory `plinth serve` may reach answering oversized listings and searches.
+const SEARCH_PEAK_MAX_MB: u64 = 160;
 
 /// `plinth serve` as a child process on `http`, with `extra` TOML appended to its config.
 fn serve(data: &std::path::Path, http: std::net::SocketAddr, extra: &str) -> Process {
@@ -406,30 +408,46 @@ async fn writes_over_a_huge_sparse_file_are_refused_without_reading_it() {
     assert_eq!(wrote["created"], true, "{wrote}");
 }
 
-/// Counts past every maximum, through Novo and Brain: listings hold at most 10,000 entries,
-/// searches at most 1,000 matches with lines of at most 4 KiB, and each answer says it was
-/// cut (`truncated`).
+/// Counts past every maximum, through Novo and Brain, on a `plinth serve` child process:
+/// listings hold at most 10,000 entries, searches at most 1,000 matches with lines of at most
+/// 4 KiB and 20 lines of context each side, each answer says it was cut (`truncated`), and
+/// the process's peak memory stays bounded (a search asking for a million lines of context
+/// around each of a thousand 9 KB lines would otherwise answer gigabytes).
 #[tokio::test]
 async fn oversized_listings_and_searches_are_clamped_and_say_so() {
     if !crate::helpers::can_build() {
         return;
     }
-    let server = Server::start_with(&["--builder-network", "false"]).await;
-    let environment = built(&server.client, &server.base, "Clamped").await;
+    let dir = tempfile::tempdir().expect("dir");
+    let data = dir.path().to_owned();
+    let http = free_port();
+    let base = format!("http://{http}");
+    let client = crate::helpers::http_client();
+    let mut process = serve(&data, http, "[builder]\nnetwork = false\n");
+    wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
+    let environment = built(&client, &base, "Clamped").await;
     let (status, adapter) = send(
-        server
-            .client
-            .post(server.url("/v1/workspace-adapters"))
+        client
+            .post(format!("{base}/v1/workspace-adapters"))
             .json(&json!({ "protocol": "novo", "environment": environment, "secret": SECRET })),
     )
     .await;
     assert_eq!(status, 201, "{adapter}");
-    let novo = Novo::new(&server, adapter["id"].as_str().expect("id"), "run_clamped");
+    let novo = Novo {
+        client: client.clone(),
+        url: format!(
+            "{base}/v1/workspace-adapters/{}/novo",
+            adapter["id"].as_str().expect("id")
+        ),
+        secret: SECRET.to_owned(),
+        run: "run_clamped".to_owned(),
+    };
     novo.sh(
         "mkdir many && cd many && seq -w 1 10050 | xargs touch && cd .. && \
          python3 -c \"import sys; sys.stdout.write(('needle ' + 'x' * 9000 + '\\n') * 1200)\" > hay.txt",
     )
     .await;
+    let before = peak_mb(&process);
 
     let listed = novo
         .ok(
@@ -462,16 +480,39 @@ async fn oversized_listings_and_searches_are_clamped_and_say_so() {
             .is_some_and(|line| line.len() <= 4096)),
         "lines cut to 4 KiB"
     );
+    let with_context = novo
+        .ok(
+            "searchFiles",
+            json!({ "pattern": "needle", "path": "hay.txt", "context": 1_000_000u64, "limit": 1_000_000_000u64, "max_results": 1_000_000_000u64, "max_bytes_per_match": 1_000_000_000u64 }),
+        )
+        .await;
+    assert_eq!(with_context["truncated"], true);
+    let matches = with_context["matches"].as_array().expect("matches");
+    assert!(
+        !matches.is_empty() && matches.len() < 1_000,
+        "{}",
+        matches.len()
+    );
+    assert!(
+        matches.iter().all(|found| {
+            found["before"]
+                .as_array()
+                .is_some_and(|lines| lines.len() <= 20)
+                && found["after"]
+                    .as_array()
+                    .is_some_and(|lines| lines.len() <= 20)
+        }),
+        "at most 20 lines of context each side"
+    );
 
     // Brain's tools run on the same service, with the same bounds.
-    let (url, token) = brain_adapter(&server.client, &server.base, &environment).await;
-    let client = &server.client;
+    let (url, token) = brain_adapter(&client, &base, &environment).await;
     assert_eq!(
-        brain(client, &url, &token, 1, json!({ "type": "setup" })).await["type"],
+        brain(&client, &url, &token, 1, json!({ "type": "setup" })).await["type"],
         "accepted"
     );
     brain_tool(
-        client,
+        &client,
         &url,
         &token,
         2,
@@ -480,7 +521,7 @@ async fn oversized_listings_and_searches_are_clamped_and_say_so() {
     )
     .await;
     let listed = brain_tool(
-        client,
+        &client,
         &url,
         &token,
         3,
@@ -494,7 +535,15 @@ async fn oversized_listings_and_searches_are_clamped_and_say_so() {
         Some(10_000)
     );
     assert_eq!(listed["output"]["truncated"], true);
-    server.stop().await;
+
+    let after = peak_mb(&process);
+    eprintln!(
+        "plinth serve peak memory: {before} MB before the listings and searches, {after} MB after"
+    );
+    assert!(
+        after <= SEARCH_PEAK_MAX_MB,
+        "listings and searches raised peak memory from {before} MB to {after} MB"
+    );
 }
 
 /// A stored blob damaged on disk (cut short, as a power cut can leave it): reading its file
