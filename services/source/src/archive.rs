@@ -737,13 +737,23 @@ impl Names {
     }
 }
 
-/// Landed paths as a tree of components, so memory grows with the names' bytes and not with
-/// their depth times their length.
+/// Landed paths as a tree of components, each kept as 16 bytes of its SHA-256 under its
+/// parent's node: memory grows with the number of components, not with their length (an
+/// archive of 200,000 kilobyte-long names would otherwise be held twice over).
 #[derive(Default)]
 struct Tree {
-    children: HashMap<(usize, Box<str>), usize>,
+    children: HashMap<(usize, [u8; 16]), usize>,
     /// Per node: whether it is a file. Node 0 is the root.
     is_file: Vec<bool>,
+}
+
+/// A component's key: the first 16 bytes of its SHA-256 (a collision would need 2^64
+/// components).
+fn component_key(component: &str) -> [u8; 16] {
+    let digest = plinth_blobs::Digest::of(component.as_bytes());
+    let mut key = [0u8; 16];
+    key.copy_from_slice(&digest.as_bytes()[..16]);
+    key
 }
 
 impl Tree {
@@ -758,7 +768,7 @@ impl Tree {
         while let Some(component) = components.next() {
             let last = components.peek().is_none();
             end += component.len();
-            let key = (node, Box::<str>::from(component));
+            let key = (node, component_key(component));
             node = match self.children.get(&key) {
                 Some(&child) => {
                     let child_is_file = self.is_file.get(child).copied().unwrap_or(false);
