@@ -15,9 +15,10 @@ use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 use crate::Digest;
 use crate::local::{Check, Directory};
 
-/// Blobs up to this size are buffered in memory, written with one create-only put, and
-/// verified in memory on read; larger ones stream through a multipart upload and are
-/// verified into a spool file on read, so memory stays bounded whatever the size.
+/// Blobs up to this size are verified in memory on read, and (to an object store) buffered
+/// in memory and written with one create-only put; larger ones stream through a multipart
+/// upload and are verified into a spool file on read, so memory stays bounded whatever the
+/// size. A directory store streams every blob into a file of its own (see `local`).
 const IN_MEMORY_MAX: usize = 8 * 1024 * 1024;
 /// Part size of multipart uploads (S3 needs at least 5 MiB).
 const PART_SIZE: usize = 8 * 1024 * 1024;

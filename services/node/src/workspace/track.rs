@@ -468,7 +468,7 @@ pub fn changes(
                 return Step::Descend;
             }
             let name = walked.rel.rsplit('/').next().unwrap_or(&walked.rel);
-            let Some((size, hex, small)) = hash_entry(dir, name, Some(ws.uid)) else {
+            let Some((size, hex, small, binary)) = hash_entry(dir, name, Some(ws.uid)) else {
                 return Step::Descend;
             };
             present.insert(walked.rel.clone());
@@ -480,17 +480,22 @@ pub fn changes(
                 Some(Some(_)) => "modified",
                 _ => "created",
             };
-            let (snippet, reason) = if !external_only {
-                (String::new(), "")
-            } else if let Some(content) = small.filter(|_| snippets < MAX_SNIPPETS_BYTES) {
+            let (snippet, reason) = if external_only {
                 let earlier = match before {
                     Some(Some(old)) => std::fs::read(ws.state.join("expected").join(old)).ok(),
                     _ => Some(Vec::new()),
                 };
-                let room = max_snippet.min(MAX_SNIPPETS_BYTES - snippets);
-                snippet_of(&walked.rel, earlier.as_deref(), &content, room)
+                match (small, earlier) {
+                    (_, None) => (String::new(), "partial-prior-read"),
+                    (Some(content), Some(earlier)) if snippets < MAX_SNIPPETS_BYTES => {
+                        let room = max_snippet.min(MAX_SNIPPETS_BYTES - snippets);
+                        snippet_of(&walked.rel, Some(&earlier), &content, room)
+                    }
+                    _ if binary => (String::new(), "binary"),
+                    _ => (String::new(), "snippet-too-large"),
+                }
             } else {
-                (String::new(), "snippet-too-large")
+                (String::new(), "")
             };
             snippets += snippet.len();
             out.push(FileChange {
@@ -523,20 +528,21 @@ pub fn changes(
     Ok(out)
 }
 
-/// A regular file met by a walk: its size, its digest (hashed as it streams), and its
-/// content when small enough to diff; `None` for anything that is not a readable regular
-/// file of at most [`MAX_FILE_BYTES`].
+/// A regular file met by a walk: its size, its digest (hashed as it streams), its content
+/// when small enough to diff, and whether its start is binary; `None` for anything that is
+/// not a readable regular file of at most [`MAX_FILE_BYTES`].
 fn hash_entry(
     dir: &std::os::fd::OwnedFd,
     name: &str,
     owner: Option<u32>,
-) -> Option<(u64, String, Option<Vec<u8>>)> {
+) -> Option<(u64, String, Option<Vec<u8>>, bool)> {
     use std::fmt::Write as _;
     let (mut file, _) = fsx::open_previous(dir, name, name, owner, MAX_FILE_BYTES).ok()??;
     let mut hasher = sha2::Sha256::new();
     let mut small = Some(Vec::new());
     let mut buffer = vec![0u8; 64 * 1024];
     let mut size = 0u64;
+    let mut binary = false;
     loop {
         let read = match file.read(&mut buffer) {
             Ok(0) => break,
@@ -545,6 +551,9 @@ fn hash_entry(
             Err(_) => return None,
         };
         let chunk = &buffer[..read];
+        if size == 0 {
+            binary = super::text::is_binary(chunk);
+        }
         hasher.update(chunk);
         size += read as u64;
         if size > MAX_FILE_BYTES {
@@ -564,7 +573,7 @@ fn hash_entry(
             let _ = write!(out, "{b:02x}");
             out
         });
-    Some((size, hex, small))
+    Some((size, hex, small, binary))
 }
 
 fn snippet_of(
