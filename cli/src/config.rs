@@ -442,6 +442,9 @@ pub struct NodeSection {
     /// Addresses, networks or host names (each with an optional `:port`) sessions may reach
     /// although the egress policy refuses their range: a private package mirror.
     pub egress_allow: Vec<String>,
+    /// Bytes of workspace snapshots (what Novo and Brain writes replaced, kept so they can be
+    /// undone) each session keeps on the node; the oldest past it are removed.
+    pub workspace_snapshot_max_bytes: u64,
 }
 
 /// `node.network`.
@@ -469,6 +472,7 @@ impl Default for NodeSection {
             exec_max_timeout_seconds: 3600,
             network: SessionNetwork::Egress,
             egress_allow: Vec::new(),
+            workspace_snapshot_max_bytes: 256 * 1024 * 1024,
         }
     }
 }

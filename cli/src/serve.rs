@@ -630,6 +630,7 @@ fn spawn_node(
             default_output_bytes: 1024 * 1024,
             max_output_bytes: 16 * 1024 * 1024,
             max_file_bytes: 64 * 1024 * 1024,
+            workspace_snapshot_max_bytes: section.workspace_snapshot_max_bytes,
         },
         internal: internal.clone(),
         local,

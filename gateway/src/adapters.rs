@@ -326,8 +326,9 @@ async fn rotate_secret(
     caller: Caller,
     headers: HeaderMap,
     Path(id): Path<String>,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Result<Json<AdapterBody>, ApiError> {
+    let body = crate::json::read(body).await?;
     // An empty body rotates to a generated credential, like `{}`.
     let body: RotateSecret = if body.iter().all(u8::is_ascii_whitespace) {
         RotateSecret::default()

@@ -504,13 +504,7 @@ async fn import(
     check_environment(&state, &caller, &id).await?;
     let mut source = state.source();
     let report = if is_json {
-        let bytes = axum::body::to_bytes(request.into_body(), json::MAX_JSON_BYTES)
-            .await
-            .map_err(|_| {
-                PlinthError::invalid(
-                    "request body: larger than the JSON limit, or not received whole",
-                )
-            })?;
+        let bytes = json::read(request.into_body()).await?;
         let body: GitImport = json::parse(&bytes)?;
         let header = pb::ImportRequest {
             message: Some(pb::import_request::Message::Header(pb::ImportHeader {

@@ -22,15 +22,21 @@ where
     type Rejection = ApiError;
 
     async fn from_request(request: Request, _state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = axum::body::to_bytes(request.into_body(), MAX_JSON_BYTES)
-            .await
-            .map_err(|_| {
-                PlinthError::invalid(format!(
-                    "request body: larger than {MAX_JSON_BYTES} bytes, or not received whole"
-                ))
-            })?;
+        let bytes = read(request.into_body()).await?;
         parse(&bytes).map(JsonBody).map_err(ApiError)
     }
+}
+
+/// A JSON request's body, read whole up to [`MAX_JSON_BYTES`] (`environment_invalid` past
+/// it): every JSON body of the API is read through here, never under axum's implicit limit.
+pub async fn read(body: axum::body::Body) -> Result<axum::body::Bytes, PlinthError> {
+    axum::body::to_bytes(body, MAX_JSON_BYTES)
+        .await
+        .map_err(|_| {
+            PlinthError::invalid(format!(
+                "request body: larger than {MAX_JSON_BYTES} bytes, or not received whole"
+            ))
+        })
 }
 
 /// Parses `bytes` as `T`, naming the field at fault on failure.

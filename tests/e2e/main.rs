@@ -2,6 +2,7 @@
 //! data directory and database.
 
 mod adapters;
+mod bounds;
 mod brain;
 mod build_faults;
 mod build_rules;

@@ -6,6 +6,11 @@
 //! The guarantees, whatever the backend:
 //! * a write is streamed and hashed in flight, bounded in size, and either lands whole under
 //!   its final name or not at all (never a partial object under a final name);
+//! * a write that returns is durable: in a directory store the file and its directory are
+//!   synced before and after it is named (`local`), so nothing that names a blob can commit
+//!   before the blob would survive a power cut;
+//! * an existing name is not taken on trust: a blob that does not verify (size, and digest
+//!   where the write has the bytes) is replaced by a write of the same content;
 //! * a blob's name is its content's digest, so writing the same content twice is one blob;
 //! * a read is verified against the digest before any byte is handed out, and fails closed.
 //!
@@ -13,11 +18,13 @@
 //! a build layer. What is in any other blob is for the callers.
 
 mod digest;
+mod local;
 mod store;
 pub mod tree;
 
 pub use digest::{Digest, DigestParseError};
-pub use store::{Blob, BlobError, BlobStore, VerifiedBlob, link_unnamed};
+pub use local::link_unnamed;
+pub use store::{Blob, BlobError, BlobStore, VerifiedBlob};
 
 /// Makes ring the process's TLS crypto provider. HTTP clients here (object storage's, and
 /// any `reqwest` client of the process) use rustls without a built-in provider, which spares

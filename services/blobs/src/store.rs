@@ -13,10 +13,12 @@ use sha2::Digest as _;
 use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 
 use crate::Digest;
+use crate::local::{Check, Directory};
 
-/// Blobs up to this size are buffered in memory, written with one create-only put, and
-/// verified in memory on read; larger ones stream through a multipart upload and are
-/// verified into a spool file on read, so memory stays bounded whatever the size.
+/// Blobs up to this size are verified in memory on read, and (to an object store) buffered
+/// in memory and written with one create-only put; larger ones stream through a multipart
+/// upload and are verified into a spool file on read, so memory stays bounded whatever the
+/// size. A directory store streams every blob into a file of its own (see `local`).
 const IN_MEMORY_MAX: usize = 8 * 1024 * 1024;
 /// Part size of multipart uploads (S3 needs at least 5 MiB).
 const PART_SIZE: usize = 8 * 1024 * 1024;
@@ -86,8 +88,9 @@ pub enum BlobError {
 pub struct BlobStore {
     store: Arc<dyn ObjectStore>,
     spool_dir: PathBuf,
-    /// The directory of a `file://` store, which [`BlobStore::put_files`] writes directly.
-    local: Option<PathBuf>,
+    /// A `file://` store's directory, which every write goes to directly (see `local`): synced
+    /// before it is named, and checked before an existing name counts as stored.
+    local: Option<Arc<Directory>>,
 }
 
 impl std::fmt::Debug for BlobStore {
@@ -117,8 +120,10 @@ impl BlobStore {
             }
             std::fs::create_dir_all(dir)?;
             // The same directory `LocalFileSystem` resolves its paths against.
-            local = Some(std::fs::canonicalize(dir)?);
-            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir)?)
+            local = Some(Arc::new(Directory::new(std::fs::canonicalize(dir)?)));
+            // Blobs are written by `local`; whatever else writes through the object store
+            // (maintenance) is synced too.
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir)?.with_fsync(true))
         } else if let Some(rest) = url.strip_prefix("s3://") {
             open_s3(url, rest)?
         } else {
@@ -142,25 +147,37 @@ impl BlobStore {
         &self.store
     }
 
-    /// Stores content that is already in memory.
+    /// Stores content that is already in memory. A blob of that digest already stored is
+    /// checked (size and digest) and replaced when it does not hold this content.
     pub async fn put_bytes(&self, bytes: Bytes) -> Result<Blob, BlobError> {
         let blob = Blob {
             digest: Digest::of(&bytes),
             size: bytes.len() as u64,
         };
-        self.put_final(&blob.digest, PutPayload::from(bytes))
+        if let Some(local) = &self.local {
+            let local = local.clone();
+            tokio::task::spawn_blocking(move || local.put_bytes(&blob.digest, &bytes))
+                .await
+                .map_err(|join| BlobError::Io(std::io::Error::other(join.to_string())))??;
+            return Ok(blob);
+        }
+        self.put_final(&blob.digest, blob.size, PutPayload::from(bytes))
             .await?;
         Ok(blob)
     }
 
     /// Streams content in, hashing it as it comes, and stores it under its digest. More than
     /// `max_bytes` is refused with [`BlobError::TooLarge`] as soon as the limit is passed; on
-    /// any error nothing is stored under a final name.
+    /// any error nothing is stored under a final name. A blob of that digest already stored
+    /// is checked (size and digest) and replaced when it does not hold this content.
     pub async fn put_stream<S, E>(&self, content: S, max_bytes: u64) -> Result<Blob, BlobError>
     where
         S: Stream<Item = Result<Bytes, E>> + Send,
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        if let Some(local) = &self.local {
+            return put_stream_local(local, content, max_bytes).await;
+        }
         let mut content = std::pin::pin!(content);
         let mut hasher = sha2::Sha256::new();
         let mut size: u64 = 0;
@@ -216,12 +233,12 @@ impl BlobStore {
         let blob = Blob { digest, size };
         match upload {
             None => {
-                self.put_final(&digest, buffered.into_iter().collect())
+                self.put_final(&digest, size, buffered.into_iter().collect())
                     .await?
             }
             Some((staging, writer)) => {
                 writer.finish().await?;
-                let promoted = self.promote(&staging, &digest).await;
+                let promoted = self.promote(&staging, &digest, size).await;
                 if let Err(error) = self.store.delete(&staging).await {
                     tracing::warn!(%staging, %error, "removing a staging object failed; it is left for garbage collection");
                 }
@@ -231,16 +248,30 @@ impl BlobStore {
         Ok(blob)
     }
 
-    /// Writes a small blob create-only. An existing blob of the same digest is the same
-    /// content, so "already exists" is success.
-    async fn put_final(&self, digest: &Digest, payload: PutPayload) -> Result<(), BlobError> {
+    /// Writes a small blob create-only. An existing blob of the same name is kept when it
+    /// holds this content (size and digest checked), and overwritten when it does not: a
+    /// name alone does not prove the bytes (an object damaged by whatever wrote it).
+    async fn put_final(
+        &self,
+        digest: &Digest,
+        size: u64,
+        payload: PutPayload,
+    ) -> Result<(), BlobError> {
         let location = Self::location(digest);
         match self
             .store
             .put_opts(&location, payload.clone(), PutMode::Create.into())
             .await
         {
-            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+            Ok(_) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                if self.holds(digest, size).await? {
+                    return Ok(());
+                }
+                tracing::warn!(%digest, "a stored blob is damaged (wrong size or content); overwriting it with the bytes just received");
+                self.store.put(&location, payload).await?;
+                Ok(())
+            }
             Err(
                 object_store::Error::NotImplemented { .. }
                 | object_store::Error::NotSupported { .. },
@@ -254,11 +285,20 @@ impl BlobStore {
         }
     }
 
-    /// Moves a completed staging object to its final name without ever exposing a partial one.
-    async fn promote(&self, staging: &Path, digest: &Digest) -> Result<(), BlobError> {
+    /// Moves a completed staging object to its final name without ever exposing a partial one;
+    /// a damaged object already under that name is overwritten (see [`BlobStore::put_final`]).
+    async fn promote(&self, staging: &Path, digest: &Digest, size: u64) -> Result<(), BlobError> {
         let location = Self::location(digest);
         match self.store.copy_if_not_exists(staging, &location).await {
-            Ok(()) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+            Ok(()) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                if self.holds(digest, size).await? {
+                    return Ok(());
+                }
+                tracing::warn!(%digest, "a stored blob is damaged (wrong size or content); overwriting it with the bytes just received");
+                self.store.copy(staging, &location).await?;
+                Ok(())
+            }
             Err(
                 object_store::Error::NotImplemented { .. }
                 | object_store::Error::NotSupported { .. },
@@ -271,16 +311,49 @@ impl BlobStore {
         }
     }
 
+    /// Whether the object store holds the blob whole: `size` bytes (a HEAD) that hash to
+    /// `digest` (read back as a stream, never held whole).
+    async fn holds(&self, digest: &Digest, size: u64) -> Result<bool, BlobError> {
+        if !self.sized(digest, size).await? {
+            return Ok(false);
+        }
+        let mut stream = match self.store.get(&Self::location(digest)).await {
+            Ok(result) => result.into_stream(),
+            Err(object_store::Error::NotFound { .. }) => return Ok(false),
+            Err(error) => return Err(error.into()),
+        };
+        let mut hasher = sha2::Sha256::new();
+        let mut read = 0u64;
+        while let Some(chunk) = stream.try_next().await? {
+            read += chunk.len() as u64;
+            hasher.update(&chunk);
+        }
+        Ok(read == size && Digest::from_bytes(hasher.finalize().into()) == *digest)
+    }
+
+    /// Whether the object store has the blob with `size` bytes (a HEAD): what a crash or a
+    /// cut-short write gets wrong.
+    async fn sized(&self, digest: &Digest, size: u64) -> Result<bool, BlobError> {
+        match self.store.head(&Self::location(digest)).await {
+            Ok(meta) => Ok(meta.size == size),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(error) => Err(error.into()),
+        }
+    }
+
     /// Stores the blobs of local files that the store lacks, `parallel` at a time, and returns
     /// how many it wrote. Each file was hashed by the caller and must still hash to the digest
     /// given with it: one that does not is [`BlobError::Changed`] and is not stored. A file
     /// listed twice, or two files with one digest, is stored once.
     ///
-    /// A directory store (`file://`) is written on a few threads of its own, in the layout its
-    /// object store uses, each blob written unnamed and linked into place create-only (see
-    /// `put_local_file`): thousands of small files, each one object-store call of several
-    /// hand-offs between tasks and threads, would otherwise spend more time handing off than
-    /// writing. Other stores check for each blob, then stream it in.
+    /// A blob already stored counts when its size matches the file's (a stored blob damaged
+    /// by a crash is empty or short, and is replaced); its bytes are not read back, since
+    /// unchanged files are most of a rebuild's layer and reads verify every blob anyway.
+    ///
+    /// A directory store (`file://`) is written on a few threads of its own (see `local`):
+    /// thousands of small files, each one object-store call of several hand-offs between
+    /// tasks and threads, would otherwise spend more time handing off than writing. Other
+    /// stores check for each blob, then stream it in.
     pub async fn put_files(
         &self,
         files: Vec<(PathBuf, Digest)>,
@@ -291,17 +364,14 @@ impl BlobStore {
             .into_iter()
             .filter(|(_, digest)| seen.insert(*digest))
             .collect();
-        if let Some(root) = &self.local {
-            let root = root.clone();
-            return tokio::task::spawn_blocking(move || put_local_files(&root, &files))
+        if let Some(local) = &self.local {
+            let local = local.clone();
+            return tokio::task::spawn_blocking(move || put_local_files(&local, &files))
                 .await
                 .map_err(|join| BlobError::Io(std::io::Error::other(join.to_string())))?;
         }
         let written: Vec<bool> = futures::stream::iter(files)
             .map(|(path, digest)| async move {
-                if self.contains(&digest).await? {
-                    return Ok(false);
-                }
                 let file =
                     tokio::fs::File::open(&path)
                         .await
@@ -309,6 +379,17 @@ impl BlobStore {
                             path: path.clone(),
                             source,
                         })?;
+                let size = file
+                    .metadata()
+                    .await
+                    .map_err(|source| BlobError::File {
+                        path: path.clone(),
+                        source,
+                    })?
+                    .len();
+                if self.sized(&digest, size).await? {
+                    return Ok(false);
+                }
                 let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024);
                 let stored = self.put_stream(stream, u64::MAX).await?;
                 if stored.digest != digest {
@@ -373,17 +454,15 @@ impl BlobStore {
     }
 }
 
-/// [`BlobStore::put_files`] for a directory store rooted at `root`: [`LOCAL_WRITERS`] threads
-/// take files in turn; the first error stops them all.
-fn put_local_files(root: &std::path::Path, files: &[(PathBuf, Digest)]) -> Result<u64, BlobError> {
+/// [`BlobStore::put_files`] for a directory store: [`LOCAL_WRITERS`] threads take files in
+/// turn; the first error stops them all.
+fn put_local_files(local: &Directory, files: &[(PathBuf, Digest)]) -> Result<u64, BlobError> {
     use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
     let (next, written, failed) = (
         AtomicUsize::new(0),
         AtomicU64::new(0),
         AtomicBool::new(false),
     );
-    // Cleared by the first writer that finds unnamed files refused here.
-    let unnamed = AtomicBool::new(true);
     let threads = LOCAL_WRITERS.min(files.len() / 16 + 1);
     let errors: Vec<BlobError> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
@@ -392,7 +471,7 @@ fn put_local_files(root: &std::path::Path, files: &[(PathBuf, Digest)]) -> Resul
                     let mut buffer = vec![0u8; 256 * 1024];
                     while !failed.load(Ordering::Relaxed) {
                         let (path, digest) = files.get(next.fetch_add(1, Ordering::Relaxed))?;
-                        match put_local_file(root, path, digest, &mut buffer, &unnamed) {
+                        match local.put_file(path, digest, &mut buffer) {
                             Ok(true) => {
                                 written.fetch_add(1, Ordering::Relaxed);
                             }
@@ -424,164 +503,45 @@ fn put_local_files(root: &std::path::Path, files: &[(PathBuf, Digest)]) -> Resul
     }
 }
 
-/// Writes one file's blob into the directory store at `root` unless it is there, and returns
-/// whether it wrote it.
-///
-/// The bytes go, hashed as they are copied, into an unnamed file (`O_TMPFILE`) in the blob's
-/// directory, which is linked to its final name only once it matches the digest: no name ever
-/// shows a partial blob, and a blob already under that name (another writer won) holds the
-/// same bytes, so the link failing with "exists" is success and the unnamed file vanishes
-/// when closed. A blob thus costs one directory entry where a named staging file costs three
-/// operations (create it, link it, unlink it), and a writer that dies leaves nothing behind.
-/// Where the file system refuses unnamed files or the kernel refuses to link one, `unnamed`
-/// is cleared and this blob and every later one take [`put_local_staged`]'s path.
-fn put_local_file(
-    root: &std::path::Path,
-    path: &std::path::Path,
-    digest: &Digest,
-    buffer: &mut [u8],
-    unnamed: &std::sync::atomic::AtomicBool,
-) -> Result<bool, BlobError> {
-    use std::io::Seek;
-    use std::sync::atomic::Ordering;
-    let target = root.join(BlobStore::location(digest).as_ref());
-    if std::fs::symlink_metadata(&target).is_ok() {
-        return Ok(false);
-    }
-    let io = |source| BlobError::File {
-        path: path.to_owned(),
-        source,
-    };
-    let mut input = std::fs::File::open(path).map_err(io)?;
-    if unnamed.load(Ordering::Relaxed) {
-        let directory = target.parent().unwrap_or(root);
-        let open = || {
-            rustix::fs::open(
-                directory,
-                rustix::fs::OFlags::WRONLY
-                    | rustix::fs::OFlags::TMPFILE
-                    | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::from_raw_mode(0o666),
-            )
-        };
-        let opened = match open() {
-            Err(rustix::io::Errno::NOENT) => {
-                std::fs::create_dir_all(directory).map_err(io)?;
-                open()
-            }
-            opened => opened,
-        };
-        // Any other refusal (no O_TMPFILE support: EOPNOTSUPP, EISDIR, EINVAL) falls back;
-        // an error that is not about unnamed files repeats there and is reported.
-        if let Ok(output) = opened {
-            let mut output = std::fs::File::from(output);
-            copy_verified(&mut input, &mut output, path, digest, buffer)?;
-            match link_unnamed(&output, &target) {
-                Ok(()) => return Ok(true),
-                Err(rustix::io::Errno::EXIST) => return Ok(false),
-                Err(_) => input.rewind().map_err(io)?,
-            }
-        }
-        unnamed.store(false, Ordering::Relaxed);
-    }
-    put_local_staged(&target, input, path, digest, buffer)
-}
-
-/// Gives an unnamed file (opened with `O_TMPFILE`) the name `target`, create-only: EEXIST when
-/// the name is taken. `AT_EMPTY_PATH` links the descriptor itself but needs
-/// `CAP_DAC_READ_SEARCH` (refused with ENOENT or EPERM without it); the descriptor's
-/// `/proc/self/fd` entry works for any user where `/proc` is mounted.
-pub fn link_unnamed(file: &std::fs::File, target: &std::path::Path) -> rustix::io::Result<()> {
-    use rustix::fs::{AtFlags, CWD, linkat};
-    match linkat(file, "", CWD, target, AtFlags::EMPTY_PATH) {
-        Err(rustix::io::Errno::NOENT | rustix::io::Errno::PERM) => {
-            let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(file));
-            linkat(CWD, proc.as_str(), CWD, target, AtFlags::SYMLINK_FOLLOW)
-        }
-        linked => linked,
-    }
-}
-
-/// [`put_local_file`] where unnamed files are refused: the blob is copied to a staging name
-/// beside its final one (ending in `#<digits>`, which listing ignores), linked to the final
-/// name (create-only: an existing blob of that name holds the same bytes), and the staging
-/// name removed.
-fn put_local_staged(
-    target: &std::path::Path,
-    mut input: std::fs::File,
-    path: &std::path::Path,
-    digest: &Digest,
-    buffer: &mut [u8],
-) -> Result<bool, BlobError> {
-    let io = |source| BlobError::File {
-        path: path.to_owned(),
-        source,
-    };
-    let mut attempt = 1u32;
-    let (staging, mut output) = loop {
-        let mut staging = target.as_os_str().to_owned();
-        staging.push(format!("#{attempt}"));
-        let staging = PathBuf::from(staging);
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&staging)
-        {
-            Ok(output) => break (staging, output),
-            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => attempt += 1,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                if let Some(parent) = target.parent() {
-                    std::fs::create_dir_all(parent).map_err(io)?;
-                }
-            }
-            Err(error) => return Err(io(error)),
-        }
-    };
-    let copied = copy_verified(&mut input, &mut output, path, digest, buffer).and_then(|()| {
-        drop(output);
-        match std::fs::hard_link(&staging, target) {
-            Ok(()) => Ok(true),
-            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-            Err(error) => Err(io(error)),
-        }
-    });
-    let removed = std::fs::remove_file(&staging);
-    let written = copied?;
-    removed.map_err(io)?;
-    Ok(written)
-}
-
-/// Copies `input` (the file at `path`) to `output` through `buffer` while hashing it;
-/// [`BlobError::Changed`] if the bytes do not hash to `digest`.
-fn copy_verified(
-    input: &mut std::fs::File,
-    output: &mut std::fs::File,
-    path: &std::path::Path,
-    digest: &Digest,
-    buffer: &mut [u8],
-) -> Result<(), BlobError> {
-    use std::io::{Read, Write};
-    let io = |source| BlobError::File {
-        path: path.to_owned(),
-        source,
-    };
+/// [`BlobStore::put_stream`] for a directory store: the content streams into an unnamed file
+/// (no size is held in memory), hashed as it comes, then is committed durably under its
+/// digest (see `local`).
+async fn put_stream_local<S, E>(
+    local: &Arc<Directory>,
+    content: S,
+    max_bytes: u64,
+) -> Result<Blob, BlobError>
+where
+    S: Stream<Item = Result<Bytes, E>> + Send,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let join =
+        |error: tokio::task::JoinError| BlobError::Io(std::io::Error::other(error.to_string()));
+    let opener = local.clone();
+    let mut pending = tokio::task::spawn_blocking(move || opener.begin())
+        .await
+        .map_err(join)??;
+    let mut file = tokio::fs::File::from_std(pending.file().try_clone()?);
+    let mut content = std::pin::pin!(content);
     let mut hasher = sha2::Sha256::new();
-    loop {
-        let read = match input.read(buffer) {
-            Ok(0) => break,
-            Ok(read) => read,
-            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(error) => return Err(io(error)),
-        };
-        hasher.update(&buffer[..read]);
-        output.write_all(&buffer[..read]).map_err(io)?;
+    let mut size: u64 = 0;
+    while let Some(chunk) = content.next().await {
+        let chunk = chunk.map_err(|error| BlobError::Source(error.into()))?;
+        size += chunk.len() as u64;
+        if size > max_bytes {
+            return Err(BlobError::TooLarge { max_bytes });
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk).await?;
     }
-    if Digest::from_bytes(hasher.finalize().into()) != *digest {
-        return Err(BlobError::Changed {
-            path: path.to_owned(),
-        });
-    }
-    Ok(())
+    file.flush().await?;
+    drop(file);
+    let digest = Digest::from_bytes(hasher.finalize().into());
+    let committer = local.clone();
+    tokio::task::spawn_blocking(move || committer.commit(pending, &digest, size, Check::Content))
+        .await
+        .map_err(join)??;
+    Ok(Blob { digest, size })
 }
 
 fn open_s3(url: &str, rest: &str) -> Result<Arc<dyn ObjectStore>, BlobError> {
@@ -665,54 +625,6 @@ impl VerifiedBlob {
                 let chunks: Vec<Bytes> = spooled.into_stream().try_collect().await?;
                 Ok(concat(chunks))
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::AtomicBool;
-
-    use super::*;
-
-    /// Where unnamed files are refused, the staged path keeps the same guarantees: the blob is
-    /// stored whole under its final name, storing it again is success without a write, changed
-    /// content is refused, and no staging name is left.
-    #[test]
-    fn the_staged_fallback_stores_once_and_leaves_no_staging_name() {
-        let dir = tempfile::tempdir().expect("dir");
-        let root = dir.path().join("store");
-        let (path, content) = (dir.path().join("file"), b"bytes copied in several reads");
-        std::fs::write(&path, content).expect("write");
-        let digest = Digest::of(content);
-        let target = root.join(BlobStore::location(&digest).as_ref());
-        let mut buffer = [0u8; 4];
-        let refused = AtomicBool::new(false);
-
-        let put = |buffer: &mut [u8]| put_local_file(&root, &path, &digest, buffer, &refused);
-        assert!(put(&mut buffer).expect("first put writes"));
-        assert!(!put(&mut buffer).expect("second put finds it"));
-        let input = std::fs::File::open(&path).expect("open");
-        let raced = put_local_staged(&target, input, &path, &digest, &mut buffer);
-        assert!(
-            !raced.expect("losing the link is success"),
-            "nothing written"
-        );
-        assert_eq!(std::fs::read(&target).expect("read"), content);
-
-        let other = Digest::of(b"other content");
-        let error = put_local_file(&root, &path, &other, &mut buffer, &refused)
-            .expect_err("content that does not match is refused");
-        assert!(matches!(error, BlobError::Changed { .. }), "{error}");
-        let other_target = root.join(BlobStore::location(&other).as_ref());
-        assert!(!other_target.exists(), "nothing stored for a changed file");
-        for directory in [&target, &other_target].map(|file| file.parent().expect("parent")) {
-            let names: Vec<_> = std::fs::read_dir(directory)
-                .into_iter()
-                .flatten()
-                .map(|entry| entry.expect("entry").file_name())
-                .collect();
-            assert!(names.len() <= 1, "only final names: {names:?}");
         }
     }
 }

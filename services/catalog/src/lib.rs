@@ -126,6 +126,9 @@ pub enum CatalogError {
     Grpc(#[from] tonic::transport::Error),
 }
 
+/// The most one request to a catalog service may carry (Brain's service excepted).
+const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+
 /// Opens the database, applies migrations, and serves gRPC on `grpc` (and `/healthz`,
 /// `/readyz`, `/metrics` on `admin`, when given) until `shutdown` is cancelled.
 pub async fn run(
@@ -172,27 +175,35 @@ pub async fn run(
         shutdown.clone(),
     ));
 
+    // Every service bounds what one request may carry (tonic's default, 4 MiB, said here so
+    // it is a decision and not an accident); Brain's operations carry tools' inputs.
     let service = CatalogServiceServer::new(service::Catalog::new(store.clone(), options.leases))
-        .max_decoding_message_size(4 * 1024 * 1024);
-    let sessions = SessionServiceServer::new(session_service::Sessions::new(store.clone()));
+        .max_decoding_message_size(MAX_REQUEST_BYTES);
+    let sessions = SessionServiceServer::new(session_service::Sessions::new(store.clone()))
+        .max_decoding_message_size(MAX_REQUEST_BYTES);
     server
         .add_service(service)
-        .add_service(HarnessServiceServer::new(harnesses::Harnesses::new(
-            store.clone(),
-        )))
+        .add_service(
+            HarnessServiceServer::new(harnesses::Harnesses::new(store.clone()))
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
         .add_service(sessions)
         .add_service(
             BrainServiceServer::new(brain_service::Brain::new(store.clone()))
                 .max_decoding_message_size(brain_service::MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(brain_service::MAX_MESSAGE_BYTES),
         )
-        .add_service(AdapterServiceServer::new(adapter_service::Adapters::new(
-            store.clone(),
-            options.adapter_credential_grace,
-        )))
-        .add_service(QuotaServiceServer::new(quota_service::Quotas::new(
-            store.clone(),
-        )))
+        .add_service(
+            AdapterServiceServer::new(adapter_service::Adapters::new(
+                store.clone(),
+                options.adapter_credential_grace,
+            ))
+            .max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
+        .add_service(
+            QuotaServiceServer::new(quota_service::Quotas::new(store.clone()))
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
         .serve(grpc, shutdown)
         .await?;
     store.close().await;

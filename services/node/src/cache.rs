@@ -22,6 +22,11 @@
 //! least recently used first, never one a live session uses or an environment's active one,
 //! then the blobs no version links any more; it runs in the background, never inside attach
 //! or materialize.
+//!
+//! What a name promises survives a power cut: a blob file is synced before it is linked to
+//! its name (later versions trust a present name without reading it), the blobs directory is
+//! synced before a version links to new blobs, and a version's tree is synced (`syncfs`)
+//! before it is renamed into place, and its directory after.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd as _, BorrowedFd};
@@ -459,6 +464,13 @@ impl VersionCache {
         .buffer_unordered(PARALLEL_FETCHES)
         .try_collect::<()>()
         .await?;
+        if fetched > 0 {
+            // The new blobs' names on disk before a version links to them.
+            let blobs = self.root.join("blobs");
+            tokio::task::spawn_blocking(move || sync_directory(&blobs))
+                .await
+                .map_err(|error| io("syncing the blobs")(std::io::Error::other(error)))??;
+        }
 
         // Linking is thousands of small system calls: off the runtime.
         let staging = self
@@ -700,6 +712,8 @@ fn write_blob(
         // The umask may have narrowed the mode asked for at open.
         file.set_permissions(permissions.clone())
             .map_err(io("setting a blob's mode"))?;
+        // On disk before it has a name: a name is what later versions trust without reading.
+        file.sync_all().map_err(io("syncing a blob file"))?;
         match plinth_blobs::link_unnamed(&file, target) {
             Ok(()) | Err(rustix::io::Errno::EXIST) => return Ok(()),
             Err(_) => source.rewind().map_err(io("reading a blob again"))?,
@@ -721,6 +735,7 @@ fn write_blob_staged(
         std::io::copy(source, &mut file).map_err(io("writing a blob file"))?;
         file.set_permissions(permissions)
             .map_err(io("setting a blob's mode"))?;
+        file.sync_all().map_err(io("syncing a blob file"))?;
         drop(file);
         std::fs::rename(&staging, target).map_err(io("placing a blob"))
     })();
@@ -728,6 +743,13 @@ fn write_blob_staged(
         let _ = std::fs::remove_file(&staging);
     }
     written
+}
+
+/// Syncs a directory, so the names made in it are on disk.
+fn sync_directory(path: &Path) -> Result<(), CacheError> {
+    std::fs::File::open(path)
+        .and_then(|directory| directory.sync_all())
+        .map_err(io(format!("syncing {}", path.display())))
 }
 
 fn blob_path(root: &Path, digest: &Digest, executable: bool) -> PathBuf {
@@ -935,7 +957,17 @@ fn link_version(
                 let _ = std::fs::remove_file(final_path.with_extension("base"));
             }
         }
-        std::fs::rename(staging, final_path).map_err(io("placing the version"))
+        // Everything the version holds (its links, whiteouts, directories and sidecars) on
+        // disk before its name says it is whole: one `syncfs` rather than a sync per directory.
+        let staged = std::fs::File::open(staging).map_err(io("opening the staged version"))?;
+        rustix::fs::syncfs(&staged)
+            .map_err(|errno| io("syncing the staged version")(errno.into()))?;
+        drop(staged);
+        std::fs::rename(staging, final_path).map_err(io("placing the version"))?;
+        match final_path.parent() {
+            Some(parent) => sync_directory(parent),
+            None => Ok(()),
+        }
     })();
     if built.is_err() {
         remove_tree(staging);

@@ -30,6 +30,9 @@ pub struct ExecLimits {
     pub max_output_bytes: u64,
     /// Largest working-directory file read or written.
     pub max_file_bytes: u64,
+    /// Bytes of workspace snapshots (what writes replaced, kept to undo them) each session
+    /// keeps; the oldest past it are removed.
+    pub workspace_snapshot_max_bytes: u64,
 }
 
 /// The node service.

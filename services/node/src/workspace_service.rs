@@ -63,6 +63,7 @@ impl Node {
                 .version_dir(&session.record.environment_id, session.record.version),
             uid,
             state,
+            snapshot_budget: self.limits.workspace_snapshot_max_bytes,
         };
         Ok((session, workspace))
     }
@@ -78,13 +79,25 @@ async fn blocking<T: Send + 'static>(
         .map_err(Status::from)
 }
 
-fn count(value: u64, default: usize) -> usize {
+/// A caller's count: `default` for 0, never past `max` (the answer then says it was cut,
+/// where there was more).
+fn count(value: u64, default: usize, max: usize) -> usize {
     if value == 0 {
-        default
+        default.min(max)
     } else {
-        usize::try_from(value).unwrap_or(usize::MAX)
+        usize::try_from(value).unwrap_or(usize::MAX).min(max)
     }
 }
+
+/// When a walk started now must answer.
+fn walk_deadline() -> std::time::Instant {
+    std::time::Instant::now() + search::WALK_TIME_LIMIT
+}
+
+/// Most bytes of a diff one changed file's snippet may have.
+const MAX_SNIPPET_BYTES: usize = 64 * 1024;
+/// Most bytes of each of stdout and stderr a command's answer carries inline.
+const MAX_INLINE_BYTES: usize = 4 * 1024 * 1024;
 
 fn entry(found: search::Entry) -> pb::Entry {
     pb::Entry {
@@ -228,7 +241,8 @@ impl pb::workspace_service_server::WorkspaceService for Node {
                 &target,
                 request.recursive,
                 request.include_hidden,
-                count(request.max_entries, 500),
+                count(request.max_entries, 500, search::MAX_ENTRIES),
+                walk_deadline(),
             )?;
             Ok(pb::ListResponse {
                 root: target.display,
@@ -254,10 +268,11 @@ impl pb::workspace_service_server::WorkspaceService for Node {
                 literal: request.literal,
                 ignore_case: request.ignore_case,
                 glob: (!request.glob.is_empty()).then_some(request.glob),
-                context: usize::try_from(request.context).unwrap_or(0).min(100),
-                per_file: count(request.limit_per_file, 100),
-                max_results: count(request.max_results, 100),
-                max_line_bytes: count(request.max_bytes_per_line, 500),
+                context: usize::try_from(request.context).unwrap_or(usize::MAX),
+                per_file: count(request.limit_per_file, 100, search::MAX_RESULTS),
+                max_results: count(request.max_results, 100, search::MAX_RESULTS),
+                max_line_bytes: count(request.max_bytes_per_line, 500, search::MAX_LINE_BYTES),
+                deadline: walk_deadline(),
             };
             let (found, truncated, searched) = search::search(&ws, &target, &query)?;
             Ok(pb::SearchResponse {
@@ -292,7 +307,8 @@ impl pb::workspace_service_server::WorkspaceService for Node {
                 &ws,
                 &target,
                 &request.pattern,
-                count(request.max_entries, 200),
+                count(request.max_entries, 200, search::MAX_ENTRIES),
+                walk_deadline(),
             )?;
             Ok(pb::FindResponse {
                 entries: entries.into_iter().map(entry).collect(),
@@ -522,7 +538,7 @@ impl pb::workspace_service_server::WorkspaceService for Node {
         let _turn = lock.lock().await;
         let answer = blocking(move || {
             let target = ws.resolve_writable(&request.path)?;
-            let created = track::current(&ws, &target.parts, &target.display)? == Previous::Missing;
+            let created = !track::exists(&ws, &target.parts, &target.display)?;
             let bytes_written = request.content.len() as u64;
             let rollback_token = track::write(
                 &ws,
@@ -597,7 +613,7 @@ impl pb::workspace_service_server::WorkspaceService for Node {
             }
         };
         let keep = request.keep_bytes;
-        let inline = count(request.inline_bytes, 64 * 1024);
+        let inline = count(request.inline_bytes, 64 * 1024, MAX_INLINE_BYTES);
         let events = pb::node_service_server::NodeService::exec(
             self,
             Request::new(pb::ExecRequest {
@@ -699,7 +715,16 @@ impl pb::workspace_service_server::WorkspaceService for Node {
                 return Err(missing());
             }
             let path = ws.state.join("outputs").join(&request.output_id);
-            let bytes = std::fs::read(&path).map_err(|_| missing())?;
+            // A command's kept output is bounded by its exec limit; read no more than a file.
+            let mut bytes = Vec::new();
+            {
+                use std::io::Read;
+                std::fs::File::open(&path)
+                    .map_err(|_| missing())?
+                    .take(MAX_FILE_BYTES)
+                    .read_to_end(&mut bytes)
+                    .map_err(|error| PlinthError::internal(&error))?;
+            }
             let mtime_ms = std::fs::metadata(&path)
                 .ok()
                 .and_then(|m| m.modified().ok())
@@ -737,7 +762,7 @@ impl pb::workspace_service_server::WorkspaceService for Node {
                 &ws,
                 request.external_only,
                 &request.exclude,
-                count(request.max_snippet_bytes, 8 * 1024),
+                count(request.max_snippet_bytes, 8 * 1024, MAX_SNIPPET_BYTES),
             )
         })
         .await?;

@@ -38,7 +38,9 @@ pub struct Limits {
     /// Most members of any kind: directories, files, skipped members, and the tar members
     /// that are never reported (the root `./`, pax global headers).
     pub max_entries: u64,
-    /// Most bytes inflated across all members, including members nobody reads.
+    /// Most bytes inflated across all members, including members nobody reads, and their
+    /// headers (tar headers, long names and pax records; a zip's central directory and local
+    /// headers).
     pub max_total_bytes: u64,
     /// Most bytes one file may inflate to.
     pub max_file_bytes: u64,
@@ -380,6 +382,20 @@ impl Meter {
             .unwrap_or_else(|| corrupt_from_io(error))
     }
 
+    /// Header bytes (tar headers, long names and pax records; a zip's central directory and
+    /// local headers) count against the import's byte limit like inflated content: they
+    /// cost as much to read, and the tar reader holds a member's whole.
+    fn count_header_bytes(&self, n: u64) -> io::Result<()> {
+        let inflated = self.inflated.get().saturating_add(n);
+        self.inflated.set(inflated);
+        if inflated > self.limits.max_total_bytes {
+            return Err(self.fail(ArchiveError::TooLarge {
+                max: self.limits.max_total_bytes,
+            }));
+        }
+        Ok(())
+    }
+
     fn begin_tar_headers(&self) {
         self.tar_header_bytes_now.set(0);
         self.reading_tar_headers.set(true);
@@ -398,6 +414,7 @@ impl Meter {
         let total = self.tar_header_bytes_total.get().saturating_add(n);
         self.tar_header_bytes_now.set(now);
         self.tar_header_bytes_total.set(total);
+        self.count_header_bytes(n)?;
         let allowed_total = TAR_HEADER_BYTES_BASE.saturating_add(
             self.tar_members
                 .get()
@@ -659,8 +676,9 @@ enum Verdict {
 /// Every name seen so far, and the shape of what landed.
 #[derive(Default)]
 struct Names {
-    /// Normalized raw names of all members, landed or skipped.
-    seen: HashSet<Vec<u8>>,
+    /// Digests of the normalized raw names of all members, landed or skipped: 32 bytes per
+    /// member however long its name (a flood of 15 KB names must not be kept whole).
+    seen: HashSet<[u8; 32]>,
     landed: Tree,
 }
 
@@ -684,7 +702,15 @@ impl Names {
                 name = rest;
             }
         }
-        if !self.seen.insert(name.to_vec()) {
+        // A name past the path limit can never land: dropped and counted before anything
+        // of it is kept.
+        if name.len() > MAX_PATH_BYTES {
+            return Ok(Verdict::Skipped(SkipReason::UnsafePath));
+        }
+        if !self
+            .seen
+            .insert(plinth_blobs::Digest::of(name).as_bytes().to_owned())
+        {
             return Err(ArchiveError::Duplicate(shown(name)));
         }
         let executable = match kind {
@@ -711,13 +737,23 @@ impl Names {
     }
 }
 
-/// Landed paths as a tree of components, so memory grows with the names' bytes and not with
-/// their depth times their length.
+/// Landed paths as a tree of components, each kept as 16 bytes of its SHA-256 under its
+/// parent's node: memory grows with the number of components, not with their length (an
+/// archive of 200,000 kilobyte-long names would otherwise be held twice over).
 #[derive(Default)]
 struct Tree {
-    children: HashMap<(usize, Box<str>), usize>,
+    children: HashMap<(usize, [u8; 16]), usize>,
     /// Per node: whether it is a file. Node 0 is the root.
     is_file: Vec<bool>,
+}
+
+/// A component's key: the first 16 bytes of its SHA-256 (a collision would need 2^64
+/// components).
+fn component_key(component: &str) -> [u8; 16] {
+    let digest = plinth_blobs::Digest::of(component.as_bytes());
+    let mut key = [0u8; 16];
+    key.copy_from_slice(&digest.as_bytes()[..16]);
+    key
 }
 
 impl Tree {
@@ -732,7 +768,7 @@ impl Tree {
         while let Some(component) = components.next() {
             let last = components.peek().is_none();
             end += component.len();
-            let key = (node, Box::<str>::from(component));
+            let key = (node, component_key(component));
             node = match self.children.get(&key) {
                 Some(&child) => {
                     let child_is_file = self.is_file.get(child).copied().unwrap_or(false);
@@ -1119,6 +1155,9 @@ const ZIP_FLAG_DATA_DESCRIPTOR: u16 = 1 << 3;
 const ZIP_METHOD_STORED: u16 = 0;
 const ZIP_METHOD_DEFLATED: u16 = 8;
 const ZIP64_EXTRA_ID: u16 = 0x0001;
+/// Largest central directory read: 200,000 entries (the default entry cap) of a few hundred
+/// bytes each, which real archives stay far below.
+const ZIP_CENTRAL_MAX: u64 = 64 << 20;
 
 const S_IFMT: u32 = 0o170_000;
 const S_IFIFO: u32 = 0o010_000;
@@ -1207,6 +1246,15 @@ fn read_zip(file: &File, meter: &Meter, sink: &mut Sink<'_>) -> Result<(), Archi
             max: meter.limits.max_entries,
         });
     }
+    // The zip reader holds the whole central directory (every name and extra field) in
+    // memory: bounded here, before it is read, and counted like inflated bytes.
+    if end.central_size > ZIP_CENTRAL_MAX {
+        return Err(ArchiveError::Corrupt(format!(
+            "the central directory is {} bytes, more than the {ZIP_CENTRAL_MAX} bytes \
+             any archive of real files needs (names are at most {MAX_PATH_BYTES} bytes)",
+            end.central_size
+        )));
+    }
     if end.central_offset.checked_add(end.central_size) != Some(end.central_end) {
         return Err(ArchiveError::Ambiguous(
             "the central directory is not where the end record says: \
@@ -1219,6 +1267,9 @@ fn read_zip(file: &File, meter: &Meter, sink: &mut Sink<'_>) -> Result<(), Archi
             "the central directory is too small for the entries it claims".to_owned(),
         ));
     }
+    meter
+        .count_header_bytes(end.central_size)
+        .map_err(|error| meter.resolve(&error))?;
     let central = read_central_directory(file, &end)?;
     let mut raw_names = HashSet::new();
     for record in &central {
@@ -1270,6 +1321,9 @@ fn read_zip(file: &File, meter: &Meter, sink: &mut Sink<'_>) -> Result<(), Archi
                 shown(&record.name)
             )));
         }
+        meter
+            .count_header_bytes(local.data_start.saturating_sub(header_start))
+            .map_err(|error| meter.resolve(&error))?;
         let data_end = local
             .data_start
             .checked_add(compressed_size)

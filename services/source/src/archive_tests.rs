@@ -574,6 +574,117 @@ fn long_names_and_pax_paths_are_honoured_and_still_checked() {
     );
 }
 
+/// A name past the path limit (a GNU long name, a pax path, a zip name) is dropped and
+/// counted like any refused name, and the members around it land; a duplicate of such a name
+/// does not refuse the archive, since neither lands and neither is kept.
+#[test]
+fn names_past_the_path_limit_are_skipped_and_counted() {
+    let too_long = format!("deep/{}/file.txt", "d/".repeat(MAX_PATH_BYTES));
+    let mut builder = Builder::new(Vec::new());
+    for name in [&too_long, &too_long, &"kept.txt".to_owned()] {
+        let mut header = Header::new_gnu();
+        header.set_size(2);
+        header.set_mode(0o644);
+        builder.append_data(&mut header, name, &b"hi"[..]).unwrap();
+    }
+    builder
+        .append_pax_extensions([("path", too_long.as_bytes())])
+        .unwrap();
+    let mut header = Header::new_ustar();
+    header.set_path("short").unwrap();
+    header.set_size(0);
+    header.set_mode(0o644);
+    header.set_cksum();
+    builder.append(&header, &b""[..]).unwrap();
+    let outcome = read(&gzip(&builder.into_inner().unwrap()), ROOMY);
+    assert!(outcome.result.is_ok(), "{:?}", outcome.result);
+    let cut = shown(too_long.as_bytes());
+    assert_eq!(
+        outcome.seen,
+        [
+            skipped(&cut, SkipReason::UnsafePath),
+            skipped(&cut, SkipReason::UnsafePath),
+            file("kept.txt", false, b"hi"),
+            skipped(&cut, SkipReason::UnsafePath),
+        ]
+    );
+
+    let zip = zip_of(|writer| {
+        writer
+            .start_file(too_long.as_str(), deflated(0o644))
+            .unwrap();
+        writer.write_all(b"long").unwrap();
+        writer.start_file("kept.txt", deflated(0o644)).unwrap();
+        writer.write_all(b"hi").unwrap();
+    });
+    let outcome = read(&zip, ROOMY);
+    assert!(outcome.result.is_ok(), "{:?}", outcome.result);
+    assert_eq!(
+        outcome.seen,
+        [
+            skipped(&cut, SkipReason::UnsafePath),
+            file("kept.txt", false, b"hi")
+        ]
+    );
+}
+
+/// What a tar spends on names (a flood of long names around empty files) counts against the
+/// import's byte limit like inflated content; so does a zip's central directory.
+#[test]
+fn header_bytes_count_against_the_byte_limit() {
+    let mut builder = Builder::new(Vec::new());
+    for n in 0..64 {
+        let name = format!("{n:04}-{}", "n".repeat(900));
+        let mut header = Header::new_gnu();
+        header.set_size(0);
+        header.set_mode(0o644);
+        builder.append_data(&mut header, &name, &b""[..]).unwrap();
+    }
+    let tar = gzip(&builder.into_inner().unwrap());
+    let limits = Limits {
+        max_total_bytes: 32 << 10,
+        ..ROOMY
+    };
+    let outcome = read(&tar, limits);
+    assert!(
+        matches!(outcome.result, Err(ArchiveError::TooLarge { max }) if max == 32 << 10),
+        "{:?}",
+        outcome.result
+    );
+    assert_eq!(outcome.content_bytes(), 0, "no content was involved");
+    assert!(read(&tar, ROOMY).result.is_ok(), "within a roomy limit");
+
+    let zip = zip_of(|writer| {
+        for n in 0..64 {
+            let name = format!("{n:04}-{}", "n".repeat(900));
+            writer.start_file(name, deflated(0o644)).unwrap();
+        }
+    });
+    let outcome = read(&zip, limits);
+    assert!(
+        matches!(outcome.result, Err(ArchiveError::TooLarge { .. })),
+        "{:?}",
+        outcome.result
+    );
+    assert!(outcome.seen.is_empty(), "refused before any member");
+}
+
+/// A central directory larger than any archive of real files needs is refused before the
+/// zip reader holds it in memory.
+#[test]
+fn an_oversized_zip_central_directory_is_refused_before_it_is_read() {
+    let mut bytes = raw_zip(&[raw(b"a", b"x", 0o100_644)]);
+    // The end record's central directory size, forged past the cap.
+    let end = bytes.len() - 22;
+    put32(&mut bytes, end + 12, (ZIP_CENTRAL_MAX + 1) as u32);
+    let outcome = read(&bytes, ROOMY);
+    match &outcome.result {
+        Err(ArchiveError::Corrupt(message)) if message.contains("central directory is") => {}
+        other => panic!("expected the central directory refused for its size, got {other:?}"),
+    }
+    assert!(outcome.seen.is_empty());
+}
+
 #[test]
 fn a_pax_header_with_a_repeated_key_is_refused() {
     let mut builder = Builder::new(Vec::new());

@@ -7,7 +7,7 @@
 //! are read on a blocking thread, small files travel to the uploaders under a byte budget,
 //! and large files stream through a channel.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
@@ -43,19 +43,21 @@ pub struct Imported {
 
 impl Imported {
     /// Files, directories (named or implied by a path beneath them) and bytes of the files.
+    /// Directories are counted by borrowed prefixes of the entries' paths, never copies.
     pub fn counts(&self) -> (u64, u64, u64) {
         let mut files = 0;
         let mut bytes = 0;
-        let mut directories = std::collections::HashSet::new();
+        let mut directories: std::collections::HashSet<&str> = std::collections::HashSet::new();
         for entry in &self.entries {
-            directories.extend(entry.path.ancestors());
+            let path = entry.path.as_str();
+            directories.extend(path.match_indices('/').map(|(at, _)| &path[..at]));
             match entry.kind {
                 Kind::File => {
                     files += 1;
                     bytes += entry.size;
                 }
                 Kind::Directory => {
-                    directories.insert(entry.path.clone());
+                    directories.insert(path);
                 }
             }
         }
@@ -232,6 +234,9 @@ async fn read_spooled(
 
     let reader = tokio::task::spawn_blocking(move || {
         let mut imported = Imported::default();
+        // Small contents already sent to the uploaders: a content met again (empty files,
+        // licences, `__init__.py`s) is stored once. 32 bytes per distinct content.
+        let mut sent: HashSet<Digest> = HashSet::new();
         let mut sink = |entry: Entry<'_>| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             match entry {
                 Entry::Directory { path } => imported.entries.push(IndexEntry::directory(path)),
@@ -241,8 +246,14 @@ async fn read_spooled(
                     executable,
                     content,
                 } => {
-                    let blob =
-                        upload_member(&runtime, &uploads, &budget, content, limits.max_file_bytes)?;
+                    let blob = upload_member(
+                        &runtime,
+                        &uploads,
+                        &budget,
+                        &mut sent,
+                        content,
+                        limits.max_file_bytes,
+                    )?;
                     imported.entries.push(IndexEntry {
                         path,
                         kind: Kind::File,
@@ -277,19 +288,23 @@ fn upload_member(
     runtime: &tokio::runtime::Handle,
     uploads: &mpsc::Sender<Upload>,
     budget: &Arc<Semaphore>,
+    sent: &mut HashSet<Digest>,
     content: &mut dyn Read,
     max_file_bytes: u64,
 ) -> Result<Blob, Box<dyn std::error::Error + Send + Sync>> {
     let mut head = Vec::new();
     content.take(SMALL_FILE as u64 + 1).read_to_end(&mut head)?;
     if head.len() <= SMALL_FILE {
+        let blob = Blob {
+            digest: Digest::of(&head),
+            size: head.len() as u64,
+        };
+        if !sent.insert(blob.digest) {
+            return Ok(blob);
+        }
         let kib = u32::try_from(head.len() / 1024 + 1).unwrap_or(u32::MAX);
         let permit = runtime.block_on(budget.clone().acquire_many_owned(kib))?;
         let bytes = Bytes::from(head);
-        let blob = Blob {
-            digest: Digest::of(&bytes),
-            size: bytes.len() as u64,
-        };
         uploads
             .blocking_send(Upload::Small {
                 bytes,

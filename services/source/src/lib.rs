@@ -136,13 +136,16 @@ pub async fn run(
         shutdown.clone(),
     );
 
+    // One message at most 4 MiB (tonic's default, said here so it is a decision): uploads and
+    // imports stream in chunks, bounded in total by `limits` as they arrive.
     let service = SourceServiceServer::new(service::Source::new(
         index.clone(),
         blobs,
         options.spool_dir,
         options.limits,
         options.git,
-    ));
+    ))
+    .max_decoding_message_size(4 * 1024 * 1024);
     server.add_service(service).serve(grpc, shutdown).await?;
     index.close().await;
     Ok(())

@@ -320,6 +320,7 @@ impl Index {
             executable,
         };
         rows.push(entry.clone());
+        let rows: Vec<NewRow<'_>> = rows.iter().map(NewRow::from).collect();
         upsert(&mut tx, environment, &rows).await?;
         if let Some(scope) = &scope {
             ledger::apply(&mut tx, scope, &holders, self.stored_bytes_limit(scope)).await?;
@@ -351,6 +352,7 @@ impl Index {
             .filter(|p| !existing.contains_key(p.as_str()))
             .map(IndexEntry::directory)
             .collect();
+        let rows: Vec<NewRow<'_>> = rows.iter().map(NewRow::from).collect();
         upsert(&mut tx, environment, &rows).await?;
         finish_change(tx, environment, Some(Delta::default())).await?;
         Ok(IndexEntry::directory(path.clone()))
@@ -432,7 +434,7 @@ impl Index {
             Some(_) => Some(ledger::source_holders(&mut tx, environment, None).await?),
             None => None,
         };
-        let mut state: BTreeMap<String, Kind> = BTreeMap::new();
+        let mut existing: Vec<(String, Kind)> = Vec::new();
         if replace {
             sqlx::query("DELETE FROM source_entries WHERE environment_id = $1")
                 .bind(environment)
@@ -447,20 +449,26 @@ impl Index {
             for row in &rows {
                 let path: String = row.try_get("path")?;
                 let kind: String = row.try_get("kind")?;
-                state.insert(
-                    path,
-                    if kind == "file" {
-                        Kind::File
-                    } else {
-                        Kind::Directory
-                    },
-                );
+                let kind = if kind == "file" {
+                    Kind::File
+                } else {
+                    Kind::Directory
+                };
+                existing.push((path, kind));
             }
         }
-        let mut rows: Vec<IndexEntry> = Vec::with_capacity(entries.len());
+        // What each path is, in the source and in the import: borrowed from the rows read and
+        // the entries given, never copied (an import of 200,000 long paths, and their
+        // directories, would otherwise be held several times over).
+        let mut state: HashMap<&str, Kind> = existing
+            .iter()
+            .map(|(path, kind)| (path.as_str(), *kind))
+            .collect();
+        let mut rows: Vec<NewRow<'_>> = Vec::with_capacity(entries.len());
         for entry in entries {
-            for ancestor in entry.path.ancestors() {
-                match state.get(ancestor.as_str()) {
+            let path = entry.path.as_str();
+            for ancestor in path.match_indices('/').map(|(at, _)| &path[..at]) {
+                match state.get(ancestor) {
                     Some(Kind::File) => {
                         return Err(IndexError::Conflict {
                             path: entry.path.to_string(),
@@ -469,12 +477,12 @@ impl Index {
                     }
                     Some(Kind::Directory) => {}
                     None => {
-                        state.insert(ancestor.as_str().to_owned(), Kind::Directory);
-                        rows.push(IndexEntry::directory(ancestor));
+                        state.insert(ancestor, Kind::Directory);
+                        rows.push(NewRow::directory(ancestor));
                     }
                 }
             }
-            match (state.get(entry.path.as_str()), entry.kind) {
+            match (state.get(path), entry.kind) {
                 (Some(Kind::Directory), Kind::File) => {
                     return Err(IndexError::Conflict {
                         path: entry.path.to_string(),
@@ -492,8 +500,8 @@ impl Index {
                 (Some(Kind::Directory), Kind::Directory) => continue,
                 _ => {}
             }
-            state.insert(entry.path.as_str().to_owned(), entry.kind);
-            rows.push(entry.clone());
+            state.insert(path, entry.kind);
+            rows.push(NewRow::from(entry));
         }
         upsert(&mut tx, environment, &rows).await?;
         if let (Some(scope), Some(before)) = (&scope, &held_before) {
@@ -877,10 +885,43 @@ fn subtree_range(path: &SourcePath) -> (String, String) {
     (format!("{path}/"), format!("{path}0"))
 }
 
+/// An entry to insert, borrowing its path.
+struct NewRow<'a> {
+    path: &'a str,
+    kind: Kind,
+    digest: Option<Digest>,
+    size: u64,
+    executable: bool,
+}
+
+impl<'a> NewRow<'a> {
+    fn directory(path: &'a str) -> Self {
+        NewRow {
+            path,
+            kind: Kind::Directory,
+            digest: None,
+            size: 0,
+            executable: false,
+        }
+    }
+}
+
+impl<'a> From<&'a IndexEntry> for NewRow<'a> {
+    fn from(entry: &'a IndexEntry) -> Self {
+        NewRow {
+            path: entry.path.as_str(),
+            kind: entry.kind,
+            digest: entry.digest,
+            size: entry.size,
+            executable: entry.executable,
+        }
+    }
+}
+
 async fn upsert(
     tx: &mut Transaction<'static, Any>,
     environment: &str,
-    rows: &[IndexEntry],
+    rows: &[NewRow<'_>],
 ) -> Result<(), IndexError> {
     for batch in rows.chunks(INSERT_BATCH) {
         let mut sql = String::from(
@@ -909,7 +950,7 @@ async fn upsert(
         for row in batch {
             query = query
                 .bind(environment)
-                .bind(row.path.as_str())
+                .bind(row.path)
                 .bind(row.kind.as_str())
                 .bind(
                     row.digest

@@ -232,12 +232,20 @@ fn chown(fd: &OwnedFd, uid: u32, display: &str) -> Result<(), PlinthError> {
     .map_err(|errno| errno_error(display, errno))
 }
 
-/// What is at `name` in `dir` now (a link or directory is refused: writes never go through
-/// or over them).
-pub fn previous(dir: &OwnedFd, name: &str, display: &str) -> Result<Previous, PlinthError> {
+/// The regular file at `name` in `dir` now, opened for reading, with its status; `None` when
+/// nothing is there. A link or directory is refused (writes never go through or over them),
+/// as is a hard link to a file `owner` does not own (it is not read with root's rights), and
+/// a file past `max` bytes (`file_too_large`), before any byte of it is read.
+pub fn open_previous(
+    dir: &OwnedFd,
+    name: &str,
+    display: &str,
+    owner: Option<u32>,
+    max: u64,
+) -> Result<Option<(std::fs::File, Stat)>, PlinthError> {
     let stat = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(stat) => stat,
-        Err(Errno::NOENT) => return Ok(Previous::Missing),
+        Err(Errno::NOENT) => return Ok(None),
         Err(errno) => return Err(errno_error(display, errno)),
     };
     match kind(&stat) {
@@ -260,11 +268,46 @@ pub fn previous(dir: &OwnedFd, name: &str, display: &str) -> Result<Previous, Pl
     )
     .map_err(|errno| errno_error(display, errno))?;
     let stat = rustix::fs::fstat(&fd).map_err(|errno| errno_error(display, errno))?;
-    check_readable(&stat, display, None)?;
-    let mut content = Vec::new();
-    reopen(&fd, display)?
+    check_readable(&stat, display, owner)?;
+    let size = u64::try_from(stat.st_size).unwrap_or(u64::MAX);
+    if size > max {
+        return Err(replaced_too_large(display, size, max));
+    }
+    Ok(Some((reopen(&fd, display)?, stat)))
+}
+
+/// A file too large to be replaced: the workspace keeps what a write replaces, to undo it.
+fn replaced_too_large(display: &str, size: u64, max: u64) -> PlinthError {
+    PlinthError::new(
+        ErrorCode::FileTooLarge,
+        format!(
+            "{display} is {size} bytes; a write keeps what it replaces so it can be undone, and \
+             keeps at most {max} bytes: remove the file first (a command's `rm`), or write \
+             another path"
+        ),
+    )
+    .with_detail(serde_json::json!({ "max_bytes": max }))
+}
+
+/// What is at `name` in `dir` now, read whole (see [`open_previous`]; at most `max` bytes).
+pub fn previous(
+    dir: &OwnedFd,
+    name: &str,
+    display: &str,
+    owner: Option<u32>,
+    max: u64,
+) -> Result<Previous, PlinthError> {
+    let Some((file, stat)) = open_previous(dir, name, display, owner, max)? else {
+        return Ok(Previous::Missing);
+    };
+    let mut content = Vec::with_capacity(usize::try_from(stat.st_size).unwrap_or(0));
+    file.take(max + 1)
         .read_to_end(&mut content)
         .map_err(|error| PlinthError::internal(&error))?;
+    if content.len() as u64 > max {
+        // It grew after it was measured.
+        return Err(replaced_too_large(display, content.len() as u64, max));
+    }
     Ok(Previous::File {
         content,
         mode: stat.st_mode & 0o777,

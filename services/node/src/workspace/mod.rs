@@ -67,6 +67,8 @@ pub struct Workspace {
     pub uid: u32,
     /// Where the node keeps this workspace's snapshots and records (hidden from commands).
     pub state: PathBuf,
+    /// Bytes of snapshots kept; the oldest past it are removed (`track`).
+    pub snapshot_budget: u64,
 }
 
 fn invalid(path: &str, why: &str) -> PlinthError {
@@ -194,6 +196,7 @@ mod tests {
             version_dir: PathBuf::from("/state/cache/versions/e/1"),
             uid: 200_000,
             state: PathBuf::from("/state/sessions/s/workspace"),
+            snapshot_budget: 1 << 20,
         }
     }
 

@@ -5,6 +5,7 @@
 //! does.
 
 use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
 
 use globset::{GlobBuilder, GlobMatcher};
 use grep_regex::RegexMatcherBuilder;
@@ -20,6 +21,23 @@ use super::{Target, Workspace, fsx};
 const MAX_SEARCH_BYTES: u64 = super::MAX_FILE_BYTES;
 /// Largest `.gitignore` read.
 const MAX_IGNORE_BYTES: u64 = 1024 * 1024;
+
+// What one listing, find or search may cost, whatever the caller asks: counts are clamped to
+// these, and an answer that reaches one says it was cut (`truncated`).
+
+/// Most entries a listing or a find answers.
+pub const MAX_ENTRIES: usize = 10_000;
+/// Most matches a search answers, in all and in one file.
+pub const MAX_RESULTS: usize = 1_000;
+/// Most bytes of one line (a match or its context) a search answers.
+pub const MAX_LINE_BYTES: usize = 4_096;
+/// Most lines of context each side of a match.
+pub const MAX_CONTEXT_LINES: usize = 20;
+/// Most bytes of paths and lines one answer carries.
+pub const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
+/// How long a walk (a listing, a find, a search) may run; past it, it answers what it found
+/// so far, marked truncated.
+pub const WALK_TIME_LIMIT: Duration = Duration::from_secs(10);
 
 /// One entry answered.
 #[derive(Debug, Clone)]
@@ -49,14 +67,18 @@ fn hidden(rel: &str) -> bool {
         .is_some_and(|name| name.starts_with('.'))
 }
 
-/// Lists a directory: its entries, or with `recursive` everything beneath it.
+/// Lists a directory: its entries, or with `recursive` everything beneath it; at most
+/// `max_entries` (and [`MAX_ENTRIES`]), [`MAX_ANSWER_BYTES`] of paths, and until `deadline`.
 pub fn list(
     ws: &Workspace,
     target: &Target,
     recursive: bool,
     include_hidden: bool,
     max_entries: usize,
+    deadline: Instant,
 ) -> Result<(Vec<Entry>, bool), PlinthError> {
+    let max_entries = max_entries.min(MAX_ENTRIES);
+    let mut answer_bytes = 0usize;
     let base = ws.open_base(target.base)?;
     let (_, stat) = fsx::lookup(&base, &target.rel(), &target.display)?;
     if fsx::kind(&stat) != FileType::Directory {
@@ -79,12 +101,17 @@ pub fn list(
             let Some(kind) = kind_name(fsx::kind(&walked.stat)) else {
                 return Step::Skip;
             };
-            if entries.len() >= max_entries {
+            if entries.len() >= max_entries
+                || answer_bytes >= MAX_ANSWER_BYTES
+                || Instant::now() >= deadline
+            {
                 truncated = true;
                 return Step::Stop;
             }
+            let path = ws.display(target.base, &walked.rel);
+            answer_bytes += path.len();
             entries.push(Entry {
-                path: ws.display(target.base, &walked.rel),
+                path,
                 kind,
                 size: (kind == "file").then(|| u64::try_from(walked.stat.st_size).unwrap_or(0)),
                 mtime_ms: fsx::mtime_ms(&walked.stat),
@@ -264,6 +291,20 @@ pub struct Query {
     pub max_results: usize,
     /// Most bytes of a line answered.
     pub max_line_bytes: usize,
+    /// When to stop and answer what was found (truncated).
+    pub deadline: Instant,
+}
+
+impl Query {
+    /// The query with every count within its maximum.
+    fn clamped(&self) -> (usize, usize, usize, usize) {
+        (
+            self.context.min(MAX_CONTEXT_LINES),
+            self.per_file.min(MAX_RESULTS),
+            self.max_results.min(MAX_RESULTS),
+            self.max_line_bytes.min(MAX_LINE_BYTES),
+        )
+    }
 }
 
 fn cut(line: &[u8], max: usize) -> String {
@@ -303,10 +344,16 @@ pub fn search(
         .binary_detection(BinaryDetection::quit(b'\x00'))
         .build();
     let owner = ws.owner(target.base);
+    let (context, per_file, max_results, max_line_bytes) = query.clamped();
     let mut found = Vec::new();
     let mut truncated = false;
     let mut searched = 0u64;
+    let mut answer_bytes = 0usize;
     files(ws, target, |relative, walked, dir| {
+        if Instant::now() >= query.deadline {
+            truncated = true;
+            return false;
+        }
         if let Some(glob) = &glob
             && !glob.matches(relative)
         {
@@ -323,7 +370,7 @@ pub fn search(
             &matcher,
             &content,
             sinks::Lossy(|number, _line| {
-                if lines_hit.len() >= query.per_file {
+                if lines_hit.len() >= per_file {
                     more_in_file = true;
                     return Ok(false);
                 }
@@ -340,7 +387,7 @@ pub fn search(
         let lines: Vec<&[u8]> = content.split_inclusive(|b| *b == b'\n').collect();
         let path = ws.display(target.base, &walked.rel);
         for number in lines_hit {
-            if found.len() >= query.max_results {
+            if found.len() >= max_results || answer_bytes >= MAX_ANSWER_BYTES {
                 truncated = true;
                 return false;
             }
@@ -348,47 +395,65 @@ pub fn search(
             let Some(line) = lines.get(index) else {
                 continue;
             };
-            let from = index.saturating_sub(query.context);
-            let to = (index + 1 + query.context).min(lines.len());
-            found.push(Found {
+            let from = index.saturating_sub(context);
+            let to = (index + 1 + context).min(lines.len());
+            let hit = Found {
                 path: path.clone(),
                 line: number,
-                text: cut(line, query.max_line_bytes),
+                text: cut(line, max_line_bytes),
                 before: lines[from..index]
                     .iter()
-                    .map(|l| cut(l, query.max_line_bytes))
+                    .map(|l| cut(l, max_line_bytes))
                     .collect(),
                 after: lines[index + 1..to]
                     .iter()
-                    .map(|l| cut(l, query.max_line_bytes))
+                    .map(|l| cut(l, max_line_bytes))
                     .collect(),
-            });
+            };
+            answer_bytes += hit.path.len()
+                + hit.text.len()
+                + hit
+                    .before
+                    .iter()
+                    .chain(&hit.after)
+                    .map(String::len)
+                    .sum::<usize>();
+            found.push(hit);
         }
         true
     })?;
     Ok((found, truncated, searched))
 }
 
-/// Files whose path matches a glob, beneath `target`.
+/// Files whose path matches a glob, beneath `target`; bounded as [`list`] is.
 pub fn find(
     ws: &Workspace,
     target: &Target,
     pattern: &str,
     max_entries: usize,
+    deadline: Instant,
 ) -> Result<(Vec<Entry>, bool), PlinthError> {
     let glob = NameGlob::new(pattern)?;
+    let max_entries = max_entries.min(MAX_ENTRIES);
     let mut entries = Vec::new();
     let mut truncated = false;
+    let mut answer_bytes = 0usize;
     files(ws, target, |relative, walked, _| {
-        if !glob.matches(relative) {
-            return true;
-        }
-        if entries.len() >= max_entries {
+        if Instant::now() >= deadline {
             truncated = true;
             return false;
         }
+        if !glob.matches(relative) {
+            return true;
+        }
+        if entries.len() >= max_entries || answer_bytes >= MAX_ANSWER_BYTES {
+            truncated = true;
+            return false;
+        }
+        let path = ws.display(target.base, &walked.rel);
+        answer_bytes += path.len();
         entries.push(Entry {
-            path: ws.display(target.base, &walked.rel),
+            path,
             kind: "file",
             size: Some(u64::try_from(walked.stat.st_size).unwrap_or(0)),
             mtime_ms: fsx::mtime_ms(&walked.stat),
@@ -401,6 +466,123 @@ pub fn find(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn workspace(dir: &std::path::Path) -> Workspace {
+        let root = dir.join("work");
+        let version = dir.join("version");
+        for made in [&root, &version] {
+            std::fs::create_dir_all(made).expect("dir");
+        }
+        Workspace {
+            root,
+            shown_root: "/home/session".into(),
+            mount: "/env/demo".to_owned(),
+            version_dir: version,
+            uid: rustix::process::getuid().as_raw(),
+            state: dir.join("state"),
+            snapshot_budget: 1 << 20,
+        }
+    }
+
+    fn query(pattern: &str, max_results: usize, deadline: Instant) -> Query {
+        Query {
+            pattern: pattern.to_owned(),
+            literal: true,
+            ignore_case: false,
+            glob: None,
+            context: usize::MAX,
+            per_file: usize::MAX,
+            max_results,
+            max_line_bytes: usize::MAX,
+            deadline,
+        }
+    }
+
+    /// Whatever a caller asks, a listing holds at most [`MAX_ENTRIES`], a search at most
+    /// [`MAX_RESULTS`] matches with lines of at most [`MAX_LINE_BYTES`] and
+    /// [`MAX_CONTEXT_LINES`] of context; each answer that was cut says so.
+    #[test]
+    fn oversized_counts_are_clamped_and_the_answer_says_it_was_cut() {
+        let dir = tempfile::tempdir().expect("dir");
+        let ws = workspace(dir.path());
+        let many = ws.root.join("many");
+        std::fs::create_dir_all(&many).expect("dir");
+        for n in 0..=MAX_ENTRIES {
+            std::fs::write(many.join(format!("{n:05}.txt")), b"").expect("file");
+        }
+        let line = format!("needle {}\n", "x".repeat(2 * MAX_LINE_BYTES));
+        std::fs::write(ws.root.join("hay.txt"), line.repeat(MAX_RESULTS + 50)).expect("hay");
+        let target = ws.resolve(".").expect("root");
+        let later = Instant::now() + Duration::from_secs(600);
+
+        let (entries, truncated) =
+            list(&ws, &target, true, false, usize::MAX, later).expect("list");
+        assert_eq!(entries.len(), MAX_ENTRIES);
+        assert!(truncated);
+        let (entries, truncated) = find(&ws, &target, "*.txt", usize::MAX, later).expect("find");
+        assert_eq!(entries.len(), MAX_ENTRIES);
+        assert!(truncated);
+
+        let without_context = Query {
+            context: 0,
+            ..query("needle", usize::MAX, later)
+        };
+        let (found, truncated, _) = search(&ws, &target, &without_context).expect("search");
+        assert_eq!(found.len(), MAX_RESULTS);
+        assert!(truncated);
+        assert!(found.iter().all(|hit| hit.text.len() == MAX_LINE_BYTES));
+        // With the most context, the answer's byte budget cuts it first.
+        let (found, truncated, _) =
+            search(&ws, &target, &query("needle", usize::MAX, later)).expect("search");
+        assert!(truncated && found.len() < MAX_RESULTS, "{}", found.len());
+        for hit in &found {
+            assert!(hit.text.len() <= MAX_LINE_BYTES);
+            assert!(hit.before.len() <= MAX_CONTEXT_LINES && hit.after.len() <= MAX_CONTEXT_LINES);
+        }
+        let bytes: usize = found
+            .iter()
+            .map(|hit| {
+                hit.text.len()
+                    + hit
+                        .before
+                        .iter()
+                        .chain(&hit.after)
+                        .map(String::len)
+                        .sum::<usize>()
+            })
+            .sum();
+        assert!(
+            bytes <= MAX_ANSWER_BYTES + MAX_LINE_BYTES * (2 * MAX_CONTEXT_LINES + 1) + 4096,
+            "{bytes}"
+        );
+    }
+
+    /// A walk past its time limit answers what it found, marked truncated, instead of going
+    /// on (here the limit has already passed when it starts).
+    #[test]
+    fn a_walk_past_its_time_limit_answers_truncated() {
+        let dir = tempfile::tempdir().expect("dir");
+        let ws = workspace(dir.path());
+        std::fs::write(ws.root.join("a.txt"), b"needle\n").expect("file");
+        let target = ws.resolve(".").expect("root");
+        let past = Instant::now();
+        let (found, truncated, searched) =
+            search(&ws, &target, &query("needle", 10, past)).expect("search");
+        assert!(truncated);
+        assert_eq!((found.len(), searched), (0, 0));
+        let (_, truncated) = find(&ws, &target, "*", 10, past).expect("find");
+        assert!(truncated);
+        let (_, truncated) = list(&ws, &target, true, false, 10, past).expect("list");
+        assert!(truncated);
+        let later = Instant::now() + Duration::from_secs(600);
+        let (found, truncated, _) =
+            search(&ws, &target, &query("needle", 10, later)).expect("search");
+        assert_eq!(
+            (found.len(), truncated),
+            (1, false),
+            "in time, the whole answer"
+        );
+    }
 
     #[test]
     fn globs_without_a_slash_match_names_at_any_depth() {

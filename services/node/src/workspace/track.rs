@@ -4,8 +4,16 @@
 //! digest of what this service wrote is recorded in `expected.json` (with the content itself
 //! when it is small), so `changes` can report files changed by anything else, with a diff.
 //! Both live beside the working directory, hidden from the session's commands.
+//!
+//! What this costs is bounded whatever the session's files are: a file is copied into a
+//! snapshot by streaming, never read whole, and one past [`MAX_FILE_BYTES`] is refused
+//! (`file_too_large`) before a byte of it is read; snapshots are kept up to the workspace's
+//! budget (`node.workspace_snapshot_max_bytes`), the oldest removed past it (the newest is
+//! always kept, so the last write can be undone); kept contents no record names any more
+//! are removed.
 
 use std::collections::BTreeMap;
+use std::io::{Read, Write as _};
 use std::path::Path;
 
 use plinth_kit::{ErrorCode, PlinthError};
@@ -14,10 +22,18 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 use super::fsx::{self, Previous, Step};
-use super::{Base, Workspace};
+use super::{Base, MAX_FILE_BYTES, Workspace};
 
-/// Largest earlier content kept to diff against.
+/// Largest earlier content kept to diff against, and largest file diffed.
 const MAX_KEPT_BYTES: usize = 1024 * 1024;
+/// What a snapshot costs beyond the bytes it keeps (its directory and manifest), so a flood
+/// of writes of new files, each a snapshot of nothing, is bounded by the budget too.
+const SNAPSHOT_OVERHEAD_BYTES: u64 = 4096;
+/// Most bytes of diffs one `changes` answer carries; past it, changes are listed without one
+/// (`snippet-too-large`).
+const MAX_SNIPPETS_BYTES: usize = 4 * 1024 * 1024;
+/// Most changes one `changes` answer lists.
+pub const MAX_CHANGES: usize = 10_000;
 
 /// One file of a write: its path beneath the root and its new content (`None`: delete it).
 #[derive(Debug, Clone)]
@@ -57,42 +73,76 @@ fn internal(error: impl std::fmt::Display) -> PlinthError {
     PlinthError::internal(&std::io::Error::other(error.to_string()))
 }
 
-/// What a file held before a write.
-pub fn current(ws: &Workspace, parts: &[String], display: &str) -> Result<Previous, PlinthError> {
+/// The file at `parts` now, opened for reading (`None`: nothing there); see
+/// [`fsx::open_previous`]. A file past [`MAX_FILE_BYTES`] is refused before it is read.
+fn open_current(
+    ws: &Workspace,
+    parts: &[String],
+    display: &str,
+) -> Result<Option<(std::fs::File, rustix::fs::Stat)>, PlinthError> {
     let root = ws.open_base(Base::Root)?;
     let parent = parts[..parts.len().saturating_sub(1)].join("/");
     let dir = match fsx::open_beneath_dir(&root, &parent, display) {
         Ok(dir) => dir,
-        Err(error) if error.code == ErrorCode::WorkspaceNotFound => return Ok(Previous::Missing),
+        Err(error) if error.code == ErrorCode::WorkspaceNotFound => return Ok(None),
         Err(error) => return Err(error),
     };
     let name = parts.last().map(String::as_str).unwrap_or_default();
-    fsx::previous(&dir, name, display)
+    fsx::open_previous(&dir, name, display, Some(ws.uid), MAX_FILE_BYTES)
 }
 
-/// Writes every change, or none: what was there is saved first, and if a write fails the
-/// ones before it are undone. Answers the rollback token.
+/// Whether a file is at `parts` now (checked as a write would replace it, whatever its size;
+/// never read).
+pub fn exists(ws: &Workspace, parts: &[String], display: &str) -> Result<bool, PlinthError> {
+    let root = ws.open_base(Base::Root)?;
+    let parent = parts[..parts.len().saturating_sub(1)].join("/");
+    let dir = match fsx::open_beneath_dir(&root, &parent, display) {
+        Ok(dir) => dir,
+        Err(error) if error.code == ErrorCode::WorkspaceNotFound => return Ok(false),
+        Err(error) => return Err(error),
+    };
+    let name = parts.last().map(String::as_str).unwrap_or_default();
+    Ok(fsx::open_previous(&dir, name, display, Some(ws.uid), u64::MAX)?.is_some())
+}
+
+/// What a file holds now, whole (edits work on its text); at most [`MAX_FILE_BYTES`].
+pub fn current(ws: &Workspace, parts: &[String], display: &str) -> Result<Previous, PlinthError> {
+    let Some((file, stat)) = open_current(ws, parts, display)? else {
+        return Ok(Previous::Missing);
+    };
+    let mut content = Vec::with_capacity(usize::try_from(stat.st_size).unwrap_or(0));
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut content)
+        .map_err(internal)?;
+    if content.len() as u64 > MAX_FILE_BYTES {
+        return Err(PlinthError::new(
+            ErrorCode::FileTooLarge,
+            format!("{display} is larger than {MAX_FILE_BYTES} bytes"),
+        )
+        .with_detail(serde_json::json!({ "max_bytes": MAX_FILE_BYTES })));
+    }
+    Ok(Previous::File {
+        content,
+        mode: stat.st_mode & 0o777,
+    })
+}
+
+/// Writes every change, or none: what was there is saved first (copied, never read whole),
+/// and if a write fails the ones before it are undone. Answers the rollback token; the
+/// oldest snapshots past the workspace's budget are removed.
 pub fn write(ws: &Workspace, changes: &[Change]) -> Result<String, PlinthError> {
     let token = format!("rb_{}", uuid::Uuid::new_v4().simple());
-    let snapshot = ws.state.join("snapshots").join(&token);
+    let snapshots = ws.state.join("snapshots");
+    let snapshot = snapshots.join(&token);
     std::fs::create_dir_all(&snapshot).map_err(internal)?;
-    let mut entries = Vec::new();
-    for (index, change) in changes.iter().enumerate() {
-        let before = current(ws, &change.parts, &change.display)?;
-        let mode = match before {
-            Previous::Missing => None,
-            Previous::File { content, mode } => {
-                std::fs::write(snapshot.join(index.to_string()), content).map_err(internal)?;
-                Some(mode)
-            }
-        };
-        entries.push(SnapshotEntry {
-            path: change.parts.clone(),
-            mode,
-        });
-    }
-    let manifest = serde_json::to_vec(&entries).map_err(internal)?;
-    std::fs::write(snapshot.join("manifest.json"), manifest).map_err(internal)?;
+    let saved = save(ws, changes, &snapshot);
+    let (entries, kept) = match saved {
+        Ok(saved) => saved,
+        Err(error) => {
+            let _ = std::fs::remove_dir_all(&snapshot);
+            return Err(error);
+        }
+    };
     for (done, change) in changes.iter().enumerate() {
         let mode = entries[done].mode.unwrap_or(0o644);
         if let Err(error) = put(
@@ -103,6 +153,7 @@ pub fn write(ws: &Workspace, changes: &[Change]) -> Result<String, PlinthError> 
             mode,
         ) {
             let _ = undo(ws, &snapshot, &entries[..done]);
+            let _ = std::fs::remove_dir_all(&snapshot);
             return Err(error);
         }
     }
@@ -112,7 +163,134 @@ pub fn write(ws: &Workspace, changes: &[Change]) -> Result<String, PlinthError> 
             .iter()
             .map(|c| (c.parts.join("/"), c.content.as_deref())),
     )?;
+    admit(
+        &snapshots,
+        &token,
+        kept + SNAPSHOT_OVERHEAD_BYTES,
+        ws.snapshot_budget,
+    )?;
     Ok(token)
+}
+
+/// Saves what each change replaces into `snapshot`, and its manifest; answers the manifest's
+/// entries and the bytes kept.
+fn save(
+    ws: &Workspace,
+    changes: &[Change],
+    snapshot: &Path,
+) -> Result<(Vec<SnapshotEntry>, u64), PlinthError> {
+    let mut entries = Vec::new();
+    let mut kept = 0u64;
+    for (index, change) in changes.iter().enumerate() {
+        let mode = match open_current(ws, &change.parts, &change.display)? {
+            None => None,
+            Some((file, stat)) => {
+                let mut copy =
+                    std::fs::File::create(snapshot.join(index.to_string())).map_err(internal)?;
+                let copied = std::io::copy(&mut file.take(MAX_FILE_BYTES + 1), &mut copy)
+                    .map_err(internal)?;
+                if copied > MAX_FILE_BYTES {
+                    return Err(PlinthError::new(
+                        ErrorCode::FileTooLarge,
+                        format!(
+                            "{} grew past {MAX_FILE_BYTES} bytes while it was saved",
+                            change.display
+                        ),
+                    )
+                    .with_detail(serde_json::json!({ "max_bytes": MAX_FILE_BYTES })));
+                }
+                kept += copied;
+                Some(stat.st_mode & 0o777)
+            }
+        };
+        entries.push(SnapshotEntry {
+            path: change.parts.clone(),
+            mode,
+        });
+    }
+    let manifest = serde_json::to_vec(&entries).map_err(internal)?;
+    kept += manifest.len() as u64;
+    std::fs::write(snapshot.join("manifest.json"), manifest).map_err(internal)?;
+    Ok((entries, kept))
+}
+
+/// The snapshots kept, oldest first, each with what it costs: `snapshots/ledger`, one
+/// `<token> <bytes>` line each. Rebuilt from the directories when missing.
+fn ledger(snapshots: &Path) -> Vec<(String, u64)> {
+    if let Ok(text) = std::fs::read_to_string(snapshots.join("ledger")) {
+        return text
+            .lines()
+            .filter_map(|line| {
+                let (token, bytes) = line.split_once(' ')?;
+                Some((token.to_owned(), bytes.parse().ok()?))
+            })
+            .collect();
+    }
+    // Written before snapshots had a budget: measured once, ordered by age.
+    let mut found: Vec<(std::time::SystemTime, String, u64)> = Vec::new();
+    for entry in std::fs::read_dir(snapshots).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !valid_token(&name) {
+            continue;
+        }
+        let made = entry
+            .metadata()
+            .and_then(|metadata| metadata.modified())
+            .unwrap_or(std::time::UNIX_EPOCH);
+        let bytes: u64 = std::fs::read_dir(entry.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|file| file.metadata().ok())
+            .map(|metadata| metadata.len())
+            .sum();
+        found.push((made, name, bytes + SNAPSHOT_OVERHEAD_BYTES));
+    }
+    found.sort();
+    found
+        .into_iter()
+        .map(|(_, token, bytes)| (token, bytes))
+        .collect()
+}
+
+/// Adds a snapshot to the ledger and removes the oldest until the rest fit in `budget`
+/// (never the one just added).
+fn admit(snapshots: &Path, token: &str, bytes: u64, budget: u64) -> Result<(), PlinthError> {
+    let mut kept = ledger(snapshots);
+    kept.retain(|(known, _)| known != token);
+    kept.push((token.to_owned(), bytes));
+    let mut total: u64 = kept.iter().map(|(_, bytes)| bytes).sum();
+    let mut pruned = 0;
+    while total > budget && pruned + 1 < kept.len() {
+        let (oldest, bytes) = &kept[pruned];
+        let _ = std::fs::remove_dir_all(snapshots.join(oldest));
+        total = total.saturating_sub(*bytes);
+        pruned += 1;
+    }
+    let text: String = kept[pruned..]
+        .iter()
+        .map(|(token, bytes)| format!("{token} {bytes}\n"))
+        .collect();
+    let temporary = snapshots.join(".ledger.tmp");
+    std::fs::File::create(&temporary)
+        .and_then(|mut file| file.write_all(text.as_bytes()))
+        .and_then(|()| std::fs::rename(&temporary, snapshots.join("ledger")))
+        .map_err(internal)?;
+    if pruned > 0 {
+        tracing::debug!(
+            pruned,
+            kept_bytes = total,
+            budget,
+            "removed the oldest workspace snapshots past the budget"
+        );
+    }
+    Ok(())
+}
+
+fn valid_token(token: &str) -> bool {
+    token
+        .strip_prefix("rb_")
+        .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 fn put(
@@ -165,17 +343,18 @@ fn undo(
 
 /// Puts back what a write's token saved; answers the paths.
 pub fn restore(ws: &Workspace, token: &str) -> Result<Vec<String>, PlinthError> {
-    let valid = token
-        .strip_prefix("rb_")
-        .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()));
     let snapshot = ws.state.join("snapshots").join(token);
-    let manifest = valid
+    let manifest = valid_token(token)
         .then(|| std::fs::read(snapshot.join("manifest.json")).ok())
         .flatten()
         .ok_or_else(|| {
             PlinthError::new(
                 ErrorCode::WorkspaceNotFound,
-                format!("rollback token {token:?} is not one of this workspace's"),
+                format!(
+                    "rollback token {token:?} is not one of this workspace's, or its snapshot \
+                     was removed (the oldest are, once a workspace's snapshots pass \
+                     node.workspace_snapshot_max_bytes)"
+                ),
             )
         })?;
     let entries: Vec<SnapshotEntry> = serde_json::from_slice(&manifest).map_err(internal)?;
@@ -194,7 +373,8 @@ fn load_expected(ws: &Workspace) -> Result<Expected, PlinthError> {
     }
 }
 
-/// Records what this service wrote (content kept when small, to diff against later).
+/// Records what this service wrote (content kept when small, to diff against later). A kept
+/// content no path names any more is removed.
 fn record<'a>(
     ws: &Workspace,
     written: impl Iterator<Item = (String, Option<&'a [u8]>)>,
@@ -202,6 +382,7 @@ fn record<'a>(
     let mut expected = load_expected(ws)?;
     let kept = ws.state.join("expected");
     std::fs::create_dir_all(&kept).map_err(internal)?;
+    let mut replaced = Vec::new();
     for (path, content) in written {
         let entry = content.map(|content| {
             let hex = digest(content);
@@ -210,12 +391,26 @@ fn record<'a>(
             }
             hex
         });
-        expected.files.insert(path, entry);
+        if let Some(Some(old)) = expected.files.insert(path, entry) {
+            replaced.push(old);
+        }
     }
     let temporary = ws.state.join(".expected.json.tmp");
     std::fs::write(&temporary, serde_json::to_vec(&expected).map_err(internal)?)
         .map_err(internal)?;
-    std::fs::rename(&temporary, expected_path(ws)).map_err(internal)
+    std::fs::rename(&temporary, expected_path(ws)).map_err(internal)?;
+    let named: std::collections::HashSet<&str> = expected
+        .files
+        .values()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    for old in replaced {
+        if !named.contains(old.as_str()) {
+            let _ = std::fs::remove_file(kept.join(old));
+        }
+    }
+    Ok(())
 }
 
 /// A changed file.
@@ -235,7 +430,9 @@ pub struct FileChange {
 
 /// Files changed since the session started (its working directory started empty). With
 /// `external_only`, only those that differ from what this service last wrote, each with a
-/// diff from that where one can be made.
+/// diff from that where one can be made. Files are hashed as they stream; only a file small
+/// enough to diff is held, one at a time. At most [`MAX_CHANGES`] are listed, and diffs stop
+/// at [`MAX_SNIPPETS_BYTES`] in all.
 pub fn changes(
     ws: &Workspace,
     external_only: bool,
@@ -252,13 +449,18 @@ pub fn changes(
         exclude.iter().any(|e| e == top)
     };
     let root = ws.open_base(Base::Root)?;
-    let mut now: BTreeMap<String, (u64, String, Vec<u8>)> = BTreeMap::new();
+    let mut present: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    let mut snippets = 0usize;
     fsx::walk(
         &root,
         "",
         ".",
         |_, _| {},
         |walked, dir| {
+            if out.len() >= MAX_CHANGES {
+                return Step::Stop;
+            }
             if excluded(&walked.rel) {
                 return Step::Skip;
             }
@@ -266,44 +468,52 @@ pub fn changes(
                 return Step::Descend;
             }
             let name = walked.rel.rsplit('/').next().unwrap_or(&walked.rel);
-            if let Some(content) = fsx::read_entry(dir, name, super::MAX_FILE_BYTES, Some(ws.uid)) {
-                let size = content.len() as u64;
-                let hex = digest(&content);
-                now.insert(walked.rel.clone(), (size, hex, content));
+            let Some((size, hex, small, binary)) = hash_entry(dir, name, Some(ws.uid)) else {
+                return Step::Descend;
+            };
+            present.insert(walked.rel.clone());
+            let before = expected.files.get(&walked.rel);
+            if external_only && before.is_some_and(|b| b.as_deref() == Some(hex.as_str())) {
+                return Step::Descend;
             }
+            let change = match before {
+                Some(Some(_)) => "modified",
+                _ => "created",
+            };
+            let (snippet, reason) = if external_only {
+                let earlier = match before {
+                    Some(Some(old)) => std::fs::read(ws.state.join("expected").join(old)).ok(),
+                    _ => Some(Vec::new()),
+                };
+                match (small, earlier) {
+                    (_, None) => (String::new(), "partial-prior-read"),
+                    (Some(content), Some(earlier)) if snippets < MAX_SNIPPETS_BYTES => {
+                        let room = max_snippet.min(MAX_SNIPPETS_BYTES - snippets);
+                        snippet_of(&walked.rel, Some(&earlier), &content, room)
+                    }
+                    _ if binary => (String::new(), "binary"),
+                    _ => (String::new(), "snippet-too-large"),
+                }
+            } else {
+                (String::new(), "")
+            };
+            snippets += snippet.len();
+            out.push(FileChange {
+                path: walked.rel.clone(),
+                change,
+                size,
+                snippet,
+                reason,
+            });
             Step::Descend
         },
     )?;
-    let mut out = Vec::new();
-    for (path, (size, hex, content)) in &now {
-        let before = expected.files.get(path);
-        if external_only && before.is_some_and(|b| b.as_deref() == Some(hex.as_str())) {
-            continue;
-        }
-        let change = match before {
-            Some(Some(_)) => "modified",
-            _ => "created",
-        };
-        let (snippet, reason) = if external_only {
-            let earlier = match before {
-                Some(Some(old)) => std::fs::read(ws.state.join("expected").join(old)).ok(),
-                _ => Some(Vec::new()),
-            };
-            snippet_of(path, earlier.as_deref(), content, max_snippet)
-        } else {
-            (String::new(), "")
-        };
-        out.push(FileChange {
-            path: path.clone(),
-            change,
-            size: *size,
-            snippet,
-            reason,
-        });
-    }
     if external_only {
         for (path, entry) in &expected.files {
-            if entry.is_some() && !now.contains_key(path) && !excluded(path) {
+            if out.len() >= MAX_CHANGES {
+                break;
+            }
+            if entry.is_some() && !present.contains(path) && !excluded(path) {
                 out.push(FileChange {
                     path: path.clone(),
                     change: "deleted",
@@ -313,9 +523,57 @@ pub fn changes(
                 });
             }
         }
-        out.sort_by(|a, b| a.path.cmp(&b.path));
     }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(out)
+}
+
+/// A regular file met by a walk: its size, its digest (hashed as it streams), its content
+/// when small enough to diff, and whether its start is binary; `None` for anything that is
+/// not a readable regular file of at most [`MAX_FILE_BYTES`].
+fn hash_entry(
+    dir: &std::os::fd::OwnedFd,
+    name: &str,
+    owner: Option<u32>,
+) -> Option<(u64, String, Option<Vec<u8>>, bool)> {
+    use std::fmt::Write as _;
+    let (mut file, _) = fsx::open_previous(dir, name, name, owner, MAX_FILE_BYTES).ok()??;
+    let mut hasher = sha2::Sha256::new();
+    let mut small = Some(Vec::new());
+    let mut buffer = vec![0u8; 64 * 1024];
+    let mut size = 0u64;
+    let mut binary = false;
+    loop {
+        let read = match file.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(read) => read,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return None,
+        };
+        let chunk = &buffer[..read];
+        if size == 0 {
+            binary = super::text::is_binary(chunk);
+        }
+        hasher.update(chunk);
+        size += read as u64;
+        if size > MAX_FILE_BYTES {
+            return None;
+        }
+        small = small
+            .filter(|_| size as usize <= MAX_KEPT_BYTES)
+            .map(|mut kept| {
+                kept.extend_from_slice(chunk);
+                kept
+            });
+    }
+    let hex = hasher
+        .finalize()
+        .iter()
+        .fold(String::with_capacity(64), |mut out, b| {
+            let _ = write!(out, "{b:02x}");
+            out
+        });
+    Some((size, hex, small, binary))
 }
 
 fn snippet_of(
@@ -342,4 +600,143 @@ fn snippet_of(
         return (String::new(), "snippet-too-large");
     }
     (diff, "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A workspace on real directories, written as the test's own user.
+    fn workspace(dir: &Path, budget: u64) -> Workspace {
+        let root = dir.join("work");
+        let version = dir.join("version");
+        for made in [&root, &version, &dir.join("state")] {
+            std::fs::create_dir_all(made).expect("dir");
+        }
+        Workspace {
+            root,
+            shown_root: "/home/session".into(),
+            mount: "/env/demo".to_owned(),
+            version_dir: version,
+            uid: rustix::process::getuid().as_raw(),
+            state: dir.join("state"),
+            snapshot_budget: budget,
+        }
+    }
+
+    fn change(path: &str, content: &[u8]) -> Change {
+        Change {
+            parts: path.split('/').map(str::to_owned).collect(),
+            display: path.to_owned(),
+            content: Some(content.to_vec()),
+        }
+    }
+
+    fn snapshot_dirs(ws: &Workspace) -> Vec<String> {
+        let mut found: Vec<String> = std::fs::read_dir(ws.state.join("snapshots"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .filter(|name| valid_token(name))
+            .collect();
+        found.sort();
+        found
+    }
+
+    /// Writing over a file past the file limit (a sparse 1 GiB file) is refused with
+    /// `file_too_large` before any of it is read: the file is unchanged, and no snapshot of
+    /// it is left.
+    #[test]
+    fn a_write_over_a_file_past_the_limit_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().expect("dir");
+        let ws = workspace(dir.path(), 1 << 30);
+        let big = ws.root.join("big.bin");
+        std::fs::File::create(&big)
+            .and_then(|file| file.set_len(1 << 30))
+            .expect("sparse file");
+        let error = write(&ws, &[change("big.bin", b"small")]).expect_err("refused");
+        assert_eq!(error.code, ErrorCode::FileTooLarge, "{}", error.message);
+        assert_eq!(
+            error.detail,
+            Some(serde_json::json!({ "max_bytes": MAX_FILE_BYTES }))
+        );
+        assert!(error.message.contains("big.bin"), "{}", error.message);
+        assert_eq!(std::fs::metadata(&big).expect("still there").len(), 1 << 30);
+        assert_eq!(snapshot_dirs(&ws), Vec::<String>::new());
+        let error = current(&ws, &["big.bin".to_owned()], "big.bin").expect_err("edit refused");
+        assert_eq!(error.code, ErrorCode::FileTooLarge);
+        assert!(exists(&ws, &["big.bin".to_owned()], "big.bin").expect("exists"));
+    }
+
+    /// Past the budget the oldest snapshots are removed (their tokens no longer restore, and
+    /// say why), the newest always stays and restores, and what is kept on disk fits the
+    /// budget beside the newest.
+    #[test]
+    fn snapshots_past_the_budget_are_pruned_oldest_first() {
+        let dir = tempfile::tempdir().expect("dir");
+        let budget = 300 * 1024;
+        let ws = workspace(dir.path(), budget);
+        let mut tokens = Vec::new();
+        for round in 0..8u8 {
+            let content = vec![b'a' + round; 100 * 1024];
+            tokens.push(write(&ws, &[change("notes/a.txt", &content)]).expect("write"));
+        }
+        let kept = snapshot_dirs(&ws);
+        assert!(kept.len() >= 2 && kept.len() <= 3, "{kept:?}");
+        let on_disk: u64 = kept
+            .iter()
+            .flat_map(|token| std::fs::read_dir(ws.state.join("snapshots").join(token)))
+            .flatten()
+            .flatten()
+            .map(|file| file.metadata().expect("metadata").len())
+            .sum();
+        assert!(on_disk <= budget, "{on_disk} bytes kept");
+        let error = restore(&ws, &tokens[0]).expect_err("pruned");
+        assert_eq!(error.code, ErrorCode::WorkspaceNotFound);
+        assert!(
+            error.message.contains("node.workspace_snapshot_max_bytes"),
+            "{}",
+            error.message
+        );
+        let newest = tokens.last().expect("a token");
+        assert!(kept.contains(newest));
+        restore(&ws, newest).expect("the newest restores");
+        assert_eq!(
+            std::fs::read(ws.root.join("notes/a.txt")).expect("restored"),
+            vec![b'a' + 6; 100 * 1024],
+            "what the last write replaced"
+        );
+
+        // Even a snapshot larger than the whole budget is kept while it is the newest.
+        let tiny = workspace(&dir.path().join("tiny"), 1);
+        write(&tiny, &[change("a", b"first")]).expect("write");
+        let token = write(&tiny, &[change("a", b"second")]).expect("write");
+        assert_eq!(snapshot_dirs(&tiny), std::slice::from_ref(&token));
+        restore(&tiny, &token).expect("restores");
+        assert_eq!(std::fs::read(tiny.root.join("a")).expect("read"), b"first");
+    }
+
+    /// What `changes` diffs against is kept only while a record names it.
+    #[test]
+    fn kept_contents_no_record_names_are_removed() {
+        let dir = tempfile::tempdir().expect("dir");
+        let ws = workspace(dir.path(), 1 << 30);
+        for round in 0..5u8 {
+            write(&ws, &[change("a.txt", &[b'0' + round; 10])]).expect("write");
+        }
+        let kept: Vec<_> = std::fs::read_dir(ws.state.join("expected"))
+            .expect("kept")
+            .flatten()
+            .collect();
+        assert_eq!(kept.len(), 1, "only the last write's content");
+        std::fs::write(ws.root.join("a.txt"), b"changed by a command\n").expect("write");
+        let changed = changes(&ws, true, &[], 8 * 1024).expect("changes");
+        assert_eq!(changed.len(), 1);
+        assert!(
+            changed[0].snippet.contains("+changed by a command"),
+            "{:?}",
+            changed[0]
+        );
+    }
 }
