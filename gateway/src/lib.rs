@@ -389,12 +389,30 @@ fn document_rate_limits(openapi: &mut utoipa::openapi::OpenApi) {
                 .security
                 .as_ref()
                 .is_some_and(|security| !security.is_empty());
-            if bearer {
-                operation
-                    .responses
-                    .responses
-                    .entry("429".to_owned())
-                    .or_insert_with(|| refused.clone().into());
+            if !bearer {
+                continue;
+            }
+            // An operation may already answer 429 for another reason (a quota): it gains the
+            // rate's description and its `Retry-After`.
+            match operation.responses.responses.entry("429".to_owned()) {
+                std::collections::btree_map::Entry::Vacant(slot) => {
+                    slot.insert(refused.clone().into());
+                }
+                std::collections::btree_map::Entry::Occupied(mut slot) => {
+                    if let utoipa::openapi::RefOr::T(response) = slot.get_mut() {
+                        if !response.description.contains("rate_limited") {
+                            response.description.push_str(
+                                "; or rate_limited: past this token's rate, retry after `Retry-After` seconds",
+                            );
+                        }
+                        for (name, header) in &refused.headers {
+                            response
+                                .headers
+                                .entry(name.clone())
+                                .or_insert_with(|| header.clone());
+                        }
+                    }
+                }
             }
         }
     }
