@@ -12,9 +12,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Parser as _;
 use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
+
+/// The catalog's channel with the gateway's credential on every call.
+type Catalog = tonic::service::interceptor::InterceptedService<
+    tonic::transport::Channel,
+    plinth_kit::grpc::ClientInterceptor,
+>;
 use plinth_proto::catalog::v1::{CreateEnvironmentRequest, GetEnvironmentRequest};
 use tokio::sync::Semaphore;
-use tonic::transport::Channel;
 
 /// Environment create+get round trips: gateway vs direct gRPC catalog calls.
 #[derive(Debug, clap::Args)]
@@ -77,6 +82,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         tonic::transport::Endpoint::from_shared(format!("http://{}", running.catalog_addr))?
             .connect()
             .await?;
+    // Direct calls carry the credential serve made for its gateway, as the gateway's do.
+    let interceptor = running
+        .credentials
+        .as_ref()
+        .context("serve made no credentials")?
+        .gateway
+        .interceptor("benchmark")?;
+    let channel = tonic::service::interceptor::InterceptedService::new(channel, interceptor);
 
     // Warm both paths (connections, SQLite pages, allocator).
     run_phase(
@@ -184,7 +197,7 @@ async fn run_phase(
     path: Path,
     http: &reqwest::Client,
     base: &str,
-    channel: &Channel,
+    channel: &Catalog,
     pairs: usize,
     concurrency: usize,
     tag: &str,
