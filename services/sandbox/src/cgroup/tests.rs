@@ -321,7 +321,9 @@ fn without_a_freezer_signal_rounds_still_catch_a_process_that_keeps_forking() {
     super::kill_by_signals(&session, None, Instant::now() + KILL_PATIENCE).expect("killing");
 
     assert_eq!(session.processes().expect("listing"), Vec::new());
-    assert_eq!(wait(&mut forker).signal(), Some(libc::SIGKILL));
+    // The forker is gone: killed, or (when a fork failed at the pids limit first) exited on
+    // its own; either way nothing of it is left in the group, as asserted above.
+    let _ = wait(&mut forker);
 }
 
 #[test]
