@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 use crate::helpers::send;
 use crate::processes::{Process, free_port, wait_until_ready};
 
-fn spawn(args: &[String], config: &std::path::Path, log: &std::path::Path) -> Process {
+/// A `plinth` process of a split deployment with the shared test credentials, its output
+/// appended to `log`.
+pub(crate) fn spawn(args: &[String], config: &std::path::Path, log: &std::path::Path) -> Process {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -51,7 +53,7 @@ fn read_log(path: &std::path::Path) -> String {
     text
 }
 
-fn strings(args: &[&str]) -> Vec<String> {
+pub(crate) fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|arg| (*arg).to_owned()).collect()
 }
 

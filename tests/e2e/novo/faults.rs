@@ -7,14 +7,13 @@
 //! call appends a line to a file: the file has one line every time. The faults are real:
 //! `plinth gateway`, `node` and `catalog` processes killed with SIGKILL.
 
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use super::{Novo, SECRET, request_id};
 use crate::helpers::{Server, assert_error, send};
+use crate::node_restart::{spawn, strings};
 use crate::processes::{Process, free_port, wait_until_ready};
 
 #[tokio::test]
@@ -53,32 +52,6 @@ async fn a_call_longer_than_its_lease_keeps_its_claim_and_a_retry_does_not_run_i
     );
     assert_eq!(novo.cat("long.txt").await, "x\n", "it ran once");
     server.stop().await;
-}
-
-/// A `plinth` process of a split deployment, its output in `log`.
-fn spawn(args: &[String], config: &Path, log: &Path) -> Process {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .expect("log file");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
-    crate::credentials::apply(&mut command, crate::credentials::shared(), &args[0]);
-    let child = command
-        .args(args)
-        .env("PLINTH_CONFIG", config)
-        .env("PLINTH_LOG", "info")
-        .env_remove("PLINTH_TOKENS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn plinth");
-    Process(child)
-}
-
-fn strings(args: &[&str]) -> Vec<String> {
-    args.iter().map(|arg| (*arg).to_owned()).collect()
 }
 
 /// Kills a process with SIGKILL and reaps it.
