@@ -17,9 +17,12 @@ fn gateway_and_catalog_spans_share_one_trace() {
         .build();
     let subscriber = tracing_subscriber::registry()
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
-    // A current-thread runtime keeps every task of both services on this thread, under this
-    // subscriber, without touching the process-wide default other tests share.
-    let _default = tracing::subscriber::set_default(subscriber);
+    // The process-wide subscriber, as `plinth serve` installs one: spans also end on threads
+    // the runtime does not own (SQLite's connection workers drop the last handle of a
+    // handler's span), and a span's parent is released through whatever subscriber that
+    // thread has. The test runner gives every test its own process, so this one is its own.
+    tracing::subscriber::set_global_default(subscriber)
+        .expect("no other subscriber in this test's process");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
