@@ -70,6 +70,9 @@ pub enum BlobError {
         /// The file.
         path: PathBuf,
     },
+    /// Holding a blob against garbage collection failed; nothing was stored under its name.
+    #[error("holding the blob against garbage collection failed: {0}")]
+    Hold(String),
     /// Reading a file given to [`BlobStore::put_files`], or writing it into a directory store,
     /// failed.
     #[error("storing {path}: {source}")]
@@ -79,6 +82,15 @@ pub enum BlobError {
         /// Why.
         source: std::io::Error,
     },
+}
+
+/// Keeps blobs from garbage collection from before they are named until whatever names them
+/// is committed. The blob store calls it with a blob's digest before it gives the blob its
+/// name or finds it already named, so a collection either sees the hold or runs its deletes
+/// before the blob is written (again).
+pub trait Holder: Send + Sync {
+    /// Holds `digests`; returns once no collection can take them.
+    fn hold<'a>(&'a self, digests: &'a [Digest]) -> futures::future::BoxFuture<'a, Result<(), BlobError>>;
 }
 
 /// A content-addressed store of blobs.
@@ -142,6 +154,18 @@ impl BlobStore {
         &self.store
     }
 
+    /// The directory of a `file://` store.
+    pub(crate) fn local_root(&self) -> Option<&std::path::Path> {
+        self.local.as_deref()
+    }
+
+    /// Stores content that is already in memory, after `holder` holds its digest (see
+    /// [`Holder`]).
+    pub async fn put_bytes_held(&self, bytes: Bytes, holder: &dyn Holder) -> Result<Blob, BlobError> {
+        holder.hold(&[Digest::of(&bytes)]).await?;
+        self.put_bytes(bytes).await
+    }
+
     /// Stores content that is already in memory.
     pub async fn put_bytes(&self, bytes: Bytes) -> Result<Blob, BlobError> {
         let blob = Blob {
@@ -157,6 +181,36 @@ impl BlobStore {
     /// `max_bytes` is refused with [`BlobError::TooLarge`] as soon as the limit is passed; on
     /// any error nothing is stored under a final name.
     pub async fn put_stream<S, E>(&self, content: S, max_bytes: u64) -> Result<Blob, BlobError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        self.put_stream_inner(content, max_bytes, None).await
+    }
+
+    /// [`BlobStore::put_stream`], with `holder` holding the digest once it is known and before
+    /// the blob gets its name: a blob of the same content already stored (and perhaps no
+    /// longer referenced) cannot be collected between being found and being referenced.
+    pub async fn put_stream_held<S, E>(
+        &self,
+        content: S,
+        max_bytes: u64,
+        holder: &dyn Holder,
+    ) -> Result<Blob, BlobError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        self.put_stream_inner(content, max_bytes, Some(holder))
+            .await
+    }
+
+    async fn put_stream_inner<S, E>(
+        &self,
+        content: S,
+        max_bytes: u64,
+        holder: Option<&dyn Holder>,
+    ) -> Result<Blob, BlobError>
     where
         S: Stream<Item = Result<Bytes, E>> + Send,
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -214,6 +268,15 @@ impl BlobStore {
 
         let digest = Digest::from_bytes(hasher.finalize().into());
         let blob = Blob { digest, size };
+        if let Some(holder) = holder
+            && let Err(error) = holder.hold(&[digest]).await
+        {
+            if let Some((staging, writer)) = upload {
+                let _ = writer.abort().await;
+                let _ = self.store.delete(&staging).await;
+            }
+            return Err(error);
+        }
         match upload {
             None => {
                 self.put_final(&digest, buffered.into_iter().collect())

@@ -7,9 +7,11 @@
 //! Whether an environment exists, and whose it is, is the catalog's business: callers ask it
 //! first. Building and mounting are not here either. `paths` holds the one path rule;
 //! `archive` reads untrusted archives; `import` and `git` turn them into entries and blobs;
-//! `persistence` owns the index; `service` is the gRPC adapter; `run` starts it all.
+//! `persistence` owns the index; `gc` collects the blob store's garbage (the source holds
+//! most of its references); `service` is the gRPC adapter; `run` starts it all.
 
 pub mod archive;
+pub mod gc;
 pub mod git;
 pub mod import;
 pub mod paths;
@@ -56,6 +58,28 @@ pub struct SourceOptions {
     /// Where callers in this process reach the source service directly, when they run beside
     /// it.
     pub local: Option<plinth_kit::grpc::LocalSlot>,
+    /// Garbage collection: the grace period and how long holds of work in progress live.
+    pub collection: gc::GcOptions,
+    /// Whether this process collects, and how often: `None` leaves it to others (another
+    /// replica, `plinth gc`); its writes hold what they write all the same.
+    pub collector: Option<Collector>,
+}
+
+/// A source service's periodic garbage collection.
+#[derive(Clone)]
+pub struct Collector {
+    /// The catalog, asked what it keeps.
+    pub catalog: Arc<dyn gc::Catalog>,
+    /// Time between passes.
+    pub every: std::time::Duration,
+}
+
+impl std::fmt::Debug for Collector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Collector")
+            .field("every", &self.every)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why the source service stopped.
@@ -120,12 +144,24 @@ pub async fn run(
         shutdown.clone(),
     );
 
+    if let Some(collector) = &options.collector {
+        tracing::info!(every_s = collector.every.as_secs(), grace_s = options.collection.grace.as_secs(), "garbage collection of the blob store runs here");
+        plinth_kit::tasks::spawn(gc::run(
+            index.clone(),
+            blobs.clone(),
+            collector.catalog.clone(),
+            options.collection,
+            collector.every,
+            shutdown.clone(),
+        ));
+    }
     let service = SourceServiceServer::new(service::Source::new(
         index.clone(),
         blobs,
         options.spool_dir,
         options.limits,
         options.git,
+        options.collection.hold_ttl,
     ));
     server.add_service(service).serve(grpc, shutdown).await?;
     index.close().await;

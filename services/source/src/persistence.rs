@@ -16,18 +16,38 @@ use sqlx::{Any, Row, Transaction};
 
 use crate::paths::SourcePath;
 
+mod collection;
+
+pub use collection::{Held, WorkId};
+
 fn migrations(backend: Backend) -> &'static [MigrationFile] {
     match backend {
-        Backend::Sqlite => &[(
-            1,
-            "source",
-            include_str!("../migrations/sqlite/0001_source.sql"),
-        )],
-        Backend::Postgres => &[(
-            1,
-            "source",
-            include_str!("../migrations/postgres/0001_source.sql"),
-        )],
+        Backend::Sqlite => &[
+            (
+                1,
+                "source",
+                include_str!("../migrations/sqlite/0001_source.sql"),
+            ),
+            // 2 is quotas'.
+            (
+                3,
+                "garbage collection",
+                include_str!("../migrations/sqlite/0003_collection.sql"),
+            ),
+        ],
+        Backend::Postgres => &[
+            (
+                1,
+                "source",
+                include_str!("../migrations/postgres/0001_source.sql"),
+            ),
+            // 2 is quotas'.
+            (
+                3,
+                "garbage collection",
+                include_str!("../migrations/postgres/0003_collection.sql"),
+            ),
+        ],
     }
 }
 
