@@ -338,19 +338,19 @@ impl Pass<'_> {
 
         // What the store holds, and what is old enough to be taken.
         let objects = self.blobs.inventory().await?;
-        let mut by_digest: HashMap<Digest, Vec<StoredObject>> = HashMap::new();
+        let mut by_digest: HashMap<Digest, StoredObject> = HashMap::new();
+        let mut partials = Vec::new();
         let mut staging = Vec::new();
         for object in objects {
             report.listed_objects += 1;
             report.listed_bytes += object.size;
+            let old = object.modified_ms <= cutoff;
             match object.kind {
-                ObjectKind::Blob(digest) | ObjectKind::Partial(digest) => {
-                    if object.modified_ms <= cutoff {
-                        by_digest.entry(digest).or_default().push(object);
-                    } else {
-                        report.young_objects += 1;
-                    }
+                ObjectKind::Blob(digest) if old => {
+                    by_digest.insert(digest, object);
                 }
+                ObjectKind::Partial(_) if old => partials.push(object),
+                ObjectKind::Blob(_) | ObjectKind::Partial(_) => report.young_objects += 1,
                 ObjectKind::Staging if object.modified_ms <= staging_cutoff => staging.push(object),
                 ObjectKind::Staging | ObjectKind::Foreign => {}
             }
@@ -372,8 +372,22 @@ impl Pass<'_> {
         candidates.retain(|digest| !named.contains(digest));
         candidates.sort();
 
-        for round in candidates.chunks(ROUND) {
-            if !self.round(round, &by_digest, &forgetting, &mut marker, &mut report).await? {
+        // Partial copies go in the last round: only their digests' holds keep them.
+        let mut rounds: Vec<&[Digest]> = candidates.chunks(ROUND).collect();
+        if rounds.is_empty() && !partials.is_empty() {
+            rounds.push(&[]);
+        }
+        let last = rounds.len().saturating_sub(1);
+        for (number, round) in rounds.into_iter().enumerate() {
+            let partials: &[StoredObject] = if number == last { &partials } else { &[] };
+            let work = Round {
+                blobs: round,
+                partials,
+            };
+            if !self
+                .round(work, &by_digest, &forgetting, &mut marker, &mut report)
+                .await?
+            {
                 report.unfinished = true;
                 break;
             }
@@ -428,8 +442,8 @@ impl Pass<'_> {
     /// One fenced round over `round`; false when it stopped at its fence's deadline.
     async fn round(
         &self,
-        round: &[Digest],
-        by_digest: &HashMap<Digest, Vec<StoredObject>>,
+        round: Round<'_>,
+        by_digest: &HashMap<Digest, StoredObject>,
         forgetting: &[String],
         marker: &mut Marker<'_>,
         report: &mut Report,
@@ -459,8 +473,8 @@ impl Pass<'_> {
 
     async fn fenced(
         &self,
-        round: &[Digest],
-        by_digest: &HashMap<Digest, Vec<StoredObject>>,
+        round: Round<'_>,
+        by_digest: &HashMap<Digest, StoredObject>,
         forgetting: &[String],
         marker: &mut Marker<'_>,
         report: &mut Report,
@@ -477,12 +491,22 @@ impl Pass<'_> {
         marker.expand(&held.trees.iter().copied().collect::<Vec<_>>()).await?;
         marker.keep(&parse_all(&roots.blobs));
         marker.keep(&held.blobs.iter().copied().collect::<Vec<_>>());
-        let named = self.index.referenced(round, forgetting).await?;
-        let doomed: Vec<StoredObject> = round
+        let named = self.index.referenced(round.blobs, forgetting).await?;
+        let mut doomed: Vec<StoredObject> = round
+            .blobs
             .iter()
             .filter(|digest| !marker.live.contains(digest) && !named.contains(digest))
-            .flat_map(|digest| by_digest.get(digest).into_iter().flatten().cloned())
+            .filter_map(|digest| by_digest.get(digest).cloned())
             .collect();
+        // A partial copy is being written only by someone who holds its blob; any other is
+        // what a writer that died left.
+        let held_now: HashSet<Digest> = parse_all(&roots.blobs)
+            .into_iter()
+            .chain(held.blobs.iter().copied())
+            .collect();
+        doomed.extend(round.partials.iter().filter(|object| {
+            matches!(object.kind, ObjectKind::Partial(digest) if !held_now.contains(&digest))
+        }).cloned());
         if doomed.is_empty() {
             return Ok(true);
         }
@@ -500,6 +524,14 @@ impl Pass<'_> {
         }
         Ok(true)
     }
+}
+
+/// What one fenced round looks at: blobs nothing was seen to name, and (in the last round)
+/// partial copies.
+#[derive(Clone, Copy)]
+struct Round<'a> {
+    blobs: &'a [Digest],
+    partials: &'a [StoredObject],
 }
 
 /// Digests as the catalog gives them; one that does not parse names no blob.
