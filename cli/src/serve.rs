@@ -303,6 +303,16 @@ fn spawn_builder(
         .work_dir
         .clone()
         .context("builder work directory is not resolved")?;
+    // Once per work directory, before any of its builders starts.
+    if index == 0 {
+        match plinth_builder::worker::remove_leftovers(&work_dir) {
+            Ok(0) => {}
+            Ok(removed) => {
+                tracing::info!(removed, "removed build scratch left by an earlier run")
+            }
+            Err(error) => tracing::warn!(%error, work_dir = %work_dir.display(), "cannot remove build scratch left by an earlier run; check the work directory's permissions"),
+        }
+    }
     let blob_url = config
         .source
         .blob_url
