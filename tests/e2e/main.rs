@@ -12,6 +12,7 @@ mod edge;
 mod environments;
 mod files;
 mod first_run;
+mod gc;
 mod grpc_surface;
 mod harnesses;
 mod helpers;
