@@ -7,6 +7,7 @@ mod build_faults;
 mod build_rules;
 mod build_sandbox;
 mod builds;
+mod crashes;
 mod credentials;
 mod edge;
 mod environments;
