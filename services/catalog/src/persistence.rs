@@ -401,7 +401,7 @@ impl Store {
         scope: &Scope,
         id: &EnvironmentId,
     ) -> Result<(), StoreError> {
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         let result = sqlx::query(
             "DELETE FROM environments WHERE scope = $1 AND id = $2 AND NOT EXISTS \
              (SELECT 1 FROM builds WHERE environment_id = $2 AND status IN ('queued', 'building'))",

@@ -445,7 +445,7 @@ impl Index {
 
     /// Forgets a source.
     pub async fn drop_environment(&self, environment: &str) -> Result<(), IndexError> {
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         sqlx::query("DELETE FROM source_entries WHERE environment_id = $1")
             .bind(environment)
             .execute(&mut *tx)
@@ -464,7 +464,7 @@ impl Index {
         &self,
         environment: &str,
     ) -> Result<Transaction<'static, Any>, IndexError> {
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         sqlx::query(
             "INSERT INTO source_environments (environment_id) VALUES ($1) \
              ON CONFLICT (environment_id) DO UPDATE \

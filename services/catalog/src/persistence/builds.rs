@@ -39,7 +39,7 @@ impl Store {
         id: &EnvironmentId,
         source_tree: &str,
     ) -> Result<Build, StoreError> {
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         let row = sqlx::query(
             "SELECT COALESCE(latest_version, 0) AS latest FROM environments WHERE scope = $1 AND id = $2",
         )
@@ -159,7 +159,7 @@ impl Store {
         policy: LeasePolicy,
     ) -> Result<Option<Claim>, StoreError> {
         let now = now_ms();
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         sqlx::query(
             "UPDATE builds SET status = 'failed', lease_token = '', finished_at_ms = $1, \
              error = 'the builder was lost: its lease expired ' || CAST(attempt AS TEXT) || \
@@ -255,7 +255,7 @@ impl Store {
 
     /// Appends to a build's log under a live lease; returns the log's new length.
     pub async fn append_log(&self, token: &LeaseToken, chunk: &str) -> Result<u64, StoreError> {
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         let leased = leased_build(&mut tx, token).await?;
         let (environment, version, offset) = (leased.environment, leased.version, leased.log_bytes);
         let offset_u64 = u64::try_from(offset).unwrap_or(0);
@@ -298,7 +298,7 @@ impl Store {
         outcome: Outcome,
     ) -> Result<Build, StoreError> {
         let now = now_ms();
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         let leased = leased_build(&mut tx, token).await?;
         let (environment, version) = (leased.environment, leased.version);
         match &outcome {

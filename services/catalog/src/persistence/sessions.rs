@@ -156,7 +156,7 @@ impl Store {
         if let Some(session) = self.place_session(&new).await? {
             return Ok(session);
         }
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         let session = insert_session(&mut tx, &new).await?;
         tx.commit().await?;
         Ok(session)
@@ -217,7 +217,7 @@ impl Store {
 
     /// Creates a task and the session it runs in, together.
     pub async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         let session = insert_session(&mut tx, &new.session).await?;
         let session_id = session.id.clone();
         let id = TaskId::generate();
@@ -308,7 +308,7 @@ impl Store {
         exit_code: Option<i32>,
     ) -> Result<Turn, StoreError> {
         let now = now_ms();
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         // A turn moves the session's idle end to `now + idle`, unless its lifetime ends it
         // sooner; a session past its end takes no turn, whether or not the sweep ended it yet.
         let row = sqlx::query(

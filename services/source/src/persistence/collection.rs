@@ -134,7 +134,7 @@ impl Index {
 
     /// Ends `work` and its holds.
     pub async fn release_work(&self, work: &WorkId) -> Result<(), IndexError> {
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         sqlx::query("DELETE FROM blob_holds WHERE work_id = $1")
             .bind(work.as_str())
             .execute(&mut *tx)
@@ -177,7 +177,7 @@ impl Index {
     /// many pieces of work.
     pub async fn drop_expired_work(&self) -> Result<u64, IndexError> {
         let now = now_ms();
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         sqlx::query(
             "DELETE FROM blob_holds WHERE work_id IN \
              (SELECT work_id FROM blob_work WHERE expires_at_ms < $1)",
