@@ -265,13 +265,13 @@ async fn collection_during_an_import_and_a_build(blob_url: Option<String>) {
     for (path, bytes) in &source {
         put_file(&server, &live, path, bytes.clone()).await;
     }
-    let (status, _) = send(
+    let (status, queued) = send(
         server
             .client
             .post(server.url(&format!("/v1/environments/{live}/build"))),
     )
     .await;
-    assert_eq!(status, 202);
+    assert_eq!(status, 202, "{queued}");
     let mut imported = BTreeMap::new();
     imported.insert("data/again.txt".to_owned(), content("imported again"));
     for i in 0..300 {
@@ -314,6 +314,25 @@ async fn collection_during_an_import_and_a_build(blob_url: Option<String>) {
     for kept in ["imported again", "built again"] {
         assert!(bytes_of(&blobs, &Digest::of(&content(kept))).await.is_ok());
     }
+    // What the passes reclaimed is counted, and how long they took.
+    let metrics = server
+        .client
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .expect("request")
+        .text()
+        .await
+        .expect("body");
+    let counted = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    assert!(counted("plinth_gc_reclaimed_objects_total") >= 3.0, "{metrics}");
+    assert!(counted("plinth_gc_reclaimed_bytes_total") > 0.0, "{metrics}");
+    assert!(counted("plinth_gc_pass_duration_seconds_count") >= 1.0, "{metrics}");
     server.stop().await;
 }
 
@@ -391,4 +410,58 @@ async fn plinth_gc_dry_run_prints_what_it_would_reclaim_and_reclaims_nothing() {
     let (_, listed) = send(server.client.get(server.url("/v1/environments"))).await;
     assert_eq!(listed["data"].as_array().map(Vec::len), Some(1), "{listed}");
     server.stop().await;
+}
+
+#[test]
+fn gc_settings_come_from_the_file_the_environment_and_flags_and_show_in_dump_config() {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("plinth.toml");
+    std::fs::write(
+        &file,
+        "[gc]\ninterval_seconds = 5\ngrace_seconds = 6\nhold_seconds = 7\n[catalog]\nkeep_versions = 8\n",
+    )
+    .expect("config");
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
+        command
+            .args(args)
+            .env("PLINTH_CONFIG", &file)
+            .env("PLINTH_DATA_DIR", dir.path());
+        for name in [
+            "PLINTH_GC_INTERVAL_SECONDS",
+            "PLINTH_GC_GRACE_SECONDS",
+            "PLINTH_GC_HOLD_SECONDS",
+            "PLINTH_KEEP_VERSIONS",
+            "PLINTH_RETENTION_DAYS",
+        ] {
+            command.env_remove(name);
+        }
+        command.envs(env.iter().copied());
+        let output = command.output().expect("run plinth");
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned()
+                + &String::from_utf8_lossy(&output.stderr),
+        )
+    };
+    let env = [
+        ("PLINTH_GC_GRACE_SECONDS", "60"),
+        ("PLINTH_RETENTION_DAYS", "9"),
+        ("PLINTH_KEEP_VERSIONS", "4"),
+    ];
+    for command in ["serve", "source", "catalog", "gc"] {
+        let (ok, dumped) = run(
+            &[command, "--dump-config", "--gc-interval-seconds", "11"],
+            &env,
+        );
+        assert!(ok, "{command}: {dumped}");
+        let config: toml::Value = toml::from_str(&dumped).expect("the dump is TOML");
+        assert_eq!(config["gc"]["interval_seconds"].as_integer(), Some(11), "the flag wins");
+        assert_eq!(config["gc"]["grace_seconds"].as_integer(), Some(60), "the variable wins");
+        assert_eq!(config["gc"]["hold_seconds"].as_integer(), Some(7), "the file");
+        assert_eq!(config["catalog"]["keep_versions"].as_integer(), Some(4));
+        assert_eq!(config["catalog"]["retention_days"].as_integer(), Some(9));
+    }
+    let (ok, said) = run(&["serve", "--dump-config", "--keep-versions", "0"], &[]);
+    assert!(!ok && said.contains("keep_versions"), "{said}");
 }
