@@ -31,8 +31,11 @@ const IN_FLIGHT_BYTES: usize = 32 * 1024 * 1024;
 const UPLOADERS: usize = 16;
 /// Chunk size when streaming a large member.
 const CHUNK: usize = 1024 * 1024;
-/// Small files held against garbage collection in one transaction, at most.
-const HOLD_BATCH: usize = 64;
+/// Small files held against garbage collection in one transaction, at most (each such
+/// transaction is a commit, an fsync on SQLite: a few large ones cost far less than many).
+const HOLD_BATCH: usize = 256;
+/// How long the uploaders wait for more small files to hold with those they have.
+const HOLD_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// What an import produced, before it lands.
 #[derive(Debug, Default)]
@@ -170,6 +173,7 @@ where
 
 enum Upload {
     Small {
+        digest: Digest,
         bytes: Bytes,
         _budget: OwnedSemaphorePermit,
     },
@@ -186,7 +190,8 @@ async fn read_spooled(
     spool: std::fs::File,
     holder: Arc<dyn Holder>,
 ) -> Result<Imported, ImportError> {
-    let (uploads, mut queue) = mpsc::channel::<Upload>(UPLOADERS * 2);
+    // Room for a whole batch of holds; memory is bounded by the byte budget, not by this.
+    let (uploads, mut queue) = mpsc::channel::<Upload>(HOLD_BATCH);
     let budget = Arc::new(Semaphore::new(IN_FLIGHT_BYTES / 1024));
     let runtime = tokio::runtime::Handle::current();
 
@@ -196,11 +201,27 @@ async fn read_spooled(
         let mut running = tokio::task::JoinSet::new();
         let mut batch = Vec::with_capacity(HOLD_BATCH);
         while queue.recv_many(&mut batch, HOLD_BATCH).await > 0 {
+            // Small files that arrive within a moment of each other are held together; a
+            // large one goes at once (the reader is feeding it).
+            let deadline = tokio::time::Instant::now() + HOLD_WAIT;
+            while batch.len() < HOLD_BATCH
+                && !batch
+                    .iter()
+                    .any(|upload| matches!(upload, Upload::Large { .. }))
+            {
+                let more = batch.len();
+                match tokio::time::timeout_at(deadline, queue.recv_many(&mut batch, HOLD_BATCH - more))
+                    .await
+                {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
             // The small files that arrived together are held in one transaction.
             let small: Vec<Digest> = batch
                 .iter()
                 .filter_map(|upload| match upload {
-                    Upload::Small { bytes, .. } => Some(Digest::of(bytes)),
+                    Upload::Small { digest, .. } => Some(*digest),
                     Upload::Large { .. } => None,
                 })
                 .collect();
@@ -210,7 +231,7 @@ async fn read_spooled(
             for upload in batch.drain(..) {
                 let blobs = uploader_blobs.clone();
                 match upload {
-                    Upload::Small { bytes, _budget } => {
+                    Upload::Small { bytes, _budget, .. } => {
                         let slot = slots
                             .clone()
                             .acquire_owned()
@@ -316,6 +337,7 @@ fn upload_member(
         };
         uploads
             .blocking_send(Upload::Small {
+                digest: blob.digest,
                 bytes,
                 _budget: permit,
             })
