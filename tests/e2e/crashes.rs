@@ -342,7 +342,7 @@ async fn after_a_source_and_a_builder_are_killed_mid_write_what_was_acknowledged
     assert!(build["attempt"].as_u64() >= Some(2), "{build}");
 
     // Past the holds' lifetime, one pass.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     let output = Command::new(env!("CARGO_BIN_EXE_plinth"))
         .args(["gc", "--gc-grace-seconds", "0"])
         .env("PLINTH_CONFIG", &cluster.config)

@@ -294,7 +294,7 @@ async fn collection_during_an_import_and_a_build(blob_url: Option<String>) {
 
     // One more pass once the holds of the work have lapsed: everything acknowledged reads
     // back byte for byte.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     pass_now(&gc_config(&data_dir, blob_url.as_deref())).await;
     source.extend(imported);
     assert_source(&server, &live, &source).await;

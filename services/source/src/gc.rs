@@ -155,6 +155,8 @@ struct WorkInner {
     stop: CancellationToken,
     /// Set once finished or left: nothing more to release on drop.
     closed: std::sync::atomic::AtomicBool,
+    /// Set once it holds something (its row exists).
+    held: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Work {
@@ -174,6 +176,7 @@ impl Work {
             ttl_ms,
             stop: CancellationToken::new(),
             closed: std::sync::atomic::AtomicBool::new(false),
+            held: std::sync::atomic::AtomicBool::new(false),
         };
         let (index, id, stop) = (inner.index.clone(), inner.id.clone(), inner.stop.clone());
         let every = Duration::from_millis(u64::try_from(ttl_ms / 3).unwrap_or(1).max(1));
@@ -194,7 +197,22 @@ impl Work {
     /// Holds `digests` as they are.
     pub async fn hold_blobs(&self, digests: &[Digest]) -> Result<(), IndexError> {
         let inner = &self.0;
-        inner.index.hold(&inner.id, inner.ttl_ms, digests, &[]).await
+        inner
+            .index
+            .hold(&inner.id, inner.ttl_ms, digests, &[])
+            .await?;
+        inner.held.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// What the commit of rows naming this work's blobs checks is still alive
+    /// (`Index::write_file_held`): the work, once it holds anything.
+    pub fn fence(&self) -> Option<&WorkId> {
+        let inner = &self.0;
+        inner
+            .held
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then_some(&inner.id)
     }
 
     /// Ends the work: what it held is named by committed rows now, or not needed.
@@ -237,6 +255,21 @@ impl Holder for Work {
                 .await
                 .map_err(|error| BlobError::Hold(error.to_string()))
         })
+    }
+}
+
+/// Forgets the holds of work that stopped renewing them (a holder that died, a snapshot whose
+/// build is long queued) every `every` until `shutdown`, whether or not this process
+/// collects: nothing else would, where no collection runs.
+pub async fn forget_expired_work(index: Index, every: Duration, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        if let Err(error) = index.drop_expired_work().await {
+            tracing::warn!(%error, "cannot forget expired holds; retrying");
+        }
     }
 }
 
@@ -291,6 +324,26 @@ pub async fn collect(
     {
         return Err(GcError::Busy);
     }
+    // The lease is renewed while the pass runs, however long it marks: it lapses only if this
+    // process stops (or pauses past it, and then its fences have fallen and it deletes no
+    // more).
+    let keeper = {
+        let (index, holder) = (index.clone(), holder.clone());
+        plinth_kit::tasks::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(
+                    u64::try_from(PASS_LEASE_MS / 10).unwrap_or(60_000),
+                ))
+                .await;
+                if let Err(error) = index
+                    .take_collection_pass(&holder, now_ms() + PASS_LEASE_MS)
+                    .await
+                {
+                    tracing::warn!(%error, "renewing the collection pass lease failed; retrying");
+                }
+            }
+        })
+    };
     let result = Pass {
         index,
         blobs,
@@ -301,6 +354,7 @@ pub async fn collect(
     }
     .run()
     .await;
+    keeper.abort();
     if let Err(error) = index.end_collection_pass(&holder).await {
         tracing::warn!(%error, "giving up the collection pass lease failed; it lapses by itself");
     }

@@ -123,6 +123,13 @@ pub enum IndexError {
     /// A stored row breaks an invariant.
     #[error("stored index row is corrupt: {0}")]
     Corrupt(String),
+    /// The work's holds against garbage collection lapsed before its rows could be committed
+    /// (it stalled longer than `gc.hold_seconds`): its blobs may be gone, so nothing is
+    /// committed.
+    #[error(
+        "this write took longer than its holds against garbage collection last (gc.hold_seconds) and was not committed; retry it"
+    )]
+    HoldsLapsed,
 }
 
 /// Files and bytes of one source.
@@ -238,7 +245,24 @@ impl Index {
         size: u64,
         executable: Option<bool>,
     ) -> Result<IndexEntry, IndexError> {
+        self.write_file_held(environment, path, digest, size, executable, None)
+            .await
+    }
+
+    /// [`Index::write_file`] for work that held the blob (see `collection`): refused with
+    /// `HoldsLapsed`, in the same transaction, when the work's holds have lapsed, since a
+    /// collection may then have taken the blob.
+    pub async fn write_file_held(
+        &self,
+        environment: &str,
+        path: &SourcePath,
+        digest: Digest,
+        size: u64,
+        executable: Option<bool>,
+        held_by: Option<&WorkId>,
+    ) -> Result<IndexEntry, IndexError> {
         let mut tx = self.begin_change(environment).await?;
+        collection::holds_alive(&mut tx, held_by).await?;
         let existing = entries_at(&mut tx, environment, path).await?;
         check_parents_are_directories(path, &existing)?;
         let new_size = i64::try_from(size).unwrap_or(i64::MAX);
@@ -374,7 +398,21 @@ impl Index {
         replace: bool,
         entries: &[IndexEntry],
     ) -> Result<(), IndexError> {
+        self.apply_import_held(environment, replace, entries, None)
+            .await
+    }
+
+    /// [`Index::apply_import`] for work that held the blobs: refused with `HoldsLapsed` when
+    /// its holds have lapsed (see [`Index::write_file_held`]).
+    pub async fn apply_import_held(
+        &self,
+        environment: &str,
+        replace: bool,
+        entries: &[IndexEntry],
+        held_by: Option<&WorkId>,
+    ) -> Result<(), IndexError> {
         let mut tx = self.begin_change(environment).await?;
+        collection::holds_alive(&mut tx, held_by).await?;
         let mut state: BTreeMap<String, Kind> = BTreeMap::new();
         if replace {
             sqlx::query("DELETE FROM source_entries WHERE environment_id = $1")

@@ -100,6 +100,9 @@ fn index_error(error: IndexError) -> PlinthError {
             format!("{path} does not exist in the environment's source"),
         ),
         IndexError::Conflict { path, reason } => PlinthError::invalid(format!("{path}: {reason}")),
+        lapsed @ IndexError::HoldsLapsed => {
+            PlinthError::new(ErrorCode::Unavailable, lapsed.to_string())
+        }
         other => PlinthError::internal(&other),
     }
 }
@@ -307,12 +310,13 @@ impl pb::source_service_server::SourceService for Source {
             .map_err(blob_error)?;
         let entry = self
             .index
-            .write_file(
+            .write_file_held(
                 &header.environment_id,
                 &path,
                 blob.digest,
                 blob.size,
                 header.executable,
+                work.fence(),
             )
             .await
             .map_err(index_error)?;
@@ -396,7 +400,12 @@ impl pb::source_service_server::SourceService for Source {
             }
         };
         self.index
-            .apply_import(&header.environment_id, header.replace, &imported.entries)
+            .apply_import_held(
+                &header.environment_id,
+                header.replace,
+                &imported.entries,
+                work.fence(),
+            )
             .await
             .map_err(index_error)?;
         work.finish().await;

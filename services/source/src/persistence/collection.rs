@@ -18,6 +18,33 @@ use sqlx::Row;
 
 use super::{INSERT_BATCH, Index, IndexError};
 
+/// How long past its expiry a collection still counts a hold: the clocks of the process that
+/// renews it and of the one that collects may disagree by this much.
+pub const CLOCK_MARGIN_MS: i64 = 1000;
+
+/// Inside a change's transaction: that `work`'s holds have not lapsed, so every blob it held
+/// is still there. Nothing to check for no work.
+pub(super) async fn holds_alive(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    work: Option<&WorkId>,
+) -> Result<(), IndexError> {
+    let Some(work) = work else {
+        return Ok(());
+    };
+    let row = sqlx::query("SELECT expires_at_ms FROM blob_work WHERE work_id = $1")
+        .bind(work.as_str())
+        .fetch_optional(&mut **tx)
+        .await?;
+    let expires: i64 = match row {
+        Some(row) => row.try_get("expires_at_ms")?,
+        None => return Err(IndexError::HoldsLapsed),
+    };
+    if expires < now_ms() {
+        return Err(IndexError::HoldsLapsed);
+    }
+    Ok(())
+}
+
 /// How often a hold waiting for a fence looks again.
 const FENCE_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
@@ -154,7 +181,7 @@ impl Index {
             "SELECT DISTINCT h.digest, h.tree FROM blob_holds h \
              JOIN blob_work w ON w.work_id = h.work_id WHERE w.expires_at_ms >= $1",
         )
-        .bind(now_ms())
+        .bind(now_ms() - CLOCK_MARGIN_MS)
         .fetch_all(&self.db.reader)
         .await?;
         let mut held = Held::default();
@@ -176,7 +203,7 @@ impl Index {
     /// Forgets work that expired (its holder died or forgot it), with its holds; answers how
     /// many pieces of work.
     pub async fn drop_expired_work(&self) -> Result<u64, IndexError> {
-        let now = now_ms();
+        let now = now_ms() - CLOCK_MARGIN_MS;
         let mut tx = self.db.begin_write().await?;
         sqlx::query(
             "DELETE FROM blob_holds WHERE work_id IN \

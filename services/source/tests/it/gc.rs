@@ -62,6 +62,7 @@ gc_suite!(
     the_holds_of_a_holder_that_died_lapse_and_its_blobs_go,
     a_dry_run_changes_nothing_and_says_what_a_pass_reclaims,
     one_pass_runs_at_a_time,
+    a_write_whose_holds_lapsed_commits_nothing,
 );
 
 #[allow(non_camel_case_types)]
@@ -542,7 +543,8 @@ async fn the_holds_of_a_holder_that_died_lapse_and_its_blobs_go(world: World) {
     let report = world.collect(no_grace()).await;
     assert_eq!(report.reclaimed_objects, 0, "held: {report:?}");
     assert!(world.bytes_of(&Digest::of(content)).await.is_ok());
-    tokio::time::sleep(Duration::from_millis(1700)).await;
+    // Past its lifetime, and the margin allowed for clocks that disagree.
+    tokio::time::sleep(Duration::from_millis(1500 + 1200)).await;
     let report = world.collect(no_grace()).await;
     assert_eq!(report.reclaimed_objects, 1, "lapsed: {report:?}");
     assert!(matches!(
@@ -640,4 +642,50 @@ async fn one_pass_runs_at_a_time(world: World) {
         .await
         .expect("end");
     world.collect(no_grace()).await;
+}
+
+async fn a_write_whose_holds_lapsed_commits_nothing(world: World) {
+    let environment = world.environment("Stalled").await;
+    let path = SourcePath::parse("late.txt").expect("path");
+    let work = Work::start(&world.index, Duration::from_millis(800));
+    let blob = world
+        .blobs
+        .put_bytes_held(Bytes::from_static(b"stored, then stalled"), &work)
+        .await
+        .expect("put");
+    // The process stalls past its holds' lifetime: nothing renews them.
+    work.leave();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let refused = world
+        .index
+        .write_file_held(
+            environment.as_str(),
+            &path,
+            blob.digest,
+            blob.size,
+            None,
+            work.fence(),
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(plinth_source::IndexError::HoldsLapsed)),
+        "{refused:?}"
+    );
+    assert!(world.index.get(environment.as_str(), &path).await.expect("get").is_none());
+    // Work whose holds live commits.
+    let live = Work::start(&world.index, Duration::from_secs(60));
+    live.hold_blobs(&[blob.digest]).await.expect("hold");
+    world
+        .index
+        .write_file_held(
+            environment.as_str(),
+            &path,
+            blob.digest,
+            blob.size,
+            None,
+            live.fence(),
+        )
+        .await
+        .expect("committed");
+    live.finish().await;
 }
