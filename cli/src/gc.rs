@@ -193,7 +193,10 @@ pub async fn run_once(config: &Config, dry_run: bool) -> anyhow::Result<GcOutcom
             )
         })?;
     // The pass needs the collection tables; a source that never ran has none yet.
-    index.migrate().await.context("migrating the source index")?;
+    index
+        .migrate()
+        .await
+        .context("migrating the source index")?;
     let spool = config
         .source
         .spool_dir
@@ -215,15 +218,9 @@ pub async fn run_once(config: &Config, dry_run: bool) -> anyhow::Result<GcOutcom
         Some(retired)
     };
     let catalog = DirectCatalog(store.clone());
-    let report = plinth_source::gc::collect(
-        &index,
-        &blobs,
-        &catalog,
-        config.gc_options(),
-        dry_run,
-    )
-    .await
-    .context("garbage collection failed")?;
+    let report = plinth_source::gc::collect(&index, &blobs, &catalog, config.gc_options(), dry_run)
+        .await
+        .context("garbage collection failed")?;
     store.close().await;
     index.close().await;
     Ok(GcOutcome { retired, report })

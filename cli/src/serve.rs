@@ -310,7 +310,9 @@ fn spawn_builder(
             Ok(removed) => {
                 tracing::info!(removed, "removed build scratch left by an earlier run")
             }
-            Err(error) => tracing::warn!(%error, work_dir = %work_dir.display(), "cannot remove build scratch left by an earlier run; check the work directory's permissions"),
+            Err(error) => {
+                tracing::warn!(%error, work_dir = %work_dir.display(), "cannot remove build scratch left by an earlier run; check the work directory's permissions")
+            }
         }
     }
     let blob_url = config
@@ -910,10 +912,7 @@ fn spawn_source_with(
     let section = &config.source;
     let collector = match (collector, config.gc_every()) {
         (Some((catalog, interceptor)), Some(every)) => Some(plinth_source::Collector {
-            catalog: std::sync::Arc::new(plinth_source::gc::GrpcCatalog::new(
-                catalog,
-                interceptor,
-            )),
+            catalog: std::sync::Arc::new(plinth_source::gc::GrpcCatalog::new(catalog, interceptor)),
             every,
         }),
         _ => None,

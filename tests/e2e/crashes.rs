@@ -117,7 +117,12 @@ impl Cluster {
             ],
             &cluster.config,
         );
-        wait_until_ready(&cluster.client, &format!("http://{http}/readyz"), &mut process).await;
+        wait_until_ready(
+            &cluster.client,
+            &format!("http://{http}/readyz"),
+            &mut process,
+        )
+        .await;
         cluster.services.push(process);
         cluster
     }
@@ -236,8 +241,8 @@ async fn until_objects_grow(cluster: &Cluster, before: usize, more: usize, what:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_source_and_a_builder_are_killed_mid_write_what_was_acknowledged_stays_and_nothing_else(
-) {
+async fn after_a_source_and_a_builder_are_killed_mid_write_what_was_acknowledged_stays_and_nothing_else()
+ {
     if !crate::helpers::can_build() {
         return;
     }
@@ -269,7 +274,10 @@ async fn after_a_source_and_a_builder_are_killed_mid_write_what_was_acknowledged
     }
     let mut first = BTreeMap::new();
     for i in 0..50 {
-        first.insert(format!("lib/{i}.py"), format!("# module {i}\n").into_bytes());
+        first.insert(
+            format!("lib/{i}.py"),
+            format!("# module {i}\n").into_bytes(),
+        );
     }
     first.insert("README".to_owned(), b"acknowledged\n".to_vec());
     let (status, report) = send(
@@ -305,7 +313,9 @@ async fn after_a_source_and_a_builder_are_killed_mid_write_what_was_acknowledged
     drop(source);
     let answered = import.await.expect("joined");
     assert!(
-        answered.as_ref().map_or(true, |status| !status.is_success()),
+        answered
+            .as_ref()
+            .map_or(true, |status| !status.is_success()),
         "the killed import was not acknowledged: {answered:?}"
     );
     let restarted = cluster.start_source().await;
@@ -382,7 +392,10 @@ async fn after_a_source_and_a_builder_are_killed_mid_write_what_was_acknowledged
             .await
             .expect("request");
         assert_eq!(response.status(), 200, "{path}");
-        assert_eq!(response.bytes().await.expect("body").as_ref(), content.as_slice());
+        assert_eq!(
+            response.bytes().await.expect("body").as_ref(),
+            content.as_slice()
+        );
     }
     // Exactly one version, whose layer reads back whole: the source and 4000 outputs, each
     // verified against its digest as it is read.
@@ -392,9 +405,13 @@ async fn after_a_source_and_a_builder_are_killed_mid_write_what_was_acknowledged
             .get(cluster.url(&format!("/v1/environments/{id}/versions"))),
     )
     .await;
-    assert_eq!(versions["data"].as_array().map(Vec::len), Some(1), "{versions}");
-    let blobs = BlobStore::open(&cluster.blob_url, cluster.data.path().join("test-spool"))
-        .expect("store");
+    assert_eq!(
+        versions["data"].as_array().map(Vec::len),
+        Some(1),
+        "{versions}"
+    );
+    let blobs =
+        BlobStore::open(&cluster.blob_url, cluster.data.path().join("test-spool")).expect("store");
     let layer = cluster.layer(&id).await;
     let tree = Tree::decode(
         &blobs

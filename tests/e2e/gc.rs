@@ -37,7 +37,11 @@ async fn fresh_bucket() -> Option<String> {
         .send()
         .await
         .unwrap_or_else(|error| panic!("cannot reach the S3 test server at {endpoint}: {error}"));
-    assert!(response.status().is_success(), "bucket: {}", response.status());
+    assert!(
+        response.status().is_success(),
+        "bucket: {}",
+        response.status()
+    );
     Some(format!(
         "s3://{bucket}/plinth?endpoint={endpoint}&allow_http=true&region=us-east-1&access_key_id=test&secret_access_key=test"
     ))
@@ -74,11 +78,12 @@ async fn pass_now(config: &plinth::config::Config) -> plinth::gc::GcOutcome {
 /// The layer tree of a version, as the catalog records it.
 async fn layer_of(server: &Server, id: &str, version: u32) -> Digest {
     use plinth_proto::catalog::v1 as pb;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.catalog_addr()))
-        .expect("url")
-        .connect()
-        .await
-        .expect("connect");
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", server.catalog_addr()))
+            .expect("url")
+            .connect()
+            .await
+            .expect("connect");
     let mut client = pb::catalog_service_client::CatalogServiceClient::with_interceptor(
         channel,
         server.interceptor(plinth_kit::auth::Role::Gateway),
@@ -200,8 +205,20 @@ async fn collection_during_an_import_and_a_build(blob_url: Option<String>) {
     // is its own.
     let doomed = create_environment(&server, "Doomed").await;
     put_file(&server, &doomed, "own.txt", content("doomed's own file")).await;
-    put_file(&server, &doomed, "again-by-import.txt", content("imported again")).await;
-    put_file(&server, &doomed, "again-by-build.txt", content("built again")).await;
+    put_file(
+        &server,
+        &doomed,
+        "again-by-import.txt",
+        content("imported again"),
+    )
+    .await;
+    put_file(
+        &server,
+        &doomed,
+        "again-by-build.txt",
+        content("built again"),
+    )
+    .await;
     put_file(
         &server,
         &doomed,
@@ -253,13 +270,17 @@ async fn collection_during_an_import_and_a_build(blob_url: Option<String>) {
     // S3, where each costs a round trip).
     let generated = if blob_url.is_some() { 400 } else { 2000 };
     for i in 0..generated {
-        setup.push_str(&format!("printf 'generated {i} of run {run}\\n' > generated/{i}.txt\n"));
+        setup.push_str(&format!(
+            "printf 'generated {i} of run {run}\\n' > generated/{i}.txt\n"
+        ));
         layer.insert(
             format!("generated/{i}.txt"),
             format!("generated {i} of run {run}\n").into_bytes(),
         );
     }
-    setup.push_str(&format!("printf 'built again of run {run}\\n' > again.txt\n"));
+    setup.push_str(&format!(
+        "printf 'built again of run {run}\\n' > again.txt\n"
+    ));
     layer.insert("again.txt".to_owned(), content("built again"));
     source.insert("setup.sh".to_owned(), setup.into_bytes());
     for (path, bytes) in &source {
@@ -330,9 +351,18 @@ async fn collection_during_an_import_and_a_build(blob_url: Option<String>) {
             .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
             .unwrap_or_else(|| panic!("{name} in {metrics}"))
     };
-    assert!(counted("plinth_gc_reclaimed_objects_total") >= 3.0, "{metrics}");
-    assert!(counted("plinth_gc_reclaimed_bytes_total") > 0.0, "{metrics}");
-    assert!(counted("plinth_gc_pass_duration_seconds_count") >= 1.0, "{metrics}");
+    assert!(
+        counted("plinth_gc_reclaimed_objects_total") >= 3.0,
+        "{metrics}"
+    );
+    assert!(
+        counted("plinth_gc_reclaimed_bytes_total") > 0.0,
+        "{metrics}"
+    );
+    assert!(
+        counted("plinth_gc_pass_duration_seconds_count") >= 1.0,
+        "{metrics}"
+    );
     server.stop().await;
 }
 
@@ -367,7 +397,11 @@ async fn plinth_gc_dry_run_prints_what_it_would_reclaim_and_reclaims_nothing() {
     let live = create_environment(&server, "Kept").await;
     put_file(&server, &live, "kept.txt", "kept\n").await;
     let doomed = create_environment(&server, "Dropped").await;
-    let files: [&[u8]; 3] = [b"first dropped file\n", b"second\n", b"and a third, longer one\n"];
+    let files: [&[u8]; 3] = [
+        b"first dropped file\n",
+        b"second\n",
+        b"and a third, longer one\n",
+    ];
     for (i, bytes) in files.iter().enumerate() {
         put_file(&server, &doomed, &format!("{i}.txt"), bytes.to_vec()).await;
     }
@@ -381,7 +415,14 @@ async fn plinth_gc_dry_run_prints_what_it_would_reclaim_and_reclaims_nothing() {
     let bytes: usize = files.iter().map(|file| file.len()).sum();
     let line = format!("3 objects, {bytes} bytes");
 
-    let dry = plinth(&["gc", "--data-dir", &dir, "--dry-run", "--gc-grace-seconds", "0"]);
+    let dry = plinth(&[
+        "gc",
+        "--data-dir",
+        &dir,
+        "--dry-run",
+        "--gc-grace-seconds",
+        "0",
+    ]);
     assert!(dry.contains(&format!("would reclaim {line}")), "{dry}");
     assert!(dry.contains("dry run: nothing was changed"), "{dry}");
     for file in files {
@@ -402,8 +443,18 @@ async fn plinth_gc_dry_run_prints_what_it_would_reclaim_and_reclaims_nothing() {
             Err(BlobError::NotFound(_))
         ));
     }
-    let again = plinth(&["gc", "--data-dir", &dir, "--gc-grace-seconds", "0", "--dry-run"]);
-    assert!(again.contains("would reclaim 0 objects, 0 bytes"), "{again}");
+    let again = plinth(&[
+        "gc",
+        "--data-dir",
+        &dir,
+        "--gc-grace-seconds",
+        "0",
+        "--dry-run",
+    ]);
+    assert!(
+        again.contains("would reclaim 0 objects, 0 bytes"),
+        "{again}"
+    );
     let mut expected = BTreeMap::new();
     expected.insert("kept.txt".to_owned(), b"kept\n".to_vec());
     assert_source(&server, &live, &expected).await;
@@ -456,9 +507,21 @@ fn gc_settings_come_from_the_file_the_environment_and_flags_and_show_in_dump_con
         );
         assert!(ok, "{command}: {dumped}");
         let config: toml::Value = toml::from_str(&dumped).expect("the dump is TOML");
-        assert_eq!(config["gc"]["interval_seconds"].as_integer(), Some(11), "the flag wins");
-        assert_eq!(config["gc"]["grace_seconds"].as_integer(), Some(60), "the variable wins");
-        assert_eq!(config["gc"]["hold_seconds"].as_integer(), Some(7), "the file");
+        assert_eq!(
+            config["gc"]["interval_seconds"].as_integer(),
+            Some(11),
+            "the flag wins"
+        );
+        assert_eq!(
+            config["gc"]["grace_seconds"].as_integer(),
+            Some(60),
+            "the variable wins"
+        );
+        assert_eq!(
+            config["gc"]["hold_seconds"].as_integer(),
+            Some(7),
+            "the file"
+        );
         assert_eq!(config["catalog"]["keep_versions"].as_integer(), Some(4));
         assert_eq!(config["catalog"]["retention_days"].as_integer(), Some(9));
     }

@@ -175,7 +175,9 @@ fn walk_local(root: &Path) -> Result<Vec<StoredObject>, BlobError> {
                 .modified()
                 .ok()
                 .and_then(|time| time.duration_since(std::time::UNIX_EPOCH).ok())
-                .map_or(0, |since| i64::try_from(since.as_millis()).unwrap_or(i64::MAX));
+                .map_or(0, |since| {
+                    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+                });
             objects.push(StoredObject {
                 kind: kind_of(&key),
                 key,

@@ -90,7 +90,10 @@ pub enum BlobError {
 /// before the blob is written (again).
 pub trait Holder: Send + Sync {
     /// Holds `digests`; returns once no collection can take them.
-    fn hold<'a>(&'a self, digests: &'a [Digest]) -> futures::future::BoxFuture<'a, Result<(), BlobError>>;
+    fn hold<'a>(
+        &'a self,
+        digests: &'a [Digest],
+    ) -> futures::future::BoxFuture<'a, Result<(), BlobError>>;
 }
 
 /// A content-addressed store of blobs.
@@ -161,7 +164,11 @@ impl BlobStore {
 
     /// Stores content that is already in memory, after `holder` holds its digest (see
     /// [`Holder`]).
-    pub async fn put_bytes_held(&self, bytes: Bytes, holder: &dyn Holder) -> Result<Blob, BlobError> {
+    pub async fn put_bytes_held(
+        &self,
+        bytes: Bytes,
+        holder: &dyn Holder,
+    ) -> Result<Blob, BlobError> {
         holder.hold(&[Digest::of(&bytes)]).await?;
         self.put_bytes(bytes).await
     }

@@ -70,7 +70,10 @@ pub enum BuilderError {
 /// per work directory, before any builder there starts. Answers how many were removed.
 pub fn remove_leftovers(work_dir: &Path) -> std::io::Result<usize> {
     let mut removed = 0;
-    for (parent, only_partial) in [(work_dir.join("builds"), false), (work_dir.join("kept"), true)] {
+    for (parent, only_partial) in [
+        (work_dir.join("builds"), false),
+        (work_dir.join("kept"), true),
+    ] {
         let entries = match std::fs::read_dir(&parent) {
             Ok(entries) => entries,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
@@ -78,7 +81,12 @@ pub fn remove_leftovers(work_dir: &Path) -> std::io::Result<usize> {
         };
         for entry in entries {
             let entry = entry?;
-            if only_partial && !entry.file_name().to_string_lossy().starts_with(PARTIAL_KEPT) {
+            if only_partial
+                && !entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(PARTIAL_KEPT)
+            {
                 continue;
             }
             let path = entry.path();
@@ -590,10 +598,9 @@ async fn keep_dependencies(work_dir: &Path, scope: &str, layer: &Digest, scratch
     // Set aside under a partial name and renamed into place whole: a builder killed halfway
     // leaves a partial directory (removed at the next start), never a kept directory that
     // lacks one of the trees.
-    let partial = work_dir.join("kept").join(format!(
-        "{PARTIAL_KEPT}{}",
-        uuid::Uuid::new_v4().simple()
-    ));
+    let partial = work_dir
+        .join("kept")
+        .join(format!("{PARTIAL_KEPT}{}", uuid::Uuid::new_v4().simple()));
     if tokio::fs::create_dir_all(&partial).await.is_err() {
         return;
     }
@@ -612,7 +619,12 @@ async fn keep_dependencies(work_dir: &Path, scope: &str, layer: &Digest, scratch
         };
         let mut kept: Vec<(std::time::SystemTime, PathBuf)> = entries
             .flatten()
-            .filter(|entry| !entry.file_name().to_string_lossy().starts_with(PARTIAL_KEPT))
+            .filter(|entry| {
+                !entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(PARTIAL_KEPT)
+            })
             .filter_map(|entry| Some((entry.metadata().ok()?.modified().ok()?, entry.path())))
             .collect();
         kept.sort();

@@ -18,11 +18,11 @@ mod collection_service;
 mod harnesses;
 pub mod model;
 pub mod persistence;
+pub mod retention;
 pub mod seal;
 mod service;
 mod session_service;
 pub mod sessions;
-pub mod retention;
 pub mod sweep;
 #[cfg(feature = "testing")]
 pub mod testing;

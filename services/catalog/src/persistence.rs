@@ -19,8 +19,8 @@ mod sessions;
 pub use adapters::{AdapterCredentials, Claimed, OpenedRun};
 pub use builds::{LeasePolicy, MAX_LOG_BYTES};
 pub use collection::CollectionRoots;
-pub use retention::{RetentionPolicy, Retired};
 use plinth_kit::database::{Backend, Database, DatabaseError, MigrationFile, now_ms};
+pub use retention::{RetentionPolicy, Retired};
 pub use sessions::{NewSession, NewTask};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -245,7 +245,12 @@ impl Store {
         let mut throwaway = [0u8; 32];
         getrandom::fill(&mut throwaway)
             .map_err(|error| StoreError::Corrupt(format!("no randomness: {error}")))?;
-        Self::connect(url, max_connections, crate::seal::SealKey::from_bytes(&throwaway)?).await
+        Self::connect(
+            url,
+            max_connections,
+            crate::seal::SealKey::from_bytes(&throwaway)?,
+        )
+        .await
     }
 
     /// Which database this is.

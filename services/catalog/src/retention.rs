@@ -11,7 +11,12 @@ use crate::persistence::{RetentionPolicy, Retired, Store};
 /// Applies `policy` every `every` until `shutdown` (first after one period, not at start: a
 /// restarting fleet does not all retire at once). A database that does not answer is logged
 /// and tried again next period.
-pub async fn run(store: Store, policy: RetentionPolicy, every: Duration, shutdown: CancellationToken) {
+pub async fn run(
+    store: Store,
+    policy: RetentionPolicy,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,

@@ -125,7 +125,9 @@ struct Pins<'a, K: std::hash::Hash + Eq + Clone> {
 impl<'a, K: std::hash::Hash + Eq + Clone> Pins<'a, K> {
     /// Pins `keys` in `table`, under its lock.
     fn take(table: &'a Mutex<HashMap<K, usize>>, keys: Vec<K>) -> Self {
-        let mut pinned = table.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut pinned = table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for key in &keys {
             *pinned.entry(key.clone()).or_default() += 1;
         }
@@ -1190,8 +1192,7 @@ mod tests {
 
     async fn cache_with(files: &[(&str, &str)]) -> (tempfile::TempDir, VersionCache, String) {
         let dir = tempfile::tempdir().expect("dir");
-        let store =
-            BlobStore::open("memory://", dir.path().join("spool")).expect("memory store");
+        let store = BlobStore::open("memory://", dir.path().join("spool")).expect("memory store");
         let mut entries = Vec::new();
         for (path, content) in files {
             store
@@ -1214,7 +1215,10 @@ mod tests {
         cache.materialize("henv_a", 1, &layer).await.expect("made");
         assert_eq!(cache.evict(&HashSet::new()), [("henv_a".to_owned(), 1)]);
         // Both blobs are unlinked now; put one back as a materialization would find it.
-        cache.materialize("henv_a", 2, &layer).await.expect("made again");
+        cache
+            .materialize("henv_a", 2, &layer)
+            .await
+            .expect("made again");
         cache.remove_version(&("henv_a".to_owned(), 2));
         let (alpha, beta) = (
             blob_name(&Digest::of(b"alpha"), false),
@@ -1223,7 +1227,10 @@ mod tests {
         let pinned = Pins::take(&cache.pinned, vec![beta.clone()]);
         cache.sweep_blobs();
         let blobs = cache.root.join("blobs");
-        assert!(!blobs.join(&alpha).exists(), "an unpinned, unlinked blob goes");
+        assert!(
+            !blobs.join(&alpha).exists(),
+            "an unpinned, unlinked blob goes"
+        );
         assert!(blobs.join(&beta).exists(), "a pinned one stays");
         assert!(cache.lock_present().contains(&beta));
         drop(pinned);

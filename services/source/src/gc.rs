@@ -218,7 +218,9 @@ impl Work {
     /// Ends the work: what it held is named by committed rows now, or not needed.
     pub async fn finish(&self) {
         let inner = &self.0;
-        inner.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        inner
+            .closed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         inner.stop.cancel();
         if let Err(error) = inner.index.release_work(&inner.id).await {
             tracing::warn!(%error, "releasing holds failed; they lapse by themselves");
@@ -229,7 +231,9 @@ impl Work {
     /// will name elsewhere soon (a snapshot's tree, which a build row names next).
     pub fn leave(&self) {
         let inner = &self.0;
-        inner.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        inner
+            .closed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         inner.stop.cancel();
     }
 }
@@ -302,7 +306,9 @@ pub async fn run(
                 }
             }
             Err(GcError::Busy) => tracing::debug!("another garbage collection pass is running"),
-            Err(error) => tracing::warn!(%error, "garbage collection failed; it runs again next period"),
+            Err(error) => {
+                tracing::warn!(%error, "garbage collection failed; it runs again next period")
+            }
         }
     }
 }
@@ -363,7 +369,8 @@ pub async fn collect(
     if !dry_run {
         metrics::counter!("plinth_gc_reclaimed_objects_total").increment(report.reclaimed_objects);
         metrics::counter!("plinth_gc_reclaimed_bytes_total").increment(report.reclaimed_bytes);
-        metrics::histogram!("plinth_gc_pass_duration_seconds").record(begun.elapsed().as_secs_f64());
+        metrics::histogram!("plinth_gc_pass_duration_seconds")
+            .record(begun.elapsed().as_secs_f64());
     }
     Ok(report)
 }
@@ -413,7 +420,9 @@ impl Pass<'_> {
         // A first look at what the catalog keeps, without fences: what is left to check under
         // them is what this cannot show to be live.
         let first = self.catalog.begin(0).await?;
-        let forgetting = self.forget(&first.deleted_environments, &mut report).await?;
+        let forgetting = self
+            .forget(&first.deleted_environments, &mut report)
+            .await?;
         let mut marker = Marker::new(self.blobs);
         marker.expand(&parse_all(&first.trees)).await?;
         marker.keep(&parse_all(&first.blobs));
@@ -468,7 +477,10 @@ impl Pass<'_> {
         if !self.dry_run {
             let expired = self.index.drop_expired_work().await?;
             if expired > 0 {
-                tracing::info!(expired, "forgot the holds of work that stopped renewing them");
+                tracing::info!(
+                    expired,
+                    "forgot the holds of work that stopped renewing them"
+                );
             }
         }
         Ok(report)
@@ -542,7 +554,9 @@ impl Pass<'_> {
         // one or the other.
         let held = self.index.live_holds().await?;
         marker.expand(&parse_all(&roots.trees)).await?;
-        marker.expand(&held.trees.iter().copied().collect::<Vec<_>>()).await?;
+        marker
+            .expand(&held.trees.iter().copied().collect::<Vec<_>>())
+            .await?;
         marker.keep(&parse_all(&roots.blobs));
         marker.keep(&held.blobs.iter().copied().collect::<Vec<_>>());
         let named = self.index.referenced(round.blobs, forgetting).await?;
@@ -567,7 +581,9 @@ impl Pass<'_> {
         if !self.dry_run {
             let deadline = fence_until.min(roots.fence_until_ms) - FENCE_MARGIN_MS;
             if now_ms() > deadline {
-                tracing::warn!("a collection round ran out of fence before deleting; the rest waits for the next pass");
+                tracing::warn!(
+                    "a collection round ran out of fence before deleting; the rest waits for the next pass"
+                );
                 return Ok(false);
             }
             self.blobs.remove(&doomed).await?;

@@ -210,8 +210,11 @@ async fn read_spooled(
                     .any(|upload| matches!(upload, Upload::Large { .. }))
             {
                 let more = batch.len();
-                match tokio::time::timeout_at(deadline, queue.recv_many(&mut batch, HOLD_BATCH - more))
-                    .await
+                match tokio::time::timeout_at(
+                    deadline,
+                    queue.recv_many(&mut batch, HOLD_BATCH - more),
+                )
+                .await
                 {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {}

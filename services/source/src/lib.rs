@@ -146,11 +146,18 @@ pub async fn run(
 
     plinth_kit::tasks::spawn(gc::forget_expired_work(
         index.clone(),
-        options.collection.hold_ttl.max(std::time::Duration::from_secs(1)),
+        options
+            .collection
+            .hold_ttl
+            .max(std::time::Duration::from_secs(1)),
         shutdown.clone(),
     ));
     if let Some(collector) = &options.collector {
-        tracing::info!(every_s = collector.every.as_secs(), grace_s = options.collection.grace.as_secs(), "garbage collection of the blob store runs here");
+        tracing::info!(
+            every_s = collector.every.as_secs(),
+            grace_s = options.collection.grace.as_secs(),
+            "garbage collection of the blob store runs here"
+        );
         plinth_kit::tasks::spawn(gc::run(
             index.clone(),
             blobs.clone(),

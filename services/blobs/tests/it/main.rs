@@ -415,11 +415,18 @@ async fn the_inventory_lists_every_blob_and_removes_what_it_is_told(store: BlobS
     listed.sort_by(|a, b| a.key.cmp(&b.key));
     let kinds: Vec<ObjectKind> = listed.iter().map(|object| object.kind).collect();
     assert!(kinds.contains(&ObjectKind::Blob(kept.digest)), "{listed:?}");
-    assert!(kinds.contains(&ObjectKind::Blob(doomed.digest)), "{listed:?}");
+    assert!(
+        kinds.contains(&ObjectKind::Blob(doomed.digest)),
+        "{listed:?}"
+    );
     assert!(kinds.contains(&ObjectKind::Foreign), "{listed:?}");
     for object in &listed {
         if let ObjectKind::Blob(digest) = object.kind {
-            let size = if digest == kept.digest { kept.size } else { doomed.size };
+            let size = if digest == kept.digest {
+                kept.size
+            } else {
+                doomed.size
+            };
             assert_eq!(object.size, size);
             // Clocks of the store and of this process agree within a minute.
             assert!(object.modified_ms >= before - 60_000, "{object:?}");
@@ -430,7 +437,8 @@ async fn the_inventory_lists_every_blob_and_removes_what_it_is_told(store: BlobS
             &listed
                 .into_iter()
                 .filter(|object| {
-                    object.kind == ObjectKind::Blob(doomed.digest) || object.kind == ObjectKind::Foreign
+                    object.kind == ObjectKind::Blob(doomed.digest)
+                        || object.kind == ObjectKind::Foreign
                 })
                 .collect::<Vec<_>>(),
         )
@@ -448,5 +456,7 @@ async fn the_inventory_lists_every_blob_and_removes_what_it_is_told(store: BlobS
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
+        .map_or(0, |since| {
+            i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+        })
 }

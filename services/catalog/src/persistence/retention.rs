@@ -130,7 +130,11 @@ impl Store {
     /// building, and either with `keep` ready versions newer than themselves, or failed,
     /// finished before `failed_before_ms` and not the environment's latest build (whose
     /// failure is what the environment shows). Answers how many.
-    pub async fn retire_versions(&self, keep: u32, failed_before_ms: i64) -> Result<u64, StoreError> {
+    pub async fn retire_versions(
+        &self,
+        keep: u32,
+        failed_before_ms: i64,
+    ) -> Result<u64, StoreError> {
         let keep = i64::from(keep.max(1));
         let mut retired = 0;
         loop {

@@ -176,7 +176,13 @@ async fn retention_keeps_the_active_the_pinned_and_the_newest_ready_versions(sto
     // Another environment's versions are its own.
     let other = environment(&store, "Other").await;
     for version in 1..=3 {
-        build(&store, &other, Some(&digest(&format!("other-{version}"))), "").await;
+        build(
+            &store,
+            &other,
+            Some(&digest(&format!("other-{version}"))),
+            "",
+        )
+        .await;
     }
     // A build in flight is never retired.
     store
@@ -199,9 +205,19 @@ async fn retention_keeps_the_active_the_pinned_and_the_newest_ready_versions(sto
     ));
     let trees = kept_trees(&store).await;
     assert!(trees.contains(&layer(1)) && trees.contains(&layer(3)) && trees.contains(&layer(6)));
-    assert!(!trees.contains(&layer(4)), "a retired version's layer is not kept");
+    assert!(
+        !trees.contains(&layer(4)),
+        "a retired version's layer is not kept"
+    );
     // Applied again, nothing more goes.
-    assert_eq!(store.apply_retention(keep(2)).await.expect("again").versions, 0);
+    assert_eq!(
+        store
+            .apply_retention(keep(2))
+            .await
+            .expect("again")
+            .versions,
+        0
+    );
 
     // Once the session ends and the binding is torn down, their versions go too.
     store.end_session(&scope(), &reader.id).await.expect("end");
@@ -219,11 +235,18 @@ async fn retention_keeps_the_active_the_pinned_and_the_newest_ready_versions(sto
     assert!(versions(&store, &id).await.contains(&failed));
     build(&store, &id, Some(&layer(8)), "").await;
     build(&store, &id, Some(&layer(9)), "").await;
-    store.activate(&scope(), &id, 2).await.expect("activate 2 again");
+    store
+        .activate(&scope(), &id, 2)
+        .await
+        .expect("activate 2 again");
     store.apply_retention(keep(2)).await.expect("retention");
     assert_eq!(versions(&store, &id).await, [2, 8, 9]);
     let environment = store.get_environment(&scope(), &id).await.expect("get");
-    assert_eq!(environment.active_version, Some(2), "activation is untouched");
+    assert_eq!(
+        environment.active_version,
+        Some(2),
+        "activation is untouched"
+    );
 }
 
 async fn records_of_ended_work_go_after_the_retention_period_and_live_ones_stay(store: Store) {
@@ -462,11 +485,19 @@ async fn a_hold_waits_while_a_collection_fence_stands(store: Store) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!holding.is_finished(), "the hold waits for the fence");
     assert!(
-        store.begin_collection(0).await.expect("roots").blobs.is_empty(),
+        store
+            .begin_collection(0)
+            .await
+            .expect("roots")
+            .blobs
+            .is_empty(),
         "and is not recorded meanwhile"
     );
     store.end_collection().await.expect("lower");
-    holding.await.expect("joined").expect("held once the fence fell");
+    holding
+        .await
+        .expect("joined")
+        .expect("held once the fence fell");
     assert_eq!(
         store.begin_collection(0).await.expect("roots").blobs,
         [digest("blob")]
@@ -513,7 +544,10 @@ async fn a_layer_a_build_reuses_stays_kept_when_its_version_is_retired(store: St
 async fn a_deleted_environment_is_named_to_the_collector_for_the_retention_period(store: Store) {
     let id = environment(&store, "Gone").await;
     build(&store, &id, Some(&digest("gone-layer")), "").await;
-    store.delete_environment(&scope(), &id).await.expect("delete");
+    store
+        .delete_environment(&scope(), &id)
+        .await
+        .expect("delete");
     let roots = store.begin_collection(0).await.expect("roots");
     assert_eq!(roots.deleted_environments, [id.as_str().to_owned()]);
     assert!(!roots.trees.contains(&digest("gone-layer")));
@@ -522,7 +556,11 @@ async fn a_deleted_environment_is_named_to_the_collector_for_the_retention_perio
         .await
         .expect("retention");
     assert_eq!(
-        store.begin_collection(0).await.expect("roots").deleted_environments,
+        store
+            .begin_collection(0)
+            .await
+            .expect("roots")
+            .deleted_environments,
         [id.as_str().to_owned()]
     );
     tokio::time::sleep(Duration::from_millis(20)).await;

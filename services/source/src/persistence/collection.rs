@@ -83,7 +83,8 @@ impl Index {
         blobs: &[Digest],
         trees: &[Digest],
     ) -> Result<(), IndexError> {
-        let mut unique: std::collections::BTreeMap<String, bool> = std::collections::BTreeMap::new();
+        let mut unique: std::collections::BTreeMap<String, bool> =
+            std::collections::BTreeMap::new();
         for digest in blobs {
             unique.entry(digest.to_string()).or_insert(false);
         }

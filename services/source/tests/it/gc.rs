@@ -271,7 +271,11 @@ impl World {
     }
 
     /// Every file of an environment's source reads back as `expected` says.
-    async fn assert_source(&self, environment: &EnvironmentId, expected: &BTreeMap<String, Vec<u8>>) {
+    async fn assert_source(
+        &self,
+        environment: &EnvironmentId,
+        expected: &BTreeMap<String, Vec<u8>>,
+    ) {
         let entries = self.index.list(environment.as_str()).await.expect("list");
         let files: BTreeMap<String, Digest> = entries
             .into_iter()
@@ -292,7 +296,8 @@ impl World {
 
     /// Every file of a layer reads back byte for byte.
     async fn assert_layer(&self, layer: &Digest, files: &[(&str, &[u8])]) {
-        let tree = Tree::decode(&self.bytes_of(layer).await.expect("the layer tree")).expect("decode");
+        let tree =
+            Tree::decode(&self.bytes_of(layer).await.expect("the layer tree")).expect("decode");
         assert_eq!(tree.entries.len(), files.len());
         for (path, content) in files {
             let entry = tree
@@ -329,7 +334,11 @@ async fn fresh_bucket() -> Option<String> {
         .send()
         .await
         .unwrap_or_else(|error| panic!("cannot reach the S3 test server at {endpoint}: {error}"));
-    assert!(response.status().is_success(), "bucket: {}", response.status());
+    assert!(
+        response.status().is_success(),
+        "bucket: {}",
+        response.status()
+    );
     Some(format!(
         "s3://{bucket}/gc?endpoint={endpoint}&allow_http=true&region=us-east-1&access_key_id=test&secret_access_key=test"
     ))
@@ -339,11 +348,16 @@ async fn a_deleted_environments_blobs_go_after_the_grace_period_and_a_live_ones_
     let live = world.environment("Live").await;
     let doomed = world.environment("Doomed").await;
     let mut expected = BTreeMap::new();
-    for (path, content) in [("app.py", &b"print('live')\n"[..]), ("shared.txt", b"shared by both")] {
+    for (path, content) in [
+        ("app.py", &b"print('live')\n"[..]),
+        ("shared.txt", b"shared by both"),
+    ] {
         world.write(&live, path, content).await;
         expected.insert(path.to_owned(), content.to_vec());
     }
-    world.write(&doomed, "secret.txt", b"only the doomed one").await;
+    world
+        .write(&doomed, "secret.txt", b"only the doomed one")
+        .await;
     world.write(&doomed, "shared.txt", b"shared by both").await;
     let live_files: [(&str, &[u8]); 2] = [("app.py", b"print('live')\n"), (".venv/lib.py", b"lib")];
     let live_layer = world.publish(&live, &live_files).await;
@@ -362,8 +376,20 @@ async fn a_deleted_environments_blobs_go_after_the_grace_period_and_a_live_ones_
     assert_eq!(report.forgotten_environments, 1, "{report:?}");
     assert_eq!(report.reclaimed_objects, 0, "{report:?}");
     assert!(report.young_objects >= 3, "{report:?}");
-    assert!(world.index.list(doomed.as_str()).await.expect("list").is_empty());
-    assert!(world.bytes_of(&Digest::of(b"only the doomed one")).await.is_ok());
+    assert!(
+        world
+            .index
+            .list(doomed.as_str())
+            .await
+            .expect("list")
+            .is_empty()
+    );
+    assert!(
+        world
+            .bytes_of(&Digest::of(b"only the doomed one"))
+            .await
+            .is_ok()
+    );
 
     // Past it, exactly the deleted environment's own blobs go.
     let report = world.collect(no_grace()).await;
@@ -380,7 +406,10 @@ async fn a_deleted_environments_blobs_go_after_the_grace_period_and_a_live_ones_
     }
     let files = (b"only the doomed one".len() + b"made by setup.sh".len()) as u64;
     assert_eq!(report.reclaimed_objects, 3, "{report:?}");
-    assert!(report.reclaimed_bytes > files, "the files and the tree: {report:?}");
+    assert!(
+        report.reclaimed_bytes > files,
+        "the files and the tree: {report:?}"
+    );
     world.assert_source(&live, &expected).await;
     world.assert_layer(&live_layer, &live_files).await;
     // Nothing more to take.
@@ -400,7 +429,11 @@ async fn work_in_flight_keeps_its_blobs_through_passes_with_no_grace(world: Worl
     for (i, content) in contents.iter().enumerate() {
         world.write(&gone, &format!("old/{i}.txt"), content).await;
     }
-    world.index.drop_environment(gone.as_str()).await.expect("drop");
+    world
+        .index
+        .drop_environment(gone.as_str())
+        .await
+        .expect("drop");
 
     // Passes back to back, with no grace, for as long as the work runs.
     let stop = Arc::new(AtomicBool::new(false));
@@ -485,7 +518,9 @@ async fn work_in_flight_keeps_its_blobs_through_passes_with_no_grace(world: Worl
         let (world, live, contents) = (world.clone(), live.clone(), contents.clone());
         tokio::spawn(async move {
             for (i, content) in contents.iter().enumerate().step_by(3) {
-                world.write(&live, &format!("uploaded/{i}.txt"), content).await;
+                world
+                    .write(&live, &format!("uploaded/{i}.txt"), content)
+                    .await;
             }
         })
     };
@@ -671,7 +706,14 @@ async fn a_write_whose_holds_lapsed_commits_nothing(world: World) {
         matches!(refused, Err(plinth_source::IndexError::HoldsLapsed)),
         "{refused:?}"
     );
-    assert!(world.index.get(environment.as_str(), &path).await.expect("get").is_none());
+    assert!(
+        world
+            .index
+            .get(environment.as_str(), &path)
+            .await
+            .expect("get")
+            .is_none()
+    );
     // Work whose holds live commits.
     let live = Work::start(&world.index, Duration::from_secs(60));
     live.hold_blobs(&[blob.digest]).await.expect("hold");
