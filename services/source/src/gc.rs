@@ -43,7 +43,7 @@ pub const ROUND: usize = 1000;
 /// margin for clocks that disagree).
 pub const FENCE_SECONDS: u32 = 120;
 const FENCE_MARGIN_MS: i64 = 30_000;
-/// How long the pass lease lasts unless renewed (each round renews it).
+/// How long the pass lease lasts unless renewed (it is, every tenth of it, while the pass runs).
 const PASS_LEASE_MS: i64 = 10 * 60 * 1000;
 /// Staging objects (parts of large uploads before they are named) are older than this when
 /// their upload died: an upload names its staging object within moments of finishing it.
