@@ -90,7 +90,6 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "adapter callback origins and sealed credentials",
                 include_str!("../migrations/sqlite/0012_adapter_origins_and_sealing.sql"),
             ),
-            // 13 is quotas'.
             (
                 14,
                 "garbage collection and retention",
@@ -158,7 +157,6 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "adapter callback origins and sealed credentials",
                 include_str!("../migrations/postgres/0012_adapter_origins_and_sealing.sql"),
             ),
-            // 13 is quotas'.
             (
                 14,
                 "garbage collection and retention",

@@ -28,7 +28,6 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "source",
                 include_str!("../migrations/sqlite/0001_source.sql"),
             ),
-            // 2 is quotas'.
             (
                 3,
                 "garbage collection",
@@ -41,7 +40,6 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "source",
                 include_str!("../migrations/postgres/0001_source.sql"),
             ),
-            // 2 is quotas'.
             (
                 3,
                 "garbage collection",
