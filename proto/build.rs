@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "plinth/catalog/v1/adapters.proto",
         "plinth/catalog/v1/brain.proto",
         "plinth/catalog/v1/catalog.proto",
+        "plinth/catalog/v1/collection.proto",
         "plinth/catalog/v1/harnesses.proto",
         "plinth/catalog/v1/quotas.proto",
         "plinth/catalog/v1/sessions.proto",

@@ -36,6 +36,10 @@ pub enum Command {
     /// Make credentials for calls between services.
     #[command(subcommand)]
     Credential(CredentialCommand),
+    /// Run retention and one garbage collection pass now, against the configured databases
+    /// and blob store (beside running services or not); --dry-run only says what it would
+    /// reclaim.
+    Gc(GcCommandArgs),
 }
 
 /// `plinth credential …`.
@@ -49,7 +53,7 @@ pub enum CredentialCommand {
 /// `plinth credential new`.
 #[derive(Debug, Args)]
 pub struct NewCredentialArgs {
-    /// `gateway`, `builder`, `node` or `observer`.
+    /// `gateway`, `builder`, `node`, `source` or `observer`.
     #[arg(long)]
     pub role: String,
     /// The one node or builder the credential is for (its `--name`); any when absent.
@@ -156,6 +160,8 @@ pub struct ServeArgs {
     pub blob_url: Option<String>,
     #[command(flatten)]
     pub git: GitArgs,
+    #[command(flatten)]
+    pub gc: GcArgs,
     /// Builders to run in this process (0: builds wait for `plinth builder` elsewhere).
     #[arg(long, env = "PLINTH_BUILDERS")]
     pub builders: Option<u32>,
@@ -189,6 +195,8 @@ pub struct CatalogArgs {
     /// `sqlite://…` or `postgres://…`; defaults to SQLite in --data-dir.
     #[arg(long, env = "PLINTH_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+    #[command(flatten)]
+    pub gc: GcArgs,
 }
 
 /// `plinth source`.
@@ -211,8 +219,14 @@ pub struct SourceArgs {
     /// The blob store: `file://…`, `s3://bucket/prefix?…`; defaults to files in --data-dir.
     #[arg(long, env = "PLINTH_BLOB_URL", hide_env_values = true)]
     pub blob_url: Option<String>,
+    /// The catalog's gRPC URL, asked what it keeps when collecting garbage (with a `source`
+    /// credential).
+    #[arg(long, env = "PLINTH_CATALOG_URL")]
+    pub catalog_url: Option<String>,
     #[command(flatten)]
     pub git: GitArgs,
+    #[command(flatten)]
+    pub gc: GcArgs,
 }
 
 /// `plinth builder`.
@@ -288,4 +302,51 @@ pub struct GatewayArgs {
     pub access: AccessArgs,
     #[command(flatten)]
     pub edge: EdgeArgs,
+}
+
+/// Garbage collection and retention: `serve`, `source`, `catalog` and `gc` take these.
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// Seconds between garbage collection passes and retention runs (0: only `plinth gc`).
+    #[arg(long, env = "PLINTH_GC_INTERVAL_SECONDS")]
+    pub gc_interval_seconds: Option<u64>,
+    /// Seconds a blob nothing names is kept after it was last written.
+    #[arg(long, env = "PLINTH_GC_GRACE_SECONDS")]
+    pub gc_grace_seconds: Option<u64>,
+    /// Seconds the holds of work in progress outlive their last renewal (a holder that died
+    /// keeps its blobs this long).
+    #[arg(long, env = "PLINTH_GC_HOLD_SECONDS")]
+    pub gc_hold_seconds: Option<u64>,
+    /// Ready versions kept per environment besides the active one and those sessions read.
+    #[arg(long, env = "PLINTH_KEEP_VERSIONS")]
+    pub keep_versions: Option<u32>,
+    /// Days records of ended work are kept (sessions, turns, tasks, adapter runs,
+    /// idempotency records, Brain operations).
+    #[arg(long, env = "PLINTH_RETENTION_DAYS")]
+    pub retention_days: Option<u32>,
+}
+
+/// `plinth gc`.
+#[derive(Debug, Args)]
+pub struct GcCommandArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Where the default SQLite databases and blob store live.
+    #[arg(long, env = "PLINTH_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The catalog's database; defaults to SQLite in --data-dir.
+    #[arg(long, env = "PLINTH_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// The source index's database; defaults to SQLite in --data-dir.
+    #[arg(long, env = "PLINTH_SOURCE_DATABASE_URL", hide_env_values = true)]
+    pub source_database_url: Option<String>,
+    /// The blob store; defaults to files in --data-dir.
+    #[arg(long, env = "PLINTH_BLOB_URL", hide_env_values = true)]
+    pub blob_url: Option<String>,
+    #[command(flatten)]
+    pub gc: GcArgs,
+    /// Say what a pass would reclaim (objects and bytes) and change nothing: no blob removed,
+    /// no version retired, no record deleted.
+    #[arg(long)]
+    pub dry_run: bool,
 }

@@ -54,6 +54,8 @@ pub struct Config {
     pub sessions: SessionsSection,
     /// Quotas per scope: defaults, and overrides for named scopes.
     pub quotas: QuotasSection,
+    /// Garbage collection of the blob store.
+    pub gc: crate::gc::GcSection,
 }
 
 impl Default for Config {
@@ -71,6 +73,7 @@ impl Default for Config {
             node: NodeSection::default(),
             sessions: SessionsSection::default(),
             quotas: QuotasSection::default(),
+            gc: crate::gc::GcSection::default(),
         }
     }
 }
@@ -222,6 +225,12 @@ pub struct CatalogSection {
     /// Whether `seal_key_file` is made when missing (`plinth serve`'s own key file only).
     #[serde(skip)]
     pub make_seal_key_file: bool,
+    /// Ready versions kept per environment, newest first, besides the active one and those
+    /// live sessions or Brain bindings read (at least 1).
+    pub keep_versions: u32,
+    /// Days records of ended work (sessions and their turns and tasks, adapter runs,
+    /// idempotency records, Brain operations) are kept.
+    pub retention_days: u32,
 }
 
 impl Default for CatalogSection {
@@ -237,6 +246,8 @@ impl Default for CatalogSection {
             seal_key_file: None,
             seal_key: None,
             make_seal_key_file: false,
+            keep_versions: 10,
+            retention_days: 30,
         }
     }
 }
@@ -722,6 +733,7 @@ impl Config {
             config.source.blob_url = Some(url.clone());
         }
         config.apply_git_flags(&args.git);
+        config.apply_gc_flags(&args.gc)?;
         if let Some(builders) = args.builders {
             config.builder.count = builders;
         }
@@ -762,6 +774,7 @@ impl Config {
         if let Some(url) = &args.database_url {
             config.catalog.database_url = Some(url.clone());
         }
+        config.apply_gc_flags(&args.gc)?;
         config.make_paths_absolute()?;
         config.resolve_database();
         config.catalog.listen.get_or_insert(DEFAULT_CATALOG_LISTEN);
@@ -814,7 +827,11 @@ impl Config {
         if let Some(url) = &args.blob_url {
             config.source.blob_url = Some(url.clone());
         }
+        if let Some(url) = &args.catalog_url {
+            config.gateway.catalog_url = url.clone();
+        }
         config.apply_git_flags(&args.git);
+        config.apply_gc_flags(&args.gc)?;
         config.make_paths_absolute()?;
         config.resolve_source();
         config.source.listen.get_or_insert(DEFAULT_SOURCE_LISTEN);
@@ -1256,6 +1273,67 @@ fn apply_edge_flags(config: &mut Config, edge: &EdgeArgs) -> Result<(), ConfigEr
         gateway.adapter_max_unverified_bodies = max;
     }
     gateway.edge_limits().map(|_| ())
+}
+
+// ---- Garbage collection and retention (`[gc]`, `catalog.keep_versions`,
+// `catalog.retention_days`, `plinth gc`) ----
+
+impl Config {
+    /// Applies the garbage collection and retention flags (and their variables) over the file.
+    fn apply_gc_flags(&mut self, gc: &crate::args::GcArgs) -> Result<(), ConfigError> {
+        if let Some(seconds) = gc.gc_interval_seconds {
+            self.gc.interval_seconds = seconds;
+        }
+        if let Some(seconds) = gc.gc_grace_seconds {
+            self.gc.grace_seconds = seconds;
+        }
+        if let Some(seconds) = gc.gc_hold_seconds {
+            self.gc.hold_seconds = seconds;
+        }
+        if let Some(keep) = gc.keep_versions {
+            self.catalog.keep_versions = keep;
+        }
+        if let Some(days) = gc.retention_days {
+            self.catalog.retention_days = days;
+        }
+        if self.catalog.keep_versions == 0 {
+            return Err(ConfigError::Invalid(
+                "catalog.keep_versions is 0: keep at least 1 ready version per environment \
+                 (the active one is always kept besides)"
+                    .to_owned(),
+            ));
+        }
+        if self.gc.hold_seconds == 0 {
+            return Err(ConfigError::Invalid(
+                "gc.hold_seconds is 0: holds of work in progress must live at least a second"
+                    .to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The configuration `plinth gc` runs with: the catalog's and the source's databases and
+    /// the blob store, as `serve` (or the split services) would find them.
+    pub fn for_gc(args: &crate::args::GcCommandArgs) -> Result<Self, ConfigError> {
+        let mut config = Config::load(&args.common)?;
+        if let Some(dir) = &args.data_dir {
+            config.data_dir = dir.clone();
+        }
+        if let Some(url) = &args.database_url {
+            config.catalog.database_url = Some(url.clone());
+        }
+        if let Some(url) = &args.source_database_url {
+            config.source.database_url = Some(url.clone());
+        }
+        if let Some(url) = &args.blob_url {
+            config.source.blob_url = Some(url.clone());
+        }
+        config.apply_gc_flags(&args.gc)?;
+        config.make_paths_absolute()?;
+        config.resolve_database();
+        config.resolve_source();
+        Ok(config)
+    }
 }
 
 /// The SQLite URL of a database file.

@@ -207,6 +207,7 @@ impl InternalSection {
         let gateway = make(Role::Gateway, None)?;
         let builder = make(Role::Builder, None)?;
         let node = make(Role::Node, Some(node_name))?;
+        let source = make(Role::Source, None)?;
         let accepted = Arc::new(accepted);
         let with = |credential: Option<Secret>| Internal {
             credential,
@@ -218,6 +219,7 @@ impl InternalSection {
             gateway: with(Some(gateway)),
             builder: with(Some(builder)),
             node: with(Some(node)),
+            source: with(Some(source)),
         })
     }
 }
@@ -225,7 +227,7 @@ impl InternalSection {
 /// The credentials of `plinth serve`'s parts.
 #[derive(Debug, Clone)]
 pub struct ServeInternal {
-    /// The catalog's and the source service's (they call no one).
+    /// The catalog's and the source service's servers.
     pub services: Internal,
     /// The gateway's.
     pub gateway: Internal,
@@ -233,6 +235,8 @@ pub struct ServeInternal {
     pub builder: Internal,
     /// The node's.
     pub node: Internal,
+    /// The source service's, for what it asks the catalog (garbage collection).
+    pub source: Internal,
 }
 
 /// `plinth credential …`.
@@ -251,8 +255,11 @@ fn new_credential(role: &str, name: Option<&str>) -> anyhow::Result<String> {
         "builder" => Role::Builder,
         "node" => Role::Node,
         "observer" => Role::Observer,
+        "source" => Role::Source,
         other => {
-            anyhow::bail!("--role {other:?} is not a role: give gateway, builder, node or observer")
+            anyhow::bail!(
+                "--role {other:?} is not a role: give gateway, builder, node, source or observer"
+            )
         }
     };
     let token = plinth_kit::auth::new_token()?;
@@ -324,7 +331,7 @@ mod tests {
             .expect_err("refused")
             .to_string();
         assert!(
-            error.contains("gateway, builder, node or observer"),
+            error.contains("gateway, builder, node, source or observer"),
             "{error}"
         );
         let error = new_credential("gateway", Some("g1"))

@@ -5,6 +5,7 @@
 
 pub mod args;
 pub mod config;
+pub mod gc;
 pub mod internal;
 pub mod serve;
 
@@ -18,6 +19,15 @@ use crate::config::Config;
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let (name, config, dump) = match &cli.command {
         Command::Credential(command) => return internal::credential_command(command),
+        Command::Gc(args) => {
+            let config = Config::for_gc(args)?;
+            if args.common.dump_config {
+                print!("{}", config.dump()?);
+                return Ok(());
+            }
+            let _telemetry = plinth_kit::telemetry::init("plinth-gc", &config.log)?;
+            return gc::command(&config, args.dry_run).await;
+        }
         Command::Serve(args) => ("plinth", Config::for_serve(args)?, args.common.dump_config),
         Command::Catalog(args) => (
             "plinth-catalog",
@@ -63,7 +73,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Gateway(_) => serve::start_gateway(&config).await?,
         Command::Builder(_) => serve::start_builder(&config).await?,
         Command::Node(args) => serve::start_node(&config, args.admin_listen).await?,
-        Command::Credential(_) => return Ok(()),
+        Command::Credential(_) | Command::Gc(_) => return Ok(()),
     };
     tasks::cancel_on_signal(running.shutdown.clone());
     running.wait().await

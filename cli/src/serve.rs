@@ -99,13 +99,18 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
         peers.catalog_local.clone(),
         shutdown.clone(),
     )?;
-    spawn_source(
+    let collector = (
+        peers.catalog(&internal.source)?,
+        internal.source.interceptor("source")?,
+    );
+    spawn_source_with(
         &mut services,
         config,
         &internal.services,
         source_listener,
         None,
         peers.source_local.clone(),
+        Some(collector),
         shutdown.clone(),
     )?;
     let http_addr = http.local_addr()?;
@@ -307,6 +312,18 @@ fn spawn_builder(
         .work_dir
         .clone()
         .context("builder work directory is not resolved")?;
+    // Once per work directory, before any of its builders starts.
+    if index == 0 {
+        match plinth_builder::worker::remove_leftovers(&work_dir) {
+            Ok(0) => {}
+            Ok(removed) => {
+                tracing::info!(removed, "removed build scratch left by an earlier run")
+            }
+            Err(error) => {
+                tracing::warn!(%error, work_dir = %work_dir.display(), "cannot remove build scratch left by an earlier run; check the work directory's permissions")
+            }
+        }
+    }
     let blob_url = config
         .source
         .blob_url
@@ -330,6 +347,11 @@ fn spawn_builder(
             interceptor.clone(),
         )
     });
+    let collection =
+        plinth_proto::catalog::v1::collection_service_client::CollectionServiceClient::with_interceptor(
+            catalog.clone(),
+            interceptor.clone(),
+        );
     let catalog =
         plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient::with_interceptor(
             catalog,
@@ -401,7 +423,7 @@ fn spawn_builder(
             .await?;
             options.install.path = path;
             options.install.registries = registries;
-            plinth_builder::worker::run(options, catalog, blobs, shutdown).await?;
+            plinth_builder::worker::run(options, catalog, collection, blobs, shutdown).await?;
             anyhow::Ok(())
         }
         .await;
@@ -744,6 +766,8 @@ fn spawn_catalog(
         local,
         seal_key,
         quotas: config.quotas.quotas()?,
+        retention: config.retention(),
+        retention_every: config.gc_every(),
     };
     let result = async move {
         let result = plinth_catalog::run(options, listener, admin, shutdown).await;
@@ -863,6 +887,8 @@ fn channel(
         .with_context(|| format!("{name} URL {url:?} cannot be used"))
 }
 
+/// The source service alone: it collects garbage when it has a credential to ask the catalog
+/// (at `gateway.catalog_url`, `--catalog-url`) what it keeps.
 fn spawn_source(
     services: &mut Services,
     config: &Config,
@@ -872,7 +898,43 @@ fn spawn_source(
     local: Option<LocalSlot>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let collector = if internal.credential.is_some() {
+        Some((
+            Peers::remote(config).catalog(internal)?,
+            internal.interceptor("source")?,
+        ))
+    } else {
+        if config.gc_every().is_some() {
+            tracing::warn!(
+                "garbage collection is off in this source service: it has no credential to ask the catalog what it keeps; give it one of role `source` (PLINTH_INTERNAL_CREDENTIAL, `plinth credential new --role source`) or run `plinth gc`"
+            );
+        }
+        None
+    };
+    spawn_source_with(
+        services, config, internal, listener, admin, local, collector, shutdown,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn spawn_source_with(
+    services: &mut Services,
+    config: &Config,
+    internal: &Internal,
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    local: Option<LocalSlot>,
+    collector: Option<(Transport, plinth_kit::grpc::ClientInterceptor)>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let section = &config.source;
+    let collector = match (collector, config.gc_every()) {
+        (Some((catalog, interceptor)), Some(every)) => Some(plinth_source::Collector {
+            catalog: std::sync::Arc::new(plinth_source::gc::GrpcCatalog::new(catalog, interceptor)),
+            every,
+        }),
+        _ => None,
+    };
     let options = SourceOptions {
         database_url: section
             .database_url
@@ -901,6 +963,8 @@ fn spawn_source(
         internal: internal.clone(),
         local,
         quotas: config.quotas.quotas()?,
+        collection: config.gc_options(),
+        collector,
     };
     if options.database_url.starts_with("sqlite:") || options.blob_url.starts_with("file:") {
         std::fs::create_dir_all(&config.data_dir).with_context(|| {

@@ -13,6 +13,7 @@ pub(crate) struct Credentials {
     gateway: Secret,
     builder: Secret,
     node: Secret,
+    source: Secret,
     observer: Secret,
 }
 
@@ -30,6 +31,7 @@ impl Credentials {
             gateway: token(),
             builder: token(),
             node: token(),
+            source: token(),
             observer: token(),
         };
         let mut file = String::new();
@@ -46,6 +48,7 @@ impl Credentials {
             (Role::Gateway, &credentials.gateway),
             (Role::Builder, &credentials.builder),
             (Role::Node, &credentials.node),
+            (Role::Source, &credentials.source),
             (Role::Observer, &credentials.observer),
         ] {
             entry(role, None, token.expose());
@@ -68,6 +71,7 @@ impl Credentials {
             Role::Gateway => self.gateway.expose(),
             Role::Builder => self.builder.expose(),
             Role::Node => self.node.expose(),
+            Role::Source => self.source.expose(),
             Role::Observer => self.observer.expose(),
         }
     }
@@ -83,6 +87,8 @@ impl Credentials {
             "gateway" => Some(Role::Gateway),
             "builder" => Some(Role::Builder),
             "node" => Some(Role::Node),
+            // The source service asks the catalog what it keeps, to collect garbage.
+            "source" => Some(Role::Source),
             _ => None,
         };
         if let Some(role) = role {

@@ -108,7 +108,7 @@ async fn health_is_open_and_reflection_needs_a_credential() {
 }
 
 /// The RPCs only builders may make (each about a build the builder leases).
-const BUILDER_RPCS: [&str; 7] = [
+const BUILDER_RPCS: [&str; 8] = [
     "/plinth.catalog.v1.CatalogService/ClaimBuild",
     "/plinth.catalog.v1.CatalogService/RenewLease",
     "/plinth.catalog.v1.CatalogService/AppendBuildLog",
@@ -116,6 +116,12 @@ const BUILDER_RPCS: [&str; 7] = [
     "/plinth.catalog.v1.CatalogService/CompleteBuild",
     "/plinth.source.v1.SourceService/RecordLayer",
     "/plinth.source.v1.SourceService/ForgetLayer",
+    "/plinth.catalog.v1.CollectionService/HoldBlobs",
+];
+/// The RPCs only the source service may make (garbage collection asking the catalog).
+const SOURCE_RPCS: [&str; 2] = [
+    "/plinth.catalog.v1.CollectionService/BeginCollection",
+    "/plinth.catalog.v1.CollectionService/EndCollection",
 ];
 /// The RPCs only nodes may make (each about the node itself).
 const NODE_RPCS: [&str; 3] = [
@@ -185,6 +191,8 @@ pub(crate) async fn assert_every_rpc_answers_only_its_roles(
             Role::Builder
         } else if NODE_RPCS.contains(&path.as_str()) {
             Role::Node
+        } else if SOURCE_RPCS.contains(&path.as_str()) {
+            Role::Source
         } else {
             Role::Gateway
         };
@@ -194,7 +202,13 @@ pub(crate) async fn assert_every_rpc_answers_only_its_roles(
             tonic::Code::Unauthenticated,
             "{path} without a credential"
         );
-        for role in [Role::Gateway, Role::Builder, Role::Node, Role::Observer] {
+        for role in [
+            Role::Gateway,
+            Role::Builder,
+            Role::Node,
+            Role::Source,
+            Role::Observer,
+        ] {
             let code = call(channel.clone(), path, Some(credentials.token(role))).await;
             if role == allowed {
                 assert!(

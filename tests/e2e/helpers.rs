@@ -84,6 +84,7 @@ impl Server {
             plinth_kit::auth::Role::Gateway => &credentials.gateway,
             plinth_kit::auth::Role::Builder => &credentials.builder,
             plinth_kit::auth::Role::Node => &credentials.node,
+            plinth_kit::auth::Role::Source => &credentials.source,
             plinth_kit::auth::Role::Observer => panic!("serve makes no observer credential"),
         };
         internal.interceptor("test").expect("a credential")

@@ -15,16 +15,19 @@
 //! * a read is verified against the digest before any byte is handed out, and fails closed.
 //!
 //! Trees (`tree`) are the one structured blob: the canonical listing of a source snapshot or
-//! a build layer. What is in any other blob is for the callers.
+//! a build layer. What is in any other blob is for the callers. `inventory` lists and removes
+//! objects for garbage collection, which decides elsewhere what may go; a [`Holder`] given to
+//! a write keeps what it writes from being collected before it is referenced.
 
 mod digest;
+pub mod inventory;
 mod local;
 mod store;
 pub mod tree;
 
 pub use digest::{Digest, DigestParseError};
 pub use local::link_unnamed;
-pub use store::{Blob, BlobError, BlobStore, VerifiedBlob};
+pub use store::{Blob, BlobError, BlobStore, Holder, VerifiedBlob};
 
 /// Makes ring the process's TLS crypto provider. HTTP clients here (object storage's, and
 /// any `reqwest` client of the process) use rustls without a built-in provider, which spares

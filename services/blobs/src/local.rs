@@ -101,6 +101,11 @@ impl Directory {
         }
     }
 
+    /// The store's directory.
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
+    }
+
     /// Where a blob's file is (whether or not it exists).
     pub(crate) fn target(&self, digest: &Digest) -> PathBuf {
         self.root.join(BlobStore::location(digest).as_ref())

@@ -72,6 +72,9 @@ pub enum BlobError {
         /// The file.
         path: PathBuf,
     },
+    /// Holding a blob against garbage collection failed; nothing was stored under its name.
+    #[error("holding the blob against garbage collection failed: {0}")]
+    Hold(String),
     /// Reading a file given to [`BlobStore::put_files`], or writing it into a directory store,
     /// failed.
     #[error("storing {path}: {source}")]
@@ -81,6 +84,18 @@ pub enum BlobError {
         /// Why.
         source: std::io::Error,
     },
+}
+
+/// Keeps blobs from garbage collection from before they are named until whatever names them
+/// is committed. The blob store calls it with a blob's digest before it gives the blob its
+/// name or finds it already named, so a collection either sees the hold or runs its deletes
+/// before the blob is written (again).
+pub trait Holder: Send + Sync {
+    /// Holds `digests`; returns once no collection can take them.
+    fn hold<'a>(
+        &'a self,
+        digests: &'a [Digest],
+    ) -> futures::future::BoxFuture<'a, Result<(), BlobError>>;
 }
 
 /// A content-addressed store of blobs.
@@ -147,6 +162,22 @@ impl BlobStore {
         &self.store
     }
 
+    /// The directory of a `file://` store.
+    pub(crate) fn local_root(&self) -> Option<&std::path::Path> {
+        self.local.as_deref().map(Directory::root)
+    }
+
+    /// Stores content that is already in memory, after `holder` holds its digest (see
+    /// [`Holder`]).
+    pub async fn put_bytes_held(
+        &self,
+        bytes: Bytes,
+        holder: &dyn Holder,
+    ) -> Result<Blob, BlobError> {
+        holder.hold(&[Digest::of(&bytes)]).await?;
+        self.put_bytes(bytes).await
+    }
+
     /// Stores content that is already in memory. A blob of that digest already stored is
     /// checked (size and digest) and replaced when it does not hold this content.
     pub async fn put_bytes(&self, bytes: Bytes) -> Result<Blob, BlobError> {
@@ -175,8 +206,38 @@ impl BlobStore {
         S: Stream<Item = Result<Bytes, E>> + Send,
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        self.put_stream_inner(content, max_bytes, None).await
+    }
+
+    /// [`BlobStore::put_stream`], with `holder` holding the digest once it is known and before
+    /// the blob gets its name: a blob of the same content already stored (and perhaps no
+    /// longer referenced) cannot be collected between being found and being referenced.
+    pub async fn put_stream_held<S, E>(
+        &self,
+        content: S,
+        max_bytes: u64,
+        holder: &dyn Holder,
+    ) -> Result<Blob, BlobError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        self.put_stream_inner(content, max_bytes, Some(holder))
+            .await
+    }
+
+    async fn put_stream_inner<S, E>(
+        &self,
+        content: S,
+        max_bytes: u64,
+        holder: Option<&dyn Holder>,
+    ) -> Result<Blob, BlobError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         if let Some(local) = &self.local {
-            return put_stream_local(local, content, max_bytes).await;
+            return put_stream_local(local, content, max_bytes, holder).await;
         }
         let mut content = std::pin::pin!(content);
         let mut hasher = sha2::Sha256::new();
@@ -231,6 +292,15 @@ impl BlobStore {
 
         let digest = Digest::from_bytes(hasher.finalize().into());
         let blob = Blob { digest, size };
+        if let Some(holder) = holder
+            && let Err(error) = holder.hold(&[digest]).await
+        {
+            if let Some((staging, writer)) = upload {
+                let _ = writer.abort().await;
+                let _ = self.store.delete(&staging).await;
+            }
+            return Err(error);
+        }
         match upload {
             None => {
                 self.put_final(&digest, size, buffered.into_iter().collect())
@@ -510,6 +580,7 @@ async fn put_stream_local<S, E>(
     local: &Arc<Directory>,
     content: S,
     max_bytes: u64,
+    holder: Option<&dyn Holder>,
 ) -> Result<Blob, BlobError>
 where
     S: Stream<Item = Result<Bytes, E>> + Send,
@@ -537,6 +608,10 @@ where
     file.flush().await?;
     drop(file);
     let digest = Digest::from_bytes(hasher.finalize().into());
+    if let Some(holder) = holder {
+        // On failure the unnamed file goes with `pending`.
+        holder.hold(&[digest]).await?;
+    }
     let committer = local.clone();
     tokio::task::spawn_blocking(move || committer.commit(pending, &digest, size, Check::Content))
         .await

@@ -18,6 +18,7 @@ use plinth_kit::tasks::CancellationToken;
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
+use plinth_proto::catalog::v1::collection_service_client::CollectionServiceClient;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tonic::service::interceptor::InterceptedService;
@@ -29,6 +30,11 @@ use crate::layer::{self, EntryKind};
 const PARALLEL_BLOBS: usize = 32;
 
 type Catalog = CatalogServiceClient<InterceptedService<Transport, ClientInterceptor>>;
+/// The catalog's part in garbage collection: where a build holds the blobs it publishes.
+pub type Collection = CollectionServiceClient<InterceptedService<Transport, ClientInterceptor>>;
+
+/// Most digests one hold names (the catalog's limit per call).
+const HOLD_CHUNK: usize = 20_000;
 
 /// The source service, where layers are counted in their scope's stored bytes.
 pub type LayerLedger = plinth_proto::source::v1::source_service_client::SourceServiceClient<
@@ -72,10 +78,54 @@ pub enum BuilderError {
     },
 }
 
+/// Removes what a builder killed mid-build left in `work_dir`: scratch directories of builds
+/// (a build is always started afresh) and dependency trees it was setting aside. Call it once
+/// per work directory, before any builder there starts. Answers how many were removed.
+pub fn remove_leftovers(work_dir: &Path) -> std::io::Result<usize> {
+    let mut removed = 0;
+    for (parent, only_partial) in [
+        (work_dir.join("builds"), false),
+        (work_dir.join("kept"), true),
+    ] {
+        let entries = match std::fs::read_dir(&parent) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(error) => return Err(error),
+        };
+        for entry in entries {
+            let entry = entry?;
+            if only_partial
+                && !entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(PARTIAL_KEPT)
+            {
+                continue;
+            }
+            let path = entry.path();
+            let result = if entry.file_type()?.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            match result {
+                Ok(()) => removed += 1,
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => return Err(error),
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// The name prefix of a kept dependency tree being set aside, before its rename into place.
+const PARTIAL_KEPT: &str = ".partial-";
+
 /// Leases and runs builds until `shutdown`.
 pub async fn run(
     options: BuilderOptions,
     catalog: Catalog,
+    collection: Collection,
     blobs: BlobStore,
     shutdown: CancellationToken,
 ) -> Result<(), BuilderError> {
@@ -116,7 +166,17 @@ pub async fn run(
             }
         };
         match claim {
-            Some(claim) => build(&options, catalog.clone(), &blobs, claim, &shutdown).await,
+            Some(claim) => {
+                build(
+                    &options,
+                    catalog.clone(),
+                    collection.clone(),
+                    &blobs,
+                    claim,
+                    &shutdown,
+                )
+                .await
+            }
             None if held => {}
             None => {
                 tokio::select! {
@@ -132,6 +192,7 @@ pub async fn run(
 async fn build(
     options: &BuilderOptions,
     catalog: Catalog,
+    collection: Collection,
     blobs: &BlobStore,
     claim: pb::BuildClaim,
     shutdown: &CancellationToken,
@@ -205,7 +266,7 @@ async fn build(
         build.environment_id, build.version, build.attempt
     ));
     let outcome = tokio::select! {
-        outcome = produce(options, blobs, catalog.clone(), &token, &build, &claim.slug, &claim.scope, &scratch, log_tx.clone(), &lease_lost) => outcome,
+        outcome = produce(options, blobs, catalog.clone(), collection, &token, &build, &claim.slug, &claim.scope, &scratch, log_tx.clone(), &lease_lost) => outcome,
         () = lease_lost.cancelled() => Err("the lease was lost; this build was abandoned".to_owned()),
     };
     drop(log_tx);
@@ -353,6 +414,7 @@ async fn produce(
     options: &BuilderOptions,
     blobs: &BlobStore,
     mut catalog: Catalog,
+    mut collection: Collection,
     token: &str,
     build: &pb::Build,
     slug: &str,
@@ -484,18 +546,7 @@ async fn produce(
             Ok((scratch.join(&entry.path), digest))
         })
         .collect::<Result<_, String>>()?;
-    let stored = blobs
-        .put_files(files, PARALLEL_BLOBS)
-        .await
-        .map_err(|error| format!("storing the layer's files failed: {error}"))?;
-    let _ = log.send(
-        format!(
-            "==> layer of {} entries hashed in {hashed:.2} s; {stored} new blobs stored in {:.2} s\n",
-            scanned.entries.len(),
-            phase.elapsed().as_secs_f64()
-        )
-        .into_bytes(),
-    );
+    // The layer's tree, described before anything is stored, so that it too is held.
     let mut entries = Vec::with_capacity(scanned.entries.len());
     for entry in &scanned.entries {
         entries.push(match entry.kind {
@@ -511,11 +562,45 @@ async fn produce(
             }
         });
     }
-    let tree = Tree::new(entries).encode().map_err(|e| e.to_string())?;
+    let tree = bytes::Bytes::from(Tree::new(entries).encode().map_err(|e| e.to_string())?);
+    // Held before they are stored or found stored, until the build completes: no garbage
+    // collection takes them meanwhile, however young or old they are.
+    let mut held: Vec<String> = files.iter().map(|(_, digest)| digest.to_string()).collect();
+    held.sort();
+    held.dedup();
+    held.push(Digest::of(&tree).to_string());
+    for chunk in held.chunks(HOLD_CHUNK) {
+        let answer = collection
+            .hold_blobs(pb::HoldBlobsRequest {
+                lease_token: token.to_owned(),
+                blobs: chunk.to_vec(),
+                trees: Vec::new(),
+            })
+            .await;
+        if let Err(status) = answer {
+            if PlinthError::from_status(&status).code == ErrorCode::LeaseLost {
+                lease_lost.cancel();
+                return Err("the lease was lost; this build was abandoned".to_owned());
+            }
+            return Err(format!(
+                "holding the layer's files against garbage collection failed: {}",
+                status.message()
+            ));
+        }
+    }
     let stored = blobs
-        .put_bytes(tree.into())
+        .put_files(files, PARALLEL_BLOBS)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|error| format!("storing the layer's files failed: {error}"))?;
+    let _ = log.send(
+        format!(
+            "==> layer of {} entries hashed in {hashed:.2} s; {stored} new blobs stored in {:.2} s\n",
+            scanned.entries.len(),
+            phase.elapsed().as_secs_f64()
+        )
+        .into_bytes(),
+    );
+    let stored = blobs.put_bytes(tree).await.map_err(|e| e.to_string())?;
     Ok(pb::BuildReady {
         layer_tree: stored.digest.to_string(),
         packages: scanned
@@ -616,11 +701,21 @@ async fn keep_dependencies(work_dir: &Path, scope: &str, layer: &Digest, scratch
     if !present || tokio::fs::metadata(&kept).await.is_ok() {
         return;
     }
-    if tokio::fs::create_dir_all(&kept).await.is_err() {
+    // Set aside under a partial name and renamed into place whole: a builder killed halfway
+    // leaves a partial directory (removed at the next start), never a kept directory that
+    // lacks one of the trees.
+    let partial = work_dir
+        .join("kept")
+        .join(format!("{PARTIAL_KEPT}{}", uuid::Uuid::new_v4().simple()));
+    if tokio::fs::create_dir_all(&partial).await.is_err() {
         return;
     }
     for tree in [".venv", "node_modules"] {
-        let _ = tokio::fs::rename(scratch.join(tree), kept.join(tree)).await;
+        let _ = tokio::fs::rename(scratch.join(tree), partial.join(tree)).await;
+    }
+    if tokio::fs::rename(&partial, &kept).await.is_err() {
+        let _ = tokio::fs::remove_dir_all(&partial).await;
+        return;
     }
     // Only the newest few are kept; removing the rest is off the build's path.
     let parent = work_dir.join("kept");
@@ -630,6 +725,12 @@ async fn keep_dependencies(work_dir: &Path, scope: &str, layer: &Digest, scratch
         };
         let mut kept: Vec<(std::time::SystemTime, PathBuf)> = entries
             .flatten()
+            .filter(|entry| {
+                !entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(PARTIAL_KEPT)
+            })
             .filter_map(|entry| Some((entry.metadata().ok()?.modified().ok()?, entry.path())))
             .collect();
         kept.sort();

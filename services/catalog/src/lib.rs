@@ -5,18 +5,22 @@
 //! File bytes never come here (the source service and the blob store hold them), and neither
 //! do HTTP shapes (the gateway owns those). `persistence` owns every query; `model` holds the
 //! domain types and their rules; `service` (environments, builds) and `harnesses` are thin gRPC
-//! adapters; `sweep` ends sessions past their lifetime or idle limit; `seal` seals workspace
-//! adapters' credentials at rest; `quota_service` answers a scope's usage of its quotas (the
-//! store enforces them); `run` starts it all.
+//! adapters; `sweep` ends sessions past their lifetime or idle limit; `retention` retires old
+//! versions and records of ended work; `collection_service` is the catalog's part in garbage
+//! collection of the blob store; `seal` seals workspace adapters' credentials at rest;
+//! `quota_service` answers a scope's usage of its quotas (the store enforces them); `run`
+//! starts it all.
 
 mod adapter_service;
 pub mod adapters;
 pub mod brain;
 mod brain_service;
+mod collection_service;
 mod harnesses;
 pub mod model;
 pub mod persistence;
 mod quota_service;
+pub mod retention;
 pub mod seal;
 mod service;
 mod session_service;
@@ -34,12 +38,17 @@ use plinth_kit::tasks::CancellationToken;
 use plinth_proto::catalog::v1::adapter_service_server::AdapterServiceServer;
 use plinth_proto::catalog::v1::brain_service_server::BrainServiceServer;
 use plinth_proto::catalog::v1::catalog_service_server::CatalogServiceServer;
+use plinth_proto::catalog::v1::collection_service_server::CollectionServiceServer;
 use plinth_proto::catalog::v1::harness_service_server::HarnessServiceServer;
 use plinth_proto::catalog::v1::quota_service_server::QuotaServiceServer;
 use plinth_proto::catalog::v1::session_service_server::SessionServiceServer;
 use tokio::net::TcpListener;
 
-pub use persistence::{AdapterCredentials, LeasePolicy, NewSession, NewTask, Store, StoreError};
+pub use collection_service::MAX_FENCE_SECONDS;
+pub use persistence::{
+    AdapterCredentials, CollectionRoots, LeasePolicy, NewSession, NewTask, RetentionPolicy,
+    Retired, Store, StoreError,
+};
 pub use seal::{SealError, SealKey};
 pub use session_service::NODE_HEARTBEAT_MS;
 
@@ -50,8 +59,8 @@ pub const SERVICE_NAME: &str = "plinth.catalog.v1.CatalogService";
 pub const HARNESS_SERVICE_NAME: &str = "plinth.catalog.v1.HarnessService";
 
 /// Which roles may call each of the catalog's RPCs: builders only the calls about builds they
-/// lease, nodes only their own registration and sessions, the gateway everything that acts
-/// for a scope.
+/// lease, nodes only their own registration and sessions, the source service only what
+/// garbage collection asks, the gateway everything that acts for a scope.
 pub const ACCESS: Access = Access(&[
     (
         "/plinth.catalog.v1.CatalogService/ClaimBuild",
@@ -85,6 +94,11 @@ pub const ACCESS: Access = Access(&[
         "/plinth.catalog.v1.SessionService/ListNodeSessions",
         &[Role::Node],
     ),
+    (
+        "/plinth.catalog.v1.CollectionService/HoldBlobs",
+        &[Role::Builder],
+    ),
+    ("/plinth.catalog.v1.CollectionService/", &[Role::Source]),
     ("/plinth.catalog.v1.CatalogService/", &[Role::Gateway]),
     ("/plinth.catalog.v1.SessionService/", &[Role::Gateway]),
     ("/plinth.catalog.v1.HarnessService/", &[Role::Gateway]),
@@ -92,6 +106,10 @@ pub const ACCESS: Access = Access(&[
     ("/plinth.catalog.v1.AdapterService/", &[Role::Gateway]),
     ("/plinth.catalog.v1.QuotaService/", &[Role::Gateway]),
 ]);
+
+/// The largest answer `BeginCollection` sends: every kept tree's digest (72 bytes each on
+/// the wire), so about 900,000 of them. Collectors accept as much.
+pub const COLLECTION_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 /// How the catalog runs.
 #[derive(Debug, Clone)]
@@ -113,6 +131,10 @@ pub struct CatalogOptions {
     pub seal_key: SealKey,
     /// Every scope's limits on environments, active sessions and builds queued or running.
     pub quotas: plinth_kit::quota::Quotas,
+    /// What retention keeps, and how often it runs (`None`: never by itself).
+    pub retention: RetentionPolicy,
+    /// How often retention runs; `None`: only when asked (`plinth gc`).
+    pub retention_every: Option<std::time::Duration>,
 }
 
 /// Why the catalog stopped.
@@ -174,6 +196,14 @@ pub async fn run(
         store.clone(),
         shutdown.clone(),
     ));
+    if let Some(every) = options.retention_every {
+        plinth_kit::tasks::spawn(retention::run(
+            store.clone(),
+            options.retention,
+            every,
+            shutdown.clone(),
+        ));
+    }
 
     // Every service bounds what one request may carry (tonic's default, 4 MiB, said here so
     // it is a decision and not an accident); Brain's operations carry tools' inputs.
@@ -192,6 +222,10 @@ pub async fn run(
             BrainServiceServer::new(brain_service::Brain::new(store.clone()))
                 .max_decoding_message_size(brain_service::MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(brain_service::MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            CollectionServiceServer::new(collection_service::Collection::new(store.clone()))
+                .max_encoding_message_size(COLLECTION_MESSAGE_BYTES),
         )
         .add_service(
             AdapterServiceServer::new(adapter_service::Adapters::new(

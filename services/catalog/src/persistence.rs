@@ -11,14 +11,18 @@
 mod adapters;
 mod brain;
 mod builds;
+mod collection;
 mod harnesses;
 mod quotas;
+mod retention;
 mod sessions;
 
 pub use adapters::{AdapterCredentials, Claimed, OpenedRun};
 pub use builds::{LeasePolicy, MAX_LOG_BYTES};
+pub use collection::CollectionRoots;
 use plinth_kit::database::{Backend, Database, DatabaseError, MigrationFile, now_ms};
 pub use quotas::Usage;
+pub use retention::{RetentionPolicy, Retired};
 pub use sessions::{NewSession, NewTask};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -93,6 +97,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "quotas per scope",
                 include_str!("../migrations/sqlite/0013_quotas.sql"),
             ),
+            (
+                14,
+                "garbage collection and retention",
+                include_str!("../migrations/sqlite/0014_collection_and_retention.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -159,6 +168,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 13,
                 "quotas per scope",
                 include_str!("../migrations/postgres/0013_quotas.sql"),
+            ),
+            (
+                14,
+                "garbage collection and retention",
+                include_str!("../migrations/postgres/0014_collection_and_retention.sql"),
             ),
         ],
     }
@@ -243,6 +257,25 @@ impl Store {
             quotas: std::sync::Arc::default(),
         })
     }
+    /// Connects for maintenance that never reads or writes an adapter's credential
+    /// (retention, garbage collection): it needs no seal key, and is given a throwaway one.
+    /// Migrations are the catalog's to apply; a database it has not migrated is refused by
+    /// the queries that need its tables.
+    pub async fn connect_for_maintenance(
+        url: &str,
+        max_connections: u32,
+    ) -> Result<Self, StoreError> {
+        let mut throwaway = [0u8; 32];
+        getrandom::fill(&mut throwaway)
+            .map_err(|error| StoreError::Corrupt(format!("no randomness: {error}")))?;
+        Self::connect(
+            url,
+            max_connections,
+            crate::seal::SealKey::from_bytes(&throwaway)?,
+        )
+        .await
+    }
+
     /// Which database this is.
     pub fn backend(&self) -> Backend {
         self.db.backend
@@ -290,7 +323,7 @@ impl Store {
             updated_at_ms: now,
             builds: Vec::new(),
         };
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         let limit = self.limit(&environment.scope, plinth_kit::quota::Quota::Environments);
         quotas::admit_one(
             &mut tx,
@@ -401,23 +434,37 @@ impl Store {
     }
 
     /// Deletes the environment and every version of it; refused while a build is queued or
-    /// running (the condition is part of the DELETE, so a build queued meanwhile wins).
+    /// running (the condition is part of the DELETE, so a build queued meanwhile wins). The
+    /// environment is remembered as deleted (for the retention period), so the source service
+    /// forgets its files and a collection its blobs, whoever tells the source.
     pub async fn delete_environment(
         &self,
         scope: &Scope,
         id: &EnvironmentId,
     ) -> Result<(), StoreError> {
+        let mut tx = self.db.begin_write().await?;
         let result = sqlx::query(
-            "DELETE FROM environments WHERE scope = $1 AND id = $2 AND NOT EXISTS              (SELECT 1 FROM builds WHERE environment_id = $2 AND status IN ('queued', 'building'))",
+            "DELETE FROM environments WHERE scope = $1 AND id = $2 AND NOT EXISTS \
+             (SELECT 1 FROM builds WHERE environment_id = $2 AND status IN ('queued', 'building'))",
         )
         .bind(scope.as_str())
         .bind(id.as_str())
-        .execute(&self.db.writer)
+        .execute(&mut *tx)
         .await?;
         if result.rows_affected() == 0 {
+            drop(tx);
             self.get_environment(scope, id).await?;
             return Err(StoreError::Busy);
         }
+        sqlx::query(
+            "INSERT INTO deleted_environments (id, deleted_at_ms) VALUES ($1, $2) \
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(id.as_str())
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
         Ok(())
     }
 }

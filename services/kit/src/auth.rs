@@ -27,6 +27,8 @@ pub enum Role {
     Node,
     /// A metrics scraper or operator: `/metrics`, `/readyz` details and gRPC reflection.
     Observer,
+    /// The source service: asks the catalog which blobs it keeps, to collect the rest.
+    Source,
 }
 
 impl Role {
@@ -37,6 +39,7 @@ impl Role {
             Role::Builder => "builder",
             Role::Node => "node",
             Role::Observer => "observer",
+            Role::Source => "source",
         }
     }
 }

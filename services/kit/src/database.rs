@@ -140,6 +140,19 @@ impl Database {
         Ok(())
     }
 
+    /// Begins a write transaction that holds the write lock from its first statement
+    /// (SQLite's `BEGIN IMMEDIATE`; a plain `BEGIN` on PostgreSQL). A SQLite transaction that
+    /// reads before it writes could otherwise fail at its first write, without waiting, when
+    /// another process wrote to the file in between (`plinth gc` beside `plinth serve`);
+    /// taken at `BEGIN`, the lock waits its turn like any other write. Every write
+    /// transaction begins here.
+    pub async fn begin_write(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+        match self.backend {
+            Backend::Sqlite => self.writer.begin_with("BEGIN IMMEDIATE").await,
+            Backend::Postgres => self.writer.begin().await,
+        }
+    }
+
     /// Answers when the database does.
     pub async fn ping(&self) -> Result<(), DatabaseError> {
         sqlx::query("SELECT 1").execute(&self.reader).await?;

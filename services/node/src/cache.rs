@@ -20,8 +20,9 @@
 //! median file is ~2 KB, so per-object round trips dominate) and then links; a version that
 //! differs from a cached one by one file costs one fetch. Eviction removes whole versions,
 //! least recently used first, never one a live session uses or an environment's active one,
-//! then the blobs no version links any more; it runs in the background, never inside attach
-//! or materialize.
+//! nor one a layer is being made over, then the blobs no version links any more, except those
+//! a materialization in progress has pinned (fetched or found, about to be linked); it runs
+//! in the background, never inside attach or materialize.
 //!
 //! What a name promises survives a power cut: a blob file is synced before it is linked to
 //! its name (later versions trust a present name without reading it), the blobs directory is
@@ -112,6 +113,49 @@ pub struct VersionCache {
     bases: Mutex<HashMap<VersionKey, u32>>,
     /// The last trees decoded, by digest.
     trees: Mutex<Vec<(String, Arc<Tree>)>>,
+    /// Blob files materializations in progress are about to link, with how many want each:
+    /// the sweep passes them over, even unlinked (see [`VersionCache::pin_blobs`]).
+    pinned: Mutex<HashMap<String, usize>>,
+    /// Versions materializations in progress make layers over: eviction passes them over.
+    pinned_bases: Mutex<HashMap<VersionKey, usize>>,
+}
+
+/// Blob files (or a base version) kept from eviction while a materialization uses them;
+/// released when dropped.
+struct Pins<'a, K: std::hash::Hash + Eq + Clone> {
+    table: &'a Mutex<HashMap<K, usize>>,
+    keys: Vec<K>,
+}
+
+impl<'a, K: std::hash::Hash + Eq + Clone> Pins<'a, K> {
+    /// Pins `keys` in `table`, under its lock.
+    fn take(table: &'a Mutex<HashMap<K, usize>>, keys: Vec<K>) -> Self {
+        let mut pinned = table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for key in &keys {
+            *pinned.entry(key.clone()).or_default() += 1;
+        }
+        drop(pinned);
+        Pins { table, keys }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone> Drop for Pins<'_, K> {
+    fn drop(&mut self) {
+        let mut pinned = self
+            .table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for key in &self.keys {
+            if let Some(count) = pinned.get_mut(key) {
+                *count -= 1;
+                if *count == 0 {
+                    pinned.remove(key);
+                }
+            }
+        }
+    }
 }
 
 impl Materialized {
@@ -177,6 +221,8 @@ impl VersionCache {
             layered: false,
             bases: Mutex::new(HashMap::new()),
             trees: Mutex::new(Vec::new()),
+            pinned: Mutex::new(HashMap::new()),
+            pinned_bases: Mutex::new(HashMap::new()),
         };
         cache.load_layers();
         for (key, path) in cache.cached_versions() {
@@ -413,6 +459,12 @@ impl VersionCache {
         if self.layered
             && let Some((base, delta)) = self.base_for(key, &tree).await
         {
+            // The base stays while the layer is made over it; one evicted before the pin is
+            // no base any more, and the version is made whole.
+            let _base = Pins::take(&self.pinned_bases, vec![(key.0.clone(), base)]);
+            if std::fs::symlink_metadata(self.version_dir(&key.0, base)).is_err() {
+                return self.place(layer_tree, &tree.entries, &[], None, path).await;
+            }
             match self
                 .place(layer_tree, &delta.put, &delta.removed, Some(base), path)
                 .await
@@ -448,6 +500,16 @@ impl VersionCache {
                 wanted.insert((digest, entry.mode & 0o111 != 0));
             }
         }
+        // Pinned before asking what is present: a blob the sweep removes from here on is
+        // skipped by it, and one it removed before is missing below and fetched again. Either
+        // way every blob is there when linked.
+        let _pins = Pins::take(
+            &self.pinned,
+            wanted
+                .iter()
+                .map(|(digest, executable)| blob_name(digest, *executable))
+                .collect(),
+        );
         let missing: Vec<(Digest, bool)> = {
             let present = self.lock_present();
             wanted
@@ -621,7 +683,7 @@ impl VersionCache {
             .collect();
         // A layer's base goes only after the layer: a base whose layers were all removed is a
         // candidate on the next pass.
-        let bases: HashSet<VersionKey> = self
+        let mut bases: HashSet<VersionKey> = self
             .lock_bases()
             .iter()
             .map(|((environment, _), base)| (environment.clone(), *base))
@@ -646,8 +708,20 @@ impl VersionCache {
             if self.blob_bytes() <= self.cap_bytes {
                 break;
             }
-            if !self.remove_version(&key) {
-                continue;
+            // A layer being made over it now: checked under the pin's lock, so the maker
+            // either pinned it first (it stays) or finds it gone.
+            {
+                let pinned = self
+                    .pinned_bases
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if pinned.contains_key(&key) {
+                    bases.insert(key.clone());
+                    continue;
+                }
+                if !self.remove_version(&key) {
+                    continue;
+                }
             }
             self.lock_bases().remove(&key);
             self.lock_used().remove(&key);
@@ -657,7 +731,9 @@ impl VersionCache {
         removed
     }
 
-    /// Removes blobs that no version links any more (link count 1: only the cache's own).
+    /// Removes blobs that no version links any more (link count 1: only the cache's own),
+    /// except those a materialization in progress has pinned: it fetched them, or found them
+    /// present, and is about to link them.
     fn sweep_blobs(&self) {
         let Ok(entries) = std::fs::read_dir(self.root.join("blobs")) else {
             return;
@@ -667,14 +743,24 @@ impl VersionCache {
                 continue;
             };
             let name = entry.file_name().to_string_lossy().into_owned();
-            if metadata.nlink() == 1
-                && !name.starts_with(".tmp")
-                && std::fs::remove_file(entry.path()).is_ok()
-            {
+            if metadata.nlink() != 1 || name.starts_with(".tmp") {
+                continue;
+            }
+            // Under the pins' lock: a materialization pins, then reads what is present, so it
+            // sees this removal (and fetches the blob again) or this sees its pin.
+            let pinned = self
+                .pinned
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if pinned.contains_key(&name) {
+                continue;
+            }
+            if std::fs::remove_file(entry.path()).is_ok() {
                 self.lock_present().remove(&name);
                 self.blob_bytes
                     .fetch_sub(metadata.len().min(self.blob_bytes()), Ordering::Relaxed);
             }
+            drop(pinned);
         }
     }
 }
@@ -1134,6 +1220,92 @@ mod tests {
         let base = Tree::new(vec![TreeEntry::dir("thing"), file("thing/x", "x", false)]);
         let new = Tree::new(vec![file("thing", "now a file", false)]);
         assert_eq!(delta(&base, &new), None);
+    }
+
+    async fn cache_with(files: &[(&str, &str)]) -> (tempfile::TempDir, VersionCache, String) {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = BlobStore::open("memory://", dir.path().join("spool")).expect("memory store");
+        let mut entries = Vec::new();
+        for (path, content) in files {
+            store
+                .put_bytes(bytes::Bytes::copy_from_slice(content.as_bytes()))
+                .await
+                .expect("put");
+            entries.push(file(path, content, false));
+        }
+        let tree = Tree::new(entries).encode().expect("encode");
+        let layer = store.put_bytes(tree.into()).await.expect("tree").digest;
+        let cache = VersionCache::open(&dir.path().join("cache"), store, 0).expect("open");
+        (dir, cache, layer.to_string())
+    }
+
+    /// The sweep removes unlinked blobs, but never one a materialization has pinned: it found
+    /// it present, or fetched it, and links it next.
+    #[tokio::test]
+    async fn the_sweep_passes_over_blobs_a_materialization_is_about_to_link() {
+        let (_dir, cache, layer) = cache_with(&[("a.txt", "alpha"), ("b.txt", "beta")]).await;
+        cache.materialize("henv_a", 1, &layer).await.expect("made");
+        assert_eq!(cache.evict(&HashSet::new()), [("henv_a".to_owned(), 1)]);
+        // Both blobs are unlinked now; put one back as a materialization would find it.
+        cache
+            .materialize("henv_a", 2, &layer)
+            .await
+            .expect("made again");
+        cache.remove_version(&("henv_a".to_owned(), 2));
+        let (alpha, beta) = (
+            blob_name(&Digest::of(b"alpha"), false),
+            blob_name(&Digest::of(b"beta"), false),
+        );
+        let pinned = Pins::take(&cache.pinned, vec![beta.clone()]);
+        cache.sweep_blobs();
+        let blobs = cache.root.join("blobs");
+        assert!(
+            !blobs.join(&alpha).exists(),
+            "an unpinned, unlinked blob goes"
+        );
+        assert!(blobs.join(&beta).exists(), "a pinned one stays");
+        assert!(cache.lock_present().contains(&beta));
+        drop(pinned);
+        cache.sweep_blobs();
+        assert!(!blobs.join(&beta).exists(), "and goes once unpinned");
+        assert!(cache.lock_present().is_empty());
+    }
+
+    /// Versions made while eviction runs without pause (the cache's cap is 0) are all whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn materializing_while_eviction_sweeps_always_links_every_file() {
+        let files: Vec<(String, String)> = (0..40)
+            .map(|i| (format!("f{i}.txt"), format!("content {i}")))
+            .collect();
+        let borrowed: Vec<(&str, &str)> = files
+            .iter()
+            .map(|(path, content)| (path.as_str(), content.as_str()))
+            .collect();
+        let (_dir, cache, layer) = cache_with(&borrowed).await;
+        let cache = Arc::new(cache);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let evictor = {
+            let (cache, stop) = (cache.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    cache.evict(&HashSet::new());
+                }
+            })
+        };
+        for version in 1..=60 {
+            let made = cache
+                .materialize("henv_b", version, &layer)
+                .await
+                .expect("every materialization succeeds");
+            for (path, content) in &files {
+                // The evictor may already have taken the version; if it is there, it is whole.
+                if let Ok(read) = std::fs::read_to_string(made.path.join(path)) {
+                    assert_eq!(&read, content);
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        evictor.join().expect("evictor");
     }
 
     /// Both ways of writing a blob leave it whole, under its name only, with its mode.

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use plinth_blobs::{BlobStore, Digest};
+use plinth_blobs::{BlobStore, Digest, Holder};
 use rustix::process::{Pid, Signal};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
@@ -526,7 +526,7 @@ fn redirect_status(stderr: &str) -> Option<u16> {
 }
 
 /// Fetches `reference` (branch, tag or commit; empty: the default branch) of `url` and
-/// stores every regular file of its tree as a blob.
+/// stores every regular file of its tree as a blob, each held by `holder` first (see `gc`).
 pub async fn import(
     blobs: &BlobStore,
     spool_dir: &Path,
@@ -534,6 +534,7 @@ pub async fn import(
     policy: &GitPolicy,
     url: &str,
     reference: &str,
+    holder: &dyn Holder,
 ) -> Result<Imported, ImportError> {
     let target = check_url(url, policy).await?;
     let scheme = target.scheme;
@@ -633,7 +634,7 @@ pub async fn import(
             _ => imported.skip("other"),
         }
     }
-    let stored = store_blobs(repository, scheme, blobs, &files, limits).await?;
+    let stored = store_blobs(repository, scheme, blobs, &files, limits, holder).await?;
     for ((path, executable, _), (digest, size)) in files.into_iter().zip(stored) {
         imported.entries.push(IndexEntry {
             path,
@@ -647,6 +648,35 @@ pub async fn import(
     Ok(imported)
 }
 
+/// Objects held against garbage collection in one transaction, at most.
+const HOLD_BATCH: usize = 64;
+
+/// An object read and not yet stored: its digest, bytes, and share of the memory budget.
+type Pending = (Digest, Bytes, tokio::sync::OwnedSemaphorePermit);
+
+/// Holds the objects read so far (one transaction), then stores each in the background.
+async fn upload_pending(
+    blobs: &BlobStore,
+    holder: &dyn Holder,
+    pending: &mut Vec<Pending>,
+    uploads: &mut tokio::task::JoinSet<Result<plinth_blobs::Blob, plinth_blobs::BlobError>>,
+) -> Result<(), ImportError> {
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let digests: Vec<Digest> = pending.iter().map(|(digest, _, _)| *digest).collect();
+    holder.hold(&digests).await?;
+    for (_, bytes, permit) in pending.drain(..) {
+        let blobs = blobs.clone();
+        uploads.spawn(async move {
+            let stored = blobs.put_bytes(bytes).await;
+            drop(permit);
+            stored
+        });
+    }
+    Ok(())
+}
+
 /// Reads each blob through one `git cat-file --batch` and stores it.
 async fn store_blobs(
     repository: &Path,
@@ -654,6 +684,7 @@ async fn store_blobs(
     blobs: &BlobStore,
     files: &[(SourcePath, bool, String)],
     limits: Limits,
+    holder: &dyn Holder,
 ) -> Result<Vec<(Digest, u64)>, ImportError> {
     let mut child = git(repository, scheme)
         .args(["cat-file", "--batch"])
@@ -676,6 +707,8 @@ async fn store_blobs(
     let mut stored = Vec::with_capacity(files.len());
     let mut total: u64 = 0;
     let mut uploads = tokio::task::JoinSet::new();
+    // Objects read, to be held in one transaction, then stored.
+    let mut pending: Vec<Pending> = Vec::new();
     // Bytes read but not yet stored, in KiB: bounds memory whatever the repository holds.
     const BUDGET_KIB: u32 = 64 * 1024;
     let budget = Arc::new(tokio::sync::Semaphore::new(BUDGET_KIB as usize));
@@ -715,27 +748,34 @@ async fn store_blobs(
         let kib = u32::try_from(size / 1024 + 1)
             .unwrap_or(BUDGET_KIB)
             .min(BUDGET_KIB);
-        let permit = budget
-            .clone()
-            .acquire_many_owned(kib)
-            .await
-            .map_err(|error| ImportError::Worker(error.to_string()))?;
+        // Budget held by objects waiting to be held is given back before waiting for more.
+        let permit = match budget.clone().try_acquire_many_owned(kib) {
+            Ok(permit) => permit,
+            Err(_) => {
+                upload_pending(blobs, holder, &mut pending, &mut uploads).await?;
+                budget
+                    .clone()
+                    .acquire_many_owned(kib)
+                    .await
+                    .map_err(|error| ImportError::Worker(error.to_string()))?
+            }
+        };
         let mut content = vec![0u8; usize::try_from(size).map_err(|_| failed("object too large"))?];
         reader.read_exact(&mut content).await?;
         let mut newline = [0u8; 1];
         reader.read_exact(&mut newline).await?;
         let bytes = Bytes::from(content);
-        stored.push((Digest::of(&bytes), size));
-        let blobs = blobs.clone();
-        uploads.spawn(async move {
-            let stored = blobs.put_bytes(bytes).await;
-            drop(permit);
-            stored
-        });
+        let digest = Digest::of(&bytes);
+        stored.push((digest, size));
+        pending.push((digest, bytes, permit));
+        if pending.len() >= HOLD_BATCH {
+            upload_pending(blobs, holder, &mut pending, &mut uploads).await?;
+        }
         while let Some(done) = uploads.try_join_next() {
             done.map_err(|error| ImportError::Worker(error.to_string()))??;
         }
     }
+    upload_pending(blobs, holder, &mut pending, &mut uploads).await?;
     while let Some(done) = uploads.join_next().await {
         done.map_err(|error| ImportError::Worker(error.to_string()))??;
     }

@@ -1,7 +1,9 @@
 //! Imports: an archive streamed in, or a git repository read (see `git`), turned into index
 //! entries whose contents are already in the blob store. Nothing touches the index here; the
 //! caller lands the entries in one transaction, so an import that fails anywhere changes
-//! nothing (its blobs are unreferenced and left for garbage collection).
+//! nothing (its blobs are unreferenced and left for garbage collection). Each blob is held
+//! against collection (a [`Holder`], `gc::Work` in the service) before it is stored, until
+//! the caller's entries land.
 //!
 //! Memory stays bounded whatever the archive's size: the archive is spooled to disk, members
 //! are read on a blocking thread, small files travel to the uploaders under a byte budget,
@@ -14,7 +16,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use plinth_blobs::{Blob, BlobError, BlobStore, Digest};
+use plinth_blobs::{Blob, BlobError, BlobStore, Digest, Holder};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
@@ -29,6 +31,11 @@ const IN_FLIGHT_BYTES: usize = 32 * 1024 * 1024;
 const UPLOADERS: usize = 16;
 /// Chunk size when streaming a large member.
 const CHUNK: usize = 1024 * 1024;
+/// Small files held against garbage collection in one transaction, at most (each such
+/// transaction is a commit, an fsync on SQLite: a few large ones cost far less than many).
+const HOLD_BATCH: usize = 256;
+/// How long the uploaders wait for more small files to hold with those they have.
+const HOLD_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// What an import produced, before it lands.
 #[derive(Debug, Default)]
@@ -131,12 +138,14 @@ pub enum ImportError {
     Worker(String),
 }
 
-/// Spools `body` (at most `limits.max_total_bytes`) and reads it as an archive.
+/// Spools `body` (at most `limits.max_total_bytes`) and reads it as an archive. Every blob
+/// is held by `holder` before it is stored (see `gc`).
 pub async fn import_archive<S, E>(
     blobs: &BlobStore,
     spool_dir: &Path,
     limits: Limits,
     body: S,
+    holder: Arc<dyn Holder>,
 ) -> Result<Imported, ImportError>
 where
     S: Stream<Item = Result<Bytes, E>> + Send,
@@ -161,11 +170,12 @@ where
     drop(writer);
     let mut spool = spool;
     std::io::Seek::rewind(&mut spool)?;
-    read_spooled(blobs, limits, spool).await
+    read_spooled(blobs, limits, spool, holder).await
 }
 
 enum Upload {
     Small {
+        digest: Digest,
         bytes: Bytes,
         _budget: OwnedSemaphorePermit,
     },
@@ -180,8 +190,10 @@ async fn read_spooled(
     blobs: &BlobStore,
     limits: Limits,
     spool: std::fs::File,
+    holder: Arc<dyn Holder>,
 ) -> Result<Imported, ImportError> {
-    let (uploads, mut queue) = mpsc::channel::<Upload>(UPLOADERS * 2);
+    // Room for a whole batch of holds; memory is bounded by the byte budget, not by this.
+    let (uploads, mut queue) = mpsc::channel::<Upload>(HOLD_BATCH);
     let budget = Arc::new(Semaphore::new(IN_FLIGHT_BYTES / 1024));
     let runtime = tokio::runtime::Handle::current();
 
@@ -189,41 +201,77 @@ async fn read_spooled(
     let uploader = tokio::spawn(async move {
         let slots = Arc::new(Semaphore::new(UPLOADERS));
         let mut running = tokio::task::JoinSet::new();
-        while let Some(upload) = queue.recv().await {
-            let blobs = uploader_blobs.clone();
-            match upload {
-                Upload::Small { bytes, _budget } => {
-                    let slot = slots
-                        .clone()
-                        .acquire_owned()
-                        .await
-                        .map_err(|e| BlobError::Source(e.into()))?;
-                    running.spawn(async move {
-                        let result = blobs.put_bytes(bytes).await.map(|_| ());
-                        drop((slot, _budget));
-                        result
-                    });
-                }
-                Upload::Large {
-                    chunks,
-                    done,
-                    max_bytes,
-                } => {
-                    running.spawn(async move {
-                        let stream = tokio_stream::wrappers::ReceiverStream::new(chunks);
-                        let result = blobs.put_stream(stream, max_bytes).await;
-                        let failed = result.as_ref().err().map(|error| error.to_string());
-                        let _ = done.send(result);
-                        match failed {
-                            Some(message) => Err(BlobError::Source(message.into())),
-                            None => Ok(()),
-                        }
-                    });
+        let mut batch = Vec::with_capacity(HOLD_BATCH);
+        while queue.recv_many(&mut batch, HOLD_BATCH).await > 0 {
+            // Small files that arrive within a moment of each other are held together; a
+            // large one goes at once (the reader is feeding it).
+            let deadline = tokio::time::Instant::now() + HOLD_WAIT;
+            while batch.len() < HOLD_BATCH
+                && !batch
+                    .iter()
+                    .any(|upload| matches!(upload, Upload::Large { .. }))
+            {
+                let more = batch.len();
+                match tokio::time::timeout_at(
+                    deadline,
+                    queue.recv_many(&mut batch, HOLD_BATCH - more),
+                )
+                .await
+                {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
                 }
             }
-            // Surface failures early instead of after the whole archive.
-            while let Some(finished) = running.try_join_next() {
-                finished.map_err(|e| BlobError::Source(e.to_string().into()))??;
+            // The small files that arrived together are held in one transaction.
+            let small: Vec<Digest> = batch
+                .iter()
+                .filter_map(|upload| match upload {
+                    Upload::Small { digest, .. } => Some(*digest),
+                    Upload::Large { .. } => None,
+                })
+                .collect();
+            if !small.is_empty() {
+                holder.hold(&small).await?;
+            }
+            for upload in batch.drain(..) {
+                let blobs = uploader_blobs.clone();
+                match upload {
+                    Upload::Small { bytes, _budget, .. } => {
+                        let slot = slots
+                            .clone()
+                            .acquire_owned()
+                            .await
+                            .map_err(|e| BlobError::Source(e.into()))?;
+                        running.spawn(async move {
+                            let result = blobs.put_bytes(bytes).await.map(|_| ());
+                            drop((slot, _budget));
+                            result
+                        });
+                    }
+                    Upload::Large {
+                        chunks,
+                        done,
+                        max_bytes,
+                    } => {
+                        let holder = holder.clone();
+                        running.spawn(async move {
+                            let stream = tokio_stream::wrappers::ReceiverStream::new(chunks);
+                            let result = blobs
+                                .put_stream_held(stream, max_bytes, holder.as_ref())
+                                .await;
+                            let failed = result.as_ref().err().map(|error| error.to_string());
+                            let _ = done.send(result);
+                            match failed {
+                                Some(message) => Err(BlobError::Source(message.into())),
+                                None => Ok(()),
+                            }
+                        });
+                    }
+                }
+                // Surface failures early instead of after the whole archive.
+                while let Some(finished) = running.try_join_next() {
+                    finished.map_err(|e| BlobError::Source(e.to_string().into()))??;
+                }
             }
         }
         while let Some(finished) = running.join_next().await {
@@ -307,6 +355,7 @@ fn upload_member(
         let bytes = Bytes::from(head);
         uploads
             .blocking_send(Upload::Small {
+                digest: blob.digest,
                 bytes,
                 _budget: permit,
             })

@@ -8,9 +8,11 @@
 //! first. Building and mounting are not here either. `paths` holds the one path rule;
 //! `archive` reads untrusted archives; `import` and `git` turn them into entries and blobs;
 //! `persistence` owns the index and each scope's stored bytes (the distinct blobs its sources
-//! and build layers hold, and its quota); `service` is the gRPC adapter; `run` starts it all.
+//! and build layers hold, and its quota); `gc` collects the blob store's garbage (the source
+//! holds most of its references); `service` is the gRPC adapter; `run` starts it all.
 
 pub mod archive;
+pub mod gc;
 pub mod git;
 pub mod import;
 pub mod paths;
@@ -59,6 +61,28 @@ pub struct SourceOptions {
     pub local: Option<plinth_kit::grpc::LocalSlot>,
     /// Every scope's limits; the source service enforces stored bytes.
     pub quotas: plinth_kit::quota::Quotas,
+    /// Garbage collection: the grace period and how long holds of work in progress live.
+    pub collection: gc::GcOptions,
+    /// Whether this process collects, and how often: `None` leaves it to others (another
+    /// replica, `plinth gc`); its writes hold what they write all the same.
+    pub collector: Option<Collector>,
+}
+
+/// A source service's periodic garbage collection.
+#[derive(Clone)]
+pub struct Collector {
+    /// The catalog, asked what it keeps.
+    pub catalog: Arc<dyn gc::Catalog>,
+    /// Time between passes.
+    pub every: std::time::Duration,
+}
+
+impl std::fmt::Debug for Collector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Collector")
+            .field("every", &self.every)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why the source service stopped.
@@ -136,6 +160,29 @@ pub async fn run(
         shutdown.clone(),
     );
 
+    plinth_kit::tasks::spawn(gc::forget_expired_work(
+        index.clone(),
+        options
+            .collection
+            .hold_ttl
+            .max(std::time::Duration::from_secs(1)),
+        shutdown.clone(),
+    ));
+    if let Some(collector) = &options.collector {
+        tracing::info!(
+            every_s = collector.every.as_secs(),
+            grace_s = options.collection.grace.as_secs(),
+            "garbage collection of the blob store runs here"
+        );
+        plinth_kit::tasks::spawn(gc::run(
+            index.clone(),
+            blobs.clone(),
+            collector.catalog.clone(),
+            options.collection,
+            collector.every,
+            shutdown.clone(),
+        ));
+    }
     // One message at most 4 MiB (tonic's default, said here so it is a decision): uploads and
     // imports stream in chunks, bounded in total by `limits` as they arrive.
     let service = SourceServiceServer::new(service::Source::new(
@@ -144,6 +191,7 @@ pub async fn run(
         options.spool_dir,
         options.limits,
         options.git,
+        options.collection.hold_ttl,
     ))
     .max_decoding_message_size(4 * 1024 * 1024);
     server.add_service(service).serve(grpc, shutdown).await?;

@@ -22,6 +22,10 @@ use sqlx::{Any, Row, Transaction};
 
 use crate::paths::SourcePath;
 
+mod collection;
+
+pub use collection::{Held, WorkId};
+
 fn migrations(backend: Backend) -> &'static [MigrationFile] {
     match backend {
         Backend::Sqlite => &[
@@ -35,6 +39,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "stored bytes per scope",
                 include_str!("../migrations/sqlite/0002_stored_bytes.sql"),
             ),
+            (
+                3,
+                "garbage collection",
+                include_str!("../migrations/sqlite/0003_collection.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -46,6 +55,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 2,
                 "stored bytes per scope",
                 include_str!("../migrations/postgres/0002_stored_bytes.sql"),
+            ),
+            (
+                3,
+                "garbage collection",
+                include_str!("../migrations/postgres/0003_collection.sql"),
             ),
         ],
     }
@@ -139,6 +153,13 @@ pub enum IndexError {
         /// The environment.
         environment: String,
     },
+    /// The work's holds against garbage collection lapsed before its rows could be committed
+    /// (it stalled longer than `gc.hold_seconds`): its blobs may be gone, so nothing is
+    /// committed.
+    #[error(
+        "this write took longer than its holds against garbage collection last (gc.hold_seconds) and was not committed; retry it"
+    )]
+    HoldsLapsed,
 }
 
 /// Files and bytes of one source.
@@ -270,7 +291,24 @@ impl Index {
         size: u64,
         executable: Option<bool>,
     ) -> Result<IndexEntry, IndexError> {
+        self.write_file_held(environment, path, digest, size, executable, None)
+            .await
+    }
+
+    /// [`Index::write_file`] for work that held the blob (see `collection`): refused with
+    /// `HoldsLapsed`, in the same transaction, when the work's holds have lapsed, since a
+    /// collection may then have taken the blob.
+    pub async fn write_file_held(
+        &self,
+        environment: &str,
+        path: &SourcePath,
+        digest: Digest,
+        size: u64,
+        executable: Option<bool>,
+        held_by: Option<&WorkId>,
+    ) -> Result<IndexEntry, IndexError> {
         let (mut tx, scope) = self.begin_change(environment).await?;
+        collection::holds_alive(&mut tx, held_by).await?;
         let existing = entries_at(&mut tx, environment, path).await?;
         check_parents_are_directories(path, &existing)?;
         let new_size = i64::try_from(size).unwrap_or(i64::MAX);
@@ -429,7 +467,21 @@ impl Index {
         replace: bool,
         entries: &[IndexEntry],
     ) -> Result<(), IndexError> {
+        self.apply_import_held(environment, replace, entries, None)
+            .await
+    }
+
+    /// [`Index::apply_import`] for work that held the blobs: refused with `HoldsLapsed` when
+    /// its holds have lapsed (see [`Index::write_file_held`]).
+    pub async fn apply_import_held(
+        &self,
+        environment: &str,
+        replace: bool,
+        entries: &[IndexEntry],
+        held_by: Option<&WorkId>,
+    ) -> Result<(), IndexError> {
         let (mut tx, scope) = self.begin_change(environment).await?;
+        collection::holds_alive(&mut tx, held_by).await?;
         let held_before = match &scope {
             Some(_) => Some(ledger::source_holders(&mut tx, environment, None).await?),
             None => None,
@@ -571,7 +623,7 @@ impl Index {
         &self,
         environment: &str,
     ) -> Result<(Transaction<'static, Any>, Option<String>), IndexError> {
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         let row = sqlx::query(
             "INSERT INTO source_environments (environment_id) VALUES ($1) \
              ON CONFLICT (environment_id) DO UPDATE \
@@ -779,6 +831,44 @@ impl Index {
         forget_unheld_tree(&mut tx, &tree).await?;
         tx.commit().await?;
         Ok(true)
+    }
+}
+
+/// A layer a builder recorded (see [`Index::record_layer`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedLayer {
+    /// The environment.
+    pub environment: String,
+    /// Its version.
+    pub version: u32,
+    /// The attempt that recorded it.
+    pub attempt: u32,
+    /// The layer's tree.
+    pub layer_tree: String,
+}
+
+impl Index {
+    /// Every layer recorded now: garbage collection forgets those whose version the catalog
+    /// no longer keeps.
+    pub async fn recorded_layers(&self) -> Result<Vec<RecordedLayer>, IndexError> {
+        let rows = sqlx::query(
+            "SELECT environment_id, version, attempt, layer_tree FROM source_layers \
+             ORDER BY environment_id, version",
+        )
+        .fetch_all(&self.db.reader)
+        .await?;
+        let mut layers = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let version: i64 = row.try_get("version")?;
+            let attempt: i64 = row.try_get("attempt")?;
+            layers.push(RecordedLayer {
+                environment: row.try_get("environment_id")?,
+                version: u32::try_from(version).unwrap_or(u32::MAX),
+                attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+                layer_tree: row.try_get("layer_tree")?,
+            });
+        }
+        Ok(layers)
     }
 }
 

@@ -14,6 +14,7 @@ use plinth_proto::source::v1 as pb;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::archive::{ArchiveError, Limits};
+use crate::gc::Work;
 use crate::git::{self, GitError, GitPolicy};
 use crate::import::{self, ImportError, Imported};
 use crate::paths::SourcePath;
@@ -51,6 +52,8 @@ pub struct Source {
     spool_dir: PathBuf,
     limits: SourceLimits,
     git: Arc<GitPolicy>,
+    /// How long holds against garbage collection live unless renewed.
+    hold_ttl: std::time::Duration,
 }
 
 impl Source {
@@ -60,6 +63,7 @@ impl Source {
         spool_dir: PathBuf,
         limits: SourceLimits,
         git: GitPolicy,
+        hold_ttl: std::time::Duration,
     ) -> Self {
         Source {
             index,
@@ -67,7 +71,13 @@ impl Source {
             spool_dir,
             limits,
             git: Arc::new(git),
+            hold_ttl,
         }
+    }
+
+    /// Work that holds what it writes until it is named (see `gc`).
+    fn work(&self) -> Work {
+        Work::start(&self.index, self.hold_ttl)
     }
 
     fn archive_limits(&self) -> Limits {
@@ -97,6 +107,9 @@ fn index_error(error: IndexError) -> PlinthError {
             ErrorCode::EnvironmentNotFound,
             format!("environment {environment} was not found"),
         ),
+        lapsed @ IndexError::HoldsLapsed => {
+            PlinthError::new(ErrorCode::Unavailable, lapsed.to_string())
+        }
         other => PlinthError::internal(&other),
     }
 }
@@ -312,22 +325,25 @@ impl pb::source_service_server::SourceService for Source {
             }
         });
         let max = self.limits.max_file_bytes;
+        let work = self.work();
         let blob = self
             .blobs
-            .put_stream(chunks, max)
+            .put_stream_held(chunks, max, &work)
             .await
             .map_err(blob_error)?;
         let entry = self
             .index
-            .write_file(
+            .write_file_held(
                 &header.environment_id,
                 &path,
                 blob.digest,
                 blob.size,
                 header.executable,
+                work.fence(),
             )
             .await
             .map_err(index_error)?;
+        work.finish().await;
         Ok(Response::new(entry_to_proto(&entry, entry.size)))
     }
 
@@ -377,6 +393,7 @@ impl pb::source_service_server::SourceService for Source {
         };
         tracing::Span::current().record("environment", header.environment_id.as_str());
         self.bind(&header.environment_id, &header.scope).await?;
+        let work = self.work();
         let imported: Imported = match &header.git {
             Some(source) => git::import(
                 &self.blobs,
@@ -385,6 +402,7 @@ impl pb::source_service_server::SourceService for Source {
                 &self.git,
                 &source.url,
                 &source.r#ref,
+                &work,
             )
             .await
             .map_err(import_error)?,
@@ -396,15 +414,27 @@ impl pb::source_service_server::SourceService for Source {
                             _ => None,
                         }
                     });
-                import::import_archive(&self.blobs, &self.spool_dir, self.archive_limits(), chunks)
-                    .await
-                    .map_err(import_error)?
+                import::import_archive(
+                    &self.blobs,
+                    &self.spool_dir,
+                    self.archive_limits(),
+                    chunks,
+                    Arc::new(work.clone()),
+                )
+                .await
+                .map_err(import_error)?
             }
         };
         self.index
-            .apply_import(&header.environment_id, header.replace, &imported.entries)
+            .apply_import_held(
+                &header.environment_id,
+                header.replace,
+                &imported.entries,
+                work.fence(),
+            )
             .await
             .map_err(index_error)?;
+        work.finish().await;
         let (files, directories, bytes) = imported.counts();
         let skipped = imported.skipped.values().sum();
         tracing::info!(files, directories, bytes, skipped, "import landed");
@@ -429,11 +459,21 @@ impl pb::source_service_server::SourceService for Source {
             .await
             .map_err(index_error)?;
         let encoded = tree::encode(&entries).map_err(|error| PlinthError::internal(&error))?;
-        let blob = self
-            .blobs
-            .put_bytes(encoded.into())
+        // The tree and every file it names are held until the build that names the tree is
+        // queued (the caller's next step): the files may leave the index meanwhile. The holds
+        // lapse by themselves.
+        let work = self.work();
+        let files: Vec<plinth_blobs::Digest> =
+            entries.iter().filter_map(|entry| entry.digest).collect();
+        work.hold_blobs(&files)
             .await
             .map_err(|error| PlinthError::internal(&error))?;
+        let blob = self
+            .blobs
+            .put_bytes_held(encoded.into(), &work)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        work.leave();
         let files = entries.iter().filter(|entry| entry.kind == Kind::File);
         Ok(Response::new(pb::SnapshotResponse {
             tree_digest: blob.digest.to_string(),

@@ -56,6 +56,7 @@ blob_suite!(
     local_files_are_stored_once_each_and_only_when_missing,
     a_file_that_changed_after_hashing_is_not_stored,
     a_damaged_blob_is_replaced_by_storing_the_same_content_again,
+    the_inventory_lists_every_blob_and_removes_what_it_is_told,
 );
 
 /// A new bucket on the S3 test server, or `None` when none is configured outside CI.
@@ -458,4 +459,73 @@ async fn a_directory_store_takes_the_same_files_from_two_writers_once_each() {
         assert_eq!(Digest::of(&read), *digest);
     }
     assert_eq!(second.put_files(files, 4).await.expect("again"), 0);
+}
+
+async fn the_inventory_lists_every_blob_and_removes_what_it_is_told(store: BlobStore) {
+    use plinth_blobs::inventory::ObjectKind;
+    let before = now_ms();
+    let kept = store
+        .put_bytes(Bytes::from_static(b"kept"))
+        .await
+        .expect("put");
+    let doomed = store
+        .put_bytes(Bytes::from_static(b"doomed, longer content"))
+        .await
+        .expect("put");
+    // An object of someone else's under the store's prefix is listed as foreign and never
+    // removed.
+    let foreign = object_store::path::Path::from("blobs/sha256/zz/not-a-blob");
+    store
+        .object_store()
+        .put(&foreign, PutPayload::from_static(b"other"))
+        .await
+        .expect("foreign");
+    let mut listed = store.inventory().await.expect("inventory");
+    listed.sort_by(|a, b| a.key.cmp(&b.key));
+    let kinds: Vec<ObjectKind> = listed.iter().map(|object| object.kind).collect();
+    assert!(kinds.contains(&ObjectKind::Blob(kept.digest)), "{listed:?}");
+    assert!(
+        kinds.contains(&ObjectKind::Blob(doomed.digest)),
+        "{listed:?}"
+    );
+    assert!(kinds.contains(&ObjectKind::Foreign), "{listed:?}");
+    for object in &listed {
+        if let ObjectKind::Blob(digest) = object.kind {
+            let size = if digest == kept.digest {
+                kept.size
+            } else {
+                doomed.size
+            };
+            assert_eq!(object.size, size);
+            // Clocks of the store and of this process agree within a minute.
+            assert!(object.modified_ms >= before - 60_000, "{object:?}");
+        }
+    }
+    let removed = store
+        .remove(
+            &listed
+                .into_iter()
+                .filter(|object| {
+                    object.kind == ObjectKind::Blob(doomed.digest)
+                        || object.kind == ObjectKind::Foreign
+                })
+                .collect::<Vec<_>>(),
+        )
+        .await
+        .expect("remove");
+    assert_eq!(removed, 1, "the foreign object is passed over");
+    assert!(matches!(
+        store.get(&doomed.digest).await,
+        Err(BlobError::NotFound(_))
+    ));
+    assert!(store.get(&kept.digest).await.is_ok());
+    assert!(store.object_store().head(&foreign).await.is_ok());
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+        })
 }

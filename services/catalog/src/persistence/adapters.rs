@@ -396,7 +396,7 @@ impl Store {
         if let Some(found) = self.touch_run(adapter, run_id, now).await? {
             return Ok(found);
         }
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         let session = super::sessions::insert_session(
             &mut tx,
             &super::NewSession {

@@ -41,7 +41,7 @@ impl Store {
         id: &EnvironmentId,
         source_tree: &str,
     ) -> Result<Build, StoreError> {
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         let quota = plinth_kit::quota::Quota::QueuedBuilds;
         super::quotas::take_scope(&mut tx, scope).await?;
         let row = sqlx::query(
@@ -175,7 +175,7 @@ impl Store {
         policy: LeasePolicy,
     ) -> Result<Option<Claim>, StoreError> {
         let now = now_ms();
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         sqlx::query(
             "UPDATE builds SET status = 'failed', lease_token = '', finished_at_ms = $1, \
              error = 'the builder was lost: its lease expired ' || CAST(attempt AS TEXT) || \
@@ -271,7 +271,7 @@ impl Store {
 
     /// Appends to a build's log under a live lease; returns the log's new length.
     pub async fn append_log(&self, token: &LeaseToken, chunk: &str) -> Result<u64, StoreError> {
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         let leased = leased_build(&mut tx, token).await?;
         let (environment, version, offset) = (leased.environment, leased.version, leased.log_bytes);
         let offset_u64 = u64::try_from(offset).unwrap_or(0);
@@ -314,7 +314,7 @@ impl Store {
         outcome: Outcome,
     ) -> Result<Build, StoreError> {
         let now = now_ms();
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         let leased = leased_build(&mut tx, token).await?;
         let (environment, version) = (leased.environment, leased.version);
         match &outcome {
@@ -363,6 +363,11 @@ impl Store {
                 .await?;
             }
         }
+        // The build's holds end with it: a ready layer is kept as a version from now on.
+        sqlx::query("DELETE FROM build_holds WHERE lease_token = $1")
+            .bind(token.as_str())
+            .execute(&mut *tx)
+            .await?;
         let sql = format!(
             "SELECT {BUILD_COLUMNS} FROM builds WHERE environment_id = $1 AND version = $2"
         );
@@ -377,59 +382,33 @@ impl Store {
 
     /// What earlier ready builds of the leased build's scope can lend it: one with the same
     /// source tree (the whole layer), and one with the same dependency key (its installed
-    /// dependencies). Only under a live lease.
+    /// dependencies). Only under a live lease. The layers found are held for the build in the
+    /// same transaction that finds them (see `collection`), so no collection takes them while
+    /// the build reuses them, even if retention retires their versions meanwhile.
     pub async fn find_reusable(
         &self,
         token: &LeaseToken,
         dependency_key: &str,
     ) -> Result<(Option<Build>, Option<Build>), StoreError> {
-        let row = sqlx::query(
-            "SELECT b.source_tree, e.scope FROM builds b JOIN environments e ON e.id = b.environment_id \
-             WHERE b.lease_token = $1 AND b.status = 'building' AND b.lease_expires_at_ms >= $2",
-        )
-        .bind(token.as_str())
-        .bind(now_ms())
-        .fetch_optional(&self.db.reader)
-        .await?
-        .ok_or(StoreError::LeaseLost)?;
-        let source_tree: String = row.try_get("source_tree")?;
-        let scope: String = row.try_get("scope")?;
-        let columns = BUILD_COLUMNS
-            .split(", ")
-            .map(|column| format!("b.{column}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        if dependency_key.is_empty() {
-            return Ok((None, None));
-        }
-        // The whole layer needs the same source *and* the same dependency key: the key names
-        // the mount path and toolchain the layer was built with.
-        let find = |source: Option<String>| {
-            let source_condition = if source.is_some() {
-                " AND b.source_tree = $3"
-            } else {
-                ""
-            };
-            let sql = format!(
-                "SELECT {columns} FROM builds b JOIN environments e ON e.id = b.environment_id \
-                 WHERE e.scope = $1 AND b.status = 'ready' AND b.dependency_key = $2{source_condition} \
-                 ORDER BY b.finished_at_ms DESC LIMIT 1"
-            );
-            let scope = scope.clone();
-            async move {
-                let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
-                    .bind(scope)
-                    .bind(dependency_key.to_owned());
-                if let Some(source) = source {
-                    query = query.bind(source);
-                }
-                let row = query.fetch_optional(&self.db.reader).await?;
-                row.as_ref().map(build_from_row).transpose()
+        loop {
+            let mut tx = self.db.begin_write().await?;
+            if let Some(until) = super::collection::fenced(&mut tx, self.db.backend).await? {
+                drop(tx);
+                super::collection::wait_for_fence(until).await;
+                continue;
             }
-        };
-        let whole = find(Some(source_tree)).await?;
-        let dependencies = find(None).await?;
-        Ok((whole, dependencies))
+            let found = find_reusable_in(&mut tx, token, dependency_key).await?;
+            let layers: Vec<(&str, bool)> = [&found.0, &found.1]
+                .into_iter()
+                .flatten()
+                .map(|build| (build.layer_tree.as_str(), true))
+                .collect::<std::collections::BTreeMap<_, _>>()
+                .into_iter()
+                .collect();
+            super::collection::insert_holds(&mut tx, token, &layers).await?;
+            tx.commit().await?;
+            return Ok(found);
+        }
     }
 
     /// A build's log from byte `offset`: the text, where it ends, and whether the build has
@@ -494,6 +473,66 @@ async fn leased_build(
         version: row.try_get("version")?,
         log_bytes: row.try_get("log_bytes")?,
     })
+}
+
+/// Inside a transaction: that `token`'s lease is live, or `LeaseLost`.
+pub(super) async fn live_lease(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    token: &LeaseToken,
+) -> Result<(), StoreError> {
+    leased_build(tx, token).await.map(|_| ())
+}
+
+/// [`Store::find_reusable`]'s queries, inside its transaction.
+async fn find_reusable_in(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    token: &LeaseToken,
+    dependency_key: &str,
+) -> Result<(Option<Build>, Option<Build>), StoreError> {
+    let row = sqlx::query(
+        "SELECT b.source_tree, e.scope FROM builds b JOIN environments e ON e.id = b.environment_id \
+         WHERE b.lease_token = $1 AND b.status = 'building' AND b.lease_expires_at_ms >= $2",
+    )
+    .bind(token.as_str())
+    .bind(now_ms())
+    .fetch_optional(&mut **tx)
+    .await?
+    .ok_or(StoreError::LeaseLost)?;
+    let source_tree: String = row.try_get("source_tree")?;
+    let scope: String = row.try_get("scope")?;
+    if dependency_key.is_empty() {
+        return Ok((None, None));
+    }
+    let columns = BUILD_COLUMNS
+        .split(", ")
+        .map(|column| format!("b.{column}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // The whole layer needs the same source *and* the same dependency key: the key names
+    // the mount path and toolchain the layer was built with.
+    let mut found = [None, None];
+    for (slot, source) in found.iter_mut().zip([Some(source_tree), None]) {
+        let source_condition = if source.is_some() {
+            " AND b.source_tree = $3"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "SELECT {columns} FROM builds b JOIN environments e ON e.id = b.environment_id \
+             WHERE e.scope = $1 AND b.status = 'ready' AND b.dependency_key = $2{source_condition} \
+             ORDER BY b.finished_at_ms DESC LIMIT 1"
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(scope.clone())
+            .bind(dependency_key.to_owned());
+        if let Some(source) = source {
+            query = query.bind(source);
+        }
+        let row = query.fetch_optional(&mut **tx).await?;
+        *slot = row.as_ref().map(build_from_row).transpose()?;
+    }
+    let [whole, dependencies] = found;
+    Ok((whole, dependencies))
 }
 
 fn build_from_row(row: &AnyRow) -> Result<Build, StoreError> {

@@ -154,7 +154,7 @@ impl Store {
     /// (`StoreError::QuotaExceeded`), counted after taking the scope's row.
     pub async fn create_session(&self, new: NewSession) -> Result<Session, StoreError> {
         let limit = self.limit(&new.scope, Quota::Sessions);
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         super::quotas::take_scope(&mut tx, &new.scope).await?;
         // One statement places the session whenever it can be placed. When it places
         // nothing, the step-by-step checks say why (or place the session, if what was missing
@@ -171,7 +171,7 @@ impl Store {
     /// Creates a task and the session it runs in, together.
     pub async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
         let limit = self.limit(&new.session.scope, Quota::Sessions);
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         let session = insert_session(&mut tx, &new.session, limit).await?;
         let session_id = session.id.clone();
         let id = TaskId::generate();
@@ -262,7 +262,7 @@ impl Store {
         exit_code: Option<i32>,
     ) -> Result<Turn, StoreError> {
         let now = now_ms();
-        let mut tx = self.db.writer.begin().await?;
+        let mut tx = self.db.begin_write().await?;
         // A turn moves the session's idle end to `now + idle`, unless its lifetime ends it
         // sooner; a session past its end takes no turn, whether or not the sweep ended it yet.
         let row = sqlx::query(

@@ -36,6 +36,7 @@ mod adapters;
 mod brain;
 mod harnesses;
 mod quotas;
+mod retention;
 mod sealing;
 mod sessions;
 mod store;

@@ -62,9 +62,21 @@ fn limits() -> Limits {
     }
 }
 
+/// Holds nothing: no collection runs over these tests' memory stores.
+struct Unheld;
+
+impl plinth_blobs::Holder for Unheld {
+    fn hold<'a>(
+        &'a self,
+        _digests: &'a [plinth_blobs::Digest],
+    ) -> futures::future::BoxFuture<'a, Result<(), plinth_blobs::BlobError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
 async fn import(policy: &GitPolicy, spool: &Path, url: &str) -> Result<Imported, ImportError> {
     let blobs = BlobStore::open("memory://", spool.join("blobs")).expect("blob store");
-    git::import(&blobs, spool, limits(), policy, url, "main").await
+    git::import(&blobs, spool, limits(), policy, url, "main", &Unheld).await
 }
 
 fn paths(imported: &Imported) -> Vec<&str> {
@@ -307,6 +319,8 @@ async fn the_service_removes_fetches_a_killed_run_left_when_it_starts() {
         internal: plinth_kit::grpc::Internal::default(),
         local: None,
         quotas: plinth_kit::quota::Quotas::default(),
+        collection: plinth_source::gc::GcOptions::default(),
+        collector: None,
     };
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

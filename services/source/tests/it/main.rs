@@ -1,8 +1,9 @@
 //! The source service's integration tests: the index conformance suite on SQLite and
-//! PostgreSQL, and git imports against a real git server.
+//! PostgreSQL, git imports against a real git server, and garbage collection on real stores.
 
 #[macro_use]
 mod index;
+mod gc;
 mod git;
 mod git_server;
 mod stored_bytes;
