@@ -196,26 +196,13 @@ impl Cluster {
     }
 
     async fn layer(&self, id: &str) -> String {
-        use plinth_proto::catalog::v1 as pb;
-        let channel = tonic::transport::Endpoint::from_shared(self.catalog_url.clone())
-            .expect("url")
-            .connect()
-            .await
-            .expect("connect");
-        let mut client = pb::catalog_service_client::CatalogServiceClient::with_interceptor(
-            channel,
+        crate::helpers::layer_tree(
+            &self.catalog_url,
             crate::credentials::shared().interceptor(plinth_kit::auth::Role::Gateway),
-        );
-        client
-            .get_build(pb::GetBuildRequest {
-                scope: "default".into(),
-                id: id.into(),
-                version: 1,
-            })
-            .await
-            .expect("build")
-            .into_inner()
-            .layer_tree
+            id,
+            1,
+        )
+        .await
     }
 }
 

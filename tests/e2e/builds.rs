@@ -167,7 +167,7 @@ async fn a_python_and_node_project_builds_to_a_working_layer_at_its_mount_path()
         server.data_dir().join("spool"),
     )
     .expect("open");
-    let layer = server_layer(&server, &id).await;
+    let layer = server.layer(&id, 1).await;
     let tree_bytes = blobs
         .get(&layer)
         .await
@@ -259,29 +259,6 @@ async fn a_python_and_node_project_builds_to_a_working_layer_at_its_mount_path()
         "{third}"
     );
     server.stop().await;
-}
-
-async fn server_layer(server: &Server, id: &str) -> Digest {
-    use plinth_proto::catalog::v1 as pb;
-    let channel =
-        tonic::transport::Endpoint::from_shared(format!("http://{}", server.catalog_addr()))
-            .expect("url")
-            .connect()
-            .await
-            .expect("connect");
-    let build = pb::catalog_service_client::CatalogServiceClient::with_interceptor(
-        channel,
-        server.interceptor(plinth_kit::auth::Role::Gateway),
-    )
-    .get_build(pb::GetBuildRequest {
-        scope: "default".into(),
-        id: id.into(),
-        version: 1,
-    })
-    .await
-    .expect("build")
-    .into_inner();
-    build.layer_tree.parse().expect("layer digest")
 }
 
 #[tokio::test]

@@ -13,7 +13,7 @@ use plinth_blobs::tree::Tree;
 use plinth_blobs::{BlobStore, Digest};
 use serde_json::{Value, json};
 
-use crate::helpers::send;
+use crate::helpers::{send, tar_of};
 use crate::processes::{Process, free_port, wait_until_ready};
 
 struct Cluster {
@@ -189,43 +189,16 @@ impl Cluster {
     }
 
     async fn layer(&self, id: &str) -> Digest {
-        use plinth_proto::catalog::v1 as pb;
-        let channel = tonic::transport::Endpoint::from_shared(self.catalog_url.clone())
-            .expect("url")
-            .connect()
-            .await
-            .expect("connect");
-        let mut client = pb::catalog_service_client::CatalogServiceClient::with_interceptor(
-            channel,
+        crate::helpers::layer_tree(
+            &self.catalog_url,
             crate::credentials::shared().interceptor(plinth_kit::auth::Role::Gateway),
-        );
-        client
-            .get_build(pb::GetBuildRequest {
-                scope: "default".into(),
-                id: id.into(),
-                version: 1,
-            })
-            .await
-            .expect("build")
-            .into_inner()
-            .layer_tree
-            .parse()
-            .expect("a layer")
+            id,
+            1,
+        )
+        .await
+        .parse()
+        .expect("a layer")
     }
-}
-
-fn tar_of(files: &BTreeMap<String, Vec<u8>>) -> Vec<u8> {
-    let mut archive = tar::Builder::new(Vec::new());
-    for (path, content) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(content.len() as u64);
-        header.set_mode(0o644);
-        header.set_cksum();
-        archive
-            .append_data(&mut header, path, content.as_slice())
-            .expect("append");
-    }
-    archive.into_inner().expect("archive")
 }
 
 /// Waits (polling every 5 ms, 60 s at most) until more than `more` objects beyond `before`

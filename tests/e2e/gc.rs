@@ -14,7 +14,7 @@ use clap::Parser as _;
 use plinth_blobs::tree::Tree;
 use plinth_blobs::{BlobError, BlobStore, Digest};
 
-use crate::helpers::{Server, create_environment, put_file, send, wait_for_build};
+use crate::helpers::{Server, create_environment, put_file, send, tar_of, wait_for_build};
 
 const S3_VAR: &str = "PLINTH_TEST_S3_ENDPOINT";
 
@@ -75,33 +75,6 @@ async fn pass_now(config: &plinth::config::Config) -> plinth::gc::GcOutcome {
     panic!("no pass could run within 10 s");
 }
 
-/// The layer tree of a version, as the catalog records it.
-async fn layer_of(server: &Server, id: &str, version: u32) -> Digest {
-    use plinth_proto::catalog::v1 as pb;
-    let channel =
-        tonic::transport::Endpoint::from_shared(format!("http://{}", server.catalog_addr()))
-            .expect("url")
-            .connect()
-            .await
-            .expect("connect");
-    let mut client = pb::catalog_service_client::CatalogServiceClient::with_interceptor(
-        channel,
-        server.interceptor(plinth_kit::auth::Role::Gateway),
-    );
-    client
-        .get_build(pb::GetBuildRequest {
-            scope: "default".into(),
-            id: id.into(),
-            version,
-        })
-        .await
-        .expect("build")
-        .into_inner()
-        .layer_tree
-        .parse()
-        .expect("a layer digest")
-}
-
 async fn bytes_of(blobs: &BlobStore, digest: &Digest) -> Result<bytes::Bytes, BlobError> {
     Ok(blobs.get(digest).await?.into_bytes().await.expect("read"))
 }
@@ -139,20 +112,6 @@ async fn assert_source(server: &Server, id: &str, expected: &BTreeMap<String, Ve
             "{path}"
         );
     }
-}
-
-fn tar_of(files: &BTreeMap<String, Vec<u8>>) -> Vec<u8> {
-    let mut archive = tar::Builder::new(Vec::new());
-    for (path, content) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(content.len() as u64);
-        header.set_mode(0o644);
-        header.set_cksum();
-        archive
-            .append_data(&mut header, path, content.as_slice())
-            .expect("append");
-    }
-    archive.into_inner().expect("archive")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -235,7 +194,7 @@ async fn collection_during_an_import_and_a_build(blob_url: Option<String>) {
     assert_eq!(status, 202);
     let built = wait_for_build(&server, &doomed, 1, Duration::from_secs(120)).await;
     assert_eq!(built["status"], "ready", "{built}");
-    let doomed_layer = layer_of(&server, &doomed, 1).await;
+    let doomed_layer = server.layer(&doomed, 1).await;
     let (status, _) = send(
         server
             .client
@@ -319,7 +278,7 @@ async fn collection_during_an_import_and_a_build(blob_url: Option<String>) {
     pass_now(&gc_config(&data_dir, blob_url.as_deref())).await;
     source.extend(imported);
     assert_source(&server, &live, &source).await;
-    let live_layer = layer_of(&server, &live, 1).await;
+    let live_layer = server.layer(&live, 1).await;
     assert_layer(&blobs, &live_layer, &layer).await;
     // The deleted environment's own blobs are gone; what the work wrote again is not.
     for gone in [

@@ -114,6 +114,19 @@ impl Server {
             .expect("running")
     }
 
+    /// The layer tree the catalog records for `version` of environment `id`.
+    pub async fn layer(&self, id: &str, version: u32) -> plinth_blobs::Digest {
+        layer_tree(
+            &format!("http://{}", self.catalog_addr()),
+            self.interceptor(plinth_kit::auth::Role::Gateway),
+            id,
+            version,
+        )
+        .await
+        .parse()
+        .expect("a layer digest")
+    }
+
     /// The data directory `serve` uses.
     pub fn data_dir(&self) -> std::path::PathBuf {
         self._data_dir.path().to_owned()
@@ -371,4 +384,46 @@ pub async fn start_session_with(server: &Server, body: Value) -> Value {
     let (status, session) = send(server.client.post(server.url("/v1/sessions")).json(&body)).await;
     assert_eq!(status, 201, "{body}: {session}");
     session
+}
+
+/// The layer tree the catalog at `catalog_url` records for `version` of environment `id` (of
+/// the `default` scope), asked with the gateway's credential through `interceptor`; empty
+/// while the version has none.
+pub async fn layer_tree(
+    catalog_url: &str,
+    interceptor: plinth_kit::grpc::ClientInterceptor,
+    id: &str,
+    version: u32,
+) -> String {
+    use plinth_proto::catalog::v1 as pb;
+    let channel = tonic::transport::Endpoint::from_shared(catalog_url.to_owned())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    pb::catalog_service_client::CatalogServiceClient::with_interceptor(channel, interceptor)
+        .get_build(pb::GetBuildRequest {
+            scope: "default".into(),
+            id: id.into(),
+            version,
+        })
+        .await
+        .expect("build")
+        .into_inner()
+        .layer_tree
+}
+
+/// An uncompressed tar of `files` (path to content), each a plain 0644 file.
+pub fn tar_of(files: &std::collections::BTreeMap<String, Vec<u8>>) -> Vec<u8> {
+    let mut archive = tar::Builder::new(Vec::new());
+    for (path, content) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(content.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        archive
+            .append_data(&mut header, path, content.as_slice())
+            .expect("append");
+    }
+    archive.into_inner().expect("archive")
 }
