@@ -321,7 +321,7 @@ pub struct GcArgs {
     #[arg(long, env = "PLINTH_KEEP_VERSIONS")]
     pub keep_versions: Option<u32>,
     /// Days records of ended work are kept (sessions, turns, tasks, adapter runs,
-    /// idempotency records, Brain operations).
+    /// idempotency records, Brain operations, torn-down Brain bindings).
     #[arg(long, env = "PLINTH_RETENTION_DAYS")]
     pub retention_days: Option<u32>,
 }

@@ -229,7 +229,7 @@ pub struct CatalogSection {
     /// live sessions or Brain bindings read (at least 1).
     pub keep_versions: u32,
     /// Days records of ended work (sessions and their turns and tasks, adapter runs,
-    /// idempotency records, Brain operations) are kept.
+    /// idempotency records, Brain operations, torn-down Brain bindings) are kept.
     pub retention_days: u32,
 }
 

@@ -106,13 +106,14 @@ impl std::fmt::Display for GcOutcome {
         match &self.retired {
             Some(retired) => writeln!(
                 f,
-                "retention removed {} versions, {} sessions, {} tasks, {} adapter runs, {} idempotency records, {} Brain operations",
+                "retention removed {} versions, {} sessions, {} tasks, {} adapter runs, {} idempotency records, {} Brain operations, {} Brain bindings",
                 retired.versions,
                 retired.sessions,
                 retired.tasks,
                 retired.adapter_runs,
                 retired.idempotency_keys,
-                retired.brain_operations
+                retired.brain_operations,
+                retired.brain_bindings
             )?,
             None => writeln!(f, "retention: not run in a dry run")?,
         }

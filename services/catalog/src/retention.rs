@@ -43,6 +43,7 @@ pub fn log(retired: &Retired) {
         adapter_runs = retired.adapter_runs,
         idempotency_keys = retired.idempotency_keys,
         brain_operations = retired.brain_operations,
+        brain_bindings = retired.brain_bindings,
         deleted_environments = retired.deleted_environments,
         build_holds = retired.build_holds,
         "retention removed what it no longer keeps"

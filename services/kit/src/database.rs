@@ -90,7 +90,13 @@ impl Database {
             // The journal mode is stored in the file, and switching needs a lock busy_timeout
             // cannot wait for, so it is set once, before the pools open. `synchronous` stays
             // FULL: an acknowledged commit survives a power cut.
+            // `auto_vacuum` too is stored in the file, and can be chosen only before its first
+            // table: a database made here gives the pages of deleted rows back (see
+            // [`Database::compact`]); one made before keeps reusing them.
             let mut connection = AnyConnection::connect(&url).await?;
+            connection
+                .execute("PRAGMA auto_vacuum = INCREMENTAL")
+                .await?;
             connection.execute("PRAGMA journal_mode = WAL").await?;
             connection.close().await?;
         }
@@ -151,6 +157,25 @@ impl Database {
             Backend::Sqlite => self.writer.begin_with("BEGIN IMMEDIATE").await,
             Backend::Postgres => self.writer.begin().await,
         }
+    }
+
+    /// Gives the disk what deleted rows held, after retention or garbage collection deleted
+    /// many: on SQLite the free pages are returned to the file system (for a database with
+    /// incremental auto-vacuum, as [`Database::connect`] makes them) and the write-ahead log
+    /// is checkpointed and truncated. PostgreSQL's autovacuum does its own.
+    pub async fn compact(&self) -> Result<(), sqlx::Error> {
+        if self.backend == Backend::Sqlite {
+            let mut connection = self.writer.acquire().await?;
+            (&mut *connection)
+                .execute("PRAGMA incremental_vacuum")
+                .await?;
+            // Readers in the middle of a transaction make it stop short, without error: the
+            // next compaction takes the rest.
+            (&mut *connection)
+                .execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                .await?;
+        }
+        Ok(())
     }
 
     /// Answers when the database does.

@@ -375,6 +375,7 @@ pub async fn collect(
     let mut report = result?;
     report.took_ms = u64::try_from(begun.elapsed().as_millis()).unwrap_or(u64::MAX);
     if !dry_run {
+        index.compact().await?;
         metrics::counter!("plinth_gc_reclaimed_objects_total").increment(report.reclaimed_objects);
         metrics::counter!("plinth_gc_reclaimed_bytes_total").increment(report.reclaimed_bytes);
         metrics::histogram!("plinth_gc_pass_duration_seconds")

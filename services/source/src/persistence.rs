@@ -216,6 +216,11 @@ impl Index {
         Ok(self.db.ping().await?)
     }
 
+    /// Gives the disk what deleted rows held (see `Database::compact`).
+    pub async fn compact(&self) -> Result<(), IndexError> {
+        Ok(self.db.compact().await?)
+    }
+
     /// Closes every connection.
     pub async fn close(&self) {
         self.db.close().await;

@@ -54,6 +54,8 @@ pub struct Retired {
     pub deleted_environments: u64,
     /// Holds of builds that ended or lost their lease.
     pub build_holds: u64,
+    /// Brain bindings torn down, with no operation of their Brain session left.
+    pub brain_bindings: u64,
 }
 
 impl Retired {
@@ -123,6 +125,20 @@ impl Store {
                 &[now],
             )
             .await?;
+        // After the operations: a binding goes once its session's receipts have gone.
+        retired.brain_bindings = self
+            .delete_batches(
+                "brain_bindings",
+                "adapter_id, session_id, environment",
+                "state = 'torn_down' AND updated_at_ms < $1 AND NOT EXISTS (SELECT 1 FROM \
+                 brain_operations o WHERE o.adapter_id = brain_bindings.adapter_id \
+                 AND o.session_id = brain_bindings.session_id)",
+                &[cutoff],
+            )
+            .await?;
+        if !retired.is_empty() {
+            self.db.compact().await?;
+        }
         Ok(retired)
     }
 

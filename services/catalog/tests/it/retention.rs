@@ -290,6 +290,13 @@ async fn records_of_ended_work_go_after_the_retention_period_and_live_ones_stay(
     let mut held = binding(&id, 1, "brain-2");
     held.plinth_session = Some(named.id.clone());
     store.create_binding(&held).await.expect("binding");
+    // A binding torn down goes with its session's receipts; an attached one stays.
+    let torn = binding(&id, 1, "brain-3");
+    store.create_binding(&torn).await.expect("binding");
+    store
+        .set_binding_state(&torn.key, BindingState::TornDown)
+        .await
+        .expect("tear down");
     // More ended sessions than one batch.
     for _ in 0..520 {
         let gone = store
@@ -387,6 +394,12 @@ async fn records_of_ended_work_go_after_the_retention_period_and_live_ones_stay(
         "{retired:?}"
     );
     assert!(retired.adapter_runs >= 1, "{retired:?}");
+    assert_eq!(retired.brain_bindings, 1, "{retired:?}");
+    assert!(matches!(
+        store.binding(&torn.key).await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(store.binding(&held.key).await.is_ok());
     // The live session, its turns, the session a binding names, and the running operation
     // stay; the rest is gone.
     assert_eq!(
