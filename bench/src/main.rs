@@ -9,6 +9,7 @@ mod import;
 mod novo;
 mod service;
 mod sessions;
+mod soak;
 
 use clap::{Parser, Subcommand};
 
@@ -38,6 +39,10 @@ enum Bench {
     /// readFile, editFile and runCommand through the signed Novo adapter endpoint vs the
     /// same operations on the session API.
     Novo(novo::Args),
+    /// Sessions, builds of environments then deleted, and Brain sessions with short retention
+    /// and grace: the data directory's bytes, every table's rows and the service's memory at
+    /// the start, the peak and after the last collection pass.
+    Soak(soak::Args),
 }
 
 #[tokio::main]
@@ -49,6 +54,7 @@ async fn main() -> anyhow::Result<()> {
         Bench::Build(args) => build::run(args).await,
         Bench::Sessions(args) => sessions::run(args).await,
         Bench::Novo(args) => novo::run(args).await,
+        Bench::Soak(args) => soak::run(args).await,
     }
 }
 
