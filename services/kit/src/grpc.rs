@@ -22,6 +22,7 @@ use tracing::Instrument;
 use crate::admin::ReadinessCheck;
 use crate::auth::{Principal, ServerAuth};
 use crate::config::Secret;
+use crate::metered::{End, Metered, Watcher};
 use crate::telemetry;
 use crate::tls::TlsSettings;
 
@@ -29,10 +30,17 @@ use crate::tls::TlsSettings;
 const OPEN_PREFIX: &str = "/grpc.health.";
 /// Paths any accepted credential may use, whatever its role: reflection.
 const ANY_ROLE_PREFIX: &str = "/grpc.reflection.";
+/// The health service every server answers.
+const HEALTH_SERVICE: &str = "grpc.health.v1.Health";
+/// The reflection method every server answers.
+const REFLECTION_RPC: &str = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo";
 
 /// A gRPC server with health and reflection, built up service by service.
 pub struct GrpcServer {
     routes: RoutesBuilder,
+    /// What the served services' methods are called: the only values the `rpc` label takes.
+    descriptor_set: &'static [u8],
+    served: Vec<&'static str>,
     health: HealthReporter,
     auth: ServerAuth,
     tls: Option<TlsSettings>,
@@ -61,6 +69,8 @@ impl GrpcServer {
         }
         GrpcServer {
             routes,
+            descriptor_set,
+            served: vec![HEALTH_SERVICE],
             health,
             auth,
             tls: None,
@@ -147,6 +157,7 @@ impl GrpcServer {
         S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
+        self.served.push(S::NAME);
         self.routes.add_service(service);
         self
     }
@@ -159,6 +170,10 @@ impl GrpcServer {
     ) -> Result<(), tonic::transport::Error> {
         let layer = ServerLayer {
             auth: Arc::new(self.auth),
+            rpcs: Arc::new(Rpcs::served(
+                &[self.descriptor_set, tonic_health::pb::FILE_DESCRIPTOR_SET],
+                &self.served,
+            )),
         };
         let routes = self.routes.routes();
         if let Some(slot) = self.local {
@@ -185,11 +200,13 @@ impl GrpcServer {
     }
 }
 
-/// Wraps every call: a `grpc.server` span that continues the caller's trace, the credential
-/// and role check, and the request counter and latency histogram.
+/// Wraps every call: a server span in OpenTelemetry's RPC conventions that continues the
+/// caller's trace, the credential and role check, and the request counter, latency histogram
+/// and in-flight gauge, all recorded when the response stream ends.
 #[derive(Clone)]
 struct ServerLayer {
     auth: Arc<ServerAuth>,
+    rpcs: Arc<Rpcs>,
 }
 
 impl<S> tower::Layer<S> for ServerLayer {
@@ -199,6 +216,7 @@ impl<S> tower::Layer<S> for ServerLayer {
         ServerService {
             inner,
             auth: self.auth.clone(),
+            rpcs: self.rpcs.clone(),
         }
     }
 }
@@ -207,6 +225,7 @@ impl<S> tower::Layer<S> for ServerLayer {
 struct ServerService<S> {
     inner: S,
     auth: Arc<ServerAuth>,
+    rpcs: Arc<Rpcs>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -230,8 +249,13 @@ where
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let path = request.uri().path().to_owned();
-        let span = tracing::info_span!("grpc.server", otel.kind = "server", rpc = %path, grpc.code = tracing::field::Empty);
+        // A path this server does not serve is labelled `other`: naming it would let any
+        // caller, even one refused, add series.
+        let rpc = self.rpcs.get(&path);
+        let span = rpc_span(Side::Server, &rpc);
         telemetry::extract(&span, request.headers());
+        telemetry::record_trace_id(&span);
+        let call = Call::start(Side::Server, span.clone(), rpc.clone());
         let mut request = request;
         if !path.starts_with(OPEN_PREFIX) {
             match self.check(&path, request.headers()) {
@@ -240,8 +264,12 @@ where
                 }
                 Err(status) => {
                     let _entered = span.enter();
-                    tracing::warn!(code = ?status.code(), "{}", status.message());
-                    record(&path, status.code(), Duration::ZERO);
+                    if rpc.is_known() {
+                        tracing::warn!(code = ?status.code(), "{}", status.message());
+                    } else {
+                        tracing::debug!(code = ?status.code(), %path, "{}", status.message());
+                    }
+                    call.finish(Some(status.code()), End::Complete);
                     return Box::pin(std::future::ready(Ok(status.into_http())));
                 }
             }
@@ -249,25 +277,249 @@ where
         // The clone that was polled ready is the one that must be called.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let started = Instant::now();
-        let record_span = span.clone();
         Box::pin(
             async move {
-                let response = inner.call(request).await;
-                let code = match &response {
-                    Ok(response) => response
-                        .headers()
-                        .get("grpc-status")
-                        .map(|value| tonic::Code::from_bytes(value.as_bytes()))
-                        .unwrap_or(tonic::Code::Ok),
-                    Err(_) => tonic::Code::Internal,
-                };
-                record_span.record("grpc.code", tracing::field::debug(code));
-                record(&path, code, started.elapsed());
-                response
+                match inner.call(request).await {
+                    Ok(response) => Ok(call.watch(response)),
+                    Err(error) => {
+                        call.finish(Some(tonic::Code::Internal), End::Failed);
+                        Err(error)
+                    }
+                }
             }
             .instrument(span),
         )
+    }
+}
+
+/// One gRPC method, as labels and span attributes name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Rpc {
+    /// `/package.Service/Method`, or `other`.
+    path: Arc<str>,
+    /// `package.Service`.
+    service: Arc<str>,
+    /// `Method`.
+    method: Arc<str>,
+}
+
+impl Rpc {
+    fn parse(path: &str) -> Option<Rpc> {
+        let (service, method) = path.strip_prefix('/')?.split_once('/')?;
+        if service.is_empty() || method.is_empty() || method.contains('/') {
+            return None;
+        }
+        Some(Rpc {
+            path: path.into(),
+            service: service.into(),
+            method: method.into(),
+        })
+    }
+
+    fn other() -> Rpc {
+        Rpc {
+            path: "other".into(),
+            service: "".into(),
+            method: "".into(),
+        }
+    }
+
+    fn is_known(&self) -> bool {
+        !self.method.is_empty()
+    }
+}
+
+/// The methods one server serves, read from its descriptor sets.
+#[derive(Debug, Default)]
+struct Rpcs(std::collections::HashMap<String, Rpc>);
+
+impl Rpcs {
+    /// Every method of `served` services described in `descriptor_sets`, with reflection.
+    fn served(descriptor_sets: &[&[u8]], served: &[&str]) -> Rpcs {
+        use prost::Message as _;
+        let mut rpcs = std::collections::HashMap::new();
+        for bytes in descriptor_sets {
+            let set = match prost_types::FileDescriptorSet::decode(*bytes) {
+                Ok(set) => set,
+                Err(error) => {
+                    tracing::error!(%error, "a descriptor set does not decode; its methods are labelled `other`");
+                    continue;
+                }
+            };
+            for file in &set.file {
+                let package = file.package();
+                for service in &file.service {
+                    let name = if package.is_empty() {
+                        service.name().to_owned()
+                    } else {
+                        format!("{package}.{}", service.name())
+                    };
+                    if !served.contains(&name.as_str()) {
+                        continue;
+                    }
+                    for method in &service.method {
+                        let path = format!("/{name}/{}", method.name());
+                        if let Some(rpc) = Rpc::parse(&path) {
+                            rpcs.insert(path, rpc);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(rpc) = Rpc::parse(REFLECTION_RPC) {
+            rpcs.insert(REFLECTION_RPC.to_owned(), rpc);
+        }
+        Rpcs(rpcs)
+    }
+
+    fn get(&self, path: &str) -> Rpc {
+        self.0.get(path).cloned().unwrap_or_else(Rpc::other)
+    }
+}
+
+/// Which end of a call this process is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Server,
+    Client,
+}
+
+impl Side {
+    /// Whether `code` makes this side's span an error: every failure for a client; for a
+    /// server only its own (OpenTelemetry's gRPC conventions), not a caller's bad request.
+    fn is_error(self, code: tonic::Code) -> bool {
+        use tonic::Code;
+        match self {
+            Side::Client => code != Code::Ok,
+            Side::Server => matches!(
+                code,
+                Code::Unknown
+                    | Code::DeadlineExceeded
+                    | Code::Unimplemented
+                    | Code::Internal
+                    | Code::Unavailable
+                    | Code::DataLoss
+            ),
+        }
+    }
+}
+
+fn rpc_span(side: Side, rpc: &Rpc) -> tracing::Span {
+    let name: &str = if rpc.is_known() {
+        rpc.path.trim_start_matches('/')
+    } else {
+        "other"
+    };
+    match side {
+        Side::Server => tracing::info_span!(
+            "grpc.server",
+            otel.name = name,
+            otel.kind = "server",
+            otel.status_code = tracing::field::Empty,
+            rpc.system = "grpc",
+            rpc.service = &*rpc.service,
+            rpc.method = &*rpc.method,
+            rpc.grpc.status_code = tracing::field::Empty,
+            trace_id = tracing::field::Empty,
+        ),
+        Side::Client => tracing::info_span!(
+            "grpc.client",
+            otel.name = name,
+            otel.kind = "client",
+            otel.status_code = tracing::field::Empty,
+            rpc.system = "grpc",
+            rpc.service = &*rpc.service,
+            rpc.method = &*rpc.method,
+            rpc.grpc.status_code = tracing::field::Empty,
+        ),
+    }
+}
+
+/// One call being measured: counted in flight from [`Call::start`] until its response
+/// stream ends, then counted and timed under its status code, read from the trailers when
+/// the status comes there.
+struct Call {
+    side: Side,
+    span: tracing::Span,
+    rpc: Rpc,
+    started: Instant,
+    in_flight: metrics::Gauge,
+    /// The status, once seen (in the headers of a trailers-only answer, or the trailers).
+    code: Option<tonic::Code>,
+}
+
+impl Call {
+    fn start(side: Side, span: tracing::Span, rpc: Rpc) -> Call {
+        let in_flight = match side {
+            Side::Server => metrics::gauge!("plinth_grpc_server_requests_in_flight", "rpc" => rpc.path.to_string()),
+            Side::Client => metrics::gauge!("plinth_grpc_client_requests_in_flight", "rpc" => rpc.path.to_string()),
+        };
+        in_flight.increment(1.0);
+        Call {
+            side,
+            span,
+            rpc,
+            started: Instant::now(),
+            in_flight,
+            code: None,
+        }
+    }
+
+    /// Follows `response`'s body to its end.
+    fn watch(mut self, response: http::Response<Body>) -> http::Response<Body> {
+        self.code = response
+            .headers()
+            .get("grpc-status")
+            .map(|value| tonic::Code::from_bytes(value.as_bytes()));
+        response.map(|body| Body::new(Metered::new(body, self)))
+    }
+
+    fn finish(mut self, code: Option<tonic::Code>, end: End) {
+        if code.is_some() {
+            self.code = code;
+        }
+        Watcher::end(self, end);
+    }
+}
+
+impl Watcher for Call {
+    fn frame(&mut self, frame: &http_body::Frame<bytes::Bytes>) {
+        if let Some(status) = frame.trailers_ref().and_then(|t| t.get("grpc-status")) {
+            self.code = Some(tonic::Code::from_bytes(status.as_bytes()));
+        }
+    }
+
+    fn end(self, end: End) {
+        let code = match (self.code, end) {
+            (Some(code), _) => code,
+            // The stream stopped before its status: the caller went away, or the peer did.
+            (None, End::Dropped) => tonic::Code::Cancelled,
+            (None, End::Failed | End::Complete) => tonic::Code::Unknown,
+        };
+        self.span.record("rpc.grpc.status_code", code as i64);
+        if self.side.is_error(code) {
+            self.span.record("otel.status_code", "error");
+            self.span
+                .record("otel.status_description", format!("{code:?}"));
+        }
+        self.in_flight.decrement(1.0);
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let labels = [
+            ("rpc", self.rpc.path.to_string()),
+            ("code", format!("{code:?}")),
+        ];
+        match self.side {
+            Side::Server => {
+                metrics::counter!("plinth_grpc_server_requests_total", &labels).increment(1);
+                metrics::histogram!("plinth_grpc_server_request_duration_seconds", &labels)
+                    .record(elapsed);
+            }
+            Side::Client => {
+                metrics::counter!("plinth_grpc_client_requests_total", &labels).increment(1);
+                metrics::histogram!("plinth_grpc_client_request_duration_seconds", &labels)
+                    .record(elapsed);
+            }
+        }
     }
 }
 
@@ -296,20 +548,6 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn record(path: &str, code: tonic::Code, elapsed: Duration) {
-    // Unknown paths are answered Unimplemented; naming them would let callers grow labels.
-    let rpc = if code == tonic::Code::Unimplemented {
-        "unknown".to_owned()
-    } else {
-        path.to_owned()
-    };
-    let code = format!("{code:?}");
-    metrics::counter!("plinth_grpc_server_requests_total", "rpc" => rpc.clone(), "code" => code.clone())
-        .increment(1);
-    metrics::histogram!("plinth_grpc_server_request_duration_seconds", "rpc" => rpc, "code" => code)
-        .record(elapsed.as_secs_f64());
 }
 
 /// A service's whole call stack (credential check, spans, metrics, routing), called directly.
@@ -396,19 +634,39 @@ impl tower::Service<http::Request<Body>> for Transport {
         tower::Service::poll_ready(&mut self.channel, cx).map_err(Into::into)
     }
 
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        match self.chosen.take() {
-            Some(service) => Box::pin(async move {
-                match tower::ServiceExt::oneshot(service, request).await {
-                    Ok(response) => Ok(response),
-                    Err(never) => match never {},
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        // The paths are the generated clients' own: a closed set.
+        let rpc = Rpc::parse(request.uri().path()).unwrap_or_else(Rpc::other);
+        let span = rpc_span(Side::Client, &rpc);
+        // The server's span is this call's child, across the network or within the process.
+        telemetry::inject(&span, request.headers_mut());
+        let call = Call::start(Side::Client, span.clone(), rpc);
+        let response: BoxFuture<Result<http::Response<Body>, Self::Error>> =
+            match self.chosen.take() {
+                Some(service) => Box::pin(async move {
+                    match tower::ServiceExt::oneshot(service, request).await {
+                        Ok(response) => Ok(response),
+                        Err(never) => match never {},
+                    }
+                }),
+                None => {
+                    let response = tower::Service::call(&mut self.channel, request);
+                    Box::pin(async move { response.await.map_err(Into::into) })
                 }
-            }),
-            None => {
-                let response = tower::Service::call(&mut self.channel, request);
-                Box::pin(async move { response.await.map_err(Into::into) })
+            };
+        Box::pin(
+            async move {
+                match response.await {
+                    Ok(response) => Ok(call.watch(response)),
+                    Err(error) => {
+                        // Not connected, or the connection broke: tonic answers Unavailable.
+                        call.finish(Some(tonic::Code::Unavailable), End::Failed);
+                        Err(error)
+                    }
+                }
             }
-        }
+            .instrument(span),
+        )
     }
 }
 
@@ -542,5 +800,107 @@ impl Internal {
     /// A lazily connecting channel to `url` (TLS for `https://`).
     pub fn connect(&self, url: &str) -> Result<Channel, ConnectError> {
         connect_lazy(url, self.tls.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http_body::Frame;
+    use http_body_util::{BodyExt as _, StreamBody};
+
+    use super::*;
+
+    /// A server stack in front of `inner`, serving health (an open method) only.
+    fn server<S>(inner: S) -> ServerService<S> {
+        telemetry::metrics();
+        ServerService {
+            inner,
+            auth: Arc::new(ServerAuth {
+                accepted: Arc::new(crate::auth::Accepted::default()),
+                access: crate::auth::Access(&[]),
+            }),
+            rpcs: Arc::new(Rpcs::served(
+                &[tonic_health::pb::FILE_DESCRIPTOR_SET],
+                &[HEALTH_SERVICE],
+            )),
+        }
+    }
+
+    fn series(metrics: &str, name: &str) -> Vec<String> {
+        metrics
+            .lines()
+            .filter(|line| line.starts_with(name))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_status_in_the_trailers_is_counted_under_its_code_when_the_stream_ends() {
+        let mut service = server(tower::service_fn(|_request: http::Request<Body>| async {
+            let (frames, receiver) = tokio::sync::mpsc::channel(4);
+            tokio::spawn(async move {
+                let _ = frames.send(Ok::<_, tonic::Status>(Frame::data(Bytes::from_static(b"\0\0\0\0\0")))).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("grpc-status", http::HeaderValue::from_static("5"));
+                let _ = frames.send(Ok(Frame::trailers(trailers))).await;
+            });
+            let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(receiver));
+            Ok::<_, Infallible>(http::Response::new(Body::new(body)))
+        }));
+        let request = http::Request::builder()
+            .uri("/grpc.health.v1.Health/Watch")
+            .body(Body::empty())
+            .unwrap();
+        let response = tower::Service::call(&mut service, request).await.unwrap();
+        let before = telemetry::render_metrics();
+        assert!(
+            series(&before, "plinth_grpc_server_requests_total").is_empty(),
+            "nothing is counted before the stream ends: {before}"
+        );
+        assert!(
+            before.contains("plinth_grpc_server_requests_in_flight{rpc=\"/grpc.health.v1.Health/Watch\"} 1"),
+            "{before}"
+        );
+        response.into_body().collect().await.unwrap();
+
+        let after = telemetry::render_metrics();
+        assert_eq!(
+            series(&after, "plinth_grpc_server_requests_total"),
+            ["plinth_grpc_server_requests_total{rpc=\"/grpc.health.v1.Health/Watch\",code=\"NotFound\"} 1"]
+        );
+        let sum = series(&after, "plinth_grpc_server_request_duration_seconds_sum")
+            .first()
+            .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .expect("a duration");
+        assert!(sum >= 0.3, "timed to the trailers, not the headers: {sum}");
+        assert!(
+            after.contains("plinth_grpc_server_requests_in_flight{rpc=\"/grpc.health.v1.Health/Watch\"} 0"),
+            "{after}"
+        );
+    }
+
+    #[tokio::test]
+    async fn paths_nobody_serves_add_no_series_even_when_refused() {
+        let mut service = server(tower::service_fn(|_request: http::Request<Body>| async {
+            Ok::<_, Infallible>(tonic::Status::unimplemented("").into_http())
+        }));
+        for n in 0..20 {
+            let request = http::Request::builder()
+                .uri(format!("/junk{n}.Service/Method{n}"))
+                .body(Body::empty())
+                .unwrap();
+            let response = tower::Service::call(&mut service, request).await.unwrap();
+            response.into_body().collect().await.unwrap();
+        }
+        let metrics = telemetry::render_metrics();
+        assert!(!metrics.contains("junk"), "{metrics}");
+        assert_eq!(
+            series(&metrics, "plinth_grpc_server_requests_total"),
+            ["plinth_grpc_server_requests_total{rpc=\"other\",code=\"Unauthenticated\"} 20"]
+        );
     }
 }

@@ -1,5 +1,7 @@
-//! What every Plinth HTTP server wraps its routes in: a `http.server` span that continues the
-//! caller's W3C trace, and request counts and latencies by route template and status.
+//! What every Plinth HTTP server wraps its routes in: a server span in OpenTelemetry's HTTP
+//! conventions that continues the caller's W3C trace, and request counts, latencies and
+//! requests in flight by route template, method and status. A request ends with its response
+//! body, so a streamed exec or a followed log is timed to its last byte.
 
 use std::time::Instant;
 
@@ -8,36 +10,78 @@ use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
 
+use crate::metered::{End, Metered, Watcher};
 use crate::telemetry;
 
-/// Middleware (`axum::middleware::from_fn(observe)`) applied to a router's routes. Labels use
-/// the route template, never the raw path, which would let callers grow them without bound.
+/// Middleware (`axum::middleware::from_fn(observe)`) applied to a router's routes. Labels come
+/// from closed sets: the route template (never the raw path) or `unmatched`, and the standard
+/// methods or `other`, so callers cannot grow them.
 pub async fn observe(request: Request, next: Next) -> Response {
     let route = request
         .extensions()
         .get::<MatchedPath>()
-        .map(|path| path.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
-    let method = request.method().as_str().to_owned();
+        .map(|path| path.as_str().to_owned());
+    let method = telemetry::method_label(request.method());
+    let name = match &route {
+        Some(route) => format!("{method} {route}"),
+        None => method.to_owned(),
+    };
+    let route = route.unwrap_or_else(|| "unmatched".to_owned());
     let span = tracing::info_span!(
         "http.server",
+        otel.name = %name,
         otel.kind = "server",
-        http.method = %method,
+        otel.status_code = tracing::field::Empty,
+        http.request.method = method,
         http.route = %route,
-        http.status = tracing::field::Empty,
+        url.path = %request.uri().path(),
+        http.response.status_code = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
     );
     telemetry::extract(&span, request.headers());
+    telemetry::record_trace_id(&span);
+    let in_flight = metrics::gauge!("plinth_http_requests_in_flight", "route" => route.clone());
+    in_flight.increment(1.0);
     let started = Instant::now();
     let response = next.run(request).instrument(span.clone()).await;
     let status = response.status().as_u16();
-    span.record("http.status", status);
-    let labels = [
-        ("route", route),
-        ("method", method),
-        ("status", status.to_string()),
-    ];
-    metrics::counter!("plinth_http_requests_total", &labels).increment(1);
-    metrics::histogram!("plinth_http_request_duration_seconds", &labels)
-        .record(started.elapsed().as_secs_f64());
-    response
+    span.record("http.response.status_code", status);
+    let watcher = Finish {
+        span,
+        route,
+        method,
+        status,
+        started,
+        in_flight,
+    };
+    response.map(|body| axum::body::Body::new(Metered::new(body, watcher)))
+}
+
+/// Records a request once its body has ended.
+struct Finish {
+    span: tracing::Span,
+    route: String,
+    method: &'static str,
+    status: u16,
+    started: Instant,
+    in_flight: metrics::Gauge,
+}
+
+impl Watcher for Finish {
+    fn end(self, end: End) {
+        // Server spans are errors for 5xx (OpenTelemetry's HTTP conventions), and for a body
+        // that failed part-way, whose client got less than the status promised.
+        if self.status >= 500 || end == End::Failed {
+            self.span.record("otel.status_code", "error");
+        }
+        self.in_flight.decrement(1.0);
+        let labels = [
+            ("route", self.route),
+            ("method", self.method.to_owned()),
+            ("status", self.status.to_string()),
+        ];
+        metrics::counter!("plinth_http_requests_total", &labels).increment(1);
+        metrics::histogram!("plinth_http_request_duration_seconds", &labels)
+            .record(self.started.elapsed().as_secs_f64());
+    }
 }

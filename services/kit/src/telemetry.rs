@@ -1,17 +1,23 @@
 //! Logs, traces and metrics for every Plinth process.
 //!
 //! * Logs and spans go through `tracing`; [`init`] installs the subscriber once per process.
+//!   Server spans record their `trace_id`, so every log line inside a request carries it.
 //! * Every span is also an OpenTelemetry span, so a trace id exists even when nothing exports
-//!   it; with `OTEL_EXPORTER_OTLP_ENDPOINT` set, spans are exported over OTLP/gRPC.
+//!   it. Export follows the OpenTelemetry SDK variables: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
+//!   `OTEL_EXPORTER_OTLP_ENDPOINT` switches it on, `OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL` picks
+//!   `http/protobuf` (the default) or `grpc`, `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`
+//!   name the service, `OTEL_TRACES_SAMPLER[_ARG]` samples, and `OTEL_SDK_DISABLED=true` or
+//!   `OTEL_TRACES_EXPORTER=none` switches export off.
 //! * W3C trace context crosses process boundaries in HTTP headers and gRPC metadata
-//!   ([`inject`], [`extract`]), so one REST request is one trace across services.
+//!   ([`inject`], [`extract`]), so one REST request is one trace across services. Background
+//!   loops poll inside [`idle`] spans, which are never sampled: an idle process exports nothing.
 //! * Metrics use the `metrics` facade with one Prometheus recorder per process ([`metrics`]),
-//!   rendered on `/metrics`.
+//!   rendered on `/metrics` with the process's own `process_*` figures and `plinth_build_info`.
 
 use std::sync::OnceLock;
 
 use http::HeaderMap;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -94,7 +100,7 @@ pub fn init(service_name: &str, config: &LogConfig) -> Result<TelemetryGuard, Te
         filter: config.filter.clone(),
         message: error.to_string(),
     })?;
-    let provider = tracer_provider(service_name)?;
+    let (provider, export) = tracer_provider(service_name, &|name| std::env::var(name).ok())?;
     let tracer = provider.tracer(service_name.to_owned());
     let fmt = match config.format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
@@ -110,41 +116,151 @@ pub fn init(service_name: &str, config: &LogConfig) -> Result<TelemetryGuard, Te
         .with(fmt)
         .with(tracing_opentelemetry::layer().with_tracer(tracer))
         .try_init();
+    if let Some(export) = export {
+        tracing::info!(endpoint = %export.endpoint, protocol = export.protocol, "exporting traces over OTLP");
+    }
     metrics();
     Ok(TelemetryGuard { provider })
 }
 
-fn tracer_provider(service_name: &str) -> Result<SdkTracerProvider, TelemetryError> {
-    let resource = opentelemetry_sdk::Resource::builder()
-        .with_service_name(service_name.to_owned())
-        .build();
-    let builder = SdkTracerProvider::builder().with_resource(resource);
-    let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").unwrap_or_default();
-    if endpoint.is_empty() {
-        return Ok(builder.build());
+/// Where spans go, when they are exported.
+#[derive(Debug, PartialEq, Eq)]
+struct Export {
+    endpoint: String,
+    protocol: &'static str,
+}
+
+/// The tracer provider the `OTEL_*` variables (read through `var`) ask for, and where it
+/// exports. The exporters read the endpoint, headers and timeout from the same variables.
+fn tracer_provider(
+    service_name: &str,
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Result<(SdkTracerProvider, Option<Export>), TelemetryError> {
+    let set = |name: &str| var(name).filter(|value| !value.trim().is_empty());
+    let mut resource = opentelemetry_sdk::Resource::builder()
+        .with_attribute(opentelemetry::KeyValue::new("service.version", VERSION));
+    // The builder's own detectors read OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; the
+    // process's role names the service only when the operator did not.
+    if set("OTEL_SERVICE_NAME").is_none() {
+        resource = resource.with_service_name(service_name.to_owned());
     }
-    // The exporter reads the endpoint (and headers, timeout) from the standard variables.
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_tonic()
-        .build()
-        .map_err(|error| TelemetryError::Otlp {
-            endpoint: endpoint.clone(),
-            message: error.to_string(),
-        })?;
-    tracing::info!(%endpoint, "exporting traces over OTLP");
-    Ok(builder.with_batch_exporter(exporter).build())
+    let builder = SdkTracerProvider::builder().with_resource(resource.build());
+    let disabled = set("OTEL_SDK_DISABLED").is_some_and(|value| value.eq_ignore_ascii_case("true"))
+        || set("OTEL_TRACES_EXPORTER").is_some_and(|value| value.eq_ignore_ascii_case("none"));
+    let endpoint = set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| set("OTEL_EXPORTER_OTLP_ENDPOINT"));
+    let Some(endpoint) = endpoint.filter(|_| !disabled) else {
+        return Ok((builder.build(), None));
+    };
+    let protocol = set("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        .or_else(|| set("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .unwrap_or_else(|| "http/protobuf".to_owned());
+    let failed = |message: String| TelemetryError::Otlp {
+        endpoint: endpoint.clone(),
+        message,
+    };
+    let (exporter, protocol) = match protocol.trim() {
+        "grpc" => (
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .build()
+                .map_err(|error| failed(error.to_string()))?,
+            "grpc",
+        ),
+        "http/protobuf" => (
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .build()
+                .map_err(|error| failed(error.to_string()))?,
+            "http/protobuf",
+        ),
+        other => {
+            return Err(failed(format!(
+                "OTEL_EXPORTER_OTLP_PROTOCOL {other:?} is not supported: use `grpc` or `http/protobuf`"
+            )));
+        }
+    };
+    Ok((
+        builder.with_batch_exporter(exporter).build(),
+        Some(Export { endpoint, protocol }),
+    ))
+}
+
+/// This build's version, as `plinth_build_info` and the `service.version` resource say.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Records `span`'s OpenTelemetry trace id in its `trace_id` field (declared empty where the
+/// span is made), so log lines inside it can be found from the trace and back.
+pub fn record_trace_id(span: &tracing::Span) {
+    use opentelemetry::trace::TraceContextExt as _;
+    let context = span.context();
+    let trace_id = context.span().span_context().trace_id();
+    if trace_id != opentelemetry::trace::TraceId::INVALID {
+        span.record("trace_id", tracing::field::display(trace_id));
+    }
+}
+
+/// A span for one round of a background loop that usually finds nothing to do (a builder's
+/// poll, a node's heartbeat): it and everything beneath it, the calls it makes in other
+/// processes included (their trace context says "not sampled"), are never exported, so an
+/// idle process sends no traces. Work the round finds runs in a new root span
+/// (`tracing::info_span!(parent: None, …)`), which is traced as usual.
+pub fn idle(name: &'static str) -> tracing::Span {
+    use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState};
+    let span = tracing::info_span!("idle", otel.name = name);
+    let mut id = [0u8; 16];
+    // A fresh trace id per round keeps unrelated rounds apart should a sampler that ignores
+    // the parent keep some of them; without randomness the rounds share one.
+    let _ = getrandom::fill(&mut id);
+    let mut span_id = [0u8; 8];
+    let _ = getrandom::fill(&mut span_id);
+    let unsampled = SpanContext::new(
+        TraceId::from_bytes(id),
+        SpanId::from_bytes(span_id),
+        TraceFlags::default(),
+        true,
+        TraceState::default(),
+    );
+    let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(unsampled));
+    span
+}
+
+/// The label for an HTTP method: the standard methods by name, anything else `other`, so a
+/// caller cannot add label values.
+pub fn method_label(method: &http::Method) -> &'static str {
+    match *method {
+        http::Method::GET => "GET",
+        http::Method::HEAD => "HEAD",
+        http::Method::POST => "POST",
+        http::Method::PUT => "PUT",
+        http::Method::PATCH => "PATCH",
+        http::Method::DELETE => "DELETE",
+        http::Method::OPTIONS => "OPTIONS",
+        http::Method::CONNECT => "CONNECT",
+        http::Method::TRACE => "TRACE",
+        _ => "other",
+    }
 }
 
 /// The process's Prometheus recorder, installed on first use. Request latencies are
-/// histograms with buckets from 0.5 ms to 10 s.
+/// histograms with buckets from 0.5 ms to 10 s; build durations from 1 s to 30 min.
 pub fn metrics() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
         const BUCKETS: [f64; 14] = [
             0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
         ];
-        let builder = PrometheusBuilder::new();
-        let builder = match builder.set_buckets(&BUCKETS) {
+        const BUILD_BUCKETS: [f64; 11] = [
+            1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0,
+        ];
+        let builder = PrometheusBuilder::new()
+            .set_buckets(&BUCKETS)
+            .and_then(|builder| {
+                builder.set_buckets_for_metric(
+                    Matcher::Full("plinth_build_duration_seconds".to_owned()),
+                    &BUILD_BUCKETS,
+                )
+            });
+        let builder = match builder {
             Ok(builder) => builder,
             Err(error) => {
                 tracing::warn!(%error, "histogram buckets refused; latencies are summaries");
@@ -158,13 +274,22 @@ pub fn metrics() -> &'static PrometheusHandle {
                 "a metrics recorder was already installed; /metrics shows only Plinth's own"
             );
         }
+        process_collector().describe();
+        metrics::gauge!("plinth_build_info", "version" => VERSION).set(1.0);
         handle
     })
 }
 
-/// Renders every metric of this process in the Prometheus text format.
+fn process_collector() -> &'static metrics_process::Collector {
+    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
+    COLLECTOR.get_or_init(metrics_process::Collector::default)
+}
+
+/// Renders every metric of this process in the Prometheus text format, with the process's
+/// CPU, memory, descriptors and threads read as of now.
 pub fn render_metrics() -> String {
     let handle = metrics();
+    process_collector().collect();
     handle.run_upkeep();
     handle.render()
 }
