@@ -90,12 +90,22 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
         source_local: Some(LocalSlot::default()),
         nodes: Vec::new(),
     };
+    // Admin addresses given for the catalog or the source service are served here too (with
+    // this one process's metrics, which cover every service in it).
+    let catalog_admin = match config.catalog.admin_listen {
+        Some(address) => Some(bind(Some(address), "catalog admin endpoints").await?),
+        None => None,
+    };
+    let source_admin = match config.source.admin_listen {
+        Some(address) => Some(bind(Some(address), "source service admin endpoints").await?),
+        None => None,
+    };
     spawn_catalog(
         &mut services,
         config,
         &internal.services,
         catalog_listener,
-        None,
+        catalog_admin,
         peers.catalog_local.clone(),
         shutdown.clone(),
     )?;
@@ -108,7 +118,7 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
         config,
         &internal.services,
         source_listener,
-        None,
+        source_admin,
         peers.source_local.clone(),
         Some(collector),
         shutdown.clone(),

@@ -146,6 +146,22 @@ impl Edge {
     }
 }
 
+/// Every reason the edge refuses for, so each series exists (at 0) from the start.
+pub(crate) const REFUSAL_REASONS: [&str; 4] = [
+    "rate_limited",
+    "max_concurrent_requests",
+    "request_timeout",
+    "novo_unverified_bodies",
+];
+
+/// Makes the refusal counters' series, at 0.
+pub(crate) fn register_refusals() {
+    plinth_kit::telemetry::metrics();
+    for reason in REFUSAL_REASONS {
+        metrics::counter!("plinth_gateway_refused_total", "reason" => reason).increment(0);
+    }
+}
+
 fn refused(reason: &'static str) {
     metrics::counter!("plinth_gateway_refused_total", "reason" => reason).increment(1);
 }

@@ -316,6 +316,7 @@ fn router_with(
     document_rate_limits(&mut openapi);
     let openapi = Arc::new(openapi);
     let edge = edge::Edge::new(options.edge, state.tokens.clone());
+    edge::register_refusals();
     let app = api
         .route(
             "/openapi.json",

@@ -1124,6 +1124,7 @@ pub async fn end_idle_runs(
             .end_idle_runs(pb::EndIdleRunsRequest {
                 idle_before_ms: cutoff,
             })
+            .instrument(plinth_kit::telemetry::idle("novo.end_idle_runs"))
             .await
         {
             Ok(ended) => ended.into_inner().sessions,

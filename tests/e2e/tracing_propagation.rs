@@ -2,7 +2,7 @@
 //! trace id, carried over HTTP headers into the gateway and over gRPC metadata into the
 //! catalog. Spans are caught with OpenTelemetry's in-memory exporter.
 
-use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
+use opentelemetry::trace::{SpanId, SpanKind, TraceId, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
 use serde_json::json;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -50,39 +50,56 @@ fn gateway_and_catalog_spans_share_one_trace() {
     let spans = exporter.get_finished_spans().expect("spans");
 
     let trace = TraceId::from_hex(caller_trace).expect("trace id");
-    let find = |name: &str| {
+    let find = |name: &str, kind: SpanKind| {
         spans
             .iter()
-            .find(|span| span.name == name && span.span_context.trace_id() == trace)
+            .find(|span| {
+                span.name == name && span.span_kind == kind && span.span_context.trace_id() == trace
+            })
             .unwrap_or_else(|| {
                 let seen: Vec<_> = spans
                     .iter()
-                    .map(|s| (s.name.to_string(), s.span_context.trace_id()))
+                    .map(|s| {
+                        (
+                            s.name.to_string(),
+                            s.span_kind.clone(),
+                            s.span_context.trace_id(),
+                        )
+                    })
                     .collect();
-                panic!("no {name} span in the caller's trace; saw {seen:?}")
+                panic!("no {kind:?} span {name} in the caller's trace; saw {seen:?}")
             })
     };
-    let gateway = find("http.server");
-    let grpc = find("grpc.server");
-    let catalog = find("catalog.create_environment");
+    let rpc = "plinth.catalog.v1.CatalogService/CreateEnvironment";
+    let gateway = find("POST /v1/environments", SpanKind::Server);
+    let client = find(rpc, SpanKind::Client);
+    let grpc = find(rpc, SpanKind::Server);
+    let catalog = find("catalog.create_environment", SpanKind::Internal);
 
     assert_eq!(
         gateway.parent_span_id,
         SpanId::from_hex(caller_span).expect("span id"),
         "the gateway continues the caller's trace"
     );
-    let gateway_side: Vec<SpanId> = spans
-        .iter()
-        .filter(|span| {
-            span.span_context.trace_id() == trace
-                && span.name != "grpc.server"
-                && !span.name.starts_with("catalog.")
-        })
-        .map(|span| span.span_context.span_id())
-        .collect();
-    assert!(
-        gateway_side.contains(&grpc.parent_span_id),
-        "the catalog's server span is a child of a gateway span"
+    // The client span sits somewhere beneath the gateway's server span.
+    let mut parent = client.parent_span_id;
+    let mut steps = 0;
+    while parent != gateway.span_context.span_id() {
+        let next = spans
+            .iter()
+            .find(|span| span.span_context.span_id() == parent)
+            .unwrap_or_else(|| panic!("the client span is not beneath the gateway's span"));
+        parent = next.parent_span_id;
+        steps += 1;
+        assert!(
+            steps < 10,
+            "no path from the client span to the gateway's span"
+        );
+    }
+    assert_eq!(
+        grpc.parent_span_id,
+        client.span_context.span_id(),
+        "the catalog's server span is the gateway's client span's child"
     );
     assert_eq!(
         catalog.parent_span_id,

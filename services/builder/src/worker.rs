@@ -22,6 +22,7 @@ use plinth_proto::catalog::v1::collection_service_client::CollectionServiceClien
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tonic::service::interceptor::InterceptedService;
+use tracing::Instrument as _;
 
 use crate::install::{self, InstallOptions};
 use crate::layer::{self, EntryKind};
@@ -147,12 +148,22 @@ pub async fn run(
         }
         let asked = tokio::time::Instant::now();
         let mut client = catalog.clone();
+        // An empty poll is not worth a trace; a build it finds gets its own (see `build`).
+        let poll = client
+            .claim_build(pb::ClaimBuildRequest {
+                builder: options.name.clone(),
+            })
+            .instrument(plinth_kit::telemetry::idle("builder.poll"));
         let claim = tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
-            claim = client.claim_build(pb::ClaimBuildRequest {
-                builder: options.name.clone(),
-            }) => claim,
+            claim = poll => claim,
         };
+        let result = match &claim {
+            Ok(answer) if answer.get_ref().claim.is_some() => "claimed",
+            Ok(_) => "empty",
+            Err(_) => "error",
+        };
+        metrics::counter!("plinth_builder_claims_total", "result" => result).increment(1);
         // The catalog holds an empty answer open for a while (a long poll): after one that took
         // a poll's length, ask again at once, or a build queued now would wait for the sleep.
         let (claim, held) = match claim {
@@ -188,7 +199,8 @@ pub async fn run(
     }
 }
 
-/// Runs one leased build to its end, or until its lease is lost.
+/// Runs one leased build to its end, or until its lease is lost, in a trace of its own, and
+/// records its duration by outcome.
 async fn build(
     options: &BuilderOptions,
     catalog: Catalog,
@@ -200,9 +212,41 @@ async fn build(
     let Some(build) = claim.build.clone() else {
         return;
     };
+    let span = tracing::info_span!(
+        parent: None,
+        "builder.build",
+        environment = %build.environment_id,
+        version = build.version,
+        attempt = build.attempt,
+        outcome = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+    );
+    plinth_kit::telemetry::record_trace_id(&span);
+    let started = std::time::Instant::now();
+    let outcome = run_build(options, catalog, collection, blobs, claim, build, shutdown)
+        .instrument(span.clone())
+        .await;
+    span.record("outcome", outcome);
+    if outcome == "failed" {
+        span.record("otel.status_code", "error");
+    }
+    metrics::histogram!("plinth_build_duration_seconds", "outcome" => outcome)
+        .record(started.elapsed().as_secs_f64());
+}
+
+/// [`build`]'s work; answers how the build ended: `ready` or `failed` (as the catalog recorded
+/// it), or `abandoned` when this builder lost its lease or stopped.
+async fn run_build(
+    options: &BuilderOptions,
+    catalog: Catalog,
+    collection: Collection,
+    blobs: &BlobStore,
+    claim: pb::BuildClaim,
+    build: pb::Build,
+    shutdown: &CancellationToken,
+) -> &'static str {
     let token = claim.lease_token.clone();
-    let span = tracing::info_span!("builder.build", environment = %build.environment_id, version = build.version, attempt = build.attempt);
-    let _entered = span.enter();
     let lease_lost = shutdown.child_token();
 
     // Renew the lease every third of it; a builder that cannot renew stops its build.
@@ -297,6 +341,7 @@ async fn build(
     // Whichever call learned it (a renewal, a log append, a reuse query), a lost lease ends
     // the build here, and nothing it made is offered to the catalog.
     let mut published = false;
+    let mut ended = "abandoned";
     if lease_lost.is_cancelled() {
         if !shutdown.is_cancelled() {
             tracing::error!("lease lost: this build was abandoned and publishes nothing");
@@ -312,7 +357,12 @@ async fn build(
         match completed {
             Ok(done) => {
                 published = true;
-                tracing::info!(status = done.into_inner().status, "build completed");
+                let status = done.into_inner().status();
+                ended = match status {
+                    pb::BuildStatus::Ready => "ready",
+                    _ => "failed",
+                };
+                tracing::info!(status = status.as_str_name(), "build completed");
                 if let Some(layer) = published_layer {
                     keep_dependencies(&options.work_dir, &claim.scope, &layer, &scratch).await;
                 }
@@ -338,6 +388,7 @@ async fn build(
             tracing::warn!(dir = %scratch.display(), %error, "removing a build's scratch directory failed");
         }
     });
+    ended
 }
 
 /// Counts a build's layer in its scope's stored bytes; answers whether it was counted (false

@@ -16,6 +16,7 @@ pub mod adapters;
 pub mod brain;
 mod brain_service;
 mod collection_service;
+pub mod gauges;
 mod harnesses;
 pub mod model;
 pub mod persistence;
@@ -192,6 +193,7 @@ pub async fn run(
         Some(options.internal.accepted.clone()),
         shutdown.clone(),
     );
+    plinth_kit::tasks::spawn(gauges::report(store.clone(), shutdown.clone()));
     plinth_kit::tasks::spawn(sweep::end_sessions_past_their_limits(
         store.clone(),
         shutdown.clone(),

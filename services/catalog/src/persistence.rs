@@ -12,6 +12,7 @@ mod adapters;
 mod brain;
 mod builds;
 mod collection;
+mod gauges;
 mod harnesses;
 mod quotas;
 mod retention;

@@ -32,6 +32,13 @@ pub fn router(readiness: ReadinessCheck, guard: Option<Arc<Accepted>>) -> Router
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .method_not_allowed_fallback(|| async {
+            (
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                [(axum::http::header::ALLOW, "GET, HEAD")],
+                "/healthz, /readyz and /metrics answer GET and HEAD only\n",
+            )
+        })
         .with_state(Admin { readiness, guard })
 }
 

@@ -451,8 +451,12 @@ struct Call {
 impl Call {
     fn start(side: Side, span: tracing::Span, rpc: Rpc) -> Call {
         let in_flight = match side {
-            Side::Server => metrics::gauge!("plinth_grpc_server_requests_in_flight", "rpc" => rpc.path.to_string()),
-            Side::Client => metrics::gauge!("plinth_grpc_client_requests_in_flight", "rpc" => rpc.path.to_string()),
+            Side::Server => {
+                metrics::gauge!("plinth_grpc_server_requests_in_flight", "rpc" => rpc.path.to_string())
+            }
+            Side::Client => {
+                metrics::gauge!("plinth_grpc_client_requests_in_flight", "rpc" => rpc.path.to_string())
+            }
         };
         in_flight.increment(1.0);
         Call {
@@ -842,7 +846,11 @@ mod tests {
         let mut service = server(tower::service_fn(|_request: http::Request<Body>| async {
             let (frames, receiver) = tokio::sync::mpsc::channel(4);
             tokio::spawn(async move {
-                let _ = frames.send(Ok::<_, tonic::Status>(Frame::data(Bytes::from_static(b"\0\0\0\0\0")))).await;
+                let _ = frames
+                    .send(Ok::<_, tonic::Status>(Frame::data(Bytes::from_static(
+                        b"\0\0\0\0\0",
+                    ))))
+                    .await;
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 let mut trailers = http::HeaderMap::new();
                 trailers.insert("grpc-status", http::HeaderValue::from_static("5"));
@@ -854,23 +862,29 @@ mod tests {
         let request = http::Request::builder()
             .uri("/grpc.health.v1.Health/Watch")
             .body(Body::empty())
-            .unwrap();
-        let response = tower::Service::call(&mut service, request).await.unwrap();
+            .expect("test setup");
+        let response = tower::Service::call(&mut service, request)
+            .await
+            .expect("test setup");
         let before = telemetry::render_metrics();
         assert!(
             series(&before, "plinth_grpc_server_requests_total").is_empty(),
             "nothing is counted before the stream ends: {before}"
         );
         assert!(
-            before.contains("plinth_grpc_server_requests_in_flight{rpc=\"/grpc.health.v1.Health/Watch\"} 1"),
+            before.contains(
+                "plinth_grpc_server_requests_in_flight{rpc=\"/grpc.health.v1.Health/Watch\"} 1"
+            ),
             "{before}"
         );
-        response.into_body().collect().await.unwrap();
+        response.into_body().collect().await.expect("test setup");
 
         let after = telemetry::render_metrics();
         assert_eq!(
             series(&after, "plinth_grpc_server_requests_total"),
-            ["plinth_grpc_server_requests_total{rpc=\"/grpc.health.v1.Health/Watch\",code=\"NotFound\"} 1"]
+            [
+                "plinth_grpc_server_requests_total{rpc=\"/grpc.health.v1.Health/Watch\",code=\"NotFound\"} 1"
+            ]
         );
         let sum = series(&after, "plinth_grpc_server_request_duration_seconds_sum")
             .first()
@@ -878,7 +892,9 @@ mod tests {
             .expect("a duration");
         assert!(sum >= 0.3, "timed to the trailers, not the headers: {sum}");
         assert!(
-            after.contains("plinth_grpc_server_requests_in_flight{rpc=\"/grpc.health.v1.Health/Watch\"} 0"),
+            after.contains(
+                "plinth_grpc_server_requests_in_flight{rpc=\"/grpc.health.v1.Health/Watch\"} 0"
+            ),
             "{after}"
         );
     }
@@ -892,9 +908,11 @@ mod tests {
             let request = http::Request::builder()
                 .uri(format!("/junk{n}.Service/Method{n}"))
                 .body(Body::empty())
-                .unwrap();
-            let response = tower::Service::call(&mut service, request).await.unwrap();
-            response.into_body().collect().await.unwrap();
+                .expect("test setup");
+            let response = tower::Service::call(&mut service, request)
+                .await
+                .expect("test setup");
+            response.into_body().collect().await.expect("test setup");
         }
         let metrics = telemetry::render_metrics();
         assert!(!metrics.contains("junk"), "{metrics}");

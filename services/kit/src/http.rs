@@ -45,7 +45,7 @@ pub async fn observe(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let response = next.run(request).instrument(span.clone()).await;
     let status = response.status().as_u16();
-    span.record("http.response.status_code", status);
+    span.record("http.response.status_code", i64::from(status));
     let watcher = Finish {
         span,
         route,

@@ -122,10 +122,10 @@ mod tests {
             } else {
                 "data"
             };
-            self.0.lock().unwrap().0.push(kind.to_owned());
+            self.0.lock().expect("test setup").0.push(kind.to_owned());
         }
         fn end(self, end: End) {
-            self.0.lock().unwrap().1.push(end);
+            self.0.lock().expect("test setup").1.push(end);
         }
     }
 
@@ -133,9 +133,9 @@ mod tests {
     async fn a_body_read_to_its_end_reports_its_frames_and_one_end() {
         let seen = Seen::default();
         let body = Metered::new(Full::new(Bytes::from_static(b"hello")), seen.clone());
-        let collected = body.collect().await.unwrap().to_bytes();
+        let collected = body.collect().await.expect("test setup").to_bytes();
         assert_eq!(collected, "hello");
-        let (frames, ends) = seen.0.lock().unwrap().clone();
+        let (frames, ends) = seen.0.lock().expect("test setup").clone();
         assert_eq!(frames, ["data"]);
         assert_eq!(ends, [End::Complete]);
     }
@@ -148,17 +148,22 @@ mod tests {
             Ok(Frame::trailers(http::HeaderMap::new())),
         ];
         let body = Metered::new(StreamBody::new(futures_stream(frames)), seen.clone());
-        body.collect().await.unwrap();
-        assert_eq!(seen.0.lock().unwrap().0, ["data", "trailers"]);
-        assert_eq!(seen.0.lock().unwrap().1, [End::Complete]);
+        body.collect().await.expect("test setup");
+        assert_eq!(seen.0.lock().expect("test setup").0, ["data", "trailers"]);
+        assert_eq!(seen.0.lock().expect("test setup").1, [End::Complete]);
 
         let unfinished = Seen::default();
-        let frames = vec![Ok::<_, std::io::Error>(Frame::data(Bytes::from_static(b"a")))];
+        let frames = vec![Ok::<_, std::io::Error>(Frame::data(Bytes::from_static(
+            b"a",
+        )))];
         let mut body = Metered::new(StreamBody::new(pending_after(frames)), unfinished.clone());
-        body.frame().await.unwrap().unwrap();
-        assert!(unfinished.0.lock().unwrap().1.is_empty(), "not over yet");
+        body.frame().await.expect("test setup").expect("test setup");
+        assert!(
+            unfinished.0.lock().expect("test setup").1.is_empty(),
+            "not over yet"
+        );
         drop(body);
-        assert_eq!(unfinished.0.lock().unwrap().1, [End::Dropped]);
+        assert_eq!(unfinished.0.lock().expect("test setup").1, [End::Dropped]);
     }
 
     fn futures_stream<T: Send + 'static>(

@@ -111,10 +111,15 @@ pub fn init(service_name: &str, config: &LogConfig) -> Result<TelemetryGuard, Te
             .with_writer(std::io::stderr)
             .boxed(),
     };
+    // The log filter is the log's own: a quiet log (`warn`) must not switch traces off, so
+    // spans go to OpenTelemetry at `info` and above whatever the log shows.
     let _ = tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt)
-        .with(tracing_opentelemetry::layer().with_tracer(tracer))
+        .with(fmt.with_filter(filter))
+        .with(
+            tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+        )
         .try_init();
     if let Some(export) = export {
         tracing::info!(endpoint = %export.endpoint, protocol = export.protocol, "exporting traces over OTLP");
@@ -147,7 +152,8 @@ fn tracer_provider(
     let builder = SdkTracerProvider::builder().with_resource(resource.build());
     let disabled = set("OTEL_SDK_DISABLED").is_some_and(|value| value.eq_ignore_ascii_case("true"))
         || set("OTEL_TRACES_EXPORTER").is_some_and(|value| value.eq_ignore_ascii_case("none"));
-    let endpoint = set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| set("OTEL_EXPORTER_OTLP_ENDPOINT"));
+    let endpoint =
+        set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| set("OTEL_EXPORTER_OTLP_ENDPOINT"));
     let Some(endpoint) = endpoint.filter(|_| !disabled) else {
         return Ok((builder.build(), None));
     };
@@ -167,10 +173,14 @@ fn tracer_provider(
             "grpc",
         ),
         "http/protobuf" => (
-            opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .build()
-                .map_err(|error| failed(error.to_string()))?,
+            {
+                // reqwest's rustls needs a process-wide provider; every Plinth client uses ring.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .build()
+                    .map_err(|error| failed(error.to_string()))?
+            },
             "http/protobuf",
         ),
         other => {
@@ -205,7 +215,9 @@ pub fn record_trace_id(span: &tracing::Span) {
 /// idle process sends no traces. Work the round finds runs in a new root span
 /// (`tracing::info_span!(parent: None, …)`), which is traced as usual.
 pub fn idle(name: &'static str) -> tracing::Span {
-    use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState};
+    use opentelemetry::trace::{
+        SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+    };
     let span = tracing::info_span!("idle", otel.name = name);
     let mut id = [0u8; 16];
     // A fresh trace id per round keeps unrelated rounds apart should a sampler that ignores

@@ -24,6 +24,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use plinth_blobs::BlobStore;
 use plinth_kit::admin::{self, ReadinessCheck};
@@ -405,8 +406,11 @@ async fn keep_registered(
                     .collect();
                 // The sessions held before asking: only these may be found ended by the answer.
                 let known = sessions.ids();
+                report_gauges(&options.state_dir, &cache, &sessions);
+                // A heartbeat is routine: not worth a trace (see `telemetry::idle`).
                 match catalog
                     .node_heartbeat(catalog_pb::NodeHeartbeatRequest { node_id, cached })
+                    .instrument(plinth_kit::telemetry::idle("node.heartbeat"))
                     .await
                 {
                     Ok(answer) => {
@@ -435,6 +439,23 @@ async fn keep_registered(
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+/// Sets the node's gauges: sessions attached, cache bytes, and the free and total bytes of the
+/// filesystem its state lives on. Called with every heartbeat.
+fn report_gauges(state_dir: &std::path::Path, cache: &VersionCache, sessions: &SessionTable) {
+    metrics::gauge!("plinth_node_sessions").set(sessions.len() as f64);
+    metrics::gauge!("plinth_node_cache_bytes").set(cache.blob_bytes() as f64);
+    match rustix::fs::statvfs(state_dir) {
+        Ok(stat) => {
+            let fragment = stat.f_frsize as f64;
+            metrics::gauge!("plinth_node_disk_free_bytes").set(stat.f_bavail as f64 * fragment);
+            metrics::gauge!("plinth_node_disk_size_bytes").set(stat.f_blocks as f64 * fragment);
+        }
+        Err(error) => {
+            tracing::debug!(%error, dir = %state_dir.display(), "cannot read the state directory's filesystem");
         }
     }
 }

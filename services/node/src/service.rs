@@ -330,6 +330,7 @@ impl pb::node_service_server::NodeService for Node {
         &self,
         request: Request<pb::AttachRequest>,
     ) -> Result<Response<pb::AttachResponse>, Status> {
+        let started = std::time::Instant::now();
         let spec = request
             .into_inner()
             .session
@@ -402,6 +403,15 @@ impl pb::node_service_server::NodeService for Node {
                 .map_err(session_error)?,
         };
         tracing::info!(session = %session.record.session_id, version = session.record.version, uid = session.record.uid, materialize_ms = materialized.took.as_millis() as u64, fetched = materialized.fetched, "session attached");
+        let lookup = if materialized.fetched == 0 {
+            "hit"
+        } else {
+            "miss"
+        };
+        metrics::counter!("plinth_node_cache_lookups_total", "result" => lookup).increment(1);
+        metrics::histogram!("plinth_node_attach_duration_seconds")
+            .record(started.elapsed().as_secs_f64());
+        metrics::gauge!("plinth_node_sessions").set(self.sessions.len() as f64);
         Ok(Response::new(pb::AttachResponse {
             workdir: self.seen_workdir(&session).to_string_lossy().into_owned(),
             isolated: self.isolation.enabled,

@@ -380,6 +380,16 @@ pub async fn collect(
         metrics::counter!("plinth_gc_reclaimed_bytes_total").increment(report.reclaimed_bytes);
         metrics::histogram!("plinth_gc_pass_duration_seconds")
             .record(begun.elapsed().as_secs_f64());
+        // A pass that stopped at its fence listed only part of the store.
+        if !report.unfinished {
+            metrics::gauge!("plinth_blob_store_bytes")
+                .set(report.listed_bytes.saturating_sub(report.reclaimed_bytes) as f64);
+            metrics::gauge!("plinth_blob_store_objects").set(
+                report
+                    .listed_objects
+                    .saturating_sub(report.reclaimed_objects) as f64,
+            );
+        }
     }
     Ok(report)
 }

@@ -176,7 +176,7 @@ impl Store {
     ) -> Result<Option<Claim>, StoreError> {
         let now = now_ms();
         let mut tx = self.db.begin_write().await?;
-        sqlx::query(
+        let failed = sqlx::query(
             "UPDATE builds SET status = 'failed', lease_token = '', finished_at_ms = $1, \
              error = 'the builder was lost: its lease expired ' || CAST(attempt AS TEXT) || \
              ' time(s) without a heartbeat, and the build was not retried again' \
@@ -185,15 +185,32 @@ impl Store {
         .bind(now)
         .bind(i64::from(policy.max_attempts))
         .execute(&mut *tx)
-        .await?;
-        sqlx::query(
+        .await?
+        .rows_affected();
+        let requeued = sqlx::query(
             "UPDATE builds SET status = 'queued', lease_token = '', builder = '' \
              WHERE status = 'building' AND lease_expires_at_ms < $1 AND attempt < $2",
         )
         .bind(now)
         .bind(i64::from(policy.max_attempts))
         .execute(&mut *tx)
-        .await?;
+        .await?
+        .rows_affected();
+        // Counted once this transaction commits: a claim that rolls back took nothing over.
+        let took_over = move || {
+            if failed + requeued == 0 {
+                return;
+            }
+            tracing::warn!(
+                requeued,
+                failed,
+                "builds whose builder's lease ran out were taken over"
+            );
+            metrics::counter!("plinth_build_lease_takeovers_total", "outcome" => "requeued")
+                .increment(requeued);
+            metrics::counter!("plinth_build_lease_takeovers_total", "outcome" => "failed")
+                .increment(failed);
+        };
         let lock = match self.db.backend {
             Backend::Postgres => " FOR UPDATE SKIP LOCKED",
             // SQLite has one writer: this transaction already excludes every other claim.
@@ -207,6 +224,7 @@ impl Store {
         .await?;
         let Some(next) = next else {
             tx.commit().await?;
+            took_over();
             return Ok(None);
         };
         let environment: String = next.try_get("environment_id")?;
@@ -238,6 +256,7 @@ impl Store {
             .fetch_one(&mut *tx)
             .await?;
         tx.commit().await?;
+        took_over();
         let slug: String = row.try_get("slug")?;
         let scope: String = row.try_get("scope")?;
         Ok(Some(Claim {

@@ -1,0 +1,646 @@
+//! What an operator sees: metrics whose labels no caller can grow, streams timed to their end,
+//! every metric the README's table names, and traces in OpenTelemetry's conventions received
+//! by an OTLP collector (over gRPC and over HTTP) from real processes.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+use prost::Message as _;
+use serde_json::json;
+
+use crate::credentials::Credentials;
+use crate::helpers::{Server, build_ready, put_file, send};
+use crate::processes::{Process, free_port, wait_until_ready};
+
+/// The whole `/metrics` text of the in-process server.
+async fn scrape(server: &Server) -> String {
+    let response = server
+        .client
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .expect("scrape");
+    assert_eq!(response.status(), 200);
+    response.text().await.expect("metrics text")
+}
+
+/// The value of the one sample `series` (name and labels, exactly as rendered).
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        value.trim().parse().ok()
+    })
+}
+
+#[tokio::test]
+async fn junk_rpc_paths_and_invented_http_methods_add_no_series() {
+    let server = Server::start().await;
+    // Warm every route the test touches, so the series they make are there before counting.
+    let _ = server
+        .client
+        .get(server.url("/v1/environments"))
+        .send()
+        .await;
+    let before = scrape(&server).await;
+    let count = |text: &str| text.lines().filter(|l| !l.starts_with('#')).count();
+
+    for n in 0..25 {
+        let method = reqwest::Method::from_bytes(format!("JUNK{n}").as_bytes()).expect("method");
+        let response = server
+            .client
+            .request(method, server.url("/v1/environments"))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), 405);
+    }
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", server.catalog_addr()))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("catalog");
+    for n in 0..25 {
+        let mut grpc = tonic::client::Grpc::new(channel.clone());
+        grpc.ready().await.expect("ready");
+        let path =
+            http::uri::PathAndQuery::try_from(format!("/junk{n}.Service/Call{n}")).expect("path");
+        let answer = grpc
+            .unary::<(), (), _>(
+                tonic::Request::new(()),
+                path,
+                tonic_prost::ProstCodec::default(),
+            )
+            .await;
+        let code = answer.expect_err("nobody serves it").code();
+        assert_eq!(code, tonic::Code::Unauthenticated, "refused before routing");
+    }
+
+    let after = scrape(&server).await;
+    assert!(
+        !after.contains("junk") && !after.contains("JUNK"),
+        "{after}"
+    );
+    assert!(
+        sample(
+            &after,
+            "plinth_grpc_server_requests_total{rpc=\"other\",code=\"Unauthenticated\"}"
+        ) >= Some(25.0),
+        "refused calls are counted, under `other`: {after}"
+    );
+    assert!(
+        sample(
+            &after,
+            "plinth_http_requests_total{route=\"/v1/environments\",method=\"other\",status=\"405\"}"
+        ) == Some(25.0),
+        "{after}"
+    );
+    // Fifty junk calls made a handful of series (the `other` ones), not fifty histograms.
+    let grown = count(&after) - count(&before);
+    assert!(grown < 60, "{grown} new lines: {after}");
+
+    // The admin routes say what they answer instead of an empty 405.
+    let response = server
+        .client
+        .post(server.url("/metrics"))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 405);
+    assert_eq!(response.headers()["allow"], "GET, HEAD");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn every_metric_the_readme_names_is_exported_and_a_streamed_exec_is_timed_to_its_end() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server =
+        Server::start_with(&["--builder-network", "false", "--gc-interval-seconds", "1"]).await;
+    let (status, created) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .json(&json!({"name": "Observed"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().expect("id").to_owned();
+    put_file(&server, &id, "hello.txt", "hello\n").await;
+    build_ready(&server, &id, 1, Duration::from_secs(120)).await;
+    let session = crate::helpers::start_session_with(&server, json!({"environment": id})).await;
+    let session_id = session["id"].as_str().expect("session id").to_owned();
+
+    // A streamed exec whose headers come at once and whose body lasts three seconds.
+    let started = std::time::Instant::now();
+    let response = server
+        .client
+        .post(server.url(&format!("/v1/sessions/{session_id}/exec?stream=true")))
+        .json(&json!({"command": "echo start; sleep 3; echo end"}))
+        .send()
+        .await
+        .expect("exec");
+    assert_eq!(response.status(), 200);
+    let headers_after = started.elapsed();
+    let body = response.text().await.expect("body");
+    assert!(body.contains("end"), "{body}");
+    assert!(
+        headers_after < Duration::from_secs(2),
+        "the answer streams: headers came after {headers_after:?}"
+    );
+
+    // Collection runs every second; the node's gauges come with its heartbeats.
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        metrics = scrape(&server).await;
+        if metrics.contains("plinth_blob_store_bytes")
+            && metrics.contains("plinth_node_disk_free_bytes")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let exec = "route=\"/v1/sessions/{id}/exec\",method=\"POST\",status=\"200\"";
+    let sum = sample(
+        &metrics,
+        &format!("plinth_http_request_duration_seconds_sum{{{exec}}}"),
+    );
+    let count = sample(
+        &metrics,
+        &format!("plinth_http_request_duration_seconds_count{{{exec}}}"),
+    );
+    assert_eq!(count, Some(1.0), "{metrics}");
+    assert!(
+        sum >= Some(3.0),
+        "timed to the stream's end, not its headers: {sum:?}"
+    );
+
+    let exported: BTreeSet<&str> = metrics
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split(['{', ' ']).next())
+        .collect();
+    let mut missing = Vec::new();
+    for (name, kind) in crate::operators_kit::metrics_table() {
+        let present = if kind == crate::operators_kit::Kind::Histogram {
+            exported.contains(format!("{name}_bucket").as_str())
+                && exported.contains(format!("{name}_count").as_str())
+        } else {
+            exported.contains(name.as_str())
+        };
+        if !present {
+            missing.push(name);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "named in the README but not exported: {missing:?}\n{metrics}"
+    );
+    server.stop().await;
+}
+
+/// Spans received, with the `service.name` of the process that sent them.
+#[derive(Clone, Default)]
+struct Collector(Arc<Mutex<Vec<(String, Span)>>>);
+
+impl Collector {
+    fn take(&self, request: ExportTraceServiceRequest) {
+        let mut spans = self.0.lock().expect("collector");
+        for resource_spans in request.resource_spans {
+            let service = resource_spans
+                .resource
+                .as_ref()
+                .and_then(|resource| text(&resource.attributes, "service.name"))
+                .unwrap_or_default();
+            for scope in resource_spans.scope_spans {
+                for span in scope.spans {
+                    spans.push((service.clone(), span));
+                }
+            }
+        }
+    }
+
+    fn spans(&self) -> Vec<(String, Span)> {
+        self.0.lock().expect("collector").clone()
+    }
+
+    /// An OTLP/gRPC collector on loopback.
+    async fn serve_grpc(&self) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        let service = TraceServiceServer::new(self.clone());
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+                .await
+        });
+        address
+    }
+
+    /// An OTLP/HTTP (protobuf) collector on loopback.
+    async fn serve_http(&self) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        let collector = self.clone();
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |body: bytes::Bytes| {
+                let collector = collector.clone();
+                async move {
+                    match ExportTraceServiceRequest::decode(body) {
+                        Ok(request) => {
+                            collector.take(request);
+                            let answer = ExportTraceServiceResponse {
+                                partial_success: None,
+                            };
+                            (
+                                http::StatusCode::OK,
+                                [("content-type", "application/x-protobuf")],
+                                answer.encode_to_vec(),
+                            )
+                        }
+                        Err(_) => (
+                            http::StatusCode::BAD_REQUEST,
+                            [("content-type", "text/plain")],
+                            b"not an ExportTraceServiceRequest".to_vec(),
+                        ),
+                    }
+                }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        address
+    }
+}
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.take(request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+fn attribute<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
+    attributes
+        .iter()
+        .find(|attribute| attribute.key == key)?
+        .value
+        .as_ref()?
+        .value
+        .as_ref()
+}
+
+fn text(attributes: &[KeyValue], key: &str) -> Option<String> {
+    match attribute(attributes, key)? {
+        any_value::Value::StringValue(value) => Some(value.clone()),
+        _ => None,
+    }
+}
+
+fn integer(attributes: &[KeyValue], key: &str) -> Option<i64> {
+    match attribute(attributes, key)? {
+        any_value::Value::IntValue(value) => Some(*value),
+        _ => None,
+    }
+}
+
+fn span_status(span: &Span) -> StatusCode {
+    span.status
+        .as_ref()
+        .map(|status| status.code())
+        .unwrap_or(StatusCode::Unset)
+}
+
+/// `plinth <role>` exporting spans as `otel` says, quickly (a 100 ms batch delay).
+fn plinth(args: &[&str], credentials: &Credentials, otel: &[(&str, String)]) -> Process {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
+    crate::credentials::apply(&mut command, credentials, args[0]);
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy().into_owned();
+        if name.starts_with("OTEL_")
+            || (name.starts_with("PLINTH_") && !name.starts_with("PLINTH_INTERNAL"))
+        {
+            command.env_remove(name);
+        }
+    }
+    command
+        .args(args)
+        .env("PLINTH_LOG", "warn")
+        .env("PLINTH_SEAL_KEY", crate::helpers::SEAL_KEY)
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .stdin(Stdio::null());
+    for (name, value) in otel {
+        command.env(name, value);
+    }
+    Process(command.spawn().expect("spawn plinth"))
+}
+
+/// Waits until `done` holds of the spans received, or fails with what came.
+async fn until(collector: &Collector, what: &str, done: impl Fn(&[(String, Span)]) -> bool) {
+    for _ in 0..200 {
+        if done(&collector.spans()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let seen: Vec<_> = collector
+        .spans()
+        .iter()
+        .map(|(service, span)| format!("{service}: {} ({:?})", span.name, span.kind()))
+        .collect();
+    panic!("{what} within 20 s; received {seen:#?}");
+}
+
+#[tokio::test]
+async fn split_services_export_server_and_client_spans_over_grpc_and_http() {
+    let over_grpc = Collector::default();
+    let over_http = Collector::default();
+    let grpc_collector = over_grpc.serve_grpc().await;
+    let http_collector = over_http.serve_http().await;
+
+    let credentials = Credentials::new();
+    let data = tempfile::tempdir().expect("data dir");
+    let (catalog_grpc, catalog_admin, source_grpc, source_admin, http) = (
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+    );
+    let client = crate::helpers::http_client();
+    let dir = |name: &str| data.path().join(name).to_str().expect("utf-8").to_owned();
+
+    // The catalog over gRPC with a name of the operator's; the gateway over HTTP (the default
+    // protocol) with only the traces endpoint set, under its own name.
+    let mut catalog = plinth(
+        &[
+            "catalog",
+            "--listen",
+            &catalog_grpc.to_string(),
+            "--admin-listen",
+            &catalog_admin.to_string(),
+            "--data-dir",
+            &dir("catalog"),
+        ],
+        &credentials,
+        &[
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                format!("http://{grpc_collector}"),
+            ),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc".to_owned()),
+            ("OTEL_SERVICE_NAME", "catalog-of-the-test".to_owned()),
+        ],
+    );
+    wait_until_ready(
+        &client,
+        &format!("http://{catalog_admin}/readyz"),
+        &mut catalog,
+    )
+    .await;
+    let mut source = plinth(
+        &[
+            "source",
+            "--listen",
+            &source_grpc.to_string(),
+            "--admin-listen",
+            &source_admin.to_string(),
+            "--data-dir",
+            &dir("source"),
+        ],
+        &credentials,
+        &[],
+    );
+    wait_until_ready(
+        &client,
+        &format!("http://{source_admin}/readyz"),
+        &mut source,
+    )
+    .await;
+    let mut gateway = plinth(
+        &[
+            "gateway",
+            "--listen",
+            &http.to_string(),
+            "--catalog-url",
+            &format!("http://{catalog_grpc}"),
+            "--source-url",
+            &format!("http://{source_grpc}"),
+        ],
+        &credentials,
+        &[(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            format!("http://{http_collector}/v1/traces"),
+        )],
+    );
+    wait_until_ready(&client, &format!("http://{http}/readyz"), &mut gateway).await;
+
+    let base = format!("http://{http}");
+    let trace = "0af7651916cd43dd8448eb211c80319c";
+    let (status, created) = send(
+        client
+            .post(format!("{base}/v1/environments"))
+            .header("traceparent", format!("00-{trace}-b7ad6b7169203331-01"))
+            .json(&json!({"name": "Traced Across Processes"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let (status, missing) = send(client.get(format!(
+        "{base}/v1/environments/henv_00000000000000000000000000000000"
+    )))
+    .await;
+    assert_eq!(status, 404, "{missing}");
+
+    let create = "plinth.catalog.v1.CatalogService/CreateEnvironment";
+    let get = "plinth.catalog.v1.CatalogService/GetEnvironment";
+    until(
+        &over_grpc,
+        "the catalog's server spans over gRPC",
+        |spans| {
+            [create, get].iter().all(|name| {
+                spans
+                    .iter()
+                    .any(|(_, span)| span.name == *name && span.kind() == SpanKind::Server)
+            })
+        },
+    )
+    .await;
+    until(
+        &over_http,
+        "the gateway's server and client spans over HTTP",
+        |spans| {
+            spans
+                .iter()
+                .any(|(_, span)| span.name == "POST /v1/environments")
+                && [create, get].iter().all(|name| {
+                    spans
+                        .iter()
+                        .any(|(_, span)| span.name == *name && span.kind() == SpanKind::Client)
+                })
+        },
+    )
+    .await;
+    let catalog_spans = over_grpc.spans();
+    let gateway_spans = over_http.spans();
+    let find = |spans: &[(String, Span)], name: &str, kind: SpanKind| -> (String, Span) {
+        spans
+            .iter()
+            .find(|(_, span)| span.name == name && span.kind() == kind)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {kind:?} span {name}"))
+    };
+
+    // The gateway's server span: HTTP conventions, in the caller's trace, under its own name.
+    let (service, server_span) = find(&gateway_spans, "POST /v1/environments", SpanKind::Server);
+    assert_eq!(service, "plinth-gateway");
+    assert_eq!(hex(&server_span.trace_id), trace);
+    assert_eq!(
+        text(&server_span.attributes, "http.request.method").as_deref(),
+        Some("POST")
+    );
+    assert_eq!(
+        text(&server_span.attributes, "http.route").as_deref(),
+        Some("/v1/environments")
+    );
+    assert_eq!(
+        integer(&server_span.attributes, "http.response.status_code"),
+        Some(201)
+    );
+    assert_eq!(span_status(&server_span), StatusCode::Unset);
+
+    // Its client span and the catalog's server span: one call, seen from both ends.
+    let (_, client_span) = find(&gateway_spans, create, SpanKind::Client);
+    let (service, catalog_span) = find(&catalog_spans, create, SpanKind::Server);
+    assert_eq!(
+        service, "catalog-of-the-test",
+        "OTEL_SERVICE_NAME names the service"
+    );
+    assert_eq!(hex(&client_span.trace_id), trace);
+    assert_eq!(catalog_span.parent_span_id, client_span.span_id);
+    for span in [&client_span, &catalog_span] {
+        assert_eq!(
+            text(&span.attributes, "rpc.system").as_deref(),
+            Some("grpc")
+        );
+        assert_eq!(
+            text(&span.attributes, "rpc.service").as_deref(),
+            Some("plinth.catalog.v1.CatalogService")
+        );
+        assert_eq!(
+            text(&span.attributes, "rpc.method").as_deref(),
+            Some("CreateEnvironment")
+        );
+        assert_eq!(integer(&span.attributes, "rpc.grpc.status_code"), Some(0));
+        assert_eq!(span_status(span), StatusCode::Unset);
+    }
+
+    // A NotFound is the client's failure, and no fault of the server's.
+    let (_, failed_client) = find(&gateway_spans, get, SpanKind::Client);
+    let (_, failed_server) = find(&catalog_spans, get, SpanKind::Server);
+    assert_eq!(
+        integer(&failed_client.attributes, "rpc.grpc.status_code"),
+        Some(5)
+    );
+    assert_eq!(span_status(&failed_client), StatusCode::Error);
+    assert_eq!(
+        integer(&failed_server.attributes, "rpc.grpc.status_code"),
+        Some(5)
+    );
+    assert_eq!(span_status(&failed_server), StatusCode::Unset);
+    let (_, not_found) = find(
+        &gateway_spans,
+        "GET /v1/environments/{id}",
+        SpanKind::Server,
+    );
+    assert_eq!(
+        integer(&not_found.attributes, "http.response.status_code"),
+        Some(404)
+    );
+    drop((gateway, source, catalog));
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+#[tokio::test]
+async fn an_idle_serve_exports_no_spans() {
+    let collector = Collector::default();
+    let endpoint = collector.serve_http().await;
+    let data = tempfile::tempdir().expect("data dir");
+    let address = free_port().to_string();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
+    command
+        .args(["serve", "--listen", &address, "--data-dir"])
+        .arg(data.path())
+        .args(["--builder-network", "false"])
+        .stdin(Stdio::null());
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy().into_owned();
+        if name.starts_with("PLINTH_") || name.starts_with("OTEL_") {
+            command.env_remove(name);
+        }
+    }
+    command
+        .env("PLINTH_LOG", "warn")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{endpoint}"))
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100");
+    let mut serve = Process(command.spawn().expect("spawn plinth serve"));
+    let client = crate::helpers::http_client();
+    let base = format!("http://{address}");
+    wait_until_ready(&client, &format!("{base}/readyz"), &mut serve).await;
+    // Whatever starting up traced has been sent by now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let at_rest = collector.spans().len();
+
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let idle: Vec<String> = collector.spans()[at_rest..]
+        .iter()
+        .map(|(_, span)| span.name.clone())
+        .collect();
+    assert!(
+        idle.is_empty(),
+        "an idle serve exported {} spans: {idle:?}",
+        idle.len()
+    );
+
+    // The same process does export what it is asked to do.
+    let response = client
+        .get(format!("{base}/v1/environments"))
+        .send()
+        .await
+        .expect("list");
+    assert_eq!(response.status(), 200);
+    until(&collector, "a request's spans", |spans| {
+        spans
+            .iter()
+            .any(|(_, span)| span.name == "GET /v1/environments")
+    })
+    .await;
+}
