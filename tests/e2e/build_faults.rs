@@ -16,6 +16,8 @@ struct Cluster {
     config: std::path::PathBuf,
     blob_url: String,
     catalog_url: String,
+    /// The catalog's `/metrics` and `/readyz`.
+    catalog_admin: std::net::SocketAddr,
     base: String,
     _services: Vec<Process>,
     client: reqwest::Client,
@@ -118,6 +120,7 @@ impl Cluster {
             config,
             blob_url,
             catalog_url: format!("http://{catalog}"),
+            catalog_admin,
             base: format!("http://{http}"),
             _services: services,
             client,
@@ -247,6 +250,24 @@ async fn a_builder_killed_mid_build_loses_its_lease_and_another_finishes_it() {
         "exactly one version: {versions}"
     );
     assert_eq!(versions["active"], 1);
+    // The operator sees the takeover, and the build's duration under its outcome.
+    let metrics = cluster
+        .client
+        .get(format!("http://{}/metrics", cluster.catalog_admin))
+        .bearer_auth(crate::credentials::shared().token(plinth_kit::auth::Role::Observer))
+        .send()
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("metrics");
+    let requeued = metrics
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("plinth_build_lease_takeovers_total{outcome=\"requeued\"} ")
+        })
+        .and_then(|value| value.trim().parse::<f64>().ok());
+    assert!(requeued >= Some(1.0), "{metrics}");
 }
 
 #[tokio::test]

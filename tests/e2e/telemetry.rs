@@ -644,3 +644,31 @@ async fn an_idle_serve_exports_no_spans() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn serve_answers_on_the_catalogs_and_the_source_services_admin_addresses() {
+    let (catalog_admin, source_admin) = (free_port(), free_port());
+    let server = Server::start_with_config(
+        &format!("[catalog]\nadmin_listen = \"{catalog_admin}\"\n\n[source]\nadmin_listen = \"{source_admin}\"\n"),
+        &[],
+    )
+    .await;
+    for address in [catalog_admin, source_admin] {
+        let health = server
+            .client
+            .get(format!("http://{address}/healthz"))
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("{address} is not served: {error}"));
+        assert_eq!(health.status(), 200);
+        // Metrics there need a credential the services accept, as on a split deployment.
+        let metrics = server
+            .client
+            .get(format!("http://{address}/metrics"))
+            .send()
+            .await
+            .expect("metrics");
+        assert_eq!(metrics.status(), 401);
+    }
+    server.stop().await;
+}

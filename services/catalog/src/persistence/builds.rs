@@ -201,6 +201,11 @@ impl Store {
             if failed + requeued == 0 {
                 return;
             }
+            // A trace of its own: the claim that found them is usually a builder's routine
+            // poll, which is not sampled.
+            let span =
+                tracing::info_span!(parent: None, "catalog.lease_takeover", requeued, failed);
+            let _entered = span.enter();
             tracing::warn!(
                 requeued,
                 failed,
