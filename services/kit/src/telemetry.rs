@@ -352,3 +352,90 @@ impl Extractor for HeaderExtractor<'_> {
         self.0.keys().map(http::HeaderName::as_str).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn export(vars: &[(&str, &str)]) -> Result<Option<Export>, TelemetryError> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect();
+        let var = move |name: &str| {
+            vars.iter()
+                .find(|(key, _)| key == name)
+                .map(|(_, value)| value.clone())
+        };
+        tracer_provider("plinth-test", &var).map(|(_, export)| export)
+    }
+
+    #[tokio::test]
+    async fn the_otel_variables_decide_whether_and_how_traces_are_exported() {
+        assert_eq!(export(&[]).expect("no export"), None);
+        assert_eq!(
+            export(&[(
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "http://127.0.0.1:4318/v1/traces"
+            )])
+            .expect("the per-signal endpoint alone"),
+            Some(Export {
+                endpoint: "http://127.0.0.1:4318/v1/traces".to_owned(),
+                protocol: "http/protobuf",
+            })
+        );
+        assert_eq!(
+            export(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ])
+            .expect("grpc")
+            .map(|export| export.protocol),
+            Some("grpc")
+        );
+        // The per-signal protocol wins over the generic one.
+        assert_eq!(
+            export(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+                ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+            ])
+            .expect("grpc")
+            .map(|export| export.protocol),
+            Some("grpc")
+        );
+        for off in [
+            ("OTEL_SDK_DISABLED", "true"),
+            ("OTEL_TRACES_EXPORTER", "none"),
+        ] {
+            assert_eq!(
+                export(&[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+                    off
+                ])
+                .expect("switched off"),
+                None,
+                "{off:?}"
+            );
+        }
+        let refused = export(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ])
+        .expect_err("not supported");
+        let message = refused.to_string();
+        assert!(
+            message.contains("http/json")
+                && message.contains("grpc")
+                && message.contains("http/protobuf"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn only_standard_methods_name_themselves() {
+        assert_eq!(method_label(&http::Method::POST), "POST");
+        let invented = http::Method::from_bytes(b"BREW").expect("a method");
+        assert_eq!(method_label(&invented), "other");
+    }
+}
