@@ -19,6 +19,12 @@ use clap::{Parser, Subcommand};
     about = "Plinth's benchmarks, each beside a named baseline"
 )]
 struct Cli {
+    /// Install logging and tracing as `plinth serve` does (log at `warn`, spans kept for
+    /// OpenTelemetry, exported if `OTEL_EXPORTER_OTLP_ENDPOINT` says so). Without it the
+    /// server runs with no trace subscriber, as every figure in bench/README.md was taken
+    /// unless it says otherwise.
+    #[arg(long, global = true)]
+    telemetry: bool,
     #[command(subcommand)]
     bench: Bench,
 }
@@ -48,7 +54,17 @@ enum Bench {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     plinth_blobs::install_tls_provider();
-    match Cli::parse().bench {
+    let cli = Cli::parse();
+    let _telemetry = if cli.telemetry {
+        let log = plinth_kit::telemetry::LogConfig {
+            filter: "warn".to_owned(),
+            ..Default::default()
+        };
+        Some(plinth_kit::telemetry::init("plinth-bench", &log)?)
+    } else {
+        None
+    };
+    match cli.bench {
         Bench::Environments(args) => environments::run(args).await,
         Bench::Import(args) => import::run(args).await,
         Bench::Build(args) => build::run(args).await,

@@ -404,6 +404,49 @@ impl Side {
     }
 }
 
+/// A status code's name, as the `code` label spells it (`NotFound`).
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "Ok",
+        Code::Cancelled => "Cancelled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
+/// The client side's [`Rpc`] for `path`, parsed once per method (the generated clients' paths
+/// are a closed set).
+fn client_rpc(path: &str) -> Rpc {
+    static SEEN: OnceLock<std::sync::Mutex<std::collections::HashMap<String, Rpc>>> =
+        OnceLock::new();
+    let seen = SEEN.get_or_init(Default::default);
+    let mut seen = seen
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(rpc) = seen.get(path) {
+        return rpc.clone();
+    }
+    let rpc = Rpc::parse(path).unwrap_or_else(Rpc::other);
+    if seen.len() < 4096 {
+        seen.insert(path.to_owned(), rpc.clone());
+    }
+    rpc
+}
+
 fn rpc_span(side: Side, rpc: &Rpc) -> tracing::Span {
     let name: &str = if rpc.is_known() {
         rpc.path.trim_start_matches('/')
@@ -454,10 +497,10 @@ impl Call {
     fn start(side: Side, span: tracing::Span, rpc: Rpc) -> Call {
         let in_flight = match side {
             Side::Server => {
-                metrics::gauge!("plinth_grpc_server_requests_in_flight", "rpc" => rpc.path.to_string())
+                metrics::gauge!("plinth_grpc_server_requests_in_flight", "rpc" => rpc.path.clone())
             }
             Side::Client => {
-                metrics::gauge!("plinth_grpc_client_requests_in_flight", "rpc" => rpc.path.to_string())
+                metrics::gauge!("plinth_grpc_client_requests_in_flight", "rpc" => rpc.path.clone())
             }
         };
         in_flight.increment(1.0);
@@ -510,19 +553,19 @@ impl Watcher for Call {
         }
         self.in_flight.decrement(1.0);
         let elapsed = self.started.elapsed().as_secs_f64();
-        let labels = [
-            ("rpc", self.rpc.path.to_string()),
-            ("code", format!("{code:?}")),
-        ];
+        // Labels without allocating: the path is shared, the code's name static.
+        let (rpc, code) = (self.rpc.path.clone(), code_name(code));
         match self.side {
             Side::Server => {
-                metrics::counter!("plinth_grpc_server_requests_total", &labels).increment(1);
-                metrics::histogram!("plinth_grpc_server_request_duration_seconds", &labels)
+                metrics::counter!("plinth_grpc_server_requests_total", "rpc" => rpc.clone(), "code" => code)
+                    .increment(1);
+                metrics::histogram!("plinth_grpc_server_request_duration_seconds", "rpc" => rpc, "code" => code)
                     .record(elapsed);
             }
             Side::Client => {
-                metrics::counter!("plinth_grpc_client_requests_total", &labels).increment(1);
-                metrics::histogram!("plinth_grpc_client_request_duration_seconds", &labels)
+                metrics::counter!("plinth_grpc_client_requests_total", "rpc" => rpc.clone(), "code" => code)
+                    .increment(1);
+                metrics::histogram!("plinth_grpc_client_request_duration_seconds", "rpc" => rpc, "code" => code)
                     .record(elapsed);
             }
         }
@@ -642,7 +685,7 @@ impl tower::Service<http::Request<Body>> for Transport {
 
     fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
         // The paths are the generated clients' own: a closed set.
-        let rpc = Rpc::parse(request.uri().path()).unwrap_or_else(Rpc::other);
+        let rpc = client_rpc(request.uri().path());
         let span = rpc_span(Side::Client, &rpc);
         // The server's span is this call's child, across the network or within the process.
         telemetry::inject(&span, request.headers_mut());

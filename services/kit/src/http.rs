@@ -75,13 +75,10 @@ impl Watcher for Finish {
             self.span.record("otel.status_code", "error");
         }
         self.in_flight.decrement(1.0);
-        let labels = [
-            ("route", self.route),
-            ("method", self.method.to_owned()),
-            ("status", self.status.to_string()),
-        ];
-        metrics::counter!("plinth_http_requests_total", &labels).increment(1);
-        metrics::histogram!("plinth_http_request_duration_seconds", &labels)
+        let (route, method, status) = (self.route, self.method, self.status.to_string());
+        metrics::counter!("plinth_http_requests_total", "route" => route.clone(), "method" => method, "status" => status.clone())
+            .increment(1);
+        metrics::histogram!("plinth_http_request_duration_seconds", "route" => route, "method" => method, "status" => status)
             .record(self.started.elapsed().as_secs_f64());
     }
 }
