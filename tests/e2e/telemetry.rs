@@ -131,15 +131,7 @@ async fn every_metric_the_readme_names_is_exported_and_a_streamed_exec_is_timed_
     }
     let server =
         Server::start_with(&["--builder-network", "false", "--gc-interval-seconds", "1"]).await;
-    let (status, created) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({"name": "Observed"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().expect("id").to_owned();
+    let id = crate::helpers::create_environment(&server, "Observed").await;
     put_file(&server, &id, "hello.txt", "hello\n").await;
     build_ready(&server, &id, 1, Duration::from_secs(120)).await;
     let session = crate::helpers::start_session_with(&server, json!({"environment": id})).await;

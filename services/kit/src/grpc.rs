@@ -453,31 +453,23 @@ fn rpc_span(side: Side, rpc: &Rpc) -> tracing::Span {
     } else {
         "other"
     };
-    match side {
-        Side::Server => tracing::info_span!(
-            "grpc.server",
-            otel.name = name,
-            otel.kind = "server",
-            otel.status_code = tracing::field::Empty,
-            otel.status_description = tracing::field::Empty,
-            rpc.system = "grpc",
-            rpc.service = &*rpc.service,
-            rpc.method = &*rpc.method,
-            rpc.grpc.status_code = tracing::field::Empty,
-            trace_id = tracing::field::Empty,
-        ),
-        Side::Client => tracing::info_span!(
-            "grpc.client",
-            otel.name = name,
-            otel.kind = "client",
-            otel.status_code = tracing::field::Empty,
-            otel.status_description = tracing::field::Empty,
-            rpc.system = "grpc",
-            rpc.service = &*rpc.service,
-            rpc.method = &*rpc.method,
-            rpc.grpc.status_code = tracing::field::Empty,
-        ),
-    }
+    let kind = match side {
+        Side::Server => "server",
+        Side::Client => "client",
+    };
+    tracing::info_span!(
+        "grpc",
+        otel.name = name,
+        otel.kind = kind,
+        otel.status_code = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
+        rpc.system = "grpc",
+        rpc.service = &*rpc.service,
+        rpc.method = &*rpc.method,
+        rpc.grpc.status_code = tracing::field::Empty,
+        // Recorded on the server side, where the trace enters this process.
+        trace_id = tracing::field::Empty,
+    )
 }
 
 /// One call being measured: counted in flight from [`Call::start`] until its response
