@@ -24,7 +24,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tracing::Instrument as _;
 
 use plinth_blobs::BlobStore;
 use plinth_kit::admin::{self, ReadinessCheck};
@@ -37,6 +36,7 @@ use plinth_proto::node::v1::node_service_server::NodeServiceServer;
 use plinth_proto::node::v1::workspace_service_server::WorkspaceServiceServer;
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
+use tracing::Instrument as _;
 
 pub use cache::VersionCache;
 pub use isolation::Isolation;
