@@ -13,7 +13,7 @@ const TABLE_START: &str = "<!-- metrics-table:start -->";
 const TABLE_END: &str = "<!-- metrics-table:end -->";
 const RULES: &str = "deploy/prometheus/alerts.yml";
 const PROMETHEUS_RULE: &str = "deploy/prometheus/prometheusrule.yaml";
-const RUNBOOK_URL: &str = "https://github.com/plinth-dev/plinth/blob/main/README.md#alerts";
+const RUNBOOK_URL: &str = "README.md#alerts";
 const HISTOGRAM_SUFFIXES: [&str; 3] = ["_bucket", "_sum", "_count"];
 
 fn root() -> PathBuf {
