@@ -177,12 +177,24 @@ async fn a_session_reaches_no_port_of_the_host() {
     if !crate::helpers::can_build() {
         return;
     }
-    let server = Server::start_with(&["--builder-network", "false"]).await;
+    // The catalog's and the source service's admin addresses too (metrics, readiness).
+    let (catalog_admin, source_admin) =
+        (crate::processes::free_port(), crate::processes::free_port());
+    let server = Server::start_with_config(
+        &format!(
+            "[catalog]\nadmin_listen = \"{catalog_admin}\"\n\n[source]\nadmin_listen = \"{source_admin}\"\n"
+        ),
+        &["--builder-network", "false"],
+    )
+    .await;
     let id = built_environment(&server, "Sandbox Ports", BUILD_LIMIT).await;
     let attacker = session(&server, &id).await;
-    // Every port serve listens on (gateway, catalog, source, node) and anything else on
-    // the host, straight and through the session's proxy.
+    // Every port serve listens on (gateway, catalog, source, node, admin addresses) and
+    // anything else on the host, straight and through the session's proxy.
     let ports = crate::helpers::host_listening_ports();
+    for admin in [catalog_admin, source_admin] {
+        assert!(ports.contains(&admin.port()), "{admin}: {ports:?}");
+    }
     let gateway_port = server
         .base
         .rsplit(':')
