@@ -39,6 +39,16 @@ fn plinth(args: &[&str], credentials: &Credentials) -> Process {
 /// `plinth` with client tokens in `PLINTH_TOKENS` (as `token=scope,…`), never on its command
 /// line.
 fn plinth_with_tokens(args: &[&str], credentials: &Credentials, tokens: Option<&str>) -> Process {
+    let mut command = plinth_command(args, credentials);
+    if let Some(tokens) = tokens {
+        command.env("PLINTH_TOKENS", tokens);
+    }
+    Process(command.spawn().expect("spawn plinth"))
+}
+
+/// The command `plinth <role> …` runs as, with the role's credential, a quiet log and the
+/// tests' seal key, for a caller to add to before spawning it.
+pub(crate) fn plinth_command(args: &[&str], credentials: &Credentials) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
     crate::credentials::apply(&mut command, credentials, args[0]);
     command
@@ -48,10 +58,7 @@ fn plinth_with_tokens(args: &[&str], credentials: &Credentials, tokens: Option<&
         .env_remove("PLINTH_CONFIG")
         .env("PLINTH_SEAL_KEY", crate::helpers::SEAL_KEY)
         .stdin(Stdio::null());
-    if let Some(tokens) = tokens {
-        command.env("PLINTH_TOKENS", tokens);
-    }
-    Process(command.spawn().expect("spawn plinth"))
+    command
 }
 
 pub(crate) async fn wait_until_ready(client: &reqwest::Client, url: &str, process: &mut Process) {

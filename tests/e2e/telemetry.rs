@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -335,28 +335,25 @@ fn span_status(span: &Span) -> StatusCode {
         .unwrap_or(StatusCode::Unset)
 }
 
-/// `plinth <role>` exporting spans as `otel` says, quickly (a 100 ms batch delay).
+/// `plinth <role>` exporting spans as `otel` says.
 fn plinth(args: &[&str], credentials: &Credentials, otel: &[(&str, String)]) -> Process {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
-    crate::credentials::apply(&mut command, credentials, args[0]);
+    let mut command = crate::processes::plinth_command(args, credentials);
+    exporting(&mut command, otel);
+    Process(command.spawn().expect("spawn plinth"))
+}
+
+/// Sets `command`'s OpenTelemetry variables to `otel` alone (none of the test's own), with a
+/// 100 ms batch delay so spans arrive quickly.
+fn exporting(command: &mut Command, otel: &[(&str, String)]) {
     for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy().into_owned();
-        if name.starts_with("OTEL_")
-            || (name.starts_with("PLINTH_") && !name.starts_with("PLINTH_INTERNAL"))
-        {
+        if name.to_string_lossy().starts_with("OTEL_") {
             command.env_remove(name);
         }
     }
-    command
-        .args(args)
-        .env("PLINTH_LOG", "warn")
-        .env("PLINTH_SEAL_KEY", crate::helpers::SEAL_KEY)
-        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .stdin(Stdio::null());
+    command.env("OTEL_BSP_SCHEDULE_DELAY", "100");
     for (name, value) in otel {
         command.env(name, value);
     }
-    Process(command.spawn().expect("spawn plinth"))
 }
 
 /// Waits until `done` holds of the spans received, or fails with what came.
@@ -593,22 +590,11 @@ async fn an_idle_serve_exports_no_spans() {
     let endpoint = collector.serve_http().await;
     let data = tempfile::tempdir().expect("data dir");
     let address = free_port().to_string();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
-    command
-        .args(["serve", "--listen", &address, "--data-dir"])
-        .arg(data.path())
-        .args(["--builder-network", "false"])
-        .stdin(Stdio::null());
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy().into_owned();
-        if name.starts_with("PLINTH_") || name.starts_with("OTEL_") {
-            command.env_remove(name);
-        }
-    }
-    command
-        .env("PLINTH_LOG", "warn")
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{endpoint}"))
-        .env("OTEL_BSP_SCHEDULE_DELAY", "100");
+    let mut command = crate::walkthrough::serve_command(&address, data.path());
+    exporting(
+        &mut command,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{endpoint}"))],
+    );
     let mut serve = Process(command.spawn().expect("spawn plinth serve"));
     let client = crate::helpers::http_client();
     let base = format!("http://{address}");

@@ -137,6 +137,16 @@ async fn the_readme_walk_through_runs_as_written() {
 /// `plinth serve` as a user starts it, with no tokens and no config file, on `address`;
 /// builds get no network.
 fn serve(address: &str, data: &Path) -> Process {
+    Process(
+        serve_command(address, data)
+            .spawn()
+            .expect("spawn plinth serve"),
+    )
+}
+
+/// `plinth serve` on `address` and `data` as a new user runs it: no `PLINTH_*` settings but a
+/// quiet log, and builds without network; for a caller to add to before spawning it.
+pub(crate) fn serve_command(address: &str, data: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
     command
         .args(["serve", "--listen", address, "--data-dir"])
@@ -149,7 +159,7 @@ fn serve(address: &str, data: &Path) -> Process {
         }
     }
     command.env("PLINTH_LOG", "warn");
-    Process(command.spawn().expect("spawn plinth serve"))
+    command
 }
 
 /// The files the walk-through reads: `studio.tar.gz` (as the README describes it) and
