@@ -184,6 +184,27 @@ fn strip_dir<'a>(path: &'a str, dir: &str) -> Option<&'a str> {
     }
 }
 
+/// A workspace over real directories made under `dir` (`work`, `version` and `state`), run as
+/// this process's user, for tests.
+#[cfg(test)]
+pub(crate) fn on_disk(dir: &std::path::Path, snapshot_budget: u64) -> Workspace {
+    let root = dir.join("work");
+    let version = dir.join("version");
+    let state = dir.join("state");
+    for made in [&root, &version, &state] {
+        std::fs::create_dir_all(made).expect("dir");
+    }
+    Workspace {
+        root,
+        shown_root: "/home/session".into(),
+        mount: "/env/demo".to_owned(),
+        version_dir: version,
+        uid: rustix::process::getuid().as_raw(),
+        state,
+        snapshot_budget,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

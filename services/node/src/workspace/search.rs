@@ -467,23 +467,6 @@ pub fn find(
 mod tests {
     use super::*;
 
-    fn workspace(dir: &std::path::Path) -> Workspace {
-        let root = dir.join("work");
-        let version = dir.join("version");
-        for made in [&root, &version] {
-            std::fs::create_dir_all(made).expect("dir");
-        }
-        Workspace {
-            root,
-            shown_root: "/home/session".into(),
-            mount: "/env/demo".to_owned(),
-            version_dir: version,
-            uid: rustix::process::getuid().as_raw(),
-            state: dir.join("state"),
-            snapshot_budget: 1 << 20,
-        }
-    }
-
     fn query(pattern: &str, max_results: usize, deadline: Instant) -> Query {
         Query {
             pattern: pattern.to_owned(),
@@ -504,7 +487,7 @@ mod tests {
     #[test]
     fn oversized_counts_are_clamped_and_the_answer_says_it_was_cut() {
         let dir = tempfile::tempdir().expect("dir");
-        let ws = workspace(dir.path());
+        let ws = crate::workspace::on_disk(dir.path(), 1 << 20);
         let many = ws.root.join("many");
         std::fs::create_dir_all(&many).expect("dir");
         for n in 0..=MAX_ENTRIES {
@@ -562,7 +545,7 @@ mod tests {
     #[test]
     fn a_walk_past_its_time_limit_answers_truncated() {
         let dir = tempfile::tempdir().expect("dir");
-        let ws = workspace(dir.path());
+        let ws = crate::workspace::on_disk(dir.path(), 1 << 20);
         std::fs::write(ws.root.join("a.txt"), b"needle\n").expect("file");
         let target = ws.resolve(".").expect("root");
         let past = Instant::now();

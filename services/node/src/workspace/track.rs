@@ -607,23 +607,6 @@ mod tests {
     use super::*;
 
     /// A workspace on real directories, written as the test's own user.
-    fn workspace(dir: &Path, budget: u64) -> Workspace {
-        let root = dir.join("work");
-        let version = dir.join("version");
-        for made in [&root, &version, &dir.join("state")] {
-            std::fs::create_dir_all(made).expect("dir");
-        }
-        Workspace {
-            root,
-            shown_root: "/home/session".into(),
-            mount: "/env/demo".to_owned(),
-            version_dir: version,
-            uid: rustix::process::getuid().as_raw(),
-            state: dir.join("state"),
-            snapshot_budget: budget,
-        }
-    }
-
     fn change(path: &str, content: &[u8]) -> Change {
         Change {
             parts: path.split('/').map(str::to_owned).collect(),
@@ -650,7 +633,7 @@ mod tests {
     #[test]
     fn a_write_over_a_file_past_the_limit_is_refused_before_it_is_read() {
         let dir = tempfile::tempdir().expect("dir");
-        let ws = workspace(dir.path(), 1 << 30);
+        let ws = crate::workspace::on_disk(dir.path(), 1 << 30);
         let big = ws.root.join("big.bin");
         std::fs::File::create(&big)
             .and_then(|file| file.set_len(1 << 30))
@@ -676,7 +659,7 @@ mod tests {
     fn snapshots_past_the_budget_are_pruned_oldest_first() {
         let dir = tempfile::tempdir().expect("dir");
         let budget = 300 * 1024;
-        let ws = workspace(dir.path(), budget);
+        let ws = crate::workspace::on_disk(dir.path(), budget);
         let mut tokens = Vec::new();
         for round in 0..8u8 {
             let content = vec![b'a' + round; 100 * 1024];
@@ -709,7 +692,7 @@ mod tests {
         );
 
         // Even a snapshot larger than the whole budget is kept while it is the newest.
-        let tiny = workspace(&dir.path().join("tiny"), 1);
+        let tiny = crate::workspace::on_disk(&dir.path().join("tiny"), 1);
         write(&tiny, &[change("a", b"first")]).expect("write");
         let token = write(&tiny, &[change("a", b"second")]).expect("write");
         assert_eq!(snapshot_dirs(&tiny), std::slice::from_ref(&token));
@@ -721,7 +704,7 @@ mod tests {
     #[test]
     fn kept_contents_no_record_names_are_removed() {
         let dir = tempfile::tempdir().expect("dir");
-        let ws = workspace(dir.path(), 1 << 30);
+        let ws = crate::workspace::on_disk(dir.path(), 1 << 30);
         for round in 0..5u8 {
             write(&ws, &[change("a.txt", &[b'0' + round; 10])]).expect("write");
         }
