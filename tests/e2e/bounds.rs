@@ -51,6 +51,63 @@ fn serve(data: &std::path::Path, http: std::net::SocketAddr, extra: &str) -> Pro
 }
 
 /// A process's peak resident memory (`VmHWM`), in MB.
+/// What [`import_into_a_new_environment`] leaves: the server, the environment, the import's
+/// report, and the server's peak memory (MB) before the import.
+struct Imported {
+    client: reqwest::Client,
+    base: String,
+    id: String,
+    process: Process,
+    before: u64,
+    report: serde_json::Value,
+}
+
+/// Starts `plinth serve` with no node and no builder on a data directory under `dir`, creates
+/// an environment called `name`, notes the server's peak memory, and imports `archive` into it
+/// (answered 200, or the test fails).
+async fn import_into_a_new_environment(
+    dir: &std::path::Path,
+    name: &str,
+    archive: Vec<u8>,
+) -> Imported {
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let http = free_port();
+    let base = format!("http://{http}");
+    let client = crate::helpers::http_client();
+    let mut process = serve(
+        &data,
+        http,
+        "[node]\nenabled = false\n[builder]\ncount = 0\n",
+    );
+    wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
+    let (status, created) = send(
+        client
+            .post(format!("{base}/v1/environments"))
+            .json(&json!({ "name": name })),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().expect("id").to_owned();
+    let before = peak_mb(&process);
+    let (status, report) = send(
+        client
+            .post(format!("{base}/v1/environments/{id}/import"))
+            .timeout(Duration::from_secs(600))
+            .body(archive),
+    )
+    .await;
+    assert_eq!(status, 200, "{report}");
+    Imported {
+        client,
+        base,
+        id,
+        process,
+        before,
+        report,
+    }
+}
+
 fn peak_mb(process: &Process) -> u64 {
     let status =
         std::fs::read_to_string(format!("/proc/{}/status", process.0.id())).expect("status");
@@ -102,35 +159,14 @@ async fn a_flood_of_long_member_names_is_skipped_and_the_import_stays_small() {
     eprintln!("{members} long names: {} bytes compressed", bytes.len());
     assert!(bytes.len() < 8 << 20, "{} bytes compressed", bytes.len());
 
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).expect("data");
-    let http = free_port();
-    let base = format!("http://{http}");
-    let client = crate::helpers::http_client();
-    let mut process = serve(
-        &data,
-        http,
-        "[node]\nenabled = false\n[builder]\ncount = 0\n",
-    );
-    wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
-    let (status, created) = send(
-        client
-            .post(format!("{base}/v1/environments"))
-            .json(&json!({ "name": "Names" })),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().expect("id");
-    let before = peak_mb(&process);
-
-    let (status, report) = send(
-        client
-            .post(format!("{base}/v1/environments/{id}/import"))
-            .timeout(Duration::from_secs(600))
-            .body(bytes),
-    )
-    .await;
-    assert_eq!(status, 200, "{report}");
+    let Imported {
+        client,
+        base,
+        id,
+        process,
+        before,
+        report,
+    } = import_into_a_new_environment(dir.path(), "Names", bytes).await;
     assert_eq!(report["files"], 1, "{report}");
     assert_eq!(report["skipped"], members, "{report}");
     assert_eq!(
@@ -185,34 +221,12 @@ async fn an_import_of_many_long_valid_names_holds_each_name_once() {
         archive.len()
     );
 
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).expect("data");
-    let http = free_port();
-    let base = format!("http://{http}");
-    let client = crate::helpers::http_client();
-    let mut process = serve(
-        &data,
-        http,
-        "[node]\nenabled = false\n[builder]\ncount = 0\n",
-    );
-    wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
-    let (status, created) = send(
-        client
-            .post(format!("{base}/v1/environments"))
-            .json(&json!({ "name": "Valid names" })),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().expect("id");
-    let before = peak_mb(&process);
-    let (status, report) = send(
-        client
-            .post(format!("{base}/v1/environments/{id}/import"))
-            .timeout(Duration::from_secs(600))
-            .body(archive),
-    )
-    .await;
-    assert_eq!(status, 200, "{report}");
+    let Imported {
+        process,
+        before,
+        report,
+        ..
+    } = import_into_a_new_environment(dir.path(), "Valid names", archive).await;
     assert_eq!(report["files"], members, "{report}");
     assert_eq!(report["directories"], 3 * members, "{report}");
     let after = peak_mb(&process);
