@@ -2,8 +2,10 @@
 //! against PostgreSQL (`PLINTH_TEST_POSTGRES_URL`; required under CI).
 
 use plinth_catalog::adapters::{AdapterId, Credential, NewAdapter, Protocol, token_digest};
-use plinth_catalog::model::{Environment, NewEnvironment, Scope};
+use plinth_catalog::model::{Environment, NewEnvironment};
 use plinth_catalog::{Store, StoreError};
+
+use crate::scope;
 
 backend_suite!(
     an_adapter_names_an_environment_of_its_scope,
@@ -13,10 +15,6 @@ backend_suite!(
     a_rotation_without_grace_drops_the_previous_credential_in_the_same_write,
     callback_origins_are_kept_and_replaced,
 );
-
-fn scope(name: &str) -> Scope {
-    Scope::parse(name).expect("scope")
-}
 
 async fn environment(store: &Store, scope_name: &str, name: &str) -> Environment {
     store

@@ -4,13 +4,14 @@
 
 use std::time::Duration;
 
-use plinth_catalog::LeasePolicy;
 use plinth_catalog::brain::{
     Binding, BindingKey, BindingState, Claim, Lifetime, NewOperation, OperationKey, OperationState,
 };
 use plinth_catalog::model::{BuildStatus, EnvironmentId, NewEnvironment, Outcome, Scope};
 use plinth_catalog::persistence::NewSession;
 use plinth_catalog::{Store, StoreError};
+
+use crate::LEASES;
 
 backend_suite!(
     an_operation_runs_once_and_answers_its_receipt_ever_after,
@@ -384,11 +385,6 @@ async fn a_binding_is_set_up_once_and_its_session_swapped_by_compare_and_set(sto
         Err(StoreError::NotFound)
     ));
 }
-
-const LEASES: LeasePolicy = LeasePolicy {
-    lease_ms: 60_000,
-    max_attempts: 3,
-};
 
 async fn build(store: &Store, scope: &Scope, id: &EnvironmentId, outcome: Outcome) {
     store.start_build(scope, id, "tree").await.expect("start");

@@ -2,9 +2,11 @@
 //! PostgreSQL (`PLINTH_TEST_POSTGRES_URL`; required under CI).
 
 use plinth_catalog::model::{
-    Environment, EnvironmentId, Harness, HarnessFields, HarnessId, NewEnvironment, Scope,
+    Environment, EnvironmentId, Harness, HarnessFields, HarnessId, NewEnvironment,
 };
 use plinth_catalog::{Store, StoreError};
+
+use crate::scope;
 
 backend_suite!(
     a_created_harness_reads_back_whole,
@@ -17,10 +19,6 @@ backend_suite!(
     delete_removes_only_that_harness,
     a_harness_racing_its_environments_deletion_lands_or_is_refused,
 );
-
-fn scope(name: &str) -> Scope {
-    Scope::parse(name).expect("scope")
-}
 
 async fn environment(store: &Store, scope_name: &str, name: &str) -> Environment {
     let new = NewEnvironment::new(

@@ -51,6 +51,17 @@ async fn postgres_url() -> Option<String> {
     }
 }
 
+/// Leases long enough that no test's claim runs out unless the test makes it.
+const LEASES: plinth_catalog::LeasePolicy = plinth_catalog::LeasePolicy {
+    lease_ms: 60_000,
+    max_attempts: 3,
+};
+
+/// The scope called `name`.
+fn scope(name: &str) -> plinth_catalog::model::Scope {
+    plinth_catalog::model::Scope::parse(name).expect("scope")
+}
+
 /// The seal key the suite's stores use.
 fn seal_key() -> plinth_catalog::SealKey {
     plinth_catalog::SealKey::from_bytes(&[42; 32]).expect("key")

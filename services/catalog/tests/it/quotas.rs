@@ -6,11 +6,13 @@
 //! settled as `outcome_unknown` and never run again.
 
 use plinth_catalog::adapters::{AdapterId, NewAdapter, Protocol};
-use plinth_catalog::model::{EnvironmentId, NewEnvironment, Outcome, Scope};
+use plinth_catalog::model::{EnvironmentId, NewEnvironment, Outcome};
 use plinth_catalog::persistence::Claimed;
 use plinth_catalog::sessions::SessionLimits;
-use plinth_catalog::{LeasePolicy, NewSession, NewTask, Store, StoreError};
+use plinth_catalog::{NewSession, NewTask, Store, StoreError};
 use plinth_kit::quota::{Quota, QuotaLimits, QuotaOverride, Quotas};
+
+use crate::{LEASES, scope};
 
 backend_suite!(
     each_quota_is_per_scope_and_an_override_raises_it,
@@ -21,15 +23,6 @@ backend_suite!(
     a_claim_renewed_while_its_call_runs_is_not_settled,
     a_claim_whose_lease_ran_out_is_settled_as_unknown_and_never_run_again,
 );
-
-const LEASES: LeasePolicy = LeasePolicy {
-    lease_ms: 60_000,
-    max_attempts: 3,
-};
-
-fn scope(name: &str) -> Scope {
-    Scope::parse(name).expect("scope")
-}
 
 /// Small limits, and a larger environments limit for `acme`.
 fn quotas() -> Quotas {

@@ -10,7 +10,9 @@ use plinth_catalog::brain::{
 };
 use plinth_catalog::model::{EnvironmentId, LeaseToken, NewEnvironment, Outcome, Scope};
 use plinth_catalog::sessions::{SessionLimits, TurnKind};
-use plinth_catalog::{LeasePolicy, NewSession, NewTask, RetentionPolicy, Store, StoreError};
+use plinth_catalog::{NewSession, NewTask, RetentionPolicy, Store, StoreError};
+
+use crate::LEASES;
 
 backend_suite!(
     retention_keeps_the_active_the_pinned_and_the_newest_ready_versions,
@@ -20,11 +22,6 @@ backend_suite!(
     a_layer_a_build_reuses_stays_kept_when_its_version_is_retired,
     a_deleted_environment_is_named_to_the_collector_for_the_retention_period,
 );
-
-const LEASES: LeasePolicy = LeasePolicy {
-    lease_ms: 60_000,
-    max_attempts: 3,
-};
 
 fn scope() -> Scope {
     Scope::parse("acme").expect("scope")

@@ -1,9 +1,11 @@
 //! Sessions, turns, nodes and tasks in the store, every backend: each test below runs against
 //! SQLite and against PostgreSQL (`PLINTH_TEST_POSTGRES_URL`; required under CI).
 
-use plinth_catalog::model::{EnvironmentId, NewEnvironment, Outcome, Package, Scope};
+use plinth_catalog::model::{EnvironmentId, NewEnvironment, Outcome, Package};
 use plinth_catalog::sessions::{SessionLimits, SessionStatus, TurnKind};
-use plinth_catalog::{LeasePolicy, NewSession, NewTask, Store, StoreError};
+use plinth_catalog::{NewSession, NewTask, Store, StoreError};
+
+use crate::{LEASES, scope};
 
 backend_suite!(
     a_session_pins_the_active_version_and_keeps_it,
@@ -15,15 +17,6 @@ backend_suite!(
     the_sweep_ends_sessions_past_their_lifetime_and_no_others,
     idle_time_counts_from_the_last_turn,
 );
-
-const LEASES: LeasePolicy = LeasePolicy {
-    lease_ms: 60_000,
-    max_attempts: 3,
-};
-
-fn scope(name: &str) -> Scope {
-    Scope::parse(name).expect("scope")
-}
 
 async fn environment(store: &Store, name: &str) -> EnvironmentId {
     store

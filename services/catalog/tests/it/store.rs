@@ -6,9 +6,11 @@ use std::collections::HashSet;
 use plinth_catalog::LeasePolicy;
 use plinth_catalog::model::{
     BuildStatus, EnvironmentChanges, EnvironmentId, EnvironmentStatus, NewEnvironment, Outcome,
-    Package, Scope,
+    Package,
 };
 use plinth_catalog::{Store, StoreError};
+
+use crate::{LEASES, scope};
 
 backend_suite!(
     created_environment_reads_back_whole,
@@ -27,10 +29,6 @@ backend_suite!(
     a_build_whose_builders_keep_vanishing_fails,
     deleting_waits_for_the_build_and_takes_its_versions,
 );
-
-fn scope(name: &str) -> Scope {
-    Scope::parse(name).expect("scope")
-}
 
 fn new(scope_name: &str, name: &str) -> NewEnvironment {
     NewEnvironment::new(
@@ -238,11 +236,6 @@ async fn migrations_run_again_without_harm(store: Store) {
         .expect("get");
     assert_eq!(read.name, "Kept");
 }
-
-const LEASES: LeasePolicy = LeasePolicy {
-    lease_ms: 60_000,
-    max_attempts: 3,
-};
 
 /// Runs one build of `id` from queue to end, as a builder would.
 async fn build_through(
