@@ -62,6 +62,42 @@ pub struct BuildRecord {
     pub started_at: Option<i64>,
     /// Seconds since the Unix epoch; null while unfinished.
     pub finished_at: Option<i64>,
+    /// Whether it was asked to reuse nothing from earlier builds.
+    pub clean: bool,
+    /// The toolchains its installers ran with, once ready.
+    pub toolchains: Vec<ToolchainBody>,
+}
+
+/// A toolchain a build's installers ran with; sessions of the version run the same programs.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ToolchainBody {
+    /// `python` or `node`.
+    pub name: String,
+    /// As the program reports it (`3.11.7`).
+    pub version: String,
+    /// The program's path.
+    pub path: String,
+}
+
+fn toolchains(toolchains: Vec<pb::Toolchain>) -> Vec<ToolchainBody> {
+    toolchains
+        .into_iter()
+        .map(|t| ToolchainBody {
+            name: t.name,
+            version: t.version,
+            path: t.path,
+        })
+        .collect()
+}
+
+/// `POST …/build`'s optional body.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartBuild {
+    /// Reuse nothing from earlier builds: every installer runs from scratch, with an empty
+    /// start (the download cache still serves what it holds).
+    #[serde(default)]
+    pub clean: bool,
 }
 
 /// One version in `GET …/versions`.
@@ -79,6 +115,8 @@ pub struct VersionEntry {
     pub started_at: Option<i64>,
     /// Seconds since the Unix epoch; null while unfinished.
     pub finished_at: Option<i64>,
+    /// The toolchains its installers ran with, once ready.
+    pub toolchains: Vec<ToolchainBody>,
 }
 
 /// `GET …/versions`.
@@ -136,6 +174,8 @@ fn record(build: pb::Build, log: String) -> BuildRecord {
         queued_at: build.queued_at_ms / 1000,
         started_at: seconds(build.started_at_ms),
         finished_at: seconds(build.finished_at_ms),
+        clean: build.clean,
+        toolchains: toolchains(build.toolchains),
     }
 }
 
@@ -167,8 +207,10 @@ fn version_path(
     path = "/v1/environments/{id}/build",
     tag = "builds",
     params(("id" = String, Path, description = "The environment's id")),
+    request_body(content = Option<StartBuild>, description = "Optional; `{\"clean\": true}` reuses nothing from earlier builds"),
     responses(
         (status = 202, description = "Queued; poll or follow …/builds/{version}", body = BuildRecord),
+        (status = 400, description = "environment_invalid: the body is not a valid StartBuild", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
         (status = 409, description = "environment_busy: a build is queued or running", body = ErrorBody),
@@ -181,7 +223,15 @@ async fn start_build(
     State(state): State<AppState>,
     caller: Caller,
     EnvironmentIdParam(id): EnvironmentIdParam,
+    body: axum::body::Body,
 ) -> Result<(StatusCode, Json<BuildRecord>), ApiError> {
+    // The body is optional: no body (or an empty one) is a build that may reuse.
+    let bytes = crate::json::read(body).await?;
+    let options: StartBuild = if bytes.iter().all(u8::is_ascii_whitespace) {
+        StartBuild::default()
+    } else {
+        crate::json::parse(&bytes)?
+    };
     // The environment must be the caller's before its source is touched.
     state
         .catalog()
@@ -203,6 +253,7 @@ async fn start_build(
             scope: caller.scope,
             id,
             source_tree: snapshot.tree_digest,
+            clean: options.clean,
         })
         .await?
         .into_inner();
@@ -366,6 +417,7 @@ async fn list_versions(
                 packages: version.packages,
                 started_at: (version.started_at > 0).then_some(version.started_at),
                 finished_at: (version.finished_at > 0).then_some(version.finished_at),
+                toolchains: toolchains(version.toolchains),
             })
             .collect(),
     }))

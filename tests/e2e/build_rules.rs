@@ -82,6 +82,7 @@ pub(crate) fn ready(layer: &str) -> pb::complete_build_request::Outcome {
         }],
         size: 42,
         dependency_key: String::new(),
+        toolchains: Vec::new(),
     })
 }
 

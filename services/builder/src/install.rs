@@ -157,7 +157,8 @@ pub struct InstallOptions {
     /// How installers reach registries: certificate authority, proxies, indexes.
     pub registries: Registries,
     /// The scratch directory already holds `.venv` and `node_modules` reused from an earlier
-    /// version with the same manifests and toolchain: keep them, run only `setup.sh`.
+    /// version with the same reuse key: keep them and run every step over them (see
+    /// [`manifests::Toolchain::reused`]), so the version holds what a fresh build's would.
     pub reuse_dependencies: bool,
 }
 
@@ -325,6 +326,13 @@ pub async fn install(
 
     let mut log = CappedLog::new(log, options.log_head_bytes, options.log_tail_bytes);
     let result = run_steps(&sandbox, &root, &prepared.plan, options, &mut log).await;
+    if let Err(InstallError::StepFailed { step, .. } | InstallError::TimedOut { step, .. }) = &result
+        && step.starts_with("npm ")
+    {
+        // The error points at npm's debug log, which lives in the download cache: the log
+        // keeps its end, since the cache is out of the owner's reach.
+        npm_debug_log(&prepared.cache.inside, &mut log);
+    }
     let discard = result.as_ref().is_ok_and(|ran| ran.cache_changed);
     if discard {
         log.write(
@@ -431,10 +439,7 @@ fn prepare(
     for name in dropped {
         remove_any(&root.join(name))?;
     }
-    let mut plan = manifests::plan(root);
-    if reuse_dependencies {
-        plan.steps.retain(|step| *step == Step::SetupScript);
-    }
+    let plan = manifests::plan(root);
     let work = tempfile::Builder::new()
         .prefix(".plinth-build-")
         .tempdir_in(parent)?;
@@ -446,6 +451,46 @@ fn prepare(
     // After the chown: a persistent cache can be large, and builds of one uid fill it.
     let cache = BuildCache::lend(root, cache, uid, gid)?;
     Ok(Prepared { plan, work, cache })
+}
+
+/// How much of npm's debug log a failed build's log keeps.
+const NPM_DEBUG_LOG_BYTES: u64 = 16 * 1024;
+
+/// Writes the end of npm's newest debug log (in the download cache `cache`) to the build log.
+fn npm_debug_log(cache: &Path, log: &mut CappedLog<'_>) {
+    let logs = cache.join("npm").join("_logs");
+    let newest = std::fs::read_dir(&logs).ok().and_then(|entries| {
+        entries
+            .flatten()
+            .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_file()))
+            .max_by_key(|entry| entry.metadata().and_then(|m| m.modified()).ok())
+    });
+    let Some(newest) = newest else {
+        return;
+    };
+    let Ok(mut file) = std::fs::File::open(newest.path()) else {
+        return;
+    };
+    let length = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let skip = length.saturating_sub(NPM_DEBUG_LOG_BYTES);
+    let mut tail = Vec::new();
+    if std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(skip)).is_err()
+        || file.take(NPM_DEBUG_LOG_BYTES).read_to_end(&mut tail).is_err()
+    {
+        return;
+    }
+    log.write(
+        format!(
+            "==> npm's debug log ({}), {}:\n",
+            newest.file_name().to_string_lossy(),
+            if skip > 0 { "its end" } else { "whole" }
+        )
+        .as_bytes(),
+    );
+    log.write(&tail);
+    if !tail.ends_with(b"\n") {
+        log.write(b"\n");
+    }
 }
 
 /// Removes a file, link or directory tree if there is one, never following a link.
@@ -593,6 +638,7 @@ async fn run_steps(
         let toolchain = Toolchain {
             uv,
             venv_exists: false,
+            reused: None,
         };
         for argv in step.commands(toolchain) {
             let program = &argv[0];
@@ -608,6 +654,13 @@ async fn run_steps(
     // Files of `.venv` hard-linked with the cache, as they were before the first step that is
     // not uv's (npm's lifecycle scripts, `setup.sh`) ran: that step must not change them.
     let mut linked: Option<HashMap<(u64, u64), (i64, i64)>> = None;
+    // Over reused dependencies, `npm ci` (which would delete them) gives way to the root
+    // package's own lifecycle scripts, which is what it runs after installing.
+    let lifecycle = if options.reuse_dependencies {
+        Some(blocking(root, |root| Ok(manifests::npm_lifecycle(root))).await?)
+    } else {
+        None
+    };
     for step in &plan.steps {
         if !step.is_python() && linked.is_none() && venv_python(root).is_some() {
             linked = Some(blocking(root, |root| Ok(linked_files(&root.join(".venv")))).await?);
@@ -615,6 +668,7 @@ async fn run_steps(
         let toolchain = Toolchain {
             uv,
             venv_exists: venv_python(root).is_some(),
+            reused: lifecycle.as_deref(),
         };
         for argv in step.commands(toolchain) {
             let python = plan.has_python() || venv_python(root).is_some();
@@ -642,10 +696,10 @@ async fn run_steps(
         None => false,
     };
 
-    // Reused dependencies were compiled by the build that installed them; uv compiled what it
-    // installed (see the module documentation).
+    // uv compiled what it installed, and reused dependencies were compiled by the build that
+    // installed them (see the module documentation).
     let setup_ran = plan.steps.contains(&Step::SetupScript);
-    if venv_python(root).is_some() && !options.reuse_dependencies && (!used_uv || setup_ran) {
+    if venv_python(root).is_some() && (!used_uv || setup_ran) {
         let mount = sandbox.mount_path();
         let compile = |rest: &[&str]| -> Vec<String> {
             [
@@ -660,8 +714,8 @@ async fn run_steps(
             .map(|word| (*word).to_owned())
             .collect()
         };
-        let argv = if used_uv {
-            // Only what `setup.sh` added (or compiled otherwise), listed in the build's /tmp
+        let argv = if used_uv || options.reuse_dependencies {
+            // Only what `setup.sh` (or pip over a reused venv) added (or compiled otherwise), listed in the build's /tmp
             // (a command line could not hold a long list).
             let uncompiled = blocking(root, |root| Ok(uncompiled(root))).await?;
             if uncompiled.is_empty() {

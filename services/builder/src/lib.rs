@@ -17,7 +17,9 @@ pub mod layer;
 pub mod manifests;
 mod output;
 pub mod registries;
+pub mod reuse_key;
 pub mod sandbox;
+pub mod toolchains;
 pub mod tools;
 pub mod worker;
 

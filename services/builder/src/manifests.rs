@@ -56,11 +56,50 @@ impl Plan {
 
 /// What the installer knows when it turns a step into commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Toolchain {
+pub struct Toolchain<'a> {
     /// `uv` is on the build's PATH.
     pub uv: bool,
     /// `.venv` already exists (an earlier step made it): reuse it rather than recreate it.
     pub venv_exists: bool,
+    /// The build runs over `.venv` and `node_modules` reused from an earlier build with the
+    /// same reuse key, and these are the root package's lifecycle scripts ([`npm_lifecycle`]).
+    /// Every step still runs, so the version holds what a fresh build's would (the installers'
+    /// outputs outside the dependency trees: a `prepare` script's `lib/`, uv's `uv.lock`, an
+    /// `*.egg-info`); uv and pip find their packages installed, and `npm ci`, which would
+    /// delete `node_modules`, gives way to the lifecycle scripts it runs after installing.
+    pub reused: Option<&'a [String]>,
+}
+
+/// The root package's lifecycle scripts `npm ci` and `npm install` run after installing, in
+/// their order, that `package.json` defines (npm's documented order: preinstall, install,
+/// postinstall, prepublish, preprepare, prepare, postprepare).
+pub const NPM_LIFECYCLE: [&str; 7] = [
+    "preinstall",
+    "install",
+    "postinstall",
+    "prepublish",
+    "preprepare",
+    "prepare",
+    "postprepare",
+];
+
+/// Which of [`NPM_LIFECYCLE`] the `package.json` in `dir` defines; none when it is absent or
+/// unreadable (npm itself then fails on it, with its own message).
+pub fn npm_lifecycle(dir: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read(dir.join("package.json")) else {
+        return Vec::new();
+    };
+    let Ok(package) = serde_json::from_slice::<serde_json::Value>(&text) else {
+        return Vec::new();
+    };
+    let Some(scripts) = package.get("scripts").and_then(|s| s.as_object()) else {
+        return Vec::new();
+    };
+    NPM_LIFECYCLE
+        .iter()
+        .filter(|name| scripts.get(**name).is_some_and(|script| script.is_string()))
+        .map(|name| (*name).to_owned())
+        .collect()
 }
 
 impl Step {
@@ -104,7 +143,15 @@ impl Step {
                 };
                 make_venv.into_iter().chain([install]).collect()
             }
-            Step::NpmCi => vec![argv(&["npm", "ci"])],
+            // `--ignore-scripts` runs the named script without its pre- and post- scripts,
+            // which come in the list on their own.
+            Step::NpmCi => match toolchain.reused {
+                Some(scripts) => scripts
+                    .iter()
+                    .map(|name| argv(&["npm", "run", "--ignore-scripts", name]))
+                    .collect(),
+                None => vec![argv(&["npm", "ci"])],
+            },
             Step::NpmInstall => vec![argv(&["npm", "install"])],
             Step::SetupScript => vec![argv(&["bash", "setup.sh"])],
         }
@@ -200,10 +247,12 @@ mod tests {
         let with_uv = Toolchain {
             uv: true,
             venv_exists: false,
+            reused: None,
         };
         let without_uv = Toolchain {
             uv: false,
             venv_exists: false,
+            reused: None,
         };
         let shown = |step: Step, toolchain| {
             step.commands(toolchain)
@@ -227,7 +276,8 @@ mod tests {
                 Step::Requirements,
                 Toolchain {
                     uv: true,
-                    venv_exists: true
+                    venv_exists: true,
+                    reused: None,
                 }
             ),
             ["uv pip install -r requirements.txt"]
@@ -239,5 +289,32 @@ mod tests {
         );
         assert_eq!(shown(Step::NpmCi, with_uv), ["npm ci"]);
         assert_eq!(shown(Step::SetupScript, without_uv), ["bash setup.sh"]);
+        let scripts = ["postinstall".to_owned(), "prepare".to_owned()];
+        let reused = Toolchain {
+            uv: true,
+            venv_exists: true,
+            reused: Some(&scripts),
+        };
+        assert_eq!(
+            shown(Step::NpmCi, reused),
+            [
+                "npm run --ignore-scripts postinstall",
+                "npm run --ignore-scripts prepare"
+            ]
+        );
+        assert_eq!(shown(Step::NpmInstall, reused), ["npm install"]);
+        assert_eq!(shown(Step::UvSyncLocked, reused), ["uv sync --locked"]);
+    }
+
+    #[test]
+    fn lifecycle_scripts_in_npms_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(npm_lifecycle(dir.path()).is_empty());
+        std::fs::write(
+            dir.path().join("package.json"),
+            r#"{"scripts": {"prepare": "a", "test": "b", "postinstall": "c", "install": 3}}"#,
+        )
+        .expect("write");
+        assert_eq!(npm_lifecycle(dir.path()), ["postinstall", "prepare"]);
     }
 }

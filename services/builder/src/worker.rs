@@ -17,6 +17,8 @@ use plinth_kit::grpc::{ClientInterceptor, Transport};
 use plinth_kit::tasks::CancellationToken;
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
+
+use crate::toolchains;
 use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
 use plinth_proto::catalog::v1::collection_service_client::CollectionServiceClient;
 use tokio::io::AsyncWriteExt;
@@ -491,32 +493,71 @@ async fn produce(
         )
         .into_bytes(),
     );
-    let dependency_key = dependency_key(scratch, slug, &options.toolchain)
-        .map_err(|error| format!("reading the manifests failed: {error}"))?;
-    let reusable = catalog
-        .find_reusable(pb::FindReusableRequest {
-            lease_token: token.to_owned(),
-            dependency_key: dependency_key.clone(),
-        })
-        .await
-        .map(tonic::Response::into_inner);
-    let reusable = match reusable {
-        Ok(reusable) => reusable,
-        Err(status) if PlinthError::from_status(&status).code == ErrorCode::LeaseLost => {
-            lease_lost.cancel();
-            return Err("the lease was lost; this build was abandoned".to_owned());
-        }
-        Err(status) => {
-            tracing::warn!(error = %status.message(), "asking what can be reused failed; building from scratch");
-            pb::FindReusableResponse::default()
-        }
-    };
     let say = |line: String| {
         let _ = log.send(line.into_bytes());
     };
+    // The project's toolchain pins, checked before anything is installed: one that cannot be
+    // met fails the build naming what was asked and what there is.
+    let selection = {
+        let (scratch, path) = (scratch.to_owned(), options.install.path.clone());
+        tokio::task::spawn_blocking(move || {
+            let plan = crate::manifests::plan(&scratch);
+            let node = plan.steps.iter().any(|step| {
+                matches!(
+                    step,
+                    crate::manifests::Step::NpmCi | crate::manifests::Step::NpmInstall
+                )
+            });
+            toolchains::select(&scratch, &path, plan.has_python(), node)
+        })
+        .await
+        .map_err(|error| error.to_string())??
+    };
+    if let Some(node) = &selection.node {
+        say(format!(
+            "==> Node {} ({}) as the project pins it\n",
+            node.version, node.path
+        ));
+    }
+    let dependency_key = dependency_key(
+        scratch,
+        slug,
+        &format!("{}\n{}", options.toolchain, selection.key),
+        &options.install.registries,
+    )
+    .map_err(|error| format!("reading the manifests failed: {error}"))?;
+    let reusable = if build.clean {
+        say("==> a clean build was asked for: nothing is reused from earlier builds\n".to_owned());
+        pb::FindReusableResponse::default()
+    } else {
+        let reusable = catalog
+            .find_reusable(pb::FindReusableRequest {
+                lease_token: token.to_owned(),
+                dependency_key: dependency_key.clone(),
+            })
+            .await
+            .map(tonic::Response::into_inner);
+        match reusable {
+            Ok(reusable) => {
+                if reusable.whole.is_none() && reusable.dependencies.is_none() {
+                    say("==> no ready version of this scope has these manifests, pins, toolchain and registry settings: installing from scratch\n".to_owned());
+                }
+                reusable
+            }
+            Err(status) if PlinthError::from_status(&status).code == ErrorCode::LeaseLost => {
+                lease_lost.cancel();
+                return Err("the lease was lost; this build was abandoned".to_owned());
+            }
+            Err(status) => {
+                tracing::warn!(error = %status.message(), "asking what can be reused failed; building from scratch");
+                say("==> asking what can be reused failed: installing from scratch\n".to_owned());
+                pb::FindReusableResponse::default()
+            }
+        }
+    };
     if let Some(whole) = reusable.whole {
         say(format!(
-            "==> source, manifests and toolchain unchanged since version {}: reusing its layer\n",
+            "==> source, manifests, pins and toolchain unchanged since version {}: reusing its layer\n",
             whole.version
         ));
         return Ok(pb::BuildReady {
@@ -524,9 +565,11 @@ async fn produce(
             packages: whole.packages,
             size: whole.size,
             dependency_key,
+            toolchains: whole.toolchains,
         });
     }
     let mut install_options = options.install.clone();
+    install_options.path = selection.path.clone();
     // uv's, pip's and npm's downloads persist across builds of one scope, on the scratch
     // directory's file system so a build can take the cache in with a rename (and uv hard-link
     // from it); another scope's builds never see them.
@@ -556,7 +599,7 @@ async fn produce(
                 })?;
         }
         say(format!(
-            "==> manifests and toolchain unchanged since version {}: reusing its .venv and node_modules instead of running the installers\n",
+            "==> manifests, pins and toolchain unchanged since version {}: starting from its .venv and node_modules; the installers run over them\n",
             earlier.version
         ));
         install_options.reuse_dependencies = true;
@@ -652,7 +695,29 @@ async fn produce(
         .into_bytes(),
     );
     let stored = blobs.put_bytes(tree).await.map_err(|e| e.to_string())?;
+    let toolchains = {
+        let (scratch, mount, path) = (
+            scratch.to_owned(),
+            format!("/env/{slug}"),
+            install_options.path.clone(),
+        );
+        let node_used = report
+            .steps
+            .iter()
+            .any(|step| step.starts_with("npm "));
+        tokio::task::spawn_blocking(move || toolchains::report(&scratch, &mount, &path, node_used))
+            .await
+            .map_err(|error| error.to_string())?
+    };
     Ok(pb::BuildReady {
+        toolchains: toolchains
+            .into_iter()
+            .map(|used| pb::Toolchain {
+                name: used.name.to_owned(),
+                version: used.version,
+                path: used.path,
+            })
+            .collect(),
         layer_tree: stored.digest.to_string(),
         packages: scanned
             .packages
@@ -809,30 +874,22 @@ async fn take_kept(kept: &Path, scratch: &Path) -> bool {
     true
 }
 
-/// The manifests a build installs from.
-const MANIFESTS: [&str; 6] = [
-    "pyproject.toml",
-    "uv.lock",
-    "requirements.txt",
-    "package.json",
-    "package-lock.json",
-    "npm-shrinkwrap.json",
-];
-
 /// Names what a build's dependencies are installed from: the mount path (installed files
-/// embed it), the toolchain, and every manifest's bytes. Equal keys install equal trees.
-fn dependency_key(scratch: &Path, slug: &str, toolchain: &str) -> std::io::Result<String> {
-    let mut material =
-        format!("plinth-dependencies/1\nslug {slug}\ntoolchain {toolchain}\n").into_bytes();
-    for manifest in MANIFESTS {
-        match std::fs::read(scratch.join(manifest)) {
-            Ok(bytes) => {
-                material
-                    .extend_from_slice(format!("{manifest} {}\n", Digest::of(&bytes)).as_bytes());
-            }
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => return Err(error),
-        }
+/// embed it), the toolchain (with the pins' choice), the registry settings, and every file an
+/// installer reads ([`crate::reuse_key::inputs`]). Equal keys install equal trees.
+fn dependency_key(
+    scratch: &Path,
+    slug: &str,
+    toolchain: &str,
+    registries: &crate::registries::Registries,
+) -> std::io::Result<String> {
+    let mut material = format!(
+        "plinth-dependencies/2\nslug {slug}\ntoolchain {toolchain}\nregistries {}\n",
+        crate::reuse_key::registries(registries)
+    )
+    .into_bytes();
+    for (path, digest) in crate::reuse_key::inputs(scratch)? {
+        material.extend_from_slice(format!("{path} {digest}\n").as_bytes());
     }
     Ok(Digest::of(&material).to_string())
 }

@@ -259,6 +259,17 @@ pub struct Package {
     pub version: String,
 }
 
+/// A toolchain a build's installers ran with.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Toolchain {
+    /// `python` or `node`.
+    pub name: String,
+    /// As the program reports it.
+    pub version: String,
+    /// The program's path, as builds and sessions see it.
+    pub path: String,
+}
+
 /// One build: a version of an environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Build {
@@ -288,6 +299,10 @@ pub struct Build {
     pub started_at_ms: i64,
     /// Milliseconds since the Unix epoch; 0 until it ends.
     pub finished_at_ms: i64,
+    /// Asked to reuse nothing from earlier builds.
+    pub clean: bool,
+    /// The toolchains its installers ran with, once ready.
+    pub toolchains: Vec<Toolchain>,
 }
 
 /// Proof that a builder holds a build: every write of the builder carries it, and a token
@@ -340,6 +355,8 @@ pub enum Outcome {
         size: u64,
         /// What the dependencies were installed from; empty when nothing was.
         dependency_key: String,
+        /// The toolchains the installers ran with.
+        toolchains: Vec<Toolchain>,
     },
     /// The build failed; nothing else changes.
     Failed {

@@ -103,6 +103,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "garbage collection and retention",
                 include_str!("../migrations/sqlite/0014_collection_and_retention.sql"),
             ),
+            (
+                15,
+                "clean_builds_and_toolchains",
+                include_str!("../migrations/sqlite/0015_clean_builds_and_toolchains.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -174,6 +179,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 14,
                 "garbage collection and retention",
                 include_str!("../migrations/postgres/0014_collection_and_retention.sql"),
+            ),
+            (
+                15,
+                "clean_builds_and_toolchains",
+                include_str!("../migrations/postgres/0015_clean_builds_and_toolchains.sql"),
             ),
         ],
     }

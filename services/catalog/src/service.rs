@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 
 use crate::model::{
     Build, BuildStatus, Environment, EnvironmentChanges, EnvironmentId, EnvironmentStatus,
-    LeaseToken, NewEnvironment, Outcome, Package, Scope,
+    LeaseToken, NewEnvironment, Outcome, Package, Scope, Toolchain,
 };
 use crate::persistence::{LeasePolicy, Store, StoreError};
 
@@ -184,7 +184,7 @@ impl pb::catalog_service_server::CatalogService for Catalog {
         let id = parse_id(&request.id)?;
         let build = self
             .store
-            .start_build(&scope, &id, &request.source_tree)
+            .start_build(&scope, &id, &request.source_tree, request.clean)
             .await
             .map_err(|error| store_error(error, &request.id))?;
         tracing::info!(version = build.version, "build queued");
@@ -342,6 +342,7 @@ impl pb::catalog_service_server::CatalogService for Catalog {
             layer_tree: build.layer_tree,
             packages: build.packages.iter().map(package).collect(),
             size: build.size,
+            toolchains: build.toolchains.iter().map(toolchain).collect(),
         };
         Ok(Response::new(pb::FindReusableResponse {
             whole: whole.map(reusable),
@@ -370,6 +371,15 @@ impl pb::catalog_service_server::CatalogService for Catalog {
                     })
                     .collect(),
                 size: ready.size,
+                toolchains: ready
+                    .toolchains
+                    .into_iter()
+                    .map(|t| Toolchain {
+                        name: t.name,
+                        version: t.version,
+                        path: t.path,
+                    })
+                    .collect(),
             },
             Some(pb::complete_build_request::Outcome::Failed(error)) => Outcome::Failed { error },
             None => return Err(PlinthError::invalid("outcome: ready or failed is required").into()),
@@ -401,6 +411,14 @@ fn package(package: &Package) -> pb::Package {
     }
 }
 
+fn toolchain(toolchain: &Toolchain) -> pb::Toolchain {
+    pb::Toolchain {
+        name: toolchain.name.clone(),
+        version: toolchain.version.clone(),
+        path: toolchain.path.clone(),
+    }
+}
+
 fn seconds(ms: i64) -> i64 {
     ms / 1000
 }
@@ -421,6 +439,8 @@ impl From<Build> for pb::Build {
             queued_at_ms: build.queued_at_ms,
             started_at_ms: build.started_at_ms,
             finished_at_ms: build.finished_at_ms,
+            clean: build.clean,
+            toolchains: build.toolchains.iter().map(toolchain).collect(),
         }
     }
 }
@@ -443,6 +463,7 @@ impl From<Environment> for pb::Environment {
                 started_at: seconds(build.started_at_ms),
                 finished_at: seconds(build.finished_at_ms),
                 packages: u32::try_from(build.packages.len()).unwrap_or(u32::MAX),
+                toolchains: build.toolchains.iter().map(toolchain).collect(),
             })
             .collect();
         let build = environment.builds.first().map(|build| pb::BuildSummary {

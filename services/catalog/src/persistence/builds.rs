@@ -13,13 +13,15 @@ use sqlx::any::AnyRow;
 use super::{Store, StoreError};
 use crate::model::{
     Build, BuildStatus, Claim, EnvironmentId, LeaseToken, Outcome, Package, Scope, Slug,
+    Toolchain,
 };
 
 /// Most bytes of log a build may keep in the catalog; builders cap their logs below this.
 pub const MAX_LOG_BYTES: u64 = 4 * 1024 * 1024;
 
 const BUILD_COLUMNS: &str = "environment_id, version, status, source_tree, layer_tree, error, \
-     packages, size, attempt, log_bytes, queued_at_ms, started_at_ms, finished_at_ms";
+     packages, size, attempt, log_bytes, queued_at_ms, started_at_ms, finished_at_ms, clean, \
+     toolchains";
 
 /// How the queue hands out work.
 #[derive(Debug, Clone, Copy)]
@@ -34,12 +36,14 @@ impl Store {
     /// Queues the next version of an environment, building `source_tree`. A build already
     /// queued or running is `StoreError::Busy`, by the schema's partial unique index; a scope
     /// with as many builds queued or running as its quota allows is
-    /// `StoreError::QuotaExceeded`, counted after taking the scope's row.
+    /// `StoreError::QuotaExceeded`, counted after taking the scope's row. A `clean` build is
+    /// handed to its builder with the word to reuse nothing.
     pub async fn start_build(
         &self,
         scope: &Scope,
         id: &EnvironmentId,
         source_tree: &str,
+        clean: bool,
     ) -> Result<Build, StoreError> {
         let mut tx = self.db.begin_write().await?;
         let quota = plinth_kit::quota::Quota::QueuedBuilds;
@@ -68,13 +72,14 @@ impl Store {
         let version = latest + 1;
         let now = now_ms();
         let inserted = sqlx::query(
-            "INSERT INTO builds (environment_id, version, status, source_tree, queued_at_ms) \
-             VALUES ($1, $2, 'queued', $3, $4)",
+            "INSERT INTO builds (environment_id, version, status, source_tree, queued_at_ms, clean) \
+             VALUES ($1, $2, 'queued', $3, $4, $5)",
         )
         .bind(id.as_str())
         .bind(version)
         .bind(source_tree)
         .bind(now)
+        .bind(i64::from(clean))
         .execute(&mut *tx)
         .await;
         match inserted {
@@ -347,13 +352,16 @@ impl Store {
                 packages,
                 size,
                 dependency_key,
+                toolchains,
             } => {
                 let packages_json = serde_json::to_string(packages)
+                    .map_err(|error| StoreError::Corrupt(error.to_string()))?;
+                let toolchains_json = serde_json::to_string(toolchains)
                     .map_err(|error| StoreError::Corrupt(error.to_string()))?;
                 sqlx::query(
                     "UPDATE builds SET status = 'ready', layer_tree = $1, packages = $2, \
                      package_count = $3, size = $4, finished_at_ms = $5, lease_token = '', \
-                     dependency_key = $8 WHERE environment_id = $6 AND version = $7",
+                     dependency_key = $8, toolchains = $9 WHERE environment_id = $6 AND version = $7",
                 )
                 .bind(layer_tree)
                 .bind(packages_json)
@@ -363,6 +371,7 @@ impl Store {
                 .bind(&environment)
                 .bind(version)
                 .bind(dependency_key)
+                .bind(toolchains_json)
                 .execute(&mut *tx)
                 .await?;
                 sqlx::query(
@@ -564,6 +573,7 @@ fn build_from_row(row: &AnyRow) -> Result<Build, StoreError> {
     let status: String = row.try_get("status")?;
     let version: i64 = row.try_get("version")?;
     let packages: String = row.try_get("packages")?;
+    let toolchains: String = row.try_get("toolchains")?;
     let number = |column: &str| -> Result<i64, StoreError> { Ok(row.try_get::<i64, _>(column)?) };
     Ok(Build {
         environment_id: EnvironmentId::parse(&environment)
@@ -577,6 +587,9 @@ fn build_from_row(row: &AnyRow) -> Result<Build, StoreError> {
         error: row.try_get("error")?,
         packages: serde_json::from_str::<Vec<Package>>(&packages)
             .map_err(|error| StoreError::Corrupt(format!("packages: {error}")))?,
+        clean: number("clean")? != 0,
+        toolchains: serde_json::from_str::<Vec<Toolchain>>(&toolchains)
+            .map_err(|error| StoreError::Corrupt(format!("toolchains: {error}")))?,
         size: u64::try_from(number("size")?).unwrap_or(0),
         attempt: u32::try_from(number("attempt")?).unwrap_or(0),
         log_bytes: u64::try_from(number("log_bytes")?).unwrap_or(0),

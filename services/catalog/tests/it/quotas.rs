@@ -61,7 +61,7 @@ fn refused(result: Result<impl std::fmt::Debug, StoreError>) -> (Quota, u64, u64
 /// Builds the next version of `id` (of `owner`) to ready.
 async fn build(store: &Store, owner: &str, id: &EnvironmentId) {
     store
-        .start_build(&scope(owner), id, "sha256:source")
+        .start_build(&scope(owner), id, "sha256:source", false)
         .await
         .expect("start");
     let claim = store
@@ -77,6 +77,7 @@ async fn build(store: &Store, owner: &str, id: &EnvironmentId) {
                 packages: Vec::new(),
                 size: 1,
                 dependency_key: String::new(),
+                toolchains: Vec::new(),
             },
         )
         .await
@@ -213,7 +214,7 @@ async fn a_build_counts_from_queued_until_it_ends(store: Store) {
     let first = create(&store, "globex", "First").await.expect("first");
     let second = create(&store, "globex", "Second").await.expect("second");
     store
-        .start_build(&scope("globex"), &first, "sha256:source")
+        .start_build(&scope("globex"), &first, "sha256:source", false)
         .await
         .expect("queued");
     // The scope has its one build in flight: another environment's waits; the same
@@ -221,21 +222,21 @@ async fn a_build_counts_from_queued_until_it_ends(store: Store) {
     assert_eq!(
         refused(
             store
-                .start_build(&scope("globex"), &second, "sha256:source")
+                .start_build(&scope("globex"), &second, "sha256:source", false)
                 .await
         ),
         (Quota::QueuedBuilds, 1, 1)
     );
     assert!(matches!(
         store
-            .start_build(&scope("globex"), &first, "sha256:source")
+            .start_build(&scope("globex"), &first, "sha256:source", false)
             .await,
         Err(StoreError::Busy)
     ));
     // Another scope is not held up.
     let theirs = create(&store, "initech", "Theirs").await.expect("initech");
     store
-        .start_build(&scope("initech"), &theirs, "sha256:source")
+        .start_build(&scope("initech"), &theirs, "sha256:source", false)
         .await
         .expect("another scope's build");
     assert_eq!(
@@ -271,7 +272,7 @@ async fn a_build_counts_from_queued_until_it_ends(store: Store) {
     }
     assert_eq!(ended, 2);
     store
-        .start_build(&scope("globex"), &second, "sha256:source")
+        .start_build(&scope("globex"), &second, "sha256:source", false)
         .await
         .expect("the slot is free again");
 }

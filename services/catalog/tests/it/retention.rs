@@ -64,7 +64,7 @@ async fn claim(store: &Store) -> LeaseToken {
 /// Builds the next version of `id` to `outcome` (ready with `layer`, or failed).
 async fn build(store: &Store, id: &EnvironmentId, layer: Option<&str>, key: &str) -> u32 {
     let queued = store
-        .start_build(&scope(), id, &digest("source"))
+        .start_build(&scope(), id, &digest("source"), false)
         .await
         .expect("start");
     let token = claim(store).await;
@@ -74,6 +74,7 @@ async fn build(store: &Store, id: &EnvironmentId, layer: Option<&str>, key: &str
             packages: Vec::new(),
             size: 1,
             dependency_key: key.to_owned(),
+            toolchains: Vec::new(),
         },
         None => Outcome::Failed {
             error: "it failed".to_owned(),
@@ -183,7 +184,7 @@ async fn retention_keeps_the_active_the_pinned_and_the_newest_ready_versions(sto
     }
     // A build in flight is never retired.
     store
-        .start_build(&scope(), &other, &digest("source"))
+        .start_build(&scope(), &other, &digest("source"), false)
         .await
         .expect("queued");
     claim(&store).await;
@@ -437,7 +438,7 @@ async fn records_of_ended_work_go_after_the_retention_period_and_live_ones_stay(
 async fn a_builds_holds_keep_its_blobs_until_it_ends(store: Store) {
     let id = environment(&store, "Held").await;
     store
-        .start_build(&scope(), &id, &digest("source"))
+        .start_build(&scope(), &id, &digest("source"), false)
         .await
         .expect("start");
     let token = claim(&store).await;
@@ -466,6 +467,7 @@ async fn a_builds_holds_keep_its_blobs_until_it_ends(store: Store) {
                 packages: Vec::new(),
                 size: 1,
                 dependency_key: String::new(),
+                toolchains: Vec::new(),
             },
         )
         .await
@@ -482,7 +484,7 @@ async fn a_builds_holds_keep_its_blobs_until_it_ends(store: Store) {
 async fn a_hold_waits_while_a_collection_fence_stands(store: Store) {
     let id = environment(&store, "Fenced").await;
     store
-        .start_build(&scope(), &id, &digest("source"))
+        .start_build(&scope(), &id, &digest("source"), false)
         .await
         .expect("start");
     let token = claim(&store).await;
@@ -520,7 +522,7 @@ async fn a_layer_a_build_reuses_stays_kept_when_its_version_is_retired(store: St
     build(&store, &id, Some(&digest("new-layer")), "key-2").await;
     // The next build reuses version 1's dependencies: the catalog holds its layer for it.
     store
-        .start_build(&scope(), &id, &digest("source-3"))
+        .start_build(&scope(), &id, &digest("source-3"), false)
         .await
         .expect("start");
     let token = claim(&store).await;

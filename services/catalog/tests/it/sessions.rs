@@ -32,7 +32,7 @@ async fn environment(store: &Store, name: &str) -> EnvironmentId {
 /// Builds the next version of `id` to ready with layer `layer`.
 async fn build(store: &Store, id: &EnvironmentId, layer: &str) {
     store
-        .start_build(&scope("acme"), id, "sha256:source")
+        .start_build(&scope("acme"), id, "sha256:source", false)
         .await
         .expect("start");
     let claim = store
@@ -52,6 +52,7 @@ async fn build(store: &Store, id: &EnvironmentId, layer: &str) {
                 }],
                 size: 1,
                 dependency_key: String::new(),
+                toolchains: Vec::new(),
             },
         )
         .await

@@ -245,7 +245,7 @@ async fn build_through(
     outcome: Outcome,
 ) -> plinth_catalog::model::Build {
     store
-        .start_build(&scope("acme"), id, source)
+        .start_build(&scope("acme"), id, source, false)
         .await
         .expect("start");
     let claim = store
@@ -269,6 +269,7 @@ fn ready(layer: &str) -> Outcome {
         }],
         size: 1234,
         dependency_key: String::new(),
+        toolchains: Vec::new(),
     }
 }
 
@@ -280,7 +281,7 @@ async fn one_build_at_a_time_even_when_requests_race(store: Store) {
     let attempts: Vec<_> = (0..8)
         .map(|_| {
             let (store, id) = (store.clone(), environment.id.clone());
-            tokio::spawn(async move { store.start_build(&scope("acme"), &id, "sha256:tree").await })
+            tokio::spawn(async move { store.start_build(&scope("acme"), &id, "sha256:tree", false).await })
         })
         .collect();
     let mut started = 0;
@@ -311,7 +312,7 @@ async fn a_build_runs_from_queue_to_active_version(store: Store) {
         .expect("create");
     assert_eq!(environment.status(), EnvironmentStatus::Empty);
     store
-        .start_build(&scope("acme"), &environment.id, "sha256:source")
+        .start_build(&scope("acme"), &environment.id, "sha256:source", false)
         .await
         .expect("start");
     let claim = store
@@ -417,7 +418,7 @@ async fn a_failed_build_changes_nothing_else(store: Store) {
     )
     .await;
     store
-        .start_build(&scope("acme"), &environment.id, "sha256:two")
+        .start_build(&scope("acme"), &environment.id, "sha256:two", false)
         .await
         .expect("start");
     let second = store
@@ -509,7 +510,7 @@ async fn activation_takes_only_ready_versions(store: Store) {
         Err(StoreError::NotFound)
     ));
     store
-        .start_build(&scope("acme"), &environment.id, "sha256:4")
+        .start_build(&scope("acme"), &environment.id, "sha256:4", false)
         .await
         .expect("start");
     assert!(matches!(
@@ -528,7 +529,7 @@ async fn an_expired_lease_is_fenced_and_the_build_requeued(store: Store) {
         .await
         .expect("create");
     store
-        .start_build(&scope("acme"), &environment.id, "sha256:s")
+        .start_build(&scope("acme"), &environment.id, "sha256:s", false)
         .await
         .expect("start");
     let paused = store
@@ -592,7 +593,7 @@ async fn a_build_whose_builders_keep_vanishing_fails(store: Store) {
         .await
         .expect("create");
     store
-        .start_build(&scope("acme"), &environment.id, "sha256:s")
+        .start_build(&scope("acme"), &environment.id, "sha256:s", false)
         .await
         .expect("start");
     for attempt in 1..=2 {
@@ -624,7 +625,7 @@ async fn a_build_whose_builders_keep_vanishing_fails(store: Store) {
     assert_eq!(read.status(), EnvironmentStatus::Failed);
     // A new build may start.
     store
-        .start_build(&scope("acme"), &environment.id, "sha256:t")
+        .start_build(&scope("acme"), &environment.id, "sha256:t", false)
         .await
         .expect("start again");
 }
@@ -635,7 +636,7 @@ async fn deleting_waits_for_the_build_and_takes_its_versions(store: Store) {
         .await
         .expect("create");
     store
-        .start_build(&scope("acme"), &environment.id, "sha256:s")
+        .start_build(&scope("acme"), &environment.id, "sha256:s", false)
         .await
         .expect("start");
     assert!(matches!(

@@ -217,7 +217,7 @@ impl World {
     /// does: holds through the catalog, stores, completes. Answers the layer tree's digest.
     async fn publish(&self, environment: &EnvironmentId, files: &[(&str, &[u8])]) -> Digest {
         self.catalog
-            .start_build(&scope(), environment, &Digest::of(b"no source").to_string())
+            .start_build(&scope(), environment, &Digest::of(b"no source").to_string(), false)
             .await
             .expect("start");
         let token = self
@@ -258,6 +258,7 @@ impl World {
                     packages: Vec::new(),
                     size: 1,
                     dependency_key: String::new(),
+                    toolchains: Vec::new(),
                 },
             )
             .await

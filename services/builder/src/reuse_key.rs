@@ -1,0 +1,286 @@
+//! What a build's reuse key is made of, beyond the mount path and the toolchain: every file an
+//! installer reads and the registry settings it installs from. Two builds whose keys are equal
+//! install equal dependency trees, so the later may start from the earlier's `.venv` and
+//! `node_modules` (the installers still run over them: see [`crate::manifests::Toolchain`]).
+//!
+//! The files, each by its content's digest, absent ones left out:
+//!
+//! - Python: `pyproject.toml`, `uv.lock`, `uv.toml`, `.python-version`, `setup.py`,
+//!   `setup.cfg`, `requirements.txt`, and every file `requirements.txt` includes
+//!   (`-r`/`--requirement`, `-c`/`--constraint`, transitively), the `pyproject.toml`,
+//!   `setup.py` and `setup.cfg` of every local directory it installs (`-e ./lib`, `./lib`),
+//!   and the files of every local `--find-links`/`-f` directory it names;
+//! - Node: `package.json`, `package-lock.json`, `npm-shrinkwrap.json`, `.npmrc`, `.nvmrc`,
+//!   `.node-version`;
+//! - `setup.sh`.
+//!
+//! Included paths are resolved beneath the project only: a reference that leaves it (`..`,
+//! absolute) adds nothing, since the build could not read it either.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+use plinth_blobs::Digest;
+
+use crate::registries::Registries;
+
+/// Files at the project's root that installers read.
+pub const ROOT_INPUTS: [&str; 16] = [
+    "pyproject.toml",
+    "uv.lock",
+    "uv.toml",
+    ".python-version",
+    "setup.py",
+    "setup.cfg",
+    "requirements.txt",
+    "package.json",
+    "package-lock.json",
+    "npm-shrinkwrap.json",
+    ".npmrc",
+    ".nvmrc",
+    ".node-version",
+    "setup.sh",
+    "pip.conf",
+    "MANIFEST.in",
+];
+
+/// Most requirement files followed from `requirements.txt`, and most files hashed from local
+/// find-links directories: a key is a summary, not an inventory.
+const MAX_INCLUDES: usize = 256;
+const MAX_FIND_LINKS_FILES: usize = 4096;
+
+/// The key's files: path beneath the project to its content's digest, in path order.
+pub fn inputs(root: &Path) -> std::io::Result<Vec<(String, Digest)>> {
+    let mut found = BTreeMap::new();
+    for name in ROOT_INPUTS {
+        add(root, Path::new(name), &mut found)?;
+    }
+    let mut pending = vec![PathBuf::from("requirements.txt")];
+    let mut seen = 0;
+    while let Some(file) = pending.pop() {
+        seen += 1;
+        if seen > MAX_INCLUDES {
+            break;
+        }
+        let Some(text) = read_regular(&root.join(&file))? else {
+            continue;
+        };
+        let base = file.parent().unwrap_or(Path::new("")).to_owned();
+        for reference in references(&text) {
+            let Some(path) = beneath(&base, &reference.path) else {
+                continue;
+            };
+            match reference.kind {
+                Kind::Requirements => {
+                    if !found.contains_key(&display(&path)) {
+                        add(root, &path, &mut found)?;
+                        pending.push(path);
+                    }
+                }
+                Kind::LocalProject => {
+                    for name in ["pyproject.toml", "setup.py", "setup.cfg"] {
+                        add(root, &path.join(name), &mut found)?;
+                    }
+                }
+                Kind::FindLinks => find_links(root, &path, &mut found)?,
+            }
+        }
+    }
+    Ok(found.into_iter().collect())
+}
+
+/// The registry settings that change what gets installed (indexes, registry; not proxies or
+/// certificates, which change only how it is fetched).
+pub fn registries(registries: &Registries) -> String {
+    format!(
+        "python_index_url={:?} python_extra_index_urls={:?} npm_registry={:?}",
+        registries.python_index_url, registries.python_extra_index_urls, registries.npm_registry
+    )
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Kind {
+    /// `-r`, `-c`: another requirements file.
+    Requirements,
+    /// `-e ./dir`, `./dir`: a local project installed from its manifests.
+    LocalProject,
+    /// `-f dir`, `--find-links dir`: a directory of distributions.
+    FindLinks,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Reference {
+    kind: Kind,
+    path: String,
+}
+
+/// The local files and directories a requirements file refers to.
+fn references(text: &str) -> Vec<Reference> {
+    let mut found = Vec::new();
+    for line in text.lines() {
+        let line = line.split(" #").next().unwrap_or("").trim();
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (option, value) = match line.split_once(['=', ' ', '\t']) {
+            Some((option, value)) if option.starts_with('-') => (option, value.trim()),
+            _ if line.starts_with('-') => (line, ""),
+            _ => ("", line),
+        };
+        let kind = match option {
+            "-r" | "--requirement" | "-c" | "--constraint" => Kind::Requirements,
+            "-f" | "--find-links" => Kind::FindLinks,
+            "-e" | "--editable" | "" => Kind::LocalProject,
+            _ => continue,
+        };
+        let value = value.trim_start_matches("file://");
+        let local = kind != Kind::LocalProject
+            || value == "."
+            || value.starts_with("./")
+            || value.starts_with("../");
+        if value.is_empty() || value.contains("://") || !local {
+            continue;
+        }
+        // A local project may carry extras or markers: `./lib[extra]; python_version > "3"`.
+        let value = value
+            .split([';', '['])
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_owned();
+        found.push(Reference { kind, path: value });
+    }
+    found
+}
+
+/// `reference` relative to `base`, both beneath the project; none when it would leave it.
+fn beneath(base: &Path, reference: &str) -> Option<PathBuf> {
+    let mut path = base.to_owned();
+    for component in Path::new(reference).components() {
+        match component {
+            Component::Normal(part) => path.push(part),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !path.pop() {
+                    return None;
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(path)
+}
+
+fn display(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+/// A regular file's bytes; none when absent or not a regular file (links are not followed).
+fn read_regular_bytes(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    match std::fs::symlink_metadata(path) {
+        Ok(metadata) if metadata.is_file() => std::fs::read(path).map(Some),
+        Ok(_) => Ok(None),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) if error.kind() == std::io::ErrorKind::NotADirectory => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+fn read_regular(path: &Path) -> std::io::Result<Option<String>> {
+    Ok(read_regular_bytes(path)?.map(|bytes| String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+fn add(root: &Path, path: &Path, found: &mut BTreeMap<String, Digest>) -> std::io::Result<()> {
+    if let Some(bytes) = read_regular_bytes(&root.join(path))? {
+        found.insert(display(path), Digest::of(&bytes));
+    }
+    Ok(())
+}
+
+/// Every regular file directly in a local find-links directory.
+fn find_links(
+    root: &Path,
+    dir: &Path,
+    found: &mut BTreeMap<String, Digest>,
+) -> std::io::Result<()> {
+    let full = root.join(dir);
+    if !std::fs::symlink_metadata(&full).is_ok_and(|metadata| metadata.is_dir()) {
+        return Ok(());
+    }
+    let mut names: Vec<_> = std::fs::read_dir(&full)?
+        .flatten()
+        .map(|entry| entry.file_name())
+        .collect();
+    names.sort();
+    for name in names.into_iter().take(MAX_FIND_LINKS_FILES) {
+        add(root, &dir.join(name), found)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requirement_files_name_what_they_include() {
+        let text = "-r base.txt\n--requirement=dev/more.txt\n-c constraints.txt\n\
+                    -e .\n./lib[extra]; python_version > '3'\n--find-links wheels\n\
+                    -f https://example.invalid/simple\nflask==3.0 # a comment\n\
+                    -e git+https://example.invalid/x.git\n--no-index\n";
+        let found = references(text);
+        let paths: Vec<&str> = found.iter().map(|r| r.path.as_str()).collect();
+        assert_eq!(found[2].kind, Kind::Requirements);
+        assert_eq!(found[4].kind, Kind::LocalProject);
+        assert_eq!(found[5].kind, Kind::FindLinks);
+        assert_eq!(
+            paths,
+            [
+                "base.txt",
+                "dev/more.txt",
+                "constraints.txt",
+                ".",
+                "./lib",
+                "wheels"
+            ]
+        );
+    }
+
+    #[test]
+    fn every_input_changes_the_key_and_nothing_leaves_the_project() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("project");
+        std::fs::create_dir_all(root.join("dev")).expect("mkdir");
+        std::fs::create_dir_all(root.join("wheels")).expect("mkdir");
+        std::fs::write(dir.path().join("outside.txt"), "secret").expect("write");
+        std::fs::write(
+            root.join("requirements.txt"),
+            "-r dev/more.txt\n-r ../outside.txt\n-r /etc/passwd\n--find-links wheels\n",
+        )
+        .expect("write");
+        std::fs::write(root.join("dev/more.txt"), "-c ../constraints.txt\n").expect("write");
+        std::fs::write(root.join("constraints.txt"), "x<2\n").expect("write");
+        std::fs::write(root.join("wheels/x-1.0-py3-none-any.whl"), "wheel").expect("write");
+        std::fs::write(root.join(".python-version"), "3.11\n").expect("write");
+        let names = |root: &Path| -> Vec<String> {
+            inputs(root)
+                .expect("inputs")
+                .into_iter()
+                .map(|(path, _)| path)
+                .collect()
+        };
+        assert_eq!(
+            names(&root),
+            [
+                ".python-version",
+                "constraints.txt",
+                "dev/more.txt",
+                "requirements.txt",
+                "wheels/x-1.0-py3-none-any.whl"
+            ]
+        );
+        let before = inputs(&root).expect("inputs");
+        std::fs::write(root.join("constraints.txt"), "x<3\n").expect("write");
+        assert_ne!(inputs(&root).expect("inputs"), before);
+    }
+}

@@ -1,0 +1,468 @@
+//! Toolchains as the project pins them: which Python and which Node a build's installers run
+//! with, and what a build records about them.
+//!
+//! A project pins its Python with `.python-version` (its first line, as uv and pyenv read it)
+//! or, without one, `requires-python` in `pyproject.toml`; its Node with `.nvmrc` or
+//! `.node-version` (a version or prefix: `22`, `v22.3`) or, without either, `engines.node` in
+//! `package.json` (an npm range). The interpreters a builder offers are the system's (`PATH`)
+//! and those in `builder.toolchain_dirs`, each directory holding `python3.X` or `node`
+//! executables directly (a `bin` directory of an installed toolchain).
+//!
+//! - Python: uv chooses the interpreter itself and honours both pins (`uv venv`, `uv sync`);
+//!   before any installer runs, [`select`] asks uv whether the pin can be met among the
+//!   offered interpreters (`uv python find`), so that a pin that cannot is one clear error
+//!   naming what was asked and what there is. Without uv, `python3` must match the pin.
+//! - Node: the newest offered `node` that satisfies the pin is put first on the installers'
+//!   `PATH` (npm runs under the `node` it finds there).
+//!
+//! After the installers, [`report`] reads what was actually used: the venv's `pyvenv.cfg`
+//! (its interpreter and version) and the chosen `node`. The version records them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// One toolchain a build ran with, as its version records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Used {
+    /// `python` or `node`.
+    pub name: &'static str,
+    /// As the program reports it, without a leading `v` (`3.11.7`, `20.20.2`).
+    pub version: String,
+    /// The program's path as builds (and sessions) see it.
+    pub path: String,
+}
+
+/// A pin: what the project asks for and which file asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pin {
+    pub request: String,
+    pub from: &'static str,
+}
+
+/// The project's Python pin, if any: `.python-version`'s first line, else `requires-python`.
+pub fn python_pin(root: &Path) -> Option<Pin> {
+    if let Some(line) = first_line(&root.join(".python-version")) {
+        return Some(Pin {
+            request: line,
+            from: ".python-version",
+        });
+    }
+    let text = read_small(&root.join("pyproject.toml"))?;
+    let document: toml::Table = toml::from_str(&text).ok()?;
+    let request = document
+        .get("project")?
+        .get("requires-python")?
+        .as_str()?
+        .trim()
+        .to_owned();
+    (!request.is_empty()).then_some(Pin {
+        request,
+        from: "requires-python in pyproject.toml",
+    })
+}
+
+/// The project's Node pin, if any: `.nvmrc`, `.node-version`, else `engines.node`.
+pub fn node_pin(root: &Path) -> Option<Pin> {
+    for from in [".nvmrc", ".node-version"] {
+        if let Some(line) = first_line(&root.join(from)) {
+            return Some(Pin {
+                request: line,
+                from,
+            });
+        }
+    }
+    let text = read_small(&root.join("package.json"))?;
+    let document: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let request = document.get("engines")?.get("node")?.as_str()?.trim().to_owned();
+    (!request.is_empty()).then_some(Pin {
+        request,
+        from: "engines.node in package.json",
+    })
+}
+
+/// The first line that says something, without comments (`#`), of a small text file.
+fn first_line(path: &Path) -> Option<String> {
+    read_small(path)?
+        .lines()
+        .map(|line| line.split('#').next().unwrap_or("").trim())
+        .find(|line| !line.is_empty())
+        .map(str::to_owned)
+}
+
+/// A regular file's text, if it is small enough to be a pin or a manifest (never a link: the
+/// source holds none that leave it, and a pin is read on the builder's side).
+fn read_small(path: &Path) -> Option<String> {
+    let metadata = std::fs::symlink_metadata(path).ok()?;
+    if !metadata.is_file() || metadata.len() > 1024 * 1024 {
+        return None;
+    }
+    std::fs::read_to_string(path).ok()
+}
+
+/// What [`select`] decided.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    /// The installers' PATH: the given one, with the chosen Node's directory first.
+    pub path: String,
+    /// The chosen Node, when the project pins one.
+    pub node: Option<Used>,
+    /// What the choice adds to the reuse key.
+    pub key: String,
+}
+
+/// Checks the project's pins against the offered toolchains and answers the installers' PATH.
+/// `path` is the installers' PATH (tools directory, toolchain directories, system); the error
+/// names what was asked, by which file, and what this builder has.
+pub fn select(
+    root: &Path,
+    path: &str,
+    python: bool,
+    node: bool,
+) -> Result<Selection, String> {
+    let mut selection = Selection {
+        path: path.to_owned(),
+        ..Selection::default()
+    };
+    if python && let Some(pin) = python_pin(root) {
+        let found = find_python(path, &pin.request);
+        let Some(found) = found else {
+            return Err(format!(
+                "the project asks for Python {} ({}), and this builder has {}: pin a version it has, \
+                 or add an interpreter's directory to builder.toolchain_dirs",
+                pin.request,
+                pin.from,
+                listed(&pythons(path)),
+            ));
+        };
+        selection.key.push_str(&format!(
+            "python {} {}\n",
+            found.version, found.path
+        ));
+    }
+    if node && let Some(pin) = node_pin(root) {
+        let offered = nodes(path);
+        let chosen = offered
+            .iter()
+            .filter(|candidate| node_satisfies(&pin, &candidate.version))
+            .max_by(|a, b| compare_versions(&a.version, &b.version));
+        let Some(chosen) = chosen else {
+            return Err(format!(
+                "the project asks for Node {} ({}), and this builder has {}: pin a version it has, \
+                 or add a Node's bin directory to builder.toolchain_dirs",
+                pin.request,
+                pin.from,
+                listed(&offered),
+            ));
+        };
+        if let Some(dir) = Path::new(&chosen.path).parent() {
+            selection.path = format!("{}:{}", dir.display(), path);
+        }
+        selection.key.push_str(&format!(
+            "node {} {}\n",
+            chosen.version, chosen.path
+        ));
+        selection.node = Some(chosen.clone());
+    }
+    Ok(selection)
+}
+
+/// `3.11.7 (/usr/bin/python3.11), …`, or `none`.
+fn listed(offered: &[Used]) -> String {
+    if offered.is_empty() {
+        return "none".to_owned();
+    }
+    offered
+        .iter()
+        .map(|used| format!("{} {} ({})", used.name, used.version, used.path))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A `.nvmrc`-style version (`22`, `v22.3`, `22.3.1`) matches by prefix; anything else is an
+/// npm range (`>=18`, `^20 || ^22`). Aliases (`lts/*`, `node`) match any version.
+fn node_satisfies(pin: &Pin, version: &str) -> bool {
+    let request = pin.request.trim_start_matches('v');
+    if matches!(request, "node" | "stable" | "latest") || request.starts_with("lts") {
+        return true;
+    }
+    if !request.is_empty() && request.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        let wanted: Vec<&str> = request.split('.').collect();
+        return version.split('.').zip(&wanted).filter(|(a, b)| a == *b).count() == wanted.len()
+            && version.split('.').count() >= wanted.len();
+    }
+    match (
+        nodejs_semver::Range::parse(request),
+        nodejs_semver::Version::parse(version),
+    ) {
+        (Ok(range), Ok(version)) => range.satisfies(&version),
+        _ => false,
+    }
+}
+
+/// Orders dotted versions numerically.
+fn compare_versions(a: &str, b: &str) -> std::cmp::Ordering {
+    let parts = |text: &str| -> Vec<u64> {
+        text.split('.')
+            .map(|part| part.parse().unwrap_or(0))
+            .collect()
+    };
+    parts(a).cmp(&parts(b))
+}
+
+/// Runs a program with only `PATH` set; its trimmed standard output (or error output) on
+/// success.
+fn output(program: &Path, args: &[&str], path: &str) -> Option<String> {
+    let output = Command::new(program)
+        .args(args)
+        .env_clear()
+        .env("PATH", path)
+        .current_dir("/")
+        .output()
+        .ok()
+        .filter(|output| output.status.success())?;
+    let text = if output.stdout.is_empty() {
+        output.stderr
+    } else {
+        output.stdout
+    };
+    Some(String::from_utf8_lossy(&text).trim().to_owned())
+}
+
+/// The directories of a PATH, in order.
+fn dirs(path: &str) -> impl Iterator<Item = PathBuf> + '_ {
+    path.split(':').filter(|dir| !dir.is_empty()).map(PathBuf::from)
+}
+
+fn executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|metadata| {
+        metadata.is_file() && metadata.permissions().mode() & 0o111 != 0
+    })
+}
+
+/// Every `node` on `path`, each real program once.
+pub fn nodes(path: &str) -> Vec<Used> {
+    let mut seen = Vec::new();
+    let mut found = Vec::new();
+    for dir in dirs(path) {
+        let candidate = dir.join("node");
+        if !executable(&candidate) {
+            continue;
+        }
+        let real = std::fs::canonicalize(&candidate).unwrap_or_else(|_| candidate.clone());
+        if seen.contains(&real) {
+            continue;
+        }
+        seen.push(real);
+        if let Some(version) = output(&candidate, &["--version"], path) {
+            found.push(Used {
+                name: "node",
+                version: version.trim_start_matches('v').to_owned(),
+                path: candidate.to_string_lossy().into_owned(),
+            });
+        }
+    }
+    found
+}
+
+/// Every Python interpreter on `path` (`python3`, `python3.X`), each real program once.
+pub fn pythons(path: &str) -> Vec<Used> {
+    let mut seen = Vec::new();
+    let mut found = Vec::new();
+    for dir in dirs(path) {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut names: Vec<String> = entries
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .filter(|name| {
+                name == "python3"
+                    || name
+                        .strip_prefix("python3.")
+                        .is_some_and(|minor| minor.chars().all(|c| c.is_ascii_digit()))
+            })
+            .collect();
+        names.sort();
+        for name in names {
+            let candidate = dir.join(&name);
+            if !executable(&candidate) {
+                continue;
+            }
+            let real = std::fs::canonicalize(&candidate).unwrap_or_else(|_| candidate.clone());
+            if seen.contains(&real) {
+                continue;
+            }
+            seen.push(real);
+            if let Some(version) = output(&candidate, &["--version"], path) {
+                found.push(Used {
+                    name: "python",
+                    version: version.trim_start_matches("Python ").to_owned(),
+                    path: candidate.to_string_lossy().into_owned(),
+                });
+            }
+        }
+    }
+    found
+}
+
+/// The interpreter uv would choose on `path` for `request` (uv's own matching: a version, a
+/// prefix, a specifier such as `>=3.10`), or, without uv, `python3` when its version starts
+/// with the request.
+fn find_python(path: &str, request: &str) -> Option<Used> {
+    let uv = dirs(path).map(|dir| dir.join("uv")).find(|uv| executable(uv));
+    let found = match uv {
+        Some(uv) => {
+            let found = output(
+                &uv,
+                &[
+                    "python",
+                    "find",
+                    "--no-config",
+                    "--no-project",
+                    "--python-preference",
+                    "only-system",
+                    "--no-python-downloads",
+                    "--",
+                    request,
+                ],
+                path,
+            )?;
+            PathBuf::from(found.lines().last()?.trim())
+        }
+        None => {
+            let python = dirs(path)
+                .map(|dir| dir.join("python3"))
+                .find(|python| executable(python))?;
+            let version = output(&python, &["--version"], path)?;
+            let version = version.trim_start_matches("Python ");
+            let wanted = request.trim_start_matches("python").trim_start_matches('@');
+            if !version.starts_with(wanted) {
+                return None;
+            }
+            python
+        }
+    };
+    let version = output(&found, &["--version"], path)?;
+    Some(Used {
+        name: "python",
+        version: version.trim_start_matches("Python ").to_owned(),
+        path: found.to_string_lossy().into_owned(),
+    })
+}
+
+/// What a finished build ran with: the venv's interpreter (from its `pyvenv.cfg`) and the
+/// `node` first on the installers' PATH, when the project used them.
+pub fn report(root: &Path, mount: &str, path: &str, node_used: bool) -> Vec<Used> {
+    let mut used = Vec::new();
+    if let Some(config) = read_small(&root.join(".venv/pyvenv.cfg")) {
+        let value = |key: &str| {
+            config.lines().find_map(|line| {
+                let (name, value) = line.split_once('=')?;
+                (name.trim() == key).then(|| value.trim().to_owned())
+            })
+        };
+        if let Some(version) = value("version_info").or_else(|| value("version")) {
+            // The venv's own python links to the interpreter it was made from.
+            let path = std::fs::read_link(root.join(".venv/bin/python"))
+                .ok()
+                .map(|target| {
+                    if target.is_absolute() {
+                        target.to_string_lossy().into_owned()
+                    } else {
+                        format!("{mount}/.venv/bin/{}", target.display())
+                    }
+                })
+                .or_else(|| value("home").map(|home| format!("{home}/python3")))
+                .unwrap_or_default();
+            // `version_info` may carry a release level (`3.11.7.final.0`).
+            let version = version.split('.').take(3).collect::<Vec<_>>().join(".");
+            used.push(Used {
+                name: "python",
+                version,
+                path,
+            });
+        }
+    }
+    if node_used && let Some(node) = nodes(path).into_iter().next() {
+        used.push(node);
+    }
+    used
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pin(request: &str) -> Pin {
+        Pin {
+            request: request.to_owned(),
+            from: ".nvmrc",
+        }
+    }
+
+    #[test]
+    fn node_pins_match_like_nvm_and_npm() {
+        assert!(node_satisfies(&pin("20"), "20.20.2"));
+        assert!(node_satisfies(&pin("v20.20"), "20.20.2"));
+        assert!(!node_satisfies(&pin("2"), "20.20.2"));
+        assert!(!node_satisfies(&pin("22"), "20.20.2"));
+        assert!(node_satisfies(&pin(">=18"), "20.20.2"));
+        assert!(node_satisfies(&pin("^18 || ^20"), "20.1.0"));
+        assert!(!node_satisfies(&pin(">= 22"), "20.20.2"));
+        assert!(node_satisfies(&pin("lts/*"), "20.20.2"));
+        assert!(!node_satisfies(&pin("not a range"), "20.20.2"));
+    }
+
+    #[test]
+    fn pins_come_from_the_files_projects_use() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(python_pin(dir.path()), None);
+        std::fs::write(
+            dir.path().join("pyproject.toml"),
+            "[project]\nname = \"x\"\nrequires-python = \">=3.10\"\n",
+        )
+        .expect("write");
+        assert_eq!(
+            python_pin(dir.path()).map(|pin| pin.request),
+            Some(">=3.10".to_owned())
+        );
+        std::fs::write(dir.path().join(".python-version"), "# pinned\n3.12\n").expect("write");
+        assert_eq!(
+            python_pin(dir.path()),
+            Some(Pin {
+                request: "3.12".to_owned(),
+                from: ".python-version"
+            })
+        );
+        std::fs::write(
+            dir.path().join("package.json"),
+            r#"{"engines": {"node": ">=22"}}"#,
+        )
+        .expect("write");
+        assert_eq!(
+            node_pin(dir.path()).map(|pin| pin.request),
+            Some(">=22".to_owned())
+        );
+        std::fs::write(dir.path().join(".nvmrc"), "v20\n").expect("write");
+        assert_eq!(node_pin(dir.path()).map(|pin| pin.from), Some(".nvmrc"));
+    }
+
+    #[test]
+    fn an_unmet_pin_names_what_was_asked_and_what_there_is() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join(".python-version"), "3.99\n").expect("write");
+        std::fs::write(dir.path().join(".nvmrc"), "99\n").expect("write");
+        let path = "/usr/local/bin:/usr/bin:/bin";
+        let error = select(dir.path(), path, true, false).expect_err("python 3.99");
+        assert!(
+            error.contains("Python 3.99 (.python-version)") && error.contains("python 3."),
+            "{error}"
+        );
+        let error = select(dir.path(), path, false, true).expect_err("node 99");
+        assert!(error.contains("Node 99 (.nvmrc)"), "{error}");
+        // Unpinned, or pinned to what there is: no error.
+        std::fs::remove_file(dir.path().join(".nvmrc")).expect("rm");
+        assert!(select(dir.path(), path, false, true).is_ok());
+    }
+}

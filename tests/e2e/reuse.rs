@@ -1,0 +1,272 @@
+//! A reused build equals a fresh one (UHP §4: a version is what a build of its source
+//! installs). Real builds, with no network: the project carries its wheel, its npm lock has no
+//! dependencies, and its `prepare` script writes into the tree from a file that is not part of
+//! the reuse key. Each version's layer is read back from the blob store and compared entry by
+//! entry; every reuse-key input, changed alone, makes the next build run from scratch.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use plinth_blobs::BlobStore;
+use plinth_blobs::tree::Tree;
+use serde_json::{Value, json};
+
+use crate::builds::tiny_wheel;
+use crate::helpers::{Server, create_environment, put_file, send, wait_for_build};
+
+const BUILD_LIMIT: Duration = Duration::from_secs(180);
+
+/// The system Python's `major.minor`, as builds find it.
+fn system_python() -> String {
+    let output = std::process::Command::new("python3")
+        .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .output()
+        .expect("python3");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// Starts the next build (with `body`, if any) and waits for it to end.
+async fn build(server: &Server, id: &str, version: u64, body: Option<Value>) -> Value {
+    let mut request = server
+        .client
+        .post(server.url(&format!("/v1/environments/{id}/build")));
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let (status, queued) = send(request).await;
+    assert_eq!(status, 202, "{queued}");
+    assert!(queued["clean"].is_boolean(), "{queued}");
+    wait_for_build(server, id, version, BUILD_LIMIT).await
+}
+
+fn log(build: &Value) -> &str {
+    build["log"].as_str().unwrap_or("")
+}
+
+fn assert_ready(build: &Value) {
+    assert_eq!(
+        build["status"],
+        "ready",
+        "log:\n{}\nerror: {}",
+        log(build),
+        build["error"]
+    );
+}
+
+/// A version's layer: path to (kind, content digest, executable).
+async fn layer(server: &Server, id: &str, version: u32) -> BTreeMap<String, String> {
+    let blobs = BlobStore::open(
+        &format!("file://{}", server.data_dir().join("blobs").display()),
+        server.data_dir().join("spool"),
+    )
+    .expect("open");
+    let digest = server.layer(id, version).await;
+    let bytes = blobs
+        .get(&digest)
+        .await
+        .expect("layer tree")
+        .into_bytes()
+        .await
+        .expect("bytes");
+    Tree::decode(&bytes)
+        .expect("tree")
+        .entries
+        .into_iter()
+        .map(|entry| {
+            let digest = entry
+                .file_digest()
+                .map(|digest| digest.to_string())
+                .unwrap_or_default();
+            let shown = format!(
+                "{:?} {digest} {} {}",
+                entry.kind,
+                entry.mode & 0o111 != 0,
+                entry.target.clone().unwrap_or_default()
+            );
+            (entry.path, shown)
+        })
+        .collect()
+}
+
+/// The differences between two layers, for a failure message.
+fn differences(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (path, entry) in a {
+        match b.get(path) {
+            None => out.push(format!("only in the first: {path}")),
+            Some(other) if other != entry => out.push(format!("{path}: {entry} / {other}")),
+            Some(_) => {}
+        }
+    }
+    for path in b.keys().filter(|path| !a.contains_key(*path)) {
+        out.push(format!("only in the second: {path}"));
+    }
+    out
+}
+
+const BUILD_JS: &str = "const fs = require('fs');\n\
+    fs.mkdirSync('lib', { recursive: true });\n\
+    fs.writeFileSync('lib/out.js', 'module.exports = ' + JSON.stringify(fs.readFileSync('src/message.txt', 'utf8')) + ';\\n');\n";
+
+/// A project with a Python requirement in an included file, a Python pin, and an npm package
+/// whose `prepare` script builds `lib/` from `src/`.
+async fn fixture(server: &Server, name: &str) -> String {
+    let id = create_environment(server, name).await;
+    let python = system_python();
+    for (path, content) in [
+        (
+            "requirements.txt",
+            "--no-index\n--find-links wheels\n-r requirements/base.txt\n".to_owned(),
+        ),
+        ("requirements/base.txt", "tinypkg==1.0\n".to_owned()),
+        (".python-version", format!("{python}\n")),
+        (
+            "package.json",
+            r#"{"name": "fixture", "version": "1.0.0", "scripts": {"prepare": "node build.js"}}"#
+                .to_owned(),
+        ),
+        (
+            "package-lock.json",
+            r#"{"name": "fixture", "version": "1.0.0", "lockfileVersion": 3, "requires": true, "packages": {"": {"name": "fixture", "version": "1.0.0"}}}"#
+                .to_owned(),
+        ),
+        (".npmrc", "fund=false\n".to_owned()),
+        ("build.js", BUILD_JS.to_owned()),
+        ("src/message.txt", "first".to_owned()),
+    ] {
+        put_file(server, &id, path, content).await;
+    }
+    put_file(
+        server,
+        &id,
+        "wheels/tinypkg-1.0-py3-none-any.whl",
+        tiny_wheel(),
+    )
+    .await;
+    id
+}
+
+const REUSED: &str = "the installers run over them";
+const FROM_SCRATCH: &str = "installing from scratch";
+
+#[tokio::test]
+async fn a_reused_build_holds_what_a_fresh_build_of_the_same_source_holds() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let id = fixture(&server, "Reuse").await;
+
+    let first = build(&server, &id, 1, None).await;
+    assert_ready(&first);
+    assert!(log(&first).contains(FROM_SCRATCH), "{}", log(&first));
+    // The version records the toolchains its installers ran with.
+    let toolchains = first["toolchains"].as_array().expect("toolchains");
+    let python = toolchains
+        .iter()
+        .find(|toolchain| toolchain["name"] == "python")
+        .expect("python recorded");
+    assert!(
+        python["version"]
+            .as_str()
+            .is_some_and(|version| version.starts_with(&format!("{}.", system_python()))),
+        "{toolchains:?}"
+    );
+    assert!(
+        toolchains.iter().any(|toolchain| toolchain["name"] == "node"),
+        "{toolchains:?}"
+    );
+    let (_, versions) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}/versions"))),
+    )
+    .await;
+    assert_eq!(versions["data"][0]["toolchains"], first["toolchains"]);
+
+    // A change outside the reuse key: the dependencies are reused, and the prepare script
+    // still runs over them.
+    put_file(&server, &id, "src/message.txt", "second").await;
+    let reused = build(&server, &id, 2, None).await;
+    assert_ready(&reused);
+    assert!(log(&reused).contains(REUSED), "{}", log(&reused));
+    let reused_layer = layer(&server, &id, 2).await;
+    assert!(reused_layer.contains_key("lib/out.js"), "{reused_layer:?}");
+    assert!(reused_layer.contains_key(".venv/bin/tinytool"));
+
+    // The same source built clean: nothing reused, and the same layer entry for entry.
+    let clean = build(&server, &id, 3, Some(json!({"clean": true}))).await;
+    assert_ready(&clean);
+    assert_eq!(clean["clean"], true);
+    assert!(
+        log(&clean).contains("a clean build was asked for") && !log(&clean).contains(REUSED),
+        "{}",
+        log(&clean)
+    );
+    let clean_layer = layer(&server, &id, 3).await;
+    let differ = differences(&reused_layer, &clean_layer);
+    assert!(differ.is_empty(), "reused and fresh layers differ:\n{differ:#?}");
+    // …and the lib/ the prepare script wrote is the second message's, not the first's.
+    assert_ne!(
+        reused_layer.get("lib/out.js"),
+        layer(&server, &id, 1).await.get("lib/out.js")
+    );
+
+    // Each reuse-key input, changed alone, makes the next build install from scratch.
+    let mut version = 3;
+    for (path, content) in [
+        ("requirements/base.txt", "tinypkg==1.0\n# pinned\n".to_owned()),
+        (".python-version", format!("{}\n# pinned\n", system_python())),
+        (".npmrc", "fund=false\naudit=false\n".to_owned()),
+        ("package-lock.json", r#"{"name": "fixture", "version": "1.0.0", "lockfileVersion": 3, "requires": true, "packages": {"": {"name": "fixture", "version": "1.0.0"}}}
+"#.to_owned()),
+    ] {
+        put_file(&server, &id, path, content).await;
+        version += 1;
+        let next = build(&server, &id, version, None).await;
+        assert_ready(&next);
+        assert!(
+            log(&next).contains(FROM_SCRATCH) && !log(&next).contains(REUSED),
+            "after changing {path}:\n{}",
+            log(&next)
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_pin_that_cannot_be_met_fails_naming_what_was_asked_and_what_there_is() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let id = fixture(&server, "Pinned").await;
+    put_file(&server, &id, ".python-version", "3.99\n").await;
+    let failed = build(&server, &id, 1, None).await;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    let error = failed["error"].as_str().unwrap_or("");
+    assert!(
+        error.contains("Python 3.99 (.python-version)")
+            && error.contains(&format!("python {}.", system_python())),
+        "{error}"
+    );
+
+    put_file(&server, &id, ".python-version", format!("{}\n", system_python())).await;
+    put_file(&server, &id, ".nvmrc", "99\n").await;
+    let failed = build(&server, &id, 2, None).await;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    let error = failed["error"].as_str().unwrap_or("");
+    assert!(
+        error.contains("Node 99 (.nvmrc)") && error.contains("node "),
+        "{error}"
+    );
+    // A failed build changed nothing: the environment has no active version.
+    let (_, environment) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}"))),
+    )
+    .await;
+    assert_eq!(environment["version"], Value::Null, "{environment}");
+}
