@@ -332,6 +332,13 @@ pub struct BuilderSection {
     /// A root-owned directory every user can search, where `uv` is made reachable by the
     /// build user.
     pub tools_dir: PathBuf,
+    /// Directories of further interpreters builds may choose from when a project pins one
+    /// (`.python-version`, `requires-python`, `.nvmrc`, `engines.node`): each holds
+    /// `python3.X` or `node` executables directly (a toolchain's `bin`). They come after
+    /// the system's on the installers' PATH (a chosen Node's goes first). Each must lie
+    /// under `/usr` or `/opt`, which sessions see read-only: a venv names its interpreter by
+    /// path, so a session of the version runs the interpreter the build used.
+    pub toolchain_dirs: Vec<PathBuf>,
     /// This builder's name; the host name when absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -404,6 +411,7 @@ impl Default for BuilderSection {
             gid: 65534,
             step_timeout_seconds: 1800,
             tools_dir: PathBuf::from("/var/lib/plinth/tools"),
+            toolchain_dirs: Vec::new(),
             name: None,
             source_url: None,
             network: true,
@@ -956,6 +964,19 @@ impl Config {
                 "builder.tools_dir: builds could not reach the tools placed there: {why}. \
                  Choose a directory outside it, such as the default /var/lib/plinth/tools"
             )));
+        }
+        for dir in &self.builder.toolchain_dirs {
+            if !dir.is_absolute()
+                || !(dir.starts_with("/opt") || dir.starts_with("/usr"))
+                || dir.components().any(|c| c == std::path::Component::ParentDir)
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "builder.toolchain_dirs: {} is not under /opt or /usr; sessions see only \
+                     those read-only, so a version built with an interpreter elsewhere could \
+                     not run. Install the toolchain under /opt (e.g. /opt/python3.12/bin)",
+                    dir.display()
+                )));
+            }
         }
         if let Some(bundle) = &self.builder.ca_bundle
             && !bundle.is_file()
@@ -1558,6 +1579,32 @@ mod tests {
                 said.contains("builder.tools_dir") && said.contains(why),
                 "{said}"
             );
+        }
+    }
+
+    #[test]
+    fn toolchain_dirs_sessions_could_not_see_are_a_start_up_error() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("plinth.toml");
+        for (dirs, ok) in [
+            ("[\"/opt/python3.12/bin\", \"/usr/local/node22/bin\"]", true),
+            ("[\"/root/.pyenv/versions/3.12.1/bin\"]", false),
+            ("[\"/opt/../home/python\"]", false),
+            ("[\"relative/bin\"]", false),
+        ] {
+            std::fs::write(
+                &file,
+                format!("data_dir = \"/srv/plinth\"\n[builder]\ntoolchain_dirs = {dirs}\n"),
+            )
+            .expect("write");
+            let answer = serve(&["--config", file.to_str().expect("utf-8")]);
+            match answer {
+                Ok(config) => assert!(ok, "{dirs} accepted: {:?}", config.builder.toolchain_dirs),
+                Err(error) => {
+                    let said = error.to_string();
+                    assert!(!ok && said.contains("builder.toolchain_dirs"), "{dirs}: {said}");
+                }
+            }
         }
     }
 

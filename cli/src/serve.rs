@@ -369,6 +369,7 @@ fn spawn_builder(
         );
     let name = section.name.clone().unwrap_or_else(|| "builder".to_owned());
     let tools_dir = section.tools_dir.clone();
+    let toolchain_dirs = section.toolchain_dirs.clone();
     let offline = if section.network {
         Vec::new()
     } else {
@@ -425,6 +426,7 @@ fn spawn_builder(
                 tracing::error!(tools_dir = %shown, %error, "cannot make uv reachable by builds; they will use pip (set builder.tools_dir to a directory root can write)");
                 plinth_builder::tools::SYSTEM_PATH.to_owned()
             });
+            let path = plinth_builder::tools::with_toolchain_dirs(&path, &toolchain_dirs);
             let mut options = options;
             let identity_path = path.clone();
             options.toolchain = tokio::task::spawn_blocking(move || {

@@ -55,6 +55,17 @@ pub fn prepare(dir: &Path) -> std::io::Result<String> {
     Ok(format!("{}:{SYSTEM_PATH}", dir.display()))
 }
 
+/// The installers' PATH `path` (tools directory, then the system's) with the configured
+/// toolchain directories after it: a project's pin can be met by them (see
+/// [`crate::toolchains`]), while an unpinned project gets the system's `python3` and `node`.
+/// Directories outside the system ones are shown to builds read-only, like the tools
+/// directory.
+pub fn with_toolchain_dirs(path: &str, dirs: &[PathBuf]) -> String {
+    dirs.iter().fold(path.to_owned(), |path, dir| {
+        format!("{path}:{}", dir.to_string_lossy())
+    })
+}
+
 /// The name of the certificate bundle's copy in the tools directory.
 pub const CA_BUNDLE: &str = "ca-bundle.pem";
 
@@ -138,8 +149,16 @@ pub fn identity(path: &str) -> String {
             })
             .unwrap_or_else(|| "absent".to_owned())
     };
+    // Every interpreter a pin could choose, too: a toolchain directory that gains or loses
+    // one changes what a pinned build would install.
+    let offered = crate::toolchains::pythons(path)
+        .into_iter()
+        .chain(crate::toolchains::nodes(path))
+        .map(|used| format!("{}={} {}", used.name, used.version, used.path))
+        .collect::<Vec<_>>()
+        .join("; ");
     format!(
-        "uv={}; python3={}; node={}; npm={}",
+        "uv={}; python3={}; node={}; npm={}; offered: {offered}",
         version("uv", "--version"),
         version("python3", "--version"),
         version("node", "--version"),
