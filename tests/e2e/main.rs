@@ -26,6 +26,7 @@ mod novo;
 mod operators_kit;
 mod processes;
 mod quotas;
+mod real_projects;
 mod reuse;
 mod sandbox;
 mod sessions;
