@@ -270,3 +270,30 @@ async fn a_pin_that_cannot_be_met_fails_naming_what_was_asked_and_what_there_is(
     .await;
     assert_eq!(environment["version"], Value::Null, "{environment}");
 }
+
+#[tokio::test]
+async fn a_failed_npm_install_keeps_the_debug_log_its_error_points_to() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let id = create_environment(&server, "Npm fails").await;
+    put_file(
+        &server,
+        &id,
+        "package.json",
+        r#"{"name": "fails", "version": "1.0.0", "dependencies": {"absent": "file:vendor/absent-1.0.0.tgz"}}"#,
+    )
+    .await;
+    let failed = build(&server, &id, 1, None).await;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    let log = log(&failed);
+    // npm's own error names its debug log, which lived in the discarded download cache: the
+    // build log carries it.
+    assert!(log.contains("A complete log of this run can be found in"), "{log}");
+    let kept = log
+        .split("==> npm's debug log (")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no debug log in the build log:\n{log}"));
+    assert!(kept.contains("verbose"), "{kept}");
+}

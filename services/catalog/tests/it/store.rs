@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use plinth_catalog::LeasePolicy;
 use plinth_catalog::model::{
     BuildStatus, EnvironmentChanges, EnvironmentId, EnvironmentStatus, NewEnvironment, Outcome,
-    Package,
+    Package, Toolchain,
 };
 use plinth_catalog::{Store, StoreError};
 
@@ -28,6 +28,7 @@ backend_suite!(
     an_expired_lease_is_fenced_and_the_build_requeued,
     a_build_whose_builders_keep_vanishing_fails,
     deleting_waits_for_the_build_and_takes_its_versions,
+    a_clean_build_reaches_its_builder_and_toolchains_are_kept,
 );
 
 fn new(scope_name: &str, name: &str) -> NewEnvironment {
@@ -675,4 +676,67 @@ async fn deleting_waits_for_the_build_and_takes_its_versions(store: Store) {
             .await,
         Err(StoreError::NotFound)
     ));
+}
+
+async fn a_clean_build_reaches_its_builder_and_toolchains_are_kept(store: Store) {
+    let environment = store
+        .create_environment(new("acme", "Pinned"))
+        .await
+        .expect("create");
+    store
+        .start_build(&scope("acme"), &environment.id, "sha256:s", true)
+        .await
+        .expect("start");
+    let claim = store
+        .claim_build("b", LEASES)
+        .await
+        .expect("claim")
+        .expect("work");
+    assert!(claim.build.clean, "the builder is told to reuse nothing");
+    let toolchains = vec![
+        Toolchain {
+            name: "python".into(),
+            version: "3.11.7".into(),
+            path: "/usr/bin/python3.11".into(),
+        },
+        Toolchain {
+            name: "node".into(),
+            version: "20.20.2".into(),
+            path: "/usr/bin/node".into(),
+        },
+    ];
+    let Outcome::Ready {
+        layer_tree,
+        packages,
+        size,
+        dependency_key,
+        ..
+    } = ready("sha256:l")
+    else {
+        unreachable!("ready")
+    };
+    let done = store
+        .complete_build(
+            &claim.token,
+            Outcome::Ready {
+                layer_tree,
+                packages,
+                size,
+                dependency_key,
+                toolchains: toolchains.clone(),
+            },
+        )
+        .await
+        .expect("complete");
+    assert_eq!(done.toolchains, toolchains);
+    let read = store
+        .get_build(&scope("acme"), &environment.id, 1)
+        .await
+        .expect("get");
+    assert!(read.clean);
+    assert_eq!(read.toolchains, toolchains);
+    // An ordinary build is not clean.
+    let second = build_through(&store, &environment.id, "sha256:t", ready("sha256:m")).await;
+    assert!(!second.clean);
+    assert!(second.toolchains.is_empty());
 }
