@@ -968,7 +968,9 @@ impl Config {
         for dir in &self.builder.toolchain_dirs {
             if !dir.is_absolute()
                 || !(dir.starts_with("/opt") || dir.starts_with("/usr"))
-                || dir.components().any(|c| c == std::path::Component::ParentDir)
+                || dir
+                    .components()
+                    .any(|c| c == std::path::Component::ParentDir)
             {
                 return Err(ConfigError::Invalid(format!(
                     "builder.toolchain_dirs: {} is not under /opt or /usr; sessions see only \
@@ -1602,7 +1604,10 @@ mod tests {
                 Ok(config) => assert!(ok, "{dirs} accepted: {:?}", config.builder.toolchain_dirs),
                 Err(error) => {
                     let said = error.to_string();
-                    assert!(!ok && said.contains("builder.toolchain_dirs"), "{dirs}: {said}");
+                    assert!(
+                        !ok && said.contains("builder.toolchain_dirs"),
+                        "{dirs}: {said}"
+                    );
                 }
             }
         }

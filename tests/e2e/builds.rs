@@ -241,7 +241,10 @@ async fn a_python_and_node_project_builds_to_a_working_layer_at_its_mount_path()
         log.contains("starting from its .venv and node_modules"),
         "{log}"
     );
-    assert!(log.contains("pip install") && log.contains("npm install"), "{log}");
+    assert!(
+        log.contains("pip install") && log.contains("npm install"),
+        "{log}"
+    );
     assert!(log.contains("setup.sh"), "setup.sh still runs: {log}");
     assert_eq!(second["packages"], build["packages"]);
     // Nothing changed: the whole layer is reused.

@@ -115,7 +115,12 @@ async fn project(server: &Server, name: &str, archive: Vec<u8>, changed: &str, s
         "{name} v2 reuses its dependencies: {}",
         rebuilt["log"]
     );
-    let ran = run(server, &id, &format!("{smoke} && cat $PROJECT_ROOT/{changed}")).await;
+    let ran = run(
+        server,
+        &id,
+        &format!("{smoke} && cat $PROJECT_ROOT/{changed}"),
+    )
+    .await;
     assert_eq!(ran["exit_code"], 0, "{name}: {ran}");
     assert!(
         ran["stdout"]

@@ -175,7 +175,9 @@ async fn a_reused_build_holds_what_a_fresh_build_of_the_same_source_holds() {
         "{toolchains:?}"
     );
     assert!(
-        toolchains.iter().any(|toolchain| toolchain["name"] == "node"),
+        toolchains
+            .iter()
+            .any(|toolchain| toolchain["name"] == "node"),
         "{toolchains:?}"
     );
     let (_, versions) = send(
@@ -207,7 +209,10 @@ async fn a_reused_build_holds_what_a_fresh_build_of_the_same_source_holds() {
     );
     let clean_layer = layer(&server, &id, 3).await;
     let differ = differences(&reused_layer, &clean_layer);
-    assert!(differ.is_empty(), "reused and fresh layers differ:\n{differ:#?}");
+    assert!(
+        differ.is_empty(),
+        "reused and fresh layers differ:\n{differ:#?}"
+    );
     // …and the lib/ the prepare script wrote is the second message's, not the first's.
     assert_ne!(
         reused_layer.get("lib/out.js"),
@@ -252,7 +257,13 @@ async fn a_pin_that_cannot_be_met_fails_naming_what_was_asked_and_what_there_is(
         "{error}"
     );
 
-    put_file(&server, &id, ".python-version", format!("{}\n", system_python())).await;
+    put_file(
+        &server,
+        &id,
+        ".python-version",
+        format!("{}\n", system_python()),
+    )
+    .await;
     put_file(&server, &id, ".nvmrc", "99\n").await;
     let failed = build(&server, &id, 2, None).await;
     assert_eq!(failed["status"], "failed", "{failed}");
@@ -290,7 +301,10 @@ async fn a_failed_npm_install_keeps_the_debug_log_its_error_points_to() {
     let log = log(&failed);
     // npm's own error names its debug log, which lived in the discarded download cache: the
     // build log carries it.
-    assert!(log.contains("A complete log of this run can be found in"), "{log}");
+    assert!(
+        log.contains("A complete log of this run can be found in"),
+        "{log}"
+    );
     let kept = log
         .split("==> npm's debug log (")
         .nth(1)

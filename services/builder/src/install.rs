@@ -326,7 +326,8 @@ pub async fn install(
 
     let mut log = CappedLog::new(log, options.log_head_bytes, options.log_tail_bytes);
     let result = run_steps(&sandbox, &root, &prepared.plan, options, &mut log).await;
-    if let Err(InstallError::StepFailed { step, .. } | InstallError::TimedOut { step, .. }) = &result
+    if let Err(InstallError::StepFailed { step, .. } | InstallError::TimedOut { step, .. }) =
+        &result
         && step.starts_with("npm ")
     {
         // The error points at npm's debug log, which lives in the download cache: the log
@@ -475,7 +476,10 @@ fn npm_debug_log(cache: &Path, log: &mut CappedLog<'_>) {
     let skip = length.saturating_sub(NPM_DEBUG_LOG_BYTES);
     let mut tail = Vec::new();
     if std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(skip)).is_err()
-        || file.take(NPM_DEBUG_LOG_BYTES).read_to_end(&mut tail).is_err()
+        || file
+            .take(NPM_DEBUG_LOG_BYTES)
+            .read_to_end(&mut tail)
+            .is_err()
     {
         return;
     }

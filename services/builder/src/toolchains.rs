@@ -73,7 +73,12 @@ pub fn node_pin(root: &Path) -> Option<Pin> {
     }
     let text = read_small(&root.join("package.json"))?;
     let document: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let request = document.get("engines")?.get("node")?.as_str()?.trim().to_owned();
+    let request = document
+        .get("engines")?
+        .get("node")?
+        .as_str()?
+        .trim()
+        .to_owned();
     (!request.is_empty()).then_some(Pin {
         request,
         from: "engines.node in package.json",
@@ -113,12 +118,7 @@ pub struct Selection {
 /// Checks the project's pins against the offered toolchains and answers the installers' PATH.
 /// `path` is the installers' PATH (tools directory, toolchain directories, system); the error
 /// names what was asked, by which file, and what this builder has.
-pub fn select(
-    root: &Path,
-    path: &str,
-    python: bool,
-    node: bool,
-) -> Result<Selection, String> {
+pub fn select(root: &Path, path: &str, python: bool, node: bool) -> Result<Selection, String> {
     let mut selection = Selection {
         path: path.to_owned(),
         ..Selection::default()
@@ -134,10 +134,9 @@ pub fn select(
                 listed(&pythons(path)),
             ));
         };
-        selection.key.push_str(&format!(
-            "python {} {}\n",
-            found.version, found.path
-        ));
+        selection
+            .key
+            .push_str(&format!("python {} {}\n", found.version, found.path));
     }
     if node && let Some(pin) = node_pin(root) {
         let offered = nodes(path);
@@ -157,10 +156,9 @@ pub fn select(
         if let Some(dir) = Path::new(&chosen.path).parent() {
             selection.path = format!("{}:{}", dir.display(), path);
         }
-        selection.key.push_str(&format!(
-            "node {} {}\n",
-            chosen.version, chosen.path
-        ));
+        selection
+            .key
+            .push_str(&format!("node {} {}\n", chosen.version, chosen.path));
         selection.node = Some(chosen.clone());
     }
     Ok(selection)
@@ -187,7 +185,12 @@ fn node_satisfies(pin: &Pin, version: &str) -> bool {
     }
     if !request.is_empty() && request.chars().all(|c| c.is_ascii_digit() || c == '.') {
         let wanted: Vec<&str> = request.split('.').collect();
-        return version.split('.').zip(&wanted).filter(|(a, b)| a == *b).count() == wanted.len()
+        return version
+            .split('.')
+            .zip(&wanted)
+            .filter(|(a, b)| a == *b)
+            .count()
+            == wanted.len()
             && version.split('.').count() >= wanted.len();
     }
     match (
@@ -230,14 +233,15 @@ fn output(program: &Path, args: &[&str], path: &str) -> Option<String> {
 
 /// The directories of a PATH, in order.
 fn dirs(path: &str) -> impl Iterator<Item = PathBuf> + '_ {
-    path.split(':').filter(|dir| !dir.is_empty()).map(PathBuf::from)
+    path.split(':')
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
 }
 
 fn executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path).is_ok_and(|metadata| {
-        metadata.is_file() && metadata.permissions().mode() & 0o111 != 0
-    })
+    std::fs::metadata(path)
+        .is_ok_and(|metadata| metadata.is_file() && metadata.permissions().mode() & 0o111 != 0)
 }
 
 /// Every `node` on `path`, each real program once.
@@ -310,7 +314,9 @@ pub fn pythons(path: &str) -> Vec<Used> {
 /// prefix, a specifier such as `>=3.10`), or, without uv, `python3` when its version starts
 /// with the request.
 fn find_python(path: &str, request: &str) -> Option<Used> {
-    let uv = dirs(path).map(|dir| dir.join("uv")).find(|uv| executable(uv));
+    let uv = dirs(path)
+        .map(|dir| dir.join("uv"))
+        .find(|uv| executable(uv));
     let found = match uv {
         Some(uv) => {
             let found = output(

@@ -701,10 +701,7 @@ async fn produce(
             format!("/env/{slug}"),
             install_options.path.clone(),
         );
-        let node_used = report
-            .steps
-            .iter()
-            .any(|step| step.starts_with("npm "));
+        let node_used = report.steps.iter().any(|step| step.starts_with("npm "));
         tokio::task::spawn_blocking(move || toolchains::report(&scratch, &mount, &path, node_used))
             .await
             .map_err(|error| error.to_string())?

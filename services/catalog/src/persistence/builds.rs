@@ -12,8 +12,7 @@ use sqlx::any::AnyRow;
 
 use super::{Store, StoreError};
 use crate::model::{
-    Build, BuildStatus, Claim, EnvironmentId, LeaseToken, Outcome, Package, Scope, Slug,
-    Toolchain,
+    Build, BuildStatus, Claim, EnvironmentId, LeaseToken, Outcome, Package, Scope, Slug, Toolchain,
 };
 
 /// Most bytes of log a build may keep in the catalog; builders cap their logs below this.

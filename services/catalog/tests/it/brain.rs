@@ -387,7 +387,10 @@ async fn a_binding_is_set_up_once_and_its_session_swapped_by_compare_and_set(sto
 }
 
 async fn build(store: &Store, scope: &Scope, id: &EnvironmentId, outcome: Outcome) {
-    store.start_build(scope, id, "tree", false).await.expect("start");
+    store
+        .start_build(scope, id, "tree", false)
+        .await
+        .expect("start");
     let claim = store
         .claim_build("b", LEASES)
         .await

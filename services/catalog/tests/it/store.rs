@@ -282,7 +282,11 @@ async fn one_build_at_a_time_even_when_requests_race(store: Store) {
     let attempts: Vec<_> = (0..8)
         .map(|_| {
             let (store, id) = (store.clone(), environment.id.clone());
-            tokio::spawn(async move { store.start_build(&scope("acme"), &id, "sha256:tree", false).await })
+            tokio::spawn(async move {
+                store
+                    .start_build(&scope("acme"), &id, "sha256:tree", false)
+                    .await
+            })
         })
         .collect();
     let mut started = 0;

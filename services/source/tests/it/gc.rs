@@ -217,7 +217,12 @@ impl World {
     /// does: holds through the catalog, stores, completes. Answers the layer tree's digest.
     async fn publish(&self, environment: &EnvironmentId, files: &[(&str, &[u8])]) -> Digest {
         self.catalog
-            .start_build(&scope(), environment, &Digest::of(b"no source").to_string(), false)
+            .start_build(
+                &scope(),
+                environment,
+                &Digest::of(b"no source").to_string(),
+                false,
+            )
             .await
             .expect("start");
         let token = self
