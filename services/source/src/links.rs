@@ -90,7 +90,7 @@ pub struct Walk {
     hops: usize,
 }
 
-/// What the caller found at the path [`Walk::next`] asked about.
+/// What the caller found at the path [`Walk::step`] asked about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Found {
     /// Nothing there.
@@ -140,7 +140,7 @@ impl Walk {
     }
 
     /// The next path to look up, or the end.
-    pub fn next(&mut self) -> Step {
+    pub fn step(&mut self) -> Step {
         match self.pending.pop_front() {
             Some(component) => {
                 self.resolved.push(component);
@@ -235,7 +235,7 @@ mod tests {
     fn walk(entries: &HashMap<&str, Found>, path_text: &str) -> Result<String, WalkError> {
         let mut walk = Walk::new(&path(path_text));
         loop {
-            match walk.next() {
+            match walk.step() {
                 Step::Lookup(at) => {
                     walk.answer(entries.get(at.as_str()).cloned().unwrap_or(Found::Nothing))?
                 }

@@ -221,7 +221,7 @@ impl Source {
         let mut walk = Walk::new(path);
         let mut last = None;
         loop {
-            match walk.next() {
+            match walk.step() {
                 Step::Lookup(at) => {
                     let entry = match SourcePath::parse(&at) {
                         Ok(at) => self
