@@ -42,7 +42,8 @@ pub struct FileEntry {
     /// Relative to the environment's root.
     #[schema(example = "scripts/run.py")]
     pub path: String,
-    /// `file` or `directory`.
+    /// `file`, `directory` or `symlink` (a link whose target stays inside the root; reading
+    /// it answers what it points at, followed inside the source only).
     #[serde(rename = "type")]
     #[schema(example = "file")]
     pub kind: &'static str,
@@ -54,17 +55,28 @@ pub struct FileEntry {
     /// A file's content digest, `sha256:<64 hex>`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
+    /// A symlink's target, relative to the link's directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "../docs/README.md")]
+    pub target: Option<String>,
 }
 
 impl From<pb::Entry> for FileEntry {
     fn from(entry: pb::Entry) -> Self {
-        let file = entry.kind() == pb::EntryKind::File;
+        let kind = entry.kind();
+        let file = kind == pb::EntryKind::File;
+        let symlink = kind == pb::EntryKind::Symlink;
         FileEntry {
             path: entry.path,
-            kind: if file { "file" } else { "directory" },
+            kind: match kind {
+                pb::EntryKind::File => "file",
+                pb::EntryKind::Symlink => "symlink",
+                _ => "directory",
+            },
             size: entry.size,
             executable: file.then_some(entry.executable),
             digest: file.then_some(entry.digest),
+            target: symlink.then_some(entry.target),
         }
     }
 }
@@ -156,6 +168,25 @@ pub struct ImportReport {
     pub skipped_by_reason: std::collections::BTreeMap<String, u64>,
     /// Whether a single wrapping directory was stripped.
     pub stripped_wrapper: bool,
+    /// Symlinks kept: their targets stay inside the root (links that could leave it are in
+    /// `skipped`). Left out when none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub symlinks: u64,
+    /// A git import: the commit's full id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// A git import: the ref asked for (empty: the default branch).
+    #[serde(rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    /// A git import: `git describe --tags --always` of the commit (`v1.2.3`,
+    /// `v1.2.3-4-gabc1234`, or the abbreviated commit when no tag reaches it). Builds give
+    /// installers a version from it (`SETUPTOOLS_SCM_PRETEND_VERSION`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub describe: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The environment exists in the caller's scope, or the request ends here.
@@ -473,7 +504,7 @@ async fn make_directory(
     request_body(content = GitImport, description = "An archive (any content type but application/json), or this JSON naming a git repository"),
     responses(
         (status = 200, description = "What landed", body = ImportReport),
-        (status = 400, description = "environment_invalid: not an archive, an ambiguous archive (duplicate names, zip records that disagree), too many entries, a git URL that is not allowed or whose host is not public, a git server that redirected (give the final URL)", body = ErrorBody),
+        (status = 400, description = "environment_invalid: not an archive, an ambiguous archive (duplicate names, zip records that disagree, a member beneath a symlink), too many entries, a git URL that is not allowed or whose host is not public, a git server that redirected (give the final URL), a short commit id that matches no single commit (give the full 40-character id)", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
         (status = 413, description = "file_too_large: the archive, its contents, one member or a git fetch (source.git_max_fetch_bytes) passed a limit (detail.max_bytes); nothing was imported", body = ErrorBody),
@@ -540,6 +571,7 @@ async fn import(
         )
         .await?
     };
+    let origin = report.origin;
     Ok(Json(ImportReport {
         files: report.files,
         directories: report.directories,
@@ -547,5 +579,9 @@ async fn import(
         skipped: report.skipped,
         skipped_by_reason: report.skipped_by_reason.into_iter().collect(),
         stripped_wrapper: report.stripped_wrapper,
+        symlinks: report.symlinks,
+        commit: origin.as_ref().map(|origin| origin.commit.clone()),
+        reference: origin.as_ref().map(|origin| origin.r#ref.clone()),
+        describe: origin.map(|origin| origin.describe),
     }))
 }

@@ -485,3 +485,302 @@ async fn hostile_member_names_are_dropped_and_nothing_lands_outside_the_root() {
     assert!(!grandparent.join("evil.txt").exists() && !Path::new("/abs-evil.txt").exists());
     server.stop().await;
 }
+
+const BUILD_LIMIT: std::time::Duration = std::time::Duration::from_secs(180);
+
+async fn git_import(server: &Server, id: &str, url: &str, reference: &str) -> (u16, Value) {
+    send(
+        server
+            .client
+            .post(server.url(&format!("/v1/environments/{id}/import")))
+            .json(&json!({"git": {"url": url, "ref": reference}, "replace": true})),
+    )
+    .await
+}
+
+async fn session_exec(server: &Server, environment: &str, command: &str) -> Value {
+    let session =
+        crate::helpers::start_session_with(server, json!({"environment": environment})).await;
+    let session_id = session["id"].as_str().expect("session id");
+    let (status, ran) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/sessions/{session_id}/exec")))
+            .json(&json!({ "command": command })),
+    )
+    .await;
+    assert_eq!(status, 200, "{command}: {ran}");
+    ran
+}
+
+/// A PEP 517 backend inside the project (`backend-path = ["."]`), standing for
+/// setuptools-scm offline: the wheel's version is `SETUPTOOLS_SCM_PRETEND_VERSION`, and a
+/// build without it fails the way setuptools-scm does without `.git`.
+const SCM_BACKEND: &str = r#"import os, zipfile
+
+NAME = "scmpkg"
+
+def _version():
+    version = os.environ.get("SETUPTOOLS_SCM_PRETEND_VERSION")
+    if not version:
+        raise RuntimeError("unable to detect version: no .git and no SETUPTOOLS_SCM_PRETEND_VERSION")
+    return version
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    version = _version()
+    info = f"{NAME}-{version}.dist-info"
+    name = f"{NAME}-{version}-py3-none-any.whl"
+    files = {
+        f"{NAME}/__init__.py": "",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {NAME}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+        wheel.writestr(f"{info}/RECORD", "".join(f"{p},,\n" for p in files) + f"{info}/RECORD,,\n")
+    return name
+
+# A project with a pyproject.toml is installed editable (`uv sync`): the same wheel will do.
+get_requires_for_build_editable = get_requires_for_build_wheel
+build_editable = build_wheel
+"#;
+
+/// A setuptools-scm-style project in git: tagged `v1.4.0`, then one commit more.
+fn scm_repository() -> tempfile::TempDir {
+    let repo = tempfile::tempdir().expect("repo");
+    let dir = repo.path();
+    git(dir, &["init", "--quiet"]);
+    std::fs::write(
+        dir.join("pyproject.toml"),
+        "[build-system]\nrequires = []\nbuild-backend = \"scm_backend\"\nbackend-path = [\".\"]\n\n\
+         [project]\nname = \"scmpkg\"\ndynamic = [\"version\"]\n",
+    )
+    .expect("write");
+    std::fs::write(dir.join("scm_backend.py"), SCM_BACKEND).expect("write");
+    std::fs::write(dir.join("requirements.txt"), "--no-index\n.\n").expect("write");
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "--quiet", "-m", "release"]);
+    git(dir, &["tag", "-a", "v1.4.0", "-m", "1.4.0"]);
+    std::fs::write(dir.join("CHANGES.md"), "unreleased\n").expect("write");
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "--quiet", "-m", "after the release"]);
+    repo
+}
+
+#[tokio::test]
+async fn a_git_import_reports_its_commit_and_a_build_installs_the_version_git_describes() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let repo = scm_repository();
+    let dir = repo.path();
+    let head = git(dir, &["rev-parse", "HEAD"]);
+    let short = git(dir, &["rev-parse", "--short=7", "HEAD"]);
+    let server = Server::start_with(&[
+        "--git-allowed-schemes",
+        "file",
+        "--git-allow-private-addresses",
+        "true",
+        "--builder-network",
+        "false",
+    ])
+    .await;
+    let id = environment(&server).await;
+    let url = format!("file://{}", dir.display());
+
+    let (status, report) = git_import(&server, &id, &url, "v1.4.0").await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["describe"], "v1.4.0", "{report}");
+    assert_eq!(report["ref"], "v1.4.0", "{report}");
+    assert_eq!(
+        report["commit"],
+        git(dir, &["rev-parse", "v1.4.0^{commit}"]),
+        "{report}"
+    );
+
+    let (status, report) = git_import(&server, &id, &url, "main").await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["commit"], head.as_str(), "{report}");
+    assert_eq!(report["ref"], "main");
+    assert_eq!(
+        report["describe"],
+        format!("v1.4.0-1-g{short}"),
+        "the history to the tag was fetched: {report}"
+    );
+
+    crate::helpers::build_ready(&server, &id, 1, BUILD_LIMIT).await;
+    let ran = session_exec(
+        &server,
+        &id,
+        "python3 -c 'import importlib.metadata as m; print(m.version(\"scmpkg\"))'",
+    )
+    .await;
+    assert_eq!(ran["exit_code"], 0, "{ran}");
+    assert_eq!(
+        ran["stdout"].as_str().unwrap_or("").trim(),
+        format!("1.4.1.dev1+g{short}"),
+        "{ran}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_short_commit_id_imports_that_commit_or_asks_for_the_full_id() {
+    let repo = tempfile::tempdir().expect("repo");
+    let dir = repo.path();
+    git(dir, &["init", "--quiet"]);
+    std::fs::write(dir.join("state.txt"), "first\n").expect("write");
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "--quiet", "-m", "first"]);
+    let first = git(dir, &["rev-parse", "HEAD"]);
+    std::fs::write(dir.join("state.txt"), "second\n").expect("write");
+    git(dir, &["commit", "--quiet", "-am", "second"]);
+    let server = Server::start_with(&[
+        "--git-allowed-schemes",
+        "file",
+        "--git-allow-private-addresses",
+        "true",
+    ])
+    .await;
+    let id = environment(&server).await;
+    let url = format!("file://{}", dir.display());
+
+    for reference in [&first[..7], &first[..12], first.as_str()] {
+        let (status, report) = git_import(&server, &id, &url, reference).await;
+        assert_eq!(status, 200, "{reference}: {report}");
+        assert_eq!(report["commit"], first.as_str(), "{report}");
+        assert_eq!(read(&server, &id, "state.txt").await, b"first\n");
+    }
+
+    let (status, body) = git_import(&server, &id, &url, "deadbee").await;
+    assert_error(status, &body, 400, "environment_invalid");
+    let message = body["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("full 40-character"), "{message}");
+    assert_eq!(
+        read(&server, &id, "state.txt").await,
+        b"first\n",
+        "nothing changed"
+    );
+    server.stop().await;
+}
+
+/// A project with links: two that stay inside (one up to the root), and three that would
+/// leave it, one of them through a kept link.
+fn linked_project_tar() -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut add = |path: &str, data: &[u8]| {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        builder
+            .append_data(&mut header, path, data)
+            .expect("append");
+    };
+    add("docs/guide.md", b"# the guide\n");
+    add("tests/fixtures/data.txt", b"fixture\n");
+    let mut link = |path: &str, target: &str| {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Symlink);
+        header.set_size(0);
+        builder
+            .append_link(&mut header, path, target)
+            .expect("symlink");
+    };
+    link("README.md", "docs/guide.md");
+    link("tests/fixtures/root", "../..");
+    link("escape", "../../../etc");
+    link("passwd", "/etc/passwd");
+    link("tests/through", "fixtures/root/../etc");
+    builder.into_inner().expect("tar")
+}
+
+#[tokio::test]
+async fn links_inside_the_root_are_kept_listed_and_seen_by_sessions_and_escaping_ones_dropped() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let id = environment(&server).await;
+    let (status, report) = import(&server, &id, "", linked_project_tar()).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["symlinks"], 2, "{report}");
+    assert_eq!(
+        report["skipped_by_reason"],
+        json!({"symlink": 3}),
+        "{report}"
+    );
+
+    let (_, listing) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}/files"))),
+    )
+    .await;
+    let entries = listing["data"].as_array().expect("data");
+    let find = |path: &str| entries.iter().find(|e| e["path"] == path).cloned();
+    let readme = find("README.md").expect("README.md listed");
+    assert_eq!(readme["type"], "symlink", "{readme}");
+    assert_eq!(readme["target"], "docs/guide.md", "{readme}");
+    assert_eq!(
+        find("tests/fixtures/root").expect("root link")["target"],
+        "../.."
+    );
+    for dropped in ["escape", "passwd", "tests/through"] {
+        assert!(find(dropped).is_none(), "{dropped} must not land");
+    }
+    // Reading through a link answers what it points at, followed inside the source only.
+    assert_eq!(read(&server, &id, "README.md").await, b"# the guide\n");
+    assert_eq!(
+        read(&server, &id, "tests/fixtures/root/docs/guide.md").await,
+        b"# the guide\n"
+    );
+    // Nothing is written through a link.
+    let (status, body) = send(
+        server
+            .client
+            .put(server.url(&format!(
+                "/v1/environments/{id}/files/tests/fixtures/root/planted.txt"
+            )))
+            .body("planted"),
+    )
+    .await;
+    assert_error(status, &body, 400, "environment_invalid");
+
+    crate::helpers::build_ready(&server, &id, 1, BUILD_LIMIT).await;
+    let (_, environment) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}"))),
+    )
+    .await;
+    let slug = environment["slug"].as_str().expect("slug").to_owned();
+    let mount = format!("/env/{slug}");
+    let ran = session_exec(
+        &server,
+        &id,
+        &format!(
+            "readlink {mount}/README.md; cat {mount}/README.md; \
+             cat {mount}/tests/fixtures/root/tests/fixtures/data.txt; \
+             ls -a {mount}; \
+             echo planted > {mount}/tests/fixtures/root/planted.txt 2>/dev/null && echo WROTE; \
+             ls {mount}/tests/fixtures/root/planted.txt 2>/dev/null || echo NOT-THERE"
+        ),
+    )
+    .await;
+    assert_eq!(ran["exit_code"], 0, "{ran}");
+    let stdout = ran["stdout"].as_str().unwrap_or("");
+    assert!(
+        stdout.starts_with("docs/guide.md\n# the guide\nfixture\n"),
+        "{stdout}"
+    );
+    for dropped in ["escape", "passwd"] {
+        assert!(!stdout.lines().any(|line| line == dropped), "{stdout}");
+    }
+    assert!(!stdout.contains("WROTE"), "{stdout}");
+    assert!(stdout.contains("NOT-THERE"), "{stdout}");
+    server.stop().await;
+}

@@ -15,6 +15,7 @@
 pub mod install;
 pub mod layer;
 pub mod manifests;
+pub mod origin;
 mod output;
 pub mod registries;
 pub mod reuse_key;

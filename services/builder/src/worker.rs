@@ -574,6 +574,13 @@ async fn produce(
     // directory's file system so a build can take the cache in with a rename (and uv hard-link
     // from it); another scope's builds never see them.
     install_options.cache_dir = Some(options.work_dir.join("cache").join(scope_key(scope)));
+    if let Some(ledger) = &options.layers
+        && let Some(origin) = crate::origin::fetch(ledger, &build.environment_id).await
+    {
+        install_options
+            .extra_env
+            .extend(crate::origin::env(&origin));
+    }
     let phase = std::time::Instant::now();
     if let Some(earlier) = reusable.dependencies {
         let layer: Digest = earlier

@@ -1,8 +1,9 @@
 //! Untrusted archives (project imports): zip, and tar either plain or compressed with gzip,
 //! zstd, bzip2 or xz. This module owns every decision about what such an archive may hand
 //! out: the format (by magic bytes only), member names (checked with [`SourcePath`], never
-//! rewritten), member kinds (links, devices and FIFOs are reported as skipped, never
-//! followed), duplicate and conflicting names, entry and byte limits counted on inflated
+//! rewritten), member kinds (symlinks whose target stays inside the root are handed out as
+//! links, never followed — see `links`; other links, devices and FIFOs are reported as
+//! skipped), duplicate and conflicting names, entry and byte limits counted on inflated
 //! bytes, and the consistency checks that stop two unpackers from seeing two different
 //! archives in the same bytes. It never writes to disk: each member goes, in archive order,
 //! to a callback.
@@ -30,6 +31,7 @@ use ruzstd::decoding::{BlockDecodingStrategy, FrameDecoder};
 use zip::read::{ArchiveOffset, Config as ZipConfig};
 use zip::result::ZipError;
 
+use crate::links;
 use crate::paths::{MAX_PATH_BYTES, SourcePath};
 
 /// Caps counted against bytes actually inflated, never against sizes headers claim.
@@ -83,6 +85,14 @@ pub enum Entry<'a> {
         path: SourcePath,
         executable: bool,
         content: &'a mut dyn Read,
+    },
+    /// A symlink whose target stays inside the root as far as this archive's names can tell
+    /// (`links::kept_target`; an import checks it again once a wrapping directory is
+    /// stripped). Nothing is ever written through it: a later member beneath it refuses the
+    /// archive.
+    Symlink {
+        path: SourcePath,
+        target: String,
     },
     Skipped {
         /// Lossy UTF-8 of the raw name, cut to [`MAX_PATH_BYTES`]; for logs only.
@@ -656,6 +666,7 @@ fn drain(reader: &mut impl Read, meter: &Meter) -> Result<(), ArchiveError> {
 enum MemberKind {
     Directory,
     File { executable: bool },
+    Symlink,
     Skip(SkipReason),
 }
 
@@ -670,6 +681,7 @@ enum Verdict {
     Ignore,
     Directory(SourcePath),
     File(SourcePath, bool),
+    Symlink(SourcePath, String),
     Skipped(SkipReason),
 }
 
@@ -683,10 +695,12 @@ struct Names {
 }
 
 impl Names {
+    /// `link_target`: a symlink's raw target (ignored for other kinds).
     fn judge(
         &mut self,
         raw: &[u8],
         kind: MemberKind,
+        link_target: &[u8],
         style: NameStyle,
     ) -> Result<Verdict, ArchiveError> {
         let (mut name, names_a_directory) = match raw.strip_suffix(b"/") {
@@ -717,10 +731,11 @@ impl Names {
             MemberKind::Skip(reason) => return Ok(Verdict::Skipped(reason)),
             // A tar file whose name ends in '/': some readers make it a directory, some a
             // file; refuse to pick.
-            MemberKind::File { .. } if names_a_directory => {
+            MemberKind::File { .. } | MemberKind::Symlink if names_a_directory => {
                 return Ok(Verdict::Skipped(SkipReason::UnsafePath));
             }
             MemberKind::File { executable } => Some(executable),
+            MemberKind::Symlink => Some(false),
             MemberKind::Directory => None,
         };
         let Some(path) = std::str::from_utf8(name)
@@ -729,7 +744,20 @@ impl Names {
         else {
             return Ok(Verdict::Skipped(SkipReason::UnsafePath));
         };
+        // A link that could leave the root is dropped before it lands, so the name stays
+        // free for a real directory (`link/passwd` after `link -> /etc` lands beneath the
+        // root); a kept one lands as a leaf, so nothing can be put beneath it.
+        let target = match kind {
+            MemberKind::Symlink => match links::kept_target(&path, link_target) {
+                Some(target) => Some(target),
+                None => return Ok(Verdict::Skipped(SkipReason::Symlink)),
+            },
+            _ => None,
+        };
         self.landed.land(&path, executable.is_none())?;
+        if let Some(target) = target {
+            return Ok(Verdict::Symlink(path, target));
+        }
         Ok(match executable {
             Some(executable) => Verdict::File(path, executable),
             None => Verdict::Directory(path),
@@ -893,7 +921,7 @@ fn read_tar_member<R: Read>(
         check_pax_records(&mut entry, &raw)?;
     }
     let must_be_empty = match kind {
-        MemberKind::Directory => true,
+        MemberKind::Directory | MemberKind::Symlink => true,
         MemberKind::Skip(reason) => reason != SkipReason::Other,
         MemberKind::File { .. } => false,
     };
@@ -905,9 +933,19 @@ fn read_tar_member<R: Read>(
         )));
     }
 
-    match names.judge(&raw, kind, NameStyle::Tar)? {
+    let link_target = match kind {
+        MemberKind::Symlink => entry
+            .link_name_bytes()
+            .map(std::borrow::Cow::into_owned)
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    match names.judge(&raw, kind, &link_target, NameStyle::Tar)? {
         Verdict::Ignore => {}
         Verdict::Directory(path) => deliver(meter, sink, Entry::Directory { path })?,
+        Verdict::Symlink(path, target) => {
+            deliver(meter, sink, Entry::Symlink { path, target })?;
+        }
         Verdict::Skipped(reason) => {
             let name = shown(&raw);
             deliver(meter, sink, Entry::Skipped { name, reason })?;
@@ -947,7 +985,7 @@ fn tar_kind(header: &tar::Header, raw: &[u8]) -> Result<TarKind, ArchiveError> {
             }
         }
         EntryType::Directory => MemberKind::Directory,
-        EntryType::Symlink => MemberKind::Skip(SkipReason::Symlink),
+        EntryType::Symlink => MemberKind::Symlink,
         EntryType::Link => MemberKind::Skip(SkipReason::HardLink),
         EntryType::Char | EntryType::Block => MemberKind::Skip(SkipReason::Device),
         EntryType::Fifo => MemberKind::Skip(SkipReason::Fifo),
@@ -1332,7 +1370,7 @@ fn read_zip(file: &File, meter: &Meter, sink: &mut Sink<'_>) -> Result<(), Archi
 
         let name = entry.name_raw().to_vec();
         let kind = zip_kind(&name, entry.unix_mode());
-        if matches!(kind, MemberKind::File { .. })
+        if matches!(kind, MemberKind::File { .. } | MemberKind::Symlink)
             && !matches!(record.method, ZIP_METHOD_STORED | ZIP_METHOD_DEFLATED)
         {
             return Err(ArchiveError::Corrupt(format!(
@@ -1363,39 +1401,42 @@ fn read_zip(file: &File, meter: &Meter, sink: &mut Sink<'_>) -> Result<(), Archi
         })?;
     drop(archive);
 
+    // A zip link's target is its content: read (and checked against its CRC) before any
+    // name is judged, since whether it stays decides whether a name beneath it may land.
+    let mut link_targets: Vec<Vec<u8>> = Vec::with_capacity(members.len());
+    for member in &members {
+        let mut target = Vec::new();
+        if member.kind == MemberKind::Symlink {
+            let mut content = zip_content(file, meter, member, shown(&member.name), false);
+            (&mut content)
+                .take(MAX_PATH_BYTES as u64 + 1)
+                .read_to_end(&mut target)
+                .map_err(|error| meter.resolve(&error))?;
+            drain(&mut content, meter)?;
+        }
+        link_targets.push(target);
+    }
     let mut names = Names::default();
     let verdicts = members
         .iter()
-        .map(|member| names.judge(&member.name, member.kind, NameStyle::Zip))
+        .zip(&link_targets)
+        .map(|(member, target)| names.judge(&member.name, member.kind, target, NameStyle::Zip))
         .collect::<Result<Vec<_>, _>>()?;
 
     for (member, verdict) in members.iter().zip(verdicts) {
         match verdict {
             Verdict::Ignore => {}
             Verdict::Directory(path) => deliver(meter, sink, Entry::Directory { path })?,
+            Verdict::Symlink(path, target) => {
+                deliver(meter, sink, Entry::Symlink { path, target })?;
+            }
             Verdict::Skipped(reason) => {
                 let name = shown(&member.name);
                 deliver(meter, sink, Entry::Skipped { name, reason })?;
             }
             Verdict::File(path, executable) => {
-                let source = FileGuard {
-                    inner: FileCursor::at(file, member.data_start),
-                    meter,
-                };
-                let compressed = BufReader::new(source).take(member.compressed_size);
-                let inflated: Box<dyn Read + '_> = if member.method == ZIP_METHOD_STORED {
-                    Box::new(compressed)
-                } else {
-                    let decoder = flate2::bufread::DeflateDecoder::new(compressed);
-                    Box::new(PanicFence::new(decoder, meter))
-                };
-                let integrity = Integrity::Zip {
-                    size: member.size,
-                    crc: member.crc,
-                    hasher: flate2::Crc::new(),
-                };
                 let name = path.as_str().to_owned();
-                let mut content = Counted::new(inflated, meter, name, true, integrity);
+                let mut content = zip_content(file, meter, member, name, true);
                 let handed = Entry::File {
                     path,
                     executable,
@@ -1409,6 +1450,33 @@ fn read_zip(file: &File, meter: &Meter, sink: &mut Sink<'_>) -> Result<(), Archi
         }
     }
     Ok(())
+}
+
+/// A zip member's inflated bytes, counted and checked against its CRC and size.
+fn zip_content<'a>(
+    file: &'a File,
+    meter: &'a Meter,
+    member: &ZipMember,
+    name: String,
+    is_file: bool,
+) -> Counted<'a, Box<dyn Read + 'a>> {
+    let source = FileGuard {
+        inner: FileCursor::at(file, member.data_start),
+        meter,
+    };
+    let compressed = BufReader::new(source).take(member.compressed_size);
+    let inflated: Box<dyn Read + 'a> = if member.method == ZIP_METHOD_STORED {
+        Box::new(compressed)
+    } else {
+        let decoder = flate2::bufread::DeflateDecoder::new(compressed);
+        Box::new(PanicFence::new(decoder, meter))
+    };
+    let integrity = Integrity::Zip {
+        size: member.size,
+        crc: member.crc,
+        hasher: flate2::Crc::new(),
+    };
+    Counted::new(inflated, meter, name, is_file, integrity)
 }
 
 /// The end record whose comment reaches exactly the end of the file. None means truncation
@@ -1668,7 +1736,7 @@ fn check_zip_ranges(ranges: &mut [Range<u64>], central_offset: u64) -> Result<()
 fn zip_kind(name: &[u8], unix_mode: Option<u32>) -> MemberKind {
     let mode = unix_mode.unwrap_or(0);
     match mode & S_IFMT {
-        S_IFLNK => MemberKind::Skip(SkipReason::Symlink),
+        S_IFLNK => MemberKind::Symlink,
         S_IFCHR | S_IFBLK => MemberKind::Skip(SkipReason::Device),
         S_IFIFO => MemberKind::Skip(SkipReason::Fifo),
         S_IFDIR => MemberKind::Directory,

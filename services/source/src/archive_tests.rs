@@ -20,6 +20,10 @@ enum Seen {
         executable: bool,
         content: Vec<u8>,
     },
+    Link {
+        path: String,
+        target: String,
+    },
     Skipped {
         name: String,
         reason: SkipReason,
@@ -62,6 +66,10 @@ fn read_with(bytes: &[u8], limits: Limits, read_content: bool) -> Outcome {
         match entry {
             Entry::Directory { path } => seen.push(Seen::Dir(path.as_str().to_owned())),
             Entry::Skipped { name, reason } => seen.push(Seen::Skipped { name, reason }),
+            Entry::Symlink { path, target } => seen.push(Seen::Link {
+                path: path.as_str().to_owned(),
+                target,
+            }),
             Entry::File {
                 path,
                 executable,
@@ -98,6 +106,14 @@ fn assert_nothing_escapes(seen: &[Seen]) {
     for entry in seen {
         let path = match entry {
             Seen::Dir(path) | Seen::File { path, .. } => path,
+            Seen::Link { path, target } => {
+                let link = SourcePath::parse(path).unwrap();
+                assert!(
+                    crate::links::kept_target(&link, target.as_bytes()).is_some(),
+                    "kept {path:?} -> {target:?}"
+                );
+                path
+            }
             Seen::Skipped { .. } => continue,
         };
         assert!(SourcePath::parse(path).is_ok(), "landed {path:?}");
@@ -120,6 +136,13 @@ fn file(path: &str, executable: bool, content: &[u8]) -> Seen {
         path: path.to_owned(),
         executable,
         content: content.to_vec(),
+    }
+}
+
+fn link(path: &str, target: &str) -> Seen {
+    Seen::Link {
+        path: path.to_owned(),
+        target: target.to_owned(),
     }
 }
 
@@ -415,7 +438,7 @@ fn project_tar() -> Vec<u8> {
                 executable,
                 content,
             } => tar.file(&path, if executable { 0o755 } else { 0o644 }, &content),
-            Seen::Skipped { .. } => unreachable!(),
+            Seen::Link { .. } | Seen::Skipped { .. } => unreachable!(),
         };
     }
     tar.finish()
@@ -439,7 +462,7 @@ fn project_zip(method: CompressionMethod) -> Vec<u8> {
                     writer.start_file(path, options).unwrap();
                     writer.write_all(&content).unwrap();
                 }
-                Seen::Skipped { .. } => unreachable!(),
+                Seen::Link { .. } | Seen::Skipped { .. } => unreachable!(),
             }
         }
     })
@@ -823,6 +846,106 @@ fn zip_symlink_then_a_file_through_it_lands_the_file_beneath_the_root() {
             file("link/passwd", false, b"root:x:0:0")
         ]
     );
+}
+
+#[test]
+fn tar_links_inside_the_root_are_kept_with_their_targets_and_escaping_ones_dropped() {
+    let tar = TarMaker::new()
+        .dir("docs/", 0o755)
+        .file("docs/guide.md", 0o644, b"# guide\n")
+        .symlink("README.md", "docs/guide.md")
+        .dir("tests/fixtures/", 0o755)
+        .symlink("tests/fixtures/root", "../..")
+        .symlink("tests/fixtures/parent", "..")
+        .symlink("escape", "../outside")
+        .symlink("deep/escape", "../../outside")
+        .symlink("absolute", "/etc/passwd")
+        // Through a kept link that reaches the root: lexically inside, really outside.
+        .symlink("tests/chained", "fixtures/root/..")
+        .symlink("tests/sideways", "fixtures/../../x")
+        .finish();
+    let outcome = read(&tar, ROOMY);
+    assert!(outcome.result.is_ok(), "{:?}", outcome.result);
+    assert_eq!(
+        outcome.seen,
+        [
+            dir("docs"),
+            file("docs/guide.md", false, b"# guide\n"),
+            link("README.md", "docs/guide.md"),
+            dir("tests/fixtures"),
+            link("tests/fixtures/root", "../.."),
+            link("tests/fixtures/parent", ".."),
+            skipped("escape", SkipReason::Symlink),
+            skipped("deep/escape", SkipReason::Symlink),
+            skipped("absolute", SkipReason::Symlink),
+            skipped("tests/chained", SkipReason::Symlink),
+            skipped("tests/sideways", SkipReason::Symlink),
+        ]
+    );
+}
+
+#[test]
+fn zip_links_inside_the_root_are_kept_with_their_targets_and_escaping_ones_dropped() {
+    let bytes = zip_of(|writer| {
+        writer.start_file("lib/index.js", deflated(0o644)).unwrap();
+        writer.write_all(b"module.exports = 1;\n").unwrap();
+        for (name, target) in [
+            ("index.js", "lib/index.js"),
+            ("lib/up", ".."),
+            ("lib/escape", "../.."),
+            ("absolute", "/etc"),
+            ("lib/chained", "up/.."),
+        ] {
+            writer
+                .add_symlink(name, target, SimpleFileOptions::default())
+                .unwrap();
+        }
+    });
+    let outcome = read(&bytes, ROOMY);
+    assert!(outcome.result.is_ok(), "{:?}", outcome.result);
+    assert_eq!(
+        outcome.seen,
+        [
+            file("lib/index.js", false, b"module.exports = 1;\n"),
+            link("index.js", "lib/index.js"),
+            link("lib/up", ".."),
+            skipped("lib/escape", SkipReason::Symlink),
+            skipped("absolute", SkipReason::Symlink),
+            skipped("lib/chained", SkipReason::Symlink),
+        ]
+    );
+}
+
+/// The attack on an unpacker that follows links: plant a link, then write "through" it. A
+/// kept link is a leaf, so a member beneath it refuses the whole archive; nothing is ever
+/// handed out beneath a link.
+#[test]
+fn a_member_written_through_a_kept_link_refuses_the_archive() {
+    let tar = TarMaker::new()
+        .symlink("sub/up", "..")
+        .file("sub/up/planted.txt", 0o644, b"through the link")
+        .finish();
+    let outcome = read(&tar, ROOMY);
+    assert_ambiguous(&outcome, "both a file and a directory");
+    assert!(
+        !outcome
+            .seen
+            .iter()
+            .any(|seen| matches!(seen, Seen::File { .. })),
+        "{:?}",
+        outcome.seen
+    );
+
+    let bytes = zip_of(|writer| {
+        writer
+            .add_symlink("up", ".", SimpleFileOptions::default())
+            .unwrap();
+        writer.start_file("up/x", deflated(0o644)).unwrap();
+        writer.write_all(b"x").unwrap();
+    });
+    let outcome = read(&bytes, ROOMY);
+    assert_ambiguous(&outcome, "both a file and a directory");
+    assert!(outcome.seen.is_empty(), "zip is refused before any member");
 }
 
 #[test]

@@ -36,8 +36,9 @@ use tokio::process::Command;
 
 use crate::archive::Limits;
 use crate::import::{ImportError, Imported};
-use crate::paths::SourcePath;
-use crate::persistence::{IndexEntry, Kind};
+use crate::links;
+use crate::paths::{MAX_PATH_BYTES, SourcePath};
+use crate::persistence::{IndexEntry, Kind, Origin};
 use address::{Classify, Host, Pin, Resolve, SystemResolver};
 use scratch::Scratch;
 
@@ -559,40 +560,14 @@ pub async fn import(
     } else {
         reference
     };
-    let options = ["--quiet", "--no-tags", "--no-recurse-submodules"];
-    let shallow = [&options[..], &["--depth", "1", "--", url, wanted]].concat();
-    match fetch(&scratch, &target, policy, &shallow).await {
-        Ok(()) => {}
-        // Some servers refuse a commit id in a shallow fetch; a full fetch can still find it.
-        Err(ImportError::Git(GitError::Failed(_)))
-            if wanted.len() >= 7 && wanted.bytes().all(|b| b.is_ascii_hexdigit()) =>
-        {
-            let full = [&options[..], &["--", url, "+refs/*:refs/remotes/origin/*"]].concat();
-            fetch(&scratch, &target, policy, &full).await?;
-            let resolve = ["update-ref", "FETCH_HEAD", wanted];
-            run(
-                repository,
-                scheme,
-                &resolve,
-                "resolving the commit",
-                timeout,
-            )
-            .await?;
-        }
-        Err(error) => return Err(error),
-    }
-    let list = [
-        "ls-tree",
-        "-r",
-        "-t",
-        "-z",
-        "--full-tree",
-        "FETCH_HEAD^{tree}",
-    ];
+    let commit = fetch_commit(&scratch, &target, policy, url, wanted).await?;
+    let tree = format!("{commit}^{{tree}}");
+    let list = ["ls-tree", "-r", "-t", "-z", "--full-tree", tree.as_str()];
     let listing = run(repository, scheme, &list, "reading the tree", timeout).await?;
 
     let mut imported = Imported::default();
     let mut files: Vec<(SourcePath, bool, String)> = Vec::new();
+    let mut symlinks: Vec<(SourcePath, String)> = Vec::new();
     let mut members: u64 = 0;
     for record in listing
         .split(|&b| b == 0)
@@ -621,6 +596,10 @@ pub async fn import(
             .ok()
             .and_then(|p| SourcePath::parse(p).ok());
         match (mode, kind) {
+            ("120000", "blob") => match path {
+                Some(path) => symlinks.push((path, object.to_owned())),
+                None => imported.skip("unsafe_path"),
+            },
             ("120000", _) => imported.skip("symlink"),
             ("160000", _) => imported.skip("submodule"),
             (_, "tree") => match path {
@@ -642,10 +621,256 @@ pub async fn import(
             digest: Some(digest),
             size,
             executable,
+            target: None,
         });
     }
+    let objects: Vec<&str> = symlinks.iter().map(|(_, object)| object.as_str()).collect();
+    let targets = read_link_targets(repository, scheme, &objects, timeout).await?;
+    for ((path, _), target) in symlinks.into_iter().zip(targets) {
+        match target.and_then(|target| links::kept_target(&path, &target)) {
+            Some(target) => imported.entries.push(IndexEntry::symlink(path, target)),
+            None => imported.skip("symlink"),
+        }
+    }
     imported.entries.sort_by(|a, b| a.path.cmp(&b.path));
+    let describe = describe(&scratch, &target, policy, url, &commit).await;
+    imported.origin = Some(Origin {
+        commit,
+        reference: reference.to_owned(),
+        describe,
+    });
     Ok(imported)
+}
+
+/// Whether `wanted` can only be a commit id, full or abbreviated.
+fn looks_like_commit_id(wanted: &str) -> bool {
+    (4..=64).contains(&wanted.len()) && wanted.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Whether a failed fetch says the server only speaks git's "dumb" HTTP protocol (static
+/// files), which cannot send a shallow history.
+fn is_dumb_http(error: &ImportError) -> bool {
+    matches!(error, ImportError::Git(GitError::Failed(message)) if message.contains("dumb http"))
+}
+
+/// Fetches what `wanted` names and answers the commit's full id.
+///
+/// First a shallow fetch of `wanted` (one commit: what the import needs). A server that
+/// only speaks dumb HTTP cannot do shallow fetches, so the whole history of `wanted` is
+/// fetched instead. Servers never resolve abbreviated ids, and some refuse even full ones in
+/// a fetch, so a commit id that the shallow fetch could not get is looked for among every
+/// branch and tag, fetched whole, and resolved here (`rev-parse`).
+async fn fetch_commit(
+    scratch: &Scratch,
+    target: &Target,
+    policy: &GitPolicy,
+    url: &str,
+    wanted: &str,
+) -> Result<String, ImportError> {
+    let options = ["--quiet", "--no-tags", "--no-recurse-submodules"];
+    let shallow = [&options[..], &["--depth", "1", "--", url, wanted]].concat();
+    let error = match fetch(scratch, target, policy, &shallow).await {
+        Ok(()) => return rev_parse(scratch, target.scheme, "FETCH_HEAD", policy).await,
+        Err(error @ ImportError::Git(GitError::Failed(_))) => error,
+        Err(error) => return Err(error),
+    };
+    let dumb = is_dumb_http(&error);
+    if !looks_like_commit_id(wanted) {
+        if !dumb {
+            return Err(error);
+        }
+        let whole = [&options[..], &["--", url, wanted]].concat();
+        fetch(scratch, target, policy, &whole)
+            .await
+            .map_err(|error| dumb_failed(error, wanted))?;
+        return rev_parse(scratch, target.scheme, "FETCH_HEAD", policy).await;
+    }
+    let everything = [
+        &options[..],
+        &[
+            "--",
+            url,
+            "+refs/heads/*:refs/heads/*",
+            "+refs/tags/*:refs/tags/*",
+        ],
+    ]
+    .concat();
+    fetch(scratch, target, policy, &everything)
+        .await
+        .map_err(|error| {
+            if dumb {
+                dumb_failed(error, wanted)
+            } else {
+                error
+            }
+        })?;
+    rev_parse(scratch, target.scheme, wanted, policy)
+        .await
+        .map_err(|_| {
+            refused(format!(
+                "no single commit of the repository's branches and tags has the id {wanted:?}; \
+                 give the full 40-character commit id (git rev-parse HEAD), or a branch or tag"
+            ))
+        })
+}
+
+/// A fetch from a dumb-HTTP server failed even without asking for a shallow history.
+fn dumb_failed(error: ImportError, wanted: &str) -> ImportError {
+    match error {
+        ImportError::Git(GitError::Failed(message)) => failed(format!(
+            "the server speaks only git's dumb HTTP protocol and fetching {wanted:?} from it failed ({message}); \
+             serve the repository with git's smart HTTP (git http-backend) or import an archive"
+        )),
+        other => other,
+    }
+}
+
+/// The full id of the commit `revision` names in the fetched repository.
+async fn rev_parse(
+    scratch: &Scratch,
+    scheme: Scheme,
+    revision: &str,
+    policy: &GitPolicy,
+) -> Result<String, ImportError> {
+    let verify = format!("{revision}^{{commit}}");
+    let args = [
+        "rev-parse",
+        "--verify",
+        "--quiet",
+        "--end-of-options",
+        verify.as_str(),
+    ];
+    let output = run(
+        scratch.path(),
+        scheme,
+        &args,
+        "resolving the commit",
+        policy.fetch_timeout,
+    )
+    .await?;
+    let commit = String::from_utf8_lossy(&output).trim().to_owned();
+    if !matches!(commit.len(), 40 | 64) || !commit.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(failed(format!("git answered {commit:?} for a commit id")));
+    }
+    Ok(commit)
+}
+
+/// `git describe --tags --always` of `commit`, for builds that derive a version from git
+/// (setuptools-scm, hatch-vcs). Describing needs the commits between `commit` and its
+/// nearest tag, which the shallow fetch did not bring: the history of commits alone
+/// (`--filter=tree:0`, where the server allows filters) and every tag are fetched now,
+/// within the same fetch cap. This is best effort: when it fails the import still lands, and
+/// the description is the abbreviated commit, as for a repository without tags.
+async fn describe(
+    scratch: &Scratch,
+    target: &Target,
+    policy: &GitPolicy,
+    url: &str,
+    commit: &str,
+) -> String {
+    let mut args = vec!["--quiet", "--no-recurse-submodules", "--filter=tree:0"];
+    if scratch.path().join("shallow").exists() {
+        args.push("--unshallow");
+    }
+    args.extend(["--", url, "+refs/tags/*:refs/tags/*"]);
+    if let Err(error) = fetch(scratch, target, policy, &args).await {
+        tracing::warn!(%error, "fetching the history for git describe failed; describing the commit alone");
+    }
+    let describe = [
+        "describe",
+        "--tags",
+        "--always",
+        "--abbrev=7",
+        "--end-of-options",
+        commit,
+    ];
+    match run(
+        scratch.path(),
+        target.scheme,
+        &describe,
+        "describing the commit",
+        policy.fetch_timeout,
+    )
+    .await
+    {
+        Ok(output) => String::from_utf8_lossy(&output).trim().to_owned(),
+        Err(error) => {
+            tracing::warn!(%error, "git describe failed; describing the commit by its id");
+            commit.get(..7).unwrap_or(commit).to_owned()
+        }
+    }
+}
+
+/// The contents of link objects (their targets) through one `git cat-file --batch`; `None`
+/// for one longer than any path may be.
+async fn read_link_targets(
+    repository: &Path,
+    scheme: Scheme,
+    objects: &[&str],
+    timeout: Duration,
+) -> Result<Vec<Option<Vec<u8>>>, ImportError> {
+    if objects.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut child = git(repository, scheme)
+        .args(["cat-file", "--batch"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|error| failed(format!("cannot run git cat-file: {error}")))?;
+    let mut stdin = child.stdin.take().ok_or_else(|| failed("no stdin"))?;
+    let stdout = child.stdout.take().ok_or_else(|| failed("no stdout"))?;
+    let request: Vec<u8> = objects
+        .iter()
+        .flat_map(|object| [object.as_bytes(), b"\n"].concat())
+        .collect();
+    let feeder = tokio::spawn(async move {
+        stdin.write_all(&request).await?;
+        stdin.shutdown().await
+    });
+    let read = async {
+        let mut reader = BufReader::new(stdout);
+        let mut targets = Vec::with_capacity(objects.len());
+        for object in objects {
+            let mut header = String::new();
+            reader.read_line(&mut header).await?;
+            let mut fields = header.trim_end().split(' ');
+            let (name, kind, size) = (
+                fields.next().unwrap_or(""),
+                fields.next().unwrap_or(""),
+                fields.next().unwrap_or(""),
+            );
+            if name != *object || kind != "blob" {
+                return Err(failed(format!(
+                    "link object {object} is missing or not a blob"
+                )));
+            }
+            let size: u64 = size
+                .parse()
+                .map_err(|_| failed("unexpected cat-file output"))?;
+            let mut content = Vec::new();
+            (&mut reader).take(size).read_to_end(&mut content).await?;
+            if content.len() as u64 != size {
+                return Err(failed("git cat-file ended early"));
+            }
+            let mut newline = [0u8; 1];
+            reader.read_exact(&mut newline).await?;
+            targets.push((content.len() <= MAX_PATH_BYTES).then_some(content));
+        }
+        Ok::<_, ImportError>(targets)
+    };
+    let targets = tokio::time::timeout(timeout, read).await.map_err(|_| {
+        failed(format!(
+            "reading links took longer than {} s",
+            timeout.as_secs()
+        ))
+    })??;
+    feeder
+        .await
+        .map_err(|error| ImportError::Worker(error.to_string()))??;
+    let _ = child.wait().await;
+    Ok(targets)
 }
 
 /// Objects held against garbage collection in one transaction, at most.

@@ -21,6 +21,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::archive::{self, ArchiveError, Entry, Limits};
+use crate::links;
 use crate::persistence::{IndexEntry, Kind};
 
 /// Files up to this size are read whole and uploaded concurrently; larger ones stream.
@@ -40,12 +41,14 @@ const HOLD_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
 /// What an import produced, before it lands.
 #[derive(Debug, Default)]
 pub struct Imported {
-    /// Files and directories, paths relative to the environment root.
+    /// Files, directories and symlinks, paths relative to the environment root.
     pub entries: Vec<IndexEntry>,
     /// Members dropped, by reason.
     pub skipped: BTreeMap<String, u64>,
     /// Whether a single wrapping directory was stripped.
     pub stripped_wrapper: bool,
+    /// Where a git import's files came from; `None` for archives.
+    pub origin: Option<crate::persistence::Origin>,
 }
 
 impl Imported {
@@ -66,9 +69,34 @@ impl Imported {
                 Kind::Directory => {
                     directories.insert(path);
                 }
+                Kind::Symlink => {}
             }
         }
         (files, directories.len() as u64, bytes)
+    }
+
+    /// Symlinks kept.
+    pub fn links(&self) -> u64 {
+        self.entries
+            .iter()
+            .filter(|entry| entry.kind == Kind::Symlink)
+            .count() as u64
+    }
+
+    /// Drops, and counts as `symlink`, every link whose target could leave the root from
+    /// where the link finally lands (see `links`). Readers check as they go; this is the
+    /// check on final paths, after a wrapping directory was stripped.
+    pub fn drop_escaping_links(&mut self) {
+        let before = self.entries.len();
+        self.entries.retain(|entry| {
+            entry.kind != Kind::Symlink
+                || entry.target.as_deref().is_some_and(|target| {
+                    links::kept_target(&entry.path, target.as_bytes()).is_some()
+                })
+        });
+        for _ in self.entries.len()..before {
+            self.skip(archive::SkipReason::Symlink.as_str());
+        }
     }
 
     /// Strips one directory that wraps everything (the shape of a repository archive), so
@@ -288,6 +316,9 @@ async fn read_spooled(
         let mut sink = |entry: Entry<'_>| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             match entry {
                 Entry::Directory { path } => imported.entries.push(IndexEntry::directory(path)),
+                Entry::Symlink { path, target } => {
+                    imported.entries.push(IndexEntry::symlink(path, target));
+                }
                 Entry::Skipped { reason, .. } => imported.skip(reason.as_str()),
                 Entry::File {
                     path,
@@ -308,6 +339,7 @@ async fn read_spooled(
                         digest: Some(blob.digest),
                         size: blob.size,
                         executable,
+                        target: None,
                     });
                 }
             }
@@ -327,6 +359,7 @@ async fn read_spooled(
     let mut imported = read?;
     uploaded?;
     imported.strip_wrapper();
+    imported.drop_escaping_links();
     Ok(imported)
 }
 
@@ -419,6 +452,7 @@ mod tests {
             digest: Some(Digest::of(path.as_bytes())),
             size: 1,
             executable: false,
+            target: None,
         }
     }
 

@@ -7,6 +7,7 @@
 //! Whether an environment exists, and whose it is, is the catalog's business: callers ask it
 //! first. Building and mounting are not here either. `paths` holds the one path rule;
 //! `archive` reads untrusted archives; `import` and `git` turn them into entries and blobs;
+//! `links` decides which symlinks stay (those that cannot leave the root) and follows them;
 //! `persistence` owns the index and each scope's stored bytes (the distinct blobs its sources
 //! and build layers hold, and its quota); `gc` collects the blob store's garbage (the source
 //! holds most of its references); `service` is the gRPC adapter; `run` starts it all.
@@ -15,6 +16,7 @@ pub mod archive;
 pub mod gc;
 pub mod git;
 pub mod import;
+pub mod links;
 pub mod paths;
 pub mod persistence;
 mod service;
@@ -100,7 +102,7 @@ pub enum SourceError {
 }
 
 /// Which roles may call the source service: builders only to count and forget the layers
-/// of builds they lease, the gateway everything else (every call names a scope).
+/// of builds they lease and to read where a source came from, the gateway everything else (every call names a scope).
 pub const ACCESS: Access = Access(&[
     (
         "/plinth.source.v1.SourceService/RecordLayer",
@@ -109,6 +111,10 @@ pub const ACCESS: Access = Access(&[
     (
         "/plinth.source.v1.SourceService/ForgetLayer",
         &[Role::Builder],
+    ),
+    (
+        "/plinth.source.v1.SourceService/GetOrigin",
+        &[Role::Builder, Role::Gateway],
     ),
     ("/plinth.source.v1.SourceService/", &[Role::Gateway]),
 ]);

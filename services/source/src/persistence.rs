@@ -44,6 +44,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "garbage collection",
                 include_str!("../migrations/sqlite/0003_collection.sql"),
             ),
+            (
+                4,
+                "symlinks and git origins",
+                include_str!("../migrations/sqlite/0004_links_and_origins.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -61,6 +66,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "garbage collection",
                 include_str!("../migrations/postgres/0003_collection.sql"),
             ),
+            (
+                4,
+                "symlinks and git origins",
+                include_str!("../migrations/postgres/0004_links_and_origins.sql"),
+            ),
         ],
     }
 }
@@ -75,6 +85,9 @@ pub enum Kind {
     File,
     /// A directory.
     Directory,
+    /// A symbolic link whose target stays inside the root (see `links`): kept as a link,
+    /// never followed on any disk.
+    Symlink,
 }
 
 impl Kind {
@@ -82,6 +95,16 @@ impl Kind {
         match self {
             Kind::File => "file",
             Kind::Directory => "dir",
+            Kind::Symlink => "symlink",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Kind> {
+        match text {
+            "file" => Some(Kind::File),
+            "dir" => Some(Kind::Directory),
+            "symlink" => Some(Kind::Symlink),
+            _ => None,
         }
     }
 }
@@ -99,6 +122,8 @@ pub struct IndexEntry {
     pub size: u64,
     /// A file's executable bit.
     pub executable: bool,
+    /// A symlink's target, as written in the archive or repository.
+    pub target: Option<String>,
 }
 
 impl IndexEntry {
@@ -110,8 +135,40 @@ impl IndexEntry {
             digest: None,
             size: 0,
             executable: false,
+            target: None,
         }
     }
+
+    /// A symlink entry.
+    pub fn symlink(path: SourcePath, target: String) -> Self {
+        IndexEntry {
+            path,
+            kind: Kind::Symlink,
+            digest: None,
+            size: 0,
+            executable: false,
+            target: Some(target),
+        }
+    }
+}
+
+/// Where a source last came from by git (see [`Index::origin`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// The commit's full id (40 hex digits, 64 for SHA-256 repositories).
+    pub commit: String,
+    /// The branch, tag or commit the import asked for; empty for the default branch.
+    pub reference: String,
+    /// `git describe --tags --always` of the commit: `v1.2.3`, `v1.2.3-4-gabc1234`, or the
+    /// abbreviated commit when no tag reaches it.
+    pub describe: String,
+}
+
+/// What landing an import does to the source's git origin.
+enum OriginChange<'a> {
+    Keep,
+    Forget,
+    Set(&'a Origin),
 }
 
 /// What can go wrong.
@@ -179,7 +236,7 @@ pub struct Index {
     quotas: std::sync::Arc<plinth_kit::quota::Quotas>,
 }
 
-const COLUMNS: &str = "path, kind, digest, size, executable";
+const COLUMNS: &str = "path, kind, digest, size, executable, target";
 
 impl Index {
     /// Connects.
@@ -335,6 +392,13 @@ impl Index {
                     reason: "is a directory; delete it first to put a file there".to_owned(),
                 });
             }
+            // Writing through a link is never done; replacing one silently would surprise.
+            Some(entry) if entry.kind == Kind::Symlink => {
+                return Err(IndexError::Conflict {
+                    path: path.to_string(),
+                    reason: "is a symlink; delete it first to put a file there".to_owned(),
+                });
+            }
             Some(entry) => (
                 executable.unwrap_or(entry.executable),
                 Delta {
@@ -361,6 +425,7 @@ impl Index {
             digest: Some(digest),
             size,
             executable,
+            target: None,
         };
         rows.push(entry.clone());
         let rows: Vec<NewRow<'_>> = rows.iter().map(NewRow::from).collect();
@@ -382,11 +447,12 @@ impl Index {
         let existing = entries_at(&mut tx, environment, path).await?;
         check_parents_are_directories(path, &existing)?;
         if let Some(entry) = existing.get(path.as_str())
-            && entry.kind == Kind::File
+            && entry.kind != Kind::Directory
         {
             return Err(IndexError::Conflict {
                 path: path.to_string(),
-                reason: "is a file; delete it first to make a directory there".to_owned(),
+                reason: "is a file or symlink; delete it first to make a directory there"
+                    .to_owned(),
             });
         }
         let rows: Vec<IndexEntry> = path
@@ -421,21 +487,25 @@ impl Index {
         .await?;
         let mut files = 0u64;
         let mut directories = 0u64;
+        let mut links = 0u64;
         let mut bytes = 0i64;
         for row in &counts {
             let kind: String = row.try_get("kind")?;
             let n: i64 = row.try_get("n")?;
             let n = u64::try_from(n).unwrap_or(0);
-            if kind == "file" {
-                files = n;
-                // SUM is NUMERIC on PostgreSQL, which the Any driver cannot read: the query
-                // casts it to BIGINT on both backends.
-                bytes = row.try_get("bytes")?;
-            } else {
-                directories = n;
+            match Kind::parse(&kind) {
+                Some(Kind::File) => {
+                    files = n;
+                    // SUM is NUMERIC on PostgreSQL, which the Any driver cannot read: the
+                    // query casts it to BIGINT on both backends.
+                    bytes = row.try_get("bytes")?;
+                }
+                Some(Kind::Directory) => directories = n,
+                Some(Kind::Symlink) => links = n,
+                None => return Err(IndexError::Corrupt(format!("kind {kind:?}"))),
             }
         }
-        if files + directories == 0 {
+        if files + directories + links == 0 {
             return Err(IndexError::NotFound(path.to_string()));
         }
         if let Some(scope) = &scope {
@@ -477,13 +547,68 @@ impl Index {
     }
 
     /// [`Index::apply_import`] for work that held the blobs: refused with `HoldsLapsed` when
-    /// its holds have lapsed (see [`Index::write_file_held`]).
+    /// its holds have lapsed (see [`Index::write_file_held`]). An archive import that
+    /// replaces the source forgets its git origin (the files no longer come from that
+    /// commit); one that lands over it keeps it.
     pub async fn apply_import_held(
         &self,
         environment: &str,
         replace: bool,
         entries: &[IndexEntry],
         held_by: Option<&WorkId>,
+    ) -> Result<(), IndexError> {
+        let origin = if replace {
+            OriginChange::Forget
+        } else {
+            OriginChange::Keep
+        };
+        self.land_import(environment, replace, entries, held_by, origin)
+            .await
+    }
+
+    /// [`Index::apply_import_held`] for a git import: records where the files came from, in
+    /// the same transaction (the last git import wins).
+    pub async fn apply_git_import_held(
+        &self,
+        environment: &str,
+        replace: bool,
+        entries: &[IndexEntry],
+        held_by: Option<&WorkId>,
+        origin: &Origin,
+    ) -> Result<(), IndexError> {
+        self.land_import(
+            environment,
+            replace,
+            entries,
+            held_by,
+            OriginChange::Set(origin),
+        )
+        .await
+    }
+
+    /// Where the source last came from by git, if it did.
+    pub async fn origin(&self, environment: &str) -> Result<Option<Origin>, IndexError> {
+        let row = sqlx::query(
+            "SELECT commit_id, reference, describe FROM source_origins WHERE environment_id = $1",
+        )
+        .bind(environment)
+        .fetch_optional(&self.db.reader)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        Ok(Some(Origin {
+            commit: row.try_get("commit_id")?,
+            reference: row.try_get("reference")?,
+            describe: row.try_get("describe")?,
+        }))
+    }
+
+    async fn land_import(
+        &self,
+        environment: &str,
+        replace: bool,
+        entries: &[IndexEntry],
+        held_by: Option<&WorkId>,
+        origin: OriginChange<'_>,
     ) -> Result<(), IndexError> {
         let (mut tx, scope) = self.begin_change(environment).await?;
         collection::holds_alive(&mut tx, held_by).await?;
@@ -506,11 +631,8 @@ impl Index {
             for row in &rows {
                 let path: String = row.try_get("path")?;
                 let kind: String = row.try_get("kind")?;
-                let kind = if kind == "file" {
-                    Kind::File
-                } else {
-                    Kind::Directory
-                };
+                let kind = Kind::parse(&kind)
+                    .ok_or_else(|| IndexError::Corrupt(format!("{path}: kind {kind:?}")))?;
                 existing.push((path, kind));
             }
         }
@@ -532,6 +654,13 @@ impl Index {
                             reason: format!("{ancestor} is a file, not a directory"),
                         });
                     }
+                    // Nothing is ever put through a link.
+                    Some(Kind::Symlink) => {
+                        return Err(IndexError::Conflict {
+                            path: entry.path.to_string(),
+                            reason: format!("{ancestor} is a symlink, not a directory"),
+                        });
+                    }
                     Some(Kind::Directory) => {}
                     None => {
                         state.insert(ancestor, Kind::Directory);
@@ -540,18 +669,20 @@ impl Index {
                 }
             }
             match (state.get(path), entry.kind) {
-                (Some(Kind::Directory), Kind::File) => {
+                (Some(Kind::Directory), Kind::File | Kind::Symlink) => {
                     return Err(IndexError::Conflict {
                         path: entry.path.to_string(),
-                        reason: "is a directory in the source; the import has a file there"
-                            .to_owned(),
+                        reason:
+                            "is a directory in the source; the import has a file or symlink there"
+                                .to_owned(),
                     });
                 }
-                (Some(Kind::File), Kind::Directory) => {
+                (Some(Kind::File | Kind::Symlink), Kind::Directory) => {
                     return Err(IndexError::Conflict {
                         path: entry.path.to_string(),
-                        reason: "is a file in the source; the import has a directory there"
-                            .to_owned(),
+                        reason:
+                            "is a file or symlink in the source; the import has a directory there"
+                                .to_owned(),
                     });
                 }
                 (Some(Kind::Directory), Kind::Directory) => continue,
@@ -565,6 +696,29 @@ impl Index {
             let after = ledger::source_holders(&mut tx, environment, None).await?;
             let change = ledger::difference(before, &after);
             ledger::apply(&mut tx, scope, &change, self.stored_bytes_limit(scope)).await?;
+        }
+        match origin {
+            OriginChange::Keep => {}
+            OriginChange::Forget => {
+                sqlx::query("DELETE FROM source_origins WHERE environment_id = $1")
+                    .bind(environment)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            OriginChange::Set(origin) => {
+                sqlx::query(
+                    "INSERT INTO source_origins (environment_id, commit_id, reference, describe) \
+                     VALUES ($1, $2, $3, $4) ON CONFLICT (environment_id) DO UPDATE \
+                     SET commit_id = excluded.commit_id, reference = excluded.reference, \
+                     describe = excluded.describe",
+                )
+                .bind(environment)
+                .bind(&origin.commit)
+                .bind(&origin.reference)
+                .bind(&origin.describe)
+                .execute(&mut *tx)
+                .await?;
+            }
         }
         finish_change(tx, environment, None).await?;
         Ok(())
@@ -609,6 +763,10 @@ impl Index {
             }
         }
         sqlx::query("DELETE FROM source_entries WHERE environment_id = $1")
+            .bind(environment)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM source_origins WHERE environment_id = $1")
             .bind(environment)
             .execute(&mut *tx)
             .await?;
@@ -964,11 +1122,16 @@ fn check_parents_are_directories(
 ) -> Result<(), IndexError> {
     for ancestor in path.ancestors() {
         if let Some(entry) = existing.get(ancestor.as_str())
-            && entry.kind == Kind::File
+            && entry.kind != Kind::Directory
         {
+            let what = if entry.kind == Kind::Symlink {
+                "a symlink"
+            } else {
+                "a file"
+            };
             return Err(IndexError::Conflict {
                 path: path.to_string(),
-                reason: format!("{ancestor} is a file, not a directory"),
+                reason: format!("{ancestor} is {what}, not a directory"),
             });
         }
     }
@@ -987,6 +1150,7 @@ struct NewRow<'a> {
     digest: Option<Digest>,
     size: u64,
     executable: bool,
+    target: &'a str,
 }
 
 impl<'a> NewRow<'a> {
@@ -997,6 +1161,7 @@ impl<'a> NewRow<'a> {
             digest: None,
             size: 0,
             executable: false,
+            target: "",
         }
     }
 }
@@ -1009,6 +1174,7 @@ impl<'a> From<&'a IndexEntry> for NewRow<'a> {
             digest: entry.digest,
             size: entry.size,
             executable: entry.executable,
+            target: entry.target.as_deref().unwrap_or(""),
         }
     }
 }
@@ -1020,26 +1186,28 @@ async fn upsert(
 ) -> Result<(), IndexError> {
     for batch in rows.chunks(INSERT_BATCH) {
         let mut sql = String::from(
-            "INSERT INTO source_entries (environment_id, path, kind, digest, size, executable) VALUES ",
+            "INSERT INTO source_entries (environment_id, path, kind, digest, size, executable, target) VALUES ",
         );
         for i in 0..batch.len() {
-            let base = i * 6;
+            let base = i * 7;
             if i > 0 {
                 sql.push_str(", ");
             }
             sql.push_str(&format!(
-                "(${}, ${}, ${}, ${}, ${}, ${})",
+                "(${}, ${}, ${}, ${}, ${}, ${}, ${})",
                 base + 1,
                 base + 2,
                 base + 3,
                 base + 4,
                 base + 5,
-                base + 6
+                base + 6,
+                base + 7
             ));
         }
         sql.push_str(
             " ON CONFLICT (environment_id, path) DO UPDATE SET kind = excluded.kind, \
-             digest = excluded.digest, size = excluded.size, executable = excluded.executable",
+             digest = excluded.digest, size = excluded.size, executable = excluded.executable, \
+             target = excluded.target",
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for row in batch {
@@ -1053,7 +1221,8 @@ async fn upsert(
                         .unwrap_or_default(),
                 )
                 .bind(i64::try_from(row.size).unwrap_or(i64::MAX))
-                .bind(i64::from(row.executable));
+                .bind(i64::from(row.executable))
+                .bind(row.target);
         }
         query.execute(&mut **tx).await?;
     }
@@ -1066,20 +1235,19 @@ fn entry_from_row(row: &AnyRow) -> Result<IndexEntry, IndexError> {
     let digest: String = row.try_get("digest")?;
     let size: i64 = row.try_get("size")?;
     let executable: i64 = row.try_get("executable")?;
+    let target: String = row.try_get("target")?;
     let path = SourcePath::parse(&path).map_err(|error| IndexError::Corrupt(error.to_string()))?;
-    let kind = match kind.as_str() {
-        "file" => Kind::File,
-        "dir" => Kind::Directory,
-        other => return Err(IndexError::Corrupt(format!("{path}: kind {other:?}"))),
-    };
+    let kind =
+        Kind::parse(&kind).ok_or_else(|| IndexError::Corrupt(format!("{path}: kind {kind:?}")))?;
     let digest = match kind {
         Kind::File => Some(
             digest
                 .parse()
                 .map_err(|_| IndexError::Corrupt(format!("{path}: digest {digest:?}")))?,
         ),
-        Kind::Directory => None,
+        Kind::Directory | Kind::Symlink => None,
     };
+    let target = (kind == Kind::Symlink).then_some(target);
     let size =
         u64::try_from(size).map_err(|_| IndexError::Corrupt(format!("{path}: size {size}")))?;
     Ok(IndexEntry {
@@ -1088,5 +1256,6 @@ fn entry_from_row(row: &AnyRow) -> Result<IndexEntry, IndexError> {
         digest,
         size,
         executable: executable != 0,
+        target,
     })
 }

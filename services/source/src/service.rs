@@ -17,8 +17,9 @@ use crate::archive::{ArchiveError, Limits};
 use crate::gc::Work;
 use crate::git::{self, GitError, GitPolicy};
 use crate::import::{self, ImportError, Imported};
+use crate::links::{Found, Step, Walk, WalkError};
 use crate::paths::SourcePath;
-use crate::persistence::{Index, IndexEntry, IndexError, Kind};
+use crate::persistence::{Index, IndexEntry, IndexError, Kind, Origin};
 use crate::tree;
 
 /// Bytes per message when streaming a file out (well under gRPC's 4 MiB default).
@@ -184,6 +185,7 @@ fn entry_to_proto(entry: &IndexEntry, size: u64) -> pb::Entry {
         kind: match entry.kind {
             Kind::File => pb::EntryKind::File,
             Kind::Directory => pb::EntryKind::Directory,
+            Kind::Symlink => pb::EntryKind::Symlink,
         }
         .into(),
         size,
@@ -192,6 +194,69 @@ fn entry_to_proto(entry: &IndexEntry, size: u64) -> pb::Entry {
             .digest
             .map(|digest| digest.to_string())
             .unwrap_or_default(),
+        target: entry.target.clone().unwrap_or_default(),
+    }
+}
+
+impl From<Origin> for pb::Origin {
+    fn from(origin: Origin) -> Self {
+        pb::Origin {
+            commit: origin.commit,
+            r#ref: origin.reference,
+            describe: origin.describe,
+        }
+    }
+}
+
+impl Source {
+    /// The entry `path` names once every link on the way is followed, through the index
+    /// alone (see `links::Walk`): a read through a kept link answers what it points at,
+    /// and nothing on any disk is touched, so a link can never lead out of the root.
+    async fn follow(
+        &self,
+        environment: &str,
+        path: &SourcePath,
+    ) -> Result<IndexEntry, PlinthError> {
+        let not_found = |what: String| index_error(IndexError::NotFound(what));
+        let mut walk = Walk::new(path);
+        let mut last = None;
+        loop {
+            match walk.step() {
+                Step::Lookup(at) => {
+                    let entry = match SourcePath::parse(&at) {
+                        Ok(at) => self
+                            .index
+                            .get(environment, &at)
+                            .await
+                            .map_err(index_error)?,
+                        Err(_) => None,
+                    };
+                    let found = match &entry {
+                        None => Found::Nothing,
+                        Some(entry) => match entry.kind {
+                            Kind::Directory => Found::Directory,
+                            Kind::File => Found::File,
+                            Kind::Symlink => Found::Link(entry.target.clone().unwrap_or_default()),
+                        },
+                    };
+                    walk.answer(found).map_err(|error| match error {
+                        WalkError::Missing(_) if at == path.as_str() => not_found(at.clone()),
+                        WalkError::Missing(missing) => {
+                            not_found(format!("{missing} (where the links in {path} lead)"))
+                        }
+                        other => PlinthError::invalid(format!("{path}: {other}")),
+                    })?;
+                    last = entry;
+                }
+                Step::Done(at) => {
+                    return match last {
+                        Some(entry) if entry.path.as_str() == at => Ok(entry),
+                        // The walk ended on the root itself (`up -> ..`).
+                        _ => Ok(IndexEntry::directory(path.clone())),
+                    };
+                }
+            }
+        }
     }
 }
 
@@ -240,6 +305,7 @@ impl pb::source_service_server::SourceService for Source {
             .map(|entry| {
                 let size = match entry.kind {
                     Kind::File => entry.size,
+                    Kind::Symlink => 0,
                     Kind::Directory => directory_sizes
                         .get(entry.path.as_str())
                         .copied()
@@ -260,12 +326,7 @@ impl pb::source_service_server::SourceService for Source {
     ) -> Result<Response<Self::ReadFileStream>, Status> {
         let request = request.into_inner();
         let path = parse_path(&request.path)?;
-        let entry = self
-            .index
-            .get(&request.environment_id, &path)
-            .await
-            .map_err(index_error)?
-            .ok_or_else(|| index_error(IndexError::NotFound(path.to_string())))?;
+        let entry = self.follow(&request.environment_id, &path).await?;
         let digest = match (entry.kind, entry.digest) {
             (Kind::File, Some(digest)) => digest,
             _ => {
@@ -394,7 +455,7 @@ impl pb::source_service_server::SourceService for Source {
         tracing::Span::current().record("environment", header.environment_id.as_str());
         self.bind(&header.environment_id, &header.scope).await?;
         let work = self.work();
-        let imported: Imported = match &header.git {
+        let mut imported: Imported = match &header.git {
             Some(source) => git::import(
                 &self.blobs,
                 &self.spool_dir,
@@ -425,19 +486,43 @@ impl pb::source_service_server::SourceService for Source {
                 .map_err(import_error)?
             }
         };
-        self.index
-            .apply_import_held(
-                &header.environment_id,
-                header.replace,
-                &imported.entries,
-                work.fence(),
-            )
-            .await
-            .map_err(index_error)?;
+        let origin = imported.origin.take();
+        match &origin {
+            Some(origin) => {
+                self.index
+                    .apply_git_import_held(
+                        &header.environment_id,
+                        header.replace,
+                        &imported.entries,
+                        work.fence(),
+                        origin,
+                    )
+                    .await
+            }
+            None => {
+                self.index
+                    .apply_import_held(
+                        &header.environment_id,
+                        header.replace,
+                        &imported.entries,
+                        work.fence(),
+                    )
+                    .await
+            }
+        }
+        .map_err(index_error)?;
         work.finish().await;
         let (files, directories, bytes) = imported.counts();
+        let symlinks = imported.links();
         let skipped = imported.skipped.values().sum();
-        tracing::info!(files, directories, bytes, skipped, "import landed");
+        tracing::info!(
+            files,
+            directories,
+            bytes,
+            symlinks,
+            skipped,
+            "import landed"
+        );
         Ok(Response::new(pb::ImportReport {
             files,
             directories,
@@ -445,6 +530,8 @@ impl pb::source_service_server::SourceService for Source {
             skipped,
             skipped_by_reason: imported.skipped.into_iter().collect(),
             stripped_wrapper: imported.stripped_wrapper,
+            symlinks,
+            origin: origin.map(pb::Origin::from),
         }))
     }
 
@@ -591,6 +678,21 @@ impl pb::source_service_server::SourceService for Source {
             .await
             .map_err(index_error)?;
         Ok(Response::new(pb::ForgetLayerResponse { forgotten }))
+    }
+
+    #[tracing::instrument(name = "source.get_origin", skip_all, fields(environment = %request.get_ref().environment_id))]
+    async fn get_origin(
+        &self,
+        request: Request<pb::GetOriginRequest>,
+    ) -> Result<Response<pb::GetOriginResponse>, Status> {
+        let origin = self
+            .index
+            .origin(&request.get_ref().environment_id)
+            .await
+            .map_err(index_error)?;
+        Ok(Response::new(pb::GetOriginResponse {
+            origin: origin.map(pb::Origin::from),
+        }))
     }
 
     #[tracing::instrument(name = "source.usage", skip_all)]

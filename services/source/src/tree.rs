@@ -13,6 +13,11 @@ pub fn encode(entries: &[IndexEntry]) -> Result<Vec<u8>, serde_json::Error> {
             Kind::File => entry.digest.map(|digest| {
                 TreeEntry::file(entry.path.as_str(), digest, entry.size, entry.executable)
             }),
+            // Only links that cannot leave the root ever enter the index (see `links`).
+            Kind::Symlink => entry
+                .target
+                .as_deref()
+                .map(|target| TreeEntry::symlink(entry.path.as_str(), target)),
         })
         .collect();
     Tree::new(entries).encode()

@@ -20,7 +20,8 @@ use plinth_source::git::{self, GitError, GitPolicy};
 use plinth_source::import::{ImportError, Imported};
 
 use crate::git_server::{
-    Answer, CHUNK, GitServer, Namespace, Victim, noise, processes_within, repository, require_root,
+    Answer, CHUNK, GitServer, Namespace, Victim, noise, processes_within, repository,
+    repository_with_links, require_root, serve_dumb,
 };
 
 /// Answers `first` to the first question and `then` to every later one, and counts them.
@@ -273,6 +274,91 @@ async fn a_repository_within_the_cap_imports_over_http() {
     .expect("imported");
     assert_eq!(paths(&imported), ["README.md", "src", "src/app.py"]);
     assert!(fetch_leftovers(spool.path()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repository_on_a_dumb_http_server_imports_with_its_commit() {
+    let root = repository(&[("src/app.py", b"print('app')\n"), ("README.md", b"# hi\n")]);
+    serve_dumb(root.path());
+    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("listener");
+    let port = listener.local_addr().expect("address").port();
+    let _server = GitServer::start(listener, root.path(), Answer::Static);
+    let policy = GitPolicy {
+        allowed_schemes: vec!["http".into()],
+        allow_private_addresses: true,
+        max_fetch_bytes: 1024 * 1024,
+        ..GitPolicy::default()
+    };
+    let spool = tempfile::tempdir().expect("spool");
+    let imported = import(
+        &policy,
+        spool.path(),
+        &format!("http://127.0.0.1:{port}/repo.git"),
+    )
+    .await
+    .expect("a dumb server gets a whole fetch instead of a shallow one");
+    assert_eq!(paths(&imported), ["README.md", "src", "src/app.py"]);
+    let origin = imported.origin.expect("a git import has an origin");
+    assert_eq!(origin.commit.len(), 40, "{origin:?}");
+    assert_eq!(origin.reference, "main");
+    assert!(fetch_leftovers(spool.path()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_links_inside_the_root_are_kept_and_escaping_ones_dropped_and_counted() {
+    let root = repository_with_links(
+        &[
+            ("docs/guide.md", b"# guide\n"),
+            ("tests/fixtures/data.txt", b"x\n"),
+        ],
+        &[
+            ("README.md", "docs/guide.md"),
+            ("tests/fixtures/root", "../.."),
+            ("escape", "../outside"),
+            ("absolute", "/etc/passwd"),
+            ("tests/chained", "fixtures/root/.."),
+        ],
+    );
+    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("listener");
+    let port = listener.local_addr().expect("address").port();
+    let _server = GitServer::start(listener, root.path(), Answer::Serve { pause_after: None });
+    let policy = GitPolicy {
+        allowed_schemes: vec!["http".into()],
+        allow_private_addresses: true,
+        ..GitPolicy::default()
+    };
+    let spool = tempfile::tempdir().expect("spool");
+    let imported = import(
+        &policy,
+        spool.path(),
+        &format!("http://127.0.0.1:{port}/repo.git"),
+    )
+    .await
+    .expect("imported");
+    let links: Vec<(&str, Option<&str>)> = imported
+        .entries
+        .iter()
+        .filter(|entry| entry.kind == plinth_source::persistence::Kind::Symlink)
+        .map(|entry| (entry.path.as_str(), entry.target.as_deref()))
+        .collect();
+    assert_eq!(
+        links,
+        [
+            ("README.md", Some("docs/guide.md")),
+            ("tests/fixtures/root", Some("../.."))
+        ]
+    );
+    assert_eq!(
+        imported.skipped.get("symlink"),
+        Some(&3),
+        "{:?}",
+        imported.skipped
+    );
+    assert_eq!(
+        imported.origin.map(|origin| origin.describe.len()),
+        Some(7),
+        "no tag: the abbreviated commit"
+    );
 }
 
 /// A process standing for a fetch that outlived its service; killed when the test ends,

@@ -54,6 +54,11 @@ fn git(dir: &Path, args: &[&str]) {
 
 /// A directory holding `repo.git`, a bare repository whose `main` has one commit of `files`.
 pub fn repository(files: &[(&str, &[u8])]) -> tempfile::TempDir {
+    repository_with_links(files, &[])
+}
+
+/// [`repository`] with symlinks too (path, target).
+pub fn repository_with_links(files: &[(&str, &[u8])], links: &[(&str, &str)]) -> tempfile::TempDir {
     let root = tempfile::tempdir().expect("repository root");
     let work = root.path().join("work");
     std::fs::create_dir_all(&work).expect("work tree");
@@ -64,6 +69,13 @@ pub fn repository(files: &[(&str, &[u8])]) -> tempfile::TempDir {
             std::fs::create_dir_all(parent).expect("mkdir");
         }
         std::fs::write(path, content).expect("write");
+    }
+    for (path, target) in links {
+        let path = work.join(path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).expect("mkdir");
+        }
+        std::os::unix::fs::symlink(target, path).expect("symlink");
     }
     git(&work, &["add", "."]);
     git(&work, &["commit", "--quiet", "-m", "first"]);
@@ -98,6 +110,14 @@ pub enum Answer {
     Serve { pause_after: Option<u64> },
     /// A redirect to `location` followed by the path asked for.
     Redirect { status: u16, location: String },
+    /// The files under its root as they are, git's "dumb" HTTP protocol (the repository
+    /// needs `git update-server-info`, see [`serve_dumb`]).
+    Static,
+}
+
+/// Makes `repo.git` under `root` servable over dumb HTTP.
+pub fn serve_dumb(root: &Path) {
+    git(&root.join("repo.git"), &["update-server-info"]);
 }
 
 /// A git server on a listener the test made.
@@ -191,6 +211,28 @@ fn serve(
             out,
             "HTTP/1.1 {status} Moved\r\nLocation: {location}{target}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         );
+    }
+    if let Answer::Static = answer {
+        let relative = target
+            .split('?')
+            .next()
+            .unwrap_or("")
+            .trim_start_matches('/');
+        let file = root.join(relative);
+        return match (relative.contains(".."), std::fs::read(&file)) {
+            (false, Ok(bytes)) => {
+                write!(
+                    out,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    bytes.len()
+                )?;
+                out.write_all(&bytes)
+            }
+            _ => write!(
+                out,
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            ),
+        };
     }
     let Answer::Serve { pause_after } = answer else {
         return Ok(());

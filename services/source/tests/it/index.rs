@@ -180,6 +180,7 @@ async fn imports_land_whole_or_not_at_all(index: Index) {
         digest: Some(digest),
         size: 1,
         executable: false,
+        target: None,
     };
     // A conflict anywhere refuses everything.
     let bad = [file("new/one"), file("keep.txt/inside")];

@@ -99,6 +99,7 @@ async fn a_blob_counts_once_per_scope_however_many_files_hold_it(index: Index) {
             digest: Some(shared.0),
             size: shared.1,
             executable: false,
+            target: None,
         },
         IndexEntry {
             path: path("x/two"),
@@ -106,6 +107,7 @@ async fn a_blob_counts_once_per_scope_however_many_files_hold_it(index: Index) {
             digest: Some(shared.0),
             size: shared.1,
             executable: false,
+            target: None,
         },
     ];
     index
@@ -158,6 +160,7 @@ async fn a_change_past_the_quota_is_refused_and_changes_nothing(index: Index) {
             digest: Some(blob("small", 10).0),
             size: 10,
             executable: false,
+            target: None,
         },
         IndexEntry {
             path: path("big"),
@@ -165,6 +168,7 @@ async fn a_change_past_the_quota_is_refused_and_changes_nothing(index: Index) {
             digest: Some(blob("big", 50).0),
             size: 50,
             executable: false,
+            target: None,
         },
     ];
     let refused = index.apply_import(TWO, false, &entries).await;
