@@ -108,7 +108,7 @@ async fn health_is_open_and_reflection_needs_a_credential() {
 }
 
 /// The RPCs only builders may make (each about a build the builder leases).
-const BUILDER_RPCS: [&str; 8] = [
+const BUILDER_RPCS: [&str; 9] = [
     "/plinth.catalog.v1.CatalogService/ClaimBuild",
     "/plinth.catalog.v1.CatalogService/RenewLease",
     "/plinth.catalog.v1.CatalogService/AppendBuildLog",
@@ -116,6 +116,7 @@ const BUILDER_RPCS: [&str; 8] = [
     "/plinth.catalog.v1.CatalogService/CompleteBuild",
     "/plinth.source.v1.SourceService/RecordLayer",
     "/plinth.source.v1.SourceService/ForgetLayer",
+    "/plinth.source.v1.SourceService/GetOrigin",
     "/plinth.catalog.v1.CollectionService/HoldBlobs",
 ];
 /// The RPCs only the source service may make (garbage collection asking the catalog).

@@ -519,10 +519,24 @@ async fn produce(
             node.version, node.path
         ));
     }
+    // Where a git import came from: the version it describes is installed into the layer
+    // (setuptools-scm, hatch-vcs), so it is part of the key.
+    let origin = match &options.layers {
+        Some(ledger) => crate::origin::fetch(ledger, &build.environment_id).await,
+        None => None,
+    };
     let dependency_key = dependency_key(
         scratch,
         slug,
-        &format!("{}\n{}", options.toolchain, selection.key),
+        &format!(
+            "{}\n{}{}",
+            options.toolchain,
+            selection.key,
+            origin
+                .as_ref()
+                .map(crate::origin::key_material)
+                .unwrap_or_default()
+        ),
         &options.install.registries,
     )
     .map_err(|error| format!("reading the manifests failed: {error}"))?;
@@ -574,12 +588,10 @@ async fn produce(
     // directory's file system so a build can take the cache in with a rename (and uv hard-link
     // from it); another scope's builds never see them.
     install_options.cache_dir = Some(options.work_dir.join("cache").join(scope_key(scope)));
-    if let Some(ledger) = &options.layers
-        && let Some(origin) = crate::origin::fetch(ledger, &build.environment_id).await
-    {
+    if let Some(origin) = &origin {
         install_options
             .extra_env
-            .extend(crate::origin::env(&origin));
+            .extend(crate::origin::env(origin));
     }
     let phase = std::time::Instant::now();
     if let Some(earlier) = reusable.dependencies {

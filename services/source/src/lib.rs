@@ -102,7 +102,8 @@ pub enum SourceError {
 }
 
 /// Which roles may call the source service: builders only to count and forget the layers
-/// of builds they lease and to read where a source came from, the gateway everything else (every call names a scope).
+/// of builds they lease and to read where a source came from, the gateway everything else
+/// (every call names a scope).
 pub const ACCESS: Access = Access(&[
     (
         "/plinth.source.v1.SourceService/RecordLayer",
@@ -114,7 +115,7 @@ pub const ACCESS: Access = Access(&[
     ),
     (
         "/plinth.source.v1.SourceService/GetOrigin",
-        &[Role::Builder, Role::Gateway],
+        &[Role::Builder],
     ),
     ("/plinth.source.v1.SourceService/", &[Role::Gateway]),
 ]);
