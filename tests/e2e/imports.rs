@@ -21,7 +21,12 @@ async fn environment(server: &Server) -> String {
     body["id"].as_str().expect("id").to_owned()
 }
 
-async fn import(server: &Server, id: &str, query: &str, archive: Vec<u8>) -> (u16, Value) {
+pub(crate) async fn import(
+    server: &Server,
+    id: &str,
+    query: &str,
+    archive: Vec<u8>,
+) -> (u16, Value) {
     send(
         server
             .client
@@ -250,7 +255,7 @@ async fn a_member_past_the_file_limit_refuses_the_import() {
     server.stop().await;
 }
 
-fn git(dir: &Path, args: &[&str]) -> String {
+pub(crate) fn git(dir: &Path, args: &[&str]) -> String {
     let output = std::process::Command::new("git")
         .current_dir(dir)
         .args([
@@ -488,7 +493,12 @@ async fn hostile_member_names_are_dropped_and_nothing_lands_outside_the_root() {
 
 const BUILD_LIMIT: std::time::Duration = std::time::Duration::from_secs(180);
 
-async fn git_import(server: &Server, id: &str, url: &str, reference: &str) -> (u16, Value) {
+pub(crate) async fn git_import(
+    server: &Server,
+    id: &str,
+    url: &str,
+    reference: &str,
+) -> (u16, Value) {
     send(
         server
             .client
@@ -550,7 +560,7 @@ build_editable = build_wheel
 "#;
 
 /// A setuptools-scm-style project in git: tagged `v1.4.0`, then one commit more.
-fn scm_repository() -> tempfile::TempDir {
+pub(crate) fn scm_repository() -> tempfile::TempDir {
     let repo = tempfile::tempdir().expect("repo");
     let dir = repo.path();
     git(dir, &["init", "--quiet"]);
@@ -670,7 +680,7 @@ async fn a_short_commit_id_imports_that_commit_or_asks_for_the_full_id() {
 
 /// A project with links: two that stay inside (one up to the root), and three that would
 /// leave it, one of them through a kept link.
-fn linked_project_tar() -> Vec<u8> {
+pub(crate) fn linked_project_tar() -> Vec<u8> {
     let mut builder = tar::Builder::new(Vec::new());
     let mut add = |path: &str, data: &[u8]| {
         let mut header = tar::Header::new_gnu();

@@ -311,3 +311,103 @@ async fn a_failed_npm_install_keeps_the_debug_log_its_error_points_to() {
         .unwrap_or_else(|| panic!("no debug log in the build log:\n{log}"));
     assert!(kept.contains("verbose"), "{kept}");
 }
+
+#[tokio::test]
+async fn a_git_project_with_links_builds_the_same_fresh_and_by_reuse_and_a_new_origin_rebuilds() {
+    use crate::imports::{git, git_import, import, linked_project_tar, scm_repository};
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let repo = scm_repository();
+    let url = format!("file://{}", repo.path().display());
+    let short = git(repo.path(), &["rev-parse", "--short=7", "HEAD"]);
+    let server = Server::start_with(&[
+        "--git-allowed-schemes",
+        "file",
+        "--git-allow-private-addresses",
+        "true",
+        "--builder-network",
+        "false",
+    ])
+    .await;
+    let id = create_environment(&server, "Scm").await;
+    let (status, report) = git_import(&server, &id, &url, "main").await;
+    assert_eq!(status, 200, "{report}");
+    let first = build(&server, &id, 1, None).await;
+    assert_ready(&first);
+
+    // Links and files outside the reuse key land over the git tree: a rebuild reuses.
+    let (status, report) = import(&server, &id, "", linked_project_tar()).await;
+    assert_eq!(status, 200, "{report}");
+    let reused = build(&server, &id, 2, None).await;
+    assert_ready(&reused);
+    assert!(log(&reused).contains(REUSED), "{}", log(&reused));
+    let clean = build(&server, &id, 3, Some(json!({"clean": true}))).await;
+    assert_ready(&clean);
+    let again = build(&server, &id, 4, Some(json!({"clean": true}))).await;
+    assert_ready(&again);
+    let (reused_layer, clean_layer) = (layer(&server, &id, 2).await, layer(&server, &id, 3).await);
+    // Two fresh builds of this project already differ where tools record the source files'
+    // times (uv's `uv_cache.json` and the RECORD listing it, the build backend's timestamp
+    // `.pyc`): reuse may differ there too, and nowhere else.
+    let inherent = differences(&clean_layer, &layer(&server, &id, 4).await);
+    let differ: Vec<String> = differences(&reused_layer, &clean_layer)
+        .into_iter()
+        .filter(|difference| {
+            !inherent.contains(difference) && {
+                let path = difference.split(':').next().unwrap_or("");
+                !inherent
+                    .iter()
+                    .any(|known| known.starts_with(&format!("{path}:")))
+            }
+        })
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "reused and fresh layers differ beyond what two fresh builds do ({inherent:#?}):\n{differ:#?}"
+    );
+    // The in-root link is in the layer as a link; the escaping ones are not.
+    assert!(
+        reused_layer
+            .get("README.md")
+            .is_some_and(|entry| entry.starts_with("Symlink") && entry.ends_with("docs/guide.md")),
+        "{reused_layer:?}"
+    );
+    assert!(!reused_layer.contains_key("escape") && !reused_layer.contains_key("passwd"));
+    // The version git describes is installed, in both.
+    let metadata = format!(
+        ".venv/lib/python{}/site-packages/scmpkg-1.4.1.dev1+g{short}.dist-info/METADATA",
+        system_python()
+    );
+    assert!(
+        reused_layer.contains_key(&metadata) && clean_layer.contains_key(&metadata),
+        "{metadata} missing: {:?}",
+        reused_layer
+            .keys()
+            .filter(|path| path.contains("dist-info"))
+            .collect::<Vec<_>>()
+    );
+
+    // The tag: another commit, another version from git, so the installers run afresh.
+    let (status, report) = git_import(&server, &id, &url, "v1.4.0").await;
+    assert_eq!(status, 200, "{report}");
+    let tagged = build(&server, &id, 5, None).await;
+    assert_ready(&tagged);
+    assert!(
+        log(&tagged).contains(FROM_SCRATCH) && !log(&tagged).contains(REUSED),
+        "{}",
+        log(&tagged)
+    );
+    let tagged_layer = layer(&server, &id, 5).await;
+    assert!(
+        tagged_layer.contains_key(&format!(
+            ".venv/lib/python{}/site-packages/scmpkg-1.4.0.dist-info/METADATA",
+            system_python()
+        )),
+        "{:?}",
+        tagged_layer
+            .keys()
+            .filter(|path| path.contains("dist-info"))
+            .collect::<Vec<_>>()
+    );
+}

@@ -51,7 +51,9 @@
 //! - `UV_PYTHON_DOWNLOADS=never`, `UV_PYTHON_PREFERENCE=only-system`: the build uses the
 //!   toolchain's Python (a downloaded one would live in the build's HOME, which is discarded);
 //! - `UV_COMPILE_BYTECODE=1`, `SOURCE_DATE_EPOCH=315532800` (1980-01-01, the earliest time a
-//!   wheel's zip can record): bytecode as described above;
+//!   wheel's zip can record): bytecode as described above; `PYTHONDONTWRITEBYTECODE=1`: no
+//!   timestamp `.pyc` from an import during the install lands in the tree (the bytecode
+//!   passes compile explicitly, which it does not stop);
 //! - `PIP_DISABLE_PIP_VERSION_CHECK=1`, `PIP_NO_INPUT=1`, `PIP_PROGRESS_BAR=off`,
 //!   `npm_config_fund=false`, `npm_config_audit=false`, `npm_config_update_notifier=false`,
 //!   `npm_config_progress=false`: no prompts, no chatter, no calls home beyond the install;
@@ -973,6 +975,10 @@ fn environment(sandbox: &Sandbox, options: &InstallOptions, python: bool) -> Vec
     set("UV_PYTHON_PREFERENCE", "only-system");
     set("UV_COMPILE_BYTECODE", "1");
     set("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH);
+    // Imports during the install (a build backend in the project, `setup.sh`'s scripts) must
+    // not leave timestamp `.pyc`s in the tree: they name the materialized files' times, so
+    // they differ from build to build and no session could use them.
+    set("PYTHONDONTWRITEBYTECODE", "1");
     set("PIP_DISABLE_PIP_VERSION_CHECK", "1");
     set("PIP_NO_INPUT", "1");
     set("PIP_PROGRESS_BAR", "off");
@@ -1064,6 +1070,7 @@ mod tests {
         );
         assert_eq!(get("UV_COMPILE_BYTECODE"), Some("1"));
         assert_eq!(get("SOURCE_DATE_EPOCH"), Some("315532800"));
+        assert_eq!(get("PYTHONDONTWRITEBYTECODE"), Some("1"));
         assert_eq!(get("UV_LINK_MODE"), None, "uv hard-links from the cache");
         assert_eq!(get("npm_config_audit"), Some("true"));
         assert_eq!(get("PIP_FIND_LINKS"), Some("/wheels"));

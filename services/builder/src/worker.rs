@@ -589,9 +589,7 @@ async fn produce(
     // from it); another scope's builds never see them.
     install_options.cache_dir = Some(options.work_dir.join("cache").join(scope_key(scope)));
     if let Some(origin) = &origin {
-        install_options
-            .extra_env
-            .extend(crate::origin::env(origin));
+        install_options.extra_env.extend(crate::origin::env(origin));
     }
     let phase = std::time::Instant::now();
     if let Some(earlier) = reusable.dependencies {
