@@ -411,3 +411,72 @@ async fn a_git_project_with_links_builds_the_same_fresh_and_by_reuse_and_a_new_o
             .collect::<Vec<_>>()
     );
 }
+
+#[tokio::test]
+async fn a_pinned_node_from_the_toolchain_dirs_builds_the_version_and_runs_its_sessions() {
+    use std::os::unix::fs::PermissionsExt as _;
+    if !crate::helpers::can_build() {
+        return;
+    }
+    // A "Node 99" in a toolchain directory under /opt (where sessions see it): it answers its
+    // version itself and runs the system's node for everything else.
+    let toolchain = tempfile::Builder::new()
+        .prefix("plinth-test-node-")
+        .tempdir_in("/opt")
+        .expect("toolchain dir");
+    std::fs::set_permissions(toolchain.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    let node = toolchain.path().join("node");
+    std::fs::write(
+        &node,
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then echo v99.1.0; exit 0; fi\nexec /usr/bin/node \"$@\"\n",
+    )
+    .expect("write");
+    std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let server = Server::start_with_config(
+        &format!(
+            "[builder]\ntoolchain_dirs = [\"{}\"]\n",
+            toolchain.path().display()
+        ),
+        &["--builder-network", "false"],
+    )
+    .await;
+    let id = create_environment(&server, "Node pinned").await;
+    for (path, content) in [
+        (
+            "package.json",
+            r#"{"name": "pinned", "version": "1.0.0", "engines": {"node": ">=99"}, "scripts": {"prepare": "node --version > ran-with.txt"}}"#,
+        ),
+        (
+            "package-lock.json",
+            r#"{"name": "pinned", "version": "1.0.0", "lockfileVersion": 3, "requires": true, "packages": {"": {"name": "pinned", "version": "1.0.0"}}}"#,
+        ),
+    ] {
+        put_file(&server, &id, path, content).await;
+    }
+    let built = build(&server, &id, 1, None).await;
+    assert_ready(&built);
+    assert!(
+        log(&built).contains(&format!("Node 99.1.0 ({})", node.display())),
+        "{}",
+        log(&built)
+    );
+    let toolchains = built["toolchains"].as_array().expect("toolchains");
+    assert!(
+        toolchains.contains(
+            &json!({"name": "node", "version": "99.1.0", "path": node.to_string_lossy()})
+        ),
+        "{toolchains:?}"
+    );
+    let session = crate::helpers::start_session_with(&server, json!({ "environment": id })).await;
+    let session_id = session["id"].as_str().expect("session id");
+    let (status, ran) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/sessions/{session_id}/exec")))
+            .json(&json!({ "command": "node --version && cat $PROJECT_ROOT/ran-with.txt" })),
+    )
+    .await;
+    assert_eq!(status, 200, "{ran}");
+    assert_eq!(ran["stdout"], "v99.1.0\nv99.1.0\n", "{ran}");
+}

@@ -357,6 +357,23 @@ fn find_python(path: &str, request: &str) -> Option<Used> {
     })
 }
 
+/// Makes `node_modules/.bin/node` under `root` a link to `target`, the Node a pin chose, so
+/// that sessions (whose PATH has the environment's `node_modules/.bin` before the system's
+/// directories) and `#!/usr/bin/env node` scripts run it. Replaces whatever is there: a pin
+/// is the project's word on which Node runs it.
+pub fn link_node(root: &Path, target: &str) -> std::io::Result<()> {
+    let bin = root.join("node_modules").join(".bin");
+    std::fs::create_dir_all(&bin)?;
+    let link = bin.join("node");
+    match std::fs::symlink_metadata(&link) {
+        Ok(metadata) if metadata.is_dir() => std::fs::remove_dir_all(&link)?,
+        Ok(_) => std::fs::remove_file(&link)?,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error),
+    }
+    std::os::unix::fs::symlink(target, &link)
+}
+
 /// What a finished build ran with: the venv's interpreter (from its `pyvenv.cfg`) and the
 /// `node` first on the installers' PATH, when the project used them.
 pub fn report(root: &Path, mount: &str, path: &str, node_used: bool) -> Vec<Used> {

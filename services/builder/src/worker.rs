@@ -631,6 +631,17 @@ async fn produce(
         // Kept trees of the scope may share the changed files with the discarded cache.
         drop_kept_dependencies(&options.work_dir, scope).await;
     }
+    if let Some(node) = &selection.node {
+        // Sessions run the Node the build chose: `node_modules/.bin` comes before the
+        // system's directories on their PATH too.
+        let (scratch, target) = (scratch.to_owned(), node.path.clone());
+        tokio::task::spawn_blocking(move || toolchains::link_node(&scratch, &target))
+            .await
+            .map_err(|error| error.to_string())?
+            .map_err(|error| {
+                format!("linking the chosen Node into node_modules/.bin failed: {error}")
+            })?;
+    }
     let _ =
         log.send(format!("==> installed in {:.2} s\n", phase.elapsed().as_secs_f64()).into_bytes());
     let phase = std::time::Instant::now();
