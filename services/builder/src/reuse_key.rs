@@ -247,6 +247,25 @@ mod tests {
     }
 
     #[test]
+    fn each_root_input_changed_alone_changes_the_inputs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        for name in ROOT_INPUTS {
+            std::fs::write(root.join(name), "first\n").expect("write");
+        }
+        std::fs::write(root.join("README.md"), "not an input\n").expect("write");
+        let before = inputs(root).expect("inputs");
+        assert_eq!(before.len(), ROOT_INPUTS.len());
+        std::fs::write(root.join("README.md"), "changed\n").expect("write");
+        assert_eq!(inputs(root).expect("inputs"), before);
+        for name in ROOT_INPUTS {
+            std::fs::write(root.join(name), "second\n").expect("write");
+            assert_ne!(inputs(root).expect("inputs"), before, "{name}");
+            std::fs::write(root.join(name), "first\n").expect("write");
+        }
+    }
+
+    #[test]
     fn every_input_changes_the_key_and_nothing_leaves_the_project() {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path().join("project");

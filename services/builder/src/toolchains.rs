@@ -386,18 +386,26 @@ pub fn report(root: &Path, mount: &str, path: &str, node_used: bool) -> Vec<Used
             })
         };
         if let Some(version) = value("version_info").or_else(|| value("version")) {
-            // The venv's own python links to the interpreter it was made from.
-            let path = std::fs::read_link(root.join(".venv/bin/python"))
-                .ok()
-                .map(|target| {
-                    if target.is_absolute() {
-                        target.to_string_lossy().into_owned()
-                    } else {
-                        format!("{mount}/.venv/bin/{}", target.display())
-                    }
-                })
+            // The venv's own python links to the interpreter it was made from, directly (uv)
+            // or through a sibling (`python -> python3 -> /usr/bin/python3`, venv).
+            let mut name = PathBuf::from("python");
+            let mut path = None;
+            for _ in 0..4 {
+                let Ok(target) = std::fs::read_link(root.join(".venv/bin").join(&name)) else {
+                    break;
+                };
+                if target.is_absolute() {
+                    path = Some(target.to_string_lossy().into_owned());
+                    break;
+                }
+                if target.components().count() != 1 {
+                    break;
+                }
+                name = target;
+            }
+            let path = path
                 .or_else(|| value("home").map(|home| format!("{home}/python3")))
-                .unwrap_or_default();
+                .unwrap_or_else(|| format!("{mount}/.venv/bin/python"));
             // `version_info` may carry a release level (`3.11.7.final.0`).
             let version = version.split('.').take(3).collect::<Vec<_>>().join(".");
             used.push(Used {
