@@ -645,6 +645,7 @@ fn spawn_node(
             },
             seccomp: None,
             networks: None,
+            tools: None,
         },
         state_dir,
         blob_url,
