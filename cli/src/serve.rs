@@ -647,6 +647,7 @@ fn spawn_node(
             },
             seccomp: None,
             networks: None,
+            tools: None,
         },
         state_dir,
         blob_url,

@@ -262,6 +262,17 @@ pub fn instructions(session: &pb::Session) -> String {
             session.entry
         ));
     }
+    // What the node sets for everyday tools (see the node's `isolation::tool_env`): a test
+    // run's cache write failing in the read-only project reads to an agent as failing tests.
+    text.push_str(&format!(
+        " Tools keep their caches in {workdir}/.cache, never in the project (XDG_CACHE_HOME; \
+         pytest, ruff, mypy, pip, npm and uv are pointed there). Run the project's tests \
+         from your working directory, naming the project: cd {workdir} && \
+         python3 -m pytest {mount}. Where uv is on PATH, uv run --project {mount} pytest {mount} \
+         does the same with the installed environment, offline, without syncing or changing \
+         anything.",
+        workdir = session.workdir,
+    ));
     if !session.isolated {
         text.push_str(
             " Warning: this server runs sessions without isolation; the environment is \

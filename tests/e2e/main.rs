@@ -12,6 +12,7 @@ mod crashes;
 mod credentials;
 mod edge;
 mod environments;
+mod everyday_tools;
 mod files;
 mod first_run;
 mod gc;

@@ -1,11 +1,11 @@
 //! The installers' toolchain as the build user sees it. Installers run as an unprivileged uid
 //! in a namespace where the builder's `/tmp` and home are out of reach, so a `uv` installed
 //! under root's home (pip, pyenv) cannot run there. At start-up the builder copies the real
-//! `uv` binary into a root-owned, world-readable tools directory and puts that directory
-//! first on the installers' PATH; python3, node and npm come from the system directories.
+//! `uv` binary ([`plinth_sandbox::tools`], as the node does for sessions) into a root-owned,
+//! world-readable tools directory and puts that directory first on the installers' PATH;
+//! python3, node and npm come from the system directories.
 //! Without a `uv` the builds fall back to `python3 -m venv` and pip, and say so in the log.
 
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -29,27 +29,12 @@ pub fn prepare(dir: &Path) -> std::io::Result<String> {
         ancestor = path.parent();
     }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
-    match find_uv() {
+    match plinth_sandbox::tools::place_uv(dir)? {
         Some(uv) => {
-            let target = dir.join("uv");
-            let same = |a: &Path, b: &Path| -> bool {
-                match (std::fs::metadata(a), std::fs::metadata(b)) {
-                    (Ok(a), Ok(b)) => a.len() == b.len() && a.modified().ok() <= b.modified().ok(),
-                    _ => false,
-                }
-            };
-            if same(&uv, &target) {
-                return Ok(format!("{}:{SYSTEM_PATH}", dir.display()));
-            }
-            let staging = dir.join(format!(".uv-{}", std::process::id()));
-            std::fs::copy(&uv, &staging)?;
-            std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o755))?;
-            std::fs::rename(&staging, &target)?;
-            tracing::info!(from = %uv.display(), to = %target.display(), "uv available to builds");
+            tracing::info!(from = %uv.display(), to = %dir.join("uv").display(), "uv available to builds");
         }
         None => {
             tracing::warn!("no uv found: Python builds will use python3 -m venv and pip (slower)");
-            let _ = std::fs::remove_file(dir.join("uv"));
         }
     }
     Ok(format!("{}:{SYSTEM_PATH}", dir.display()))
@@ -97,35 +82,6 @@ pub fn place_ca_bundle(dir: &Path, source: &Path) -> std::io::Result<PathBuf> {
     std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o644))?;
     std::fs::rename(&staging, &target)?;
     Ok(target)
-}
-
-/// The real `uv` binary: from its Python package (pip installs it there), else from PATH,
-/// resolved through links, as long as it is an executable, not a wrapper script.
-fn find_uv() -> Option<PathBuf> {
-    let from_python = std::process::Command::new("python3")
-        .args(["-c", "import uv; print(uv.find_uv_bin())"])
-        .output()
-        .ok()
-        .filter(|output| output.status.success())
-        .map(|output| PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()));
-    let from_path = std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|dir| dir.join("uv"))
-            .find(|candidate| candidate.is_file())
-    });
-    [from_python, from_path]
-        .into_iter()
-        .flatten()
-        .filter_map(|candidate| std::fs::canonicalize(candidate).ok())
-        .find(|candidate| is_elf(candidate))
-}
-
-fn is_elf(path: &Path) -> bool {
-    let mut magic = [0u8; 4];
-    std::fs::File::open(path)
-        .and_then(|mut file| file.read_exact(&mut magic))
-        .is_ok()
-        && magic == *b"\x7fELF"
 }
 
 /// What the installers on `path` are: uv's, Python's, node's and npm's versions. Builds with

@@ -12,6 +12,8 @@
 //!   of its layers);
 //! - [`WORKDIR`], `/home/session`: the session's working directory, whatever its host path,
 //!   so the session's uid needs no way through the host path's parents;
+//! - `/etc/passwd` and `/etc/group` of its own, naming its uid ([`crate::identity`]);
+//! - [`TOOLS`]: the node's copy of `uv`, read-only;
 //! - a private `/tmp` and `/dev/shm` (tmpfs), a minimal `/dev`, its own `/proc` (it sees its
 //!   own processes only), and nothing else: not the data directory, the blobs, the database,
 //!   the node's state or any other session, wherever they are configured;
@@ -42,6 +44,10 @@ pub const ENV_ROOT: &str = "/env";
 /// directory), whatever the host path: mounted there in the session's namespace.
 pub const WORKDIR: &str = "/home/session";
 
+/// Where an isolated session finds the node's tools (`uv`): the node's tools directory,
+/// shown read-only, on `PATH` after the environment's own directories.
+pub const TOOLS: &str = "/plinth/bin";
+
 /// Size of a session's private `/tmp`.
 const TMP_BYTES: u64 = 256 * 1024 * 1024;
 /// Size of a session's private `/dev/shm`.
@@ -71,6 +77,9 @@ pub struct Isolation {
     /// configuration file): absent from their root, and covered should they lie beneath a
     /// system directory it shows.
     pub hidden: Vec<PathBuf>,
+    /// The node's tools directory, holding its copy of the host's `uv` (set at start when the
+    /// host has one): shown at [`TOOLS`] to isolated sessions, on `PATH` as it is otherwise.
+    pub tools: Option<PathBuf>,
 }
 
 /// One command to start.
@@ -217,16 +226,24 @@ impl Isolation {
     }
 
     /// What a session's sandbox holds: `version_dir` (over its `lower` layers) read-only at
-    /// `/env/<slug>`, `workdir` at [`WORKDIR`], the system directories read-only, nothing of
-    /// the node.
+    /// `/env/<slug>`, `workdir` at [`WORKDIR`], its `identity` over the host's user and group
+    /// databases, the node's tools at [`TOOLS`], the system directories read-only, nothing
+    /// else of the node.
     pub fn namespace_plan(
         &self,
         version_dir: &Path,
         lower: &[PathBuf],
         slug: &str,
         workdir: &Path,
+        identity: Option<&crate::identity::Identity>,
     ) -> Result<NamespacePlan, LaunchError> {
-        let spec = RootSpec {
+        let read_only = |host: &Path, inside: &str| Bind {
+            host: host.to_owned(),
+            lower: Vec::new(),
+            inside: PathBuf::from(inside),
+            read_only: true,
+        };
+        let mut spec = RootSpec {
             cover: self.hidden.clone(),
             binds: vec![
                 Bind {
@@ -246,6 +263,15 @@ impl Isolation {
             tmp_host: None,
             shm_bytes: SHM_BYTES,
         };
+        if let Some(identity) = identity {
+            spec.binds.extend([
+                read_only(&identity.passwd, crate::identity::HOST_PASSWD),
+                read_only(&identity.group, crate::identity::HOST_GROUP),
+            ]);
+        }
+        if let Some(tools) = &self.tools {
+            spec.binds.push(read_only(tools, TOOLS));
+        }
         Ok(NamespacePlan {
             root: RootPlan::new(&spec)?,
         })
@@ -312,19 +338,42 @@ impl Namespaces {
     }
 }
 
+/// What a session's environment is made from (see [`session_env`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SessionEnv<'a> {
+    /// `sess_…`.
+    pub session_id: &'a str,
+    /// The environment's slug: the version is at `/env/<slug>`.
+    pub slug: &'a str,
+    /// The working directory as commands see it.
+    pub workdir: &'a Path,
+    /// The version has a `.venv`.
+    pub has_venv: bool,
+    /// The version is a uv project: a `pyproject.toml` beside its `.venv`.
+    pub uv_project: bool,
+    /// Where commands find the node's `uv` ([`TOOLS`] when isolated), when it has one.
+    pub tools: Option<&'a Path>,
+    /// Its commands run in its sandbox, as its own uid, which the sandbox names
+    /// ([`crate::identity`]); otherwise as the node's own user.
+    pub isolated: bool,
+}
+
 /// The environment a session's commands get (UHP §6.3): the environment's tools first on
-/// `PATH`, `PYTHONPATH`/`NODE_PATH` starting with it, `PROJECT_ROOT`, `HOME` = the working
-/// directory, `PLINTH_SESSION_ID` = the session's id. Caller-given variables come first;
-/// `PATH`, `PYTHONPATH` and `NODE_PATH` given by the caller follow the environment's entries,
-/// and `HOME`, `PROJECT_ROOT` and `PLINTH_SESSION_ID` cannot be replaced.
-pub fn session_env(
-    session_id: &str,
-    slug: &str,
-    workdir: &Path,
-    has_venv: bool,
-    extra: &[(String, String)],
-) -> Vec<(String, String)> {
-    let mount = format!("{ENV_ROOT}/{slug}");
+/// `PATH` (then the node's `uv`), `PYTHONPATH`/`NODE_PATH` starting with it, `PROJECT_ROOT`,
+/// `HOME` = the working directory, `PLINTH_SESSION_ID` = the session's id. Caller-given
+/// variables come first; `PATH`, `PYTHONPATH` and `NODE_PATH` given by the caller follow the
+/// environment's entries, and `HOME`, `PROJECT_ROOT` and `PLINTH_SESSION_ID` cannot be
+/// replaced.
+///
+/// Everyday tools write caches beside the project they run on (pytest's `.pytest_cache`,
+/// ruff's `.ruff_cache`, mypy's `.mypy_cache`), and the project is read-only: pytest then exits 1 after every test passed when warnings are errors, and ruff
+/// aborts. So every cache is sent beneath `XDG_CACHE_HOME` (`$HOME/.cache`, private to the
+/// session and kept between its commands), each variable only when the caller did not set
+/// it; see [`tool_env`]. `uv` runs the environment as built: offline, never downloading a
+/// Python, and for a uv project with the version's `.venv` as the project's environment and
+/// no sync (which would lock and install into the read-only version).
+pub fn session_env(session: &SessionEnv<'_>, extra: &[(String, String)]) -> Vec<(String, String)> {
+    let mount = format!("{ENV_ROOT}/{}", session.slug);
     let given = |name: &str| {
         extra
             .iter()
@@ -349,10 +398,14 @@ pub fn session_env(
         env.retain(|(key, _)| key != name);
         env.push((name.to_owned(), value));
     };
+    let tools = session
+        .tools
+        .map(|tools| format!("{}:", tools.display()))
+        .unwrap_or_default();
     set(
         "PATH",
         join(
-            format!("{mount}/.venv/bin:{mount}/node_modules/.bin:{SYSTEM_PATH}"),
+            format!("{mount}/.venv/bin:{mount}/node_modules/.bin:{tools}{SYSTEM_PATH}"),
             "PATH",
         ),
     );
@@ -362,15 +415,82 @@ pub fn session_env(
         join(format!("{mount}/node_modules"), "NODE_PATH"),
     );
     set("PROJECT_ROOT", mount.clone());
-    set("HOME", workdir.to_string_lossy().into_owned());
-    set("PLINTH_SESSION_ID", session_id.to_owned());
-    if has_venv {
+    let home = session.workdir.to_string_lossy().into_owned();
+    set("HOME", home.clone());
+    set("PLINTH_SESSION_ID", session.session_id.to_owned());
+    let mut defaults = vec![("LANG", "C.UTF-8".to_owned())];
+    if session.has_venv {
         set("VIRTUAL_ENV", format!("{mount}/.venv"));
+        if session.uv_project {
+            defaults.extend([
+                ("UV_PROJECT_ENVIRONMENT", format!("{mount}/.venv")),
+                ("UV_NO_SYNC", "1".to_owned()),
+            ]);
+        }
     }
-    if given("LANG").is_none() {
-        set("LANG", "C.UTF-8".to_owned());
+    if session.isolated {
+        let user = crate::identity::USER;
+        defaults.extend([("USER", user.to_owned()), ("LOGNAME", user.to_owned())]);
+    } else {
+        // Unisolated commands run as the node's user, which may own (or, as root, write)
+        // the cached version: Python would leave `__pycache__` in it, for every session.
+        defaults.push(("PYTHONDONTWRITEBYTECODE", "1".to_owned()));
+    }
+    defaults.extend(tool_env(&home, given("XDG_CACHE_HOME").as_deref()));
+    for (name, value) in defaults {
+        if given(name).is_none() {
+            set(name, value);
+        }
     }
     env
+}
+
+/// Where everyday tools keep their caches and what `uv` may do, beneath `cache` (the caller's
+/// `XDG_CACHE_HOME`) or `$HOME/.cache`: never beside the read-only project.
+///
+/// | variable | for | default it replaces |
+/// |---|---|---|
+/// | `XDG_CACHE_HOME` | everything that follows XDG (pip, black, pre-commit, go, yarn…) | `$HOME/.cache` already |
+/// | `PYTEST_ADDOPTS=-o cache_dir=…` | pytest's cache (so `--lf` still works) | `.pytest_cache` in the rootdir |
+/// | `RUFF_CACHE_DIR` | ruff | `.ruff_cache` in the project |
+/// | `MYPY_CACHE_DIR` | mypy | `.mypy_cache` in the current directory |
+/// | `PIP_CACHE_DIR`, `UV_CACHE_DIR`, `npm_config_cache` | installers' downloads | `$HOME/.cache/…`, `$HOME/.npm` |
+/// | `UV_OFFLINE=1`, `UV_PYTHON_DOWNLOADS=never` | `uv` runs what is installed | resolving, downloading a Python |
+///
+/// Not `PYTHONPYCACHEPREFIX`: Python skips a `__pycache__` it cannot write without a word,
+/// and the build compiled the environment's bytecode already, which a prefix would make
+/// Python ignore and compile again, system modules too, into every session.
+pub fn tool_env(home: &str, cache: Option<&str>) -> Vec<(&'static str, String)> {
+    let cache = cache
+        .filter(|cache| !cache.is_empty())
+        .map_or_else(|| format!("{home}/.cache"), str::to_owned);
+    vec![
+        ("XDG_CACHE_HOME", cache.clone()),
+        // pytest splits it as a shell would.
+        (
+            "PYTEST_ADDOPTS",
+            format!("-o {}", shell_word(&format!("cache_dir={cache}/pytest"))),
+        ),
+        ("RUFF_CACHE_DIR", format!("{cache}/ruff")),
+        ("MYPY_CACHE_DIR", format!("{cache}/mypy")),
+        ("PIP_CACHE_DIR", format!("{cache}/pip")),
+        ("UV_CACHE_DIR", format!("{cache}/uv")),
+        ("npm_config_cache", format!("{cache}/npm")),
+        ("UV_OFFLINE", "1".to_owned()),
+        ("UV_PYTHON_DOWNLOADS", "never".to_owned()),
+    ]
+}
+
+/// `word` as one word of a POSIX shell's command line: as it is when nothing in it is special,
+/// else single-quoted.
+fn shell_word(word: &str) -> String {
+    if word
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"/._-=:+,@%".contains(&b))
+    {
+        return word.to_owned();
+    }
+    format!("'{}'", word.replace('\'', "'\"'\"'"))
 }
 
 /// Without isolation there is no namespace to mount the version in: `/env/<slug>` on the host
@@ -417,13 +537,22 @@ pub fn valid_env_value(value: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn demo(tools: Option<&Path>) -> SessionEnv<'_> {
+        SessionEnv {
+            session_id: "sess_1",
+            slug: "demo",
+            workdir: Path::new("/w"),
+            has_venv: true,
+            uv_project: true,
+            tools,
+            isolated: true,
+        }
+    }
+
     #[test]
     fn the_environment_comes_first_and_home_cannot_be_replaced() {
         let env = session_env(
-            "sess_1",
-            "demo",
-            Path::new("/w"),
-            true,
+            &demo(Some(Path::new(TOOLS))),
             &[
                 ("PATH".into(), "/mine".into()),
                 ("HOME".into(), "/elsewhere".into()),
@@ -435,7 +564,7 @@ mod tests {
         assert_eq!(
             get("PATH"),
             Some(
-                "/env/demo/.venv/bin:/env/demo/node_modules/.bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/mine"
+                "/env/demo/.venv/bin:/env/demo/node_modules/.bin:/plinth/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/mine"
             )
         );
         assert_eq!(get("HOME"), Some("/w"));
@@ -443,7 +572,92 @@ mod tests {
         assert_eq!(get("PROJECT_ROOT"), Some("/env/demo"));
         assert_eq!(get("PYTHONPATH"), Some("/env/demo"));
         assert_eq!(get("NODE_PATH"), Some("/env/demo/node_modules"));
+        assert_eq!(get("VIRTUAL_ENV"), Some("/env/demo/.venv"));
+        assert_eq!(get("USER"), Some("session"));
+        assert_eq!(get("LOGNAME"), Some("session"));
         assert_eq!(get("FOO"), Some("bar"));
+    }
+
+    #[test]
+    fn caches_go_to_the_working_directory_unless_the_caller_says_otherwise() {
+        let env = session_env(&demo(None), &[]);
+        let get = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        for (name, value) in [
+            ("XDG_CACHE_HOME", "/w/.cache"),
+            ("PYTEST_ADDOPTS", "-o cache_dir=/w/.cache/pytest"),
+            ("RUFF_CACHE_DIR", "/w/.cache/ruff"),
+            ("MYPY_CACHE_DIR", "/w/.cache/mypy"),
+            ("PIP_CACHE_DIR", "/w/.cache/pip"),
+            ("UV_CACHE_DIR", "/w/.cache/uv"),
+            ("npm_config_cache", "/w/.cache/npm"),
+            ("UV_OFFLINE", "1"),
+            ("UV_PYTHON_DOWNLOADS", "never"),
+            ("UV_NO_SYNC", "1"),
+            ("UV_PROJECT_ENVIRONMENT", "/env/demo/.venv"),
+        ] {
+            assert_eq!(get(name), Some(value), "{name}");
+        }
+        assert!(
+            get("PATH").is_some_and(|path| !path.contains("/plinth/bin")),
+            "no uv, no tools directory on PATH"
+        );
+        // Python skips bytecode it cannot write on its own; a prefix would make it ignore
+        // what the build compiled (the venv's, the system's) and compile it all again into
+        // every session's working directory.
+        assert_eq!(get("PYTHONPYCACHEPREFIX"), None);
+        assert_eq!(get("PYTHONDONTWRITEBYTECODE"), None);
+
+        // A caller's cache directory moves every cache; its own settings are kept.
+        let env = session_env(
+            &demo(None),
+            &[
+                ("XDG_CACHE_HOME".into(), "/tmp/my cache".into()),
+                ("PYTEST_ADDOPTS".into(), "-p no:cacheprovider".into()),
+                ("UV_OFFLINE".into(), "0".into()),
+                ("USER".into(), "agent".into()),
+            ],
+        );
+        let get = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        assert_eq!(get("XDG_CACHE_HOME"), Some("/tmp/my cache"));
+        assert_eq!(get("RUFF_CACHE_DIR"), Some("/tmp/my cache/ruff"));
+        assert_eq!(get("PYTEST_ADDOPTS"), Some("-p no:cacheprovider"));
+        assert_eq!(get("UV_OFFLINE"), Some("0"));
+        assert_eq!(get("USER"), Some("agent"));
+        assert_eq!(
+            env.iter().filter(|(k, _)| k == "XDG_CACHE_HOME").count(),
+            1,
+            "{env:?}"
+        );
+
+        // uv is told about the project's environment only where there is a uv project.
+        let env = session_env(
+            &SessionEnv {
+                uv_project: false,
+                isolated: false,
+                ..demo(None)
+            },
+            &[],
+        );
+        let get = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        assert_eq!(get("UV_NO_SYNC"), None);
+        assert_eq!(get("UV_PROJECT_ENVIRONMENT"), None);
+        assert_eq!(get("USER"), None);
+        assert_eq!(get("PYTHONDONTWRITEBYTECODE"), Some("1"));
+        assert_eq!(get("VIRTUAL_ENV"), Some("/env/demo/.venv"));
+    }
+
+    #[test]
+    fn pytest_options_are_quoted_as_a_shell_would_split_them() {
+        let env = tool_env("/srv/my sessions/s/work", None);
+        let addopts = env
+            .iter()
+            .find(|(name, _)| *name == "PYTEST_ADDOPTS")
+            .map(|(_, value)| value.as_str());
+        assert_eq!(
+            addopts,
+            Some("-o 'cache_dir=/srv/my sessions/s/work/.cache/pytest'")
+        );
+        assert_eq!(shell_word("it's"), "'it'\"'\"'s'");
     }
 
     #[test]

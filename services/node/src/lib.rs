@@ -11,6 +11,7 @@
 //! and turn records (the gateway and the catalog), building versions (the builder).
 
 pub mod cache;
+pub mod identity;
 pub mod isolation;
 mod service;
 pub mod sessions;
@@ -127,6 +128,13 @@ pub async fn run(
     if options.isolation.enabled {
         sandbox_setup(&mut options)?;
     }
+    let tools = options.state_dir.join("tools");
+    options.isolation.tools = tokio::task::spawn_blocking(move || place_tools(&tools))
+        .await
+        .unwrap_or_else(|error| {
+            tracing::warn!(%error, "placing uv for sessions stopped; they have no uv");
+            None
+        });
     if !options.isolation.enabled {
         tracing::warn!(
             "running with --insecure-no-isolation: session commands share this node's user and file system, and nothing but file modes keeps them out of the environment; every session says so"
@@ -294,6 +302,32 @@ fn sandbox_setup(options: &mut NodeOptions) -> Result<(), NodeError> {
             NodeError::NotPermitted(format!("building the seccomp filter: {error}"))
         })?);
     Ok(())
+}
+
+/// Copies the host's `uv` into the node's tools directory `dir` (root's, shown read-only to
+/// sessions), so sessions run the `uv` builds installed with, wherever the host keeps it;
+/// answers `dir`, or `None` (said in the log) when there is no `uv` to give them.
+fn place_tools(dir: &std::path::Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let placed = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)))
+        .and_then(|()| plinth_sandbox::tools::place_uv(dir));
+    match placed {
+        Ok(Some(uv)) => {
+            tracing::info!(from = %uv.display(), to = %dir.join("uv").display(), "uv available to sessions");
+            Some(dir.to_owned())
+        }
+        Ok(None) => {
+            tracing::warn!(
+                "no uv found on this host (python3's uv package, or PATH): sessions have no uv"
+            );
+            None
+        }
+        Err(error) => {
+            tracing::warn!(dir = %dir.display(), %error, "cannot place uv for sessions; they have no uv");
+            None
+        }
+    }
 }
 
 /// Network namespaces kept ready for sessions' sandboxes.

@@ -97,8 +97,24 @@ fn isolate(
         PlinthError::new(ErrorCode::Unavailable, error)
     };
     let begun = Instant::now();
+    // Its name, beside its record (written again after a restart: the host's may have
+    // changed). Without it the session still runs, nameless.
+    let identity = workdir
+        .parent()
+        .ok_or_else(|| std::io::Error::other("the working directory has no parent"))
+        .and_then(|dir| crate::identity::write(dir, record.uid, isolation::WORKDIR))
+        .unwrap_or_else(|error| {
+            tracing::warn!(session = %record.session_id, %error, "cannot name the session's uid; whoami will fail in it");
+            None
+        });
     let plan = isolation
-        .namespace_plan(&version.path, &version.lower, &record.slug, workdir)
+        .namespace_plan(
+            &version.path,
+            &version.lower,
+            &record.slug,
+            workdir,
+            identity.as_ref(),
+        )
         .map_err(|error| PlinthError::invalid(error.to_string()))?;
     // The session's own limits; the node's defaults for a record that has none.
     let given = &record.limits;
@@ -479,17 +495,31 @@ impl pb::node_service_server::NodeService for Node {
             .await
             .map_err(cache_error)?;
         let has_venv = version.has(".venv");
+        let uv_project = has_venv && version.has("pyproject.toml");
         if !self.isolation.enabled
             && let Err(error) = isolation::link_unisolated(&session.record.slug, &version.path)
         {
             tracing::warn!(slug = %session.record.slug, %error, "cannot link /env/<slug> to the version without isolation; commands will not find it there");
         }
         let namespace = self.namespace(&session, &version).await?;
+        let workdir = self.seen_workdir(&session);
+        let tools = self.isolation.tools.as_ref().map(|host| {
+            if self.isolation.enabled {
+                Path::new(isolation::TOOLS)
+            } else {
+                host.as_path()
+            }
+        });
         let mut env = isolation::session_env(
-            &session.record.session_id,
-            &session.record.slug,
-            &self.seen_workdir(&session),
-            has_venv,
+            &isolation::SessionEnv {
+                session_id: &session.record.session_id,
+                slug: &session.record.slug,
+                workdir: &workdir,
+                has_venv,
+                uv_project,
+                tools,
+                isolated: self.isolation.enabled,
+            },
             &extra,
         );
         if let Some(proxy) = namespace.as_ref().and_then(|sandbox| sandbox.proxy) {

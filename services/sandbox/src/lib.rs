@@ -14,6 +14,7 @@
 //! - [`keeper`]: the first process of a session's PID namespace, owner of its namespaces.
 //! - [`disk`]: a session's disk limit, an ext4 image of its size on a loop device.
 //! - [`seccomp`]: the system calls sandboxes never need, refused with `EPERM`.
+//! - [`tools`]: the host's `uv`, copied where sandboxes can be shown it.
 //!
 //! What does not belong here: how a session or a build is scheduled, recorded or served.
 
@@ -23,3 +24,4 @@ pub mod egress;
 pub mod keeper;
 pub mod root;
 pub mod seccomp;
+pub mod tools;

@@ -12,6 +12,7 @@
 //! | a covered path beneath those (the data directory, a config file, …) | nothing | an empty read-only tmpfs, or `/dev/null` for a file |
 //! | read-only binds (`/env/<slug>`) | the version | bind remounted read-only, or a read-only overlay of its layers |
 //! | writable binds (`/home/session`) | the working directory | bind, `nosuid`, `nodev` |
+//! | read-only file binds (a session's `/etc/passwd`, `/etc/group`) | a file of the caller's, over the host's | bind remounted read-only |
 //! | `/tmp`, `/dev/shm` | private | tmpfs of a given size (charged to the session's memory cgroup); or, for `/tmp`, a host directory of the sandbox's own (a build's, where pip builds wheels), bind, `nosuid`, `nodev` |
 //! | `/dev` | `null`, `zero`, `full`, `random`, `urandom`, `tty`, its own `pts`, `fd`/`stdin`/`stdout`/`stderr` links | a small tmpfs, host nodes bound onto files, read-only |
 //! | `/proc` | the sandbox's own processes | a new procfs (the builder of the root is the PID namespace's first process), `hidepid=2` so the keeper (root) is not listed |
@@ -59,10 +60,11 @@ pub struct RootSpec {
     pub shm_bytes: u64,
 }
 
-/// A host directory shown inside the sandbox.
+/// A host directory, or file, shown inside the sandbox. A file may be shown over one of a
+/// system directory (a session's own `/etc/passwd`), where the host has a file of that name.
 #[derive(Debug, Clone)]
 pub struct Bind {
-    /// The host directory (for an overlay, its topmost layer).
+    /// The host directory or file (for an overlay, its topmost layer).
     pub host: PathBuf,
     /// Lower layers under `host`, topmost first: shown as one read-only overlay.
     pub lower: Vec<PathBuf>,
@@ -127,6 +129,12 @@ pub enum RootError {
     /// A path holds a NUL byte or is relative.
     #[error("the sandbox cannot show {0}: paths must be absolute, without NUL bytes")]
     Path(PathBuf),
+    /// A file is to be shown beneath a system directory where the host has none.
+    #[error(
+        "the sandbox cannot show a file at {0}: the host has no file there, and its system \
+         directories are shown read-only"
+    )]
+    NoPlace(PathBuf),
     /// The host's mount table could not be read.
     #[error("reading the host's mounts: {0}")]
     Mounts(std::io::Error),
@@ -304,8 +312,22 @@ impl RootPlan {
             Ok(())
         };
         for bind in &spec.binds {
-            make_parents(&mut steps, &bind.inside)?;
             let target = c(&staged(&bind.inside))?;
+            let is_file = std::fs::metadata(&bind.host).is_ok_and(|meta| meta.is_file());
+            if is_file && shown.iter().any(|dir| bind.inside.starts_with(dir)) {
+                // A file over one of a system directory (`/etc/passwd`): nothing can be made
+                // there (it is the host's, read-only), so the host must have a file in place.
+                if !std::fs::metadata(&bind.inside).is_ok_and(|meta| meta.is_file()) {
+                    return Err(RootError::NoPlace(bind.inside.clone()));
+                }
+            } else if is_file {
+                if let Some(parent) = bind.inside.parent() {
+                    make_parents(&mut steps, parent)?;
+                }
+                steps.push(Step::Touch(target.clone()));
+            } else {
+                make_parents(&mut steps, &bind.inside)?;
+            }
             if bind.lower.is_empty() {
                 steps.push(Step::Bind(c(&bind.host)?, target.clone(), false));
                 let flags = if bind.read_only {
@@ -580,6 +602,64 @@ mod tests {
             ),
             "sessions' /tmp is a tmpfs"
         );
+    }
+
+    #[test]
+    fn a_file_is_shown_over_the_hosts_read_only_or_where_nothing_is() {
+        let ours = tempfile::NamedTempFile::new().expect("test setup");
+        let file = |inside: &str| Bind {
+            host: ours.path().to_owned(),
+            lower: Vec::new(),
+            inside: inside.into(),
+            read_only: true,
+        };
+        let spec = RootSpec {
+            binds: vec![file("/etc/passwd"), file("/plinth/etc/motd")],
+            ..RootSpec::default()
+        };
+        let plan = RootPlan::with_mounts(&spec, &[]).expect("plan");
+        let host = ours.path().to_string_lossy().into_owned();
+        let at = |target: &CStr| -> Vec<&Step> {
+            plan.steps
+                .iter()
+                .filter(|step| match step {
+                    Step::Mkdir(path)
+                    | Step::Touch(path)
+                    | Step::Bind(_, path, _)
+                    | Step::Remount(path, _) => path.as_c_str() == target,
+                    _ => false,
+                })
+                .collect()
+        };
+        // Over the host's file, beneath the read-only /etc: bound, nothing made.
+        assert!(
+            matches!(
+                at(c"/env/etc/passwd").as_slice(),
+                [Step::Bind(from, _, false), Step::Remount(_, flags)]
+                    if from.to_string_lossy() == host && flags.contains(MountFlags::RDONLY)
+            ),
+            "{:?}",
+            at(c"/env/etc/passwd")
+        );
+        // Elsewhere: its parents and an empty file to bind onto.
+        assert!(!at(c"/env/plinth/etc").is_empty());
+        assert!(
+            matches!(
+                at(c"/env/plinth/etc/motd").as_slice(),
+                [Step::Touch(_), Step::Bind(_, _, false), Step::Remount(_, _)]
+            ),
+            "{:?}",
+            at(c"/env/plinth/etc/motd")
+        );
+        // Beneath a system directory where the host has no file, nothing can be made.
+        let spec = RootSpec {
+            binds: vec![file("/etc/plinth-no-such-file")],
+            ..RootSpec::default()
+        };
+        assert!(matches!(
+            RootPlan::with_mounts(&spec, &[]),
+            Err(RootError::NoPlace(_))
+        ));
     }
 
     #[test]
