@@ -483,7 +483,7 @@ async fn produce(
         )
     })?;
     let phase = std::time::Instant::now();
-    materialize(blobs, &source, scratch, None, Some(source_time(&source)))
+    materialize(blobs, &source, scratch, None)
         .await
         .map_err(|error| format!("materializing the source failed: {error}"))?;
     let _ = log.send(
@@ -606,13 +606,7 @@ async fn produce(
         }
         let kept = kept_dependencies(&options.work_dir, scope, &layer);
         if !take_kept(&kept, scratch).await {
-            materialize(
-                blobs,
-                &layer,
-                scratch,
-                Some(&[".venv", "node_modules"]),
-                None,
-            )
+            materialize(blobs, &layer, scratch, Some(&[".venv", "node_modules"]))
                 .await
                 .map_err(|error| {
                     format!(
@@ -765,25 +759,7 @@ async fn produce(
 }
 
 /// Writes one tree file from its verified blob.
-/// The modification time every file of a source gets when it is materialized for a build:
-/// derived from the source tree's digest, between 1980 and 1997. Tools record source files'
-/// times in what they install (uv's `uv_cache.json` of a local project, timestamp `.pyc`s):
-/// with real times, two builds of the same source would differ there, so a reused build could
-/// not be told equal to a fresh one. A source that changes in any byte gets another time, so
-/// a tool that compares times (uv deciding whether to rebuild a local project over a reused
-/// `.venv`) still sees the change.
-fn source_time(source: &Digest) -> std::time::SystemTime {
-    let hex = source.to_hex();
-    let bits = u64::from_str_radix(&hex[..8], 16).unwrap_or(0) % (1 << 29);
-    std::time::UNIX_EPOCH + Duration::from_secs(315_532_800 + bits)
-}
-
-async fn write_one(
-    blobs: &BlobStore,
-    root: &Path,
-    entry: &TreeEntry,
-    modified: Option<std::time::SystemTime>,
-) -> Result<(), String> {
+async fn write_one(blobs: &BlobStore, root: &Path, entry: &TreeEntry) -> Result<(), String> {
     let target = root.join(&entry.path);
     let digest = entry
         .file_digest()
@@ -807,12 +783,6 @@ async fn write_one(
             .map_err(|e| e.to_string())?;
     }
     file.flush().await.map_err(|e| e.to_string())?;
-    if let Some(modified) = modified {
-        file.into_std()
-            .await
-            .set_modified(modified)
-            .map_err(|e| e.to_string())?;
-    }
     let mode = if entry.mode & 0o111 != 0 {
         0o755
     } else {
@@ -950,14 +920,12 @@ fn dependency_key(
 }
 
 /// Writes a tree's directories, verified files and symlinks under `root`; with `only`, just
-/// the entries beneath those top-level names; with `modified`, every file gets that
-/// modification time.
+/// the entries beneath those top-level names.
 async fn materialize(
     blobs: &BlobStore,
     tree: &Digest,
     root: &Path,
     only: Option<&[&str]>,
-    modified: Option<std::time::SystemTime>,
 ) -> Result<(), String> {
     let bytes = blobs
         .get(tree)
@@ -999,7 +967,7 @@ async fn materialize(
     let files: Vec<_> = selected
         .iter()
         .filter(|entry| entry.kind == TreeEntryKind::File)
-        .map(|entry| write_one(blobs, root, entry, modified))
+        .map(|entry| write_one(blobs, root, entry))
         .collect();
     futures::stream::iter(files)
         .buffer_unordered(PARALLEL_BLOBS)
