@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use crate::builds::tiny_wheel;
 use crate::helpers::{Server, build_ready, put_file, send};
+use crate::sessions::{exec, start_session};
 
 /// How long a build of this small project may take.
 const BUILD_LIMIT: Duration = Duration::from_secs(120);
@@ -97,31 +98,6 @@ async fn everyday_project(server: &Server, name: &str) -> (String, String) {
     .await;
     build_ready(server, &id, 1, BUILD_LIMIT).await;
     (id, mount)
-}
-
-async fn start_session(server: &Server, environment: &str) -> Value {
-    let (status, session) = send(
-        server
-            .client
-            .post(server.url("/v1/sessions"))
-            .json(&json!({ "environment": environment })),
-    )
-    .await;
-    assert_eq!(status, 201, "{session}");
-    session
-}
-
-async fn exec(server: &Server, session: &Value, command: &str) -> Value {
-    let id = session["id"].as_str().expect("session id");
-    let (status, result) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/sessions/{id}/exec")))
-            .json(&json!({ "command": command })),
-    )
-    .await;
-    assert_eq!(status, 200, "{command}: {result}");
-    result
 }
 
 /// Runs `command`; it must exit 0. Answers its stdout.

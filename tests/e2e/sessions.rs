@@ -54,7 +54,7 @@ async fn project(server: &Server, name: &str) -> (String, String) {
     (id, slug)
 }
 
-async fn start_session(server: &Server, environment: &str) -> Value {
+pub(crate) async fn start_session(server: &Server, environment: &str) -> Value {
     let (status, session) = send(
         server
             .client
@@ -66,7 +66,7 @@ async fn start_session(server: &Server, environment: &str) -> Value {
     session
 }
 
-async fn exec(server: &Server, session: &Value, command: &str) -> Value {
+pub(crate) async fn exec(server: &Server, session: &Value, command: &str) -> Value {
     let id = session["id"].as_str().expect("session id");
     let (status, result) = send(
         server

@@ -246,31 +246,29 @@ fn executable(path: &Path) -> bool {
 
 /// Every `node` on `path`, each real program once.
 pub fn nodes(path: &str) -> Vec<Used> {
-    let mut seen = Vec::new();
-    let mut found = Vec::new();
-    for dir in dirs(path) {
-        let candidate = dir.join("node");
-        if !executable(&candidate) {
-            continue;
-        }
-        let real = std::fs::canonicalize(&candidate).unwrap_or_else(|_| candidate.clone());
-        if seen.contains(&real) {
-            continue;
-        }
-        seen.push(real);
-        if let Some(version) = output(&candidate, &["--version"], path) {
-            found.push(Used {
-                name: "node",
-                version: version.trim_start_matches('v').to_owned(),
-                path: candidate.to_string_lossy().into_owned(),
-            });
-        }
-    }
-    found
+    offered(path, "node", |name| name == "node", "v")
 }
 
 /// Every Python interpreter on `path` (`python3`, `python3.X`), each real program once.
 pub fn pythons(path: &str) -> Vec<Used> {
+    let named = |name: &str| {
+        name == "python3"
+            || name
+                .strip_prefix("python3.")
+                .is_some_and(|minor| minor.chars().all(|c| c.is_ascii_digit()))
+    };
+    offered(path, "python", named, "Python ")
+}
+
+/// The executables in `path`'s directories whose names `named` accepts, in PATH order (and
+/// by name within a directory), each real program once, with the version each reports
+/// (`--version`, without `prefix`).
+fn offered(
+    path: &str,
+    toolchain: &'static str,
+    named: impl Fn(&str) -> bool,
+    prefix: &str,
+) -> Vec<Used> {
     let mut seen = Vec::new();
     let mut found = Vec::new();
     for dir in dirs(path) {
@@ -280,12 +278,7 @@ pub fn pythons(path: &str) -> Vec<Used> {
         let mut names: Vec<String> = entries
             .flatten()
             .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            .filter(|name| {
-                name == "python3"
-                    || name
-                        .strip_prefix("python3.")
-                        .is_some_and(|minor| minor.chars().all(|c| c.is_ascii_digit()))
-            })
+            .filter(|name| named(name))
             .collect();
         names.sort();
         for name in names {
@@ -300,8 +293,8 @@ pub fn pythons(path: &str) -> Vec<Used> {
             seen.push(real);
             if let Some(version) = output(&candidate, &["--version"], path) {
                 found.push(Used {
-                    name: "python",
-                    version: version.trim_start_matches("Python ").to_owned(),
+                    name: toolchain,
+                    version: version.trim_start_matches(prefix).to_owned(),
                     path: candidate.to_string_lossy().into_owned(),
                 });
             }

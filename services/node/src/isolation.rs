@@ -366,8 +366,8 @@ pub struct SessionEnv<'a> {
 /// replaced.
 ///
 /// Everyday tools write caches beside the project they run on (pytest's `.pytest_cache`,
-/// ruff's `.ruff_cache`, mypy's `.mypy_cache`), and the project is read-only: pytest then exits 1 after every test passed when warnings are errors, and ruff
-/// aborts. So every cache is sent beneath `XDG_CACHE_HOME` (`$HOME/.cache`, private to the
+/// ruff's `.ruff_cache`, mypy's `.mypy_cache`), and the project is read-only: pytest then
+/// exits 1 after every test passed when warnings are errors, and ruff aborts. So every cache is sent beneath `XDG_CACHE_HOME` (`$HOME/.cache`, private to the
 /// session and kept between its commands), each variable only when the caller did not set
 /// it; see [`tool_env`]. `uv` runs the environment as built: offline, never downloading a
 /// Python, and for a uv project with the version's `.venv` as the project's environment and
