@@ -3,6 +3,7 @@
 //! turns (its snapshots and records are updated together); reads never wait.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -54,13 +55,25 @@ impl Node {
             .parent()
             .map(|dir| dir.join("workspace"))
             .unwrap_or_else(|| session.workdir.join("../workspace"));
+        let mount = format!("{ENV_ROOT}/{}", session.record.slug);
+        // What the session's commands see at the mount: in its sandbox, an overlay of the
+        // version's layer over its bases (the layer's own directory holds only what changed),
+        // reached through the keeper's root; without isolation, the version's directory,
+        // which is what `/env/<slug>` links to.
+        let version_dir = match session.namespace.get() {
+            Some(sandbox) if self.isolation.enabled => PathBuf::from(format!(
+                "/proc/{}/root{mount}",
+                sandbox.keeper.pid().as_raw_nonzero()
+            )),
+            _ => self
+                .cache
+                .version_dir(&session.record.environment_id, session.record.version),
+        };
         let workspace = Workspace {
             root: session.workdir.clone(),
             shown_root: self.seen_workdir(&session),
-            mount: format!("{ENV_ROOT}/{}", session.record.slug),
-            version_dir: self
-                .cache
-                .version_dir(&session.record.environment_id, session.record.version),
+            mount,
+            version_dir,
             uid,
             state,
             snapshot_budget: self.limits.workspace_snapshot_max_bytes,

@@ -427,3 +427,61 @@ async fn signatures_are_checked_before_anything_runs() {
     assert_error(status, &answer, 404, "not_found");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn reads_under_the_mount_see_a_layered_version_as_its_commands_do() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let (env, slug) = environment(&server, "Layered", &studio_files()).await;
+    let adapter = adapter(&server, &env).await;
+    // A run on version 1 puts it in the node's cache, so version 2, which changes one file,
+    // is cached as a layer over it.
+    let first = Novo::new(&server, &adapter, "run_layered_1");
+    let scale = format!("/env/{slug}/studio/scale.py");
+    assert_eq!(first.cat(&scale).await, "def scale(x):\n    return x * 2\n");
+    put_file(&server, &env, "studio/notes.txt", "Scale by three.\n").await;
+    build_ready(&server, &env, 2, Duration::from_secs(180)).await;
+
+    let second = Novo::new(&server, &adapter, "run_layered_2");
+    assert_eq!(
+        second.cat(&format!("/env/{slug}/studio/notes.txt")).await,
+        "Scale by three.\n",
+        "the run is on version 2"
+    );
+    // A file version 2 did not change lives only in the layer below: it reads as the
+    // session's commands see it.
+    let read = second.ok("readFile", json!({ "path": scale })).await;
+    assert_eq!(
+        read["content"], "def scale(x):\n    return x * 2\n",
+        "{read}"
+    );
+    let listed = second
+        .ok(
+            "listFiles",
+            json!({ "path": format!("/env/{slug}/studio") }),
+        )
+        .await;
+    let paths: Vec<&str> = listed["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter_map(|entry| entry["path"].as_str())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            format!("/env/{slug}/studio/notes.txt"),
+            format!("/env/{slug}/studio/scale.py")
+        ],
+        "{listed}"
+    );
+    let found = second
+        .ok(
+            "searchFiles",
+            json!({ "pattern": "return x", "path": format!("/env/{slug}") }),
+        )
+        .await;
+    assert!(found.to_string().contains("scale.py"), "{found}");
+}

@@ -61,7 +61,9 @@ pub struct Workspace {
     pub shown_root: PathBuf,
     /// `/env/<slug>`.
     pub mount: String,
-    /// The materialized version the mount shows.
+    /// What the mount shows, as the session's commands see it: the mount inside the
+    /// session's sandbox (`/proc/<keeper>/root/env/<slug>`, an overlay of a layered version
+    /// over its bases), or the materialized version's directory without isolation.
     pub version_dir: PathBuf,
     /// Who files written for the session belong to.
     pub uid: u32,
