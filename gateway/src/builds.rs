@@ -132,6 +132,7 @@ pub struct VersionList {
 
 /// `…/log` query.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct LogQuery {
     /// Keep the response open and stream lines as they are written, until the build ends.

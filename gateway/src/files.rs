@@ -114,6 +114,7 @@ pub struct MakeDirectory {
 
 /// `PUT …/files/{path}` query.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct WriteQuery {
     /// Sets the executable bit; left out, an existing file keeps its bit and a new one is
@@ -123,6 +124,7 @@ pub struct WriteQuery {
 
 /// `POST …/import` query, for archive bodies.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ImportQuery {
     /// Clear the source first.

@@ -630,6 +630,7 @@ pub struct ExecBody {
 
 /// `?stream=true`.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ExecQuery {
     /// Stream output as it comes (newline-delimited JSON events).
     #[serde(default)]
@@ -947,6 +948,7 @@ fn file_path(
 /// Read a file of the session's working directory.
 #[utoipa::path(
     get,
+    operation_id = "read_session_file",
     path = "/v1/sessions/{id}/files/{*path}",
     tag = "sessions",
     params(("id" = String, Path, description = "The session's id"), ("path" = String, Path, description = "Relative to the working directory")),
@@ -997,6 +999,7 @@ async fn read_file(
 /// Write a file of the session's working directory (parents made).
 #[utoipa::path(
     put,
+    operation_id = "write_session_file",
     path = "/v1/sessions/{id}/files/{*path}",
     tag = "sessions",
     params(("id" = String, Path, description = "The session's id"), ("path" = String, Path, description = "Relative to the working directory")),

@@ -626,3 +626,43 @@ async fn a_gateway_whose_catalog_is_down_answers_unavailable_and_not_ready() {
     assert_eq!(healthz.status(), 200, "the process itself is alive");
     running.stop().await.expect("stop");
 }
+
+/// The document a generated client starts from is valid OpenAPI 3.1, as
+/// `openapi-spec-validator` (from PyPI; `.ci/run` installs it) reads it.
+#[tokio::test]
+async fn the_openapi_document_is_valid_openapi_3_1() {
+    let server = Server::start().await;
+    let (status, doc) = get(&server, "/openapi.json").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        doc["openapi"].as_str().map(|v| &v[..3]),
+        Some("3.1"),
+        "{}",
+        doc["openapi"]
+    );
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), doc.to_string()).expect("write");
+    let checked = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys\n\
+             from openapi_spec_validator import OpenAPIV31SpecValidator\n\
+             errors = [str(e).splitlines()[0] for e in OpenAPIV31SpecValidator(json.load(open(sys.argv[1]))).iter_errors()]\n\
+             print('\\n'.join(errors))\n\
+             sys.exit(1 if errors else 0)",
+        ])
+        .arg(file.path())
+        .output()
+        .expect("python3 runs");
+    let said = String::from_utf8_lossy(&checked.stdout);
+    let complained = String::from_utf8_lossy(&checked.stderr);
+    assert!(
+        !complained.contains("No module named"),
+        "openapi-spec-validator is not installed (python3 -m pip install openapi-spec-validator): {complained}"
+    );
+    assert!(
+        checked.status.success(),
+        "the document is invalid:\n{said}{complained}"
+    );
+    server.stop().await;
+}
