@@ -3,7 +3,7 @@
 //! integer 5, expected a string`), found with `serde_path_to_error`.
 
 use axum::extract::{FromRequest, Request};
-use plinth_kit::PlinthError;
+use plinth_kit::{ErrorCode, PlinthError};
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
@@ -27,16 +27,37 @@ where
     }
 }
 
-/// A JSON request's body, read whole up to [`MAX_JSON_BYTES`] (`environment_invalid` past
-/// it): every JSON body of the API is read through here, never under axum's implicit limit.
+/// A JSON request's body, read whole up to [`MAX_JSON_BYTES`]: every JSON body of the API is
+/// read through here, never under axum's implicit limit. Past the limit it is
+/// `413 file_too_large` with `detail.max_bytes`, as every size limit of the API is; a body
+/// that stops arriving is `environment_invalid`.
 pub async fn read(body: axum::body::Body) -> Result<axum::body::Bytes, PlinthError> {
     axum::body::to_bytes(body, MAX_JSON_BYTES)
         .await
-        .map_err(|_| {
-            PlinthError::invalid(format!(
-                "request body: larger than {MAX_JSON_BYTES} bytes, or not received whole"
-            ))
+        .map_err(|error| {
+            if past_the_limit(&error) {
+                PlinthError::new(
+                    ErrorCode::FileTooLarge,
+                    format!("request body: larger than {MAX_JSON_BYTES} bytes"),
+                )
+                .with_detail(serde_json::json!({ "max_bytes": MAX_JSON_BYTES }))
+            } else {
+                PlinthError::invalid("request body: not received whole")
+            }
         })
+}
+
+/// Whether reading a body failed because it passed its length limit (somewhere in the
+/// error's chain), rather than because it stopped arriving.
+fn past_the_limit(error: &axum::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = cause {
+        if current.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        cause = current.source();
+    }
+    false
 }
 
 /// Parses `bytes` as `T`, naming the field at fault on failure.

@@ -234,7 +234,7 @@ async fn huge_names_and_bodies_are_refused_cleanly() {
         "{body}"
     );
 
-    // Past the JSON body limit: refused without reading it all, never a 500.
+    // Past the JSON body limit: refused as too large without reading it all, never a 500.
     let huge = format!("{{\"name\": \"{}\"}}", "y".repeat(3 * 1024 * 1024));
     let response = server
         .client
@@ -244,7 +244,8 @@ async fn huge_names_and_bodies_are_refused_cleanly() {
         .await
         .expect("request");
     let (status, body) = json(response).await;
-    assert_error(status, &body, 400, "environment_invalid");
+    assert_error(status, &body, 413, "file_too_large");
+    assert_eq!(body["error"]["detail"]["max_bytes"], 1024 * 1024, "{body}");
 
     // A long but valid name works, and its slug is capped.
     let long = "word ".repeat(40);

@@ -491,6 +491,11 @@ async fn exec_output_is_capped_timed_and_streamed() {
         (json!({"command": ""}), "command"),
         (json!({"command": "true", "cwd": "../.."}), "cwd"),
         (json!({"command": "true", "cwd": "/etc"}), "cwd"),
+        // A directory that does not exist is refused like every other bad cwd, not run.
+        (
+            json!({"command": "true", "cwd": "no/such/dir"}),
+            "no/such/dir",
+        ),
         (
             json!({"command": "true", "env": {"BAD=NAME": "x"}}),
             "BAD=NAME",

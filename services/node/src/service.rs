@@ -559,6 +559,18 @@ impl pb::node_service_server::NodeService for Node {
         let child = crate::spawn::spawn(&command);
         let mut child = match child {
             Ok(child) => child,
+            Err(error) if error.cwd_failure().is_some() => {
+                // Like every other bad `cwd`: the request's fault, refused before it runs.
+                let why = error
+                    .cwd_failure()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                return Err(PlinthError::invalid(format!(
+                    "cwd {:?}: {why} (as the session sees it)",
+                    request.cwd
+                ))
+                .into());
+            }
             Err(error) => {
                 tracing::warn!(session = %session.record.session_id, %error, "a command could not be started");
                 let _ = events

@@ -90,6 +90,21 @@ pub enum SpawnError {
     },
 }
 
+impl SpawnError {
+    /// The kernel's answer when the command could not change to its working directory (it
+    /// does not exist as the session sees it, or is not a directory): the caller's `cwd` is
+    /// at fault, not the node.
+    pub fn cwd_failure(&self) -> Option<&io::Error> {
+        match self {
+            SpawnError::Child { step, source } if *step == STEPS[STEP_CWD] => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// The index in [`STEPS`] of changing to the working directory.
+const STEP_CWD: usize = 7;
+
 fn prepare(what: &'static str) -> impl FnOnce(io::Error) -> SpawnError {
     move |source| SpawnError::Prepare { what, source }
 }
@@ -504,7 +519,7 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
     #[allow(unsafe_code)]
     let cwd = unsafe { CStr::from_ptr(plan.cwd) };
     if let Err(errno) = rustix::process::chdir(cwd) {
-        return failed(7, errno.raw_os_error());
+        return failed(STEP_CWD as i32, errno.raw_os_error());
     }
     // SAFETY: system calls on descriptors the parent holds open across the clone; `execve`
     // reads only the parent's prepared, NUL-terminated arrays.
