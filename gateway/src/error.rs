@@ -92,7 +92,7 @@ impl IntoResponse for ApiError {
 }
 
 /// The `detail` key that says when to try again; the answer carries it as `Retry-After` too.
-pub const RETRY_AFTER_SECONDS: &str = "retry_after_seconds";
+pub use plinth_kit::error::RETRY_AFTER_SECONDS;
 
 /// An error a client should retry after `seconds`: `detail.retry_after_seconds` and the
 /// `Retry-After` header say so.

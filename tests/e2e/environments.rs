@@ -599,12 +599,21 @@ async fn a_gateway_whose_catalog_is_down_answers_unavailable_and_not_ready() {
     let running = plinth::serve::start_gateway(&config).await.expect("start");
     let base = format!("http://{}", running.http_addr);
     let client = crate::helpers::http_client();
-    let (status, body) = send(
-        client
-            .post(format!("{base}/v1/environments"))
-            .json(&json!({"name": "x"})),
-    )
-    .await;
+    let response = client
+        .post(format!("{base}/v1/environments"))
+        .json(&json!({"name": "x"}))
+        .send()
+        .await
+        .expect("request");
+    // A client told when to try again does not hammer a service that is down.
+    assert_eq!(
+        response
+            .headers()
+            .get("retry-after")
+            .and_then(|value| value.to_str().ok()),
+        Some("1")
+    );
+    let (status, body) = crate::helpers::json(response).await;
     assert_error(status, &body, 503, "unavailable");
     assert!(
         !body["error"]["message"]

@@ -301,12 +301,20 @@ impl PlinthError {
             };
         }
         match status.code() {
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+            // A status no Plinth server made (every one of theirs names its code): the call
+            // did not get an answer. `Unknown` and `Internal` without one are what a
+            // connection reset or a stream cut by a crashing server looks like to a client.
+            tonic::Code::Unavailable
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Cancelled
+            | tonic::Code::Unknown
+            | tonic::Code::Internal => {
                 tracing::warn!(grpc.code = ?status.code(), grpc.message = status.message(), "dependency did not answer");
                 Self::new(
                     ErrorCode::Unavailable,
                     "a Plinth service this request needs did not answer; retry shortly",
                 )
+                .with_detail(serde_json::json!({ RETRY_AFTER_SECONDS: 1 }))
             }
             tonic::Code::Unauthenticated => {
                 tracing::error!(
@@ -328,6 +336,10 @@ impl PlinthError {
         }
     }
 }
+
+/// The `detail` key that says when to try again, in seconds; the HTTP answer carries it as
+/// `Retry-After` too.
+pub const RETRY_AFTER_SECONDS: &str = "retry_after_seconds";
 
 impl From<PlinthError> for tonic::Status {
     fn from(error: PlinthError) -> Self {
@@ -368,10 +380,36 @@ mod tests {
     #[test]
     fn a_foreign_status_does_not_leak_its_message() {
         let received = PlinthError::from_status(&tonic::Status::internal("db password is hunter2"));
-        assert_eq!(received.code, ErrorCode::Internal);
         assert!(!received.message.contains("hunter2"));
-        let down = PlinthError::from_status(&tonic::Status::unavailable("connection refused"));
-        assert_eq!(down.code, ErrorCode::Unavailable);
-        assert_eq!(down.code.http_status(), 503);
+        let denied = PlinthError::from_status(&tonic::Status::permission_denied("hunter2"));
+        assert_eq!(denied.code, ErrorCode::Internal);
+        assert!(!denied.message.contains("hunter2"));
+    }
+
+    #[test]
+    fn a_call_that_got_no_answer_is_unavailable_with_a_time_to_retry() {
+        // What a refused connection, a deadline, and a stream cut by a crashing server look
+        // like to a client: none carries a Plinth code.
+        for status in [
+            tonic::Status::unavailable("connection refused"),
+            tonic::Status::deadline_exceeded("timeout"),
+            tonic::Status::cancelled("h2 protocol error: stream no longer needed"),
+            tonic::Status::unknown("transport error"),
+            tonic::Status::internal("h2 protocol error: error reading a body from connection"),
+        ] {
+            let down = PlinthError::from_status(&status);
+            assert_eq!(down.code, ErrorCode::Unavailable, "{status:?}");
+            assert_eq!(down.code.http_status(), 503);
+            assert_eq!(
+                down.detail,
+                Some(serde_json::json!({ RETRY_AFTER_SECONDS: 1 })),
+                "{status:?}"
+            );
+        }
+        // A Plinth server's own internal error stays one.
+        let own = PlinthError::from_status(
+            &PlinthError::new(ErrorCode::Internal, "internal error").to_status(),
+        );
+        assert_eq!(own.code, ErrorCode::Internal);
     }
 }
