@@ -330,3 +330,111 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
     );
     drop(services);
 }
+
+/// `/readyz` of `admin`, as an operator with the observer credential reads it: its status
+/// and body; none while nothing answers there yet.
+async fn readiness(client: &reqwest::Client, admin: std::net::SocketAddr) -> Option<(u16, String)> {
+    let response = client
+        .get(format!("http://{admin}/readyz"))
+        .bearer_auth(crate::credentials::shared().token(plinth_kit::auth::Role::Observer))
+        .send()
+        .await
+        .ok()?;
+    let status = response.status().as_u16();
+    Some((status, response.text().await.ok()?))
+}
+
+/// Polls `/readyz` of `admin` until its body says `expected` (it is checked every 5 s, and at
+/// once on each request); fails the test after 30 s.
+async fn readiness_says(
+    client: &reqwest::Client,
+    admin: std::net::SocketAddr,
+    process: &mut Process,
+    expected: &str,
+) -> (u16, String) {
+    let mut last = (0, String::new());
+    for _ in 0..300 {
+        if let Ok(Some(status)) = process.0.try_wait() {
+            panic!("the process exited early with {status}");
+        }
+        if let Ok(Some(answer)) =
+            tokio::time::timeout(Duration::from_secs(5), readiness(client, admin)).await
+        {
+            if answer.1.contains(expected) {
+                return answer;
+            }
+            last = answer;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("readyz never said {expected:?}; last: {last:?}");
+}
+
+#[tokio::test]
+async fn a_node_or_source_cut_off_from_what_it_needs_is_not_ready_and_says_which() {
+    let data = tempfile::tempdir().expect("data");
+    let config = data.path().join("plinth.toml");
+    std::fs::write(
+        &config,
+        format!("data_dir = \"{}\"\n", data.path().display()),
+    )
+    .expect("config");
+    let log = data.path().join("services.log");
+    let client = crate::helpers::http_client();
+    // Nothing listens here: the catalog and the blob store are unreachable.
+    let closed = free_port();
+    let unreachable_store = format!(
+        "s3://plinth/blobs?endpoint=http://{closed}&allow_http=true&region=us-east-1&access_key_id=test&secret_access_key=test"
+    );
+
+    let (node, node_admin) = (free_port(), free_port());
+    let mut agent = spawn(
+        &strings(&[
+            "node",
+            "--name",
+            "cut-off",
+            "--listen",
+            &node.to_string(),
+            "--admin-listen",
+            &node_admin.to_string(),
+            "--catalog-url",
+            &format!("http://{closed}"),
+            "--blob-url",
+            &format!("file://{}/blobs", data.path().display()),
+            "--insecure-no-isolation",
+        ]),
+        &config,
+        &log,
+    );
+    let (status, body) = readiness_says(
+        &client,
+        node_admin,
+        &mut agent,
+        "not registered with the catalog",
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+
+    let (source, source_admin) = (free_port(), free_port());
+    let mut stores = spawn(
+        &strings(&[
+            "source",
+            "--listen",
+            &source.to_string(),
+            "--admin-listen",
+            &source_admin.to_string(),
+            "--blob-url",
+            &unreachable_store,
+        ]),
+        &config,
+        &log,
+    );
+    let (status, body) = readiness_says(
+        &client,
+        source_admin,
+        &mut stores,
+        "the blob store does not answer",
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+}

@@ -142,6 +142,7 @@ pub async fn run(
     }
     let blobs = BlobStore::open(&options.blob_url, options.state_dir.join("spool"))
         .map_err(|error| NodeError::Blobs(error.to_string()))?;
+    let probe = blobs.clone();
     let cache = {
         let (dir, cap) = (options.state_dir.join("cache"), options.cache_cap_bytes);
         // Versions may be layers over cached ones where sessions see them through the mounts
@@ -189,8 +190,10 @@ pub async fn run(
         .map_err(|error| NodeError::Token(error.to_string()))?;
     let catalog = SessionServiceClient::with_interceptor(catalog, interceptor);
     let active: Arc<Mutex<HashSet<cache::VersionKey>>> = Arc::default();
+    let contact = Arc::new(CatalogContact::default());
     tokio::spawn(keep_registered(
         options.clone(),
+        contact.clone(),
         catalog,
         cache.clone(),
         sessions.clone(),
@@ -212,7 +215,20 @@ pub async fn run(
         .internal
         .server(plinth_proto::FILE_DESCRIPTOR_SET, ACCESS)
         .answer_locally(options.local.clone());
-    let readiness: ReadinessCheck = Arc::new(|| Box::pin(async { Ok(()) }));
+    // Ready when it can do its work: the catalog hears its heartbeats (or the node would get
+    // no sessions and learn of no ended ones) and the blob store answers (or no version could
+    // be materialized). The reason names which.
+    let readiness: ReadinessCheck = Arc::new(move || {
+        let (contact, probe) = (contact.clone(), probe.clone());
+        Box::pin(async move {
+            contact.check()?;
+            probe
+                .contains(&plinth_blobs::Digest::of(b""))
+                .await
+                .map(|_| ())
+                .map_err(|error| format!("the blob store does not answer: {error}"))
+        })
+    });
     server
         .report_health(&[SERVICE_NAME], readiness.clone(), shutdown.clone())
         .await;
@@ -377,8 +393,49 @@ async fn keep_spares(sessions: Arc<SessionTable>, shutdown: CancellationToken) {
 /// Registers (again after a restart, or when the catalog forgot the node), reconciles the
 /// sessions on disk with the catalog's, then heartbeats, learning which cached versions are
 /// active and which of its sessions are live: those that are not are detached.
+/// When the catalog last answered the node (its registration or a heartbeat), for readiness.
+#[derive(Debug, Default)]
+struct CatalogContact {
+    /// Milliseconds since the Unix epoch; 0 until the node registers.
+    last_ms: std::sync::atomic::AtomicI64,
+    /// The heartbeat period the catalog asked for, in milliseconds.
+    every_ms: std::sync::atomic::AtomicI64,
+}
+
+impl CatalogContact {
+    fn answered(&self, every: Duration) {
+        self.every_ms.store(
+            i64::try_from(every.as_millis()).unwrap_or(i64::MAX),
+            Ordering::Relaxed,
+        );
+        self.last_ms
+            .store(plinth_kit::clock::now_ms(), Ordering::Relaxed);
+    }
+
+    /// Fine while the catalog answered within three heartbeats (and at least 10 s).
+    fn check(&self) -> Result<(), String> {
+        let last = self.last_ms.load(Ordering::Relaxed);
+        if last == 0 {
+            return Err(
+                "not registered with the catalog yet (is catalog_url right, and the catalog up?)"
+                    .to_owned(),
+            );
+        }
+        let silent = plinth_kit::clock::now_ms().saturating_sub(last);
+        let allowed = (3 * self.every_ms.load(Ordering::Relaxed)).max(10_000);
+        if silent > allowed {
+            return Err(format!(
+                "the catalog has not answered a heartbeat for {} s",
+                silent / 1000
+            ));
+        }
+        Ok(())
+    }
+}
+
 async fn keep_registered(
     options: NodeOptions,
+    contact: Arc<CatalogContact>,
     mut catalog: Catalog,
     cache: Arc<VersionCache>,
     sessions: Arc<SessionTable>,
@@ -421,6 +478,7 @@ async fn keep_registered(
                         registered.notify_one();
                     }
                     reconcile(&mut catalog, &answer.node_id, &sessions).await;
+                    contact.answered(every);
                     registered = Some((answer.node_id, every));
                     every
                 }
@@ -448,6 +506,7 @@ async fn keep_registered(
                     .await
                 {
                     Ok(answer) => {
+                        contact.answered(every);
                         let answer = answer.into_inner();
                         let now_active = answer
                             .active

@@ -148,10 +148,21 @@ pub async fn run(
     let blobs = BlobStore::open(&options.blob_url, options.spool_dir.clone())?;
     tracing::info!(address = ?grpc.local_addr().ok(), "source serving");
 
-    let readiness_index = index.clone();
+    // Ready when both its stores answer; the reason names which does not.
+    let (readiness_index, readiness_blobs) = (index.clone(), blobs.clone());
     let readiness: ReadinessCheck = Arc::new(move || {
-        let index = readiness_index.clone();
-        Box::pin(async move { index.ping().await.map_err(|error| error.to_string()) })
+        let (index, blobs) = (readiness_index.clone(), readiness_blobs.clone());
+        Box::pin(async move {
+            index
+                .ping()
+                .await
+                .map_err(|error| format!("the index database does not answer: {error}"))?;
+            blobs
+                .contains(&plinth_blobs::Digest::of(b""))
+                .await
+                .map(|_| ())
+                .map_err(|error| format!("the blob store does not answer: {error}"))
+        })
     });
     let server = options
         .internal
