@@ -18,6 +18,7 @@ mod harnesses;
 mod json;
 pub mod limits;
 mod novo;
+mod query;
 mod sessions;
 mod usage;
 
@@ -307,6 +308,7 @@ fn router_with(
             .merge(usage::routes());
     }
     let (api, mut openapi) = api.split_for_parts();
+    let query_rules = query::QueryRules::from_openapi(&openapi);
     // axum spells a multi-segment parameter `{*path}`; OpenAPI spells it `{path}`.
     let paths = std::mem::take(&mut openapi.paths.paths);
     openapi.paths.paths = paths
@@ -325,6 +327,10 @@ fn router_with(
                 async move { Json(openapi.as_ref().clone()) }
             }),
         )
+        .route_layer(axum::middleware::from_fn_with_state(
+            query_rules,
+            query::known_parameters,
+        ))
         .fallback(error::no_such_route)
         .method_not_allowed_fallback(error::method_not_allowed)
         // Outermost last: a token's rate, then the requests in flight, then the deadline.

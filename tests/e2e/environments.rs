@@ -676,3 +676,58 @@ async fn the_openapi_document_is_valid_openapi_3_1() {
     );
     server.stop().await;
 }
+
+/// One rule for query strings on every route: a parameter the operation does not take is
+/// refused, naming it and what the operation takes, rather than ignored on some routes.
+#[tokio::test]
+async fn an_unknown_query_parameter_is_refused_on_every_route() {
+    let server = Server::start().await;
+    let (status, created) = create(&server, json!({"name": "Queried"})).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().expect("id");
+    for (method, path, takes) in [
+        ("GET", "/v1/environments?limit=5".to_owned(), "none"),
+        ("GET", format!("/v1/environments/{id}?verbose=1"), "none"),
+        (
+            "GET",
+            format!("/v1/environments/{id}/files?recursive=true"),
+            "none",
+        ),
+        (
+            "GET",
+            format!("/v1/environments/{id}/builds/1/log?folow=true"),
+            "follow, offset",
+        ),
+        (
+            "PUT",
+            format!("/v1/environments/{id}/files/a.txt?exec=true"),
+            "executable",
+        ),
+    ] {
+        let request = match method {
+            "PUT" => server.client.put(server.url(&path)).body("a"),
+            _ => server.client.get(server.url(&path)),
+        };
+        let (status, body) = send(request).await;
+        assert_error(status, &body, 400, "environment_invalid");
+        let message = body["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.starts_with("query: unknown parameter")
+                && message.ends_with(&format!("takes: {takes}")),
+            "{method} {path}: {message}"
+        );
+    }
+    // What an operation takes still works.
+    let (status, body) = send(
+        server
+            .client
+            .put(server.url(&format!(
+                "/v1/environments/{id}/files/run.sh?executable=true"
+            )))
+            .body("echo hi\n"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["executable"], true);
+    server.stop().await;
+}
