@@ -666,10 +666,15 @@ async fn the_openapi_document_is_valid_openapi_3_1() {
         .expect("python3 runs");
     let said = String::from_utf8_lossy(&checked.stdout);
     let complained = String::from_utf8_lossy(&checked.stderr);
-    assert!(
-        !complained.contains("No module named"),
-        "openapi-spec-validator is not installed (python3 -m pip install openapi-spec-validator): {complained}"
-    );
+    if complained.contains("No module named") {
+        // Under CI a missing validator is a failure; elsewhere the test says so and skips.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "openapi-spec-validator is not installed (python3 -m pip install openapi-spec-validator): {complained}"
+        );
+        eprintln!("openapi-spec-validator is not installed: skipping (CI runs it)");
+        return;
+    }
     assert!(
         checked.status.success(),
         "the document is invalid:\n{said}{complained}"
