@@ -41,12 +41,17 @@ fn spawn(args: &[&str], config: &std::path::Path, log: Option<std::fs::File>) ->
 
 impl Cluster {
     async fn start() -> Self {
+        Self::with_lease(3).await
+    }
+
+    /// The cluster with builds leased for `lease_seconds`.
+    async fn with_lease(lease_seconds: u64) -> Self {
         let data = tempfile::tempdir().expect("data");
         let config = data.path().join("plinth.toml");
         std::fs::write(
             &config,
             format!(
-                "data_dir = \"{}\"\n[catalog]\nbuild_lease_seconds = 3\nbuild_max_attempts = 5\nseal_key_file = \"{}\"\n[builder]\nnetwork = false\n",
+                "data_dir = \"{}\"\n[catalog]\nbuild_lease_seconds = {lease_seconds}\nbuild_max_attempts = 5\nseal_key_file = \"{}\"\n[builder]\nnetwork = false\n",
                 data.path().display(),
                 crate::helpers::seal_key_file(data.path()).display()
             ),
@@ -324,4 +329,46 @@ async fn a_builder_paused_past_its_lease_cannot_publish_when_it_resumes() {
         "exactly one version: {versions}"
     );
     drop(paused);
+}
+
+#[tokio::test]
+async fn a_builder_stopped_gracefully_gives_its_build_back_at_once() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    // A lease far longer than the test waits: only a released build is taken over in time.
+    let cluster = Cluster::with_lease(120).await;
+    let logs = tempfile::tempdir().expect("logs");
+    let id = cluster.project().await;
+    let mut first = cluster.builder("first", &logs.path().join("first.log"));
+    cluster
+        .wait_for(&id, "the first builder takes the build", |b| {
+            b["status"] == "building"
+        })
+        .await;
+    signal(&first, "TERM");
+    let stopped = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Ok(Some(status)) = first.0.try_wait() {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the first builder stops on SIGTERM");
+    assert!(stopped.success(), "{stopped}");
+    let released = cluster.build(&id).await;
+    assert_eq!(
+        released["status"], "queued",
+        "given back at once: {released}"
+    );
+    let _second = cluster.builder("second", &logs.path().join("second.log"));
+    let build = cluster
+        .wait_for(&id, "the second builder finishes", |b| {
+            b["status"] == "ready" || b["status"] == "failed"
+        })
+        .await;
+    assert_eq!(build["status"], "ready", "{build}");
+    assert_eq!(build["attempt"], 2, "{build}");
 }

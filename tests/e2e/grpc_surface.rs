@@ -108,9 +108,10 @@ async fn health_is_open_and_reflection_needs_a_credential() {
 }
 
 /// The RPCs only builders may make (each about a build the builder leases).
-const BUILDER_RPCS: [&str; 9] = [
+const BUILDER_RPCS: [&str; 10] = [
     "/plinth.catalog.v1.CatalogService/ClaimBuild",
     "/plinth.catalog.v1.CatalogService/RenewLease",
+    "/plinth.catalog.v1.CatalogService/ReleaseBuild",
     "/plinth.catalog.v1.CatalogService/AppendBuildLog",
     "/plinth.catalog.v1.CatalogService/FindReusable",
     "/plinth.catalog.v1.CatalogService/CompleteBuild",

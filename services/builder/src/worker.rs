@@ -345,7 +345,11 @@ async fn run_build(
     let mut published = false;
     let mut ended = "abandoned";
     if lease_lost.is_cancelled() {
-        if !shutdown.is_cancelled() {
+        if shutdown.is_cancelled() {
+            // Stopping: the build goes back to the queue now rather than when the lease runs
+            // out, so another builder takes it at once.
+            release(catalog.clone(), token).await;
+        } else {
             tracing::error!("lease lost: this build was abandoned and publishes nothing");
         }
     } else {
@@ -440,6 +444,24 @@ async fn record_layer(
                 tokio::time::sleep(LEDGER_PAUSE).await;
             }
         }
+    }
+}
+
+/// Gives a build this builder is stopping in the middle of back to the queue.
+async fn release(mut catalog: Catalog, lease_token: String) {
+    let released = tokio::time::timeout(
+        Duration::from_secs(5),
+        catalog.release_build(pb::ReleaseBuildRequest { lease_token }),
+    )
+    .await;
+    match released {
+        Ok(Ok(_)) => tracing::info!("stopping: the build was given back to the queue"),
+        Ok(Err(status)) => {
+            tracing::warn!(error = %status.message(), "stopping: the build could not be given back; another builder takes it when its lease runs out")
+        }
+        Err(_) => tracing::warn!(
+            "stopping: giving the build back timed out; another builder takes it when its lease runs out"
+        ),
     }
 }
 

@@ -72,6 +72,10 @@ pub const ACCESS: Access = Access(&[
         &[Role::Builder],
     ),
     (
+        "/plinth.catalog.v1.CatalogService/ReleaseBuild",
+        &[Role::Builder],
+    ),
+    (
         "/plinth.catalog.v1.CatalogService/AppendBuildLog",
         &[Role::Builder],
     ),

@@ -309,6 +309,22 @@ impl pb::catalog_service_server::CatalogService for Catalog {
         Ok(Response::new(pb::RenewLeaseResponse { expires_at_ms }))
     }
 
+    #[tracing::instrument(name = "catalog.release_build", skip_all)]
+    async fn release_build(
+        &self,
+        request: Request<pb::ReleaseBuildRequest>,
+    ) -> Result<Response<pb::ReleaseBuildResponse>, Status> {
+        let token = LeaseToken::from_wire(request.into_inner().lease_token);
+        self.store
+            .release_build(&token)
+            .await
+            .map_err(|error| store_error(error, ""))?;
+        // Builders waiting for work hear of it as of a newly queued build.
+        self.queued.notify_waiters();
+        tracing::info!("a builder gave its build back to the queue");
+        Ok(Response::new(pb::ReleaseBuildResponse {}))
+    }
+
     #[tracing::instrument(name = "catalog.append_build_log", skip_all)]
     async fn append_build_log(
         &self,

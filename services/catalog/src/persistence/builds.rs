@@ -297,6 +297,24 @@ impl Store {
         Ok(expires_at_ms)
     }
 
+    /// Gives a build leased under `token` back to the queue at once, as if its lease had run
+    /// out (its log stays; the next claim is its next attempt). A lease already lost is
+    /// `StoreError::LeaseLost`.
+    pub async fn release_build(&self, token: &LeaseToken) -> Result<(), StoreError> {
+        let released = sqlx::query(
+            "UPDATE builds SET status = 'queued', lease_token = '', builder = '' \
+             WHERE lease_token = $1 AND status = 'building' AND lease_expires_at_ms >= $2",
+        )
+        .bind(token.as_str())
+        .bind(now_ms())
+        .execute(&self.db.writer)
+        .await?;
+        if released.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost);
+        }
+        Ok(())
+    }
+
     /// Appends to a build's log under a live lease; returns the log's new length.
     pub async fn append_log(&self, token: &LeaseToken, chunk: &str) -> Result<u64, StoreError> {
         let mut tx = self.db.begin_write().await?;

@@ -29,6 +29,7 @@ backend_suite!(
     a_build_whose_builders_keep_vanishing_fails,
     deleting_waits_for_the_build_and_takes_its_versions,
     a_clean_build_reaches_its_builder_and_toolchains_are_kept,
+    a_released_build_is_queued_again_at_once_and_its_lease_is_dead,
 );
 
 fn new(scope_name: &str, name: &str) -> NewEnvironment {
@@ -743,4 +744,42 @@ async fn a_clean_build_reaches_its_builder_and_toolchains_are_kept(store: Store)
     let second = build_through(&store, &environment.id, "sha256:t", ready("sha256:m")).await;
     assert!(!second.clean);
     assert!(second.toolchains.is_empty());
+}
+
+async fn a_released_build_is_queued_again_at_once_and_its_lease_is_dead(store: Store) {
+    let environment = store
+        .create_environment(new("acme", "Released"))
+        .await
+        .expect("create");
+    store
+        .start_build(&scope("acme"), &environment.id, "sha256:s", false)
+        .await
+        .expect("start");
+    let first = store
+        .claim_build("stopping", LEASES)
+        .await
+        .expect("claim")
+        .expect("work");
+    store.release_build(&first.token).await.expect("release");
+    // Long before the lease would have run out, another builder has it.
+    let second = store
+        .claim_build("other", LEASES)
+        .await
+        .expect("claim")
+        .expect("the released build");
+    assert_eq!(second.build.version, 1);
+    assert_eq!(second.build.attempt, 2);
+    // The released lease writes nothing any more, and cannot release twice.
+    assert!(matches!(
+        store.heartbeat(&first.token, LEASES.lease_ms).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.release_build(&first.token).await,
+        Err(StoreError::LeaseLost)
+    ));
+    store
+        .complete_build(&second.token, ready("sha256:l"))
+        .await
+        .expect("complete");
 }
