@@ -406,6 +406,7 @@ async fn write_file(
                 path,
                 executable: query.executable,
                 scope: caller.scope.clone(),
+                precondition: None,
             },
         )),
     };
