@@ -44,7 +44,9 @@ pub struct ErrorObject {
     /// `workspace_find_not_found`, `workspace_run_ended`, `idempotency_key_reused`,
     /// `idempotency_in_progress`, `outcome_unknown` (409: an idempotent call was cut off after
     /// it was dispatched; it is not run again), `quota_exceeded` (429, with `detail`
-    /// `{quota, limit, used}`).
+    /// `{quota, limit, used}`), `precondition_failed` (412: an `If-Match` or `If-None-Match`
+    /// that does not hold; `detail.etag` is the file's current tag), `range_not_satisfiable`
+    /// (416, with `Content-Range: bytes */<size>`).
     #[schema(example = "environment_invalid")]
     pub code: &'static str,
     /// What went wrong, for a person; names the field or path at fault.

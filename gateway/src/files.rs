@@ -6,7 +6,7 @@
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
@@ -20,6 +20,7 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::auth::Caller;
+use crate::conditional::{self, ReadAnswer};
 use crate::environments::EnvironmentIdParam;
 use crate::error::{ApiError, ErrorBody};
 use crate::json::{self, JsonBody};
@@ -312,17 +313,34 @@ fn file_path(
     }
 }
 
-/// One file's bytes exactly as stored, with a content type guessed from its name.
+/// One file's bytes exactly as stored, with a content type guessed from its name. Reads are
+/// conditional and ranged (see `conditional`): `ETag` is the content digest in quotes.
 #[utoipa::path(
     get,
     path = "/v1/environments/{id}/files/{*path}",
     tag = "files",
-    params(("id" = String, Path, description = "The environment's id"), ("path" = String, Path, description = "The file, relative to the root")),
+    params(
+        ("id" = String, Path, description = "The environment's id"),
+        ("path" = String, Path, description = "The file, relative to the root"),
+        ("If-None-Match" = Option<String>, Header, description = "Entity tags (or `*`) the caller holds: 304 when one is the file's (weak comparison)"),
+        ("If-Match" = Option<String>, Header, description = "Entity tags (or `*`): 412 precondition_failed unless one is the file's (strong comparison)"),
+        ("Range" = Option<String>, Header, description = "One byte range: `bytes=a-b`, `bytes=a-` or `bytes=-n` (206); several ranges are answered with the whole file (200)"),
+        ("If-Range" = Option<String>, Header, description = "An entity tag: the range is answered only while it is the file's; otherwise the whole file (200)"),
+    ),
     responses(
-        (status = 200, description = "The file's bytes, never to be sniffed (`X-Content-Type-Options: nosniff`); HTML, SVG, JavaScript, XHTML and XML come as `Content-Disposition: attachment`", content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 400, description = "environment_invalid: a path that escapes the root, or names a directory", body = ErrorBody),
+        (status = 200, description = "The file's bytes, never to be sniffed (`X-Content-Type-Options: nosniff`); HTML, SVG, JavaScript, XHTML and XML come as `Content-Disposition: attachment`", content_type = "application/octet-stream", body = Vec<u8>,
+            headers(("ETag" = String, description = "The content digest in quotes, `\"sha256:<hex>\"`: a strong validator"), ("Accept-Ranges" = String, description = "`bytes`"))),
+        (status = 206, description = "The one range asked for", content_type = "application/octet-stream", body = Vec<u8>,
+            headers(("Content-Range" = String, description = "`bytes <first>-<last>/<size>`"), ("ETag" = String, description = "The file's entity tag"))),
+        (status = 304, description = "Not modified: If-None-Match named the file's tag; no body",
+            headers(("ETag" = String, description = "The file's entity tag"))),
+        (status = 400, description = "environment_invalid: a path that escapes the root, or names a directory; an If-Match or If-None-Match that is not a list of quoted entity tags", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found: no such environment or file", body = ErrorBody),
+        (status = 412, description = "precondition_failed: If-Match names none of the file's tags (detail.etag is the current one)", body = ErrorBody,
+            headers(("ETag" = String, description = "The file's entity tag"))),
+        (status = 416, description = "range_not_satisfiable: the range starts at or past the end of the file", body = ErrorBody,
+            headers(("Content-Range" = String, description = "`bytes */<size>`"))),
         (status = 503, description = "unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -331,6 +349,7 @@ async fn read_file(
     State(state): State<AppState>,
     caller: Caller,
     request_path: Result<Path<FilePath>, axum::extract::rejection::PathRejection>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let FilePath { id, path } = file_path(request_path)?;
     check_environment(&state, &caller, &id).await?;
@@ -349,6 +368,15 @@ async fn read_file(
         )
     })?;
     let entry = first.entry.unwrap_or_default();
+    let etag = conditional::etag(&entry.digest);
+    // Answers that carry no bytes end here, and dropping the stream cancels the read.
+    let range = match conditional::weigh_read(&headers, &etag, entry.size) {
+        Err(error) => return Ok(conditional::precondition_failed_response(error.into())),
+        Ok(ReadAnswer::NotModified) => return Ok(conditional::not_modified(&etag)),
+        Ok(ReadAnswer::Unsatisfiable) => return Ok(conditional::unsatisfiable(entry.size)),
+        Ok(ReadAnswer::Full) => None,
+        Ok(ReadAnswer::Partial(range)) => Some(range),
+    };
     let content_type = mime_guess::from_path(&path)
         .first_raw()
         .unwrap_or("application/octet-stream");
@@ -359,29 +387,40 @@ async fn read_file(
     });
     let body =
         futures::stream::once(async move { Ok::<_, std::io::Error>(first_chunk) }).chain(rest);
-    let mut response = Body::from_stream(body).into_response();
+    let mut response = match range {
+        None => Body::from_stream(body).into_response(),
+        Some(range) => Body::from_stream(conditional::slice(body, range)).into_response(),
+    };
+    conditional::mark_answer(&mut response, &etag, entry.size, range);
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(entry.size));
-    if let Ok(etag) = HeaderValue::from_str(&format!("\"{}\"", entry.digest)) {
-        headers.insert(header::ETAG, etag);
-    }
     crate::downloads::mark(headers, &path);
     Ok(response)
 }
 
-/// Writes one file: the body is its bytes. Parent directories are made.
+/// Writes one file: the body is its bytes. Parent directories are made. `If-Match` and
+/// `If-None-Match` make the write conditional; the source checks them in the transaction
+/// that writes, so a write between the caller's read and this one is never overwritten.
 #[utoipa::path(
     put,
     path = "/v1/environments/{id}/files/{*path}",
     tag = "files",
-    params(("id" = String, Path, description = "The environment's id"), ("path" = String, Path, description = "The file, relative to the root"), WriteQuery),
+    params(
+        ("id" = String, Path, description = "The environment's id"),
+        ("path" = String, Path, description = "The file, relative to the root"),
+        WriteQuery,
+        ("If-Match" = Option<String>, Header, description = "The file's ETag as read (or a list, or `*` for any existing file): written only if the file is still that one; 412 precondition_failed otherwise, or when there is no file"),
+        ("If-None-Match" = Option<String>, Header, description = "`*`: create only, 412 precondition_failed when a file is there; or entity tags the file must not have"),
+    ),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes, stored exactly"),
     responses(
-        (status = 200, description = "Written", body = FileEntry),
-        (status = 400, description = "environment_invalid: a path that escapes the root, or a file where a directory is (or the reverse)", body = ErrorBody),
+        (status = 200, description = "Written", body = FileEntry,
+            headers(("ETag" = String, description = "The new content's entity tag, `\"sha256:<hex>\"`"))),
+        (status = 400, description = "environment_invalid: a path that escapes the root, or a file where a directory is (or the reverse); an If-Match or If-None-Match that is not a list of quoted entity tags", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
+        (status = 412, description = "precondition_failed: the file changed since it was read (If-Match), or exists (If-None-Match: *); nothing was written; detail.etag (and the ETag header) is the file's current tag, null when there is none", body = ErrorBody,
+            headers(("ETag" = String, description = "The file's current entity tag, when there is a file"))),
         (status = 413, description = "file_too_large: detail.max_bytes states the limit; nothing was stored", body = ErrorBody),
         (status = 429, description = "quota_exceeded: the file would take the scope past its stored-bytes quota (detail: quota, limit, used); nothing was stored. Also rate_limited, with Retry-After", body = ErrorBody),
         (status = 503, description = "unavailable", body = ErrorBody),
@@ -394,10 +433,11 @@ async fn write_file(
     request_path: Result<Path<FilePath>, axum::extract::rejection::PathRejection>,
     query: Result<Query<WriteQuery>, axum::extract::rejection::QueryRejection>,
     request: Request,
-) -> Result<Json<FileEntry>, ApiError> {
+) -> Result<Response, ApiError> {
     let FilePath { id, path } = file_path(request_path)?;
     let Query(query) =
         query.map_err(|error| PlinthError::invalid(format!("query: {}", error.body_text())))?;
+    let precondition = conditional::write_precondition(request.headers())?;
     check_environment(&state, &caller, &id).await?;
     let header = pb::WriteFileRequest {
         message: Some(pb::write_file_request::Message::Header(
@@ -406,11 +446,12 @@ async fn write_file(
                 path,
                 executable: query.executable,
                 scope: caller.scope.clone(),
+                precondition,
             },
         )),
     };
     let mut source = state.source();
-    let entry = stream_to_source(
+    let written = stream_to_source(
         header,
         request.into_body(),
         |bytes| pb::WriteFileRequest {
@@ -418,8 +459,17 @@ async fn write_file(
         },
         |messages| source.write_file(messages),
     )
-    .await?;
-    Ok(Json(entry.into()))
+    .await;
+    let entry = match written {
+        Ok(entry) => entry,
+        Err(error) => return Ok(conditional::precondition_failed_response(error)),
+    };
+    let etag = HeaderValue::from_str(&conditional::etag(&entry.digest)).ok();
+    let mut response = Json(FileEntry::from(entry)).into_response();
+    if let Some(etag) = etag {
+        response.headers_mut().insert(header::ETAG, etag);
+    }
+    Ok(response)
 }
 
 /// Removes a file, or a directory and everything beneath it.

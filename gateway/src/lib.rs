@@ -9,6 +9,7 @@ mod adapters;
 mod auth;
 mod brain;
 mod builds;
+mod conditional;
 mod downloads;
 mod edge;
 mod environments;

@@ -27,6 +27,7 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::auth::Caller;
+use crate::conditional::ReadAnswer;
 use crate::error::{ApiError, ErrorBody};
 use crate::json::JsonBody;
 use crate::limits::{LimitsBody, LimitsRequest, SessionLimits};
@@ -945,18 +946,37 @@ fn file_path(
         .map_err(|error| PlinthError::invalid(format!("path: {error}")).into())
 }
 
-/// Read a file of the session's working directory.
+/// Read a file of the session's working directory. Reads are conditional and ranged like an
+/// environment file's (see `conditional`). The node answers a working-directory file whole
+/// (it is at most 64 MiB), so its `ETag` is the SHA-256 of the bytes answered: a strong
+/// validator that costs one pass over bytes already in memory, where size and modification
+/// time would miss a same-size write within the file system's time granularity.
 #[utoipa::path(
     get,
     operation_id = "read_session_file",
     path = "/v1/sessions/{id}/files/{*path}",
     tag = "sessions",
-    params(("id" = String, Path, description = "The session's id"), ("path" = String, Path, description = "Relative to the working directory")),
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("path" = String, Path, description = "Relative to the working directory"),
+        ("If-None-Match" = Option<String>, Header, description = "Entity tags (or `*`) the caller holds: 304 when one is the file's (weak comparison)"),
+        ("If-Match" = Option<String>, Header, description = "Entity tags (or `*`): 412 precondition_failed unless one is the file's (strong comparison)"),
+        ("Range" = Option<String>, Header, description = "One byte range: `bytes=a-b`, `bytes=a-` or `bytes=-n` (206); several ranges are answered with the whole file (200)"),
+        ("If-Range" = Option<String>, Header, description = "An entity tag: the range is answered only while it is the file's; otherwise the whole file (200)"),
+    ),
     responses(
-        (status = 200, description = "The file's bytes, never to be sniffed (`X-Content-Type-Options: nosniff`); HTML, SVG, JavaScript, XHTML and XML come as `Content-Disposition: attachment`", content_type = "application/octet-stream"),
-        (status = 400, description = "environment_invalid: a bad path, or a directory", body = ErrorBody),
+        (status = 200, description = "The file's bytes, never to be sniffed (`X-Content-Type-Options: nosniff`); HTML, SVG, JavaScript, XHTML and XML come as `Content-Disposition: attachment`", content_type = "application/octet-stream",
+            headers(("ETag" = String, description = "`\"sha256:<hex>\"` of the bytes: a strong validator"), ("Accept-Ranges" = String, description = "`bytes`"))),
+        (status = 206, description = "The one range asked for", content_type = "application/octet-stream",
+            headers(("Content-Range" = String, description = "`bytes <first>-<last>/<size>`"), ("ETag" = String, description = "The file's entity tag"))),
+        (status = 304, description = "Not modified: If-None-Match named the file's tag; no body",
+            headers(("ETag" = String, description = "The file's entity tag"))),
+        (status = 400, description = "environment_invalid: a bad path, or a directory; an If-Match or If-None-Match that is not a list of quoted entity tags", body = ErrorBody),
         (status = 404, description = "not_found", body = ErrorBody),
+        (status = 412, description = "precondition_failed: If-Match names none of the file's tags (detail.etag is the current one)", body = ErrorBody),
         (status = 413, description = "file_too_large", body = ErrorBody),
+        (status = 416, description = "range_not_satisfiable: the range starts at or past the end of the file", body = ErrorBody,
+            headers(("Content-Range" = String, description = "`bytes */<size>`"))),
     ),
     security(("bearer" = []))
 )]
@@ -964,6 +984,7 @@ async fn read_file(
     State(state): State<AppState>,
     caller: Caller,
     path: Result<Path<SessionFilePath>, axum::extract::rejection::PathRejection>,
+    headers: axum::http::HeaderMap,
 ) -> Result<Response, ApiError> {
     let path = file_path(path)?;
     let session = active_session(&state, &caller.scope, &path.id).await?;
@@ -986,12 +1007,31 @@ async fn read_file(
         None,
     )
     .await?;
+    let size = content.len() as u64;
+    let etag = crate::conditional::content_etag(&content);
+    let range = match crate::conditional::weigh_read(&headers, &etag, size) {
+        Err(error) => {
+            return Ok(crate::conditional::precondition_failed_response(
+                error.into(),
+            ));
+        }
+        Ok(ReadAnswer::NotModified) => return Ok(crate::conditional::not_modified(&etag)),
+        Ok(ReadAnswer::Unsatisfiable) => return Ok(crate::conditional::unsatisfiable(size)),
+        Ok(ReadAnswer::Full) => None,
+        Ok(ReadAnswer::Partial(range)) => Some(range),
+    };
+    let body = match range {
+        None => content,
+        // Within the file: `weigh_read` bounds a range by its size, a usize here.
+        Some(range) => content.slice(range.start as usize..=range.end as usize),
+    };
     let mime = mime_guess::from_path(&path.path).first_or_octet_stream();
     let mut response = (
         [(header::CONTENT_TYPE, mime.essence_str().to_owned())],
-        content,
+        body,
     )
         .into_response();
+    crate::conditional::mark_answer(&mut response, &etag, size, range);
     crate::downloads::mark(response.headers_mut(), &path.path);
     Ok(response)
 }

@@ -433,3 +433,321 @@ async fn a_corrupted_blob_is_never_served() {
     assert!(body.contains("\"internal\""), "{body}");
     server.stop().await;
 }
+
+/// The `ETag` header of an answer.
+fn etag_of(response: &reqwest::Response) -> String {
+    response
+        .headers()
+        .get("etag")
+        .and_then(|value| value.to_str().ok())
+        .expect("an ETag")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn conditional_reads_answer_304_and_stale_conditional_writes_change_nothing() {
+    let server = Server::start().await;
+    let id = environment(&server, "Conditional").await;
+    let url = files_url(&server, &id, "notes.txt");
+
+    // A write answers the new tag: the content digest in quotes.
+    let written = server
+        .client
+        .put(&url)
+        .body("one")
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(written.status(), 200);
+    let first = etag_of(&written);
+    let body: Value = written.json().await.expect("json");
+    assert_eq!(
+        first,
+        format!("\"{}\"", body["digest"].as_str().expect("digest"))
+    );
+
+    // A read whose tag the caller holds is 304 with the tag and no body, for the tag, a
+    // weak form of it, a list naming it, and `*`.
+    let weak = format!("W/{first}");
+    let list = format!("\"sha256:{}\", {first}", "0".repeat(64));
+    for held in [first.as_str(), weak.as_str(), list.as_str(), "*"] {
+        let answer = server
+            .client
+            .get(&url)
+            .header("if-none-match", held)
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(answer.status(), 304, "{held}");
+        assert_eq!(etag_of(&answer), first);
+        assert!(answer.bytes().await.expect("body").is_empty());
+    }
+    let stale_tag = format!("\"sha256:{}\"", "0".repeat(64));
+    let answer = server
+        .client
+        .get(&url)
+        .header("if-none-match", &stale_tag)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(answer.status(), 200);
+    assert_eq!(etag_of(&answer), first);
+    assert_eq!(answer.text().await.expect("body"), "one");
+
+    // A write with the tag read is written, and answers the new tag.
+    let second = server
+        .client
+        .put(&url)
+        .header("if-match", &first)
+        .body("two")
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(second.status(), 200);
+    let second_tag = etag_of(&second);
+    assert_ne!(second_tag, first);
+
+    // A second writer still holding the first tag is refused, is told the tag now, and the
+    // file is unchanged: no lost update.
+    let refused = server
+        .client
+        .put(&url)
+        .header("if-match", &first)
+        .body("lost update")
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(refused.status(), 412);
+    assert_eq!(etag_of(&refused), second_tag);
+    let (status, body) = crate::helpers::json(refused).await;
+    assert_error(status, &body, 412, "precondition_failed");
+    assert_eq!(
+        body["error"]["detail"]["etag"],
+        second_tag.as_str(),
+        "{body}"
+    );
+    let message = body["error"]["message"].as_str().expect("message");
+    assert!(
+        message.contains("changed since you read it") && message.contains(&second_tag),
+        "{message}"
+    );
+    let now = server.client.get(&url).send().await.expect("get");
+    assert_eq!(etag_of(&now), second_tag);
+    assert_eq!(now.text().await.expect("body"), "two");
+
+    // `If-Match` on a file that is not there is refused, and makes nothing.
+    let absent = files_url(&server, &id, "absent.txt");
+    let (status, body) = send(
+        server
+            .client
+            .put(&absent)
+            .header("if-match", &second_tag)
+            .body("x"),
+    )
+    .await;
+    assert_error(status, &body, 412, "precondition_failed");
+    assert_eq!(body["error"]["detail"]["etag"], Value::Null, "{body}");
+    let (status, _) = send(server.client.get(&absent)).await;
+    assert_eq!(status, 404);
+
+    // `If-None-Match: *` creates only.
+    let (status, body) = send(
+        server
+            .client
+            .put(&url)
+            .header("if-none-match", "*")
+            .body("clobber"),
+    )
+    .await;
+    assert_error(status, &body, 412, "precondition_failed");
+    assert_eq!(
+        body["error"]["detail"]["etag"],
+        second_tag.as_str(),
+        "{body}"
+    );
+    let now = server.client.get(&url).send().await.expect("get");
+    assert_eq!(now.text().await.expect("body"), "two");
+    let fresh = files_url(&server, &id, "fresh.txt");
+    let (status, body) = send(
+        server
+            .client
+            .put(&fresh)
+            .header("if-none-match", "*")
+            .body("new"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = send(
+        server
+            .client
+            .put(&fresh)
+            .header("if-none-match", "*")
+            .body("newer"),
+    )
+    .await;
+    assert_error(status, &body, 412, "precondition_failed");
+    let now = server.client.get(&fresh).send().await.expect("get");
+    assert_eq!(now.text().await.expect("body"), "new");
+
+    // A tag without its quotes is a mistake, said so, rather than a condition ignored.
+    let (status, body) = send(
+        server
+            .client
+            .put(&url)
+            .header("if-match", second_tag.trim_matches('"'))
+            .body("x"),
+    )
+    .await;
+    assert_error(status, &body, 400, "environment_invalid");
+    let now = server.client.get(&url).send().await.expect("get");
+    assert_eq!(now.text().await.expect("body"), "two");
+}
+
+#[tokio::test]
+async fn ranged_reads_answer_206_with_the_bytes_asked_for_and_416_past_the_end() {
+    let server = Server::start().await;
+    let id = environment(&server, "Ranges").await;
+    // Past the source's 1 MiB messages, so ranges cross their boundaries.
+    let content: Vec<u8> = (0..3 * 1024 * 1024 + 17)
+        .map(|i: u32| (i % 251) as u8)
+        .collect();
+    let size = content.len();
+    let (status, body) = put(&server, &id, "data.bin", content.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    let url = files_url(&server, &id, "data.bin");
+
+    let whole = server.client.get(&url).send().await.expect("get");
+    assert_eq!(whole.status(), 200);
+    assert_eq!(whole.headers()["accept-ranges"], "bytes");
+    let tag = etag_of(&whole);
+    assert_eq!(whole.bytes().await.expect("body"), content);
+
+    let mebibyte = 1024 * 1024;
+    let cases = [
+        ("bytes=10-19".to_owned(), 10, 19),
+        (
+            format!("bytes={}-{}", mebibyte - 5, mebibyte + 5),
+            mebibyte - 5,
+            mebibyte + 5,
+        ),
+        (format!("bytes={}-", size - 100), size - 100, size - 1),
+        ("bytes=-7".to_owned(), size - 7, size - 1),
+        (
+            format!("bytes={}-{}", size - 3, size + 1000),
+            size - 3,
+            size - 1,
+        ),
+        ("bytes=0-0".to_owned(), 0, 0),
+    ];
+    for (range, first, last) in cases {
+        let part = server
+            .client
+            .get(&url)
+            .header("range", &range)
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(part.status(), 206, "{range}");
+        assert_eq!(
+            part.headers()["content-range"],
+            format!("bytes {first}-{last}/{size}").as_str(),
+            "{range}"
+        );
+        assert_eq!(etag_of(&part), tag);
+        assert_eq!(
+            part.bytes().await.expect("body"),
+            &content[first..=last],
+            "{range}"
+        );
+    }
+
+    // Past the end: 416, with the size.
+    let past = server
+        .client
+        .get(&url)
+        .header("range", format!("bytes={size}-"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(past.status(), 416);
+    assert_eq!(
+        past.headers()["content-range"],
+        format!("bytes */{size}").as_str()
+    );
+    let (status, body) = crate::helpers::json(past).await;
+    assert_error(status, &body, 416, "range_not_satisfiable");
+
+    // Several ranges, or an If-Range naming another version: the whole file.
+    let stale = format!("\"sha256:{}\"", "0".repeat(64));
+    for (range, if_range) in [
+        ("bytes=0-1,5-6", None),
+        ("bytes=100-", Some(stale.as_str())),
+    ] {
+        let mut request = server.client.get(&url).header("range", range);
+        if let Some(if_range) = if_range {
+            request = request.header("if-range", if_range);
+        }
+        let answer = request.send().await.expect("get");
+        assert_eq!(answer.status(), 200, "{range}");
+        assert_eq!(answer.bytes().await.expect("body").len(), size);
+    }
+    let fresh = server
+        .client
+        .get(&url)
+        .header("range", "bytes=100-")
+        .header("if-range", &tag)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(fresh.status(), 206);
+    assert_eq!(fresh.bytes().await.expect("body"), &content[100..]);
+}
+
+#[tokio::test]
+async fn curl_resumes_a_cut_off_download_of_a_5_mib_file_byte_for_byte() {
+    let server = Server::start().await;
+    let id = environment(&server, "Resume").await;
+    let mut content = Vec::with_capacity(5 * 1024 * 1024);
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    while content.len() < 5 * 1024 * 1024 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        content.extend_from_slice(&state.to_le_bytes());
+    }
+    let (status, body) = put(&server, &id, "big/model.bin", content.clone()).await;
+    assert_eq!(status, 200, "{body}");
+
+    // A download cut off part way: the first 2,000,001 bytes are on disk.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("model.bin");
+    std::fs::write(&file, &content[..2_000_001]).expect("partial file");
+    // The server runs on this test's runtime: curl waits on a blocking thread.
+    let url = files_url(&server, &id, "big/model.bin");
+    let target = file.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("curl")
+            .args([
+                "--silent",
+                "--show-error",
+                "--fail",
+                "--continue-at",
+                "-",
+                "--output",
+            ])
+            .arg(&target)
+            .arg(&url)
+            .output()
+    })
+    .await
+    .expect("curl's thread")
+    .expect("curl runs");
+    assert!(
+        output.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let downloaded = std::fs::read(&file).expect("downloaded file");
+    assert_eq!(downloaded.len(), content.len());
+    assert!(downloaded == content, "the resumed file differs");
+}

@@ -670,3 +670,81 @@ async fn without_isolation_every_session_says_so() {
     let workdir = session["workdir"].as_str().expect("workdir");
     assert_eq!(ran["stdout"], format!("{workdir}\n/env/open\n"), "{ran}");
 }
+
+#[tokio::test]
+async fn session_files_answer_304_206_and_416_and_a_changed_file_gets_a_new_tag() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let id = crate::helpers::built_environment(&server, "Session Ranges", BUILD_LIMIT).await;
+    let session = start_session(&server, &id).await;
+    let session_id = session["id"].as_str().expect("id");
+    let wrote = exec(&server, &session, "printf 0123456789 > digits.txt").await;
+    assert_eq!(wrote["exit_code"], 0, "{wrote}");
+    let url = server.url(&format!("/v1/sessions/{session_id}/files/digits.txt"));
+
+    let whole = server.client.get(&url).send().await.expect("get");
+    assert_eq!(whole.status(), 200);
+    assert_eq!(whole.headers()["accept-ranges"], "bytes");
+    let tag = whole
+        .headers()
+        .get("etag")
+        .and_then(|value| value.to_str().ok())
+        .expect("an ETag")
+        .to_owned();
+    assert!(tag.starts_with("\"sha256:") && tag.len() == 73, "{tag}");
+    assert_eq!(whole.text().await.expect("body"), "0123456789");
+
+    let unchanged = server
+        .client
+        .get(&url)
+        .header("if-none-match", &tag)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(unchanged.status(), 304);
+    assert_eq!(unchanged.headers()["etag"], tag.as_str());
+    assert!(unchanged.bytes().await.expect("body").is_empty());
+
+    for (range, content_range, bytes) in [
+        ("bytes=2-4", "bytes 2-4/10", "234"),
+        ("bytes=7-", "bytes 7-9/10", "789"),
+        ("bytes=-2", "bytes 8-9/10", "89"),
+    ] {
+        let part = server
+            .client
+            .get(&url)
+            .header("range", range)
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(part.status(), 206, "{range}");
+        assert_eq!(part.headers()["content-range"], content_range);
+        assert_eq!(part.text().await.expect("body"), bytes);
+    }
+    let past = server
+        .client
+        .get(&url)
+        .header("range", "bytes=10-")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(past.status(), 416);
+    assert_eq!(past.headers()["content-range"], "bytes */10");
+    let (status, body) = crate::helpers::json(past).await;
+    assert_error(status, &body, 416, "range_not_satisfiable");
+
+    // The session changes the file, keeping its size: the old tag no longer holds.
+    exec(&server, &session, "printf 9876543210 > digits.txt").await;
+    let changed = server
+        .client
+        .get(&url)
+        .header("if-none-match", &tag)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(changed.status(), 200);
+    assert_ne!(changed.headers()["etag"], tag.as_str());
+    assert_eq!(changed.text().await.expect("body"), "9876543210");
+}

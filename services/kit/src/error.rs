@@ -76,11 +76,19 @@ pub enum ErrorCode {
     /// A call with this idempotency key may or may not have taken effect and never will be
     /// known: its first attempt was cut off after it was dispatched. It is not run again.
     OutcomeUnknown,
+    /// A conditional request's precondition (`If-Match`, `If-None-Match` on a write) does not
+    /// hold: the file changed since the caller read it, or exists where a create-only write
+    /// was asked for. Nothing was written; `detail.etag` is the file's current entity tag
+    /// (null when there is no file).
+    PreconditionFailed,
+    /// A `Range` names no byte of the file (it starts at or past the end); the answer's
+    /// `Content-Range: bytes */<size>` gives the size.
+    RangeNotSatisfiable,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 26] = [
+    pub const ALL: [ErrorCode; 28] = [
         ErrorCode::EnvironmentInvalid,
         ErrorCode::InvalidRequest,
         ErrorCode::EnvironmentNotFound,
@@ -107,6 +115,8 @@ impl ErrorCode {
         ErrorCode::RateLimited,
         ErrorCode::QuotaExceeded,
         ErrorCode::OutcomeUnknown,
+        ErrorCode::PreconditionFailed,
+        ErrorCode::RangeNotSatisfiable,
     ];
 
     /// The code as it appears on the wire.
@@ -138,6 +148,8 @@ impl ErrorCode {
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::QuotaExceeded => "quota_exceeded",
             ErrorCode::OutcomeUnknown => "outcome_unknown",
+            ErrorCode::PreconditionFailed => "precondition_failed",
+            ErrorCode::RangeNotSatisfiable => "range_not_satisfiable",
         }
     }
 
@@ -169,6 +181,8 @@ impl ErrorCode {
             ErrorCode::WorkspaceRunEnded => 410,
             ErrorCode::IdempotencyKeyReused => 422,
             ErrorCode::FileTooLarge => 413,
+            ErrorCode::PreconditionFailed => 412,
+            ErrorCode::RangeNotSatisfiable => 416,
             ErrorCode::RateLimited | ErrorCode::QuotaExceeded => 429,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::MethodNotAllowed => 405,
@@ -196,10 +210,10 @@ impl ErrorCode {
             ErrorCode::IdempotencyInProgress => tonic::Code::Aborted,
             ErrorCode::EnvironmentExists => tonic::Code::AlreadyExists,
             ErrorCode::EnvironmentBusy => tonic::Code::Aborted,
-            ErrorCode::EnvironmentNotReady | ErrorCode::LeaseLost => {
-                tonic::Code::FailedPrecondition
-            }
-            ErrorCode::FileTooLarge => tonic::Code::OutOfRange,
+            ErrorCode::EnvironmentNotReady
+            | ErrorCode::LeaseLost
+            | ErrorCode::PreconditionFailed => tonic::Code::FailedPrecondition,
+            ErrorCode::FileTooLarge | ErrorCode::RangeNotSatisfiable => tonic::Code::OutOfRange,
             ErrorCode::RateLimited | ErrorCode::QuotaExceeded => tonic::Code::ResourceExhausted,
             ErrorCode::OutcomeUnknown => tonic::Code::Unknown,
             ErrorCode::Unauthenticated => tonic::Code::Unauthenticated,
@@ -411,5 +425,27 @@ mod tests {
             &PlinthError::new(ErrorCode::Internal, "internal error").to_status(),
         );
         assert_eq!(own.code, ErrorCode::Internal);
+    }
+
+    #[test]
+    fn conditional_and_range_refusals_have_their_http_and_grpc_statuses() {
+        assert_eq!(
+            ErrorCode::PreconditionFailed.as_str(),
+            "precondition_failed"
+        );
+        assert_eq!(ErrorCode::PreconditionFailed.http_status(), 412);
+        assert_eq!(
+            ErrorCode::PreconditionFailed.grpc_code(),
+            tonic::Code::FailedPrecondition
+        );
+        assert_eq!(
+            ErrorCode::RangeNotSatisfiable.as_str(),
+            "range_not_satisfiable"
+        );
+        assert_eq!(ErrorCode::RangeNotSatisfiable.http_status(), 416);
+        assert_eq!(
+            ErrorCode::RangeNotSatisfiable.grpc_code(),
+            tonic::Code::OutOfRange
+        );
     }
 }

@@ -217,6 +217,71 @@ pub enum IndexError {
         "this write took longer than its holds against garbage collection last (gc.hold_seconds) and was not committed; retry it"
     )]
     HoldsLapsed,
+    /// A conditional write's precondition did not hold; nothing changed.
+    #[error("{path}: the write's precondition does not hold")]
+    PreconditionFailed {
+        /// The file.
+        path: String,
+        /// The file's digest now; `None` when no file is there.
+        current: Option<Digest>,
+        /// What the write asked for that does not hold.
+        failed: FailedCondition,
+    },
+}
+
+/// Which half of a [`WriteCondition`] refused a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailedCondition {
+    /// `if_match`: the file is not one of the versions named (or is absent).
+    Match,
+    /// `if_none_match`: the file is one of the versions named (or, for any, exists).
+    NoneMatch,
+}
+
+/// A set of file versions: any existing file, or those with one of these digests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DigestSet {
+    /// Any existing file.
+    pub any: bool,
+    /// Content digests, as `sha256:<hex>` text (a tag a client made up simply matches none).
+    pub digests: Vec<String>,
+}
+
+impl DigestSet {
+    fn contains(&self, current: Option<&Digest>) -> bool {
+        match current {
+            None => false,
+            Some(digest) => self.any || self.digests.contains(&digest.to_string()),
+        }
+    }
+}
+
+/// What a conditional write asks of the file it would replace (HTTP `If-Match` and
+/// `If-None-Match`); the default asks nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriteCondition {
+    /// The file must exist and be in this set.
+    pub if_match: Option<DigestSet>,
+    /// The file must not be in this set.
+    pub if_none_match: Option<DigestSet>,
+}
+
+impl WriteCondition {
+    /// Checks the condition against the file's current digest (`None`: no file at the path;
+    /// a directory or link there is no file either).
+    pub fn check(&self, current: Option<&Digest>) -> Result<(), FailedCondition> {
+        if let Some(set) = &self.if_match
+            && !set.contains(current)
+        {
+            return Err(FailedCondition::Match);
+        }
+        if let Some(set) = &self.if_none_match
+            && set.contains(current)
+        {
+            return Err(FailedCondition::NoneMatch);
+        }
+        Ok(())
+    }
 }
 
 /// Files and bytes of one source.
@@ -369,9 +434,47 @@ impl Index {
         executable: Option<bool>,
         held_by: Option<&WorkId>,
     ) -> Result<IndexEntry, IndexError> {
+        self.write_file_checked(
+            environment,
+            path,
+            digest,
+            size,
+            executable,
+            held_by,
+            &WriteCondition::default(),
+        )
+        .await
+    }
+
+    /// [`Index::write_file_held`] only if `condition` holds for the file it replaces, checked
+    /// in the same transaction as the write (which `begin_change` serialises against every
+    /// other change of the source), so a write that came between a client's read and this
+    /// one is never overwritten unseen: `PreconditionFailed`, and nothing changes.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn write_file_checked(
+        &self,
+        environment: &str,
+        path: &SourcePath,
+        digest: Digest,
+        size: u64,
+        executable: Option<bool>,
+        held_by: Option<&WorkId>,
+        condition: &WriteCondition,
+    ) -> Result<IndexEntry, IndexError> {
         let (mut tx, scope) = self.begin_change(environment).await?;
         collection::holds_alive(&mut tx, held_by).await?;
         let existing = entries_at(&mut tx, environment, path).await?;
+        let current = existing
+            .get(path.as_str())
+            .filter(|entry| entry.kind == Kind::File)
+            .and_then(|entry| entry.digest.as_ref());
+        if let Err(failed) = condition.check(current) {
+            return Err(IndexError::PreconditionFailed {
+                path: path.to_string(),
+                current: current.copied(),
+                failed,
+            });
+        }
         check_parents_are_directories(path, &existing)?;
         let new_size = i64::try_from(size).unwrap_or(i64::MAX);
         let mut holders = ledger::Holders::new();

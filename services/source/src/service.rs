@@ -19,7 +19,9 @@ use crate::git::{self, GitError, GitPolicy};
 use crate::import::{self, ImportError, Imported};
 use crate::links::{Found, Step, Walk, WalkError};
 use crate::paths::SourcePath;
-use crate::persistence::{Index, IndexEntry, IndexError, Kind, Origin};
+use crate::persistence::{
+    DigestSet, FailedCondition, Index, IndexEntry, IndexError, Kind, Origin, WriteCondition,
+};
 use crate::tree;
 
 /// Bytes per message when streaming a file out (well under gRPC's 4 MiB default).
@@ -111,7 +113,56 @@ fn index_error(error: IndexError) -> PlinthError {
         lapsed @ IndexError::HoldsLapsed => {
             PlinthError::new(ErrorCode::Unavailable, lapsed.to_string())
         }
+        IndexError::PreconditionFailed {
+            path,
+            current,
+            failed,
+        } => precondition_failed(&path, current.as_ref(), failed),
         other => PlinthError::internal(&other),
+    }
+}
+
+/// `precondition_failed`, naming the file's current entity tag (the gateway's `ETag` is the
+/// digest in quotes) so the caller can decide without another read.
+fn precondition_failed(
+    path: &str,
+    current: Option<&plinth_blobs::Digest>,
+    failed: FailedCondition,
+) -> PlinthError {
+    let etag = current.map(|digest| format!("\"{digest}\""));
+    let message = match (failed, &etag) {
+        (FailedCondition::Match, Some(etag)) => format!(
+            "{path}: the file changed since you read it: its ETag is now {etag}; read it again, then retry with that If-Match; nothing was written"
+        ),
+        (FailedCondition::Match, None) => format!(
+            "{path}: the file changed since you read it: there is no file there now; leave out If-Match to create it; nothing was written"
+        ),
+        (FailedCondition::NoneMatch, Some(etag)) => format!(
+            "{path}: a file is already there (its ETag is {etag}) and If-None-Match forbids replacing it; leave out If-None-Match to replace it; nothing was written"
+        ),
+        (FailedCondition::NoneMatch, None) => {
+            format!("{path}: the write's If-None-Match does not hold; nothing was written")
+        }
+    };
+    PlinthError::new(ErrorCode::PreconditionFailed, message)
+        .with_detail(serde_json::json!({ "etag": etag }))
+}
+
+impl From<pb::DigestCondition> for DigestSet {
+    fn from(condition: pb::DigestCondition) -> Self {
+        DigestSet {
+            any: condition.any,
+            digests: condition.digests,
+        }
+    }
+}
+
+impl From<pb::WritePrecondition> for WriteCondition {
+    fn from(precondition: pb::WritePrecondition) -> Self {
+        WriteCondition {
+            if_match: precondition.if_match.map(DigestSet::from),
+            if_none_match: precondition.if_none_match.map(DigestSet::from),
+        }
     }
 }
 
@@ -379,6 +430,26 @@ impl pb::source_service_server::SourceService for Source {
         let path = parse_path(&header.path)?;
         tracing::Span::current().record("environment", header.environment_id.as_str());
         self.bind(&header.environment_id, &header.scope).await?;
+        let condition = header
+            .precondition
+            .map(WriteCondition::from)
+            .unwrap_or_default();
+        if condition != WriteCondition::default() {
+            // Refused before a byte of the body is taken, when it already does not hold; the
+            // check that decides is the one in the write's transaction below.
+            let existing = self
+                .index
+                .get(&header.environment_id, &path)
+                .await
+                .map_err(index_error)?;
+            let current = existing
+                .as_ref()
+                .filter(|entry| entry.kind == Kind::File)
+                .and_then(|entry| entry.digest.as_ref());
+            if let Err(failed) = condition.check(current) {
+                return Err(precondition_failed(path.as_str(), current, failed).into());
+            }
+        }
         let chunks = chunks_after_header(stream, |message: pb::WriteFileRequest| {
             match message.message {
                 Some(pb::write_file_request::Message::Chunk(chunk)) => Some(chunk),
@@ -394,13 +465,14 @@ impl pb::source_service_server::SourceService for Source {
             .map_err(blob_error)?;
         let entry = self
             .index
-            .write_file_held(
+            .write_file_checked(
                 &header.environment_id,
                 &path,
                 blob.digest,
                 blob.size,
                 header.executable,
                 work.fence(),
+                &condition,
             )
             .await
             .map_err(index_error)?;

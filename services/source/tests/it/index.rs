@@ -4,7 +4,9 @@
 use plinth_blobs::Digest;
 
 use plinth_source::paths::SourcePath;
-use plinth_source::persistence::{IndexEntry, Kind, Stats};
+use plinth_source::persistence::{
+    DigestSet, FailedCondition, IndexEntry, Kind, Stats, WriteCondition,
+};
 use plinth_source::{Index, IndexError};
 
 macro_rules! index_suite {
@@ -39,6 +41,7 @@ index_suite!(
     deleting_a_directory_removes_its_subtree_only,
     imports_land_whole_or_not_at_all,
     sources_are_separate_per_environment,
+    conditional_writes_race_and_exactly_one_wins,
 );
 
 async fn open(url: &str) -> Index {
@@ -245,4 +248,96 @@ async fn sources_are_separate_per_environment(index: Index) {
             .expect("stats")
             .is_empty()
     );
+}
+
+/// Writers that read the same version and each write only if it is still that version
+/// (HTTP `If-Match`): the check is in the write's transaction, so exactly one of them writes
+/// and every other is refused with the winner's digest, whatever the interleaving.
+async fn conditional_writes_race_and_exactly_one_wins(index: Index) {
+    let read = Digest::of(b"read");
+    index
+        .write_file(ENV, &path("doc.txt"), read, 4, None)
+        .await
+        .expect("first version");
+    let condition = WriteCondition {
+        if_match: Some(DigestSet {
+            any: false,
+            digests: vec![read.to_string()],
+        }),
+        if_none_match: None,
+    };
+    let writers: Vec<_> = (0..8u8)
+        .map(|n| {
+            let index = index.clone();
+            let condition = condition.clone();
+            tokio::spawn(async move {
+                let digest = Digest::of(&[n]);
+                let written = index
+                    .write_file_checked(ENV, &path("doc.txt"), digest, 1, None, None, &condition)
+                    .await;
+                (digest, written)
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    let mut refused = Vec::new();
+    for writer in writers {
+        match writer.await.expect("writer") {
+            (digest, Ok(_)) => winners.push(digest),
+            (
+                _,
+                Err(IndexError::PreconditionFailed {
+                    current, failed, ..
+                }),
+            ) => {
+                assert_eq!(failed, FailedCondition::Match);
+                refused.push(current);
+            }
+            (_, Err(other)) => panic!("unexpected: {other}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "{winners:?}");
+    assert_eq!(refused.len(), 7);
+    assert!(refused.iter().all(|current| *current == Some(winners[0])));
+    let stored = index
+        .get(ENV, &path("doc.txt"))
+        .await
+        .expect("get")
+        .expect("the file");
+    assert_eq!(stored.digest, Some(winners[0]));
+
+    // Create-only: refused while a file is there, with nothing changed.
+    let create_only = WriteCondition {
+        if_match: None,
+        if_none_match: Some(DigestSet {
+            any: true,
+            digests: Vec::new(),
+        }),
+    };
+    let refused = index
+        .write_file_checked(
+            ENV,
+            &path("doc.txt"),
+            Digest::of(b"new"),
+            3,
+            None,
+            None,
+            &create_only,
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(IndexError::PreconditionFailed { failed: FailedCondition::NoneMatch, current, .. }) if current == Some(winners[0]))
+    );
+    index
+        .write_file_checked(
+            ENV,
+            &path("other.txt"),
+            Digest::of(b"new"),
+            3,
+            None,
+            None,
+            &create_only,
+        )
+        .await
+        .expect("a new file is created");
 }
