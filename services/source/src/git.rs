@@ -812,15 +812,7 @@ async fn read_link_targets(
     if objects.is_empty() {
         return Ok(Vec::new());
     }
-    let mut child = git(repository, scheme)
-        .args(["cat-file", "--batch"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|error| failed(format!("cannot run git cat-file: {error}")))?;
-    let mut stdin = child.stdin.take().ok_or_else(|| failed("no stdin"))?;
-    let stdout = child.stdout.take().ok_or_else(|| failed("no stdout"))?;
+    let (mut child, mut stdin, stdout) = cat_file_batch(repository, scheme)?;
     let request: Vec<u8> = objects
         .iter()
         .flat_map(|object| [object.as_bytes(), b"\n"].concat())
@@ -902,6 +894,30 @@ async fn upload_pending(
     Ok(())
 }
 
+/// `git cat-file --batch` in `repository`, with its standard input and output.
+fn cat_file_batch(
+    repository: &Path,
+    scheme: Scheme,
+) -> Result<
+    (
+        tokio::process::Child,
+        tokio::process::ChildStdin,
+        tokio::process::ChildStdout,
+    ),
+    ImportError,
+> {
+    let mut child = git(repository, scheme)
+        .args(["cat-file", "--batch"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|error| failed(format!("cannot run git cat-file: {error}")))?;
+    let stdin = child.stdin.take().ok_or_else(|| failed("no stdin"))?;
+    let stdout = child.stdout.take().ok_or_else(|| failed("no stdout"))?;
+    Ok((child, stdin, stdout))
+}
+
 /// Reads each blob through one `git cat-file --batch` and stores it.
 async fn store_blobs(
     repository: &Path,
@@ -911,15 +927,7 @@ async fn store_blobs(
     limits: Limits,
     holder: &dyn Holder,
 ) -> Result<Vec<(Digest, u64)>, ImportError> {
-    let mut child = git(repository, scheme)
-        .args(["cat-file", "--batch"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|error| failed(format!("cannot run git cat-file: {error}")))?;
-    let mut stdin = child.stdin.take().ok_or_else(|| failed("no stdin"))?;
-    let stdout = child.stdout.take().ok_or_else(|| failed("no stdout"))?;
+    let (mut child, mut stdin, stdout) = cat_file_batch(repository, scheme)?;
     let objects: Vec<String> = files.iter().map(|(_, _, object)| object.clone()).collect();
     let feeder = tokio::spawn(async move {
         for object in objects {
