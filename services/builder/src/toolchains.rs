@@ -123,6 +123,15 @@ pub fn select(root: &Path, path: &str, python: bool, node: bool) -> Result<Selec
         path: path.to_owned(),
         ..Selection::default()
     };
+    for pin in [
+        python.then(|| python_pin(root)).flatten(),
+        node.then(|| node_pin(root)).flatten(),
+    ]
+    .iter()
+    .flatten()
+    {
+        plausible(pin)?;
+    }
     if python && let Some(pin) = python_pin(root) {
         let found = find_python(path, &pin.request);
         let Some(found) = found else {
@@ -162,6 +171,21 @@ pub fn select(root: &Path, path: &str, python: bool, node: bool) -> Result<Selec
         selection.node = Some(chosen.clone());
     }
     Ok(selection)
+}
+
+/// Longest pin taken as one: versions and ranges are short, and the pin is quoted in errors.
+const MAX_PIN_CHARS: usize = 128;
+
+/// Refuses a pin no version or range could be: too long, or holding control characters.
+fn plausible(pin: &Pin) -> Result<(), String> {
+    if pin.request.chars().count() > MAX_PIN_CHARS || pin.request.chars().any(char::is_control) {
+        let start: String = pin.request.chars().take(32).collect();
+        return Err(format!(
+            "the project's {} is not a version or range ({start:?}…): give a version such as 3.12 or a range such as >=20",
+            pin.from
+        ));
+    }
+    Ok(())
 }
 
 /// `3.11.7 (/usr/bin/python3.11), …`, or `none`.
@@ -485,6 +509,13 @@ mod tests {
         );
         let error = select(dir.path(), path, false, true).expect_err("node 99");
         assert!(error.contains("Node 99 (.nvmrc)"), "{error}");
+        // A pin no version could be is named, not passed on.
+        std::fs::write(dir.path().join(".nvmrc"), "9".repeat(4096)).expect("write");
+        let error = select(dir.path(), path, false, true).expect_err("long pin");
+        assert!(
+            error.contains(".nvmrc is not a version or range") && error.len() < 300,
+            "{error}"
+        );
         // Unpinned, or pinned to what there is: no error.
         std::fs::remove_file(dir.path().join(".nvmrc")).expect("rm");
         assert!(select(dir.path(), path, false, true).is_ok());
