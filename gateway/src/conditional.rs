@@ -27,9 +27,10 @@ pub fn etag(digest: &str) -> String {
 /// The entity tag of bytes in hand: their SHA-256, as a stored file's digest is written.
 pub fn content_etag(bytes: &[u8]) -> String {
     use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(bytes);
-    let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
-    etag(&format!("sha256:{hex}"))
+    etag(&format!(
+        "sha256:{}",
+        plinth_kit::hex(&sha2::Sha256::digest(bytes))
+    ))
 }
 
 /// One entity tag of a request's list.

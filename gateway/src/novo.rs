@@ -115,14 +115,6 @@ fn invalid(message: impl Into<String>) -> PlinthError {
     PlinthError::new(ErrorCode::WorkspaceInvalidRequest, message)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::with_capacity(64), |mut out, b| {
-        let _ = write!(out, "{b:02x}");
-        out
-    })
-}
-
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|value| value.to_str().ok())
 }
@@ -260,7 +252,7 @@ async fn dispatch(
     };
 
     // Idempotent: the first call with the key runs, a retry gets its answer.
-    let body_sha256 = hex(&sha2::Sha256::digest(&body));
+    let body_sha256 = plinth_kit::hex(&sha2::Sha256::digest(&body));
     let lease_ms = i64::try_from(state.novo.call_lease.as_millis()).unwrap_or(i64::MAX);
     let waited_since = tokio::time::Instant::now();
     let claim = loop {
@@ -1032,7 +1024,7 @@ impl Call<'_> {
         let contents = self
             .string("contents")?
             .ok_or_else(|| invalid("args.contents: required, a string"))?;
-        let digest = hex(&sha2::Sha256::digest(tool_call.as_bytes()));
+        let digest = plinth_kit::hex(&sha2::Sha256::digest(tool_call.as_bytes()));
         let path = format!(
             "./.novo/artifacts/{run}/{step}-{}.{extension}",
             &digest[..16]

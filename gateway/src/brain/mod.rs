@@ -586,7 +586,7 @@ async fn authenticate(
         }
     };
     let adapter = credentials.adapter.unwrap_or_default();
-    let presented = hex(&Sha256::digest(token));
+    let presented = plinth_kit::hex(&Sha256::digest(token));
     let current = constant_time_eq(presented.as_bytes(), credentials.current.as_bytes());
     let previous = !credentials.previous.is_empty()
         && constant_time_eq(presented.as_bytes(), credentials.previous.as_bytes());
@@ -604,10 +604,6 @@ fn bearer(header: &[u8]) -> Option<&[u8]> {
         .filter(|token| !token.is_empty())
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
 /// A digest of what identifies an operation's effect: its Environment and its request. A
 /// redelivery carries the same; the capabilities beside them (context, reporter) and an
 /// execution's callback, whose credential belongs to one delivery, may differ.
@@ -617,7 +613,7 @@ fn digest(environment: &str, request: &Value) -> String {
         request.remove("callback");
     }
     let canonical = serde_json::json!({ "environment": environment, "request": request });
-    hex(&Sha256::digest(canonical.to_string().as_bytes()))
+    plinth_kit::hex(&Sha256::digest(canonical.to_string().as_bytes()))
 }
 
 fn valid_name(text: &str) -> bool {

@@ -41,13 +41,7 @@ fn unauthenticated(message: impl Into<String>) -> ApiError {
 pub fn sign(secret: &[u8], t: &str, body: &[u8]) -> String {
     let mut verifier = Verifier::new(&[secret], t);
     verifier.update(body);
-    verifier.macs[0]
-        .clone()
-        .finalize()
-        .into_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    plinth_kit::hex(&verifier.macs[0].clone().finalize().into_bytes())
 }
 
 /// What `Novo-Signature` says, checked for shape and freshness: everything that can be known

@@ -223,7 +223,7 @@ pub fn digest(token: &str) -> [u8; 32] {
 
 /// `digest(token)` as 64 lowercase hex digits, as `token_sha256` takes it.
 pub fn digest_hex(token: &str) -> String {
-    digest(token).iter().map(|b| format!("{b:02x}")).collect()
+    crate::hex(&digest(token))
 }
 
 fn parse_digest(hex: &str) -> Option<[u8; 32]> {
@@ -244,8 +244,7 @@ fn parse_digest(hex: &str) -> Option<[u8; 32]> {
 pub fn new_token() -> Result<Secret, std::io::Error> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(std::io::Error::other)?;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    Ok(Secret::new(format!("plinth_{hex}")))
+    Ok(Secret::new(format!("plinth_{}", crate::hex(&bytes))))
 }
 
 /// Which roles may call each RPC of one service: entries are a full method path

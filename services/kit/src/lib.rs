@@ -27,3 +27,15 @@ pub mod telemetry;
 pub mod tls;
 
 pub use error::{ErrorCode, PlinthError};
+
+/// `bytes` as lowercase hex, two digits a byte: how digests, signatures and tokens are
+/// written everywhere in Plinth.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut out, byte| {
+            let _ = write!(out, "{byte:02x}");
+            out
+        })
+}
