@@ -483,6 +483,11 @@ impl BlobStore {
         }
     }
 
+    /// Whether the store answers at all (for readiness): one metadata request, present or not.
+    pub async fn ping(&self) -> Result<(), BlobError> {
+        self.contains(&Digest::of(b"")).await.map(|_| ())
+    }
+
     /// Reads a blob and verifies it against its digest before handing out any byte.
     pub async fn get(&self, digest: &Digest) -> Result<VerifiedBlob, BlobError> {
         let result = match self.store.get(&Self::location(digest)).await {

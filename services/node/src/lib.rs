@@ -223,9 +223,8 @@ pub async fn run(
         Box::pin(async move {
             contact.check()?;
             probe
-                .contains(&plinth_blobs::Digest::of(b""))
+                .ping()
                 .await
-                .map(|_| ())
                 .map_err(|error| format!("the blob store does not answer: {error}"))
         })
     });

@@ -158,9 +158,8 @@ pub async fn run(
                 .await
                 .map_err(|error| format!("the index database does not answer: {error}"))?;
             blobs
-                .contains(&plinth_blobs::Digest::of(b""))
+                .ping()
                 .await
-                .map(|_| ())
                 .map_err(|error| format!("the blob store does not answer: {error}"))
         })
     });
