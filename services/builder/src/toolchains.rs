@@ -270,7 +270,12 @@ fn executable(path: &Path) -> bool {
 
 /// Every `node` on `path`, each real program once.
 pub fn nodes(path: &str) -> Vec<Used> {
-    offered(path, "node", |name| name == "node", "v")
+    offered(path, "node", |name| name == "node", "v", usize::MAX)
+}
+
+/// The `node` a command on `path` runs: the first one.
+fn first_node(path: &str) -> Option<Used> {
+    offered(path, "node", |name| name == "node", "v", 1).pop()
 }
 
 /// Every Python interpreter on `path` (`python3`, `python3.X`), each real program once.
@@ -281,17 +286,18 @@ pub fn pythons(path: &str) -> Vec<Used> {
                 .strip_prefix("python3.")
                 .is_some_and(|minor| minor.chars().all(|c| c.is_ascii_digit()))
     };
-    offered(path, "python", named, "Python ")
+    offered(path, "python", named, "Python ", usize::MAX)
 }
 
 /// The executables in `path`'s directories whose names `named` accepts, in PATH order (and
 /// by name within a directory), each real program once, with the version each reports
-/// (`--version`, without `prefix`).
+/// (`--version`, without `prefix`); at most `limit` of them, each asked only when needed.
 fn offered(
     path: &str,
     toolchain: &'static str,
     named: impl Fn(&str) -> bool,
     prefix: &str,
+    limit: usize,
 ) -> Vec<Used> {
     let mut seen = Vec::new();
     let mut found = Vec::new();
@@ -321,6 +327,9 @@ fn offered(
                     version: version.trim_start_matches(prefix).to_owned(),
                     path: candidate.to_string_lossy().into_owned(),
                 });
+                if found.len() >= limit {
+                    return found;
+                }
             }
         }
     }
@@ -391,9 +400,16 @@ pub fn link_node(root: &Path, target: &str) -> std::io::Result<()> {
     std::os::unix::fs::symlink(target, &link)
 }
 
-/// What a finished build ran with: the venv's interpreter (from its `pyvenv.cfg`) and the
-/// `node` first on the installers' PATH, when the project used them.
-pub fn report(root: &Path, mount: &str, path: &str, node_used: bool) -> Vec<Used> {
+/// What a finished build ran with: the venv's interpreter (from its `pyvenv.cfg`) and, when
+/// the project used Node, `chosen` (the pin's choice, already asked its version) or else
+/// the `node` first on the installers' PATH.
+pub fn report(
+    root: &Path,
+    mount: &str,
+    path: &str,
+    node_used: bool,
+    chosen: Option<Used>,
+) -> Vec<Used> {
     let mut used = Vec::new();
     if let Some(config) = read_small(&root.join(".venv/pyvenv.cfg")) {
         let value = |key: &str| {
@@ -432,7 +448,7 @@ pub fn report(root: &Path, mount: &str, path: &str, node_used: bool) -> Vec<Used
             });
         }
     }
-    if node_used && let Some(node) = nodes(path).into_iter().next() {
+    if node_used && let Some(node) = chosen.or_else(|| first_node(path)) {
         used.push(node);
     }
     used

@@ -752,9 +752,12 @@ async fn produce(
             install_options.path.clone(),
         );
         let node_used = report.steps.iter().any(|step| step.starts_with("npm "));
-        tokio::task::spawn_blocking(move || toolchains::report(&scratch, &mount, &path, node_used))
-            .await
-            .map_err(|error| error.to_string())?
+        let chosen = selection.node.clone();
+        tokio::task::spawn_blocking(move || {
+            toolchains::report(&scratch, &mount, &path, node_used, chosen)
+        })
+        .await
+        .map_err(|error| error.to_string())?
     };
     Ok(pb::BuildReady {
         toolchains: toolchains
