@@ -184,6 +184,7 @@ impl InternalSection {
             credential,
             accepted: Arc::new(accepted),
             tls: self.tls()?,
+            calls: call_rules(),
         })
     }
 
@@ -209,10 +210,12 @@ impl InternalSection {
         let node = make(Role::Node, Some(node_name))?;
         let source = make(Role::Source, None)?;
         let accepted = Arc::new(accepted);
+        let calls = call_rules();
         let with = |credential: Option<Secret>| Internal {
             credential,
             accepted: accepted.clone(),
             tls: tls.clone(),
+            calls: calls.clone(),
         };
         Ok(ServeInternal {
             services: with(None),
@@ -222,6 +225,12 @@ impl InternalSection {
             source: with(Some(source)),
         })
     }
+}
+
+/// Which of the services' calls a client may send again to another replica: those whose
+/// request is one message, after a failed connection, and those the protos declare idempotent.
+fn call_rules() -> plinth_kit::grpc::CallRules {
+    plinth_kit::grpc::CallRules::from_descriptor_sets(&[plinth_proto::FILE_DESCRIPTOR_SET])
 }
 
 /// The credentials of `plinth serve`'s parts.

@@ -894,7 +894,7 @@ fn channel(
     internal: &Internal,
     url: &str,
     name: &str,
-) -> anyhow::Result<tonic::transport::Channel> {
+) -> anyhow::Result<plinth_kit::grpc::Replicas> {
     internal
         .connect(url)
         .with_context(|| format!("{name} URL {url:?} cannot be used"))

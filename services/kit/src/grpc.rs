@@ -9,12 +9,12 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+pub use crate::replicas::{CallRules, Replicas, TargetError};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::service::{Interceptor, RoutesBuilder};
-use tonic::transport::{Channel, Endpoint};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::Instrument;
@@ -619,14 +619,15 @@ impl std::fmt::Debug for LocalSlot {
     }
 }
 
-/// How a client reaches another Plinth service: over its gRPC channel, or, when the service
-/// runs in the same process and is serving, by calling its stack directly. A direct call is
+/// How a client reaches another Plinth service: over gRPC to its replicas (balanced, see
+/// [`Replicas`]), or, when the service runs in the same process and is serving, by calling its
+/// stack directly. A direct call is
 /// still a gRPC call (messages are encoded, the credential checked, the span and metrics recorded
 /// by the same server code); it skips HTTP/2 over loopback, whose connection and buffer tasks
 /// cost about 0.3 ms of thread hand-offs per call.
 #[derive(Clone)]
 pub struct Transport {
-    channel: Channel,
+    remote: Replicas,
     local: Option<LocalSlot>,
     /// The direct path, chosen when the caller polled ready, for the call that follows.
     chosen: Option<LocalService>,
@@ -634,18 +635,18 @@ pub struct Transport {
 
 impl Transport {
     /// Over the network only.
-    pub fn remote(channel: Channel) -> Self {
+    pub fn remote(remote: Replicas) -> Self {
         Transport {
-            channel,
+            remote,
             local: None,
             chosen: None,
         }
     }
 
-    /// Directly once `slot`'s service serves; over `channel` until then.
-    pub fn in_process(channel: Channel, slot: LocalSlot) -> Self {
+    /// Directly once `slot`'s service serves; over the network until then.
+    pub fn in_process(remote: Replicas, slot: LocalSlot) -> Self {
         Transport {
-            channel,
+            remote,
             local: Some(slot),
             chosen: None,
         }
@@ -655,6 +656,7 @@ impl Transport {
 impl std::fmt::Debug for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Transport")
+            .field("remote", &self.remote)
             .field("local", &self.local)
             .finish_non_exhaustive()
     }
@@ -669,10 +671,10 @@ impl tower::Service<http::Request<Body>> for Transport {
         if self.chosen.is_none() {
             self.chosen = self.local.as_ref().and_then(|slot| slot.0.get().cloned());
         }
-        if self.chosen.is_some() {
-            return Poll::Ready(Ok(()));
-        }
-        tower::Service::poll_ready(&mut self.channel, cx).map_err(Into::into)
+        // The replicas' channels are polled for readiness by the call itself, once it knows
+        // which replica it goes to.
+        let _ = cx;
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
@@ -691,8 +693,8 @@ impl tower::Service<http::Request<Body>> for Transport {
                     }
                 }),
                 None => {
-                    let response = tower::Service::call(&mut self.channel, request);
-                    Box::pin(async move { response.await.map_err(Into::into) })
+                    let remote = self.remote.clone();
+                    Box::pin(async move { remote.call(request).await })
                 }
             };
         Box::pin(
@@ -709,38 +711,6 @@ impl tower::Service<http::Request<Body>> for Transport {
             .instrument(span),
         )
     }
-}
-
-/// A channel to another Plinth service that connects on first use and reconnects as needed,
-/// so services can start in any order. An `https://` URL is reached over TLS, verified
-/// against `tls`'s CA and presenting its certificate; `tls` is required for one.
-pub fn connect_lazy(url: &str, tls: Option<&TlsSettings>) -> Result<Channel, ConnectError> {
-    let mut endpoint = Endpoint::from_shared(url.to_owned())?;
-    if url.starts_with("https://") {
-        let tls = tls
-            .and_then(TlsSettings::client)
-            .ok_or_else(|| ConnectError::NoCa(url.to_owned()))?;
-        endpoint = endpoint.tls_config(tls)?;
-    }
-    Ok(endpoint
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_while_idle(true)
-        .connect_lazy())
-}
-
-/// Why a channel to another service cannot be made.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
-    /// The URL or TLS settings are not usable.
-    #[error("{0}")]
-    Transport(#[from] tonic::transport::Error),
-    /// An `https://` URL without a CA to verify it by.
-    #[error(
-        "{0} is https, but no CA is configured to verify it: set `internal.tls.ca` (PLINTH_INTERNAL_TLS_CA)"
-    )]
-    NoCa(String),
 }
 
 /// Carries the caller's trace context and its credential on every outgoing call.
@@ -797,6 +767,8 @@ pub struct Internal {
     pub accepted: Arc<crate::auth::Accepted>,
     /// Certificates, when the deployment uses TLS between services.
     pub tls: Option<TlsSettings>,
+    /// Which calls may be sent again to another replica (from the services' descriptors).
+    pub calls: CallRules,
 }
 
 /// A process that calls other services was given no credential to call them with.
@@ -838,9 +810,16 @@ impl Internal {
         .tls(self.tls.clone())
     }
 
-    /// A lazily connecting channel to `url` (TLS for `https://`).
-    pub fn connect(&self, url: &str) -> Result<Channel, ConnectError> {
-        connect_lazy(url, self.tls.as_ref())
+    /// The replicas at `urls` (one URL, or several separated by commas; names are resolved
+    /// to every address), connected on first use and again as needed, so services can start
+    /// in any order. `https://` ones are reached over TLS, verified against this process's CA
+    /// and presenting its certificate.
+    pub fn connect(&self, urls: &str) -> Result<Replicas, TargetError> {
+        Replicas::new(
+            urls,
+            self.tls.as_ref().and_then(TlsSettings::client),
+            self.calls.clone(),
+        )
     }
 }
 

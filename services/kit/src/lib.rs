@@ -22,6 +22,7 @@ pub mod grpc;
 pub mod http;
 pub mod metered;
 pub mod quota;
+pub mod replicas;
 pub mod tasks;
 pub mod telemetry;
 pub mod tls;

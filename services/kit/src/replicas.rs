@@ -1,0 +1,842 @@
+//! Client-side balancing across a service's replicas.
+//!
+//! A client is given one URL or several, comma-separated (`http://catalog-a:7001,http://catalog-b:7001`).
+//! Each host name is resolved to all its addresses and resolved again every few seconds, so one
+//! name of a Kubernetes headless Service reaches every pod behind it as pods come and go. Calls
+//! go round-robin over the replicas that answer. A replica whose connection fails is set aside
+//! for a while (twice as long each time it fails again, up to [`MAX_SET_ASIDE`]) and tried again
+//! after that; while any other answers, callers do not wait on it.
+//!
+//! A call that fails at the transport is tried again on another replica when that is safe:
+//! when the connection could not be made (the request never left), or when the method is
+//! declared idempotent in its proto (`option idempotency_level = …`). Either way only a call
+//! whose request is one message can be sent again; a client-streaming call is not buffered.
+//! An answer with a gRPC status is the service's answer and is never retried here.
+//!
+//! Why not tonic's `Channel::balance_list`: its power-of-two-choices balancer counts a lazily
+//! connecting endpoint as ready whatever its state, so a dead replica keeps getting its share
+//! of calls, each failing; and it neither resolves names again nor retries.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::BodyExt as _;
+use tonic::body::Body;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tower::ServiceExt as _;
+
+/// How long names are trusted before they are resolved again.
+const RESOLVE_EVERY: Duration = Duration::from_secs(5);
+/// How long resolving may hold up a call when nothing was resolved yet.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a replica whose connection just failed is passed over.
+const FIRST_SET_ASIDE: Duration = Duration::from_millis(500);
+/// The longest a failing replica is passed over before it is tried again.
+pub const MAX_SET_ASIDE: Duration = Duration::from_secs(8);
+/// Attempts at one call, the first included.
+const MAX_ATTEMPTS: usize = 3;
+/// How long a connection may take; a replica that vanished without a reset (a pod gone from a
+/// network) costs this much once before it is set aside.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a list of service URLs cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// Nothing between the commas.
+    #[error("no URL given")]
+    Empty,
+    /// Not `http://host:port` or `https://host:port`.
+    #[error(
+        "{0:?} is not a service URL: write http://host:port or https://host:port, several separated by commas"
+    )]
+    Invalid(String),
+    /// `http` beside `https`.
+    #[error("{0:?} mixes http:// and https:// URLs: the replicas of one service speak one of them")]
+    MixedSchemes(String),
+    /// An `https://` URL with no CA to verify it by.
+    #[error(
+        "{0} is https, but no CA is configured to verify it: set `internal.tls.ca` (PLINTH_INTERNAL_TLS_CA)"
+    )]
+    NoCa(String),
+    /// The URL or TLS settings are not usable by the transport.
+    #[error("{0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// One URL of the list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Target {
+    https: bool,
+    host: String,
+    port: u16,
+    /// Set when the host is an address, which is not resolved.
+    ip: Option<IpAddr>,
+}
+
+impl Target {
+    fn parse(url: &str) -> Result<Target, TargetError> {
+        let invalid = || TargetError::Invalid(url.to_owned());
+        let uri: http::Uri = url.parse().map_err(|_| invalid())?;
+        let https = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return Err(invalid()),
+        };
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(invalid());
+        }
+        let host = uri
+            .host()
+            .filter(|host| !host.is_empty())
+            .ok_or_else(invalid)?;
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let ip = host.parse().ok();
+        Ok(Target {
+            https,
+            host,
+            port,
+            ip,
+        })
+    }
+
+    /// The URL naming `address`, or the host itself when `address` is `None`.
+    fn url(&self, address: Option<SocketAddr>) -> String {
+        let scheme = if self.https { "https" } else { "http" };
+        match address {
+            Some(address) => format!("{scheme}://{address}"),
+            None => match self.ip {
+                Some(IpAddr::V6(ip)) => format!("{scheme}://[{ip}]:{}", self.port),
+                _ => format!("{scheme}://{}:{}", self.host, self.port),
+            },
+        }
+    }
+}
+
+/// Parses a comma-separated list of service URLs, as a client of the service takes it.
+pub fn parse_urls(urls: &str) -> Result<Vec<String>, TargetError> {
+    let targets = targets(urls)?;
+    Ok(targets.iter().map(|target| target.url(None)).collect())
+}
+
+fn targets(urls: &str) -> Result<Vec<Target>, TargetError> {
+    let targets = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .map(Target::parse)
+        .collect::<Result<Vec<_>, _>>()?;
+    let Some(first) = targets.first() else {
+        return Err(TargetError::Empty);
+    };
+    if targets.iter().any(|target| target.https != first.https) {
+        return Err(TargetError::MixedSchemes(urls.to_owned()));
+    }
+    Ok(targets)
+}
+
+/// What a client may do again with a method: whether its request is one message (so it can be
+/// sent again) and whether the service declares it idempotent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallRule {
+    /// The request is one message.
+    pub unary_request: bool,
+    /// `idempotency_level` is `IDEMPOTENT` or `NO_SIDE_EFFECTS`.
+    pub idempotent: bool,
+}
+
+/// The rule of every method the client may call, read from descriptor sets.
+#[derive(Clone, Debug, Default)]
+pub struct CallRules(Arc<HashMap<String, CallRule>>);
+
+impl CallRules {
+    /// The methods of every service in `descriptor_sets`, and the standard health check.
+    pub fn from_descriptor_sets(descriptor_sets: &[&[u8]]) -> CallRules {
+        use prost::Message as _;
+        let mut rules = HashMap::new();
+        for bytes in descriptor_sets {
+            let Ok(set) = prost_types::FileDescriptorSet::decode(*bytes) else {
+                tracing::error!("a descriptor set does not decode; its methods are never retried");
+                continue;
+            };
+            for file in &set.file {
+                let package = file.package();
+                for service in &file.service {
+                    for method in &service.method {
+                        let path = if package.is_empty() {
+                            format!("/{}/{}", service.name(), method.name())
+                        } else {
+                            format!("/{package}.{}/{}", service.name(), method.name())
+                        };
+                        let level = method
+                            .options
+                            .as_ref()
+                            .map(|options| options.idempotency_level())
+                            .unwrap_or_default();
+                        rules.insert(
+                            path,
+                            CallRule {
+                                unary_request: !method.client_streaming(),
+                                idempotent: level
+                                    != prost_types::method_options::IdempotencyLevel::IdempotencyUnknown,
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        // The health check changes nothing, though its proto does not say so.
+        rules.insert(
+            "/grpc.health.v1.Health/Check".to_owned(),
+            CallRule {
+                unary_request: true,
+                idempotent: true,
+            },
+        );
+        CallRules(Arc::new(rules))
+    }
+
+    fn rule(&self, path: &str) -> CallRule {
+        self.0.get(path).copied().unwrap_or_default()
+    }
+}
+
+/// One replica: a lazily connecting channel to one address, and how it has fared.
+struct Replica {
+    /// Which URL of the list it came from.
+    target: usize,
+    /// The address it was resolved to; `None`: reached by its URL as written.
+    address: Option<SocketAddr>,
+    /// For logs.
+    name: String,
+    channel: Channel,
+    health: Mutex<Health>,
+}
+
+#[derive(Default)]
+struct Health {
+    /// Failures since it last answered.
+    failures: u32,
+    /// Passed over until then.
+    set_aside_until: Option<Instant>,
+}
+
+impl Replica {
+    fn answered(&self) {
+        let mut health = lock(&self.health);
+        if health.failures > 0 {
+            tracing::info!(replica = %self.name, "a replica answers again");
+        }
+        *health = Health::default();
+    }
+
+    fn failed(&self, error: &BoxError) {
+        let mut health = lock(&self.health);
+        health.failures = health.failures.saturating_add(1);
+        let set_aside = FIRST_SET_ASIDE
+            .saturating_mul(1 << health.failures.saturating_sub(1).min(8))
+            .min(MAX_SET_ASIDE);
+        if health.failures == 1 {
+            tracing::warn!(replica = %self.name, error = %chain(error.as_ref()), "a replica failed; calls go to the others for now");
+        }
+        health.set_aside_until = Some(Instant::now() + set_aside);
+    }
+
+    /// Until when it is passed over; `None`: it may be called now.
+    fn set_aside_until(&self, now: Instant) -> Option<Instant> {
+        lock(&self.health)
+            .set_aside_until
+            .filter(|until| *until > now)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+struct State {
+    replicas: Vec<Arc<Replica>>,
+    /// Round-robin position.
+    next: usize,
+    /// When the names were last resolved; `None`: never.
+    resolved_at: Option<Instant>,
+    /// A call failed since: the names may point elsewhere now (a pod replaced).
+    stale: bool,
+    /// A resolution runs in the background.
+    resolving: bool,
+}
+
+struct Pool {
+    targets: Vec<Target>,
+    tls: Option<ClientTlsConfig>,
+    rules: CallRules,
+    state: Mutex<State>,
+    /// Whether any target is a name, resolved again from time to time.
+    resolves: bool,
+}
+
+/// Every replica of one service, balanced client-side (see the module's documentation).
+#[derive(Clone)]
+pub struct Replicas(Arc<Pool>);
+
+impl std::fmt::Debug for Replicas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replicas")
+            .field("replicas", &self.known())
+            .finish()
+    }
+}
+
+impl Replicas {
+    /// Replicas at the comma-separated `urls`; `tls` verifies `https://` ones. Nothing is
+    /// connected or resolved until the first call, so services can start in any order.
+    pub fn new(
+        urls: &str,
+        tls: Option<ClientTlsConfig>,
+        rules: CallRules,
+    ) -> Result<Replicas, TargetError> {
+        let targets = targets(urls)?;
+        if targets[0].https && tls.is_none() {
+            return Err(TargetError::NoCa(urls.to_owned()));
+        }
+        let resolves = targets.iter().any(|target| target.ip.is_none());
+        let pool = Pool {
+            targets,
+            tls,
+            rules,
+            state: Mutex::new(State {
+                replicas: Vec::new(),
+                next: 0,
+                resolved_at: None,
+                stale: false,
+                resolving: false,
+            }),
+            resolves,
+        };
+        // Every URL makes a channel now, so a bad one is reported at start-up; addresses are
+        // kept, names wait for the first call to be resolved.
+        let mut replicas = Vec::new();
+        for (index, target) in pool.targets.iter().enumerate() {
+            let address = target.ip.map(|ip| SocketAddr::new(ip, target.port));
+            let replica = pool.replica(index, address)?;
+            if address.is_some() {
+                replicas.push(replica);
+            }
+        }
+        lock(&pool.state).replicas = replicas;
+        Ok(Replicas(Arc::new(pool)))
+    }
+
+    /// Sends `request` to a replica, and to another when the first failed and sending again
+    /// is safe.
+    pub async fn call(
+        &self,
+        request: http::Request<Body>,
+    ) -> Result<http::Response<Body>, BoxError> {
+        let pool = &self.0;
+        let rule = pool.rules.rule(request.uri().path());
+        let (parts, body) = request.into_parts();
+        // A one-message request is read whole so it can be sent again; tonic has encoded it
+        // already, so this costs a copy of bytes that are in memory anyway. A streamed one is
+        // sent once.
+        let (replay, mut streamed) = if rule.unary_request {
+            let bytes: Bytes = body.collect().await.map_err(BoxError::from)?.to_bytes();
+            (Some(bytes), None)
+        } else {
+            (None, Some(body))
+        };
+        let mut tried: Vec<Arc<Replica>> = Vec::new();
+        loop {
+            let Some(replica) = pool.pick(&tried).await else {
+                return Err(format!(
+                    "no address is known for {}: the name resolves to none",
+                    pool.describe()
+                )
+                .into());
+            };
+            let body = match &replay {
+                Some(bytes) => Body::new(http_body_util::Full::new(bytes.clone())),
+                // Taken on the only attempt a streamed request gets.
+                None => streamed.take().unwrap_or_else(Body::empty),
+            };
+            let mut request = http::Request::new(body);
+            *request.method_mut() = parts.method.clone();
+            *request.uri_mut() = parts.uri.clone();
+            *request.version_mut() = parts.version;
+            *request.headers_mut() = parts.headers.clone();
+            *request.extensions_mut() = parts.extensions.clone();
+            let result = match replica.channel.clone().ready_oneshot().await {
+                Ok(mut channel) => tower::Service::call(&mut channel, request).await,
+                Err(error) => Err(error),
+            }
+            .map_err(BoxError::from);
+            match result {
+                Ok(response) => {
+                    replica.answered();
+                    return Ok(response);
+                }
+                Err(error) => {
+                    replica.failed(&error);
+                    pool.mark_stale();
+                    let never_sent = never_sent(error.as_ref());
+                    let again = replay.is_some()
+                        && (never_sent || rule.idempotent)
+                        && tried.len() + 1 < MAX_ATTEMPTS;
+                    if !again {
+                        return Err(error);
+                    }
+                    tracing::debug!(replica = %replica.name, path = parts.uri.path(), never_sent, "sending a call again to another replica");
+                    tried.push(replica);
+                }
+            }
+        }
+    }
+
+    /// The replicas known now, by name and address.
+    pub fn known(&self) -> Vec<String> {
+        lock(&self.0.state)
+            .replicas
+            .iter()
+            .map(|replica| replica.name.clone())
+            .collect()
+    }
+}
+
+impl Pool {
+    fn describe(&self) -> String {
+        self.targets
+            .iter()
+            .map(|target| target.url(None))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn replica(
+        &self,
+        target_index: usize,
+        address: Option<SocketAddr>,
+    ) -> Result<Arc<Replica>, TargetError> {
+        let target = &self.targets[target_index];
+        let url = target.url(address);
+        let mut endpoint = Endpoint::from_shared(url.clone())?;
+        if target.https {
+            let tls = self
+                .tls
+                .clone()
+                .ok_or_else(|| TargetError::NoCa(url.clone()))?
+                // Certificates name the service, not the address it was resolved to.
+                .domain_name(target.host.clone());
+            endpoint = endpoint.tls_config(tls)?;
+        }
+        let channel = endpoint
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_while_idle(true)
+            .connect_lazy();
+        Ok(Arc::new(Replica {
+            target: target_index,
+            address,
+            name: match address {
+                Some(address) if target.ip.is_none() => format!("{} ({address})", target.host),
+                _ => url,
+            },
+            channel,
+            health: Mutex::new(Health::default()),
+        }))
+    }
+
+    /// A replica not in `tried`: the next that is not set aside, round-robin; else the one
+    /// that comes back soonest; `None` when all were tried.
+    async fn pick(self: &Arc<Self>, tried: &[Arc<Replica>]) -> Option<Arc<Replica>> {
+        self.refresh().await;
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        let untried: Vec<&Arc<Replica>> = state
+            .replicas
+            .iter()
+            .filter(|replica| !tried.iter().any(|t| Arc::ptr_eq(t, replica)))
+            .collect();
+        let ready: Vec<&Arc<Replica>> = untried
+            .iter()
+            .copied()
+            .filter(|replica| replica.set_aside_until(now).is_none())
+            .collect();
+        let chosen = if ready.is_empty() {
+            untried
+                .iter()
+                .min_by_key(|replica| replica.set_aside_until(now))
+                .map(|replica| Arc::clone(replica))
+        } else {
+            Some(Arc::clone(ready[state.next % ready.len()]))
+        };
+        state.next = state.next.wrapping_add(1);
+        chosen
+    }
+
+    /// Resolves the names when they are due: waiting for it when no replica is known yet,
+    /// in the background otherwise.
+    async fn refresh(self: &Arc<Self>) {
+        if !self.resolves {
+            return;
+        }
+        let empty = {
+            let mut state = lock(&self.state);
+            let due = state.stale
+                || state
+                    .resolved_at
+                    .is_none_or(|at| at.elapsed() >= RESOLVE_EVERY);
+            if state.replicas.is_empty() {
+                true
+            } else if due && !state.resolving {
+                state.resolving = true;
+                state.stale = false;
+                false
+            } else {
+                return;
+            }
+        };
+        if empty {
+            let _ = tokio::time::timeout(RESOLVE_TIMEOUT, self.resolve()).await;
+        } else {
+            let pool = Arc::clone(self);
+            crate::tasks::spawn(async move {
+                pool.resolve().await;
+                lock(&pool.state).resolving = false;
+            });
+        }
+    }
+
+    /// A call failed; the names are resolved again soon (at most once a second for this).
+    fn mark_stale(&self) {
+        if self.resolves {
+            let mut state = lock(&self.state);
+            if state
+                .resolved_at
+                .is_some_and(|at| at.elapsed() >= Duration::from_secs(1))
+            {
+                state.stale = true;
+            }
+        }
+    }
+
+    /// Resolves every name, keeping the replicas (their connections and health) whose address
+    /// is still there. A name that does not resolve keeps what it had; one that never
+    /// resolved is reached by its name (its connection resolves it then).
+    async fn resolve(&self) {
+        let previous: Vec<Arc<Replica>> = lock(&self.state).replicas.clone();
+        let mut next: Vec<Arc<Replica>> = Vec::new();
+        for (index, target) in self.targets.iter().enumerate() {
+            let addresses: Vec<Option<SocketAddr>> = match target.ip {
+                Some(ip) => vec![Some(SocketAddr::new(ip, target.port))],
+                None => match tokio::net::lookup_host((target.host.as_str(), target.port)).await {
+                    Ok(found) => {
+                        let mut found: Vec<SocketAddr> = found.collect();
+                        found.sort();
+                        found.dedup();
+                        found.into_iter().map(Some).collect()
+                    }
+                    Err(error) => {
+                        tracing::warn!(host = %target.host, %error, "a service name does not resolve; keeping its last addresses");
+                        let kept: Vec<Arc<Replica>> = previous
+                            .iter()
+                            .filter(|replica| replica.target == index)
+                            .cloned()
+                            .collect();
+                        if !kept.is_empty() {
+                            next.extend(kept);
+                            continue;
+                        }
+                        vec![None]
+                    }
+                },
+            };
+            for address in addresses {
+                let known = previous
+                    .iter()
+                    .find(|replica| replica.target == index && replica.address == address)
+                    .cloned();
+                let replica = match known {
+                    Some(replica) => replica,
+                    None => match self.replica(index, address) {
+                        Ok(replica) => replica,
+                        Err(_) => continue,
+                    },
+                };
+                next.push(replica);
+            }
+        }
+        let mut state = lock(&self.state);
+        let names = |replicas: &[Arc<Replica>]| -> Vec<String> {
+            replicas
+                .iter()
+                .map(|replica| replica.name.clone())
+                .collect()
+        };
+        if names(&state.replicas) != names(&next) {
+            tracing::info!(replicas = ?names(&next), "service replicas resolved");
+        }
+        state.replicas = next;
+        state.resolved_at = Some(Instant::now());
+    }
+}
+
+/// Whether the call failed before its request left: the connection could not be made.
+fn never_sent(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if error.downcast_ref::<tonic::ConnectError>().is_some() {
+            return true;
+        }
+        current = error.source();
+    }
+    false
+}
+
+/// An error with its causes, for a log line.
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut current = error.source();
+    while let Some(cause) = current {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        current = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use tonic_health::ServingStatus;
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+
+    use super::*;
+    use crate::grpc::Transport;
+
+    /// A health server on loopback whose service `who` answers `status`, so a test can tell
+    /// which replica answered. It runs on a runtime of its own, so killing it drops its
+    /// listener and every connection at once, as a killed process would.
+    async fn replica(status: ServingStatus) -> (SocketAddr, Killer) {
+        replica_at("127.0.0.1:0".parse().expect("an address"), status).await
+    }
+
+    /// Ends its replica when told, or when dropped.
+    struct Killer(
+        Option<std::sync::mpsc::Sender<()>>,
+        Option<std::thread::JoinHandle<()>>,
+    );
+
+    impl Killer {
+        fn kill(mut self) {
+            self.0.take();
+            if let Some(thread) = self.1.take() {
+                let _ = thread.join();
+            }
+        }
+    }
+
+    impl Drop for Killer {
+        fn drop(&mut self) {
+            self.0.take();
+        }
+    }
+
+    async fn replica_at(address: SocketAddr, status: ServingStatus) -> (SocketAddr, Killer) {
+        let listener = std::net::TcpListener::bind(address).expect("a loopback port");
+        listener
+            .set_nonblocking(true)
+            .expect("a non-blocking listener");
+        let address = listener.local_addr().expect("the listener's address");
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let (started, up) = tokio::sync::oneshot::channel();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.spawn(async move {
+                let listener =
+                    tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
+                let (reporter, service) = tonic_health::server::health_reporter();
+                reporter.set_service_status("who", status).await;
+                let _ = started.send(());
+                let _ = tonic::transport::Server::builder()
+                    .add_service(service)
+                    .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                    .await;
+            });
+            // Until told (or the handle is dropped); then the runtime and all it holds go.
+            let _ = stopped.recv();
+            runtime.shutdown_background();
+        });
+        up.await.expect("the replica started");
+        (address, Killer(Some(stop), Some(thread)))
+    }
+
+    fn client(urls: &str) -> (Replicas, HealthClient<Transport>) {
+        let replicas = Replicas::new(
+            urls,
+            None,
+            CallRules::from_descriptor_sets(&[tonic_health::pb::FILE_DESCRIPTOR_SET]),
+        )
+        .expect("replicas");
+        (
+            replicas.clone(),
+            HealthClient::new(Transport::remote(replicas)),
+        )
+    }
+
+    async fn who(client: &mut HealthClient<Transport>) -> Result<i32, tonic::Status> {
+        let answer = client
+            .check(HealthCheckRequest {
+                service: "who".to_owned(),
+            })
+            .await?;
+        Ok(answer.into_inner().status)
+    }
+
+    const A: i32 = ServingStatus::Serving as i32;
+    const B: i32 = ServingStatus::NotServing as i32;
+
+    #[tokio::test]
+    async fn calls_go_to_every_replica_and_none_fails_while_one_is_dead() {
+        let (a, a_server) = replica(ServingStatus::Serving).await;
+        let (b, _b_server) = replica(ServingStatus::NotServing).await;
+        let (_, mut client) = client(&format!("http://{a}, http://{b}"));
+        let mut answers = Vec::new();
+        for _ in 0..10 {
+            answers.push(who(&mut client).await.expect("an answer"));
+        }
+        assert_eq!(
+            answers.iter().filter(|&&x| x == A).count(),
+            5,
+            "{answers:?}"
+        );
+        assert_eq!(
+            answers.iter().filter(|&&x| x == B).count(),
+            5,
+            "{answers:?}"
+        );
+
+        // Killed: its connections reset, its port refuses.
+        a_server.kill();
+        for call in 0..20 {
+            let answer = who(&mut client).await;
+            assert_eq!(answer.ok(), Some(B), "call {call} after the kill");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_that_never_left_is_sent_to_another_replica_whatever_the_method() {
+        // Nothing listens on `dead`'s port: every connection is refused, so no request left.
+        let dead = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+            listener.local_addr().expect("the listener's address")
+        };
+        let (b, _b_server) = replica(ServingStatus::NotServing).await;
+        let (_, mut client) = client(&format!("http://{dead},http://{b}"));
+        // Watch is not idempotent (it holds a stream open); it is still sent again, since the
+        // first replica never received it.
+        for _ in 0..4 {
+            let mut stream = client
+                .watch(HealthCheckRequest {
+                    service: "who".to_owned(),
+                })
+                .await
+                .expect("watch reaches the live replica")
+                .into_inner();
+            let first = stream
+                .message()
+                .await
+                .expect("a message")
+                .expect("the stream is open");
+            assert_eq!(first.status, B);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_comes_back_gets_calls_again() {
+        let (a, a_server) = replica(ServingStatus::Serving).await;
+        let (b, _b_server) = replica(ServingStatus::NotServing).await;
+        let (_, mut client) = client(&format!("http://{a},http://{b}"));
+        assert!(who(&mut client).await.is_ok());
+        a_server.kill();
+        for _ in 0..4 {
+            assert_eq!(who(&mut client).await.ok(), Some(B));
+        }
+        // Back on the same address; the set-aside runs out and calls reach it again.
+        let (_, _a_again) = replica_at(a, ServingStatus::Serving).await;
+        let deadline = Instant::now() + MAX_SET_ASIDE + Duration::from_secs(5);
+        loop {
+            if who(&mut client).await.ok() == Some(A) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replica never got a call again"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_name_is_resolved_to_its_addresses() {
+        let (a, _a_server) = replica(ServingStatus::Serving).await;
+        let (replicas, mut client) = client(&format!("http://localhost:{}", a.port()));
+        assert_eq!(who(&mut client).await.expect("an answer"), A);
+        let known = replicas.known();
+        assert!(
+            known.iter().any(|name| name == &format!("localhost ({a})")),
+            "{known:?}"
+        );
+        // Every address the name has is a replica (::1 as well, where the host has it); one
+        // that refuses costs no failed call.
+        for _ in 0..6 {
+            assert_eq!(who(&mut client).await.expect("an answer"), A);
+        }
+    }
+
+    #[test]
+    fn lists_of_urls_are_checked() {
+        assert_eq!(
+            parse_urls("http://a:7001, http://b:7001,").expect("two URLs"),
+            ["http://a:7001", "http://b:7001"]
+        );
+        assert_eq!(
+            parse_urls("http://[::1]:7001").expect("an IPv6 URL"),
+            ["http://[::1]:7001"]
+        );
+        for (urls, says) in [
+            ("", "no URL given"),
+            (" , ", "no URL given"),
+            ("a:7001", "is not a service URL"),
+            ("ftp://a:7001", "is not a service URL"),
+            ("http://a:7001/path", "is not a service URL"),
+            ("http://a:7001,https://b:7001", "mixes http:// and https://"),
+        ] {
+            let error = parse_urls(urls).expect_err("refused").to_string();
+            assert!(error.contains(says), "{urls:?}: {error}");
+        }
+        let error = Replicas::new("https://a:7001", None, CallRules::default())
+            .expect_err("refused")
+            .to_string();
+        assert!(error.contains("no CA is configured"), "{error}");
+    }
+}
