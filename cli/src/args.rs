@@ -197,6 +197,10 @@ pub struct CatalogArgs {
     pub database_url: Option<String>,
     #[command(flatten)]
     pub gc: GcArgs,
+    /// Run alone on this machine's own files: allow the private SQLite file and local blob
+    /// directory under --data-dir that a split service otherwise refuses to fall back to.
+    #[arg(long, env = "PLINTH_STANDALONE")]
+    pub standalone: bool,
 }
 
 /// `plinth source`.
@@ -227,6 +231,10 @@ pub struct SourceArgs {
     pub git: GitArgs,
     #[command(flatten)]
     pub gc: GcArgs,
+    /// Run alone on this machine's own files: allow the private SQLite file and local blob
+    /// directory under --data-dir that a split service otherwise refuses to fall back to.
+    #[arg(long, env = "PLINTH_STANDALONE")]
+    pub standalone: bool,
 }
 
 /// `plinth builder`.
@@ -250,6 +258,10 @@ pub struct BuilderArgs {
     /// bytes (none: they are not counted).
     #[arg(long, env = "PLINTH_BUILDER_SOURCE_URL")]
     pub source_url: Option<String>,
+    /// Run alone on this machine's own files: allow the private SQLite file and local blob
+    /// directory under --data-dir that a split service otherwise refuses to fall back to.
+    #[arg(long, env = "PLINTH_STANDALONE")]
+    pub standalone: bool,
 }
 
 /// `plinth node`.
@@ -282,6 +294,10 @@ pub struct NodeArgs {
     /// read-only only by file modes, and every session says so).
     #[arg(long, env = "PLINTH_INSECURE_NO_ISOLATION")]
     pub insecure_no_isolation: bool,
+    /// Run alone on this machine's own files: allow the private SQLite file and local blob
+    /// directory under --data-dir that a split service otherwise refuses to fall back to.
+    #[arg(long, env = "PLINTH_STANDALONE")]
+    pub standalone: bool,
 }
 
 /// `plinth gateway`.

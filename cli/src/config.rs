@@ -784,7 +784,19 @@ impl Config {
         }
         config.apply_gc_flags(&args.gc)?;
         config.make_paths_absolute()?;
+        let private = config.catalog.database_url.is_none();
         config.resolve_database();
+        if private {
+            refuse_private_fallback(
+                "catalog",
+                args.standalone,
+                &[(
+                    "its database in a private SQLite file",
+                    config.catalog.database_url.as_deref(),
+                    "--database-url or PLINTH_DATABASE_URL",
+                )],
+            )?;
+        }
         config.catalog.listen.get_or_insert(DEFAULT_CATALOG_LISTEN);
         config.resolve_seal_key(&|name| std::env::var(name).ok(), false)?;
         Ok(config)
@@ -838,10 +850,37 @@ impl Config {
         if let Some(url) = &args.catalog_url {
             config.gateway.catalog_url = url.clone();
         }
+        if config.source.database_url.is_none() {
+            // The catalog's database, when only that is named: the two keep apart tables
+            // (each its own migrations), so one database serves both.
+            config.source.database_url = std::env::var("PLINTH_DATABASE_URL")
+                .ok()
+                .filter(|url| !url.trim().is_empty());
+        }
         config.apply_git_flags(&args.git);
         config.apply_gc_flags(&args.gc)?;
         config.make_paths_absolute()?;
+        let (private_index, private_blobs) = (
+            config.source.database_url.is_none(),
+            config.source.blob_url.is_none(),
+        );
         config.resolve_source();
+        let mut fallbacks = Vec::new();
+        if private_index {
+            fallbacks.push((
+                "its index in a private SQLite file",
+                config.source.database_url.as_deref(),
+                "--database-url, PLINTH_SOURCE_DATABASE_URL or PLINTH_DATABASE_URL",
+            ));
+        }
+        if private_blobs {
+            fallbacks.push((
+                "its blobs in a private directory",
+                config.source.blob_url.as_deref(),
+                "--blob-url or PLINTH_BLOB_URL",
+            ));
+        }
+        refuse_private_fallback("source service", args.standalone, &fallbacks)?;
         config.source.listen.get_or_insert(DEFAULT_SOURCE_LISTEN);
         Ok(config)
     }
@@ -894,7 +933,19 @@ impl Config {
             config.builder.source_url = Some(url.clone());
         }
         config.make_paths_absolute()?;
+        let private_blobs = config.source.blob_url.is_none();
         config.resolve_source();
+        if private_blobs {
+            refuse_private_fallback(
+                "builder",
+                args.standalone,
+                &[(
+                    "built layers in a private directory",
+                    config.source.blob_url.as_deref(),
+                    "--blob-url or PLINTH_BLOB_URL",
+                )],
+            )?;
+        }
         config.resolve_builder()?;
         Ok(config)
     }
@@ -924,7 +975,19 @@ impl Config {
             config.node.insecure_no_isolation = true;
         }
         config.make_paths_absolute()?;
+        let private_blobs = config.source.blob_url.is_none();
         config.resolve_source();
+        if private_blobs {
+            refuse_private_fallback(
+                "node",
+                args.standalone,
+                &[(
+                    "versions from a private directory",
+                    config.source.blob_url.as_deref(),
+                    "--blob-url or PLINTH_BLOB_URL",
+                )],
+            )?;
+        }
         config.resolve_node();
         config
             .node
@@ -1359,6 +1422,36 @@ impl Config {
     }
 }
 
+/// A service run alone (not under `serve`) that was given no shared database or blob store
+/// would fall back to files of its own under the data directory, which its siblings and other
+/// replicas never see: the builds it stores would be missing everywhere else. That is refused
+/// unless asked for with `--standalone`. Each fallback is (what it would keep, where, how to
+/// name the shared one).
+fn refuse_private_fallback(
+    service: &str,
+    standalone: bool,
+    fallbacks: &[(&str, Option<&str>, &str)],
+) -> Result<(), ConfigError> {
+    if standalone || fallbacks.is_empty() {
+        return Ok(());
+    }
+    let what = fallbacks
+        .iter()
+        .map(|(what, url, _)| format!("{what} ({})", url.unwrap_or("under --data-dir")))
+        .collect::<Vec<_>>()
+        .join(" and ");
+    let how = fallbacks
+        .iter()
+        .map(|(_, _, how)| *how)
+        .collect::<Vec<_>>()
+        .join("; ");
+    Err(ConfigError::Invalid(format!(
+        "this {service} would keep {what}, which no other service or replica sees: give it the \
+         deployment's shared ones ({how}), or pass --standalone (PLINTH_STANDALONE=true) to run \
+         it alone on this machine's files"
+    )))
+}
+
 /// The SQLite URL of a database file.
 pub fn sqlite_url(path: &Path) -> String {
     format!("sqlite://{}?mode=rwc", path.display())
@@ -1379,6 +1472,59 @@ mod tests {
             unreachable!("serve")
         };
         Config::for_serve(args)
+    }
+
+    /// The configuration of a split service (`catalog`, `source`, `builder`, `node`).
+    fn split(argv: &[&str]) -> Result<Config, ConfigError> {
+        let mut full = vec!["plinth"];
+        full.extend_from_slice(argv);
+        let cli = Cli::try_parse_from(full).expect("flags parse");
+        match &cli.command {
+            crate::args::Command::Catalog(args) => Config::for_catalog(args),
+            crate::args::Command::Source(args) => Config::for_source(args),
+            crate::args::Command::Builder(args) => Config::for_builder(args),
+            crate::args::Command::Node(args) => Config::for_node(args),
+            _ => unreachable!("a split service"),
+        }
+    }
+
+    #[test]
+    fn a_split_service_refuses_private_files_unless_standalone() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let data = dir.path().to_str().expect("utf-8");
+        for (service, says) in [
+            ("catalog", "its database in a private SQLite file"),
+            ("source", "its index in a private SQLite file"),
+            ("source", "its blobs in a private directory"),
+            ("builder", "built layers in a private directory"),
+            ("node", "versions from a private directory"),
+        ] {
+            let error = split(&[service, "--data-dir", data])
+                .expect_err("private files are refused")
+                .to_string();
+            assert!(
+                error.contains(says) && error.contains("--standalone") && error.contains(data),
+                "{service}: {error}"
+            );
+            split(&[service, "--data-dir", data, "--standalone"]).expect("standalone runs");
+        }
+        // Named shared stores are what a split deployment gives; explicit local ones are the
+        // user's choice.
+        split(&["catalog", "--database-url", "postgres://db/plinth"]).expect("catalog");
+        split(&[
+            "source",
+            "--database-url",
+            "postgres://db/plinth",
+            "--blob-url",
+            "s3://bucket/prefix",
+        ])
+        .expect("source");
+        split(&["node", "--blob-url", "file:///srv/blobs"]).expect("node");
+        // The source's index, given none of its own, is the catalog's database.
+        let error = split(&["source", "--blob-url", "s3://bucket/prefix"])
+            .expect_err("no database")
+            .to_string();
+        assert!(error.contains("PLINTH_DATABASE_URL"), "{error}");
     }
 
     #[test]

@@ -650,7 +650,14 @@ async fn a_copy_of_the_database_holds_no_adapter_credential_and_another_key_open
     // A catalog alone, with no key at all, says how to make one.
     let accept_file = crate::credentials::shared().accept_file();
     let (started, stderr) = run_plinth(
-        &["catalog", "--data-dir", &dir, "--listen", "127.0.0.1:0"],
+        &[
+            "catalog",
+            "--standalone",
+            "--data-dir",
+            &dir,
+            "--listen",
+            "127.0.0.1:0",
+        ],
         &[(
             "PLINTH_INTERNAL_ACCEPT_FILE",
             accept_file.to_str().expect("utf-8"),

@@ -70,6 +70,7 @@ impl Cluster {
         let mut process = spawn(
             &[
                 "catalog",
+                "--standalone",
                 "--listen",
                 &catalog.to_string(),
                 "--admin-listen",
@@ -88,6 +89,7 @@ impl Cluster {
         let mut process = spawn(
             &[
                 "source",
+                "--standalone",
                 "--listen",
                 &source.to_string(),
                 "--admin-listen",
@@ -137,6 +139,7 @@ impl Cluster {
         spawn(
             &[
                 "builder",
+                "--standalone",
                 "--name",
                 name,
                 "--catalog-url",

@@ -89,6 +89,7 @@ impl Cluster {
         let mut process = spawn(
             &[
                 "catalog",
+                "--standalone",
                 "--listen",
                 &catalog.to_string(),
                 "--admin-listen",
@@ -131,6 +132,7 @@ impl Cluster {
         let mut process = spawn(
             &[
                 "source",
+                "--standalone",
                 "--listen",
                 &self.source.to_string(),
                 "--admin-listen",
@@ -155,6 +157,7 @@ impl Cluster {
         spawn(
             &[
                 "builder",
+                "--standalone",
                 "--name",
                 name,
                 "--catalog-url",

@@ -539,6 +539,8 @@ fn gc_settings_come_from_the_file_the_environment_and_flags_and_show_in_dump_con
         ("PLINTH_GC_GRACE_SECONDS", "60"),
         ("PLINTH_RETENTION_DAYS", "9"),
         ("PLINTH_KEEP_VERSIONS", "4"),
+        // The split services' own files are fine here: the dump is what is asked for.
+        ("PLINTH_STANDALONE", "true"),
     ];
     for command in ["serve", "source", "catalog", "gc"] {
         let (ok, dumped) = run(

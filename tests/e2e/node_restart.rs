@@ -114,6 +114,7 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
         (
             strings(&[
                 "catalog",
+                "--standalone",
                 "--listen",
                 &catalog.to_string(),
                 "--admin-listen",
@@ -124,6 +125,7 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
         (
             strings(&[
                 "source",
+                "--standalone",
                 "--listen",
                 &source.to_string(),
                 "--admin-listen",
@@ -153,6 +155,7 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
     services.push(spawn(
         &strings(&[
             "builder",
+            "--standalone",
             "--name",
             "builder",
             "--catalog-url",
@@ -165,6 +168,7 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
     ));
     let node_args = strings(&[
         "node",
+        "--standalone",
         "--name",
         "node-a",
         "--listen",
@@ -391,6 +395,7 @@ async fn a_node_or_source_cut_off_from_what_it_needs_is_not_ready_and_says_which
     let mut agent = spawn(
         &strings(&[
             "node",
+            "--standalone",
             "--name",
             "cut-off",
             "--listen",
@@ -419,6 +424,7 @@ async fn a_node_or_source_cut_off_from_what_it_needs_is_not_ready_and_says_which
     let mut stores = spawn(
         &strings(&[
             "source",
+            "--standalone",
             "--listen",
             &source.to_string(),
             "--admin-listen",

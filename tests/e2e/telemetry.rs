@@ -396,6 +396,7 @@ async fn split_services_export_server_and_client_spans_over_grpc_and_http() {
     let mut catalog = plinth(
         &[
             "catalog",
+            "--standalone",
             "--listen",
             &catalog_grpc.to_string(),
             "--admin-listen",
@@ -422,6 +423,7 @@ async fn split_services_export_server_and_client_spans_over_grpc_and_http() {
     let mut source = plinth(
         &[
             "source",
+            "--standalone",
             "--listen",
             &source_grpc.to_string(),
             "--admin-listen",
