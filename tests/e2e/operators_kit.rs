@@ -2,6 +2,11 @@
 //! dashboards (`deploy/grafana/*.json`) and the alerting rules (`deploy/prometheus/`) query is
 //! in the README's metrics table, every alert has a runbook line in the README, and the
 //! `PrometheusRule` carries the same rules as the plain rules file.
+//!
+//! And it deploys what runs: the Kustomize overlays (`deploy/kubernetes/overlays/*`), rendered
+//! by `kubectl kustomize` as `kubectl apply -k` would, run every service (a builder too) with
+//! the privileges, limits, probes, disruption budgets and network policies it needs; the
+//! images (`deploy/Dockerfile`) carry what builds and sessions run; compose runs the same.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -455,4 +460,752 @@ fn prometheus_rule_matches_plain_rules() {
         plain.len(),
         operator.len()
     );
+}
+
+const OVERLAYS: [&str; 2] = [
+    "deploy/kubernetes/overlays/dev",
+    "deploy/kubernetes/overlays/prod",
+];
+const DOCKERFILE: &str = "deploy/Dockerfile";
+/// The Deployments a split Plinth needs, each with a disruption budget; nodes are a DaemonSet.
+const DEPLOYMENTS: [&str; 4] = [
+    "plinth-catalog",
+    "plinth-source",
+    "plinth-gateway",
+    "plinth-builder",
+];
+/// The private, link-local and metadata ranges sessions' and builds' traffic must not reach.
+const PRIVATE_V4: [&str; 4] = [
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "169.254.0.0/16",
+];
+const PRIVATE_V6: [&str; 2] = ["fc00::/7", "fe80::/10"];
+
+/// Every document of a YAML stream, as JSON values (merge keys applied).
+fn yaml_documents(place: &str, text: &str) -> Vec<Value> {
+    use serde::Deserialize;
+    serde_yaml::Deserializer::from_str(text)
+        .map(|document| {
+            let mut value = serde_yaml::Value::deserialize(document)
+                .unwrap_or_else(|e| panic!("{place} is not valid YAML: {e}"));
+            value
+                .apply_merge()
+                .unwrap_or_else(|e| panic!("{place}: a YAML merge key cannot be applied: {e}"));
+            serde_json::to_value(value)
+                .unwrap_or_else(|e| panic!("{place}: a document has no JSON equivalent: {e}"))
+        })
+        .filter(|value| !value.is_null())
+        .collect()
+}
+
+/// The overlay's resources as `kubectl apply -k` would send them; `None` (the test skips)
+/// where kubectl is missing, except under CI, where that fails the test.
+fn kustomize(overlay: &str) -> Option<Vec<Value>> {
+    let output = match std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(root().join(overlay))
+        .output()
+    {
+        Ok(output) => output,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "kubectl is not on PATH: CI renders the Kustomize overlays with `kubectl \
+                 kustomize`; install kubectl"
+            );
+            eprintln!("kubectl is not on PATH: skipping the Kubernetes manifests' checks");
+            return None;
+        }
+        Err(error) => panic!("cannot run kubectl kustomize {overlay}: {error}"),
+    };
+    assert!(
+        output.status.success(),
+        "kubectl kustomize {overlay} failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout)
+        .unwrap_or_else(|e| panic!("kubectl kustomize {overlay} printed no UTF-8: {e}"));
+    Some(yaml_documents(
+        &format!("kubectl kustomize {overlay}"),
+        &text,
+    ))
+}
+
+fn kind_name(resource: &Value) -> (&str, &str) {
+    (
+        resource["kind"].as_str().unwrap_or_default(),
+        resource["metadata"]["name"].as_str().unwrap_or_default(),
+    )
+}
+
+fn array(value: &Value) -> &[Value] {
+    value.as_array().map(Vec::as_slice).unwrap_or_default()
+}
+
+/// Whether a label selector (`matchLabels`, `matchExpressions`) selects `labels`. An empty
+/// selector selects everything, as Kubernetes reads it.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    let label = |key: &str| labels[key].as_str();
+    let by_labels = selector["matchLabels"].as_object().is_none_or(|wanted| {
+        wanted
+            .iter()
+            .all(|(key, value)| label(key) == value.as_str())
+    });
+    let by_expressions = array(&selector["matchExpressions"])
+        .iter()
+        .all(|expression| {
+            let key = expression["key"].as_str().unwrap_or_default();
+            let values: Vec<&str> = array(&expression["values"])
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            match expression["operator"].as_str() {
+                Some("In") => label(key).is_some_and(|value| values.contains(&value)),
+                Some("NotIn") => label(key).is_none_or(|value| !values.contains(&value)),
+                Some("Exists") => label(key).is_some(),
+                Some("DoesNotExist") => label(key).is_none(),
+                _ => false,
+            }
+        });
+    by_labels && by_expressions
+}
+
+/// A container's effective `securityContext` field: its own, else its pod's.
+fn security<'a>(pod: &'a Value, container: &'a Value, field: &str) -> &'a Value {
+    match &container["securityContext"][field] {
+        Value::Null => &pod["securityContext"][field],
+        own => own,
+    }
+}
+
+/// The value following `flag` in a container's arguments.
+fn flag<'a>(container: &'a Value, flag: &str) -> Option<&'a str> {
+    let args: Vec<&str> = array(&container["args"])
+        .iter()
+        .chain(array(&container["command"]))
+        .filter_map(Value::as_str)
+        .collect();
+    args.iter()
+        .position(|arg| *arg == flag)
+        .and_then(|index| args.get(index + 1))
+        .copied()
+}
+
+/// The host of each URL in a `--catalog-url`/`--source-url` value (one URL or a comma-separated
+/// list).
+fn url_hosts(value: &str) -> Vec<&str> {
+    value
+        .split(',')
+        .map(|url| {
+            let rest = url.trim().split_once("://").map_or(url, |(_, rest)| rest);
+            rest.split(['/', ':']).next().unwrap_or_default()
+        })
+        .collect()
+}
+
+/// What is wrong with one rendered overlay's workloads, services, budgets and policies.
+fn manifest_problems(overlay: &str, resources: &[Value]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let find = |kind: &str, name: &str| {
+        resources
+            .iter()
+            .find(|resource| kind_name(resource) == (kind, name))
+    };
+    let workloads: Vec<&Value> = resources
+        .iter()
+        .filter(|resource| {
+            matches!(
+                kind_name(resource).0,
+                "Deployment" | "DaemonSet" | "StatefulSet"
+            )
+        })
+        .collect();
+
+    for name in DEPLOYMENTS {
+        if find("Deployment", name).is_none() {
+            problems.push(format!("{overlay}: no Deployment {name}"));
+        }
+    }
+    match find("Deployment", "plinth-builder") {
+        Some(builder) => {
+            let runs_builder = array(&builder["spec"]["template"]["spec"]["containers"])
+                .iter()
+                .any(|c| array(&c["args"]).first().and_then(Value::as_str) == Some("builder"));
+            if !runs_builder {
+                problems.push(format!(
+                    "{overlay}: Deployment plinth-builder runs no `plinth builder`: builds \
+                     would stay queued"
+                ));
+            }
+        }
+        None => problems.push(format!(
+            "{overlay}: no builder workload: builds would stay queued forever"
+        )),
+    }
+
+    // Builder and node build sandboxes: root, privileged (the processes refuse to start
+    // otherwise, and namespaces, mounts and cgroups need it).
+    for (kind, name) in [
+        ("DaemonSet", "plinth-node"),
+        ("Deployment", "plinth-builder"),
+    ] {
+        let Some(workload) = find(kind, name) else {
+            problems.push(format!("{overlay}: no {kind} {name}"));
+            continue;
+        };
+        let pod = &workload["spec"]["template"]["spec"];
+        for container in array(&pod["containers"]) {
+            let place = format!(
+                "{overlay}: {kind} {name}, container {}",
+                container["name"].as_str().unwrap_or("(unnamed)")
+            );
+            if security(pod, container, "runAsUser").as_i64() != Some(0) {
+                problems.push(format!(
+                    "{place}: not `runAsUser: 0` (the image's user may not be root, and the \
+                     process refuses to start unless it is)"
+                ));
+            }
+            if security(pod, container, "privileged").as_bool() != Some(true) {
+                problems.push(format!(
+                    "{place}: not privileged (sandboxes need namespaces, mounts, loop devices \
+                     and a writable cgroup tree)"
+                ));
+            }
+        }
+    }
+
+    if let Some(node) = find("DaemonSet", "plinth-node") {
+        let pod = &node["spec"]["template"]["spec"];
+        if pod["hostPID"].as_bool() == Some(true) {
+            problems.push(format!(
+                "{overlay}: the node DaemonSet shares the host's PID namespace"
+            ));
+        }
+        for container in array(&pod["containers"]) {
+            let advertised = flag(container, "--advertise-url").is_some_and(|url| {
+                url.contains("$(POD_IP)")
+                    && array(&container["env"]).iter().any(|env| {
+                        env["name"] == "POD_IP"
+                            && env["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+                    })
+            });
+            if !advertised {
+                problems.push(format!(
+                    "{overlay}: the node does not advertise its pod's address \
+                     (`--advertise-url http://$(POD_IP):7005`, POD_IP from status.podIP)"
+                ));
+            }
+        }
+    }
+
+    for workload in &workloads {
+        let (kind, name) = kind_name(workload);
+        let pod = &workload["spec"]["template"]["spec"];
+        for container in array(&pod["containers"])
+            .iter()
+            .chain(array(&pod["initContainers"]))
+        {
+            let place = format!(
+                "{overlay}: {kind} {name}, container {}",
+                container["name"].as_str().unwrap_or("(unnamed)")
+            );
+            for bound in ["requests", "limits"] {
+                for resource in ["cpu", "memory"] {
+                    if container["resources"][bound][resource].is_null() {
+                        problems.push(format!("{place}: no resources.{bound}.{resource}"));
+                    }
+                }
+            }
+            if array(&pod["initContainers"]).contains(container) {
+                continue;
+            }
+            let ports: Vec<&Value> = array(&container["ports"])
+                .iter()
+                .flat_map(|port| [&port["name"], &port["containerPort"]])
+                .collect();
+            for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+                let get = &container[probe]["httpGet"];
+                if get["path"] != path {
+                    problems.push(format!(
+                        "{place}: {probe} is not an HTTP GET of {path} (found {})",
+                        container[probe]
+                    ));
+                } else if !ports.contains(&&get["port"]) {
+                    problems.push(format!(
+                        "{place}: {probe} probes port {}, which the container does not declare",
+                        get["port"]
+                    ));
+                }
+            }
+            // Clients balance across replicas themselves: they need every replica's address,
+            // which only a headless Service's name resolves to.
+            for (url_flag, headless) in [
+                ("--catalog-url", "plinth-catalog-headless"),
+                ("--source-url", "plinth-source-headless"),
+            ] {
+                if let Some(value) = flag(container, url_flag) {
+                    let hosts = url_hosts(value);
+                    if hosts.iter().any(|host| *host != headless) {
+                        problems.push(format!(
+                            "{place}: {url_flag} {value} does not name the headless Service \
+                             {headless}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    for (name, command) in [
+        ("plinth-source", "source"),
+        ("plinth-gateway", "gateway"),
+        ("plinth-builder", "builder"),
+    ] {
+        let calls_catalog = find("Deployment", name).is_some_and(|workload| {
+            array(&workload["spec"]["template"]["spec"]["containers"])
+                .iter()
+                .any(|c| flag(c, "--catalog-url").is_some())
+        });
+        if !calls_catalog {
+            problems.push(format!(
+                "{overlay}: `plinth {command}` ({name}) is given no --catalog-url"
+            ));
+        }
+    }
+    if let Some(node) = find("DaemonSet", "plinth-node")
+        && !array(&node["spec"]["template"]["spec"]["containers"])
+            .iter()
+            .any(|c| flag(c, "--catalog-url").is_some())
+    {
+        problems.push(format!(
+            "{overlay}: `plinth node` is given no --catalog-url"
+        ));
+    }
+    for (headless, app, port) in [
+        ("plinth-catalog-headless", "plinth-catalog", 7001),
+        ("plinth-source-headless", "plinth-source", 7003),
+    ] {
+        let ok = find("Service", headless).is_some_and(|service| {
+            service["spec"]["clusterIP"] == "None"
+                && service["spec"]["selector"]["app"] == app
+                && array(&service["spec"]["ports"])
+                    .iter()
+                    .any(|p| p["port"] == port)
+        });
+        if !ok {
+            problems.push(format!(
+                "{overlay}: no headless Service {headless} (clusterIP: None, selecting \
+                 app={app}, port {port})"
+            ));
+        }
+    }
+
+    let budgets: Vec<&Value> = resources
+        .iter()
+        .filter(|resource| kind_name(resource).0 == "PodDisruptionBudget")
+        .collect();
+    for name in DEPLOYMENTS {
+        let Some(deployment) = find("Deployment", name) else {
+            continue;
+        };
+        let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+        if !budgets
+            .iter()
+            .any(|budget| selects(&budget["spec"]["selector"], labels))
+        {
+            problems.push(format!(
+                "{overlay}: no PodDisruptionBudget selects Deployment {name}'s pods"
+            ));
+        }
+    }
+
+    problems.extend(sandbox_egress_problems(overlay, resources));
+    problems
+}
+
+/// What is wrong with the egress of the pods that run tenants' code (builder, node): each must
+/// be selected by an egress policy, and no policy may let them reach private, link-local or
+/// metadata addresses, or whole namespaces beyond DNS.
+fn sandbox_egress_problems(overlay: &str, resources: &[Value]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let policies: Vec<&Value> = resources
+        .iter()
+        .filter(|resource| kind_name(resource).0 == "NetworkPolicy")
+        .collect();
+    for (kind, name) in [
+        ("Deployment", "plinth-builder"),
+        ("DaemonSet", "plinth-node"),
+    ] {
+        let Some(workload) = resources
+            .iter()
+            .find(|resource| kind_name(resource) == (kind, name))
+        else {
+            continue;
+        };
+        let labels = &workload["spec"]["template"]["metadata"]["labels"];
+        let egress: Vec<&Value> = policies
+            .iter()
+            .copied()
+            .filter(|policy| {
+                selects(&policy["spec"]["podSelector"], labels)
+                    && array(&policy["spec"]["policyTypes"])
+                        .iter()
+                        .any(|t| t == "Egress")
+            })
+            .collect();
+        if egress.is_empty() {
+            problems.push(format!(
+                "{overlay}: no NetworkPolicy limits {name}'s egress: sessions and builds could \
+                 reach the cluster's services"
+            ));
+        }
+        for policy in egress {
+            let place = format!(
+                "{overlay}: NetworkPolicy {} (egress of {name})",
+                kind_name(policy).1
+            );
+            for rule in array(&policy["spec"]["egress"]) {
+                let peers = array(&rule["to"]);
+                if peers.is_empty() {
+                    problems.push(format!("{place}: a rule with no `to` allows everywhere"));
+                }
+                for peer in peers {
+                    if let Some(cidr) = peer["ipBlock"]["cidr"].as_str() {
+                        let except: Vec<&str> = array(&peer["ipBlock"]["except"])
+                            .iter()
+                            .filter_map(Value::as_str)
+                            .collect();
+                        let needed: &[&str] = match cidr {
+                            "0.0.0.0/0" => &PRIVATE_V4,
+                            "::/0" => &PRIVATE_V6,
+                            _ => &[],
+                        };
+                        for range in needed {
+                            if !except.contains(range) {
+                                problems.push(format!(
+                                    "{place}: ipBlock {cidr} does not except {range}"
+                                ));
+                            }
+                        }
+                        if needed.is_empty() {
+                            problems.push(format!(
+                                "{place}: ipBlock {cidr}: allow the internet as 0.0.0.0/0 or \
+                                 ::/0 with the private ranges excepted, or name pods"
+                            ));
+                        }
+                    } else if !peer["namespaceSelector"].is_null() {
+                        let dns_only = !array(&rule["ports"]).is_empty()
+                            && array(&rule["ports"]).iter().all(|port| port["port"] == 53);
+                        if peer["podSelector"].is_null() || !dns_only {
+                            problems.push(format!(
+                                "{place}: a namespaceSelector peer other than DNS (port 53 to \
+                                 selected pods): {peer}"
+                            ));
+                        }
+                    } else if peer["podSelector"].is_null() {
+                        problems.push(format!("{place}: a peer that names nothing: {peer}"));
+                    }
+                }
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn kubernetes_overlays_run_every_service_within_limits_probes_and_policies() {
+    let mut problems = Vec::new();
+    for overlay in OVERLAYS {
+        let Some(resources) = kustomize(overlay) else {
+            return;
+        };
+        assert!(
+            !resources.is_empty(),
+            "kubectl kustomize {overlay} rendered nothing"
+        );
+        problems.extend(manifest_problems(overlay, &resources));
+    }
+    assert!(
+        problems.is_empty(),
+        "the Kubernetes manifests:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// One stage of a Dockerfile: its name (`AS …`), base, and instructions with continuation lines
+/// joined and comments left out.
+#[derive(Debug)]
+struct Stage {
+    name: String,
+    base: String,
+    instructions: Vec<String>,
+}
+
+fn dockerfile_stages(text: &str) -> (Vec<String>, Vec<Stage>) {
+    let mut instructions = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('#') || (trimmed.is_empty() && current.is_empty()) {
+            continue;
+        }
+        match trimmed.strip_suffix('\\') {
+            Some(part) => {
+                current.push_str(part);
+                current.push(' ');
+            }
+            None => {
+                current.push_str(trimmed);
+                instructions.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    let mut global = Vec::new();
+    let mut stages: Vec<Stage> = Vec::new();
+    for instruction in instructions {
+        let words: Vec<&str> = instruction.split_whitespace().collect();
+        if words
+            .first()
+            .is_some_and(|word| word.eq_ignore_ascii_case("FROM"))
+        {
+            let rest: Vec<&str> = words[1..]
+                .iter()
+                .copied()
+                .filter(|word| !word.starts_with("--"))
+                .collect();
+            let name = match rest.as_slice() {
+                [_, as_, name] if as_.eq_ignore_ascii_case("AS") => (*name).to_owned(),
+                _ => String::new(),
+            };
+            stages.push(Stage {
+                name,
+                base: rest.first().copied().unwrap_or_default().to_owned(),
+                instructions: Vec::new(),
+            });
+        } else if let Some(stage) = stages.last_mut() {
+            stage.instructions.push(instruction);
+        } else {
+            global.push(instruction);
+        }
+    }
+    (global, stages)
+}
+
+fn keyword(instruction: &str) -> String {
+    instruction
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_ascii_uppercase()
+}
+
+/// The packages `apt-get install` lines of a stage install.
+fn apt_packages(stage: &Stage) -> BTreeSet<String> {
+    stage
+        .instructions
+        .iter()
+        .filter(|i| keyword(i) == "RUN")
+        .flat_map(|i| i.split("&&"))
+        .filter_map(|command| {
+            command
+                .split_once("apt-get install")
+                .map(|(_, packages)| packages)
+        })
+        .flat_map(str::split_whitespace)
+        .filter(|word| !word.starts_with('-'))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn users(stage: &Stage) -> Vec<String> {
+    stage
+        .instructions
+        .iter()
+        .filter(|i| keyword(i) == "USER")
+        .map(|i| i.split_whitespace().nth(1).unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[test]
+fn dockerfile_images_carry_what_builds_and_sessions_run() {
+    let text = read(DOCKERFILE);
+    let (global, stages) = dockerfile_stages(&text);
+    let stage = |name: &str| {
+        stages
+            .iter()
+            .find(|stage| stage.name == name)
+            .unwrap_or_else(|| {
+                panic!(
+                    "{DOCKERFILE}: no `{name}` target (stages: {:?})",
+                    stages.iter().map(|s| &s.name).collect::<Vec<_>>()
+                )
+            })
+    };
+    let mut problems = Vec::new();
+    let tini_entrypoint = |stage: &Stage| {
+        stage
+            .instructions
+            .iter()
+            .rfind(|i| keyword(i) == "ENTRYPOINT")
+            .is_some_and(|i| i.contains("tini"))
+    };
+
+    let runtime = stage("runtime");
+    let packages = apt_packages(runtime);
+    for package in ["python3", "nodejs", "npm", "git", "ca-certificates", "tini"] {
+        if !packages.contains(package) {
+            problems.push(format!(
+                "{DOCKERFILE}: the runtime target does not install {package} (it installs \
+                 {packages:?})"
+            ));
+        }
+    }
+    // uv from its official image at a pinned version, or pip at a pinned version.
+    let uv_stages: Vec<&str> = stages
+        .iter()
+        .filter(|s| s.base.starts_with("ghcr.io/astral-sh/uv:"))
+        .map(|s| s.name.as_str())
+        .collect();
+    let copies_uv = runtime.instructions.iter().any(|i| {
+        keyword(i) == "COPY"
+            && i.contains(" /uv")
+            && (uv_stages
+                .iter()
+                .any(|name| i.contains(&format!("--from={name} ")))
+                || i.contains("--from=ghcr.io/astral-sh/uv:"))
+    });
+    let pip_uv = runtime
+        .instructions
+        .iter()
+        .any(|i| keyword(i) == "RUN" && i.contains("pip install") && i.contains("uv=="));
+    if !copies_uv && !pip_uv {
+        problems.push(format!(
+            "{DOCKERFILE}: the runtime target has no uv (COPY --from the official \
+             ghcr.io/astral-sh/uv image, or `pip install uv==…`)"
+        ));
+    }
+    if copies_uv {
+        let pinned = global
+            .iter()
+            .chain(stages.iter().flat_map(|s| &s.instructions))
+            .filter_map(|i| i.strip_prefix("ARG UV_VERSION="))
+            .any(|version| {
+                !version.is_empty()
+                    && version
+                        .split('.')
+                        .all(|part| !part.is_empty() && part.chars().all(|c| c.is_ascii_digit()))
+            });
+        let literal = stages.iter().any(|s| {
+            s.base
+                .strip_prefix("ghcr.io/astral-sh/uv:")
+                .is_some_and(|tag| tag.starts_with(|c: char| c.is_ascii_digit()))
+        });
+        if !pinned && !literal {
+            problems.push(format!(
+                "{DOCKERFILE}: uv's version is not pinned (`ARG UV_VERSION=x.y.z`)"
+            ));
+        }
+    }
+    for user in users(runtime) {
+        if user != "0" && user != "root" && user != "0:0" && user != "root:root" {
+            problems.push(format!(
+                "{DOCKERFILE}: the runtime target switches to `USER {user}`: builder and node \
+                 refuse to start unless they are root"
+            ));
+        }
+    }
+    if !tini_entrypoint(runtime) {
+        problems.push(format!(
+            "{DOCKERFILE}: the runtime target's ENTRYPOINT is not tini (PID 1 must reap)"
+        ));
+    }
+
+    let service = stage("service");
+    let service_packages = apt_packages(service);
+    for package in ["git", "ca-certificates", "tini"] {
+        if !service_packages.contains(package) {
+            problems.push(format!(
+                "{DOCKERFILE}: the service target does not install {package}"
+            ));
+        }
+    }
+    match users(service).last().map(String::as_str) {
+        Some("0" | "root") | None => problems.push(format!(
+            "{DOCKERFILE}: the service target runs as root; catalog, source and gateway need no \
+             privilege (USER 10001)"
+        )),
+        Some(_) => {}
+    }
+    if !tini_entrypoint(service) {
+        problems.push(format!(
+            "{DOCKERFILE}: the service target's ENTRYPOINT is not tini (PID 1 must reap)"
+        ));
+    }
+
+    let ignore = read(".dockerignore");
+    let ignores_target = ignore.lines().map(str::trim).any(|line| {
+        matches!(
+            line,
+            "target" | "target/" | "/target" | "/target/" | "target/**" | "**/target"
+        )
+    });
+    if !ignores_target {
+        problems.push(
+            ".dockerignore does not exclude target/ (the build context would carry the whole \
+             build cache)"
+                .to_owned(),
+        );
+    }
+    assert!(
+        problems.is_empty(),
+        "the container images:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn compose_runs_the_split_services_from_the_image_targets() {
+    let documents = yaml_documents("compose.yaml", &read("compose.yaml"));
+    let [compose] = documents.as_slice() else {
+        panic!("compose.yaml holds {} documents, not one", documents.len());
+    };
+    let services = &compose["services"];
+    let mut problems = Vec::new();
+    for (name, target, command) in [
+        ("catalog", "service", "catalog"),
+        ("source", "service", "source"),
+        ("gateway", "service", "gateway"),
+        ("builder", "runtime", "builder"),
+        ("node", "runtime", "node"),
+    ] {
+        let service = &services[name];
+        if service.is_null() {
+            problems.push(format!("compose.yaml: no `{name}` service"));
+            continue;
+        }
+        if service["build"]["target"] != target || service["build"]["dockerfile"] != DOCKERFILE {
+            problems.push(format!(
+                "compose.yaml: `{name}` is not built from {DOCKERFILE}'s `{target}` target"
+            ));
+        }
+        if array(&service["command"]).first().and_then(Value::as_str) != Some(command) {
+            problems.push(format!(
+                "compose.yaml: `{name}` does not run `plinth {command}`"
+            ));
+        }
+        if target == "runtime" && service["privileged"] != true {
+            problems.push(format!("compose.yaml: `{name}` is not privileged"));
+        }
+    }
+    for (name, image) in [("postgres", "postgres:15"), ("minio", "minio/")] {
+        if !services[name]["image"]
+            .as_str()
+            .is_some_and(|i| i.starts_with(image))
+        {
+            problems.push(format!("compose.yaml: no `{name}` service from {image}"));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
