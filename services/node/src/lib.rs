@@ -16,6 +16,7 @@ pub mod isolation;
 mod service;
 pub mod sessions;
 pub mod spawn;
+pub mod toolchains;
 pub mod workdir;
 pub mod workspace;
 mod workspace_service;

@@ -356,6 +356,19 @@ impl pb::node_service_server::NodeService for Node {
             .materialize(&spec.environment_id, spec.version, &spec.layer_tree)
             .await
             .map_err(cache_error)?;
+        if !isolation::valid_slug(&spec.slug) {
+            return Err(PlinthError::invalid(format!("invalid slug {:?}", spec.slug)).into());
+        }
+        {
+            // Asking an interpreter its version runs it, once per interpreter.
+            let (version, slug) = (materialized.clone(), spec.slug.clone());
+            tokio::task::spawn_blocking(move || crate::toolchains::check(&version, &slug))
+                .await
+                .map_err(|error| PlinthError::internal(&error))?
+                .map_err(|mismatch| {
+                    PlinthError::new(ErrorCode::Unavailable, mismatch.to_string())
+                })?;
+        }
         let record = SessionRecord {
             session_id: spec.session_id,
             environment_id: spec.environment_id,
@@ -365,9 +378,6 @@ impl pb::node_service_server::NodeService for Node {
             uid: 0,
             limits: spec.limits.map(limits_from_wire).unwrap_or_default(),
         };
-        if !isolation::valid_slug(&record.slug) {
-            return Err(PlinthError::invalid(format!("invalid slug {:?}", record.slug)).into());
-        }
         let sessions = self.sessions.clone();
         let session = match &self.namespaces {
             // The directories and the namespace in one hand-off to the namespace thread.
