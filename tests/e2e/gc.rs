@@ -20,7 +20,7 @@ const S3_VAR: &str = "PLINTH_TEST_S3_ENDPOINT";
 
 /// A new bucket on the S3 test server, as a blob URL; `None` when none is configured outside
 /// CI.
-async fn fresh_bucket() -> Option<String> {
+pub(crate) async fn fresh_bucket() -> Option<String> {
     let endpoint = match std::env::var(S3_VAR) {
         Ok(endpoint) if !endpoint.is_empty() => endpoint,
         _ if std::env::var_os("CI").is_some() => {

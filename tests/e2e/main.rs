@@ -30,6 +30,7 @@ mod quotas;
 mod real_projects;
 mod reuse;
 mod sandbox;
+mod scale_out;
 mod sessions;
 mod snapshots;
 mod telemetry;

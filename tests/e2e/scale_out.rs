@@ -1,0 +1,730 @@
+//! Two of every service as real processes on one PostgreSQL and one S3-protocol store, each
+//! client given every catalog and source replica and no balancer in between. A workload of
+//! file writes, builds and sessions runs through both gateways while one catalog, one
+//! builder, one node and one source are killed with SIGKILL in turn. The test reports the
+//! failed requests of each kill and the takeover of the killed builder's build, and asserts
+//! what users rely on: every acknowledged write is still there, no build stays stuck beyond
+//! its lease, every kill is over for the workload within seconds, and no session is placed
+//! on the dead node once its heartbeat is late.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use plinth_catalog::testing::{self, PostgresAvailability};
+use serde_json::{Value, json};
+
+use crate::credentials::Credentials;
+use crate::helpers::send;
+use crate::processes::{Process, free_port, plinth_command, wait_until_ready};
+
+/// How long after its last heartbeat a node gets no new sessions (`catalog.node_ttl_ms`).
+const NODE_TTL: Duration = Duration::from_secs(3);
+/// A build's lease (`catalog.build_lease_seconds`, the default).
+const BUILD_LEASE: Duration = Duration::from_secs(6);
+/// How long the workload runs after each kill before the next.
+const PHASE: Duration = Duration::from_secs(10);
+/// The end of each phase in which no request may fail: the kill is over by then.
+const QUIET_TAIL: Duration = Duration::from_secs(3);
+
+/// One request of the workload, as its client saw it.
+struct Outcome {
+    at: Instant,
+    kind: &'static str,
+    ok: bool,
+    what: String,
+}
+
+#[derive(Default)]
+struct Log(Mutex<Vec<Outcome>>);
+
+impl Log {
+    fn record(&self, kind: &'static str, ok: bool, what: String) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(Outcome {
+                at: Instant::now(),
+                kind,
+                ok,
+                what,
+            });
+    }
+
+    /// Requests and failures of `kind` (any kind when `None`) in `[from, to)`.
+    fn count(&self, from: Instant, to: Instant) -> (usize, usize, Vec<String>) {
+        let outcomes = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let within: Vec<&Outcome> = outcomes
+            .iter()
+            .filter(|outcome| outcome.at >= from && outcome.at < to)
+            .collect();
+        let failed: Vec<String> = within
+            .iter()
+            .filter(|outcome| !outcome.ok)
+            .map(|outcome| format!("{}: {}", outcome.kind, outcome.what))
+            .collect();
+        (within.len(), failed.len(), failed)
+    }
+}
+
+/// A service process and what it is called in the report.
+struct Service {
+    name: String,
+    process: Process,
+}
+
+/// `psql -At -c <sql>` against the deployment's database: the catalog's own record of where
+/// things ran.
+fn psql(database_url: &str, sql: &str) -> String {
+    let output = std::process::Command::new("psql")
+        .args([database_url, "-At", "-c", sql])
+        .output()
+        .expect("psql (PostgreSQL's client) runs");
+    assert!(
+        output.status.success(),
+        "psql: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+fn now_ms() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis(),
+    )
+    .expect("fits")
+}
+
+fn spawn(args: &[&str], credentials: &Credentials, log: &Path, tokens: Option<&str>) -> Process {
+    let mut command = plinth_command(args, credentials);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    command.stdout(file.try_clone().expect("log")).stderr(file);
+    if let Some(tokens) = tokens {
+        command.env("PLINTH_TOKENS", tokens);
+    }
+    Process(command.spawn().expect("spawn plinth"))
+}
+
+fn urls(addresses: &[SocketAddr]) -> String {
+    addresses
+        .iter()
+        .map(|address| format!("http://{address}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn kill(service: &mut Service) {
+    // SIGKILL: no goodbye, no lease given back, connections reset.
+    let _ = service.process.0.kill();
+    let _ = service.process.0.wait();
+}
+
+#[tokio::test]
+async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_lost() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let PostgresAvailability::Available(server) = testing::postgres() else {
+        return;
+    };
+    let Some(blob_url) = crate::gc::fresh_bucket().await else {
+        return;
+    };
+    let database_url = testing::fresh_postgres_database(&server).await;
+    let credentials = Credentials::new();
+    let data = tempfile::tempdir().expect("data");
+    let log = data.path().join("services.log");
+    let config = data.path().join("plinth.toml");
+    std::fs::write(&config, "[builder]\nnetwork = false\n").expect("config");
+    let config = config.to_str().expect("utf-8").to_owned();
+    let dir = |name: &str| {
+        let path = data.path().join(name);
+        std::fs::create_dir_all(&path).expect("dir");
+        path.to_str().expect("utf-8").to_owned()
+    };
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(15))
+        .build()
+        .expect("client");
+
+    let catalogs = [free_port(), free_port()];
+    let sources = [free_port(), free_port()];
+    let gateways = [free_port(), free_port()];
+    let nodes = [free_port(), free_port()];
+    let (catalog_urls, source_urls) = (urls(&catalogs), urls(&sources));
+
+    let mut services: Vec<Service> = Vec::new();
+    for (index, address) in catalogs.iter().enumerate() {
+        let admin = free_port();
+        let mut process = spawn(
+            &[
+                "catalog",
+                "--config",
+                &config,
+                "--listen",
+                &address.to_string(),
+                "--admin-listen",
+                &admin.to_string(),
+                "--database-url",
+                &database_url,
+            ],
+            &credentials,
+            &log,
+            None,
+        );
+        wait_until_ready(&client, &format!("http://{admin}/readyz"), &mut process).await;
+        services.push(Service {
+            name: format!("catalog-{}", index + 1),
+            process,
+        });
+    }
+    for (index, address) in sources.iter().enumerate() {
+        let admin = free_port();
+        let mut process = spawn(
+            &[
+                "source",
+                "--config",
+                &config,
+                "--listen",
+                &address.to_string(),
+                "--admin-listen",
+                &admin.to_string(),
+                "--database-url",
+                &database_url,
+                "--blob-url",
+                &blob_url,
+                "--data-dir",
+                &dir(&format!("source-{}", index + 1)),
+                "--catalog-url",
+                &catalog_urls,
+            ],
+            &credentials,
+            &log,
+            None,
+        );
+        wait_until_ready(&client, &format!("http://{admin}/readyz"), &mut process).await;
+        services.push(Service {
+            name: format!("source-{}", index + 1),
+            process,
+        });
+    }
+    for index in 0..2 {
+        let name = format!("builder-{}", index + 1);
+        let process = spawn(
+            &[
+                "builder",
+                "--config",
+                &config,
+                "--name",
+                &name,
+                "--catalog-url",
+                &catalog_urls,
+                "--source-url",
+                &source_urls,
+                "--blob-url",
+                &blob_url,
+                "--data-dir",
+                &dir(&name),
+            ],
+            &credentials,
+            &log,
+            None,
+        );
+        services.push(Service { name, process });
+    }
+    for (index, address) in nodes.iter().enumerate() {
+        let name = format!("node-{}", index + 1);
+        let admin = free_port();
+        let mut process = spawn(
+            &[
+                "node",
+                "--config",
+                &config,
+                "--name",
+                &name,
+                "--listen",
+                &address.to_string(),
+                "--admin-listen",
+                &admin.to_string(),
+                "--catalog-url",
+                &catalog_urls,
+                "--blob-url",
+                &blob_url,
+                "--data-dir",
+                &dir(&name),
+            ],
+            &credentials,
+            &log,
+            None,
+        );
+        wait_until_ready(&client, &format!("http://{admin}/readyz"), &mut process).await;
+        services.push(Service { name, process });
+    }
+    for (index, address) in gateways.iter().enumerate() {
+        let mut process = spawn(
+            &[
+                "gateway",
+                "--config",
+                &config,
+                "--listen",
+                &address.to_string(),
+                "--catalog-url",
+                &catalog_urls,
+                "--source-url",
+                &source_urls,
+            ],
+            &credentials,
+            &log,
+            Some("tok-acme=acme"),
+        );
+        wait_until_ready(&client, &format!("http://{address}/readyz"), &mut process).await;
+        services.push(Service {
+            name: format!("gateway-{}", index + 1),
+            process,
+        });
+    }
+    let services_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let base = |index: usize| format!("http://{}", gateways[index % 2]);
+
+    // An environment for writes, one for sessions (built once), one for builds (each build
+    // sleeps in setup.sh, so a builder killed mid-build is holding one).
+    let mut ids = Vec::new();
+    for name in ["writes", "sessions", "builds"] {
+        let (status, created) = send(
+            client
+                .post(format!("{}/v1/environments", base(0)))
+                .bearer_auth("tok-acme")
+                .json(&json!({ "name": name })),
+        )
+        .await;
+        assert_eq!(status, 201, "{created}");
+        ids.push(created["id"].as_str().expect("id").to_owned());
+    }
+    let (writes, sessions, builds) = (ids[0].clone(), ids[1].clone(), ids[2].clone());
+    for (id, path, body) in [
+        (&sessions, "run.py", "print('hi')\n"),
+        (&builds, "setup.sh", "sleep 3\n"),
+    ] {
+        let (status, answer) = send(
+            client
+                .put(format!("{}/v1/environments/{id}/files/{path}", base(0)))
+                .bearer_auth("tok-acme")
+                .body(body),
+        )
+        .await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    let (status, queued) = send(
+        client
+            .post(format!("{}/v1/environments/{sessions}/build", base(0)))
+            .bearer_auth("tok-acme"),
+    )
+    .await;
+    assert_eq!(status, 202, "{queued}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (_, build) = send(
+            client
+                .get(format!("{}/v1/environments/{sessions}/builds/1", base(1)))
+                .bearer_auth("tok-acme"),
+        )
+        .await;
+        if build["status"] == "ready" {
+            break;
+        }
+        assert_ne!(build["status"], "failed", "{build}");
+        assert!(
+            Instant::now() < deadline,
+            "the first build did not end: {build}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The workload, until told to stop.
+    let outcomes = Arc::new(Log::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let acknowledged: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
+    let mut workers = Vec::new();
+    {
+        let (client, outcomes, stop, acknowledged, writes) = (
+            client.clone(),
+            outcomes.clone(),
+            stop.clone(),
+            acknowledged.clone(),
+            writes.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let (path, body) = (format!("w/{n}.txt"), format!("write {n}\n"));
+                let url = format!(
+                    "http://{}/v1/environments/{writes}/files/{path}",
+                    gateways[n % 2]
+                );
+                let answer = client
+                    .put(url)
+                    .bearer_auth("tok-acme")
+                    .body(body.clone())
+                    .send()
+                    .await;
+                match answer {
+                    Ok(response) if response.status() == 200 => {
+                        acknowledged
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .insert(path, body);
+                        outcomes.record("write", true, String::new());
+                    }
+                    Ok(response) => {
+                        let status = response.status();
+                        let text = response.text().await.unwrap_or_default();
+                        outcomes.record("write", false, format!("{status} {text}"));
+                    }
+                    Err(error) => outcomes.record("write", false, error.to_string()),
+                }
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+        }));
+    }
+    {
+        let (client, outcomes, stop, sessions) = (
+            client.clone(),
+            outcomes.clone(),
+            stop.clone(),
+            sessions.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let base = format!("http://{}", gateways[n % 2]);
+                let result = session_round(&client, &base, &sessions).await;
+                outcomes.record("session", result.is_ok(), result.err().unwrap_or_default());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }));
+    }
+    let build_ends: Arc<Mutex<Vec<(u64, Value)>>> = Arc::default();
+    {
+        let (client, outcomes, stop, builds, build_ends) = (
+            client.clone(),
+            outcomes.clone(),
+            stop.clone(),
+            builds.clone(),
+            build_ends.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let base = format!("http://{}", gateways[n % 2]);
+                // A change, so each build installs rather than finds its source built.
+                let _ = client
+                    .put(format!("{base}/v1/environments/{builds}/files/stamp.txt"))
+                    .bearer_auth("tok-acme")
+                    .body(format!("{n}\n"))
+                    .send()
+                    .await;
+                let queued = client
+                    .post(format!("{base}/v1/environments/{builds}/build"))
+                    .bearer_auth("tok-acme")
+                    .send()
+                    .await;
+                let version = match queued {
+                    Ok(response) if response.status() == 202 => {
+                        let body: Value = response.json().await.unwrap_or_default();
+                        outcomes.record("build", true, String::new());
+                        body["version"].as_u64()
+                    }
+                    Ok(response) => {
+                        let status = response.status();
+                        let text = response.text().await.unwrap_or_default();
+                        outcomes.record("build", false, format!("{status} {text}"));
+                        None
+                    }
+                    Err(error) => {
+                        outcomes.record("build", false, error.to_string());
+                        None
+                    }
+                };
+                let Some(version) = version else {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                };
+                // Followed to its end through either gateway (polls are not the workload).
+                loop {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    let base = format!("http://{}", gateways[n % 2]);
+                    n += 1;
+                    let Ok(response) = client
+                        .get(format!("{base}/v1/environments/{builds}/builds/{version}"))
+                        .bearer_auth("tok-acme")
+                        .send()
+                        .await
+                    else {
+                        continue;
+                    };
+                    let build: Value = response.json().await.unwrap_or_default();
+                    if build["status"] == "ready" || build["status"] == "failed" {
+                        build_ends
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push((version, build));
+                        break;
+                    }
+                }
+            }
+        }));
+    }
+
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut report: Vec<String> = Vec::new();
+    let find = |services: &[Service], name: &str| -> usize {
+        services
+            .iter()
+            .position(|service| service.name == name)
+            .expect("a service of that name")
+    };
+
+    // 1. A catalog.
+    let index = find(&services, "catalog-1");
+    kill(&mut services[index]);
+    let killed = Instant::now();
+    tokio::time::sleep(PHASE).await;
+    let catalog_phase = phase(&outcomes, &mut report, "catalog-1", killed);
+
+    // 2. The builder holding a build, mid-build.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (version, holder) = loop {
+        let running = psql(
+            &database_url,
+            &format!(
+                "SELECT version, builder FROM builds WHERE environment_id = '{builds}' AND status = 'building' AND builder <> '' AND started_at_ms < {}",
+                now_ms() - 500
+            ),
+        );
+        if let Some((version, builder)) =
+            running.lines().next().and_then(|line| line.split_once('|'))
+        {
+            break (version.to_owned(), builder.to_owned());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no build was running on a builder within 30 s: builds {:?}, failures {:?}\n{}",
+            psql(
+                &database_url,
+                &format!(
+                    "SELECT version, status, builder, error FROM builds WHERE environment_id = '{builds}'"
+                )
+            ),
+            outcomes
+                .count(Instant::now() - Duration::from_secs(3600), Instant::now())
+                .2,
+            services_log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let index = find(&services, &holder);
+    kill(&mut services[index]);
+    let killed = Instant::now();
+    let takeover = loop {
+        let now = psql(
+            &database_url,
+            &format!(
+                "SELECT status, builder FROM builds WHERE environment_id = '{builds}' AND version = {version}"
+            ),
+        );
+        let (status, builder) = now.split_once('|').unwrap_or((&now, ""));
+        if (status == "building" && builder != holder) || status == "ready" || status == "failed" {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < BUILD_LEASE + Duration::from_secs(10),
+            "build {version} was still held by the killed {holder} {:?} after the kill (lease {BUILD_LEASE:?}): {now}",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let rest = PHASE.saturating_sub(killed.elapsed());
+    tokio::time::sleep(rest).await;
+    let builder_phase = phase(&outcomes, &mut report, &holder, killed);
+    report.push(format!(
+        "  its build {version} was taken over {:.1} s after the kill (lease {BUILD_LEASE:?})",
+        takeover.as_secs_f64()
+    ));
+
+    // 3. A node.
+    let index = find(&services, "node-1");
+    kill(&mut services[index]);
+    let killed = Instant::now();
+    let killed_ms = now_ms();
+    tokio::time::sleep(PHASE).await;
+    let node_phase = phase(&outcomes, &mut report, "node-1", killed);
+    let placed_after_ttl = psql(
+        &database_url,
+        &format!(
+            "SELECT count(*) FROM sessions s JOIN nodes n ON s.node_id = n.id WHERE n.name = 'node-1' AND s.created_at_ms > {}",
+            killed_ms + i64::try_from(NODE_TTL.as_millis()).expect("fits") + 1000
+        ),
+    );
+    let placed_on_live = psql(
+        &database_url,
+        &format!(
+            "SELECT count(*) FROM sessions s JOIN nodes n ON s.node_id = n.id WHERE n.name = 'node-2' AND s.created_at_ms > {killed_ms}"
+        ),
+    );
+
+    // 4. A source service.
+    let index = find(&services, "source-1");
+    kill(&mut services[index]);
+    let killed = Instant::now();
+    tokio::time::sleep(PHASE).await;
+    let source_phase = phase(&outcomes, &mut report, "source-1", killed);
+
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        let _ = tokio::time::timeout(Duration::from_secs(60), worker).await;
+    }
+    let total = outcomes.count(Instant::now() - Duration::from_secs(3600), Instant::now());
+    report.push(format!(
+        "workload: {} requests, {} failed; sessions after the node kill: {placed_on_live} on node-2",
+        total.0, total.1
+    ));
+    // The figures, for the README's table.
+    println!("{}", report.join("\n"));
+
+    // Every acknowledged write is there, read through the other gateway.
+    let acknowledged = acknowledged
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    assert!(
+        acknowledged.len() > 50,
+        "{} writes acknowledged",
+        acknowledged.len()
+    );
+    for (path, body) in &acknowledged {
+        let response = client
+            .get(format!("{}/v1/environments/{writes}/files/{path}", base(1)))
+            .bearer_auth("tok-acme")
+            .send()
+            .await
+            .expect("read back");
+        assert_eq!(
+            response.status(),
+            200,
+            "{path} was acknowledged and is gone"
+        );
+        assert_eq!(&response.text().await.expect("body"), body, "{path}");
+    }
+    // Every build that was followed to its end is ready, the one the killed builder held
+    // included.
+    let ends = build_ends
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    assert!(ends.len() >= 3, "{} builds ended", ends.len());
+    for (version, build) in &ends {
+        assert_eq!(build["status"], "ready", "build {version}: {build}");
+    }
+    assert!(
+        ends.iter().any(|(v, _)| v.to_string() == version),
+        "the killed builder's build {version} never ended: {ends:?}"
+    );
+    assert_eq!(
+        placed_after_ttl, "0",
+        "sessions were placed on the dead node after its TTL"
+    );
+    assert_ne!(
+        placed_on_live, "0",
+        "no session ran after the node was killed"
+    );
+    for (name, (tail_failed, tail_what)) in [
+        ("catalog", catalog_phase),
+        ("builder", builder_phase),
+        ("node", node_phase),
+        ("source", source_phase),
+    ] {
+        assert_eq!(
+            tail_failed,
+            0,
+            "requests still failed in the last {QUIET_TAIL:?} of the {name} kill's phase: {tail_what:?}\n{}",
+            report.join("\n")
+        );
+    }
+}
+
+/// What the workload saw in the phase after a kill at `killed_at`: failures in all, and in
+/// the phase's quiet tail (with what failed); the phase's line goes into `report`.
+fn phase(
+    outcomes: &Log,
+    report: &mut Vec<String>,
+    name: &str,
+    killed_at: Instant,
+) -> (usize, Vec<String>) {
+    let (requests, failed, _) = outcomes.count(killed_at, killed_at + PHASE);
+    let (_, tail_failed, tail_what) =
+        outcomes.count(killed_at + PHASE - QUIET_TAIL, killed_at + PHASE);
+    report.push(format!(
+        "kill -9 {name}: {failed} of {requests} requests failed in the {} s after it",
+        PHASE.as_secs()
+    ));
+    (tail_failed, tail_what)
+}
+
+/// Creates a session, runs a command in it and ends it.
+async fn session_round(
+    client: &reqwest::Client,
+    base: &str,
+    environment: &str,
+) -> Result<(), String> {
+    let response = client
+        .post(format!("{base}/v1/sessions"))
+        .bearer_auth("tok-acme")
+        .json(&json!({ "environment": environment }))
+        .send()
+        .await
+        .map_err(|error| format!("create: {error}"))?;
+    let status = response.status();
+    let session: Value = response.json().await.unwrap_or_default();
+    if status != 201 {
+        return Err(format!("create: {status} {session}"));
+    }
+    let id = session["id"].as_str().unwrap_or_default().to_owned();
+    let response = client
+        .post(format!("{base}/v1/sessions/{id}/exec"))
+        .bearer_auth("tok-acme")
+        .json(&json!({ "command": "echo ok" }))
+        .send()
+        .await
+        .map_err(|error| format!("exec: {error}"))?;
+    let status = response.status();
+    let result: Value = response.json().await.unwrap_or_default();
+    if status != 200 || result["stdout"] != "ok\n" {
+        return Err(format!("exec: {status} {result}"));
+    }
+    let response = client
+        .delete(format!("{base}/v1/sessions/{id}"))
+        .bearer_auth("tok-acme")
+        .send()
+        .await
+        .map_err(|error| format!("end: {error}"))?;
+    if !response.status().is_success() {
+        return Err(format!("end: {}", response.status()));
+    }
+    Ok(())
+}
