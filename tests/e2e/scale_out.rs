@@ -679,10 +679,12 @@ fn phase(
     let (requests, failed, _) = outcomes.count(killed_at, killed_at + PHASE);
     let (_, tail_failed, tail_what) =
         outcomes.count(killed_at + PHASE - QUIET_TAIL, killed_at + PHASE);
-    report.push(format!(
+    let line = format!(
         "kill -9 {name}: {failed} of {requests} requests failed in the {} s after it",
         PHASE.as_secs()
-    ));
+    );
+    println!("{line}");
+    report.push(line);
     (tail_failed, tail_what)
 }
 
