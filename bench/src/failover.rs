@@ -254,13 +254,17 @@ impl Deployment {
         anyhow::bail!("{url} did not become ready")
     }
 
-    /// A builder long-polling catalog `catalog` (0 or 1).
+    /// A builder long-polling catalog `catalog` (0 or 1), with a work directory of its own
+    /// (a builder starting clears what an earlier one left in its work directory).
     fn builder(&self, name: &str, catalog: usize) -> anyhow::Result<Process> {
+        let data_dir = self.dir.path().join(name).display().to_string();
         self.spawn(
             "builder",
             &[
                 "--name",
                 name,
+                "--data-dir",
+                &data_dir,
                 "--catalog-url",
                 &self.catalogs[catalog],
                 "--blob-url",
