@@ -3,6 +3,7 @@
 
 mod build;
 mod environments;
+mod failover;
 mod fresh_fs;
 mod http1;
 mod import;
@@ -49,6 +50,10 @@ enum Bench {
     /// and grace: the data directory's bytes, every table's rows and the service's memory at
     /// the start, the peak and after the last collection pass.
     Soak(soak::Args),
+    /// Across catalog replicas on PostgreSQL: queued→started of a build queued through one
+    /// catalog with the builder waiting on another, vs on the same one; and a killed
+    /// builder's build taken over, vs one stopped gracefully.
+    Failover(failover::Args),
 }
 
 #[tokio::main]
@@ -71,6 +76,7 @@ async fn main() -> anyhow::Result<()> {
         Bench::Sessions(args) => sessions::run(args).await,
         Bench::Novo(args) => novo::run(args).await,
         Bench::Soak(args) => soak::run(args).await,
+        Bench::Failover(args) => failover::run(args).await,
     }
 }
 

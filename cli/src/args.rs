@@ -162,6 +162,8 @@ pub struct ServeArgs {
     pub git: GitArgs,
     #[command(flatten)]
     pub gc: GcArgs,
+    #[command(flatten)]
+    pub liveness: LivenessArgs,
     /// Builders to run in this process (0: builds wait for `plinth builder` elsewhere).
     #[arg(long, env = "PLINTH_BUILDERS")]
     pub builders: Option<u32>,
@@ -201,6 +203,8 @@ pub struct CatalogArgs {
     /// directory under --data-dir that a split service otherwise refuses to fall back to.
     #[arg(long, env = "PLINTH_STANDALONE")]
     pub standalone: bool,
+    #[command(flatten)]
+    pub liveness: LivenessArgs,
 }
 
 /// `plinth source`.
@@ -262,6 +266,22 @@ pub struct BuilderArgs {
     /// directory under --data-dir that a split service otherwise refuses to fall back to.
     #[arg(long, env = "PLINTH_STANDALONE")]
     pub standalone: bool,
+    /// Address for /healthz, /readyz and /metrics.
+    #[arg(long, env = "PLINTH_BUILDER_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
+}
+
+/// How soon the catalog gives up on a silent node or builder: `serve` and `catalog` take these.
+#[derive(Debug, Args)]
+pub struct LivenessArgs {
+    /// Milliseconds a node may go without a heartbeat before it gets no new sessions (nodes
+    /// heartbeat three times in it).
+    #[arg(long, env = "PLINTH_NODE_TTL_MS")]
+    pub node_ttl_ms: Option<u64>,
+    /// Seconds a builder's lease on a build lasts unless renewed (renewed every third of it);
+    /// a crashed builder's build is taken over once it runs out.
+    #[arg(long, env = "PLINTH_BUILD_LEASE_SECONDS")]
+    pub build_lease_seconds: Option<u64>,
 }
 
 /// `plinth node`.

@@ -206,7 +206,11 @@ pub struct CatalogSection {
     pub database_url: Option<String>,
     /// Upper bound on pooled database connections.
     pub max_connections: u32,
-    /// How long a builder's lease on a build lasts unless renewed, in seconds.
+    /// How long a node may go without a heartbeat before placement passes it over, in ms;
+    /// nodes are told to heartbeat three times in it.
+    pub node_ttl_ms: u64,
+    /// How long a builder's lease on a build lasts unless renewed, in seconds; builders renew
+    /// every third of it, and a crashed builder's build is taken over once it runs out.
     pub build_lease_seconds: u64,
     /// Leases a build may be handed before a lost builder fails it.
     pub build_max_attempts: u32,
@@ -240,7 +244,8 @@ impl Default for CatalogSection {
             admin_listen: None,
             database_url: None,
             max_connections: 10,
-            build_lease_seconds: 30,
+            node_ttl_ms: 3_000,
+            build_lease_seconds: 6,
             build_max_attempts: 3,
             adapter_credential_grace_seconds: 3600,
             seal_key_file: None,
@@ -346,6 +351,9 @@ pub struct BuilderSection {
     /// scope's stored bytes; when absent, layers are not counted (`serve` always counts).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source_url: Option<String>,
+    /// Address for /healthz, /readyz and /metrics (`plinth builder` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_listen: Option<SocketAddr>,
     /// Whether installers may use the network. On: the package registries through the build's
     /// egress proxy (or, with `https_proxy`/`http_proxy` set, the host's network and that
     /// proxy). Off: no network at all, and uv, pip and npm install only from what the project
@@ -414,6 +422,7 @@ impl Default for BuilderSection {
             toolchain_dirs: Vec::new(),
             name: None,
             source_url: None,
+            admin_listen: None,
             network: true,
             egress_allow: Vec::new(),
             ca_bundle: None,
@@ -742,6 +751,7 @@ impl Config {
         }
         config.apply_git_flags(&args.git);
         config.apply_gc_flags(&args.gc)?;
+        config.apply_liveness_flags(&args.liveness);
         if let Some(builders) = args.builders {
             config.builder.count = builders;
         }
@@ -783,6 +793,7 @@ impl Config {
             config.catalog.database_url = Some(url.clone());
         }
         config.apply_gc_flags(&args.gc)?;
+        config.apply_liveness_flags(&args.liveness);
         config.make_paths_absolute()?;
         let private = config.catalog.database_url.is_none();
         config.resolve_database();
@@ -931,6 +942,9 @@ impl Config {
         }
         if let Some(url) = &args.source_url {
             config.builder.source_url = Some(url.clone());
+        }
+        if let Some(listen) = args.admin_listen {
+            config.builder.admin_listen = Some(listen);
         }
         config.make_paths_absolute()?;
         let private_blobs = config.source.blob_url.is_none();
@@ -1366,6 +1380,15 @@ fn apply_edge_flags(config: &mut Config, edge: &EdgeArgs) -> Result<(), ConfigEr
 
 impl Config {
     /// Applies the garbage collection and retention flags (and their variables) over the file.
+    fn apply_liveness_flags(&mut self, liveness: &crate::args::LivenessArgs) {
+        if let Some(ms) = liveness.node_ttl_ms {
+            self.catalog.node_ttl_ms = ms;
+        }
+        if let Some(seconds) = liveness.build_lease_seconds {
+            self.catalog.build_lease_seconds = seconds;
+        }
+    }
+
     fn apply_gc_flags(&mut self, gc: &crate::args::GcArgs) -> Result<(), ConfigError> {
         if let Some(seconds) = gc.gc_interval_seconds {
             self.gc.interval_seconds = seconds;

@@ -279,6 +279,10 @@ pub async fn start_source(config: &Config) -> anyhow::Result<Running> {
 /// Starts one builder alone.
 pub async fn start_builder(config: &Config) -> anyhow::Result<Running> {
     let internal = config.internal.for_process("builder", true, false)?;
+    let admin = match config.builder.admin_listen {
+        Some(address) => Some(bind(Some(address), "builder admin endpoints").await?),
+        None => None,
+    };
     let shutdown = CancellationToken::new();
     let mut services = JoinSet::new();
     let layers = config
@@ -287,11 +291,20 @@ pub async fn start_builder(config: &Config) -> anyhow::Result<Running> {
         .as_deref()
         .map(|url| transport(&internal, url, "source", None))
         .transpose()?;
+    let catalog = Peers::remote(config).catalog(&internal)?;
+    if admin.is_some() {
+        plinth_kit::admin::spawn(
+            admin,
+            builder_readiness(config, catalog.clone())?,
+            Some(internal.accepted.clone()),
+            shutdown.clone(),
+        );
+    }
     spawn_builder(
         &mut services,
         config,
         &internal,
-        Peers::remote(config).catalog(&internal)?,
+        catalog,
         layers,
         0,
         shutdown.clone(),
@@ -306,6 +319,64 @@ pub async fn start_builder(config: &Config) -> anyhow::Result<Running> {
         shutdown,
         services,
     })
+}
+
+/// A builder is ready when it can do its work: the catalog answers (or it gets no builds and
+/// can report none) and the blob store answers (or no source could be read, no layer written).
+/// The reason names which is missing.
+fn builder_readiness(
+    config: &Config,
+    catalog: Transport,
+) -> anyhow::Result<plinth_kit::admin::ReadinessCheck> {
+    let blob_url = config
+        .source
+        .blob_url
+        .clone()
+        .context("blob URL is not resolved")?;
+    let spool = config
+        .source
+        .spool_dir
+        .clone()
+        .context("spool directory is not resolved")?;
+    let blobs = plinth_blobs::BlobStore::open(&blob_url, spool).with_context(|| {
+        format!(
+            "cannot open the blob store {}",
+            plinth_kit::config::redact_url(&blob_url)
+        )
+    })?;
+    Ok(std::sync::Arc::new(move || {
+        let (catalog, blobs) = (catalog.clone(), blobs.clone());
+        Box::pin(async move {
+            let catalog = async {
+                let request = tonic_health::pb::HealthCheckRequest {
+                    service: plinth_catalog::SERVICE_NAME.to_owned(),
+                };
+                let answer = tokio::time::timeout(
+                    std::time::Duration::from_secs(2),
+                    tonic_health::pb::health_client::HealthClient::new(catalog).check(request),
+                )
+                .await
+                .map_err(|_| "the catalog did not answer within 2 s".to_owned())?
+                .map_err(|status| format!("the catalog does not answer: {}", status.message()))?;
+                match answer.into_inner().status() {
+                    tonic_health::pb::health_check_response::ServingStatus::Serving => Ok(()),
+                    other => Err(format!("the catalog reports {}", other.as_str_name())),
+                }
+            };
+            let blobs = async {
+                blobs
+                    .ping()
+                    .await
+                    .map_err(|error| format!("the blob store does not answer: {error}"))
+            };
+            match tokio::join!(catalog, blobs) {
+                (Ok(()), Ok(())) => Ok(()),
+                (Err(catalog), Ok(())) => Err(catalog),
+                (Ok(()), Err(blobs)) => Err(blobs),
+                (Err(catalog), Err(blobs)) => Err(format!("{catalog}; {blobs}")),
+            }
+        })
+    }))
 }
 
 fn spawn_builder(
@@ -763,9 +834,13 @@ fn spawn_catalog(
             .saturating_mul(1000),
         max_attempts: config.catalog.build_max_attempts.max(1),
     };
+    let node_ttl = plinth_catalog::NodeTtl::from_ms(
+        i64::try_from(config.catalog.node_ttl_ms).unwrap_or(i64::MAX),
+    );
     let seal_key = seal_key(config)?;
     let options = CatalogOptions {
         leases,
+        node_ttl,
         database_url: config
             .catalog
             .database_url

@@ -344,16 +344,53 @@ pub(crate) async fn start_session(
     scope: &str,
     session: pb::Session,
 ) -> Result<pb::Session, ApiError> {
-    let attached = state
-        .nodes
-        .client(&session.node_address)?
-        .attach(node::AttachRequest {
-            session: Some(spec(&session)),
-        })
-        .await;
+    attach(state, scope, session)
+        .await
+        .map_err(AttachFailure::into_error)
+}
+
+/// Why a placed session could not be attached; it has been ended in the catalog either way.
+enum AttachFailure {
+    /// The node could not be reached (dead, or not answering): another node may do.
+    NodeUnreachable(ApiError),
+    /// Anything else, which another node would answer alike.
+    Other(ApiError),
+}
+
+impl AttachFailure {
+    fn into_error(self) -> ApiError {
+        match self {
+            AttachFailure::NodeUnreachable(error) | AttachFailure::Other(error) => error,
+        }
+    }
+}
+
+/// Attaches a placed session on its node and records where its working directory is.
+async fn attach(
+    state: &AppState,
+    scope: &str,
+    session: pb::Session,
+) -> Result<pb::Session, AttachFailure> {
+    let attached = match state.nodes.client(&session.node_address) {
+        Ok(mut client) => client
+            .attach(node::AttachRequest {
+                session: Some(spec(&session)),
+            })
+            .await
+            .map_err(|status| {
+                // Refused connections and resets are `unavailable`, as is a node shutting
+                // down: the node is not there to run the session.
+                if status.code() == tonic::Code::Unavailable {
+                    AttachFailure::NodeUnreachable(status.into())
+                } else {
+                    AttachFailure::Other(status.into())
+                }
+            }),
+        Err(error) => Err(AttachFailure::NodeUnreachable(error)),
+    };
     let attached = match attached {
         Ok(attached) => attached.into_inner(),
-        Err(status) => {
+        Err(failure) => {
             // A session that never got its working directory is ended, not left dangling.
             let _ = state
                 .sessions()
@@ -362,7 +399,7 @@ pub(crate) async fn start_session(
                     id: session.id.clone(),
                 })
                 .await;
-            return Err(status.into());
+            return Err(failure);
         }
     };
     // The catalog records the working directory when it places the session on a node that
@@ -378,11 +415,41 @@ pub(crate) async fn start_session(
                 workdir: attached.workdir,
                 isolated: attached.isolated,
             })
-            .await?
+            .await
+            .map_err(|status| AttachFailure::Other(status.into()))?
             .into_inner()
     };
     state.live.put(scope, &session);
     Ok(session)
+}
+
+/// Places a session and attaches it; when the node it was placed on cannot be reached (it
+/// died since its last heartbeat, within the catalog's node TTL), places it once more on
+/// another node, so that a dead node costs the caller a little time rather than a failed
+/// create. A second unreachable node is the caller's answer: nodes are failing faster than
+/// one retry can hide.
+async fn place_and_attach(
+    state: &AppState,
+    scope: &str,
+    mut request: pb::CreateSessionRequest,
+) -> Result<pb::Session, ApiError> {
+    let session = state
+        .sessions()
+        .create_session(request.clone())
+        .await?
+        .into_inner();
+    let node = session.node_id.clone();
+    match attach(state, scope, session).await {
+        Ok(session) => Ok(session),
+        Err(AttachFailure::NodeUnreachable(error)) => {
+            tracing::warn!(%node, error = %error.0.message, "the session's node cannot be reached; placing the session on another node");
+            metrics::counter!("plinth_session_placement_retries_total").increment(1);
+            request.exclude_node = node;
+            let session = state.sessions().create_session(request).await?.into_inner();
+            start_session(state, scope, session).await
+        }
+        Err(AttachFailure::Other(error)) => Err(error),
+    }
 }
 
 pub(crate) fn spec(session: &pb::Session) -> node::SessionSpec {
@@ -430,18 +497,14 @@ async fn create_session(
             .into());
         }
     };
-    let session = state
-        .sessions()
-        .create_session(pb::CreateSessionRequest {
-            scope: caller.scope.clone(),
-            environment_id: environment,
-            harness_id,
-            limits: Some(limits.to_catalog()),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
-    let session = start_session(&state, &caller.scope, session).await?;
+    let request = pb::CreateSessionRequest {
+        scope: caller.scope.clone(),
+        environment_id: environment,
+        harness_id,
+        limits: Some(limits.to_catalog()),
+        ..Default::default()
+    };
+    let session = place_and_attach(&state, &caller.scope, request).await?;
     Ok((StatusCode::CREATED, Json(session_body(session))))
 }
 

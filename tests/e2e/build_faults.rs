@@ -1,7 +1,7 @@
 //! Builder faults with real processes: `plinth catalog`, `plinth source`, `plinth gateway`
 //! and two `plinth builder`s. A builder killed mid-build loses its lease and another builder
-//! completes the build; a builder paused past its lease and resumed cannot publish. Either
-//! way exactly one version exists.
+//! completes the build (with the default lease, within seconds of the kill); a builder paused
+//! past its lease and resumed cannot publish. Either way exactly one version exists.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -41,17 +41,20 @@ fn spawn(args: &[&str], config: &std::path::Path, log: Option<std::fs::File>) ->
 
 impl Cluster {
     async fn start() -> Self {
-        Self::with_lease(3).await
+        Self::with_lease(Some(3)).await
     }
 
-    /// The cluster with builds leased for `lease_seconds`.
-    async fn with_lease(lease_seconds: u64) -> Self {
+    /// The cluster with builds leased for `lease_seconds` (`None`: the default lease).
+    async fn with_lease(lease_seconds: Option<u64>) -> Self {
         let data = tempfile::tempdir().expect("data");
         let config = data.path().join("plinth.toml");
+        let lease = lease_seconds
+            .map(|seconds| format!("build_lease_seconds = {seconds}\n"))
+            .unwrap_or_default();
         std::fs::write(
             &config,
             format!(
-                "data_dir = \"{}\"\n[catalog]\nbuild_lease_seconds = {lease_seconds}\nbuild_max_attempts = 5\nseal_key_file = \"{}\"\n[builder]\nnetwork = false\n",
+                "data_dir = \"{}\"\n[catalog]\n{lease}build_max_attempts = 5\nseal_key_file = \"{}\"\n[builder]\nnetwork = false\n",
                 data.path().display(),
                 crate::helpers::seal_key_file(data.path()).display()
             ),
@@ -340,7 +343,7 @@ async fn a_builder_stopped_gracefully_gives_its_build_back_at_once() {
         return;
     }
     // A lease far longer than the test waits: only a released build is taken over in time.
-    let cluster = Cluster::with_lease(120).await;
+    let cluster = Cluster::with_lease(Some(120)).await;
     let logs = tempfile::tempdir().expect("logs");
     let id = cluster.project().await;
     let mut first = cluster.builder("first", &logs.path().join("first.log"));
@@ -374,4 +377,45 @@ async fn a_builder_stopped_gracefully_gives_its_build_back_at_once() {
         .await;
     assert_eq!(build["status"], "ready", "{build}");
     assert_eq!(build["attempt"], 2, "{build}");
+}
+
+#[tokio::test]
+async fn by_default_a_killed_builders_build_is_taken_over_within_seconds() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    // The default lease (6 s, renewed every 2 s): a builder waiting for work takes over a
+    // dead builder's build once its lease runs out, not at some later poll.
+    let cluster = Cluster::with_lease(None).await;
+    let logs = tempfile::tempdir().expect("logs");
+    let id = cluster.project().await;
+    let first = cluster.builder("first", &logs.path().join("first.log"));
+    cluster
+        .wait_for(&id, "the first builder takes the build", |b| {
+            b["status"] == "building"
+        })
+        .await;
+    // The second builder is up and long-polling before the first dies.
+    let _second = cluster.builder("second", &logs.path().join("second.log"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    signal(&first, "KILL");
+    let killed = std::time::Instant::now();
+    drop(first);
+    cluster
+        .wait_for(&id, "the second builder takes the build over", |b| {
+            b["attempt"].as_u64() >= Some(2)
+        })
+        .await;
+    let taken_over = killed.elapsed();
+    // The lease, plus slack for a loaded machine; the old 30 s lease is far past it.
+    assert!(
+        taken_over < Duration::from_secs(10),
+        "taken over {taken_over:?} after the kill"
+    );
+    let build = cluster
+        .wait_for(&id, "the second builder finishes", |b| {
+            b["status"] == "ready" || b["status"] == "failed"
+        })
+        .await;
+    assert_eq!(build["status"], "ready", "{build}");
 }

@@ -13,6 +13,7 @@ mod credentials;
 mod edge;
 mod environments;
 mod everyday_tools;
+mod failover;
 mod files;
 mod first_run;
 mod gc;

@@ -159,6 +159,7 @@ pub async fn allocate(context: &Context, version: Option<u32>) -> Result<pb::Ses
             version,
             owner: owner(&context.binding),
             limits: Some(context.state.session_limits.defaults().to_catalog()),
+            exclude_node: String::new(),
         })
         .await
         .map_err(|status| receipt::from_error(&PlinthError::from_status(&status)))?

@@ -12,7 +12,7 @@ use crate::adapters::{
 };
 use crate::model::{EnvironmentId, Scope};
 use crate::persistence::{Claimed, Store, StoreError};
-use crate::session_service::NODE_HEARTBEAT_MS;
+use crate::session_service::NodeTtl;
 
 /// How long an idempotency key's answer is kept.
 pub const IDEMPOTENCY_RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
@@ -21,13 +21,18 @@ pub const IDEMPOTENCY_RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
 pub struct Adapters {
     store: Store,
     grace: Duration,
+    nodes: NodeTtl,
 }
 
 impl Adapters {
     /// `grace`: how long a rotated-out credential is still accepted when the rotation does not
     /// say.
-    pub fn new(store: Store, grace: Duration) -> Self {
-        Adapters { store, grace }
+    pub fn new(store: Store, grace: Duration, nodes: NodeTtl) -> Self {
+        Adapters {
+            store,
+            grace,
+            nodes,
+        }
     }
 }
 
@@ -244,7 +249,7 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             .map_err(|error| store_error(error, &request.adapter_id, ""))?
             .adapter;
         let limits = crate::session_service::limits_from_wire(request.limits)?;
-        let live_since = plinth_kit::clock::now_ms() - 3 * NODE_HEARTBEAT_MS;
+        let live_since = self.nodes.live_since_ms();
         let opened = self
             .store
             .open_run(&adapter, run, live_since, limits)

@@ -8,21 +8,21 @@ use plinth_kit::clock::now_ms;
 use plinth_kit::tasks::CancellationToken;
 
 use crate::persistence::Store;
-use crate::session_service::NODE_HEARTBEAT_MS;
+use crate::session_service::NodeTtl;
 
 /// How often the gauges are read: about a Prometheus scrape interval.
 pub const EVERY: Duration = Duration::from_secs(10);
 
 /// Sets the gauges now and every [`EVERY`] until `shutdown`. A database that does not answer
 /// leaves the last figures (readiness reports the database itself).
-pub async fn report(store: Store, shutdown: CancellationToken) {
+pub async fn report(store: Store, nodes: NodeTtl, shutdown: CancellationToken) {
     // The takeover counters exist from the start, so a rate over them is 0, not absent.
     for outcome in ["requeued", "failed"] {
         metrics::counter!("plinth_build_lease_takeovers_total", "outcome" => outcome).increment(0);
     }
     loop {
         let now = now_ms();
-        match store.counts(now, now - 3 * NODE_HEARTBEAT_MS).await {
+        match store.counts(now, nodes.live_since_ms()).await {
             Ok(counts) => {
                 let gauge = |name: &'static str, state: &'static str, value: i64| {
                     metrics::gauge!(name, "state" => state).set(value as f64);

@@ -7,7 +7,8 @@
 //! domain types and their rules; `service` (environments, builds) and `harnesses` are thin gRPC
 //! adapters; `sweep` ends sessions past their lifetime or idle limit; `retention` retires old
 //! versions and records of ended work; `collection_service` is the catalog's part in garbage
-//! collection of the blob store; `seal` seals workspace adapters' credentials at rest;
+//! collection of the blob store; `wakeups` wakes builders waiting for work, across replicas
+//! on PostgreSQL; `seal` seals workspace adapters' credentials at rest;
 //! `quota_service` answers a scope's usage of its quotas (the store enforces them); `run`
 //! starts it all.
 
@@ -29,6 +30,7 @@ pub mod sessions;
 pub mod sweep;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod wakeups;
 
 use std::sync::Arc;
 
@@ -51,7 +53,7 @@ pub use persistence::{
     Retired, Store, StoreError,
 };
 pub use seal::{SealError, SealKey};
-pub use session_service::NODE_HEARTBEAT_MS;
+pub use session_service::{DEFAULT_NODE_TTL_MS, NodeTtl};
 
 /// The catalog's gRPC service name, as health checks name it.
 pub const SERVICE_NAME: &str = "plinth.catalog.v1.CatalogService";
@@ -127,6 +129,8 @@ pub struct CatalogOptions {
     pub internal: Internal,
     /// How builds are leased to builders.
     pub leases: LeasePolicy,
+    /// How long a silent node still gets new sessions.
+    pub node_ttl: NodeTtl,
     /// How long a workspace adapter's rotated-out credential is still accepted.
     pub adapter_credential_grace: std::time::Duration,
     /// Where callers in this process reach the catalog directly, when they run beside it.
@@ -197,7 +201,23 @@ pub async fn run(
         Some(options.internal.accepted.clone()),
         shutdown.clone(),
     );
-    plinth_kit::tasks::spawn(gauges::report(store.clone(), shutdown.clone()));
+    plinth_kit::tasks::spawn(gauges::report(
+        store.clone(),
+        options.node_ttl,
+        shutdown.clone(),
+    ));
+    let wakeups = match store.backend() {
+        plinth_kit::database::Backend::Sqlite => wakeups::Wakeups::in_process(),
+        plinth_kit::database::Backend::Postgres => {
+            let wakeups = wakeups::Wakeups::shared();
+            plinth_kit::tasks::spawn(wakeups::listen(
+                options.database_url.clone(),
+                wakeups.clone(),
+                shutdown.clone(),
+            ));
+            wakeups
+        }
+    };
     plinth_kit::tasks::spawn(sweep::end_sessions_past_their_limits(
         store.clone(),
         shutdown.clone(),
@@ -213,10 +233,18 @@ pub async fn run(
 
     // Every service bounds what one request may carry (tonic's default, 4 MiB, said here so
     // it is a decision and not an accident); Brain's operations carry tools' inputs.
-    let service = CatalogServiceServer::new(service::Catalog::new(store.clone(), options.leases))
-        .max_decoding_message_size(MAX_REQUEST_BYTES);
-    let sessions = SessionServiceServer::new(session_service::Sessions::new(store.clone()))
-        .max_decoding_message_size(MAX_REQUEST_BYTES);
+    let service = CatalogServiceServer::new(service::Catalog::new(
+        store.clone(),
+        options.leases,
+        wakeups,
+        shutdown.clone(),
+    ))
+    .max_decoding_message_size(MAX_REQUEST_BYTES);
+    let sessions = SessionServiceServer::new(session_service::Sessions::new(
+        store.clone(),
+        options.node_ttl,
+    ))
+    .max_decoding_message_size(MAX_REQUEST_BYTES);
     server
         .add_service(service)
         .add_service(
@@ -237,6 +265,7 @@ pub async fn run(
             AdapterServiceServer::new(adapter_service::Adapters::new(
                 store.clone(),
                 options.adapter_credential_grace,
+                options.node_ttl,
             ))
             .max_decoding_message_size(MAX_REQUEST_BYTES),
         )

@@ -19,7 +19,7 @@ mod retention;
 mod sessions;
 
 pub use adapters::{AdapterCredentials, Claimed, OpenedRun};
-pub use builds::{LeasePolicy, MAX_LOG_BYTES};
+pub use builds::{BUILD_QUEUED_CHANNEL, LeasePolicy, MAX_LOG_BYTES};
 pub use collection::CollectionRoots;
 use plinth_kit::database::{Backend, Database, DatabaseError, MigrationFile, now_ms};
 pub use quotas::Usage;

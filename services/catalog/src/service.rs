@@ -1,12 +1,15 @@
 //! The gRPC face of the catalog: wire types are validated into domain types on receipt,
 //! the store does the work, and domain types go back out. No rule lives here.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use plinth_kit::auth::Principal;
+use plinth_kit::clock::now_ms;
+use plinth_kit::tasks::CancellationToken;
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
-use tokio::sync::Notify;
+use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use crate::model::{
@@ -14,30 +17,59 @@ use crate::model::{
     LeaseToken, NewEnvironment, Outcome, Package, Scope, Toolchain,
 };
 use crate::persistence::{LeasePolicy, Store, StoreError};
+use crate::wakeups::Wakeups;
 
-/// How long a `ClaimBuild` with nothing to hand out waits for a build to be queued before it
-/// answers empty (a long poll): a builder hears of a build queued meanwhile at once, not at its
-/// next poll. It also bounds how long such a call holds up this server's shutdown.
-const CLAIM_HOLD: Duration = Duration::from_secs(2);
-/// How often a waiting `ClaimBuild` looks at the queue all the same: a build re-queued when its
-/// lease expires, or queued through another catalog, is announced to nobody.
+/// How long a `ClaimBuild` with nothing to hand out waits for a build before it answers empty
+/// (a long poll). A builder hears of a build queued meanwhile at once (see `crate::wakeups`),
+/// and of a lease that ran out when it runs out, so the wait can be long; it ends early when
+/// the catalog stops.
+const CLAIM_HOLD: Duration = Duration::from_secs(20);
+/// How often a waiting `ClaimBuild` looks at the queue all the same while builds queued
+/// through other catalogs are announced to nobody (PostgreSQL's listener not connected).
 const CLAIM_RECHECK: Duration = Duration::from_millis(500);
+/// How long after a lease's expiry a waiting claim looks again: the lease counts as expired
+/// only once the clock is past it.
+const EXPIRY_MARGIN_MS: i64 = 5;
 
 /// The `plinth.catalog.v1.CatalogService` implementation.
 pub struct Catalog {
     store: Store,
     leases: LeasePolicy,
-    /// Wakes waiting `ClaimBuild` calls when a build is queued here.
-    queued: Notify,
+    /// Wakes waiting `ClaimBuild` calls when a build is queued.
+    wakeups: Arc<Wakeups>,
+    /// Ends waiting `ClaimBuild` calls when the catalog stops.
+    shutdown: CancellationToken,
 }
 
 impl Catalog {
-    pub fn new(store: Store, leases: LeasePolicy) -> Self {
+    pub fn new(
+        store: Store,
+        leases: LeasePolicy,
+        wakeups: Arc<Wakeups>,
+        shutdown: CancellationToken,
+    ) -> Self {
         Catalog {
             store,
             leases,
-            queued: Notify::new(),
+            wakeups,
+            shutdown,
         }
+    }
+
+    /// Until when a claim that found nothing waits, at most `deadline`: sooner when the
+    /// earliest running build's lease runs out (its builder may be dead), or, while some
+    /// queuing may go unannounced, after [`CLAIM_RECHECK`].
+    async fn wait_until(&self, deadline: Instant) -> Result<Instant, StoreError> {
+        let now = Instant::now();
+        let mut until = deadline;
+        if !self.wakeups.complete() {
+            until = until.min(now + CLAIM_RECHECK);
+        }
+        if let Some(expires_at_ms) = self.store.next_lease_expiry().await? {
+            let in_ms = (expires_at_ms + EXPIRY_MARGIN_MS - now_ms()).max(EXPIRY_MARGIN_MS);
+            until = until.min(now + Duration::from_millis(u64::try_from(in_ms).unwrap_or(0)));
+        }
+        Ok(until)
     }
 }
 
@@ -188,7 +220,7 @@ impl pb::catalog_service_server::CatalogService for Catalog {
             .await
             .map_err(|error| store_error(error, &request.id))?;
         tracing::info!(version = build.version, "build queued");
-        self.queued.notify_waiters();
+        self.wakeups.wake();
         Ok(Response::new(build.into()))
     }
 
@@ -263,10 +295,10 @@ impl pb::catalog_service_server::CatalogService for Catalog {
                 caller.name.as_deref().unwrap_or_default()
             )));
         }
-        let deadline = tokio::time::Instant::now() + CLAIM_HOLD;
+        let deadline = Instant::now() + CLAIM_HOLD;
         let claim = loop {
             // Listening before looking: a build queued between the two still wakes this call.
-            let queued = self.queued.notified();
+            let queued = self.wakeups.notified();
             tokio::pin!(queued);
             queued.as_mut().enable();
             let claim = self
@@ -274,11 +306,18 @@ impl pb::catalog_service_server::CatalogService for Catalog {
                 .claim_build(builder, self.leases)
                 .await
                 .map_err(|error| store_error(error, ""))?;
-            let now = tokio::time::Instant::now();
-            if claim.is_some() || now >= deadline {
+            if claim.is_some() || Instant::now() >= deadline || self.shutdown.is_cancelled() {
                 break claim;
             }
-            let _ = tokio::time::timeout((deadline - now).min(CLAIM_RECHECK), queued).await;
+            let until = self
+                .wait_until(deadline)
+                .await
+                .map_err(|error| store_error(error, ""))?;
+            tokio::select! {
+                () = queued => {}
+                () = tokio::time::sleep_until(until) => {}
+                () = self.shutdown.cancelled() => {}
+            }
         };
         Ok(Response::new(pb::ClaimBuildResponse {
             claim: claim.map(|claim| {
@@ -320,7 +359,7 @@ impl pb::catalog_service_server::CatalogService for Catalog {
             .await
             .map_err(|error| store_error(error, ""))?;
         // Builders waiting for work hear of it as of a newly queued build.
-        self.queued.notify_waiters();
+        self.wakeups.wake();
         tracing::info!("a builder gave its build back to the queue");
         Ok(Response::new(pb::ReleaseBuildResponse {}))
     }

@@ -11,17 +11,52 @@ use crate::model::{EnvironmentId, Scope};
 use crate::persistence::{NewSession, NewTask, Store, StoreError};
 use crate::sessions::{NodeId, Session, SessionId, SessionLimits, Task, Turn, TurnKind};
 
-/// How often nodes heartbeat; a node silent for three periods gets no new sessions.
-pub const NODE_HEARTBEAT_MS: i64 = 2_000;
+/// How long a node may stay silent before placement passes it over, unless configured
+/// (`catalog.node_ttl_ms`). Short, because a session placed on a dead node is a failed create:
+/// three heartbeats of one second each, so a single late heartbeat does not drop a live node.
+pub const DEFAULT_NODE_TTL_MS: i64 = 3_000;
+
+/// When a node counts as live: heard from within its TTL. Nodes are told to heartbeat three
+/// times per TTL.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeTtl {
+    ttl_ms: i64,
+}
+
+impl NodeTtl {
+    /// A TTL of `ttl_ms`, at least 300 ms (heartbeats every 100 ms at most).
+    pub fn from_ms(ttl_ms: i64) -> Self {
+        NodeTtl {
+            ttl_ms: ttl_ms.max(300),
+        }
+    }
+
+    /// How often nodes are told to heartbeat.
+    pub fn heartbeat_every_ms(self) -> i64 {
+        self.ttl_ms / 3
+    }
+
+    /// Nodes whose last heartbeat is older than this (ms since the epoch) get no new sessions.
+    pub fn live_since_ms(self) -> i64 {
+        now_ms() - self.ttl_ms
+    }
+}
+
+impl Default for NodeTtl {
+    fn default() -> Self {
+        NodeTtl::from_ms(DEFAULT_NODE_TTL_MS)
+    }
+}
 
 /// The `plinth.catalog.v1.SessionService` implementation.
 pub struct Sessions {
     store: Store,
+    nodes: NodeTtl,
 }
 
 impl Sessions {
-    pub fn new(store: Store) -> Self {
-        Sessions { store }
+    pub fn new(store: Store, nodes: NodeTtl) -> Self {
+        Sessions { store, nodes }
     }
 
     /// Refuses a credential for one node acting for another (or for an unknown node, which
@@ -68,7 +103,8 @@ impl Sessions {
             version,
             harness_id,
             owner,
-            live_since_ms: now_ms() - 3 * NODE_HEARTBEAT_MS,
+            live_since_ms: self.nodes.live_since_ms(),
+            exclude_node: None,
             // The gateway attaches a session it created before it answers.
             workdir_at_placement: true,
             limits: limits_from_wire(limits)?,
@@ -260,7 +296,7 @@ impl pb::session_service_server::SessionService for Sessions {
         tracing::info!(node = %id, name = %request.name, address = %request.address, isolated = request.isolated, "node registered");
         Ok(Response::new(pb::RegisterNodeResponse {
             node_id: id.as_str().to_owned(),
-            heartbeat_every_ms: NODE_HEARTBEAT_MS,
+            heartbeat_every_ms: self.nodes.heartbeat_every_ms(),
         }))
     }
 
@@ -317,7 +353,7 @@ impl pb::session_service_server::SessionService for Sessions {
         request: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
         let request = request.into_inner();
-        let new = self.new_session(
+        let mut new = self.new_session(
             &request.scope,
             &request.environment_id,
             request.harness_id,
@@ -325,12 +361,16 @@ impl pb::session_service_server::SessionService for Sessions {
             request.owner,
             request.limits,
         )?;
+        if !request.exclude_node.is_empty() {
+            // An id that names no node excludes nothing; it is not worth refusing the create.
+            new.exclude_node = NodeId::parse(&request.exclude_node);
+        }
         let session = self
             .store
             .create_session(new)
             .await
             .map_err(|error| placement_error(error, &request.environment_id))?;
-        tracing::info!(session = %session.id, environment = %session.environment_id, version = session.version, node = %session.node_id, "session created");
+        tracing::info!(session = %session.id, environment = %session.environment_id, version = session.version, node = %session.node_id, excluded = %request.exclude_node, "session created");
         Ok(Response::new(session.into()))
     }
 

@@ -406,6 +406,7 @@ impl Store {
                 harness_id: String::new(),
                 owner: format!("{} run {run_id}", adapter.id),
                 live_since_ms,
+                exclude_node: None,
                 // Whichever call of the run comes first attaches it: the empty working
                 // directory is how the others know it has not been yet.
                 workdir_at_placement: false,

@@ -22,6 +22,27 @@ const BUILD_COLUMNS: &str = "environment_id, version, status, source_tree, layer
      packages, size, attempt, log_bytes, queued_at_ms, started_at_ms, finished_at_ms, clean, \
      toolchains";
 
+/// The PostgreSQL channel a build's queuing is announced on, so that builders long-polling any
+/// catalog replica hear of it at once (see `crate::wakeups`).
+pub const BUILD_QUEUED_CHANNEL: &str = "plinth_build_queued";
+
+/// Announces, when `tx` commits, that a build can be claimed. PostgreSQL delivers the
+/// notification only if the transaction commits, and to every listening replica; SQLite has one
+/// catalog process, whose waiting claims are woken in-process.
+async fn announce_queued(
+    backend: Backend,
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+) -> Result<(), StoreError> {
+    if backend == Backend::Postgres {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "NOTIFY {BUILD_QUEUED_CHANNEL}"
+        )))
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
 /// How the queue hands out work.
 #[derive(Debug, Clone, Copy)]
 pub struct LeasePolicy {
@@ -96,6 +117,7 @@ impl Store {
         .bind(id.as_str())
         .execute(&mut *tx)
         .await?;
+        announce_queued(self.db.backend, &mut tx).await?;
         tx.commit().await?;
         self.get_build(scope, id, u32::try_from(version).unwrap_or(u32::MAX))
             .await
@@ -200,6 +222,10 @@ impl Store {
         .execute(&mut *tx)
         .await?
         .rows_affected();
+        if requeued > 1 {
+            // This claim takes one of them; builders waiting on other replicas take the rest.
+            announce_queued(self.db.backend, &mut tx).await?;
+        }
         // Counted once this transaction commits: a claim that rolls back took nothing over.
         let took_over = move || {
             if failed + requeued == 0 {
@@ -301,18 +327,33 @@ impl Store {
     /// out (its log stays; the next claim is its next attempt). A lease already lost is
     /// `StoreError::LeaseLost`.
     pub async fn release_build(&self, token: &LeaseToken) -> Result<(), StoreError> {
+        let mut tx = self.db.begin_write().await?;
         let released = sqlx::query(
             "UPDATE builds SET status = 'queued', lease_token = '', builder = '' \
              WHERE lease_token = $1 AND status = 'building' AND lease_expires_at_ms >= $2",
         )
         .bind(token.as_str())
         .bind(now_ms())
-        .execute(&self.db.writer)
+        .execute(&mut *tx)
         .await?;
         if released.rows_affected() == 0 {
             return Err(StoreError::LeaseLost);
         }
+        announce_queued(self.db.backend, &mut tx).await?;
+        tx.commit().await?;
         Ok(())
+    }
+
+    /// When the earliest lease of a running build runs out (ms since the epoch), if any build
+    /// is running: a claim waiting for work wakes then, to take the build over should its
+    /// builder have died. Nothing announces an expiry, so waiting claims time it themselves.
+    pub async fn next_lease_expiry(&self) -> Result<Option<i64>, StoreError> {
+        let row = sqlx::query(
+            "SELECT MIN(lease_expires_at_ms) AS expires FROM builds WHERE status = 'building'",
+        )
+        .fetch_one(&self.db.reader)
+        .await?;
+        Ok(row.try_get::<Option<i64>, _>("expires")?)
     }
 
     /// Appends to a build's log under a live lease; returns the log's new length.

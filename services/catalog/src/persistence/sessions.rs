@@ -49,6 +49,8 @@ pub struct NewSession {
     pub owner: String,
     /// Nodes whose last heartbeat is older than this are not given sessions.
     pub live_since_ms: i64,
+    /// A node not to place the session on (one its caller could not reach just now).
+    pub exclude_node: Option<NodeId>,
     /// Record the working directory when the session is placed (on a node that says where it
     /// keeps sessions), for a caller that attaches the session before it answers. Otherwise
     /// the working directory stays empty until `mark_attached`, which is how a caller that
@@ -483,7 +485,7 @@ async fn place_session(
          AND b.version = COALESCE($4, e.active_version) \
          AND b.status = 'ready' AND b.layer_tree <> '' \
          JOIN nodes n ON n.id = (SELECT c.id FROM nodes c WHERE c.heartbeat_at_ms >= $9 \
-         ORDER BY (SELECT COUNT(*) FROM sessions a WHERE a.node_id = c.id \
+         AND c.id <> $18 ORDER BY (SELECT COUNT(*) FROM sessions a WHERE a.node_id = c.id \
          AND a.status = 'active'), c.registered_at_ms, c.id LIMIT 1) \
          WHERE e.id = $2 AND e.scope = $3 \
          AND (SELECT COUNT(*) FROM sessions q WHERE q.scope = $3 AND q.status = 'active') < $17 \
@@ -510,6 +512,7 @@ async fn place_session(
     .bind(stored(limits.idle_s))
     .bind(limits.ends_at_ms(created_at_ms, created_at_ms))
     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .bind(excluded(new))
     .fetch_optional(&mut **tx)
     .await?;
     row.as_ref().map(session_from_row).transpose()
@@ -553,7 +556,7 @@ pub(super) async fn insert_session(
         ))
     })?;
     super::quotas::admit_one(tx, &new.scope, Quota::Sessions, limit).await?;
-    let node = live_node(tx, new.live_since_ms)
+    let node = live_node(tx, new.live_since_ms, excluded(new))
         .await?
         .ok_or(StoreError::NoLiveNode)?;
     let id = SessionId::generate();
@@ -625,17 +628,25 @@ pub(super) async fn insert_session(
     Ok(session)
 }
 
-/// The live node with the fewest live sessions.
+/// The node a new session must not go to, as the queries bind it: '' (no node's id) for none.
+fn excluded(new: &NewSession) -> &str {
+    new.exclude_node.as_ref().map_or("", NodeId::as_str)
+}
+
+/// The live node with the fewest live sessions, other than `exclude` (a node id, or '').
 async fn live_node(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
     live_since_ms: i64,
+    exclude: &str,
 ) -> Result<Option<Node>, StoreError> {
     let row = sqlx::query(
         "SELECT n.id, n.address, n.isolated, n.sessions_dir, \
          (SELECT COUNT(*) FROM sessions s WHERE s.node_id = n.id AND s.status = 'active') AS load \
-         FROM nodes n WHERE n.heartbeat_at_ms >= $1 ORDER BY load, n.registered_at_ms, n.id LIMIT 1",
+         FROM nodes n WHERE n.heartbeat_at_ms >= $1 AND n.id <> $2 \
+         ORDER BY load, n.registered_at_ms, n.id LIMIT 1",
     )
     .bind(live_since_ms)
+    .bind(exclude)
     .fetch_optional(&mut **tx)
     .await?;
     let Some(row) = row else { return Ok(None) };

@@ -444,6 +444,7 @@ async fn a_session_can_pin_a_ready_version_and_is_found_by_its_owner(store: Stor
         harness_id: String::new(),
         owner: owner.to_owned(),
         live_since_ms: 0,
+        exclude_node: None,
         workdir_at_placement: true,
         limits: Default::default(),
     };

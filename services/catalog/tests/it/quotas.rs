@@ -92,6 +92,7 @@ fn new_session(owner: &str, id: &EnvironmentId) -> NewSession {
         harness_id: String::new(),
         owner: String::new(),
         live_since_ms: 0,
+        exclude_node: None,
         workdir_at_placement: true,
         limits: SessionLimits::default(),
     }

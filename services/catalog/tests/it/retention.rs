@@ -108,6 +108,7 @@ fn session(id: &EnvironmentId, version: Option<u32>) -> NewSession {
         harness_id: String::new(),
         owner: String::new(),
         live_since_ms: 0,
+        exclude_node: None,
         workdir_at_placement: true,
         limits: SessionLimits::default(),
     }

@@ -67,6 +67,7 @@ fn new_session(id: &EnvironmentId) -> NewSession {
         harness_id: String::new(),
         owner: String::new(),
         live_since_ms: 0,
+        exclude_node: None,
         workdir_at_placement: true,
         limits: SessionLimits::default(),
     }
@@ -235,6 +236,13 @@ async fn sessions_need_a_ready_environment_and_a_live_node(store: Store) {
         .await
         .expect("second");
     assert_ne!(first.node_id, second.node_id);
+    // A node the caller could not reach is passed over, however empty.
+    for _ in 0..3 {
+        let mut elsewhere = new_session(&id);
+        elsewhere.exclude_node = Some(first.node_id.clone());
+        let placed = store.create_session(elsewhere).await.expect("elsewhere");
+        assert_eq!(placed.node_id, second.node_id);
+    }
 }
 
 async fn turns_are_numbered_in_order_even_when_they_race(store: Store) {
