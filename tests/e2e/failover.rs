@@ -133,6 +133,7 @@ async fn a_killed_node_costs_no_session_create_and_gets_none_after_its_ttl() {
             (
                 strings(&[
                     "catalog",
+                    "--standalone",
                     "--listen",
                     &catalog.to_string(),
                     "--admin-listen",
@@ -143,6 +144,7 @@ async fn a_killed_node_costs_no_session_create_and_gets_none_after_its_ttl() {
             (
                 strings(&[
                     "source",
+                    "--standalone",
                     "--listen",
                     &source.to_string(),
                     "--admin-listen",
@@ -170,6 +172,7 @@ async fn a_killed_node_costs_no_session_create_and_gets_none_after_its_ttl() {
     services.push(spawn(
         &strings(&[
             "builder",
+            "--standalone",
             "--name",
             "builder",
             "--catalog-url",
@@ -194,6 +197,7 @@ async fn a_killed_node_costs_no_session_create_and_gets_none_after_its_ttl() {
                 vec![(
                     strings(&[
                         "node",
+                        "--standalone",
                         "--name",
                         name,
                         "--data-dir",
@@ -295,6 +299,7 @@ async fn a_build_queued_through_one_catalog_wakes_a_builder_waiting_on_another()
         (
             strings(&[
                 "catalog",
+                "--standalone",
                 "--listen",
                 &listen.to_string(),
                 "--admin-listen",
@@ -315,6 +320,7 @@ async fn a_build_queued_through_one_catalog_wakes_a_builder_waiting_on_another()
             (
                 strings(&[
                     "source",
+                    "--standalone",
                     "--listen",
                     &source.to_string(),
                     "--admin-listen",
@@ -348,6 +354,7 @@ async fn a_build_queued_through_one_catalog_wakes_a_builder_waiting_on_another()
             vec![(
                 strings(&[
                     "builder",
+                    "--standalone",
                     "--name",
                     "on-second",
                     "--catalog-url",
@@ -403,6 +410,7 @@ async fn a_builder_is_ready_only_while_the_catalog_and_the_blob_store_answer() {
         vec![(
             strings(&[
                 "catalog",
+                "--standalone",
                 "--listen",
                 &catalog.to_string(),
                 "--admin-listen",
@@ -420,6 +428,7 @@ async fn a_builder_is_ready_only_while_the_catalog_and_the_blob_store_answer() {
         vec![(
             strings(&[
                 "builder",
+                "--standalone",
                 "--name",
                 "probed",
                 "--catalog-url",

@@ -227,6 +227,8 @@ struct Health {
     failures: u32,
     /// Passed over until then.
     set_aside_until: Option<Instant>,
+    /// A health check is on its way to it.
+    probing: bool,
 }
 
 impl Replica {
@@ -255,6 +257,43 @@ impl Replica {
         lock(&self.health)
             .set_aside_until
             .filter(|until| *until > now)
+    }
+
+    /// Whether it answered since it last failed.
+    fn healthy(&self) -> bool {
+        lock(&self.health).failures == 0
+    }
+
+    /// Sends it a health check when it failed, its set-aside ran out and none is on its way:
+    /// a replica that failed gets calls again only once it answers one, so no call (a
+    /// streamed upload, which cannot be sent twice) is lost finding out whether it is back.
+    fn probe_if_due(self: &Arc<Self>, now: Instant) {
+        {
+            let mut health = lock(&self.health);
+            if health.failures == 0
+                || health.probing
+                || health.set_aside_until.is_some_and(|until| until > now)
+            {
+                return;
+            }
+            health.probing = true;
+        }
+        let replica = Arc::clone(self);
+        crate::tasks::spawn(async move {
+            let mut client =
+                tonic_health::pb::health_client::HealthClient::new(replica.channel.clone());
+            let check = client.check(tonic_health::pb::HealthCheckRequest::default());
+            let answered = matches!(
+                tokio::time::timeout(CONNECT_TIMEOUT + Duration::from_secs(1), check).await,
+                Ok(Ok(_))
+            );
+            if answered {
+                replica.answered();
+            } else {
+                replica.failed(&BoxError::from("its health check got no answer"));
+            }
+            lock(&replica.health).probing = false;
+        });
     }
 }
 
@@ -356,13 +395,18 @@ impl Replicas {
             (None, Some(body))
         };
         let mut tried: Vec<Arc<Replica>> = Vec::new();
+        let mut last_error: Option<BoxError> = None;
         loop {
             let Some(replica) = pool.pick(&tried).await else {
-                return Err(format!(
-                    "no address is known for {}: the name resolves to none",
-                    pool.describe()
-                )
-                .into());
+                // Every replica was tried: the caller gets the last one's failure as it was
+                // (a refused connection stays `unavailable`).
+                return Err(last_error.unwrap_or_else(|| {
+                    format!(
+                        "no address is known for {}: the name resolves to none",
+                        pool.describe()
+                    )
+                    .into()
+                }));
             };
             let body = match &replay {
                 Some(bytes) => Body::new(http_body_util::Full::new(bytes.clone())),
@@ -397,6 +441,7 @@ impl Replicas {
                     }
                     tracing::debug!(replica = %replica.name, path = parts.uri.path(), never_sent, "sending a call again to another replica");
                     tried.push(replica);
+                    last_error = Some(error);
                 }
             }
         }
@@ -456,12 +501,16 @@ impl Pool {
         }))
     }
 
-    /// A replica not in `tried`: the next that is not set aside, round-robin; else the one
-    /// that comes back soonest; `None` when all were tried.
+    /// A replica not in `tried`: the next healthy one, round-robin; when none is healthy, one
+    /// that failed, whose set-aside ran out first; `None` when all were tried. Replicas that
+    /// failed are health-checked in the background meanwhile.
     async fn pick(self: &Arc<Self>, tried: &[Arc<Replica>]) -> Option<Arc<Replica>> {
         self.refresh().await;
         let now = Instant::now();
         let mut state = lock(&self.state);
+        for replica in &state.replicas {
+            replica.probe_if_due(now);
+        }
         let untried: Vec<&Arc<Replica>> = state
             .replicas
             .iter()
@@ -470,7 +519,7 @@ impl Pool {
         let ready: Vec<&Arc<Replica>> = untried
             .iter()
             .copied()
-            .filter(|replica| replica.set_aside_until(now).is_none())
+            .filter(|replica| replica.healthy())
             .collect();
         let chosen = if ready.is_empty() {
             untried
@@ -768,6 +817,20 @@ mod tests {
                 .expect("a message")
                 .expect("the stream is open");
             assert_eq!(first.status, B);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lone_dead_replica_answers_unavailable() {
+        let dead = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+            listener.local_addr().expect("the listener's address")
+        };
+        let (_, mut client) = client(&format!("http://{dead}"));
+        for _ in 0..3 {
+            let status = who(&mut client).await.expect_err("nothing listens");
+            // What callers retry elsewhere on (a session placed on a dead node, say).
+            assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
         }
     }
 
