@@ -320,6 +320,8 @@ fn router_with(
     let openapi = Arc::new(openapi);
     let edge = edge::Edge::new(options.edge, state.tokens.clone());
     edge::register_refusals();
+    // At 0 from the start, so a dashboard sees the series before the first node dies.
+    metrics::counter!("plinth_session_placement_retries_total").increment(0);
     let app = api
         .route(
             "/openapi.json",
