@@ -395,6 +395,9 @@ fn spawn_builder(
         .context("builder work directory is not resolved")?;
     // Once per work directory, before any of its builders starts.
     if index == 0 {
+        // Held for the life of the process: its builders work there until it exits.
+        let lock = plinth_builder::worker::lock_work_dir(&work_dir)?;
+        Box::leak(Box::new(lock));
         match plinth_builder::worker::remove_leftovers(&work_dir) {
             Ok(0) => {}
             Ok(removed) => {

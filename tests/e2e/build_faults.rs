@@ -12,7 +12,7 @@ use crate::helpers::send;
 use crate::processes::{Process, free_port, wait_until_ready};
 
 struct Cluster {
-    _data: tempfile::TempDir,
+    data: tempfile::TempDir,
     config: std::path::PathBuf,
     blob_url: String,
     catalog_url: String,
@@ -126,7 +126,7 @@ impl Cluster {
         wait_until_ready(&client, &format!("http://{http}/readyz"), &mut process).await;
         services.push(process);
         Cluster {
-            _data: data,
+            data,
             config,
             blob_url,
             catalog_url: format!("http://{catalog}"),
@@ -138,6 +138,9 @@ impl Cluster {
     }
 
     fn builder(&self, name: &str, log: &std::path::Path) -> Process {
+        // Each builder process its own work directory: they lock it.
+        let work = self.data.path().join(format!("builder-{name}"));
+        let work = work.to_str().expect("utf-8");
         let file = std::fs::File::create(log).expect("log file");
         spawn(
             &[
@@ -145,6 +148,8 @@ impl Cluster {
                 "--standalone",
                 "--name",
                 name,
+                "--data-dir",
+                work,
                 "--catalog-url",
                 &self.catalog_url,
                 "--blob-url",
@@ -418,4 +423,68 @@ async fn by_default_a_killed_builders_build_is_taken_over_within_seconds() {
         })
         .await;
     assert_eq!(build["status"], "ready", "{build}");
+}
+
+#[tokio::test]
+async fn a_second_builder_process_on_the_same_work_directory_is_refused() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let data = tempfile::tempdir().expect("data");
+    let dir = data.path().to_str().expect("utf-8");
+    let args = [
+        "builder",
+        "--data-dir",
+        dir,
+        "--catalog-url",
+        "http://127.0.0.1:9",
+        "--blob-url",
+        &format!("file://{dir}/blobs"),
+    ];
+    let first = Command::new(env!("CARGO_BIN_EXE_plinth"))
+        .args(args)
+        .env("PLINTH_INTERNAL_CREDENTIAL", "plinth_first")
+        .env_remove("PLINTH_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("first builder");
+    let _first = Process(first);
+    // The first holds the directory once it has made it.
+    let lock = data.path().join("builder/.lock");
+    for _ in 0..100 {
+        if lock.exists() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let mut second = Command::new(env!("CARGO_BIN_EXE_plinth"))
+        .args(args)
+        .env("PLINTH_INTERNAL_CREDENTIAL", "plinth_second")
+        .env_remove("PLINTH_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("second builder");
+    for _ in 0..100 {
+        if second.try_wait().expect("wait").is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    if second.try_wait().expect("wait").is_none() {
+        let _ = second.kill();
+        let _ = second.wait();
+        panic!("a second builder process started on a work directory another one uses");
+    }
+    let second = second.wait_with_output().expect("second builder's output");
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "{said}");
+    assert!(
+        said.contains("another builder process works in") && said.contains(dir),
+        "{said}"
+    );
 }

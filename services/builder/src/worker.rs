@@ -71,6 +71,11 @@ pub struct BuilderOptions {
 /// Why the builder stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum BuilderError {
+    /// Another builder process works in the same directory.
+    #[error(
+        "another builder process works in {0}: give each builder process its own work directory (--data-dir, or builder.work_dir)"
+    )]
+    WorkDirInUse(PathBuf),
     /// Its work directory is unusable.
     #[error("builder work directory {path}: {source}")]
     WorkDir {
@@ -79,6 +84,29 @@ pub enum BuilderError {
         /// Why.
         source: std::io::Error,
     },
+}
+
+/// Takes `work_dir` for this process: an exclusive lock on `<work_dir>/.lock`, held while the
+/// answered file is open. A second builder process on the same directory would remove the
+/// first one's builds in progress as leftovers, and both would write the same caches; it is
+/// refused instead, naming the directory.
+pub fn lock_work_dir(work_dir: &Path) -> Result<std::fs::File, BuilderError> {
+    let fail = |source| BuilderError::WorkDir {
+        path: work_dir.to_owned(),
+        source,
+    };
+    std::fs::create_dir_all(work_dir).map_err(fail)?;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(work_dir.join(".lock"))
+        .map_err(fail)?;
+    match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(lock),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(BuilderError::WorkDirInUse(work_dir.to_owned())),
+        Err(error) => Err(fail(error.into())),
+    }
 }
 
 /// Removes what a builder killed mid-build left in `work_dir`: scratch directories of builds
