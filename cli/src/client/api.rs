@@ -129,7 +129,10 @@ impl Api {
 
     /// Sends `request`; an answer that is not a success is an [`ApiFailure`].
     pub async fn send(&self, request: RequestBuilder) -> anyhow::Result<Response> {
-        let response = request.send().await.map_err(|error| self.unreachable(error))?;
+        let response = request
+            .send()
+            .await
+            .map_err(|error| self.unreachable(error))?;
         if response.status().is_success() {
             Ok(response)
         } else {
@@ -154,8 +157,12 @@ impl Api {
     }
 
     /// `GET` of `segments`, as JSON.
-    pub async fn get<'a>(&self, segments: impl IntoIterator<Item = &'a str>) -> anyhow::Result<Value> {
-        self.json(self.request(Method::GET, self.url(segments))).await
+    pub async fn get<'a>(
+        &self,
+        segments: impl IntoIterator<Item = &'a str>,
+    ) -> anyhow::Result<Value> {
+        self.json(self.request(Method::GET, self.url(segments)))
+            .await
     }
 
     /// `POST` of `segments` with a JSON body, as JSON.

@@ -82,7 +82,10 @@ fn write_archive(dir: &Path, writer: ChannelWriter, counters: &Counters) -> anyh
     let metadata = std::fs::metadata(dir)
         .with_context(|| format!("cannot read the directory {}", dir.display()))?;
     if !metadata.is_dir() {
-        anyhow::bail!("{} is not a directory; push takes a project directory", dir.display());
+        anyhow::bail!(
+            "{} is not a directory; push takes a project directory",
+            dir.display()
+        );
     }
     // Fast compression: on the loopback or a LAN, the CPU is the bottleneck, not the wire,
     // and the server inflates whatever level it is sent.
@@ -130,9 +133,7 @@ fn write_archive(dir: &Path, writer: ChannelWriter, counters: &Counters) -> anyh
             counters.bytes.fetch_add(size, Ordering::Relaxed);
         }
     }
-    let encoder = archive
-        .into_inner()
-        .context("cannot finish the archive")?;
+    let encoder = archive.into_inner().context("cannot finish the archive")?;
     let mut writer = encoder.finish().context("cannot finish the archive")?;
     writer.flush().context("cannot send the archive")?;
     Ok(walked)

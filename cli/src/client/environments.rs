@@ -14,8 +14,7 @@ use serde_json::{Value, json};
 use super::api::Api;
 use super::archive::{self, Counters};
 use super::args::{
-    ActivateArgs, BuildArgs, EnvArgs, EnvCommand, EnvCreateArgs, ImportArgs, OutputFormat,
-    PushArgs,
+    ActivateArgs, BuildArgs, EnvArgs, EnvCommand, EnvCreateArgs, ImportArgs, OutputFormat, PushArgs,
 };
 use super::output;
 
@@ -142,10 +141,7 @@ fn show(env: &Value) {
         ),
         (
             "packages",
-            env["packages"]
-                .as_array()
-                .map_or(0, Vec::len)
-                .to_string(),
+            env["packages"].as_array().map_or(0, Vec::len).to_string(),
         ),
     ];
     for (key, value) in lines {
@@ -172,7 +168,10 @@ fn version_table(versions: &[Value], active: Option<u64>) {
             ]
         })
         .collect();
-    output::table(&["VERSION", "STATUS", "ACTIVE", "PACKAGES", "FINISHED"], &rows);
+    output::table(
+        &["VERSION", "STATUS", "ACTIVE", "PACKAGES", "FINISHED"],
+        &rows,
+    );
 }
 
 pub async fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
@@ -216,7 +215,10 @@ pub async fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
             output::bytes(report["bytes"].as_u64().unwrap_or(0)),
             args.env,
             if skipped > 0 {
-                format!("; the server skipped {skipped}: {}", report["skipped_by_reason"])
+                format!(
+                    "; the server skipped {skipped}: {}",
+                    report["skipped_by_reason"]
+                )
             } else {
                 String::new()
             }
@@ -238,9 +240,8 @@ impl Progress {
         let terminal = std::io::stderr().is_terminal();
         let bar = terminal.then(|| {
             let bar = indicatif::ProgressBar::new_spinner();
-            if let Ok(style) = indicatif::ProgressStyle::with_template(
-                "{spinner} {msg} {elapsed}",
-            ) {
+            if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+            {
                 bar.set_style(style);
             }
             bar
@@ -321,8 +322,14 @@ pub async fn import(args: ImportArgs) -> anyhow::Result<ExitCode> {
 pub async fn build(args: BuildArgs) -> anyhow::Result<ExitCode> {
     let api = Api::from_profile()?;
     let id = environment_id(&api, &args.env).await?;
-    let body = if args.clean { json!({ "clean": true }) } else { json!({}) };
-    let queued = api.post(["v1", "environments", &id, "build"], &body).await?;
+    let body = if args.clean {
+        json!({ "clean": true })
+    } else {
+        json!({})
+    };
+    let queued = api
+        .post(["v1", "environments", &id, "build"], &body)
+        .await?;
     let version = queued["version"]
         .as_u64()
         .context("the server's build answer has no version")?

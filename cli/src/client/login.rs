@@ -24,7 +24,9 @@ pub async fn login(args: LoginArgs) -> anyhow::Result<ExitCode> {
     let token = if args.token_stdin {
         read_line(&mut std::io::stdin().lock())?
     } else if std::io::stdin().is_terminal() {
-        prompt(&format!("Token for {url} (empty for a server without tokens): "))?
+        prompt(&format!(
+            "Token for {url} (empty for a server without tokens): "
+        ))?
     } else {
         return Err(Usage(
             "standard input is not a terminal, so there is no prompt for the token; pass \
@@ -58,7 +60,10 @@ pub async fn login(args: LoginArgs) -> anyhow::Result<ExitCode> {
             "path": path,
         }));
     } else {
-        println!("logged in to {url}; saved in {} (mode 0600)", path.display());
+        println!(
+            "logged in to {url}; saved in {} (mode 0600)",
+            path.display()
+        );
         for variable in [profile::URL_VARIABLE, profile::TOKEN_VARIABLE] {
             if std::env::var_os(variable).is_some() {
                 eprintln!("note: {variable} is set and overrides the saved setting");

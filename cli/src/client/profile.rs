@@ -71,7 +71,11 @@ pub fn load() -> anyhow::Result<Profile> {
 
 /// The profile in effect: the file's, with `PLINTH_URL` and `PLINTH_TOKEN` over it.
 pub fn effective() -> anyhow::Result<Profile> {
-    let from_env = |name| std::env::var(name).ok().filter(|value: &String| !value.is_empty());
+    let from_env = |name| {
+        std::env::var(name)
+            .ok()
+            .filter(|value: &String| !value.is_empty())
+    };
     let (url, token) = (from_env(URL_VARIABLE), from_env(TOKEN_VARIABLE));
     // Both set: the file is not needed, and a broken one must not stop the command.
     let saved = if url.is_some() && token.is_some() {

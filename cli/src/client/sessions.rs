@@ -71,7 +71,9 @@ pub async fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
         _ = tokio::signal::ctrl_c() => Ok(ExitCode::from(INTERRUPTED)),
     };
     if let Err(error) = api.delete(["v1", "sessions", &id]).await {
-        eprintln!("plinth: could not end session {id}: {error:#}; end it with `plinth session end {id}`");
+        eprintln!(
+            "plinth: could not end session {id}: {error:#}; end it with `plinth session end {id}`"
+        );
     }
     ran
 }
@@ -80,9 +82,7 @@ pub async fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
 async fn run(api: &Api, id: &str, body: &Value, json: bool) -> anyhow::Result<ExitCode> {
     let mut url = api.url(["v1", "sessions", id, "exec"]);
     url.query_pairs_mut().append_pair("stream", "true");
-    let response = api
-        .send(api.request(Method::POST, url).json(body))
-        .await?;
+    let response = api.send(api.request(Method::POST, url).json(body)).await?;
     let mut stream = response.bytes_stream();
     let mut pending: Vec<u8> = Vec::new();
     let mut result: Option<Value> = None;
@@ -227,9 +227,15 @@ async fn download(api: &Api, id: &str, path: &str, local: &Path) -> anyhow::Resu
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|error| api.unreachable(error))?;
             size += chunk.len() as u64;
-            stdout.write_all(&chunk).await.context("cannot write to standard output")?;
+            stdout
+                .write_all(&chunk)
+                .await
+                .context("cannot write to standard output")?;
         }
-        stdout.flush().await.context("cannot write to standard output")?;
+        stdout
+            .flush()
+            .await
+            .context("cannot write to standard output")?;
         return Ok(json!({ "path": "-", "size": size }));
     }
     let target = if local.is_dir() {

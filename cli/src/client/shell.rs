@@ -107,7 +107,11 @@ mod tests {
         assert_eq!(quote("it's"), "'it'\\''s'");
         let empty = std::process::Command::new("/bin/sh")
             .arg("-c")
-            .arg(format!("{} {}", join(&["printf".into(), "[%s]".into()]), quote("")))
+            .arg(format!(
+                "{} {}",
+                join(&["printf".into(), "[%s]".into()]),
+                quote("")
+            ))
             .output()
             .expect("sh runs");
         assert_eq!(empty.stdout, b"[]");
