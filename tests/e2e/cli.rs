@@ -563,3 +563,62 @@ async fn cp_copies_files_into_and_out_of_a_session_byte_for_byte() {
     let after = shell.run(&["exec", session, "--", "true"]).await;
     assert_eq!(after.status.code(), Some(1), "{}", stderr(&after));
 }
+
+#[tokio::test]
+async fn import_git_lands_a_repository_at_the_ref_asked_for() {
+    use crate::imports::git;
+    let repo = tempfile::tempdir().expect("repo");
+    let dir = repo.path();
+    git(dir, &["init", "--quiet"]);
+    write(dir, "app.py", "print('v1')\n");
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "--quiet", "-m", "first"]);
+    git(dir, &["tag", "v1"]);
+    write(dir, "later.py", "print('v2')\n");
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "--quiet", "-m", "second"]);
+    let commit = git(dir, &["rev-parse", "v1"]);
+
+    let server = Server::start_with(&[
+        "--git-allowed-schemes",
+        "file",
+        "--git-allow-private-addresses",
+        "true",
+    ])
+    .await;
+    let shell = Shell::new(&server);
+    let id = shell.json(&["env", "create", "From Git"]).await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let url = format!("file://{}", dir.display());
+    let text = shell
+        .ok(&[
+            "import",
+            "from-git",
+            "--git",
+            &url,
+            "--ref",
+            "v1",
+            "--replace",
+        ])
+        .await;
+    assert!(text.contains(&commit), "{text}");
+    let paths = source_paths(&server, &id).await;
+    assert_eq!(paths, BTreeSet::from(["app.py".to_owned()]));
+    let report = shell
+        .json(&["import", "from-git", "--git", &url, "--replace"])
+        .await;
+    assert_eq!(report["files"], 2, "{report}");
+    assert_eq!(source_paths(&server, &id).await.len(), 2);
+
+    let refused = shell
+        .run(&["import", "from-git", "--git", "https://127.0.0.1/x.git"])
+        .await;
+    assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("environment_invalid"),
+        "{}",
+        stderr(&refused)
+    );
+}

@@ -11,12 +11,12 @@ use futures::StreamExt as _;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::api::Api;
+use super::api::{Api, ApiFailure};
 use super::archive::{self, Counters};
 use super::args::{
     ActivateArgs, BuildArgs, EnvArgs, EnvCommand, EnvCreateArgs, ImportArgs, OutputFormat, PushArgs,
 };
-use super::output;
+use super::{Usage, output};
 
 /// An environment named by id (`henv_…`) or slug: its id. A slug is looked up in the list of
 /// the caller's environments (the API addresses environments by id only); a name matches
@@ -175,6 +175,14 @@ fn version_table(versions: &[Value], active: Option<u64>) {
 }
 
 pub async fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
+    if !args.dir.is_dir() {
+        return Err(Usage(format!(
+            "{} is not a directory; push sends a project directory (cp copies one file into a \
+             session)",
+            args.dir.display()
+        ))
+        .into());
+    }
     let api = Api::from_profile()?;
     let id = environment_id(&api, &args.env).await?;
     let counters = Arc::new(Counters::default());
@@ -190,14 +198,15 @@ pub async fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
     let progress = Progress::start(counters.clone());
     let answer = api.json(request).await;
     progress.finish();
-    // A walk that failed explains a cut-off upload better than the upload's own error.
-    let walked = walker.await.context("the directory walk stopped")?;
-    let walked = match (walked, answer) {
-        (Err(error), _) => return Err(error),
-        (Ok(walked), Ok(report)) => (walked, report),
-        (Ok(_), Err(error)) => return Err(error),
+    // The server's refusal (a quota, a size limit) is the reason, and the walk then only
+    // stopped because the upload did: answer it without waiting for the walk.
+    let report = match answer {
+        Err(error) if error.is::<ApiFailure>() => return Err(error),
+        answer => answer,
     };
-    let (walked, report) = walked;
+    // Otherwise a walk that failed explains a cut-off upload better than the upload's error.
+    let walked = walker.await.context("the directory walk stopped")??;
+    let report = report?;
     for skipped in &walked.skipped {
         eprintln!(
             "skipped {}: not a file, directory or symlink",
