@@ -116,3 +116,28 @@ fn output_format(command: &Command) -> OutputFormat {
     };
     output.output
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn exec_keeps_the_argv_after_the_separator_as_typed() {
+        let cli = Cli::try_parse_from([
+            "plinth", "exec", "studio", "--", "python3", "-c", "x", "--output", "json",
+        ])
+        .expect("parses");
+        let Command::Exec(args) = cli.command else {
+            panic!("not exec");
+        };
+        assert_eq!(args.command, ["python3", "-c", "x", "--output", "json"]);
+        assert_eq!(args.output.output, OutputFormat::Text);
+    }
+}
