@@ -622,3 +622,57 @@ async fn import_git_lands_a_repository_at_the_ref_asked_for() {
         stderr(&refused)
     );
 }
+
+#[tokio::test]
+async fn login_on_a_terminal_asks_for_the_token_without_echoing_it() {
+    let server = Server::start_with_tokens(&[("tok-typed-secret", "acme")], &[]).await;
+    let shell = Shell::new(&server);
+    // `script` gives plinth a terminal; what the terminal shows comes back on its stdout.
+    let plinth = env!("CARGO_BIN_EXE_plinth");
+    let mut script = Command::new("script");
+    script
+        .args([
+            "-qec",
+            &format!("{plinth} login {}", server.base),
+            "/dev/null",
+        ])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", shell.home.path())
+        .env("XDG_CONFIG_HOME", shell.config_home())
+        .current_dir(shell.home.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let (status, shown) = tokio::task::spawn_blocking(move || {
+        let mut child = script.spawn().expect("script runs");
+        let mut stdout = child.stdout.take().expect("stdout");
+        let mut shown = Vec::new();
+        let mut buffer = [0u8; 256];
+        // Type only once the question is on the screen, as a person would.
+        while !String::from_utf8_lossy(&shown).contains("Token for") {
+            let read = std::io::Read::read(&mut stdout, &mut buffer).expect("read");
+            assert!(read > 0, "no prompt: {}", String::from_utf8_lossy(&shown));
+            shown.extend_from_slice(&buffer[..read]);
+        }
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(b"tok-typed-secret\n").expect("typed");
+        std::io::Read::read_to_end(&mut stdout, &mut shown).expect("rest");
+        drop(stdin);
+        (
+            child.wait().expect("ends"),
+            String::from_utf8_lossy(&shown).into_owned(),
+        )
+    })
+    .await
+    .expect("joined");
+    assert!(status.success(), "{status:?}: {shown}");
+    assert!(shown.contains("logged in"), "{shown}");
+    assert!(
+        !shown.contains("tok-typed-secret"),
+        "the token was echoed: {shown}"
+    );
+    let saved =
+        std::fs::read_to_string(shell.config_home().join("plinth/client.toml")).expect("saved");
+    assert!(saved.contains("tok-typed-secret"), "{saved}");
+}

@@ -90,10 +90,11 @@ fn prompt(question: &str) -> anyhow::Result<String> {
     let before = tcgetattr(&stdin).context("cannot read the terminal's settings")?;
     let mut quiet = before.clone();
     quiet.local_modes.remove(LocalModes::ECHO);
-    eprint!("{question}");
-    let _ = std::io::stderr().flush();
+    // Echo goes off before the question is shown, so nothing typed after it is echoed.
     tcsetattr(&stdin, OptionalActions::Flush, &quiet)
         .context("cannot turn the terminal's echo off")?;
+    eprint!("{question}");
+    let _ = std::io::stderr().flush();
     let line = read_line(&mut stdin.lock());
     let restored = tcsetattr(&stdin, OptionalActions::Now, &before);
     eprintln!();
