@@ -8,6 +8,7 @@ mod fresh_fs;
 mod http1;
 mod import;
 mod novo;
+mod push;
 mod service;
 mod sessions;
 mod soak;
@@ -46,6 +47,9 @@ enum Bench {
     /// readFile, editFile and runCommand through the signed Novo adapter endpoint vs the
     /// same operations on the session API.
     Novo(novo::Args),
+    /// `plinth push` of a 20,000-file directory vs `tar -czf - | curl -T -` of the same
+    /// directory into the same import.
+    Push(push::Args),
     /// Sessions, builds of environments then deleted, and Brain sessions with short retention
     /// and grace: the data directory's bytes, every table's rows and the service's memory at
     /// the start, the peak and after the last collection pass.
@@ -75,6 +79,7 @@ async fn main() -> anyhow::Result<()> {
         Bench::Build(args) => build::run(args).await,
         Bench::Sessions(args) => sessions::run(args).await,
         Bench::Novo(args) => novo::run(args).await,
+        Bench::Push(args) => push::run_bench(args).await,
         Bench::Soak(args) => soak::run(args).await,
         Bench::Failover(args) => failover::run(args).await,
     }

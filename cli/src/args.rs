@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::client::args as client;
+
 /// Plinth: environments for agent sessions.
 #[derive(Debug, Parser)]
 #[command(name = "plinth", version, about, long_about = None)]
@@ -15,7 +17,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The services `plinth` can run.
+/// The services `plinth` can run, and the client commands that talk to them.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run every service in one process: SQLite and local files under --data-dir, REST on
@@ -40,6 +42,59 @@ pub enum Command {
     /// and blob store (beside running services or not); --dry-run only says what it would
     /// reclaim.
     Gc(GcCommandArgs),
+
+    // The client: commands for people talking to a running server.
+    /// Save the server's URL and a token for the commands below (PLINTH_URL and PLINTH_TOKEN
+    /// override them).
+    Login(client::LoginArgs),
+    /// Create, list, show and delete environments.
+    #[command(subcommand)]
+    Env(client::EnvCommand),
+    /// Make an environment's source equal a local directory: one streamed archive import,
+    /// honouring .gitignore.
+    Push(client::PushArgs),
+    /// Import a git repository into an environment's source.
+    Import(client::ImportArgs),
+    /// Build the next version of an environment; --follow prints its log as it is written.
+    Build(client::BuildArgs),
+    /// List an environment's versions, and which one is active.
+    Versions(client::EnvArgs),
+    /// Make a ready version the active one (roll back or forward).
+    Activate(client::ActivateArgs),
+    /// Start and end sessions.
+    #[command(subcommand)]
+    Session(client::SessionCommand),
+    /// Run a command in a session (or in a new one on an environment) and exit with its
+    /// status.
+    Exec(client::ExecArgs),
+    /// Copy a file between this machine and a session's working directory.
+    Cp(client::CpArgs),
+    /// Print a shell completion script.
+    Completions(client::CompletionsArgs),
+    /// Print the manual page (roff).
+    Man,
+}
+
+impl Command {
+    /// Whether this is a client command (it talks to a server over REST) rather than a
+    /// service: those need no configuration file, telemetry or service runtime.
+    pub fn is_client(&self) -> bool {
+        matches!(
+            self,
+            Command::Login(_)
+                | Command::Env(_)
+                | Command::Push(_)
+                | Command::Import(_)
+                | Command::Build(_)
+                | Command::Versions(_)
+                | Command::Activate(_)
+                | Command::Session(_)
+                | Command::Exec(_)
+                | Command::Cp(_)
+                | Command::Completions(_)
+                | Command::Man
+        )
+    }
 }
 
 /// `plinth credential …`.

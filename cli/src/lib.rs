@@ -4,6 +4,7 @@
 //! benchmarks start them through the same functions `main` uses.
 
 pub mod args;
+pub mod client;
 pub mod config;
 pub mod gc;
 pub mod internal;
@@ -54,6 +55,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Config::for_gateway(args)?,
             args.common.dump_config,
         ),
+        // Client commands give exit statuses of their own (2 for usage, the command's for
+        // exec): `main` sends them to `client::run`.
+        _ => anyhow::bail!("a client command runs through plinth::client::run"),
     };
     if dump {
         print!("{}", config.dump()?);
@@ -73,7 +77,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Gateway(_) => serve::start_gateway(&config).await?,
         Command::Builder(_) => serve::start_builder(&config).await?,
         Command::Node(args) => serve::start_node(&config, args.admin_listen).await?,
-        Command::Credential(_) | Command::Gc(_) => return Ok(()),
+        _ => return Ok(()),
     };
     tasks::cancel_on_signal(running.shutdown.clone());
     running.wait().await

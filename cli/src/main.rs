@@ -16,6 +16,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if cli.command.is_client() {
+        return runtime.block_on(plinth::client::run(cli.command));
+    }
     match runtime.block_on(plinth::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

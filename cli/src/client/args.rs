@@ -1,0 +1,192 @@
+//! The client commands' flags. They live apart from the services' flags so that nothing a
+//! person types to talk to a server can be mistaken for a service setting: the client reads
+//! only `PLINTH_URL` and `PLINTH_TOKEN`, which no service reads.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand, ValueEnum};
+
+/// How a command prints what the server answered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// Tables and lines for people.
+    #[default]
+    Text,
+    /// The API's own JSON, for scripts.
+    Json,
+}
+
+/// `--output`, on every client command.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct OutputArgs {
+    /// `text` for people, `json` for the API's own answers (one JSON document per line when a
+    /// command streams).
+    #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+/// `plinth login`.
+#[derive(Debug, Args)]
+pub struct LoginArgs {
+    /// The server's REST URL; the saved one (or `http://127.0.0.1:8080`) when absent.
+    pub url: Option<String>,
+    /// Read the token from standard input (one line) instead of prompting. There is no flag
+    /// that takes the token itself: it would land in the shell's history.
+    #[arg(long)]
+    pub token_stdin: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `plinth env …`.
+#[derive(Debug, Subcommand)]
+pub enum EnvCommand {
+    /// Create an environment; its slug (and mount path) comes from its name.
+    Create(EnvCreateArgs),
+    /// List the environments of your scope.
+    List(OutputArgs),
+    /// Show one environment, with its versions.
+    Show(EnvArgs),
+    /// Delete an environment and every version of it.
+    Rm(EnvArgs),
+}
+
+/// `plinth env create`.
+#[derive(Debug, Args)]
+pub struct EnvCreateArgs {
+    /// Its name, e.g. "Content Studio" (slug `content-studio`).
+    pub name: String,
+    /// How the project is run, for agents, e.g. `python3 run.py --episode <id>`.
+    #[arg(long)]
+    pub entry: Option<String>,
+    /// What the project is for.
+    #[arg(long)]
+    pub description: Option<String>,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// A command that names one environment.
+#[derive(Debug, Args)]
+pub struct EnvArgs {
+    /// The environment: its slug (`content-studio`) or its id (`henv_…`).
+    pub env: String,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `plinth push`.
+#[derive(Debug, Args)]
+pub struct PushArgs {
+    /// The environment: its slug or its id.
+    pub env: String,
+    /// The project directory; its `.gitignore` and `.ignore` files are honoured, and `.git`
+    /// is never sent.
+    pub dir: PathBuf,
+    /// Land the files over the environment's source instead of replacing it (files the
+    /// directory no longer has are then kept).
+    #[arg(long)]
+    pub keep_existing: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `plinth import`.
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The environment: its slug or its id.
+    pub env: String,
+    /// The git repository's URL.
+    #[arg(long)]
+    pub git: String,
+    /// A branch, tag or commit; the repository's default branch when absent.
+    #[arg(long = "ref", value_name = "REF")]
+    pub reference: Option<String>,
+    /// Clear the environment's source first, so it equals the repository.
+    #[arg(long)]
+    pub replace: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `plinth build`.
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    /// The environment: its slug or its id.
+    pub env: String,
+    /// Print the build's log as it is written and wait for the build to end; exits 0 when
+    /// the version is ready, 1 when it failed.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// Reuse nothing from earlier builds.
+    #[arg(long)]
+    pub clean: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `plinth activate`.
+#[derive(Debug, Args)]
+pub struct ActivateArgs {
+    /// The environment: its slug or its id.
+    pub env: String,
+    /// The version to make active (a ready one).
+    pub version: u32,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `plinth session …`.
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Start a session on an environment's active version; prints its id.
+    New(EnvArgs),
+    /// End a session: its processes are killed and its working directory removed.
+    End(SessionArgs),
+}
+
+/// A command that names one session.
+#[derive(Debug, Args)]
+pub struct SessionArgs {
+    /// The session's id (`sess_…`).
+    pub session: String,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `plinth exec`.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// A session's id (`sess_…`), or an environment (slug or id) to run in a new session that
+    /// is ended afterwards.
+    pub target: String,
+    /// The command and its arguments, passed exactly: each is quoted for the remote shell, so
+    /// nothing is expanded, here or there.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+    /// Seconds the command may run (the server's default when absent).
+    #[arg(long)]
+    pub timeout: Option<u64>,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `plinth cp`.
+#[derive(Debug, Args)]
+pub struct CpArgs {
+    /// `SESSION:path` (relative to the session's working directory) or a local path (`-`:
+    /// standard input).
+    pub from: String,
+    /// `SESSION:path` or a local path (a directory: the file keeps its name; `-`: standard
+    /// output).
+    pub to: String,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `plinth completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete in.
+    pub shell: clap_complete::Shell,
+}

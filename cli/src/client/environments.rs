@@ -1,0 +1,443 @@
+//! Environment commands: `env`, `push`, `import`, `build`, `versions`, `activate`.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::StreamExt as _;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use super::api::{Api, ApiFailure};
+use super::archive::{self, Counters};
+use super::args::{
+    ActivateArgs, BuildArgs, EnvArgs, EnvCommand, EnvCreateArgs, ImportArgs, OutputFormat, PushArgs,
+};
+use super::{Usage, output};
+
+/// An environment named by id (`henv_…`) or slug: its id. A slug is looked up in the list of
+/// the caller's environments (the API addresses environments by id only); a name matches
+/// too when it is exactly one environment's.
+pub async fn environment_id(api: &Api, given: &str) -> anyhow::Result<String> {
+    if given.starts_with("henv_") {
+        return Ok(given.to_owned());
+    }
+    let list = api.get(["v1", "environments"]).await?;
+    let all = list["data"].as_array().cloned().unwrap_or_default();
+    if let Some(found) = all.iter().find(|env| env["slug"] == given) {
+        return Ok(output::text(found, "id"));
+    }
+    let named: Vec<&Value> = all.iter().filter(|env| env["name"] == given).collect();
+    if let [only] = named.as_slice() {
+        return Ok(output::text(only, "id"));
+    }
+    anyhow::bail!(
+        "no environment with the slug or id {given:?} in your scope; `plinth env list` shows them"
+    )
+}
+
+pub async fn env(command: EnvCommand) -> anyhow::Result<ExitCode> {
+    let api = Api::from_profile()?;
+    match command {
+        EnvCommand::Create(args) => create(&api, args).await,
+        EnvCommand::List(output) => {
+            let list = api.get(["v1", "environments"]).await?;
+            if output.output == OutputFormat::Json {
+                output::json(&list);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let rows: Vec<Vec<String>> = list["data"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .map(|env| {
+                    vec![
+                        output::text(env, "slug"),
+                        output::text(env, "status"),
+                        output::text(env, "version"),
+                        output::text(env, "id"),
+                        output::text(env, "name"),
+                    ]
+                })
+                .collect();
+            output::table(&["SLUG", "STATUS", "VERSION", "ID", "NAME"], &rows);
+            Ok(ExitCode::SUCCESS)
+        }
+        EnvCommand::Show(args) => {
+            let id = environment_id(&api, &args.env).await?;
+            let env = api.get(["v1", "environments", &id]).await?;
+            if args.output.output == OutputFormat::Json {
+                output::json(&env);
+            } else {
+                show(&env);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        EnvCommand::Rm(args) => {
+            let id = environment_id(&api, &args.env).await?;
+            let deleted = api.delete(["v1", "environments", &id]).await?;
+            if args.output.output == OutputFormat::Json {
+                output::json(&deleted);
+            } else {
+                println!("deleted {} ({id})", args.env);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn create(api: &Api, args: EnvCreateArgs) -> anyhow::Result<ExitCode> {
+    let mut body = json!({ "name": args.name });
+    if let Some(entry) = args.entry {
+        body["entry"] = json!(entry);
+    }
+    if let Some(description) = args.description {
+        body["description"] = json!(description);
+    }
+    let env = api.post(["v1", "environments"], &body).await?;
+    if args.output.output == OutputFormat::Json {
+        output::json(&env);
+    } else {
+        println!(
+            "created {} ({}), mounted at {}",
+            output::text(&env, "slug"),
+            output::text(&env, "id"),
+            output::text(&env, "mount")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// An environment as `key: value` lines, then its versions.
+fn show(env: &Value) {
+    let files = &env["files"];
+    let lines = [
+        ("id", output::text(env, "id")),
+        ("name", output::text(env, "name")),
+        ("slug", output::text(env, "slug")),
+        ("mount", output::text(env, "mount")),
+        ("status", output::text(env, "status")),
+        (
+            "version",
+            match (env["version"].as_u64(), env["latestVersion"].as_u64()) {
+                (Some(active), Some(latest)) => format!("{active} (latest {latest})"),
+                (None, Some(latest)) => format!("none active (latest {latest})"),
+                _ => "none built".to_owned(),
+            },
+        ),
+        ("entry", output::text(env, "entry")),
+        ("description", output::text(env, "description")),
+        (
+            "files",
+            format!(
+                "{} ({})",
+                files["count"].as_u64().unwrap_or(0),
+                output::bytes(files["bytes"].as_u64().unwrap_or(0))
+            ),
+        ),
+        (
+            "packages",
+            env["packages"].as_array().map_or(0, Vec::len).to_string(),
+        ),
+    ];
+    for (key, value) in lines {
+        println!("{:<12} {value}", format!("{key}:"));
+    }
+    if let Some(versions) = env["versions"].as_array().filter(|v| !v.is_empty()) {
+        println!();
+        version_table(versions, env["version"].as_u64());
+    }
+}
+
+fn version_table(versions: &[Value], active: Option<u64>) {
+    let rows: Vec<Vec<String>> = versions
+        .iter()
+        .map(|v| {
+            let is_active = v["active"].as_bool().unwrap_or(false)
+                || (active.is_some() && v["version"].as_u64() == active);
+            vec![
+                output::text(v, "version"),
+                output::text(v, "status"),
+                if is_active { "*".into() } else { String::new() },
+                output::text(v, "packages"),
+                output::time(v["finished_at"].as_i64()),
+            ]
+        })
+        .collect();
+    output::table(
+        &["VERSION", "STATUS", "ACTIVE", "PACKAGES", "FINISHED"],
+        &rows,
+    );
+}
+
+pub async fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
+    if !args.dir.is_dir() {
+        return Err(Usage(format!(
+            "{} is not a directory; push sends a project directory (cp copies one file into a \
+             session)",
+            args.dir.display()
+        ))
+        .into());
+    }
+    let api = Api::from_profile()?;
+    let id = environment_id(&api, &args.env).await?;
+    let counters = Arc::new(Counters::default());
+    let (body, walker) = archive::stream(args.dir.clone(), counters.clone());
+    let mut url = api.url(["v1", "environments", &id, "import"]);
+    // Replace: the source becomes exactly the directory, files deleted locally included.
+    url.query_pairs_mut()
+        .append_pair("replace", if args.keep_existing { "false" } else { "true" });
+    let request = api
+        .request(Method::POST, url)
+        .header(reqwest::header::CONTENT_TYPE, "application/gzip")
+        .body(body);
+    let progress = Progress::start(counters.clone());
+    let answer = api.json(request).await;
+    progress.finish();
+    // The server's refusal (a quota, a size limit) is the reason, and the walk then only
+    // stopped because the upload did: answer it without waiting for the walk.
+    let report = match answer {
+        Err(error) if error.is::<ApiFailure>() => return Err(error),
+        answer => answer,
+    };
+    // Otherwise a walk that failed explains a cut-off upload better than the upload's error.
+    let walked = walker.await.context("the directory walk stopped")??;
+    let report = report?;
+    for skipped in &walked.skipped {
+        eprintln!(
+            "skipped {}: not a file, directory or symlink",
+            skipped.display()
+        );
+    }
+    if args.output.output == OutputFormat::Json {
+        output::json(&report);
+    } else {
+        let skipped = report["skipped"].as_u64().unwrap_or(0);
+        println!(
+            "pushed {} files, {} directories ({}) to {}{}",
+            report["files"].as_u64().unwrap_or(0),
+            report["directories"].as_u64().unwrap_or(0),
+            output::bytes(report["bytes"].as_u64().unwrap_or(0)),
+            args.env,
+            if skipped > 0 {
+                format!(
+                    "; the server skipped {skipped}: {}",
+                    report["skipped_by_reason"]
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `push` shows while it sends: a live line on a terminal, a line every few seconds
+/// otherwise (a log or CI output gains no redraws and still shows progress).
+struct Progress {
+    task: tokio::task::JoinHandle<()>,
+    bar: Option<indicatif::ProgressBar>,
+    counters: Arc<Counters>,
+}
+
+impl Progress {
+    fn start(counters: Arc<Counters>) -> Self {
+        let terminal = std::io::stderr().is_terminal();
+        let bar = terminal.then(|| {
+            let bar = indicatif::ProgressBar::new_spinner();
+            if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+            {
+                bar.set_style(style);
+            }
+            bar
+        });
+        let (ticked, ticker) = (bar.clone(), counters.clone());
+        let task = tokio::spawn(async move {
+            let period = if ticked.is_some() {
+                Duration::from_millis(100)
+            } else {
+                Duration::from_secs(5)
+            };
+            let mut interval = tokio::time::interval(period);
+            interval.tick().await;
+            loop {
+                interval.tick().await;
+                let line = Self::line(&ticker);
+                match &ticked {
+                    Some(bar) => {
+                        bar.set_message(line);
+                        bar.tick();
+                    }
+                    None => eprintln!("{line}"),
+                }
+            }
+        });
+        Progress {
+            task,
+            bar,
+            counters,
+        }
+    }
+
+    fn line(counters: &Counters) -> String {
+        format!(
+            "{} files, {} read, {} sent",
+            counters.files.load(Ordering::Relaxed),
+            output::bytes(counters.bytes.load(Ordering::Relaxed)),
+            output::bytes(counters.sent.load(Ordering::Relaxed)),
+        )
+    }
+
+    fn finish(self) {
+        self.task.abort();
+        if let Some(bar) = self.bar {
+            bar.finish_and_clear();
+        }
+        eprintln!("sent {}", Self::line(&self.counters));
+    }
+}
+
+pub async fn import(args: ImportArgs) -> anyhow::Result<ExitCode> {
+    let api = Api::from_profile()?;
+    let id = environment_id(&api, &args.env).await?;
+    let mut git = json!({ "url": args.git });
+    if let Some(reference) = args.reference {
+        git["ref"] = json!(reference);
+    }
+    let report = api
+        .post(
+            ["v1", "environments", &id, "import"],
+            &json!({ "git": git, "replace": args.replace }),
+        )
+        .await?;
+    if args.output.output == OutputFormat::Json {
+        output::json(&report);
+    } else {
+        println!(
+            "imported {} files at {} ({}) into {}",
+            report["files"].as_u64().unwrap_or(0),
+            output::text(&report, "commit"),
+            output::text(&report, "describe"),
+            args.env
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn build(args: BuildArgs) -> anyhow::Result<ExitCode> {
+    let api = Api::from_profile()?;
+    let id = environment_id(&api, &args.env).await?;
+    let body = if args.clean {
+        json!({ "clean": true })
+    } else {
+        json!({})
+    };
+    let queued = api
+        .post(["v1", "environments", &id, "build"], &body)
+        .await?;
+    let version = queued["version"]
+        .as_u64()
+        .context("the server's build answer has no version")?
+        .to_string();
+    let json = args.output.output == OutputFormat::Json;
+    if !args.follow {
+        if json {
+            output::json(&queued);
+        } else {
+            println!("queued version {version} of {}", args.env);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !json {
+        eprintln!("building version {version} of {}", args.env);
+    }
+    let record = follow_log(&api, &id, &version, json).await?;
+    if json {
+        output::json(&record);
+    }
+    match record["status"].as_str() {
+        Some("ready") => {
+            if !json {
+                eprintln!("version {version} is ready and active");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        _ => {
+            eprintln!(
+                "plinth: version {version} failed: {}",
+                output::text(&record, "error")
+            );
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// Streams a build's log (to stdout, or to stderr when stdout is for JSON) until the build
+/// ends, and answers its record. A stream cut off early is resumed from the bytes already
+/// printed.
+async fn follow_log(api: &Api, id: &str, version: &str, json: bool) -> anyhow::Result<Value> {
+    let mut offset: u64 = 0;
+    loop {
+        let mut url = api.url(["v1", "environments", id, "builds", version, "log"]);
+        url.query_pairs_mut()
+            .append_pair("follow", "true")
+            .append_pair("offset", &offset.to_string());
+        let response = api.send(api.request(Method::GET, url)).await?;
+        let mut stream = response.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            let Ok(chunk) = chunk else {
+                break;
+            };
+            offset += chunk.len() as u64;
+            let written = if json {
+                std::io::stderr().write_all(&chunk)
+            } else {
+                let mut stdout = std::io::stdout().lock();
+                stdout.write_all(&chunk).and_then(|()| stdout.flush())
+            };
+            written.context("cannot print the build's log")?;
+        }
+        let record = api
+            .get(["v1", "environments", id, "builds", version])
+            .await?;
+        if matches!(record["status"].as_str(), Some("ready" | "failed")) {
+            return Ok(record);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+pub async fn versions(args: EnvArgs) -> anyhow::Result<ExitCode> {
+    let api = Api::from_profile()?;
+    let id = environment_id(&api, &args.env).await?;
+    let list = api.get(["v1", "environments", &id, "versions"]).await?;
+    if args.output.output == OutputFormat::Json {
+        output::json(&list);
+    } else {
+        let versions = list["data"].as_array().cloned().unwrap_or_default();
+        version_table(&versions, list["active"].as_u64());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn activate(args: ActivateArgs) -> anyhow::Result<ExitCode> {
+    let api = Api::from_profile()?;
+    let id = environment_id(&api, &args.env).await?;
+    let version = args.version.to_string();
+    let env = api
+        .post(
+            ["v1", "environments", &id, "versions", &version, "activate"],
+            &json!({}),
+        )
+        .await?;
+    if args.output.output == OutputFormat::Json {
+        output::json(&env);
+    } else {
+        println!("{} now serves version {version}", args.env);
+    }
+    Ok(ExitCode::SUCCESS)
+}

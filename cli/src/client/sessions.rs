@@ -1,0 +1,299 @@
+//! Session commands: `session new|end`, `exec` and `cp`.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use futures::StreamExt as _;
+use reqwest::Method;
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt as _;
+
+use super::api::Api;
+use super::args::{CpArgs, ExecArgs, OutputFormat, SessionCommand};
+use super::environments::environment_id;
+use super::{Usage, output, shell};
+
+/// The exit status of a command stopped by Ctrl-C, as shells report it (128 + SIGINT).
+const INTERRUPTED: u8 = 130;
+
+pub async fn session(command: SessionCommand) -> anyhow::Result<ExitCode> {
+    let api = Api::from_profile()?;
+    match command {
+        SessionCommand::New(args) => {
+            let session = start(&api, &args.env).await?;
+            if args.output.output == OutputFormat::Json {
+                output::json(&session);
+            } else {
+                println!("{}", output::text(&session, "id"));
+            }
+        }
+        SessionCommand::End(args) => {
+            let ended = api.delete(["v1", "sessions", &args.session]).await?;
+            if args.output.output == OutputFormat::Json {
+                output::json(&ended);
+            } else {
+                println!("ended {}", args.session);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Starts a session on an environment (slug or id); answers the session object.
+async fn start(api: &Api, env: &str) -> anyhow::Result<Value> {
+    let id = environment_id(api, env).await?;
+    api.post(["v1", "sessions"], &json!({ "environment": id }))
+        .await
+}
+
+pub async fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
+    let api = Api::from_profile()?;
+    let command = shell::join(&args.command);
+    let mut body = json!({ "command": command });
+    if let Some(seconds) = args.timeout {
+        body["timeout_ms"] = json!(seconds.saturating_mul(1000));
+    }
+    let json = args.output.output == OutputFormat::Json;
+    if args.target.starts_with("sess_") {
+        return tokio::select! {
+            ran = run(&api, &args.target, &body, json) => ran,
+            _ = tokio::signal::ctrl_c() => Ok(ExitCode::from(INTERRUPTED)),
+        };
+    }
+    // A session of our own: ended whatever happens, Ctrl-C included, so nothing is left
+    // holding a uid and a directory until its idle limit.
+    let session = start(&api, &args.target).await?;
+    let id = output::text(&session, "id");
+    let ran = tokio::select! {
+        ran = run(&api, &id, &body, json) => ran,
+        _ = tokio::signal::ctrl_c() => Ok(ExitCode::from(INTERRUPTED)),
+    };
+    if let Err(error) = api.delete(["v1", "sessions", &id]).await {
+        eprintln!(
+            "plinth: could not end session {id}: {error:#}; end it with `plinth session end {id}`"
+        );
+    }
+    ran
+}
+
+/// Runs `body` in session `id`, printing its output as it comes; answers its exit status.
+async fn run(api: &Api, id: &str, body: &Value, json: bool) -> anyhow::Result<ExitCode> {
+    let mut url = api.url(["v1", "sessions", id, "exec"]);
+    url.query_pairs_mut().append_pair("stream", "true");
+    let response = api.send(api.request(Method::POST, url).json(body)).await?;
+    let mut stream = response.bytes_stream();
+    let mut pending: Vec<u8> = Vec::new();
+    let mut result: Option<Value> = None;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|error| api.unreachable(error))?;
+        pending.extend_from_slice(&chunk);
+        while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            if let Some(ended) = event(&line, json)? {
+                result = Some(ended);
+            }
+        }
+    }
+    if !pending.is_empty()
+        && let Some(ended) = event(&pending, json)?
+    {
+        result = Some(ended);
+    }
+    let result = result.context(
+        "the server ended the command's stream without its result; the session's turns \
+         (GET /v1/sessions/{id}/turns) say how it ended",
+    )?;
+    if result["timed_out"].as_bool() == Some(true) {
+        eprintln!("plinth: the command ran out of time and was stopped");
+    }
+    if result["oom_killed"].as_bool() == Some(true) {
+        eprintln!("plinth: the command ran out of memory and was killed");
+    }
+    let code = result["exit_code"].as_i64().unwrap_or(1);
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+/// Handles one NDJSON event: output is printed (or, for `--output json`, every line is passed
+/// on as it came); answers the result when this is it.
+fn event(line: &[u8], json: bool) -> anyhow::Result<Option<Value>> {
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let event: Value = serde_json::from_str(text)
+        .with_context(|| format!("the server sent an exec event that is not JSON: {text:?}"))?;
+    if json {
+        output::json(&event);
+    }
+    if let Some(error) = event.get("error") {
+        anyhow::bail!(
+            "the command was cut off: {} ({})",
+            output::text(error, "message"),
+            output::text(error, "code")
+        );
+    }
+    if event.get("exit_code").is_some() {
+        return Ok(Some(event));
+    }
+    if !json {
+        if let Some(out) = event["stdout"].as_str() {
+            let mut stdout = std::io::stdout().lock();
+            stdout
+                .write_all(out.as_bytes())
+                .and_then(|()| stdout.flush())
+                .context("cannot print the command's output")?;
+        }
+        if let Some(err) = event["stderr"].as_str() {
+            let _ = std::io::stderr().write_all(err.as_bytes());
+        }
+    }
+    Ok(None)
+}
+
+/// One side of `cp`.
+#[derive(Debug)]
+enum Place {
+    Local(PathBuf),
+    Session { id: String, path: String },
+}
+
+/// `sess_…:path` is a session's file; anything else a local path.
+fn place(given: &str) -> anyhow::Result<Place> {
+    match given.split_once(':') {
+        Some((id, path)) if id.starts_with("sess_") => {
+            let path = path.trim_start_matches("./").trim_start_matches('/');
+            if path.is_empty() {
+                return Err(Usage(format!(
+                    "{given:?} names no file: give a path in the session's working directory, \
+                     e.g. {id}:out/report.md"
+                ))
+                .into());
+            }
+            Ok(Place::Session {
+                id: id.to_owned(),
+                path: path.to_owned(),
+            })
+        }
+        _ => Ok(Place::Local(PathBuf::from(given))),
+    }
+}
+
+pub async fn cp(args: CpArgs) -> anyhow::Result<ExitCode> {
+    let from = place(&args.from)?;
+    let to = place(&args.to)?;
+    let api = Api::from_profile()?;
+    let answer = match (from, to) {
+        (Place::Session { id, path }, Place::Local(local)) => {
+            download(&api, &id, &path, &local).await?
+        }
+        (Place::Local(local), Place::Session { id, path }) => {
+            upload(&api, &local, &id, &path).await?
+        }
+        _ => {
+            return Err(Usage(
+                "one side of cp must be a session's file (sess_…:path) and the other a local \
+                 path"
+                    .to_owned(),
+            )
+            .into());
+        }
+    };
+    if args.output.output == OutputFormat::Json {
+        output::json(&answer);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The URL of a session's file, each path segment encoded.
+fn file_url(api: &Api, id: &str, path: &str) -> reqwest::Url {
+    api.url(
+        ["v1", "sessions", id, "files"]
+            .into_iter()
+            .chain(path.split('/').filter(|s| !s.is_empty())),
+    )
+}
+
+async fn download(api: &Api, id: &str, path: &str, local: &Path) -> anyhow::Result<Value> {
+    let response = api
+        .send(api.request(Method::GET, file_url(api, id, path)))
+        .await?;
+    let mut stream = response.bytes_stream();
+    let mut size: u64 = 0;
+    if local == Path::new("-") {
+        let mut stdout = tokio::io::stdout();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|error| api.unreachable(error))?;
+            size += chunk.len() as u64;
+            stdout
+                .write_all(&chunk)
+                .await
+                .context("cannot write to standard output")?;
+        }
+        stdout
+            .flush()
+            .await
+            .context("cannot write to standard output")?;
+        return Ok(json!({ "path": "-", "size": size }));
+    }
+    let target = if local.is_dir() {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        local.join(name)
+    } else {
+        local.to_path_buf()
+    };
+    let mut file = tokio::fs::File::create(&target)
+        .await
+        .with_context(|| format!("cannot write {}", target.display()))?;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|error| api.unreachable(error))?;
+        size += chunk.len() as u64;
+        file.write_all(&chunk)
+            .await
+            .with_context(|| format!("cannot write {}", target.display()))?;
+    }
+    file.flush()
+        .await
+        .with_context(|| format!("cannot write {}", target.display()))?;
+    Ok(json!({ "path": target, "size": size }))
+}
+
+async fn upload(api: &Api, local: &Path, id: &str, path: &str) -> anyhow::Result<Value> {
+    let body = if local == Path::new("-") {
+        reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(tokio::io::stdin()))
+    } else {
+        let file = tokio::fs::File::open(local)
+            .await
+            .with_context(|| format!("cannot read {}", local.display()))?;
+        let metadata = file
+            .metadata()
+            .await
+            .with_context(|| format!("cannot read {}", local.display()))?;
+        if !metadata.is_file() {
+            return Err(Usage(format!(
+                "{} is not a file; cp copies one file (push sends a directory to an environment)",
+                local.display()
+            ))
+            .into());
+        }
+        reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file))
+    };
+    // A session path ending in `/` is a directory: the file keeps its local name there.
+    let path = if path.ends_with('/') {
+        let name = local
+            .file_name()
+            .and_then(|name| name.to_str())
+            .context("standard input has no name: give the session path in full")?;
+        format!("{path}{name}")
+    } else {
+        path.to_owned()
+    };
+    api.json(
+        api.request(Method::PUT, file_url(api, id, &path))
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(body),
+    )
+    .await
+}
