@@ -393,11 +393,14 @@ fn spawn_builder(
         .work_dir
         .clone()
         .context("builder work directory is not resolved")?;
-    // Once per work directory, before any of its builders starts.
+    // Once per work directory, before any of its builders starts; the first builder's task
+    // holds the lock until it stops (with the process's other services).
+    let lock = if index == 0 {
+        Some(plinth_builder::worker::lock_work_dir(&work_dir)?)
+    } else {
+        None
+    };
     if index == 0 {
-        // Held for the life of the process: its builders work there until it exits.
-        let lock = plinth_builder::worker::lock_work_dir(&work_dir)?;
-        Box::leak(Box::new(lock));
         match plinth_builder::worker::remove_leftovers(&work_dir) {
             Ok(0) => {}
             Ok(removed) => {
@@ -479,6 +482,7 @@ fn spawn_builder(
         layers,
     };
     let result = async move {
+        let _lock = lock;
         let result = async {
             let shown = tools_dir.display().to_string();
             let (prepared, registries) = tokio::task::spawn_blocking(move || {
