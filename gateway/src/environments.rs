@@ -3,7 +3,8 @@
 //! catalog's.
 
 use axum::Json;
-use axum::extract::{FromRequestParts, Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use plinth_kit::PlinthError;
@@ -17,6 +18,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::json::JsonBody;
+use crate::paging::{Page, PageQuery};
 
 /// The environment routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -171,6 +173,10 @@ pub struct EnvironmentList {
     pub object: &'static str,
     /// The caller's environments, oldest first.
     pub data: Vec<EnvironmentBody>,
+    /// Whether more items follow this page.
+    pub has_more: bool,
+    /// Pass as `after` for the next page; null on the last page.
+    pub next: Option<String>,
 }
 
 /// `DELETE /v1/environments/{id}`.
@@ -352,8 +358,10 @@ async fn create_environment(
     get,
     path = "/v1/environments",
     tag = "environments",
+    params(PageQuery),
     responses(
-        (status = 200, description = "The caller's environments, oldest first", body = EnvironmentList),
+        (status = 200, description = "One page of the caller's environments, oldest first", body = EnvironmentList),
+        (status = 400, description = "environment_invalid: a limit outside 1–1000, or an `after` this list did not hand out", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 503, description = "unavailable: the catalog did not answer", body = ErrorBody),
     ),
@@ -362,9 +370,13 @@ async fn create_environment(
 async fn list_environments(
     State(state): State<AppState>,
     caller: Caller,
+    query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<Json<EnvironmentList>, ApiError> {
+    let page = Page::from_query(query)?;
     let request = pb::ListEnvironmentsRequest {
         scope: caller.scope,
+        limit: page.limit,
+        after: page.after,
     };
     let list = state
         .catalog()
@@ -374,6 +386,8 @@ async fn list_environments(
     Ok(Json(EnvironmentList {
         object: "list",
         data: bodies(&state, list.environments).await?,
+        has_more: list.has_more,
+        next: (!list.next.is_empty()).then_some(list.next),
     }))
 }
 

@@ -19,6 +19,7 @@ mod harnesses;
 mod json;
 pub mod limits;
 mod novo;
+mod paging;
 mod query;
 mod sessions;
 mod usage;

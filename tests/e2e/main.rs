@@ -25,6 +25,7 @@ mod limits;
 mod node_restart;
 mod novo;
 mod operators_kit;
+mod pagination;
 mod processes;
 mod quotas;
 mod real_projects;
