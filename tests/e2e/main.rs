@@ -8,6 +8,7 @@ mod build_faults;
 mod build_rules;
 mod build_sandbox;
 mod builds;
+mod clients;
 mod crashes;
 mod credentials;
 mod edge;
