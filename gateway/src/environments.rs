@@ -40,14 +40,15 @@ pub fn routes() -> OpenApiRouter<AppState> {
 pub struct CreateEnvironment {
     /// Display name, up to 200 characters; the slug and mount path are derived from it and
     /// never change.
-    #[schema(example = "Content Studio")]
+    #[schema(example = "Content Studio", min_length = 1, max_length = 200)]
     pub name: String,
     /// Free text, up to 4000 characters.
     #[serde(default)]
+    #[schema(max_length = 4000)]
     pub description: Option<String>,
     /// How to run the project, told to agents; up to 4000 characters.
     #[serde(default)]
-    #[schema(example = "python3 run.py --episode <id>")]
+    #[schema(example = "python3 run.py --episode <id>", max_length = 4000)]
     pub entry: Option<String>,
 }
 
@@ -61,12 +62,15 @@ pub struct UpdateEnvironment {
     /// New display name. The slug and mount path stay, so scripts that use the absolute path
     /// keep working.
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 200)]
     pub name: Option<String>,
     /// New description.
     #[serde(default)]
+    #[schema(max_length = 4000)]
     pub description: Option<String>,
     /// New entry.
     #[serde(default)]
+    #[schema(max_length = 4000)]
     pub entry: Option<String>,
 }
 
@@ -74,7 +78,10 @@ pub struct UpdateEnvironment {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EnvironmentBody {
     /// `henv_` + 32 lowercase hex digits.
-    #[schema(example = "henv_2f1c9d4e8a7b4c3d9e6f5a4b3c2d1e0f")]
+    #[schema(
+        example = "henv_2f1c9d4e8a7b4c3d9e6f5a4b3c2d1e0f",
+        pattern = "^henv_[0-9a-f]{32}$"
+    )]
     pub id: String,
     /// Always `environment`.
     #[schema(example = "environment")]

@@ -38,11 +38,11 @@ pub fn routes() -> OpenApiRouter<AppState> {
 )]
 pub struct HarnessWrite {
     /// Display name: not blank, up to 200 characters, no control characters.
-    #[schema(example = "Teaser cutter")]
+    #[schema(example = "Teaser cutter", min_length = 1, max_length = 200)]
     pub name: String,
     /// The agent the harness builds on: not blank, up to 200 characters, no control
     /// characters.
-    #[schema(example = "codex")]
+    #[schema(example = "codex", min_length = 1, max_length = 200)]
     pub base: String,
     /// The environment its tasks read: an environment of the caller's scope. Required: left
     /// out, null, empty, or naming anything else, the write is refused with
@@ -56,7 +56,10 @@ pub struct HarnessWrite {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct HarnessBody {
     /// `chrn_` + 32 lowercase hex digits.
-    #[schema(example = "chrn_0b6f2a9e4c7d4e1f8a3b5c6d7e8f9a0b")]
+    #[schema(
+        example = "chrn_0b6f2a9e4c7d4e1f8a3b5c6d7e8f9a0b",
+        pattern = "^chrn_[0-9a-f]{32}$"
+    )]
     pub id: String,
     /// Always `harness`.
     #[schema(example = "harness")]
@@ -64,7 +67,7 @@ pub struct HarnessBody {
     /// Display name.
     pub name: String,
     /// The agent it builds on.
-    #[schema(example = "codex")]
+    #[schema(example = "codex", min_length = 1, max_length = 200)]
     pub base: String,
     /// The environment its tasks read. Kept when that environment is deleted; its tasks are
     /// then refused with `environment_not_found`.
