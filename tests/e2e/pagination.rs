@@ -187,9 +187,9 @@ async fn two_thousand_five_hundred_environments_list_in_pages_over_rest_and_grpc
     server.stop().await;
 }
 
-/// Harnesses, an environment's harnesses and an environment's versions page the same way.
+/// Harnesses, an environment's harnesses, its files and its versions page the same way.
 #[tokio::test]
-async fn harnesses_and_versions_are_paged_too() {
+async fn harnesses_files_and_versions_are_paged_too() {
     let server = Server::start_with(&["--builders", "0"]).await;
     let (status, environment) = send(
         server
@@ -239,6 +239,32 @@ async fn harnesses_and_versions_are_paged_too() {
         }
         assert_eq!(seen, harnesses, "{list}");
     }
+
+    // The source tree: by path, in pages.
+    for path in ["b.txt", "a/one.txt", "c.txt"] {
+        crate::helpers::put_file(&server, &id, path, "x").await;
+    }
+    let mut seen = Vec::new();
+    let mut path = format!("/v1/environments/{id}/files?limit=2");
+    loop {
+        let (status, body) = get(&server, &path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        seen.extend(
+            body["data"]
+                .as_array()
+                .expect("data")
+                .iter()
+                .map(|entry| entry["path"].as_str().expect("path").to_owned()),
+        );
+        if body["has_more"] == false {
+            break;
+        }
+        path = format!(
+            "/v1/environments/{id}/files?limit=2&after={}",
+            body["next"].as_str().expect("next")
+        );
+    }
+    assert_eq!(seen, ["a", "a/one.txt", "b.txt", "c.txt"]);
 
     // One version (queued: no builder runs); a page of it says there is no more.
     let (status, body) = send(
