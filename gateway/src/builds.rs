@@ -23,6 +23,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::environments::{EnvironmentBody, EnvironmentIdParam, PackageBody};
 use crate::error::{ApiError, ErrorBody};
+use crate::paging::{self, Page, PageQuery};
 
 /// How often a followed log asks the catalog for more.
 const FOLLOW_POLL: Duration = Duration::from_millis(250);
@@ -126,8 +127,12 @@ pub struct VersionList {
     pub object: &'static str,
     /// The active version; null when none is.
     pub active: Option<u32>,
-    /// Every build, newest first.
+    /// Builds, newest first.
     pub data: Vec<VersionEntry>,
+    /// Whether more items follow this page.
+    pub has_more: bool,
+    /// Pass as `after` for the next page; null on the last page.
+    pub next: Option<String>,
 }
 
 /// `…/log` query.
@@ -382,9 +387,10 @@ async fn build_log(
     get,
     path = "/v1/environments/{id}/versions",
     tag = "builds",
-    params(("id" = String, Path, description = "The environment's id")),
+    params(("id" = String, Path, description = "The environment's id"), PageQuery),
     responses(
-        (status = 200, description = "Every version, newest first", body = VersionList),
+        (status = 200, description = "One page of the versions, newest first", body = VersionList),
+        (status = 400, description = "environment_invalid: a limit outside 1–1000, or an `after` this list did not hand out", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
         (status = 503, description = "unavailable", body = ErrorBody),
@@ -395,7 +401,9 @@ async fn list_versions(
     State(state): State<AppState>,
     caller: Caller,
     EnvironmentIdParam(id): EnvironmentIdParam,
+    query: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<VersionList>, ApiError> {
+    let page = Page::from_query(query)?;
     let environment = state
         .catalog()
         .get_environment(pb::GetEnvironmentRequest {
@@ -405,11 +413,15 @@ async fn list_versions(
         .await?
         .into_inner();
     let active = environment.version;
+    let (versions, next) = paging::slice_descending(environment.versions, &page, |version| {
+        u64::from(version.version)
+    })?;
     Ok(Json(VersionList {
         object: "list",
         active,
-        data: environment
-            .versions
+        has_more: next.is_some(),
+        next,
+        data: versions
             .into_iter()
             .map(|version| VersionEntry {
                 version: version.version,

@@ -3,7 +3,8 @@
 //! catalog's.
 
 use axum::Json;
-use axum::extract::{FromRequestParts, Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use plinth_kit::PlinthError;
@@ -17,6 +18,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::json::JsonBody;
+use crate::paging::{Page, PageQuery};
 
 /// The environment routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -38,14 +40,15 @@ pub fn routes() -> OpenApiRouter<AppState> {
 pub struct CreateEnvironment {
     /// Display name, up to 200 characters; the slug and mount path are derived from it and
     /// never change.
-    #[schema(example = "Content Studio")]
+    #[schema(example = "Content Studio", min_length = 1, max_length = 200)]
     pub name: String,
     /// Free text, up to 4000 characters.
     #[serde(default)]
+    #[schema(max_length = 4000)]
     pub description: Option<String>,
     /// How to run the project, told to agents; up to 4000 characters.
     #[serde(default)]
-    #[schema(example = "python3 run.py --episode <id>")]
+    #[schema(example = "python3 run.py --episode <id>", max_length = 4000)]
     pub entry: Option<String>,
 }
 
@@ -59,12 +62,15 @@ pub struct UpdateEnvironment {
     /// New display name. The slug and mount path stay, so scripts that use the absolute path
     /// keep working.
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 200)]
     pub name: Option<String>,
     /// New description.
     #[serde(default)]
+    #[schema(max_length = 4000)]
     pub description: Option<String>,
     /// New entry.
     #[serde(default)]
+    #[schema(max_length = 4000)]
     pub entry: Option<String>,
 }
 
@@ -72,7 +78,10 @@ pub struct UpdateEnvironment {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EnvironmentBody {
     /// `henv_` + 32 lowercase hex digits.
-    #[schema(example = "henv_2f1c9d4e8a7b4c3d9e6f5a4b3c2d1e0f")]
+    #[schema(
+        example = "henv_2f1c9d4e8a7b4c3d9e6f5a4b3c2d1e0f",
+        pattern = "^henv_[0-9a-f]{32}$"
+    )]
     pub id: String,
     /// Always `environment`.
     #[schema(example = "environment")]
@@ -171,6 +180,10 @@ pub struct EnvironmentList {
     pub object: &'static str,
     /// The caller's environments, oldest first.
     pub data: Vec<EnvironmentBody>,
+    /// Whether more items follow this page.
+    pub has_more: bool,
+    /// Pass as `after` for the next page; null on the last page.
+    pub next: Option<String>,
 }
 
 /// `DELETE /v1/environments/{id}`.
@@ -352,8 +365,10 @@ async fn create_environment(
     get,
     path = "/v1/environments",
     tag = "environments",
+    params(PageQuery),
     responses(
-        (status = 200, description = "The caller's environments, oldest first", body = EnvironmentList),
+        (status = 200, description = "One page of the caller's environments, oldest first", body = EnvironmentList),
+        (status = 400, description = "environment_invalid: a limit outside 1–1000, or an `after` this list did not hand out", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 503, description = "unavailable: the catalog did not answer", body = ErrorBody),
     ),
@@ -362,9 +377,13 @@ async fn create_environment(
 async fn list_environments(
     State(state): State<AppState>,
     caller: Caller,
+    query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<Json<EnvironmentList>, ApiError> {
+    let page = Page::from_query(query)?;
     let request = pb::ListEnvironmentsRequest {
         scope: caller.scope,
+        limit: page.limit,
+        after: page.after,
     };
     let list = state
         .catalog()
@@ -374,6 +393,8 @@ async fn list_environments(
     Ok(Json(EnvironmentList {
         object: "list",
         data: bodies(&state, list.environments).await?,
+        has_more: list.has_more,
+        next: (!list.next.is_empty()).then_some(list.next),
     }))
 }
 

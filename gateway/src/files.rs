@@ -24,6 +24,7 @@ use crate::conditional::{self, ReadAnswer};
 use crate::environments::EnvironmentIdParam;
 use crate::error::{ApiError, ErrorBody};
 use crate::json::{self, JsonBody};
+use crate::paging::{self, Page, PageQuery};
 
 /// Largest chunk sent to the source in one gRPC message.
 const CHUNK: usize = 1024 * 1024;
@@ -87,8 +88,12 @@ impl From<pb::Entry> for FileEntry {
 pub struct FileTree {
     /// Always `list`.
     pub object: &'static str,
-    /// Every file and directory, sorted by path.
+    /// Files and directories, sorted by path (byte order).
     pub data: Vec<FileEntry>,
+    /// Whether more entries follow this page.
+    pub has_more: bool,
+    /// Pass as `after` for the next page; null on the last page.
+    pub next: Option<String>,
 }
 
 /// `DELETE /v1/environments/{id}/files/{path}`.
@@ -271,9 +276,10 @@ where
     get,
     path = "/v1/environments/{id}/files",
     tag = "files",
-    params(("id" = String, Path, description = "The environment's id")),
+    params(("id" = String, Path, description = "The environment's id"), PageQuery),
     responses(
-        (status = 200, description = "Every file and directory, sorted by path", body = FileTree),
+        (status = 200, description = "One page of the files and directories, sorted by path", body = FileTree),
+        (status = 400, description = "environment_invalid: a limit outside 1–1000, or an `after` this list did not hand out", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
         (status = 503, description = "unavailable", body = ErrorBody),
@@ -284,16 +290,23 @@ async fn list_files(
     State(state): State<AppState>,
     caller: Caller,
     EnvironmentIdParam(id): EnvironmentIdParam,
+    query: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<FileTree>, ApiError> {
+    let page = Page::from_query(query)?;
     check_environment(&state, &caller, &id).await?;
     let tree = state
         .source()
         .list_tree(pb::ListTreeRequest { environment_id: id })
         .await?
         .into_inner();
+    // The source answers the whole tree; pages keep each answer bounded however many files
+    // an environment has.
+    let (entries, next) = paging::slice_by_name(tree.entries, &page, |entry| &entry.path)?;
     Ok(Json(FileTree {
         object: "list",
-        data: tree.entries.into_iter().map(FileEntry::from).collect(),
+        data: entries.into_iter().map(FileEntry::from).collect(),
+        has_more: next.is_some(),
+        next,
     }))
 }
 

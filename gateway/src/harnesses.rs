@@ -4,7 +4,8 @@
 //! is the catalog's.
 
 use axum::Json;
-use axum::extract::{FromRequestParts, Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use plinth_kit::{ErrorCode, PlinthError};
@@ -19,6 +20,7 @@ use crate::auth::Caller;
 use crate::environments::EnvironmentIdParam;
 use crate::error::{ApiError, ErrorBody};
 use crate::json::JsonBody;
+use crate::paging::{Page, PageQuery};
 
 /// The harness routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -36,11 +38,11 @@ pub fn routes() -> OpenApiRouter<AppState> {
 )]
 pub struct HarnessWrite {
     /// Display name: not blank, up to 200 characters, no control characters.
-    #[schema(example = "Teaser cutter")]
+    #[schema(example = "Teaser cutter", min_length = 1, max_length = 200)]
     pub name: String,
     /// The agent the harness builds on: not blank, up to 200 characters, no control
     /// characters.
-    #[schema(example = "codex")]
+    #[schema(example = "codex", min_length = 1, max_length = 200)]
     pub base: String,
     /// The environment its tasks read: an environment of the caller's scope. Required: left
     /// out, null, empty, or naming anything else, the write is refused with
@@ -54,7 +56,10 @@ pub struct HarnessWrite {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct HarnessBody {
     /// `chrn_` + 32 lowercase hex digits.
-    #[schema(example = "chrn_0b6f2a9e4c7d4e1f8a3b5c6d7e8f9a0b")]
+    #[schema(
+        example = "chrn_0b6f2a9e4c7d4e1f8a3b5c6d7e8f9a0b",
+        pattern = "^chrn_[0-9a-f]{32}$"
+    )]
     pub id: String,
     /// Always `harness`.
     #[schema(example = "harness")]
@@ -62,7 +67,7 @@ pub struct HarnessBody {
     /// Display name.
     pub name: String,
     /// The agent it builds on.
-    #[schema(example = "codex")]
+    #[schema(example = "codex", min_length = 1, max_length = 200)]
     pub base: String,
     /// The environment its tasks read. Kept when that environment is deleted; its tasks are
     /// then refused with `environment_not_found`.
@@ -84,6 +89,10 @@ pub struct HarnessList {
     pub object: &'static str,
     /// The harnesses, oldest first.
     pub data: Vec<HarnessBody>,
+    /// Whether more items follow this page.
+    pub has_more: bool,
+    /// Pass as `after` for the next page; null on the last page.
+    pub next: Option<String>,
 }
 
 /// `DELETE /v1/harnesses/{id}`.
@@ -111,10 +120,16 @@ impl From<pb::Harness> for HarnessBody {
     }
 }
 
-fn list(harnesses: Vec<pb::Harness>) -> HarnessList {
+fn list(answer: pb::ListHarnessesResponse) -> HarnessList {
     HarnessList {
         object: "list",
-        data: harnesses.into_iter().map(HarnessBody::from).collect(),
+        data: answer
+            .harnesses
+            .into_iter()
+            .map(HarnessBody::from)
+            .collect(),
+        has_more: answer.has_more,
+        next: (!answer.next.is_empty()).then_some(answer.next),
     }
 }
 
@@ -171,8 +186,10 @@ async fn create_harness(
     get,
     path = "/v1/harnesses",
     tag = "harnesses",
+    params(PageQuery),
     responses(
-        (status = 200, description = "The caller's harnesses, oldest first", body = HarnessList),
+        (status = 200, description = "One page of the caller's harnesses, oldest first", body = HarnessList),
+        (status = 400, description = "environment_invalid: a limit outside 1–1000, or an `after` this list did not hand out", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 503, description = "unavailable: the catalog did not answer", body = ErrorBody),
     ),
@@ -181,17 +198,21 @@ async fn create_harness(
 async fn list_harnesses(
     State(state): State<AppState>,
     caller: Caller,
+    query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<Json<HarnessList>, ApiError> {
+    let page = Page::from_query(query)?;
     let request = pb::ListHarnessesRequest {
         scope: caller.scope,
         environment_id: None,
+        limit: page.limit,
+        after: page.after,
     };
     let answer = state
         .harnesses()
         .list_harnesses(request)
         .await?
         .into_inner();
-    Ok(Json(list(answer.harnesses)))
+    Ok(Json(list(answer)))
 }
 
 /// One harness.
@@ -294,9 +315,10 @@ async fn delete_harness(
     get,
     path = "/v1/environments/{id}/harnesses",
     tag = "harnesses",
-    params(("id" = String, Path, description = "The environment's id")),
+    params(("id" = String, Path, description = "The environment's id"), PageQuery),
     responses(
-        (status = 200, description = "The caller's harnesses that name the environment, oldest first", body = HarnessList),
+        (status = 200, description = "One page of the caller's harnesses that name the environment, oldest first", body = HarnessList),
+        (status = 400, description = "environment_invalid: a limit outside 1–1000, or an `after` this list did not hand out", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found: no such environment in the caller's scope (including a deleted one)", body = ErrorBody),
         (status = 503, description = "unavailable: the catalog did not answer", body = ErrorBody),
@@ -307,15 +329,19 @@ async fn list_environment_harnesses(
     State(state): State<AppState>,
     caller: Caller,
     EnvironmentIdParam(id): EnvironmentIdParam,
+    query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<Json<HarnessList>, ApiError> {
+    let page = Page::from_query(query)?;
     let request = pb::ListHarnessesRequest {
         scope: caller.scope,
         environment_id: Some(id),
+        limit: page.limit,
+        after: page.after,
     };
     let answer = state
         .harnesses()
         .list_harnesses(request)
         .await?
         .into_inner();
-    Ok(Json(list(answer.harnesses)))
+    Ok(Json(list(answer)))
 }

@@ -19,6 +19,8 @@ mod harnesses;
 mod json;
 pub mod limits;
 mod novo;
+mod openapi;
+mod paging;
 mod query;
 mod sessions;
 mod usage;
@@ -317,6 +319,7 @@ fn router_with(
         .map(|(path, item)| (path.replace("{*", "{"), item))
         .collect();
     document_rate_limits(&mut openapi);
+    openapi::complete(&mut openapi);
     let openapi = Arc::new(openapi);
     let edge = edge::Edge::new(options.edge, state.tokens.clone());
     edge::register_refusals();

@@ -488,7 +488,7 @@ async fn openapi_covers_every_endpoint_with_its_errors() {
             "post",
             &["201", "400", "401", "409", "503"],
         ),
-        ("/v1/environments", "get", &["200", "401", "503"]),
+        ("/v1/environments", "get", &["200", "400", "401", "503"]),
         (
             "/v1/environments/{id}",
             "get",
@@ -691,12 +691,16 @@ async fn an_unknown_query_parameter_is_refused_on_every_route() {
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().expect("id");
     for (method, path, takes) in [
-        ("GET", "/v1/environments?limit=5".to_owned(), "none"),
+        (
+            "GET",
+            "/v1/environments?offset=5".to_owned(),
+            "after, limit",
+        ),
         ("GET", format!("/v1/environments/{id}?verbose=1"), "none"),
         (
             "GET",
             format!("/v1/environments/{id}/files?recursive=true"),
-            "none",
+            "after, limit",
         ),
         (
             "GET",

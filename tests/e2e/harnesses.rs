@@ -174,13 +174,19 @@ async fn the_harness_lifecycle_gives_the_documented_answers() {
 
     let (status, list) = client.get("/v1/harnesses").await;
     assert_eq!(status, 200);
-    assert_eq!(list, json!({"object": "list", "data": [created]}));
+    assert_eq!(
+        list,
+        json!({"object": "list", "data": [created], "has_more": false, "next": null})
+    );
 
     let (status, reached) = client
         .get(&format!("/v1/environments/{studio}/harnesses"))
         .await;
     assert_eq!(status, 200);
-    assert_eq!(reached, json!({"object": "list", "data": [created]}));
+    assert_eq!(
+        reached,
+        json!({"object": "list", "data": [created], "has_more": false, "next": null})
+    );
 
     let other = client.environment("Thumbnail Studio").await;
     let (status, replaced) = client
@@ -381,7 +387,10 @@ async fn an_environment_lists_exactly_the_harnesses_that_name_it() {
         .get(&format!("/v1/environments/{unused}/harnesses"))
         .await;
     assert_eq!(status, 200);
-    assert_eq!(reached, json!({"object": "list", "data": []}));
+    assert_eq!(
+        reached,
+        json!({"object": "list", "data": [], "has_more": false, "next": null})
+    );
     let (_, all) = client.get("/v1/harnesses").await;
     assert_eq!(ids(&all), sorted(&[&first, &elsewhere, &second]));
     let created: Vec<(i64, String)> = all["data"]

@@ -94,6 +94,7 @@ async fn list(endpoint: Endpoint, credentials: &Credentials) -> Result<usize, St
     CatalogServiceClient::with_interceptor(channel, credentials.interceptor(Role::Gateway))
         .list_environments(ListEnvironmentsRequest {
             scope: "default".into(),
+            ..Default::default()
         })
         .await
         .map(|answer| answer.into_inner().environments.len())
@@ -270,6 +271,7 @@ async fn services_talk_over_tls_and_mutual_tls_refuses_callers_without_a_certifi
     let refused = CatalogServiceClient::new(channel)
         .list_environments(ListEnvironmentsRequest {
             scope: "default".into(),
+            ..Default::default()
         })
         .await
         .expect_err("no credential");

@@ -212,6 +212,7 @@ async fn catalog_source_and_gateway_as_processes_over_grpc_on_postgres() {
         .expect("connect");
     let list = || ListEnvironmentsRequest {
         scope: "acme".into(),
+        ..Default::default()
     };
     let refused = CatalogServiceClient::new(channel.clone())
         .list_environments(list())

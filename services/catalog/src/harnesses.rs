@@ -6,7 +6,7 @@ use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::model::{EnvironmentId, Harness, HarnessFields, HarnessId, Scope};
+use crate::model::{EnvironmentId, Harness, HarnessFields, HarnessId, PageRequest, Scope};
 use crate::persistence::{Store, StoreError};
 
 /// The `plinth.catalog.v1.HarnessService` implementation.
@@ -94,29 +94,29 @@ impl pb::harness_service_server::HarnessService for Harnesses {
     ) -> Result<Response<pb::ListHarnessesResponse>, Status> {
         let request = request.into_inner();
         let scope = Scope::parse(&request.scope)?;
-        let harnesses = match &request.environment_id {
-            None => self
-                .store
-                .list_harnesses(&scope)
-                .await
-                .map_err(|error| store_error(error, "", ""))?,
-            Some(environment) => {
-                let id = EnvironmentId::parse(environment).ok_or_else(|| {
-                    PlinthError::not_found(format_args!("environment {environment:?}"))
-                })?;
-                self.store
-                    .list_environment_harnesses(&scope, &id)
-                    .await
-                    .map_err(|error| match error {
-                        StoreError::NotFound => {
-                            PlinthError::not_found(format_args!("environment {environment}"))
-                        }
-                        other => store_error(other, "", environment),
-                    })?
-            }
+        let page = PageRequest::new(request.limit, &request.after)?;
+        let environment = match &request.environment_id {
+            None => None,
+            Some(environment) => Some(EnvironmentId::parse(environment).ok_or_else(|| {
+                PlinthError::not_found(format_args!("environment {environment:?}"))
+            })?),
         };
+        let page = self
+            .store
+            .list_harnesses_page(&scope, environment.as_ref(), &page)
+            .await
+            .map_err(|error| match (error, &request.environment_id) {
+                (StoreError::NotFound, Some(environment)) => {
+                    PlinthError::not_found(format_args!("environment {environment}"))
+                }
+                (other, environment) => {
+                    store_error(other, "", environment.as_deref().unwrap_or_default())
+                }
+            })?;
         Ok(Response::new(pb::ListHarnessesResponse {
-            harnesses: harnesses.into_iter().map(Into::into).collect(),
+            harnesses: page.items.into_iter().map(Into::into).collect(),
+            has_more: page.next.is_some(),
+            next: page.next.map(|cursor| cursor.encode()).unwrap_or_default(),
         }))
     }
 

@@ -569,6 +569,106 @@ fn serde_json_limit(field: &str, max: usize) -> plinth_kit::error::Value {
     detail.into()
 }
 
+/// Items a page holds when the caller names no limit.
+pub const DEFAULT_PAGE_ITEMS: u32 = 100;
+/// Most items a page holds: a page of the largest objects still fits well inside a 4 MiB
+/// gRPC message.
+pub const MAX_PAGE_ITEMS: u32 = 1000;
+
+/// Where a listing resumes: just past the item with this sort key (creation time, then id).
+/// Clients see it only as an opaque string, so the sort key can change without breaking them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    /// The last item's creation time.
+    pub created_at_ms: i64,
+    /// The last item's id, which breaks ties between items created in the same millisecond.
+    pub id: String,
+}
+
+impl Cursor {
+    /// The string a client hands back as `after`.
+    pub fn encode(&self) -> String {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(format!("{}:{}", self.created_at_ms, self.id))
+    }
+
+    /// Reads a cursor this catalog handed out; anything else is `environment_invalid`, since
+    /// a list cannot resume from a place it never gave.
+    pub fn decode(text: &str) -> Result<Self, PlinthError> {
+        use base64::Engine;
+        let refused = || {
+            PlinthError::invalid(
+                "after: not a cursor this list handed out; pass the `next` of the previous page",
+            )
+        };
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(text)
+            .map_err(|_| refused())?;
+        let text = String::from_utf8(bytes).map_err(|_| refused())?;
+        let (at, id) = text.split_once(':').ok_or_else(refused)?;
+        let created_at_ms = at.parse().map_err(|_| refused())?;
+        if id.is_empty()
+            || id.len() > 64
+            || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        {
+            return Err(refused());
+        }
+        Ok(Cursor {
+            created_at_ms,
+            id: id.to_owned(),
+        })
+    }
+}
+
+/// Which page of a listing to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageRequest {
+    /// At most this many items, from 1 to [`MAX_PAGE_ITEMS`].
+    pub limit: u32,
+    /// Items after this one; the first page when absent.
+    pub after: Option<Cursor>,
+}
+
+impl PageRequest {
+    /// The first page at the default size.
+    pub fn first() -> Self {
+        PageRequest {
+            limit: DEFAULT_PAGE_ITEMS,
+            after: None,
+        }
+    }
+
+    /// Validates a wire request: a limit of 0 means the default; above the maximum, or a cursor
+    /// that does not decode, is `environment_invalid` naming the field.
+    pub fn new(limit: u32, after: &str) -> Result<Self, PlinthError> {
+        let limit = match limit {
+            0 => DEFAULT_PAGE_ITEMS,
+            n if n > MAX_PAGE_ITEMS => {
+                return Err(PlinthError::invalid(format!(
+                    "limit: at most {MAX_PAGE_ITEMS} items a page; follow `next` for the rest"
+                ))
+                .with_detail(serde_json::json!({ "max": MAX_PAGE_ITEMS })));
+            }
+            n => n,
+        };
+        let after = match after {
+            "" => None,
+            text => Some(Cursor::decode(text)?),
+        };
+        Ok(PageRequest { limit, after })
+    }
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page<T> {
+    /// The items, in the listing's order.
+    pub items: Vec<T>,
+    /// Where the next page starts; absent on the last page.
+    pub next: Option<Cursor>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

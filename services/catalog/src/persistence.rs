@@ -28,7 +28,10 @@ pub use sessions::{NewSession, NewTask};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::model::{Environment, EnvironmentChanges, EnvironmentId, NewEnvironment, Scope, Slug};
+use crate::model::{
+    Cursor, Environment, EnvironmentChanges, EnvironmentId, NewEnvironment, Page, PageRequest,
+    Scope, Slug,
+};
 
 fn migrations(backend: Backend) -> &'static [MigrationFile] {
     match backend {
@@ -390,14 +393,63 @@ impl Store {
 
     /// Every environment of the scope, oldest first.
     pub async fn list_environments(&self, scope: &Scope) -> Result<Vec<Environment>, StoreError> {
-        let sql = format!(
-            "SELECT {ENVIRONMENT_COLUMNS} FROM environments WHERE scope = $1 \
-             ORDER BY created_at_ms, id"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(scope.as_str())
-            .fetch_all(&self.db.reader)
+        self.environments_after(scope, None, None).await
+    }
+
+    /// One page of the scope's environments, oldest first: those after `page.after`, read
+    /// with one more than the limit so the answer knows whether another page follows.
+    pub async fn list_environments_page(
+        &self,
+        scope: &Scope,
+        page: &PageRequest,
+    ) -> Result<Page<Environment>, StoreError> {
+        let limit = page.limit as usize;
+        let mut environments = self
+            .environments_after(scope, page.after.as_ref(), Some(limit + 1))
             .await?;
+        let next = if environments.len() > limit {
+            environments.truncate(limit);
+            environments.last().map(|last| Cursor {
+                created_at_ms: last.created_at_ms,
+                id: last.id.as_str().to_owned(),
+            })
+        } else {
+            None
+        };
+        Ok(Page {
+            items: environments,
+            next,
+        })
+    }
+
+    /// The scope's environments in listing order (creation time, then id), after `after` and
+    /// at most `limit` of them, with their builds.
+    async fn environments_after(
+        &self,
+        scope: &Scope,
+        after: Option<&Cursor>,
+        limit: Option<usize>,
+    ) -> Result<Vec<Environment>, StoreError> {
+        // Row comparison `(a, b) > (x, y)` is the keyset condition on both SQLite and
+        // PostgreSQL, and the `(scope, created_at_ms, id)` order lets either walk an index.
+        let after_clause = if after.is_some() {
+            " AND (created_at_ms, id) > ($2, $3)"
+        } else {
+            ""
+        };
+        let limit_clause = match limit {
+            Some(limit) => format!(" LIMIT {limit}"),
+            None => String::new(),
+        };
+        let sql = format!(
+            "SELECT {ENVIRONMENT_COLUMNS} FROM environments WHERE scope = $1{after_clause} \
+             ORDER BY created_at_ms, id{limit_clause}"
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(scope.as_str());
+        if let Some(after) = after {
+            query = query.bind(after.created_at_ms).bind(after.id.as_str());
+        }
+        let rows = query.fetch_all(&self.db.reader).await?;
         let mut environments = rows
             .iter()
             .map(environment_from_row)

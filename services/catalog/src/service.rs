@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 
 use crate::model::{
     Build, BuildStatus, Environment, EnvironmentChanges, EnvironmentId, EnvironmentStatus,
-    LeaseToken, NewEnvironment, Outcome, Package, Scope, Toolchain,
+    LeaseToken, NewEnvironment, Outcome, Package, PageRequest, Scope, Toolchain,
 };
 use crate::persistence::{LeasePolicy, Store, StoreError};
 use crate::wakeups::Wakeups;
@@ -162,14 +162,18 @@ impl pb::catalog_service_server::CatalogService for Catalog {
         &self,
         request: Request<pb::ListEnvironmentsRequest>,
     ) -> Result<Response<pb::ListEnvironmentsResponse>, Status> {
-        let scope = Scope::parse(&request.get_ref().scope)?;
-        let environments = self
+        let request = request.into_inner();
+        let scope = Scope::parse(&request.scope)?;
+        let page = PageRequest::new(request.limit, &request.after)?;
+        let page = self
             .store
-            .list_environments(&scope)
+            .list_environments_page(&scope, &page)
             .await
             .map_err(|error| store_error(error, ""))?;
         Ok(Response::new(pb::ListEnvironmentsResponse {
-            environments: environments.into_iter().map(Into::into).collect(),
+            environments: page.items.into_iter().map(Into::into).collect(),
+            has_more: page.next.is_some(),
+            next: page.next.map(|cursor| cursor.encode()).unwrap_or_default(),
         }))
     }
 

@@ -11,7 +11,9 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::{Store, StoreError};
-use crate::model::{EnvironmentId, Harness, HarnessFields, HarnessId, Scope};
+use crate::model::{
+    Cursor, EnvironmentId, Harness, HarnessFields, HarnessId, Page, PageRequest, Scope,
+};
 
 const HARNESS_COLUMNS: &str = "id, scope, name, base, environment_id, created_at_ms, updated_at_ms";
 
@@ -63,14 +65,38 @@ impl Store {
 
     /// Every harness of the scope, oldest first.
     pub async fn list_harnesses(&self, scope: &Scope) -> Result<Vec<Harness>, StoreError> {
-        let sql = format!(
-            "SELECT {HARNESS_COLUMNS} FROM harnesses WHERE scope = $1 ORDER BY created_at_ms, id"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(scope.as_str())
-            .fetch_all(&self.db.reader)
+        self.harnesses_after(scope, None, None, None).await
+    }
+
+    /// One page of the scope's harnesses, oldest first; only those naming `environment` when
+    /// it is given, and then the environment must exist in the scope (`StoreError::NotFound`
+    /// otherwise), so a deleted environment answers like any other that is not there.
+    pub async fn list_harnesses_page(
+        &self,
+        scope: &Scope,
+        environment: Option<&EnvironmentId>,
+        page: &PageRequest,
+    ) -> Result<Page<Harness>, StoreError> {
+        if let Some(environment) = environment {
+            self.environment_exists(scope, environment).await?;
+        }
+        let limit = page.limit as usize;
+        let mut harnesses = self
+            .harnesses_after(scope, environment, page.after.as_ref(), Some(limit + 1))
             .await?;
-        rows.iter().map(harness_from_row).collect()
+        let next = if harnesses.len() > limit {
+            harnesses.truncate(limit);
+            harnesses.last().map(|last| Cursor {
+                created_at_ms: last.created_at_ms,
+                id: last.id.as_str().to_owned(),
+            })
+        } else {
+            None
+        };
+        Ok(Page {
+            items: harnesses,
+            next,
+        })
     }
 
     /// The harnesses of the scope that name `environment`, oldest first: what a rebuild of it
@@ -81,24 +107,61 @@ impl Store {
         scope: &Scope,
         environment: &EnvironmentId,
     ) -> Result<Vec<Harness>, StoreError> {
+        self.environment_exists(scope, environment).await?;
+        self.harnesses_after(scope, Some(environment), None, None)
+            .await
+    }
+
+    async fn environment_exists(
+        &self,
+        scope: &Scope,
+        environment: &EnvironmentId,
+    ) -> Result<(), StoreError> {
         let exists =
             sqlx::query("SELECT 1 AS found FROM environments WHERE scope = $1 AND id = $2")
                 .bind(scope.as_str())
                 .bind(environment.as_str())
                 .fetch_optional(&self.db.reader)
                 .await?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound);
+        match exists {
+            Some(_) => Ok(()),
+            None => Err(StoreError::NotFound),
         }
-        let sql = format!(
-            "SELECT {HARNESS_COLUMNS} FROM harnesses WHERE scope = $1 AND environment_id = $2 \
-             ORDER BY created_at_ms, id"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(scope.as_str())
-            .bind(environment.as_str())
-            .fetch_all(&self.db.reader)
-            .await?;
+    }
+
+    /// Harnesses in listing order (creation time, then id), of one environment when given,
+    /// after `after` and at most `limit` of them: a keyset read on either index.
+    async fn harnesses_after(
+        &self,
+        scope: &Scope,
+        environment: Option<&EnvironmentId>,
+        after: Option<&Cursor>,
+        limit: Option<usize>,
+    ) -> Result<Vec<Harness>, StoreError> {
+        let mut sql = format!("SELECT {HARNESS_COLUMNS} FROM harnesses WHERE scope = $1");
+        let mut next = 2;
+        if environment.is_some() {
+            sql.push_str(&format!(" AND environment_id = ${next}"));
+            next += 1;
+        }
+        if after.is_some() {
+            sql.push_str(&format!(
+                " AND (created_at_ms, id) > (${next}, ${})",
+                next + 1
+            ));
+        }
+        sql.push_str(" ORDER BY created_at_ms, id");
+        if let Some(limit) = limit {
+            sql.push_str(&format!(" LIMIT {limit}"));
+        }
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(scope.as_str());
+        if let Some(environment) = environment {
+            query = query.bind(environment.as_str());
+        }
+        if let Some(after) = after {
+            query = query.bind(after.created_at_ms).bind(after.id.as_str());
+        }
+        let rows = query.fetch_all(&self.db.reader).await?;
         rows.iter().map(harness_from_row).collect()
     }
 

@@ -35,6 +35,7 @@ macro_rules! backend_suite {
 mod adapters;
 mod brain;
 mod harnesses;
+mod paging;
 mod quotas;
 mod retention;
 mod sealing;

@@ -1,0 +1,452 @@
+//! The OpenAPI document's cross-cutting answers, added to every operation after the handlers
+//! have described their own: what the edge can answer before a handler runs (an unknown query
+//! parameter, a JSON body past 1 MiB, a missing token, a full gateway, a deadline), the
+//! `500 internal` any operation can give, the adapters' own credentials, and the event schemas
+//! of the streamed answers. One place, so a new operation is described as completely as the
+//! old ones without repeating these in every handler; Schemathesis (`.ci/run`) checks the
+//! result against the running server.
+
+use std::collections::btree_map::Entry;
+
+use utoipa::openapi::path::{Operation, ParameterBuilder, ParameterIn};
+use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema};
+use utoipa::openapi::security::{
+    ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+};
+use utoipa::openapi::{
+    ContentBuilder, HeaderBuilder, Object, OpenApi, Ref, RefOr, Required, Response,
+    ResponseBuilder, Type,
+};
+
+/// The security scheme of a Brain adapter's calls: the bearer token made with the adapter.
+pub const ADAPTER_BEARER: &str = "adapterBearer";
+/// The security scheme of a Novo adapter's calls: `Novo-Signature`, an HMAC of the body.
+pub const NOVO_SIGNATURE: &str = "novoSignature";
+
+/// Completes `openapi` in place; see the module's comment.
+pub fn complete(openapi: &mut OpenApi) {
+    add_security_schemes(openapi);
+    add_event_schemas(openapi);
+    for (path, item) in &mut openapi.paths.paths {
+        let novo = path.ends_with("/novo");
+        let brain = path.contains("/brain/");
+        for operation in [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if novo {
+                novo_credential(operation);
+            } else if brain {
+                operation.security = Some(vec![SecurityRequirement::new(
+                    ADAPTER_BEARER,
+                    Vec::<String>::new(),
+                )]);
+            }
+            edge_answers(operation, path);
+        }
+    }
+    stream_exec_events(openapi);
+    binary_bodies(openapi);
+    session_file_answers(openapi);
+}
+
+/// A schema for raw bytes of `media_type`: a binary string, so generated clients take and
+/// give bytes (a file), not a JSON array of numbers.
+fn binary(media_type: &str) -> RefOr<Schema> {
+    RefOr::T(Schema::Object(
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(utoipa::openapi::schema::SchemaFormat::KnownFormat(
+                utoipa::openapi::schema::KnownFormat::Binary,
+            )))
+            .content_media_type(media_type)
+            .build(),
+    ))
+}
+
+/// Every body that is bytes (file reads and writes, archive imports) is described as bytes.
+fn binary_bodies(openapi: &mut OpenApi) {
+    for (path, item) in &mut openapi.paths.paths {
+        for operation in [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if let Some(RefOr::T(body)) = operation.request_body.as_mut() {
+                // The archive is recognised by its bytes, whatever type the request names
+                // (other than JSON, which is a git import); octet-stream stands for them all.
+                if path.ends_with("/import") {
+                    body.content.insert(
+                        "application/octet-stream".to_owned(),
+                        ContentBuilder::new()
+                            .schema(Some(binary("application/octet-stream")))
+                            .build()
+                            .into(),
+                    );
+                }
+                for (media_type, content) in &mut body.content {
+                    if let RefOr::T(content) = content
+                        && media_type == "application/octet-stream"
+                    {
+                        content.schema = Some(binary(media_type));
+                    }
+                }
+            }
+            // A file is answered with a content type guessed from its name (`text/x-python`,
+            // `application/x-sh`), so its read is documented as any type of bytes.
+            let any_type = path.contains("/files/{path}");
+            for response in operation.responses.responses.values_mut() {
+                if let RefOr::T(response) = response {
+                    if any_type
+                        && let Some(RefOr::T(mut content)) =
+                            response.content.shift_remove("application/octet-stream")
+                    {
+                        content.schema = Some(binary("application/octet-stream"));
+                        response.content.insert("*/*".to_owned(), content.into());
+                        continue;
+                    }
+                    for (media_type, content) in &mut response.content {
+                        if let RefOr::T(content) = content
+                            && media_type == "application/octet-stream"
+                        {
+                            content.schema = Some(binary(media_type));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The JSON a session's file write and delete answer (their handlers describe it in words).
+fn session_file_answers(openapi: &mut OpenApi) {
+    let Some(item) = openapi
+        .paths
+        .paths
+        .get_mut("/v1/sessions/{id}/files/{path}")
+    else {
+        return;
+    };
+    let integer = |description: &str| {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .minimum(Some(0))
+            .description(Some(description))
+            .build()
+    };
+    let written = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property(
+            "path",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .description(Some("Relative to the working directory")),
+        )
+        .required("path")
+        .property("size", integer("Bytes written"))
+        .required("size")
+        .property(
+            "version",
+            integer("The environment version the session reads"),
+        )
+        .required("version")
+        .build();
+    let deleted = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property(
+            "path",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .description(Some("Relative to the working directory")),
+        )
+        .required("path")
+        .property("deleted", Object::with_type(Type::Boolean))
+        .required("deleted")
+        .property(
+            "version",
+            integer("The environment version the session reads"),
+        )
+        .required("version")
+        .build();
+    for (operation, schema) in [(&mut item.put, written), (&mut item.delete, deleted)] {
+        if let Some(RefOr::T(ok)) = operation
+            .as_mut()
+            .and_then(|operation| operation.responses.responses.get_mut("200"))
+            && ok.content.is_empty()
+        {
+            ok.content.insert(
+                "application/json".to_owned(),
+                ContentBuilder::new()
+                    .schema(Some(Schema::Object(schema)))
+                    .build()
+                    .into(),
+            );
+        }
+    }
+}
+
+fn add_security_schemes(openapi: &mut OpenApi) {
+    let components = openapi.components.get_or_insert_with(Default::default);
+    components.add_security_scheme(
+        ADAPTER_BEARER,
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .description(Some(
+                    "A Brain workspace adapter's token, shown once when the adapter is made (or its secret rotated); it acts only on that adapter's runs",
+                ))
+                .build(),
+        ),
+    );
+    components.add_security_scheme(
+        NOVO_SIGNATURE,
+        SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+            "Novo-Signature",
+            "`t=<unix seconds>,v1=<hex>[,v1=…]`: HMAC-SHA256 of `\"{t}.{raw body}\"` with the Novo adapter's secret (or the previous one within its grace window); `t` within ±300 s of the server's clock, each signed request accepted once",
+        ))),
+    );
+}
+
+/// A Novo dispatch is signed, not bearer-authenticated, and names its run and call in headers.
+fn novo_credential(operation: &mut Operation) {
+    operation.security = Some(vec![SecurityRequirement::new(
+        NOVO_SIGNATURE,
+        Vec::<String>::new(),
+    )]);
+    let parameters = operation.parameters.get_or_insert_with(Vec::new);
+    for (name, description) in [
+        (
+            "Novo-Request-Id",
+            "The call's idempotency key: a retry with the same id answers the first call's stored answer and never runs it again",
+        ),
+        (
+            "Novo-Run-Id",
+            "The agent run the call belongs to; one session per run",
+        ),
+        (
+            "Novo-Workspace-Method",
+            "The method, as the body names it; when both are given they must agree",
+        ),
+    ] {
+        parameters.push(
+            ParameterBuilder::new()
+                .name(name)
+                .parameter_in(ParameterIn::Header)
+                .required(Required::False)
+                .description(Some(description))
+                .schema(Some(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .max_length(Some(256)),
+                ))
+                .build()
+                .into(),
+        );
+    }
+}
+
+fn error_content() -> utoipa::openapi::Content {
+    ContentBuilder::new()
+        .schema(Some(Ref::from_schema_name("ErrorBody")))
+        .build()
+}
+
+fn error_response(description: &str) -> Response {
+    ResponseBuilder::new()
+        .description(description)
+        .content("application/json", error_content())
+        .build()
+}
+
+fn integer_header(description: &str) -> utoipa::openapi::header::Header {
+    HeaderBuilder::new()
+        .schema(Some(Object::with_type(Type::Integer)))
+        .description(Some(description))
+        .build()
+}
+
+fn string_header(description: &str) -> utoipa::openapi::header::Header {
+    HeaderBuilder::new()
+        .schema(Some(Object::with_type(Type::String)))
+        .description(Some(description))
+        .build()
+}
+
+/// Adds `description` to the answer at `status`, or the answer itself when the operation has
+/// none; `edit` then adjusts it (headers).
+fn answer(
+    operation: &mut Operation,
+    status: &str,
+    description: &str,
+    also: &str,
+    edit: impl FnOnce(&mut Response),
+) {
+    match operation.responses.responses.entry(status.to_owned()) {
+        Entry::Vacant(slot) => {
+            let mut response = error_response(description);
+            edit(&mut response);
+            slot.insert(RefOr::T(response));
+        }
+        Entry::Occupied(mut slot) => {
+            if let RefOr::T(response) = slot.get_mut() {
+                if !also.is_empty() && !response.description.contains(also) {
+                    response.description.push_str("; or ");
+                    response.description.push_str(also);
+                }
+                if response.content.is_empty() {
+                    response
+                        .content
+                        .insert("application/json".to_owned(), error_content().into());
+                }
+                edit(response);
+            }
+        }
+    }
+}
+
+/// What the gateway's edge (and any handler) can answer for any operation.
+fn edge_answers(operation: &mut Operation, path: &str) {
+    let bearer = operation
+        .security
+        .as_ref()
+        .is_some_and(|security| !security.is_empty());
+    answer(
+        operation,
+        "400",
+        "environment_invalid: a query parameter this operation does not take (the message names what it takes)",
+        "a query parameter this operation does not take",
+        |_| {},
+    );
+    if bearer {
+        answer(
+            operation,
+            "401",
+            "unauthenticated: no credential, or not one this server knows",
+            "",
+            |response| {
+                response.headers.insert(
+                    "WWW-Authenticate".to_owned(),
+                    string_header("`Bearer realm=\"plinth\"`").into(),
+                );
+            },
+        );
+    }
+    if path.contains('{') {
+        answer(
+            operation,
+            "404",
+            "not_found or environment_not_found: nothing of that id in the caller's scope",
+            "",
+            |_| {},
+        );
+    }
+    let json_body = operation
+        .request_body
+        .as_ref()
+        .is_some_and(|body| match body {
+            RefOr::T(body) => body.content.contains_key("application/json"),
+            RefOr::Ref(_) => false,
+        });
+    if json_body {
+        answer(
+            operation,
+            "413",
+            "file_too_large: a JSON body past 1 MiB (detail.max_bytes)",
+            "a JSON body past 1 MiB",
+            |_| {},
+        );
+    }
+    answer(
+        operation,
+        "500",
+        "internal: a fault of the server's own; the message says what failed",
+        "",
+        |_| {},
+    );
+    answer(
+        operation,
+        "503",
+        "unavailable: a service behind the gateway did not answer, the gateway has as many requests in flight as it takes (gateway.max_concurrent_requests), or the request passed its deadline (gateway.request_timeout_seconds); retry after Retry-After seconds when given",
+        "the gateway is at its requests in flight or past the request deadline (Retry-After)",
+        |response| {
+            response.headers.insert(
+                "Retry-After".to_owned(),
+                integer_header("Seconds to wait before retrying, when the gateway says").into(),
+            );
+        },
+    );
+}
+
+/// `ExecEvent`: one line of a streamed exec answer.
+fn add_event_schemas(openapi: &mut OpenApi) {
+    let components = openapi.components.get_or_insert_with(Default::default);
+    let text_event = |field: &str, description: &str| {
+        Schema::Object(
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .property(field, Object::with_type(Type::String))
+                .required(field)
+                .additional_properties(Some(
+                    utoipa::openapi::schema::AdditionalProperties::FreeForm(false),
+                ))
+                .description(Some(description))
+                .build(),
+        )
+    };
+    let error_event = Schema::Object(
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property("error", Ref::from_schema_name("ErrorObject"))
+            .required("error")
+            .description(Some(
+                "The command could not finish (its node stopped answering): the last line",
+            ))
+            .build(),
+    );
+    components.schemas.insert(
+        "ExecEvent".to_owned(),
+        RefOr::T(Schema::OneOf(
+            OneOfBuilder::new()
+                .item(text_event("stdout", "Bytes the command wrote to stdout, as they came"))
+                .item(text_event("stderr", "Bytes the command wrote to stderr, as they came"))
+                .item(Ref::from_schema_name("ExecResultBody"))
+                .item(error_event)
+                .description(Some(
+                    "One line of `POST /v1/sessions/{id}/exec?stream=true`: output as it comes, then the result (or an error) as the last line",
+                ))
+                .build(),
+        )),
+    );
+}
+
+/// The streamed form of exec's answer (`?stream=true`): newline-delimited `ExecEvent`s.
+fn stream_exec_events(openapi: &mut OpenApi) {
+    let Some(operation) = openapi
+        .paths
+        .paths
+        .get_mut("/v1/sessions/{id}/exec")
+        .and_then(|item| item.post.as_mut())
+    else {
+        return;
+    };
+    if let Some(RefOr::T(ok)) = operation.responses.responses.get_mut("200") {
+        ok.content.insert(
+            "application/x-ndjson".to_owned(),
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ExecEvent")))
+                .build()
+                .into(),
+        );
+    }
+}

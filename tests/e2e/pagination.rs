@@ -1,0 +1,290 @@
+//! Every list answers in pages: `?limit=` (default 100, at most 1000) and `?after=` (the
+//! previous page's `next`) over REST, `limit`/`after` → `has_more`/`next` over gRPC. A scope
+//! with more environments than one 4 MiB gRPC message holds (about 1,500 did not fit) is
+//! listed whole, each environment once, in order.
+
+use std::collections::HashSet;
+
+use futures::StreamExt as _;
+use plinth_kit::auth::Role;
+use plinth_proto::catalog::v1 as pb;
+use serde_json::{Value, json};
+
+use crate::helpers::{Server, assert_error, send};
+
+const ENVIRONMENTS: usize = 2500;
+
+async fn get(server: &Server, path: &str) -> (u16, Value) {
+    send(server.client.get(server.url(path))).await
+}
+
+fn catalog(
+    server: &Server,
+) -> pb::catalog_service_client::CatalogServiceClient<
+    tonic::service::interceptor::InterceptedService<
+        tonic::transport::Channel,
+        plinth_kit::grpc::ClientInterceptor,
+    >,
+> {
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", server.catalog_addr()))
+            .expect("url")
+            .connect_lazy();
+    pb::catalog_service_client::CatalogServiceClient::with_interceptor(
+        channel,
+        server.interceptor(Role::Gateway),
+    )
+}
+
+/// 2,500 environments with long descriptions: the whole list is ~8 MiB of protobuf, twice
+/// what one gRPC message may carry, so only pages can list it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_five_hundred_environments_list_in_pages_over_rest_and_grpc() {
+    let config = "[quotas]\nenvironments = 3000\n";
+    let server = Server::start_with_config(
+        config,
+        &[
+            "--builders",
+            "0",
+            "--rate-limit-per-second",
+            "0",
+            "--rate-limit-burst",
+            "0",
+        ],
+    )
+    .await;
+    let description = "d".repeat(3000);
+    let created: HashSet<String> = futures::stream::iter(0..ENVIRONMENTS)
+        .map(|n| {
+            let mut client = catalog(&server);
+            let description = description.clone();
+            async move {
+                client
+                    .create_environment(pb::CreateEnvironmentRequest {
+                        scope: "default".into(),
+                        name: format!("env {n:04}"),
+                        description,
+                        entry: String::new(),
+                    })
+                    .await
+                    .expect("create")
+                    .into_inner()
+                    .id
+            }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    assert_eq!(created.len(), ENVIRONMENTS);
+
+    // REST, at the largest page: every environment once, oldest first.
+    let mut seen: Vec<(i64, String)> = Vec::new();
+    let mut after: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let path = match &after {
+            None => "/v1/environments?limit=1000".to_owned(),
+            Some(next) => format!("/v1/environments?limit=1000&after={next}"),
+        };
+        let (status, body) = get(&server, &path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        pages += 1;
+        let data = body["data"].as_array().expect("data");
+        assert!(data.len() <= 1000);
+        for environment in data {
+            seen.push((
+                environment["createdAt"].as_i64().expect("createdAt"),
+                environment["id"].as_str().expect("id").to_owned(),
+            ));
+        }
+        let has_more = body["has_more"].as_bool().expect("has_more");
+        assert_eq!(has_more, !body["next"].is_null(), "{}", body["next"]);
+        if !has_more {
+            break;
+        }
+        after = Some(body["next"].as_str().expect("next").to_owned());
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(seen.len(), ENVIRONMENTS, "each environment once");
+    assert!(
+        seen.windows(2).all(|pair| pair[0] < pair[1]),
+        "oldest first, ties by id"
+    );
+    let ids: HashSet<String> = seen.iter().map(|(_, id)| id.clone()).collect();
+    assert_eq!(ids, created);
+
+    // The default page is 100, and it says there is more.
+    let (status, body) = get(&server, "/v1/environments").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["data"].as_array().map(Vec::len), Some(100));
+    assert_eq!(body["has_more"], true);
+    let (_, second) = get(
+        &server,
+        &format!(
+            "/v1/environments?after={}",
+            body["next"].as_str().expect("next")
+        ),
+    )
+    .await;
+    assert_eq!(second["data"][0]["id"].as_str(), Some(seen[100].1.as_str()));
+
+    // Limits outside 1–1000 and cursors the list never gave are refused, naming the parameter.
+    for (path, field) in [
+        ("/v1/environments?limit=0", "limit:"),
+        ("/v1/environments?limit=1001", "limit:"),
+        ("/v1/environments?limit=many", "query:"),
+        ("/v1/environments?after=bm90LWEtY3Vyc29y", "after:"),
+        ("/v1/environments?after=%00", "after:"),
+    ] {
+        let (status, body) = get(&server, path).await;
+        assert_error(status, &body, 400, "environment_invalid");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with(field), "{path}: {message}");
+    }
+
+    // gRPC: the same pages, and the old unpaged call no longer has to fit everything.
+    let mut client = catalog(&server);
+    let mut grpc_seen = Vec::new();
+    let mut request = pb::ListEnvironmentsRequest {
+        scope: "default".into(),
+        limit: 1000,
+        after: String::new(),
+    };
+    loop {
+        let page = client
+            .list_environments(request.clone())
+            .await
+            .expect("a page fits one message")
+            .into_inner();
+        grpc_seen.extend(page.environments.into_iter().map(|e| e.id));
+        if !page.has_more {
+            assert!(page.next.is_empty());
+            break;
+        }
+        request.after = page.next;
+    }
+    let rest_order: Vec<String> = seen.into_iter().map(|(_, id)| id).collect();
+    assert_eq!(grpc_seen, rest_order);
+    let first = client
+        .list_environments(pb::ListEnvironmentsRequest {
+            scope: "default".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("default page")
+        .into_inner();
+    assert_eq!(first.environments.len(), 100, "0 asks for the default");
+    assert!(first.has_more);
+    let refused = client
+        .list_environments(pb::ListEnvironmentsRequest {
+            scope: "default".into(),
+            limit: 1001,
+            after: String::new(),
+        })
+        .await
+        .expect_err("over the maximum");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    server.stop().await;
+}
+
+/// Harnesses, an environment's harnesses, its files and its versions page the same way.
+#[tokio::test]
+async fn harnesses_files_and_versions_are_paged_too() {
+    let server = Server::start_with(&["--builders", "0"]).await;
+    let (status, environment) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .json(&json!({"name": "Paged"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{environment}");
+    let id = environment["id"].as_str().expect("id").to_owned();
+    let mut harnesses = Vec::new();
+    for n in 0..5 {
+        let (status, harness) = send(
+            server
+                .client
+                .post(server.url("/v1/harnesses"))
+                .json(&json!({"name": format!("h{n}"), "base": "codex", "environment": id})),
+        )
+        .await;
+        assert_eq!(status, 201, "{harness}");
+        harnesses.push(harness["id"].as_str().expect("id").to_owned());
+    }
+    for list in [
+        "/v1/harnesses".to_owned(),
+        format!("/v1/environments/{id}/harnesses"),
+    ] {
+        let mut seen = Vec::new();
+        let mut path = format!("{list}?limit=2");
+        loop {
+            let (status, body) = get(&server, &path).await;
+            assert_eq!(status, 200, "{path}: {body}");
+            seen.extend(
+                body["data"]
+                    .as_array()
+                    .expect("data")
+                    .iter()
+                    .map(|h| h["id"].as_str().expect("id").to_owned()),
+            );
+            if body["has_more"] == false {
+                assert!(body["next"].is_null());
+                break;
+            }
+            path = format!(
+                "{list}?limit=2&after={}",
+                body["next"].as_str().expect("next")
+            );
+        }
+        assert_eq!(seen, harnesses, "{list}");
+    }
+
+    // The source tree: by path, in pages.
+    for path in ["b.txt", "a/one.txt", "c.txt"] {
+        crate::helpers::put_file(&server, &id, path, "x").await;
+    }
+    let mut seen = Vec::new();
+    let mut path = format!("/v1/environments/{id}/files?limit=2");
+    loop {
+        let (status, body) = get(&server, &path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        seen.extend(
+            body["data"]
+                .as_array()
+                .expect("data")
+                .iter()
+                .map(|entry| entry["path"].as_str().expect("path").to_owned()),
+        );
+        if body["has_more"] == false {
+            break;
+        }
+        path = format!(
+            "/v1/environments/{id}/files?limit=2&after={}",
+            body["next"].as_str().expect("next")
+        );
+    }
+    assert_eq!(seen, ["a", "a/one.txt", "b.txt", "c.txt"]);
+
+    // One version (queued: no builder runs); a page of it says there is no more.
+    let (status, body) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/environments/{id}/build")))
+            .json(&json!({})),
+    )
+    .await;
+    assert!(status == 201 || status == 202, "{status} {body}");
+    let (status, body) = get(&server, &format!("/v1/environments/{id}/versions?limit=1")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["data"].as_array().map(Vec::len), Some(1));
+    assert_eq!(body["has_more"], false);
+    assert!(body["next"].is_null());
+    let (status, body) = get(
+        &server,
+        &format!("/v1/environments/{id}/versions?after=garbage"),
+    )
+    .await;
+    assert_error(status, &body, 400, "environment_invalid");
+    server.stop().await;
+}
