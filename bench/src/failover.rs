@@ -194,6 +194,8 @@ impl Deployment {
                 &format!("127.0.0.1:{source}"),
                 "--admin-listen",
                 &format!("127.0.0.1:{source_admin}"),
+                "--database-url",
+                &deployment.database_url.clone(),
                 "--blob-url",
                 &deployment.blob_url.clone(),
             ],

@@ -159,6 +159,7 @@ async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
         client: crate::helpers::http_client(),
         catalog_args: strings(&[
             "catalog",
+            "--standalone",
             "--listen",
             &catalog.0.to_string(),
             "--admin-listen",
@@ -167,6 +168,7 @@ async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
         catalog_ready: format!("http://{}/readyz", catalog.1),
         node_args: strings(&[
             "node",
+            "--standalone",
             "--name",
             "node-a",
             "--listen",
@@ -189,6 +191,7 @@ async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
         .start(
             &strings(&[
                 "source",
+                "--standalone",
                 "--listen",
                 &source.0.to_string(),
                 "--admin-listen",
@@ -203,6 +206,7 @@ async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
     let _builder = spawn(
         &strings(&[
             "builder",
+            "--standalone",
             "--name",
             "builder",
             "--catalog-url",
