@@ -35,7 +35,7 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a replica whose connection just failed is passed over.
 const FIRST_SET_ASIDE: Duration = Duration::from_millis(500);
 /// The longest a failing replica is passed over before it is tried again.
-pub const MAX_SET_ASIDE: Duration = Duration::from_secs(8);
+const MAX_SET_ASIDE: Duration = Duration::from_secs(8);
 /// Attempts at one call, the first included.
 const MAX_ATTEMPTS: usize = 3;
 /// How long a connection may take; a replica that vanished without a reset (a pod gone from a
@@ -121,12 +121,7 @@ impl Target {
     }
 }
 
-/// Parses a comma-separated list of service URLs, as a client of the service takes it.
-pub fn parse_urls(urls: &str) -> Result<Vec<String>, TargetError> {
-    let targets = targets(urls)?;
-    Ok(targets.iter().map(|target| target.url(None)).collect())
-}
-
+/// The URLs of a comma-separated list, as a client of the service takes it.
 fn targets(urls: &str) -> Result<Vec<Target>, TargetError> {
     let targets = urls
         .split(',')
@@ -874,6 +869,13 @@ mod tests {
         for _ in 0..6 {
             assert_eq!(who(&mut client).await.expect("an answer"), A);
         }
+    }
+
+    fn parse_urls(urls: &str) -> Result<Vec<String>, TargetError> {
+        Ok(targets(urls)?
+            .iter()
+            .map(|target| target.url(None))
+            .collect())
     }
 
     #[test]
