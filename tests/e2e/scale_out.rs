@@ -553,7 +553,9 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
             break killed.elapsed();
         }
         assert!(
-            killed.elapsed() < BUILD_LEASE + Duration::from_secs(3),
+            // A takeover by default stays under 10 s. Under the full suite's load
+            // on 2 cores, takeovers here took 4.9 to 9.1 s with the 6 s lease.
+            killed.elapsed() < BUILD_LEASE + Duration::from_secs(4),
             "build {version} was still held by the killed {holder} {:?} after the kill (lease {BUILD_LEASE:?}): {now}",
             killed.elapsed()
         );
