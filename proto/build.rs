@@ -32,5 +32,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("plinth_descriptor.bin"))
         .compile_with_config(config, &protos, &["."])?;
+    public(&out_dir)
+}
+
+/// The tenant API (`plinth.v1`) as a descriptor set only: the gateway serves it by reading its
+/// `google.api.http` options, so no Rust types are generated for it.
+fn public(out_dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    let protos = [
+        "plinth/v1/environments.proto",
+        "plinth/v1/sessions.proto",
+        "plinth/v1/harnesses.proto",
+    ];
+    for proto in protos
+        .iter()
+        .chain(&["google/api/http.proto", "google/api/annotations.proto"])
+    {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let protoc = match std::env::var_os("PROTOC") {
+        Some(protoc) => PathBuf::from(protoc),
+        None => protoc_bin_vendored::protoc_bin_path()?,
+    };
+    let well_known = protoc_bin_vendored::include_path()?;
+    let status = std::process::Command::new(protoc)
+        .arg("--include_imports")
+        .arg("--include_source_info")
+        .arg(format!(
+            "--descriptor_set_out={}",
+            out_dir.join("plinth_public_descriptor.bin").display()
+        ))
+        .arg("-I.")
+        .arg(format!("-I{}", well_known.display()))
+        .args(protos)
+        .status()?;
+    if !status.success() {
+        return Err(format!("protoc failed on the public API ({status})").into());
+    }
     Ok(())
 }

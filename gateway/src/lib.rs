@@ -21,6 +21,7 @@ pub mod limits;
 mod novo;
 mod openapi;
 mod paging;
+mod public;
 mod query;
 mod sessions;
 mod usage;
@@ -352,7 +353,7 @@ fn router_with(
         .with_state(state)
         .merge(admin::router(readiness(backends), metrics_guard(options)))
         .layer(axum::middleware::from_fn(plinth_kit::http::observe));
-    Ok(app)
+    Ok(public::beside(app))
 }
 
 /// Who may read `/metrics` and `/readyz` details: anyone while the API itself is open (no

@@ -741,7 +741,7 @@ fn marker(dropped: u64) -> String {
     params(("id" = String, Path, description = "The session's id"), ExecQuery),
     request_body = ExecBody,
     responses(
-        (status = 200, description = "The command ended (or, with stream=true, newline-delimited JSON events: {\"stdout\":…}, {\"stderr\":…}, then the result)", body = ExecResultBody),
+        (status = 200, description = "The command ended (or, with stream=true or `Accept: application/x-ndjson`, newline-delimited JSON events: {\"stdout\":…}, {\"stderr\":…}, then the result)", body = ExecResultBody),
         (status = 400, description = "environment_invalid: bad command, cwd or env", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "not_found: no such session, or it ended", body = ErrorBody),
@@ -753,9 +753,20 @@ async fn exec(
     caller: Caller,
     Path(id): Path<String>,
     query: Result<Query<ExecQuery>, axum::extract::rejection::QueryRejection>,
+    headers: axum::http::HeaderMap,
     JsonBody(body): JsonBody<ExecBody>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|error| PlinthError::invalid(format!("query: {error}")))?;
+    // `Accept: application/x-ndjson` asks for the stream as `?stream=true` does (the gRPC
+    // `Exec` asks this way).
+    let streamed = query.stream.unwrap_or(false)
+        || headers
+            .get(axum::http::header::ACCEPT)
+            .is_some_and(|accept| {
+                accept
+                    .as_bytes()
+                    .eq_ignore_ascii_case(b"application/x-ndjson")
+            });
     if body.command.trim().is_empty() {
         return Err(PlinthError::invalid("command: must not be empty").into());
     }
@@ -772,7 +783,7 @@ async fn exec(
     // The turn is recorded as the command starts, beside it rather than after it; how it ended
     // is added when it ends.
     let begun = record(&state, &caller.scope, &session, "exec", &body.command, None);
-    if query.stream.unwrap_or(false) {
+    if streamed {
         let started = async { Ok::<_, ApiError>(node.exec(request).await?.into_inner()) };
         let (turn, events) = tokio::join!(begun, started);
         let (turn, events) = settle(&state, &caller.scope, &session, turn, events)?;

@@ -32,3 +32,9 @@ pub mod node {
 
 /// Every compiled `.proto` as one `FileDescriptorSet`, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("plinth_descriptor");
+
+/// The tenant API, `plinth.v1` (`proto/plinth/v1`), with its imports, as one
+/// `FileDescriptorSet`: the gateway serves it over gRPC by its `google.api.http` options, and
+/// its reflection lists it.
+pub const PUBLIC_DESCRIPTOR_SET: &[u8] =
+    tonic::include_file_descriptor_set!("plinth_public_descriptor");

@@ -30,6 +30,7 @@ mod novo;
 mod operators_kit;
 mod pagination;
 mod processes;
+mod public_grpc;
 mod quotas;
 mod real_projects;
 mod reuse;

@@ -32,8 +32,11 @@ const OPEN_PREFIX: &str = "/grpc.health.";
 const ANY_ROLE_PREFIX: &str = "/grpc.reflection.";
 /// The health service every server answers.
 const HEALTH_SERVICE: &str = "grpc.health.v1.Health";
-/// The reflection method every server answers.
-const REFLECTION_RPC: &str = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo";
+/// The reflection methods every server answers.
+const REFLECTION_RPCS: [&str; 2] = [
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+];
 
 /// A gRPC server with health and reflection, built up service by service.
 pub struct GrpcServer {
@@ -55,18 +58,6 @@ impl GrpcServer {
         let (health, health_service) = tonic_health::server::health_reporter();
         let mut routes = RoutesBuilder::default();
         routes.add_service(health_service);
-        match tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(descriptor_set)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()
-        {
-            Ok(reflection) => {
-                routes.add_service(reflection);
-            }
-            Err(error) => {
-                tracing::error!(%error, "gRPC reflection is off: the descriptor set does not load")
-            }
-        }
         GrpcServer {
             routes,
             descriptor_set,
@@ -162,12 +153,40 @@ impl GrpcServer {
         self
     }
 
+    /// Reflection, v1 and v1alpha (which many tools still speak), listing only the services
+    /// this server serves (and itself), though the descriptor set describes every service.
+    fn add_reflection(&mut self) {
+        const REFLECTION: [&str; 2] = [
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ];
+        let builder = || {
+            let mut builder = tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(self.descriptor_set)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+            for name in self.served.iter().copied().chain(REFLECTION) {
+                builder = builder.with_service_name(name);
+            }
+            builder
+        };
+        match (builder().build_v1(), builder().build_v1alpha()) {
+            (Ok(v1), Ok(v1alpha)) => {
+                self.routes.add_service(v1);
+                self.routes.add_service(v1alpha);
+            }
+            (Err(error), _) | (_, Err(error)) => {
+                tracing::error!(%error, "gRPC reflection is off: the descriptor set does not load")
+            }
+        }
+    }
+
     /// Serves until `shutdown` is cancelled, then drains in-flight calls.
     pub async fn serve(
-        self,
+        mut self,
         listener: TcpListener,
         shutdown: CancellationToken,
     ) -> Result<(), tonic::transport::Error> {
+        self.add_reflection();
         let layer = ServerLayer {
             auth: Arc::new(self.auth),
             rpcs: Arc::new(Rpcs::served(
@@ -366,8 +385,10 @@ impl Rpcs {
                 }
             }
         }
-        if let Some(rpc) = Rpc::parse(REFLECTION_RPC) {
-            rpcs.insert(REFLECTION_RPC.to_owned(), rpc);
+        for path in REFLECTION_RPCS {
+            if let Some(rpc) = Rpc::parse(path) {
+                rpcs.insert(path.to_owned(), rpc);
+            }
         }
         Rpcs(rpcs)
     }
