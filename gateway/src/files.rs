@@ -239,7 +239,7 @@ where
 {
     let (messages, receiver) = tokio::sync::mpsc::channel::<M>(4);
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
-    let forwarder = tokio::spawn(async move {
+    let forwarder = plinth_kit::tasks::spawn(async move {
         if messages.send(header).await.is_err() {
             return;
         }

@@ -475,7 +475,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), GatewayError> {
     let state = app_state(&options, &backends)?;
-    tokio::spawn(novo::end_idle_runs(
+    plinth_kit::tasks::spawn(novo::end_idle_runs(
         state.clone(),
         options.adapter_run_idle,
         shutdown.clone(),

@@ -305,7 +305,7 @@ async fn dispatch(
     // The call runs to its end in a task of its own, even if Novo hangs up (it retries on a
     // timeout): its answer must be stored for that retry, and its claim must not be left
     // running with nobody to finish it.
-    let running = tokio::spawn(
+    let running = plinth_kit::tasks::spawn(
         run_claimed(state.clone(), adapter, run_id, method, args, held)
             .instrument(tracing::Span::current()),
     );
@@ -330,7 +330,7 @@ async fn run_claimed(
     // whatever ends this task ends the renewals (unless the answer is still being stored).
     let renewing = plinth_kit::tasks::CancellationToken::new();
     let renewals = renewing.clone().drop_guard();
-    tokio::spawn(
+    plinth_kit::tasks::spawn(
         renew(
             state.clone(),
             held.clone(),
@@ -368,7 +368,7 @@ async fn run_claimed(
         // now, and stored in the background while the claim is renewed, so a retry waits for
         // it instead of settling the key as unknown.
         tracing::warn!(adapter = %adapter.id, error = %error.0.message, "an idempotent call's outcome could not be recorded; retrying in the background");
-        tokio::spawn(
+        plinth_kit::tasks::spawn(
             held.settle_in_background(state.clone(), settle, renewals.disarm())
                 .instrument(tracing::Span::current()),
         );

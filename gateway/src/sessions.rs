@@ -593,7 +593,7 @@ pub(crate) fn finish_turn(state: &AppState, scope: &str, turn: &pb::Turn, exit_c
         sequence: turn.sequence,
         exit_code,
     };
-    tokio::spawn(async move {
+    plinth_kit::tasks::spawn(async move {
         if let Err(status) = sessions.finish_turn(request).await {
             tracing::warn!(error = %status.message(), "recording how a command ended failed");
         }

@@ -222,10 +222,10 @@ async fn callback_endpoint() -> (
         listener.local_addr().expect("address")
     );
     let (calls, received) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
+    plinth_kit::tasks::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
             let calls = calls.clone();
-            tokio::spawn(async move {
+            plinth_kit::tasks::spawn(async move {
                 let mut request = Vec::new();
                 let mut buffer = [0u8; 4096];
                 let (head, body) = loop {
@@ -579,7 +579,9 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
         let url = format!("{}/v1/operations", adapter.url);
         let token = adapter.token.clone();
         let body = slow.clone();
-        tokio::spawn(async move { send(client.post(url).bearer_auth(token).json(&body)).await })
+        plinth_kit::tasks::spawn(async move {
+            send(client.post(url).bearer_auth(token).json(&body)).await
+        })
     };
     tokio::time::sleep(Duration::from_millis(700)).await;
     let (status, meanwhile) = workspace.post(&slow, Some(&adapter.token)).await;
@@ -635,7 +637,9 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
             14,
             json!({ "type": "execute", "descriptor": { "kind": "tool", "name": "run_command" }, "input": { "command": "sleep 60" } }),
         );
-        tokio::spawn(async move { send(client.post(url).bearer_auth(token).json(&body)).await })
+        plinth_kit::tasks::spawn(async move {
+            send(client.post(url).bearer_auth(token).json(&body)).await
+        })
     };
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let cancel = workspace
@@ -837,7 +841,7 @@ async fn counting_listener() -> (String, std::sync::Arc<std::sync::atomic::Atomi
     let url = format!("http://{}", listener.local_addr().expect("address"));
     let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = count.clone();
-    tokio::spawn(async move {
+    plinth_kit::tasks::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             drop(stream);
@@ -1082,7 +1086,9 @@ async fn redelivery_after_a_restart_answers_the_stored_receipt_or_unknown() {
         let url = format!("{}/v1/operations", adapter.url);
         let token = adapter.token.clone();
         let body = brain.command(3, interrupted.clone());
-        tokio::spawn(async move { client.post(url).bearer_auth(token).json(&body).send().await })
+        plinth_kit::tasks::spawn(async move {
+            client.post(url).bearer_auth(token).json(&body).send().await
+        })
     };
     tokio::time::sleep(Duration::from_millis(1500)).await;
     process.0.kill().expect("kill");

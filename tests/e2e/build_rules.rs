@@ -237,7 +237,7 @@ async fn a_waiting_claim_is_handed_a_build_queued_meanwhile() {
 
     // A build queued while a claim waits is handed to that claim.
     let id = environment(&server).await;
-    let waiting = tokio::spawn(ask(builder.0.clone()));
+    let waiting = plinth_kit::tasks::spawn(ask(builder.0.clone()));
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (status, queued) = post(&server, &format!("/v1/environments/{id}/build")).await;
     assert_eq!(status, 202, "{queued}");
@@ -268,7 +268,7 @@ async fn a_followed_log_streams_as_written_ends_with_the_build_and_resumes_at_an
             server.client.clone(),
             server.url(&format!("{env}/builds/1/log?follow=true")),
         );
-        tokio::spawn(async move {
+        plinth_kit::tasks::spawn(async move {
             let response = client.get(url).send().await.expect("request");
             assert_eq!(response.status(), 200);
             response.text().await.expect("body")

@@ -281,7 +281,9 @@ async fn after_a_source_and_a_builder_are_killed_mid_write_what_was_acknowledged
             .client
             .post(cluster.url(&format!("/v1/environments/{id}/import")))
             .body(tar_of(&doomed));
-        tokio::spawn(async move { request.send().await.map(|response| response.status()) })
+        plinth_kit::tasks::spawn(
+            async move { request.send().await.map(|response| response.status()) },
+        )
     };
     until_objects_grow(&cluster, before, 200, "the import").await;
     let source = cluster.services.remove(1);

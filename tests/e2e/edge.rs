@@ -132,7 +132,7 @@ async fn a_followed_build_log_outlives_the_request_deadline() {
             server.client.clone(),
             server.url(&format!("/v1/environments/{id}/builds/1/log?follow=true")),
         );
-        tokio::spawn(async move {
+        plinth_kit::tasks::spawn(async move {
             let response = client.get(url).send().await.expect("request");
             (response.status().as_u16(), response.text().await)
         })

@@ -209,7 +209,7 @@ async fn collection_during_an_import_and_a_build(blob_url: Option<String>) {
     let collector = {
         let (stop, passes) = (stop.clone(), passes.clone());
         let config = gc_config(&data_dir, blob_url.as_deref());
-        tokio::spawn(async move {
+        plinth_kit::tasks::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 if plinth::gc::run_once(&config, false).await.is_ok() {
                     passes.fetch_add(1, Ordering::SeqCst);

@@ -285,7 +285,7 @@ async fn concurrent_creates_at_the_last_slot_let_exactly_one_through() {
                 .post(server.url("/v1/environments"))
                 .bearer_auth("tok-hooli")
                 .json(&json!({ "name": format!("Racer {n}") }));
-            tokio::spawn(async move { send(request).await })
+            plinth_kit::tasks::spawn(async move { send(request).await })
         })
         .collect();
     let mut created = 0;

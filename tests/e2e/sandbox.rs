@@ -391,7 +391,7 @@ async fn egress_reaches_only_what_policy_allows_and_none_reaches_nothing() {
     let internet_addr = internet.local_addr().expect("addr");
     let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = accepted.clone();
-    tokio::spawn(async move {
+    plinth_kit::tasks::spawn(async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         while let Ok((mut stream, _)) = internet.accept().await {
             counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);

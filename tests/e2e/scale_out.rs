@@ -366,7 +366,7 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
             acknowledged.clone(),
             writes.clone(),
         );
-        workers.push(tokio::spawn(async move {
+        workers.push(plinth_kit::tasks::spawn(async move {
             let mut n = 0usize;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
@@ -407,7 +407,7 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
             stop.clone(),
             sessions.clone(),
         );
-        workers.push(tokio::spawn(async move {
+        workers.push(plinth_kit::tasks::spawn(async move {
             let mut n = 0usize;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
@@ -427,7 +427,7 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
             builds.clone(),
             build_ends.clone(),
         );
-        workers.push(tokio::spawn(async move {
+        workers.push(plinth_kit::tasks::spawn(async move {
             let mut n = 0usize;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;

@@ -244,7 +244,7 @@ impl Collector {
             .expect("bind");
         let address = listener.local_addr().expect("address");
         let service = TraceServiceServer::new(self.clone());
-        tokio::spawn(async move {
+        plinth_kit::tasks::spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(service)
                 .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
@@ -286,7 +286,7 @@ impl Collector {
                 }
             }),
         );
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        plinth_kit::tasks::spawn(async move { axum::serve(listener, app).await });
         address
     }
 }

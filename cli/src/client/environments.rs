@@ -256,7 +256,7 @@ impl Progress {
             bar
         });
         let (ticked, ticker) = (bar.clone(), counters.clone());
-        let task = tokio::spawn(async move {
+        let task = plinth_kit::tasks::spawn(async move {
             let period = if ticked.is_some() {
                 Duration::from_millis(100)
             } else {

@@ -391,7 +391,7 @@ impl Egress {
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let stop = CancellationToken::new();
         let serving = stop.clone();
-        tokio::spawn(
+        plinth_kit::tasks::spawn(
             async move {
                 plinth_sandbox::egress::serve(
                     listener,

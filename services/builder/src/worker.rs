@@ -285,7 +285,7 @@ async fn run_build(
         let every =
             Duration::from_millis(u64::try_from(claim.renew_every_ms.max(100)).unwrap_or(1000));
         let expires = claim.expires_at_ms;
-        tokio::spawn(async move {
+        plinth_kit::tasks::spawn(async move {
             let mut expires_at_ms = expires;
             loop {
                 tokio::select! {
@@ -328,7 +328,7 @@ async fn run_build(
     // Unbounded, because installers must never wait on the catalog; the install log is itself
     // capped (head and tail), so what can queue here is bounded too.
     let (log_tx, log_rx) = mpsc::unbounded_channel::<Vec<u8>>();
-    let shipper = tokio::spawn(ship_log(
+    let shipper = plinth_kit::tasks::spawn(ship_log(
         catalog.clone(),
         token.clone(),
         log_rx,

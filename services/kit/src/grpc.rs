@@ -882,7 +882,7 @@ mod tests {
     async fn a_status_in_the_trailers_is_counted_under_its_code_when_the_stream_ends() {
         let mut service = server(tower::service_fn(|_request: http::Request<Body>| async {
             let (frames, receiver) = tokio::sync::mpsc::channel(4);
-            tokio::spawn(async move {
+            crate::tasks::spawn(async move {
                 let _ = frames
                     .send(Ok::<_, tonic::Status>(Frame::data(Bytes::from_static(
                         b"\0\0\0\0\0",

@@ -192,7 +192,7 @@ pub async fn run(
     let catalog = SessionServiceClient::with_interceptor(catalog, interceptor);
     let active: Arc<Mutex<HashSet<cache::VersionKey>>> = Arc::default();
     let contact = Arc::new(CatalogContact::default());
-    tokio::spawn(keep_registered(
+    plinth_kit::tasks::spawn(keep_registered(
         options.clone(),
         contact.clone(),
         catalog,
@@ -201,11 +201,11 @@ pub async fn run(
         active.clone(),
         shutdown.clone(),
     ));
-    tokio::spawn(keep_spares(sessions.clone(), shutdown.clone()));
+    plinth_kit::tasks::spawn(keep_spares(sessions.clone(), shutdown.clone()));
     if let Some(networks) = options.isolation.networks.clone() {
-        tokio::spawn(keep_spare_networks(networks, shutdown.clone()));
+        plinth_kit::tasks::spawn(keep_spare_networks(networks, shutdown.clone()));
     }
-    tokio::spawn(evict_in_background(
+    plinth_kit::tasks::spawn(evict_in_background(
         cache.clone(),
         sessions.clone(),
         active,

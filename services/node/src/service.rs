@@ -221,7 +221,7 @@ fn start_proxy(
         sandbox.stop_proxy.clone(),
         session_id.to_owned(),
     );
-    tokio::spawn(async move {
+    plinth_kit::tasks::spawn(async move {
         plinth_sandbox::egress::serve(
             listener,
             policy,
@@ -605,7 +605,7 @@ impl pb::node_service_server::NodeService for Node {
         drop(command);
         // One task per command: its output pumps and its wait are polled together, so the
         // end of the command reaches the caller without hand-offs between tasks.
-        tokio::spawn(async move {
+        plinth_kit::tasks::spawn(async move {
             let out = pump(stdout, events.clone(), limit, true);
             let err = pump(stderr, events.clone(), limit, false);
             tokio::pin!(out, err);

@@ -313,9 +313,9 @@ extern "C" fn keeper(arg: *mut c_void) -> c_int {
     // SAFETY: a new cgroup namespace for this process alone (it shares no nsproxy with the
     // node: it is another process), rooted at the cgroup it just joined.
     #[allow(unsafe_code)]
-    if let Err(errno) =
-        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWCGROUP) }
-    {
+    let unshared =
+        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWCGROUP) };
+    if let Err(errno) = unshared {
         return fail(ROOT_DONE + 4, errno);
     }
     // SAFETY: system calls on this process's own signal state and descriptors.

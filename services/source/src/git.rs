@@ -460,7 +460,7 @@ async fn fetch(
     let stderr = child
         .stderr
         .take()
-        .map(|stderr| tokio::spawn(read_head(stderr)));
+        .map(|stderr| plinth_kit::tasks::spawn(read_head(stderr)));
     let max = policy.max_fetch_bytes;
     let too_large = || ImportError::Git(GitError::TooLarge { max });
     let deadline = tokio::time::sleep(policy.fetch_timeout);
@@ -817,7 +817,7 @@ async fn read_link_targets(
         .iter()
         .flat_map(|object| [object.as_bytes(), b"\n"].concat())
         .collect();
-    let feeder = tokio::spawn(async move {
+    let feeder = plinth_kit::tasks::spawn(async move {
         stdin.write_all(&request).await?;
         stdin.shutdown().await
     });
@@ -929,7 +929,7 @@ async fn store_blobs(
 ) -> Result<Vec<(Digest, u64)>, ImportError> {
     let (mut child, mut stdin, stdout) = cat_file_batch(repository, scheme)?;
     let objects: Vec<String> = files.iter().map(|(_, _, object)| object.clone()).collect();
-    let feeder = tokio::spawn(async move {
+    let feeder = plinth_kit::tasks::spawn(async move {
         for object in objects {
             stdin.write_all(object.as_bytes()).await?;
             stdin.write_all(b"\n").await?;

@@ -226,7 +226,7 @@ async fn read_spooled(
     let runtime = tokio::runtime::Handle::current();
 
     let uploader_blobs = blobs.clone();
-    let uploader = tokio::spawn(async move {
+    let uploader = plinth_kit::tasks::spawn(async move {
         let slots = Arc::new(Semaphore::new(UPLOADERS));
         let mut running = tokio::task::JoinSet::new();
         let mut batch = Vec::with_capacity(HOLD_BATCH);

@@ -31,7 +31,7 @@ async fn a_call_longer_than_its_lease_keeps_its_claim_and_a_retry_does_not_run_i
     let adapter = super::adapter(&server, &env).await;
     let novo = Novo::new(&server, &adapter, "run_long");
     let long = json!({"command": "echo x >> long.txt; sleep 4; echo done", "timeout_ms": 30000});
-    let first = tokio::spawn({
+    let first = plinth_kit::tasks::spawn({
         let novo = Novo {
             client: novo.client.clone(),
             url: novo.url.clone(),
@@ -281,7 +281,7 @@ async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
     // 1. The gateway running the call is killed after the command has appended its line.
     let command = json!({"command": "echo a >> a.txt; sleep 4", "timeout_ms": 30000});
     let started = Instant::now();
-    let cut = tokio::spawn({
+    let cut = plinth_kit::tasks::spawn({
         let novo = novo_at(&base);
         let command = command.clone();
         async move { try_keyed(&novo, command, "req_gateway").await }
@@ -319,7 +319,7 @@ async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
 
     // 2. The node running the call is killed after the command has appended its line.
     let command = json!({"command": "echo b >> b.txt; sleep 5", "timeout_ms": 30000});
-    let cut = tokio::spawn({
+    let cut = plinth_kit::tasks::spawn({
         let novo = novo_at(&base);
         let command = command.clone();
         async move { novo.keyed("runCommand", command, "req_node").await }
@@ -350,7 +350,7 @@ async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
 
     // 3. The catalog is killed while the call runs: its answer cannot be stored then.
     let command = json!({"command": "echo c >> c.txt; sleep 3; echo ran", "timeout_ms": 30000});
-    let first = tokio::spawn({
+    let first = plinth_kit::tasks::spawn({
         let novo = novo_at(&base);
         let command = command.clone();
         async move { novo.keyed("runCommand", command, "req_catalog").await }

@@ -55,7 +55,7 @@ impl RawUpload {
             None => head.push_str("Transfer-Encoding: chunked\r\n\r\n"),
         }
         writer.write_all(head.as_bytes()).await.expect("head");
-        let answer = tokio::spawn(async move {
+        let answer = plinth_kit::tasks::spawn(async move {
             let mut answer = Vec::new();
             let mut buffer = vec![0u8; 16 * 1024];
             let read_all = async {
@@ -275,7 +275,7 @@ async fn unsigned_uploads_are_refused_before_their_bodies_are_read() {
     const BODY: usize = 60 * MIB;
     let uploads = (0..6).map(|i| {
         let path = path.clone();
-        tokio::spawn(async move {
+        plinth_kit::tasks::spawn(async move {
             let signature = match i % 3 {
                 0 => None,
                 1 => Some(String::new()),

@@ -279,7 +279,7 @@ async fn with_the_network_a_build_reaches_what_its_policy_allows_and_no_port_the
     let victim_port = victim.local_addr().expect("bound").port();
     let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = accepted.clone();
-    let accepting = tokio::spawn(async move {
+    let accepting = plinth_kit::tasks::spawn(async move {
         while victim.accept().await.is_ok() {
             counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
@@ -289,7 +289,7 @@ async fn with_the_network_a_build_reaches_what_its_policy_allows_and_no_port_the
         .await
         .expect("bind");
     let allowed_port = allowed.local_addr().expect("bound").port();
-    let serving = tokio::spawn(async move {
+    let serving = plinth_kit::tasks::spawn(async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         while let Ok((mut stream, _)) = allowed.accept().await {
             let mut head = [0u8; 1024];

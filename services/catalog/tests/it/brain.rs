@@ -134,7 +134,7 @@ async fn concurrent_deliveries_let_exactly_one_run(store: Store) {
     let mut tasks = Vec::new();
     for runner in 0..8 {
         let store = store.clone();
-        tasks.push(tokio::spawn(async move {
+        tasks.push(plinth_kit::tasks::spawn(async move {
             store
                 .claim_operation(&delivery(7, "execute", &format!("runner-{runner}"), 60_000))
                 .await

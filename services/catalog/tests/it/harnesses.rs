@@ -333,7 +333,7 @@ async fn a_harness_racing_its_environments_deletion_lands_or_is_refused(store: S
             .map(|i| {
                 let store = store.clone();
                 let id = studio.id.clone();
-                tokio::spawn(async move {
+                plinth_kit::tasks::spawn(async move {
                     store
                         .create_harness(fields("acme", &format!("H{i}"), "codex", &id))
                         .await

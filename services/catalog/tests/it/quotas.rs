@@ -153,7 +153,9 @@ async fn concurrent_environment_creates_at_the_last_slot_let_exactly_one_through
     let racers: Vec<_> = (0..8)
         .map(|n| {
             let store = store.clone();
-            tokio::spawn(async move { create(&store, "globex", &format!("Racer {n}")).await })
+            plinth_kit::tasks::spawn(async move {
+                create(&store, "globex", &format!("Racer {n}")).await
+            })
         })
         .collect();
     let mut through = 0;
@@ -193,7 +195,7 @@ async fn concurrent_session_creates_at_the_last_slot_let_exactly_one_through(sto
         .map(|_| {
             let store = store.clone();
             let new = new_session("globex", &id);
-            tokio::spawn(async move { store.create_session(new).await })
+            plinth_kit::tasks::spawn(async move { store.create_session(new).await })
         })
         .collect();
     let mut through = 0;

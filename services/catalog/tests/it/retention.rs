@@ -493,7 +493,9 @@ async fn a_hold_waits_while_a_collection_fence_stands(store: Store) {
     assert!(roots.fence_until_ms > 0);
     let holding = {
         let (store, token) = (store.clone(), token.clone());
-        tokio::spawn(async move { store.hold_blobs(&token, &[digest("blob")], &[]).await })
+        plinth_kit::tasks::spawn(
+            async move { store.hold_blobs(&token, &[digest("blob")], &[]).await },
+        )
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!holding.is_finished(), "the hold waits for the fence");

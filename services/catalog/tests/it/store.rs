@@ -77,7 +77,7 @@ async fn concurrent_creates_of_one_slug_let_exactly_one_win(store: Store) {
     let attempts: Vec<_> = (0..8)
         .map(|i| {
             let store = store.clone();
-            tokio::spawn(async move {
+            plinth_kit::tasks::spawn(async move {
                 store
                     .create_environment(new("acme", &format!("Race {}", "!".repeat(i))))
                     .await
@@ -283,7 +283,7 @@ async fn one_build_at_a_time_even_when_requests_race(store: Store) {
     let attempts: Vec<_> = (0..8)
         .map(|_| {
             let (store, id) = (store.clone(), environment.id.clone());
-            tokio::spawn(async move {
+            plinth_kit::tasks::spawn(async move {
                 store
                     .start_build(&scope("acme"), &id, "sha256:tree", false)
                     .await

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // This crate sits below plinth-kit and its tests spawn plain servers.
 //! The proxy as a sandbox meets it. Traffic goes only to loopback and into namespaces made
 //! here: refused destinations are documentation, private and metadata addresses that the
 //! proxy must not dial, and the test connector ([`LoopbackOnly`]) records every address it is

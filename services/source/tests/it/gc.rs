@@ -446,7 +446,7 @@ async fn work_in_flight_keeps_its_blobs_through_passes_with_no_grace(world: Worl
     let passes = Arc::new(AtomicU64::new(0));
     let collector = {
         let (world, stop, passes) = (world.clone(), stop.clone(), passes.clone());
-        tokio::spawn(async move {
+        plinth_kit::tasks::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 match gc::collect(
                     &world.index,
@@ -490,7 +490,7 @@ async fn work_in_flight_keeps_its_blobs_through_passes_with_no_grace(world: Worl
     let importer = {
         let world = world.clone();
         let live = live.clone();
-        tokio::spawn(async move {
+        plinth_kit::tasks::spawn(async move {
             let work = Work::start(&world.index, Duration::from_secs(60));
             let chunks = futures::stream::iter(
                 archive
@@ -522,7 +522,7 @@ async fn work_in_flight_keeps_its_blobs_through_passes_with_no_grace(world: Worl
     // Uploads, one file at a time, of old content again.
     let uploader = {
         let (world, live, contents) = (world.clone(), live.clone(), contents.clone());
-        tokio::spawn(async move {
+        plinth_kit::tasks::spawn(async move {
             for (i, content) in contents.iter().enumerate().step_by(3) {
                 world
                     .write(&live, &format!("uploaded/{i}.txt"), content)
@@ -540,7 +540,7 @@ async fn work_in_flight_keeps_its_blobs_through_passes_with_no_grace(world: Worl
         .collect();
     let builder = {
         let (world, live, files) = (world.clone(), live.clone(), layer_files.clone());
-        tokio::spawn(async move {
+        plinth_kit::tasks::spawn(async move {
             let borrowed: Vec<(&str, &[u8])> = files
                 .iter()
                 .map(|(path, content)| (path.as_str(), content.as_slice()))

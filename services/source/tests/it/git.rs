@@ -412,7 +412,8 @@ async fn the_service_removes_fetches_a_killed_run_left_when_it_starts() {
         .await
         .expect("listener");
     let shutdown = plinth_kit::tasks::CancellationToken::new();
-    let service = tokio::spawn(plinth_source::run(options, grpc, None, shutdown.clone()));
+    let service =
+        plinth_kit::tasks::spawn(plinth_source::run(options, grpc, None, shutdown.clone()));
 
     let status = tokio::time::timeout(Duration::from_secs(60), async {
         loop {

@@ -270,7 +270,7 @@ async fn conditional_writes_race_and_exactly_one_wins(index: Index) {
         .map(|n| {
             let index = index.clone();
             let condition = condition.clone();
-            tokio::spawn(async move {
+            plinth_kit::tasks::spawn(async move {
                 let digest = Digest::of(&[n]);
                 let written = index
                     .write_file_checked(ENV, &path("doc.txt"), digest, 1, None, None, &condition)

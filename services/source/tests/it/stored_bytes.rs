@@ -198,7 +198,7 @@ async fn concurrent_writes_at_the_last_bytes_let_exactly_one_through(index: Inde
     let racers: Vec<_> = (0..8)
         .map(|n| {
             let index = index.clone();
-            tokio::spawn(async move {
+            plinth_kit::tasks::spawn(async move {
                 let environment = if n % 2 == 0 { ONE } else { TWO };
                 let (digest, size) = blob(&format!("racer {n}"), 40);
                 index
