@@ -39,67 +39,67 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
             (
                 1,
                 "environments",
-                include_str!("../migrations/sqlite/0001_environments.sql"),
+                include_str!("../migrations/common/0001_environments.sql"),
             ),
             (
                 2,
                 "builds",
-                include_str!("../migrations/sqlite/0002_builds.sql"),
+                include_str!("../migrations/common/0002_builds.sql"),
             ),
             (
                 3,
                 "dependency keys",
-                include_str!("../migrations/sqlite/0003_dependency_keys.sql"),
+                include_str!("../migrations/common/0003_dependency_keys.sql"),
             ),
             (
                 4,
                 "harnesses",
-                include_str!("../migrations/sqlite/0004_harnesses.sql"),
+                include_str!("../migrations/common/0004_harnesses.sql"),
             ),
             (
                 5,
                 "sessions",
-                include_str!("../migrations/sqlite/0005_sessions.sql"),
+                include_str!("../migrations/common/0005_sessions.sql"),
             ),
             (
                 6,
                 "workspace adapters",
-                include_str!("../migrations/sqlite/0006_workspace_adapters.sql"),
+                include_str!("../migrations/common/0006_workspace_adapters.sql"),
             ),
             (
                 7,
                 "brain",
-                include_str!("../migrations/sqlite/0007_brain.sql"),
+                include_str!("../migrations/common/0007_brain.sql"),
             ),
             (
                 8,
                 "adapter runs and idempotency keys",
-                include_str!("../migrations/sqlite/0008_adapter_runs.sql"),
+                include_str!("../migrations/common/0008_adapter_runs.sql"),
             ),
             (
                 9,
                 "where nodes keep sessions",
-                include_str!("../migrations/sqlite/0009_node_sessions_dir.sql"),
+                include_str!("../migrations/common/0009_node_sessions_dir.sql"),
             ),
             (
                 10,
                 "where sessions see their working directory",
-                include_str!("../migrations/sqlite/0010_node_session_workdir.sql"),
+                include_str!("../migrations/common/0010_node_session_workdir.sql"),
             ),
             (
                 11,
                 "session limits and when sessions end",
-                include_str!("../migrations/sqlite/0011_session_limits.sql"),
+                include_str!("../migrations/common/0011_session_limits.sql"),
             ),
             (
                 12,
                 "adapter callback origins and sealed credentials",
-                include_str!("../migrations/sqlite/0012_adapter_origins_and_sealing.sql"),
+                include_str!("../migrations/common/0012_adapter_origins_and_sealing.sql"),
             ),
             (
                 13,
                 "quotas per scope",
-                include_str!("../migrations/sqlite/0013_quotas.sql"),
+                include_str!("../migrations/common/0013_quotas.sql"),
             ),
             (
                 14,
@@ -109,74 +109,74 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
             (
                 15,
                 "clean_builds_and_toolchains",
-                include_str!("../migrations/sqlite/0015_clean_builds_and_toolchains.sql"),
+                include_str!("../migrations/common/0015_clean_builds_and_toolchains.sql"),
             ),
         ],
         Backend::Postgres => &[
             (
                 1,
                 "environments",
-                include_str!("../migrations/postgres/0001_environments.sql"),
+                include_str!("../migrations/common/0001_environments.sql"),
             ),
             (
                 2,
                 "builds",
-                include_str!("../migrations/postgres/0002_builds.sql"),
+                include_str!("../migrations/common/0002_builds.sql"),
             ),
             (
                 3,
                 "dependency keys",
-                include_str!("../migrations/postgres/0003_dependency_keys.sql"),
+                include_str!("../migrations/common/0003_dependency_keys.sql"),
             ),
             (
                 4,
                 "harnesses",
-                include_str!("../migrations/postgres/0004_harnesses.sql"),
+                include_str!("../migrations/common/0004_harnesses.sql"),
             ),
             (
                 5,
                 "sessions",
-                include_str!("../migrations/postgres/0005_sessions.sql"),
+                include_str!("../migrations/common/0005_sessions.sql"),
             ),
             (
                 6,
                 "workspace adapters",
-                include_str!("../migrations/postgres/0006_workspace_adapters.sql"),
+                include_str!("../migrations/common/0006_workspace_adapters.sql"),
             ),
             (
                 7,
                 "brain",
-                include_str!("../migrations/postgres/0007_brain.sql"),
+                include_str!("../migrations/common/0007_brain.sql"),
             ),
             (
                 8,
                 "adapter runs and idempotency keys",
-                include_str!("../migrations/postgres/0008_adapter_runs.sql"),
+                include_str!("../migrations/common/0008_adapter_runs.sql"),
             ),
             (
                 9,
                 "where nodes keep sessions",
-                include_str!("../migrations/postgres/0009_node_sessions_dir.sql"),
+                include_str!("../migrations/common/0009_node_sessions_dir.sql"),
             ),
             (
                 10,
                 "where sessions see their working directory",
-                include_str!("../migrations/postgres/0010_node_session_workdir.sql"),
+                include_str!("../migrations/common/0010_node_session_workdir.sql"),
             ),
             (
                 11,
                 "session limits and when sessions end",
-                include_str!("../migrations/postgres/0011_session_limits.sql"),
+                include_str!("../migrations/common/0011_session_limits.sql"),
             ),
             (
                 12,
                 "adapter callback origins and sealed credentials",
-                include_str!("../migrations/postgres/0012_adapter_origins_and_sealing.sql"),
+                include_str!("../migrations/common/0012_adapter_origins_and_sealing.sql"),
             ),
             (
                 13,
                 "quotas per scope",
-                include_str!("../migrations/postgres/0013_quotas.sql"),
+                include_str!("../migrations/common/0013_quotas.sql"),
             ),
             (
                 14,
@@ -186,7 +186,7 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
             (
                 15,
                 "clean_builds_and_toolchains",
-                include_str!("../migrations/postgres/0015_clean_builds_and_toolchains.sql"),
+                include_str!("../migrations/common/0015_clean_builds_and_toolchains.sql"),
             ),
         ],
     }
@@ -563,4 +563,32 @@ fn version(row: &AnyRow, column: &str) -> Result<Option<u32>, StoreError> {
 fn count(row: &AnyRow, column: &str) -> Result<u64, StoreError> {
     let value: i64 = row.try_get(column)?;
     u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("{column} = {value}")))
+}
+
+#[cfg(test)]
+mod migration_files {
+    use std::path::Path;
+
+    /// A migration both databases take as it is lives once, in `migrations/common`; the
+    /// `sqlite` and `postgres` folders hold only the ones that differ, in pairs.
+    #[test]
+    fn each_backend_specific_migration_has_a_differing_twin() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        for (folder, twin) in [("sqlite", "postgres"), ("postgres", "sqlite")] {
+            for entry in std::fs::read_dir(root.join(folder)).expect("migrations folder") {
+                let path = entry.expect("entry").path();
+                let name = path.file_name().expect("name").to_owned();
+                let other = root.join(twin).join(&name);
+                let ours = std::fs::read(&path).expect("read");
+                let theirs = std::fs::read(&other)
+                    .unwrap_or_else(|_| panic!("{} has no twin in {twin}/", path.display()));
+                assert_ne!(
+                    ours,
+                    theirs,
+                    "{} is the same for both databases: keep it once, in migrations/common",
+                    path.display()
+                );
+            }
+        }
+    }
 }
