@@ -870,7 +870,7 @@ impl Call<'_> {
         let dry_run = self.flag("dry_run")?;
         let patched = self
             .client()?
-            .apply_patch(node::PatchRequest {
+            .apply_patch(node::ApplyPatchRequest {
                 session_id: self.id(),
                 operations: wire,
                 dry_run,

@@ -1065,7 +1065,7 @@ async fn read_file(
     let content = state
         .nodes
         .client(&session.node_address)?
-        .read_file(node::FileRequest {
+        .read_file(node::ReadFileRequest {
             session_id: session.id.clone(),
             path: path.path.clone(),
         })
@@ -1192,7 +1192,7 @@ async fn delete_file(
     state
         .nodes
         .client(&session.node_address)?
-        .delete_file(node::FileRequest {
+        .delete_file(node::DeleteFileRequest {
             session_id: session.id.clone(),
             path: path.path.clone(),
         })

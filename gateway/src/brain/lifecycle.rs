@@ -112,7 +112,11 @@ pub async fn binding(context: &Context) -> Result<Option<pb::Binding>, Receipt> 
     let found = context
         .state
         .brain()
-        .get_binding(context.binding.clone())
+        .get_binding(pb::GetBindingRequest {
+            adapter_id: context.binding.adapter_id.clone(),
+            session_id: context.binding.session_id.clone(),
+            environment: context.binding.environment.clone(),
+        })
         .await;
     match found {
         Ok(binding) => Ok(Some(binding.into_inner())),

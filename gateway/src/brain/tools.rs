@@ -405,7 +405,7 @@ async fn run(
                         lost(&session.id, &session.node_address, &error.0.message, true)
                     })?;
             client
-                .delete_file(node::FileRequest {
+                .delete_file(node::DeleteFileRequest {
                     session_id: id,
                     path: path.clone(),
                 })
@@ -569,7 +569,7 @@ async fn run(
             }
             let dry_run = flag(input, "dry_run")?;
             let patched = workspace
-                .apply_patch(node::PatchRequest {
+                .apply_patch(node::ApplyPatchRequest {
                     session_id: id,
                     operations: asked,
                     dry_run,

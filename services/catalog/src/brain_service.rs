@@ -355,9 +355,14 @@ impl pb::brain_service_server::BrainService for Brain {
     #[tracing::instrument(name = "catalog.get_binding", skip_all)]
     async fn get_binding(
         &self,
-        request: Request<pb::BindingKey>,
+        request: Request<pb::GetBindingRequest>,
     ) -> Result<Response<pb::Binding>, Status> {
-        let key = binding_key(Some(request.into_inner()))?;
+        let request = request.into_inner();
+        let key = binding_key(Some(pb::BindingKey {
+            adapter_id: request.adapter_id,
+            session_id: request.session_id,
+            environment: request.environment,
+        }))?;
         let binding = self
             .store
             .binding(&key)

@@ -689,7 +689,7 @@ impl pb::node_service_server::NodeService for Node {
     #[tracing::instrument(name = "node.read_file", skip_all)]
     async fn read_file(
         &self,
-        request: Request<pb::FileRequest>,
+        request: Request<pb::ReadFileRequest>,
     ) -> Result<Response<pb::ReadFileResponse>, Status> {
         let request = request.into_inner();
         let session = self.session(&request.session_id)?;
@@ -741,7 +741,7 @@ impl pb::node_service_server::NodeService for Node {
     #[tracing::instrument(name = "node.delete_file", skip_all)]
     async fn delete_file(
         &self,
-        request: Request<pb::FileRequest>,
+        request: Request<pb::DeleteFileRequest>,
     ) -> Result<Response<pb::DeleteFileResponse>, Status> {
         let request = request.into_inner();
         let session = self.session(&request.session_id)?;

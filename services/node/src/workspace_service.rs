@@ -416,7 +416,7 @@ impl pb::workspace_service_server::WorkspaceService for Node {
     #[tracing::instrument(name = "node.workspace.apply_patch", skip_all)]
     async fn apply_patch(
         &self,
-        request: Request<pb::PatchRequest>,
+        request: Request<pb::ApplyPatchRequest>,
     ) -> Result<Response<pb::PatchResponse>, Status> {
         let request = request.into_inner();
         let (_, ws) = self.workspace(&request.session_id)?;
