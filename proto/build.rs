@@ -35,8 +35,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     public(&out_dir)
 }
 
-/// The tenant API (`plinth.v1`) as a descriptor set only: the gateway serves it by reading its
-/// `google.api.http` options, so no Rust types are generated for it.
+/// The tenant API (`plinth.v1`): its descriptor set, which the gateway serves by reading its
+/// `google.api.http` options, and client types for Rust callers (benchmarks, tests).
 fn public(out_dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         "plinth/v1/environments.proto",
@@ -49,24 +49,19 @@ fn public(out_dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
     {
         println!("cargo:rerun-if-changed={proto}");
     }
-    let protoc = match std::env::var_os("PROTOC") {
-        Some(protoc) => PathBuf::from(protoc),
-        None => protoc_bin_vendored::protoc_bin_path()?,
+    let mut config = prost_build::Config::new();
+    config.bytes(["."]);
+    match std::env::var_os("PROTOC") {
+        Some(protoc) => config.protoc_executable(protoc),
+        None => config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?),
     };
     let well_known = protoc_bin_vendored::include_path()?;
-    let status = std::process::Command::new(protoc)
-        .arg("--include_imports")
-        .arg("--include_source_info")
-        .arg(format!(
-            "--descriptor_set_out={}",
-            out_dir.join("plinth_public_descriptor.bin").display()
-        ))
-        .arg("-I.")
-        .arg(format!("-I{}", well_known.display()))
-        .args(protos)
-        .status()?;
-    if !status.success() {
-        return Err(format!("protoc failed on the public API ({status})").into());
-    }
+    let well_known = well_known
+        .to_str()
+        .ok_or("protoc's include path is not UTF-8")?;
+    tonic_prost_build::configure()
+        .build_server(false)
+        .file_descriptor_set_path(out_dir.join("plinth_public_descriptor.bin"))
+        .compile_with_config(config, &protos, &[".", well_known])?;
     Ok(())
 }

@@ -1,8 +1,10 @@
 //! `plinth-bench environments`: environment create + get round trips through the REST
-//! gateway, side by side with the same calls made directly to the catalog over gRPC (the
-//! baseline), in one run against one `plinth serve` (SQLite, local files) in this process. It reports each
-//! path's requests/s and latency, and the ratio of a gateway round trip to a direct one: the
-//! price of the gateway (HTTP, JSON, auth, the extra gRPC hop).
+//! gateway and through the tenant gRPC API on the same address (`plinth.v1`, answered through
+//! the REST operations), side by side with the same calls made directly to the catalog over
+//! gRPC (the baseline), in one run against one `plinth serve` (SQLite, local files) in this
+//! process. It reports each path's requests/s and latency, and the ratio of each to a direct
+//! one: the price of the gateway (HTTP, JSON, auth, the extra gRPC hop), and what the gRPC
+//! face adds to it.
 //!
 //! Phases alternate (gateway, direct, gateway, …) so drift on a shared machine hits both.
 
@@ -19,6 +21,8 @@ type Catalog = tonic::service::interceptor::InterceptedService<
     plinth_kit::grpc::ClientInterceptor,
 >;
 use plinth_proto::catalog::v1::{CreateEnvironmentRequest, GetEnvironmentRequest};
+use plinth_proto::public::v1 as public;
+use plinth_proto::public::v1::environment_service_client::EnvironmentServiceClient;
 use tokio::sync::Semaphore;
 
 /// Environment create+get round trips: gateway vs direct gRPC catalog calls.
@@ -38,6 +42,7 @@ pub struct Args {
 #[derive(Debug, Clone, Copy)]
 enum Path {
     Gateway,
+    Public,
     Direct,
 }
 
@@ -45,9 +50,18 @@ impl Path {
     fn label(self) -> &'static str {
         match self {
             Path::Gateway => "gateway (REST → gRPC catalog)",
+            Path::Public => "gateway (plinth.v1 gRPC → REST)",
             Path::Direct => "direct gRPC catalog (baseline)",
         }
     }
+}
+
+/// The channels the gRPC paths call over.
+struct Channels {
+    /// The catalog, with the gateway's credential.
+    catalog: Catalog,
+    /// The gateway's own address, for `plinth.v1`.
+    public: tonic::transport::Channel,
 }
 
 struct Phase {
@@ -90,13 +104,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .gateway
         .interceptor("benchmark")?;
     let channel = tonic::service::interceptor::InterceptedService::new(channel, interceptor);
+    let public = tonic::transport::Endpoint::from_shared(base.clone())?
+        .connect()
+        .await?;
+    let channels = Channels {
+        catalog: channel,
+        public,
+    };
 
-    // Warm both paths (connections, SQLite pages, allocator).
+    // Warm every path (connections, SQLite pages, allocator).
     run_phase(
         Path::Gateway,
         &http,
         &base,
-        &channel,
+        &channels,
         50,
         args.concurrency,
         "warm",
@@ -106,7 +127,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Path::Direct,
         &http,
         &base,
-        &channel,
+        &channels,
+        50,
+        args.concurrency,
+        "warm",
+    )
+    .await?;
+    run_phase(
+        Path::Public,
+        &http,
+        &base,
+        &channels,
         50,
         args.concurrency,
         "warm",
@@ -114,6 +145,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     .await?;
 
     let mut gateway = Vec::new();
+    let mut public = Vec::new();
     let mut direct = Vec::new();
     for round in 0..args.rounds {
         let tag = format!("r{round}");
@@ -122,7 +154,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 Path::Gateway,
                 &http,
                 &base,
-                &channel,
+                &channels,
+                args.pairs,
+                args.concurrency,
+                &tag,
+            )
+            .await?,
+        );
+        public.push(
+            run_phase(
+                Path::Public,
+                &http,
+                &base,
+                &channels,
                 args.pairs,
                 args.concurrency,
                 &tag,
@@ -134,7 +178,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 Path::Direct,
                 &http,
                 &base,
-                &channel,
+                &channels,
                 args.pairs,
                 args.concurrency,
                 &tag,
@@ -150,11 +194,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         args.pairs, args.rounds, args.concurrency
     );
     let gateway_summary = summarize(Path::Gateway, &gateway);
+    let public_summary = summarize(Path::Public, &public);
     let direct_summary = summarize(Path::Direct, &direct);
     println!(
         "ratio: a gateway round trip costs {:.2}x a direct gRPC catalog call (median pair latency); direct throughput is {:.2}x the gateway's",
         gateway_summary.p50_ms / direct_summary.p50_ms,
         direct_summary.requests_per_second / gateway_summary.requests_per_second,
+    );
+    println!(
+        "ratio: a plinth.v1 gRPC round trip costs {:.2}x a direct gRPC catalog call and {:.2}x the same REST round trip (median pair latency)",
+        public_summary.p50_ms / direct_summary.p50_ms,
+        public_summary.p50_ms / gateway_summary.p50_ms,
     );
     running.stop().await?;
     Ok(())
@@ -197,7 +247,7 @@ async fn run_phase(
     path: Path,
     http: &reqwest::Client,
     base: &str,
-    channel: &Catalog,
+    channels: &Channels,
     pairs: usize,
     concurrency: usize,
     tag: &str,
@@ -211,12 +261,14 @@ async fn run_phase(
             "bench {tag} {} {i}",
             match path {
                 Path::Gateway => "g",
+                Path::Public => "p",
                 Path::Direct => "d",
             }
         );
         let http = http.clone();
         let base = base.to_owned();
-        let mut catalog = CatalogServiceClient::new(channel.clone());
+        let mut catalog = CatalogServiceClient::new(channels.catalog.clone());
+        let mut environments = EnvironmentServiceClient::new(channels.public.clone());
         tasks.spawn(async move {
             let _permit = permit;
             let begun = Instant::now();
@@ -236,6 +288,20 @@ async fn run_phase(
                         .await?
                         .error_for_status()?
                         .bytes()
+                        .await?;
+                }
+                Path::Public => {
+                    let created = environments
+                        .create_environment(public::CreateEnvironmentRequest {
+                            name,
+                            ..Default::default()
+                        })
+                        .await?
+                        .into_inner();
+                    environments
+                        .get_environment(public::GetEnvironmentRequest {
+                            environment_id: created.id,
+                        })
                         .await?;
                 }
                 Path::Direct => {

@@ -30,6 +30,15 @@ pub mod node {
     }
 }
 
+/// `plinth.v1`: the tenant API the gateway serves beside REST (clients only).
+pub mod public {
+    /// Version 1 of the tenant API.
+    pub mod v1 {
+        #![allow(clippy::all, missing_docs)]
+        tonic::include_proto!("plinth.v1");
+    }
+}
+
 /// Every compiled `.proto` as one `FileDescriptorSet`, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("plinth_descriptor");
 
