@@ -23,6 +23,7 @@ mod openapi;
 mod paging;
 mod query;
 mod sessions;
+mod terminal;
 mod usage;
 
 use std::sync::Arc;
