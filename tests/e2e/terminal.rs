@@ -91,13 +91,15 @@ impl Terminal {
         String::from_utf8_lossy(&self.seen.lock().expect("lock")).into_owned()
     }
 
-    /// Types `line` and Enter, and waits for `marker`, which only its output can hold (the
-    /// echo of the typed line must not); answers what showed from the typing on.
-    fn run(&mut self, line: &str, marker: &str) -> String {
+    /// Types `line` and Enter, and waits for it to finish: a marker is echoed after it that
+    /// only the output can hold (the terminal's echo of the typed line shows the arithmetic,
+    /// not its result). Answers what showed from the typing on.
+    fn run(&mut self, line: &str) -> String {
         let from = self.seen.lock().expect("lock").len();
         self.typed += 1;
+        let marker = format!("done-{}", self.typed + 1000);
         self.master
-            .write_all(format!("{line}\r").as_bytes())
+            .write_all(format!("{line}; echo done-$(({} + 1000))\r", self.typed).as_bytes())
             .expect("typed");
         let started = Instant::now();
         loop {
@@ -105,7 +107,7 @@ impl Terminal {
                 let seen = self.seen.lock().expect("lock");
                 String::from_utf8_lossy(&seen[from..]).into_owned()
             };
-            if shown.contains(marker) {
+            if shown.contains(&marker) {
                 return shown;
             }
             assert!(
@@ -177,42 +179,39 @@ async fn plinth_shell_is_a_sized_terminal_in_a_sandboxed_session_and_exits_with_
     let (session, checks) = tokio::task::spawn_blocking(move || {
         let terminal = &mut terminal;
         // A person's shell: what is typed runs, and answers.
-        terminal.run("echo hi-$((40+2))", "hi-42");
-        let shown = terminal.run("tty; echo tty-$((1+1))", "tty-2");
+        let shown = terminal.run("echo hi-$((40+2))");
+        assert!(shown.contains("hi-42"), "{shown}");
+        let shown = terminal.run("tty");
         assert!(shown.contains("/dev/pts/"), "{shown}");
         assert!(!shown.contains("not a tty"), "{shown}");
-        let shown = terminal.run("stty size; echo size-$((1+1))", "size-2");
+        let shown = terminal.run("stty size");
         assert!(shown.contains("30 100"), "the size set on our terminal: {shown}");
         // Resizing our terminal reaches plinth as SIGWINCH, and the remote terminal follows.
         set_size(&terminal.master, 120, 40);
         let mut resized = String::new();
-        for attempt in 0..40 {
-            resized = terminal.run(
-                &format!("stty size; echo again-$(({attempt}+1000))"),
-                &format!("again-{}", attempt + 1000),
-            );
+        for _ in 0..40 {
+            resized = terminal.run("stty size");
             if resized.contains("40 120") {
                 break;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
         assert!(resized.contains("40 120"), "{}", terminal.transcript());
-        let shown = terminal.run("echo sid=$PLINTH_SESSION_ID", "sid=sess_");
+        let shown = terminal.run("echo sid=$PLINTH_SESSION_ID");
         let session = after(&shown, "sid=");
 
         // As an attacker at that prompt: the environment is read-only ...
         let shown = terminal.run(
             "echo pwned > /env/terminal-studio/run.py; echo write=$?; touch /env/terminal-studio/new; echo touch=$?",
-            "touch=",
         );
         assert_ne!(after(&shown, "write="), "0", "{shown}");
         assert_ne!(after(&shown, "touch="), "0", "{shown}");
-        let shown = terminal.run("cat /env/terminal-studio/run.py; echo cat-$((1+1))", "cat-2");
+        let shown = terminal.run("cat /env/terminal-studio/run.py");
         assert!(shown.contains("print('hi')"), "{shown}");
         // ... and the host's processes are not there to see: only the session's own.
         let shown = terminal.run(
-            "echo pids=$(ls /proc | grep -c '^[0-9]*$'); echo seen=$(cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c e2e-)",
-            "seen=",
+            // `e2[e]-`: grep's own command line must not match.
+            "echo pids=$(ls /proc | grep -c '^[0-9]*$'); echo seen=$(cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c 'e2[e]-')",
         );
         let pids: u32 = after(&shown, "pids=").parse().expect("a count");
         let host_pids = std::fs::read_dir("/proc")
@@ -270,6 +269,41 @@ async fn plinth_shell_is_a_sized_terminal_in_a_sandboxed_session_and_exits_with_
         .expect("body");
     assert_eq!(file, "print('hi')\n");
     server.stop().await;
+}
+
+/// Runs `plinth <args>` against `server` as `token`, with `stdin` piped in; answers how it
+/// ended.
+async fn plinth_shell(
+    server: &Server,
+    token: &str,
+    args: &[&str],
+    stdin: &str,
+) -> std::process::Output {
+    let home = tempfile::tempdir().expect("home");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
+    command
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .env("PLINTH_URL", &server.base)
+        .env("PLINTH_TOKEN", token)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let stdin = stdin.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut child = command.spawn().expect("plinth runs");
+        let mut input = child.stdin.take().expect("stdin");
+        input.write_all(stdin.as_bytes()).expect("piped");
+        drop(input);
+        let output = child.wait_with_output().expect("plinth ends");
+        drop(home);
+        output
+    })
+    .await
+    .expect("joined")
 }
 
 /// Opens the terminal WebSocket of session `id` as `token`, by `method`, with `query`;
@@ -397,8 +431,7 @@ async fn the_terminal_socket_needs_an_upgrade_and_the_sessions_scope_and_closes_
     // Another scope's token cannot even learn that the session exists.
     let refused = open_socket(&server, "tok-globex", reqwest::Method::POST, id, "pty=true")
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert_error(refused.0, &refused.1, 404, "not_found");
     // A size no terminal has is refused before anything runs.
     let refused = open_socket(
@@ -409,8 +442,7 @@ async fn the_terminal_socket_needs_an_upgrade_and_the_sessions_scope_and_closes_
         "pty=true&cols=0",
     )
     .await
-    .err()
-    .expect("refused");
+    .expect_err("refused");
     assert_error(refused.0, &refused.1, 400, "environment_invalid");
 
     // A command on a terminal over GET (as a browser opens one): its output, then its exit.
@@ -426,6 +458,48 @@ async fn the_terminal_socket_needs_an_upgrade_and_the_sessions_scope_and_closes_
     let (shown, exit, closed) = read_socket(&mut socket, |_| false).await;
     assert!(shown.contains("on-a-tty"), "{shown:?}");
     assert_eq!((exit, closed), (Some(5), true));
+
+    // `plinth shell` with piped input (no local terminal, so no raw mode): what is piped is
+    // typed at the remote terminal, then its end-of-file; a command after `--` runs instead
+    // of a shell, on the terminal all the same.
+    let piped = plinth_shell(
+        &server,
+        "tok-acme",
+        &["shell", id],
+        "echo piped-$((1+1))\nexit 4\n",
+    )
+    .await;
+    assert_eq!(piped.status.code(), Some(4), "{piped:?}");
+    assert!(
+        String::from_utf8_lossy(&piped.stdout).contains("piped-2"),
+        "{piped:?}"
+    );
+    let ran = plinth_shell(
+        &server,
+        "tok-acme",
+        &[
+            "shell",
+            id,
+            "--",
+            "sh",
+            "-c",
+            "test -t 1 && echo stdout-is-a-tty; exit 6",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(ran.status.code(), Some(6), "{ran:?}");
+    assert!(
+        String::from_utf8_lossy(&ran.stdout).contains("stdout-is-a-tty"),
+        "{ran:?}"
+    );
+    // Another scope's token gets the session's 404 from plinth shell too.
+    let refused = plinth_shell(&server, "tok-globex", &["shell", id], "").await;
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("not_found"),
+        "{refused:?}"
+    );
 
     // A shell left running is ended with its session: the socket says so and closes.
     let mut socket = open_socket(&server, "tok-acme", reqwest::Method::POST, id, "pty=true")
