@@ -527,3 +527,28 @@ async fn the_terminal_socket_needs_an_upgrade_and_the_sessions_scope_and_closes_
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_node_without_isolation_still_gives_a_terminal() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server =
+        Server::start_with(&["--builder-network", "false", "--insecure-no-isolation"]).await;
+    let env = built_environment(&server, "Open Terminal", Duration::from_secs(120)).await;
+    let session = start_session_with(&server, json!({ "environment": env })).await;
+    let id = session["id"].as_str().expect("id");
+    let mut socket = open_socket(
+        &server,
+        "unused",
+        reqwest::Method::POST,
+        id,
+        "pty=true&command=tty%3B+exit+7&cols=90&rows=20",
+    )
+    .await
+    .expect("a terminal");
+    let (shown, exit, closed) = read_socket(&mut socket, |_| false).await;
+    assert!(shown.contains("/dev/pts/"), "{shown:?}");
+    assert_eq!((exit, closed), (Some(7), true));
+    server.stop().await;
+}

@@ -67,17 +67,35 @@ fn open_terminal(
 ) -> std::io::Result<(OwnedFd, OwnedFd)> {
     use rustix::pty::OpenptFlags;
     let master = match sandbox {
-        Some(sandbox) => rustix::fs::open(
-            format!(
-                "/proc/{}/root/dev/pts/ptmx",
-                sandbox.keeper.pid().as_raw_nonzero()
-            ),
-            rustix::fs::OFlags::RDWR
-                | rustix::fs::OFlags::NOCTTY
-                | rustix::fs::OFlags::CLOEXEC
-                | rustix::fs::OFlags::NONBLOCK,
-            rustix::fs::Mode::empty(),
-        )?,
+        Some(sandbox) => {
+            use rustix::fs::{OFlags, ResolveFlags};
+            let root = rustix::fs::open(
+                format!("/proc/{}/root", sandbox.keeper.pid().as_raw_nonzero()),
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )?;
+            // Resolved as the sandbox sees its tree, following no link: the sandbox's files
+            // cannot point the node at one of its own.
+            let master = rustix::fs::openat2(
+                &root,
+                "dev/pts/ptmx",
+                OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC | OFlags::NONBLOCK,
+                rustix::fs::Mode::empty(),
+                ResolveFlags::IN_ROOT | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+            )?;
+            // A pseudo-terminal multiplexer (character device 5:2) and nothing else.
+            let stat = rustix::fs::fstat(&master)?;
+            let is_ptmx = rustix::fs::FileType::from_raw_mode(stat.st_mode)
+                == rustix::fs::FileType::CharacterDevice
+                && rustix::fs::major(stat.st_rdev) == 5
+                && rustix::fs::minor(stat.st_rdev) == 2;
+            if !is_ptmx {
+                return Err(std::io::Error::other(
+                    "the sandbox's /dev/pts/ptmx is not a terminal multiplexer",
+                ));
+            }
+            master
+        }
         None => {
             let master = rustix::pty::openpt(
                 OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC,
