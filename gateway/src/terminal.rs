@@ -366,3 +366,59 @@ where
     }
     exit_code
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_size_is_80_by_24_unless_given_and_a_terminal_has_1_to_1000_cells_a_side() {
+        let size = TerminalQuery::default().size().expect("default");
+        assert_eq!((size.cols, size.rows), (80, 24));
+        for (cols, rows) in [(0, 24), (80, 1001)] {
+            let query = TerminalQuery {
+                cols: Some(cols),
+                rows: Some(rows),
+                ..Default::default()
+            };
+            let error = query.size().expect_err("refused");
+            assert!(error.message.contains("1 to 1000"), "{}", error.message);
+        }
+    }
+
+    #[test]
+    fn terminal_parameters_without_pty_are_refused_naming_one() {
+        let query = TerminalQuery {
+            cwd: Some("src".to_owned()),
+            ..Default::default()
+        };
+        let error = query.refuse_without_pty().expect_err("refused");
+        assert!(error.message.starts_with("query: cwd is for a terminal"));
+        assert!(TerminalQuery::default().refuse_without_pty().is_ok());
+    }
+
+    #[test]
+    fn controls_are_resize_and_close_stdin_and_nothing_else() {
+        assert!(matches!(
+            serde_json::from_str::<Control>(r#"{"type":"resize","cols":120,"rows":40}"#),
+            Ok(Control::Resize {
+                cols: 120,
+                rows: 40
+            })
+        ));
+        assert!(matches!(
+            serde_json::from_str::<Control>(r#"{"type":"close_stdin"}"#),
+            Ok(Control::CloseStdin)
+        ));
+        for refused in [
+            r#"{"type":"signal","name":"KILL"}"#,
+            r#"{"type":"resize","cols":1}"#,
+            "not json",
+        ] {
+            assert!(
+                serde_json::from_str::<Control>(refused).is_err(),
+                "{refused}"
+            );
+        }
+    }
+}

@@ -667,6 +667,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_command_on_a_terminal_has_it_for_all_three_streams_and_as_its_controlling_terminal()
+    {
+        use rustix::pty::OpenptFlags;
+        let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
+        let master = rustix::pty::openpt(flags).expect("openpt");
+        rustix::pty::unlockpt(&master).expect("unlockpt");
+        let slave = rustix::pty::ioctl_tiocgptpeer(&master, flags).expect("slave");
+        // It leads its own session (field 6 of its stat is its pid), and /dev/tty, its
+        // controlling terminal, is ours.
+        let mut command = shell(
+            "test -t 0 && test -t 1 && test -t 2 && read -r _ _ _ _ _ sid _ < /proc/$$/stat && \
+             [ \"$sid\" = \"$$\" ] && echo on-the-terminal > /dev/tty; exit 4",
+            "/",
+        );
+        command.terminal = Some(slave);
+        let mut child = spawn(&command).expect("spawn");
+        // Only the command holds the slave now: the master reads EIO once it is gone.
+        command.terminal = None;
+        assert!(child.stdout.is_none() && child.stderr.is_none());
+        let mut master = std::fs::File::from(master);
+        let shown = tokio::task::spawn_blocking(move || {
+            let mut shown = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut master, &mut shown);
+            String::from_utf8_lossy(&shown).into_owned()
+        });
+        assert_eq!(child.wait().await.expect("wait"), 4);
+        let shown = shown.await.expect("joined");
+        assert!(shown.contains("on-the-terminal"), "{shown:?}");
+    }
+
+    #[tokio::test]
     async fn a_failure_before_exec_names_its_step_and_leaves_no_process() {
         let error = spawn(&shell("true", "/nonexistent/plinth")).expect_err("no such directory");
         assert!(
