@@ -142,4 +142,20 @@ mod tests {
         assert_eq!(args.command, ["python3", "-c", "x", "--output", "json"]);
         assert_eq!(args.output.output, OutputFormat::Text);
     }
+
+    #[test]
+    fn shell_takes_an_optional_command_after_the_separator() {
+        let parse = |argv: &[&str]| match Cli::try_parse_from(argv).map(|cli| cli.command) {
+            Ok(Command::Shell(args)) => (args.target, args.command),
+            other => panic!("not shell: {other:?}"),
+        };
+        assert_eq!(
+            parse(&["plinth", "shell", "studio"]),
+            ("studio".to_owned(), Vec::<String>::new())
+        );
+        assert_eq!(
+            parse(&["plinth", "shell", "sess_1", "--", "top", "-b"]).1,
+            ["top", "-b"]
+        );
+    }
 }
