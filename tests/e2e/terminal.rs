@@ -26,6 +26,8 @@ struct Terminal {
     seen: Arc<Mutex<Vec<u8>>>,
     child: Child,
     typed: usize,
+    /// The terminal's settings before `plinth` ran (cooked, echoing).
+    initial: rustix::termios::Termios,
 }
 
 impl Terminal {
@@ -47,6 +49,7 @@ impl Terminal {
         )
         .expect("the slave");
         set_size(&master, cols, rows);
+        let initial = rustix::termios::tcgetattr(&master).expect("termios");
         let home = std::env::temp_dir();
         let mut command = Command::new("setsid");
         command
@@ -84,6 +87,7 @@ impl Terminal {
             seen,
             child,
             typed: 0,
+            initial,
         }
     }
 
@@ -175,7 +179,6 @@ async fn plinth_shell_is_a_sized_terminal_in_a_sandboxed_session_and_exits_with_
     let client = server.client.clone();
 
     let mut terminal = Terminal::open(&server, &["terminal-studio"], 100, 30);
-    let restored_before = rustix::termios::tcgetattr(&terminal.master).expect("termios");
     let (session, checks) = tokio::task::spawn_blocking(move || {
         let terminal = &mut terminal;
         // A person's shell: what is typed runs, and answers.
@@ -233,8 +236,9 @@ async fn plinth_shell_is_a_sized_terminal_in_a_sandboxed_session_and_exits_with_
             session,
             (
                 status,
-                restored.local_modes == restored_before.local_modes
-                    && restored.input_modes == restored_before.input_modes,
+                restored.local_modes == terminal.initial.local_modes
+                    && restored.input_modes == terminal.initial.input_modes
+                    && restored.output_modes == terminal.initial.output_modes,
                 terminal.transcript(),
             ),
         )
