@@ -69,6 +69,9 @@ pub enum Command {
     Exec(client::ExecArgs),
     /// Copy a file between this machine and a session's working directory.
     Cp(client::CpArgs),
+    /// Open an interactive terminal in a session (or in a new one on an environment, ended
+    /// afterwards) and exit with its status.
+    Shell(client::ShellArgs),
     /// Print a shell completion script.
     Completions(client::CompletionsArgs),
     /// Print the manual page (roff).
@@ -91,6 +94,7 @@ impl Command {
                 | Command::Session(_)
                 | Command::Exec(_)
                 | Command::Cp(_)
+                | Command::Shell(_)
                 | Command::Completions(_)
                 | Command::Man
         )

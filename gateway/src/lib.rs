@@ -24,6 +24,7 @@ mod paging;
 mod public;
 mod query;
 mod sessions;
+mod terminal;
 mod usage;
 
 use std::sync::Arc;

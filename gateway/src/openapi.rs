@@ -430,7 +430,8 @@ fn add_event_schemas(openapi: &mut OpenApi) {
     );
 }
 
-/// The streamed form of exec's answer (`?stream=true`): newline-delimited `ExecEvent`s.
+/// The streamed form of exec's answer (`?stream=true`): newline-delimited `ExecEvent`s; and
+/// its body, which a terminal's upgrade (`?pty=true`) does not send.
 fn stream_exec_events(openapi: &mut OpenApi) {
     let Some(operation) = openapi
         .paths
@@ -440,6 +441,10 @@ fn stream_exec_events(openapi: &mut OpenApi) {
     else {
         return;
     };
+    // With `pty=true` the request is a WebSocket upgrade, which has no body.
+    if let Some(RefOr::T(body)) = operation.request_body.as_mut() {
+        body.required = Some(Required::False);
+    }
     if let Some(RefOr::T(ok)) = operation.responses.responses.get_mut("200") {
         ok.content.insert(
             "application/x-ndjson".to_owned(),

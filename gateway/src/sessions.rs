@@ -37,7 +37,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_session))
         .routes(routes!(get_session, end_session))
-        .routes(routes!(exec))
+        .routes(routes!(exec, crate::terminal::open_terminal))
         .routes(routes!(list_turns))
         .routes(routes!(read_file, write_file, delete_file))
         .routes(routes!(create_task))
@@ -509,7 +509,7 @@ async fn create_session(
 }
 
 /// An active session of the caller, or why not.
-async fn active_session(
+pub(crate) async fn active_session(
     state: &AppState,
     scope: &str,
     id: &str,
@@ -561,7 +561,7 @@ pub(crate) async fn record(
 /// A command's turn and its run, each begun beside the other: both, or the first error. A
 /// turn whose command never ran is finished as -1 (could not start); a session either refused
 /// is forgotten, so the next call asks the catalog.
-fn settle<T>(
+pub(crate) fn settle<T>(
     state: &AppState,
     scope: &str,
     session: &pb::Session,
@@ -734,15 +734,25 @@ fn marker(dropped: u64) -> String {
 }
 
 /// Run a shell command in the session.
+///
+/// With `pty=true` and a WebSocket upgrade (`Connection: Upgrade`, `Upgrade: websocket`,
+/// `Sec-WebSocket-Version: 13`, `Sec-WebSocket-Key`) there is no JSON body: the command (or,
+/// without `command`, an interactive shell) runs on a terminal and the answer is `101
+/// Switching Protocols` and a WebSocket. Binary frames carry the terminal's bytes both ways;
+/// text frames are JSON controls: the client sends `{"type":"resize","cols":N,"rows":N}` when
+/// its terminal's size changes and `{"type":"close_stdin"}` at the end of its input; the
+/// server sends `{"type":"exit","exit_code":N}` when the command ends, then closes. The turn
+/// is recorded as an `exec` turn like any command's.
 #[utoipa::path(
     post,
     path = "/v1/sessions/{id}/exec",
     tag = "sessions",
-    params(("id" = String, Path, description = "The session's id"), ExecQuery),
+    params(("id" = String, Path, description = "The session's id"), ExecQuery, crate::terminal::TerminalQuery),
     request_body = ExecBody,
     responses(
+        (status = 101, description = "pty=true: switching to the terminal's WebSocket (see the operation's description for its frames)"),
         (status = 200, description = "The command ended (or, with stream=true or `Accept: application/x-ndjson`, newline-delimited JSON events: {\"stdout\":…}, {\"stderr\":…}, then the result)", body = ExecResultBody),
-        (status = 400, description = "environment_invalid: bad command, cwd or env", body = ErrorBody),
+        (status = 400, description = "environment_invalid: bad command, cwd, env or terminal size; or pty=true without a WebSocket upgrade", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "not_found: no such session, or it ended", body = ErrorBody),
     ),
@@ -753,20 +763,33 @@ async fn exec(
     caller: Caller,
     Path(id): Path<String>,
     query: Result<Query<ExecQuery>, axum::extract::rejection::QueryRejection>,
-    headers: axum::http::HeaderMap,
-    JsonBody(body): JsonBody<ExecBody>,
+    terminal: Result<
+        Query<crate::terminal::TerminalQuery>,
+        axum::extract::rejection::QueryRejection,
+    >,
+    request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|error| PlinthError::invalid(format!("query: {error}")))?;
+    let Query(terminal) =
+        terminal.map_err(|error| PlinthError::invalid(format!("query: {error}")))?;
+    if terminal.pty.unwrap_or(false) {
+        return crate::terminal::open(state, caller, id, terminal, request).await;
+    }
+    terminal.refuse_without_pty()?;
     // `Accept: application/x-ndjson` asks for the stream as `?stream=true` does (the gRPC
     // `Exec` asks this way).
     let streamed = query.stream.unwrap_or(false)
-        || headers
+        || request
+            .headers()
             .get(axum::http::header::ACCEPT)
             .is_some_and(|accept| {
                 accept
                     .as_bytes()
                     .eq_ignore_ascii_case(b"application/x-ndjson")
             });
+    let JsonBody(body) =
+        <JsonBody<ExecBody> as axum::extract::FromRequest<AppState>>::from_request(request, &state)
+            .await?;
     if body.command.trim().is_empty() {
         return Err(PlinthError::invalid("command: must not be empty").into());
     }

@@ -39,5 +39,6 @@ mod scale_out;
 mod sessions;
 mod snapshots;
 mod telemetry;
+mod terminal;
 mod tracing_propagation;
 mod walkthrough;

@@ -36,7 +36,7 @@ impl std::error::Error for ApiFailure {}
 
 impl ApiFailure {
     /// Reads a failed answer's body into the API's code and message.
-    async fn from_response(response: Response) -> Self {
+    pub(crate) async fn from_response(response: Response) -> Self {
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
         let parsed: Option<Value> = serde_json::from_str(&text).ok();
@@ -125,6 +125,23 @@ impl Api {
             Some(token) => request.bearer_auth(token),
             None => request,
         }
+    }
+
+    /// A request that asks the server to switch protocols (a terminal's WebSocket), with the
+    /// token attached. HTTP/1.1 only: an upgrade is an HTTP/1.1 exchange, and HTTP/2 (which
+    /// TLS could negotiate) has none.
+    pub fn upgrade_request(&self, method: Method, url: Url) -> anyhow::Result<RequestBuilder> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .user_agent(concat!("plinth/", env!("CARGO_PKG_VERSION")))
+            .http1_only()
+            .build()
+            .context("cannot make an HTTP client")?;
+        let request = http.request(method, url);
+        Ok(match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        })
     }
 
     /// Sends `request`; an answer that is not a success is an [`ApiFailure`].

@@ -171,6 +171,18 @@ pub struct ExecArgs {
     pub output: OutputArgs,
 }
 
+/// `plinth shell`.
+#[derive(Debug, Args)]
+pub struct ShellArgs {
+    /// A session's id (`sess_…`), or an environment (slug or id) to open a new session on,
+    /// ended when the shell exits.
+    pub target: String,
+    /// A command to run on the terminal instead of an interactive shell; its arguments are
+    /// quoted for the remote shell, as `exec` quotes them.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
 /// `plinth cp`.
 #[derive(Debug, Args)]
 pub struct CpArgs {

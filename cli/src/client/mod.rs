@@ -4,7 +4,7 @@
 //!
 //! Exit statuses: 0 on success, 1 when the server refused (its code and message are printed)
 //! or could not be reached, 2 for a command line that cannot work (clap's own usage errors
-//! are 2 too), and for `exec` the remote command's own status.
+//! are 2 too), and for `exec` and `shell` the remote command's own status.
 
 pub mod api;
 pub mod archive;
@@ -15,6 +15,7 @@ mod output;
 pub mod profile;
 mod sessions;
 pub mod shell;
+mod terminal;
 
 use std::fmt;
 use std::process::ExitCode;
@@ -76,6 +77,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Session(command) => sessions::session(command).await,
         Command::Exec(args) => sessions::exec(args).await,
         Command::Cp(args) => sessions::cp(args).await,
+        Command::Shell(args) => terminal::shell(args).await,
         Command::Completions(args) => {
             clap_complete::generate(
                 args.shell,
@@ -139,5 +141,21 @@ mod tests {
         };
         assert_eq!(args.command, ["python3", "-c", "x", "--output", "json"]);
         assert_eq!(args.output.output, OutputFormat::Text);
+    }
+
+    #[test]
+    fn shell_takes_an_optional_command_after_the_separator() {
+        let parse = |argv: &[&str]| match Cli::try_parse_from(argv).map(|cli| cli.command) {
+            Ok(Command::Shell(args)) => (args.target, args.command),
+            other => panic!("not shell: {other:?}"),
+        };
+        assert_eq!(
+            parse(&["plinth", "shell", "studio"]),
+            ("studio".to_owned(), Vec::<String>::new())
+        );
+        assert_eq!(
+            parse(&["plinth", "shell", "sess_1", "--", "top", "-b"]).1,
+            ["top", "-b"]
+        );
     }
 }

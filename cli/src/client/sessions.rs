@@ -16,7 +16,7 @@ use super::environments::environment_id;
 use super::{Usage, output, shell};
 
 /// The exit status of a command stopped by Ctrl-C, as shells report it (128 + SIGINT).
-const INTERRUPTED: u8 = 130;
+pub(super) const INTERRUPTED: u8 = 130;
 
 pub async fn session(command: SessionCommand) -> anyhow::Result<ExitCode> {
     let api = Api::from_profile()?;
@@ -42,7 +42,7 @@ pub async fn session(command: SessionCommand) -> anyhow::Result<ExitCode> {
 }
 
 /// Starts a session on an environment (slug or id); answers the session object.
-async fn start(api: &Api, env: &str) -> anyhow::Result<Value> {
+pub(super) async fn start(api: &Api, env: &str) -> anyhow::Result<Value> {
     let id = environment_id(api, env).await?;
     api.post(["v1", "sessions"], &json!({ "environment": id }))
         .await

@@ -222,6 +222,7 @@ impl Isolation {
             cgroup,
             seccomp: if self.enabled { self.seccomp } else { None },
             uid,
+            terminal: None,
         })
     }
 

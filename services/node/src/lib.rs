@@ -13,6 +13,7 @@
 pub mod cache;
 pub mod identity;
 pub mod isolation;
+mod pty;
 mod service;
 pub mod sessions;
 pub mod spawn;

@@ -256,6 +256,15 @@ fn lost(id: &str) -> PlinthError {
     )
 }
 
+/// A command prepared by [`Node::prepare`], not started yet.
+pub(crate) struct Prepared {
+    pub(crate) session: Arc<LocalSession>,
+    pub(crate) command: crate::spawn::Command,
+    pub(crate) namespace: Option<Arc<isolation::Sandbox>>,
+    /// The session's OOM kills before the command, to tell whether it was one.
+    pub(crate) oom_before: Option<u64>,
+}
+
 impl Node {
     fn session(&self, id: &str) -> Result<Arc<LocalSession>, PlinthError> {
         self.sessions.get(id).ok_or_else(|| lost(id))
@@ -297,6 +306,107 @@ impl Node {
             })
             .await?;
         Ok(Some(made.clone()))
+    }
+
+    /// A command of the session, ready to start exactly as every command of it starts (`Exec`
+    /// and `Pty` alike): checked, in the session's sandbox and a cgroup of its own below the
+    /// session's, as the session's uid, with the session's environment and `cwd` rules.
+    pub(crate) async fn prepare(
+        &self,
+        spec: &pb::SessionSpec,
+        command_line: String,
+        cwd: &str,
+        env: std::collections::HashMap<String, String>,
+    ) -> Result<Prepared, PlinthError> {
+        let session = self.session(&spec.session_id)?;
+        if command_line.contains('\0') {
+            return Err(PlinthError::invalid("the command contains a NUL byte"));
+        }
+        let mut extra = Vec::with_capacity(env.len());
+        for (name, value) in env {
+            if !isolation::valid_env_name(&name) || !isolation::valid_env_value(&value) {
+                return Err(PlinthError::invalid(format!(
+                    "environment variable {name:?}: names are letters, digits and _, not starting with a digit; values hold no NUL"
+                )));
+            }
+            extra.push((name, value));
+        }
+        let cwd = self.cwd(&session, cwd)?;
+        let version = self
+            .cache
+            .materialize(
+                &session.record.environment_id,
+                session.record.version,
+                &session.record.layer_tree,
+            )
+            .await
+            .map_err(cache_error)?;
+        let has_venv = version.has(".venv");
+        let uv_project = has_venv && version.has("pyproject.toml");
+        if !self.isolation.enabled
+            && let Err(error) = isolation::link_unisolated(&session.record.slug, &version.path)
+        {
+            tracing::warn!(slug = %session.record.slug, %error, "cannot link /env/<slug> to the version without isolation; commands will not find it there");
+        }
+        let namespace = self.namespace(&session, &version).await?;
+        let workdir = self.seen_workdir(&session);
+        let tools = self.isolation.tools.as_ref().map(|host| {
+            if self.isolation.enabled {
+                Path::new(isolation::TOOLS)
+            } else {
+                host.as_path()
+            }
+        });
+        let mut env = isolation::session_env(
+            &isolation::SessionEnv {
+                session_id: &session.record.session_id,
+                slug: &session.record.slug,
+                workdir: &workdir,
+                has_venv,
+                uv_project,
+                tools,
+                isolated: self.isolation.enabled,
+            },
+            &extra,
+        );
+        if let Some(proxy) = namespace.as_ref().and_then(|sandbox| sandbox.proxy) {
+            env.retain(|(name, _)| !name.to_ascii_lowercase().ends_with("_proxy"));
+            env.extend(plinth_sandbox::egress::proxy_env(proxy));
+        }
+        // Each command in a cgroup of its own below its session's, so a command that times
+        // out takes its whole tree with it, daemons included.
+        let session_cgroup = namespace
+            .as_ref()
+            .and_then(|sandbox| sandbox.cgroup.as_ref());
+        let command_cgroup = match session_cgroup {
+            Some(cgroup) => {
+                let name = format!("cmd-{}", next_command());
+                Some(cgroup.child(&name).map_err(|error| {
+                    PlinthError::new(
+                        ErrorCode::Unavailable,
+                        format!("the command's cgroup: {error}"),
+                    )
+                })?)
+            }
+            None => None,
+        };
+        let oom_before = session_cgroup.and_then(|cgroup| cgroup.oom_kills().ok());
+        let launch = Launch {
+            uid: session.record.uid,
+            cwd,
+            env,
+            command: command_line,
+        };
+        let command = self
+            .isolation
+            .command(&launch, namespace.clone(), command_cgroup)
+            .map_err(|error| PlinthError::invalid(error.to_string()))?;
+        Ok(Prepared {
+            session,
+            command,
+            namespace,
+            oom_before,
+        })
     }
 
     /// Where a command starts, as the command sees it: the working directory, a path relative
@@ -472,21 +582,6 @@ impl pb::node_service_server::NodeService for Node {
         let spec = request
             .session
             .ok_or_else(|| PlinthError::invalid("a session is required"))?;
-        let session = self.session(&spec.session_id)?;
-        if request.command.contains('\0') {
-            return Err(PlinthError::invalid("the command contains a NUL byte").into());
-        }
-        let mut extra = Vec::with_capacity(request.env.len());
-        for (name, value) in request.env {
-            if !isolation::valid_env_name(&name) || !isolation::valid_env_value(&value) {
-                return Err(PlinthError::invalid(format!(
-                    "environment variable {name:?}: names are letters, digits and _, not starting with a digit; values hold no NUL"
-                ))
-                .into());
-            }
-            extra.push((name, value));
-        }
-        let cwd = self.cwd(&session, &request.cwd)?;
         let timeout = match request.timeout_ms {
             0 => self.limits.default_timeout,
             ms => Duration::from_millis(ms).min(self.limits.max_timeout),
@@ -495,91 +590,21 @@ impl pb::node_service_server::NodeService for Node {
             0 => self.limits.default_output_bytes,
             bytes => bytes.min(self.limits.max_output_bytes),
         };
-        let version = self
-            .cache
-            .materialize(
-                &session.record.environment_id,
-                session.record.version,
-                &session.record.layer_tree,
-            )
-            .await
-            .map_err(cache_error)?;
-        let has_venv = version.has(".venv");
-        let uv_project = has_venv && version.has("pyproject.toml");
-        if !self.isolation.enabled
-            && let Err(error) = isolation::link_unisolated(&session.record.slug, &version.path)
-        {
-            tracing::warn!(slug = %session.record.slug, %error, "cannot link /env/<slug> to the version without isolation; commands will not find it there");
-        }
-        let namespace = self.namespace(&session, &version).await?;
-        let workdir = self.seen_workdir(&session);
-        let tools = self.isolation.tools.as_ref().map(|host| {
-            if self.isolation.enabled {
-                Path::new(isolation::TOOLS)
-            } else {
-                host.as_path()
-            }
-        });
-        let mut env = isolation::session_env(
-            &isolation::SessionEnv {
-                session_id: &session.record.session_id,
-                slug: &session.record.slug,
-                workdir: &workdir,
-                has_venv,
-                uv_project,
-                tools,
-                isolated: self.isolation.enabled,
-            },
-            &extra,
-        );
-        if let Some(proxy) = namespace.as_ref().and_then(|sandbox| sandbox.proxy) {
-            env.retain(|(name, _)| !name.to_ascii_lowercase().ends_with("_proxy"));
-            env.extend(plinth_sandbox::egress::proxy_env(proxy));
-        }
-        // Each command in a cgroup of its own below its session's, so a command that times
-        // out takes its whole tree with it, daemons included.
-        let session_cgroup = namespace
-            .as_ref()
-            .and_then(|sandbox| sandbox.cgroup.as_ref());
-        let command_cgroup = match session_cgroup {
-            Some(cgroup) => {
-                let name = format!("cmd-{}", next_command());
-                Some(cgroup.child(&name).map_err(|error| {
-                    PlinthError::new(
-                        ErrorCode::Unavailable,
-                        format!("the command's cgroup: {error}"),
-                    )
-                })?)
-            }
-            None => None,
-        };
-        let oom_before = session_cgroup.and_then(|cgroup| cgroup.oom_kills().ok());
-        let launch = Launch {
-            uid: session.record.uid,
-            cwd,
-            env,
-            command: request.command,
-        };
-        let mut command = self
-            .isolation
-            .command(&launch, namespace.clone(), command_cgroup)
-            .map_err(|error| PlinthError::invalid(error.to_string()))?;
+        let Prepared {
+            session,
+            mut command,
+            namespace,
+            oom_before,
+        } = self
+            .prepare(&spec, request.command, &request.cwd, request.env)
+            .await?;
         let (events, receiver) = mpsc::channel::<Result<pb::ExecEvent, Status>>(32);
         let started = Instant::now();
         let child = crate::spawn::spawn(&command);
         let mut child = match child {
             Ok(child) => child,
             Err(error) if error.cwd_failure().is_some() => {
-                // Like every other bad `cwd`: the request's fault, refused before it runs.
-                let why = error
-                    .cwd_failure()
-                    .map(ToString::to_string)
-                    .unwrap_or_default();
-                return Err(PlinthError::invalid(format!(
-                    "cwd {:?}: {why} (as the session sees it)",
-                    request.cwd
-                ))
-                .into());
+                return Err(cwd_refused(&error, &request.cwd).into());
             }
             Err(error) => {
                 tracing::warn!(session = %session.record.session_id, %error, "a command could not be started");
@@ -650,23 +675,12 @@ impl pb::node_service_server::NodeService for Node {
                 }
             }
             let exit_code = status.unwrap_or(-1);
-            // The kernel counts an OOM kill in the victim's own group (cgroup v1) or in every
-            // group above it with memory accounting (v2): either tells.
-            let in_command = command_cgroup
-                .as_ref()
-                .is_some_and(|cgroup| cgroup.oom_kills().is_ok_and(|kills| kills > 0));
-            let in_session = match (
+            let oom_killed = oom_killed(
+                exit_code,
+                command_cgroup.as_ref(),
                 oom_before,
-                namespace
-                    .as_ref()
-                    .and_then(|sandbox| sandbox.cgroup.as_ref()),
-            ) {
-                (Some(before), Some(cgroup)) => {
-                    cgroup.oom_kills().is_ok_and(|after| after > before)
-                }
-                _ => false,
-            };
-            let oom_killed = exit_code == 128 + 9 && (in_command || in_session);
+                namespace.as_deref(),
+            );
             let _ = events
                 .send(Ok(event(pb::exec_event::Event::Result(pb::ExecResult {
                     exit_code,
@@ -684,6 +698,16 @@ impl pb::node_service_server::NodeService for Node {
             }
         });
         Ok(Response::new(ReceiverStream::new(receiver)))
+    }
+
+    type PtyStream = crate::pty::PtyStream;
+
+    #[tracing::instrument(name = "node.pty", skip_all)]
+    async fn pty(
+        &self,
+        request: Request<tonic::Streaming<pb::PtyInput>>,
+    ) -> Result<Response<Self::PtyStream>, Status> {
+        Ok(Response::new(Node::pty(self, request.into_inner()).await?))
     }
 
     #[tracing::instrument(name = "node.read_file", skip_all)]
@@ -778,6 +802,37 @@ impl pb::node_service_server::NodeService for Node {
             blobs_fetched: materialized.fetched,
         }))
     }
+}
+
+/// A `cwd` the command could not change to, like every other bad `cwd`: the request's fault,
+/// refused before it runs.
+pub(crate) fn cwd_refused(error: &crate::spawn::SpawnError, cwd: &str) -> PlinthError {
+    let why = error
+        .cwd_failure()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    PlinthError::invalid(format!("cwd {cwd:?}: {why} (as the session sees it)"))
+}
+
+/// Whether a command that ended with `exit_code` was killed for the session's memory limit.
+pub(crate) fn oom_killed(
+    exit_code: i32,
+    command_cgroup: Option<&plinth_sandbox::cgroup::SessionCgroup>,
+    oom_before: Option<u64>,
+    namespace: Option<&isolation::Sandbox>,
+) -> bool {
+    // The kernel counts an OOM kill in the victim's own group (cgroup v1) or in every group
+    // above it with memory accounting (v2): either tells.
+    let in_command =
+        command_cgroup.is_some_and(|cgroup| cgroup.oom_kills().is_ok_and(|kills| kills > 0));
+    let in_session = match (
+        oom_before,
+        namespace.and_then(|sandbox| sandbox.cgroup.as_ref()),
+    ) {
+        (Some(before), Some(cgroup)) => cgroup.oom_kills().is_ok_and(|after| after > before),
+        _ => false,
+    };
+    exit_code == 128 + 9 && (in_command || in_session)
 }
 
 fn event(event: pb::exec_event::Event) -> pb::ExecEvent {

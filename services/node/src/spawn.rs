@@ -67,6 +67,10 @@ pub struct Command {
     pub seccomp: Option<&'static plinth_sandbox::seccomp::Filter>,
     /// The uid and gid it runs as; `None` keeps the node's.
     pub uid: Option<u32>,
+    /// A pseudo-terminal's slave: when given, it is the command's standard input, output and
+    /// error and its controlling terminal (the command leads a session of its own rather
+    /// than a process group), and no pipes are made.
+    pub terminal: Option<OwnedFd>,
 }
 
 /// Why a command did not start.
@@ -113,7 +117,7 @@ fn prepare(what: &'static str) -> impl FnOnce(io::Error) -> SpawnError {
 const STEPS: [&str; 12] = [
     "resetting signals",
     "entering the session's sandbox",
-    "starting a process group",
+    "starting a process group (a session, on a terminal)",
     "dropping supplementary groups",
     "switching to the session's gid",
     "switching to the session's uid",
@@ -141,6 +145,8 @@ struct Plan {
     stdin: RawFd,
     stdout: RawFd,
     stderr: RawFd,
+    /// Whether stdin is a terminal to take as the controlling terminal.
+    terminal: bool,
     /// The step that failed (`STEPS` index, or `STEP_EXEC`), and its errno; `failed_errno`
     /// stays 0 when the child reached `execve` and it succeeded.
     failed_step: AtomicI32,
@@ -229,28 +235,39 @@ fn pointers(strings: &[CString]) -> Vec<*const c_char> {
         .collect()
 }
 
-/// Starts `command` with stdin from `/dev/null` and stdout and stderr on pipes.
+/// The ends of the pipes a command without a terminal gets.
+struct Pipes {
+    stdout_read: OwnedFd,
+    stdout_write: OwnedFd,
+    stderr_read: OwnedFd,
+    stderr_write: OwnedFd,
+    null: OwnedFd,
+}
+
+/// Starts `command` with stdin from `/dev/null` and stdout and stderr on pipes, or with all
+/// three on its terminal.
 pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
     let program: &CStr = command
         .argv
         .first()
         .ok_or_else(|| prepare("no program")(io::Error::from(io::ErrorKind::InvalidInput)))?;
-    let (stdout_read, stdout_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-        .map_err(|errno| {
-            prepare("making the output pipe")(io::Error::from_raw_os_error(errno.raw_os_error()))
-        })?;
-    let (stderr_read, stderr_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-        .map_err(|errno| {
-            prepare("making the error pipe")(io::Error::from_raw_os_error(errno.raw_os_error()))
-        })?;
-    let null = rustix::fs::open(
-        c"/dev/null",
-        OFlags::RDONLY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|errno| {
-        prepare("opening /dev/null")(io::Error::from_raw_os_error(errno.raw_os_error()))
-    })?;
+    let pipes = match &command.terminal {
+        Some(_) => None,
+        None => Some(pipes()?),
+    };
+    let stdio = match (&command.terminal, &pipes) {
+        (Some(terminal), _) => [terminal.as_raw_fd(); 3],
+        (None, Some(pipes)) => [
+            pipes.null.as_raw_fd(),
+            pipes.stdout_write.as_raw_fd(),
+            pipes.stderr_write.as_raw_fd(),
+        ],
+        (None, None) => {
+            return Err(prepare("connecting standard input and output")(
+                io::Error::other("a command needs a terminal or pipes"),
+            ));
+        }
+    };
     let mut join = [-1; 8];
     let join_fds = command
         .cgroup
@@ -280,9 +297,10 @@ pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
         join_count,
         seccomp: command.seccomp,
         uid: command.uid,
-        stdin: null.as_raw_fd(),
-        stdout: stdout_write.as_raw_fd(),
-        stderr: stderr_write.as_raw_fd(),
+        stdin: stdio[0],
+        stdout: stdio[1],
+        stderr: stdio[2],
+        terminal: command.terminal.is_some(),
         failed_step: AtomicI32::new(0),
         failed_errno: AtomicI32::new(0),
     };
@@ -349,7 +367,11 @@ pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
             std::process::abort();
         }
     }
-    drop((stdout_write, stderr_write, null));
+    // The child has its own copies now; the parent keeps only the read ends.
+    let pipes = pipes.map(|pipes| {
+        drop((pipes.stdout_write, pipes.stderr_write, pipes.null));
+        (pipes.stdout_read, pipes.stderr_read)
+    });
     if pid < 0 {
         return Err(prepare("starting the process")(clone_error));
     }
@@ -379,18 +401,21 @@ pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
         let pidfd =
             unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
                 .map_err(|error| io::Error::other(error.to_string()))?;
-        Ok::<_, io::Error>((
-            pidfd,
-            pipe::Receiver::from_owned_fd(stdout_read)?,
-            pipe::Receiver::from_owned_fd(stderr_read)?,
-        ))
+        let (stdout, stderr) = match pipes {
+            Some((stdout, stderr)) => (
+                Some(pipe::Receiver::from_owned_fd(stdout)?),
+                Some(pipe::Receiver::from_owned_fd(stderr)?),
+            ),
+            None => (None, None),
+        };
+        Ok::<_, io::Error>((pidfd, stdout, stderr))
     })();
     match registered {
         Ok((pidfd, stdout, stderr)) => Ok(Child {
             pid,
             pidfd: Some(pidfd),
-            stdout: Some(stdout),
-            stderr: Some(stderr),
+            stdout,
+            stderr,
         }),
         Err(error) => {
             let _ = rustix::process::kill_process(pid, Signal::KILL);
@@ -398,6 +423,33 @@ pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
             Err(prepare("watching the process")(error))
         }
     }
+}
+
+/// Pipes for stdout and stderr, and `/dev/null` for stdin.
+fn pipes() -> Result<Pipes, SpawnError> {
+    let (stdout_read, stdout_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|errno| {
+            prepare("making the output pipe")(io::Error::from_raw_os_error(errno.raw_os_error()))
+        })?;
+    let (stderr_read, stderr_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|errno| {
+            prepare("making the error pipe")(io::Error::from_raw_os_error(errno.raw_os_error()))
+        })?;
+    let null = rustix::fs::open(
+        c"/dev/null",
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|errno| {
+        prepare("opening /dev/null")(io::Error::from_raw_os_error(errno.raw_os_error()))
+    })?;
+    Ok(Pipes {
+        stdout_read,
+        stdout_write,
+        stderr_read,
+        stderr_write,
+        null,
+    })
 }
 
 /// The child's side, on its own stack in the node's memory, until `execve`.
@@ -466,7 +518,14 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
             return failed(1, errno.raw_os_error());
         }
     }
-    if let Err(errno) = rustix::process::setpgid(None, None) {
+    // A terminal's command leads a session of its own (also a process group of its own), so
+    // the terminal can become its controlling terminal below.
+    let grouped = if plan.terminal {
+        rustix::process::setsid().map(drop)
+    } else {
+        rustix::process::setpgid(None, None)
+    };
+    if let Err(errno) = grouped {
         return failed(2, errno.raw_os_error());
     }
     if let Some(uid) = plan.uid {
@@ -530,6 +589,10 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
                 return failed(8, *libc::__errno_location());
             }
         }
+        // The session this child leads has no controlling terminal yet: its terminal is.
+        if plan.terminal && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+            return failed(8, *libc::__errno_location());
+        }
         // Last: the filter refuses `setns`, which the steps above need.
         if let Some(filter) = plan.seccomp
             && let Err(errno) = filter.install()
@@ -560,6 +623,7 @@ mod tests {
             cgroup: None,
             seccomp: None,
             uid: None,
+            terminal: None,
         }
     }
 
@@ -600,6 +664,37 @@ mod tests {
         // complaining about a broken pipe.
         let (code, out, err) = run(&shell("yes | head -n 1", "/")).await;
         assert_eq!((code, out.as_str(), err.as_str()), (0, "y\n", ""));
+    }
+
+    #[tokio::test]
+    async fn a_command_on_a_terminal_has_it_for_all_three_streams_and_as_its_controlling_terminal()
+    {
+        use rustix::pty::OpenptFlags;
+        let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
+        let master = rustix::pty::openpt(flags).expect("openpt");
+        rustix::pty::unlockpt(&master).expect("unlockpt");
+        let slave = rustix::pty::ioctl_tiocgptpeer(&master, flags).expect("slave");
+        // It leads its own session (field 6 of its stat is its pid), and /dev/tty, its
+        // controlling terminal, is ours.
+        let mut command = shell(
+            "test -t 0 && test -t 1 && test -t 2 && read -r _ _ _ _ _ sid _ < /proc/$$/stat && \
+             [ \"$sid\" = \"$$\" ] && echo on-the-terminal > /dev/tty; exit 4",
+            "/",
+        );
+        command.terminal = Some(slave);
+        let mut child = spawn(&command).expect("spawn");
+        // Only the command holds the slave now: the master reads EIO once it is gone.
+        command.terminal = None;
+        assert!(child.stdout.is_none() && child.stderr.is_none());
+        let mut master = std::fs::File::from(master);
+        let shown = tokio::task::spawn_blocking(move || {
+            let mut shown = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut master, &mut shown);
+            String::from_utf8_lossy(&shown).into_owned()
+        });
+        assert_eq!(child.wait().await.expect("wait"), 4);
+        let shown = shown.await.expect("joined");
+        assert!(shown.contains("on-the-terminal"), "{shown:?}");
     }
 
     #[tokio::test]
