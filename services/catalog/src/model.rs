@@ -8,7 +8,7 @@ pub const MAX_NAME_CHARS: usize = 200;
 /// Most characters a description or an entry may have.
 pub const MAX_TEXT_CHARS: usize = 4000;
 /// Most characters a slug keeps; longer derivations are cut at a segment boundary or here.
-pub const MAX_SLUG_CHARS: usize = 63;
+pub const MAX_SLUG_CHARS: usize = plinth_kit::slug::MAX_CHARS;
 /// Most bytes a scope may have.
 pub const MAX_SCOPE_BYTES: usize = 128;
 
@@ -140,7 +140,7 @@ impl Slug {
 
     /// Where sessions see the environment.
     pub fn mount(&self) -> String {
-        format!("/env/{}", self.0)
+        plinth_kit::slug::mount(&self.0)
     }
 }
 

@@ -23,6 +23,7 @@ pub mod http;
 pub mod metered;
 pub mod quota;
 pub mod replicas;
+pub mod slug;
 pub mod tasks;
 pub mod telemetry;
 pub mod tls;

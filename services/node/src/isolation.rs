@@ -38,7 +38,7 @@ use plinth_sandbox::keeper::{Keeper, KeeperError};
 use plinth_sandbox::root::{Bind, RootPlan, RootSpec};
 
 /// Where environments appear.
-pub const ENV_ROOT: &str = "/env";
+pub const ENV_ROOT: &str = plinth_kit::slug::MOUNT_ROOT;
 
 /// Where an isolated session sees its own working directory (its `HOME` and starting
 /// directory), whatever the host path: mounted there in the session's namespace.
@@ -250,7 +250,7 @@ impl Isolation {
                 Bind {
                     host: version_dir.to_owned(),
                     lower: lower.to_vec(),
-                    inside: PathBuf::from(format!("{ENV_ROOT}/{slug}")),
+                    inside: PathBuf::from(plinth_kit::slug::mount(slug)),
                     read_only: true,
                 },
                 Bind {
@@ -374,7 +374,7 @@ pub struct SessionEnv<'a> {
 /// Python, and for a uv project with the version's `.venv` as the project's environment and
 /// no sync (which would lock and install into the read-only version).
 pub fn session_env(session: &SessionEnv<'_>, extra: &[(String, String)]) -> Vec<(String, String)> {
-    let mount = format!("{ENV_ROOT}/{}", session.slug);
+    let mount = plinth_kit::slug::mount(session.slug);
     let given = |name: &str| {
         extra
             .iter()
@@ -513,13 +513,7 @@ pub fn link_unisolated(slug: &str, version_dir: &Path) -> std::io::Result<()> {
 /// Whether `slug` is a slug (lowercase letters and digits in runs joined by `-`): the last
 /// segment of `/env/<slug>`, and nothing else.
 pub fn valid_slug(slug: &str) -> bool {
-    !slug.is_empty()
-        && slug.len() <= 128
-        && !slug.starts_with('-')
-        && !slug.ends_with('-')
-        && slug
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    plinth_kit::slug::is_valid(slug)
 }
 
 /// Whether `name` may be an environment variable's name.

@@ -13,7 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::cache::{CacheError, Materialized, VersionCache};
-use crate::isolation::{self, ENV_ROOT, Isolation, Launch, Namespaces};
+use crate::isolation::{self, Isolation, Launch, Namespaces};
 use crate::sessions::{LocalSession, SessionError, SessionLimits, SessionRecord, SessionTable};
 use crate::workdir::{self, WorkdirError};
 
@@ -426,7 +426,7 @@ impl Node {
                 "cwd {cwd:?} must not have . or .. components"
             )));
         }
-        let mount = PathBuf::from(format!("{ENV_ROOT}/{}", session.record.slug));
+        let mount = PathBuf::from(plinth_kit::slug::mount(&session.record.slug));
         if path.is_absolute() {
             if path.starts_with(&workdir) || path.starts_with(&mount) {
                 return Ok(path.to_owned());

@@ -12,7 +12,6 @@ use plinth_proto::node::v1 as pb;
 use tokio::io::AsyncWriteExt;
 use tonic::{Request, Response, Status};
 
-use crate::isolation::ENV_ROOT;
 use crate::service::Node;
 use crate::sessions::LocalSession;
 use crate::workspace::fsx::Previous;
@@ -55,7 +54,7 @@ impl Node {
             .parent()
             .map(|dir| dir.join("workspace"))
             .unwrap_or_else(|| session.workdir.join("../workspace"));
-        let mount = format!("{ENV_ROOT}/{}", session.record.slug);
+        let mount = plinth_kit::slug::mount(&session.record.slug);
         // What the session's commands see at the mount: in its sandbox, an overlay of the
         // version's layer over its bases (the layer's own directory holds only what changed),
         // reached through the keeper's root; without isolation, the version's directory,
