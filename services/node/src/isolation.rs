@@ -35,6 +35,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use plinth_sandbox::keeper::{Keeper, KeeperError};
+
+pub use crate::sandbox::Sandbox;
 use plinth_sandbox::root::{Bind, RootPlan, RootSpec};
 
 /// Where environments appear.
@@ -123,48 +125,6 @@ fn c_path(path: &Path, what: &'static str) -> Result<CString, LaunchError> {
 #[derive(Debug)]
 pub struct NamespacePlan {
     root: RootPlan,
-}
-
-/// A session's running sandbox: its keeper (its namespaces and processes), its cgroup, and
-/// the egress proxy listening inside its network namespace. Dropping it ends all three.
-#[derive(Debug)]
-pub struct Sandbox {
-    /// The first process of its PID namespace.
-    pub keeper: Keeper,
-    /// Its limits (none on a node without cgroups).
-    pub cgroup: Option<plinth_sandbox::cgroup::SessionCgroup>,
-    /// Where its commands find the egress proxy, when it has one.
-    pub proxy: Option<std::net::SocketAddr>,
-    /// The proxy's listener, bound inside its network namespace, until the proxy serves it.
-    pub listener: Option<std::net::TcpListener>,
-    /// Stops the proxy.
-    pub stop_proxy: plinth_kit::tasks::CancellationToken,
-}
-
-impl Sandbox {
-    /// Ends every process of the session and removes its cgroup. Blocks for as long as the
-    /// kernel takes to empty the namespace.
-    pub fn end(&self) {
-        self.stop_proxy.cancel();
-        self.keeper.kill();
-        if let Some(cgroup) = &self.cgroup
-            && let Err(error) = cgroup.kill_all()
-        {
-            tracing::warn!(cgroup = cgroup.name(), %error, "cannot empty a session's cgroup");
-        }
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        self.end();
-        if let Some(cgroup) = self.cgroup.take() {
-            let name = cgroup.name().to_owned();
-            if let Err(error) = cgroup.remove() {
-                tracing::warn!(cgroup = %name, %error, "cannot remove a session's cgroup");
-            }
-        }
-    }
 }
 
 impl Isolation {

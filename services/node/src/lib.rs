@@ -13,7 +13,9 @@
 pub mod cache;
 pub mod identity;
 pub mod isolation;
+mod node;
 mod pty;
+pub mod sandbox;
 mod service;
 pub mod sessions;
 pub mod spawn;
@@ -43,7 +45,7 @@ use tracing::Instrument as _;
 
 pub use cache::VersionCache;
 pub use isolation::Isolation;
-pub use service::ExecLimits;
+pub use node::ExecLimits;
 pub use sessions::SessionTable;
 
 /// The node's gRPC service name, as health checks name it.
@@ -244,7 +246,7 @@ pub async fn run(
     } else {
         None
     };
-    let node = service::Node {
+    let node = node::Node {
         cache,
         sessions,
         isolation: options.isolation.clone(),

@@ -22,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
 use crate::isolation;
-use crate::service::{Node, Prepared, cwd_refused, oom_killed};
+use crate::node::{Node, Prepared, cwd_refused, oom_killed};
 
 /// The stream of a terminal's output.
 pub type PtyStream = ReceiverStream<Result<pb::PtyOutput, Status>>;

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use plinth_kit::{ErrorCode, PlinthError};
@@ -12,7 +12,7 @@ use plinth_proto::node::v1 as pb;
 use tokio::io::AsyncWriteExt;
 use tonic::{Request, Response, Status};
 
-use crate::service::Node;
+use crate::node::Node;
 use crate::sessions::LocalSession;
 use crate::workspace::fsx::Previous;
 use crate::workspace::patch::{self, EditKind};
@@ -20,21 +20,6 @@ use crate::workspace::search::{self, Query};
 use crate::workspace::text::{self, Range};
 use crate::workspace::track::{self, Change};
 use crate::workspace::{MAX_FILE_BYTES, Workspace, fsx};
-
-/// One lock per session for workspace writes.
-#[derive(Debug, Default)]
-pub struct EditLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
-
-impl EditLocks {
-    fn of(&self, session: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        locks.retain(|_, lock| Arc::strong_count(lock) > 1);
-        locks.entry(session.to_owned()).or_default().clone()
-    }
-}
 
 impl Node {
     fn workspace(&self, id: &str) -> Result<(Arc<LocalSession>, Workspace), PlinthError> {
