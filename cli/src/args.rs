@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::client::args as client;
+use crate::client_args as client;
 
 /// Plinth: environments for agent sessions.
 #[derive(Debug, Parser)]

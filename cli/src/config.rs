@@ -55,7 +55,7 @@ pub struct Config {
     /// Quotas per scope: defaults, and overrides for named scopes.
     pub quotas: QuotasSection,
     /// Garbage collection of the blob store.
-    pub gc: crate::gc::GcSection,
+    pub gc: GcSection,
 }
 
 impl Default for Config {
@@ -73,7 +73,7 @@ impl Default for Config {
             node: NodeSection::default(),
             sessions: SessionsSection::default(),
             quotas: QuotasSection::default(),
-            gc: crate::gc::GcSection::default(),
+            gc: GcSection::default(),
         }
     }
 }
@@ -1478,6 +1478,30 @@ fn refuse_private_fallback(
 /// The SQLite URL of a database file.
 pub fn sqlite_url(path: &Path) -> String {
     format!("sqlite://{}?mode=rwc", path.display())
+}
+
+/// `[gc]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GcSection {
+    /// Seconds between collection passes (in the source service) and retention runs (in the
+    /// catalog); 0: only when `plinth gc` is run.
+    pub interval_seconds: u64,
+    /// Seconds a blob nothing names is kept after it was last written.
+    pub grace_seconds: u64,
+    /// Seconds the holds of work in progress outlive their last renewal: how long the blobs of
+    /// an upload or import whose process died are kept past it.
+    pub hold_seconds: u64,
+}
+
+impl Default for GcSection {
+    fn default() -> Self {
+        GcSection {
+            interval_seconds: 3600,
+            grace_seconds: 3600,
+            hold_seconds: 60,
+        }
+    }
 }
 
 #[cfg(test)]

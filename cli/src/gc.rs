@@ -7,36 +7,13 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use plinth_source::gc::{Catalog, CatalogRoots, GcError, GcOptions, Report};
-use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 
 /// A boxed future, as [`Catalog`]'s methods answer.
 type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
-/// `[gc]`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct GcSection {
-    /// Seconds between collection passes (in the source service) and retention runs (in the
-    /// catalog); 0: only when `plinth gc` is run.
-    pub interval_seconds: u64,
-    /// Seconds a blob nothing names is kept after it was last written.
-    pub grace_seconds: u64,
-    /// Seconds the holds of work in progress outlive their last renewal: how long the blobs of
-    /// an upload or import whose process died are kept past it.
-    pub hold_seconds: u64,
-}
-
-impl Default for GcSection {
-    fn default() -> Self {
-        GcSection {
-            interval_seconds: 3600,
-            grace_seconds: 3600,
-            hold_seconds: 60,
-        }
-    }
-}
+pub use crate::config::GcSection;
 
 impl Config {
     /// How collection runs, for the source service and `plinth gc`.

@@ -5,6 +5,7 @@
 
 pub mod args;
 pub mod client;
+pub mod client_args;
 pub mod config;
 pub mod gc;
 pub mod internal;

@@ -13,10 +13,10 @@ use serde_json::{Value, json};
 
 use super::api::{Api, ApiFailure};
 use super::archive::{self, Counters};
-use super::args::{
+use super::{Usage, output};
+use crate::client_args::{
     ActivateArgs, BuildArgs, EnvArgs, EnvCommand, EnvCreateArgs, ImportArgs, OutputFormat, PushArgs,
 };
-use super::{Usage, output};
 
 /// An environment named by id (`henv_…`) or slug: its id. A slug is looked up in the list of
 /// the caller's environments (the API addresses environments by id only); a name matches

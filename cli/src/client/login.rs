@@ -9,9 +9,9 @@ use anyhow::Context as _;
 use serde_json::json;
 
 use super::api::{self, Api, ApiFailure};
-use super::args::{LoginArgs, OutputFormat};
 use super::profile::{self, Profile};
 use super::{Usage, output};
+use crate::client_args::{LoginArgs, OutputFormat};
 
 pub async fn login(args: LoginArgs) -> anyhow::Result<ExitCode> {
     // A broken file is what login rewrites: do not let it stop the login.

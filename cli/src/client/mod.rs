@@ -8,7 +8,7 @@
 
 pub mod api;
 pub mod archive;
-pub mod args;
+
 mod environments;
 mod login;
 mod output;
@@ -23,8 +23,8 @@ use std::process::ExitCode;
 use clap::CommandFactory as _;
 
 use crate::args::{Cli, Command};
+use crate::client_args::OutputFormat;
 use api::ApiFailure;
-use args::OutputFormat;
 
 /// A command line that cannot work as given (exit status 2), as opposed to a server that
 /// refused it (1).
@@ -99,7 +99,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
 
 /// The `--output` a command was given (text for those without one).
 fn output_format(command: &Command) -> OutputFormat {
-    use args::{EnvCommand, SessionCommand};
+    use crate::client_args::{EnvCommand, SessionCommand};
     let output = match command {
         Command::Login(args) => args.output,
         Command::Env(EnvCommand::Create(args)) => args.output,

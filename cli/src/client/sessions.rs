@@ -11,9 +11,9 @@ use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt as _;
 
 use super::api::Api;
-use super::args::{CpArgs, ExecArgs, OutputFormat, SessionCommand};
 use super::environments::environment_id;
 use super::{Usage, output, shell};
+use crate::client_args::{CpArgs, ExecArgs, OutputFormat, SessionCommand};
 
 /// The exit status of a command stopped by Ctrl-C, as shells report it (128 + SIGINT).
 pub(super) const INTERRUPTED: u8 = 130;

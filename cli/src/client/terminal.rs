@@ -26,9 +26,9 @@ use tokio_tungstenite::tungstenite::handshake::{client::generate_key, derive_acc
 use tokio_tungstenite::tungstenite::protocol::Role;
 
 use super::api::{Api, ApiFailure};
-use super::args::ShellArgs;
 use super::sessions::start;
 use super::{output, shell as quoting};
+use crate::client_args::ShellArgs;
 
 /// The exit status of a shell stopped by a signal to `plinth` itself (128 + SIGTERM).
 const TERMINATED: u8 = 128 + 15;

@@ -45,10 +45,18 @@ impl From<pb::Origin> for Origin {
 /// The variable setuptools-scm (and hatch-vcs through it) reads instead of asking git.
 pub const PRETEND_VERSION: &str = "SETUPTOOLS_SCM_PRETEND_VERSION";
 
+/// The source service, where layers are counted in their scope's stored bytes.
+pub type LayerLedger = plinth_proto::source::v1::source_service_client::SourceServiceClient<
+    tonic::service::interceptor::InterceptedService<
+        plinth_kit::grpc::Transport,
+        plinth_kit::grpc::ClientInterceptor,
+    >,
+>;
+
 /// Asks the source service where `environment_id`'s source came from. A failure is logged
 /// and answered as no origin: the build goes on, and a project that needs a version from git
 /// fails with setuptools-scm's own message.
-pub async fn fetch(ledger: &crate::worker::LayerLedger, environment_id: &str) -> Option<Origin> {
+pub async fn fetch(ledger: &LayerLedger, environment_id: &str) -> Option<Origin> {
     let answer = ledger
         .clone()
         .get_origin(pb::GetOriginRequest {

@@ -39,10 +39,7 @@ pub type Collection = CollectionServiceClient<InterceptedService<Transport, Clie
 /// Most digests one hold names (the catalog's limit per call).
 const HOLD_CHUNK: usize = 20_000;
 
-/// The source service, where layers are counted in their scope's stored bytes.
-pub type LayerLedger = plinth_proto::source::v1::source_service_client::SourceServiceClient<
-    InterceptedService<Transport, ClientInterceptor>,
->;
+pub use crate::origin::LayerLedger;
 
 /// How often counting a layer is tried before its build fails, and the pause between tries.
 const LEDGER_TRIES: u32 = 3;

@@ -604,13 +604,7 @@ impl<S> ServerService<S> {
     }
 }
 
-/// Compares without an early exit, so the time taken says nothing about the secret.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
+pub use crate::auth::constant_time_eq;
 
 /// A service's whole call stack (credential check, spans, metrics, routing), called directly.
 type LocalService =
