@@ -321,6 +321,26 @@ impl Store {
         Ok(())
     }
 
+    /// Applies the migrations up to `version` only, then runs `statements`: a database as an
+    /// earlier release left it, for a test of what a later migration does to its rows.
+    #[cfg(feature = "testing")]
+    pub async fn migrate_up_to(&self, version: i64, statements: &[&str]) -> Result<(), StoreError> {
+        let files: Vec<MigrationFile> = migrations(self.db.backend)
+            .iter()
+            .copied()
+            .filter(|(at, _, _)| *at <= version)
+            .collect();
+        self.db
+            .migrate("_plinth_catalog_migrations", &files)
+            .await?;
+        for statement in statements {
+            sqlx::query(sqlx::AssertSqlSafe(*statement))
+                .execute(&self.db.writer)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Answers when the database does.
     pub async fn ping(&self) -> Result<(), StoreError> {
         Ok(self.db.ping().await?)

@@ -838,3 +838,76 @@ async fn pages_of_a_nodes_and_an_owners_sessions_walk_each_live_one_once(store: 
         Err(StoreError::ForeignCursor)
     ));
 }
+
+/// Limits stored in seconds by an earlier release read back in milliseconds once the store is
+/// migrated, and the sweep ends such a session when its lifetime, counted in milliseconds,
+/// has passed.
+async fn limits_stored_in_seconds_are_migrated_to_milliseconds(url: String) {
+    let store = Store::connect(&url, 5, crate::seal_key())
+        .await
+        .expect("connect");
+    let session = "sess_0123456789abcdef0123456789abcdef";
+    store
+        .migrate_up_to(
+            15,
+            &[
+                "INSERT INTO nodes (id, name, address, isolated, registered_at_ms, heartbeat_at_ms) \
+                 VALUES ('node_0123456789abcdef0123456789abcdef', 'host-a', 'http://a', 1, 0, 0)",
+                &format!(
+                    "INSERT INTO sessions (id, scope, environment_id, environment_name, version, \
+                     slug, layer_tree, node_id, status, created_at_ms, limit_memory_mb, \
+                     limit_lifetime_s, limit_idle_s, ends_at_ms) \
+                     VALUES ('{session}', 'acme', 'henv_0123456789abcdef0123456789abcdef', \
+                     'Old', 1, 'old', 'sha256:one', 'node_0123456789abcdef0123456789abcdef', \
+                     'active', 1000, 512, 60, NULL, 61000)"
+                ),
+            ],
+        )
+        .await
+        .expect("an earlier release's database");
+    store.migrate().await.expect("migrate");
+    let id = plinth_catalog::sessions::SessionId::parse(session).expect("id");
+    let found = store
+        .get_session(&scope("acme"), &id)
+        .await
+        .expect("the session");
+    assert_eq!(
+        found.limits,
+        SessionLimits {
+            memory_mb: Some(512),
+            lifetime_ms: Some(60_000),
+            ..SessionLimits::default()
+        }
+    );
+    assert!(
+        store
+            .end_sessions_past_their_limits(60_999, 10)
+            .await
+            .expect("sweep")
+            .is_empty()
+    );
+    assert_eq!(
+        store
+            .end_sessions_past_their_limits(61_000, 10)
+            .await
+            .expect("sweep"),
+        vec![id]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_limits_stored_in_seconds_are_migrated_to_milliseconds() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    limits_stored_in_seconds_are_migrated_to_milliseconds(plinth_catalog::testing::sqlite_url(
+        dir.path(),
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_limits_stored_in_seconds_are_migrated_to_milliseconds() {
+    let Some(url) = crate::postgres_url().await else {
+        return;
+    };
+    limits_stored_in_seconds_are_migrated_to_milliseconds(url).await;
+}
