@@ -528,14 +528,15 @@ pub struct SessionsSection {
     pub disk_mb: Option<u64>,
     /// The most disk a session may ask for, in MiB.
     pub max_disk_mb: u64,
-    /// Seconds from creation until a session is ended.
-    pub lifetime_s: u64,
-    /// The longest lifetime a session may ask for, in seconds.
-    pub max_lifetime_s: u64,
-    /// Seconds without an exec or file call until a session is ended.
-    pub idle_s: u64,
-    /// The longest idle time a session may ask for, in seconds.
-    pub max_idle_s: u64,
+    /// Milliseconds from creation until a session is ended. Named and counted as the
+    /// session's `limits.lifetime_ms` is, so a default reads as what a client would ask for.
+    pub lifetime_ms: u64,
+    /// The longest lifetime a session may ask for, in milliseconds.
+    pub max_lifetime_ms: u64,
+    /// Milliseconds without an exec or file call until a session is ended.
+    pub idle_ms: u64,
+    /// The longest idle time a session may ask for, in milliseconds.
+    pub max_idle_ms: u64,
 }
 
 impl Default for SessionsSection {
@@ -549,10 +550,10 @@ impl Default for SessionsSection {
             max_cpu: 4.0,
             disk_mb: None,
             max_disk_mb: 10_240,
-            lifetime_s: 86_400,
-            max_lifetime_s: 604_800,
-            idle_s: 3_600,
-            max_idle_s: 86_400,
+            lifetime_ms: 86_400_000,
+            max_lifetime_ms: 604_800_000,
+            idle_ms: 3_600_000,
+            max_idle_ms: 86_400_000,
         }
     }
 }
@@ -574,15 +575,15 @@ impl SessionsSection {
             .with(Limit::Pids, Some(self.pids))
             .with(Limit::Cpu, Some(cpu(self.cpu, "cpu")?))
             .with(Limit::DiskMb, self.disk_mb)
-            .with(Limit::LifetimeS, Some(self.lifetime_s))
-            .with(Limit::IdleS, Some(self.idle_s));
+            .with(Limit::LifetimeMs, Some(self.lifetime_ms))
+            .with(Limit::IdleMs, Some(self.idle_ms));
         let maxima = [
             self.max_memory_mb,
             self.max_pids,
             cpu(self.max_cpu, "max_cpu")?,
             self.max_disk_mb,
-            self.max_lifetime_s,
-            self.max_idle_s,
+            self.max_lifetime_ms,
+            self.max_idle_ms,
         ];
         LimitPolicy::new(defaults, maxima).map_err(ConfigError::Invalid)
     }
@@ -823,7 +824,7 @@ impl Config {
         lookup: &dyn Fn(&str) -> Option<String>,
         own_file: bool,
     ) -> Result<(), ConfigError> {
-        let max = plinth_catalog::adapters::MAX_GRACE_SECONDS;
+        let max = plinth_catalog::adapters::MAX_GRACE_MS / 1000;
         if self.catalog.adapter_credential_grace_seconds > max {
             return Err(ConfigError::Invalid(format!(
                 "catalog.adapter_credential_grace_seconds is {}; it must be at most {max} (a week)",
@@ -1876,14 +1877,14 @@ mod tests {
 
         std::fs::write(
             &file,
-            "[sessions]\ncpu = 0.5\ndisk_mb = 2048\nidle_s = 60\n",
+            "[sessions]\ncpu = 0.5\ndisk_mb = 2048\nidle_ms = 60000\n",
         )
         .expect("write");
         let config = serve(&["--config", path]).expect("config");
         let policy = config.sessions.policy().expect("valid");
         assert_eq!(policy.defaults().get(Limit::Cpu), Some(500));
         assert_eq!(policy.defaults().get(Limit::DiskMb), Some(2048));
-        assert_eq!(policy.defaults().get(Limit::IdleS), Some(60));
+        assert_eq!(policy.defaults().get(Limit::IdleMs), Some(60_000));
         let dumped = config.dump().expect("dump");
         for line in [
             "[sessions]",
@@ -1897,7 +1898,7 @@ mod tests {
         for (body, key) in [
             ("memory_mb = 9000\n", "sessions.max_memory_mb"),
             ("max_cpu = 0.5\n", "sessions.max_cpu"),
-            ("max_idle_s = 0\n", "sessions.max_idle_s"),
+            ("max_idle_ms = 0\n", "sessions.max_idle_ms"),
             ("cpu = -1.0\n", "sessions.cpu"),
         ] {
             std::fs::write(&file, format!("[sessions]\n{body}")).expect("write");

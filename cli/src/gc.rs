@@ -42,11 +42,11 @@ impl Config {
 pub struct DirectCatalog(pub plinth_catalog::Store);
 
 impl Catalog for DirectCatalog {
-    fn begin(&self, fence_seconds: u32) -> BoxFuture<'_, Result<CatalogRoots, GcError>> {
+    fn begin(&self, fence_ms: u32) -> BoxFuture<'_, Result<CatalogRoots, GcError>> {
         Box::pin(async move {
             let roots = self
                 .0
-                .begin_collection(i64::from(fence_seconds) * 1000)
+                .begin_collection(i64::from(fence_ms))
                 .await
                 .map_err(|error| GcError::Catalog(error.to_string()))?;
             Ok(CatalogRoots {

@@ -63,10 +63,11 @@ pub struct RotateSecret {
     /// Novo only: the new secret; generated when left out.
     #[serde(default)]
     pub secret: Option<String>,
-    /// How long the previous secret or token is still accepted, in seconds, from 0 (refused
-    /// at once) to 604800 (a week); `catalog.adapter_credential_grace_seconds` when left out.
+    /// How long the previous secret or token is still accepted, in milliseconds, from 0
+    /// (refused at once) to 604800000 (a week); `catalog.adapter_credential_grace_seconds`
+    /// when left out.
     #[serde(default)]
-    pub grace_seconds: Option<u64>,
+    pub grace_ms: Option<u64>,
 }
 
 /// A workspace adapter.
@@ -305,7 +306,7 @@ async fn delete_adapter(
 }
 
 /// Replace the adapter's secret (Novo) or token (Brain); the previous one is accepted for
-/// `grace_seconds` more (0: refused at once), or the configured grace window
+/// `grace_ms` more (0: refused at once), or the configured grace window
 /// (`catalog.adapter_credential_grace_seconds`) when the body does not say.
 #[utoipa::path(
     post,
@@ -315,7 +316,7 @@ async fn delete_adapter(
     request_body = RotateSecret,
     responses(
         (status = 200, description = "Rotated; the new `secret` or `token` is shown only here", body = AdapterBody),
-        (status = 400, description = "environment_invalid: a secret that breaks the rules, or one given for Brain; grace_seconds not a whole number from 0 to 604800", body = ErrorBody),
+        (status = 400, description = "environment_invalid: a secret that breaks the rules, or one given for Brain; grace_ms not a whole number from 0 to 604800000", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "not_found", body = ErrorBody),
     ),
@@ -341,7 +342,7 @@ async fn rotate_secret(
             scope: caller.scope,
             id,
             secret: body.secret.unwrap_or_default(),
-            grace_seconds: body.grace_seconds,
+            grace_ms: body.grace_ms,
         })
         .await?
         .into_inner();

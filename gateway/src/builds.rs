@@ -155,6 +155,8 @@ fn status_name(status: i32) -> &'static str {
     }
 }
 
+/// A time the catalog keeps in milliseconds, as the build and version objects show it: seconds
+/// (the unit the spec shows on the environment's `versions[]` and `build`), `null` until known.
 fn seconds(ms: i64) -> Option<i64> {
     (ms > 0).then_some(ms / 1000)
 }
@@ -428,8 +430,8 @@ async fn list_versions(
                 status: status_name(version.status),
                 active: Some(version.version) == active,
                 packages: version.packages,
-                started_at: (version.started_at > 0).then_some(version.started_at),
-                finished_at: (version.finished_at > 0).then_some(version.finished_at),
+                started_at: seconds(version.started_at_ms),
+                finished_at: seconds(version.finished_at_ms),
                 toolchains: toolchains(version.toolchains),
             })
             .collect(),

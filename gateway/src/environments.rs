@@ -215,8 +215,10 @@ fn build_status(status: i32) -> &'static str {
     }
 }
 
-fn seconds(value: i64) -> Option<i64> {
-    (value > 0).then_some(value)
+/// A time the catalog keeps in milliseconds, as the spec shows it on the environment object:
+/// seconds, `null` until known.
+fn seconds(ms: i64) -> Option<i64> {
+    (ms > 0).then_some(ms / 1000)
 }
 
 impl From<pb::Environment> for EnvironmentBody {
@@ -252,16 +254,16 @@ impl From<pb::Environment> for EnvironmentBody {
                 .map(|version| VersionBody {
                     version: version.version,
                     status: build_status(version.status),
-                    started_at: seconds(version.started_at),
-                    finished_at: seconds(version.finished_at),
+                    started_at: seconds(version.started_at_ms),
+                    finished_at: seconds(version.finished_at_ms),
                     packages: version.packages,
                 })
                 .collect(),
             build: environment.build.map(|build| BuildBody {
                 version: build.version,
                 status: build_status(build.status),
-                started_at: seconds(build.started_at),
-                finished_at: seconds(build.finished_at),
+                started_at: seconds(build.started_at_ms),
+                finished_at: seconds(build.finished_at_ms),
                 error: build.error,
             }),
             created_at: environment.created_at_ms,

@@ -51,7 +51,7 @@ pub struct ErrorObject {
     pub code: &'static str,
     /// What went wrong, for a person; names the field or path at fault.
     pub message: String,
-    /// Particulars a program can act on, such as `max_bytes` or `retry_after_seconds`.
+    /// Particulars a program can act on, such as `max_bytes` or `retry_after_ms`.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub detail: Option<serde_json::Value>,
@@ -66,8 +66,9 @@ impl IntoResponse for ApiError {
         } = self.0;
         let retry_after = detail
             .as_ref()
-            .and_then(|detail| detail.get(RETRY_AFTER_SECONDS))
-            .and_then(serde_json::Value::as_u64);
+            .and_then(|detail| detail.get(RETRY_AFTER_MS))
+            .and_then(serde_json::Value::as_u64)
+            .map(|ms| ms.div_ceil(1000).max(1));
         let status =
             StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = ErrorBody {
@@ -94,14 +95,15 @@ impl IntoResponse for ApiError {
 }
 
 /// The `detail` key that says when to try again; the answer carries it as `Retry-After` too.
-pub use plinth_kit::error::RETRY_AFTER_SECONDS;
+pub use plinth_kit::error::RETRY_AFTER_MS;
 
-/// An error a client should retry after `seconds`: `detail.retry_after_seconds` and the
-/// `Retry-After` header say so.
+/// An error a client should retry after `seconds`: `detail.retry_after_ms` and the
+/// `Retry-After` header (whole seconds, as HTTP counts them) say so.
 pub fn retry_after(code: ErrorCode, message: impl Into<String>, seconds: u64) -> ApiError {
     ApiError(
-        PlinthError::new(code, message)
-            .with_detail(serde_json::json!({ RETRY_AFTER_SECONDS: seconds.max(1) })),
+        PlinthError::new(code, message).with_detail(
+            serde_json::json!({ RETRY_AFTER_MS: seconds.max(1).saturating_mul(1000) }),
+        ),
     )
 }
 

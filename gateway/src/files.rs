@@ -24,7 +24,7 @@ use crate::conditional::{self, ReadAnswer};
 use crate::environments::EnvironmentIdParam;
 use crate::error::{ApiError, ErrorBody};
 use crate::json::{self, JsonBody};
-use crate::paging::{self, Page, PageQuery};
+use crate::paging::{Page, PageQuery};
 
 /// Largest chunk sent to the source in one gRPC message.
 const CHUNK: usize = 1024 * 1024;
@@ -294,19 +294,22 @@ async fn list_files(
 ) -> Result<Json<FileTree>, ApiError> {
     let page = Page::from_query(query)?;
     check_environment(&state, &caller, &id).await?;
+    // The source pages the tree itself, so neither its answer nor this one grows with the
+    // number of files.
     let tree = state
         .source()
-        .list_tree(pb::ListTreeRequest { environment_id: id })
+        .list_tree(pb::ListTreeRequest {
+            environment_id: id,
+            limit: page.limit,
+            after: page.after,
+        })
         .await?
         .into_inner();
-    // The source answers the whole tree; pages keep each answer bounded however many files
-    // an environment has.
-    let (entries, next) = paging::slice_by_name(tree.entries, &page, |entry| &entry.path)?;
     Ok(Json(FileTree {
         object: "list",
-        data: entries.into_iter().map(FileEntry::from).collect(),
-        has_more: next.is_some(),
-        next,
+        data: tree.entries.into_iter().map(FileEntry::from).collect(),
+        has_more: tree.has_more,
+        next: tree.has_more.then_some(tree.next),
     }))
 }
 

@@ -2,7 +2,7 @@
 //! default and maximum of each, and how a session shows the limits it has.
 //!
 //! The gateway decides a session's limits because it holds the configuration; the catalog
-//! stores them with the session (and ends it past `lifetime_s` or `idle_s`), the node keeps
+//! stores them with the session (and ends it past `lifetime_ms` or `idle_ms`), the node keeps
 //! them in the session's record. A refused limit is `invalid_request` whose message and
 //! `detail` (`{"limit", "max"}`) name the limit and its maximum.
 
@@ -28,10 +28,10 @@ pub enum Limit {
     Cpu,
     /// Disk used in the working directory, in MiB.
     DiskMb,
-    /// Seconds from creation until the session is ended.
-    LifetimeS,
-    /// Seconds without a call until the session is ended.
-    IdleS,
+    /// Milliseconds from creation until the session is ended.
+    LifetimeMs,
+    /// Milliseconds without a call until the session is ended.
+    IdleMs,
 }
 
 impl Limit {
@@ -41,8 +41,8 @@ impl Limit {
         Limit::Pids,
         Limit::Cpu,
         Limit::DiskMb,
-        Limit::LifetimeS,
-        Limit::IdleS,
+        Limit::LifetimeMs,
+        Limit::IdleMs,
     ];
 
     /// Its JSON key.
@@ -52,8 +52,8 @@ impl Limit {
             Limit::Pids => "pids",
             Limit::Cpu => "cpu",
             Limit::DiskMb => "disk_mb",
-            Limit::LifetimeS => "lifetime_s",
-            Limit::IdleS => "idle_s",
+            Limit::LifetimeMs => "lifetime_ms",
+            Limit::IdleMs => "idle_ms",
         }
     }
 
@@ -62,7 +62,7 @@ impl Limit {
             Limit::MemoryMb | Limit::DiskMb => "MiB",
             Limit::Pids => "processes",
             Limit::Cpu => "cores",
-            Limit::LifetimeS | Limit::IdleS => "seconds",
+            Limit::LifetimeMs | Limit::IdleMs => "ms",
         }
     }
 
@@ -120,8 +120,8 @@ impl SessionLimits {
             pids: value(Limit::Pids),
             cpu_millicores: value(Limit::Cpu),
             disk_mb: value(Limit::DiskMb),
-            lifetime_s: value(Limit::LifetimeS),
-            idle_s: value(Limit::IdleS),
+            lifetime_ms: value(Limit::LifetimeMs),
+            idle_ms: value(Limit::IdleMs),
         }
     }
 
@@ -137,8 +137,8 @@ impl SessionLimits {
             value(limits.pids),
             value(limits.cpu_millicores),
             value(limits.disk_mb),
-            value(limits.lifetime_s),
-            value(limits.idle_s),
+            value(limits.lifetime_ms),
+            value(limits.idle_ms),
         ])
     }
 
@@ -150,8 +150,8 @@ impl SessionLimits {
             pids: limits.pids,
             cpu_millicores: limits.cpu_millicores,
             disk_mb: limits.disk_mb,
-            lifetime_s: limits.lifetime_s,
-            idle_s: limits.idle_s,
+            lifetime_ms: limits.lifetime_ms,
+            idle_ms: limits.idle_ms,
         }
     }
 
@@ -162,8 +162,8 @@ impl SessionLimits {
             pids: self.get(Limit::Pids),
             cpu: self.get(Limit::Cpu).map(cores),
             disk_mb: self.get(Limit::DiskMb),
-            lifetime_s: self.get(Limit::LifetimeS),
-            idle_s: self.get(Limit::IdleS),
+            lifetime_ms: self.get(Limit::LifetimeMs),
+            idle_ms: self.get(Limit::IdleMs),
         }
     }
 }
@@ -179,10 +179,10 @@ pub struct LimitsBody {
     pub cpu: Option<f64>,
     /// Disk used in the working directory, in MiB.
     pub disk_mb: Option<u64>,
-    /// Seconds from creation until the session is ended.
-    pub lifetime_s: Option<u64>,
-    /// Seconds without an exec or file call until the session is ended.
-    pub idle_s: Option<u64>,
+    /// Milliseconds from creation until the session is ended.
+    pub lifetime_ms: Option<u64>,
+    /// Milliseconds without an exec or file call until the session is ended.
+    pub idle_ms: Option<u64>,
 }
 
 /// What `POST /v1/sessions` takes as `limits`: any of these; the others get their defaults.
@@ -198,10 +198,10 @@ pub struct LimitsRequest {
     cpu: Option<f64>,
     /// Disk used in the working directory, in MiB (a whole number).
     disk_mb: Option<u64>,
-    /// Seconds from creation until the session is ended (a whole number).
-    lifetime_s: Option<u64>,
-    /// Seconds without an exec or file call until the session is ended (a whole number).
-    idle_s: Option<u64>,
+    /// Milliseconds from creation until the session is ended (a whole number).
+    lifetime_ms: Option<u64>,
+    /// Milliseconds without an exec or file call until the session is ended (a whole number).
+    idle_ms: Option<u64>,
 }
 
 /// The configured default and maximum of every limit.
@@ -364,9 +364,13 @@ mod tests {
             .with(Limit::MemoryMb, Some(1024))
             .with(Limit::Pids, Some(512))
             .with(Limit::Cpu, Some(1000))
-            .with(Limit::LifetimeS, Some(86_400))
-            .with(Limit::IdleS, Some(3_600));
-        LimitPolicy::new(defaults, [4096, 4096, 4000, 10_240, 604_800, 86_400]).expect("valid")
+            .with(Limit::LifetimeMs, Some(86_400_000))
+            .with(Limit::IdleMs, Some(3_600_000));
+        LimitPolicy::new(
+            defaults,
+            [4096, 4096, 4000, 10_240, 604_800_000, 86_400_000],
+        )
+        .expect("valid")
     }
 
     fn refused(body: Value) -> PlinthError {
@@ -377,7 +381,7 @@ mod tests {
     fn given_limits_replace_their_defaults_and_the_rest_stay() {
         let limits = policy()
             .resolve(Some(
-                &json!({"memory_mb": 2048, "cpu": 0.5, "disk_mb": 100, "idle_s": null}),
+                &json!({"memory_mb": 2048, "cpu": 0.5, "disk_mb": 100, "idle_ms": null}),
             ))
             .expect("valid");
         assert_eq!(
@@ -387,8 +391,8 @@ mod tests {
                 pids: Some(512),
                 cpu: Some(0.5),
                 disk_mb: Some(100),
-                lifetime_s: Some(86_400),
-                idle_s: Some(3_600),
+                lifetime_ms: Some(86_400_000),
+                idle_ms: Some(3_600_000),
             }
         );
         assert_eq!(
@@ -412,8 +416,12 @@ mod tests {
             (json!({"memory_mb": 0}), "memory_mb", json!(4096)),
             (json!({"pids": -3}), "pids", json!(4096)),
             (json!({"pids": 1.5}), "pids", json!(4096)),
-            (json!({"lifetime_s": "60"}), "lifetime_s", json!(604_800)),
-            (json!({"idle_s": true}), "idle_s", json!(86_400)),
+            (
+                json!({"lifetime_ms": "60"}),
+                "lifetime_ms",
+                json!(604_800_000),
+            ),
+            (json!({"idle_ms": true}), "idle_ms", json!(86_400_000)),
             (json!({"cpu": 4.5}), "cpu", json!(4.0)),
             (json!({"cpu": 0}), "cpu", json!(4.0)),
             (json!({"cpu": -1}), "cpu", json!(4.0)),
@@ -457,7 +465,7 @@ mod tests {
         );
         let error =
             LimitPolicy::new(SessionLimits::default(), [8192, 1, 1, 1, 0, 1]).expect_err("refused");
-        assert!(error.contains("sessions.max_lifetime_s"), "{error}");
+        assert!(error.contains("sessions.max_lifetime_ms"), "{error}");
         let zero = SessionLimits::default().with(Limit::Pids, Some(0));
         assert!(LimitPolicy::new(zero, [8192; 6]).is_err());
         assert_eq!(millicores(0.5), Some(500));
@@ -468,10 +476,10 @@ mod tests {
     fn limits_travel_as_zero_for_none() {
         let limits = SessionLimits::default()
             .with(Limit::Cpu, Some(250))
-            .with(Limit::IdleS, Some(30));
+            .with(Limit::IdleMs, Some(30));
         let wire = limits.to_catalog();
         assert_eq!(
-            (wire.cpu_millicores, wire.memory_mb, wire.idle_s),
+            (wire.cpu_millicores, wire.memory_mb, wire.idle_ms),
             (250, 0, 30)
         );
         assert_eq!(SessionLimits::from_catalog(Some(&wire)), limits);

@@ -1,8 +1,9 @@
 //! Cursor pagination, the same on every REST list: `?limit=` (default 100, at most 1000) and
 //! `?after=` (the `next` of the previous page, an opaque string), answered with `has_more`
 //! and `next`. Keyset cursors, not offsets, so a page never repeats or skips an item when
-//! others are created or deleted between requests. The catalog owns the cursors of the lists
-//! it stores; the gateway only checks the limit's range before anything is asked.
+//! others are created or deleted between requests. The catalog (and the source service, for
+//! an environment's files) owns the cursors of the lists it stores; the gateway only checks
+//! the limit's range before anything is asked.
 
 use axum::extract::Query;
 use axum::extract::rejection::QueryRejection;
@@ -112,49 +113,6 @@ pub fn slice_descending<T>(
     Ok((rest, next))
 }
 
-/// Slices a list the gateway holds whole and keyed by a unique string (a source tree, keyed by
-/// path) into a page, in byte order of the key: the items whose key is past the cursor's.
-/// Byte order, not the database's collation, so the order and the cursor agree on every
-/// backend.
-pub fn slice_by_name<T>(
-    mut items: Vec<T>,
-    page: &Page,
-    key: impl Fn(&T) -> &str,
-) -> Result<(Vec<T>, Option<String>), ApiError> {
-    use base64::Engine;
-    let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let refused = || {
-        ApiError::from(PlinthError::invalid(
-            "after: not a cursor this list handed out; pass the `next` of the previous page",
-        ))
-    };
-    let after: Option<String> = match page.after.as_str() {
-        "" => None,
-        text => {
-            let bytes = engine.decode(text).map_err(|_| refused())?;
-            let text = String::from_utf8(bytes).map_err(|_| refused())?;
-            Some(text.strip_prefix("n:").ok_or_else(refused)?.to_owned())
-        }
-    };
-    items.sort_by(|a, b| key(a).as_bytes().cmp(key(b).as_bytes()));
-    let mut rest: Vec<T> = match after {
-        None => items,
-        Some(after) => items
-            .into_iter()
-            .filter(|item| key(item).as_bytes() > after.as_bytes())
-            .collect(),
-    };
-    let limit = page.limit as usize;
-    let next = if rest.len() > limit {
-        rest.truncate(limit);
-        rest.last()
-            .map(|last| engine.encode(format!("n:{}", key(last))))
-    } else {
-        None
-    };
-    Ok((rest, next))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,20 +139,6 @@ mod tests {
             }
         }
         assert_eq!(seen, versions);
-
-        let paths = vec!["b/c", "a", "b", "é", "B"];
-        let mut seen = Vec::new();
-        let mut after = String::new();
-        loop {
-            let (items, next) =
-                slice_by_name(paths.clone(), &page(2, &after), |p| p).expect("page");
-            seen.extend(items);
-            match next {
-                Some(next) => after = next,
-                None => break,
-            }
-        }
-        assert_eq!(seen, vec!["B", "a", "b", "b/c", "é"]);
     }
 
     #[test]
@@ -202,6 +146,5 @@ mod tests {
         for forged in ["%%%", "bm9wZQ", "azpub3QtYS1udW1iZXI"] {
             assert!(slice_descending(vec![1u64], &page(1, forged), |v| *v).is_err());
         }
-        assert!(slice_by_name(vec!["a"], &page(1, "azox"), |p| p).is_err());
     }
 }

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::Json;
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -31,6 +32,7 @@ use crate::conditional::ReadAnswer;
 use crate::error::{ApiError, ErrorBody};
 use crate::json::JsonBody;
 use crate::limits::{LimitsBody, LimitsRequest, SessionLimits};
+use crate::paging::{Page, PageQuery};
 
 /// The session and task routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -153,9 +155,9 @@ impl LiveSessions {
         let session = inner.sessions.get(&key)?;
         let lifetime_ms = session
             .limits
-            .map(|limits| limits.lifetime_s)
-            .filter(|&seconds| seconds > 0)
-            .and_then(|seconds| i64::try_from(seconds.saturating_mul(1000)).ok());
+            .map(|limits| limits.lifetime_ms)
+            .filter(|&ms| ms > 0)
+            .and_then(|ms| i64::try_from(ms).ok());
         if let Some(lifetime_ms) = lifetime_ms
             && plinth_kit::clock::now_ms() >= session.created_at_ms.saturating_add(lifetime_ms)
         {
@@ -232,8 +234,8 @@ pub struct SessionBody {
     pub harness_id: Option<String>,
     /// Turns recorded so far.
     pub turns: u64,
-    /// What it may use: every limit, `null` when it has none. Past `lifetime_s` since its
-    /// creation, or `idle_s` without an exec or file call, it is ended.
+    /// What it may use: every limit, `null` when it has none. Past `lifetime_ms` since its
+    /// creation, or `idle_ms` without an exec or file call, it is ended.
     pub limits: LimitsBody,
     /// Milliseconds since the Unix epoch.
     #[serde(rename = "createdAt")]
@@ -981,19 +983,25 @@ pub struct TurnBody {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct TurnList {
     /// Always `list`.
+    #[schema(example = "list")]
     pub object: &'static str,
     /// Oldest first.
     pub data: Vec<TurnBody>,
+    /// Whether more turns follow this page.
+    pub has_more: bool,
+    /// Pass as `after` for the next page; `null` on the last page.
+    pub next: Option<String>,
 }
 
-/// Every exec and file call of a session, with the version each read.
+/// One page of a session's exec and file calls, oldest first, with the version each read.
 #[utoipa::path(
     get,
     path = "/v1/sessions/{id}/turns",
     tag = "sessions",
-    params(("id" = String, Path, description = "The session's id")),
+    params(("id" = String, Path, description = "The session's id"), PageQuery),
     responses(
-        (status = 200, description = "The turns", body = TurnList),
+        (status = 200, description = "One page of the turns", body = TurnList),
+        (status = 400, description = "environment_invalid: a limit outside 1–1000, or an `after` this list did not hand out", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "not_found", body = ErrorBody),
     ),
@@ -1003,19 +1011,25 @@ async fn list_turns(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<Json<TurnList>, ApiError> {
+    let page = Page::from_query(query)?;
     let turns = state
         .sessions()
         .list_turns(pb::ListTurnsRequest {
             scope: caller.scope,
             id,
+            limit: page.limit,
+            after: page.after,
         })
         .await?
-        .into_inner()
-        .turns;
+        .into_inner();
     Ok(Json(TurnList {
         object: "list",
+        has_more: turns.has_more,
+        next: turns.has_more.then_some(turns.next),
         data: turns
+            .turns
             .into_iter()
             .map(|turn| TurnBody {
                 sequence: turn.sequence,

@@ -327,7 +327,7 @@ async fn a_rotation_without_grace_revokes_the_old_credential_at_once() {
     let id = brain["id"].as_str().expect("id").to_owned();
     let old = brain["token"].as_str().expect("token").to_owned();
     assert_eq!(brain_status(&server, &id, &old, 1).await, 200);
-    let (status, rotated) = rotate(&server, &id, json!({"grace_seconds": 0})).await;
+    let (status, rotated) = rotate(&server, &id, json!({"grace_ms": 0})).await;
     assert_eq!(status, 200, "{rotated}");
     assert_eq!(
         rotated["previousCredentialExpiresAt"],
@@ -339,7 +339,7 @@ async fn a_rotation_without_grace_revokes_the_old_credential_at_once() {
     assert_eq!(brain_status(&server, &id, &new, 2).await, 200);
 
     // With a grace, both work until it ends, then only the new one.
-    let (status, graced) = rotate(&server, &id, json!({"grace_seconds": 2})).await;
+    let (status, graced) = rotate(&server, &id, json!({"grace_ms": 2_000})).await;
     assert_eq!(status, 200, "{graced}");
     let newest = graced["token"].as_str().expect("token").to_owned();
     let rotated_at = graced["rotatedAt"].as_i64().expect("rotatedAt");
@@ -385,7 +385,7 @@ async fn a_rotation_without_grace_revokes_the_old_credential_at_once() {
     let (status, rotated) = rotate(
         &server,
         &novo_id,
-        json!({"secret": "env_secret_after_0123456789", "grace_seconds": 0}),
+        json!({"secret": "env_secret_after_0123456789", "grace_ms": 0}),
     )
     .await;
     assert_eq!(status, 200, "{rotated}");
@@ -394,10 +394,10 @@ async fn a_rotation_without_grace_revokes_the_old_credential_at_once() {
 
     // The grace is checked; a refused rotation changes nothing.
     for bad in [
-        json!({"grace_seconds": -1}),
-        json!({"grace_seconds": 1.5}),
-        json!({"grace_seconds": "60"}),
-        json!({"grace_seconds": 604_801}),
+        json!({"grace_ms": -1}),
+        json!({"grace_ms": 1.5}),
+        json!({"grace_ms": "60000"}),
+        json!({"grace_ms": 604_800_001}),
         json!({"grace": 60}),
     ] {
         let (status, body) = rotate(&server, &novo_id, bad.clone()).await;
@@ -405,8 +405,8 @@ async fn a_rotation_without_grace_revokes_the_old_credential_at_once() {
         let message = body["error"]["message"].as_str().expect("message");
         assert!(message.contains("grace"), "{bad}: {message}");
     }
-    let (_, body) = rotate(&server, &novo_id, json!({"grace_seconds": 604_801})).await;
-    assert_eq!(body["error"]["detail"]["max"], 604_800, "{body}");
+    let (_, body) = rotate(&server, &novo_id, json!({"grace_ms": 604_800_001})).await;
+    assert_eq!(body["error"]["detail"]["max"], 604_800_000u64, "{body}");
     assert!(novo_accepts(&server, &novo_id, "env_secret_after_0123456789").await);
     server.stop().await;
 }

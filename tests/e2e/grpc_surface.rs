@@ -301,6 +301,7 @@ async fn a_node_credential_acts_only_for_its_own_node() {
     let refused = as_intruder
         .list_node_sessions(pb::ListNodeSessionsRequest {
             node_id: before.node_id.clone(),
+            ..Default::default()
         })
         .await
         .expect_err("another node's sessions");
@@ -338,6 +339,7 @@ async fn a_node_credential_acts_only_for_its_own_node() {
     )
     .list_node_sessions(pb::ListNodeSessionsRequest {
         node_id: before.node_id.clone(),
+        ..Default::default()
     })
     .await
     .expect("listed")

@@ -91,8 +91,12 @@ async fn limits_past_their_maximum_zero_mistyped_or_unknown_are_refused_naming_t
         (json!({"cpu": 0}), "cpu", json!(2.5)),
         (json!({"pids": 4097}), "pids", json!(4096)),
         (json!({"disk_mb": 10241}), "disk_mb", json!(10240)),
-        (json!({"lifetime_s": 604_801}), "lifetime_s", json!(604_800)),
-        (json!({"idle_s": false}), "idle_s", json!(86_400)),
+        (
+            json!({"lifetime_ms": 604_800_001}),
+            "lifetime_ms",
+            json!(604_800_000),
+        ),
+        (json!({"idle_ms": false}), "idle_ms", json!(86_400_000)),
     ] {
         let (status, refused) = send(
             server
@@ -137,8 +141,8 @@ async fn limits_past_their_maximum_zero_mistyped_or_unknown_are_refused_naming_t
         "pids",
         "cpu",
         "disk_mb",
-        "lifetime_s",
-        "idle_s",
+        "lifetime_ms",
+        "idle_ms",
     ] {
         assert!(
             schemas["LimitsRequest"]["properties"][limit].is_object(),
@@ -165,12 +169,12 @@ async fn a_session_reports_the_limits_it_asked_for_and_the_defaults_fill_the_res
 
     let session = crate::helpers::start_session_with(
         &server,
-        json!({ "environment": environment, "limits": {"memory_mb": 2048, "cpu": 0.5, "idle_s": null} }),
+        json!({ "environment": environment, "limits": {"memory_mb": 2048, "cpu": 0.5, "idle_ms": null} }),
     )
     .await;
     let expected = json!({
         "memory_mb": 2048, "pids": 256, "cpu": 0.5, "disk_mb": 512,
-        "lifetime_s": 86_400, "idle_s": 3_600,
+        "lifetime_ms": 86_400_000, "idle_ms": 3_600_000,
     });
     assert_eq!(session["limits"], expected, "{session}");
     let id = session["id"].as_str().expect("id");
@@ -185,7 +189,7 @@ async fn a_session_reports_the_limits_it_asked_for_and_the_defaults_fill_the_res
         record["limits"],
         json!({
             "memory_mb": 2048, "pids": 256, "cpu_millicores": 500, "disk_mb": 512,
-            "lifetime_s": 86_400, "idle_s": 3_600,
+            "lifetime_ms": 86_400_000, "idle_ms": 3_600_000,
         }),
         "{record}"
     );
@@ -203,7 +207,7 @@ async fn a_session_reports_the_limits_it_asked_for_and_the_defaults_fill_the_res
         task["session"]["limits"],
         json!({
             "memory_mb": 1024, "pids": 256, "cpu": 1.0, "disk_mb": 512,
-            "lifetime_s": 86_400, "idle_s": 3_600,
+            "lifetime_ms": 86_400_000, "idle_ms": 3_600_000,
         }),
         "{task}"
     );
@@ -242,10 +246,10 @@ async fn a_session_past_its_lifetime_is_ended_and_its_working_directory_removed(
     let environment = crate::helpers::built_environment(&server, "Short Lived", BUILD_LIMIT).await;
     let session = crate::helpers::start_session_with(
         &server,
-        json!({ "environment": environment, "limits": {"lifetime_s": 3} }),
+        json!({ "environment": environment, "limits": {"lifetime_ms": 3_000} }),
     )
     .await;
-    assert_eq!(session["limits"]["lifetime_s"], 3);
+    assert_eq!(session["limits"]["lifetime_ms"], 3_000);
     let id = session["id"].as_str().expect("id");
     // Calls keep a session from idling, not from reaching its lifetime.
     let (status, ran) = exec(&server, id).await;
@@ -273,7 +277,7 @@ async fn a_session_without_a_call_for_its_idle_time_is_ended() {
     let environment = crate::helpers::built_environment(&server, "Idle Studio", BUILD_LIMIT).await;
     let session = crate::helpers::start_session_with(
         &server,
-        json!({ "environment": environment, "limits": {"idle_s": 2} }),
+        json!({ "environment": environment, "limits": {"idle_ms": 2_000} }),
     )
     .await;
     let id = session["id"].as_str().expect("id");
@@ -281,6 +285,6 @@ async fn a_session_without_a_call_for_its_idle_time_is_ended() {
 
     let ended = wait_until_ended(&server, id).await;
     assert!(ended["endedAt"].as_i64().is_some(), "{ended}");
-    assert_eq!(ended["limits"]["idle_s"], 2);
+    assert_eq!(ended["limits"]["idle_ms"], 2_000);
     assert_gone(&server, id).await;
 }

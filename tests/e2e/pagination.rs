@@ -1,7 +1,8 @@
 //! Every list answers in pages: `?limit=` (default 100, at most 1000) and `?after=` (the
 //! previous page's `next`) over REST, `limit`/`after` → `has_more`/`next` over gRPC. A scope
 //! with more environments than one 4 MiB gRPC message holds (about 1,500 did not fit) is
-//! listed whole, each environment once, in order.
+//! listed whole, each environment once, in order; a session's turns and an environment's files
+//! page the same way, the files through the source service itself.
 
 use std::collections::HashSet;
 
@@ -286,5 +287,296 @@ async fn harnesses_files_and_versions_are_paged_too() {
     )
     .await;
     assert_error(status, &body, 400, "environment_invalid");
+    server.stop().await;
+}
+
+/// Reads every page of a REST list from `list` (which has no query yet) at `limit` items a
+/// page, following `next`: the items in the order seen, and how many pages there were.
+async fn every_rest_page(server: &Server, list: &str, limit: u32) -> (Vec<Value>, usize) {
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    let mut path = format!("{list}?limit={limit}");
+    loop {
+        let (status, body) = get(server, &path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        pages += 1;
+        let data = body["data"].as_array().expect("data");
+        assert!(data.len() <= limit as usize, "{path}: {body}");
+        seen.extend(data.iter().cloned());
+        let has_more = body["has_more"].as_bool().expect("has_more");
+        assert_eq!(has_more, !body["next"].is_null(), "{path}: {body}");
+        if !has_more {
+            break;
+        }
+        let next = body["next"].as_str().expect("next");
+        path = format!("{list}?limit={limit}&after={next}");
+    }
+    (seen, pages)
+}
+
+/// A session's turns page over REST and gRPC: 30 turns in pages of 7, every turn once, in
+/// order; a cursor from another session's turns is refused.
+#[tokio::test]
+async fn a_sessions_turns_are_paged_over_rest_and_grpc() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start().await;
+    let environment = crate::helpers::built_environment(
+        &server,
+        "Turned Pages",
+        std::time::Duration::from_secs(60),
+    )
+    .await;
+    let session =
+        crate::helpers::start_session_with(&server, json!({ "environment": environment })).await;
+    let id = session["id"].as_str().expect("id").to_owned();
+    let other =
+        crate::helpers::start_session_with(&server, json!({ "environment": environment })).await;
+    let other = other["id"].as_str().expect("id").to_owned();
+    for n in 1..=30 {
+        let (status, ran) = send(
+            server
+                .client
+                .post(server.url(&format!("/v1/sessions/{id}/exec")))
+                .json(&json!({ "command": format!("echo {n}") })),
+        )
+        .await;
+        assert_eq!(status, 200, "{ran}");
+    }
+    let (status, ran) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/sessions/{other}/exec")))
+            .json(&json!({ "command": "true" })),
+    )
+    .await;
+    assert_eq!(status, 200, "{ran}");
+
+    let turns_of = format!("/v1/sessions/{id}/turns");
+    let (turns, pages) = every_rest_page(&server, &turns_of, 7).await;
+    assert_eq!(pages, 5, "30 turns in pages of 7");
+    assert_eq!(
+        turns
+            .iter()
+            .map(|turn| turn["sequence"].as_u64().expect("sequence"))
+            .collect::<Vec<_>>(),
+        (1..=30).collect::<Vec<_>>(),
+        "every turn once, oldest first"
+    );
+    for (n, turn) in turns.iter().enumerate() {
+        assert_eq!(turn["detail"], format!("echo {}", n + 1), "{turn}");
+    }
+    let (status, whole) = get(&server, &turns_of).await;
+    assert_eq!(status, 200);
+    assert_eq!(whole["data"].as_array().map(Vec::len), Some(30));
+    assert_eq!(whole["has_more"], false, "the default page holds them all");
+
+    // A cursor this list did not hand out: another session's, forged, or a limit out of range.
+    let (_, first) = get(&server, &format!("{turns_of}?limit=1")).await;
+    let cursor = first["next"].as_str().expect("next").to_owned();
+    for path in [
+        format!("/v1/sessions/{other}/turns?after={cursor}"),
+        format!("{turns_of}?after=bm90LWEtY3Vyc29y"),
+        format!("{turns_of}?limit=0"),
+        format!("{turns_of}?limit=1001"),
+    ] {
+        let (status, body) = get(&server, &path).await;
+        assert_error(status, &body, 400, "environment_invalid");
+    }
+    let (status, body) = get(&server, &format!("{turns_of}?offset=3")).await;
+    assert_error(status, &body, 400, "environment_invalid");
+
+    // gRPC, as the gateway asks.
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", server.catalog_addr()))
+            .expect("url")
+            .connect_lazy();
+    let mut sessions = pb::session_service_client::SessionServiceClient::with_interceptor(
+        channel,
+        server.interceptor(Role::Gateway),
+    );
+    let mut request = pb::ListTurnsRequest {
+        scope: "default".into(),
+        id: id.clone(),
+        limit: 7,
+        after: String::new(),
+    };
+    let mut sequences = Vec::new();
+    loop {
+        let page = sessions
+            .list_turns(request.clone())
+            .await
+            .expect("page")
+            .into_inner();
+        assert!(page.turns.len() <= 7);
+        sequences.extend(page.turns.iter().map(|turn| turn.sequence));
+        if !page.has_more {
+            assert!(page.next.is_empty());
+            break;
+        }
+        request.after = page.next;
+    }
+    assert_eq!(sequences, (1..=30).collect::<Vec<_>>());
+    let refused = sessions
+        .list_turns(pb::ListTurnsRequest {
+            scope: "default".into(),
+            id: other,
+            limit: 7,
+            after: cursor,
+        })
+        .await
+        .expect_err("another session's cursor");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    server.stop().await;
+}
+
+/// An environment's files page through the source service itself: every file and directory
+/// once, in byte order of their paths, and a directory's size counts every file beneath it,
+/// those on later pages too.
+#[tokio::test]
+async fn a_source_tree_is_paged_by_the_source_service() {
+    let server = Server::start_with(&["--builders", "0"]).await;
+    let id = crate::helpers::create_environment(&server, "Paged Tree").await;
+    let mut files = std::collections::BTreeMap::new();
+    for n in 0..12 {
+        files.insert(format!("src/module_{n:02}.py"), vec![b'x'; n + 1]);
+        files.insert(format!("Docs/page {n}.md"), b"# page\n".to_vec());
+    }
+    files.insert("run.py".to_owned(), b"print('hi')\n".to_vec());
+    files.insert("é.txt".to_owned(), b"accent".to_vec());
+    let (status, report) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/environments/{id}/import")))
+            .body(crate::helpers::tar_of(&files)),
+    )
+    .await;
+    assert_eq!(status, 200, "{report}");
+
+    let (entries, pages) =
+        every_rest_page(&server, &format!("/v1/environments/{id}/files"), 7).await;
+    let mut expected: Vec<String> = files.keys().cloned().collect();
+    expected.extend(["Docs".to_owned(), "src".to_owned()]);
+    expected.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    let paths: Vec<String> = entries
+        .iter()
+        .map(|entry| entry["path"].as_str().expect("path").to_owned())
+        .collect();
+    assert_eq!(paths, expected, "every entry once, in byte order");
+    assert_eq!(pages, expected.len().div_ceil(7));
+    let src = entries
+        .iter()
+        .find(|entry| entry["path"] == "src")
+        .expect("src listed");
+    assert_eq!(src["size"], (1..=12).sum::<u64>(), "{src}");
+
+    // Over gRPC the same pages; a cursor the tree never gave is refused.
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", server.source_addr()))
+            .expect("url")
+            .connect_lazy();
+    let mut source =
+        plinth_proto::source::v1::source_service_client::SourceServiceClient::with_interceptor(
+            channel,
+            server.interceptor(Role::Gateway),
+        );
+    let mut request = plinth_proto::source::v1::ListTreeRequest {
+        environment_id: id.clone(),
+        limit: 7,
+        after: String::new(),
+    };
+    let mut grpc_paths = Vec::new();
+    loop {
+        let page = source
+            .list_tree(request.clone())
+            .await
+            .expect("page")
+            .into_inner();
+        assert!(page.entries.len() <= 7);
+        grpc_paths.extend(page.entries.into_iter().map(|entry| entry.path));
+        if !page.has_more {
+            break;
+        }
+        request.after = page.next;
+    }
+    assert_eq!(grpc_paths, expected);
+    for (limit, after) in [(1001, ""), (7, "bm90LWEtY3Vyc29y")] {
+        let refused = source
+            .list_tree(plinth_proto::source::v1::ListTreeRequest {
+                environment_id: id.clone(),
+                limit,
+                after: after.to_owned(),
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(
+            refused.code(),
+            tonic::Code::InvalidArgument,
+            "{limit} {after}"
+        );
+    }
+    server.stop().await;
+}
+
+/// Every REST list the API document describes (a `GET` answering `{object, data: [...]}`)
+/// takes `limit` and `after` and answers `has_more` and `next`: a list added without paging
+/// fails here.
+#[tokio::test]
+async fn every_rest_list_in_the_api_document_is_paged() {
+    let server = Server::start_with(&["--builders", "0"]).await;
+    let (status, doc) = get(&server, "/openapi.json").await;
+    assert_eq!(status, 200);
+    let schemas = &doc["components"]["schemas"];
+    let mut lists = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        let Some(operation) = item.get("get") else {
+            continue;
+        };
+        let reference =
+            operation["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+                .as_str()
+                .unwrap_or_default();
+        let Some(name) = reference.strip_prefix("#/components/schemas/") else {
+            continue;
+        };
+        let properties = &schemas[name]["properties"];
+        if properties["data"]["type"] != "array" || properties["object"].is_null() {
+            continue;
+        }
+        lists.push(path.clone());
+        for answered in ["has_more", "next"] {
+            assert!(
+                properties[answered].is_object(),
+                "{path}: {name} lacks {answered}"
+            );
+        }
+        let parameters: Vec<&str> = operation["parameters"]
+            .as_array()
+            .map(|parameters| {
+                parameters
+                    .iter()
+                    .filter(|p| p["in"] == "query")
+                    .filter_map(|p| p["name"].as_str())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for taken in ["limit", "after"] {
+            assert!(parameters.contains(&taken), "{path} does not take {taken}");
+        }
+    }
+    for expected in [
+        "/v1/environments",
+        "/v1/harnesses",
+        "/v1/environments/{id}/harnesses",
+        "/v1/environments/{id}/files",
+        "/v1/environments/{id}/versions",
+        "/v1/sessions/{id}/turns",
+    ] {
+        assert!(
+            lists.iter().any(|path| path == expected),
+            "{expected} not found among {lists:?}"
+        );
+    }
     server.stop().await;
 }

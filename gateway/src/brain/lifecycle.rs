@@ -15,6 +15,9 @@ use super::Context;
 use super::receipt::{self, Failure, Receipt, codes};
 use crate::sessions;
 
+/// Sessions asked for in one page of an owner's sessions: the catalog's most.
+const OWNED_PAGE: u32 = 1000;
+
 /// What an Environment's configuration may ask of Plinth; every other key is kept unread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Configuration {
@@ -465,19 +468,30 @@ pub async fn teardown(context: &Context) -> Receipt {
         }
     }
     // By owner, not by the binding's pointer: this finds a session made just before a crash,
-    // and every disposable session a release could not end.
-    let owned = context
-        .state
-        .sessions()
-        .list_owned_sessions(pb::ListOwnedSessionsRequest {
-            scope: context.scope().to_owned(),
-            owner: owner(&context.binding),
-        })
-        .await;
-    let owned = match owned {
-        Ok(owned) => owned.into_inner().sessions,
-        Err(status) => return receipt::from_error(&PlinthError::from_status(&status)).into(),
-    };
+    // and every disposable session a release could not end, however many pages they fill.
+    let mut owned = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page = context
+            .state
+            .sessions()
+            .list_owned_sessions(pb::ListOwnedSessionsRequest {
+                scope: context.scope().to_owned(),
+                owner: owner(&context.binding),
+                limit: OWNED_PAGE,
+                after,
+            })
+            .await;
+        let page = match page {
+            Ok(page) => page.into_inner(),
+            Err(status) => return receipt::from_error(&PlinthError::from_status(&status)).into(),
+        };
+        owned.extend(page.sessions);
+        if !page.has_more || page.next.is_empty() {
+            break;
+        }
+        after = page.next;
+    }
     let mut ended = Vec::new();
     for session in owned {
         ended.push(end(context, &session.id).await);

@@ -161,8 +161,8 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             .await
             .map_err(|error| store_error(error, &request.id, ""))?;
         let credential = Credential::new(existing.protocol, &request.secret)?;
-        let grace = match request.grace_seconds {
-            Some(seconds) => rotation_grace(seconds)?,
+        let grace = match request.grace_ms {
+            Some(ms) => rotation_grace(ms)?,
             None => self.grace,
         };
         let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);

@@ -75,20 +75,20 @@ pub struct Adapter {
     pub callback_origins: Vec<String>,
 }
 
-/// Longest grace a rotation may give the credential it replaces: a week. Past that a
-/// credential meant to be replaced would in effect stay.
-pub const MAX_GRACE_SECONDS: u64 = 7 * 24 * 60 * 60;
+/// Longest grace a rotation may give the credential it replaces, in milliseconds: a week.
+/// Past that a credential meant to be replaced would in effect stay.
+pub const MAX_GRACE_MS: u64 = 7 * 24 * 60 * 60 * 1000;
 
-/// The grace a rotation asked for, checked: 0 (the old credential is refused at once) to
-/// [`MAX_GRACE_SECONDS`].
-pub fn rotation_grace(seconds: u64) -> Result<std::time::Duration, PlinthError> {
-    if seconds > MAX_GRACE_SECONDS {
+/// The grace a rotation asked for, in milliseconds, checked: 0 (the old credential is
+/// refused at once) to [`MAX_GRACE_MS`].
+pub fn rotation_grace(ms: u64) -> Result<std::time::Duration, PlinthError> {
+    if ms > MAX_GRACE_MS {
         return Err(PlinthError::invalid(format!(
-            "grace_seconds: {seconds} is more than its maximum; it must be from 0 (refuse the old credential at once) to {MAX_GRACE_SECONDS} (a week)"
+            "grace_ms: {ms} is more than its maximum; it must be from 0 (refuse the old credential at once) to {MAX_GRACE_MS} (a week)"
         ))
-        .with_detail(serde_json::json!({ "max": MAX_GRACE_SECONDS })));
+        .with_detail(serde_json::json!({ "max": MAX_GRACE_MS })));
     }
-    Ok(std::time::Duration::from_secs(seconds))
+    Ok(std::time::Duration::from_millis(ms))
 }
 
 /// Shortest secret a caller may choose.

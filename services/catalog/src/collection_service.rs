@@ -10,8 +10,8 @@ use tonic::{Request, Response, Status};
 use crate::model::LeaseToken;
 use crate::persistence::{CollectionRoots, Store, StoreError};
 
-/// The longest fence a collection round may raise.
-pub const MAX_FENCE_SECONDS: u32 = 600;
+/// The longest fence a collection round may raise, in milliseconds (ten minutes).
+pub const MAX_FENCE_MS: u32 = 600_000;
 
 /// Most digests one `HoldBlobs` call may name (a call is then well under 4 MiB).
 pub const MAX_HOLDS_PER_CALL: usize = 20_000;
@@ -97,16 +97,16 @@ impl pb::collection_service_server::CollectionService for Collection {
         &self,
         request: Request<pb::BeginCollectionRequest>,
     ) -> Result<Response<pb::CollectionRoots>, Status> {
-        let seconds = request.get_ref().fence_seconds;
-        if seconds > MAX_FENCE_SECONDS {
+        let fence_ms = request.get_ref().fence_ms;
+        if fence_ms > MAX_FENCE_MS {
             return Err(PlinthError::invalid(format!(
-                "fence_seconds is {seconds}; give at most {MAX_FENCE_SECONDS}"
+                "fence_ms is {fence_ms}; give at most {MAX_FENCE_MS}"
             ))
             .into());
         }
         let roots = self
             .store
-            .begin_collection(i64::from(seconds) * 1000)
+            .begin_collection(i64::from(fence_ms))
             .await
             .map_err(store_error)?;
         Ok(Response::new(roots.into()))

@@ -47,7 +47,7 @@ use plinth_proto::catalog::v1::quota_service_server::QuotaServiceServer;
 use plinth_proto::catalog::v1::session_service_server::SessionServiceServer;
 use tokio::net::TcpListener;
 
-pub use collection_service::MAX_FENCE_SECONDS;
+pub use collection_service::MAX_FENCE_MS;
 pub use persistence::{
     AdapterCredentials, CollectionRoots, LeasePolicy, NewSession, NewTask, RetentionPolicy,
     Retired, Store, StoreError,

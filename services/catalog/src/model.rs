@@ -575,13 +575,16 @@ pub const DEFAULT_PAGE_ITEMS: u32 = 100;
 /// gRPC message.
 pub const MAX_PAGE_ITEMS: u32 = 1000;
 
-/// Where a listing resumes: just past the item with this sort key (creation time, then id).
+/// Where a listing resumes: just past the item with this sort key (a number, then an id).
 /// Clients see it only as an opaque string, so the sort key can change without breaking them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
-    /// The last item's creation time.
-    pub created_at_ms: i64,
-    /// The last item's id, which breaks ties between items created in the same millisecond.
+    /// The last item's sort key: its creation time in ms (environments, harnesses, sessions)
+    /// or its sequence (a session's turns).
+    pub key: i64,
+    /// The last item's id, which breaks ties between items created in the same millisecond;
+    /// for turns, `turns_` and their session's id, so a cursor from another session's turns
+    /// (or from a list of sessions) is refused.
     pub id: String,
 }
 
@@ -589,8 +592,7 @@ impl Cursor {
     /// The string a client hands back as `after`.
     pub fn encode(&self) -> String {
         use base64::Engine;
-        base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .encode(format!("{}:{}", self.created_at_ms, self.id))
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{}:{}", self.key, self.id))
     }
 
     /// Reads a cursor this catalog handed out; anything else is `environment_invalid`, since
@@ -607,7 +609,7 @@ impl Cursor {
             .map_err(|_| refused())?;
         let text = String::from_utf8(bytes).map_err(|_| refused())?;
         let (at, id) = text.split_once(':').ok_or_else(refused)?;
-        let created_at_ms = at.parse().map_err(|_| refused())?;
+        let key = at.parse().map_err(|_| refused())?;
         if id.is_empty()
             || id.len() > 64
             || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
@@ -615,7 +617,7 @@ impl Cursor {
             return Err(refused());
         }
         Ok(Cursor {
-            created_at_ms,
+            key,
             id: id.to_owned(),
         })
     }
@@ -658,6 +660,14 @@ impl PageRequest {
         };
         Ok(PageRequest { limit, after })
     }
+}
+
+/// The refusal of a cursor that decodes but that this list did not hand out (another list's,
+/// or another session's turns').
+pub fn foreign_cursor() -> PlinthError {
+    PlinthError::invalid(
+        "after: not a cursor this list handed out; pass the `next` of the previous page",
+    )
 }
 
 /// One page of a listing.

@@ -111,6 +111,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "clean_builds_and_toolchains",
                 include_str!("../migrations/common/0015_clean_builds_and_toolchains.sql"),
             ),
+            (
+                16,
+                "limits_in_ms_and_session_pages",
+                include_str!("../migrations/common/0016_limits_in_ms_and_session_pages.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -188,6 +193,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "clean_builds_and_toolchains",
                 include_str!("../migrations/common/0015_clean_builds_and_toolchains.sql"),
             ),
+            (
+                16,
+                "limits_in_ms_and_session_pages",
+                include_str!("../migrations/common/0016_limits_in_ms_and_session_pages.sql"),
+            ),
         ],
     }
 }
@@ -219,6 +229,10 @@ pub enum StoreError {
     /// No node agent has heartbeated recently enough to be given a session.
     #[error("no node agent is alive")]
     NoLiveNode,
+    /// A page was asked for after a cursor this list did not hand out (another list's, or
+    /// another session's turns').
+    #[error("not a cursor this list handed out")]
+    ForeignCursor,
     /// The builder's lease expired or was handed on; its write is refused.
     #[error("the lease expired or was handed to another builder")]
     LeaseLost,
@@ -304,6 +318,26 @@ impl Store {
             .migrate("_plinth_catalog_migrations", migrations(self.db.backend))
             .await?;
         self.seal_stored_credentials().await?;
+        Ok(())
+    }
+
+    /// Applies the migrations up to `version` only, then runs `statements`: a database as an
+    /// earlier release left it, for a test of what a later migration does to its rows.
+    #[cfg(feature = "testing")]
+    pub async fn migrate_up_to(&self, version: i64, statements: &[&str]) -> Result<(), StoreError> {
+        let files: Vec<MigrationFile> = migrations(self.db.backend)
+            .iter()
+            .copied()
+            .filter(|(at, _, _)| *at <= version)
+            .collect();
+        self.db
+            .migrate("_plinth_catalog_migrations", &files)
+            .await?;
+        for statement in statements {
+            sqlx::query(sqlx::AssertSqlSafe(*statement))
+                .execute(&self.db.writer)
+                .await?;
+        }
         Ok(())
     }
 
@@ -410,7 +444,7 @@ impl Store {
         let next = if environments.len() > limit {
             environments.truncate(limit);
             environments.last().map(|last| Cursor {
-                created_at_ms: last.created_at_ms,
+                key: last.created_at_ms,
                 id: last.id.as_str().to_owned(),
             })
         } else {
@@ -447,7 +481,7 @@ impl Store {
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(scope.as_str());
         if let Some(after) = after {
-            query = query.bind(after.created_at_ms).bind(after.id.as_str());
+            query = query.bind(after.key).bind(after.id.as_str());
         }
         let rows = query.fetch_all(&self.db.reader).await?;
         let mut environments = rows

@@ -478,10 +478,6 @@ fn toolchain(toolchain: &Toolchain) -> pb::Toolchain {
     }
 }
 
-fn seconds(ms: i64) -> i64 {
-    ms / 1000
-}
-
 impl From<Build> for pb::Build {
     fn from(build: Build) -> Self {
         pb::Build {
@@ -519,8 +515,8 @@ impl From<Environment> for pb::Environment {
             .map(|build| pb::VersionSummary {
                 version: build.version,
                 status: build_status(build.status).into(),
-                started_at: seconds(build.started_at_ms),
-                finished_at: seconds(build.finished_at_ms),
+                started_at_ms: build.started_at_ms,
+                finished_at_ms: build.finished_at_ms,
                 packages: u32::try_from(build.packages.len()).unwrap_or(u32::MAX),
                 toolchains: build.toolchains.iter().map(toolchain).collect(),
             })
@@ -528,8 +524,8 @@ impl From<Environment> for pb::Environment {
         let build = environment.builds.first().map(|build| pb::BuildSummary {
             version: build.version,
             status: build_status(build.status).into(),
-            started_at: seconds(build.started_at_ms),
-            finished_at: seconds(build.finished_at_ms),
+            started_at_ms: build.started_at_ms,
+            finished_at_ms: build.finished_at_ms,
             error: build.error.clone(),
         });
         pb::Environment {

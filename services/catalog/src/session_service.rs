@@ -7,7 +7,7 @@ use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::model::{EnvironmentId, Scope};
+use crate::model::{EnvironmentId, PageRequest, Scope, foreign_cursor};
 use crate::persistence::{NewSession, NewTask, Store, StoreError};
 use crate::sessions::{NodeId, Session, SessionId, SessionLimits, Task, Turn, TurnKind};
 
@@ -122,22 +122,29 @@ pub(crate) fn limits_from_wire(
         limits.pids,
         limits.cpu_millicores,
         limits.disk_mb,
-        limits.lifetime_s,
-        limits.idle_s,
+        limits.lifetime_ms,
+        limits.idle_ms,
     ])
     .map_err(|message| PlinthError::new(ErrorCode::InvalidRequest, message))
 }
 
 impl From<SessionLimits> for pb::SessionLimits {
     fn from(limits: SessionLimits) -> Self {
-        let [memory_mb, pids, cpu_millicores, disk_mb, lifetime_s, idle_s] = limits.to_wire();
+        let [
+            memory_mb,
+            pids,
+            cpu_millicores,
+            disk_mb,
+            lifetime_ms,
+            idle_ms,
+        ] = limits.to_wire();
         pb::SessionLimits {
             memory_mb,
             pids,
             cpu_millicores,
             disk_mb,
-            lifetime_s,
-            idle_s,
+            lifetime_ms,
+            idle_ms,
         }
     }
 }
@@ -177,6 +184,15 @@ fn placement_error(error: StoreError, environment: &str) -> PlinthError {
 fn session_error(error: StoreError, id: &str) -> PlinthError {
     match error {
         StoreError::NotFound => missing("session", id),
+        StoreError::ForeignCursor => foreign_cursor(),
+        other => PlinthError::internal(&other),
+    }
+}
+
+/// Errors reading a page of a list that needs no object to exist.
+fn page_error(error: StoreError) -> PlinthError {
+    match error {
+        StoreError::ForeignCursor => foreign_cursor(),
         other => PlinthError::internal(&other),
     }
 }
@@ -466,13 +482,16 @@ impl pb::session_service_server::SessionService for Sessions {
         let request = request.into_inner();
         let scope = Scope::parse(&request.scope)?;
         let id = session_id(&request.id)?;
-        let turns = self
+        let page = PageRequest::new(request.limit, &request.after)?;
+        let page = self
             .store
-            .list_turns(&scope, &id)
+            .list_turns(&scope, &id, &page)
             .await
             .map_err(|error| session_error(error, &request.id))?;
         Ok(Response::new(pb::ListTurnsResponse {
-            turns: turns.into_iter().map(Into::into).collect(),
+            turns: page.items.into_iter().map(Into::into).collect(),
+            has_more: page.next.is_some(),
+            next: page.next.map(|cursor| cursor.encode()).unwrap_or_default(),
         }))
     }
 
@@ -483,13 +502,17 @@ impl pb::session_service_server::SessionService for Sessions {
     ) -> Result<Response<pb::ListNodeSessionsResponse>, Status> {
         let node = node_id(&request.get_ref().node_id)?;
         self.check_node(Principal::of(&request), &node).await?;
-        let sessions = self
+        let request = request.into_inner();
+        let page = PageRequest::new(request.limit, &request.after)?;
+        let page = self
             .store
-            .node_sessions(&node)
+            .node_sessions(&node, &page)
             .await
-            .map_err(|error| PlinthError::internal(&error))?;
+            .map_err(page_error)?;
         Ok(Response::new(pb::ListNodeSessionsResponse {
-            sessions: sessions.into_iter().map(Into::into).collect(),
+            sessions: page.items.into_iter().map(Into::into).collect(),
+            has_more: page.next.is_some(),
+            next: page.next.map(|cursor| cursor.encode()).unwrap_or_default(),
         }))
     }
 
@@ -535,13 +558,16 @@ impl pb::session_service_server::SessionService for Sessions {
         if request.owner.is_empty() {
             return Err(PlinthError::invalid("owner: must not be empty").into());
         }
-        let sessions = self
+        let page = PageRequest::new(request.limit, &request.after)?;
+        let page = self
             .store
-            .owned_sessions(&scope, &request.owner)
+            .owned_sessions(&scope, &request.owner, &page)
             .await
-            .map_err(|error| PlinthError::internal(&error))?;
+            .map_err(page_error)?;
         Ok(Response::new(pb::ListOwnedSessionsResponse {
-            sessions: sessions.into_iter().map(Into::into).collect(),
+            sessions: page.items.into_iter().map(Into::into).collect(),
+            has_more: page.next.is_some(),
+            next: page.next.map(|cursor| cursor.encode()).unwrap_or_default(),
         }))
     }
 }

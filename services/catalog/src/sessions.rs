@@ -54,7 +54,7 @@ impl SessionStatus {
 pub const MAX_LIMIT_VALUE: u64 = 1 << 40;
 
 /// What a session may use; `None` is no limit. The gateway decides them (its configured
-/// defaults and maxima); the catalog stores them and acts on `lifetime_s` and `idle_s`.
+/// defaults and maxima); the catalog stores them and acts on `lifetime_ms` and `idle_ms`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SessionLimits {
     /// Memory, in MiB.
@@ -65,16 +65,23 @@ pub struct SessionLimits {
     pub cpu_millicores: Option<u64>,
     /// Disk used in the working directory, in MiB.
     pub disk_mb: Option<u64>,
-    /// Seconds from creation after which the session is ended.
-    pub lifetime_s: Option<u64>,
-    /// Seconds without a turn after which the session is ended.
-    pub idle_s: Option<u64>,
+    /// Milliseconds from creation after which the session is ended.
+    pub lifetime_ms: Option<u64>,
+    /// Milliseconds without a turn after which the session is ended.
+    pub idle_ms: Option<u64>,
 }
 
 impl SessionLimits {
     /// Reads limits as sent (0 is no limit), refusing values past [`MAX_LIMIT_VALUE`].
     pub fn from_wire(
-        [memory_mb, pids, cpu_millicores, disk_mb, lifetime_s, idle_s]: [u64; 6],
+        [
+            memory_mb,
+            pids,
+            cpu_millicores,
+            disk_mb,
+            lifetime_ms,
+            idle_ms,
+        ]: [u64; 6],
     ) -> Result<Self, String> {
         let value = |name: &str, value: u64| match value {
             0 => Ok(None),
@@ -88,8 +95,8 @@ impl SessionLimits {
             pids: value("pids", pids)?,
             cpu_millicores: value("cpu_millicores", cpu_millicores)?,
             disk_mb: value("disk_mb", disk_mb)?,
-            lifetime_s: value("lifetime_s", lifetime_s)?,
-            idle_s: value("idle_s", idle_s)?,
+            lifetime_ms: value("lifetime_ms", lifetime_ms)?,
+            idle_ms: value("idle_ms", idle_ms)?,
         })
     }
 
@@ -100,8 +107,8 @@ impl SessionLimits {
             self.pids,
             self.cpu_millicores,
             self.disk_mb,
-            self.lifetime_s,
-            self.idle_s,
+            self.lifetime_ms,
+            self.idle_ms,
         ]
         .map(|limit| limit.unwrap_or(0))
     }
@@ -110,14 +117,12 @@ impl SessionLimits {
     /// `active_at_ms` ends by these limits: the earlier of its lifetime's end and its idle
     /// time's end; `None` when it has neither limit.
     pub fn ends_at_ms(&self, created_at_ms: i64, active_at_ms: i64) -> Option<i64> {
-        let after = |from: i64, seconds: Option<u64>| {
-            seconds.map(|s| {
-                from.saturating_add(i64::try_from(s).unwrap_or(i64::MAX).saturating_mul(1000))
-            })
+        let after = |from: i64, limit_ms: Option<u64>| {
+            limit_ms.map(|ms| from.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX)))
         };
         match (
-            after(created_at_ms, self.lifetime_s),
-            after(active_at_ms, self.idle_s),
+            after(created_at_ms, self.lifetime_ms),
+            after(active_at_ms, self.idle_ms),
         ) {
             (Some(lifetime), Some(idle)) => Some(lifetime.min(idle)),
             (lifetime, idle) => lifetime.or(idle),
@@ -315,23 +320,26 @@ mod tests {
 
     #[test]
     fn a_session_ends_at_the_earlier_of_its_lifetime_and_its_idle_time() {
-        let limits = |lifetime_s, idle_s| SessionLimits {
-            lifetime_s,
-            idle_s,
+        let limits = |lifetime_ms, idle_ms| SessionLimits {
+            lifetime_ms,
+            idle_ms,
             ..SessionLimits::default()
         };
         assert_eq!(limits(None, None).ends_at_ms(1_000, 5_000), None);
         assert_eq!(
-            limits(Some(10), None).ends_at_ms(1_000, 5_000),
+            limits(Some(10_000), None).ends_at_ms(1_000, 5_000),
             Some(11_000)
         );
-        assert_eq!(limits(None, Some(2)).ends_at_ms(1_000, 5_000), Some(7_000));
         assert_eq!(
-            limits(Some(10), Some(2)).ends_at_ms(1_000, 5_000),
+            limits(None, Some(2_000)).ends_at_ms(1_000, 5_000),
             Some(7_000)
         );
         assert_eq!(
-            limits(Some(5), Some(2)).ends_at_ms(1_000, 5_000),
+            limits(Some(10_000), Some(2_000)).ends_at_ms(1_000, 5_000),
+            Some(7_000)
+        );
+        assert_eq!(
+            limits(Some(5_000), Some(2_000)).ends_at_ms(1_000, 5_000),
             Some(6_000)
         );
     }
@@ -343,7 +351,7 @@ mod tests {
         assert_eq!(limits.pids, None);
         assert_eq!(limits.to_wire(), [1024, 0, 500, 0, 60, 0]);
         let refused = SessionLimits::from_wire([0, 0, 0, 0, MAX_LIMIT_VALUE + 1, 0]);
-        assert!(refused.expect_err("too large").contains("lifetime_s"));
+        assert!(refused.expect_err("too large").contains("lifetime_ms"));
     }
 
     #[test]

@@ -67,8 +67,8 @@ pub enum ErrorCode {
     IdempotencyKeyReused,
     /// The first request with this idempotency key is still running.
     IdempotencyInProgress,
-    /// The caller sent more requests than its rate allows; `detail.retry_after_seconds` (and
-    /// the `Retry-After` header) say when to try again.
+    /// The caller sent more requests than its rate allows; `detail.retry_after_ms` (and the
+    /// `Retry-After` header, in whole seconds) say when to try again.
     RateLimited,
     /// The scope is at one of its quotas (environments, stored bytes, sessions, queued
     /// builds); `detail` is `{quota, limit, used}`.
@@ -328,7 +328,7 @@ impl PlinthError {
                     ErrorCode::Unavailable,
                     "a Plinth service this request needs did not answer; retry shortly",
                 )
-                .with_detail(serde_json::json!({ RETRY_AFTER_SECONDS: 1 }))
+                .with_detail(serde_json::json!({ RETRY_AFTER_MS: 1000 }))
             }
             tonic::Code::Unauthenticated => {
                 tracing::error!(
@@ -351,9 +351,10 @@ impl PlinthError {
     }
 }
 
-/// The `detail` key that says when to try again, in seconds; the HTTP answer carries it as
-/// `Retry-After` too.
-pub const RETRY_AFTER_SECONDS: &str = "retry_after_seconds";
+/// The `detail` key that says when to try again, in milliseconds like every duration in the
+/// API; the HTTP answer carries it as `Retry-After` too, rounded up to whole seconds as HTTP
+/// counts them.
+pub const RETRY_AFTER_MS: &str = "retry_after_ms";
 
 impl From<PlinthError> for tonic::Status {
     fn from(error: PlinthError) -> Self {
@@ -416,7 +417,7 @@ mod tests {
             assert_eq!(down.code.http_status(), 503);
             assert_eq!(
                 down.detail,
-                Some(serde_json::json!({ RETRY_AFTER_SECONDS: 1 })),
+                Some(serde_json::json!({ RETRY_AFTER_MS: 1000 })),
                 "{status:?}"
             );
         }

@@ -584,19 +584,8 @@ fn detach_ended(
 
 /// After a restart: sessions the catalog ended while the node was away are removed.
 async fn reconcile(catalog: &mut Catalog, node_id: &str, sessions: &SessionTable) {
-    match catalog
-        .list_node_sessions(catalog_pb::ListNodeSessionsRequest {
-            node_id: node_id.to_owned(),
-        })
-        .await
-    {
-        Ok(answer) => {
-            let live: HashSet<String> = answer
-                .into_inner()
-                .sessions
-                .into_iter()
-                .map(|session| session.id)
-                .collect();
+    match live_sessions(catalog, node_id).await {
+        Ok(live) => {
             let removed = sessions.retain(&live).await;
             if removed > 0 {
                 tracing::info!(removed, "removed sessions the catalog no longer has");
@@ -607,6 +596,34 @@ async fn reconcile(catalog: &mut Catalog, node_id: &str, sessions: &SessionTable
         }
     }
 }
+
+/// Every live session the catalog has placed on this node, read page by page: a node with
+/// more sessions than one page holds must not take the rest for ended and remove them.
+async fn live_sessions(
+    catalog: &mut Catalog,
+    node_id: &str,
+) -> Result<HashSet<String>, tonic::Status> {
+    let mut live = HashSet::new();
+    let mut after = String::new();
+    loop {
+        let page = catalog
+            .list_node_sessions(catalog_pb::ListNodeSessionsRequest {
+                node_id: node_id.to_owned(),
+                limit: LIST_PAGE,
+                after,
+            })
+            .await?
+            .into_inner();
+        live.extend(page.sessions.into_iter().map(|session| session.id));
+        if !page.has_more || page.next.is_empty() {
+            return Ok(live);
+        }
+        after = page.next;
+    }
+}
+
+/// Sessions asked for in one page when reconciling: the catalog's most.
+const LIST_PAGE: u32 = 1000;
 
 /// Every few seconds: evicts cached versions no live session uses and no environment has
 /// active, least recently used first, while the cache is over its cap.

@@ -241,8 +241,8 @@ pub(crate) fn limits_from_wire(limits: pb::Limits) -> SessionLimits {
         pids: limit(limits.pids),
         cpu_millicores: limit(limits.cpu_millicores),
         disk_mb: limit(limits.disk_mb),
-        lifetime_s: limit(limits.lifetime_s),
-        idle_s: limit(limits.idle_s),
+        lifetime_ms: limit(limits.lifetime_ms),
+        idle_ms: limit(limits.idle_ms),
     }
 }
 

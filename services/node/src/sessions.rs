@@ -43,8 +43,10 @@ pub struct SessionRecord {
 }
 
 /// A session's limits, as its record keeps them; `None` is no limit. The node records them
-/// when the session attaches; the catalog ends sessions past `lifetime_s` or `idle_s`, and the
-/// node detaches them when its heartbeat no longer lists them.
+/// when the session attaches; the catalog ends sessions past `lifetime_ms` or `idle_ms`, and the
+/// node detaches them when its heartbeat no longer lists them. The node never acts on those two
+/// itself, so a record written when they were kept in seconds (`lifetime_s`, `idle_s`) loads
+/// without them rather than with a wrong unit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SessionLimits {
@@ -56,10 +58,10 @@ pub struct SessionLimits {
     pub cpu_millicores: Option<u64>,
     /// Disk used in the working directory, in MiB.
     pub disk_mb: Option<u64>,
-    /// Seconds from creation after which the session ends.
-    pub lifetime_s: Option<u64>,
-    /// Seconds without a turn after which the session ends.
-    pub idle_s: Option<u64>,
+    /// Milliseconds from creation after which the session ends.
+    pub lifetime_ms: Option<u64>,
+    /// Milliseconds without a turn after which the session ends.
+    pub idle_ms: Option<u64>,
 }
 
 /// A session on this node.
@@ -547,8 +549,8 @@ mod tests {
             pids: Some(512),
             cpu_millicores: Some(500),
             disk_mb: None,
-            lifetime_s: Some(60),
-            idle_s: Some(30),
+            lifetime_ms: Some(60_000),
+            idle_ms: Some(30_000),
         };
         table
             .attach(

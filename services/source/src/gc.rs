@@ -41,7 +41,7 @@ use crate::persistence::{Index, IndexError, WorkId};
 pub const ROUND: usize = 1000;
 /// How long a round's fence stands unless lowered; a round deletes nothing past it (less a
 /// margin for clocks that disagree).
-pub const FENCE_SECONDS: u32 = 120;
+pub const FENCE_MS: u32 = 120_000;
 const FENCE_MARGIN_MS: i64 = 30_000;
 /// How long the pass lease lasts unless renewed (it is, every tenth of it, while the pass runs).
 const PASS_LEASE_MS: i64 = 10 * 60 * 1000;
@@ -112,8 +112,8 @@ pub struct CatalogRoots {
 /// The catalog, as a collector asks it (over gRPC in a service; through its database for
 /// `plinth gc`).
 pub trait Catalog: Send + Sync {
-    /// Raises its fence for `fence_seconds` (none for 0) and answers what it keeps.
-    fn begin(&self, fence_seconds: u32) -> BoxFuture<'_, Result<CatalogRoots, GcError>>;
+    /// Raises its fence for `fence_ms` milliseconds (none for 0) and answers what it keeps.
+    fn begin(&self, fence_ms: u32) -> BoxFuture<'_, Result<CatalogRoots, GcError>>;
     /// Lowers its fence.
     fn end(&self) -> BoxFuture<'_, Result<(), GcError>>;
 }
@@ -577,7 +577,7 @@ impl Pass<'_> {
         let fence_until = if self.dry_run {
             0
         } else {
-            let until = now_ms() + i64::from(FENCE_SECONDS) * 1000;
+            let until = now_ms() + i64::from(FENCE_MS);
             self.index.set_fence(until).await?;
             until
         };
@@ -608,7 +608,7 @@ impl Pass<'_> {
     ) -> Result<bool, GcError> {
         let roots = self
             .catalog
-            .begin(if self.dry_run { 0 } else { FENCE_SECONDS })
+            .begin(if self.dry_run { 0 } else { FENCE_MS })
             .await?;
         // Holds first, then what names blobs: work that commits in between has its blobs in
         // one or the other.
@@ -784,13 +784,11 @@ impl GrpcCatalog {
 }
 
 impl Catalog for GrpcCatalog {
-    fn begin(&self, fence_seconds: u32) -> BoxFuture<'_, Result<CatalogRoots, GcError>> {
+    fn begin(&self, fence_ms: u32) -> BoxFuture<'_, Result<CatalogRoots, GcError>> {
         let mut client = self.client.clone();
         Box::pin(async move {
             let roots = client
-                .begin_collection(plinth_proto::catalog::v1::BeginCollectionRequest {
-                    fence_seconds,
-                })
+                .begin_collection(plinth_proto::catalog::v1::BeginCollectionRequest { fence_ms })
                 .await
                 .map_err(|status| GcError::Catalog(status.message().to_owned()))?
                 .into_inner();

@@ -96,6 +96,83 @@ fn parse_path(path: &str) -> Result<SourcePath, PlinthError> {
     SourcePath::parse(path).map_err(|error| PlinthError::invalid(error.to_string()))
 }
 
+/// Entries a page of a tree holds when the caller names no limit.
+const DEFAULT_TREE_PAGE: u32 = 100;
+/// Most entries a page of a tree holds.
+const MAX_TREE_PAGE: u32 = 1000;
+
+/// Which page of a tree to answer: entries in byte order of their paths (not the database's
+/// collation, so the order and the cursor agree on every backend), after the path the cursor
+/// names. The cursor is that path, marked and wrapped so clients treat it as opaque.
+struct TreePage {
+    limit: usize,
+    after: Option<String>,
+}
+
+impl TreePage {
+    /// Checks a request as the catalog checks its lists: a limit of 0 means the default, more
+    /// than the maximum or a cursor this list did not hand out is `environment_invalid`.
+    fn new(limit: u32, after: &str) -> Result<Self, PlinthError> {
+        use base64::Engine;
+        let limit = match limit {
+            0 => DEFAULT_TREE_PAGE,
+            n if n > MAX_TREE_PAGE => {
+                return Err(PlinthError::invalid(format!(
+                    "limit: at most {MAX_TREE_PAGE} items a page; follow `next` for the rest"
+                ))
+                .with_detail(serde_json::json!({ "max": MAX_TREE_PAGE })));
+            }
+            n => n,
+        };
+        let refused = || {
+            PlinthError::invalid(
+                "after: not a cursor this list handed out; pass the `next` of the previous page",
+            )
+        };
+        let after = match after {
+            "" => None,
+            text => {
+                let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .decode(text)
+                    .map_err(|_| refused())?;
+                let text = String::from_utf8(bytes).map_err(|_| refused())?;
+                let path = text.strip_prefix("path:").ok_or_else(refused)?;
+                if path.is_empty() {
+                    return Err(refused());
+                }
+                Some(path.to_owned())
+            }
+        };
+        Ok(TreePage {
+            limit: limit as usize,
+            after,
+        })
+    }
+
+    /// This page of `entries` (sorted in byte order of their paths) and the cursor of the
+    /// next page (none on the last).
+    fn slice<'a>(&self, entries: &'a [IndexEntry]) -> (&'a [IndexEntry], Option<String>) {
+        use base64::Engine;
+        let start = match &self.after {
+            None => 0,
+            Some(after) => {
+                entries.partition_point(|entry| entry.path.as_str().as_bytes() <= after.as_bytes())
+            }
+        };
+        let rest = &entries[start..];
+        if rest.len() > self.limit {
+            let page = &rest[..self.limit];
+            let next = page.last().map(|last| {
+                base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .encode(format!("path:{}", last.path.as_str()))
+            });
+            (page, next)
+        } else {
+            (rest, None)
+        }
+    }
+}
+
 fn index_error(error: IndexError) -> PlinthError {
     match error {
         IndexError::NotFound(path) => PlinthError::new(
@@ -338,11 +415,16 @@ impl pb::source_service_server::SourceService for Source {
         &self,
         request: Request<pb::ListTreeRequest>,
     ) -> Result<Response<pb::ListTreeResponse>, Status> {
-        let entries = self
+        let request = request.into_inner();
+        let page = TreePage::new(request.limit, &request.after)?;
+        let mut entries = self
             .index
-            .list(&request.get_ref().environment_id)
+            .list(&request.environment_id)
             .await
             .map_err(index_error)?;
+        entries.sort_by(|a, b| a.path.as_str().as_bytes().cmp(b.path.as_str().as_bytes()));
+        // A directory's size is what every file beneath it holds, so the whole index is read
+        // to size the page's directories; the answer is what stays bounded.
         let mut directory_sizes: HashMap<&str, u64> = HashMap::new();
         for entry in entries.iter().filter(|entry| entry.kind == Kind::File) {
             for (index, _) in entry.path.as_str().match_indices('/') {
@@ -351,7 +433,8 @@ impl pb::source_service_server::SourceService for Source {
                     .or_default() += entry.size;
             }
         }
-        let entries = entries
+        let (on_page, next) = page.slice(&entries);
+        let entries = on_page
             .iter()
             .map(|entry| {
                 let size = match entry.kind {
@@ -365,7 +448,11 @@ impl pb::source_service_server::SourceService for Source {
                 entry_to_proto(entry, size)
             })
             .collect();
-        Ok(Response::new(pb::ListTreeResponse { entries }))
+        Ok(Response::new(pb::ListTreeResponse {
+            entries,
+            has_more: next.is_some(),
+            next: next.unwrap_or_default(),
+        }))
     }
 
     type ReadFileStream = ReadFileStream;

@@ -22,6 +22,10 @@ use crate::adapters::{Adapter, AdapterId, NewAdapter, Protocol};
 use crate::model::{EnvironmentId, Scope};
 use crate::seal::SealError;
 
+/// Most runs one `end_idle_runs` ends: its answer (the ended sessions) stays well inside a
+/// gRPC message.
+pub const END_IDLE_BATCH: u32 = 500;
+
 const ADAPTER_COLUMNS: &str = "id, scope, protocol, environment_id, secret, previous_secret, \
      previous_expires_at_ms, created_at_ms, rotated_at_ms, callback_origins, seal_key_id";
 
@@ -471,8 +475,9 @@ impl Store {
         }))
     }
 
-    /// Ends the sessions of runs unused since `idle_before_ms` with no claimed call running;
-    /// answers them.
+    /// Ends the sessions of runs unused since `idle_before_ms` with no claimed call running,
+    /// at most [`END_IDLE_BATCH`] of them, the longest unused first; answers them. The caller
+    /// sweeps again soon, so the rest wait one sweep rather than making one answer unbounded.
     pub async fn end_idle_runs(
         &self,
         idle_before_ms: i64,
@@ -481,10 +486,12 @@ impl Store {
             "SELECT r.session_id, s.scope FROM adapter_runs r JOIN sessions s ON s.id = r.session_id \
              WHERE r.last_used_at_ms < $1 AND s.status = 'active' AND NOT EXISTS \
              (SELECT 1 FROM idempotency_keys k WHERE k.adapter_id = r.adapter_id \
-              AND k.run_id = r.run_id AND k.state = 'running' AND k.lease_until_ms > $2)",
+              AND k.run_id = r.run_id AND k.state = 'running' AND k.lease_until_ms > $2) \
+             ORDER BY r.last_used_at_ms LIMIT $3",
         )
         .bind(idle_before_ms)
         .bind(now_ms())
+        .bind(i64::from(END_IDLE_BATCH))
         .fetch_all(&self.db.reader)
         .await?;
         let mut ended = Vec::new();

@@ -87,7 +87,7 @@ impl Store {
         let next = if harnesses.len() > limit {
             harnesses.truncate(limit);
             harnesses.last().map(|last| Cursor {
-                created_at_ms: last.created_at_ms,
+                key: last.created_at_ms,
                 id: last.id.as_str().to_owned(),
             })
         } else {
@@ -159,7 +159,7 @@ impl Store {
             query = query.bind(environment.as_str());
         }
         if let Some(after) = after {
-            query = query.bind(after.created_at_ms).bind(after.id.as_str());
+            query = query.bind(after.key).bind(after.id.as_str());
         }
         let rows = query.fetch_all(&self.db.reader).await?;
         rows.iter().map(harness_from_row).collect()

@@ -17,7 +17,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::{Store, StoreError};
-use crate::model::{EnvironmentId, Scope};
+use crate::model::{Cursor, EnvironmentId, Page, PageRequest, Scope};
 use crate::sessions::{
     MAX_TURN_DETAIL_BYTES, Node, NodeId, Session, SessionId, SessionLimits, SessionStatus, Task,
     TaskId, Turn, TurnKind, cut,
@@ -27,7 +27,7 @@ const SESSION_COLUMNS: &str = "s.id, s.scope, s.environment_id, s.environment_na
      s.version, s.slug, s.layer_tree, s.node_id, n.address AS node_address, s.harness_id, \
      s.workdir, s.isolated, s.status, s.turns, s.created_at_ms, s.ended_at_ms, s.owner, \
      s.limit_memory_mb, s.limit_pids, s.limit_cpu_millicores, s.limit_disk_mb, \
-     s.limit_lifetime_s, s.limit_idle_s";
+     s.limit_lifetime_ms, s.limit_idle_ms";
 
 /// A limit as stored: NULL for none.
 fn stored(limit: Option<u64>) -> Option<i64> {
@@ -269,11 +269,11 @@ impl Store {
         // sooner; a session past its end takes no turn, whether or not the sweep ended it yet.
         let row = sqlx::query(
             "UPDATE sessions SET turns = turns + 1, ends_at_ms = CASE \
-             WHEN limit_idle_s IS NULL THEN ends_at_ms \
-             WHEN limit_lifetime_s IS NOT NULL \
-             AND created_at_ms + limit_lifetime_s * 1000 < $3 + limit_idle_s * 1000 \
-             THEN created_at_ms + limit_lifetime_s * 1000 \
-             ELSE $3 + limit_idle_s * 1000 END \
+             WHEN limit_idle_ms IS NULL THEN ends_at_ms \
+             WHEN limit_lifetime_ms IS NOT NULL \
+             AND created_at_ms + limit_lifetime_ms < $3 + limit_idle_ms \
+             THEN created_at_ms + limit_lifetime_ms \
+             ELSE $3 + limit_idle_ms END \
              WHERE id = $1 AND scope = $2 AND status = 'active' \
              AND (ends_at_ms IS NULL OR ends_at_ms > $3) RETURNING turns, version",
         )
@@ -348,18 +348,35 @@ impl Store {
         Ok(())
     }
 
-    /// A session's turns, oldest first.
-    pub async fn list_turns(&self, scope: &Scope, id: &SessionId) -> Result<Vec<Turn>, StoreError> {
+    /// One page of a session's turns, oldest first: those after `page.after` (whose key is a
+    /// sequence and whose id must be [`turns_cursor_id`] of this session), read with one more
+    /// than the limit so the answer knows whether another page follows.
+    pub async fn list_turns(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        page: &PageRequest,
+    ) -> Result<Page<Turn>, StoreError> {
         // The scope check first: another scope's session has no turns to show.
         self.get_session(scope, id).await?;
+        let cursor_id = turns_cursor_id(id);
+        let after = match &page.after {
+            None => 0,
+            Some(cursor) if cursor.id == cursor_id => cursor.key,
+            Some(_) => return Err(StoreError::ForeignCursor),
+        };
+        let limit = page.limit as usize;
         let rows = sqlx::query(
             "SELECT sequence, kind, detail, version, at_ms, exit_code FROM turns \
-             WHERE session_id = $1 ORDER BY sequence",
+             WHERE session_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3",
         )
         .bind(id.as_str())
+        .bind(after)
+        .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX))
         .fetch_all(&self.db.reader)
         .await?;
-        rows.iter()
+        let mut turns = rows
+            .iter()
             .map(|row| {
                 let kind: String = row.try_get("kind")?;
                 let sequence: i64 = row.try_get("sequence")?;
@@ -376,20 +393,27 @@ impl Store {
                     exit_code: exit_code.and_then(|code| i32::try_from(code).ok()),
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let next = if turns.len() > limit {
+            turns.truncate(limit);
+            turns.last().map(|last| Cursor {
+                key: i64::try_from(last.sequence).unwrap_or(i64::MAX),
+                id: cursor_id,
+            })
+        } else {
+            None
+        };
+        Ok(Page { items: turns, next })
     }
 
-    /// The live sessions placed on a node.
-    pub async fn node_sessions(&self, node: &NodeId) -> Result<Vec<Session>, StoreError> {
-        let sql = format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions s JOIN nodes n ON n.id = s.node_id \
-             WHERE s.node_id = $1 AND s.status = 'active' ORDER BY s.created_at_ms, s.id"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(node.as_str())
-            .fetch_all(&self.db.reader)
-            .await?;
-        rows.iter().map(session_from_row).collect()
+    /// One page of the live sessions placed on a node, oldest first.
+    pub async fn node_sessions(
+        &self,
+        node: &NodeId,
+        page: &PageRequest,
+    ) -> Result<Page<Session>, StoreError> {
+        self.sessions_page("s.node_id = $1", &[node.as_str()], page)
+            .await
     }
 
     /// The ids of the live sessions placed on a node: what a node's heartbeat is answered, so
@@ -437,24 +461,81 @@ impl Store {
             .collect()
     }
 
-    /// The live sessions of the scope made for `owner`, oldest first.
+    /// One page of the live sessions of the scope made for `owner`, oldest first.
     pub async fn owned_sessions(
         &self,
         scope: &Scope,
         owner: &str,
-    ) -> Result<Vec<Session>, StoreError> {
+        page: &PageRequest,
+    ) -> Result<Page<Session>, StoreError> {
+        self.sessions_page(
+            "s.scope = $1 AND s.owner = $2",
+            &[scope.as_str(), owner],
+            page,
+        )
+        .await
+    }
+
+    /// One page of the active sessions matching `filter` (whose parameters are `binds`, from
+    /// `$1`), in creation order then id: those after `page.after`, read with one more than
+    /// the limit so the answer knows whether another page follows. The cursor's id must be a
+    /// session's: a cursor from a list of something else is refused.
+    async fn sessions_page(
+        &self,
+        filter: &str,
+        binds: &[&str],
+        page: &PageRequest,
+    ) -> Result<Page<Session>, StoreError> {
+        if let Some(after) = &page.after
+            && SessionId::parse(&after.id).is_none()
+        {
+            return Err(StoreError::ForeignCursor);
+        }
+        let limit = page.limit as usize;
+        let first = binds.len() + 1;
+        // Row comparison is the keyset condition on both SQLite and PostgreSQL.
+        let after_clause = match page.after {
+            Some(_) => format!(" AND (s.created_at_ms, s.id) > (${first}, ${})", first + 1),
+            None => String::new(),
+        };
         let sql = format!(
             "SELECT {SESSION_COLUMNS} FROM sessions s JOIN nodes n ON n.id = s.node_id \
-             WHERE s.scope = $1 AND s.owner = $2 AND s.status = 'active' \
-             ORDER BY s.created_at_ms, s.id"
+             WHERE {filter} AND s.status = 'active'{after_clause} \
+             ORDER BY s.created_at_ms, s.id LIMIT {}",
+            limit + 1
         );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(scope.as_str())
-            .bind(owner)
-            .fetch_all(&self.db.reader)
-            .await?;
-        rows.iter().map(session_from_row).collect()
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for bind in binds {
+            query = query.bind(*bind);
+        }
+        if let Some(after) = &page.after {
+            query = query.bind(after.key).bind(after.id.as_str());
+        }
+        let rows = query.fetch_all(&self.db.reader).await?;
+        let mut sessions = rows
+            .iter()
+            .map(session_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next = if sessions.len() > limit {
+            sessions.truncate(limit);
+            sessions.last().map(|last| Cursor {
+                key: last.created_at_ms,
+                id: last.id.as_str().to_owned(),
+            })
+        } else {
+            None
+        };
+        Ok(Page {
+            items: sessions,
+            next,
+        })
     }
+}
+
+/// The id a cursor into a session's turns carries: the session's, marked so that a cursor
+/// from a list of sessions (which carries a bare session id) is not taken for one.
+fn turns_cursor_id(session: &SessionId) -> String {
+    format!("turns_{}", session.as_str())
 }
 
 /// Places a session in one statement: the version asked for (or the active one) if it is a
@@ -472,8 +553,8 @@ async fn place_session(
     let row = sqlx::query(
         "INSERT INTO sessions (id, scope, environment_id, environment_name, entry, version, \
          slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms, owner, workdir, \
-         limit_memory_mb, limit_pids, limit_cpu_millicores, limit_disk_mb, limit_lifetime_s, \
-         limit_idle_s, ends_at_ms) \
+         limit_memory_mb, limit_pids, limit_cpu_millicores, limit_disk_mb, limit_lifetime_ms, \
+         limit_idle_ms, ends_at_ms) \
          SELECT $1, e.scope, e.id, e.name, e.entry, b.version, e.slug, b.layer_tree, n.id, $5, \
          n.isolated, 'active', $6, $7, \
          CASE WHEN $8 = 0 THEN '' WHEN n.session_workdir <> '' THEN n.session_workdir \
@@ -492,7 +573,7 @@ async fn place_session(
          RETURNING id, scope, environment_id, environment_name, entry, version, slug, \
          layer_tree, node_id, harness_id, workdir, isolated, status, turns, created_at_ms, \
          ended_at_ms, owner, limit_memory_mb, limit_pids, limit_cpu_millicores, \
-         limit_disk_mb, limit_lifetime_s, limit_idle_s, \
+         limit_disk_mb, limit_lifetime_ms, limit_idle_ms, \
          (SELECT address FROM nodes WHERE id = node_id) AS node_address",
     )
     .bind(id.as_str())
@@ -508,8 +589,8 @@ async fn place_session(
     .bind(stored(limits.pids))
     .bind(stored(limits.cpu_millicores))
     .bind(stored(limits.disk_mb))
-    .bind(stored(limits.lifetime_s))
-    .bind(stored(limits.idle_s))
+    .bind(stored(limits.lifetime_ms))
+    .bind(stored(limits.idle_ms))
     .bind(limits.ends_at_ms(created_at_ms, created_at_ms))
     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
     .bind(excluded(new))
@@ -597,8 +678,8 @@ pub(super) async fn insert_session(
     sqlx::query(
         "INSERT INTO sessions (id, scope, environment_id, environment_name, entry, version, \
          slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms, owner, workdir, \
-         limit_memory_mb, limit_pids, limit_cpu_millicores, limit_disk_mb, limit_lifetime_s, \
-         limit_idle_s, ends_at_ms) \
+         limit_memory_mb, limit_pids, limit_cpu_millicores, limit_disk_mb, limit_lifetime_ms, \
+         limit_idle_ms, ends_at_ms) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'active', $12, $13, $14, \
          $15, $16, $17, $18, $19, $20, $21)",
     )
@@ -620,8 +701,8 @@ pub(super) async fn insert_session(
     .bind(stored(limits.pids))
     .bind(stored(limits.cpu_millicores))
     .bind(stored(limits.disk_mb))
-    .bind(stored(limits.lifetime_s))
-    .bind(stored(limits.idle_s))
+    .bind(stored(limits.lifetime_ms))
+    .bind(stored(limits.idle_ms))
     .bind(limits.ends_at_ms(created_at_ms, created_at_ms))
     .execute(&mut **tx)
     .await?;
@@ -681,8 +762,8 @@ fn session_from_row(row: &AnyRow) -> Result<Session, StoreError> {
         pids: limit("limit_pids")?,
         cpu_millicores: limit("limit_cpu_millicores")?,
         disk_mb: limit("limit_disk_mb")?,
-        lifetime_s: limit("limit_lifetime_s")?,
-        idle_s: limit("limit_idle_s")?,
+        lifetime_ms: limit("limit_lifetime_ms")?,
+        idle_ms: limit("limit_idle_ms")?,
     };
     Ok(Session {
         id: SessionId::parse(&id).ok_or_else(|| corrupt("id"))?,

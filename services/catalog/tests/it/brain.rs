@@ -7,7 +7,9 @@ use std::time::Duration;
 use plinth_catalog::brain::{
     Binding, BindingKey, BindingState, Claim, Lifetime, NewOperation, OperationKey, OperationState,
 };
-use plinth_catalog::model::{BuildStatus, EnvironmentId, NewEnvironment, Outcome, Scope};
+use plinth_catalog::model::{
+    BuildStatus, EnvironmentId, NewEnvironment, Outcome, PageRequest, Scope,
+};
 use plinth_catalog::persistence::NewSession;
 use plinth_catalog::{Store, StoreError};
 
@@ -472,27 +474,29 @@ async fn a_session_can_pin_a_ready_version_and_is_found_by_its_owner(store: Stor
     ));
 
     let owned = store
-        .owned_sessions(&scope, "brain:a:s:e")
+        .owned_sessions(&scope, "brain:a:s:e", &PageRequest::first())
         .await
         .expect("owned");
     assert_eq!(
-        owned.iter().map(|s| s.id.clone()).collect::<Vec<_>>(),
+        owned.items.iter().map(|s| s.id.clone()).collect::<Vec<_>>(),
         vec![pinned.id.clone()]
     );
     let other_scope = Scope::parse("globex").expect("scope");
     assert!(
         store
-            .owned_sessions(&other_scope, "brain:a:s:e")
+            .owned_sessions(&other_scope, "brain:a:s:e", &PageRequest::first())
             .await
             .expect("other scope")
+            .items
             .is_empty()
     );
     store.end_session(&scope, &pinned.id).await.expect("end");
     assert!(
         store
-            .owned_sessions(&scope, "brain:a:s:e")
+            .owned_sessions(&scope, "brain:a:s:e", &PageRequest::first())
             .await
             .expect("owned after end")
+            .items
             .is_empty()
     );
 }

@@ -92,7 +92,7 @@ async fn pages_walk_every_environment_once_in_order(store: Store) {
     let cursor = {
         let environment = everything.iter().find(|e| &e.id == cut).expect("listed");
         Cursor {
-            created_at_ms: environment.created_at_ms,
+            key: environment.created_at_ms,
             id: environment.id.as_str().to_owned(),
         }
     };

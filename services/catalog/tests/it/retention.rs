@@ -8,7 +8,9 @@ use plinth_catalog::adapters::{NewAdapter, Protocol};
 use plinth_catalog::brain::{
     Binding, BindingKey, BindingState, Lifetime, NewOperation, OperationKey,
 };
-use plinth_catalog::model::{EnvironmentId, LeaseToken, NewEnvironment, Outcome, Scope};
+use plinth_catalog::model::{
+    EnvironmentId, LeaseToken, NewEnvironment, Outcome, PageRequest, Scope,
+};
 use plinth_catalog::sessions::{SessionLimits, TurnKind};
 use plinth_catalog::{NewSession, NewTask, RetentionPolicy, Store, StoreError};
 
@@ -403,9 +405,10 @@ async fn records_of_ended_work_go_after_the_retention_period_and_live_ones_stay(
     // stay; the rest is gone.
     assert_eq!(
         store
-            .list_turns(&scope(), &live.id)
+            .list_turns(&scope(), &live.id, &PageRequest::first())
             .await
             .expect("live turns")
+            .items
             .len(),
         1
     );

@@ -1,7 +1,7 @@
 //! Sessions, turns, nodes and tasks in the store, every backend: each test below runs against
 //! SQLite and against PostgreSQL (`PLINTH_TEST_POSTGRES_URL`; required under CI).
 
-use plinth_catalog::model::{EnvironmentId, NewEnvironment, Outcome, Package};
+use plinth_catalog::model::{Cursor, EnvironmentId, NewEnvironment, Outcome, Package, PageRequest};
 use plinth_catalog::sessions::{SessionLimits, SessionStatus, TurnKind};
 use plinth_catalog::{NewSession, NewTask, Store, StoreError};
 
@@ -16,6 +16,8 @@ backend_suite!(
     limits_are_stored_with_the_session_and_its_task,
     the_sweep_ends_sessions_past_their_lifetime_and_no_others,
     idle_time_counts_from_the_last_turn,
+    pages_of_turns_walk_every_turn_once_in_order,
+    pages_of_a_nodes_and_an_owners_sessions_walk_each_live_one_once,
 );
 
 async fn environment(store: &Store, name: &str) -> EnvironmentId {
@@ -88,9 +90,9 @@ async fn limited_session(
         .expect("session")
 }
 
-fn lifetime(seconds: u64) -> SessionLimits {
+fn lifetime(ms: u64) -> SessionLimits {
     SessionLimits {
-        lifetime_s: Some(seconds),
+        lifetime_ms: Some(ms),
         ..SessionLimits::default()
     }
 }
@@ -150,9 +152,10 @@ async fn a_session_pins_the_active_version_and_keeps_it(store: Store) {
         "ending twice changes nothing"
     );
     let live: Vec<_> = store
-        .node_sessions(&node)
+        .node_sessions(&node, &PageRequest::first())
         .await
         .expect("node sessions")
+        .items
         .into_iter()
         .map(|s| s.id)
         .collect();
@@ -279,9 +282,10 @@ async fn turns_are_numbered_in_order_even_when_they_race(store: Store) {
     sequences.sort_unstable();
     assert_eq!(sequences, (1..=16).collect::<Vec<_>>());
     let turns = store
-        .list_turns(&scope("acme"), &session.id)
+        .list_turns(&scope("acme"), &session.id, &PageRequest::first())
         .await
-        .expect("turns");
+        .expect("turns")
+        .items;
     assert_eq!(turns.len(), 16);
     assert!(
         turns
@@ -301,7 +305,9 @@ async fn turns_are_numbered_in_order_even_when_they_race(store: Store) {
         .expect("turn");
     assert_eq!(cut.detail.len(), 4096);
     assert!(matches!(
-        store.list_turns(&scope("other"), &session.id).await,
+        store
+            .list_turns(&scope("other"), &session.id, &PageRequest::first())
+            .await,
         Err(StoreError::NotFound)
     ));
 
@@ -317,9 +323,10 @@ async fn turns_are_numbered_in_order_even_when_they_race(store: Store) {
             .map(|turn| turn.exit_code)
     };
     let turns = store
-        .list_turns(&scope("acme"), &session.id)
+        .list_turns(&scope("acme"), &session.id, &PageRequest::first())
         .await
-        .expect("turns");
+        .expect("turns")
+        .items;
     assert_eq!(exit_of(turns, running.sequence), Some(None));
     assert!(matches!(
         store
@@ -336,9 +343,10 @@ async fn turns_are_numbered_in_order_even_when_they_race(store: Store) {
         .await
         .expect("finishing again changes nothing");
     let turns = store
-        .list_turns(&scope("acme"), &session.id)
+        .list_turns(&scope("acme"), &session.id, &PageRequest::first())
         .await
-        .expect("turns");
+        .expect("turns")
+        .items;
     assert_eq!(exit_of(turns, running.sequence), Some(Some(3)));
     assert!(matches!(
         store.finish_turn(&scope("acme"), &session.id, 999, 0).await,
@@ -429,8 +437,8 @@ async fn limits_are_stored_with_the_session_and_its_task(store: Store) {
         pids: Some(256),
         cpu_millicores: Some(500),
         disk_mb: None,
-        lifetime_s: Some(86_400),
-        idle_s: Some(3_600),
+        lifetime_ms: Some(86_400_000),
+        idle_ms: Some(3_600_000),
     };
     // Placed by the one-statement path, and read back by every way a session is found.
     let session = limited_session(&store, &id, limits).await;
@@ -440,7 +448,11 @@ async fn limits_are_stored_with_the_session_and_its_task(store: Store) {
         .await
         .expect("get");
     assert_eq!(found.limits, limits);
-    let listed = store.node_sessions(&node).await.expect("node sessions");
+    let listed = store
+        .node_sessions(&node, &PageRequest::first())
+        .await
+        .expect("node sessions")
+        .items;
     assert_eq!(listed[0].limits, limits);
     assert_eq!(
         store.node_session_ids(&node).await.expect("ids"),
@@ -452,18 +464,18 @@ async fn limits_are_stored_with_the_session_and_its_task(store: Store) {
             input: "go".into(),
             metadata: "{}".into(),
             session: NewSession {
-                limits: lifetime(60),
+                limits: lifetime(60_000),
                 ..new_session(&id)
             },
         })
         .await
         .expect("task");
-    assert_eq!(task.session.limits, lifetime(60));
+    assert_eq!(task.session.limits, lifetime(60_000));
     let found = store
         .get_session(&scope("acme"), &task.session.id)
         .await
         .expect("get");
-    assert_eq!(found.limits, lifetime(60));
+    assert_eq!(found.limits, lifetime(60_000));
     // None at all.
     let unlimited = limited_session(&store, &id, SessionLimits::default()).await;
     let found = store
@@ -480,14 +492,14 @@ async fn the_sweep_ends_sessions_past_their_lifetime_and_no_others(store: Store)
         .expect("register");
     let id = environment(&store, "Studio").await;
     build(&store, &id, "sha256:one").await;
-    let short = limited_session(&store, &id, lifetime(60)).await;
-    let long = limited_session(&store, &id, lifetime(3_600)).await;
+    let short = limited_session(&store, &id, lifetime(60_000)).await;
+    let long = limited_session(&store, &id, lifetime(3_600_000)).await;
     let unlimited = limited_session(&store, &id, SessionLimits::default()).await;
     let idle_only = limited_session(
         &store,
         &id,
         SessionLimits {
-            idle_s: Some(600),
+            idle_ms: Some(600_000),
             ..SessionLimits::default()
         },
     )
@@ -577,8 +589,8 @@ async fn idle_time_counts_from_the_last_turn(store: Store) {
     let id = environment(&store, "Studio").await;
     build(&store, &id, "sha256:one").await;
     let limits = SessionLimits {
-        idle_s: Some(60),
-        lifetime_s: Some(600),
+        idle_ms: Some(60_000),
+        lifetime_ms: Some(600_000),
         ..SessionLimits::default()
     };
     let busy = limited_session(&store, &id, limits).await;
@@ -612,8 +624,8 @@ async fn idle_time_counts_from_the_last_turn(store: Store) {
         &store,
         &id,
         SessionLimits {
-            idle_s: Some(600),
-            lifetime_s: Some(60),
+            idle_ms: Some(600_000),
+            lifetime_ms: Some(60_000),
             ..SessionLimits::default()
         },
     )
@@ -627,4 +639,275 @@ async fn idle_time_counts_from_the_last_turn(store: Store) {
         .await
         .expect("sweep");
     assert_eq!(ended, vec![capped.id]);
+}
+
+/// Reads every page of a list, handing back each `next` as a client does (the opaque string,
+/// decoded again), and answers the items in the order seen and how many pages there were.
+async fn every_page<T, F, Fut>(limit: u32, mut read: F) -> (Vec<T>, usize)
+where
+    F: FnMut(PageRequest) -> Fut,
+    Fut: std::future::Future<Output = Result<plinth_catalog::model::Page<T>, StoreError>>,
+{
+    let mut seen = Vec::new();
+    let mut page = PageRequest { limit, after: None };
+    let mut pages = 0;
+    loop {
+        let answer = read(page.clone()).await.expect("page");
+        pages += 1;
+        assert!(answer.items.len() <= limit as usize);
+        seen.extend(answer.items);
+        match answer.next {
+            Some(next) => page.after = Some(Cursor::decode(&next.encode()).expect("its cursor")),
+            None => break,
+        }
+    }
+    (seen, pages)
+}
+
+async fn pages_of_turns_walk_every_turn_once_in_order(store: Store) {
+    store
+        .register_node("host-a", "http://a", true, "", "")
+        .await
+        .expect("register");
+    let id = environment(&store, "Studio").await;
+    build(&store, &id, "sha256:one").await;
+    let session = limited_session(&store, &id, SessionLimits::default()).await;
+    let other = limited_session(&store, &id, SessionLimits::default()).await;
+    for n in 0..30 {
+        store
+            .record_turn(
+                &scope("acme"),
+                &session.id,
+                TurnKind::Exec,
+                &format!("echo {n}"),
+                None,
+            )
+            .await
+            .expect("turn");
+    }
+    store
+        .record_turn(&scope("acme"), &other.id, TurnKind::Exec, "true", None)
+        .await
+        .expect("turn");
+    let (turns, pages) = every_page(7, |page| {
+        let store = store.clone();
+        let id = session.id.clone();
+        async move { store.list_turns(&scope("acme"), &id, &page).await }
+    })
+    .await;
+    assert_eq!(pages, 5, "30 turns in pages of 7");
+    assert_eq!(
+        turns.iter().map(|turn| turn.sequence).collect::<Vec<_>>(),
+        (1..=30).collect::<Vec<_>>(),
+        "every turn once, oldest first"
+    );
+    assert_eq!(turns[29].detail, "echo 29");
+    // A page exactly as long as what is left says so: no empty page follows.
+    let whole = store
+        .list_turns(
+            &scope("acme"),
+            &session.id,
+            &PageRequest {
+                limit: 30,
+                after: None,
+            },
+        )
+        .await
+        .expect("page");
+    assert_eq!(whole.items.len(), 30);
+    assert!(whole.next.is_none());
+
+    // A cursor from another session's turns, or from a list of sessions, is not this list's.
+    let first = store
+        .list_turns(
+            &scope("acme"),
+            &session.id,
+            &PageRequest {
+                limit: 1,
+                after: None,
+            },
+        )
+        .await
+        .expect("page");
+    let foreign = [
+        first.next.expect("more turns"),
+        Cursor {
+            key: other.created_at_ms,
+            id: other.id.as_str().to_owned(),
+        },
+    ];
+    for cursor in foreign {
+        let refused = store
+            .list_turns(
+                &scope("acme"),
+                &other.id,
+                &PageRequest {
+                    limit: 5,
+                    after: Some(cursor),
+                },
+            )
+            .await;
+        assert!(
+            matches!(refused, Err(StoreError::ForeignCursor)),
+            "{refused:?}"
+        );
+    }
+}
+
+async fn pages_of_a_nodes_and_an_owners_sessions_walk_each_live_one_once(store: Store) {
+    let node = store
+        .register_node("host-a", "http://a", true, "", "")
+        .await
+        .expect("register");
+    let id = environment(&store, "Studio").await;
+    build(&store, &id, "sha256:one").await;
+    // Created faster than the clock ticks: many share a millisecond, and the id breaks ties.
+    let mut created = Vec::new();
+    for n in 0..23 {
+        let owner = if n % 2 == 0 { "brain:a:s:e" } else { "" };
+        let session = store
+            .create_session(NewSession {
+                owner: owner.to_owned(),
+                ..new_session(&id)
+            })
+            .await
+            .expect("session");
+        created.push(session);
+    }
+    let ended = created.remove(5);
+    store
+        .end_session(&scope("acme"), &ended.id)
+        .await
+        .expect("end");
+    created.sort_by(|a, b| (a.created_at_ms, a.id.as_str()).cmp(&(b.created_at_ms, b.id.as_str())));
+
+    let (live, pages) = every_page(5, |page| {
+        let store = store.clone();
+        let node = node.clone();
+        async move { store.node_sessions(&node, &page).await }
+    })
+    .await;
+    assert_eq!(pages, 5, "22 live sessions in pages of 5");
+    assert_eq!(
+        live.iter().map(|s| s.id.clone()).collect::<Vec<_>>(),
+        created.iter().map(|s| s.id.clone()).collect::<Vec<_>>(),
+        "every live session of the node once, oldest first; the ended one is not listed"
+    );
+
+    let (owned, pages) = every_page(4, |page| {
+        let store = store.clone();
+        async move {
+            store
+                .owned_sessions(&scope("acme"), "brain:a:s:e", &page)
+                .await
+        }
+    })
+    .await;
+    assert_eq!(pages, 3, "11 live owned sessions in pages of 4");
+    assert_eq!(
+        owned.iter().map(|s| s.id.clone()).collect::<Vec<_>>(),
+        created
+            .iter()
+            .filter(|s| s.owner == "brain:a:s:e")
+            .map(|s| s.id.clone())
+            .collect::<Vec<_>>()
+    );
+    let theirs = store
+        .owned_sessions(&scope("globex"), "brain:a:s:e", &PageRequest::first())
+        .await
+        .expect("page");
+    assert!(theirs.items.is_empty() && theirs.next.is_none());
+
+    // A cursor from a list of something else (an environment's, a turn's) is refused.
+    let foreign = Cursor {
+        key: 3,
+        id: id.as_str().to_owned(),
+    };
+    let page = PageRequest {
+        limit: 5,
+        after: Some(foreign),
+    };
+    assert!(matches!(
+        store.node_sessions(&node, &page).await,
+        Err(StoreError::ForeignCursor)
+    ));
+    assert!(matches!(
+        store
+            .owned_sessions(&scope("acme"), "brain:a:s:e", &page)
+            .await,
+        Err(StoreError::ForeignCursor)
+    ));
+}
+
+/// Limits stored in seconds by an earlier release read back in milliseconds once the store is
+/// migrated, and the sweep ends such a session when its lifetime, counted in milliseconds,
+/// has passed.
+async fn limits_stored_in_seconds_are_migrated_to_milliseconds(url: String) {
+    let store = Store::connect(&url, 5, crate::seal_key())
+        .await
+        .expect("connect");
+    let session = "sess_0123456789abcdef0123456789abcdef";
+    store
+        .migrate_up_to(
+            15,
+            &[
+                "INSERT INTO nodes (id, name, address, isolated, registered_at_ms, heartbeat_at_ms) \
+                 VALUES ('node_0123456789abcdef0123456789abcdef', 'host-a', 'http://a', 1, 0, 0)",
+                &format!(
+                    "INSERT INTO sessions (id, scope, environment_id, environment_name, version, \
+                     slug, layer_tree, node_id, status, created_at_ms, limit_memory_mb, \
+                     limit_lifetime_s, limit_idle_s, ends_at_ms) \
+                     VALUES ('{session}', 'acme', 'henv_0123456789abcdef0123456789abcdef', \
+                     'Old', 1, 'old', 'sha256:one', 'node_0123456789abcdef0123456789abcdef', \
+                     'active', 1000, 512, 60, NULL, 61000)"
+                ),
+            ],
+        )
+        .await
+        .expect("an earlier release's database");
+    store.migrate().await.expect("migrate");
+    let id = plinth_catalog::sessions::SessionId::parse(session).expect("id");
+    let found = store
+        .get_session(&scope("acme"), &id)
+        .await
+        .expect("the session");
+    assert_eq!(
+        found.limits,
+        SessionLimits {
+            memory_mb: Some(512),
+            lifetime_ms: Some(60_000),
+            ..SessionLimits::default()
+        }
+    );
+    assert!(
+        store
+            .end_sessions_past_their_limits(60_999, 10)
+            .await
+            .expect("sweep")
+            .is_empty()
+    );
+    assert_eq!(
+        store
+            .end_sessions_past_their_limits(61_000, 10)
+            .await
+            .expect("sweep"),
+        vec![id]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_limits_stored_in_seconds_are_migrated_to_milliseconds() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    limits_stored_in_seconds_are_migrated_to_milliseconds(plinth_catalog::testing::sqlite_url(
+        dir.path(),
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_limits_stored_in_seconds_are_migrated_to_milliseconds() {
+    let Some(url) = crate::postgres_url().await else {
+        return;
+    };
+    limits_stored_in_seconds_are_migrated_to_milliseconds(url).await;
 }

@@ -89,11 +89,11 @@ struct World {
 struct Direct(Store);
 
 impl Catalog for Direct {
-    fn begin(&self, fence_seconds: u32) -> BoxFuture<'_, Result<CatalogRoots, GcError>> {
+    fn begin(&self, fence_ms: u32) -> BoxFuture<'_, Result<CatalogRoots, GcError>> {
         Box::pin(async move {
             let roots = self
                 .0
-                .begin_collection(i64::from(fence_seconds) * 1000)
+                .begin_collection(i64::from(fence_ms))
                 .await
                 .map_err(|error| GcError::Catalog(error.to_string()))?;
             Ok(CatalogRoots {
