@@ -215,9 +215,9 @@ pub(crate) async fn open(
     } else {
         command.clone()
     };
-    let (inputs, receiver) = mpsc::channel::<node::PtyInput>(32);
-    let start = node::PtyInput {
-        input: Some(node::pty_input::Input::Start(node::PtyStart {
+    let (inputs, receiver) = mpsc::channel::<node::PtyRequest>(32);
+    let start = node::PtyRequest {
+        input: Some(node::pty_request::Input::Start(node::PtyStart {
             session: Some(spec(&session)),
             command,
             cwd: query.cwd.unwrap_or_default(),
@@ -276,19 +276,19 @@ pub(crate) async fn open(
 /// code) or either side leaves (answers none).
 async fn relay<S>(
     socket: WebSocketStream<S>,
-    inputs: mpsc::Sender<node::PtyInput>,
+    inputs: mpsc::Sender<node::PtyRequest>,
     mut outputs: tonic::Streaming<node::PtyOutput>,
 ) -> Option<i32>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let (mut sink, mut frames) = socket.split();
-    let input = |input: node::pty_input::Input| node::PtyInput { input: Some(input) };
+    let input = |input: node::pty_request::Input| node::PtyRequest { input: Some(input) };
     let (exit_code, close) = loop {
         tokio::select! {
             frame = frames.next() => match frame {
                 Some(Ok(Message::Binary(bytes))) => {
-                    if inputs.send(input(node::pty_input::Input::Stdin(bytes))).await.is_err() {
+                    if inputs.send(input(node::pty_request::Input::Stdin(bytes))).await.is_err() {
                         break (None, None);
                     }
                 }
@@ -303,11 +303,11 @@ where
                         })),
                     };
                     let message = match control {
-                        Control::Resize { cols, rows } => node::pty_input::Input::Resize(node::PtySize {
+                        Control::Resize { cols, rows } => node::pty_request::Input::Resize(node::PtySize {
                             cols: cols.clamp(1, MAX_CELLS),
                             rows: rows.clamp(1, MAX_CELLS),
                         }),
-                        Control::CloseStdin => node::pty_input::Input::CloseStdin(true),
+                        Control::CloseStdin => node::pty_request::Input::CloseStdin(true),
                     };
                     if inputs.send(input(message)).await.is_err() {
                         break (None, None);

@@ -167,24 +167,26 @@ async fn write_master(master: &AsyncFd<OwnedFd>, mut bytes: &[u8]) -> std::io::R
 
 /// Feeds the caller's input to the terminal until the caller's stream ends; answers then
 /// (the caller left, or broke the stream).
-async fn feed(mut inputs: Streaming<pb::PtyInput>, master: Arc<AsyncFd<OwnedFd>>) {
+async fn feed(mut inputs: Streaming<pb::PtyRequest>, master: Arc<AsyncFd<OwnedFd>>) {
     loop {
         let input = match inputs.message().await {
-            Ok(Some(pb::PtyInput { input: Some(input) })) => input,
+            Ok(Some(pb::PtyRequest { input: Some(input) })) => input,
             Ok(Some(_)) => continue,
             Ok(None) | Err(_) => return,
         };
         let written = match input {
-            pb::pty_input::Input::Stdin(bytes) => write_master(&master, &bytes).await,
-            pb::pty_input::Input::Resize(size) => {
+            pb::pty_request::Input::Stdin(bytes) => write_master(&master, &bytes).await,
+            pb::pty_request::Input::Resize(size) => {
                 // The kernel sends SIGWINCH to the terminal's foreground process group.
                 rustix::termios::tcsetwinsize(master.get_ref(), winsize(Some(&size)))
                     .map_err(Into::into)
             }
-            pb::pty_input::Input::CloseStdin(true) => write_master(&master, &[EOF_CHARACTER]).await,
-            pb::pty_input::Input::CloseStdin(false) => Ok(()),
+            pb::pty_request::Input::CloseStdin(true) => {
+                write_master(&master, &[EOF_CHARACTER]).await
+            }
+            pb::pty_request::Input::CloseStdin(false) => Ok(()),
             // Only the first message starts; a second start changes nothing.
-            pb::pty_input::Input::Start(_) => Ok(()),
+            pb::pty_request::Input::Start(_) => Ok(()),
         };
         if let Err(error) = written {
             // The command ended and closed the terminal: what is typed after goes nowhere.
@@ -197,11 +199,11 @@ impl Node {
     /// `NodeService.Pty`; see the module's comment.
     pub(crate) async fn pty(
         &self,
-        mut inputs: Streaming<pb::PtyInput>,
+        mut inputs: Streaming<pb::PtyRequest>,
     ) -> Result<PtyStream, PlinthError> {
         let start = match inputs.message().await {
-            Ok(Some(pb::PtyInput {
-                input: Some(pb::pty_input::Input::Start(start)),
+            Ok(Some(pb::PtyRequest {
+                input: Some(pb::pty_request::Input::Start(start)),
             })) => start,
             Ok(_) => {
                 return Err(PlinthError::invalid(

@@ -278,7 +278,7 @@ impl pb::node_service_server::NodeService for Node {
     #[tracing::instrument(name = "node.pty", skip_all)]
     async fn pty(
         &self,
-        request: Request<tonic::Streaming<pb::PtyInput>>,
+        request: Request<tonic::Streaming<pb::PtyRequest>>,
     ) -> Result<Response<Self::PtyStream>, Status> {
         Ok(Response::new(Node::pty(self, request.into_inner()).await?))
     }
