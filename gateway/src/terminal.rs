@@ -12,7 +12,7 @@
 //! the client `{"type":"resize","cols":N,"rows":N}` and `{"type":"close_stdin"}`, from the
 //! server one `{"type":"exit","exit_code":N}` when the command ends, after which it closes.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
@@ -20,6 +20,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use futures::{SinkExt as _, StreamExt as _};
 use plinth_kit::PlinthError;
+use plinth_proto::catalog::v1 as pb;
 use plinth_proto::node::v1 as node;
 use serde::Deserialize;
 use tokio::sync::mpsc;
@@ -244,6 +245,7 @@ pub(crate) async fn open(
     let upgrade = hyper::upgrade::on(&mut request);
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
     let scope = caller.scope;
+    let touch = Toucher::new(&state, &scope, &session);
     plinth_kit::tasks::spawn(async move {
         let exit_code = match upgrade.await {
             Ok(upgraded) => {
@@ -253,7 +255,7 @@ pub(crate) async fn open(
                     None,
                 )
                 .await;
-                relay(socket, inputs, outputs).await
+                relay(socket, inputs, outputs, touch).await
             }
             Err(error) => {
                 tracing::warn!(%error, "a terminal's connection was not upgraded");
@@ -272,12 +274,65 @@ pub(crate) async fn open(
         .map_err(|error| PlinthError::internal(&error).into())
 }
 
+/// Keeps a session with an open terminal from being ended as idle while the terminal has
+/// traffic (keystrokes or output): the idle limit counts from the last turn, and a terminal is
+/// one turn however long a person works in it. At most once a quarter of the idle limit (and
+/// at least every 30 s), the catalog moves the session's idle end as a turn would. A session
+/// without an idle limit is never touched; its lifetime still ends it.
+struct Toucher {
+    state: AppState,
+    scope: String,
+    session_id: String,
+    every: Option<Duration>,
+    last: Instant,
+}
+
+impl Toucher {
+    fn new(state: &AppState, scope: &str, session: &pb::Session) -> Toucher {
+        let idle_ms = session.limits.as_ref().map_or(0, |limits| limits.idle_ms);
+        Toucher {
+            state: state.clone(),
+            scope: scope.to_owned(),
+            session_id: session.id.clone(),
+            every: (idle_ms > 0).then(|| {
+                Duration::from_millis(idle_ms / 4).clamp(Duration::from_millis(250), TOUCH_AT_MOST)
+            }),
+            last: Instant::now(),
+        }
+    }
+
+    /// The terminal had traffic now.
+    fn used(&mut self) {
+        let Some(every) = self.every else {
+            return;
+        };
+        if self.last.elapsed() < every {
+            return;
+        }
+        self.last = Instant::now();
+        let mut sessions = self.state.sessions();
+        let request = pb::TouchSessionRequest {
+            scope: self.scope.clone(),
+            session_id: self.session_id.clone(),
+        };
+        plinth_kit::tasks::spawn(async move {
+            if let Err(status) = sessions.touch_session(request).await {
+                tracing::warn!(error = %status.message(), "keeping a terminal's session from its idle end failed");
+            }
+        });
+    }
+}
+
+/// The longest a terminal with traffic goes without telling the catalog its session is used.
+const TOUCH_AT_MOST: Duration = Duration::from_secs(30);
+
 /// Relays frames to the node and its output back until the command ends (answers its exit
 /// code) or either side leaves (answers none).
 async fn relay<S>(
     socket: WebSocketStream<S>,
     inputs: mpsc::Sender<node::PtyRequest>,
     mut outputs: tonic::Streaming<node::PtyOutput>,
+    mut touch: Toucher,
 ) -> Option<i32>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -288,6 +343,7 @@ where
         tokio::select! {
             frame = frames.next() => match frame {
                 Some(Ok(Message::Binary(bytes))) => {
+                    touch.used();
                     if inputs.send(input(node::pty_request::Input::Stdin(bytes))).await.is_err() {
                         break (None, None);
                     }
@@ -320,6 +376,7 @@ where
             },
             output = outputs.next() => match output {
                 Some(Ok(node::PtyOutput { output: Some(node::pty_output::Output::Data(bytes)) })) => {
+                    touch.used();
                     if sink.send(Message::Binary(bytes)).await.is_err() {
                         return None;
                     }

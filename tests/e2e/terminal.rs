@@ -556,3 +556,65 @@ async fn a_node_without_isolation_still_gives_a_terminal() {
     assert_eq!((exit, closed), (Some(7), true));
     server.stop().await;
 }
+
+/// A person working in a terminal is using the session, though the whole terminal is one turn:
+/// a session whose idle limit is 2 s keeps running while its terminal shows output for 6 s,
+/// and is ended as idle only once the terminal is gone and 2 s pass.
+#[tokio::test]
+async fn a_terminal_in_use_keeps_its_session_from_its_idle_end() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let mut server = Server::start_with_tokens(&[("tok-acme", "acme")], &[]).await;
+    server.client = reqwest::Client::builder()
+        .default_headers(
+            [(
+                reqwest::header::AUTHORIZATION,
+                "Bearer tok-acme".parse().expect("header"),
+            )]
+            .into_iter()
+            .collect(),
+        )
+        .build()
+        .expect("client");
+    let env = built_environment(&server, "Idle Studio", Duration::from_secs(120)).await;
+    let session = start_session_with(
+        &server,
+        json!({ "environment": env, "limits": { "idle_ms": 2000 } }),
+    )
+    .await;
+    let id = session["id"].as_str().expect("id").to_owned();
+    let mut socket = open_socket(
+        &server,
+        "tok-acme",
+        reqwest::Method::POST,
+        &id,
+        "pty=true&command=for+i+in+1+2+3+4+5+6%3B+do+echo+tick-%24i%3B+sleep+1%3B+done",
+    )
+    .await
+    .expect("a terminal");
+    let (shown, exit, closed) = read_socket(&mut socket, |_| false).await;
+    assert!(
+        shown.contains("tick-6"),
+        "the terminal was cut off before its command ended: {shown:?}"
+    );
+    assert_eq!((exit, closed), (Some(0), true));
+    let (status, answer) = send(server.client.get(server.url(&format!("/v1/sessions/{id}")))).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["status"], "active", "{answer}");
+
+    // With the terminal gone nothing uses it: ended at its idle end.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, answer) = send(server.client.get(server.url(&format!("/v1/sessions/{id}")))).await;
+        if answer["status"] == "ended" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "an unused session outlived its idle limit: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    server.stop().await;
+}

@@ -459,6 +459,21 @@ impl pb::session_service_server::SessionService for Sessions {
         Ok(Response::new(recorded.into()))
     }
 
+    #[tracing::instrument(name = "catalog.touch_session", skip_all)]
+    async fn touch_session(
+        &self,
+        request: Request<pb::TouchSessionRequest>,
+    ) -> Result<Response<pb::TouchSessionResponse>, Status> {
+        let request = request.into_inner();
+        let scope = Scope::parse(&request.scope)?;
+        let id = session_id(&request.session_id)?;
+        self.store
+            .touch_session(&scope, &id)
+            .await
+            .map_err(|error| session_error(error, &request.session_id))?;
+        Ok(Response::new(pb::TouchSessionResponse {}))
+    }
+
     #[tracing::instrument(name = "catalog.finish_turn", skip_all)]
     async fn finish_turn(
         &self,

@@ -71,6 +71,18 @@ pub struct NewTask {
     pub session: NewSession,
 }
 
+/// A session's end once it is used at `$3` (milliseconds): `now + idle`, unless its lifetime
+/// ends it sooner; unchanged without an idle limit. One expression for turns and touches.
+macro_rules! idle_end {
+    () => {
+        "CASE WHEN limit_idle_ms IS NULL THEN ends_at_ms \
+         WHEN limit_lifetime_ms IS NOT NULL \
+         AND created_at_ms + limit_lifetime_ms < $3 + limit_idle_ms \
+         THEN created_at_ms + limit_lifetime_ms \
+         ELSE $3 + limit_idle_ms END"
+    };
+}
+
 impl Store {
     /// Registers a node agent by name (a restarted agent keeps its id and its sessions).
     /// `session_workdir`, when not empty, is where every session of the node sees its working
@@ -267,16 +279,12 @@ impl Store {
         let mut tx = self.db.begin_write().await?;
         // A turn moves the session's idle end to `now + idle`, unless its lifetime ends it
         // sooner; a session past its end takes no turn, whether or not the sweep ended it yet.
-        let row = sqlx::query(
-            "UPDATE sessions SET turns = turns + 1, ends_at_ms = CASE \
-             WHEN limit_idle_ms IS NULL THEN ends_at_ms \
-             WHEN limit_lifetime_ms IS NOT NULL \
-             AND created_at_ms + limit_lifetime_ms < $3 + limit_idle_ms \
-             THEN created_at_ms + limit_lifetime_ms \
-             ELSE $3 + limit_idle_ms END \
-             WHERE id = $1 AND scope = $2 AND status = 'active' \
+        let row = sqlx::query(concat!(
+            "UPDATE sessions SET turns = turns + 1, ends_at_ms = ",
+            idle_end!(),
+            " WHERE id = $1 AND scope = $2 AND status = 'active' \
              AND (ends_at_ms IS NULL OR ends_at_ms > $3) RETURNING turns, version",
-        )
+        ))
         .bind(id.as_str())
         .bind(scope.as_str())
         .bind(now)
@@ -309,6 +317,27 @@ impl Store {
         .await?;
         tx.commit().await?;
         Ok(turn)
+    }
+
+    /// Moves an active session's idle end as a turn does, recording no turn: it is in use
+    /// between turns (an interactive terminal with traffic). `NotFound` for a session that is
+    /// not there, has ended or is past its end.
+    pub async fn touch_session(&self, scope: &Scope, id: &SessionId) -> Result<(), StoreError> {
+        let touched = sqlx::query(concat!(
+            "UPDATE sessions SET ends_at_ms = ",
+            idle_end!(),
+            " WHERE id = $1 AND scope = $2 AND status = 'active' \
+             AND (ends_at_ms IS NULL OR ends_at_ms > $3)",
+        ))
+        .bind(id.as_str())
+        .bind(scope.as_str())
+        .bind(now_ms())
+        .execute(&self.db.writer)
+        .await?;
+        if touched.rows_affected() == 0 {
+            return Err(StoreError::NotFound);
+        }
+        Ok(())
     }
 
     /// Records how a command's turn ended; a turn ended already keeps its first exit status.

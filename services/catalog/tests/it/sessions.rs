@@ -16,6 +16,7 @@ backend_suite!(
     limits_are_stored_with_the_session_and_its_task,
     the_sweep_ends_sessions_past_their_lifetime_and_no_others,
     idle_time_counts_from_the_last_turn,
+    a_touch_moves_the_idle_end_as_a_turn_does_and_records_none,
     pages_of_turns_walk_every_turn_once_in_order,
     pages_of_a_nodes_and_an_owners_sessions_walk_each_live_one_once,
 );
@@ -639,6 +640,60 @@ async fn idle_time_counts_from_the_last_turn(store: Store) {
         .await
         .expect("sweep");
     assert_eq!(ended, vec![capped.id]);
+}
+
+async fn a_touch_moves_the_idle_end_as_a_turn_does_and_records_none(store: Store) {
+    store
+        .register_node("host-a", "http://a", true, "", "")
+        .await
+        .expect("register");
+    let id = environment(&store, "Studio").await;
+    build(&store, &id, "sha256:one").await;
+    let limits = SessionLimits {
+        idle_ms: Some(60_000),
+        lifetime_ms: Some(600_000),
+        ..SessionLimits::default()
+    };
+    let touched = limited_session(&store, &id, limits).await;
+    let quiet = limited_session(&store, &id, limits).await;
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let before = plinth_kit::database::now_ms();
+    store
+        .touch_session(&scope("acme"), &touched.id)
+        .await
+        .expect("touch");
+    let quiet_end = quiet.created_at_ms.max(touched.created_at_ms) + 60_000;
+    let ended = store
+        .end_sessions_past_their_limits(quiet_end, 100)
+        .await
+        .expect("sweep");
+    assert_eq!(
+        ended,
+        vec![quiet.id.clone()],
+        "the touched session ended with the quiet one"
+    );
+    let session = store
+        .get_session(&scope("acme"), &touched.id)
+        .await
+        .expect("session");
+    assert_eq!(session.turns, 0, "a touch records no turn");
+    let ended = store
+        .end_sessions_past_their_limits(before + 60_000 + 1_000, 100)
+        .await
+        .expect("sweep");
+    assert_eq!(ended, vec![touched.id.clone()]);
+    // Another scope cannot touch it, and an ended session cannot be touched.
+    for (who, session) in [
+        ("globex", &quiet.id),
+        ("acme", &quiet.id),
+        ("acme", &touched.id),
+    ] {
+        let refused = store.touch_session(&scope(who), session).await;
+        assert!(
+            matches!(refused, Err(StoreError::NotFound)),
+            "{who}: {refused:?}"
+        );
+    }
 }
 
 /// Reads every page of a list, handing back each `next` as a client does (the opaque string,
