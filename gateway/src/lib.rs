@@ -18,11 +18,13 @@ mod files;
 mod harnesses;
 mod json;
 pub mod limits;
+mod nodes;
 mod novo;
 mod openapi;
 mod paging;
 mod public;
 mod query;
+mod runtime;
 mod sessions;
 mod terminal;
 mod usage;
@@ -124,8 +126,8 @@ pub(crate) struct AppState {
     brain_runtime: Arc<brain::Runtime>,
     adapters: AdapterClient,
     quotas: QuotaClient,
-    nodes: sessions::Nodes,
-    live: Arc<sessions::LiveSessions>,
+    nodes: nodes::Nodes,
+    live: Arc<runtime::LiveSessions>,
     source: SourceClient,
     tokens: Arc<auth::Tokens>,
     environments: bool,
@@ -273,7 +275,7 @@ fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, 
             .max_decoding_message_size(brain::CATALOG_MESSAGE_BYTES)
             .max_encoding_message_size(brain::CATALOG_MESSAGE_BYTES),
         brain_runtime: Arc::new(brain::Runtime::new(options.brain_operation_lease)),
-        nodes: Arc::new(sessions::NodeClients::new(
+        nodes: Arc::new(nodes::NodeClients::new(
             interceptor.clone(),
             options.internal.clone(),
             backends.local_nodes.clone(),

@@ -35,7 +35,7 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::error::{self, ApiError, ErrorBody};
-use crate::sessions;
+use crate::runtime;
 use signature::{Admission, Arrival, ReplayMemory, SignatureHeader};
 
 /// The dispatch route.
@@ -564,7 +564,7 @@ async fn run_call(
         .into_inner();
     let mut session = opened.session.unwrap_or_default();
     if session.workdir.is_empty() {
-        session = sessions::start_session(state, &adapter.scope, session).await?;
+        session = runtime::start_session(state, &adapter.scope, session).await?;
     }
     let call = Call {
         state,
@@ -592,7 +592,7 @@ async fn run_call(
     };
     // The call has run: a turn that cannot be recorded because the catalog did not answer
     // does not turn its answer into an error.
-    match sessions::record(state, &adapter.scope, &session, kind, &detail, exit_code).await {
+    match runtime::record(state, &adapter.scope, &session, kind, &detail, exit_code).await {
         Err(ApiError(error))
             if matches!(error.code, ErrorCode::Unavailable | ErrorCode::Internal) =>
         {
@@ -619,7 +619,7 @@ type Outcome = (Value, &'static str, String, Option<i32>);
 impl Call<'_> {
     /// The node's workspace client, for a request made at once: the call counts as
     /// dispatched from here on.
-    fn client(&self) -> Result<crate::sessions::WorkspaceClient, ApiError> {
+    fn client(&self) -> Result<crate::nodes::WorkspaceClient, ApiError> {
         let client = self.state.nodes.workspace(&self.session.node_address)?;
         self.dispatched.store(true, Ordering::SeqCst);
         Ok(client)
@@ -919,7 +919,7 @@ impl Call<'_> {
         let ran = self
             .client()?
             .run_command(node::RunCommandRequest {
-                session: Some(sessions::spec(self.session)),
+                session: Some(runtime::spec(self.session)),
                 command: command.clone(),
                 cwd: self.string("cwd")?.unwrap_or_default(),
                 env,

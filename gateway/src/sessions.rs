@@ -4,8 +4,8 @@
 //! turn with the version it read. `POST /v1/tasks` is refused before anything starts unless
 //! the task's environment (its own, else its harness's) is ready.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -14,14 +14,10 @@ use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use plinth_kit::grpc::{ClientInterceptor, Internal, Transport};
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use plinth_proto::node::v1 as node;
-use plinth_proto::node::v1::node_service_client::NodeServiceClient;
-use plinth_proto::node::v1::workspace_service_client::WorkspaceServiceClient;
 use serde::{Deserialize, Serialize};
-use tonic::service::interceptor::InterceptedService;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -32,7 +28,11 @@ use crate::conditional::ReadAnswer;
 use crate::error::{ApiError, ErrorBody};
 use crate::json::JsonBody;
 use crate::limits::{LimitsBody, LimitsRequest, SessionLimits};
+pub use crate::nodes::MAX_SESSION_FILE_BYTES;
 use crate::paging::{Page, PageQuery};
+use crate::runtime::{
+    active_session, finish_turn, place_and_attach, record, settle, spec, start_session,
+};
 
 /// The session and task routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -43,163 +43,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(list_turns))
         .routes(routes!(read_file, write_file, delete_file))
         .routes(routes!(create_task))
-}
-
-/// Most bytes of a working-directory file through the API.
-pub const MAX_SESSION_FILE_BYTES: usize = 64 * 1024 * 1024;
-
-pub(crate) type WorkspaceClient =
-    WorkspaceServiceClient<InterceptedService<Transport, ClientInterceptor>>;
-type NodeClient = NodeServiceClient<InterceptedService<Transport, ClientInterceptor>>;
-
-/// Transports to node agents, by address: those in this process given at the start, the
-/// others channels made on first use and shared.
-pub struct NodeClients {
-    interceptor: ClientInterceptor,
-    internal: Internal,
-    channels: Mutex<HashMap<String, Transport>>,
-}
-
-impl NodeClients {
-    /// Only `local` nodes known yet; every call carries `interceptor`'s credential, and
-    /// `https://` nodes are reached with `internal`'s TLS.
-    pub fn new(
-        interceptor: ClientInterceptor,
-        internal: Internal,
-        local: Vec<(String, Transport)>,
-    ) -> Self {
-        NodeClients {
-            interceptor,
-            internal,
-            channels: Mutex::new(local.into_iter().collect()),
-        }
-    }
-
-    pub(crate) fn client(&self, address: &str) -> Result<NodeClient, ApiError> {
-        Ok(
-            NodeServiceClient::with_interceptor(self.channel(address)?, self.interceptor.clone())
-                .max_decoding_message_size(Self::LIMIT)
-                .max_encoding_message_size(Self::LIMIT),
-        )
-    }
-
-    /// A workspace client for the node at `address` (the same channel).
-    pub(crate) fn workspace(&self, address: &str) -> Result<WorkspaceClient, ApiError> {
-        Ok(WorkspaceServiceClient::with_interceptor(
-            self.channel(address)?,
-            self.interceptor.clone(),
-        )
-        .max_decoding_message_size(Self::LIMIT)
-        .max_encoding_message_size(Self::LIMIT))
-    }
-
-    const LIMIT: usize = MAX_SESSION_FILE_BYTES + 64 * 1024;
-
-    fn channel(&self, address: &str) -> Result<Transport, ApiError> {
-        let mut channels = self
-            .channels
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let channel = match channels.get(address) {
-            Some(channel) => channel.clone(),
-            None => {
-                let channel = self
-                    .internal
-                    .connect(address)
-                    .map(Transport::remote)
-                    .map_err(|error| {
-                        PlinthError::new(
-                            ErrorCode::Unavailable,
-                            format!("the session's node ({address}) cannot be reached: {error}"),
-                        )
-                    })?;
-                channels.insert(address.to_owned(), channel.clone());
-                channel
-            }
-        };
-        Ok(channel)
-    }
-}
-
-/// Active sessions this gateway started or looked up, so that a command or file call needs no
-/// catalog lookup before it goes to the node. Nothing depends on an entry being current: a
-/// session ended through another gateway is refused by its node (which detaches a session
-/// before the catalog ends it) and by the catalog when the turn is recorded.
-#[derive(Debug, Default)]
-pub struct LiveSessions {
-    inner: Mutex<LiveInner>,
-}
-
-#[derive(Debug, Default)]
-struct LiveInner {
-    sessions: HashMap<(String, String), Arc<pb::Session>>,
-    /// Oldest first; may name entries forgotten since.
-    order: VecDeque<(String, String)>,
-}
-
-impl LiveSessions {
-    /// Entries kept; the oldest go first.
-    const CAP: usize = 10_000;
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, LiveInner> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The entry of a session, unless it is past its lifetime: that one the catalog has
-    /// ended or is about to, so the caller asks it rather than run anything.
-    fn get(&self, scope: &str, id: &str) -> Option<Arc<pb::Session>> {
-        let key = (scope.to_owned(), id.to_owned());
-        let mut inner = self.lock();
-        let session = inner.sessions.get(&key)?;
-        let lifetime_ms = session
-            .limits
-            .map(|limits| limits.lifetime_ms)
-            .filter(|&ms| ms > 0)
-            .and_then(|ms| i64::try_from(ms).ok());
-        if let Some(lifetime_ms) = lifetime_ms
-            && plinth_kit::clock::now_ms() >= session.created_at_ms.saturating_add(lifetime_ms)
-        {
-            inner.sessions.remove(&key);
-            return None;
-        }
-        Some(session.clone())
-    }
-
-    fn put(&self, scope: &str, session: &pb::Session) {
-        if session.status != "active" || session.workdir.is_empty() {
-            return;
-        }
-        let key = (scope.to_owned(), session.id.clone());
-        let mut inner = self.lock();
-        if inner
-            .sessions
-            .insert(key.clone(), Arc::new(session.clone()))
-            .is_none()
-        {
-            inner.order.push_back(key);
-        }
-        while inner.sessions.len() > Self::CAP {
-            match inner.order.pop_front() {
-                Some(oldest) => {
-                    inner.sessions.remove(&oldest);
-                }
-                None => break,
-            }
-        }
-        if inner.order.len() > 2 * Self::CAP {
-            let LiveInner { sessions, order } = &mut *inner;
-            order.retain(|key| sessions.contains_key(key));
-        }
-    }
-
-    /// The session ended (or its entry is in doubt).
-    pub(crate) fn forget(&self, scope: &str, id: &str) {
-        self.lock()
-            .sessions
-            .remove(&(scope.to_owned(), id.to_owned()));
-    }
 }
 
 /// What a session reads.
@@ -340,131 +183,6 @@ async fn harness_environment(
     Ok(found.environment_id)
 }
 
-/// Places and attaches a session; answers it as the catalog has it after attaching.
-pub(crate) async fn start_session(
-    state: &AppState,
-    scope: &str,
-    session: pb::Session,
-) -> Result<pb::Session, ApiError> {
-    attach(state, scope, session)
-        .await
-        .map_err(AttachFailure::into_error)
-}
-
-/// Why a placed session could not be attached; it has been ended in the catalog either way.
-enum AttachFailure {
-    /// The node could not be reached (dead, or not answering): another node may do.
-    NodeUnreachable(ApiError),
-    /// Anything else, which another node would answer alike.
-    Other(ApiError),
-}
-
-impl AttachFailure {
-    fn into_error(self) -> ApiError {
-        match self {
-            AttachFailure::NodeUnreachable(error) | AttachFailure::Other(error) => error,
-        }
-    }
-}
-
-/// Attaches a placed session on its node and records where its working directory is.
-async fn attach(
-    state: &AppState,
-    scope: &str,
-    session: pb::Session,
-) -> Result<pb::Session, AttachFailure> {
-    let attached = match state.nodes.client(&session.node_address) {
-        Ok(mut client) => client
-            .attach(node::AttachRequest {
-                session: Some(spec(&session)),
-            })
-            .await
-            .map_err(|status| {
-                // Refused connections and resets are `unavailable`, as is a node shutting
-                // down: the node is not there to run the session.
-                if status.code() == tonic::Code::Unavailable {
-                    AttachFailure::NodeUnreachable(status.into())
-                } else {
-                    AttachFailure::Other(status.into())
-                }
-            }),
-        Err(error) => Err(AttachFailure::NodeUnreachable(error)),
-    };
-    let attached = match attached {
-        Ok(attached) => attached.into_inner(),
-        Err(failure) => {
-            // A session that never got its working directory is ended, not left dangling.
-            let _ = state
-                .sessions()
-                .end_session(pb::EndSessionRequest {
-                    scope: scope.to_owned(),
-                    id: session.id.clone(),
-                })
-                .await;
-            return Err(failure);
-        }
-    };
-    // The catalog records the working directory when it places the session on a node that
-    // says where it keeps sessions; only a node that does not, or disagrees, needs a write.
-    let session = if attached.workdir == session.workdir && attached.isolated == session.isolated {
-        session
-    } else {
-        state
-            .sessions()
-            .mark_attached(pb::MarkAttachedRequest {
-                scope: scope.to_owned(),
-                id: session.id,
-                workdir: attached.workdir,
-                isolated: attached.isolated,
-            })
-            .await
-            .map_err(|status| AttachFailure::Other(status.into()))?
-            .into_inner()
-    };
-    state.live.put(scope, &session);
-    Ok(session)
-}
-
-/// Places a session and attaches it; when the node it was placed on cannot be reached (it
-/// died since its last heartbeat, within the catalog's node TTL), places it once more on
-/// another node, so that a dead node costs the caller a little time rather than a failed
-/// create. A second unreachable node is the caller's answer: nodes are failing faster than
-/// one retry can hide.
-async fn place_and_attach(
-    state: &AppState,
-    scope: &str,
-    mut request: pb::CreateSessionRequest,
-) -> Result<pb::Session, ApiError> {
-    let session = state
-        .sessions()
-        .create_session(request.clone())
-        .await?
-        .into_inner();
-    let node = session.node_id.clone();
-    match attach(state, scope, session).await {
-        Ok(session) => Ok(session),
-        Err(AttachFailure::NodeUnreachable(error)) => {
-            tracing::warn!(%node, error = %error.0.message, "the session's node cannot be reached; placing the session on another node");
-            metrics::counter!("plinth_session_placement_retries_total").increment(1);
-            request.exclude_node = node;
-            let session = state.sessions().create_session(request).await?.into_inner();
-            start_session(state, scope, session).await
-        }
-        Err(AttachFailure::Other(error)) => Err(error),
-    }
-}
-
-pub(crate) fn spec(session: &pb::Session) -> node::SessionSpec {
-    node::SessionSpec {
-        session_id: session.id.clone(),
-        environment_id: session.environment_id.clone(),
-        version: session.version,
-        slug: session.slug.clone(),
-        layer_tree: session.layer_tree.clone(),
-        limits: Some(SessionLimits::from_catalog(session.limits.as_ref()).to_node()),
-    }
-}
-
 /// Start a session on an environment's active version.
 #[utoipa::path(
     post,
@@ -508,98 +226,6 @@ async fn create_session(
     };
     let session = place_and_attach(&state, &caller.scope, request).await?;
     Ok((StatusCode::CREATED, Json(session_body(session))))
-}
-
-/// An active session of the caller, or why not.
-pub(crate) async fn active_session(
-    state: &AppState,
-    scope: &str,
-    id: &str,
-) -> Result<Arc<pb::Session>, ApiError> {
-    if let Some(session) = state.live.get(scope, id) {
-        return Ok(session);
-    }
-    let session = state
-        .sessions()
-        .get_session(pb::GetSessionRequest {
-            scope: scope.to_owned(),
-            id: id.to_owned(),
-        })
-        .await?
-        .into_inner();
-    if session.status != "active" {
-        return Err(
-            PlinthError::new(ErrorCode::NotFound, format!("session {id} has ended")).into(),
-        );
-    }
-    state.live.put(scope, &session);
-    Ok(Arc::new(session))
-}
-
-pub(crate) async fn record(
-    state: &AppState,
-    scope: &str,
-    session: &pb::Session,
-    kind: &str,
-    detail: &str,
-    exit_code: Option<i32>,
-) -> Result<pb::Turn, ApiError> {
-    Ok(state
-        .sessions()
-        .record_turn(pb::RecordTurnRequest {
-            scope: scope.to_owned(),
-            turn: Some(pb::Turn {
-                session_id: session.id.clone(),
-                kind: kind.to_owned(),
-                detail: detail.to_owned(),
-                exit_code,
-                ..Default::default()
-            }),
-        })
-        .await?
-        .into_inner())
-}
-
-/// A command's turn and its run, each begun beside the other: both, or the first error. A
-/// turn whose command never ran is finished as -1 (could not start); a session either refused
-/// is forgotten, so the next call asks the catalog.
-pub(crate) fn settle<T>(
-    state: &AppState,
-    scope: &str,
-    session: &pb::Session,
-    turn: Result<pb::Turn, ApiError>,
-    ran: Result<T, ApiError>,
-) -> Result<(pb::Turn, T), ApiError> {
-    match (turn, ran) {
-        (Ok(turn), Ok(ran)) => Ok((turn, ran)),
-        (Ok(turn), Err(error)) => {
-            finish_turn(state, scope, &turn, -1);
-            state.live.forget(scope, &session.id);
-            Err(error)
-        }
-        (Err(error), _) => {
-            state.live.forget(scope, &session.id);
-            Err(error)
-        }
-    }
-}
-
-/// Records how a command's turn ended, after the answer has gone: the caller does not wait
-/// for the write. (Until it lands, the turn lists without an exit code, as a running one
-/// does.)
-pub(crate) fn finish_turn(state: &AppState, scope: &str, turn: &pb::Turn, exit_code: i32) {
-    let mut sessions = state.sessions();
-    let request = pb::FinishTurnRequest {
-        scope: scope.to_owned(),
-        session_id: turn.session_id.clone(),
-        sequence: turn.sequence,
-        exit_code,
-    };
-    plinth_kit::tasks::spawn(async move {
-        if let Err(status) = sessions.finish_turn(request).await {
-            tracing::warn!(error = %status.message(), "recording how a command ended failed");
-        }
-    });
 }
 
 /// One session.
@@ -1365,6 +991,3 @@ async fn create_task(
         }),
     ))
 }
-
-/// Shared handle to node channels.
-pub type Nodes = Arc<NodeClients>;

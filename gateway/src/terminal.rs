@@ -34,7 +34,7 @@ use utoipa::IntoParams;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
-use crate::sessions::{active_session, finish_turn, record, settle, spec};
+use crate::runtime::{active_session, finish_turn, record, settle, spec};
 
 /// The most columns or rows a terminal may have.
 const MAX_CELLS: u32 = 1000;

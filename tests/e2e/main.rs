@@ -38,6 +38,7 @@ mod sandbox;
 mod scale_out;
 mod sessions;
 mod snapshots;
+mod structure;
 mod telemetry;
 mod terminal;
 mod tracing_propagation;

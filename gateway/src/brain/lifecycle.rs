@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use super::Context;
 use super::receipt::{self, Failure, Receipt, codes};
-use crate::sessions;
+use crate::runtime;
 
 /// Sessions asked for in one page of an owner's sessions: the catalog's most.
 const OWNED_PAGE: u32 = 1000;
@@ -171,7 +171,7 @@ pub async fn allocate(context: &Context, version: Option<u32>) -> Result<pb::Ses
         .await
         .map_err(|status| receipt::from_error(&PlinthError::from_status(&status)))?
         .into_inner();
-    sessions::start_session(&context.state, context.scope(), session)
+    runtime::start_session(&context.state, context.scope(), session)
         .await
         .map_err(|error| receipt::from_error(&error.0))
 }

@@ -15,7 +15,7 @@ use serde_json::{Map, Value, json};
 use super::Context;
 use super::lifecycle;
 use super::receipt::{self, Failure, Receipt, codes};
-use crate::sessions;
+use crate::runtime;
 
 /// The tools served, by name.
 pub const TOOLS: [&str; 11] = [
@@ -303,7 +303,7 @@ async fn run(
             env.insert(MARKER_VARIABLE.to_owned(), marker.to_owned());
             let ran = workspace
                 .run_command(node::RunCommandRequest {
-                    session: Some(sessions::spec(session)),
+                    session: Some(runtime::spec(session)),
                     command: command.clone(),
                     cwd: optional_string(input, "cwd")?.unwrap_or_default(),
                     env,
@@ -717,7 +717,7 @@ async fn record(
     detail: &str,
     exit_code: Option<i32>,
 ) {
-    let recorded = sessions::record(
+    let recorded = runtime::record(
         &context.state,
         &context.adapter.scope,
         session,
@@ -753,7 +753,7 @@ async fn cleanup(context: &Context, session: &pb::Session, name: &str, marker: &
             .map_err(|error| error.0.message)?;
         let mut events = client
             .exec(node::ExecRequest {
-                session: Some(sessions::spec(session)),
+                session: Some(runtime::spec(session)),
                 command: script,
                 cwd: String::new(),
                 env: Default::default(),

@@ -35,6 +35,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufRead
 use tokio::process::Command;
 
 use crate::archive::Limits;
+pub use crate::import::GitError;
 use crate::import::{ImportError, Imported};
 use crate::links;
 use crate::paths::{MAX_PATH_BYTES, SourcePath};
@@ -90,33 +91,6 @@ impl fmt::Debug for GitPolicy {
             .field("max_fetch_bytes", &self.max_fetch_bytes)
             .finish_non_exhaustive()
     }
-}
-
-/// Why a git import was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum GitError {
-    /// The URL is not allowed.
-    #[error("{0}")]
-    Refused(String),
-    /// The server answered with a redirect, which is never followed.
-    #[error(
-        "the server answered with a redirect (HTTP {status}), which git imports do not follow; give the repository's final URL"
-    )]
-    Redirected {
-        /// The HTTP status.
-        status: u16,
-    },
-    /// The fetch wrote more than the policy allows; it was stopped.
-    #[error(
-        "the repository's fetch passed the limit of {max} bytes (source.git_max_fetch_bytes) and was stopped; nothing was imported"
-    )]
-    TooLarge {
-        /// The limit.
-        max: u64,
-    },
-    /// `git` failed.
-    #[error("git failed: {0}")]
-    Failed(String),
 }
 
 fn refused(message: impl Into<String>) -> ImportError {

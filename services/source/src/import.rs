@@ -160,10 +160,38 @@ pub enum ImportError {
     Io(#[from] std::io::Error),
     /// A git import was refused or failed.
     #[error(transparent)]
-    Git(#[from] crate::git::GitError),
+    Git(#[from] GitError),
     /// A worker died.
     #[error("an import worker failed: {0}")]
     Worker(String),
+}
+
+/// Why a git import was refused (`crate::git` fetches; the error is an import's, so it
+/// lives beside `ImportError`).
+#[derive(Debug, thiserror::Error)]
+pub enum GitError {
+    /// The URL is not allowed.
+    #[error("{0}")]
+    Refused(String),
+    /// The server answered with a redirect, which is never followed.
+    #[error(
+        "the server answered with a redirect (HTTP {status}), which git imports do not follow; give the repository's final URL"
+    )]
+    Redirected {
+        /// The HTTP status.
+        status: u16,
+    },
+    /// The fetch wrote more than the policy allows; it was stopped.
+    #[error(
+        "the repository's fetch passed the limit of {max} bytes (source.git_max_fetch_bytes) and was stopped; nothing was imported"
+    )]
+    TooLarge {
+        /// The limit.
+        max: u64,
+    },
+    /// `git` failed.
+    #[error("git failed: {0}")]
+    Failed(String),
 }
 
 /// Spools `body` (at most `limits.max_total_bytes`) and reads it as an archive. Every blob

@@ -1,0 +1,129 @@
+//! The code base's shape, as a newcomer relies on it: within each crate, no two top-level
+//! modules import each other, directly or around a longer loop, so each can be read and
+//! changed knowing only what it imports. A module's imports are the `crate::<module>` paths in
+//! its files, outside comments and its `#[cfg(test)] mod tests` block.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Every crate's `src` directory.
+fn crate_sources() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut sources = vec![
+        root.join("cli/src"),
+        root.join("gateway/src"),
+        root.join("proto/src"),
+        root.join("bench/src"),
+    ];
+    for entry in std::fs::read_dir(root.join("services")).expect("services") {
+        let src = entry.expect("entry").path().join("src");
+        if src.is_dir() {
+            sources.push(src);
+        }
+    }
+    sources
+}
+
+fn rust_files(dir: &Path, into: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read dir") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            rust_files(&path, into);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            into.push(path);
+        }
+    }
+}
+
+/// Top-level module → the top-level modules it names as `crate::<name>`.
+fn imports(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let top_level = |path: &Path| -> Option<String> {
+        let relative = path.strip_prefix(src).ok()?;
+        let first = relative.components().next()?.as_os_str().to_str()?;
+        let name = first.strip_suffix(".rs").unwrap_or(first).to_owned();
+        (name != "lib" && name != "main").then_some(name)
+    };
+    let modules: BTreeSet<String> = files.iter().filter_map(|path| top_level(path)).collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for path in &files {
+        let Some(module) = top_level(path) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(path).expect("read");
+        let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+        for line in text
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("//"))
+        {
+            for (at, _) in line.match_indices("crate::") {
+                let name: String = line[at + "crate::".len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if name != module && modules.contains(&name) {
+                    graph.entry(module.clone()).or_default().insert(name);
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// A loop of imports through `start`, if there is one.
+fn cycle_through(graph: &BTreeMap<String, BTreeSet<String>>, start: &str) -> Option<Vec<String>> {
+    let mut stack = vec![(start.to_owned(), vec![start.to_owned()])];
+    let mut seen = BTreeSet::new();
+    while let Some((module, path)) = stack.pop() {
+        for next in graph.get(&module).into_iter().flatten() {
+            if next == start {
+                let mut found = path.clone();
+                found.push(start.to_owned());
+                return Some(found);
+            }
+            if seen.insert(next.clone()) {
+                let mut longer = path.clone();
+                longer.push(next.clone());
+                stack.push((next.clone(), longer));
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn no_crate_has_an_import_circle() {
+    let mut circles = Vec::new();
+    for src in crate_sources() {
+        let graph = imports(&src);
+        for module in graph.keys() {
+            if let Some(circle) = cycle_through(&graph, module) {
+                circles.push(format!("{}: {}", src.display(), circle.join(" → ")));
+            }
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "import circles:\n{}",
+        circles.join("\n")
+    );
+}
+
+#[test]
+fn a_circle_is_found_however_long() {
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("a", vec!["b"]),
+        ("b", vec!["c"]),
+        ("c", vec!["a", "d"]),
+        ("d", vec![]),
+    ]
+    .into_iter()
+    .map(|(from, to)| (from.to_owned(), to.into_iter().map(str::to_owned).collect()))
+    .collect();
+    assert_eq!(
+        cycle_through(&graph, "a"),
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
+    );
+    assert_eq!(cycle_through(&graph, "d"), None);
+}
