@@ -248,77 +248,51 @@ async fn channel(address: &str) -> Channel {
         .expect("connect")
 }
 
-/// The services reflection v1alpha lists at `address`.
-async fn listed_v1alpha(address: &str, token: Option<&str>) -> Vec<String> {
-    use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
-    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
-    let mut request = tonic::Request::new(futures::stream::iter([ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    }]));
-    if let Some(token) = token {
-        request.metadata_mut().insert(
-            "authorization",
-            format!("Bearer {token}").parse().expect("ascii"),
-        );
-    }
-    let mut answers = ServerReflectionClient::new(channel(address).await)
-        .server_reflection_info(request)
-        .await
-        .expect("reflection v1alpha answers")
-        .into_inner();
-    match answers
-        .message()
-        .await
-        .expect("answer")
-        .map(|a| a.message_response)
-    {
-        Some(Some(MessageResponse::ListServicesResponse(list))) => {
-            let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-            names.sort();
-            names
+/// `async fn $name(address, token) -> Vec<String>`: the services reflection `$version`
+/// lists at `address`, sorted. The two versions' clients are distinct generated types with
+/// the same shape.
+macro_rules! listed {
+    ($name:ident, $version:ident) => {
+        async fn $name(address: &str, token: Option<&str>) -> Vec<String> {
+            use tonic_reflection::pb::$version::ServerReflectionRequest;
+            use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
+            use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+            use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
+            let mut request =
+                tonic::Request::new(futures::stream::iter([ServerReflectionRequest {
+                    host: String::new(),
+                    message_request: Some(MessageRequest::ListServices(String::new())),
+                }]));
+            if let Some(token) = token {
+                request.metadata_mut().insert(
+                    "authorization",
+                    format!("Bearer {token}").parse().expect("ascii"),
+                );
+            }
+            let mut answers = ServerReflectionClient::new(channel(address).await)
+                .server_reflection_info(request)
+                .await
+                .expect(concat!("reflection ", stringify!($version), " answers"))
+                .into_inner();
+            match answers
+                .message()
+                .await
+                .expect("answer")
+                .map(|a| a.message_response)
+            {
+                Some(Some(MessageResponse::ListServicesResponse(list))) => {
+                    let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+                    names.sort();
+                    names
+                }
+                other => panic!("unexpected reflection answer: {other:?}"),
+            }
         }
-        other => panic!("unexpected reflection answer: {other:?}"),
-    }
+    };
 }
 
-/// The services reflection v1 lists at `address`.
-async fn listed_v1(address: &str, token: Option<&str>) -> Vec<String> {
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    let mut request = tonic::Request::new(futures::stream::iter([ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    }]));
-    if let Some(token) = token {
-        request.metadata_mut().insert(
-            "authorization",
-            format!("Bearer {token}").parse().expect("ascii"),
-        );
-    }
-    let mut answers = ServerReflectionClient::new(channel(address).await)
-        .server_reflection_info(request)
-        .await
-        .expect("reflection v1 answers")
-        .into_inner();
-    match answers
-        .message()
-        .await
-        .expect("answer")
-        .map(|a| a.message_response)
-    {
-        Some(Some(MessageResponse::ListServicesResponse(list))) => {
-            let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-            names.sort();
-            names
-        }
-        other => panic!("unexpected reflection answer: {other:?}"),
-    }
-}
+listed!(listed_v1, v1);
+listed!(listed_v1alpha, v1alpha);
 
 #[tokio::test]
 async fn reflection_lists_only_what_each_address_serves_in_both_versions() {

@@ -1,7 +1,11 @@
-//! The code base's shape, as a newcomer relies on it: within each crate, no two top-level
-//! modules import each other, directly or around a longer loop, so each can be read and
-//! changed knowing only what it imports. A module's imports are the `crate::<module>` paths in
-//! its files, outside comments and its `#[cfg(test)] mod tests` block.
+//! The code base's shape, as a newcomer relies on it:
+//!
+//! - within each crate, no two top-level modules import each other, directly or around a
+//!   longer loop, so each can be read and changed knowing only what it imports (a module's
+//!   imports are the `crate::<module>` paths in its files, outside comments and its
+//!   `#[cfg(test)] mod tests` block);
+//! - a migration both databases take as it is lives once, in `migrations/common`: the `sqlite`
+//!   and `postgres` folders hold only pairs that differ.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -126,4 +130,36 @@ fn a_circle_is_found_however_long() {
         Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
     );
     assert_eq!(cycle_through(&graph, "d"), None);
+}
+
+#[test]
+fn each_backend_specific_migration_has_a_differing_twin() {
+    let services = Path::new(env!("CARGO_MANIFEST_DIR")).join("../services");
+    let mut checked = 0;
+    for service in std::fs::read_dir(services).expect("services") {
+        let root = service.expect("entry").path().join("migrations");
+        if !root.is_dir() {
+            continue;
+        }
+        for (folder, twin) in [("sqlite", "postgres"), ("postgres", "sqlite")] {
+            for entry in std::fs::read_dir(root.join(folder)).expect("migrations folder") {
+                let path = entry.expect("entry").path();
+                let name = path.file_name().expect("name").to_owned();
+                let ours = std::fs::read(&path).expect("read");
+                let theirs = std::fs::read(root.join(twin).join(&name))
+                    .unwrap_or_else(|_| panic!("{} has no twin in {twin}/", path.display()));
+                assert_ne!(
+                    ours,
+                    theirs,
+                    "{} is the same for both databases: keep it once, in migrations/common",
+                    path.display()
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(
+        checked > 0,
+        "no backend-specific migration was found to check"
+    );
 }

@@ -1362,31 +1362,3 @@ fn entry_from_row(row: &AnyRow) -> Result<IndexEntry, IndexError> {
         target,
     })
 }
-
-#[cfg(test)]
-mod migration_files {
-    use std::path::Path;
-
-    /// A migration both databases take as it is lives once, in `migrations/common`; the
-    /// `sqlite` and `postgres` folders hold only the ones that differ, in pairs.
-    #[test]
-    fn each_backend_specific_migration_has_a_differing_twin() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
-        for (folder, twin) in [("sqlite", "postgres"), ("postgres", "sqlite")] {
-            for entry in std::fs::read_dir(root.join(folder)).expect("migrations folder") {
-                let path = entry.expect("entry").path();
-                let name = path.file_name().expect("name").to_owned();
-                let other = root.join(twin).join(&name);
-                let ours = std::fs::read(&path).expect("read");
-                let theirs = std::fs::read(&other)
-                    .unwrap_or_else(|_| panic!("{} has no twin in {twin}/", path.display()));
-                assert_ne!(
-                    ours,
-                    theirs,
-                    "{} is the same for both databases: keep it once, in migrations/common",
-                    path.display()
-                );
-            }
-        }
-    }
-}
