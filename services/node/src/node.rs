@@ -455,8 +455,29 @@ pub(crate) fn cwd_refused(error: &crate::spawn::SpawnError, cwd: &str) -> Plinth
     PlinthError::invalid(format!("cwd {cwd:?}: {why} (as the session sees it)"))
 }
 
+/// How a command ended, as `Exec` and `Pty` answer it: its exit code (-1 when its end was not
+/// seen), wall time since `started`, whether it hit its time limit or was killed for the
+/// session's memory limit. The dropped-output counts are the caller's to add.
+pub(crate) fn exec_result(
+    status: Option<i32>,
+    started: std::time::Instant,
+    timed_out: bool,
+    command_cgroup: Option<&plinth_sandbox::cgroup::SessionCgroup>,
+    oom_before: Option<u64>,
+    namespace: Option<&isolation::Sandbox>,
+) -> pb::ExecResult {
+    let exit_code = status.unwrap_or(-1);
+    pb::ExecResult {
+        exit_code,
+        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        timed_out,
+        oom_killed: oom_killed(exit_code, command_cgroup, oom_before, namespace),
+        ..Default::default()
+    }
+}
+
 /// Whether a command that ended with `exit_code` was killed for the session's memory limit.
-pub(crate) fn oom_killed(
+fn oom_killed(
     exit_code: i32,
     command_cgroup: Option<&plinth_sandbox::cgroup::SessionCgroup>,
     oom_before: Option<u64>,

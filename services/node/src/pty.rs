@@ -22,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
 use crate::isolation;
-use crate::node::{Node, Prepared, cwd_refused, oom_killed};
+use crate::node::{Node, Prepared, cwd_refused, exec_result};
 
 /// The stream of a terminal's output.
 pub type PtyStream = ReceiverStream<Result<pb::PtyOutput, Status>>;
@@ -335,21 +335,16 @@ impl Node {
                     () = &mut drain => break,
                 }
             }
-            let exit_code = status.unwrap_or(-1);
-            let oom_killed = oom_killed(
-                exit_code,
+            let result = exec_result(
+                status,
+                started,
+                timed_out,
                 command_cgroup.as_ref(),
                 oom_before,
                 namespace.as_deref(),
             );
             let _ = outputs
-                .send(Ok(output(pb::pty_output::Output::Result(pb::ExecResult {
-                    exit_code,
-                    duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-                    timed_out,
-                    oom_killed,
-                    ..Default::default()
-                }))))
+                .send(Ok(output(pb::pty_output::Output::Result(result))))
                 .await;
             if let Some(cgroup) = command_cgroup {
                 let _ = tokio::task::spawn_blocking(move || cgroup.remove()).await;

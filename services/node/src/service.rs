@@ -16,8 +16,8 @@ use crate::sessions::SessionRecord;
 use crate::workdir;
 
 use crate::node::{
-    Node, Prepared, cache_error, cwd_refused, isolate, limits_from_wire, oom_killed, session_error,
-    start_proxy, workdir_error,
+    Node, Prepared, cache_error, cwd_refused, exec_result, isolate, limits_from_wire,
+    session_error, start_proxy, workdir_error,
 };
 
 type ExecStream = ReceiverStream<Result<pb::ExecEvent, Status>>;
@@ -247,22 +247,20 @@ impl pb::node_service_server::NodeService for Node {
                     () = &mut drain => break,
                 }
             }
-            let exit_code = status.unwrap_or(-1);
-            let oom_killed = oom_killed(
-                exit_code,
-                command_cgroup.as_ref(),
-                oom_before,
-                namespace.as_deref(),
-            );
-            let _ = events
-                .send(Ok(event(pb::exec_event::Event::Result(pb::ExecResult {
-                    exit_code,
-                    duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            let result = pb::ExecResult {
+                stdout_dropped_bytes: out_done.unwrap_or(0),
+                stderr_dropped_bytes: err_done.unwrap_or(0),
+                ..exec_result(
+                    status,
+                    started,
                     timed_out,
-                    stdout_dropped_bytes: out_done.unwrap_or(0),
-                    stderr_dropped_bytes: err_done.unwrap_or(0),
-                    oom_killed,
-                }))))
+                    command_cgroup.as_ref(),
+                    oom_before,
+                    namespace.as_deref(),
+                )
+            };
+            let _ = events
+                .send(Ok(event(pb::exec_event::Event::Result(result))))
                 .await;
             // A group its processes left is removed; one a daemon still holds stays until the
             // session ends.
