@@ -169,25 +169,16 @@ impl<T> UnwrapInfallible<T> for Result<T, Infallible> {
 
 /// Reflection v1 and v1alpha, and health, listing `services` and themselves.
 fn reflection(services: &[String]) -> Result<Router, String> {
-    const OWN: [&str; 3] = [
-        "grpc.health.v1.Health",
-        "grpc.reflection.v1.ServerReflection",
-        "grpc.reflection.v1alpha.ServerReflection",
-    ];
-    let builder = || {
-        let mut builder = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(plinth_proto::PUBLIC_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
-        for name in services.iter().map(String::as_str).chain(OWN) {
-            builder = builder.with_service_name(name);
-        }
-        builder
-    };
-    let v1 = builder().build_v1().map_err(|error| error.to_string())?;
-    let v1alpha = builder()
-        .build_v1alpha()
-        .map_err(|error| error.to_string())?;
     let (reporter, health) = tonic_health::server::health_reporter();
+    let mut routes = tonic::service::RoutesBuilder::default();
+    routes.add_service(health);
+    let listed: Vec<&str> = services
+        .iter()
+        .map(String::as_str)
+        .chain(["grpc.health.v1.Health"])
+        .collect();
+    plinth_kit::grpc::add_reflection(&mut routes, plinth_proto::PUBLIC_DESCRIPTOR_SET, &listed)
+        .map_err(|error| error.to_string())?;
     let names = services.to_vec();
     plinth_kit::tasks::spawn(async move {
         for name in names {
@@ -196,10 +187,7 @@ fn reflection(services: &[String]) -> Result<Router, String> {
                 .await;
         }
     });
-    Ok(tonic::service::Routes::new(health)
-        .add_service(v1)
-        .add_service(v1alpha)
-        .into_axum_router())
+    Ok(routes.routes().into_axum_router())
 }
 
 /// Encodes and decodes the messages of one RPC by its descriptors.

@@ -153,30 +153,10 @@ impl GrpcServer {
         self
     }
 
-    /// Reflection, v1 and v1alpha (which many tools still speak), listing only the services
-    /// this server serves (and itself), though the descriptor set describes every service.
+    /// Reflection listing only the services this server serves (see [`add_reflection`]).
     fn add_reflection(&mut self) {
-        const REFLECTION: [&str; 2] = [
-            "grpc.reflection.v1.ServerReflection",
-            "grpc.reflection.v1alpha.ServerReflection",
-        ];
-        let builder = || {
-            let mut builder = tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(self.descriptor_set)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
-            for name in self.served.iter().copied().chain(REFLECTION) {
-                builder = builder.with_service_name(name);
-            }
-            builder
-        };
-        match (builder().build_v1(), builder().build_v1alpha()) {
-            (Ok(v1), Ok(v1alpha)) => {
-                self.routes.add_service(v1);
-                self.routes.add_service(v1alpha);
-            }
-            (Err(error), _) | (_, Err(error)) => {
-                tracing::error!(%error, "gRPC reflection is off: the descriptor set does not load")
-            }
+        if let Err(error) = add_reflection(&mut self.routes, self.descriptor_set, &self.served) {
+            tracing::error!(%error, "gRPC reflection is off: the descriptor set does not load")
         }
     }
 
@@ -217,6 +197,34 @@ impl GrpcServer {
             )
             .await
     }
+}
+
+/// Adds reflection to `routes`, v1 and v1alpha (which many tools still speak), over
+/// `descriptor_set` and health's, listing `services` and reflection itself: only what the
+/// server serves, though the set may describe more.
+pub fn add_reflection(
+    routes: &mut RoutesBuilder,
+    descriptor_set: &'static [u8],
+    services: &[&str],
+) -> Result<(), tonic_reflection::server::Error> {
+    const REFLECTION: [&str; 2] = [
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ];
+    let builder = || {
+        let mut builder = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(descriptor_set)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+        for name in services.iter().copied().chain(REFLECTION) {
+            builder = builder.with_service_name(name);
+        }
+        builder
+    };
+    let v1 = builder().build_v1()?;
+    let v1alpha = builder().build_v1alpha()?;
+    routes.add_service(v1);
+    routes.add_service(v1alpha);
+    Ok(())
 }
 
 /// Wraps every call: a server span in OpenTelemetry's RPC conventions that continues the
