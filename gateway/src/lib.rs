@@ -386,48 +386,37 @@ fn document_rate_limits(openapi: &mut utoipa::openapi::OpenApi) {
                 .build(),
         )
         .build();
-    for (path, item) in &mut openapi.paths.paths {
+    for (path, operation) in openapi::operations_mut(openapi) {
         // Workspace adapters' dispatch endpoints are called with the adapter's credential,
         // not a client token.
         if path.ends_with("/novo") || path.contains("/brain/") {
             continue;
         }
-        for operation in [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.patch,
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let bearer = operation
-                .security
-                .as_ref()
-                .is_some_and(|security| !security.is_empty());
-            if !bearer {
-                continue;
+        let bearer = operation
+            .security
+            .as_ref()
+            .is_some_and(|security| !security.is_empty());
+        if !bearer {
+            continue;
+        }
+        // An operation may already answer 429 for another reason (a quota): it gains the
+        // rate's description and its `Retry-After`.
+        match operation.responses.responses.entry("429".to_owned()) {
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                slot.insert(refused.clone().into());
             }
-            // An operation may already answer 429 for another reason (a quota): it gains the
-            // rate's description and its `Retry-After`.
-            match operation.responses.responses.entry("429".to_owned()) {
-                std::collections::btree_map::Entry::Vacant(slot) => {
-                    slot.insert(refused.clone().into());
-                }
-                std::collections::btree_map::Entry::Occupied(mut slot) => {
-                    if let utoipa::openapi::RefOr::T(response) = slot.get_mut() {
-                        if !response.description.contains("rate_limited") {
-                            response.description.push_str(
-                                "; or rate_limited: past this token's rate, retry after `Retry-After` seconds",
-                            );
-                        }
-                        for (name, header) in &refused.headers {
-                            response
-                                .headers
-                                .entry(name.clone())
-                                .or_insert_with(|| header.clone());
-                        }
+            std::collections::btree_map::Entry::Occupied(mut slot) => {
+                if let utoipa::openapi::RefOr::T(response) = slot.get_mut() {
+                    if !response.description.contains("rate_limited") {
+                        response.description.push_str(
+                            "; or rate_limited: past this token's rate, retry after `Retry-After` seconds",
+                        );
+                    }
+                    for (name, header) in &refused.headers {
+                        response
+                            .headers
+                            .entry(name.clone())
+                            .or_insert_with(|| header.clone());
                     }
                 }
             }

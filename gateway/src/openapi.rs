@@ -23,33 +23,42 @@ pub const ADAPTER_BEARER: &str = "adapterBearer";
 /// The security scheme of a Novo adapter's calls: `Novo-Signature`, an HMAC of the body.
 pub const NOVO_SIGNATURE: &str = "novoSignature";
 
+/// Every operation of the document with its path (the methods the API uses).
+pub(crate) fn operations_mut(
+    openapi: &mut OpenApi,
+) -> impl Iterator<Item = (&str, &mut Operation)> {
+    openapi.paths.paths.iter_mut().flat_map(|(path, item)| {
+        let utoipa::openapi::path::PathItem {
+            get,
+            put,
+            post,
+            delete,
+            patch,
+            ..
+        } = item;
+        [get, put, post, delete, patch]
+            .into_iter()
+            .flatten()
+            .map(move |operation| (path.as_str(), operation))
+    })
+}
+
 /// Completes `openapi` in place; see the module's comment.
 pub fn complete(openapi: &mut OpenApi) {
     add_security_schemes(openapi);
     add_event_schemas(openapi);
-    for (path, item) in &mut openapi.paths.paths {
+    for (path, operation) in operations_mut(openapi) {
         let novo = path.ends_with("/novo");
         let brain = path.contains("/brain/");
-        for operation in [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.patch,
-        ]
-        .into_iter()
-        .flatten()
-        {
-            if novo {
-                novo_credential(operation);
-            } else if brain {
-                operation.security = Some(vec![SecurityRequirement::new(
-                    ADAPTER_BEARER,
-                    Vec::<String>::new(),
-                )]);
-            }
-            edge_answers(operation, path);
+        if novo {
+            novo_credential(operation);
+        } else if brain {
+            operation.security = Some(vec![SecurityRequirement::new(
+                ADAPTER_BEARER,
+                Vec::<String>::new(),
+            )]);
         }
+        edge_answers(operation, path);
     }
     stream_exec_events(openapi);
     binary_bodies(openapi);
@@ -72,56 +81,45 @@ fn binary(media_type: &str) -> RefOr<Schema> {
 
 /// Every body that is bytes (file reads and writes, archive imports) is described as bytes.
 fn binary_bodies(openapi: &mut OpenApi) {
-    for (path, item) in &mut openapi.paths.paths {
-        for operation in [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.patch,
-        ]
-        .into_iter()
-        .flatten()
-        {
-            if let Some(RefOr::T(body)) = operation.request_body.as_mut() {
-                // The archive is recognised by its bytes, whatever type the request names
-                // (other than JSON, which is a git import); octet-stream stands for them all.
-                if path.ends_with("/import") {
-                    body.content.insert(
-                        "application/octet-stream".to_owned(),
-                        ContentBuilder::new()
-                            .schema(Some(binary("application/octet-stream")))
-                            .build()
-                            .into(),
-                    );
+    for (path, operation) in operations_mut(openapi) {
+        if let Some(RefOr::T(body)) = operation.request_body.as_mut() {
+            // The archive is recognised by its bytes, whatever type the request names
+            // (other than JSON, which is a git import); octet-stream stands for them all.
+            if path.ends_with("/import") {
+                body.content.insert(
+                    "application/octet-stream".to_owned(),
+                    ContentBuilder::new()
+                        .schema(Some(binary("application/octet-stream")))
+                        .build()
+                        .into(),
+                );
+            }
+            for (media_type, content) in &mut body.content {
+                if let RefOr::T(content) = content
+                    && media_type == "application/octet-stream"
+                {
+                    content.schema = Some(binary(media_type));
                 }
-                for (media_type, content) in &mut body.content {
+            }
+        }
+        // A file is answered with a content type guessed from its name (`text/x-python`,
+        // `application/x-sh`), so its read is documented as any type of bytes.
+        let any_type = path.contains("/files/{path}");
+        for response in operation.responses.responses.values_mut() {
+            if let RefOr::T(response) = response {
+                if any_type
+                    && let Some(RefOr::T(mut content)) =
+                        response.content.shift_remove("application/octet-stream")
+                {
+                    content.schema = Some(binary("application/octet-stream"));
+                    response.content.insert("*/*".to_owned(), content.into());
+                    continue;
+                }
+                for (media_type, content) in &mut response.content {
                     if let RefOr::T(content) = content
                         && media_type == "application/octet-stream"
                     {
                         content.schema = Some(binary(media_type));
-                    }
-                }
-            }
-            // A file is answered with a content type guessed from its name (`text/x-python`,
-            // `application/x-sh`), so its read is documented as any type of bytes.
-            let any_type = path.contains("/files/{path}");
-            for response in operation.responses.responses.values_mut() {
-                if let RefOr::T(response) = response {
-                    if any_type
-                        && let Some(RefOr::T(mut content)) =
-                            response.content.shift_remove("application/octet-stream")
-                    {
-                        content.schema = Some(binary("application/octet-stream"));
-                        response.content.insert("*/*".to_owned(), content.into());
-                        continue;
-                    }
-                    for (media_type, content) in &mut response.content {
-                        if let RefOr::T(content) = content
-                            && media_type == "application/octet-stream"
-                        {
-                            content.schema = Some(binary(media_type));
-                        }
                     }
                 }
             }

@@ -31,9 +31,6 @@ const RENAMED: &[(&str, &str, i64)] = &[
     ("started_at", "started_at_ms", 1000),
     ("finished_at", "finished_at_ms", 1000),
     ("queued_at", "queued_at_ms", 1000),
-    ("lifetime_s", "lifetime_ms", 1000),
-    ("idle_s", "idle_ms", 1000),
-    ("grace_seconds", "grace_ms", 1000),
 ];
 
 /// A REST answer as the message `descriptor`.
