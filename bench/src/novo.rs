@@ -1,10 +1,13 @@
-//! `plinth-bench novo`: what the Novo adapter costs per tool call. The same operations on the
-//! same kind of session two ways, against one `plinth serve` (release build, its own
-//! process), interleaved call by call so drift hits both:
+//! `plinth-bench novo`: what the agent adapters cost per tool call. The same operations on
+//! the same kind of session three ways, against one `plinth serve` (release build, its own
+//! process), interleaved call by call so drift hits each:
 //!
-//! - **adapter**: `POST /v1/workspace-adapters/{id}/novo`, signed (HMAC-SHA256 over the raw
+//! - **Novo**: `POST /v1/workspace-adapters/{id}/novo`, signed (HMAC-SHA256 over the raw
 //!   body), with a `Novo-Request-Id`: `readFile`, `editFile` (`create`, the whole file) and
 //!   `runCommand` (`true`), in one run's session;
+//! - **Brain**: `POST /v1/workspace-adapters/{id}/brain/v1/operations`, an `execute` of the
+//!   tools `read_file`, `edit_file` and `run_command` with the same arguments, each its own
+//!   sequence, in one workspace Brain session;
 //! - **direct** (the baseline): the session API on another session of the same version:
 //!   `GET /v1/sessions/{id}/files/{path}`, `PUT /v1/sessions/{id}/files/{path}`,
 //!   `POST /v1/sessions/{id}/exec`.
@@ -53,6 +56,35 @@ impl Op {
             Op::Run => "runCommand",
         }
     }
+
+    /// Brain's name for the same tool.
+    fn brain(self) -> &'static str {
+        match self {
+            Op::Read => "read_file",
+            Op::Edit => "edit_file",
+            Op::Run => "run_command",
+        }
+    }
+}
+
+/// The ways a tool call is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    Novo,
+    Brain,
+    Direct,
+}
+
+const WAYS: [Way; 3] = [Way::Novo, Way::Brain, Way::Direct];
+
+impl Way {
+    fn label(self) -> &'static str {
+        match self {
+            Way::Novo => "Novo adapter (signed call)",
+            Way::Brain => "Brain adapter (execute)",
+            Way::Direct => "direct session API (baseline)",
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -60,6 +92,8 @@ struct Target {
     client: reqwest::Client,
     base: String,
     adapter_url: String,
+    brain_url: String,
+    brain_token: String,
     session: String,
     content: String,
 }
@@ -71,15 +105,43 @@ fn hex(bytes: &[u8]) -> String {
 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Target {
-    /// One call through the signed adapter endpoint.
-    async fn adapter(&self, op: Op) -> anyhow::Result<()> {
-        let args = match op {
+    /// The same arguments for both adapters.
+    fn args(&self, op: Op) -> Value {
+        match op {
             Op::Read => json!({"path": "bench.txt"}),
             Op::Edit => {
                 json!({"path": "bench.txt", "operation": "create", "contents": self.content})
             }
             Op::Run => json!({"command": "true"}),
-        };
+        }
+    }
+
+    /// One tool execution delivered as Brain delivers it, each its own sequence.
+    async fn brain(&self, op: Op) -> anyhow::Result<()> {
+        let sequence = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 2;
+        let request = json!({
+            "type": "execute",
+            "descriptor": { "kind": "tool", "name": op.brain() },
+            "input": self.args(op),
+        });
+        let receipt = brain_operation(
+            &self.client,
+            &self.brain_url,
+            &self.brain_token,
+            sequence,
+            request,
+        )
+        .await?;
+        anyhow::ensure!(receipt["type"] == "result", "{}: {receipt}", op.brain());
+        if op == Op::Run {
+            anyhow::ensure!(receipt["output"]["exit_code"] == 0, "{receipt}");
+        }
+        Ok(())
+    }
+
+    /// One call through the signed adapter endpoint.
+    async fn adapter(&self, op: Op) -> anyhow::Result<()> {
+        let args = self.args(op);
         let id = format!(
             "req_{}_{}",
             std::process::id(),
@@ -154,13 +216,45 @@ impl Target {
         Ok(())
     }
 
-    async fn call(&self, op: Op, adapter: bool) -> anyhow::Result<()> {
-        if adapter {
-            self.adapter(op).await
-        } else {
-            self.direct(op).await
+    async fn call(&self, op: Op, way: Way) -> anyhow::Result<()> {
+        match way {
+            Way::Novo => self.adapter(op).await,
+            Way::Brain => self.brain(op).await,
+            Way::Direct => self.direct(op).await,
         }
     }
+}
+
+/// The Brain session every execution runs in.
+const BRAIN_SESSION: &str = "ses_bench";
+
+/// Delivers one operation of [`BRAIN_SESSION`]; answers its receipt.
+async fn brain_operation(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+    sequence: u64,
+    request: Value,
+) -> anyhow::Result<Value> {
+    let answer = client
+        .post(url)
+        .bearer_auth(token)
+        .json(&json!({
+            "contract": "environment/v1",
+            "operation": {
+                "session_id": BRAIN_SESSION,
+                "environment": "bench",
+                "sequence": sequence,
+                "request": request,
+                "configuration": { "lifetime": "workspace" },
+            }
+        }))
+        .send()
+        .await?;
+    let status = answer.status();
+    let answer: Value = answer.json().await?;
+    anyhow::ensure!(status.is_success(), "{status}: {answer}");
+    Ok(answer["receipt"].clone())
 }
 
 fn percentile(values: &[f64], fraction: f64) -> f64 {
@@ -182,7 +276,7 @@ async fn post(client: &reqwest::Client, url: String, body: Value) -> anyhow::Res
 async fn throughput(
     target: &Target,
     op: Op,
-    adapter: bool,
+    way: Way,
     calls: usize,
     concurrency: usize,
 ) -> anyhow::Result<f64> {
@@ -193,7 +287,7 @@ async fn throughput(
         let mine = calls / concurrency + usize::from(caller < calls % concurrency);
         callers.spawn(async move {
             for _ in 0..mine {
-                target.call(op, adapter).await?;
+                target.call(op, way).await?;
             }
             anyhow::Ok(())
         });
@@ -245,6 +339,29 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         json!({"protocol": "novo", "environment": environment, "secret": SECRET}),
     )
     .await?;
+    let brain = post(
+        &client,
+        format!("{}/v1/workspace-adapters", service.base),
+        json!({"protocol": "brain", "environment": environment}),
+    )
+    .await?;
+    let brain_url = format!(
+        "{}/v1/operations",
+        brain["url"].as_str().context("brain adapter url")?
+    );
+    let brain_token = brain["token"]
+        .as_str()
+        .context("brain adapter token")?
+        .to_owned();
+    let setup = brain_operation(
+        &client,
+        &brain_url,
+        &brain_token,
+        1,
+        json!({ "type": "setup" }),
+    )
+    .await?;
+    anyhow::ensure!(setup["type"] == "accepted", "Brain setup: {setup}");
     let session = post(
         &client,
         format!("{}/v1/sessions", service.base),
@@ -269,73 +386,77 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             service.base,
             adapter["id"].as_str().context("adapter id")?
         ),
+        brain_url,
+        brain_token,
         session: session["id"].as_str().context("session id")?.to_owned(),
         content,
     };
-    // Both sessions exist and hold the file before anything is measured.
-    for adapter in [true, false] {
-        target.call(Op::Edit, adapter).await?;
+    // Every session exists and holds the file before anything is measured.
+    for way in WAYS {
+        target.call(Op::Edit, way).await?;
         for op in [Op::Read, Op::Edit, Op::Run] {
             for _ in 0..20 {
-                target.call(op, adapter).await?;
+                target.call(op, way).await?;
             }
         }
     }
 
     println!(
-        "{} calls per operation and path one at a time; {} calls by {} callers at once for calls/s; a {}-byte file",
+        "{} calls per operation and way one at a time; {} calls by {} callers at once for calls/s; a {}-byte file",
         args.calls,
         args.throughput_calls,
         args.concurrency,
         target.content.len()
     );
-    println!("| operation | path | p50 | p99 | calls/s |\n|---|---|---|---|---|");
+    println!("| operation | way | p50 | p99 | calls/s |\n|---|---|---|---|---|");
     let mut ratios = Vec::new();
     for op in [Op::Read, Op::Edit, Op::Run] {
-        let (mut through, mut direct) = (Vec::new(), Vec::new());
+        let mut latencies: [Vec<f64>; 3] = Default::default();
         for _ in 0..args.calls {
-            for adapter in [true, false] {
+            for (index, way) in WAYS.into_iter().enumerate() {
                 let begun = Instant::now();
-                target.call(op, adapter).await?;
-                let ms = begun.elapsed().as_secs_f64() * 1000.0;
-                if adapter {
-                    through.push(ms);
-                } else {
-                    direct.push(ms);
-                }
+                target.call(op, way).await?;
+                latencies[index].push(begun.elapsed().as_secs_f64() * 1000.0);
             }
         }
-        // Alternate halves so neither path always runs on a warmer or busier machine.
+        // Each way's calls/s in two halves, in mirrored order, so none always runs on a
+        // warmer or busier machine.
         let half = args.throughput_calls / 2;
-        let mut rate = [0.0f64; 2];
-        for adapter in [true, false, false, true] {
-            let measured = throughput(&target, op, adapter, half, args.concurrency).await?;
-            rate[usize::from(!adapter)] += measured / 2.0;
+        let mut rate = [0.0f64; 3];
+        for index in [0, 1, 2, 2, 1, 0] {
+            let measured = throughput(&target, op, WAYS[index], half, args.concurrency).await?;
+            rate[index] += measured / 2.0;
         }
-        let rows = [
-            ("adapter (signed Novo call)", &through, rate[0]),
-            ("direct session API (baseline)", &direct, rate[1]),
-        ];
-        for (path, values, rate) in rows {
+        for (index, way) in WAYS.into_iter().enumerate() {
             println!(
-                "| {} | {path} | {:.2} ms | {:.2} ms | {rate:.0} |",
+                "| {} | {} | {:.2} ms | {:.2} ms | {:.0} |",
                 op.name(),
-                percentile(values, 0.5),
-                percentile(values, 0.99)
+                way.label(),
+                percentile(&latencies[index], 0.5),
+                percentile(&latencies[index], 0.99),
+                rate[index]
             );
         }
-        ratios.push((
-            op,
-            percentile(&through, 0.5) / percentile(&direct, 0.5),
-            percentile(&through, 0.99) / percentile(&direct, 0.99),
-            rate[1] / rate[0],
-        ));
+        let direct = (
+            percentile(&latencies[2], 0.5),
+            percentile(&latencies[2], 0.99),
+        );
+        for index in [0, 1] {
+            ratios.push((
+                op,
+                WAYS[index],
+                percentile(&latencies[index], 0.5) / direct.0,
+                percentile(&latencies[index], 0.99) / direct.1,
+                rate[2] / rate[index],
+            ));
+        }
     }
     println!();
-    for (op, p50, p99, rate) in ratios {
+    for (op, way, p50, p99, rate) in ratios {
         println!(
-            "{}: adapter/direct latency p50 {p50:.2}×, p99 {p99:.2}×; direct/adapter calls/s {rate:.2}×",
-            op.name()
+            "{} {}: ÷ direct latency p50 {p50:.2}×, p99 {p99:.2}×; direct calls/s ÷ this {rate:.2}×",
+            op.name(),
+            way.label()
         );
     }
     Ok(())

@@ -27,6 +27,7 @@ mod query;
 mod runtime;
 mod sessions;
 mod terminal;
+mod tools;
 mod usage;
 
 use std::sync::Arc;

@@ -22,7 +22,6 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header as http_header};
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use plinth_proto::node::v1 as node;
@@ -36,6 +35,7 @@ use utoipa_axum::routes;
 use crate::AppState;
 use crate::error::{self, ApiError, ErrorBody};
 use crate::runtime;
+use crate::tools::{self, Dialect};
 use signature::{Admission, Arrival, ReplayMemory, SignatureHeader};
 
 /// The dispatch route.
@@ -54,18 +54,10 @@ const WAIT_FOR_FIRST: Duration = Duration::from_secs(10);
 /// tried again in the background; past it, a retry settles the key as `outcome_unknown` once
 /// the claim's lease has run out.
 const STORE_ANSWER_FOR: Duration = Duration::from_secs(15 * 60);
-/// Bytes of each of a command's stdout and stderr kept for `readCommandOutput`.
-const KEEP_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
-/// Paths left out of run artifacts and external changes: Novo's reserved directory, git's.
-const NOT_ARTIFACTS: [&str; 2] = [".novo", ".git"];
-/// The methods that change the workspace: idempotent by `Novo-Request-Id`.
-const MUTATING: [&str; 5] = [
-    "editFile",
-    "applyPatch",
-    "runCommand",
-    "restore",
-    "writeRuntimeArtifact",
-];
+/// Whether `method` changes the workspace: such calls are idempotent by `Novo-Request-Id`.
+fn mutating(method: &str) -> bool {
+    tools::named(Dialect::Novo, method).is_some_and(|spec| spec.mutates)
+}
 
 /// How the adapter's calls are run and verified.
 #[derive(Debug, Clone)]
@@ -217,7 +209,7 @@ async fn dispatch(
         at: signed.at,
         run: header(&headers, "novo-run-id").unwrap_or_default(),
         request: header(&headers, "novo-request-id").unwrap_or_default(),
-        idempotent: MUTATING.contains(&method.as_str()),
+        idempotent: mutating(&method),
     };
     let admitted = state
         .novo
@@ -244,7 +236,7 @@ async fn dispatch(
     };
 
     let key = header(&headers, "novo-request-id")
-        .filter(|key| !key.is_empty() && MUTATING.contains(&method.as_str()))
+        .filter(|key| !key.is_empty() && mutating(&method))
         .map(str::to_owned);
     let Some(key) = key else {
         let ran = run(&state, &adapter, &run_id, &method, &args).await;
@@ -553,6 +545,21 @@ async fn run_call(
     args: &Value,
     dispatched: &AtomicBool,
 ) -> Result<Value, ApiError> {
+    let Some(spec) = tools::named(Dialect::Novo, method) else {
+        return Err(invalid(format!("method {method:?} is not one Novo dispatches")).into());
+    };
+    let options = tools::Options {
+        inline_bytes: state.novo.command_inline_bytes,
+        ..tools::Options::new(Dialect::Novo)
+    };
+    let no_args = serde_json::Map::new();
+    let arguments = tools::Args::new(
+        args.as_object().unwrap_or(&no_args),
+        Dialect::Novo.arguments(),
+    );
+    // Arguments are checked before the run's session is opened: a call refused here never ran.
+    let request = tools::Request::parse(spec.tool, &arguments, &options)
+        .map_err(|tools::Invalid(message)| invalid(message))?;
     let opened = state
         .adapters()
         .open_run(pb::OpenRunRequest {
@@ -566,33 +573,30 @@ async fn run_call(
     if session.workdir.is_empty() {
         session = runtime::start_session(state, &adapter.scope, session).await?;
     }
-    let call = Call {
-        state,
+    let target = tools::Target {
+        nodes: &state.nodes,
         session: &session,
-        args,
-        inline_bytes: state.novo.command_inline_bytes,
         dispatched,
     };
-    let (body, kind, detail, exit_code) = match method {
-        "readFile" => call.read_file().await?,
-        "listFiles" => call.list_files().await?,
-        "searchFiles" => call.search_files().await?,
-        "findFiles" => call.find_files().await?,
-        "editFile" => call.edit_file().await?,
-        "applyPatch" => call.apply_patch().await?,
-        "runCommand" => call.run_command().await?,
-        "readCommandOutput" => call.read_command_output().await?,
-        "restore" => call.restore().await?,
-        "writeRuntimeArtifact" => call.write_artifact().await?,
-        "getRunArtifacts" => call.run_artifacts().await?,
-        "listExternalFileChanges" => call.external_changes().await?,
-        other => {
-            return Err(invalid(format!("method {other:?} is not one Novo dispatches")).into());
-        }
-    };
+    let done = tools::run(&target, request, &options)
+        .await
+        .map_err(|failed| match failed {
+            tools::Failed::Unreachable(error) => error,
+            tools::Failed::Node(status) => ApiError::from(status),
+        })?;
     // The call has run: a turn that cannot be recorded because the catalog did not answer
     // does not turn its answer into an error.
-    match runtime::record(state, &adapter.scope, &session, kind, &detail, exit_code).await {
+    let turn = &done.turn;
+    match runtime::record(
+        state,
+        &adapter.scope,
+        &session,
+        turn.kind,
+        &turn.detail,
+        turn.exit_code,
+    )
+    .await
+    {
         Err(ApiError(error))
             if matches!(error.code, ErrorCode::Unavailable | ErrorCode::Internal) =>
         {
@@ -601,500 +605,7 @@ async fn run_call(
         Err(error) => return Err(error),
         Ok(_) => {}
     }
-    Ok(body)
-}
-
-/// One call's arguments and session.
-struct Call<'a> {
-    state: &'a AppState,
-    session: &'a pb::Session,
-    args: &'a Value,
-    inline_bytes: u64,
-    /// Set once a request to the node is made: from then on the call may have run.
-    dispatched: &'a AtomicBool,
-}
-
-type Outcome = (Value, &'static str, String, Option<i32>);
-
-impl Call<'_> {
-    /// The node's workspace client, for a request made at once: the call counts as
-    /// dispatched from here on.
-    fn client(&self) -> Result<crate::nodes::WorkspaceClient, ApiError> {
-        let client = self.state.nodes.workspace(&self.session.node_address)?;
-        self.dispatched.store(true, Ordering::SeqCst);
-        Ok(client)
-    }
-
-    fn string(&self, name: &str) -> Result<Option<String>, PlinthError> {
-        match self.args.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(text)) => Ok(Some(text.clone())),
-            Some(_) => Err(invalid(format!("args.{name}: must be a string"))),
-        }
-    }
-
-    fn required(&self, name: &str) -> Result<String, PlinthError> {
-        self.string(name)?
-            .ok_or_else(|| invalid(format!("args.{name}: required")))
-    }
-
-    fn number(&self, name: &str) -> Result<Option<u64>, PlinthError> {
-        match self.args.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(value) => value
-                .as_u64()
-                .or_else(|| {
-                    value
-                        .as_f64()
-                        .filter(|f| *f >= 0.0 && f.fract() == 0.0)
-                        .map(|f| f as u64)
-                })
-                .map(Some)
-                .ok_or_else(|| invalid(format!("args.{name}: must be a non-negative integer"))),
-        }
-    }
-
-    fn flag(&self, name: &str) -> Result<bool, PlinthError> {
-        match self.args.get(name) {
-            None | Some(Value::Null) => Ok(false),
-            Some(Value::Bool(flag)) => Ok(*flag),
-            Some(_) => Err(invalid(format!("args.{name}: must be a boolean"))),
-        }
-    }
-
-    fn id(&self) -> String {
-        self.session.id.clone()
-    }
-
-    async fn read_file(&self) -> Result<Outcome, ApiError> {
-        let path = self.required("path")?;
-        let read = self
-            .client()?
-            .read(node::ReadRequest {
-                session_id: self.id(),
-                path: path.clone(),
-                start_line: self.number("start_line")?.unwrap_or(0),
-                end_line: self.number("end_line")?.unwrap_or(0),
-                max_bytes: self.number("max_bytes")?.unwrap_or(0),
-                lines_threshold: self.number("lines_threshold")?.unwrap_or(0),
-            })
-            .await?
-            .into_inner();
-        let mut body = json!({
-            "path": read.path,
-            "bytes": read.size,
-            "truncated": read.truncated,
-            "mtimeMs": read.mtime_ms,
-        });
-        if read.binary {
-            body["content"] =
-                json!(base64::engine::general_purpose::STANDARD.encode(&read.content));
-            body["encoding"] = json!("base64");
-        } else {
-            body["content"] = json!(String::from_utf8_lossy(&read.content));
-            body["encoding"] = json!("utf8");
-            body["start_line"] = json!(read.start_line);
-            body["end_line"] = json!(read.end_line);
-            body["total_lines"] = json!(read.total_lines);
-            if read.total_lines_partial {
-                body["total_lines_partial"] = json!(true);
-            }
-        }
-        Ok((body, "read_file", path, None))
-    }
-
-    async fn list_files(&self) -> Result<Outcome, ApiError> {
-        let path = self.string("path")?.unwrap_or_else(|| ".".to_owned());
-        let listed = self
-            .client()?
-            .list(node::ListRequest {
-                session_id: self.id(),
-                path: path.clone(),
-                recursive: self.flag("recursive")?,
-                include_hidden: self.flag("include_hidden")?,
-                max_entries: self.number("max_entries")?.unwrap_or(500).max(1),
-            })
-            .await?
-            .into_inner();
-        let entries: Vec<Value> = listed
-            .entries
-            .into_iter()
-            .map(|entry| {
-                let mut value = json!({ "path": entry.path, "type": entry.kind });
-                if let Some(size) = entry.size {
-                    value["bytes"] = json!(size);
-                }
-                value
-            })
-            .collect();
-        Ok((
-            json!({ "root": listed.root, "entries": entries, "truncated": listed.truncated }),
-            "list_files",
-            path,
-            None,
-        ))
-    }
-
-    async fn search_files(&self) -> Result<Outcome, ApiError> {
-        let pattern = self.required("pattern")?;
-        let found = self
-            .client()?
-            .search(node::SearchRequest {
-                session_id: self.id(),
-                pattern: pattern.clone(),
-                path: self.string("path")?.unwrap_or_else(|| ".".to_owned()),
-                glob: self.string("glob")?.unwrap_or_default(),
-                literal: self.flag("literal")?,
-                ignore_case: self.flag("ignore_case")?,
-                context: u32::try_from(self.number("context")?.unwrap_or(0)).unwrap_or(u32::MAX),
-                limit_per_file: self.number("limit")?.unwrap_or(100).max(1),
-                max_results: self.number("max_results")?.unwrap_or(100).max(1),
-                max_bytes_per_line: self.number("max_bytes_per_match")?.unwrap_or(0),
-            })
-            .await?
-            .into_inner();
-        let with_context = self.number("context")?.unwrap_or(0) > 0;
-        let matches: Vec<Value> = found
-            .matches
-            .into_iter()
-            .map(|found| {
-                let mut value =
-                    json!({ "path": found.path, "line": found.line, "preview": found.text });
-                if with_context {
-                    value["before"] = json!(found.before);
-                    value["after"] = json!(found.after);
-                }
-                value
-            })
-            .collect();
-        Ok((
-            json!({ "matches": matches, "truncated": found.truncated, "files_searched": found.files_searched }),
-            "search_files",
-            pattern,
-            None,
-        ))
-    }
-
-    async fn find_files(&self) -> Result<Outcome, ApiError> {
-        let pattern = self.required("pattern")?;
-        let found = self
-            .client()?
-            .find(node::FindRequest {
-                session_id: self.id(),
-                pattern: pattern.clone(),
-                path: self.string("path")?.unwrap_or_else(|| ".".to_owned()),
-                max_entries: self.number("max_entries")?.unwrap_or(200).max(1),
-            })
-            .await?
-            .into_inner();
-        let entries: Vec<Value> = found
-            .entries
-            .into_iter()
-            .map(|entry| json!({ "path": entry.path, "bytes": entry.size.unwrap_or(0), "mtimeMs": entry.mtime_ms }))
-            .collect();
-        Ok((
-            json!({ "pattern": pattern, "entries": entries, "truncated": found.truncated }),
-            "find_files",
-            pattern,
-            None,
-        ))
-    }
-
-    async fn edit_file(&self) -> Result<Outcome, ApiError> {
-        let path = self.required("path")?;
-        let operation = match self.required("operation")?.as_str() {
-            "create" => node::EditOperation::Create,
-            "replace" => node::EditOperation::Replace,
-            "insert_after" => node::EditOperation::InsertAfter,
-            "insert_before" => node::EditOperation::InsertBefore,
-            "append" => node::EditOperation::Append,
-            other => {
-                return Err(invalid(format!(
-                    "args.operation: {other:?} is not one of create, replace, insert_after, insert_before, append"
-                ))
-                .into());
-            }
-        };
-        let dry_run = self.flag("dry_run")?;
-        let edited = self
-            .client()?
-            .edit(node::EditRequest {
-                session_id: self.id(),
-                path: path.clone(),
-                operation: operation as i32,
-                contents: self.string("contents")?,
-                find: self.string("find")?,
-                replace_all: self.flag("replace_all")?,
-                dry_run,
-            })
-            .await?
-            .into_inner();
-        let mut body = json!({ "path": edited.path, "dry_run": dry_run, "bytes_written": edited.bytes_written });
-        if edited.created {
-            body["created"] = json!(true);
-        }
-        if !edited.rollback_token.is_empty() {
-            body["rollback_token"] = json!(edited.rollback_token);
-        }
-        if !edited.warnings.is_empty() {
-            body["warnings"] = json!(edited.warnings);
-        }
-        Ok((body, "edit_file", path, None))
-    }
-
-    async fn apply_patch(&self) -> Result<Outcome, ApiError> {
-        let Some(Value::Array(operations)) = self.args.get("operations") else {
-            return Err(invalid("args.operations: required, an array").into());
-        };
-        let mut wire = Vec::new();
-        for (index, operation) in operations.iter().enumerate() {
-            let field = |name: &str| {
-                operation
-                    .get(name)
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-            };
-            wire.push(node::PatchOperation {
-                kind: field("type")
-                    .ok_or_else(|| invalid(format!("args.operations[{index}].type: required")))?,
-                path: field("path")
-                    .ok_or_else(|| invalid(format!("args.operations[{index}].path: required")))?,
-                diff: field("diff").unwrap_or_default(),
-            });
-        }
-        let detail = wire
-            .iter()
-            .map(|op| op.path.as_str())
-            .collect::<Vec<_>>()
-            .join(" ");
-        let dry_run = self.flag("dry_run")?;
-        let patched = self
-            .client()?
-            .apply_patch(node::ApplyPatchRequest {
-                session_id: self.id(),
-                operations: wire,
-                dry_run,
-            })
-            .await?
-            .into_inner();
-        let operations: Vec<Value> = patched
-            .operations
-            .into_iter()
-            .map(|op| {
-                let mut value = json!({ "type": op.kind, "path": op.path, "status": op.status });
-                if !op.error.is_empty() {
-                    value["error"] = json!(op.error);
-                }
-                value
-            })
-            .collect();
-        let mut body =
-            json!({ "applied": patched.applied, "dry_run": dry_run, "operations": operations });
-        if !patched.rollback_token.is_empty() {
-            body["rollback_token"] = json!(patched.rollback_token);
-        }
-        if !patched.warnings.is_empty() {
-            body["warnings"] = json!(patched.warnings);
-        }
-        Ok((body, "apply_patch", detail, None))
-    }
-
-    async fn run_command(&self) -> Result<Outcome, ApiError> {
-        let command = self.required("command")?;
-        if command.trim().is_empty() {
-            return Err(invalid("args.command: must not be empty").into());
-        }
-        let env = match self.args.get("env") {
-            None | Some(Value::Null) => Default::default(),
-            Some(Value::Object(env)) => env
-                .iter()
-                .map(|(k, v)| {
-                    v.as_str()
-                        .map(|v| (k.clone(), v.to_owned()))
-                        .ok_or_else(|| invalid(format!("args.env.{k}: must be a string")))
-                })
-                .collect::<Result<_, _>>()?,
-            Some(_) => return Err(invalid("args.env: must be an object of strings").into()),
-        };
-        let ran = self
-            .client()?
-            .run_command(node::RunCommandRequest {
-                session: Some(runtime::spec(self.session)),
-                command: command.clone(),
-                cwd: self.string("cwd")?.unwrap_or_default(),
-                env,
-                timeout_ms: self.number("timeout_ms")?.unwrap_or(0),
-                inline_bytes: self.inline_bytes,
-                keep_bytes: KEEP_OUTPUT_BYTES,
-            })
-            .await?
-            .into_inner();
-        let mut body = json!({
-            "command": command,
-            "cwd": ran.cwd,
-            "exit_code": ran.exit_code,
-            "stdout": String::from_utf8_lossy(&ran.stdout),
-            "stderr": String::from_utf8_lossy(&ran.stderr),
-            "stdout_truncated": ran.stdout_truncated,
-            "stderr_truncated": ran.stderr_truncated,
-            "duration_ms": ran.duration_ms,
-            "timed_out": ran.timed_out,
-            "metadata": { "session_id": self.session.id, "environment_version": self.session.version },
-        });
-        if !ran.signal.is_empty() {
-            body["signal"] = json!(ran.signal);
-        }
-        if ran.stdout_truncated {
-            body["stdout_lines_truncated"] = json!(ran.stdout_lines_truncated);
-        }
-        if ran.stderr_truncated {
-            body["stderr_lines_truncated"] = json!(ran.stderr_lines_truncated);
-        }
-        if !ran.output_id.is_empty() {
-            body["output_file_path"] = json!(ran.output_id);
-            body["output_truncated"] = json!(ran.output_truncated);
-        }
-        Ok((body, "exec", command, Some(ran.exit_code)))
-    }
-
-    async fn read_command_output(&self) -> Result<Outcome, ApiError> {
-        let path = self.required("path")?;
-        let read = self
-            .client()?
-            .read_output(node::ReadOutputRequest {
-                session_id: self.id(),
-                output_id: path.clone(),
-                start_line: self.number("start_line")?.unwrap_or(0),
-                end_line: self.number("end_line")?.unwrap_or(0),
-                max_bytes: self.number("max_bytes")?.unwrap_or(0),
-            })
-            .await?
-            .into_inner();
-        let mut body = json!({
-            "path": path,
-            "content": String::from_utf8_lossy(&read.content),
-            "encoding": "utf8",
-            "bytes": read.size,
-            "total_lines": read.total_lines,
-            "start_line": read.start_line,
-            "end_line": read.end_line,
-            "truncated": read.truncated,
-        });
-        if read.total_lines_partial {
-            body["total_lines_partial"] = json!(true);
-        }
-        Ok((body, "read_output", path, None))
-    }
-
-    async fn restore(&self) -> Result<Outcome, ApiError> {
-        let token = self.required("token")?;
-        self.client()?
-            .restore(node::RestoreRequest {
-                session_id: self.id(),
-                token: token.clone(),
-            })
-            .await?;
-        Ok((json!({}), "restore", token, None))
-    }
-
-    async fn write_artifact(&self) -> Result<Outcome, ApiError> {
-        let run = self.required("runId")?;
-        if run.is_empty()
-            || run == "."
-            || run == ".."
-            || run.contains(['/', '\\', '\0'])
-            || run.len() > 200
-        {
-            return Err(invalid("args.runId: one path segment (no /, not . or ..)").into());
-        }
-        let step = self
-            .number("stepNumber")?
-            .ok_or_else(|| invalid("args.stepNumber: required, a non-negative integer"))?;
-        let tool_call = self.required("toolCallId")?;
-        let extension = match self.required("mediaType")?.as_str() {
-            "application/json" => "json",
-            "text/plain" => "txt",
-            other => {
-                return Err(invalid(format!(
-                    "args.mediaType: {other:?} is not application/json or text/plain"
-                ))
-                .into());
-            }
-        };
-        let contents = self
-            .string("contents")?
-            .ok_or_else(|| invalid("args.contents: required, a string"))?;
-        let digest = plinth_kit::hex(&sha2::Sha256::digest(tool_call.as_bytes()));
-        let path = format!(
-            "./.novo/artifacts/{run}/{step}-{}.{extension}",
-            &digest[..16]
-        );
-        let written = self
-            .client()?
-            .write(node::WriteRequest {
-                session_id: self.id(),
-                path: path.clone(),
-                content: contents.into_bytes().into(),
-            })
-            .await?
-            .into_inner();
-        Ok((
-            json!({ "path": path, "bytes_written": written.bytes_written }),
-            "write_file",
-            path,
-            None,
-        ))
-    }
-
-    async fn changes(&self, external_only: bool) -> Result<Vec<node::FileChange>, ApiError> {
-        Ok(self
-            .client()?
-            .list_changes(node::ListChangesRequest {
-                session_id: self.id(),
-                external_only,
-                exclude: NOT_ARTIFACTS.iter().map(|s| (*s).to_owned()).collect(),
-                max_snippet_bytes: 0,
-            })
-            .await?
-            .into_inner()
-            .changes)
-    }
-
-    async fn run_artifacts(&self) -> Result<Outcome, ApiError> {
-        let changes: Vec<Value> = self
-            .changes(false)
-            .await?
-            .into_iter()
-            .map(|c| json!({ "path": c.path, "change": c.change, "bytes": c.size }))
-            .collect();
-        Ok((
-            Value::Array(changes),
-            "list_changes",
-            "artifacts".to_owned(),
-            None,
-        ))
-    }
-
-    async fn external_changes(&self) -> Result<Outcome, ApiError> {
-        let changes: Vec<Value> = self
-            .changes(true)
-            .await?
-            .into_iter()
-            .map(|c| {
-                if c.reason.is_empty() {
-                    json!({ "kind": "changed-with-diff", "path": c.path, "snippet": c.snippet })
-                } else {
-                    json!({ "kind": "changed-no-diff", "path": c.path, "reason": c.reason })
-                }
-            })
-            .collect();
-        Ok((
-            Value::Array(changes),
-            "list_changes",
-            "external".to_owned(),
-            None,
-        ))
-    }
+    Ok(done.body)
 }
 
 /// Ends runs idle since `idle` ago, every half minute, and tells their nodes.

@@ -1159,3 +1159,94 @@ async fn redelivery_after_a_restart_answers_the_stored_receipt_or_unknown() {
     assert_eq!(teardown["type"], "returned", "{teardown}");
     drop(process);
 }
+
+#[tokio::test]
+async fn reads_under_the_mount_see_a_layered_version_as_its_commands_do() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let (environment, slug) =
+        crate::novo::environment(&server, "Layered", &crate::novo::studio_files()).await;
+    let adapter = register(&server.client, &server.base, &environment, &[]).await;
+    let brain = |session: &str| Brain {
+        client: &server.client,
+        adapter: &adapter,
+        session: session.to_owned(),
+        environment: "plinth",
+        configuration: json!({ "lifetime": "workspace" }),
+    };
+    let scale = format!("/env/{slug}/studio/scale.py");
+    // A session on version 1 puts it in the node's cache, so version 2, which changes one
+    // file, is cached as a layer over it.
+    let first = brain("ses_layered_1");
+    assert_eq!(
+        first.receipt(1, json!({ "type": "setup" })).await["type"],
+        "accepted"
+    );
+    assert_eq!(
+        stdout(&first.run(2, &format!("cat {scale}")).await),
+        "def scale(x):\n    return x * 2\n"
+    );
+    crate::helpers::put_file(
+        &server,
+        &environment,
+        "studio/notes.txt",
+        "Scale by three.\n",
+    )
+    .await;
+    crate::helpers::build_ready(&server, &environment, 2, Duration::from_secs(180)).await;
+
+    let second = brain("ses_layered_2");
+    assert_eq!(
+        second.receipt(1, json!({ "type": "setup" })).await["type"],
+        "accepted"
+    );
+    assert_eq!(
+        stdout(
+            &second
+                .run(2, &format!("cat /env/{slug}/studio/notes.txt"))
+                .await
+        ),
+        "Scale by three.\n",
+        "the session is on version 2"
+    );
+    // A file version 2 did not change lives only in the layer below: the tools see it as
+    // the session's commands do.
+    let read = second.tool(3, "read_file", json!({ "path": scale })).await;
+    assert_eq!(read["type"], "result", "{read}");
+    assert_eq!(
+        read["output"]["content"], "def scale(x):\n    return x * 2\n",
+        "{read}"
+    );
+    let listed = second
+        .tool(
+            4,
+            "list_files",
+            json!({ "path": format!("/env/{slug}/studio") }),
+        )
+        .await;
+    let paths: Vec<&str> = listed["output"]["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter_map(|entry| entry["path"].as_str())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            format!("/env/{slug}/studio/notes.txt"),
+            format!("/env/{slug}/studio/scale.py")
+        ],
+        "{listed}"
+    );
+    let found = second
+        .tool(
+            5,
+            "search_files",
+            json!({ "pattern": "return x", "path": format!("/env/{slug}") }),
+        )
+        .await;
+    assert!(found["output"].to_string().contains("scale.py"), "{found}");
+    server.stop().await;
+}
