@@ -263,14 +263,70 @@ async fn update_adapter(
         .adapters()
         .update_adapter(pb::UpdateAdapterRequest {
             scope: caller.scope,
-            id,
+            id: id.clone(),
             callback_origins: body
                 .callback_origins
                 .map(|origins| pb::CallbackOrigins { origins }),
         })
         .await?
         .into_inner();
+    state.adapter_credentials.forget(&id);
     Ok(Json(adapter_body(&state, &headers, adapter, None)))
+}
+
+/// Adapters' credentials as the catalog answered them less than a second ago, so a burst of
+/// calls to one adapter asks the catalog once a second rather than once a call. A gateway
+/// that rotates or deletes an adapter, or changes it, forgets its entry at once; another
+/// replica sees the change within the second. A previous credential is accepted only until
+/// its grace window ends, by the clock, whatever the entry's age.
+pub(crate) struct Credentials {
+    recent: crate::recent::Recent<String, pb::AdapterCredentials>,
+}
+
+impl Credentials {
+    /// How long an answer is used.
+    const FOR: std::time::Duration = std::time::Duration::from_secs(1);
+    /// Adapters kept at most.
+    const CAP: usize = 10_000;
+
+    pub(crate) fn new() -> Self {
+        Credentials {
+            recent: crate::recent::Recent::new(Self::FOR, Self::CAP),
+        }
+    }
+
+    /// The credentials of adapter `id` (with `previous` empty once its window has ended).
+    pub(crate) async fn get(
+        &self,
+        state: &AppState,
+        id: &str,
+    ) -> Result<pb::AdapterCredentials, tonic::Status> {
+        let mut credentials = match self.recent.get(&id.to_owned()) {
+            Some(credentials) => credentials,
+            None => {
+                let found = state
+                    .adapters()
+                    .get_adapter_credentials(pb::GetAdapterCredentialsRequest { id: id.to_owned() })
+                    .await?
+                    .into_inner();
+                self.recent.put(id.to_owned(), found.clone());
+                found
+            }
+        };
+        let window_ends = credentials
+            .adapter
+            .as_ref()
+            .map_or(0, |adapter| adapter.previous_expires_at_ms);
+        if plinth_kit::clock::now_ms() >= window_ends {
+            credentials.previous.clear();
+        }
+        Ok(credentials)
+    }
+
+    /// Forgets adapter `id`: this gateway changed it.
+    fn forget(&self, id: &str) {
+        self.recent.forget(&id.to_owned());
+    }
 }
 
 /// Delete a workspace adapter: its secret or token stops working at once.
@@ -298,6 +354,7 @@ async fn delete_adapter(
             id: id.clone(),
         })
         .await?;
+    state.adapter_credentials.forget(&id);
     Ok(Json(AdapterDeleted {
         id,
         object: "workspace_adapter",
@@ -340,12 +397,13 @@ async fn rotate_secret(
         .adapters()
         .rotate_adapter_credential(pb::RotateAdapterCredentialRequest {
             scope: caller.scope,
-            id,
+            id: id.clone(),
             secret: body.secret.unwrap_or_default(),
             grace_ms: body.grace_ms,
         })
         .await?
         .into_inner();
+    state.adapter_credentials.forget(&id);
     let adapter = rotated.adapter.unwrap_or_default();
     Ok(Json(adapter_body(
         &state,

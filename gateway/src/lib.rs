@@ -24,6 +24,7 @@ mod openapi;
 mod paging;
 mod public;
 mod query;
+mod recent;
 mod runtime;
 mod sessions;
 mod terminal;
@@ -129,6 +130,8 @@ pub(crate) struct AppState {
     quotas: QuotaClient,
     nodes: nodes::Nodes,
     live: Arc<runtime::LiveSessions>,
+    /// Adapters' credentials as the catalog answered them in the last second.
+    adapter_credentials: Arc<adapters::Credentials>,
     source: SourceClient,
     tokens: Arc<auth::Tokens>,
     environments: bool,
@@ -282,6 +285,7 @@ fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, 
             backends.local_nodes.clone(),
         )),
         live: Arc::default(),
+        adapter_credentials: Arc::new(adapters::Credentials::new()),
         source: SourceServiceClient::with_interceptor(backends.source.clone(), interceptor)
             .max_decoding_message_size(4 * 1024 * 1024),
         tokens: Arc::new(auth::Tokens::new(options.tokens.clone())),

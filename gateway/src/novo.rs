@@ -34,6 +34,7 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::error::{self, ApiError, ErrorBody};
+use crate::recent::Recent;
 use crate::runtime;
 use crate::tools::{self, Dialect};
 use signature::{Admission, Arrival, ReplayMemory, SignatureHeader};
@@ -74,7 +75,13 @@ pub struct NovoOptions {
     /// call runs); a retry that finds it run out with no answer settles it as
     /// `outcome_unknown`.
     call_lease: Duration,
+    /// Runs' sessions as the catalog opened them in the last second: a run's calls in a burst
+    /// open it (and stamp its last use) once a second, not once a call.
+    runs: Arc<Recent<(String, String), pb::Session>>,
 }
+
+/// How long an opened run's session is used before the run is opened again.
+const RUN_OPEN_FOR: Duration = Duration::from_secs(1);
 
 impl NovoOptions {
     /// Options with at most `max_unverified_bodies` bodies read before their signature is
@@ -90,6 +97,7 @@ impl NovoOptions {
             body_deadline,
             replays: Arc::new(ReplayMemory::new(REPLAY_MEMORY)),
             call_lease: DEFAULT_CALL_LEASE,
+            runs: Arc::new(Recent::new(RUN_OPEN_FOR, 10_000)),
         }
     }
 
@@ -159,11 +167,7 @@ async fn dispatch(
     if declared.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
         return Err(signature::too_large(MAX_BODY_BYTES));
     }
-    let found = state
-        .adapters()
-        .get_adapter_credentials(pb::GetAdapterCredentialsRequest { id: id.clone() })
-        .await?
-        .into_inner();
+    let found = state.adapter_credentials.get(&state, &id).await?;
     let adapter = found.adapter.unwrap_or_default();
     if adapter.protocol != "novo" {
         return Err(PlinthError::new(
@@ -560,19 +564,27 @@ async fn run_call(
     // Arguments are checked before the run's session is opened: a call refused here never ran.
     let request = tools::Request::parse(spec.tool, &arguments, &options)
         .map_err(|tools::Invalid(message)| invalid(message))?;
-    let opened = state
-        .adapters()
-        .open_run(pb::OpenRunRequest {
-            adapter_id: adapter.id.clone(),
-            run_id: run_id.to_owned(),
-            limits: Some(state.session_limits.defaults().to_catalog()),
-        })
-        .await?
-        .into_inner();
-    let mut session = opened.session.unwrap_or_default();
-    if session.workdir.is_empty() {
-        session = runtime::start_session(state, &adapter.scope, session).await?;
-    }
+    let run = (adapter.id.clone(), run_id.to_owned());
+    let session = match state.novo.runs.get(&run) {
+        Some(session) => session,
+        None => {
+            let opened = state
+                .adapters()
+                .open_run(pb::OpenRunRequest {
+                    adapter_id: adapter.id.clone(),
+                    run_id: run_id.to_owned(),
+                    limits: Some(state.session_limits.defaults().to_catalog()),
+                })
+                .await?
+                .into_inner();
+            let mut session = opened.session.unwrap_or_default();
+            if session.workdir.is_empty() {
+                session = runtime::start_session(state, &adapter.scope, session).await?;
+            }
+            state.novo.runs.put(run.clone(), session.clone());
+            session
+        }
+    };
     let target = tools::Target {
         nodes: &state.nodes,
         session: &session,
@@ -580,9 +592,13 @@ async fn run_call(
     };
     let done = tools::run(&target, request, &options)
         .await
-        .map_err(|failed| match failed {
-            tools::Failed::Unreachable(error) => error,
-            tools::Failed::Node(status) => ApiError::from(status),
+        .map_err(|failed| {
+            // The run is opened again by its next call: the node may no longer hold it.
+            state.novo.runs.forget(&run);
+            match failed {
+                tools::Failed::Unreachable(error) => error,
+                tools::Failed::Node(status) => ApiError::from(status),
+            }
         })?;
     // The call has run: a turn that cannot be recorded because the catalog did not answer
     // does not turn its answer into an error.

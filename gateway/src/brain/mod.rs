@@ -569,12 +569,9 @@ async fn authenticate(
         .ok_or_else(|| {
             refused("this endpoint needs `Authorization: Bearer <the adapter's token>`")
         })?;
-    let found = state
-        .adapters()
-        .get_adapter_credentials(pb::GetAdapterCredentialsRequest { id: id.to_owned() })
-        .await;
+    let found = state.adapter_credentials.get(state, id).await;
     let credentials = match found {
-        Ok(credentials) => credentials.into_inner(),
+        Ok(credentials) => credentials,
         Err(status) => {
             let error = PlinthError::from_status(&status);
             return Err(match error.code {
