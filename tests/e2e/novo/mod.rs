@@ -453,16 +453,29 @@ async fn reads_under_the_mount_see_a_layered_version_as_its_commands_do() {
     // A file version 2 did not change lives only in the layer below: it reads as the
     // session's commands see it.
     let read = second.ok("readFile", json!({ "path": scale })).await;
-    assert_eq!(
-        read["content"], "def scale(x):\n    return x * 2\n",
-        "{read}"
-    );
     let listed = second
         .ok(
             "listFiles",
             json!({ "path": format!("/env/{slug}/studio") }),
         )
         .await;
+    let found = second
+        .ok(
+            "searchFiles",
+            json!({ "pattern": "return x", "path": format!("/env/{slug}") }),
+        )
+        .await;
+    assert_reads_see_the_layer_below(&slug, &read, &listed, &found);
+}
+
+/// What a read, a listing of `studio/` and a search for `return x` under the mount of a
+/// version 2 (notes changed, `scale.py` only in version 1's layer) answer through either
+/// adapter: the file from the layer below, both files, and the match in it.
+pub fn assert_reads_see_the_layer_below(slug: &str, read: &Value, listed: &Value, found: &Value) {
+    assert_eq!(
+        read["content"], "def scale(x):\n    return x * 2\n",
+        "{read}"
+    );
     let paths: Vec<&str> = listed["entries"]
         .as_array()
         .expect("entries")
@@ -477,11 +490,5 @@ async fn reads_under_the_mount_see_a_layered_version_as_its_commands_do() {
         ],
         "{listed}"
     );
-    let found = second
-        .ok(
-            "searchFiles",
-            json!({ "pattern": "return x", "path": format!("/env/{slug}") }),
-        )
-        .await;
     assert!(found.to_string().contains("scale.py"), "{found}");
 }
