@@ -22,7 +22,7 @@ use crate::client_args::{
 /// the caller's environments (the API addresses environments by id only); a name matches
 /// too when it is exactly one environment's.
 pub async fn environment_id(api: &Api, given: &str) -> anyhow::Result<String> {
-    if given.starts_with("henv_") {
+    if given.starts_with(plinth_kit::ids::EnvironmentId::PREFIX) {
         return Ok(given.to_owned());
     }
     let list = api.get(["v1", "environments"]).await?;

@@ -56,7 +56,7 @@ pub async fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
         body["timeout_ms"] = json!(seconds.saturating_mul(1000));
     }
     let json = args.output.output == OutputFormat::Json;
-    if args.target.starts_with("sess_") {
+    if args.target.starts_with(plinth_kit::ids::SessionId::PREFIX) {
         return tokio::select! {
             ran = run(&api, &args.target, &body, json) => ran,
             _ = tokio::signal::ctrl_c() => Ok(ExitCode::from(INTERRUPTED)),
@@ -163,7 +163,7 @@ enum Place {
 /// `sess_…:path` is a session's file; anything else a local path.
 fn place(given: &str) -> anyhow::Result<Place> {
     match given.split_once(':') {
-        Some((id, path)) if id.starts_with("sess_") => {
+        Some((id, path)) if id.starts_with(plinth_kit::ids::SessionId::PREFIX) => {
             let path = path.trim_start_matches("./").trim_start_matches('/');
             if path.is_empty() {
                 return Err(Usage(format!(

@@ -36,7 +36,7 @@ const TERMINATED: u8 = 128 + 15;
 pub async fn shell(args: ShellArgs) -> anyhow::Result<ExitCode> {
     let api = Api::from_profile()?;
     let command = (!args.command.is_empty()).then(|| quoting::join(&args.command));
-    if args.target.starts_with("sess_") {
+    if args.target.starts_with(plinth_kit::ids::SessionId::PREFIX) {
         return until_stopped(run(&api, &args.target, command.as_deref())).await;
     }
     // A session of our own, ended whatever happens, as `exec` ends its own.

@@ -10,14 +10,9 @@ use std::fmt;
 use plinth_kit::PlinthError;
 use sha2::Digest as _;
 
-use crate::model::prefixed_id;
 use crate::model::{EnvironmentId, Scope};
 
-prefixed_id!(
-    /// `wadp_` followed by 32 lowercase hex digits.
-    AdapterId,
-    "wadp_"
-);
+pub use plinth_kit::ids::AdapterId;
 
 /// Which runtime's protocol an adapter speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

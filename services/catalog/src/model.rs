@@ -12,63 +12,7 @@ pub const MAX_SLUG_CHARS: usize = plinth_kit::slug::MAX_CHARS;
 /// Most bytes a scope may have.
 pub const MAX_SCOPE_BYTES: usize = 128;
 
-/// Declares an id newtype: a prefix and 32 lowercase hex digits, made by `generate` and
-/// accepted by `parse` in exactly that shape.
-macro_rules! prefixed_id {
-    ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
-        $(#[$doc])*
-        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(String);
-
-        impl $name {
-            const PREFIX: &'static str = $prefix;
-
-            /// A fresh random id.
-            pub fn generate() -> Self {
-                $name(format!("{}{}", Self::PREFIX, uuid::Uuid::new_v4().simple()))
-            }
-
-            /// Accepts exactly the shape `generate` makes; anything else names nothing, and
-            /// callers report it as not found.
-            pub fn parse(text: &str) -> Option<Self> {
-                $crate::model::is_generated_id(text, Self::PREFIX).then(|| $name(text.to_owned()))
-            }
-
-            /// The id as text.
-            pub fn as_str(&self) -> &str {
-                &self.0
-            }
-        }
-
-        impl std::fmt::Display for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(&self.0)
-            }
-        }
-    };
-}
-pub(crate) use prefixed_id;
-
-prefixed_id!(
-    /// `henv_` followed by 32 lowercase hex digits.
-    EnvironmentId,
-    "henv_"
-);
-prefixed_id!(
-    /// `chrn_` followed by 32 lowercase hex digits.
-    HarnessId,
-    "chrn_"
-);
-
-/// Whether `text` is `prefix` and 32 lowercase hex digits: the shape of every generated id.
-pub(crate) fn is_generated_id(text: &str, prefix: &str) -> bool {
-    text.strip_prefix(prefix).is_some_and(|hex| {
-        hex.len() == 32
-            && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
-}
+pub use plinth_kit::ids::{EnvironmentId, HarnessId};
 
 /// The tenant an object belongs to; every query is confined to one.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -3,23 +3,9 @@
 //! and keeps it for its whole life (UHP §6); every exec or file call is a turn that records
 //! the version it read (§6.5).
 
-use crate::model::{EnvironmentId, Scope, prefixed_id};
+use crate::model::{EnvironmentId, Scope};
 
-prefixed_id!(
-    /// `sess_` followed by 32 lowercase hex digits.
-    SessionId,
-    "sess_"
-);
-prefixed_id!(
-    /// `node_` followed by 32 lowercase hex digits.
-    NodeId,
-    "node_"
-);
-prefixed_id!(
-    /// `task_` followed by 32 lowercase hex digits.
-    TaskId,
-    "task_"
-);
+pub use plinth_kit::ids::{NodeId, SessionId, TaskId};
 
 /// Whether a session can still run commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

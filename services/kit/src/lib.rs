@@ -20,6 +20,7 @@ pub mod database;
 pub mod error;
 pub mod grpc;
 pub mod http;
+pub mod ids;
 pub mod metered;
 pub mod quota;
 pub mod replicas;

@@ -112,12 +112,7 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SessionError {
 
 /// `sess_` + 32 lowercase hex, so it is a safe directory name.
 pub fn valid_session_id(id: &str) -> bool {
-    id.strip_prefix("sess_").is_some_and(|hex| {
-        hex.len() == 32
-            && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
+    plinth_kit::ids::SessionId::is_valid(id)
 }
 
 /// Spare session directories kept ready.

@@ -121,8 +121,7 @@ fn slice_response(path: String, size: u64, mtime_ms: i64, slice: text::Slice) ->
 }
 
 fn valid_output_id(id: &str) -> bool {
-    id.strip_prefix("out_")
-        .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+    plinth_kit::ids::OutputId::is_valid(id)
 }
 
 /// One output stream as it comes: its first bytes (for the inline head) and its line count.
@@ -628,7 +627,7 @@ impl pb::workspace_service_server::WorkspaceService for Node {
         tokio::fs::create_dir_all(&outputs)
             .await
             .map_err(|error| PlinthError::internal(&error))?;
-        let output_id = format!("out_{}", uuid::Uuid::new_v4().simple());
+        let output_id = plinth_kit::ids::OutputId::generate().to_string();
         let spill_path = outputs.join(&output_id);
         let mut spill = tokio::fs::File::create(&spill_path)
             .await

@@ -131,7 +131,7 @@ pub fn current(ws: &Workspace, parts: &[String], display: &str) -> Result<Previo
 /// and if a write fails the ones before it are undone. Answers the rollback token; the
 /// oldest snapshots past the workspace's budget are removed.
 pub fn write(ws: &Workspace, changes: &[Change]) -> Result<String, PlinthError> {
-    let token = format!("rb_{}", uuid::Uuid::new_v4().simple());
+    let token = plinth_kit::ids::RollbackToken::generate().to_string();
     let snapshots = ws.state.join("snapshots");
     let snapshot = snapshots.join(&token);
     std::fs::create_dir_all(&snapshot).map_err(internal)?;
@@ -288,9 +288,7 @@ fn admit(snapshots: &Path, token: &str, bytes: u64, budget: u64) -> Result<(), P
 }
 
 fn valid_token(token: &str) -> bool {
-    token
-        .strip_prefix("rb_")
-        .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+    plinth_kit::ids::RollbackToken::is_valid(token)
 }
 
 fn put(
