@@ -4,7 +4,7 @@
 //!
 //! File bytes never come here (the source service and the blob store hold them), and neither
 //! do HTTP shapes (the gateway owns those). `persistence` owns every query; `model` holds the
-//! domain types and their rules; `service` (environments, builds) and `harnesses` are thin gRPC
+//! domain types and their rules; `service` (environments, builds) and `harness_service` are thin gRPC
 //! adapters; `sweep` ends sessions past their lifetime or idle limit; `retention` retires old
 //! versions and records of ended work; `collection_service` is the catalog's part in garbage
 //! collection of the blob store; `wakeups` wakes builders waiting for work, across replicas
@@ -18,7 +18,7 @@ pub mod brain;
 mod brain_service;
 mod collection_service;
 pub mod gauges;
-mod harnesses;
+mod harness_service;
 pub mod model;
 pub mod persistence;
 mod quota_service;
@@ -248,7 +248,7 @@ pub async fn run(
     server
         .add_service(service)
         .add_service(
-            HarnessServiceServer::new(harnesses::Harnesses::new(store.clone()))
+            HarnessServiceServer::new(harness_service::Harnesses::new(store.clone()))
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(sessions)

@@ -13,7 +13,6 @@ use plinth_proto::node::v1 as pb;
 use crate::cache::{CacheError, Materialized, VersionCache};
 use crate::isolation::{self, Isolation, Launch, Namespaces};
 use crate::sessions::{LocalSession, SessionError, SessionLimits, SessionRecord, SessionTable};
-use crate::workdir::WorkdirError;
 
 /// Limits of the node's calls.
 #[derive(Debug, Clone)]
@@ -61,23 +60,6 @@ pub(crate) fn session_error(error: SessionError) -> PlinthError {
             PlinthError::new(ErrorCode::Unavailable, error.to_string())
         }
         other => PlinthError::internal(&other),
-    }
-}
-
-pub(crate) fn workdir_error(error: WorkdirError) -> PlinthError {
-    match &error {
-        WorkdirError::NotFound(path) => PlinthError::new(
-            ErrorCode::NotFound,
-            format!("{path:?} does not exist in the session's working directory"),
-        ),
-        WorkdirError::TooLarge { max, .. } => {
-            PlinthError::new(ErrorCode::FileTooLarge, error.to_string())
-                .with_detail(serde_json::json!({ "max_bytes": max }))
-        }
-        WorkdirError::Io { .. } => PlinthError::internal(&error),
-        WorkdirError::InvalidPath { .. } | WorkdirError::Conflict { .. } => {
-            PlinthError::invalid(error.to_string())
-        }
     }
 }
 

@@ -17,7 +17,7 @@ use crate::workdir;
 
 use crate::node::{
     Node, Prepared, cache_error, cwd_refused, exec_result, isolate, limits_from_wire,
-    session_error, start_proxy, workdir_error,
+    session_error, start_proxy,
 };
 
 type ExecStream = ReceiverStream<Result<pb::ExecEvent, Status>>;
@@ -289,12 +289,13 @@ impl pb::node_service_server::NodeService for Node {
         let request = request.into_inner();
         let session = self.session(&request.session_id)?;
         let max = self.limits.max_file_bytes;
+        // A hard link in the working directory is read only if the session owns its file.
+        let owner = self.isolation.enabled.then_some(session.record.uid);
         let content = tokio::task::spawn_blocking(move || {
-            workdir::read(&session.workdir, &request.path, max)
+            workdir::read(&session.workdir, &request.path, max, owner)
         })
         .await
-        .map_err(|error| PlinthError::internal(&error))?
-        .map_err(workdir_error)?;
+        .map_err(|error| PlinthError::internal(&error))??;
         Ok(Response::new(pb::ReadFileResponse {
             content: content.into(),
         }))
@@ -328,8 +329,7 @@ impl pb::node_service_server::NodeService for Node {
             workdir::write(&session.workdir, &request.path, &request.content, uid)
         })
         .await
-        .map_err(|error| PlinthError::internal(&error))?
-        .map_err(workdir_error)?;
+        .map_err(|error| PlinthError::internal(&error))??;
         Ok(Response::new(pb::WriteFileResponse { size }))
     }
 
@@ -342,8 +342,7 @@ impl pb::node_service_server::NodeService for Node {
         let session = self.session(&request.session_id)?;
         tokio::task::spawn_blocking(move || workdir::delete(&session.workdir, &request.path))
             .await
-            .map_err(|error| PlinthError::internal(&error))?
-            .map_err(workdir_error)?;
+            .map_err(|error| PlinthError::internal(&error))??;
         Ok(Response::new(pb::DeleteFileResponse {}))
     }
 

@@ -1,67 +1,26 @@
-//! Files of a session's working directory, read and written by the node (root) on the
-//! session's behalf. The session owns that directory and can put symlinks anywhere in it, so
-//! paths are never resolved by string checks alone: every step is `openat2` beneath the
-//! directory's own descriptor (`RESOLVE_BENEATH`), parents are walked without following any
-//! link, and the final component is never followed when writing or deleting.
+//! Files of a session's working directory through the files API (`GET`/`PUT`/`DELETE
+//! /v1/sessions/{id}/files/{path}`), read and written by the node (root) on the session's
+//! behalf. The path is checked against the API's rule here ([`components`]: relative, no `.`
+//! or `..`); what makes it safe is the one implementation every file call of the node uses,
+//! [`fsx`](crate::workspace::fsx): every step `openat2` beneath the directory's descriptor,
+//! parents walked without following any link, a file checked before it is opened (never a
+//! FIFO or a device, never a hard link to a file the session does not own), and a write
+//! made as a temporary file renamed into place.
 
-use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
 use std::path::Path;
 
-use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
+use plinth_kit::{ErrorCode, PlinthError};
+use rustix::fs::{AtFlags, FileType};
 use rustix::io::Errno;
+
+use crate::workspace::fsx;
 
 /// Most bytes of one path.
 pub const MAX_PATH_BYTES: usize = 4096;
 
-/// Why a working-directory file call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkdirError {
-    /// The path breaks the rules.
-    #[error("invalid path {path:?}: {reason}")]
-    InvalidPath {
-        /// The path as given.
-        path: String,
-        /// Which rule.
-        reason: &'static str,
-    },
-    /// Nothing there.
-    #[error("{0:?} does not exist in the working directory")]
-    NotFound(String),
-    /// A file where a directory is needed, a directory where a file is, or a link.
-    #[error("{path:?}: {reason}")]
-    Conflict {
-        /// The path.
-        path: String,
-        /// What is in the way.
-        reason: &'static str,
-    },
-    /// Bigger than allowed.
-    #[error("{path:?} is {size} bytes; at most {max} can be read")]
-    TooLarge {
-        /// The path.
-        path: String,
-        /// Its size.
-        size: u64,
-        /// The limit.
-        max: u64,
-    },
-    /// The file system failed.
-    #[error("{path:?}: {source}")]
-    Io {
-        /// The path.
-        path: String,
-        /// The error.
-        source: std::io::Error,
-    },
-}
-
 /// Checks a relative working-directory path; answers its components.
-pub fn components(path: &str) -> Result<Vec<&str>, WorkdirError> {
-    let invalid = |reason| WorkdirError::InvalidPath {
-        path: path.to_owned(),
-        reason,
-    };
+pub fn components(path: &str) -> Result<Vec<&str>, PlinthError> {
+    let invalid = |reason: &str| PlinthError::invalid(format!("invalid path {path:?}: {reason}"));
     if path.is_empty() {
         return Err(invalid("it is empty"));
     }
@@ -87,174 +46,78 @@ pub fn components(path: &str) -> Result<Vec<&str>, WorkdirError> {
     Ok(parts)
 }
 
-fn errno_error(path: &str, errno: Errno) -> WorkdirError {
-    let path = path.to_owned();
-    match errno {
-        Errno::NOENT => WorkdirError::NotFound(path),
-        Errno::NOTDIR => WorkdirError::Conflict {
-            path,
-            reason: "a file is in the way of a directory",
-        },
-        Errno::ISDIR => WorkdirError::Conflict {
-            path,
-            reason: "it is a directory",
-        },
-        Errno::LOOP | Errno::XDEV => WorkdirError::Conflict {
-            path,
-            reason: "a symbolic link is in the way (links are not followed out of, or within, the path)",
-        },
-        other => WorkdirError::Io {
-            path,
-            source: other.into(),
-        },
+/// The files API's words for what the workspace layer found: a missing path is `not_found`,
+/// a path in the way or not allowed is `environment_invalid`, as the API's own path checks say.
+fn for_files_api(error: PlinthError) -> PlinthError {
+    match error.code {
+        ErrorCode::WorkspaceNotFound => PlinthError::new(
+            ErrorCode::NotFound,
+            format!("{} (in the session's working directory)", error.message),
+        ),
+        ErrorCode::WorkspacePathInvalid | ErrorCode::WorkspaceReadOnly => {
+            PlinthError::invalid(error.message)
+        }
+        _ => error,
     }
 }
 
-fn open_root(root: &Path, path: &str) -> Result<OwnedFd, WorkdirError> {
-    rustix::fs::open(
-        root,
-        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|errno| WorkdirError::Io {
-        path: path.to_owned(),
-        source: errno.into(),
-    })
-}
-
-/// Opens directory `name` beneath `dir`, following no link.
-fn open_dir(dir: &OwnedFd, name: &str) -> Result<OwnedFd, Errno> {
-    rustix::fs::openat2(
-        dir,
-        name,
-        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
-    )
-}
-
-/// Reads a file of the working directory (at most `max` bytes).
-pub fn read(root: &Path, path: &str, max: u64) -> Result<Vec<u8>, WorkdirError> {
+/// Reads a file of the working directory (at most `max` bytes); a file with several links
+/// is read only if `owner` owns it.
+pub fn read(root: &Path, path: &str, max: u64, owner: Option<u32>) -> Result<Vec<u8>, PlinthError> {
     components(path)?;
-    let dir = open_root(root, path)?;
-    // Non-blocking: a FIFO the session made must not hold the node until a writer appears;
-    // it is refused below, like anything that is not a regular file.
-    let fd = rustix::fs::openat2(
-        &dir,
-        path,
-        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
-    )
-    .map_err(|errno| errno_error(path, errno))?;
-    let stat = rustix::fs::fstat(&fd).map_err(|errno| errno_error(path, errno))?;
-    let kind = rustix::fs::FileType::from_raw_mode(stat.st_mode);
-    if kind == rustix::fs::FileType::Directory {
-        return Err(errno_error(path, Errno::ISDIR));
-    }
-    if kind != rustix::fs::FileType::RegularFile {
-        return Err(WorkdirError::Conflict {
-            path: path.to_owned(),
-            reason: "it is not a regular file",
-        });
-    }
-    let size = u64::try_from(stat.st_size).unwrap_or(0);
-    if size > max {
-        return Err(WorkdirError::TooLarge {
-            path: path.to_owned(),
-            size,
-            max,
-        });
-    }
-    let mut file = std::fs::File::from(fd);
-    let mut content = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-    Read::by_ref(&mut file)
-        .take(max + 1)
-        .read_to_end(&mut content)
-        .map_err(|source| WorkdirError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
-    if content.len() as u64 > max {
-        return Err(WorkdirError::TooLarge {
-            path: path.to_owned(),
-            size: content.len() as u64,
-            max,
-        });
-    }
-    Ok(content)
+    let dir = fsx::open_root(root)?;
+    fsx::read_all(&dir, path, path, owner, max)
+        .map(|(content, _)| content)
+        .map_err(for_files_api)
 }
 
 /// Writes a file of the working directory, making its parents; everything made is owned by
-/// `uid`.
-pub fn write(root: &Path, path: &str, content: &[u8], uid: u32) -> Result<u64, WorkdirError> {
-    let parts = components(path)?;
-    let owner = Some(rustix::process::Uid::from_raw(uid));
-    let group = Some(rustix::process::Gid::from_raw(uid));
-    let mut dir = open_root(root, path)?;
-    let (name, parents) = parts
-        .split_last()
-        .ok_or_else(|| WorkdirError::InvalidPath {
-            path: path.to_owned(),
-            reason: "it is empty",
-        })?;
-    for part in parents {
-        let made = match rustix::fs::mkdirat(&dir, *part, Mode::from_raw_mode(0o755)) {
-            Ok(()) => true,
-            Err(Errno::EXIST) => false,
-            Err(errno) => return Err(errno_error(path, errno)),
+/// `uid`. A file written over keeps its mode; a link or directory in the way is refused.
+pub fn write(root: &Path, path: &str, content: &[u8], uid: u32) -> Result<u64, PlinthError> {
+    let parts: Vec<String> = components(path)?.into_iter().map(str::to_owned).collect();
+    let written = (|| {
+        let root = fsx::open_root(root)?;
+        let (dir, name) = fsx::parent(&root, &parts, path, uid, true)?;
+        let mode = match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => match fsx::kind(&stat) {
+                FileType::RegularFile => stat.st_mode & 0o7777,
+                FileType::Directory => return Err(fsx::errno_error(path, Errno::ISDIR)),
+                FileType::Symlink => return Err(fsx::errno_error(path, Errno::LOOP)),
+                _ => {
+                    return Err(PlinthError::new(
+                        ErrorCode::WorkspacePathInvalid,
+                        format!("{path}: not a regular file"),
+                    ));
+                }
+            },
+            Err(Errno::NOENT) => 0o644,
+            Err(errno) => return Err(fsx::errno_error(path, errno)),
         };
-        dir = open_dir(&dir, part).map_err(|errno| errno_error(path, errno))?;
-        if made {
-            rustix::fs::fchown(&dir, owner, group).map_err(|errno| errno_error(path, errno))?;
-        }
-    }
-    let fd = rustix::fs::openat2(
-        &dir,
-        *name,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        Mode::from_raw_mode(0o644),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
-    )
-    .map_err(|errno| errno_error(path, errno))?;
-    rustix::fs::fchown(&fd, owner, group).map_err(|errno| errno_error(path, errno))?;
-    let mut file = std::fs::File::from(fd);
-    file.write_all(content)
-        .and_then(|()| file.flush())
-        .map_err(|source| WorkdirError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
+        fsx::replace(&dir, name, content, mode, uid, path)
+    })();
+    written.map_err(for_files_api)?;
     Ok(content.len() as u64)
 }
 
 /// Deletes a file, link or whole directory of the working directory.
-pub fn delete(root: &Path, path: &str) -> Result<(), WorkdirError> {
-    let parts = components(path)?;
-    let mut dir = open_root(root, path)?;
-    let (name, parents) = parts
-        .split_last()
-        .ok_or_else(|| WorkdirError::InvalidPath {
-            path: path.to_owned(),
-            reason: "it is empty",
-        })?;
-    for part in parents {
-        dir = open_dir(&dir, part).map_err(|errno| errno_error(path, errno))?;
-    }
-    match rustix::fs::unlinkat(&dir, *name, AtFlags::empty()) {
-        Ok(()) => Ok(()),
-        Err(Errno::ISDIR) => {
-            // The directory's own descriptor names it, whatever happens to the path meanwhile;
-            // std's `remove_dir_all` walks it without following links.
-            use std::os::fd::AsRawFd;
-            let beneath = format!("/proc/self/fd/{}/{name}", dir.as_raw_fd());
-            std::fs::remove_dir_all(beneath).map_err(|source| WorkdirError::Io {
-                path: path.to_owned(),
-                source,
-            })
+pub fn delete(root: &Path, path: &str) -> Result<(), PlinthError> {
+    let parts: Vec<String> = components(path)?.into_iter().map(str::to_owned).collect();
+    let deleted = (|| {
+        let root = fsx::open_root(root)?;
+        let (dir, name) = fsx::parent(&root, &parts, path, 0, false)?;
+        match rustix::fs::unlinkat(&dir, name, AtFlags::empty()) {
+            Ok(()) => Ok(()),
+            Err(Errno::ISDIR) => {
+                // The directory's own descriptor names it, whatever happens to the path
+                // meanwhile; std's `remove_dir_all` walks it without following links.
+                use std::os::fd::AsRawFd;
+                let beneath = format!("/proc/self/fd/{}/{name}", dir.as_raw_fd());
+                std::fs::remove_dir_all(beneath).map_err(|error| PlinthError::internal(&error))
+            }
+            Err(errno) => Err(fsx::errno_error(path, errno)),
         }
-        Err(errno) => Err(errno_error(path, errno)),
-    }
+    })();
+    deleted.map_err(for_files_api)
 }
 
 #[cfg(test)]
@@ -278,8 +141,8 @@ mod tests {
         std::os::unix::fs::symlink(outside.path().join("secret"), root.path().join("s"))
             .expect("link");
         let uid = rustix::process::getuid().as_raw();
-        assert!(read(root.path(), "out/secret", 1024).is_err());
-        assert!(read(root.path(), "s", 1024).is_err());
+        assert!(read(root.path(), "out/secret", 1024, None).is_err());
+        assert!(read(root.path(), "s", 1024, None).is_err());
         assert!(write(root.path(), "out/new", b"x", uid).is_err());
         assert!(write(root.path(), "s", b"x", uid).is_err());
         assert_eq!(
@@ -293,18 +156,37 @@ mod tests {
     }
 
     #[test]
+    fn a_hard_link_to_a_file_the_session_does_not_own_is_not_read() {
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::write(root.path().join("theirs"), "not yours").expect("write");
+        std::fs::hard_link(root.path().join("theirs"), root.path().join("link")).expect("link");
+        let owner = rustix::process::getuid().as_raw();
+        // The file is the test's own: read through either name by its owner...
+        assert_eq!(
+            read(root.path(), "link", 1024, Some(owner)).expect("read"),
+            b"not yours"
+        );
+        // ...and refused to anyone else, as it would be to a session whose uid it is not.
+        assert_eq!(
+            read(root.path(), "link", 1024, Some(owner.wrapping_add(1)))
+                .map_err(|error| error.code),
+            Err(ErrorCode::EnvironmentInvalid)
+        );
+    }
+
+    #[test]
     fn a_fifo_is_refused_without_waiting_for_a_writer() {
         let root = tempfile::tempdir().expect("tempdir");
         rustix::fs::mkfifoat(
             rustix::fs::CWD,
             root.path().join("pipe"),
-            Mode::from_raw_mode(0o644),
+            rustix::fs::Mode::from_raw_mode(0o644),
         )
         .expect("mkfifo");
-        assert!(matches!(
-            read(root.path(), "pipe", 1024),
-            Err(WorkdirError::Conflict { .. })
-        ));
+        assert_eq!(
+            read(root.path(), "pipe", 1024, None).map_err(|error| error.code),
+            Err(ErrorCode::EnvironmentInvalid)
+        );
     }
 
     #[test]
@@ -313,21 +195,37 @@ mod tests {
         let uid = rustix::process::getuid().as_raw();
         write(root.path(), "a/b/c.txt", b"hello", uid).expect("write");
         assert_eq!(
-            read(root.path(), "a/b/c.txt", 1024).expect("read"),
+            read(root.path(), "a/b/c.txt", 1024, None).expect("read"),
             b"hello"
         );
-        assert!(matches!(
-            read(root.path(), "a/b/c.txt", 2),
-            Err(WorkdirError::TooLarge { .. })
-        ));
-        assert!(matches!(
-            write(root.path(), "a/b/c.txt/d", b"x", uid),
-            Err(WorkdirError::Conflict { .. })
-        ));
+        fn code<T>(result: Result<T, PlinthError>) -> Result<(), ErrorCode> {
+            result.map(|_| ()).map_err(|error| error.code)
+        }
+        assert_eq!(
+            code(read(root.path(), "a/b/c.txt", 2, None)),
+            Err(ErrorCode::FileTooLarge)
+        );
+        assert_eq!(
+            code(write(root.path(), "a/b/c.txt/d", b"x", uid)),
+            Err(ErrorCode::EnvironmentInvalid)
+        );
+        // Written over, a file keeps its mode.
+        std::fs::set_permissions(
+            root.path().join("a/b/c.txt"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .expect("chmod");
+        write(root.path(), "a/b/c.txt", b"again", uid).expect("write");
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(root.path().join("a/b/c.txt"))
+                .expect("stat")
+                .permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o755);
         delete(root.path(), "a").expect("delete");
-        assert!(matches!(
-            read(root.path(), "a/b/c.txt", 1024),
-            Err(WorkdirError::NotFound(_))
-        ));
+        assert_eq!(
+            code(read(root.path(), "a/b/c.txt", 1024, None)),
+            Err(ErrorCode::NotFound)
+        );
     }
 }
