@@ -1,0 +1,722 @@
+//! Installing: runs a source's manifests ([`crate::manifests`]) in the build sandbox
+//! ([`crate::sandbox`]) at the environment's mount path, makes sure the venv's Python files have
+//! bytecode, and keeps the installers' output as the build log.
+//!
+//! The caller materializes the source into a scratch directory, calls [`install`], then
+//! [`crate::layer::scan`]s the same directory. Afterwards every file in it is owned by the build
+//! uid; the builder (root) can read and delete it. HOME and `/tmp` of the build live in a
+//! directory `.plinth-build-*` created beside the scratch directory and removed on return.
+//!
+//! ## The download cache
+//!
+//! uv, pip and npm keep their downloads in the build's cache, which sits in the scratch
+//! directory under the reserved name [`BUILD_CACHE`] (`/env/<slug>/.plinth-build-cache`) while
+//! the installers run: on the same mount as `.venv`, so uv hard-links installed files from it
+//! instead of copying them. With [`InstallOptions::cache_dir`] the cache persists: it is renamed
+//! into the scratch directory before the first command and renamed back after the last, whether
+//! the build succeeded, failed or timed out, so it is never part of the layer. A source's own
+//! top-level `.plinth-build-cache` is removed first, as `.venv` and `node_modules` are. While one
+//! build holds the cache, a concurrent build of the same scope starts from an empty one; the
+//! first to finish puts its cache back and the other's is dropped.
+//!
+//! Hard links mean a file installed by uv and the cache's copy are one file: a later step that
+//! writes one *in place* (an npm lifecycle script, `setup.sh` appending to an installed module)
+//! changes the other too. Such a build's cache is discarded rather than put back
+//! ([`InstallReport::cache_discarded`]), so no later build installs the changed file.
+//!
+//! ## Bytecode
+//!
+//! A read-only environment cannot hold a `__pycache__` written at import time, so every `.py`
+//! under `.venv` gets a checked-hash `.pyc`: valid whatever the files' modification times when a
+//! version is materialized (hard links from a blob cache give them new ones), checked against
+//! the source at import, and written with `SOURCE_DATE_EPOCH` set (which makes hash-based pycs
+//! Python's default: uv, pip and `py_compile` all follow it). uv compiles site-packages itself
+//! as it installs (`UV_COMPILE_BYTECODE=1`, in parallel). After the installers:
+//!
+//! - uv installed the Python packages and no `setup.sh` ran: nothing more to do;
+//! - uv installed them and `setup.sh` ran: `compileall` of just the `.py` files under `.venv`
+//!   that lack a checked-hash `.pyc` (compileall's own up-to-date check understands only
+//!   timestamp pycs and would recompile everything);
+//! - otherwise (pip, or a `.venv` made by `setup.sh`): `compileall -f` of all of `.venv`;
+//! - dependencies reused from an earlier build: nothing (that build compiled them).
+//!
+//! ## What reaches the installers
+//!
+//! Each command gets exactly this environment (later entries win):
+//!
+//! - `PATH=/env/<slug>/.venv/bin:/env/<slug>/node_modules/.bin:<options.path>`,
+//!   `HOME=/env/.home`, `TMPDIR=/tmp`, `LANG=C.UTF-8`, `PROJECT_ROOT=/env/<slug>`,
+//!   `VIRTUAL_ENV=/env/<slug>/.venv` (when the plan installs Python packages or a `.venv` exists),
+//!   `UV_PROJECT_ENVIRONMENT=/env/<slug>/.venv`;
+//! - `UV_PYTHON_DOWNLOADS=never`, `UV_PYTHON_PREFERENCE=only-system`: the build uses the
+//!   toolchain's Python (a downloaded one would live in the build's HOME, which is discarded);
+//! - `UV_COMPILE_BYTECODE=1`, `SOURCE_DATE_EPOCH=315532800` (1980-01-01, the earliest time a
+//!   wheel's zip can record): bytecode as described above; `PYTHONDONTWRITEBYTECODE=1`: no
+//!   timestamp `.pyc` from an import during the install lands in the tree (the bytecode
+//!   passes compile explicitly, which it does not stop);
+//! - `PIP_DISABLE_PIP_VERSION_CHECK=1`, `PIP_NO_INPUT=1`, `PIP_PROGRESS_BAR=off`,
+//!   `npm_config_fund=false`, `npm_config_audit=false`, `npm_config_update_notifier=false`,
+//!   `npm_config_progress=false`: no prompts, no chatter, no calls home beyond the install;
+//! - `XDG_CACHE_HOME=/env/<slug>/.plinth-build-cache`, and `UV_CACHE_DIR`, `PIP_CACHE_DIR`,
+//!   `npm_config_cache` its `uv`, `pip` and `npm` subdirectories;
+//! - the registry settings (`options.registries`: certificate authority, proxies, indexes) under
+//!   each installer's names ([`mod@crate::registries`]);
+//! - with [`BuildNetwork::Egress`], the egress proxy ([`plinth_sandbox::egress::proxy_env`]:
+//!   `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` in both cases, `NO_PROXY` for loopback only, npm's
+//!   and Yarn's own names) at `http://127.0.0.1:3128`;
+//! - then `options.extra_env`, verbatim.
+//!
+//! ## The network
+//!
+//! [`InstallOptions::network`] says what a build reaches:
+//!
+//! - [`BuildNetwork::None`]: nothing. Each command gets a network namespace of its own with
+//!   only its loopback.
+//! - [`BuildNetwork::Egress`]: what the policy given lets through, by the filtering proxy
+//!   sessions get ([`plinth_sandbox::egress`]; `plinth serve` gives builds the sessions'
+//!   policy plus the package registries by name). For each build the builder makes a network
+//!   namespace that holds nothing but a loopback, listens in it on `127.0.0.1:3128` and serves
+//!   that socket from its own network: every destination is resolved by the builder and
+//!   checked before it is dialled, so loopback, private, link-local and metadata addresses and
+//!   the node's own are refused unless the policy allows them. Every command of the build
+//!   enters that namespace; when the build ends, the proxy stops and the namespace goes. There
+//!   is no DNS and no route inside: a tool that ignores the proxy variables reaches nothing.
+//! - [`BuildNetwork::Host`]: the host's network, unfiltered (for an upstream proxy, which the
+//!   egress proxy cannot chain to).
+//!
+//! Offline installs (tests, air-gapped deployments) go through `extra_env`;
+//! [`InstallOptions::offline`] sets them: `UV_OFFLINE=1` + `UV_FIND_LINKS=<dir>` (uv has no
+//! environment variable for `--no-index`; offline mode with find-links is the equivalent),
+//! `PIP_NO_INDEX=1` + `PIP_FIND_LINKS=<dir>`, `npm_config_offline=true`, the find-links
+//! directory shown to the build read-only, and no network, so nothing can reach the network
+//! whatever a tool decides.
+//!
+//! Each heading above has a file of its own beside this one (`cache`, `bytecode`,
+//! `environment`, `network`); this file holds the entry point, its types and the steps' loop.
+
+mod bytecode;
+mod cache;
+mod environment;
+mod network;
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use plinth_sandbox::egress::EgressPolicy;
+
+use self::bytecode::{BYTECODE_LIST, uncompiled, write_list};
+use self::cache::{BuildCache, linked_files, npm_debug_log};
+use self::environment::environment;
+use self::network::Egress;
+use crate::manifests::{self, Plan, Step, Toolchain};
+use crate::output::{CappedLog, Tail};
+use crate::registries::{self, Registries};
+use crate::sandbox::{self, Network, Sandbox, SandboxError};
+
+/// How much of a failed step's output its error carries.
+const ERROR_TAIL_BYTES: usize = 4 * 1024;
+
+/// The reserved name of the build's download cache in the scratch directory, for as long as the
+/// installers run (see the module documentation). A source's own top-level entry of this name is
+/// removed before installing.
+pub const BUILD_CACHE: &str = ".plinth-build-cache";
+
+/// How a build installs. [`Default`] is a production-shaped starting point.
+#[derive(Debug, Clone)]
+pub struct InstallOptions {
+    /// The unprivileged user and group installers run as; they own the results.
+    pub uid: u32,
+    pub gid: u32,
+    /// The wall-clock limit for each command (each installer, `setup.sh`, the bytecode pass).
+    pub step_timeout: Duration,
+    /// The build log keeps this many bytes from its start…
+    pub log_head_bytes: usize,
+    /// …and this many from its end, and says how many it cut between them.
+    pub log_tail_bytes: usize,
+    /// Host paths the build must not see: the builder's state, other environments, sessions.
+    pub hidden_paths: Vec<PathBuf>,
+    /// Variables added to (and overriding) the installers' environment.
+    pub extra_env: Vec<(String, String)>,
+    /// PATH inside the sandbox after the environment's own bins: where uv, python3, node and npm
+    /// live. Its directories must be readable and searchable by `uid`; those outside the system
+    /// directories (the tools directory) are shown to builds read-only.
+    pub path: String,
+    /// Further host directories builds see read-only at their own path (find-links, local
+    /// packages). Nothing of the host but the system directories and these is shown.
+    pub read_only_paths: Vec<PathBuf>,
+    /// Where the download cache of uv, pip and npm persists between builds (without it, each
+    /// build starts from an empty cache). It must be on the scratch directory's file system: it
+    /// is renamed into the scratch directory for the build. Share one only between builds of
+    /// one scope: a build can write anything into it.
+    pub cache_dir: Option<PathBuf>,
+    /// What installers reach (see the module documentation).
+    pub network: BuildNetwork,
+    /// How installers reach registries: certificate authority, proxies, indexes.
+    pub registries: Registries,
+    /// The scratch directory already holds `.venv` and `node_modules` reused from an earlier
+    /// version with the same reuse key: keep them and run every step over them (see
+    /// [`manifests::Toolchain::reused`]), so the version holds what a fresh build's would.
+    pub reuse_dependencies: bool,
+}
+
+impl Default for InstallOptions {
+    fn default() -> Self {
+        InstallOptions {
+            uid: 65534,
+            gid: 65534,
+            step_timeout: Duration::from_secs(30 * 60),
+            log_head_bytes: 256 * 1024,
+            log_tail_bytes: 256 * 1024,
+            hidden_paths: Vec::new(),
+            extra_env: Vec::new(),
+            path: "/usr/local/bin:/usr/bin:/bin".to_owned(),
+            read_only_paths: Vec::new(),
+            cache_dir: None,
+            network: BuildNetwork::None,
+            registries: Registries::default(),
+            reuse_dependencies: false,
+        }
+    }
+}
+
+impl InstallOptions {
+    /// Installs from `find_links` (a directory of wheels and sdists, readable by `uid`, shown
+    /// to the build read-only) and npm's cache or local `file:` packages only, with no network
+    /// at all.
+    pub fn offline(mut self, find_links: &Path) -> Self {
+        let find_links = find_links.to_string_lossy().into_owned();
+        self.extra_env.extend(
+            [
+                ("UV_OFFLINE", "1"),
+                ("UV_FIND_LINKS", find_links.as_str()),
+                ("PIP_NO_INDEX", "1"),
+                ("PIP_FIND_LINKS", find_links.as_str()),
+                ("npm_config_offline", "true"),
+            ]
+            .map(|(name, value)| (name.to_owned(), value.to_owned())),
+        );
+        self.read_only_paths.push(PathBuf::from(find_links));
+        self.network = BuildNetwork::None;
+        self
+    }
+}
+
+/// What a build's installers reach (see the module documentation).
+#[derive(Debug, Clone, Default)]
+pub enum BuildNetwork {
+    /// Nothing: each command gets a network namespace holding only its loopback.
+    #[default]
+    None,
+    /// What this policy lets through, by the egress proxy in the build's own network namespace.
+    Egress(Arc<EgressPolicy>),
+    /// The host's network, unfiltered.
+    Host,
+}
+
+/// What a successful install ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallReport {
+    /// Every command run, as shown in the log (`uv pip install -r requirements.txt`, …).
+    pub steps: Vec<String>,
+    /// Whether uv was used (false: the Python steps fell back to venv + pip, or there were none).
+    pub used_uv: bool,
+    /// Bytes of output cut from the middle of the log.
+    pub log_bytes_cut: u64,
+    /// A step after uv's wrote in place to a file uv had hard-linked from the download cache, so
+    /// the cache was dropped instead of kept. Anything else that shares files with that cache
+    /// (dependency trees kept from earlier builds of the scope) may hold the change too.
+    pub cache_discarded: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("the scratch directory {path}: {source}")]
+    Scratch {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{tool}` is not on the build's PATH ({path}); install it or fix the builder's path")]
+    ToolMissing { tool: String, path: String },
+    #[error("`{step}` failed with exit status {status}; its output ended with:\n{tail}{hint}")]
+    StepFailed {
+        step: String,
+        status: i32,
+        tail: String,
+        /// A line naming the setting to look at when the output shows a certificate, proxy or
+        /// network failure (with its leading newline), else empty.
+        hint: String,
+    },
+    #[error(
+        "`{step}` exceeded its time limit of {limit:?} and was killed; its output ended with:\n{tail}"
+    )]
+    TimedOut {
+        step: String,
+        limit: Duration,
+        tail: String,
+    },
+    #[error("giving the build its network (its namespace and egress proxy): {0}")]
+    Network(std::io::Error),
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+}
+
+/// Installs what the source in `scratch` declares, at `/env/<slug>`, in the sandbox, streaming
+/// the (capped) build log to `log`. See the module documentation for what runs and how.
+pub async fn install(
+    scratch: &Path,
+    slug: &str,
+    options: &InstallOptions,
+    log: &mut (dyn FnMut(&[u8]) + Send),
+) -> Result<InstallReport, InstallError> {
+    sandbox::validate_slug(slug)?;
+    sandbox::check_permitted()?;
+    let scratch_error = |source| InstallError::Scratch {
+        path: scratch.to_owned(),
+        source,
+    };
+    let root = std::fs::canonicalize(scratch).map_err(scratch_error)?;
+    let parent = root
+        .parent()
+        .ok_or_else(|| scratch_error(std::io::Error::other("it has no parent directory")))?
+        .to_owned();
+
+    // Removing dependency trees and chowning walk whole trees: keep them off the runtime.
+    let prepared = {
+        let (root, uid, gid, cache, reuse) = (
+            root.clone(),
+            options.uid,
+            options.gid,
+            options.cache_dir.clone(),
+            options.reuse_dependencies,
+        );
+        tokio::task::spawn_blocking(move || {
+            prepare(&root, &parent, uid, gid, cache.as_deref(), reuse)
+        })
+        .await
+        .map_err(|join| scratch_error(std::io::Error::other(join.to_string())))?
+        .map_err(scratch_error)?
+    };
+    // The egress proxy lives as long as this call: dropping `_egress` stops it.
+    let (network, _egress) = match &options.network {
+        BuildNetwork::None => (Network::None, None),
+        BuildNetwork::Host => (Network::Host, None),
+        BuildNetwork::Egress(policy) => {
+            let egress = Egress::start(policy.clone(), format!("build of {slug}"))
+                .await
+                .map_err(InstallError::Network)?;
+            (Network::Join(egress.netns.clone()), Some(egress))
+        }
+    };
+    let sandbox = Sandbox {
+        slug: slug.to_owned(),
+        root: root.clone(),
+        home: prepared.work.path().join("home"),
+        tmp: prepared.work.path().join("tmp"),
+        shown: sandbox::shown_directories(&options.path, &options.read_only_paths),
+        uid: options.uid,
+        gid: options.gid,
+        hidden_paths: options.hidden_paths.clone(),
+        network,
+        timeout: options.step_timeout,
+    };
+
+    let mut log = CappedLog::new(log, options.log_head_bytes, options.log_tail_bytes);
+    let result = run_steps(&sandbox, &root, &prepared.plan, options, &mut log).await;
+    if let Err(InstallError::StepFailed { step, .. } | InstallError::TimedOut { step, .. }) =
+        &result
+        && step.starts_with("npm ")
+    {
+        // The error points at npm's debug log, which lives in the download cache: the log
+        // keeps its end, since the cache is out of the owner's reach.
+        npm_debug_log(&prepared.cache.inside, &mut log);
+    }
+    let discard = result.as_ref().is_ok_and(|ran| ran.cache_changed);
+    if discard {
+        log.write(
+            b"==> a step after uv's changed files uv had hard-linked from the download cache: \
+              the cache is discarded, not kept for later builds\n",
+        );
+    }
+    let cut = log.finish();
+    // The cache leaves the scratch directory before anyone scans it; HOME and /tmp go, as
+    // root, whatever the build left there (an npm cache can take a while to delete: off the
+    // runtime).
+    let Prepared {
+        work, mut cache, ..
+    } = prepared;
+    let returned = tokio::task::spawn_blocking(move || {
+        let returned = cache.give_back(discard);
+        drop(work);
+        returned
+    })
+    .await
+    .map_err(|join| std::io::Error::other(join.to_string()))
+    .and_then(|returned| returned);
+    let ran = result?;
+    returned.map_err(scratch_error)?;
+    Ok(InstallReport {
+        steps: ran.steps,
+        used_uv: ran.used_uv,
+        log_bytes_cut: cut,
+        cache_discarded: discard,
+    })
+}
+
+struct Prepared {
+    plan: Plan,
+    work: tempfile::TempDir,
+    cache: BuildCache,
+}
+
+/// Drops the dependency trees (and any [`BUILD_CACHE`]) that came with the source, makes the
+/// build's HOME and `/tmp`, hands everything the build may write to its uid, and moves the
+/// download cache in.
+fn prepare(
+    root: &Path,
+    parent: &Path,
+    uid: u32,
+    gid: u32,
+    cache: Option<&Path>,
+    reuse_dependencies: bool,
+) -> std::io::Result<Prepared> {
+    if !std::fs::metadata(root)?.is_dir() {
+        return Err(std::io::Error::other("not a directory"));
+    }
+    // A virtualenv made on a laptop does not run here (UHP §1): what the build installs is what
+    // a session gets. Only the top level: a nested node_modules is the project's own business.
+    // Reused dependencies were installed by an earlier build here, and stay.
+    let dropped: &[&str] = if reuse_dependencies {
+        &[BUILD_CACHE]
+    } else {
+        &[BUILD_CACHE, ".venv", "node_modules"]
+    };
+    for name in dropped {
+        remove_any(&root.join(name))?;
+    }
+    let plan = manifests::plan(root);
+    let work = tempfile::Builder::new()
+        .prefix(".plinth-build-")
+        .tempdir_in(parent)?;
+    for dir in ["home", "tmp"] {
+        std::fs::create_dir(work.path().join(dir))?;
+    }
+    chown_tree(root, uid, gid)?;
+    chown_tree(work.path(), uid, gid)?;
+    // After the chown: a persistent cache can be large, and builds of one uid fill it.
+    let cache = BuildCache::lend(root, cache, uid, gid)?;
+    Ok(Prepared { plan, work, cache })
+}
+
+/// Removes a file, link or directory tree if there is one, never following a link.
+fn remove_any(path: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(metadata) if metadata.is_dir() => std::fs::remove_dir_all(path),
+        Ok(_) => std::fs::remove_file(path),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
+/// `lchown` on every entry under `root` (and `root`), never following a link.
+fn chown_tree(root: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    let mut pending = vec![root.to_owned()];
+    while let Some(path) = pending.pop() {
+        let metadata = std::fs::symlink_metadata(&path)?;
+        if metadata.uid() != uid || metadata.gid() != gid {
+            std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
+        }
+        if metadata.is_dir() {
+            for entry in std::fs::read_dir(&path)? {
+                pending.push(entry?.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What [`run_steps`] did.
+struct Ran {
+    /// The commands run, as shown in the log.
+    steps: Vec<String>,
+    used_uv: bool,
+    /// A step after uv's changed a file that shares its inode with the download cache.
+    cache_changed: bool,
+}
+
+/// Runs the plan's commands, then the bytecode pass.
+async fn run_steps(
+    sandbox: &Sandbox,
+    root: &Path,
+    plan: &Plan,
+    options: &InstallOptions,
+    log: &mut CappedLog<'_>,
+) -> Result<Ran, InstallError> {
+    let uv = find_executable(&options.path, "uv").is_some();
+    let used_uv = uv && plan.has_python();
+    if plan.has_python() && !uv {
+        let lock = if plan.steps.contains(&Step::UvSyncLocked) {
+            " (uv.lock is not used)"
+        } else {
+            ""
+        };
+        log.write(
+            format!("==> uv not found on PATH: falling back to python3 -m venv and pip{lock}\n")
+                .as_bytes(),
+        );
+    }
+    // Every installer the plan needs, checked before any runs: a missing npm should not cost
+    // a Python install first.
+    for step in &plan.steps {
+        let toolchain = Toolchain {
+            uv,
+            venv_exists: false,
+            reused: None,
+        };
+        for argv in step.commands(toolchain) {
+            let program = &argv[0];
+            if !program.contains('/') && find_executable(&options.path, program).is_none() {
+                return Err(InstallError::ToolMissing {
+                    tool: program.clone(),
+                    path: options.path.clone(),
+                });
+            }
+        }
+    }
+    let mut run = Vec::new();
+    // Files of `.venv` hard-linked with the cache, as they were before the first step that is
+    // not uv's (npm's lifecycle scripts, `setup.sh`) ran: that step must not change them.
+    let mut linked: Option<HashMap<(u64, u64), (i64, i64)>> = None;
+    // Over reused dependencies, `npm ci` (which would delete them) gives way to the root
+    // package's own lifecycle scripts, which is what it runs after installing.
+    let lifecycle = if options.reuse_dependencies {
+        Some(blocking(root, |root| Ok(manifests::npm_lifecycle(root))).await?)
+    } else {
+        None
+    };
+    for step in &plan.steps {
+        if !step.is_python() && linked.is_none() && venv_python(root).is_some() {
+            linked = Some(blocking(root, |root| Ok(linked_files(&root.join(".venv")))).await?);
+        }
+        let toolchain = Toolchain {
+            uv,
+            venv_exists: venv_python(root).is_some(),
+            reused: lifecycle.as_deref(),
+        };
+        for argv in step.commands(toolchain) {
+            let python = plan.has_python() || venv_python(root).is_some();
+            run_command(
+                sandbox,
+                &argv,
+                environment(sandbox, options, python),
+                &options.registries,
+                log,
+            )
+            .await?;
+            run.push(manifests::display(&argv));
+        }
+    }
+    let cache_changed = match linked {
+        Some(before) => {
+            blocking(root, move |root| {
+                let after = linked_files(&root.join(".venv"));
+                Ok(before
+                    .iter()
+                    .any(|(inode, changed)| after.get(inode).is_some_and(|now| now != changed)))
+            })
+            .await?
+        }
+        None => false,
+    };
+
+    // uv compiled what it installed, and reused dependencies were compiled by the build that
+    // installed them (see the module documentation).
+    let setup_ran = plan.steps.contains(&Step::SetupScript);
+    if venv_python(root).is_some() && (!used_uv || setup_ran) {
+        let mount = sandbox.mount_path();
+        let compile = |rest: &[&str]| -> Vec<String> {
+            [
+                format!("{mount}/.venv/bin/python").as_str(),
+                "-m",
+                "compileall",
+                "-q",
+                "-f",
+            ]
+            .iter()
+            .chain(rest)
+            .map(|word| (*word).to_owned())
+            .collect()
+        };
+        let argv = if used_uv || options.reuse_dependencies {
+            // Only what `setup.sh` (or pip over a reused venv) added (or compiled otherwise), listed in the build's /tmp
+            // (a command line could not hold a long list).
+            let uncompiled = blocking(root, |root| Ok(uncompiled(root))).await?;
+            if uncompiled.is_empty() {
+                None
+            } else {
+                let list = sandbox.tmp.join(BYTECODE_LIST);
+                write_list(&list, &uncompiled).map_err(|source| InstallError::Scratch {
+                    path: list.clone(),
+                    source,
+                })?;
+                let list = format!("/tmp/{BYTECODE_LIST}");
+                Some(compile(&[
+                    "--invalidation-mode",
+                    "checked-hash",
+                    "-i",
+                    &list,
+                ]))
+            }
+        } else {
+            let venv = format!("{mount}/.venv");
+            Some(compile(&[
+                "-j",
+                "0",
+                "--invalidation-mode",
+                "checked-hash",
+                &venv,
+            ]))
+        };
+        if let Some(argv) = argv {
+            match run_command(
+                sandbox,
+                &argv,
+                environment(sandbox, options, true),
+                &options.registries,
+                log,
+            )
+            .await
+            {
+                Ok(()) => {}
+                // Packages often ship files that do not compile (templates, other Pythons'
+                // code); pip and uv ignore those too. The rest is compiled all the same.
+                Err(InstallError::StepFailed { status, .. }) => log.write(
+                    format!("==> some files did not compile (exit status {status}); continuing\n")
+                        .as_bytes(),
+                ),
+                Err(error) => return Err(error),
+            }
+            run.push(manifests::display(&argv));
+        }
+    }
+    Ok(Ran {
+        steps: run,
+        used_uv,
+        cache_changed,
+    })
+}
+
+/// Runs `work` on the scratch directory off the runtime (it walks trees).
+async fn blocking<T: Send + 'static>(
+    root: &Path,
+    work: impl FnOnce(&Path) -> std::io::Result<T> + Send + 'static,
+) -> Result<T, InstallError> {
+    let owned = root.to_owned();
+    tokio::task::spawn_blocking(move || work(&owned))
+        .await
+        .map_err(|join| std::io::Error::other(join.to_string()))
+        .and_then(|done| done)
+        .map_err(|source| InstallError::Scratch {
+            path: root.to_owned(),
+            source,
+        })
+}
+
+/// Calls `visit` with every entry under `dir` and its metadata, not following links.
+fn walk(dir: &Path, visit: &mut dyn FnMut(&Path, &std::fs::Metadata)) {
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(metadata) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if metadata.is_dir() {
+                pending.push(path.clone());
+            }
+            visit(&path, &metadata);
+        }
+    }
+}
+
+/// Runs one command, logging a `==> command` line and its output; a non-zero exit is an error.
+async fn run_command(
+    sandbox: &Sandbox,
+    argv: &[String],
+    env: Vec<(String, String)>,
+    registries: &Registries,
+    log: &mut CappedLog<'_>,
+) -> Result<(), InstallError> {
+    let shown = manifests::display(argv);
+    log.write(format!("==> {shown}\n").as_bytes());
+    let mut tail = Tail::new(ERROR_TAIL_BYTES);
+    let mut output = |bytes: &[u8]| {
+        tail.push(bytes);
+        log.write(bytes);
+    };
+    let status = match sandbox.run(argv, &env, &mut output).await {
+        Ok(status) => status,
+        Err(SandboxError::TimedOut { limit }) => {
+            return Err(InstallError::TimedOut {
+                step: shown,
+                limit,
+                tail: tail.text(),
+            });
+        }
+        Err(error) => return Err(error.into()),
+    };
+    if status.success() {
+        Ok(())
+    } else {
+        let tail = tail.text();
+        let hint = registries::hint(registries, &sandbox.network, &tail)
+            .map(|hint| {
+                log.write(format!("==> {hint}\n").as_bytes());
+                format!("\n{hint}")
+            })
+            .unwrap_or_default();
+        Err(InstallError::StepFailed {
+            step: shown,
+            status: sandbox::status_code(status),
+            tail,
+            hint,
+        })
+    }
+}
+
+/// `.venv/bin/python` in the scratch directory, if there is one (a link to the interpreter, so
+/// it is looked at, not followed: the target exists only as the sandbox sees it).
+fn venv_python(root: &Path) -> Option<PathBuf> {
+    let python = root.join(".venv/bin/python");
+    std::fs::symlink_metadata(&python).ok().map(|_| python)
+}
+
+/// The first executable file `name` in the directories of `path`, as the host sees them (the
+/// sandbox sees the same file system, minus the hidden paths).
+pub fn find_executable(path: &str, name: &str) -> Option<PathBuf> {
+    path.split(':')
+        .filter(|dir| !dir.is_empty())
+        .map(|dir| Path::new(dir).join(name))
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .is_ok_and(|metadata| metadata.is_file() && metadata.mode() & 0o111 != 0)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn executables_are_found_on_a_path() {
+        assert!(find_executable("/nonexistent:/bin:/usr/bin", "sh").is_some());
+        assert!(find_executable("/nonexistent", "sh").is_none());
+        assert!(find_executable("", "sh").is_none());
+    }
+}
