@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, assert_error, send};
+use crate::helpers::{Server, assert_error, assert_error_in, send};
 
 const ACME: &str = "tok-acme";
 const GLOBEX: &str = "tok-globex";
@@ -23,14 +23,16 @@ async fn environment(server: &Server, token: &str, name: &str) -> String {
 }
 
 async fn create(server: &Server, token: &str, body: Value) -> (u16, Value) {
-    send(
-        server
-            .client
-            .post(server.url("/v1/workspace-adapters"))
-            .bearer_auth(token)
-            .json(&body),
-    )
-    .await
+    send(creating(server, token, &body)).await
+}
+
+/// The request [`create`] sends, for tables of refusals.
+fn creating(server: &Server, token: &str, body: &Value) -> reqwest::RequestBuilder {
+    server
+        .client
+        .post(server.url("/v1/workspace-adapters"))
+        .bearer_auth(token)
+        .json(body)
 }
 
 #[tokio::test]
@@ -82,35 +84,48 @@ async fn adapters_show_their_credential_once_and_stay_in_their_scope() {
     assert_eq!(got["createdAt"], novo["createdAt"]);
 
     // Another scope sees nothing, and cannot name this scope's environment.
-    let (status, body) = send(
-        server
-            .client
-            .get(server.url(&format!("/v1/workspace-adapters/{id}")))
-            .bearer_auth(GLOBEX),
-    )
-    .await;
-    assert_error(status, &body, 404, "not_found");
-    let (status, body) = create(
-        &server,
-        GLOBEX,
-        json!({"protocol": "novo", "environment": env}),
-    )
-    .await;
-    assert_error(status, &body, 404, "environment_not_found");
-    let (status, body) = create(
-        &server,
-        ACME,
-        json!({"protocol": "novo", "environment": other}),
-    )
-    .await;
-    assert_error(status, &body, 404, "environment_not_found");
-    let (status, body) = create(
-        &server,
-        ACME,
-        json!({"protocol": "novo", "environment": "henv_nope"}),
-    )
-    .await;
-    assert_error(status, &body, 404, "environment_not_found");
+    let adapter_url = server.url(&format!("/v1/workspace-adapters/{id}"));
+    for (case, request, status, code) in [
+        (
+            "another scope reads the adapter",
+            server.client.get(&adapter_url).bearer_auth(GLOBEX),
+            404,
+            "not_found",
+        ),
+        (
+            "another scope registers on this scope's environment",
+            creating(
+                &server,
+                GLOBEX,
+                &json!({"protocol": "novo", "environment": env}),
+            ),
+            404,
+            "environment_not_found",
+        ),
+        (
+            "an environment of another scope",
+            creating(
+                &server,
+                ACME,
+                &json!({"protocol": "novo", "environment": other}),
+            ),
+            404,
+            "environment_not_found",
+        ),
+        (
+            "an environment that does not exist",
+            creating(
+                &server,
+                ACME,
+                &json!({"protocol": "novo", "environment": "henv_nope"}),
+            ),
+            404,
+            "environment_not_found",
+        ),
+    ] {
+        let (got, body) = send(request).await;
+        assert_error_in(case, got, &body, status, code);
+    }
 
     // Chosen secrets follow the rules; unknown protocols and fields are refused.
     let (status, chosen) = create(
@@ -207,33 +222,15 @@ async fn adapters_show_their_credential_once_and_stay_in_their_scope() {
     assert!(rotated["previousCredentialExpiresAt"].is_i64(), "{rotated}");
 
     // Delete: once, in its own scope.
-    let (status, body) = send(
-        server
-            .client
-            .delete(server.url(&format!("/v1/workspace-adapters/{id}")))
-            .bearer_auth(GLOBEX),
-    )
-    .await;
+    let (status, body) = send(server.client.delete(&adapter_url).bearer_auth(GLOBEX)).await;
     assert_error(status, &body, 404, "not_found");
-    let (status, deleted) = send(
-        server
-            .client
-            .delete(server.url(&format!("/v1/workspace-adapters/{id}")))
-            .bearer_auth(ACME),
-    )
-    .await;
+    let (status, deleted) = send(server.client.delete(&adapter_url).bearer_auth(ACME)).await;
     assert_eq!(status, 200, "{deleted}");
     assert_eq!(
         deleted,
         json!({"id": id, "object": "workspace_adapter", "deleted": true})
     );
-    let (status, body) = send(
-        server
-            .client
-            .get(server.url(&format!("/v1/workspace-adapters/{id}")))
-            .bearer_auth(ACME),
-    )
-    .await;
+    let (status, body) = send(server.client.get(&adapter_url).bearer_auth(ACME)).await;
     assert_error(status, &body, 404, "not_found");
     server.stop().await;
 }
@@ -485,24 +482,25 @@ async fn callback_origins_are_checked_normalised_shown_and_updated() {
     );
 
     // PATCH replaces them, in this scope only; nothing else can be changed there.
-    let (status, body) = send(
-        server
-            .client
-            .patch(&url)
-            .bearer_auth(GLOBEX)
-            .json(&json!({"callback_origins": []})),
-    )
-    .await;
-    assert_error(status, &body, 404, "not_found");
-    let (status, body) = send(
-        server
-            .client
-            .patch(&url)
-            .bearer_auth(ACME)
-            .json(&json!({"environment": env})),
-    )
-    .await;
-    assert_error(status, &body, 400, "environment_invalid");
+    for (case, token, patch, status, code) in [
+        (
+            "another scope",
+            GLOBEX,
+            json!({"callback_origins": []}),
+            404,
+            "not_found",
+        ),
+        (
+            "the environment",
+            ACME,
+            json!({"environment": env}),
+            400,
+            "environment_invalid",
+        ),
+    ] {
+        let (got, body) = send(server.client.patch(&url).bearer_auth(token).json(&patch)).await;
+        assert_error_in(case, got, &body, status, code);
+    }
     let (status, patched) = send(
         server
             .client

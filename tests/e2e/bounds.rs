@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, assert_error, send};
+use crate::helpers::{Server, assert_error, create_environment, create_environment_at, send};
 use crate::novo::{Novo, SECRET};
 use crate::processes::{Process, free_port, wait_until_ready};
 
@@ -50,6 +50,26 @@ fn serve(data: &std::path::Path, http: std::net::SocketAddr, extra: &str) -> Pro
     Process(child)
 }
 
+/// A Novo adapter registered on `environment` through the gateway at `base`, and a run of it.
+async fn novo_run(client: &reqwest::Client, base: &str, environment: &str, run: &str) -> Novo {
+    let (status, adapter) = send(
+        client
+            .post(format!("{base}/v1/workspace-adapters"))
+            .json(&json!({ "protocol": "novo", "environment": environment, "secret": SECRET })),
+    )
+    .await;
+    assert_eq!(status, 201, "{adapter}");
+    Novo {
+        client: client.clone(),
+        url: format!(
+            "{base}/v1/workspace-adapters/{}/novo",
+            adapter["id"].as_str().expect("id")
+        ),
+        secret: SECRET.to_owned(),
+        run: run.to_owned(),
+    }
+}
+
 /// A process's peak resident memory (`VmHWM`), in MB.
 /// What [`import_into_a_new_environment`] leaves: the server, the environment, the import's
 /// report, and the server's peak memory (MB) before the import.
@@ -81,14 +101,7 @@ async fn import_into_a_new_environment(
         "[node]\nenabled = false\n[builder]\ncount = 0\n",
     );
     wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
-    let (status, created) = send(
-        client
-            .post(format!("{base}/v1/environments"))
-            .json(&json!({ "name": name })),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().expect("id").to_owned();
+    let id = create_environment_at(&client, &base, name).await;
     let before = peak_mb(&process);
     let (status, report) = send(
         client
@@ -295,14 +308,7 @@ async fn brain_tool(
 
 /// Builds an environment of one script on `base` (no network); its id.
 async fn built(client: &reqwest::Client, base: &str, name: &str) -> String {
-    let (status, created) = send(
-        client
-            .post(format!("{base}/v1/environments"))
-            .json(&json!({ "name": name })),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().expect("id").to_owned();
+    let id = create_environment_at(client, base, name).await;
     let (status, put) = send(
         client
             .put(format!("{base}/v1/environments/{id}/files/run.py"))
@@ -416,22 +422,7 @@ async fn writes_over_a_huge_sparse_file_are_refused_without_reading_it() {
     assert_eq!(std::fs::metadata(&big).expect("big").len(), 1 << 30);
 
     // Novo: its run's session, the same file, and an artifact path holding one.
-    let (status, adapter) = send(
-        client
-            .post(format!("{base}/v1/workspace-adapters"))
-            .json(&json!({ "protocol": "novo", "environment": environment, "secret": SECRET })),
-    )
-    .await;
-    assert_eq!(status, 201, "{adapter}");
-    let novo = Novo {
-        client: client.clone(),
-        url: format!(
-            "{base}/v1/workspace-adapters/{}/novo",
-            adapter["id"].as_str().expect("id")
-        ),
-        secret: SECRET.to_owned(),
-        run: "run_sparse".to_owned(),
-    };
+    let novo = novo_run(&client, &base, &environment, "run_sparse").await;
     let session = novo.sh("echo -n $PLINTH_SESSION_ID").await;
     let workdir = crate::helpers::host_workdir(&data, &session);
     let novo_big = workdir.join("big.bin");
@@ -516,22 +507,7 @@ async fn oversized_listings_and_searches_are_clamped_and_say_so() {
     let mut process = serve(&data, http, "[builder]\nnetwork = false\n");
     wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
     let environment = built(&client, &base, "Clamped").await;
-    let (status, adapter) = send(
-        client
-            .post(format!("{base}/v1/workspace-adapters"))
-            .json(&json!({ "protocol": "novo", "environment": environment, "secret": SECRET })),
-    )
-    .await;
-    assert_eq!(status, 201, "{adapter}");
-    let novo = Novo {
-        client: client.clone(),
-        url: format!(
-            "{base}/v1/workspace-adapters/{}/novo",
-            adapter["id"].as_str().expect("id")
-        ),
-        secret: SECRET.to_owned(),
-        run: "run_clamped".to_owned(),
-    };
+    let novo = novo_run(&client, &base, &environment, "run_clamped").await;
     novo.sh(
         "mkdir many && cd many && seq -w 1 10050 | xargs touch && cd .. && \
          python3 -c \"import sys; sys.stdout.write(('needle ' + 'x' * 9000 + '\\n') * 1200)\" > hay.txt",
@@ -642,15 +618,7 @@ async fn oversized_listings_and_searches_are_clamped_and_say_so() {
 #[tokio::test]
 async fn a_damaged_blob_is_repaired_by_uploading_the_same_file_again() {
     let server = Server::start().await;
-    let (status, created) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({ "name": "Durable" })),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().expect("id");
+    let id = &create_environment(&server, "Durable").await;
     for size in [100_000usize, 9 << 20] {
         let content: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
         let url = server.url(&format!("/v1/environments/{id}/files/data-{size}.bin"));

@@ -10,7 +10,19 @@ use plinth_blobs::tree::{Tree, TreeEntryKind};
 use plinth_blobs::{BlobStore, Digest};
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, put_file, send, wait_for_build};
+use crate::helpers::{Server, create_environment, put_file, send, wait_for_build};
+
+/// Puts [`tiny_wheel`] at `wheels/` in the source of environment `id`, where a requirement
+/// with `--find-links wheels` (or uv's `find-links`) finds it offline.
+pub async fn put_tiny_wheel(server: &Server, id: &str) {
+    put_file(
+        server,
+        id,
+        "wheels/tinypkg-1.0-py3-none-any.whl",
+        tiny_wheel(),
+    )
+    .await;
+}
 
 /// A wheel: `tinypkg` 1.0 with a console script `tinytool`.
 pub fn tiny_wheel() -> Vec<u8> {
@@ -87,21 +99,8 @@ async fn a_python_and_node_project_builds_to_a_working_layer_at_its_mount_path()
         return;
     }
     let server = Server::start_with(&["--builder-network", "false"]).await;
-    let (_, created) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({"name": "Studio"})),
-    )
-    .await;
-    let id = created["id"].as_str().expect("id").to_owned();
-    put_file(
-        &server,
-        &id,
-        "wheels/tinypkg-1.0-py3-none-any.whl",
-        tiny_wheel(),
-    )
-    .await;
+    let id = create_environment(&server, "Studio").await;
+    put_tiny_wheel(&server, &id).await;
     put_file(
         &server,
         &id,
@@ -272,14 +271,7 @@ async fn a_failing_setup_sh_fails_the_build_with_its_output_and_changes_nothing(
         return;
     }
     let server = Server::start_with(&["--builder-network", "false"]).await;
-    let (_, created) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({"name": "Failing"})),
-    )
-    .await;
-    let id = created["id"].as_str().expect("id").to_owned();
+    let id = create_environment(&server, "Failing").await;
     put_file(
         &server,
         &id,

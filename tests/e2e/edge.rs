@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 
 use crate::build_rules::{Builder, ready};
 use crate::helpers::{
-    Server, assert_error, built_environment, json as read_json, put_file, send, start_session_with,
-    tokens_toml,
+    Server, assert_error, built_environment, create_environment, json as read_json, put_file, send,
+    start_session_with, tokens_toml,
 };
 
 const ACME: &str = "tok-acme-edge";
@@ -113,15 +113,7 @@ async fn one_token_past_its_rate_is_refused_while_another_is_served() {
 async fn a_followed_build_log_outlives_the_request_deadline() {
     let server = Server::start_with(&["--builders", "0", "--request-timeout-seconds", "1"]).await;
     let mut builder = Builder::connect(&server).await;
-    let (status, created) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({"name": "Slow Build"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().expect("id");
+    let id = &create_environment(&server, "Slow Build").await;
     let (status, queued) = send(
         server
             .client
@@ -251,15 +243,7 @@ fn assert_downloads(answers: &[(&str, DownloadHeaders)]) {
 #[tokio::test]
 async fn downloads_a_browser_would_run_are_attachments_and_none_is_sniffed() {
     let server = Server::start_with(&["--builder-network", "false"]).await;
-    let (status, created) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({"name": "Download Studio"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().expect("id").to_owned();
+    let id = create_environment(&server, "Download Studio").await;
     let files = [
         ("index.html", PAGE),
         ("logo.svg", DRAWING),

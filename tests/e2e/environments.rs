@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, assert_error, json, send};
+use crate::helpers::{Server, assert_error, assert_error_in, json, send};
 
 async fn create(server: &Server, body: Value) -> (u16, Value) {
     send(
@@ -236,14 +236,13 @@ async fn huge_names_and_bodies_are_refused_cleanly() {
 
     // Past the JSON body limit: refused as too large without reading it all, never a 500.
     let huge = format!("{{\"name\": \"{}\"}}", "y".repeat(3 * 1024 * 1024));
-    let response = server
-        .client
-        .post(server.url("/v1/environments"))
-        .body(huge)
-        .send()
-        .await
-        .expect("request");
-    let (status, body) = json(response).await;
+    let (status, body) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .body(huge),
+    )
+    .await;
     assert_error(status, &body, 413, "file_too_large");
     assert_eq!(body["error"]["detail"]["max_bytes"], 1024 * 1024, "{body}");
 
@@ -329,17 +328,20 @@ async fn ids_that_cannot_exist_are_not_found() {
         "..%2F..%2Fetc%2Fpasswd",
         "%FF%FE",
     ] {
-        let path = format!("/v1/environments/{id}");
-        let (status, body) = get(&server, &path).await;
-        assert_error(status, &body, 404, "environment_not_found");
-        let response = server
-            .client
-            .delete(server.url(&path))
-            .send()
-            .await
-            .expect("request");
-        let (status, body) = json(response).await;
-        assert_error(status, &body, 404, "environment_not_found");
+        let url = server.url(&format!("/v1/environments/{id}"));
+        for (method, request) in [
+            ("GET", server.client.get(&url)),
+            ("DELETE", server.client.delete(&url)),
+        ] {
+            let (status, body) = send(request).await;
+            assert_error_in(
+                &format!("{method} {id}"),
+                status,
+                &body,
+                404,
+                "environment_not_found",
+            );
+        }
     }
     server.stop().await;
 }
@@ -443,14 +445,13 @@ async fn capabilities_say_what_is_served_and_switched_off_means_404() {
         (reqwest::Method::DELETE, format!("/v1/environments/{id}")),
     ];
     for (method, path) in attempts {
-        let response = server
-            .client
-            .request(method.clone(), server.url(&path))
-            .json(&json!({"name": "x"}))
-            .send()
-            .await
-            .expect("request");
-        let (status, body) = json(response).await;
+        let (status, body) = send(
+            server
+                .client
+                .request(method.clone(), server.url(&path))
+                .json(&json!({"name": "x"})),
+        )
+        .await;
         assert_eq!(status, 404, "{method} {path}: {body}");
     }
     let (_, openapi) = get(&server, "/openapi.json").await;
@@ -464,16 +465,23 @@ async fn capabilities_say_what_is_served_and_switched_off_means_404() {
 #[tokio::test]
 async fn unknown_routes_and_methods_answer_in_the_error_envelope() {
     let server = Server::start().await;
-    let (status, body) = get(&server, "/v1/nothing-here").await;
-    assert_error(status, &body, 404, "not_found");
-    let response = server
-        .client
-        .patch(server.url("/v1/environments"))
-        .send()
-        .await
-        .expect("request");
-    let (status, body) = json(response).await;
-    assert_error(status, &body, 405, "method_not_allowed");
+    for (case, request, status, code) in [
+        (
+            "an unknown route",
+            server.client.get(server.url("/v1/nothing-here")),
+            404,
+            "not_found",
+        ),
+        (
+            "a method the route does not take",
+            server.client.patch(server.url("/v1/environments")),
+            405,
+            "method_not_allowed",
+        ),
+    ] {
+        let (got, body) = send(request).await;
+        assert_error_in(case, got, &body, status, code);
+    }
     server.stop().await;
 }
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::builds::tiny_wheel;
-use crate::helpers::{Server, build_ready, put_file, send};
+use crate::builds::put_tiny_wheel;
+use crate::helpers::{Server, build_ready, created_environment, put_file, send};
 use crate::sessions::{exec, start_session};
 
 /// How long a build of this small project may take.
@@ -71,23 +71,10 @@ if failed:
 
 /// The uv project above, with a module of its own, built: its id and mount.
 async fn everyday_project(server: &Server, name: &str) -> (String, String) {
-    let (status, created) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({ "name": name })),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
+    let created = created_environment(server, json!({ "name": name })).await;
     let id = created["id"].as_str().expect("id").to_owned();
     let mount = format!("/env/{}", created["slug"].as_str().expect("slug"));
-    put_file(
-        server,
-        &id,
-        "wheels/tinypkg-1.0-py3-none-any.whl",
-        tiny_wheel(),
-    )
-    .await;
+    put_tiny_wheel(server, &id).await;
     put_file(server, &id, "pyproject.toml", PYPROJECT).await;
     put_file(
         server,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use plinth_catalog::testing::{self, PostgresAvailability};
 use serde_json::{Value, json};
 
-use crate::helpers::send;
+use crate::helpers::{create_environment_at, send};
 use crate::node_restart::{spawn, strings};
 use crate::processes::{Process, free_port, wait_until_ready};
 
@@ -67,13 +67,7 @@ async fn start_all(
 
 /// Makes an environment with one file and queues its first build; answers its id.
 async fn queue_build(client: &reqwest::Client, base: &str, name: &str) -> String {
-    let (_, created) = send(
-        client
-            .post(format!("{base}/v1/environments"))
-            .json(&json!({ "name": name })),
-    )
-    .await;
-    let id = created["id"].as_str().expect("id").to_owned();
+    let id = create_environment_at(client, base, name).await;
     let (status, _) = send(
         client
             .put(format!("{base}/v1/environments/{id}/files/README.md"))

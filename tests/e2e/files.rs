@@ -5,19 +5,7 @@
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, assert_error, send};
-
-async fn environment(server: &Server, name: &str) -> String {
-    let (status, body) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({ "name": name })),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
-    body["id"].as_str().expect("id").to_owned()
-}
+use crate::helpers::{Server, assert_error, assert_error_in, create_environment, send};
 
 fn files_url(server: &Server, id: &str, path: &str) -> String {
     server.url(&format!("/v1/environments/{id}/files/{path}"))
@@ -68,7 +56,7 @@ async fn stats(server: &Server, id: &str) -> Value {
 #[tokio::test]
 async fn every_byte_value_round_trips_exactly_with_a_guessed_type() {
     let server = Server::start().await;
-    let id = environment(&server, "Bytes").await;
+    let id = create_environment(&server, "Bytes").await;
     let every_byte: Vec<u8> = (0..=255u8).cycle().take(256 * 40).collect();
     let (status, written) = put(&server, &id, "data/all-bytes.bin", every_byte.clone()).await;
     assert_eq!(status, 200, "{written}");
@@ -141,7 +129,7 @@ async fn every_byte_value_round_trips_exactly_with_a_guessed_type() {
 #[tokio::test]
 async fn the_tree_directories_executables_and_deletes_behave_as_documented() {
     let server = Server::start().await;
-    let id = environment(&server, "Tree").await;
+    let id = create_environment(&server, "Tree").await;
     let (status, _) = put(&server, &id, "scripts/run.sh", "#!/bin/sh\n").await;
     assert_eq!(status, 200);
     let (status, made_executable) = send(
@@ -198,24 +186,29 @@ async fn the_tree_directories_executables_and_deletes_behave_as_documented() {
             .contains("scripts"),
         "{body}"
     );
-    let (status, body) = put(&server, &id, "scripts/run.sh/inner", "x").await;
-    assert_error(status, &body, 400, "environment_invalid");
-    let (status, body) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/environments/{id}/directories")))
-            .json(&json!({"path": "scripts/run.sh"})),
-    )
-    .await;
-    assert_error(status, &body, 400, "environment_invalid");
-    let response = server
-        .client
-        .get(files_url(&server, &id, "scripts"))
-        .send()
-        .await
-        .expect("request");
-    let (status, body) = crate::helpers::json(response).await;
-    assert_error(status, &body, 400, "environment_invalid");
+    for (case, request) in [
+        (
+            "a file beneath a file",
+            server
+                .client
+                .put(files_url(&server, &id, "scripts/run.sh/inner"))
+                .body("x"),
+        ),
+        (
+            "a directory where a file is",
+            server
+                .client
+                .post(server.url(&format!("/v1/environments/{id}/directories")))
+                .json(&json!({"path": "scripts/run.sh"})),
+        ),
+        (
+            "a directory read as a file",
+            server.client.get(files_url(&server, &id, "scripts")),
+        ),
+    ] {
+        let (status, body) = send(request).await;
+        assert_error_in(case, status, &body, 400, "environment_invalid");
+    }
 
     let (status, deleted) = send(server.client.delete(files_url(&server, &id, "scripts"))).await;
     assert_eq!(status, 200);
@@ -234,7 +227,7 @@ async fn the_tree_directories_executables_and_deletes_behave_as_documented() {
 #[tokio::test]
 async fn paths_that_escape_or_are_malformed_are_refused_on_every_endpoint() {
     let server = Server::start().await;
-    let id = environment(&server, "Paths").await;
+    let id = create_environment(&server, "Paths").await;
     put(&server, &id, "ok.txt", "fine").await;
     let bad = [
         "..%2Fescape",
@@ -361,7 +354,7 @@ async fn files_of_another_scope_or_a_missing_environment_do_not_exist() {
 #[tokio::test]
 async fn a_200_mib_upload_is_refused_at_the_limit_with_nothing_stored() {
     let server = Server::start().await;
-    let id = environment(&server, "Big").await;
+    let id = create_environment(&server, "Big").await;
     put(&server, &id, "small.txt", "kept").await;
     let blobs_before = crate::helpers::files_under(&server.data_dir().join("blobs"));
 
@@ -405,7 +398,7 @@ async fn a_200_mib_upload_is_refused_at_the_limit_with_nothing_stored() {
 #[tokio::test]
 async fn a_corrupted_blob_is_never_served() {
     let server = Server::start().await;
-    let id = environment(&server, "Corrupt").await;
+    let id = create_environment(&server, "Corrupt").await;
     let (_, written) = put(&server, &id, "data.txt", "the real content").await;
     let hex = written["digest"]
         .as_str()
@@ -447,7 +440,7 @@ fn etag_of(response: &reqwest::Response) -> String {
 #[tokio::test]
 async fn conditional_reads_answer_304_and_stale_conditional_writes_change_nothing() {
     let server = Server::start().await;
-    let id = environment(&server, "Conditional").await;
+    let id = create_environment(&server, "Conditional").await;
     let url = files_url(&server, &id, "notes.txt");
 
     // A write answers the new tag: the content digest in quotes.
@@ -606,7 +599,7 @@ async fn conditional_reads_answer_304_and_stale_conditional_writes_change_nothin
 #[tokio::test]
 async fn ranged_reads_answer_206_with_the_bytes_asked_for_and_416_past_the_end() {
     let server = Server::start().await;
-    let id = environment(&server, "Ranges").await;
+    let id = create_environment(&server, "Ranges").await;
     // Past the source's 1 MiB messages, so ranges cross their boundaries.
     let content: Vec<u8> = (0..3 * 1024 * 1024 + 17)
         .map(|i: u32| (i % 251) as u8)
@@ -706,7 +699,7 @@ async fn ranged_reads_answer_206_with_the_bytes_asked_for_and_416_past_the_end()
 #[tokio::test]
 async fn curl_resumes_a_cut_off_download_of_a_5_mib_file_byte_for_byte() {
     let server = Server::start().await;
-    let id = environment(&server, "Resume").await;
+    let id = create_environment(&server, "Resume").await;
     let mut content = Vec::with_capacity(5 * 1024 * 1024);
     let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
     while content.len() < 5 * 1024 * 1024 {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, send};
+use crate::helpers::{Server, create_environment, create_environment_at, send};
 use crate::processes::{Process, free_port, wait_until_ready};
 
 /// A folder inside a 0700 directory, as `mkdir ~/try && cd ~/try` makes in root's home.
@@ -72,14 +72,7 @@ async fn built(
     files: &[(&str, &str)],
     limit: Duration,
 ) -> (String, Value) {
-    let (status, created) = send(
-        client
-            .post(format!("{base}/v1/environments"))
-            .json(&json!({ "name": name })),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().expect("id").to_owned();
+    let id = create_environment_at(client, base, name).await;
     for (path, body) in files {
         put(client, base, &id, path, body).await;
     }
@@ -219,14 +212,7 @@ async fn a_build_that_cannot_reach_its_proxy_names_the_setting() {
     .expect("write config");
     let path = config.path().to_str().expect("utf-8").to_owned();
     let server = Server::start_with(&["--config", &path]).await;
-    let (_, created) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({ "name": "Behind a proxy" })),
-    )
-    .await;
-    let id = created["id"].as_str().expect("id").to_owned();
+    let id = create_environment(&server, "Behind a proxy").await;
     crate::helpers::put_file(&server, &id, "requirements.txt", "six==1.16.0\n").await;
     let (status, _) = send(
         server

@@ -17,7 +17,7 @@ use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
 use crate::credentials::Credentials;
-use crate::helpers::Server;
+use crate::helpers::{Server, exec_in};
 
 async fn channel(address: std::net::SocketAddr) -> Channel {
     tonic::transport::Endpoint::from_shared(format!("http://{address}"))
@@ -321,14 +321,12 @@ async fn a_node_credential_acts_only_for_its_own_node() {
         (&after.node_id, &after.node_address),
         (&before.node_id, &before.node_address)
     );
-    let (status, result) = crate::helpers::send(
-        server
-            .client
-            .post(server.url(&format!("/v1/sessions/{session_id}/exec")))
-            .json(&json!({ "command": "echo still-mine" })),
+    let result = exec_in(
+        &server,
+        &session_id,
+        json!({ "command": "echo still-mine" }),
     )
     .await;
-    assert_eq!(status, 200, "{result}");
     assert_eq!(result["stdout"], "still-mine\n");
 
     // A node credential for any name (what a deployment may choose) may list the sessions,

@@ -6,9 +6,10 @@
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use plinth_proto::catalog::v1::harness_service_client::HarnessServiceClient;
+use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, assert_error, send};
+use crate::helpers::{Server, assert_error, assert_error_in, send};
 
 /// A caller of one server, with or without a bearer token.
 struct Client<'a> {
@@ -82,6 +83,15 @@ impl<'a> Client<'a> {
         assert_eq!(status, 201, "{body}");
         body
     }
+}
+
+/// Acme's and Globex's environment "Studio" (the same name in two scopes), and Acme's harness
+/// "Cutter" on its own.
+async fn studios_and_a_harness(acme: &Client<'_>, globex: &Client<'_>) -> (String, String, Value) {
+    let mine = acme.environment("Studio").await;
+    let theirs = globex.environment("Studio").await;
+    let harness = acme.harness("Cutter", &mine).await;
+    (mine, theirs, harness)
 }
 
 fn id_of(body: &Value) -> String {
@@ -232,9 +242,7 @@ async fn a_harness_write_must_name_an_environment_of_the_callers_scope() {
         Server::start_with_tokens(&[("tok-acme", "acme"), ("tok-globex", "globex")], &[]).await;
     let acme = Client::with_token(&server, "tok-acme");
     let globex = Client::with_token(&server, "tok-globex");
-    let mine = acme.environment("Studio").await;
-    let theirs = globex.environment("Studio").await;
-    let harness = acme.harness("Cutter", &mine).await;
+    let (_, theirs, harness) = studios_and_a_harness(&acme, &globex).await;
     let path = format!("/v1/harnesses/{}", id_of(&harness));
 
     let refusals = [
@@ -270,27 +278,35 @@ async fn another_scopes_harness_is_not_found() {
         Server::start_with_tokens(&[("tok-acme", "acme"), ("tok-globex", "globex")], &[]).await;
     let acme = Client::with_token(&server, "tok-acme");
     let globex = Client::with_token(&server, "tok-globex");
-    let mine = acme.environment("Studio").await;
-    let theirs = globex.environment("Studio").await;
-    let harness = acme.harness("Cutter", &mine).await;
+    let (mine, theirs, harness) = studios_and_a_harness(&acme, &globex).await;
     let their_harness = globex.harness("Cutter", &theirs).await;
     let path = format!("/v1/harnesses/{}", id_of(&harness));
 
-    let (status, body) = globex.get(&path).await;
-    assert_error(status, &body, 404, "not_found");
-    let (status, body) = globex
-        .put(
-            &path,
-            json!({"name": "Stolen", "base": "codex", "environment": theirs}),
-        )
-        .await;
-    assert_error(status, &body, 404, "not_found");
-    let (status, body) = globex.delete(&path).await;
-    assert_error(status, &body, 404, "not_found");
-    let (status, body) = globex
-        .get(&format!("/v1/environments/{mine}/harnesses"))
-        .await;
-    assert_error(status, &body, 404, "environment_not_found");
+    let stolen = json!({"name": "Stolen", "base": "codex", "environment": theirs});
+    for (case, request, status, code) in [
+        ("read", globex.request(Method::GET, &path), 404, "not_found"),
+        (
+            "replace",
+            globex.request(Method::PUT, &path).json(&stolen),
+            404,
+            "not_found",
+        ),
+        (
+            "delete",
+            globex.request(Method::DELETE, &path),
+            404,
+            "not_found",
+        ),
+        (
+            "list the harnesses of its environment",
+            globex.request(Method::GET, &format!("/v1/environments/{mine}/harnesses")),
+            404,
+            "environment_not_found",
+        ),
+    ] {
+        let (got, body) = send(request).await;
+        assert_error_in(case, got, &body, status, code);
+    }
 
     let (_, list) = globex.get("/v1/harnesses").await;
     assert_eq!(list["data"], json!([their_harness]));

@@ -227,12 +227,17 @@ pub async fn json(response: reqwest::Response) -> (u16, Value) {
 
 /// Asserts an error answer: its status, its code, and that the message says something.
 pub fn assert_error(status: u16, body: &Value, expected_status: u16, code: &str) {
-    assert_eq!(status, expected_status, "{body}");
-    assert_eq!(body["error"]["code"], code, "{body}");
+    assert_error_in("the answer", status, body, expected_status, code);
+}
+
+/// [`assert_error`] for one case of a table: whatever fails names `case`.
+pub fn assert_error_in(case: &str, status: u16, body: &Value, expected_status: u16, code: &str) {
+    assert_eq!(status, expected_status, "{case}: {body}");
+    assert_eq!(body["error"]["code"], code, "{case}: {body}");
     let message = body["error"]["message"]
         .as_str()
-        .expect("message is a string");
-    assert!(!message.is_empty(), "{body}");
+        .unwrap_or_else(|| panic!("{case}: the message is not a string: {body}"));
+    assert!(!message.is_empty(), "{case}: {body}");
 }
 
 /// Every regular file beneath `dir`, relative paths sorted, with their sizes.
@@ -358,16 +363,34 @@ pub fn host_listening_ports() -> std::collections::BTreeSet<u16> {
     ports
 }
 
-/// Creates an environment named `name`; answers its id.
-pub async fn create_environment(server: &Server, name: &str) -> String {
+/// `POST /v1/environments` with `body`; anything but 201 fails the test. Answers the record.
+pub async fn created_environment(server: &Server, body: Value) -> Value {
     let (status, created) = send(
         server
             .client
             .post(server.url("/v1/environments"))
+            .json(&body),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}: {created}");
+    created
+}
+
+/// Creates an environment named `name`; answers its id.
+pub async fn create_environment(server: &Server, name: &str) -> String {
+    create_environment_at(&server.client, &server.url(""), name).await
+}
+
+/// [`create_environment`] on a gateway at `base` (a `plinth` started as a process of its own);
+/// anything but 201 fails the test.
+pub async fn create_environment_at(client: &reqwest::Client, base: &str, name: &str) -> String {
+    let (status, created) = send(
+        client
+            .post(format!("{base}/v1/environments"))
             .json(&serde_json::json!({ "name": name })),
     )
     .await;
-    assert_eq!(status, 201, "{created}");
+    assert_eq!(status, 201, "{name}: {created}");
     created["id"].as_str().expect("id").to_owned()
 }
 
@@ -384,6 +407,20 @@ pub async fn start_session_with(server: &Server, body: Value) -> Value {
     let (status, session) = send(server.client.post(server.url("/v1/sessions")).json(&body)).await;
     assert_eq!(status, 201, "{body}: {session}");
     session
+}
+
+/// `POST /v1/sessions/{session_id}/exec` with `body` (the command and its options); anything
+/// but 200 fails the test. Answers the result.
+pub async fn exec_in(server: &Server, session_id: &str, body: Value) -> Value {
+    let (status, result) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/sessions/{session_id}/exec")))
+            .json(&body),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}: {result}");
+    result
 }
 
 /// The layer tree the catalog at `catalog_url` records for `version` of environment `id` (of

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, assert_error, files_under, send};
+use crate::helpers::{Server, assert_error, exec_in, files_under, send};
 
 async fn environment(server: &Server) -> String {
     let (status, body) = send(
@@ -514,15 +514,8 @@ async fn session_exec(server: &Server, environment: &str, command: &str) -> Valu
     let session =
         crate::helpers::start_session_with(server, json!({"environment": environment})).await;
     let session_id = session["id"].as_str().expect("session id");
-    let (status, ran) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/sessions/{session_id}/exec")))
-            .json(&json!({ "command": command })),
-    )
-    .await;
-    assert_eq!(status, 200, "{command}: {ran}");
-    ran
+
+    exec_in(server, session_id, json!({ "command": command })).await
 }
 
 /// A PEP 517 backend inside the project (`backend-path = ["."]`), standing for

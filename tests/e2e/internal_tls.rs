@@ -10,11 +10,10 @@ use plinth_kit::auth::Role;
 use plinth_proto::catalog::v1::ListEnvironmentsRequest;
 use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
-use serde_json::json;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::credentials::Credentials;
-use crate::helpers::send;
+use crate::helpers::{create_environment_at, send};
 use crate::processes::{Process, free_port, wait_until_ready};
 
 /// A certificate authority and the files of the certificates it signed.
@@ -209,14 +208,7 @@ async fn services_talk_over_tls_and_mutual_tls_refuses_callers_without_a_certifi
     wait_until_ready(&client, &format!("{base}/readyz"), &mut gateway).await;
 
     // The gateway reaches the catalog over mutual TLS and the source service over TLS.
-    let (status, created) = send(
-        client
-            .post(format!("{base}/v1/environments"))
-            .json(&json!({"name": "Over TLS"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().expect("id");
+    let id = &create_environment_at(&client, &base, "Over TLS").await;
     let (status, written) = send(
         client
             .put(format!("{base}/v1/environments/{id}/files/a.txt"))

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::helpers::send;
+use crate::helpers::{create_environment_at, send};
 use crate::processes::{Process, free_port, wait_until_ready};
 
 /// A `plinth` process of a split deployment with the shared test credentials, its output
@@ -196,13 +196,7 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
     assert!(ready.contains("session limits: cgroup v"), "{ready}");
 
     let base = format!("http://{http}");
-    let (_, created) = send(
-        client
-            .post(format!("{base}/v1/environments"))
-            .json(&json!({"name": "Restart"})),
-    )
-    .await;
-    let id = created["id"].as_str().expect("id").to_owned();
+    let id = create_environment_at(&client, &base, "Restart").await;
     let (status, _) = send(
         client
             .put(format!("{base}/v1/environments/{id}/files/hello.txt"))

@@ -11,7 +11,7 @@ use plinth_kit::auth::Role;
 use plinth_proto::catalog::v1 as pb;
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, assert_error, send};
+use crate::helpers::{Server, assert_error, exec_in, send};
 
 const ENVIRONMENTS: usize = 2500;
 
@@ -335,23 +335,9 @@ async fn a_sessions_turns_are_paged_over_rest_and_grpc() {
         crate::helpers::start_session_with(&server, json!({ "environment": environment })).await;
     let other = other["id"].as_str().expect("id").to_owned();
     for n in 1..=30 {
-        let (status, ran) = send(
-            server
-                .client
-                .post(server.url(&format!("/v1/sessions/{id}/exec")))
-                .json(&json!({ "command": format!("echo {n}") })),
-        )
-        .await;
-        assert_eq!(status, 200, "{ran}");
+        exec_in(&server, &id, json!({ "command": format!("echo {n}") })).await;
     }
-    let (status, ran) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/sessions/{other}/exec")))
-            .json(&json!({ "command": "true" })),
-    )
-    .await;
-    assert_eq!(status, 200, "{ran}");
+    exec_in(&server, &other, json!({ "command": "true" })).await;
 
     let turns_of = format!("/v1/sessions/{id}/turns");
     let (turns, pages) = every_rest_page(&server, &turns_of, 7).await;

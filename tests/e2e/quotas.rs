@@ -23,7 +23,11 @@ struct Tenant<'a> {
     token: &'static str,
 }
 
-impl Tenant<'_> {
+impl<'a> Tenant<'a> {
+    fn of(server: &'a Server, token: &'static str) -> Self {
+        Tenant { server, token }
+    }
+
     async fn send(&self, request: reqwest::RequestBuilder) -> (u16, Value) {
         send(request.bearer_auth(self.token)).await
     }
@@ -109,18 +113,9 @@ async fn a_scope_at_a_quota_is_refused_and_the_others_are_served() {
     );
     // No builder: a queued build stays queued.
     let server = Server::start_with_config(&config, &["--builders", "0"]).await;
-    let acme = Tenant {
-        server: &server,
-        token: "tok-acme",
-    };
-    let globex = Tenant {
-        server: &server,
-        token: "tok-globex",
-    };
-    let initech = Tenant {
-        server: &server,
-        token: "tok-initech",
-    };
+    let acme = Tenant::of(&server, "tok-acme");
+    let globex = Tenant::of(&server, "tok-globex");
+    let initech = Tenant::of(&server, "tok-initech");
 
     // Environments: acme's third is refused; globex is served; initech's override is 3.
     let first = acme.created("First").await;
@@ -272,10 +267,7 @@ async fn a_scope_at_a_quota_is_refused_and_the_others_are_served() {
 async fn concurrent_creates_at_the_last_slot_let_exactly_one_through() {
     let config = format!("{}\n[quotas]\nenvironments = 3\n", tokens_toml(&TOKENS));
     let server = Server::start_with_config(&config, &["--builders", "0"]).await;
-    let hooli = Tenant {
-        server: &server,
-        token: "tok-hooli",
-    };
+    let hooli = Tenant::of(&server, "tok-hooli");
     hooli.created("One").await;
     hooli.created("Two").await;
     let racers: Vec<_> = (0..8)
@@ -345,14 +337,8 @@ async fn sessions_and_built_layers_count_against_their_scope_only() {
         tokens_toml(&TOKENS)
     );
     let server = Server::start_with_config(&config, &[]).await;
-    let acme = Tenant {
-        server: &server,
-        token: "tok-acme",
-    };
-    let globex = Tenant {
-        server: &server,
-        token: "tok-globex",
-    };
+    let acme = Tenant::of(&server, "tok-acme");
+    let globex = Tenant::of(&server, "tok-globex");
     let ours = acme.created("Ours").await;
     let script = content("print('ours')\n#", 100);
     let (status, body) = acme.put(&ours, "run.py", script).await;

@@ -13,7 +13,7 @@ use plinth_blobs::BlobStore;
 use plinth_blobs::tree::Tree;
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, create_environment, put_file, send, wait_for_build};
+use crate::helpers::{Server, create_environment, exec_in, put_file, send, wait_for_build};
 
 const LIMIT: Duration = Duration::from_secs(300);
 
@@ -78,15 +78,13 @@ async fn layer_file(server: &Server, id: &str, version: u32, path: &str) -> Vec<
 async fn run(server: &Server, id: &str, command: &str) -> Value {
     let session = crate::helpers::start_session_with(server, json!({ "environment": id })).await;
     let session_id = session["id"].as_str().expect("session id");
-    let (status, ran) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/sessions/{session_id}/exec")))
-            .json(&json!({ "command": command, "timeout_ms": 60_000 })),
+
+    exec_in(
+        server,
+        session_id,
+        json!({ "command": command, "timeout_ms": 60_000 }),
     )
-    .await;
-    assert_eq!(status, 200, "{ran}");
-    ran
+    .await
 }
 
 /// Imports `archive`, builds it, changes one file, rebuilds, and runs `smoke` after each.

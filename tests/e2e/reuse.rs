@@ -11,8 +11,8 @@ use plinth_blobs::BlobStore;
 use plinth_blobs::tree::Tree;
 use serde_json::{Value, json};
 
-use crate::builds::tiny_wheel;
-use crate::helpers::{Server, create_environment, put_file, send, wait_for_build};
+use crate::builds::put_tiny_wheel;
+use crate::helpers::{Server, create_environment, exec_in, put_file, send, wait_for_build};
 
 const BUILD_LIMIT: Duration = Duration::from_secs(180);
 
@@ -138,13 +138,7 @@ async fn fixture(server: &Server, name: &str) -> String {
     ] {
         put_file(server, &id, path, content).await;
     }
-    put_file(
-        server,
-        &id,
-        "wheels/tinypkg-1.0-py3-none-any.whl",
-        tiny_wheel(),
-    )
-    .await;
+    put_tiny_wheel(server, &id).await;
     id
 }
 
@@ -477,13 +471,11 @@ async fn a_pinned_node_from_the_toolchain_dirs_builds_the_version_and_runs_its_s
     );
     let session = crate::helpers::start_session_with(&server, json!({ "environment": id })).await;
     let session_id = session["id"].as_str().expect("session id");
-    let (status, ran) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/sessions/{session_id}/exec")))
-            .json(&json!({ "command": "node --version && cat $PROJECT_ROOT/ran-with.txt" })),
+    let ran = exec_in(
+        &server,
+        session_id,
+        json!({ "command": "node --version && cat $PROJECT_ROOT/ran-with.txt" }),
     )
     .await;
-    assert_eq!(status, 200, "{ran}");
     assert_eq!(ran["stdout"], "v99.1.0\nv99.1.0\n", "{ran}");
 }

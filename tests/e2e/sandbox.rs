@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, built_environment, send, start_session_with};
+use crate::helpers::{Server, built_environment, exec_in, send, start_session_with};
 
 const BUILD_LIMIT: Duration = Duration::from_secs(120);
 
@@ -17,16 +17,7 @@ async fn session(server: &Server, environment: &str) -> Value {
 }
 
 async fn exec_with(server: &Server, session: &Value, body: Value) -> Value {
-    let id = session["id"].as_str().expect("session id");
-    let (status, result) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/sessions/{id}/exec")))
-            .json(&body),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}: {result}");
-    result
+    exec_in(server, session["id"].as_str().expect("session id"), body).await
 }
 
 async fn exec(server: &Server, session: &Value, command: &str) -> Value {

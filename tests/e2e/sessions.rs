@@ -9,31 +9,22 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::builds::{tiny_npm_package, tiny_wheel};
-use crate::helpers::{Server, assert_error, build_ready, put_file, send};
+use crate::builds::{put_tiny_wheel, tiny_npm_package};
+use crate::helpers::{
+    Server, assert_error, build_ready, create_environment, created_environment, exec_in, put_file,
+    send, start_session_with,
+};
 
 /// How long a build of these small projects may take.
 const BUILD_LIMIT: Duration = Duration::from_secs(120);
 
 /// An environment with a wheel, an npm package and a script, built once.
 async fn project(server: &Server, name: &str) -> (String, String) {
-    let (status, created) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({"name": name, "entry": "python3 run.py"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
+    let created =
+        created_environment(server, json!({"name": name, "entry": "python3 run.py"})).await;
     let id = created["id"].as_str().expect("id").to_owned();
     let slug = created["slug"].as_str().expect("slug").to_owned();
-    put_file(
-        server,
-        &id,
-        "wheels/tinypkg-1.0-py3-none-any.whl",
-        tiny_wheel(),
-    )
-    .await;
+    put_tiny_wheel(server, &id).await;
     put_file(
         server,
         &id,
@@ -55,28 +46,12 @@ async fn project(server: &Server, name: &str) -> (String, String) {
 }
 
 pub(crate) async fn start_session(server: &Server, environment: &str) -> Value {
-    let (status, session) = send(
-        server
-            .client
-            .post(server.url("/v1/sessions"))
-            .json(&json!({ "environment": environment })),
-    )
-    .await;
-    assert_eq!(status, 201, "{session}");
-    session
+    start_session_with(server, json!({ "environment": environment })).await
 }
 
 pub(crate) async fn exec(server: &Server, session: &Value, command: &str) -> Value {
     let id = session["id"].as_str().expect("session id");
-    let (status, result) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/sessions/{id}/exec")))
-            .json(&json!({ "command": command })),
-    )
-    .await;
-    assert_eq!(status, 200, "{command}: {result}");
-    result
+    exec_in(server, id, json!({ "command": command })).await
 }
 
 #[tokio::test]
@@ -192,13 +167,9 @@ async fn a_session_runs_the_environment_read_only_beside_its_private_workdir() {
     .await;
     assert_eq!(wrote["exit_code"], 0, "{wrote}");
     let session_id = first["id"].as_str().expect("id");
-    let (status, put_answer) = send(
-        server
-            .client
-            .put(server.url(&format!("/v1/sessions/{session_id}/files/notes/api.txt")))
-            .body("from-api"),
-    )
-    .await;
+    let file = |path: &str| server.url(&format!("/v1/sessions/{session_id}/files/{path}"));
+    let (status, put_answer) =
+        send(server.client.put(file("notes/api.txt")).body("from-api")).await;
     assert_eq!(status, 200, "{put_answer}");
     assert_eq!(put_answer["version"], 1);
     let read = exec(
@@ -216,41 +187,21 @@ async fn a_session_runs_the_environment_read_only_beside_its_private_workdir() {
     );
     let response = server
         .client
-        .get(server.url(&format!("/v1/sessions/{session_id}/files/out.txt")))
+        .get(file("out.txt"))
         .send()
         .await
         .expect("get");
     assert_eq!(response.status(), 200);
     assert_eq!(response.text().await.expect("body"), "from-exec\n");
-    let (status, missing) = send(
-        server
-            .client
-            .get(server.url(&format!("/v1/sessions/{session_id}/files/nope.txt"))),
-    )
-    .await;
+    let (status, missing) = send(server.client.get(file("nope.txt"))).await;
     assert_error(status, &missing, 404, "not_found");
-    let (status, escaped) = send(
-        server
-            .client
-            .get(server.url(&format!("/v1/sessions/{session_id}/files/a/../../x"))),
-    )
-    .await;
+    let (status, escaped) = send(server.client.get(file("a/../../x"))).await;
     assert!(status == 400 || status == 404, "{escaped}");
     // A link the session made out of its directory is not followed by the API.
     exec(&server, &first, "ln -s /etc/passwd passwd-link").await;
-    let (status, refused) = send(
-        server
-            .client
-            .get(server.url(&format!("/v1/sessions/{session_id}/files/passwd-link"))),
-    )
-    .await;
+    let (status, refused) = send(server.client.get(file("passwd-link"))).await;
     assert_error(status, &refused, 400, "environment_invalid");
-    let (status, _) = send(
-        server
-            .client
-            .delete(server.url(&format!("/v1/sessions/{session_id}/files/a"))),
-    )
-    .await;
+    let (status, _) = send(server.client.delete(file("a"))).await;
     assert_eq!(status, 200);
     let gone = exec(&server, &first, "test -e a && echo present || echo gone").await;
     assert_eq!(gone["stdout"], "gone\n");
@@ -451,14 +402,12 @@ async fn exec_output_is_capped_timed_and_streamed() {
     );
     assert_eq!(big["stderr"], "done\n");
 
-    let (status, slow) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/sessions/{session_id}/exec")))
-            .json(&json!({"command": "echo started; sleep 30; echo never", "timeout_ms": 500})),
+    let slow = exec_in(
+        &server,
+        session_id,
+        json!({"command": "echo started; sleep 30; echo never", "timeout_ms": 500}),
     )
     .await;
-    assert_eq!(status, 200, "{slow}");
     assert_eq!(slow["timed_out"], true, "{slow}");
     assert_eq!(slow["stdout"], "started\n");
     assert!(slow["duration_ms"].as_u64().unwrap_or(0) < 10_000, "{slow}");
@@ -526,14 +475,7 @@ async fn sessions_and_tasks_are_refused_unless_their_environment_is_ready() {
         return;
     }
     let server = Server::start_with(&["--builder-network", "false"]).await;
-    let (_, unbuilt) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({"name": "Unbuilt"})),
-    )
-    .await;
-    let unbuilt = unbuilt["id"].as_str().expect("id").to_owned();
+    let unbuilt = create_environment(&server, "Unbuilt").await;
     let missing = "henv_00000000000000000000000000000000";
 
     for (body, code, status) in [
@@ -577,14 +519,7 @@ async fn sessions_and_tasks_are_refused_unless_their_environment_is_ready() {
 
     // A harness names the environment; its task reads the active version, and the task's own
     // environment overrides the harness's.
-    let (_, ready) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({"name": "Ready"})),
-    )
-    .await;
-    let ready = ready["id"].as_str().expect("id").to_owned();
+    let ready = create_environment(&server, "Ready").await;
     put_file(&server, &ready, "hello.txt", "hello\n").await;
     build_ready(&server, &ready, 1, BUILD_LIMIT).await;
     let (status, harness) = send(
@@ -651,14 +586,7 @@ async fn without_isolation_every_session_says_so() {
     }
     let server =
         Server::start_with(&["--builder-network", "false", "--insecure-no-isolation"]).await;
-    let (_, created) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({"name": "Open"})),
-    )
-    .await;
-    let id = created["id"].as_str().expect("id").to_owned();
+    let id = create_environment(&server, "Open").await;
     put_file(&server, &id, "hello.txt", "hello\n").await;
     build_ready(&server, &id, 1, BUILD_LIMIT).await;
     let session = start_session(&server, &id).await;

@@ -4,21 +4,14 @@
 use plinth_blobs::{BlobStore, Digest};
 use plinth_proto::source::v1::SnapshotRequest;
 use plinth_proto::source::v1::source_service_client::SourceServiceClient;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::helpers::{Server, send};
+use crate::helpers::{Server, create_environment, send};
 
 #[tokio::test]
 async fn a_snapshot_freezes_the_source_and_later_writes_do_not_change_it() {
     let server = Server::start().await;
-    let (_, created) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .json(&json!({"name": "Snap"})),
-    )
-    .await;
-    let id = created["id"].as_str().expect("id").to_owned();
+    let id = create_environment(&server, "Snap").await;
     let put = |path: &str, body: &'static str| {
         server
             .client

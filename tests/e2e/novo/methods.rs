@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use sha2::Digest as _;
 
 use super::{Novo, adapter, environment, studio_files};
-use crate::helpers::{Server, assert_error};
+use crate::helpers::{Server, assert_error_in};
 
 fn keys(value: &Value) -> Vec<&str> {
     let mut keys: Vec<&str> = value
@@ -47,7 +47,7 @@ async fn run(name: &str, flags: &[&str]) -> Option<(Server, Novo, String)> {
 
 async fn error(novo: &Novo, method: &str, args: Value, status: u16, code: &str) {
     let (got, body) = novo.call(method, args.clone()).await;
-    assert_error(got, &body, status, code);
+    assert_error_in(&format!("{method} {args}"), got, &body, status, code);
     assert_eq!(keys(&body), ["error"], "{method} {args}: {body}");
 }
 
@@ -141,38 +141,14 @@ async fn read_file_answers_line_ranges_text_or_base64() {
             json!(19)
         )
     );
-    error(
-        &novo,
-        "readFile",
+    for args in [
         json!({"path": "lines.txt", "start_line": 9}),
-        400,
-        "workspace_invalid_request",
-    )
-    .await;
-    error(
-        &novo,
-        "readFile",
         json!({"path": "lines.txt", "start_line": 3, "end_line": 2}),
-        400,
-        "workspace_invalid_request",
-    )
-    .await;
-    error(
-        &novo,
-        "readFile",
         json!({"path": "lines.txt", "max_bytes": "9"}),
-        400,
-        "workspace_invalid_request",
-    )
-    .await;
-    error(
-        &novo,
-        "readFile",
         json!({}),
-        400,
-        "workspace_invalid_request",
-    )
-    .await;
+    ] {
+        error(&novo, "readFile", args, 400, "workspace_invalid_request").await;
+    }
 
     // UTF-8 text stays text.
     novo.ok(
@@ -262,23 +238,16 @@ async fn read_file_answers_line_ranges_text_or_base64() {
     assert_eq!(read["path"], "lines.txt");
     let read = novo.ok("readFile", json!({"path": ".//./lines.txt"})).await;
     assert_eq!(read["path"], "lines.txt");
-    error(
-        &novo,
-        "readFile",
-        json!({"path": "./sub/../lines.txt"}),
-        400,
-        "workspace_path_invalid",
-    )
-    .await;
-
-    error(
-        &novo,
-        "readFile",
-        json!({"path": "missing.txt"}),
-        404,
-        "workspace_not_found",
-    )
-    .await;
+    for (args, status, code) in [
+        (
+            json!({"path": "./sub/../lines.txt"}),
+            400,
+            "workspace_path_invalid",
+        ),
+        (json!({"path": "missing.txt"}), 404, "workspace_not_found"),
+    ] {
+        error(&novo, "readFile", args, status, code).await;
+    }
     novo.sh("mkdir -p dir").await;
     error(
         &novo,
@@ -365,30 +334,13 @@ async fn list_and_find_files() {
             {"path": format!("/env/{slug}/studio"), "type": "directory"}
         ], "truncated": false})
     );
-    error(
-        &novo,
-        "listFiles",
-        json!({"path": "ls/a.txt"}),
-        400,
-        "workspace_path_invalid",
-    )
-    .await;
-    error(
-        &novo,
-        "listFiles",
-        json!({"path": "nowhere"}),
-        404,
-        "workspace_not_found",
-    )
-    .await;
-    error(
-        &novo,
-        "listFiles",
-        json!({"path": "/etc"}),
-        400,
-        "workspace_path_invalid",
-    )
-    .await;
+    for (args, status, code) in [
+        (json!({"path": "ls/a.txt"}), 400, "workspace_path_invalid"),
+        (json!({"path": "nowhere"}), 404, "workspace_not_found"),
+        (json!({"path": "/etc"}), 400, "workspace_path_invalid"),
+    ] {
+        error(&novo, "listFiles", args, status, code).await;
+    }
 
     // findFiles: a glob without / matches names at any depth, with / the path below `path`.
     novo.sh("printf 'x = 1\\n' > src/a.py && printf 'y\\n' > src/deep/c.py && printf 'z\\n' > src/b.txt && printf 'ignored.py\\n' > src/.gitignore && touch src/ignored.py").await;
@@ -433,22 +385,9 @@ async fn list_and_find_files() {
         format!("/env/{slug}/studio/scale.py")
     );
     assert_eq!(found["entries"].as_array().map(Vec::len), Some(1));
-    error(
-        &novo,
-        "findFiles",
-        json!({"pattern": "a["}),
-        400,
-        "workspace_invalid_request",
-    )
-    .await;
-    error(
-        &novo,
-        "findFiles",
-        json!({}),
-        400,
-        "workspace_invalid_request",
-    )
-    .await;
+    for args in [json!({"pattern": "a["}), json!({})] {
+        error(&novo, "findFiles", args, 400, "workspace_invalid_request").await;
+    }
     server.stop().await;
 }
 
@@ -642,38 +581,26 @@ async fn search_files_in_a_directory_or_a_single_file() {
         json!({"matches": [], "truncated": false, "files_searched": 4})
     );
 
-    error(
-        &novo,
-        "searchFiles",
-        json!({"pattern": "("}),
-        400,
-        "workspace_invalid_request",
-    )
-    .await;
-    error(
-        &novo,
-        "searchFiles",
-        json!({"pattern": "a", "glob": "a["}),
-        400,
-        "workspace_invalid_request",
-    )
-    .await;
-    error(
-        &novo,
-        "searchFiles",
-        json!({"pattern": "a", "path": "missing"}),
-        404,
-        "workspace_not_found",
-    )
-    .await;
-    error(
-        &novo,
-        "searchFiles",
-        json!({"pattern": "a", "path": "/etc"}),
-        400,
-        "workspace_path_invalid",
-    )
-    .await;
+    for (args, status, code) in [
+        (json!({"pattern": "("}), 400, "workspace_invalid_request"),
+        (
+            json!({"pattern": "a", "glob": "a["}),
+            400,
+            "workspace_invalid_request",
+        ),
+        (
+            json!({"pattern": "a", "path": "missing"}),
+            404,
+            "workspace_not_found",
+        ),
+        (
+            json!({"pattern": "a", "path": "/etc"}),
+            400,
+            "workspace_path_invalid",
+        ),
+    ] {
+        error(&novo, "searchFiles", args, status, code).await;
+    }
     server.stop().await;
 }
 
@@ -707,37 +634,33 @@ async fn edit_file_operations_and_their_errors() {
         "modified in place: no created"
     );
     assert_eq!(novo.cat("e.txt").await, "alpha\nBETA\nalpha\n");
-    error(
-        &novo,
-        "editFile",
-        json!({"path": "e.txt", "operation": "replace", "find": "alpha", "contents": "x"}),
-        409,
-        "workspace_find_not_unique",
-    )
-    .await;
-    error(&novo, "editFile", json!({"path": "e.txt", "operation": "replace", "find": "alpha", "contents": "x", "replace_all": false}), 409, "workspace_find_not_unique").await;
-    error(
-        &novo,
-        "editFile",
-        json!({"path": "e.txt", "operation": "replace", "find": "zzz", "contents": "x"}),
-        409,
-        "workspace_find_not_found",
-    )
-    .await;
+    for (args, code) in [
+        (
+            json!({"path": "e.txt", "operation": "replace", "find": "alpha", "contents": "x"}),
+            "workspace_find_not_unique",
+        ),
+        (
+            json!({"path": "e.txt", "operation": "replace", "find": "alpha", "contents": "x", "replace_all": false}),
+            "workspace_find_not_unique",
+        ),
+        (
+            json!({"path": "e.txt", "operation": "replace", "find": "zzz", "contents": "x"}),
+            "workspace_find_not_found",
+        ),
+    ] {
+        error(&novo, "editFile", args, 409, code).await;
+    }
     assert_eq!(novo.cat("e.txt").await, "alpha\nBETA\nalpha\n");
     // replace_all replaces every exact occurrence, and only with replace and a find.
     let all = edit(json!({"path": "e.txt", "operation": "replace", "find": "alpha", "contents": "ALPHA", "replace_all": true})).await;
     assert_eq!(all["bytes_written"], 17);
     assert_eq!(novo.cat("e.txt").await, "ALPHA\nBETA\nALPHA\n");
-    error(&novo, "editFile", json!({"path": "e.txt", "operation": "insert_after", "find": "BETA", "contents": "x", "replace_all": true}), 400, "workspace_invalid_request").await;
-    error(
-        &novo,
-        "editFile",
+    for args in [
+        json!({"path": "e.txt", "operation": "insert_after", "find": "BETA", "contents": "x", "replace_all": true}),
         json!({"path": "e.txt", "operation": "replace", "contents": "x", "replace_all": true}),
-        400,
-        "workspace_invalid_request",
-    )
-    .await;
+    ] {
+        error(&novo, "editFile", args, 400, "workspace_invalid_request").await;
+    }
     edit(json!({"path": "e.txt", "operation": "insert_after", "find": "BETA\n", "contents": "gamma\n"})).await;
     edit(
         json!({"path": "e.txt", "operation": "insert_before", "find": "gamma", "contents": "pre-"}),
@@ -751,22 +674,12 @@ async fn edit_file_operations_and_their_errors() {
     assert_eq!(appended["bytes_written"], 31);
     // Without contents, a mutating operation is refused and nothing changes.
     for operation in ["replace", "insert_after", "insert_before", "append"] {
-        error(
-            &novo,
-            "editFile",
+        for args in [
             json!({"path": "e.txt", "operation": operation, "find": "BETA"}),
-            400,
-            "workspace_contents_required",
-        )
-        .await;
-        error(
-            &novo,
-            "editFile",
             json!({"path": "e.txt", "operation": operation, "find": "BETA", "contents": null}),
-            400,
-            "workspace_contents_required",
-        )
-        .await;
+        ] {
+            error(&novo, "editFile", args, 400, "workspace_contents_required").await;
+        }
     }
     assert_eq!(
         novo.cat("e.txt").await,
@@ -833,72 +746,59 @@ async fn edit_file_operations_and_their_errors() {
         "gone\n",
         "restoring a create removes the file"
     );
-    error(
-        &novo,
-        "restore",
-        json!({"token": "rb_00000000000000000000000000000000"}),
-        404,
-        "workspace_not_found",
-    )
-    .await;
-    error(
-        &novo,
-        "restore",
-        json!({"token": "../../etc"}),
-        404,
-        "workspace_not_found",
-    )
-    .await;
-    error(
-        &novo,
-        "restore",
-        json!({}),
-        400,
-        "workspace_invalid_request",
-    )
-    .await;
-
-    error(
-        &novo,
-        "editFile",
-        json!({"path": "missing.txt", "operation": "replace", "find": "a", "contents": "b"}),
-        404,
-        "workspace_not_found",
-    )
-    .await;
-    error(
-        &novo,
-        "editFile",
-        json!({"path": "dir/log.txt", "operation": "rename", "contents": "b"}),
-        400,
-        "workspace_invalid_request",
-    )
-    .await;
-    error(&novo, "editFile", json!({"path": format!("/env/{slug}/studio/scale.py"), "operation": "replace", "find": "2", "contents": "3"}), 403, "workspace_read_only").await;
-    error(
-        &novo,
-        "editFile",
-        json!({"path": format!("/env/{slug}/new.py"), "operation": "create", "contents": "x"}),
-        403,
-        "workspace_read_only",
-    )
-    .await;
-    error(
-        &novo,
-        "editFile",
-        json!({"path": "/tmp/x.txt", "operation": "create", "contents": "x"}),
-        400,
-        "workspace_path_invalid",
-    )
-    .await;
-    error(
-        &novo,
-        "editFile",
-        json!({"path": "../x.txt", "operation": "create", "contents": "x"}),
-        400,
-        "workspace_path_invalid",
-    )
-    .await;
+    for (method, args, status, code) in [
+        (
+            "restore",
+            json!({"token": "rb_00000000000000000000000000000000"}),
+            404,
+            "workspace_not_found",
+        ),
+        (
+            "restore",
+            json!({"token": "../../etc"}),
+            404,
+            "workspace_not_found",
+        ),
+        ("restore", json!({}), 400, "workspace_invalid_request"),
+        (
+            "editFile",
+            json!({"path": "missing.txt", "operation": "replace", "find": "a", "contents": "b"}),
+            404,
+            "workspace_not_found",
+        ),
+        (
+            "editFile",
+            json!({"path": "dir/log.txt", "operation": "rename", "contents": "b"}),
+            400,
+            "workspace_invalid_request",
+        ),
+        (
+            "editFile",
+            json!({"path": format!("/env/{slug}/studio/scale.py"), "operation": "replace", "find": "2", "contents": "3"}),
+            403,
+            "workspace_read_only",
+        ),
+        (
+            "editFile",
+            json!({"path": format!("/env/{slug}/new.py"), "operation": "create", "contents": "x"}),
+            403,
+            "workspace_read_only",
+        ),
+        (
+            "editFile",
+            json!({"path": "/tmp/x.txt", "operation": "create", "contents": "x"}),
+            400,
+            "workspace_path_invalid",
+        ),
+        (
+            "editFile",
+            json!({"path": "../x.txt", "operation": "create", "contents": "x"}),
+            400,
+            "workspace_path_invalid",
+        ),
+    ] {
+        error(&novo, method, args, status, code).await;
+    }
     novo.sh("printf 'caf\\351\\n' > latin1.txt").await;
     error(
         &novo,
@@ -1012,22 +912,9 @@ async fn apply_patch_is_all_or_nothing() {
         (&json!(false), &json!(true))
     );
     assert_eq!(novo.sh("ls").await, "keep.txt\nnew\n");
-    error(
-        &novo,
-        "applyPatch",
-        json!({"operations": []}),
-        400,
-        "workspace_invalid_request",
-    )
-    .await;
-    error(
-        &novo,
-        "applyPatch",
-        json!({}),
-        400,
-        "workspace_invalid_request",
-    )
-    .await;
+    for args in [json!({"operations": []}), json!({})] {
+        error(&novo, "applyPatch", args, 400, "workspace_invalid_request").await;
+    }
 
     // The rollback token puts every file back: the created one goes, the deleted one returns.
     assert_eq!(novo.ok("restore", json!({"token": token})).await, json!({}));
@@ -1095,22 +982,20 @@ async fn run_command_caps_output_and_pages_the_rest() {
         )
         .await;
     assert_eq!(ran["stdout"], "hi there\n");
-    error(
-        &novo,
-        "runCommand",
-        json!({"command": "pwd", "cwd": "/etc"}),
-        400,
-        "workspace_path_invalid",
-    )
-    .await;
-    error(
-        &novo,
-        "runCommand",
-        json!({"command": "pwd", "cwd": "missing"}),
-        404,
-        "workspace_not_found",
-    )
-    .await;
+    for (args, status, code) in [
+        (
+            json!({"command": "pwd", "cwd": "/etc"}),
+            400,
+            "workspace_path_invalid",
+        ),
+        (
+            json!({"command": "pwd", "cwd": "missing"}),
+            404,
+            "workspace_not_found",
+        ),
+    ] {
+        error(&novo, "runCommand", args, status, code).await;
+    }
     novo.sh("touch plain.txt").await;
     error(
         &novo,
@@ -1121,22 +1006,12 @@ async fn run_command_caps_output_and_pages_the_rest() {
     )
     .await;
     novo.sh("rm plain.txt").await;
-    error(
-        &novo,
-        "runCommand",
+    for args in [
         json!({"command": ""}),
-        400,
-        "workspace_invalid_request",
-    )
-    .await;
-    error(
-        &novo,
-        "runCommand",
         json!({"command": "true", "env": {"A": 1}}),
-        400,
-        "workspace_invalid_request",
-    )
-    .await;
+    ] {
+        error(&novo, "runCommand", args, 400, "workspace_invalid_request").await;
+    }
     // A time limit.
     let ran = novo
         .ok(
@@ -1286,22 +1161,12 @@ async fn run_command_caps_output_and_pages_the_rest() {
         (&page["content"], &page["end_line"], &page["truncated"]),
         (&json!("10\n11\n12\n13\n"), &json!(13), &json!(true))
     );
-    error(
-        &novo,
-        "readCommandOutput",
+    for args in [
         json!({"path": "out_00000000000000000000000000000000"}),
-        404,
-        "workspace_not_found",
-    )
-    .await;
-    error(
-        &novo,
-        "readCommandOutput",
         json!({"path": "../../etc/passwd"}),
-        404,
-        "workspace_not_found",
-    )
-    .await;
+    ] {
+        error(&novo, "readCommandOutput", args, 404, "workspace_not_found").await;
+    }
     // The output is kept beside the session, out of its sight.
     assert_eq!(novo.sh("ls -A").await, "sub\n");
     // Under the cap, nothing is spilled.
@@ -1458,78 +1323,31 @@ async fn links_out_of_the_workspace_are_refused() {
     let dir = outside.path().to_str().expect("utf-8").to_owned();
     novo.sh(&format!("ln -s {target} file-link; ln -s {dir} dir-link; ln -s /env/{slug} env-link; mkdir -p real; echo inside > real/in.txt")).await;
 
-    error(
-        &novo,
-        "readFile",
-        json!({"path": "file-link"}),
-        400,
-        "workspace_path_invalid",
-    )
-    .await;
-    error(
-        &novo,
-        "readFile",
-        json!({"path": "dir-link/target.txt"}),
-        400,
-        "workspace_path_invalid",
-    )
-    .await;
-    error(
-        &novo,
-        "listFiles",
-        json!({"path": "dir-link"}),
-        400,
-        "workspace_path_invalid",
-    )
-    .await;
-    error(
-        &novo,
-        "searchFiles",
-        json!({"pattern": "host", "path": "dir-link"}),
-        400,
-        "workspace_path_invalid",
-    )
-    .await;
-    error(
-        &novo,
-        "searchFiles",
-        json!({"pattern": "host", "path": "file-link"}),
-        400,
-        "workspace_path_invalid",
-    )
-    .await;
-    error(
-        &novo,
-        "readFile",
-        json!({"path": "env-link/studio/scale.py"}),
-        400,
-        "workspace_path_invalid",
-    )
-    .await;
-    error(
-        &novo,
-        "editFile",
-        json!({"path": "dir-link/target.txt", "operation": "append", "contents": "x"}),
-        400,
-        "workspace_path_invalid",
-    )
-    .await;
-    error(
-        &novo,
-        "editFile",
-        json!({"path": "dir-link/new.txt", "operation": "create", "contents": "x"}),
-        400,
-        "workspace_path_invalid",
-    )
-    .await;
-    error(
-        &novo,
-        "runCommand",
-        json!({"command": "pwd", "cwd": "dir-link"}),
-        400,
-        "workspace_path_invalid",
-    )
-    .await;
+    for (method, args) in [
+        ("readFile", json!({"path": "file-link"})),
+        ("readFile", json!({"path": "dir-link/target.txt"})),
+        ("listFiles", json!({"path": "dir-link"})),
+        (
+            "searchFiles",
+            json!({"pattern": "host", "path": "dir-link"}),
+        ),
+        (
+            "searchFiles",
+            json!({"pattern": "host", "path": "file-link"}),
+        ),
+        ("readFile", json!({"path": "env-link/studio/scale.py"})),
+        (
+            "editFile",
+            json!({"path": "dir-link/target.txt", "operation": "append", "contents": "x"}),
+        ),
+        (
+            "editFile",
+            json!({"path": "dir-link/new.txt", "operation": "create", "contents": "x"}),
+        ),
+        ("runCommand", json!({"command": "pwd", "cwd": "dir-link"})),
+    ] {
+        error(&novo, method, args, 400, "workspace_path_invalid").await;
+    }
     // A walk does not follow links either.
     let found = novo
         .ok("searchFiles", json!({"pattern": "host|inside"}))

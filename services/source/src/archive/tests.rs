@@ -3,10 +3,11 @@
 use std::io::{Cursor, Write};
 use std::time::{Duration, Instant};
 
-use tar::{Builder, EntryType, Header};
-use zip::CompressionMethod;
-use zip::write::SimpleFileOptions;
+use ::tar::{Builder, EntryType, Header};
+use ::zip::CompressionMethod;
+use ::zip::write::SimpleFileOptions;
 
+use super::zip::ZIP_CENTRAL_MAX;
 use super::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -243,8 +244,8 @@ fn xz(data: &[u8]) -> Vec<u8> {
 // ---------------------------------------------------------------------------------------------
 // Zip: the zip crate's writer, or raw records where a test needs bytes the writer refuses.
 
-fn zip_of(build: impl FnOnce(&mut zip::ZipWriter<Cursor<Vec<u8>>>)) -> Vec<u8> {
-    let mut writer = zip::ZipWriter::new(Cursor::new(Vec::new()));
+fn zip_of(build: impl FnOnce(&mut ::zip::ZipWriter<Cursor<Vec<u8>>>)) -> Vec<u8> {
+    let mut writer = ::zip::ZipWriter::new(Cursor::new(Vec::new()));
     build(&mut writer);
     writer.finish().unwrap().into_inner()
 }
@@ -490,7 +491,7 @@ fn every_format_round_trips_a_small_project_exactly() {
 #[test]
 fn zips_from_streaming_and_zip64_writers_round_trip() {
     fn write_project<W: Write + io::Seek>(
-        writer: &mut zip::ZipWriter<W>,
+        writer: &mut ::zip::ZipWriter<W>,
         options: SimpleFileOptions,
     ) {
         writer.add_directory("proj/", options).unwrap();
@@ -510,12 +511,12 @@ fn zips_from_streaming_and_zip64_writers_round_trip() {
     ];
 
     // Written without seeking: sizes and CRCs follow the data in data descriptors.
-    let mut streamed = zip::ZipWriter::new_stream(Vec::new());
+    let mut streamed = ::zip::ZipWriter::new_stream(Vec::new());
     write_project(&mut streamed, SimpleFileOptions::default());
     let streamed = streamed.finish().unwrap().into_inner();
 
     // Zip64 extra fields in every header, and an archive comment.
-    let mut zip64 = zip::ZipWriter::new(Cursor::new(Vec::new()));
+    let mut zip64 = ::zip::ZipWriter::new(Cursor::new(Vec::new()));
     write_project(&mut zip64, SimpleFileOptions::default().large_file(true));
     zip64.set_comment("made by a test").unwrap();
     let zip64 = zip64.finish().unwrap().into_inner();

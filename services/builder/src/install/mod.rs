@@ -90,19 +90,27 @@
 //! `PIP_NO_INDEX=1` + `PIP_FIND_LINKS=<dir>`, `npm_config_offline=true`, the find-links
 //! directory shown to the build read-only, and no network, so nothing can reach the network
 //! whatever a tool decides.
+//!
+//! Each heading above has a file of its own beside this one (`cache`, `bytecode`,
+//! `environment`, `network`); this file holds the entry point, its types and the steps' loop.
+
+mod bytecode;
+mod cache;
+mod environment;
+mod network;
 
 use std::collections::HashMap;
-use std::io::Read;
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use plinth_sandbox::egress::{DEFAULT_PROXY_ADDR, EgressPolicy};
-use tokio_util::sync::{CancellationToken, DropGuard};
-use tracing::Instrument;
+use plinth_sandbox::egress::EgressPolicy;
 
+use self::bytecode::{BYTECODE_LIST, uncompiled, write_list};
+use self::cache::{BuildCache, linked_files, npm_debug_log};
+use self::environment::environment;
+use self::network::Egress;
 use crate::manifests::{self, Plan, Step, Toolchain};
 use crate::output::{CappedLog, Tail};
 use crate::registries::{self, Registries};
@@ -115,16 +123,6 @@ const ERROR_TAIL_BYTES: usize = 4 * 1024;
 /// installers run (see the module documentation). A source's own top-level entry of this name is
 /// removed before installing.
 pub const BUILD_CACHE: &str = ".plinth-build-cache";
-
-/// `SOURCE_DATE_EPOCH` for the installers: 1980-01-01T00:00:00Z, the earliest time a zip (and so
-/// a wheel built during the install) can hold.
-const SOURCE_DATE_EPOCH: &str = "315532800";
-
-/// The flags word of a checked-hash `.pyc` (PEP 552): hash-based (bit 0) and checked (bit 1).
-const CHECKED_HASH_PYC: u32 = 0b11;
-
-/// The list of files the bytecode pass compiles, in the build's `/tmp`.
-const BYTECODE_LIST: &str = ".plinth-uncompiled";
 
 /// How a build installs. [`Default`] is a production-shaped starting point.
 #[derive(Debug, Clone)]
@@ -368,49 +366,6 @@ pub async fn install(
     })
 }
 
-/// A build's network namespace and the egress proxy serving the socket in it, for as long as
-/// the build runs.
-struct Egress {
-    netns: Arc<OwnedFd>,
-    /// Stops the proxy when the build is over (or abandoned).
-    _stop: DropGuard,
-}
-
-impl Egress {
-    async fn start(policy: Arc<EgressPolicy>, label: String) -> std::io::Result<Egress> {
-        // Two short-lived threads (one makes the namespace, one listens in it): off the
-        // runtime.
-        let (netns, listener) = tokio::task::spawn_blocking(|| {
-            let netns = plinth_sandbox::egress::new_namespace()?;
-            let listener = plinth_sandbox::egress::listen_in(netns.as_fd(), DEFAULT_PROXY_ADDR)?;
-            listener.set_nonblocking(true)?;
-            std::io::Result::Ok((netns, listener))
-        })
-        .await
-        .map_err(|join| std::io::Error::other(join.to_string()))??;
-        let listener = tokio::net::TcpListener::from_std(listener)?;
-        let stop = CancellationToken::new();
-        let serving = stop.clone();
-        plinth_kit::tasks::spawn(
-            async move {
-                plinth_sandbox::egress::serve(
-                    listener,
-                    policy,
-                    Arc::new(plinth_sandbox::egress::SystemResolver),
-                    &label,
-                    serving,
-                )
-                .await;
-            }
-            .instrument(tracing::Span::current()),
-        );
-        Ok(Egress {
-            netns: Arc::new(netns),
-            _stop: stop.drop_guard(),
-        })
-    }
-}
-
 struct Prepared {
     plan: Plan,
     work: tempfile::TempDir,
@@ -456,49 +411,6 @@ fn prepare(
     Ok(Prepared { plan, work, cache })
 }
 
-/// How much of npm's debug log a failed build's log keeps.
-const NPM_DEBUG_LOG_BYTES: u64 = 16 * 1024;
-
-/// Writes the end of npm's newest debug log (in the download cache `cache`) to the build log.
-fn npm_debug_log(cache: &Path, log: &mut CappedLog<'_>) {
-    let logs = cache.join("npm").join("_logs");
-    let newest = std::fs::read_dir(&logs).ok().and_then(|entries| {
-        entries
-            .flatten()
-            .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_file()))
-            .max_by_key(|entry| entry.metadata().and_then(|m| m.modified()).ok())
-    });
-    let Some(newest) = newest else {
-        return;
-    };
-    let Ok(mut file) = std::fs::File::open(newest.path()) else {
-        return;
-    };
-    let length = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let skip = length.saturating_sub(NPM_DEBUG_LOG_BYTES);
-    let mut tail = Vec::new();
-    if std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(skip)).is_err()
-        || file
-            .take(NPM_DEBUG_LOG_BYTES)
-            .read_to_end(&mut tail)
-            .is_err()
-    {
-        return;
-    }
-    log.write(
-        format!(
-            "==> npm's debug log ({}), {}:\n",
-            newest.file_name().to_string_lossy(),
-            if skip > 0 { "its end" } else { "whole" }
-        )
-        .as_bytes(),
-    );
-    log.write(&tail);
-    if !tail.ends_with(b"\n") {
-        log.write(b"\n");
-    }
-}
-
 /// Removes a file, link or directory tree if there is one, never following a link.
 fn remove_any(path: &Path) -> std::io::Result<()> {
     match std::fs::symlink_metadata(path) {
@@ -506,88 +418,6 @@ fn remove_any(path: &Path) -> std::io::Result<()> {
         Ok(_) => std::fs::remove_file(path),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(error) => Err(error),
-    }
-}
-
-/// The build's download cache, at [`BUILD_CACHE`] in the scratch directory while the build runs.
-struct BuildCache {
-    /// Its path in the scratch directory.
-    inside: PathBuf,
-    /// Where it persists between builds, if anywhere.
-    home: Option<PathBuf>,
-    /// It has left the scratch directory.
-    gone: bool,
-}
-
-impl BuildCache {
-    /// Moves the persistent cache at `home` into the scratch directory `root` (a rename: both
-    /// are on one file system), or makes an empty one there when there is none to move (no
-    /// `home`, the first build of a scope, or another build of the scope holds it now).
-    fn lend(root: &Path, home: Option<&Path>, uid: u32, gid: u32) -> std::io::Result<BuildCache> {
-        let inside = root.join(BUILD_CACHE);
-        let mut moved = false;
-        if let Some(home) = home {
-            if let Some(parent) = home.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            match std::fs::rename(home, &inside) {
-                Ok(()) => moved = true,
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                Err(error) if error.kind() == std::io::ErrorKind::CrossesDevices => {
-                    tracing::warn!(cache = %home.display(), "the download cache is on another file system than the build's scratch directory; builds start from an empty cache");
-                }
-                Err(error) => return Err(error),
-            }
-        }
-        if moved && !std::fs::symlink_metadata(&inside)?.is_dir() {
-            // Only builder code writes there, and only directories; anything else is no cache.
-            std::fs::remove_file(&inside)?;
-            moved = false;
-        }
-        if !moved {
-            std::fs::create_dir(&inside)?;
-        }
-        // Only the top: a persistent cache can be large, and builds of one uid fill it.
-        std::os::unix::fs::lchown(&inside, Some(uid), Some(gid))?;
-        Ok(BuildCache {
-            inside,
-            home: home.map(Path::to_owned),
-            gone: false,
-        })
-    }
-
-    /// Takes the cache out of the scratch directory: back to its home, unless `discard`, there
-    /// is none, or another build's cache got there first; otherwise it is deleted. Whatever the
-    /// build left at the reserved name that is not a directory is deleted too.
-    fn give_back(&mut self, discard: bool) -> std::io::Result<()> {
-        self.gone = true;
-        let metadata = match std::fs::symlink_metadata(&self.inside) {
-            Ok(metadata) => metadata,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(error) => return Err(error),
-        };
-        if metadata.is_dir()
-            && !discard
-            && let Some(home) = &self.home
-            && std::fs::rename(&self.inside, home).is_ok()
-        {
-            return Ok(());
-        }
-        remove_any(&self.inside)
-    }
-}
-
-impl Drop for BuildCache {
-    /// An install abandoned midway (its future dropped) still puts the cache back; the build
-    /// publishes nothing. Only a rename here: deleting can take long, and the scratch directory
-    /// is deleted anyway.
-    fn drop(&mut self) {
-        if !self.gone
-            && let Some(home) = &self.home
-            && std::fs::symlink_metadata(&self.inside).is_ok_and(|metadata| metadata.is_dir())
-        {
-            let _ = std::fs::rename(&self.inside, home);
-        }
     }
 }
 
@@ -795,21 +625,6 @@ async fn blocking<T: Send + 'static>(
         })
 }
 
-/// Every regular file under `dir` (not following links) with more than one link, by inode:
-/// when its inode last changed (ctime, seconds and nanoseconds). Unreadable parts are skipped.
-fn linked_files(dir: &Path) -> HashMap<(u64, u64), (i64, i64)> {
-    let mut linked = HashMap::new();
-    walk(dir, &mut |_, metadata| {
-        if metadata.is_file() && metadata.nlink() > 1 {
-            linked.insert(
-                (metadata.dev(), metadata.ino()),
-                (metadata.ctime(), metadata.ctime_nsec()),
-            );
-        }
-    });
-    linked
-}
-
 /// Calls `visit` with every entry under `dir` and its metadata, not following links.
 fn walk(dir: &Path, visit: &mut dyn FnMut(&Path, &std::fs::Metadata)) {
     let mut pending = vec![dir.to_owned()];
@@ -828,80 +643,6 @@ fn walk(dir: &Path, visit: &mut dyn FnMut(&Path, &std::fs::Metadata)) {
             visit(&path, &metadata);
         }
     }
-}
-
-/// The `.py` files under `.venv` in the scratch directory `root` without a checked-hash `.pyc`
-/// beside them in `__pycache__`, as the sandbox sees them (`/env/<slug>/…` is `root`; only paths
-/// relative to it are returned, sorted). Names that are not UTF-8 or hold a newline cannot be
-/// listed for compileall and are left out.
-fn uncompiled(root: &Path) -> Vec<String> {
-    let mut sources = Vec::new();
-    walk(&root.join(".venv"), &mut |path, metadata| {
-        if metadata.is_file() && path.extension().is_some_and(|ext| ext == "py") {
-            sources.push(path.to_owned());
-        }
-    });
-    let mut uncompiled: Vec<String> = sources
-        .into_iter()
-        .filter(|source| !has_checked_hash_pyc(source))
-        .filter_map(|source| {
-            let relative = source.strip_prefix(root).ok()?.to_str()?.to_owned();
-            (!relative.contains('\n')).then_some(relative)
-        })
-        .collect();
-    uncompiled.sort_unstable();
-    uncompiled
-}
-
-/// Whether `__pycache__/<stem>.<tag>.pyc` beside `source` exists for some interpreter tag and
-/// is a checked-hash pyc. Opened without following links or blocking (it is the build's file).
-fn has_checked_hash_pyc(source: &Path) -> bool {
-    let (Some(dir), Some(stem)) = (
-        source.parent(),
-        source.file_stem().and_then(|stem| stem.to_str()),
-    ) else {
-        return false;
-    };
-    let Ok(entries) = std::fs::read_dir(dir.join("__pycache__")) else {
-        return false;
-    };
-    entries.flatten().any(|entry| {
-        let name = entry.file_name();
-        let Some(tag) = name
-            .to_str()
-            .and_then(|name| name.strip_prefix(stem)?.strip_prefix('.'))
-            .and_then(|rest| rest.strip_suffix(".pyc"))
-        else {
-            return false;
-        };
-        if tag.is_empty() || tag.contains('.') {
-            return false;
-        }
-        let mut header = [0u8; 8];
-        crate::layer::open_file(&entry.path())
-            .and_then(|mut pyc| pyc.read_exact(&mut header))
-            .is_ok_and(|()| {
-                u32::from_le_bytes([header[4], header[5], header[6], header[7]]) == CHECKED_HASH_PYC
-            })
-    })
-}
-
-/// Writes the bytecode pass's list of files (paths relative to the mount path, which is the
-/// command's working directory), replacing whatever the build left at that name, readable by
-/// the build.
-fn write_list(list: &Path, files: &[String]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    remove_any(list)?;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .open(list)?;
-    for path in files {
-        file.write_all(path.as_bytes())?;
-        file.write_all(b"\n")?;
-    }
-    file.flush()
 }
 
 /// Runs one command, logging a `==> command` line and its output; a non-zero exit is an error.
@@ -949,63 +690,6 @@ async fn run_command(
     }
 }
 
-/// The installers' environment (see the module documentation), later entries overriding.
-fn environment(sandbox: &Sandbox, options: &InstallOptions, python: bool) -> Vec<(String, String)> {
-    let mount = sandbox.mount_path();
-    let venv = format!("{mount}/.venv");
-    let cache = format!("{mount}/{BUILD_CACHE}");
-    let mut env: Vec<(String, String)> = Vec::new();
-    let mut set = |name: &str, value: &str| {
-        env.retain(|(existing, _)| existing != name);
-        env.push((name.to_owned(), value.to_owned()));
-    };
-    set(
-        "PATH",
-        &format!("{venv}/bin:{mount}/node_modules/.bin:{}", options.path),
-    );
-    set("HOME", sandbox::HOME);
-    set("TMPDIR", "/tmp");
-    set("LANG", "C.UTF-8");
-    set("PROJECT_ROOT", &mount);
-    if python {
-        set("VIRTUAL_ENV", &venv);
-    }
-    set("UV_PROJECT_ENVIRONMENT", &venv);
-    set("UV_PYTHON_DOWNLOADS", "never");
-    set("UV_PYTHON_PREFERENCE", "only-system");
-    set("UV_COMPILE_BYTECODE", "1");
-    set("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH);
-    // Imports during the install (a build backend in the project, `setup.sh`'s scripts) must
-    // not leave timestamp `.pyc`s in the tree: they name the materialized files' times, so
-    // they differ from build to build and no session could use them.
-    set("PYTHONDONTWRITEBYTECODE", "1");
-    set("PIP_DISABLE_PIP_VERSION_CHECK", "1");
-    set("PIP_NO_INPUT", "1");
-    set("PIP_PROGRESS_BAR", "off");
-    set("npm_config_fund", "false");
-    set("npm_config_audit", "false");
-    set("npm_config_update_notifier", "false");
-    set("npm_config_progress", "false");
-    set("XDG_CACHE_HOME", &cache);
-    set("UV_CACHE_DIR", &format!("{cache}/uv"));
-    set("PIP_CACHE_DIR", &format!("{cache}/pip"));
-    set("npm_config_cache", &format!("{cache}/npm"));
-    for (name, value) in options.registries.env() {
-        set(&name, &value);
-    }
-    // After the registries' proxies: in the build's namespace nothing but the egress proxy
-    // leads anywhere, so no host is reached without it.
-    if matches!(options.network, BuildNetwork::Egress(_)) {
-        for (name, value) in plinth_sandbox::egress::proxy_env(DEFAULT_PROXY_ADDR) {
-            set(&name, &value);
-        }
-    }
-    for (name, value) in &options.extra_env {
-        set(name, value);
-    }
-    env
-}
-
 /// `.venv/bin/python` in the scratch directory, if there is one (a link to the interpreter, so
 /// it is looked at, not followed: the target exists only as the sandbox sees it).
 fn venv_python(root: &Path) -> Option<PathBuf> {
@@ -1028,230 +712,6 @@ pub fn find_executable(path: &str, name: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sandbox() -> Sandbox {
-        Sandbox {
-            slug: "demo".to_owned(),
-            root: PathBuf::from("/scratch"),
-            home: PathBuf::from("/work/home"),
-            tmp: PathBuf::from("/work/tmp"),
-            shown: Vec::new(),
-            uid: 65534,
-            gid: 65534,
-            hidden_paths: Vec::new(),
-            network: Network::None,
-            timeout: Duration::from_secs(1),
-        }
-    }
-
-    #[test]
-    fn the_environment_is_explicit_and_extra_env_wins() {
-        let options = InstallOptions {
-            path: "/tools:/usr/bin".to_owned(),
-            extra_env: vec![("npm_config_audit".to_owned(), "true".to_owned())],
-            ..InstallOptions::default()
-        }
-        .offline(Path::new("/wheels"));
-        let env = environment(&sandbox(), &options, true);
-        let get = |name: &str| {
-            env.iter()
-                .find(|(existing, _)| existing == name)
-                .map(|(_, value)| value.as_str())
-        };
-        assert_eq!(
-            get("PATH"),
-            Some("/env/demo/.venv/bin:/env/demo/node_modules/.bin:/tools:/usr/bin")
-        );
-        assert_eq!(get("HOME"), Some("/env/.home"));
-        assert_eq!(get("VIRTUAL_ENV"), Some("/env/demo/.venv"));
-        assert_eq!(
-            get("UV_CACHE_DIR"),
-            Some("/env/demo/.plinth-build-cache/uv")
-        );
-        assert_eq!(get("UV_COMPILE_BYTECODE"), Some("1"));
-        assert_eq!(get("SOURCE_DATE_EPOCH"), Some("315532800"));
-        assert_eq!(get("PYTHONDONTWRITEBYTECODE"), Some("1"));
-        assert_eq!(get("UV_LINK_MODE"), None, "uv hard-links from the cache");
-        assert_eq!(get("npm_config_audit"), Some("true"));
-        assert_eq!(get("PIP_FIND_LINKS"), Some("/wheels"));
-        assert_eq!(
-            env.iter()
-                .filter(|(name, _)| name == "npm_config_audit")
-                .count(),
-            1
-        );
-        assert!(matches!(options.network, BuildNetwork::None));
-        assert_eq!(options.read_only_paths, vec![PathBuf::from("/wheels")]);
-        assert!(
-            environment(&sandbox(), &options, false)
-                .iter()
-                .all(|(name, _)| name != "VIRTUAL_ENV")
-        );
-        assert_eq!(get("HTTPS_PROXY"), None, "no proxy without the network");
-    }
-
-    #[test]
-    fn with_egress_the_proxy_wins_over_the_registries_proxies_and_extra_env_over_both() {
-        let options = InstallOptions {
-            network: BuildNetwork::Egress(Arc::new(EgressPolicy::default())),
-            registries: Registries {
-                https_proxy: Some("http://upstream:3128".to_owned()),
-                no_proxy: Some(".internal".to_owned()),
-                python_index_url: Some("https://pypi.internal/simple".to_owned()),
-                ..Registries::default()
-            },
-            extra_env: vec![("YARN_HTTP_PROXY".to_owned(), "http://mine".to_owned())],
-            ..InstallOptions::default()
-        };
-        let env = environment(&sandbox(), &options, true);
-        let get = |name: &str| {
-            env.iter()
-                .find(|(existing, _)| existing == name)
-                .map(|(_, value)| value.as_str())
-        };
-        for name in [
-            "HTTPS_PROXY",
-            "https_proxy",
-            "HTTP_PROXY",
-            "npm_config_https_proxy",
-        ] {
-            assert_eq!(get(name), Some("http://127.0.0.1:3128"), "{name}");
-        }
-        assert_eq!(get("NO_PROXY"), Some("localhost,127.0.0.1,::1"));
-        assert_eq!(get("UV_INDEX_URL"), Some("https://pypi.internal/simple"));
-        assert_eq!(get("YARN_HTTP_PROXY"), Some("http://mine"));
-    }
-
-    fn me() -> (u32, u32) {
-        (
-            rustix::process::getuid().as_raw(),
-            rustix::process::getgid().as_raw(),
-        )
-    }
-
-    #[test]
-    fn the_cache_is_lent_to_the_scratch_directory_and_put_back() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (root, home) = (dir.path().join("scratch"), dir.path().join("caches/scope"));
-        std::fs::create_dir(&root).expect("mkdir");
-        let (uid, gid) = me();
-
-        // The first build of a scope: an empty cache, kept afterwards.
-        let mut cache = BuildCache::lend(&root, Some(&home), uid, gid).expect("lend");
-        std::fs::write(root.join(BUILD_CACHE).join("entry"), "x").expect("write");
-        cache.give_back(false).expect("give back");
-        assert!(!root.join(BUILD_CACHE).exists());
-        assert_eq!(
-            std::fs::read_to_string(home.join("entry")).expect("kept"),
-            "x"
-        );
-
-        // The next takes it in with a rename.
-        let mut cache = BuildCache::lend(&root, Some(&home), uid, gid).expect("lend");
-        assert!(!home.exists());
-        assert!(root.join(BUILD_CACHE).join("entry").exists());
-        // A concurrent build of the scope meanwhile starts from an empty one…
-        let other_root = dir.path().join("other");
-        std::fs::create_dir(&other_root).expect("mkdir");
-        let mut other = BuildCache::lend(&other_root, Some(&home), uid, gid).expect("lend");
-        assert!(!other_root.join(BUILD_CACHE).join("entry").exists());
-        std::fs::write(other_root.join(BUILD_CACHE).join("other"), "y").expect("write");
-        // …and whichever finishes first puts its cache back; the other's is dropped.
-        cache.give_back(false).expect("give back");
-        other.give_back(false).expect("give back");
-        assert!(home.join("entry").exists());
-        assert!(!home.join("other").exists());
-        assert!(!other_root.join(BUILD_CACHE).exists());
-
-        // A discarded cache is deleted.
-        let mut cache = BuildCache::lend(&root, Some(&home), uid, gid).expect("lend");
-        cache.give_back(true).expect("give back");
-        assert!(!root.join(BUILD_CACHE).exists());
-        assert!(!home.exists());
-    }
-
-    #[test]
-    fn what_a_build_leaves_at_the_reserved_name_is_removed_not_followed() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (root, home) = (dir.path().join("scratch"), dir.path().join("cache"));
-        let outside = dir.path().join("outside");
-        std::fs::create_dir(&root).expect("mkdir");
-        std::fs::create_dir(&outside).expect("mkdir");
-        std::fs::write(outside.join("keep"), "x").expect("write");
-        let (uid, gid) = me();
-
-        let mut cache = BuildCache::lend(&root, Some(&home), uid, gid).expect("lend");
-        std::fs::remove_dir_all(root.join(BUILD_CACHE)).expect("rm");
-        std::os::unix::fs::symlink(&outside, root.join(BUILD_CACHE)).expect("symlink");
-        cache.give_back(false).expect("give back");
-        assert!(std::fs::symlink_metadata(root.join(BUILD_CACHE)).is_err());
-        assert!(std::fs::symlink_metadata(&home).is_err());
-        assert!(outside.join("keep").exists());
-
-        // Without a home, the cache lasts one build.
-        let mut cache = BuildCache::lend(&root, None, uid, gid).expect("lend");
-        assert!(root.join(BUILD_CACHE).is_dir());
-        cache.give_back(false).expect("give back");
-        assert!(!root.join(BUILD_CACHE).exists());
-    }
-
-    #[test]
-    fn an_abandoned_install_still_puts_the_cache_back() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (root, home) = (dir.path().join("scratch"), dir.path().join("cache"));
-        std::fs::create_dir(&root).expect("mkdir");
-        std::fs::create_dir(&home).expect("mkdir");
-        std::fs::write(home.join("entry"), "x").expect("write");
-        let (uid, gid) = me();
-        drop(BuildCache::lend(&root, Some(&home), uid, gid).expect("lend"));
-        assert!(home.join("entry").exists());
-        assert!(!root.join(BUILD_CACHE).exists());
-    }
-
-    #[test]
-    fn only_sources_without_checked_hash_bytecode_are_listed() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let root = dir.path();
-        let site = root.join(".venv/lib/python3.11/site-packages");
-        let pyc = |name: &str, flags: u32| {
-            let cache = site.join("__pycache__");
-            std::fs::create_dir_all(&cache).expect("mkdir");
-            let mut bytes = vec![0xa7, 0x0d, 0x0d, 0x0a];
-            bytes.extend_from_slice(&flags.to_le_bytes());
-            bytes.extend_from_slice(&[0; 8]);
-            std::fs::write(cache.join(name), bytes).expect("write");
-        };
-        for source in [
-            "checked",
-            "timestamp",
-            "unchecked",
-            "none",
-            "other.name",
-            "opt",
-        ] {
-            std::fs::create_dir_all(&site).expect("mkdir");
-            std::fs::write(site.join(format!("{source}.py")), "").expect("write");
-        }
-        pyc("checked.cpython-311.pyc", 3);
-        pyc("timestamp.cpython-311.pyc", 0);
-        pyc("unchecked.cpython-311.pyc", 1);
-        pyc("other.cpython-311.pyc", 3);
-        pyc("opt.cpython-311.opt-1.pyc", 3);
-        std::os::unix::fs::symlink(
-            site.join("__pycache__/checked.cpython-311.pyc"),
-            site.join("__pycache__/other.name.cpython-311.pyc"),
-        )
-        .expect("symlink");
-        std::fs::write(root.join(".venv/README.txt"), "").expect("write");
-        std::fs::write(root.join("app.py"), "").expect("write");
-
-        let prefix = ".venv/lib/python3.11/site-packages/";
-        assert_eq!(
-            uncompiled(root),
-            ["none", "opt", "other.name", "timestamp", "unchecked"]
-                .map(|name| format!("{prefix}{name}.py"))
-        );
-    }
 
     #[test]
     fn executables_are_found_on_a_path() {
