@@ -590,6 +590,8 @@ async fn run_call(
             return Err(invalid(format!("method {other:?} is not one Novo dispatches")).into());
         }
     };
+    let kind = pb::TurnKind::from_label(kind)
+        .ok_or_else(|| PlinthError::new(ErrorCode::Internal, format!("no turn kind {kind:?}")))?;
     // The call has run: a turn that cannot be recorded because the catalog did not answer
     // does not turn its answer into an error.
     match runtime::record(state, &adapter.scope, &session, kind, &detail, exit_code).await {
@@ -720,7 +722,7 @@ impl Call<'_> {
             .entries
             .into_iter()
             .map(|entry| {
-                let mut value = json!({ "path": entry.path, "type": entry.kind });
+                let mut value = json!({ "path": entry.path, "type": entry.kind().label() });
                 if let Some(size) = entry.size {
                     value["bytes"] = json!(size);
                 }
@@ -855,8 +857,13 @@ impl Call<'_> {
                     .map(str::to_owned)
             };
             wire.push(node::PatchOperation {
-                kind: field("type")
-                    .ok_or_else(|| invalid(format!("args.operations[{index}].type: required")))?,
+                kind: runtime::patch_operation_kind(
+                    &format!("args.operations[{index}].type"),
+                    &field("type").ok_or_else(|| {
+                        invalid(format!("args.operations[{index}].type: required"))
+                    })?,
+                )
+                .map_err(invalid)?,
                 path: field("path")
                     .ok_or_else(|| invalid(format!("args.operations[{index}].path: required")))?,
                 diff: field("diff").unwrap_or_default(),
@@ -881,7 +888,7 @@ impl Call<'_> {
             .operations
             .into_iter()
             .map(|op| {
-                let mut value = json!({ "type": op.kind, "path": op.path, "status": op.status });
+                let mut value = json!({ "type": op.kind().label(), "path": op.path, "status": op.status().label() });
                 if !op.error.is_empty() {
                     value["error"] = json!(op.error);
                 }
@@ -1065,7 +1072,7 @@ impl Call<'_> {
             .changes(false)
             .await?
             .into_iter()
-            .map(|c| json!({ "path": c.path, "change": c.change, "bytes": c.size }))
+            .map(|c| json!({ "path": c.path, "change": c.change().label(), "bytes": c.size }))
             .collect();
         Ok((
             Value::Array(changes),
@@ -1081,10 +1088,10 @@ impl Call<'_> {
             .await?
             .into_iter()
             .map(|c| {
-                if c.reason.is_empty() {
+                if c.reason.is_none() {
                     json!({ "kind": "changed-with-diff", "path": c.path, "snippet": c.snippet })
                 } else {
-                    json!({ "kind": "changed-no-diff", "path": c.path, "reason": c.reason })
+                    json!({ "kind": "changed-no-diff", "path": c.path, "reason": c.reason().label() })
                 }
             })
             .collect();

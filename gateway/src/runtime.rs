@@ -60,7 +60,7 @@ impl LiveSessions {
     }
 
     fn put(&self, scope: &str, session: &pb::Session) {
-        if session.status != "active" || session.workdir.is_empty() {
+        if session.status() != pb::SessionStatus::Active || session.workdir.is_empty() {
             return;
         }
         let key = (scope.to_owned(), session.id.clone());
@@ -236,7 +236,7 @@ pub(crate) async fn active_session(
         })
         .await?
         .into_inner();
-    if session.status != "active" {
+    if pb::SessionStatus::from_wire(session.status)? != pb::SessionStatus::Active {
         return Err(
             PlinthError::new(ErrorCode::NotFound, format!("session {id} has ended")).into(),
         );
@@ -245,11 +245,25 @@ pub(crate) async fn active_session(
     Ok(Arc::new(session))
 }
 
+/// A patch operation's `type` as a Novo or Brain caller wrote it (`create_file`, …): the
+/// contract's value, or a message that names the field (`at`), what came and what it takes.
+pub(crate) fn patch_operation_kind(at: &str, given: &str) -> Result<i32, String> {
+    node::PatchOperationKind::from_label(given)
+        .map(i32::from)
+        .ok_or_else(|| {
+            let known: Vec<&str> = node::PatchOperationKind::ALL
+                .iter()
+                .map(|kind| kind.label())
+                .collect();
+            format!("{at}: {given:?} is not one of {}", known.join(", "))
+        })
+}
+
 pub(crate) async fn record(
     state: &AppState,
     scope: &str,
     session: &pb::Session,
-    kind: &str,
+    kind: pb::TurnKind,
     detail: &str,
     exit_code: Option<i32>,
 ) -> Result<pb::Turn, ApiError> {
@@ -259,7 +273,7 @@ pub(crate) async fn record(
             scope: scope.to_owned(),
             turn: Some(pb::Turn {
                 session_id: session.id.clone(),
-                kind: kind.to_owned(),
+                kind: kind.into(),
                 detail: detail.to_owned(),
                 exit_code,
                 ..Default::default()

@@ -187,7 +187,7 @@ async fn session(context: &Context) -> Result<pb::Session, Receipt> {
             .into());
         }
     };
-    if session.status != "active" {
+    if session.status() != pb::SessionStatus::Active {
         return Err(lost(
             &session.id,
             &session.node_address,
@@ -431,7 +431,7 @@ async fn run(
             Ok(json!({
                 "root": listed.root,
                 "entries": listed.entries.into_iter().map(|entry| {
-                    let mut out = json!({ "path": entry.path, "type": entry.kind });
+                    let mut out = json!({ "path": entry.path, "type": entry.kind().label() });
                     if let Some(size) = entry.size {
                         out["bytes"] = json!(size);
                     }
@@ -562,7 +562,11 @@ async fn run(
                     return Err(invalid(format!("input.operations[{index}]: an object")));
                 };
                 asked.push(node::PatchOperation {
-                    kind: string(operation, "type")?,
+                    kind: runtime::patch_operation_kind(
+                        &format!("input.operations[{index}].type"),
+                        &string(operation, "type")?,
+                    )
+                    .map_err(invalid)?,
                     path: string(operation, "path")?,
                     diff: optional_string(operation, "diff")?.unwrap_or_default(),
                 });
@@ -587,7 +591,7 @@ async fn run(
                 "applied": patched.applied,
                 "dry_run": dry_run,
                 "operations": patched.operations.into_iter().map(|operation| {
-                    let mut out = json!({ "type": operation.kind, "path": operation.path, "status": operation.status });
+                    let mut out = json!({ "type": operation.kind().label(), "path": operation.path, "status": operation.status().label() });
                     if !operation.error.is_empty() {
                         out["error"] = json!(operation.error);
                     }
@@ -717,6 +721,10 @@ async fn record(
     detail: &str,
     exit_code: Option<i32>,
 ) {
+    let Some(kind) = pb::TurnKind::from_label(kind) else {
+        tracing::error!(session = %session.id, kind, "a brain tool's turn has no turn kind");
+        return;
+    };
     let recorded = runtime::record(
         &context.state,
         &context.adapter.scope,

@@ -3,7 +3,8 @@
 //! and keeps it for its whole life (UHP §6); every exec or file call is a turn that records
 //! the version it read (§6.5).
 
-use crate::model::{EnvironmentId, Scope, prefixed_id};
+use crate::model::{EnvironmentId, Scope, contract_enum, prefixed_id};
+use plinth_proto::catalog::v1 as pb;
 
 prefixed_id!(
     /// `sess_` followed by 32 lowercase hex digits.
@@ -30,24 +31,7 @@ pub enum SessionStatus {
     Ended,
 }
 
-impl SessionStatus {
-    /// As stored and sent.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SessionStatus::Active => "active",
-            SessionStatus::Ended => "ended",
-        }
-    }
-
-    /// From its stored form.
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "active" => Some(SessionStatus::Active),
-            "ended" => Some(SessionStatus::Ended),
-            _ => None,
-        }
-    }
-}
+contract_enum!(SessionStatus, SessionStatus, [Active, Ended]);
 
 /// Largest value any limit may have: beyond anything a host has, and small enough that a
 /// lifetime or idle time in milliseconds added to a timestamp stays far inside an `i64`.
@@ -202,44 +186,24 @@ pub enum TurnKind {
     ListChanges,
 }
 
-impl TurnKind {
-    /// As stored and sent.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TurnKind::Exec => "exec",
-            TurnKind::ReadFile => "read_file",
-            TurnKind::WriteFile => "write_file",
-            TurnKind::DeleteFile => "delete_file",
-            TurnKind::ListFiles => "list_files",
-            TurnKind::SearchFiles => "search_files",
-            TurnKind::FindFiles => "find_files",
-            TurnKind::EditFile => "edit_file",
-            TurnKind::ApplyPatch => "apply_patch",
-            TurnKind::ReadOutput => "read_output",
-            TurnKind::Restore => "restore",
-            TurnKind::ListChanges => "list_changes",
-        }
-    }
-
-    /// From its stored or sent form.
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "exec" => Some(TurnKind::Exec),
-            "read_file" => Some(TurnKind::ReadFile),
-            "write_file" => Some(TurnKind::WriteFile),
-            "delete_file" => Some(TurnKind::DeleteFile),
-            "list_files" => Some(TurnKind::ListFiles),
-            "search_files" => Some(TurnKind::SearchFiles),
-            "find_files" => Some(TurnKind::FindFiles),
-            "edit_file" => Some(TurnKind::EditFile),
-            "apply_patch" => Some(TurnKind::ApplyPatch),
-            "read_output" => Some(TurnKind::ReadOutput),
-            "restore" => Some(TurnKind::Restore),
-            "list_changes" => Some(TurnKind::ListChanges),
-            _ => None,
-        }
-    }
-}
+contract_enum!(
+    TurnKind,
+    TurnKind,
+    [
+        Exec,
+        ReadFile,
+        WriteFile,
+        DeleteFile,
+        ListFiles,
+        SearchFiles,
+        FindFiles,
+        EditFile,
+        ApplyPatch,
+        ReadOutput,
+        Restore,
+        ListChanges,
+    ]
+);
 
 /// Most bytes of a turn's detail (a command or a path) kept in the record.
 pub const MAX_TURN_DETAIL_BYTES: usize = 4096;
