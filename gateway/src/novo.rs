@@ -849,6 +849,7 @@ impl Call<'_> {
             return Err(invalid("args.operations: required, an array").into());
         };
         let mut wire = Vec::new();
+        let mut asked = Vec::new();
         for (index, operation) in operations.iter().enumerate() {
             let field = |name: &str| {
                 operation
@@ -856,18 +857,15 @@ impl Call<'_> {
                     .and_then(Value::as_str)
                     .map(str::to_owned)
             };
+            let kind = field("type")
+                .ok_or_else(|| invalid(format!("args.operations[{index}].type: required")))?;
             wire.push(node::PatchOperation {
-                kind: runtime::patch_operation_kind(
-                    &format!("args.operations[{index}].type"),
-                    &field("type").ok_or_else(|| {
-                        invalid(format!("args.operations[{index}].type: required"))
-                    })?,
-                )
-                .map_err(invalid)?,
+                kind: runtime::patch_operation_kind(&kind),
                 path: field("path")
                     .ok_or_else(|| invalid(format!("args.operations[{index}].path: required")))?,
                 diff: field("diff").unwrap_or_default(),
             });
+            asked.push(kind);
         }
         let detail = wire
             .iter()
@@ -884,17 +882,7 @@ impl Call<'_> {
             })
             .await?
             .into_inner();
-        let operations: Vec<Value> = patched
-            .operations
-            .into_iter()
-            .map(|op| {
-                let mut value = json!({ "type": op.kind().label(), "path": op.path, "status": op.status().label() });
-                if !op.error.is_empty() {
-                    value["error"] = json!(op.error);
-                }
-                value
-            })
-            .collect();
+        let operations = runtime::patch_results(&asked, patched.operations)?;
         let mut body =
             json!({ "applied": patched.applied, "dry_run": dry_run, "operations": operations });
         if !patched.rollback_token.is_empty() {

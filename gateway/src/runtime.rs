@@ -245,18 +245,48 @@ pub(crate) async fn active_session(
     Ok(Arc::new(session))
 }
 
-/// A patch operation's `type` as a Novo or Brain caller wrote it (`create_file`, …): the
-/// contract's value, or a message that names the field (`at`), what came and what it takes.
-pub(crate) fn patch_operation_kind(at: &str, given: &str) -> Result<i32, String> {
+/// A patch operation's `type` as a Novo or Brain caller wrote it (`create_file`, …), as the
+/// contract carries it. A type that is none of them travels as unspecified: the node fails
+/// that operation alone, so the patch stays all or nothing as for any other bad operation,
+/// and [`patch_results`] says which type came.
+pub(crate) fn patch_operation_kind(given: &str) -> i32 {
     node::PatchOperationKind::from_label(given)
-        .map(i32::from)
-        .ok_or_else(|| {
-            let known: Vec<&str> = node::PatchOperationKind::ALL
-                .iter()
-                .map(|kind| kind.label())
-                .collect();
-            format!("{at}: {given:?} is not one of {}", known.join(", "))
+        .unwrap_or(node::PatchOperationKind::Unspecified)
+        .into()
+}
+
+/// A patch's results as Novo and Brain answer them, one `{type, path, status, error?}` per
+/// operation, `type` as the caller wrote it (`asked`, in order).
+pub(crate) fn patch_results(
+    asked: &[String],
+    results: Vec<node::PatchOperationResult>,
+) -> Result<Vec<serde_json::Value>, plinth_proto::UnknownValue> {
+    asked
+        .iter()
+        .zip(results)
+        .map(|(asked, result)| {
+            let status = node::PatchOperationStatus::from_wire(result.status)?;
+            let mut error = result.error;
+            if status == node::PatchOperationStatus::Error
+                && node::PatchOperationKind::from_label(asked).is_none()
+            {
+                let known: Vec<&str> = node::PatchOperationKind::ALL
+                    .iter()
+                    .map(|kind| kind.label())
+                    .collect();
+                error = format!("type {asked:?}: one of {}", known.join(", "));
+            }
+            let mut out = serde_json::json!({
+                "type": asked,
+                "path": result.path,
+                "status": status.label(),
+            });
+            if !error.is_empty() {
+                out["error"] = serde_json::json!(error);
+            }
+            Ok(out)
         })
+        .collect()
 }
 
 pub(crate) async fn record(
@@ -323,4 +353,47 @@ pub(crate) fn finish_turn(state: &AppState, scope: &str, turn: &pb::Turn, exit_c
             tracing::warn!(error = %status.message(), "recording how a command ended failed");
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An unknown type fails its operation alone, and the answer names the type that came,
+    /// as the type was asked; a known one is echoed by its label.
+    #[test]
+    fn a_patch_answers_each_type_as_it_was_asked() {
+        assert_eq!(
+            patch_operation_kind("update_file"),
+            i32::from(node::PatchOperationKind::UpdateFile)
+        );
+        assert_eq!(patch_operation_kind("rename_file"), 0);
+        let result = |status: node::PatchOperationStatus, error: &str| node::PatchOperationResult {
+            kind: 0,
+            path: "a.txt".to_owned(),
+            status: status.into(),
+            error: error.to_owned(),
+        };
+        let answered = patch_results(
+            &["rename_file".to_owned(), "update_file".to_owned()],
+            vec![
+                result(node::PatchOperationStatus::Error, "type: not set"),
+                result(node::PatchOperationStatus::Skipped, ""),
+            ],
+        )
+        .expect("known statuses");
+        assert_eq!(
+            answered,
+            [
+                serde_json::json!({"type": "rename_file", "path": "a.txt", "status": "error",
+                    "error": "type \"rename_file\": one of create_file, update_file, delete_file"}),
+                serde_json::json!({"type": "update_file", "path": "a.txt", "status": "skipped"}),
+            ]
+        );
+        let unset = patch_results(
+            &["update_file".to_owned()],
+            vec![result(node::PatchOperationStatus::Unspecified, "")],
+        );
+        assert!(unset.is_err(), "an unset status is an error, not a guess");
+    }
 }

@@ -150,6 +150,12 @@ labels!("plinth.catalog.v1", catalog::v1::ToolchainName {
     Node => "node",
 });
 
+labels!("plinth.source.v1", source::v1::EntryKind {
+    File => "file",
+    Directory => "directory",
+    Symlink => "symlink",
+});
+
 labels!("plinth.node.v1", node::v1::EntryKind {
     File => "file",
     Directory => "directory",
@@ -183,7 +189,7 @@ labels!("plinth.node.v1", node::v1::NoSnippetReason {
 
 #[cfg(test)]
 mod tests {
-    use super::{UnknownValue, catalog, node};
+    use super::{UnknownValue, catalog, node, source};
 
     /// Holds one enum's labels to their promises: every value the contract defines (but
     /// `Unspecified`) is in `ALL` and has a label; labels are unique and read back to their
@@ -247,6 +253,11 @@ mod tests {
         "plinth.catalog.v1.ToolchainName"
     );
     round_trip!(entry_kind, node::v1::EntryKind, "plinth.node.v1.EntryKind");
+    round_trip!(
+        source_entry_kind,
+        source::v1::EntryKind,
+        "plinth.source.v1.EntryKind"
+    );
     round_trip!(
         patch_kind,
         node::v1::PatchOperationKind,

@@ -557,19 +557,18 @@ async fn run(
                 return Err(invalid("input.operations: an array of {type, path, diff?}"));
             };
             let mut asked = Vec::with_capacity(operations.len());
+            let mut types = Vec::with_capacity(operations.len());
             for (index, operation) in operations.iter().enumerate() {
                 let Some(operation) = operation.as_object() else {
                     return Err(invalid(format!("input.operations[{index}]: an object")));
                 };
+                let kind = string(operation, "type")?;
                 asked.push(node::PatchOperation {
-                    kind: runtime::patch_operation_kind(
-                        &format!("input.operations[{index}].type"),
-                        &string(operation, "type")?,
-                    )
-                    .map_err(invalid)?,
+                    kind: runtime::patch_operation_kind(&kind),
                     path: string(operation, "path")?,
                     diff: optional_string(operation, "diff")?.unwrap_or_default(),
                 });
+                types.push(kind);
             }
             let dry_run = flag(input, "dry_run")?;
             let patched = workspace
@@ -590,13 +589,8 @@ async fn run(
             let mut output = json!({
                 "applied": patched.applied,
                 "dry_run": dry_run,
-                "operations": patched.operations.into_iter().map(|operation| {
-                    let mut out = json!({ "type": operation.kind().label(), "path": operation.path, "status": operation.status().label() });
-                    if !operation.error.is_empty() {
-                        out["error"] = json!(operation.error);
-                    }
-                    out
-                }).collect::<Vec<_>>(),
+                "operations": runtime::patch_results(&types, patched.operations)
+                    .map_err(|error| receipt::from_error(&PlinthError::internal(&error)))?,
             });
             if !patched.rollback_token.is_empty() {
                 output["rollback_token"] = json!(patched.rollback_token);

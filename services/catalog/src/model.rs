@@ -53,12 +53,24 @@ macro_rules! prefixed_id {
 }
 pub(crate) use prefixed_id;
 
-/// Ties a domain enum to the contract enum it mirrors (`pb::$wire`, without `Unspecified`):
+/// Declares a domain enum tied to the contract enum it mirrors (`pb::$wire`, without
+/// `Unspecified`):
 /// the text it is stored as and logged as is the contract's label (`plinth_proto` spells each
 /// once); it becomes the contract's value without fail, and a contract value becomes it with
 /// an error that says what came. Stored as JSON, it is its label too.
 macro_rules! contract_enum {
-    ($domain:ident, $wire:ident, [$($variant:ident),+ $(,)?]) => {
+    (
+        $(#[$meta:meta])*
+        pub enum $domain:ident mirrors $wire:ident {
+            $($(#[$variant_meta:meta])* $variant:ident,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $domain {
+            $($(#[$variant_meta])* $variant,)+
+        }
+
         impl $domain {
             /// As stored, shown and logged: the contract's label.
             pub fn as_str(self) -> &'static str {
@@ -318,16 +330,15 @@ impl BuildStatus {
     }
 }
 
-/// Which installer installed a package.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PackageManager {
-    /// Python's, through uv.
-    Pip,
-    /// Node's.
-    Npm,
+contract_enum! {
+    /// Which installer installed a package.
+    pub enum PackageManager mirrors PackageManager {
+        /// Python's, through uv.
+        Pip,
+        /// Node's.
+        Npm,
+    }
 }
-
-contract_enum!(PackageManager, PackageManager, [Pip, Npm]);
 
 /// One installed package.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -340,16 +351,15 @@ pub struct Package {
     pub version: String,
 }
 
-/// A toolchain a build installs with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ToolchainName {
-    /// Python.
-    Python,
-    /// Node.js.
-    Node,
+contract_enum! {
+    /// A toolchain a build installs with.
+    pub enum ToolchainName mirrors ToolchainName {
+        /// Python.
+        Python,
+        /// Node.js.
+        Node,
+    }
 }
-
-contract_enum!(ToolchainName, ToolchainName, [Python, Node]);
 
 /// A toolchain a build's installers ran with.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -22,16 +22,15 @@ prefixed_id!(
     "task_"
 );
 
-/// Whether a session can still run commands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SessionStatus {
-    /// Placed on a node; commands run.
-    Active,
-    /// Ended: its working directory is gone.
-    Ended,
+contract_enum! {
+    /// Whether a session can still run commands.
+    pub enum SessionStatus mirrors SessionStatus {
+        /// Placed on a node; commands run.
+        Active,
+        /// Ended: its working directory is gone.
+        Ended,
+    }
 }
-
-contract_enum!(SessionStatus, SessionStatus, [Active, Ended]);
 
 /// Largest value any limit may have: beyond anything a host has, and small enough that a
 /// lifetime or idle time in milliseconds added to a timestamp stays far inside an `i64`.
@@ -157,53 +156,35 @@ pub struct Session {
     pub limits: SessionLimits,
 }
 
-/// What a turn did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TurnKind {
-    /// A shell command.
-    Exec,
-    /// A working-directory file read.
-    ReadFile,
-    /// A working-directory file write.
-    WriteFile,
-    /// A working-directory delete.
-    DeleteFile,
-    /// A directory listing.
-    ListFiles,
-    /// A content search.
-    SearchFiles,
-    /// A file-name glob search.
-    FindFiles,
-    /// An edit of one file.
-    EditFile,
-    /// A patch of several files.
-    ApplyPatch,
-    /// A read of a command's kept output.
-    ReadOutput,
-    /// Files put back from a rollback token.
-    Restore,
-    /// A listing of the files changed in the session.
-    ListChanges,
-}
-
-contract_enum!(
-    TurnKind,
-    TurnKind,
-    [
+contract_enum! {
+    /// What a turn did.
+    pub enum TurnKind mirrors TurnKind {
+        /// A shell command.
         Exec,
+        /// A working-directory file read.
         ReadFile,
+        /// A working-directory file write.
         WriteFile,
+        /// A working-directory delete.
         DeleteFile,
+        /// A directory listing.
         ListFiles,
+        /// A content search.
         SearchFiles,
+        /// A file-name glob search.
         FindFiles,
+        /// An edit of one file.
         EditFile,
+        /// A patch of several files.
         ApplyPatch,
+        /// A read of a command's kept output.
         ReadOutput,
+        /// Files put back from a rollback token.
         Restore,
+        /// A listing of the files changed in the session.
         ListChanges,
-    ]
-);
+    }
+}
 
 /// Most bytes of a turn's detail (a command or a path) kept in the record.
 pub const MAX_TURN_DETAIL_BYTES: usize = 4096;
