@@ -73,20 +73,24 @@ pub struct BuildRecord {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ToolchainBody {
     /// `python` or `node`.
-    pub name: String,
+    pub name: &'static str,
     /// As the program reports it (`3.11.7`).
     pub version: String,
     /// The program's path.
     pub path: String,
 }
 
-fn toolchains(toolchains: Vec<pb::Toolchain>) -> Vec<ToolchainBody> {
+fn toolchains(
+    toolchains: Vec<pb::Toolchain>,
+) -> Result<Vec<ToolchainBody>, plinth_proto::UnknownValue> {
     toolchains
         .into_iter()
-        .map(|t| ToolchainBody {
-            name: t.name,
-            version: t.version,
-            path: t.path,
+        .map(|t| {
+            Ok(ToolchainBody {
+                name: pb::ToolchainName::from_wire(t.name)?.label(),
+                version: t.version,
+                path: t.path,
+            })
         })
         .collect()
 }
@@ -161,8 +165,8 @@ fn seconds(ms: i64) -> Option<i64> {
     (ms > 0).then_some(ms / 1000)
 }
 
-fn record(build: pb::Build, log: String) -> BuildRecord {
-    BuildRecord {
+fn record(build: pb::Build, log: String) -> Result<BuildRecord, plinth_proto::UnknownValue> {
+    Ok(BuildRecord {
         object: "build",
         version: build.version,
         status: status_name(build.status),
@@ -171,20 +175,16 @@ fn record(build: pb::Build, log: String) -> BuildRecord {
         packages: build
             .packages
             .into_iter()
-            .map(|p| PackageBody {
-                manager: p.manager,
-                name: p.name,
-                version: p.version,
-            })
-            .collect(),
+            .map(PackageBody::try_from)
+            .collect::<Result<_, _>>()?,
         size: build.size,
         attempt: build.attempt,
         queued_at: build.queued_at_ms / 1000,
         started_at: seconds(build.started_at_ms),
         finished_at: seconds(build.finished_at_ms),
         clean: build.clean,
-        toolchains: toolchains(build.toolchains),
-    }
+        toolchains: toolchains(build.toolchains)?,
+    })
 }
 
 /// The `{id}` and `{version}` of a route; a version that is not a number cannot exist.
@@ -265,7 +265,7 @@ async fn start_build(
         })
         .await?
         .into_inner();
-    Ok((StatusCode::ACCEPTED, Json(record(build, String::new()))))
+    Ok((StatusCode::ACCEPTED, Json(record(build, String::new())?)))
 }
 
 /// A build's record: status, the installers' output, the error, packages, size, times.
@@ -308,7 +308,7 @@ async fn get_build(
         .await?
         .into_inner()
         .text;
-    Ok(Json(record(build, log)))
+    Ok(Json(record(build, log)?))
 }
 
 /// A build's log as plain text; with `follow=true`, streamed as it is written until the build
@@ -425,16 +425,18 @@ async fn list_versions(
         next,
         data: versions
             .into_iter()
-            .map(|version| VersionEntry {
-                version: version.version,
-                status: status_name(version.status),
-                active: Some(version.version) == active,
-                packages: version.packages,
-                started_at: seconds(version.started_at_ms),
-                finished_at: seconds(version.finished_at_ms),
-                toolchains: toolchains(version.toolchains),
+            .map(|version| {
+                Ok(VersionEntry {
+                    version: version.version,
+                    status: status_name(version.status),
+                    active: Some(version.version) == active,
+                    packages: version.packages,
+                    started_at: seconds(version.started_at_ms),
+                    finished_at: seconds(version.finished_at_ms),
+                    toolchains: toolchains(version.toolchains)?,
+                })
             })
-            .collect(),
+            .collect::<Result<_, plinth_proto::UnknownValue>>()?,
     }))
 }
 

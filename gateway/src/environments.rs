@@ -135,7 +135,7 @@ pub struct FilesBody {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PackageBody {
     /// `pip` or `npm`.
-    pub manager: String,
+    pub manager: &'static str,
     /// Its name.
     pub name: String,
     /// Its version.
@@ -221,10 +221,24 @@ fn seconds(ms: i64) -> Option<i64> {
     (ms > 0).then_some(ms / 1000)
 }
 
-impl From<pb::Environment> for EnvironmentBody {
-    fn from(environment: pb::Environment) -> Self {
+impl TryFrom<pb::Package> for PackageBody {
+    type Error = plinth_proto::UnknownValue;
+
+    fn try_from(package: pb::Package) -> Result<Self, Self::Error> {
+        Ok(PackageBody {
+            manager: pb::PackageManager::from_wire(package.manager)?.label(),
+            name: package.name,
+            version: package.version,
+        })
+    }
+}
+
+impl TryFrom<pb::Environment> for EnvironmentBody {
+    type Error = plinth_proto::UnknownValue;
+
+    fn try_from(environment: pb::Environment) -> Result<Self, Self::Error> {
         let files = environment.files.unwrap_or_default();
-        EnvironmentBody {
+        Ok(EnvironmentBody {
             id: environment.id,
             object: "environment",
             name: environment.name,
@@ -242,12 +256,8 @@ impl From<pb::Environment> for EnvironmentBody {
             packages: environment
                 .packages
                 .into_iter()
-                .map(|package| PackageBody {
-                    manager: package.manager,
-                    name: package.name,
-                    version: package.version,
-                })
-                .collect(),
+                .map(PackageBody::try_from)
+                .collect::<Result<_, _>>()?,
             versions: environment
                 .versions
                 .into_iter()
@@ -268,7 +278,7 @@ impl From<pb::Environment> for EnvironmentBody {
             }),
             created_at: environment.created_at_ms,
             updated_at: environment.updated_at_ms,
-        }
+        })
     }
 }
 
@@ -290,14 +300,14 @@ async fn bodies(
         .into_iter()
         .map(|environment| {
             let files = stats.get(&environment.id).cloned().unwrap_or_default();
-            let mut body = EnvironmentBody::from(environment);
+            let mut body = EnvironmentBody::try_from(environment)?;
             body.files = FilesBody {
                 count: files.count,
                 bytes: files.bytes,
             };
-            body
+            Ok(body)
         })
-        .collect())
+        .collect::<Result<_, plinth_proto::UnknownValue>>()?)
 }
 
 pub(crate) async fn environment_body(

@@ -18,6 +18,15 @@ impl From<PlinthError> for ApiError {
     }
 }
 
+/// A service answered an enum value this gateway does not know (unset, or from a newer
+/// contract): the gateway's fault or a mixed deployment, never the client's. The log says
+/// which enum and value came.
+impl From<plinth_proto::UnknownValue> for ApiError {
+    fn from(error: plinth_proto::UnknownValue) -> Self {
+        ApiError(PlinthError::internal(&error))
+    }
+}
+
 impl From<tonic::Status> for ApiError {
     fn from(status: tonic::Status) -> Self {
         ApiError(PlinthError::from_status(&status))

@@ -63,23 +63,21 @@ pub struct FileEntry {
     pub target: Option<String>,
 }
 
-impl From<pb::Entry> for FileEntry {
-    fn from(entry: pb::Entry) -> Self {
-        let kind = entry.kind();
+impl TryFrom<pb::Entry> for FileEntry {
+    type Error = plinth_proto::UnknownValue;
+
+    fn try_from(entry: pb::Entry) -> Result<Self, Self::Error> {
+        let kind = pb::EntryKind::from_wire(entry.kind)?;
         let file = kind == pb::EntryKind::File;
         let symlink = kind == pb::EntryKind::Symlink;
-        FileEntry {
+        Ok(FileEntry {
             path: entry.path,
-            kind: match kind {
-                pb::EntryKind::File => "file",
-                pb::EntryKind::Symlink => "symlink",
-                _ => "directory",
-            },
+            kind: kind.label(),
             size: entry.size,
             executable: file.then_some(entry.executable),
             digest: file.then_some(entry.digest),
             target: symlink.then_some(entry.target),
-        }
+        })
     }
 }
 
@@ -307,7 +305,11 @@ async fn list_files(
         .into_inner();
     Ok(Json(FileTree {
         object: "list",
-        data: tree.entries.into_iter().map(FileEntry::from).collect(),
+        data: tree
+            .entries
+            .into_iter()
+            .map(FileEntry::try_from)
+            .collect::<Result<_, _>>()?,
         has_more: tree.has_more,
         next: tree.has_more.then_some(tree.next),
     }))
@@ -481,7 +483,7 @@ async fn write_file(
         Err(error) => return Ok(conditional::precondition_failed_response(error)),
     };
     let etag = HeaderValue::from_str(&conditional::etag(&entry.digest)).ok();
-    let mut response = Json(FileEntry::from(entry)).into_response();
+    let mut response = Json(FileEntry::try_from(entry)?).into_response();
     if let Some(etag) = etag {
         response.headers_mut().insert(header::ETAG, etag);
     }
@@ -559,7 +561,7 @@ async fn make_directory(
         })
         .await?
         .into_inner();
-    Ok((StatusCode::CREATED, Json(entry.into())))
+    Ok((StatusCode::CREATED, Json(FileEntry::try_from(entry)?)))
 }
 
 /// Imports a whole project: a zip or tar (plain, gzip, zstd, bzip2, xz; recognised by its

@@ -598,6 +598,7 @@ async fn run_call(
             match failed {
                 tools::Failed::Unreachable(error) => error,
                 tools::Failed::Node(status) => ApiError::from(status),
+                tools::Failed::Answer(error) => ApiError(error),
             }
         })?;
     // The call has run: a turn that cannot be recorded because the catalog did not answer

@@ -60,7 +60,7 @@ impl LiveSessions {
     }
 
     fn put(&self, scope: &str, session: &pb::Session) {
-        if session.status != "active" || session.workdir.is_empty() {
+        if session.status() != pb::SessionStatus::Active || session.workdir.is_empty() {
             return;
         }
         let key = (scope.to_owned(), session.id.clone());
@@ -236,7 +236,7 @@ pub(crate) async fn active_session(
         })
         .await?
         .into_inner();
-    if session.status != "active" {
+    if pb::SessionStatus::from_wire(session.status)? != pb::SessionStatus::Active {
         return Err(
             PlinthError::new(ErrorCode::NotFound, format!("session {id} has ended")).into(),
         );
@@ -249,7 +249,7 @@ pub(crate) async fn record(
     state: &AppState,
     scope: &str,
     session: &pb::Session,
-    kind: &str,
+    kind: pb::TurnKind,
     detail: &str,
     exit_code: Option<i32>,
 ) -> Result<pb::Turn, ApiError> {
@@ -259,7 +259,7 @@ pub(crate) async fn record(
             scope: scope.to_owned(),
             turn: Some(pb::Turn {
                 session_id: session.id.clone(),
-                kind: kind.to_owned(),
+                kind: kind.into(),
                 detail: detail.to_owned(),
                 exit_code,
                 ..Default::default()

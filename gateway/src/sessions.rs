@@ -64,7 +64,7 @@ pub struct SessionBody {
     /// Always `session`.
     pub object: &'static str,
     /// `active` or `ended`.
-    pub status: String,
+    pub status: &'static str,
     /// What it reads.
     pub environment: SessionEnvironment,
     /// Its private, writable working directory (also its `HOME`).
@@ -128,8 +128,8 @@ pub fn instructions(session: &pb::Session) -> String {
     text
 }
 
-fn session_body(session: pb::Session) -> SessionBody {
-    SessionBody {
+fn session_body(session: pb::Session) -> Result<SessionBody, plinth_proto::UnknownValue> {
+    Ok(SessionBody {
         instructions: instructions(&session),
         environment: SessionEnvironment {
             mount: format!("/env/{}", session.slug),
@@ -138,7 +138,7 @@ fn session_body(session: pb::Session) -> SessionBody {
         },
         id: session.id,
         object: "session",
-        status: session.status,
+        status: pb::SessionStatus::from_wire(session.status)?.label(),
         workdir: session.workdir,
         isolated: session.isolated,
         harness_id: (!session.harness_id.is_empty()).then_some(session.harness_id),
@@ -146,7 +146,7 @@ fn session_body(session: pb::Session) -> SessionBody {
         limits: SessionLimits::from_catalog(session.limits.as_ref()).body(),
         created_at: session.created_at_ms,
         ended_at: (session.ended_at_ms > 0).then_some(session.ended_at_ms),
-    }
+    })
 }
 
 /// `POST /v1/sessions`.
@@ -225,7 +225,7 @@ async fn create_session(
         ..Default::default()
     };
     let session = place_and_attach(&state, &caller.scope, request).await?;
-    Ok((StatusCode::CREATED, Json(session_body(session))))
+    Ok((StatusCode::CREATED, Json(session_body(session)?)))
 }
 
 /// One session.
@@ -254,7 +254,7 @@ async fn get_session(
         })
         .await?
         .into_inner();
-    Ok(Json(session_body(session)))
+    Ok(Json(session_body(session)?))
 }
 
 /// End a session: its commands are stopped and its working directory removed.
@@ -299,7 +299,7 @@ async fn end_session(
         })
         .await?
         .into_inner();
-    Ok(Json(session_body(ended)))
+    Ok(Json(session_body(ended)?))
 }
 
 /// `POST /v1/sessions/{id}/exec`.
@@ -433,7 +433,14 @@ async fn exec(
     };
     // The turn is recorded as the command starts, beside it rather than after it; how it ended
     // is added when it ends.
-    let begun = record(&state, &caller.scope, &session, "exec", &body.command, None);
+    let begun = record(
+        &state,
+        &caller.scope,
+        &session,
+        pb::TurnKind::Exec,
+        &body.command,
+        None,
+    );
     if streamed {
         let started = async { Ok::<_, ApiError>(node.exec(request).await?.into_inner()) };
         let (turn, events) = tokio::join!(begun, started);
@@ -592,8 +599,10 @@ fn async_stream_lines(
 pub struct TurnBody {
     /// 1, 2, … in order.
     pub sequence: u64,
-    /// `exec`, `read_file`, `write_file` or `delete_file`.
-    pub kind: String,
+    /// What it did: `exec`, `read_file`, `write_file` or `delete_file` for this API's own
+    /// calls; `list_files`, `search_files`, `find_files`, `edit_file`, `apply_patch`,
+    /// `read_output`, `restore` or `list_changes` for Novo's and Brain's.
+    pub kind: &'static str,
     /// The command or the path.
     pub detail: String,
     /// The environment version the turn read.
@@ -657,15 +666,17 @@ async fn list_turns(
         data: turns
             .turns
             .into_iter()
-            .map(|turn| TurnBody {
-                sequence: turn.sequence,
-                kind: turn.kind,
-                detail: turn.detail,
-                version: turn.version,
-                exit_code: turn.exit_code,
-                at: turn.at_ms,
+            .map(|turn| {
+                Ok(TurnBody {
+                    sequence: turn.sequence,
+                    kind: pb::TurnKind::from_wire(turn.kind)?.label(),
+                    detail: turn.detail,
+                    version: turn.version,
+                    exit_code: turn.exit_code,
+                    at: turn.at_ms,
+                })
             })
-            .collect(),
+            .collect::<Result<_, plinth_proto::UnknownValue>>()?,
     }))
 }
 
@@ -739,7 +750,7 @@ async fn read_file(
         &state,
         &caller.scope,
         &session,
-        "read_file",
+        pb::TurnKind::ReadFile,
         &path.path,
         None,
     )
@@ -820,7 +831,7 @@ async fn write_file(
         &state,
         &caller.scope,
         &session,
-        "write_file",
+        pb::TurnKind::WriteFile,
         &path.path,
         None,
     )
@@ -864,7 +875,7 @@ async fn delete_file(
         &state,
         &caller.scope,
         &session,
-        "delete_file",
+        pb::TurnKind::DeleteFile,
         &path.path,
         None,
     )
@@ -972,7 +983,7 @@ async fn create_task(
         .session
         .ok_or_else(|| PlinthError::new(ErrorCode::Internal, "the task has no session"))?;
     let session = start_session(&state, &caller.scope, session).await?;
-    let session = session_body(session);
+    let session = session_body(session)?;
     Ok((
         StatusCode::CREATED,
         Json(TaskBody {

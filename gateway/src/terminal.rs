@@ -231,7 +231,14 @@ pub(crate) async fn open(
         .send(start)
         .await
         .map_err(|_| PlinthError::internal(&std::io::Error::other("terminal input closed")))?;
-    let begun = record(&state, &caller.scope, &session, "exec", &detail, None);
+    let begun = record(
+        &state,
+        &caller.scope,
+        &session,
+        pb::TurnKind::Exec,
+        &detail,
+        None,
+    );
     let started = async {
         Ok::<_, ApiError>(
             client

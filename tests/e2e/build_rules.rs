@@ -76,7 +76,7 @@ pub(crate) fn ready(layer: &str) -> pb::complete_build_request::Outcome {
     pb::complete_build_request::Outcome::Ready(pb::BuildReady {
         layer_tree: layer.into(),
         packages: vec![pb::Package {
-            manager: "pip".into(),
+            manager: pb::PackageManager::Pip.into(),
             name: "tinypkg".into(),
             version: "1.0".into(),
         }],

@@ -174,7 +174,7 @@ async fn session(context: &Context) -> Result<pb::Session, Receipt> {
             .into());
         }
     };
-    if session.status != "active" {
+    if session.status() != pb::SessionStatus::Active {
         return Err(lost(
             &session.id,
             &session.node_address,
@@ -302,6 +302,7 @@ async fn run(
                 lost(&session.id, &session.node_address, &error.0.message, true)
             }
             tools::Failed::Node(status) => node_failure(session, &status),
+            tools::Failed::Answer(error) => receipt::from_error(&error),
         })?;
     let turn = &done.turn;
     let recorded = runtime::record(

@@ -167,7 +167,11 @@ pub(crate) enum Request {
     SearchFiles(node::SearchRequest),
     FindFiles(node::FindRequest),
     EditFile(node::EditRequest),
-    ApplyPatch(node::ApplyPatchRequest),
+    /// A patch, with each operation's `type` as the caller wrote it (answered back as such).
+    ApplyPatch {
+        patch: node::ApplyPatchRequest,
+        asked: Vec<String>,
+    },
     RunCommand(node::RunCommandRequest),
     ReadCommandOutput(node::ReadOutputRequest),
     Restore(node::RestoreRequest),
@@ -258,21 +262,27 @@ impl Request {
                     ..Default::default()
                 })
             }
-            Tool::ApplyPatch => Request::ApplyPatch(node::ApplyPatchRequest {
-                operations: args
-                    .objects("operations")?
-                    .iter()
-                    .map(|operation| {
-                        Ok(node::PatchOperation {
-                            kind: operation.required("type")?,
-                            path: operation.required("path")?,
-                            diff: operation.string("diff")?.unwrap_or_default(),
-                        })
-                    })
-                    .collect::<Result<_, Invalid>>()?,
-                dry_run: args.flag("dry_run")?,
-                ..Default::default()
-            }),
+            Tool::ApplyPatch => {
+                let mut asked = Vec::new();
+                let mut operations = Vec::new();
+                for operation in args.objects("operations")? {
+                    let kind = operation.required("type")?;
+                    operations.push(node::PatchOperation {
+                        kind: run::patch_operation_kind(&kind),
+                        path: operation.required("path")?,
+                        diff: operation.string("diff")?.unwrap_or_default(),
+                    });
+                    asked.push(kind);
+                }
+                Request::ApplyPatch {
+                    patch: node::ApplyPatchRequest {
+                        operations,
+                        dry_run: args.flag("dry_run")?,
+                        ..Default::default()
+                    },
+                    asked,
+                }
+            }
             Tool::RunCommand => {
                 let command = args.required("command")?;
                 if command.trim().is_empty() {

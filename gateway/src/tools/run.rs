@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use base64::Engine as _;
+use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use plinth_proto::node::v1 as node;
 use serde_json::{Value, json};
@@ -58,7 +59,7 @@ pub(crate) struct Done {
 /// A turn as the session's history shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Turn {
-    pub kind: &'static str,
+    pub kind: pb::TurnKind,
     pub detail: String,
     pub exit_code: Option<i32>,
 }
@@ -71,6 +72,17 @@ pub(crate) enum Failed {
     /// The node answered with an error (a bad path, a missing file, a session it does not
     /// hold, or it stopped answering mid-call).
     Node(tonic::Status),
+    /// The node's answer carried a value this gateway does not know (a newer node).
+    Answer(PlinthError),
+}
+
+impl From<plinth_proto::UnknownValue> for Failed {
+    fn from(unknown: plinth_proto::UnknownValue) -> Self {
+        Failed::Answer(PlinthError::new(
+            ErrorCode::Internal,
+            format!("the node answered a value this gateway does not know: {unknown}"),
+        ))
+    }
 }
 
 impl From<tonic::Status> for Failed {
@@ -94,7 +106,7 @@ impl Target<'_> {
     }
 }
 
-fn turn(kind: &'static str, detail: impl Into<String>) -> Turn {
+fn turn(kind: pb::TurnKind, detail: impl Into<String>) -> Turn {
     Turn {
         kind,
         detail: detail.into(),
@@ -114,26 +126,27 @@ pub(crate) async fn run(
             read.session_id = session_id;
             let path = read.path.clone();
             let answer = target.workspace()?.read(read).await?.into_inner();
-            (read_body(answer), turn("read_file", path))
+            (read_body(answer), turn(pb::TurnKind::ReadFile, path))
         }
         Request::ListFiles(mut list) => {
             list.session_id = session_id;
             let path = list.path.clone();
             let listed = target.workspace()?.list(list).await?.into_inner();
-            let entries: Vec<Value> = listed
+            let entries = listed
                 .entries
                 .into_iter()
                 .map(|entry| {
-                    let mut value = json!({ "path": entry.path, "type": entry.kind });
+                    let kind = node::EntryKind::from_wire(entry.kind)?;
+                    let mut value = json!({ "path": entry.path, "type": kind.label() });
                     if let Some(size) = entry.size {
                         value["bytes"] = json!(size);
                     }
-                    value
+                    Ok(value)
                 })
-                .collect();
+                .collect::<Result<Vec<_>, plinth_proto::UnknownValue>>()?;
             (
                 json!({ "root": listed.root, "entries": entries, "truncated": listed.truncated }),
-                turn("list_files", path),
+                turn(pb::TurnKind::ListFiles, path),
             )
         }
         Request::SearchFiles(mut search) => {
@@ -156,7 +169,7 @@ pub(crate) async fn run(
                 .collect();
             (
                 json!({ "matches": matches, "truncated": found.truncated, "files_searched": found.files_searched }),
-                turn("search_files", pattern),
+                turn(pb::TurnKind::SearchFiles, pattern),
             )
         }
         Request::FindFiles(mut find) => {
@@ -170,7 +183,7 @@ pub(crate) async fn run(
                 .collect();
             (
                 json!({ "pattern": pattern, "entries": entries, "truncated": found.truncated }),
-                turn("find_files", pattern),
+                turn(pb::TurnKind::FindFiles, pattern),
             )
         }
         Request::EditFile(mut edit) => {
@@ -182,9 +195,9 @@ pub(crate) async fn run(
                 body["created"] = json!(true);
             }
             changed(&mut body, edited.rollback_token, edited.warnings);
-            (body, turn("edit_file", path))
+            (body, turn(pb::TurnKind::EditFile, path))
         }
-        Request::ApplyPatch(mut patch) => {
+        Request::ApplyPatch { mut patch, asked } => {
             patch.session_id = session_id;
             let dry_run = patch.dry_run;
             let paths = patch
@@ -194,21 +207,11 @@ pub(crate) async fn run(
                 .collect::<Vec<_>>()
                 .join(" ");
             let patched = target.workspace()?.apply_patch(patch).await?.into_inner();
-            let operations: Vec<Value> = patched
-                .operations
-                .into_iter()
-                .map(|operation| {
-                    let mut value = json!({ "type": operation.kind, "path": operation.path, "status": operation.status });
-                    if !operation.error.is_empty() {
-                        value["error"] = json!(operation.error);
-                    }
-                    value
-                })
-                .collect();
+            let operations = patch_results(&asked, patched.operations)?;
             let mut body =
                 json!({ "applied": patched.applied, "dry_run": dry_run, "operations": operations });
             changed(&mut body, patched.rollback_token, patched.warnings);
-            (body, turn("apply_patch", paths))
+            (body, turn(pb::TurnKind::ApplyPatch, paths))
         }
         Request::RunCommand(mut command) => {
             command.session = Some(runtime::spec(target.session));
@@ -219,7 +222,7 @@ pub(crate) async fn run(
             (
                 body,
                 Turn {
-                    kind: "exec",
+                    kind: pb::TurnKind::Exec,
                     detail: text,
                     exit_code: Some(exit_code),
                 },
@@ -242,7 +245,7 @@ pub(crate) async fn run(
             if answer.total_lines_partial {
                 body["total_lines_partial"] = json!(true);
             }
-            (body, turn("read_output", id))
+            (body, turn(pb::TurnKind::ReadOutput, id))
         }
         Request::Restore(mut restore) => {
             restore.session_id = session_id;
@@ -253,7 +256,7 @@ pub(crate) async fn run(
                 Dialect::Novo => json!({}),
                 Dialect::Brain => json!({ "paths": restored.paths }),
             };
-            (body, turn("restore", detail))
+            (body, turn(pb::TurnKind::Restore, detail))
         }
         Request::WriteFile(mut write) => {
             write.session_id = session_id;
@@ -265,7 +268,7 @@ pub(crate) async fn run(
                     "created": written.created,
                     "rollback_token": written.rollback_token,
                 }),
-                turn("write_file", written.path),
+                turn(pb::TurnKind::WriteFile, written.path),
             )
         }
         Request::WriteArtifact(mut write) => {
@@ -274,7 +277,7 @@ pub(crate) async fn run(
             let written = target.workspace()?.write(write).await?.into_inner();
             (
                 json!({ "path": path, "bytes_written": written.bytes_written }),
-                turn("write_file", path),
+                turn(pb::TurnKind::WriteFile, path),
             )
         }
         Request::DeleteFile(mut delete) => {
@@ -288,7 +291,7 @@ pub(crate) async fn run(
             client.delete_file(delete).await?;
             (
                 json!({ "path": path, "deleted": true }),
-                turn("delete_file", path),
+                turn(pb::TurnKind::DeleteFile, path),
             )
         }
         Request::Changes { external } => {
@@ -306,19 +309,22 @@ pub(crate) async fn run(
                 .await?
                 .into_inner()
                 .changes;
-            let listed = changes.into_iter().map(|change| {
-                if !external {
-                    json!({ "path": change.path, "change": change.change, "bytes": change.size })
-                } else if change.reason.is_empty() {
-                    json!({ "kind": "changed-with-diff", "path": change.path, "snippet": change.snippet })
-                } else {
-                    json!({ "kind": "changed-no-diff", "path": change.path, "reason": change.reason })
-                }
-            });
+            let listed = changes
+                .into_iter()
+                .map(|change| {
+                    Ok(if !external {
+                        json!({ "path": change.path, "change": node::FileChangeKind::from_wire(change.change)?.label(), "bytes": change.size })
+                    } else if let Some(reason) = change.reason {
+                        json!({ "kind": "changed-no-diff", "path": change.path, "reason": node::NoSnippetReason::from_wire(reason)?.label() })
+                    } else {
+                        json!({ "kind": "changed-with-diff", "path": change.path, "snippet": change.snippet })
+                    })
+                })
+                .collect::<Result<Vec<_>, plinth_proto::UnknownValue>>()?;
             (
-                Value::Array(listed.collect()),
+                Value::Array(listed),
                 turn(
-                    "list_changes",
+                    pb::TurnKind::ListChanges,
                     if external { "external" } else { "artifacts" },
                 ),
             )
@@ -404,6 +410,50 @@ fn command_body(
     body
 }
 
+/// A patch operation's `type` as a Novo or Brain caller wrote it (`create_file`, …), as the
+/// contract carries it. A type that is none of them travels as unspecified: the node fails
+/// that operation alone, so the patch stays all or nothing as for any other bad operation,
+/// and [`patch_results`] says which type came.
+pub(crate) fn patch_operation_kind(given: &str) -> i32 {
+    node::PatchOperationKind::from_label(given)
+        .unwrap_or(node::PatchOperationKind::Unspecified)
+        .into()
+}
+
+/// A patch's results as Novo and Brain answer them, one `{type, path, status, error?}` per
+/// operation, `type` as the caller wrote it (`asked`, in order).
+pub(crate) fn patch_results(
+    asked: &[String],
+    results: Vec<node::PatchOperationResult>,
+) -> Result<Vec<serde_json::Value>, plinth_proto::UnknownValue> {
+    asked
+        .iter()
+        .zip(results)
+        .map(|(asked, result)| {
+            let status = node::PatchOperationStatus::from_wire(result.status)?;
+            let mut error = result.error;
+            if status == node::PatchOperationStatus::Error
+                && node::PatchOperationKind::from_label(asked).is_none()
+            {
+                let known: Vec<&str> = node::PatchOperationKind::ALL
+                    .iter()
+                    .map(|kind| kind.label())
+                    .collect();
+                error = format!("type {asked:?}: one of {}", known.join(", "));
+            }
+            let mut out = serde_json::json!({
+                "type": asked,
+                "path": result.path,
+                "status": status.label(),
+            });
+            if !error.is_empty() {
+                out["error"] = serde_json::json!(error);
+            }
+            Ok(out)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -474,5 +524,43 @@ mod tests {
         );
         assert_eq!(brain["exit_code"], 3);
         assert!(brain.get("output_file_path").is_none(), "{brain}");
+    }
+
+    /// An unknown type fails its operation alone, and the answer names the type that came,
+    /// as the type was asked; a known one is echoed by its label.
+    #[test]
+    fn a_patch_answers_each_type_as_it_was_asked() {
+        assert_eq!(
+            patch_operation_kind("update_file"),
+            i32::from(node::PatchOperationKind::UpdateFile)
+        );
+        assert_eq!(patch_operation_kind("rename_file"), 0);
+        let result = |status: node::PatchOperationStatus, error: &str| node::PatchOperationResult {
+            kind: 0,
+            path: "a.txt".to_owned(),
+            status: status.into(),
+            error: error.to_owned(),
+        };
+        let answered = patch_results(
+            &["rename_file".to_owned(), "update_file".to_owned()],
+            vec![
+                result(node::PatchOperationStatus::Error, "type: not set"),
+                result(node::PatchOperationStatus::Skipped, ""),
+            ],
+        )
+        .expect("known statuses");
+        assert_eq!(
+            answered,
+            [
+                serde_json::json!({"type": "rename_file", "path": "a.txt", "status": "error",
+                    "error": "type \"rename_file\": one of create_file, update_file, delete_file"}),
+                serde_json::json!({"type": "update_file", "path": "a.txt", "status": "skipped"}),
+            ]
+        );
+        let unset = patch_results(
+            &["update_file".to_owned()],
+            vec![result(node::PatchOperationStatus::Unspecified, "")],
+        );
+        assert!(unset.is_err(), "an unset status is an error, not a guess");
     }
 }

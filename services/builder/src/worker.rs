@@ -784,25 +784,39 @@ async fn produce(
         .await
         .map_err(|error| error.to_string())?
     };
+    // The scans name toolchains and managers by their labels; one the contract does not know
+    // is this builder's bug, and fails the build rather than record a package of no manager.
     Ok(pb::BuildReady {
         toolchains: toolchains
             .into_iter()
-            .map(|used| pb::Toolchain {
-                name: used.name.to_owned(),
-                version: used.version,
-                path: used.path,
+            .map(|used| {
+                Ok(pb::Toolchain {
+                    name: pb::ToolchainName::from_label(used.name)
+                        .ok_or_else(|| {
+                            format!("toolchain {:?} is none the catalog knows", used.name)
+                        })?
+                        .into(),
+                    version: used.version,
+                    path: used.path,
+                })
             })
-            .collect(),
+            .collect::<Result<_, String>>()?,
         layer_tree: stored.digest.to_string(),
         packages: scanned
             .packages
             .into_iter()
-            .map(|p| pb::Package {
-                manager: p.manager,
-                name: p.name,
-                version: p.version,
+            .map(|p| {
+                Ok(pb::Package {
+                    manager: pb::PackageManager::from_label(&p.manager)
+                        .ok_or_else(|| {
+                            format!("package manager {:?} is none the catalog knows", p.manager)
+                        })?
+                        .into(),
+                    name: p.name,
+                    version: p.version,
+                })
             })
-            .collect(),
+            .collect::<Result<_, String>>()?,
         size: scanned.bytes,
         dependency_key,
     })

@@ -1,7 +1,11 @@
 //! The catalog's domain types and the rules that make them valid. Wire types (prost) are
-//! converted into these at the edge (`service`), and nothing here knows about gRPC or SQL.
+//! converted into these at the edge (`service`), and nothing here knows about gRPC or SQL;
+//! the one exception is the text of a closed set (a status, a kind), which is the contract's
+//! label from `plinth_proto` so that the database, REST and logs spell it one way
+//! ([`contract_enum!`]).
 
 use plinth_kit::{ErrorCode, PlinthError};
+use plinth_proto::catalog::v1 as pb;
 
 /// Most characters a name may have.
 pub const MAX_NAME_CHARS: usize = 200;
@@ -13,6 +17,84 @@ pub const MAX_SLUG_CHARS: usize = plinth_kit::slug::MAX_CHARS;
 pub const MAX_SCOPE_BYTES: usize = 128;
 
 pub use plinth_kit::ids::{EnvironmentId, HarnessId};
+
+/// Declares a domain enum tied to the contract enum it mirrors (`pb::$wire`, without
+/// `Unspecified`):
+/// the text it is stored as and logged as is the contract's label (`plinth_proto` spells each
+/// once); it becomes the contract's value without fail, and a contract value becomes it with
+/// an error that says what came. Stored as JSON, it is its label too.
+macro_rules! contract_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $domain:ident mirrors $wire:ident {
+            $($(#[$variant_meta:meta])* $variant:ident,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $domain {
+            $($(#[$variant_meta])* $variant,)+
+        }
+
+        impl $domain {
+            /// As stored, shown and logged: the contract's label.
+            pub fn as_str(self) -> &'static str {
+                pb::$wire::from(self).label()
+            }
+
+            /// From its stored form; `None` for text that labels no value.
+            pub fn parse(text: &str) -> Option<Self> {
+                pb::$wire::from_label(text).and_then(|value| Self::try_from(value).ok())
+            }
+
+            /// From a message's number: unset or unknown is an error that says what came.
+            pub fn from_wire(value: i32) -> Result<Self, plinth_proto::UnknownValue> {
+                Self::try_from(pb::$wire::from_wire(value)?)
+            }
+        }
+
+        impl From<$domain> for pb::$wire {
+            fn from(value: $domain) -> Self {
+                match value {
+                    $($domain::$variant => pb::$wire::$variant,)+
+                }
+            }
+        }
+
+        impl TryFrom<pb::$wire> for $domain {
+            type Error = plinth_proto::UnknownValue;
+
+            fn try_from(value: pb::$wire) -> Result<Self, Self::Error> {
+                match value {
+                    $(pb::$wire::$variant => Ok($domain::$variant),)+
+                    pb::$wire::Unspecified => Err(plinth_proto::UnknownValue {
+                        enumeration: pb::$wire::NAME,
+                        value: 0,
+                    }),
+                }
+            }
+        }
+
+        impl serde::Serialize for $domain {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $domain {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+                Self::parse(&text).ok_or_else(|| {
+                    serde::de::Error::custom(format!(
+                        "{text:?} is no {} this build knows",
+                        pb::$wire::NAME
+                    ))
+                })
+            }
+        }
+    };
+}
+pub(crate) use contract_enum;
 
 /// The tenant an object belongs to; every query is confined to one.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -192,22 +274,42 @@ impl BuildStatus {
     }
 }
 
+contract_enum! {
+    /// Which installer installed a package.
+    pub enum PackageManager mirrors PackageManager {
+        /// Python's, through uv.
+        Pip,
+        /// Node's.
+        Npm,
+    }
+}
+
 /// One installed package.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Package {
-    /// `pip` or `npm`.
-    pub manager: String,
+    /// Which installer.
+    pub manager: PackageManager,
     /// As its manager spells it.
     pub name: String,
     /// As its manager spells it.
     pub version: String,
 }
 
+contract_enum! {
+    /// A toolchain a build installs with.
+    pub enum ToolchainName mirrors ToolchainName {
+        /// Python.
+        Python,
+        /// Node.js.
+        Node,
+    }
+}
+
 /// A toolchain a build's installers ran with.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Toolchain {
-    /// `python` or `node`.
-    pub name: String,
+    /// Which program.
+    pub name: ToolchainName,
     /// As the program reports it.
     pub version: String,
     /// The program's path, as builds and sessions see it.
@@ -626,6 +728,50 @@ pub struct Page<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Packages and toolchains are stored as JSON (`builds.packages`, `builds.toolchains`):
+    /// what rows written before the contract had enums hold must read back, and what is
+    /// written now must be the same text, so no migration is needed.
+    #[test]
+    fn stored_packages_and_toolchains_keep_their_text() {
+        let stored = r#"[{"manager":"pip","name":"requests","version":"2.32.3"},{"manager":"npm","name":"left-pad","version":"1.3.0"}]"#;
+        let packages: Vec<Package> = serde_json::from_str(stored).expect("rows as written before");
+        assert_eq!(packages[0].manager, PackageManager::Pip);
+        assert_eq!(packages[1].manager, PackageManager::Npm);
+        assert_eq!(serde_json::to_string(&packages).expect("written"), stored);
+
+        let stored = r#"[{"name":"python","version":"3.11.7","path":"/usr/bin/python3"},{"name":"node","version":"20.20.2","path":"/usr/bin/node"}]"#;
+        let toolchains: Vec<Toolchain> =
+            serde_json::from_str(stored).expect("rows as written before");
+        assert_eq!(toolchains[0].name, ToolchainName::Python);
+        assert_eq!(toolchains[1].name, ToolchainName::Node);
+        assert_eq!(serde_json::to_string(&toolchains).expect("written"), stored);
+
+        let refused =
+            serde_json::from_str::<Package>(r#"{"manager":"cargo","name":"x","version":"1"}"#)
+                .expect_err("no such manager");
+        assert!(
+            refused
+                .to_string()
+                .contains(r#""cargo" is no plinth.catalog.v1.PackageManager"#),
+            "{refused}"
+        );
+    }
+
+    /// A contract value converts to the domain's and back; `Unspecified` is refused, saying
+    /// which enum it was.
+    #[test]
+    fn contract_values_convert_both_ways() {
+        for &wire in pb::PackageManager::ALL {
+            let domain = PackageManager::try_from(wire).expect("every value but unspecified");
+            assert_eq!(pb::PackageManager::from(domain), wire);
+            assert_eq!(domain.as_str(), wire.label());
+            assert_eq!(PackageManager::parse(wire.label()), Some(domain));
+        }
+        let refused = PackageManager::from_wire(0).expect_err("unset");
+        assert_eq!(refused.enumeration, "plinth.catalog.v1.PackageManager");
+        assert!(PackageManager::from_wire(7).is_err());
+    }
 
     fn slug(name: &str) -> Option<String> {
         Slug::from_name(name).map(|slug| slug.as_str().to_owned())

@@ -14,7 +14,8 @@ use tonic::{Request, Response, Status};
 
 use crate::model::{
     Build, BuildStatus, Environment, EnvironmentChanges, EnvironmentId, EnvironmentStatus,
-    LeaseToken, NewEnvironment, Outcome, Package, PageRequest, Scope, Toolchain,
+    LeaseToken, NewEnvironment, Outcome, Package, PackageManager, PageRequest, Scope, Toolchain,
+    ToolchainName,
 };
 use crate::persistence::{LeasePolicy, Store, StoreError};
 use crate::wakeups::Wakeups;
@@ -423,22 +424,30 @@ impl pb::catalog_service_server::CatalogService for Catalog {
                 packages: ready
                     .packages
                     .into_iter()
-                    .map(|p| Package {
-                        manager: p.manager,
-                        name: p.name,
-                        version: p.version,
+                    .map(|p| {
+                        Ok(Package {
+                            manager: PackageManager::from_wire(p.manager).map_err(|error| {
+                                PlinthError::invalid(format!("packages[].manager: {error}"))
+                            })?,
+                            name: p.name,
+                            version: p.version,
+                        })
                     })
-                    .collect(),
+                    .collect::<Result<_, PlinthError>>()?,
                 size: ready.size,
                 toolchains: ready
                     .toolchains
                     .into_iter()
-                    .map(|t| Toolchain {
-                        name: t.name,
-                        version: t.version,
-                        path: t.path,
+                    .map(|t| {
+                        Ok(Toolchain {
+                            name: ToolchainName::from_wire(t.name).map_err(|error| {
+                                PlinthError::invalid(format!("toolchains[].name: {error}"))
+                            })?,
+                            version: t.version,
+                            path: t.path,
+                        })
                     })
-                    .collect(),
+                    .collect::<Result<_, PlinthError>>()?,
             },
             Some(pb::complete_build_request::Outcome::Failed(error)) => Outcome::Failed { error },
             None => return Err(PlinthError::invalid("outcome: ready or failed is required").into()),
@@ -464,7 +473,7 @@ fn build_status(status: BuildStatus) -> pb::BuildStatus {
 
 fn package(package: &Package) -> pb::Package {
     pb::Package {
-        manager: package.manager.clone(),
+        manager: pb::PackageManager::from(package.manager).into(),
         name: package.name.clone(),
         version: package.version.clone(),
     }
@@ -472,7 +481,7 @@ fn package(package: &Package) -> pb::Package {
 
 fn toolchain(toolchain: &Toolchain) -> pb::Toolchain {
     pb::Toolchain {
-        name: toolchain.name.clone(),
+        name: pb::ToolchainName::from(toolchain.name).into(),
         version: toolchain.version.clone(),
         path: toolchain.path.clone(),
     }

@@ -230,7 +230,7 @@ impl From<Session> for pb::Session {
             node_address: session.node_address,
             workdir: session.workdir,
             isolated: session.isolated,
-            status: session.status.as_str().to_owned(),
+            status: pb::SessionStatus::from(session.status).into(),
             created_at_ms: session.created_at_ms,
             ended_at_ms: session.ended_at_ms,
             harness_id: session.harness_id,
@@ -248,7 +248,7 @@ impl From<Turn> for pb::Turn {
         pb::Turn {
             session_id: turn.session_id.as_str().to_owned(),
             sequence: turn.sequence,
-            kind: turn.kind.as_str().to_owned(),
+            kind: pb::TurnKind::from(turn.kind).into(),
             detail: turn.detail,
             version: turn.version,
             at_ms: turn.at_ms,
@@ -449,8 +449,8 @@ impl pb::session_service_server::SessionService for Sessions {
             .turn
             .ok_or_else(|| PlinthError::invalid("a turn is required"))?;
         let id = session_id(&turn.session_id)?;
-        let kind = TurnKind::parse(&turn.kind)
-            .ok_or_else(|| PlinthError::invalid(format!("unknown turn kind {:?}", turn.kind)))?;
+        let kind = TurnKind::from_wire(turn.kind)
+            .map_err(|error| PlinthError::invalid(format!("turn.kind: {error}")))?;
         let recorded = self
             .store
             .record_turn(&scope, &id, kind, &turn.detail, turn.exit_code)

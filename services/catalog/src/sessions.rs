@@ -3,35 +3,18 @@
 //! and keeps it for its whole life (UHP §6); every exec or file call is a turn that records
 //! the version it read (§6.5).
 
-use crate::model::{EnvironmentId, Scope};
+use crate::model::{EnvironmentId, Scope, contract_enum};
+use plinth_proto::catalog::v1 as pb;
 
 pub use plinth_kit::ids::{NodeId, SessionId, TaskId};
 
-/// Whether a session can still run commands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SessionStatus {
-    /// Placed on a node; commands run.
-    Active,
-    /// Ended: its working directory is gone.
-    Ended,
-}
-
-impl SessionStatus {
-    /// As stored and sent.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SessionStatus::Active => "active",
-            SessionStatus::Ended => "ended",
-        }
-    }
-
-    /// From its stored form.
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "active" => Some(SessionStatus::Active),
-            "ended" => Some(SessionStatus::Ended),
-            _ => None,
-        }
+contract_enum! {
+    /// Whether a session can still run commands.
+    pub enum SessionStatus mirrors SessionStatus {
+        /// Placed on a node; commands run.
+        Active,
+        /// Ended: its working directory is gone.
+        Ended,
     }
 }
 
@@ -159,71 +142,33 @@ pub struct Session {
     pub limits: SessionLimits,
 }
 
-/// What a turn did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TurnKind {
-    /// A shell command.
-    Exec,
-    /// A working-directory file read.
-    ReadFile,
-    /// A working-directory file write.
-    WriteFile,
-    /// A working-directory delete.
-    DeleteFile,
-    /// A directory listing.
-    ListFiles,
-    /// A content search.
-    SearchFiles,
-    /// A file-name glob search.
-    FindFiles,
-    /// An edit of one file.
-    EditFile,
-    /// A patch of several files.
-    ApplyPatch,
-    /// A read of a command's kept output.
-    ReadOutput,
-    /// Files put back from a rollback token.
-    Restore,
-    /// A listing of the files changed in the session.
-    ListChanges,
-}
-
-impl TurnKind {
-    /// As stored and sent.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TurnKind::Exec => "exec",
-            TurnKind::ReadFile => "read_file",
-            TurnKind::WriteFile => "write_file",
-            TurnKind::DeleteFile => "delete_file",
-            TurnKind::ListFiles => "list_files",
-            TurnKind::SearchFiles => "search_files",
-            TurnKind::FindFiles => "find_files",
-            TurnKind::EditFile => "edit_file",
-            TurnKind::ApplyPatch => "apply_patch",
-            TurnKind::ReadOutput => "read_output",
-            TurnKind::Restore => "restore",
-            TurnKind::ListChanges => "list_changes",
-        }
-    }
-
-    /// From its stored or sent form.
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "exec" => Some(TurnKind::Exec),
-            "read_file" => Some(TurnKind::ReadFile),
-            "write_file" => Some(TurnKind::WriteFile),
-            "delete_file" => Some(TurnKind::DeleteFile),
-            "list_files" => Some(TurnKind::ListFiles),
-            "search_files" => Some(TurnKind::SearchFiles),
-            "find_files" => Some(TurnKind::FindFiles),
-            "edit_file" => Some(TurnKind::EditFile),
-            "apply_patch" => Some(TurnKind::ApplyPatch),
-            "read_output" => Some(TurnKind::ReadOutput),
-            "restore" => Some(TurnKind::Restore),
-            "list_changes" => Some(TurnKind::ListChanges),
-            _ => None,
-        }
+contract_enum! {
+    /// What a turn did.
+    pub enum TurnKind mirrors TurnKind {
+        /// A shell command.
+        Exec,
+        /// A working-directory file read.
+        ReadFile,
+        /// A working-directory file write.
+        WriteFile,
+        /// A working-directory delete.
+        DeleteFile,
+        /// A directory listing.
+        ListFiles,
+        /// A content search.
+        SearchFiles,
+        /// A file-name glob search.
+        FindFiles,
+        /// An edit of one file.
+        EditFile,
+        /// A patch of several files.
+        ApplyPatch,
+        /// A read of a command's kept output.
+        ReadOutput,
+        /// Files put back from a rollback token.
+        Restore,
+        /// A listing of the files changed in the session.
+        ListChanges,
     }
 }
 

@@ -99,7 +99,12 @@ const MAX_INLINE_BYTES: usize = 4 * 1024 * 1024;
 fn entry(found: search::Entry) -> pb::Entry {
     pb::Entry {
         path: found.path,
-        kind: found.kind.to_owned(),
+        kind: match found.kind {
+            search::EntryKind::File => pb::EntryKind::File,
+            search::EntryKind::Directory => pb::EntryKind::Directory,
+            search::EntryKind::Symlink => pb::EntryKind::Symlink,
+        }
+        .into(),
         size: found.size,
         mtime_ms: found.mtime_ms,
     }
@@ -436,29 +441,31 @@ impl pb::workspace_service_server::WorkspaceService for Node {
                             ),
                         },
                     };
-                    let new = match operation.kind.as_str() {
-                        "create_file" => {
+                    let kind = pb::PatchOperationKind::from_wire(operation.kind)
+                        .map_err(|error| format!("type: {error}"))?;
+                    let new = match kind {
+                        pb::PatchOperationKind::CreateFile => {
                             if now.is_some() {
                                 return Err(format!("{} already exists", target.display));
                             }
                             Some(patch::created(&operation.diff)?)
                         }
-                        "update_file" => {
+                        pb::PatchOperationKind::UpdateFile => {
                             let Some(now) = now else {
                                 return Err(format!("{} does not exist", target.display));
                             };
                             Some(patch::apply(&now, &operation.diff)?)
                         }
-                        "delete_file" => {
+                        pb::PatchOperationKind::DeleteFile => {
                             if now.is_none() {
                                 return Err(format!("{} does not exist", target.display));
                             }
                             None
                         }
-                        other => {
-                            return Err(format!(
-                                "type {other:?}: one of create_file, update_file, delete_file"
-                            ));
+                        // `from_wire` never answers it; the match names it rather than hide
+                        // it under a wildcard.
+                        pb::PatchOperationKind::Unspecified => {
+                            return Err("type: not set".to_owned());
                         }
                     };
                     state.insert(key, new.clone());
@@ -471,21 +478,21 @@ impl pb::workspace_service_server::WorkspaceService for Node {
                 match outcome {
                     Ok(change) if !failed => {
                         changes.push(change);
-                        results.push(("ok", String::new()));
+                        results.push((pb::PatchOperationStatus::Ok, String::new()));
                     }
-                    Ok(_) => results.push(("skipped", String::new())),
+                    Ok(_) => results.push((pb::PatchOperationStatus::Skipped, String::new())),
                     Err(error) if !failed => {
                         failed = true;
-                        results.push(("error", error));
+                        results.push((pb::PatchOperationStatus::Error, error));
                     }
-                    Err(_) => results.push(("skipped", String::new())),
+                    Err(_) => results.push((pb::PatchOperationStatus::Skipped, String::new())),
                 }
             }
             if failed {
                 // Nothing is written: every operation that would have applied is skipped.
                 for result in &mut results {
-                    if result.0 == "ok" {
-                        result.0 = "skipped";
+                    if result.0 == pb::PatchOperationStatus::Ok {
+                        result.0 = pb::PatchOperationStatus::Skipped;
                     }
                 }
             }
@@ -501,9 +508,9 @@ impl pb::workspace_service_server::WorkspaceService for Node {
                     .iter()
                     .zip(results)
                     .map(|(operation, (status, error))| pb::PatchOperationResult {
-                        kind: operation.kind.clone(),
+                        kind: operation.kind,
                         path: operation.path.clone(),
-                        status: status.to_owned(),
+                        status: status.into(),
                         error,
                     })
                     .collect(),
@@ -767,10 +774,25 @@ impl pb::workspace_service_server::WorkspaceService for Node {
                 .into_iter()
                 .map(|change| pb::FileChange {
                     path: change.path,
-                    change: change.change.to_owned(),
+                    change: match change.change {
+                        track::ChangeKind::Created => pb::FileChangeKind::Created,
+                        track::ChangeKind::Modified => pb::FileChangeKind::Modified,
+                        track::ChangeKind::Deleted => pb::FileChangeKind::Deleted,
+                    }
+                    .into(),
                     size: change.size,
                     snippet: change.snippet,
-                    reason: change.reason.to_owned(),
+                    reason: change.reason.map(|reason| {
+                        match reason {
+                            track::NoSnippet::Binary => pb::NoSnippetReason::Binary,
+                            track::NoSnippet::PartialPriorRead => {
+                                pb::NoSnippetReason::PartialPriorRead
+                            }
+                            track::NoSnippet::TooLarge => pb::NoSnippetReason::SnippetTooLarge,
+                            track::NoSnippet::Deleted => pb::NoSnippetReason::Deleted,
+                        }
+                        .into()
+                    }),
                 })
                 .collect(),
         }))

@@ -1,7 +1,9 @@
 //! Sessions, turns, nodes and tasks in the store, every backend: each test below runs against
 //! SQLite and against PostgreSQL (`PLINTH_TEST_POSTGRES_URL`; required under CI).
 
-use plinth_catalog::model::{Cursor, EnvironmentId, NewEnvironment, Outcome, Package, PageRequest};
+use plinth_catalog::model::{
+    Cursor, EnvironmentId, NewEnvironment, Outcome, Package, PackageManager, PageRequest,
+};
 use plinth_catalog::sessions::{SessionLimits, SessionStatus, TurnKind};
 use plinth_catalog::{NewSession, NewTask, Store, StoreError};
 
@@ -49,7 +51,7 @@ async fn build(store: &Store, id: &EnvironmentId, layer: &str) {
             Outcome::Ready {
                 layer_tree: layer.to_owned(),
                 packages: vec![Package {
-                    manager: "pip".into(),
+                    manager: PackageManager::Pip,
                     name: "requests".into(),
                     version: "2.32.3".into(),
                 }],

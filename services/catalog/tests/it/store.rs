@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use plinth_catalog::LeasePolicy;
 use plinth_catalog::model::{
     BuildStatus, EnvironmentChanges, EnvironmentId, EnvironmentStatus, NewEnvironment, Outcome,
-    Package, Toolchain,
+    Package, PackageManager, Toolchain, ToolchainName,
 };
 use plinth_catalog::{Store, StoreError};
 
@@ -265,7 +265,7 @@ fn ready(layer: &str) -> Outcome {
     Outcome::Ready {
         layer_tree: layer.to_owned(),
         packages: vec![Package {
-            manager: "pip".into(),
+            manager: PackageManager::Pip,
             name: "requests".into(),
             version: "2.32.3".into(),
         }],
@@ -700,12 +700,12 @@ async fn a_clean_build_reaches_its_builder_and_toolchains_are_kept(store: Store)
     assert!(claim.build.clean, "the builder is told to reuse nothing");
     let toolchains = vec![
         Toolchain {
-            name: "python".into(),
+            name: ToolchainName::Python,
             version: "3.11.7".into(),
             path: "/usr/bin/python3.11".into(),
         },
         Toolchain {
-            name: "node".into(),
+            name: ToolchainName::Node,
             version: "20.20.2".into(),
             path: "/usr/bin/node".into(),
         },

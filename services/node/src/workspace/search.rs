@@ -44,19 +44,30 @@ pub const WALK_TIME_LIMIT: Duration = Duration::from_secs(10);
 pub struct Entry {
     /// As answered (relative to the root, or absolute under the mount).
     pub path: String,
-    /// `file`, `directory` or `symlink`.
-    pub kind: &'static str,
+    /// What it is.
+    pub kind: EntryKind,
     /// A file's size.
     pub size: Option<u64>,
     /// Modification time, ms.
     pub mtime_ms: i64,
 }
 
-fn kind_name(kind: FileType) -> Option<&'static str> {
+/// What a listed entry is; nothing else (sockets, devices, fifos) is listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Directory,
+    /// A symbolic link, as itself.
+    Symlink,
+}
+
+fn entry_kind(kind: FileType) -> Option<EntryKind> {
     match kind {
-        FileType::RegularFile => Some("file"),
-        FileType::Directory => Some("directory"),
-        FileType::Symlink => Some("symlink"),
+        FileType::RegularFile => Some(EntryKind::File),
+        FileType::Directory => Some(EntryKind::Directory),
+        FileType::Symlink => Some(EntryKind::Symlink),
         _ => None,
     }
 }
@@ -98,7 +109,7 @@ pub fn list(
             if !include_hidden && hidden(&walked.rel) {
                 return Step::Skip;
             }
-            let Some(kind) = kind_name(fsx::kind(&walked.stat)) else {
+            let Some(kind) = entry_kind(fsx::kind(&walked.stat)) else {
                 return Step::Skip;
             };
             if entries.len() >= max_entries
@@ -113,7 +124,8 @@ pub fn list(
             entries.push(Entry {
                 path,
                 kind,
-                size: (kind == "file").then(|| u64::try_from(walked.stat.st_size).unwrap_or(0)),
+                size: (kind == EntryKind::File)
+                    .then(|| u64::try_from(walked.stat.st_size).unwrap_or(0)),
                 mtime_ms: fsx::mtime_ms(&walked.stat),
             });
             if recursive { Step::Descend } else { Step::Skip }
@@ -454,7 +466,7 @@ pub fn find(
         answer_bytes += path.len();
         entries.push(Entry {
             path,
-            kind: "file",
+            kind: EntryKind::File,
             size: Some(u64::try_from(walked.stat.st_size).unwrap_or(0)),
             mtime_ms: fsx::mtime_ms(&walked.stat),
         });

@@ -416,14 +416,38 @@ fn record<'a>(
 pub struct FileChange {
     /// Relative to the root.
     pub path: String,
-    /// `created`, `modified`, `deleted`.
-    pub change: &'static str,
+    /// What happened to it.
+    pub change: ChangeKind,
     /// Size now.
     pub size: u64,
     /// A unified diff, or empty.
     pub snippet: String,
-    /// Why there is no snippet.
-    pub reason: &'static str,
+    /// Why there is no snippet; `None` when there is one, or when none was asked for.
+    pub reason: Option<NoSnippet>,
+}
+
+/// What happened to a changed file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// It was not there before.
+    Created,
+    /// Its content differs from before.
+    Modified,
+    /// It is gone.
+    Deleted,
+}
+
+/// Why a changed file has no diff snippet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoSnippet {
+    /// Its content, before or now, is not text.
+    Binary,
+    /// The earlier content was not kept whole.
+    PartialPriorRead,
+    /// The diff is past the caller's limit, or the answer's room for snippets is used up.
+    TooLarge,
+    /// The file is gone.
+    Deleted,
 }
 
 /// Files changed since the session started (its working directory started empty). With
@@ -475,8 +499,8 @@ pub fn changes(
                 return Step::Descend;
             }
             let change = match before {
-                Some(Some(_)) => "modified",
-                _ => "created",
+                Some(Some(_)) => ChangeKind::Modified,
+                _ => ChangeKind::Created,
             };
             let (snippet, reason) = if external_only {
                 let earlier = match before {
@@ -484,16 +508,16 @@ pub fn changes(
                     _ => Some(Vec::new()),
                 };
                 match (small, earlier) {
-                    (_, None) => (String::new(), "partial-prior-read"),
+                    (_, None) => (String::new(), Some(NoSnippet::PartialPriorRead)),
                     (Some(content), Some(earlier)) if snippets < MAX_SNIPPETS_BYTES => {
                         let room = max_snippet.min(MAX_SNIPPETS_BYTES - snippets);
                         snippet_of(&walked.rel, Some(&earlier), &content, room)
                     }
-                    _ if binary => (String::new(), "binary"),
-                    _ => (String::new(), "snippet-too-large"),
+                    _ if binary => (String::new(), Some(NoSnippet::Binary)),
+                    _ => (String::new(), Some(NoSnippet::TooLarge)),
                 }
             } else {
-                (String::new(), "")
+                (String::new(), None)
             };
             snippets += snippet.len();
             out.push(FileChange {
@@ -514,10 +538,10 @@ pub fn changes(
             if entry.is_some() && !present.contains(path) && !excluded(path) {
                 out.push(FileChange {
                     path: path.clone(),
-                    change: "deleted",
+                    change: ChangeKind::Deleted,
                     size: 0,
                     snippet: String::new(),
-                    reason: "deleted",
+                    reason: Some(NoSnippet::Deleted),
                 });
             }
         }
@@ -579,15 +603,15 @@ fn snippet_of(
     before: Option<&[u8]>,
     after: &[u8],
     max: usize,
-) -> (String, &'static str) {
+) -> (String, Option<NoSnippet>) {
     let Some(before) = before else {
-        return (String::new(), "partial-prior-read");
+        return (String::new(), Some(NoSnippet::PartialPriorRead));
     };
     let (Ok(old), Ok(new)) = (std::str::from_utf8(before), std::str::from_utf8(after)) else {
-        return (String::new(), "binary");
+        return (String::new(), Some(NoSnippet::Binary));
     };
     if old.contains('\0') || new.contains('\0') {
-        return (String::new(), "binary");
+        return (String::new(), Some(NoSnippet::Binary));
     }
     let diff = similar::TextDiff::from_lines(old, new)
         .unified_diff()
@@ -595,9 +619,9 @@ fn snippet_of(
         .header(&format!("a/{path}"), &format!("b/{path}"))
         .to_string();
     if diff.len() > max {
-        return (String::new(), "snippet-too-large");
+        return (String::new(), Some(NoSnippet::TooLarge));
     }
-    (diff, "")
+    (diff, None)
 }
 
 #[cfg(test)]
