@@ -150,12 +150,13 @@ async fn session(context: &Context) -> Result<pb::Session, Receipt> {
             ));
         }
     };
-    if binding.state != "attached" {
+    if binding.state() != pb::BindingState::Attached {
         return Err(Receipt::failure(
             codes::NOT_ATTACHED,
             format!(
                 "Environment {:?} of this session is {}",
-                context.binding.environment, binding.state
+                context.binding.environment,
+                binding.state().label()
             ),
             false,
         ));
@@ -213,11 +214,19 @@ async fn allocate(context: &Context, binding: &pb::Binding) -> Result<pb::Sessio
             replacement: session.id.clone(),
         })
         .await;
+    // The catalog gives a session only to an attached binding.
     let swapped = match swapped {
         Ok(swapped) => swapped.into_inner(),
         Err(status) => {
             lifecycle::end(context, &session.id).await;
-            return Err(receipt::from_error(&PlinthError::from_status(&status)).into());
+            return Err(match lifecycle::refused(&status) {
+                lifecycle::Refused::Binding(_) => Receipt::failure(
+                    codes::NOT_ATTACHED,
+                    "the binding was released or detached while a session was being made for it",
+                    true,
+                ),
+                other => other.into(),
+            });
         }
     };
     if swapped.swapped {
@@ -226,7 +235,7 @@ async fn allocate(context: &Context, binding: &pb::Binding) -> Result<pb::Sessio
     }
     lifecycle::end(context, &session.id).await;
     let winner = swapped.binding.unwrap_or_default();
-    if winner.state != "attached" || winner.plinth_session_id.is_empty() {
+    if winner.plinth_session_id.is_empty() {
         return Err(Receipt::failure(
             codes::NOT_ATTACHED,
             "the binding was released or detached while a session was being made for it",
