@@ -147,11 +147,38 @@ pub(crate) struct Context {
     pub configuration: Option<Value>,
     /// Cancelled on an explicit cancellation of this operation.
     pub cancel: CancellationToken,
+    /// The turns the operation made, recorded with its receipt (one catalog write).
+    pub turns: Mutex<Vec<pb::RecordTurnRequest>>,
 }
 
 impl Context {
     fn scope(&self) -> &str {
         &self.adapter.scope
+    }
+
+    /// Records a tool's turn with the operation's receipt, in the same catalog write
+    /// (FinishOperation's `turns`): nothing is written now.
+    pub(crate) fn record_with_receipt(
+        &self,
+        session: &pb::Session,
+        kind: &str,
+        detail: &str,
+        exit_code: Option<i32>,
+    ) {
+        let turn = crate::runtime::turn(self.scope(), session, kind, detail, exit_code);
+        self.turns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(turn);
+    }
+
+    fn take_turns(&self) -> Vec<pb::RecordTurnRequest> {
+        std::mem::take(
+            &mut *self
+                .turns
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 }
 
@@ -241,6 +268,7 @@ async fn operations(
         sequence: number,
         configuration: operation.get("configuration").cloned(),
         cancel: CancellationToken::new(),
+        turns: Mutex::new(Vec::new()),
     };
     let receipt = deliver(context, key, kind, digest(&environment, &request), request).await?;
     Ok(answer(receipt))
@@ -334,7 +362,8 @@ async fn deliver(
                 },
             },
         };
-        let outcome = finish(&context.state, &key, &runner, &receipt).await;
+        let turns = context.take_turns();
+        let outcome = finish(&context.state, &key, &runner, &receipt, turns).await;
         let runtime = &context.state.brain_runtime;
         runtime.untrack(&key);
         let (recorded, stored) = outcome?;
@@ -389,6 +418,7 @@ async fn finish(
     key: &pb::OperationKey,
     runner: &str,
     receipt: &Receipt,
+    turns: Vec<pb::RecordTurnRequest>,
 ) -> Result<(bool, Value), ApiError> {
     let mut text = receipt.to_json();
     if text.len() > MAX_RECEIPT_BYTES {
@@ -415,6 +445,7 @@ async fn finish(
                 key: Some(key.clone()),
                 runner: runner.to_owned(),
                 receipt_json: text.clone(),
+                turns: turns.clone(),
             })
             .await;
         match finished {

@@ -719,6 +719,8 @@ fn string_map(
     Ok(map)
 }
 
+/// Records the tool's turn with the operation's receipt (`Context::record_with_receipt`:
+/// one catalog write for both, when the receipt is stored).
 async fn record(
     context: &Context,
     session: &pb::Session,
@@ -726,18 +728,7 @@ async fn record(
     detail: &str,
     exit_code: Option<i32>,
 ) {
-    let recorded = runtime::record(
-        &context.state,
-        &context.adapter.scope,
-        session,
-        kind,
-        detail,
-        exit_code,
-    )
-    .await;
-    if let Err(error) = recorded {
-        tracing::warn!(session = %session.id, error = %error.0.message, "a brain tool's turn could not be recorded");
-    }
+    context.record_with_receipt(session, kind, detail, exit_code);
 }
 
 /// Kills what a stopped tool left running. Answers the evidence.

@@ -52,8 +52,8 @@ fn store_error(error: StoreError, id: &str, environment: &str) -> PlinthError {
     }
 }
 
-/// The turn a finished call carries, checked as RecordTurn checks it.
-fn new_turn(request: pb::RecordTurnRequest) -> Result<NewTurn, PlinthError> {
+/// The turn a finished call or operation carries, checked as RecordTurn checks it.
+pub(crate) fn new_turn(request: pb::RecordTurnRequest) -> Result<NewTurn, PlinthError> {
     let scope = Scope::parse(&request.scope)?;
     let turn = request
         .turn

@@ -300,9 +300,14 @@ impl pb::brain_service_server::BrainService for Brain {
         let request = request.into_inner();
         let key = operation_key(request.key)?;
         json_text("receipt_json", &request.receipt_json)?;
+        let turns = request
+            .turns
+            .into_iter()
+            .map(crate::adapter_service::new_turn)
+            .collect::<Result<Vec<_>, _>>()?;
         let (recorded, operation) = self
             .store
-            .finish_operation(&key, &request.runner, &request.receipt_json)
+            .finish_operation(&key, &request.runner, &request.receipt_json, &turns)
             .await
             .map_err(|error| store_error(error, "the operation"))?;
         Ok(Response::new(pb::FinishOperationResponse {

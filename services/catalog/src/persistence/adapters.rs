@@ -18,6 +18,7 @@ use sqlx::any::AnyRow;
 use sqlx::{Executor as _, Row};
 
 use super::ledger::{self, Found, Table, Value};
+pub use super::sessions::NewTurn;
 use super::{Store, StoreError};
 use crate::adapters::{Adapter, AdapterId, NewAdapter, Protocol};
 use crate::model::{EnvironmentId, Scope};
@@ -385,21 +386,6 @@ const KEYS: Table = Table {
     stamp: "expires_at_ms",
 };
 
-/// A turn to record with a call's answer.
-#[derive(Debug, Clone)]
-pub struct NewTurn {
-    /// The session's scope.
-    pub scope: Scope,
-    /// The session.
-    pub session: crate::sessions::SessionId,
-    /// What the call was.
-    pub kind: crate::sessions::TurnKind,
-    /// Its detail (a path, a command).
-    pub detail: String,
-    /// A command's exit code.
-    pub exit_code: Option<i32>,
-}
-
 /// The stored answer of a record known to be done (or the claim in flight, if it is not).
 async fn stored_answer(
     connection: &mut sqlx::AnyConnection,
@@ -761,23 +747,15 @@ impl Store {
                 None,
             )
             .await?;
-        let repeat = !stored
-            && stored_answer(&mut tx, adapter, key).await?
+        let same = stored
+            || stored_answer(&mut tx, adapter, key).await?
                 == (Claimed::Done {
                     status,
                     response: response.to_owned(),
                 });
         let mut recorded = None;
-        if let Some(turn) = turn.filter(|_| !repeat) {
-            recorded = super::sessions::insert_turn(
-                &mut tx,
-                &turn.scope,
-                &turn.session,
-                turn.kind,
-                &turn.detail,
-                turn.exit_code,
-            )
-            .await?;
+        if let Some(turn) = turn.filter(|_| ledger::turns_due(stored, same)) {
+            recorded = super::sessions::insert_turn(&mut tx, turn).await?;
         }
         tx.commit().await?;
         Ok((stored, recorded))

@@ -11,6 +11,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::ledger::{self, Found, Table, Value};
+use super::sessions::NewTurn;
 use super::{Store, StoreError};
 use crate::brain::{
     Binding, BindingKey, BindingState, Claim, Lifetime, NewOperation, Operation, OperationKey,
@@ -161,18 +162,21 @@ impl Store {
             .transpose()
     }
 
-    /// Stores `runner`'s receipt if the operation is still its own and started; answers
-    /// whether it did, and the operation as stored.
+    /// Stores `runner`'s receipt if the operation is still its own and started, and records
+    /// the `turns` it made in the same transaction (see `ledger::turns_due`; a turn its
+    /// session refuses is left out); answers whether the receipt was stored, and the
+    /// operation as stored.
     pub async fn finish_operation(
         &self,
         key: &OperationKey,
         runner: &str,
         receipt: &str,
+        turns: &[NewTurn],
     ) -> Result<(bool, Operation), StoreError> {
-        let mut connection = self.db.writer.acquire().await?;
+        let mut tx = self.db.begin_write().await?;
         let recorded = OPERATIONS
             .answer(
-                &mut connection,
+                &mut tx,
                 &key_values(key)?,
                 runner,
                 &[Value::Text(receipt)],
@@ -180,7 +184,14 @@ impl Store {
                 None,
             )
             .await?;
-        Ok((recorded, operation_in(&mut connection, key).await?))
+        let operation = operation_in(&mut tx, key).await?;
+        if ledger::turns_due(recorded, operation.receipt == receipt) {
+            for turn in turns {
+                super::sessions::insert_turn(&mut tx, turn).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok((recorded, operation))
     }
 
     /// Asks the runner of a started operation to cancel it; answers the operation as stored.

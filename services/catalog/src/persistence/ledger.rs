@@ -88,6 +88,13 @@ pub(super) fn decide(
     }
 }
 
+/// Whether a finish records the turns its work made: when it stored its answer, and when the
+/// record was settled meanwhile (the work ran all the same); not when the answer stored is
+/// this very one, which means this finish is a repeat of one that landed (its reply was lost).
+pub(super) fn turns_due(stored: bool, same_answer: bool) -> bool {
+    stored || !same_answer
+}
+
 fn bind<'q>(
     mut query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
     values: &[Value<'q>],
@@ -292,5 +299,12 @@ mod tests {
         assert_eq!(decide("a", false, 0, "a", 10), Found::Done);
         assert_eq!(decide("a", true, 11, "a", 10), Found::Live);
         assert_eq!(decide("a", true, 10, "a", 10), Found::Abandoned);
+    }
+
+    #[test]
+    fn a_repeated_finish_records_no_second_turn() {
+        assert!(turns_due(true, true));
+        assert!(turns_due(false, false), "settled meanwhile: the work ran");
+        assert!(!turns_due(false, true), "a repeat of a finish that landed");
     }
 }

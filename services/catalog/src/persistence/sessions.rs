@@ -276,7 +276,14 @@ impl Store {
         exit_code: Option<i32>,
     ) -> Result<Turn, StoreError> {
         let mut tx = self.db.begin_write().await?;
-        let turn = insert_turn(&mut tx, scope, id, kind, detail, exit_code)
+        let new = NewTurn {
+            scope: scope.clone(),
+            session: id.clone(),
+            kind,
+            detail: detail.to_owned(),
+            exit_code,
+        };
+        let turn = insert_turn(&mut tx, &new)
             .await?
             .ok_or(StoreError::NotFound)?;
         tx.commit().await?;
@@ -781,16 +788,36 @@ fn session_from_row(row: &AnyRow) -> Result<Session, StoreError> {
     })
 }
 
-/// Records a turn in `connection`'s transaction (see [`Store::record_turn`]); `None` when the
-/// session takes no turn (not there, ended, or past its end), with nothing written.
+/// A turn to record with an adapter's stored answer (an idempotent call's, an operation's
+/// receipt), in the same transaction.
+#[derive(Debug, Clone)]
+pub struct NewTurn {
+    /// The session's scope.
+    pub scope: Scope,
+    /// The session.
+    pub session: SessionId,
+    /// What the call was.
+    pub kind: TurnKind,
+    /// Its detail (a path, a command).
+    pub detail: String,
+    /// A command's exit code.
+    pub exit_code: Option<i32>,
+}
+
+/// Records `turn` in `connection`'s transaction (as [`Store::record_turn`] does); `None` when
+/// its session takes no turn (not there, ended, or past its end), with nothing written.
 pub(super) async fn insert_turn(
     connection: &mut sqlx::AnyConnection,
-    scope: &Scope,
-    id: &SessionId,
-    kind: TurnKind,
-    detail: &str,
-    exit_code: Option<i32>,
+    turn: &NewTurn,
 ) -> Result<Option<Turn>, StoreError> {
+    let NewTurn {
+        scope,
+        session: id,
+        kind,
+        detail,
+        exit_code,
+    } = turn;
+    let (kind, exit_code) = (*kind, *exit_code);
     let now = now_ms();
     // A turn moves the session's idle end to `now + idle`, unless its lifetime ends it
     // sooner; a session past its end takes no turn, whether or not the sweep ended it yet.

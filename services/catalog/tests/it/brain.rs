@@ -11,7 +11,7 @@ use plinth_catalog::brain::{
 use plinth_catalog::model::{
     BuildStatus, EnvironmentId, NewEnvironment, Outcome, PageRequest, Scope,
 };
-use plinth_catalog::persistence::NewSession;
+use plinth_catalog::persistence::{NewSession, NewTurn};
 use plinth_catalog::{Store, StoreError};
 
 use crate::LEASES;
@@ -22,6 +22,7 @@ backend_suite!(
     an_abandoned_operation_is_settled_once_and_its_runner_fenced,
     a_live_lease_is_never_settled,
     a_reused_sequence_is_refused_and_changes_nothing,
+    a_receipt_and_its_turns_are_one_write_and_a_repeat_records_none,
     a_torn_down_binding_is_neither_detached_nor_attached_again,
     a_session_is_given_only_to_an_attached_binding,
     a_cancellation_reaches_the_runner_through_its_lease,
@@ -90,12 +91,12 @@ async fn an_operation_runs_once_and_answers_its_receipt_ever_after(store: Store)
 
     // Only the runner that claimed it stores the receipt.
     let (recorded, _) = store
-        .finish_operation(&key(1), "runner-b", r#"{"type":"result"}"#)
+        .finish_operation(&key(1), "runner-b", r#"{"type":"result"}"#, &[])
         .await
         .expect("finish by another");
     assert!(!recorded);
     let (recorded, finished) = store
-        .finish_operation(&key(1), "runner-a", r#"{"type":"result","output":1}"#)
+        .finish_operation(&key(1), "runner-a", r#"{"type":"result","output":1}"#, &[])
         .await
         .expect("finish");
     assert!(recorded);
@@ -105,7 +106,7 @@ async fn an_operation_runs_once_and_answers_its_receipt_ever_after(store: Store)
 
     // Every later delivery finds that receipt, and nothing can replace it.
     let (recorded, _) = store
-        .finish_operation(&key(1), "runner-a", r#"{"type":"result","output":2}"#)
+        .finish_operation(&key(1), "runner-a", r#"{"type":"result","output":2}"#, &[])
         .await
         .expect("finish twice");
     assert!(!recorded);
@@ -218,7 +219,7 @@ async fn an_abandoned_operation_is_settled_once_and_its_runner_fenced(store: Sto
         None
     );
     let (recorded, stored) = store
-        .finish_operation(&key(3), "runner-a", r#"{"type":"result"}"#)
+        .finish_operation(&key(3), "runner-a", r#"{"type":"result"}"#, &[])
         .await
         .expect("late finish");
     assert!(!recorded);
@@ -323,7 +324,7 @@ async fn a_cancellation_reaches_the_runner_through_its_lease(store: Store) {
         Some(true)
     );
     store
-        .finish_operation(&key(6), "runner-a", r#"{"type":"failure"}"#)
+        .finish_operation(&key(6), "runner-a", r#"{"type":"failure"}"#, &[])
         .await
         .expect("finish");
     // Cancelling what already finished changes nothing; what was never delivered is not found.
@@ -360,7 +361,7 @@ async fn a_release_waits_only_for_earlier_live_executions_of_its_binding(store: 
         .await
         .expect("claim");
     store
-        .finish_operation(&key(13), "r", "{}")
+        .finish_operation(&key(13), "r", "{}", &[])
         .await
         .expect("finish");
     store
@@ -663,4 +664,91 @@ async fn a_session_can_pin_a_ready_version_and_is_found_by_its_owner(store: Stor
             .items
             .is_empty()
     );
+}
+
+async fn a_receipt_and_its_turns_are_one_write_and_a_repeat_records_none(store: Store) {
+    use plinth_catalog::sessions::TurnKind;
+
+    let scope = Scope::parse("acme").expect("scope");
+    let environment = store
+        .create_environment(
+            NewEnvironment::new(scope.clone(), "Turns".into(), String::new(), String::new())
+                .expect("valid"),
+        )
+        .await
+        .expect("create");
+    build(&store, &scope, &environment.id, ready("layer-1")).await;
+    let node = store
+        .register_node("node-a", "http://127.0.0.1:1", true, "", "")
+        .await
+        .expect("node");
+    store.node_heartbeat(&node, &[]).await.expect("heartbeat");
+    let session = store
+        .create_session(NewSession {
+            scope: scope.clone(),
+            environment_id: environment.id.clone(),
+            version: None,
+            harness_id: String::new(),
+            owner: "brain:a:s:e".to_owned(),
+            live_since_ms: 0,
+            exclude_node: None,
+            workdir_at_placement: true,
+            limits: Default::default(),
+        })
+        .await
+        .expect("session");
+    let turn = |detail: &str| NewTurn {
+        scope: scope.clone(),
+        session: session.id.clone(),
+        kind: TurnKind::Exec,
+        detail: detail.to_owned(),
+        exit_code: Some(0),
+    };
+    let turns = || async {
+        store
+            .list_turns(&scope, &session.id, &PageRequest::first())
+            .await
+            .expect("turns")
+            .items
+            .into_iter()
+            .map(|turn| turn.detail)
+            .collect::<Vec<_>>()
+    };
+
+    store
+        .claim_operation(&delivery(40, OperationKind::Execute, "r", 60_000), UNKNOWN)
+        .await
+        .expect("claim");
+    let receipt = r#"{"type":"result"}"#;
+    let (recorded, _) = store
+        .finish_operation(&key(40), "r", receipt, &[turn("ls")])
+        .await
+        .expect("finish");
+    assert!(recorded);
+    assert_eq!(turns().await, vec!["ls".to_owned()]);
+    // The same finish again (its reply was lost) records nothing more.
+    let (recorded, _) = store
+        .finish_operation(&key(40), "r", receipt, &[turn("ls")])
+        .await
+        .expect("finish again");
+    assert!(!recorded);
+    assert_eq!(turns().await.len(), 1);
+
+    // Settled as unknown while it ran: the receipt stands, and the tool's turn is recorded.
+    store
+        .claim_operation(&delivery(41, OperationKind::Execute, "r", 1), UNKNOWN)
+        .await
+        .expect("claim");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store
+        .claim_operation(&delivery(41, OperationKind::Execute, "r2", 60_000), UNKNOWN)
+        .await
+        .expect("settle");
+    let (recorded, stored) = store
+        .finish_operation(&key(41), "r", receipt, &[turn("make")])
+        .await
+        .expect("late finish");
+    assert!(!recorded);
+    assert_eq!(stored.receipt, UNKNOWN);
+    assert_eq!(turns().await, vec!["ls".to_owned(), "make".to_owned()]);
 }

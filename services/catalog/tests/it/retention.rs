@@ -348,7 +348,7 @@ async fn records_of_ended_work_go_after_the_retention_period_and_live_ones_stay(
             .expect("claim");
     }
     store
-        .finish_operation(&operation(1), "runner", "{\"receipt\":1}")
+        .finish_operation(&operation(1), "runner", "{\"receipt\":1}", &[])
         .await
         .expect("finish");
     // An idempotency record answered, and one answered but kept a day.
