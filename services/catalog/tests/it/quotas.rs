@@ -523,6 +523,20 @@ async fn claimed(store: &Store, adapter: &AdapterId, key: &str, lease_ms: i64) -
     }
 }
 
+/// Stores a claimed call's answer with its turn.
+async fn finish(
+    store: &Store,
+    adapter: &AdapterId,
+    key: &str,
+    claim: &str,
+    answer: (u32, &str),
+    turn: Option<&NewTurn>,
+) -> Result<(bool, Option<plinth_catalog::sessions::Turn>), StoreError> {
+    store
+        .finish_key(adapter, key, claim, answer, turn, DAY_MS)
+        .await
+}
+
 async fn an_answer_and_its_turn_are_one_write_and_a_repeat_records_no_second_turn(store: Store) {
     store
         .register_node("host-a", "http://10.0.0.1:7005", true, "", "")
@@ -555,17 +569,16 @@ async fn an_answer_and_its_turn_are_one_write_and_a_repeat_records_no_second_tur
 
     // The answer and the turn land together.
     let claim = claimed(&store, &adapter, "req_1", 60_000).await;
-    let (stored, recorded) = store
-        .finish_key(
-            &adapter,
-            "req_1",
-            &claim,
-            (200, "{\"ok\":1}"),
-            Some(&turn("make")),
-            DAY_MS,
-        )
-        .await
-        .expect("finish");
+    let (stored, recorded) = finish(
+        &store,
+        &adapter,
+        "req_1",
+        &claim,
+        (200, "{\"ok\":1}"),
+        Some(&turn("make")),
+    )
+    .await
+    .expect("finish");
     assert!(stored);
     let recorded = recorded.expect("the turn is recorded with the answer");
     assert_eq!(
@@ -574,17 +587,16 @@ async fn an_answer_and_its_turn_are_one_write_and_a_repeat_records_no_second_tur
     );
     assert_eq!(turns().await, vec![("make".to_owned(), Some(3))]);
     // The same finish again (its reply was lost): nothing more is written.
-    let (stored, recorded) = store
-        .finish_key(
-            &adapter,
-            "req_1",
-            &claim,
-            (200, "{\"ok\":1}"),
-            Some(&turn("make")),
-            DAY_MS,
-        )
-        .await
-        .expect("finish again");
+    let (stored, recorded) = finish(
+        &store,
+        &adapter,
+        "req_1",
+        &claim,
+        (200, "{\"ok\":1}"),
+        Some(&turn("make")),
+    )
+    .await
+    .expect("finish again");
     assert!(!stored);
     assert!(recorded.is_none());
     assert_eq!(turns().await.len(), 1);
@@ -610,17 +622,16 @@ async fn an_answer_and_its_turn_are_one_write_and_a_repeat_records_no_second_tur
         matches!(settled, Claimed::Done { status: 409, .. }),
         "{settled:?}"
     );
-    let (stored, recorded) = store
-        .finish_key(
-            &adapter,
-            "req_2",
-            &claim,
-            (200, "{}"),
-            Some(&turn("late")),
-            DAY_MS,
-        )
-        .await
-        .expect("late finish");
+    let (stored, recorded) = finish(
+        &store,
+        &adapter,
+        "req_2",
+        &claim,
+        (200, "{}"),
+        Some(&turn("late")),
+    )
+    .await
+    .expect("late finish");
     assert!(!stored);
     assert!(recorded.is_some());
     assert_eq!(turns().await.len(), 2);
@@ -631,17 +642,16 @@ async fn an_answer_and_its_turn_are_one_write_and_a_repeat_records_no_second_tur
         .await
         .expect("end");
     let claim = claimed(&store, &adapter, "req_3", 60_000).await;
-    let (stored, recorded) = store
-        .finish_key(
-            &adapter,
-            "req_3",
-            &claim,
-            (200, "{}"),
-            Some(&turn("after")),
-            DAY_MS,
-        )
-        .await
-        .expect("finish after the end");
+    let (stored, recorded) = finish(
+        &store,
+        &adapter,
+        "req_3",
+        &claim,
+        (200, "{}"),
+        Some(&turn("after")),
+    )
+    .await
+    .expect("finish after the end");
     assert!(stored);
     assert!(recorded.is_none());
     assert!(matches!(
