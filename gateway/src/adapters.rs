@@ -9,6 +9,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use plinth_kit::PlinthError;
 use plinth_proto::catalog::v1 as pb;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -139,19 +140,20 @@ fn adapter_body(
     adapter: pb::Adapter,
     credential: Option<String>,
 ) -> AdapterBody {
-    let (secret, token, callback_origins) = match adapter.protocol.as_str() {
-        "brain" => (None, credential, Some(adapter.callback_origins)),
-        _ => (credential, None, None),
+    let protocol = adapter.protocol().label();
+    let (secret, token, callback_origins) = match adapter.protocol() {
+        pb::AdapterProtocol::Brain => (None, credential, Some(adapter.callback_origins)),
+        pb::AdapterProtocol::Novo | pb::AdapterProtocol::Unspecified => (credential, None, None),
     };
     AdapterBody {
         url: format!(
             "{}{}",
             base_url(state, headers),
-            endpoint_path(&adapter.id, &adapter.protocol)
+            endpoint_path(&adapter.id, protocol)
         ),
         id: adapter.id,
         object: "workspace_adapter",
-        protocol: adapter.protocol,
+        protocol: protocol.to_owned(),
         environment: adapter.environment_id,
         secret,
         token,
@@ -183,11 +185,17 @@ async fn create_adapter(
     headers: HeaderMap,
     JsonBody(body): JsonBody<CreateAdapter>,
 ) -> Result<(StatusCode, Json<AdapterBody>), ApiError> {
+    let protocol = pb::AdapterProtocol::from_label(&body.protocol).ok_or_else(|| {
+        PlinthError::invalid(format!(
+            "protocol: {:?} is not one of \"novo\", \"brain\"",
+            body.protocol
+        ))
+    })?;
     let created = state
         .adapters()
         .create_adapter(pb::CreateAdapterRequest {
             scope: caller.scope,
-            protocol: body.protocol,
+            protocol: protocol.into(),
             environment_id: body.environment,
             secret: body.secret.unwrap_or_default(),
             callback_origins: body.callback_origins.unwrap_or_default(),

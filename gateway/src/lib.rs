@@ -17,6 +17,7 @@ mod error;
 mod files;
 mod harnesses;
 mod json;
+mod ledger;
 pub mod limits;
 mod nodes;
 mod novo;

@@ -169,7 +169,7 @@ async fn dispatch(
     }
     let found = state.adapter_credentials.get(&state, &id).await?;
     let adapter = found.adapter.unwrap_or_default();
-    if adapter.protocol != "novo" {
+    if adapter.protocol() != pb::AdapterProtocol::Novo {
         return Err(PlinthError::new(
             ErrorCode::NotFound,
             format!("workspace adapter {id:?} is not a Novo adapter"),
@@ -243,13 +243,13 @@ async fn dispatch(
         .filter(|key| !key.is_empty() && mutating(&method))
         .map(str::to_owned);
     let Some(key) = key else {
-        let ran = run(&state, &adapter, &run_id, &method, &args).await;
+        let ran = run(&state, &adapter, &run_id, &method, &args, TurnAt::Now).await;
         return Ok(answer(ran.status, &ran.body));
     };
 
     // Idempotent: the first call with the key runs, a retry gets its answer.
     let body_sha256 = plinth_kit::hex(&sha2::Sha256::digest(&body));
-    let lease_ms = i64::try_from(state.novo.call_lease.as_millis()).unwrap_or(i64::MAX);
+    let lease_ms = crate::ledger::lease_ms(state.novo.call_lease);
     let waited_since = tokio::time::Instant::now();
     let claim = loop {
         let claimed = state
@@ -263,30 +263,41 @@ async fn dispatch(
             })
             .await?
             .into_inner();
-        match claimed.outcome.as_str() {
-            "claimed" => break claimed.claim,
-            "done" => {
+        match claimed.outcome() {
+            pb::IdempotencyOutcome::Claimed => break claimed.claim,
+            pb::IdempotencyOutcome::Done => {
                 let stored: Value = serde_json::from_str(&claimed.response).unwrap_or(Value::Null);
                 return Ok(answer(
                     u16::try_from(claimed.status).unwrap_or(500),
                     &stored,
                 ));
             }
-            "mismatch" => {
+            pb::IdempotencyOutcome::Mismatch => {
                 return Err(PlinthError::new(
                     ErrorCode::IdempotencyKeyReused,
                     format!("Novo-Request-Id {key:?} was used before with a different body"),
                 )
                 .into());
             }
-            _ if waited_since.elapsed() < WAIT_FOR_FIRST => {
+            pb::IdempotencyOutcome::InFlight if waited_since.elapsed() < WAIT_FOR_FIRST => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            _ => {
+            pb::IdempotencyOutcome::InFlight => {
                 return Err(PlinthError::new(
                     ErrorCode::IdempotencyInProgress,
                     format!(
                         "the first call with Novo-Request-Id {key:?} is still running, or its outcome is not stored yet; retry later"
+                    ),
+                )
+                .into());
+            }
+            // Nothing ran, and the catalog's answer says nothing this gateway knows.
+            pb::IdempotencyOutcome::Unspecified => {
+                return Err(PlinthError::new(
+                    ErrorCode::Internal,
+                    format!(
+                        "the catalog answered claim outcome {} for Novo-Request-Id {key:?}, which this gateway does not know; nothing ran",
+                        claimed.outcome
                     ),
                 )
                 .into());
@@ -327,15 +338,13 @@ async fn run_claimed(
     let renewing = plinth_kit::tasks::CancellationToken::new();
     let renewals = renewing.clone().drop_guard();
     plinth_kit::tasks::spawn(
-        renew(
-            state.clone(),
-            held.clone(),
-            state.novo.call_lease,
-            renewing.clone(),
-        )
-        .instrument(tracing::Span::current()),
+        held.clone()
+            .hold(state.clone(), renewing.clone())
+            .instrument(tracing::Span::current()),
     );
-    let ran = run(&state, &adapter, &run_id, &method, &args).await;
+    // The turn is recorded with the stored answer, in one catalog write.
+    let ran = run(&state, &adapter, &run_id, &method, &args, TurnAt::Finish).await;
+    let turn = ran.turn;
     let (status, response, settle) = match (ran.reached, ran.status) {
         // Refused before anything was sent to the node: nothing ran, a retry runs it.
         (Reached::Before, status) => (status, ran.body, Settle::Release),
@@ -348,7 +357,7 @@ async fn run_claimed(
                 .to_owned();
             tracing::warn!(adapter = %adapter.id, %method, %cause, "an idempotent call failed after it was dispatched; its outcome is unknown");
             let (status, body) = error_answer(&outcome_unknown(&held.key, &cause));
-            (status, body.clone(), Settle::Finish { status, body })
+            (status, body.clone(), Settle::Finish { status, body, turn })
         }
         (Reached::Dispatched, status) => (
             status,
@@ -356,6 +365,7 @@ async fn run_claimed(
             Settle::Finish {
                 status,
                 body: ran.body,
+                turn,
             },
         ),
     };
@@ -393,8 +403,12 @@ struct Claim {
 /// What becomes of a claim once its call has ended.
 #[derive(Debug, Clone)]
 enum Settle {
-    /// Store this answer for retries.
-    Finish { status: u16, body: Value },
+    /// Store this answer for retries, and record the call's turn with it.
+    Finish {
+        status: u16,
+        body: Value,
+        turn: Option<pb::RecordTurnRequest>,
+    },
     /// Give the key up: the call certainly did not start.
     Release,
 }
@@ -403,7 +417,7 @@ impl Claim {
     /// One try at storing the answer, or releasing the key.
     async fn settle(&self, state: &AppState, settle: &Settle) -> Result<(), ApiError> {
         match settle {
-            Settle::Finish { status, body } => {
+            Settle::Finish { status, body, turn } => {
                 let finished = state
                     .adapters()
                     .finish_idempotency_key(pb::FinishIdempotencyKeyRequest {
@@ -412,11 +426,22 @@ impl Claim {
                         claim: self.claim.clone(),
                         status: u32::from(*status),
                         response: body.to_string(),
+                        turn: turn.clone(),
                     })
                     .await?
                     .into_inner();
                 if !finished.stored {
                     tracing::warn!(adapter = %self.adapter, "an idempotent call ended after its claim was settled as outcome unknown; retries keep that answer");
+                }
+                if let Some(turn) = turn
+                    && finished.turn.is_none()
+                    && finished.stored
+                {
+                    let session = turn.turn.as_ref().map(|turn| turn.session_id.as_str());
+                    tracing::warn!(
+                        session = session.unwrap_or_default(),
+                        "a Novo call ran, but its session took no turn (it ended)"
+                    );
                 }
             }
             Settle::Release => {
@@ -460,43 +485,28 @@ impl Claim {
     }
 }
 
-/// Renews `claim` every third of `lease` until `stop`, or until the catalog says it is not
-/// held any more.
-async fn renew(
-    state: AppState,
-    claim: Claim,
-    lease: Duration,
-    stop: plinth_kit::tasks::CancellationToken,
-) {
-    let every = (lease / 3).max(Duration::from_millis(100));
-    let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
-        }
-        let renewed = tokio::time::timeout(
-            every,
-            state
-                .adapters()
-                .renew_idempotency_key(pb::RenewIdempotencyKeyRequest {
-                    adapter_id: claim.adapter.clone(),
-                    key: claim.key.clone(),
-                    claim: claim.claim.clone(),
-                    lease_ms,
-                }),
-        )
+impl Claim {
+    /// Renews the claim (the gateway's one lease loop, `ledger::hold`) until `stop`, or until
+    /// the catalog says it is not held any more.
+    async fn hold(self, state: AppState, stop: plinth_kit::tasks::CancellationToken) {
+        let lease = state.novo.call_lease;
+        crate::ledger::hold("novo idempotency key", lease, stop, None, || {
+            let mut adapters = state.adapters();
+            let request = pb::RenewIdempotencyKeyRequest {
+                adapter_id: self.adapter.clone(),
+                key: self.key.clone(),
+                claim: self.claim.clone(),
+                lease_ms: crate::ledger::lease_ms(lease),
+            };
+            async move {
+                let renewed = adapters.renew_idempotency_key(request).await?;
+                Ok(crate::ledger::Renewed {
+                    held: renewed.get_ref().held,
+                    cancel_requested: false,
+                })
+            }
+        })
         .await;
-        match renewed {
-            Ok(Ok(answer)) if !answer.get_ref().held => return,
-            Ok(Ok(_)) => {}
-            Ok(Err(status)) => {
-                tracing::warn!(adapter = %claim.adapter, error = %status.message(), "renewing an idempotent call's claim failed; retrying");
-            }
-            Err(_) => {
-                tracing::warn!(adapter = %claim.adapter, "renewing an idempotent call's claim timed out; retrying");
-            }
-        }
     }
 }
 
@@ -514,6 +524,17 @@ struct Ran {
     status: u16,
     body: Value,
     reached: Reached,
+    /// With [`TurnAt::Finish`], the turn the call made, to record with its answer.
+    turn: Option<pb::RecordTurnRequest>,
+}
+
+/// When a call's turn is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TurnAt {
+    /// As soon as the call ran (a call with no idempotency key).
+    Now,
+    /// With the stored answer, in the same catalog write (an idempotent call).
+    Finish,
 }
 
 /// Runs a call in its run's session; answers its status and body, errors included, and
@@ -524,15 +545,21 @@ async fn run(
     run_id: &str,
     method: &str,
     args: &Value,
+    turn_at: TurnAt,
 ) -> Ran {
     let dispatched = AtomicBool::new(false);
-    let (status, body) = match run_call(state, adapter, run_id, method, args, &dispatched).await {
-        Ok(body) => (200, body),
-        Err(ApiError(error)) => error_answer(&error),
-    };
+    let (status, body, turn) =
+        match run_call(state, adapter, run_id, method, args, &dispatched, turn_at).await {
+            Ok((body, turn)) => (200, body, turn),
+            Err(ApiError(error)) => {
+                let (status, body) = error_answer(&error);
+                (status, body, None)
+            }
+        };
     Ran {
         status,
         body,
+        turn,
         reached: if dispatched.load(Ordering::SeqCst) {
             Reached::Dispatched
         } else {
@@ -548,7 +575,8 @@ async fn run_call(
     method: &str,
     args: &Value,
     dispatched: &AtomicBool,
-) -> Result<Value, ApiError> {
+    turn_at: TurnAt,
+) -> Result<(Value, Option<pb::RecordTurnRequest>), ApiError> {
     let Some(spec) = tools::named(Dialect::Novo, method) else {
         return Err(invalid(format!("method {method:?} is not one Novo dispatches")).into());
     };
@@ -601,9 +629,19 @@ async fn run_call(
                 tools::Failed::Answer(error) => ApiError(error),
             }
         })?;
+    let turn = &done.turn;
+    if turn_at == TurnAt::Finish {
+        let turn = runtime::turn(
+            &adapter.scope,
+            &session,
+            turn.kind,
+            &turn.detail,
+            turn.exit_code,
+        );
+        return Ok((done.body, Some(turn)));
+    }
     // The call has run: a turn that cannot be recorded because the catalog did not answer
     // does not turn its answer into an error.
-    let turn = &done.turn;
     match runtime::record(
         state,
         &adapter.scope,
@@ -622,7 +660,7 @@ async fn run_call(
         Err(error) => return Err(error),
         Ok(_) => {}
     }
-    Ok(done.body)
+    Ok((done.body, None))
 }
 
 /// Ends runs idle since `idle` ago, every half minute, and tells their nodes.

@@ -255,18 +255,30 @@ pub(crate) async fn record(
 ) -> Result<pb::Turn, ApiError> {
     Ok(state
         .sessions()
-        .record_turn(pb::RecordTurnRequest {
-            scope: scope.to_owned(),
-            turn: Some(pb::Turn {
-                session_id: session.id.clone(),
-                kind: kind.into(),
-                detail: detail.to_owned(),
-                exit_code,
-                ..Default::default()
-            }),
-        })
+        .record_turn(turn(scope, session, kind, detail, exit_code))
         .await?
         .into_inner())
+}
+
+/// A turn to record: by RecordTurn at once, or with an idempotent call's stored answer
+/// (FinishIdempotencyKey's `turn`), in the same catalog write.
+pub(crate) fn turn(
+    scope: &str,
+    session: &pb::Session,
+    kind: pb::TurnKind,
+    detail: &str,
+    exit_code: Option<i32>,
+) -> pb::RecordTurnRequest {
+    pb::RecordTurnRequest {
+        scope: scope.to_owned(),
+        turn: Some(pb::Turn {
+            session_id: session.id.clone(),
+            kind: kind.into(),
+            detail: detail.to_owned(),
+            exit_code,
+            ..Default::default()
+        }),
+    }
 }
 
 /// A command's turn and its run, each begun beside the other: both, or the first error. A

@@ -13,6 +13,8 @@ pub mod catalog {
     }
 }
 
+mod adapter_labels;
+
 /// `plinth.source.v1`: environment files, imports and snapshots.
 pub mod source {
     /// Version 1 of the source contract.

@@ -30,31 +30,9 @@ pub struct Configuration {
     pub release_on_turn_end: bool,
 }
 
-/// See [`Configuration::lifetime`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lifetime {
-    /// Ended at each turn's end.
-    Disposable,
-    /// Kept until teardown.
-    Workspace,
-}
-
-impl Lifetime {
-    fn as_str(self) -> &'static str {
-        match self {
-            Lifetime::Disposable => "disposable",
-            Lifetime::Workspace => "workspace",
-        }
-    }
-
-    fn parse(text: &str) -> Option<Lifetime> {
-        match text {
-            "disposable" => Some(Lifetime::Disposable),
-            "workspace" => Some(Lifetime::Workspace),
-            _ => None,
-        }
-    }
-}
+/// What a binding's resources last as: the contract's enum, whose labels (`disposable`,
+/// `workspace`, as the configuration says them) are defined once, in `plinth_proto`.
+pub use pb::BindingLifetime as Lifetime;
 
 impl Configuration {
     /// Reads the keys Plinth understands; a key Plinth understands with a wrong value is
@@ -84,11 +62,14 @@ impl Configuration {
             parsed.version = Some(version);
         }
         if let Some(lifetime) = map.get("lifetime").filter(|value| !value.is_null()) {
-            parsed.lifetime = lifetime.as_str().and_then(Lifetime::parse).ok_or_else(|| {
-                Receipt::invalid(
-                    "operation.configuration.lifetime: \"disposable\" or \"workspace\"",
-                )
-            })?;
+            parsed.lifetime = lifetime
+                .as_str()
+                .and_then(Lifetime::from_label)
+                .ok_or_else(|| {
+                    Receipt::invalid(
+                        "operation.configuration.lifetime: \"disposable\" or \"workspace\"",
+                    )
+                })?;
         }
         if let Some(release) = map
             .get("release_on_turn_end")
@@ -137,14 +118,17 @@ pub async fn binding(context: &Context) -> Result<Option<pb::Binding>, Receipt> 
 /// The lifetime in force: the operation's current configuration when it says, else the
 /// binding's from setup.
 fn lifetime(context: &Context, binding: &pb::Binding) -> Lifetime {
-    let stored = Lifetime::parse(&binding.lifetime).unwrap_or(Lifetime::Workspace);
     let said = context
         .configuration
         .as_ref()
         .and_then(|configuration| configuration.get("lifetime"))
         .and_then(Value::as_str)
-        .and_then(Lifetime::parse);
-    said.unwrap_or(stored)
+        .and_then(Lifetime::from_label);
+    match (said, binding.lifetime()) {
+        (Some(said), _) => said,
+        (None, Lifetime::Unspecified) => Lifetime::Workspace,
+        (None, stored) => stored,
+    }
 }
 
 fn accepted(binding: &pb::Binding) -> Receipt {
@@ -247,7 +231,7 @@ pub async fn setup(context: &Context) -> Receipt {
                 scope: context.scope().to_owned(),
                 environment_id: context.adapter.environment_id.clone(),
                 version: session.version,
-                lifetime: configuration.lifetime.as_str().to_owned(),
+                lifetime: configuration.lifetime.into(),
                 release_on_turn_end: configuration.release_on_turn_end,
                 plinth_session_id: session.id.clone(),
                 configuration_json: context
@@ -274,10 +258,12 @@ pub async fn setup(context: &Context) -> Receipt {
     accepted(&binding)
 }
 
-/// Setup of a binding that exists: a detached one is attached again with what it kept.
-async fn resume(context: &Context, binding: pb::Binding) -> Receipt {
-    match binding.state.as_str() {
-        "torn_down" => Receipt::failure(
+/// Setup of a binding that exists: a detached one is attached again with what it kept (an
+/// attached one stays as it is); the catalog refuses a torn-down one.
+async fn resume(context: &Context, _existing: pb::Binding) -> Receipt {
+    match set_state(context, pb::BindingState::Attached).await {
+        Ok(binding) => accepted(&binding),
+        Err(Refused::Binding(pb::BindingState::TornDown)) => Receipt::failure(
             codes::NOT_ATTACHED,
             format!(
                 "Environment {:?} of this session was torn down; it cannot be set up again",
@@ -285,25 +271,59 @@ async fn resume(context: &Context, binding: pb::Binding) -> Receipt {
             ),
             false,
         ),
-        "detached" => match set_state(context, "attached").await {
-            Ok(binding) => accepted(&binding),
-            Err(receipt) => receipt,
-        },
-        _ => accepted(&binding),
+        Err(refused) => refused.into(),
     }
 }
 
-async fn set_state(context: &Context, state: &str) -> Result<pb::Binding, Receipt> {
+/// Why the catalog did not move a binding.
+pub(super) enum Refused {
+    /// Its life does not allow the move: it is in this state.
+    Binding(pb::BindingState),
+    /// Anything else, as its receipt.
+    Other(Receipt),
+}
+
+impl From<Refused> for Receipt {
+    fn from(refused: Refused) -> Receipt {
+        match refused {
+            Refused::Binding(state) => Receipt::failure(
+                codes::NOT_ATTACHED,
+                format!("the binding is {}", state.label()),
+                false,
+            ),
+            Refused::Other(receipt) => receipt,
+        }
+    }
+}
+
+/// A catalog refusal as [`Refused`]: a binding-state refusal names its state in
+/// `detail.binding_state`.
+pub(super) fn refused(status: &tonic::Status) -> Refused {
+    let error = PlinthError::from_status(status);
+    let state = error
+        .detail
+        .as_ref()
+        .and_then(|detail| detail.get("binding_state"))
+        .and_then(Value::as_str)
+        .and_then(pb::BindingState::from_label);
+    match (error.code, state) {
+        (ErrorCode::PreconditionFailed, Some(state)) => Refused::Binding(state),
+        _ => Refused::Other(receipt::from_error(&error).into()),
+    }
+}
+
+/// Moves the binding; the catalog checks its life allows it.
+async fn set_state(context: &Context, state: pb::BindingState) -> Result<pb::Binding, Refused> {
     context
         .state
         .brain()
         .set_binding_state(pb::SetBindingStateRequest {
             key: Some(context.binding.clone()),
-            state: state.to_owned(),
+            state: state.into(),
         })
         .await
         .map(tonic::Response::into_inner)
-        .map_err(|status| receipt::from_error(&PlinthError::from_status(&status)).into())
+        .map_err(|status| refused(&status))
 }
 
 /// Takes the binding's session away from it (compare-and-set); answers the session taken,
@@ -349,9 +369,9 @@ pub async fn call(context: &Context, request: &serde_json::Map<String, Value>) -
         Err(receipt) => return receipt,
     };
     let lifetime = lifetime(context, &binding);
-    let mut output = json!({ "turn": turn, "lifetime": lifetime.as_str(), "released": false });
-    if binding.state != "attached" {
-        output["reason"] = json!(format!("the binding is {}", binding.state));
+    let mut output = json!({ "turn": turn, "lifetime": lifetime.label(), "released": false });
+    if binding.state() != pb::BindingState::Attached {
+        output["reason"] = json!(format!("the binding is {}", binding.state().label()));
         return Receipt::Returned {
             output: Some(output),
         };
@@ -432,13 +452,15 @@ pub async fn detach(context: &Context) -> Receipt {
         Ok(None) => return Receipt::Returned { output: None },
         Err(receipt) => return receipt,
     };
-    if binding.state == "torn_down" {
-        return Receipt::Returned { output: None };
+    match set_state(context, pb::BindingState::Detached).await {
+        Ok(_) => {}
+        // A torn-down binding has nothing left to detach.
+        Err(Refused::Binding(pb::BindingState::TornDown)) => {
+            return Receipt::Returned { output: None };
+        }
+        Err(refused) => return refused.into(),
     }
-    if let Err(receipt) = set_state(context, "detached").await {
-        return receipt;
-    }
-    let mut output = json!({ "lifetime": lifetime(context, &binding).as_str() });
+    let mut output = json!({ "lifetime": lifetime(context, &binding).label() });
     if lifetime(context, &binding) == Lifetime::Disposable {
         match take_session(context, &binding).await {
             Ok(Some(taken)) => output["cleanup"] = end(context, &taken).await,
@@ -460,8 +482,8 @@ pub async fn teardown(context: &Context) -> Receipt {
         Err(receipt) => return receipt,
     };
     if let Some(binding) = &binding {
-        if let Err(receipt) = set_state(context, "torn_down").await {
-            return receipt;
+        if let Err(refused) = set_state(context, pb::BindingState::TornDown).await {
+            return refused.into();
         }
         if let Err(receipt) = take_session(context, binding).await {
             return receipt;

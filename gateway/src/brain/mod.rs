@@ -9,10 +9,12 @@
 //! `/env/<slug>` (`lifecycle`); tools run there over the node agent (`tools`).
 //!
 //! Delivery: an operation is `(adapter, session_id, sequence)`. It is claimed in the catalog
-//! before anything runs, so a duplicate delivery, even after a restart, never runs it again:
-//! it answers the stored receipt, or `progress` while the first delivery still runs (its
-//! runner renews a lease), or `unknown` once that runner stopped renewing without a result
-//! (the effect may have happened; Plinth never retries it).
+//! before anything runs, so a duplicate delivery, even after a restart, never runs it again.
+//! The catalog decides what a duplicate answers (`ClaimOutcome`): the stored receipt,
+//! `progress` while the first delivery still runs (its runner renews a lease, `ledger`),
+//! `unknown` once that runner stopped renewing without a result (settled in the claim; the
+//! effect may have happened and Plinth never retries it), or `sequence_reused`; this module
+//! only maps that outcome to a receipt.
 
 mod callbacks;
 mod lifecycle;
@@ -83,7 +85,7 @@ impl Runtime {
     }
 
     fn lease_ms(&self) -> i64 {
-        i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX)
+        crate::ledger::lease_ms(self.lease)
     }
 
     fn track(&self, key: &pb::OperationKey) -> CancellationToken {
@@ -145,11 +147,38 @@ pub(crate) struct Context {
     pub configuration: Option<Value>,
     /// Cancelled on an explicit cancellation of this operation.
     pub cancel: CancellationToken,
+    /// The turns the operation made, recorded with its receipt (one catalog write).
+    pub turns: Mutex<Vec<pb::RecordTurnRequest>>,
 }
 
 impl Context {
     fn scope(&self) -> &str {
         &self.adapter.scope
+    }
+
+    /// Records a tool's turn with the operation's receipt, in the same catalog write
+    /// (FinishOperation's `turns`): nothing is written now.
+    pub(crate) fn record_with_receipt(
+        &self,
+        session: &pb::Session,
+        kind: pb::TurnKind,
+        detail: &str,
+        exit_code: Option<i32>,
+    ) {
+        let turn = crate::runtime::turn(self.scope(), session, kind, detail, exit_code);
+        self.turns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(turn);
+    }
+
+    fn take_turns(&self) -> Vec<pb::RecordTurnRequest> {
+        std::mem::take(
+            &mut *self
+                .turns
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 }
 
@@ -222,12 +251,7 @@ async fn operations(
     let session_id = name_field(&operation, "session_id")?;
     let environment = name_field(&operation, "environment")?;
     let request = operation.get("request").cloned().unwrap_or(Value::Null);
-    let kind = request
-        .get("type")
-        .and_then(Value::as_str)
-        .filter(|kind| valid_name(kind) && kind.len() <= 64)
-        .unwrap_or("malformed")
-        .to_owned();
+    let kind = kind_of(&request);
     let key = pb::OperationKey {
         adapter_id: adapter.id.clone(),
         session_id: session_id.clone(),
@@ -244,16 +268,36 @@ async fn operations(
         sequence: number,
         configuration: operation.get("configuration").cloned(),
         cancel: CancellationToken::new(),
+        turns: Mutex::new(Vec::new()),
     };
     let receipt = deliver(context, key, kind, digest(&environment, &request), request).await?;
     Ok(answer(receipt))
+}
+
+/// What an operation is, by its request's `type`: one this service serves, or `Other`
+/// (answered `unsupported`, or `invalid_request` without a type).
+fn kind_of(request: &Value) -> pb::OperationKind {
+    request
+        .get("type")
+        .and_then(Value::as_str)
+        .and_then(pb::OperationKind::from_label)
+        .unwrap_or(pb::OperationKind::Other)
+}
+
+/// The receipt an operation abandoned mid-run is settled with.
+fn abandoned() -> Receipt {
+    Receipt::Unknown {
+        message: Some(
+            "the operation was started and its runner stopped before recording a result; it may or may not have had its effect, and Plinth does not run it again".into(),
+        ),
+    }
 }
 
 /// Claims the operation and runs it, or answers what a previous delivery left.
 async fn deliver(
     mut context: Context,
     key: pb::OperationKey,
-    kind: String,
+    kind: pb::OperationKind,
     digest: String,
     request: Value,
 ) -> Result<Value, ApiError> {
@@ -265,22 +309,24 @@ async fn deliver(
         .claim_operation(pb::ClaimOperationRequest {
             key: Some(key.clone()),
             environment: context.binding.environment.clone(),
-            kind: kind.clone(),
-            digest: digest.clone(),
+            kind: kind.into(),
+            digest,
             runner: runner.clone(),
             lease_ms: runtime.lease_ms(),
+            unknown_receipt_json: abandoned().to_json(),
         })
         .await?
         .into_inner();
+    let outcome = claim.outcome();
     let stored = claim
         .operation
         .ok_or_else(|| PlinthError::new(ErrorCode::Internal, "the claim has no operation"))?;
-    if !claim.started {
-        return duplicate(&state, &key, &digest, stored, claim.lease_live).await;
+    if outcome != pb::ClaimOutcome::Claimed {
+        return duplicate(&key, outcome, &stored);
     }
-    tracing::info!(adapter = %key.adapter_id, brain_session = %key.session_id, sequence = key.sequence, environment = %context.binding.environment, kind = %kind, "brain operation started");
+    tracing::info!(adapter = %key.adapter_id, brain_session = %key.session_id, sequence = key.sequence, environment = %context.binding.environment, kind = kind.label(), "brain operation started");
     context.cancel = runtime.track(&key);
-    let renewal = renew(
+    let renewal = hold(
         state.clone(),
         key.clone(),
         runner.clone(),
@@ -289,7 +335,7 @@ async fn deliver(
     // An execution's callback is used by this delivery alone, once its receipt is stored, and
     // only at an origin the adapter registered: one elsewhere refuses the execution before
     // anything runs.
-    let (callback, refusal) = if kind == "execute" {
+    let (callback, refusal) = if kind == pb::OperationKind::Execute {
         match callbacks::Callback::of_execution(
             &request,
             &context.adapter.id,
@@ -310,13 +356,14 @@ async fn deliver(
         let receipt = match refusal {
             Some(refusal) => refusal,
             None => tokio::select! {
-                receipt = run(&context, &request) => receipt,
-                () = renewal => Receipt::Unknown {
+                receipt = run(&context, kind, &request) => receipt,
+                _lost = renewal => Receipt::Unknown {
                     message: Some("the operation's claim was lost while it ran".into()),
                 },
             },
         };
-        let outcome = finish(&context.state, &key, &runner, &receipt).await;
+        let turns = context.take_turns();
+        let outcome = finish(&context.state, &key, &runner, &receipt, turns).await;
         let runtime = &context.state.brain_runtime;
         runtime.untrack(&key);
         let (recorded, stored) = outcome?;
@@ -333,45 +380,34 @@ async fn deliver(
     Ok(stored)
 }
 
-/// Renews the claim every third of the lease until the operation ends; ends only if the
-/// claim is lost. A cancellation asked for through another replica is passed on.
-async fn renew(state: AppState, key: pb::OperationKey, runner: String, cancel: CancellationToken) {
-    let runtime = state.brain_runtime.clone();
-    let every = runtime.lease / 3;
-    let mut failures = 0u32;
-    loop {
-        tokio::time::sleep(every).await;
-        let renewed = state
-            .brain()
-            .renew_operation(pb::RenewOperationRequest {
-                key: Some(key.clone()),
-                runner: runner.clone(),
-                lease_ms: runtime.lease_ms(),
+/// Renews the claim (the gateway's one lease loop, `ledger::hold`) until the operation ends;
+/// ends only if the claim is lost. A cancellation asked for through another replica is
+/// passed on.
+async fn hold(
+    state: AppState,
+    key: pb::OperationKey,
+    runner: String,
+    cancel: CancellationToken,
+) -> crate::ledger::Released {
+    let lease = state.brain_runtime.lease;
+    // The operation's end drops this future; nothing else stops it.
+    let stop = CancellationToken::new();
+    crate::ledger::hold("brain operation", lease, stop, Some(cancel), || {
+        let mut brain = state.brain();
+        let request = pb::RenewOperationRequest {
+            key: Some(key.clone()),
+            runner: runner.clone(),
+            lease_ms: crate::ledger::lease_ms(lease),
+        };
+        async move {
+            let renewed = brain.renew_operation(request).await?.into_inner();
+            Ok(crate::ledger::Renewed {
+                held: renewed.held,
+                cancel_requested: renewed.cancel_requested,
             })
-            .await;
-        match renewed {
-            Ok(answer) => {
-                failures = 0;
-                let answer = answer.into_inner();
-                if !answer.held {
-                    tracing::warn!(brain_session = %key.session_id, sequence = key.sequence, "a brain operation's claim was settled while it ran");
-                    return;
-                }
-                if answer.cancel_requested {
-                    cancel.cancel();
-                }
-            }
-            Err(status) => {
-                failures += 1;
-                tracing::warn!(brain_session = %key.session_id, sequence = key.sequence, error = %status.message(), "cannot renew a brain operation's claim");
-                if failures >= 3 {
-                    // Past the lease, a redelivery may be told `unknown`; the result computed
-                    // now can still be stored if nobody did.
-                    std::future::pending::<()>().await;
-                }
-            }
         }
-    }
+    })
+    .await
 }
 
 /// Stores the receipt; answers whether this runner's was stored, and the one every delivery
@@ -382,6 +418,7 @@ async fn finish(
     key: &pb::OperationKey,
     runner: &str,
     receipt: &Receipt,
+    turns: Vec<pb::RecordTurnRequest>,
 ) -> Result<(bool, Value), ApiError> {
     let mut text = receipt.to_json();
     if text.len() > MAX_RECEIPT_BYTES {
@@ -408,6 +445,7 @@ async fn finish(
                 key: Some(key.clone()),
                 runner: runner.to_owned(),
                 receipt_json: text.clone(),
+                turns: turns.clone(),
             })
             .await;
         match finished {
@@ -440,73 +478,59 @@ async fn finish(
     .into())
 }
 
-/// What a second delivery of an operation answers.
-async fn duplicate(
-    state: &AppState,
+/// What a second delivery of an operation answers: the catalog's outcome, as a receipt.
+fn duplicate(
     key: &pb::OperationKey,
-    digest: &str,
-    stored: pb::BrainOperation,
-    lease_live: bool,
+    outcome: pb::ClaimOutcome,
+    stored: &pb::BrainOperation,
 ) -> Result<Value, ApiError> {
-    if stored.digest != digest {
-        let failure = Receipt::failure(
+    let progress = || {
+        to_value(&Receipt::Progress {
+            message: Some("the first delivery of this operation is still running".into()),
+        })
+    };
+    match outcome {
+        pb::ClaimOutcome::Duplicate | pb::ClaimOutcome::SettledUnknown => {
+            Ok(stored_receipt(&stored.receipt_json))
+        }
+        pb::ClaimOutcome::InProgress => Ok(progress()),
+        pb::ClaimOutcome::SequenceReused => Ok(to_value(&Receipt::failure(
             codes::SEQUENCE_REUSED,
             format!(
                 "sequence {} of this session was delivered before with a different request; an operation is never changed",
                 key.sequence
             ),
             false,
-        );
-        return Ok(to_value(&failure));
+        ))),
+        // Nothing was run for this delivery: say so, rather than guess what the catalog meant.
+        pb::ClaimOutcome::Claimed | pb::ClaimOutcome::Unspecified => Err(PlinthError::new(
+            ErrorCode::Internal,
+            format!(
+                "the catalog answered claim outcome {} for a delivered operation, which this gateway does not know; nothing ran",
+                outcome.as_str_name()
+            ),
+        )
+        .into()),
     }
-    if stored.state == "finished" {
-        return Ok(stored_receipt(&stored.receipt_json));
-    }
-    if lease_live {
-        return Ok(to_value(&Receipt::Progress {
-            message: Some("the first delivery of this operation is still running".into()),
-        }));
-    }
-    let unknown = Receipt::Unknown {
-        message: Some(
-            "the operation was started and its runner stopped before recording a result; it may or may not have had its effect, and Plinth does not run it again".into(),
-        ),
-    };
-    let settled = state
-        .brain()
-        .settle_abandoned(pb::SettleAbandonedRequest {
-            key: Some(key.clone()),
-            receipt_json: unknown.to_json(),
-        })
-        .await?
-        .into_inner();
-    if settled.state == "finished" {
-        tracing::warn!(brain_session = %key.session_id, sequence = key.sequence, "a brain operation abandoned mid-run is settled as unknown");
-        return Ok(stored_receipt(&settled.receipt_json));
-    }
-    // Its runner renewed between the claim and the settlement: it is running after all.
-    Ok(to_value(&Receipt::Progress {
-        message: Some("the first delivery of this operation is still running".into()),
-    }))
 }
 
-/// Runs one claimed operation.
-async fn run(context: &Context, request: &Value) -> Receipt {
+/// Runs one claimed operation of `kind` (read from the request by [`kind_of`]).
+async fn run(context: &Context, kind: pb::OperationKind, request: &Value) -> Receipt {
     let Some(request) = request.as_object() else {
         return Receipt::invalid("operation.request: expected an object with a `type`");
     };
-    let Some(kind) = request.get("type").and_then(Value::as_str) else {
+    let Some(named) = request.get("type").and_then(Value::as_str) else {
         return Receipt::invalid("operation.request.type: expected a string");
     };
     match kind {
-        "setup" => lifecycle::setup(context).await,
-        "call" => lifecycle::call(context, request).await,
-        "detach" => lifecycle::detach(context).await,
-        "teardown" => lifecycle::teardown(context).await,
-        "execute" => tools::execute(context, request).await,
-        "cancel" => cancel(context, request).await,
-        other => Receipt::unsupported(format!(
-            "operation {other:?} is not served here; this environment service serves setup, call (release), detach, teardown, execute (tools) and cancel"
+        pb::OperationKind::Setup => lifecycle::setup(context).await,
+        pb::OperationKind::Call => lifecycle::call(context, request).await,
+        pb::OperationKind::Detach => lifecycle::detach(context).await,
+        pb::OperationKind::Teardown => lifecycle::teardown(context).await,
+        pb::OperationKind::Execute => tools::execute(context, request).await,
+        pb::OperationKind::Cancel => cancel(context, request).await,
+        pb::OperationKind::Other | pb::OperationKind::Unspecified => Receipt::unsupported(format!(
+            "operation {named:?} is not served here; this environment service serves setup, call (release), detach, teardown, execute (tools) and cancel"
         )),
     }
 }
@@ -543,7 +567,7 @@ async fn cancel(context: &Context, request: &serde_json::Map<String, Value>) -> 
         }
     };
     let local = context.state.brain_runtime.cancel_local(&key);
-    let running = operation.state == "started";
+    let running = operation.state() == pb::OperationState::Started;
     tracing::info!(brain_session = %key.session_id, sequence = target, running, local, "brain cancellation asked");
     Receipt::Returned {
         output: Some(serde_json::json!({
@@ -587,7 +611,7 @@ async fn authenticate(
     let current = constant_time_eq(presented.as_bytes(), credentials.current.as_bytes());
     let previous = !credentials.previous.is_empty()
         && constant_time_eq(presented.as_bytes(), credentials.previous.as_bytes());
-    if adapter.protocol != "brain" || !(current || previous) {
+    if adapter.protocol() != pb::AdapterProtocol::Brain || !(current || previous) {
         return Err(refused("the bearer token is not valid for this adapter"));
     }
     Ok(adapter)

@@ -137,12 +137,13 @@ async fn session(context: &Context) -> Result<pb::Session, Receipt> {
             ));
         }
     };
-    if binding.state != "attached" {
+    if binding.state() != pb::BindingState::Attached {
         return Err(Receipt::failure(
             codes::NOT_ATTACHED,
             format!(
                 "Environment {:?} of this session is {}",
-                context.binding.environment, binding.state
+                context.binding.environment,
+                binding.state().label()
             ),
             false,
         ));
@@ -200,11 +201,19 @@ async fn allocate(context: &Context, binding: &pb::Binding) -> Result<pb::Sessio
             replacement: session.id.clone(),
         })
         .await;
+    // The catalog gives a session only to an attached binding.
     let swapped = match swapped {
         Ok(swapped) => swapped.into_inner(),
         Err(status) => {
             lifecycle::end(context, &session.id).await;
-            return Err(receipt::from_error(&PlinthError::from_status(&status)).into());
+            return Err(match lifecycle::refused(&status) {
+                lifecycle::Refused::Binding(_) => Receipt::failure(
+                    codes::NOT_ATTACHED,
+                    "the binding was released or detached while a session was being made for it",
+                    true,
+                ),
+                other => other.into(),
+            });
         }
     };
     if swapped.swapped {
@@ -213,7 +222,7 @@ async fn allocate(context: &Context, binding: &pb::Binding) -> Result<pb::Sessio
     }
     lifecycle::end(context, &session.id).await;
     let winner = swapped.binding.unwrap_or_default();
-    if winner.state != "attached" || winner.plinth_session_id.is_empty() {
+    if winner.plinth_session_id.is_empty() {
         return Err(Receipt::failure(
             codes::NOT_ATTACHED,
             "the binding was released or detached while a session was being made for it",
@@ -304,19 +313,9 @@ async fn run(
             tools::Failed::Node(status) => node_failure(session, &status),
             tools::Failed::Answer(error) => receipt::from_error(&error),
         })?;
+    // The turn is recorded with the operation's receipt, in the same catalog write.
     let turn = &done.turn;
-    let recorded = runtime::record(
-        &context.state,
-        &context.adapter.scope,
-        session,
-        turn.kind,
-        &turn.detail,
-        turn.exit_code,
-    )
-    .await;
-    if let Err(error) = recorded {
-        tracing::warn!(session = %session.id, error = %error.0.message, "a brain tool's turn could not be recorded");
-    }
+    context.record_with_receipt(session, turn.kind, &turn.detail, turn.exit_code);
     Ok(done.body)
 }
 

@@ -11,8 +11,9 @@ use crate::adapters::{
     Adapter, AdapterId, Credential, NewAdapter, Protocol, callback_origins, rotation_grace,
 };
 use crate::model::{EnvironmentId, Scope};
-use crate::persistence::{Claimed, Store, StoreError};
+use crate::persistence::{Claimed, NewTurn, Store, StoreError};
 use crate::session_service::NodeTtl;
+use crate::sessions::{SessionId, TurnKind};
 
 /// How long an idempotency key's answer is kept.
 pub const IDEMPOTENCY_RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
@@ -51,6 +52,26 @@ fn store_error(error: StoreError, id: &str, environment: &str) -> PlinthError {
     }
 }
 
+/// The turn a finished call or operation carries, checked as RecordTurn checks it.
+pub(crate) fn new_turn(request: pb::RecordTurnRequest) -> Result<NewTurn, PlinthError> {
+    let scope = Scope::parse(&request.scope)?;
+    let turn = request
+        .turn
+        .ok_or_else(|| PlinthError::invalid("turn.turn: required"))?;
+    let session = SessionId::parse(&turn.session_id).ok_or_else(|| {
+        PlinthError::invalid(format!("turn: {:?} is not a session id", turn.session_id))
+    })?;
+    let kind = TurnKind::from_wire(turn.kind)
+        .map_err(|error| PlinthError::invalid(format!("turn.kind: {error}")))?;
+    Ok(NewTurn {
+        scope,
+        session,
+        kind,
+        detail: turn.detail,
+        exit_code: turn.exit_code,
+    })
+}
+
 fn adapter_not_found(id: &str) -> PlinthError {
     PlinthError::new(
         ErrorCode::NotFound,
@@ -67,7 +88,7 @@ impl From<Adapter> for pb::Adapter {
         pb::Adapter {
             id: adapter.id.as_str().to_owned(),
             scope: adapter.scope.as_str().to_owned(),
-            protocol: adapter.protocol.as_str().to_owned(),
+            protocol: adapter.protocol.into(),
             environment_id: adapter.environment_id.as_str().to_owned(),
             created_at_ms: adapter.created_at_ms,
             rotated_at_ms: adapter.rotated_at_ms,
@@ -79,19 +100,22 @@ impl From<Adapter> for pb::Adapter {
 
 #[tonic::async_trait]
 impl pb::adapter_service_server::AdapterService for Adapters {
-    #[tracing::instrument(name = "catalog.create_adapter", skip_all, fields(scope = %request.get_ref().scope, protocol = %request.get_ref().protocol))]
+    #[tracing::instrument(name = "catalog.create_adapter", skip_all, fields(scope = %request.get_ref().scope, protocol = request.get_ref().protocol))]
     async fn create_adapter(
         &self,
         request: Request<pb::CreateAdapterRequest>,
     ) -> Result<Response<pb::AdapterWithCredential>, Status> {
         let request = request.into_inner();
         let scope = Scope::parse(&request.scope)?;
-        let protocol = Protocol::parse(&request.protocol).ok_or_else(|| {
-            PlinthError::invalid(format!(
-                "protocol: {:?} is not one of \"novo\", \"brain\"",
-                request.protocol
-            ))
-        })?;
+        let protocol = Protocol::try_from(request.protocol)
+            .ok()
+            .filter(|protocol| *protocol != Protocol::Unspecified)
+            .ok_or_else(|| {
+                PlinthError::invalid(format!(
+                    "protocol: {} is not one of NOVO, BRAIN",
+                    request.protocol
+                ))
+            })?;
         let environment_id = EnvironmentId::parse(&request.environment_id).ok_or_else(|| {
             store_error(StoreError::NoSuchEnvironment, "", &request.environment_id)
         })?;
@@ -339,22 +363,22 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             .map_err(|error| PlinthError::internal(&error))?;
         let answer = match claimed {
             Claimed::Claimed(claim) => pb::ClaimIdempotencyKeyResponse {
-                outcome: "claimed".to_owned(),
+                outcome: pb::IdempotencyOutcome::Claimed.into(),
                 claim,
                 ..Default::default()
             },
             Claimed::Done { status, response } => pb::ClaimIdempotencyKeyResponse {
-                outcome: "done".to_owned(),
+                outcome: pb::IdempotencyOutcome::Done.into(),
                 status,
                 response,
                 ..Default::default()
             },
             Claimed::InFlight => pb::ClaimIdempotencyKeyResponse {
-                outcome: "in_flight".to_owned(),
+                outcome: pb::IdempotencyOutcome::InFlight.into(),
                 ..Default::default()
             },
             Claimed::Mismatch => pb::ClaimIdempotencyKeyResponse {
-                outcome: "mismatch".to_owned(),
+                outcome: pb::IdempotencyOutcome::Mismatch.into(),
                 ..Default::default()
             },
         };
@@ -368,19 +392,27 @@ impl pb::adapter_service_server::AdapterService for Adapters {
     ) -> Result<Response<pb::FinishIdempotencyKeyResponse>, Status> {
         let request = request.into_inner();
         let id = parse_id(&request.adapter_id)?;
-        let stored = self
+        let request_had_turn = request.turn.is_some();
+        let turn = request.turn.map(new_turn).transpose()?;
+        let (stored, turn) = self
             .store
             .finish_key(
                 &id,
                 &request.key,
                 &request.claim,
-                request.status,
-                &request.response,
+                (request.status, &request.response),
+                turn.as_ref(),
                 IDEMPOTENCY_RETENTION_MS,
             )
             .await
             .map_err(|error| PlinthError::internal(&error))?;
-        Ok(Response::new(pb::FinishIdempotencyKeyResponse { stored }))
+        if turn.is_none() && request_had_turn {
+            tracing::warn!(adapter = %id, "an idempotent call's answer is stored, but its session took no turn (it ended)");
+        }
+        Ok(Response::new(pb::FinishIdempotencyKeyResponse {
+            stored,
+            turn: turn.map(Into::into),
+        }))
     }
 
     #[tracing::instrument(name = "catalog.release_idempotency_key", skip_all)]
@@ -396,6 +428,7 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             .map_err(|error| PlinthError::internal(&error))?;
         Ok(Response::new(pb::FinishIdempotencyKeyResponse {
             stored: false,
+            turn: None,
         }))
     }
 

@@ -5,8 +5,6 @@
 //! as its SHA-256); either is sealed before it is stored (`seal`). A Brain adapter also names
 //! the callback origins its Brain uses: the only places Plinth sends an execution's callback.
 
-use std::fmt;
-
 use plinth_kit::PlinthError;
 use sha2::Digest as _;
 
@@ -14,39 +12,10 @@ use crate::model::{EnvironmentId, Scope};
 
 pub use plinth_kit::ids::AdapterId;
 
-/// Which runtime's protocol an adapter speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    /// Novo's signed HTTP dispatch (`novo-http-workspace`).
-    Novo,
-    /// Brain's environment operations (`environment/v1`).
-    Brain,
-}
-
-impl Protocol {
-    /// As stored and sent.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Novo => "novo",
-            Protocol::Brain => "brain",
-        }
-    }
-
-    /// From its stored or sent form.
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "novo" => Some(Protocol::Novo),
-            "brain" => Some(Protocol::Brain),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Protocol {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// Which runtime's protocol an adapter speaks: the contract's enum itself, whose labels
+/// (`novo`, `brain`: stored and shown) are defined once, in `plinth_proto`. `Unspecified`
+/// never gets past the service's edge.
+pub use plinth_proto::catalog::v1::AdapterProtocol as Protocol;
 
 /// A workspace adapter, without its credential.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,6 +98,9 @@ impl Credential {
                     shown: token,
                 })
             }
+            Protocol::Unspecified => Err(PlinthError::invalid(
+                "protocol: required, \"novo\" or \"brain\"",
+            )),
         }
     }
 }

@@ -51,33 +51,12 @@ pub fn valid_name(text: &str) -> bool {
     !text.is_empty() && text.len() <= MAX_NAME_BYTES && !text.chars().any(char::is_control)
 }
 
-/// Where an operation is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OperationState {
-    /// Claimed by a runner; no receipt yet.
-    Started,
-    /// Its receipt is stored.
-    Finished,
-}
-
-impl OperationState {
-    /// As stored and sent.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OperationState::Started => "started",
-            OperationState::Finished => "finished",
-        }
-    }
-
-    /// From its stored form.
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "started" => Some(OperationState::Started),
-            "finished" => Some(OperationState::Finished),
-            _ => None,
-        }
-    }
-}
+/// Where an operation is, what it is, what a binding's resources last as and where a binding
+/// is in its life: the contract's enums themselves, whose labels (stored and shown) are
+/// defined once, in `plinth_proto`. `Unspecified` never gets past the service's edge.
+pub use plinth_proto::catalog::v1::{
+    BindingLifetime as Lifetime, BindingState, OperationKind, OperationState,
+};
 
 /// An operation as the ledger has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,8 +65,8 @@ pub struct Operation {
     pub key: OperationKey,
     /// The Environment it addressed.
     pub environment: String,
-    /// `setup`, `call`, `detach`, `teardown`, `execute`, `cancel`, …
-    pub kind: String,
+    /// What it is.
+    pub kind: OperationKind,
     /// A digest of the request as first delivered; a redelivery must match it.
     pub digest: String,
     /// Started or finished.
@@ -114,7 +93,7 @@ pub struct NewOperation {
     /// The Environment it addresses.
     pub environment: String,
     /// Its kind.
-    pub kind: String,
+    pub kind: OperationKind,
     /// A digest of its request.
     pub digest: String,
     /// Whoever runs it.
@@ -123,77 +102,48 @@ pub struct NewOperation {
     pub lease_ms: i64,
 }
 
-/// What claiming an operation found.
+/// What claiming an operation found: the ledger's decision, which the gateway only maps to a
+/// receipt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
     /// It is new: the caller runs it.
-    Started(Operation),
-    /// It was delivered before; `lease_live` says whether a runner still holds it.
-    Duplicate {
-        /// The operation as stored.
-        operation: Operation,
-        /// True while its runner's lease has not run out.
-        lease_live: bool,
-    },
+    Claimed(Operation),
+    /// It was delivered before and finished: its stored receipt.
+    Duplicate(Operation),
+    /// It was delivered before and its runner's lease is live.
+    InProgress(Operation),
+    /// It was delivered before and its runner stopped renewing with no receipt: it is
+    /// settled now (in the claim's transaction) with the `unknown` receipt the delivery
+    /// carried, or with the one a concurrent delivery stored first.
+    SettledUnknown(Operation),
+    /// The sequence was delivered before with another request; nothing changed.
+    SequenceReused(Operation),
 }
 
-/// What a binding's resources last as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lifetime {
-    /// A turn-end release ends the session's resources; the next tool call gets new ones.
-    Disposable,
-    /// A turn-end release keeps them: the working directory lasts until teardown.
-    Workspace,
-}
-
-impl Lifetime {
-    /// As stored and configured.
-    pub fn as_str(self) -> &'static str {
+impl Claim {
+    /// The operation as stored.
+    pub fn operation(&self) -> &Operation {
         match self {
-            Lifetime::Disposable => "disposable",
-            Lifetime::Workspace => "workspace",
-        }
-    }
-
-    /// From its stored or configured form.
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "disposable" => Some(Lifetime::Disposable),
-            "workspace" => Some(Lifetime::Workspace),
-            _ => None,
+            Claim::Claimed(operation)
+            | Claim::Duplicate(operation)
+            | Claim::InProgress(operation)
+            | Claim::SettledUnknown(operation)
+            | Claim::SequenceReused(operation) => operation,
         }
     }
 }
 
-/// Where a binding is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BindingState {
-    /// Set up: tools run.
-    Attached,
-    /// Its Brain session ended: no more tools; a workspace's files are kept.
-    Detached,
-    /// Its Brain session was deleted: everything it had is gone.
-    TornDown,
-}
-
-impl BindingState {
-    /// As stored and sent.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BindingState::Attached => "attached",
-            BindingState::Detached => "detached",
-            BindingState::TornDown => "torn_down",
-        }
-    }
-
-    /// From its stored or sent form.
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "attached" => Some(BindingState::Attached),
-            "detached" => Some(BindingState::Detached),
-            "torn_down" => Some(BindingState::TornDown),
-            _ => None,
-        }
+/// Whether a binding in state `from` may move to `to`: attached and detached move either way
+/// (a detached Environment is set up again with what it kept), either may be torn down, and
+/// torn down is final. Moving to the state it is in is allowed (a redelivered detach or
+/// teardown changes nothing).
+pub fn may_move(from: BindingState, to: BindingState) -> bool {
+    use BindingState::{Attached, Detached, TornDown, Unspecified};
+    match (from, to) {
+        (_, Unspecified) | (Unspecified, _) => false,
+        (TornDown, TornDown) => true,
+        (TornDown, Attached | Detached) => false,
+        (Attached | Detached, Attached | Detached | TornDown) => true,
     }
 }
 
@@ -237,17 +187,14 @@ mod tests {
     }
 
     #[test]
-    fn kinds_round_trip() {
-        for lifetime in [Lifetime::Disposable, Lifetime::Workspace] {
-            assert_eq!(Lifetime::parse(lifetime.as_str()), Some(lifetime));
-        }
-        for state in [
-            BindingState::Attached,
-            BindingState::Detached,
-            BindingState::TornDown,
-        ] {
-            assert_eq!(BindingState::parse(state.as_str()), Some(state));
-        }
-        assert_eq!(Lifetime::parse("forever"), None);
+    fn a_torn_down_binding_stays_torn_down() {
+        use BindingState::{Attached, Detached, TornDown, Unspecified};
+        assert!(may_move(Attached, Detached));
+        assert!(may_move(Detached, Attached));
+        assert!(may_move(Detached, TornDown));
+        assert!(may_move(TornDown, TornDown));
+        assert!(!may_move(TornDown, Attached));
+        assert!(!may_move(TornDown, Detached));
+        assert!(!may_move(Attached, Unspecified));
     }
 }

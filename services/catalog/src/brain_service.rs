@@ -7,7 +7,7 @@ use tonic::{Request, Response, Status};
 
 use crate::brain::{
     Binding, BindingKey, BindingState, Claim, Lifetime, NewOperation, Operation, OperationKey,
-    valid_name,
+    OperationKind, valid_name,
 };
 use crate::model::{EnvironmentId, Scope};
 use crate::persistence::{Store, StoreError};
@@ -103,8 +103,36 @@ fn store_error(error: StoreError, what: &str) -> PlinthError {
         StoreError::NotFound => {
             PlinthError::new(ErrorCode::NotFound, format!("{what} was not found"))
         }
+        StoreError::BindingState(state) => binding_refused(state),
         other => PlinthError::internal(&other),
     }
+}
+
+/// A change the binding's life does not allow: `precondition_failed`, with the state it is
+/// in as `detail.binding_state` so the caller can answer in its own terms.
+fn binding_refused(state: BindingState) -> PlinthError {
+    let why = match state {
+        BindingState::TornDown => "it was torn down, which is final: set up a new Environment",
+        BindingState::Detached => "it is detached: set it up again first",
+        BindingState::Attached | BindingState::Unspecified => "its state does not allow it",
+    };
+    PlinthError::new(
+        ErrorCode::PreconditionFailed,
+        format!("the binding is {}; {why}", state.label()),
+    )
+    .with_detail(serde_json::json!({ "binding_state": state.label() }))
+}
+
+/// A closed set's value as received: one of its values, never UNSPECIFIED or a number this
+/// build does not know.
+fn closed<T>(field: &str, value: i32) -> Result<T, PlinthError>
+where
+    T: TryFrom<i32> + PartialEq + Default + Copy,
+{
+    T::try_from(value)
+        .ok()
+        .filter(|value| *value != T::default())
+        .ok_or_else(|| PlinthError::invalid(format!("{field}: {value} is not one of its values")))
 }
 
 impl From<OperationKey> for pb::OperationKey {
@@ -122,9 +150,9 @@ impl From<Operation> for pb::BrainOperation {
         pb::BrainOperation {
             key: Some(operation.key.into()),
             environment: operation.environment,
-            kind: operation.kind,
+            kind: operation.kind.into(),
             digest: operation.digest,
-            state: operation.state.as_str().to_owned(),
+            state: operation.state.into(),
             runner: operation.runner,
             lease_until_ms: operation.lease_until_ms,
             cancel_requested: operation.cancel_requested,
@@ -152,13 +180,13 @@ impl From<Binding> for pb::Binding {
             scope: binding.scope.as_str().to_owned(),
             environment_id: binding.environment_id.as_str().to_owned(),
             version: binding.version,
-            lifetime: binding.lifetime.as_str().to_owned(),
+            lifetime: binding.lifetime.into(),
             release_on_turn_end: binding.release_on_turn_end,
             plinth_session_id: binding
                 .plinth_session
                 .map(|id| id.as_str().to_owned())
                 .unwrap_or_default(),
-            state: binding.state.as_str().to_owned(),
+            state: binding.state.into(),
             configuration_json: binding.configuration,
             created_at_ms: binding.created_at_ms,
             updated_at_ms: binding.updated_at_ms,
@@ -178,9 +206,7 @@ impl TryFrom<pb::Binding> for Binding {
                 format!("environment {:?} not found", binding.environment_id),
             )
         })?;
-        let lifetime = Lifetime::parse(&binding.lifetime).ok_or_else(|| {
-            PlinthError::invalid("lifetime: `disposable` or `workspace`".to_owned())
-        })?;
+        let lifetime: Lifetime = closed("binding.lifetime", binding.lifetime)?;
         json_text("configuration_json", &binding.configuration_json)?;
         Ok(Binding {
             key,
@@ -212,38 +238,40 @@ impl pb::brain_service_server::BrainService for Brain {
         let request = request.into_inner();
         let key = operation_key(request.key)?;
         name("environment", &request.environment)?;
-        name("kind", &request.kind)?;
         name("digest", &request.digest)?;
         name("runner", &request.runner)?;
+        if request.unknown_receipt_json.is_empty() {
+            return Err(PlinthError::invalid(
+                "unknown_receipt_json: required, the receipt an abandoned operation is settled with",
+            )
+            .into());
+        }
+        json_text("unknown_receipt_json", &request.unknown_receipt_json)?;
+        let kind: OperationKind = closed("kind", request.kind)?;
         let new = NewOperation {
             key,
             environment: request.environment,
-            kind: request.kind,
+            kind,
             digest: request.digest,
             runner: request.runner,
             lease_ms: lease(request.lease_ms)?,
         };
         let claim = self
             .store
-            .claim_operation(&new)
+            .claim_operation(&new, &request.unknown_receipt_json)
             .await
             .map_err(|error| PlinthError::internal(&error))?;
-        let response = match claim {
-            Claim::Started(operation) => pb::ClaimOperationResponse {
-                started: true,
-                operation: Some(operation.into()),
-                lease_live: true,
-            },
-            Claim::Duplicate {
-                operation,
-                lease_live,
-            } => pb::ClaimOperationResponse {
-                started: false,
-                operation: Some(operation.into()),
-                lease_live,
-            },
+        let outcome = match &claim {
+            Claim::Claimed(_) => pb::ClaimOutcome::Claimed,
+            Claim::Duplicate(_) => pb::ClaimOutcome::Duplicate,
+            Claim::InProgress(_) => pb::ClaimOutcome::InProgress,
+            Claim::SettledUnknown(_) => pb::ClaimOutcome::SettledUnknown,
+            Claim::SequenceReused(_) => pb::ClaimOutcome::SequenceReused,
         };
-        Ok(Response::new(response))
+        Ok(Response::new(pb::ClaimOperationResponse {
+            operation: Some(claim.operation().clone().into()),
+            outcome: outcome.into(),
+        }))
     }
 
     #[tracing::instrument(name = "catalog.renew_operation", skip_all)]
@@ -272,31 +300,20 @@ impl pb::brain_service_server::BrainService for Brain {
         let request = request.into_inner();
         let key = operation_key(request.key)?;
         json_text("receipt_json", &request.receipt_json)?;
+        let turns = request
+            .turns
+            .into_iter()
+            .map(crate::adapter_service::new_turn)
+            .collect::<Result<Vec<_>, _>>()?;
         let (recorded, operation) = self
             .store
-            .finish_operation(&key, &request.runner, &request.receipt_json)
+            .finish_operation(&key, &request.runner, &request.receipt_json, &turns)
             .await
             .map_err(|error| store_error(error, "the operation"))?;
         Ok(Response::new(pb::FinishOperationResponse {
             recorded,
             operation: Some(operation.into()),
         }))
-    }
-
-    #[tracing::instrument(name = "catalog.settle_abandoned", skip_all)]
-    async fn settle_abandoned(
-        &self,
-        request: Request<pb::SettleAbandonedRequest>,
-    ) -> Result<Response<pb::BrainOperation>, Status> {
-        let request = request.into_inner();
-        let key = operation_key(request.key)?;
-        json_text("receipt_json", &request.receipt_json)?;
-        let operation = self
-            .store
-            .settle_abandoned(&key, &request.receipt_json)
-            .await
-            .map_err(|error| store_error(error, "the operation"))?;
-        Ok(Response::new(operation.into()))
     }
 
     #[tracing::instrument(name = "catalog.cancel_operation", skip_all)]
@@ -344,7 +361,7 @@ impl pb::brain_service_server::BrainService for Brain {
             .await
             .map_err(|error| PlinthError::internal(&error))?;
         if created {
-            tracing::info!(adapter = %binding.key.adapter_id, brain_session = %binding.key.session_id, environment = %binding.key.environment, version = binding.version, lifetime = binding.lifetime.as_str(), "brain binding set up");
+            tracing::info!(adapter = %binding.key.adapter_id, brain_session = %binding.key.session_id, environment = %binding.key.environment, version = binding.version, lifetime = binding.lifetime.label(), "brain binding set up");
         }
         Ok(Response::new(pb::CreateBindingResponse {
             created,
@@ -398,8 +415,7 @@ impl pb::brain_service_server::BrainService for Brain {
     ) -> Result<Response<pb::Binding>, Status> {
         let request = request.into_inner();
         let key = binding_key(request.key)?;
-        let state = BindingState::parse(&request.state)
-            .ok_or_else(|| PlinthError::invalid("state: `attached`, `detached` or `torn_down`"))?;
+        let state: BindingState = closed("state", request.state)?;
         let binding = self
             .store
             .set_binding_state(&key, state)

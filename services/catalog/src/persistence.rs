@@ -14,11 +14,12 @@ mod builds;
 mod collection;
 mod gauges;
 mod harnesses;
+mod ledger;
 mod quotas;
 mod retention;
 mod sessions;
 
-pub use adapters::{AdapterCredentials, Claimed, OpenedRun};
+pub use adapters::{AdapterCredentials, Claimed, NewTurn, OpenedRun};
 pub use builds::{BUILD_QUEUED_CHANNEL, LeasePolicy, MAX_LOG_BYTES};
 pub use collection::CollectionRoots;
 use plinth_kit::database::{Backend, Database, DatabaseError, MigrationFile, now_ms};
@@ -226,6 +227,9 @@ pub enum StoreError {
     /// An adapter's run whose session has ended.
     #[error("the run's session has ended")]
     RunEnded,
+    /// A Brain binding's life does not allow the change: it is in this state.
+    #[error("the binding is {}", .0.label())]
+    BindingState(crate::brain::BindingState),
     /// No node agent has heartbeated recently enough to be given a session.
     #[error("no node agent is alive")]
     NoLiveNode,

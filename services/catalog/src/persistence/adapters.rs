@@ -17,10 +17,13 @@ use plinth_kit::database::{Backend, now_ms};
 use sqlx::any::AnyRow;
 use sqlx::{Executor as _, Row};
 
+use super::ledger::{self, Found, Table, Value};
+pub use super::sessions::NewTurn;
 use super::{Store, StoreError};
 use crate::adapters::{Adapter, AdapterId, NewAdapter, Protocol};
 use crate::model::{EnvironmentId, Scope};
 use crate::seal::SealError;
+use crate::sessions::Turn;
 
 /// Most runs one `end_idle_runs` ends: its answer (the ended sessions) stays well inside a
 /// gRPC message.
@@ -69,7 +72,7 @@ impl Store {
              WHERE scope = $7 AND id = $8",
         )
         .bind(adapter.id.as_str())
-        .bind(adapter.protocol.as_str())
+        .bind(adapter.protocol.label())
         .bind(&sealed)
         .bind(now)
         .bind(origins_text(&adapter.callback_origins))
@@ -330,7 +333,7 @@ fn adapter_from_row(row: &AnyRow, now: i64) -> Result<Adapter, StoreError> {
     Ok(Adapter {
         id: AdapterId::parse(&id).ok_or_else(|| corrupt("id"))?,
         scope: Scope::parse(&scope).map_err(|_| corrupt("scope"))?,
-        protocol: Protocol::parse(&protocol).ok_or_else(|| corrupt("protocol"))?,
+        protocol: Protocol::from_label(&protocol).ok_or_else(|| corrupt("protocol"))?,
         environment_id: EnvironmentId::parse(&environment).ok_or_else(|| corrupt("environment"))?,
         created_at_ms: row.try_get("created_at_ms")?,
         rotated_at_ms: row.try_get("rotated_at_ms")?,
@@ -368,6 +371,45 @@ fn outcome_unknown_answer() -> String {
         }
     })
     .to_string()
+}
+
+/// The idempotency ledger's columns.
+const KEYS: Table = Table {
+    name: "idempotency_keys",
+    key: &["adapter_id", "key"],
+    digest: "body_sha256",
+    holder: "claim",
+    state: "state",
+    running: "running",
+    done: "done",
+    answer: &["status", "response"],
+    stamp: "expires_at_ms",
+};
+
+/// The stored answer of a record known to be done (or the claim in flight, if it is not).
+async fn stored_answer(
+    connection: &mut sqlx::AnyConnection,
+    adapter: &AdapterId,
+    key: &str,
+) -> Result<Claimed, StoreError> {
+    let row = sqlx::query(
+        "SELECT state, status, response FROM idempotency_keys WHERE adapter_id = $1 AND key = $2",
+    )
+    .bind(adapter.as_str())
+    .bind(key)
+    .fetch_optional(&mut *connection)
+    .await?
+    .ok_or(StoreError::NotFound)?;
+    let state: String = row.try_get("state")?;
+    if state != KEYS.done {
+        return Ok(Claimed::InFlight);
+    }
+    let status: i64 = row.try_get("status")?;
+    Ok(Claimed::Done {
+        status: u32::try_from(status)
+            .map_err(|_| StoreError::Corrupt(format!("idempotency answer status {status}")))?,
+        response: row.try_get("response")?,
+    })
 }
 
 /// What a claim on an idempotency key found.
@@ -536,10 +578,10 @@ impl Store {
         Ok(ended)
     }
 
-    /// Claims `key` for a call with this body (see [`Claimed`]). The insert is the claim. A
-    /// claim whose lease ran out with no answer is settled, compare-and-set on its token, as
-    /// an `outcome_unknown` answer (the call may have taken effect, so it is never run
-    /// again); only a record past its retention is taken over and run anew.
+    /// Claims `key` for a call with this body (see [`Claimed`]), by the ledger's rules
+    /// (`super::ledger`), in one transaction. A claim whose lease ran out with no answer is
+    /// settled as an `outcome_unknown` answer (the call may have taken effect, so it is never
+    /// run again); only a record past its retention is taken over and run anew.
     pub async fn claim_key(
         &self,
         adapter: &AdapterId,
@@ -551,41 +593,49 @@ impl Store {
     ) -> Result<Claimed, StoreError> {
         let now = now_ms();
         let claim = uuid::Uuid::new_v4().simple().to_string();
-        let inserted = sqlx::query(
-            "INSERT INTO idempotency_keys (adapter_id, key, run_id, body_sha256, state, claim, \
-             lease_until_ms, expires_at_ms) VALUES ($1, $2, $3, $4, 'running', $5, $6, $7) \
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(adapter.as_str())
-        .bind(key)
-        .bind(run_id)
-        .bind(body_sha256)
-        .bind(&claim)
-        .bind(now.saturating_add(lease_ms))
-        .bind(now.saturating_add(retention_ms))
-        .execute(&self.db.writer)
-        .await?;
-        if inserted.rows_affected() == 1 {
+        let lease_until = now.saturating_add(lease_ms);
+        let keep_until = now.saturating_add(retention_ms);
+        let record = [Value::Text(adapter.as_str()), Value::Text(key)];
+        let mut tx = self.db.begin_write().await?;
+        let claimed = KEYS
+            .claim(
+                &mut tx,
+                &[
+                    "adapter_id",
+                    "key",
+                    "run_id",
+                    "body_sha256",
+                    "claim",
+                    "lease_until_ms",
+                    "expires_at_ms",
+                ],
+                &[
+                    record[0],
+                    record[1],
+                    Value::Text(run_id),
+                    Value::Text(body_sha256),
+                    Value::Text(&claim),
+                    Value::Int(lease_until),
+                    Value::Int(keep_until),
+                ],
+            )
+            .await?;
+        if claimed {
+            tx.commit().await?;
             return Ok(Claimed::Claimed(claim));
         }
         let row = sqlx::query(
-            "SELECT body_sha256, state, claim, lease_until_ms, status, response, expires_at_ms \
-             FROM idempotency_keys WHERE adapter_id = $1 AND key = $2",
+            "SELECT claim, expires_at_ms FROM idempotency_keys WHERE adapter_id = $1 AND key = $2",
         )
         .bind(adapter.as_str())
         .bind(key)
-        .fetch_optional(&self.db.writer)
+        .fetch_optional(&mut *tx)
         .await?
         .ok_or(StoreError::NotFound)?;
-        let stored_body: String = row.try_get("body_sha256")?;
-        let mut state: String = row.try_get("state")?;
-        let held: String = row.try_get("claim")?;
-        let lease_until: i64 = row.try_get("lease_until_ms")?;
         let expires: i64 = row.try_get("expires_at_ms")?;
-        let mut status: i64 = row.try_get("status")?;
-        let mut response: String = row.try_get("response")?;
         if expires <= now {
             // A record past its retention: the key is free again.
+            let held: String = row.try_get("claim")?;
             let taken = sqlx::query(
                 "UPDATE idempotency_keys SET run_id = $1, body_sha256 = $2, state = 'running', \
                  claim = $3, lease_until_ms = $4, status = 0, response = '', expires_at_ms = $5 \
@@ -594,58 +644,56 @@ impl Store {
             .bind(run_id)
             .bind(body_sha256)
             .bind(&claim)
-            .bind(now.saturating_add(lease_ms))
-            .bind(now.saturating_add(retention_ms))
+            .bind(lease_until)
+            .bind(keep_until)
             .bind(adapter.as_str())
             .bind(key)
             .bind(&held)
             .bind(now)
-            .execute(&self.db.writer)
+            .execute(&mut *tx)
             .await?;
+            tx.commit().await?;
+            // Taken over by a concurrent claim otherwise: that one runs it.
             return Ok(if taken.rows_affected() == 1 {
                 Claimed::Claimed(claim)
             } else {
                 Claimed::InFlight
             });
         }
-        if state == "running" && lease_until <= now {
-            // The claim's holder stopped renewing before storing an answer: it died, or lost
-            // the catalog for a whole lease. What it did is not known and never will be.
-            let unknown = outcome_unknown_answer();
-            let settled = sqlx::query(
-                "UPDATE idempotency_keys SET state = 'done', status = $1, response = $2, \
-                 expires_at_ms = $3 WHERE adapter_id = $4 AND key = $5 AND claim = $6 \
-                 AND state = 'running' AND lease_until_ms <= $7",
-            )
-            .bind(i64::from(OUTCOME_UNKNOWN_STATUS))
-            .bind(&unknown)
-            .bind(now.saturating_add(retention_ms))
-            .bind(adapter.as_str())
-            .bind(key)
-            .bind(&held)
-            .bind(now)
-            .execute(&self.db.writer)
-            .await?;
-            if settled.rows_affected() == 1 {
-                tracing::warn!(adapter = %adapter, "an idempotent call's claim ran out with no answer; settled as outcome unknown");
-                state = "done".to_owned();
-                status = i64::from(OUTCOME_UNKNOWN_STATUS);
-                response = unknown;
-            } else {
-                // Renewed, answered or settled meanwhile: look again on the next try.
-                return Ok(Claimed::InFlight);
+        let (digest, holder, running, lease_until_ms) = KEYS
+            .found(&mut tx, &record)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        let claimed = match ledger::decide(&digest, running, lease_until_ms, body_sha256, now) {
+            Found::Mismatch => Claimed::Mismatch,
+            Found::Live => Claimed::InFlight,
+            Found::Done => stored_answer(&mut tx, adapter, key).await?,
+            Found::Abandoned => {
+                // The claim's holder stopped renewing before storing an answer: it died, or
+                // lost the catalog for a whole lease. What it did is not known and never
+                // will be.
+                let unknown = outcome_unknown_answer();
+                let settled = KEYS
+                    .answer(
+                        &mut tx,
+                        &record,
+                        &holder,
+                        &[
+                            Value::Int(i64::from(OUTCOME_UNKNOWN_STATUS)),
+                            Value::Text(&unknown),
+                        ],
+                        keep_until,
+                        Some(now),
+                    )
+                    .await?;
+                if settled {
+                    tracing::warn!(adapter = %adapter, "an idempotent call's claim ran out with no answer; settled as outcome unknown");
+                }
+                stored_answer(&mut tx, adapter, key).await?
             }
-        }
-        if stored_body != body_sha256 {
-            return Ok(Claimed::Mismatch);
-        }
-        if state == "running" {
-            return Ok(Claimed::InFlight);
-        }
-        Ok(Claimed::Done {
-            status: u32::try_from(status).unwrap_or(500),
-            response,
-        })
+        };
+        tx.commit().await?;
+        Ok(claimed)
     }
 
     /// Extends a running claim's lease to `lease_ms` from now; false once the claim has an
@@ -657,45 +705,60 @@ impl Store {
         claim: &str,
         lease_ms: i64,
     ) -> Result<bool, StoreError> {
-        let renewed = sqlx::query(
-            "UPDATE idempotency_keys SET lease_until_ms = $1 WHERE adapter_id = $2 AND key = $3 \
-             AND claim = $4 AND state = 'running'",
-        )
-        .bind(now_ms().saturating_add(lease_ms))
-        .bind(adapter.as_str())
-        .bind(key)
-        .bind(claim)
-        .execute(&self.db.writer)
-        .await?;
-        Ok(renewed.rows_affected() == 1)
+        let mut connection = self.db.writer.acquire().await?;
+        let renewed = KEYS
+            .renew(
+                &mut connection,
+                &[Value::Text(adapter.as_str()), Value::Text(key)],
+                claim,
+                now_ms().saturating_add(lease_ms),
+                "",
+            )
+            .await?;
+        Ok(renewed.is_some())
     }
 
-    /// Stores a claimed call's answer; answers whether it was stored. A claim that was
-    /// settled (its lease ran out first) or taken over stores nothing: the answer already
-    /// given to a retry stays the answer.
+    /// Stores a claimed call's answer, and records the turn the call made in the same
+    /// transaction; answers whether the answer was stored, and the turn recorded. A claim
+    /// that was settled (its lease ran out first) or taken over stores nothing: the answer
+    /// already given to a retry stays the answer, and the turn is recorded all the same (the
+    /// call ran). A repeat of a finish whose answer is already stored (its reply was lost)
+    /// records no second turn. A session that takes no turn any more (it ended) leaves the
+    /// answer stored and the turn out.
     pub async fn finish_key(
         &self,
         adapter: &AdapterId,
         key: &str,
         claim: &str,
-        status: u32,
-        response: &str,
+        answer: (u32, &str),
+        turn: Option<&NewTurn>,
         retention_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let stored = sqlx::query(
-            "UPDATE idempotency_keys SET state = 'done', status = $1, response = $2, \
-             expires_at_ms = $3 WHERE adapter_id = $4 AND key = $5 AND claim = $6 \
-             AND state = 'running'",
-        )
-        .bind(i64::from(status))
-        .bind(response)
-        .bind(now_ms().saturating_add(retention_ms))
-        .bind(adapter.as_str())
-        .bind(key)
-        .bind(claim)
-        .execute(&self.db.writer)
-        .await?;
-        Ok(stored.rows_affected() == 1)
+    ) -> Result<(bool, Option<Turn>), StoreError> {
+        let (status, response) = answer;
+        let record = [Value::Text(adapter.as_str()), Value::Text(key)];
+        let mut tx = self.db.begin_write().await?;
+        let stored = KEYS
+            .answer(
+                &mut tx,
+                &record,
+                claim,
+                &[Value::Int(i64::from(status)), Value::Text(response)],
+                now_ms().saturating_add(retention_ms),
+                None,
+            )
+            .await?;
+        let same = stored
+            || stored_answer(&mut tx, adapter, key).await?
+                == (Claimed::Done {
+                    status,
+                    response: response.to_owned(),
+                });
+        let mut recorded = None;
+        if let Some(turn) = turn.filter(|_| ledger::turns_due(stored, same)) {
+            recorded = super::sessions::insert_turn(&mut tx, turn).await?;
+        }
+        tx.commit().await?;
+        Ok((stored, recorded))
     }
 
     /// Gives a claim up, so a retry runs the call: only for a call that certainly did not
@@ -706,14 +769,12 @@ impl Store {
         key: &str,
         claim: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "DELETE FROM idempotency_keys WHERE adapter_id = $1 AND key = $2 AND claim = $3 \
-             AND state = 'running'",
+        let mut connection = self.db.writer.acquire().await?;
+        KEYS.release(
+            &mut connection,
+            &[Value::Text(adapter.as_str()), Value::Text(key)],
+            claim,
         )
-        .bind(adapter.as_str())
-        .bind(key)
-        .bind(claim)
-        .execute(&self.db.writer)
         .await?;
         Ok(())
     }

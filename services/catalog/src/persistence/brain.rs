@@ -1,20 +1,21 @@
 //! The Brain operation ledger and bindings. What is durable here and why: Brain sends each
 //! operation once and may deliver it again (after either side restarts); an operation must
-//! never run twice, and every delivery must answer the same receipt. So an operation is
-//! claimed by one `INSERT … ON CONFLICT DO NOTHING` before it runs (the primary key decides
-//! who runs it, however deliveries race across gateway replicas), and its receipt is stored
-//! by an UPDATE that names the claim and requires the row still started, so a runner that
-//! lost its lease can never overwrite the `unknown` a later delivery was told. A binding's
-//! Plinth session is replaced only by compare-and-set on its row.
+//! never run twice, and every delivery must answer the same receipt. The claim, lease,
+//! settle and finish rules are the ledger's (`super::ledger`), shared with Novo's idempotency
+//! keys; what a delivery answers is decided here, in the claim's transaction. A binding's
+//! Plinth session is replaced only by compare-and-set on its row, and its state moves only
+//! as `crate::brain::may_move` allows, checked by the UPDATE itself.
 
 use plinth_kit::database::now_ms;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use super::ledger::{self, Found, Table, Value};
+use super::sessions::NewTurn;
 use super::{Store, StoreError};
 use crate::brain::{
     Binding, BindingKey, BindingState, Claim, Lifetime, NewOperation, Operation, OperationKey,
-    OperationState,
+    OperationKind, OperationState, may_move,
 };
 use crate::model::{EnvironmentId, Scope};
 use crate::sessions::SessionId;
@@ -26,60 +27,117 @@ const BINDING_COLUMNS: &str = "adapter_id, session_id, environment, scope, envir
      version, lifetime, release_on_turn_end, plinth_session_id, state, configuration, \
      created_at_ms, updated_at_ms";
 
+/// The operation ledger's columns.
+const OPERATIONS: Table = Table {
+    name: "brain_operations",
+    key: &["adapter_id", "session_id", "sequence"],
+    digest: "digest",
+    holder: "runner",
+    state: "state",
+    running: "started",
+    done: "finished",
+    answer: &["receipt"],
+    stamp: "finished_at_ms",
+};
+
+fn key_values(key: &OperationKey) -> Result<[Value<'_>; 3], StoreError> {
+    Ok([
+        Value::Text(&key.adapter_id),
+        Value::Text(&key.session_id),
+        Value::Int(sequence(key)?),
+    ])
+}
+
 fn sequence(key: &OperationKey) -> Result<i64, StoreError> {
     i64::try_from(key.sequence)
         .map_err(|_| StoreError::Corrupt(format!("sequence {} is past 2^63", key.sequence)))
 }
 
 impl Store {
-    /// Claims an operation for `new.runner`, or answers it as stored when it was delivered
-    /// before (with whether its runner's lease is still live).
-    pub async fn claim_operation(&self, new: &NewOperation) -> Result<Claim, StoreError> {
+    /// Claims an operation for `new.runner`, or decides what an earlier delivery of it
+    /// answers (see [`Claim`]); one that was abandoned is settled with `unknown` in this same
+    /// transaction.
+    pub async fn claim_operation(
+        &self,
+        new: &NewOperation,
+        unknown: &str,
+    ) -> Result<Claim, StoreError> {
         let now = now_ms();
-        let inserted = sqlx::query(
-            "INSERT INTO brain_operations (adapter_id, session_id, sequence, environment, kind, \
-             digest, state, runner, lease_until_ms, started_at_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6, 'started', $7, $8, $9) \
-             ON CONFLICT (adapter_id, session_id, sequence) DO NOTHING",
-        )
-        .bind(&new.key.adapter_id)
-        .bind(&new.key.session_id)
-        .bind(sequence(&new.key)?)
-        .bind(&new.environment)
-        .bind(&new.kind)
-        .bind(&new.digest)
-        .bind(&new.runner)
-        .bind(now + new.lease_ms)
-        .bind(now)
-        .execute(&self.db.writer)
-        .await?;
-        let operation = self.operation(&new.key).await?;
-        if inserted.rows_affected() == 1 {
-            return Ok(Claim::Started(operation));
+        let key = key_values(&new.key)?;
+        let mut tx = self.db.begin_write().await?;
+        let claimed = OPERATIONS
+            .claim(
+                &mut tx,
+                &[
+                    "adapter_id",
+                    "session_id",
+                    "sequence",
+                    "environment",
+                    "kind",
+                    "digest",
+                    "runner",
+                    "lease_until_ms",
+                    "started_at_ms",
+                ],
+                &[
+                    key[0],
+                    key[1],
+                    key[2],
+                    Value::Text(&new.environment),
+                    Value::Text(new.kind.label()),
+                    Value::Text(&new.digest),
+                    Value::Text(&new.runner),
+                    Value::Int(now.saturating_add(new.lease_ms)),
+                    Value::Int(now),
+                ],
+            )
+            .await?;
+        let mut settling = false;
+        let claim: fn(Operation) -> Claim = if claimed {
+            Claim::Claimed
+        } else {
+            let (digest, holder, running, lease_until) = OPERATIONS
+                .found(&mut tx, &key)
+                .await?
+                .ok_or(StoreError::NotFound)?;
+            match ledger::decide(&digest, running, lease_until, &new.digest, now) {
+                Found::Mismatch => Claim::SequenceReused,
+                Found::Done => Claim::Duplicate,
+                Found::Live => Claim::InProgress,
+                Found::Abandoned => {
+                    settling = true;
+                    let settled = OPERATIONS
+                        .answer(
+                            &mut tx,
+                            &key,
+                            &holder,
+                            &[Value::Text(unknown)],
+                            now,
+                            Some(now),
+                        )
+                        .await?;
+                    if settled {
+                        tracing::warn!(brain_session = %new.key.session_id, sequence = new.key.sequence, "a brain operation abandoned mid-run is settled as unknown");
+                    }
+                    // Not settled here when a concurrent delivery settled it first (its
+                    // receipt is the answer) or its runner renewed just now (it runs).
+                    Claim::SettledUnknown
+                }
+            }
+        };
+        let operation = operation_in(&mut tx, &new.key).await?;
+        tx.commit().await?;
+        if settling && operation.state == OperationState::Started {
+            return Ok(Claim::InProgress(operation));
         }
-        let lease_live =
-            operation.state == OperationState::Started && operation.lease_until_ms > now_ms();
-        Ok(Claim::Duplicate {
-            operation,
-            lease_live,
-        })
+        Ok(claim(operation))
     }
 
     /// One operation; `NotFound` when it was never delivered. Read from the writer, so a
     /// claim or finish just made is always seen.
     pub async fn operation(&self, key: &OperationKey) -> Result<Operation, StoreError> {
-        let sql = format!(
-            "SELECT {OPERATION_COLUMNS} FROM brain_operations \
-             WHERE adapter_id = $1 AND session_id = $2 AND sequence = $3"
-        );
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(&key.adapter_id)
-            .bind(&key.session_id)
-            .bind(sequence(key)?)
-            .fetch_optional(&self.db.writer)
-            .await?
-            .ok_or(StoreError::NotFound)?;
-        operation_from_row(&row)
+        let mut connection = self.db.writer.acquire().await?;
+        operation_in(&mut connection, key).await
     }
 
     /// Extends `runner`'s lease; `None` when it no longer holds the operation, else whether a
@@ -90,67 +148,50 @@ impl Store {
         runner: &str,
         lease_ms: i64,
     ) -> Result<Option<bool>, StoreError> {
-        let row = sqlx::query(
-            "UPDATE brain_operations SET lease_until_ms = $1 \
-             WHERE adapter_id = $2 AND session_id = $3 AND sequence = $4 \
-             AND state = 'started' AND runner = $5 RETURNING cancel_requested",
-        )
-        .bind(now_ms() + lease_ms)
-        .bind(&key.adapter_id)
-        .bind(&key.session_id)
-        .bind(sequence(key)?)
-        .bind(runner)
-        .fetch_optional(&self.db.writer)
-        .await?;
+        let mut connection = self.db.writer.acquire().await?;
+        let row = OPERATIONS
+            .renew(
+                &mut connection,
+                &key_values(key)?,
+                runner,
+                now_ms().saturating_add(lease_ms),
+                "cancel_requested",
+            )
+            .await?;
         row.map(|row| Ok(row.try_get::<i64, _>("cancel_requested")? != 0))
             .transpose()
     }
 
-    /// Stores `runner`'s receipt if the operation is still its own and started; answers
-    /// whether it did, and the operation as stored.
+    /// Stores `runner`'s receipt if the operation is still its own and started, and records
+    /// the `turns` it made in the same transaction (see `ledger::turns_due`; a turn its
+    /// session refuses is left out); answers whether the receipt was stored, and the
+    /// operation as stored.
     pub async fn finish_operation(
         &self,
         key: &OperationKey,
         runner: &str,
         receipt: &str,
+        turns: &[NewTurn],
     ) -> Result<(bool, Operation), StoreError> {
-        let updated = sqlx::query(
-            "UPDATE brain_operations SET state = 'finished', receipt = $1, finished_at_ms = $2 \
-             WHERE adapter_id = $3 AND session_id = $4 AND sequence = $5 \
-             AND state = 'started' AND runner = $6",
-        )
-        .bind(receipt)
-        .bind(now_ms())
-        .bind(&key.adapter_id)
-        .bind(&key.session_id)
-        .bind(sequence(key)?)
-        .bind(runner)
-        .execute(&self.db.writer)
-        .await?;
-        Ok((updated.rows_affected() == 1, self.operation(key).await?))
-    }
-
-    /// Stores `receipt` for an operation still started whose lease has run out; answers the
-    /// operation as stored, whoever stored its receipt.
-    pub async fn settle_abandoned(
-        &self,
-        key: &OperationKey,
-        receipt: &str,
-    ) -> Result<Operation, StoreError> {
-        let now = now_ms();
-        sqlx::query(
-            "UPDATE brain_operations SET state = 'finished', receipt = $1, finished_at_ms = $2 \
-             WHERE adapter_id = $3 AND session_id = $4 AND sequence = $5 \
-             AND state = 'started' AND lease_until_ms <= $2",
-        )
-        .bind(receipt)
-        .bind(now)
-        .bind(&key.adapter_id)
-        .bind(&key.session_id)
-        .bind(sequence(key)?)
-        .execute(&self.db.writer)
-        .await?;
-        self.operation(key).await
+        let mut tx = self.db.begin_write().await?;
+        let recorded = OPERATIONS
+            .answer(
+                &mut tx,
+                &key_values(key)?,
+                runner,
+                &[Value::Text(receipt)],
+                now_ms(),
+                None,
+            )
+            .await?;
+        let operation = operation_in(&mut tx, key).await?;
+        if ledger::turns_due(recorded, operation.receipt == receipt) {
+            for turn in turns {
+                super::sessions::insert_turn(&mut tx, turn).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok((recorded, operation))
     }
 
     /// Asks the runner of a started operation to cancel it; answers the operation as stored.
@@ -178,7 +219,7 @@ impl Store {
         let row = sqlx::query(
             "SELECT COUNT(*) AS running FROM brain_operations \
              WHERE adapter_id = $1 AND session_id = $2 AND environment = $3 \
-             AND state = 'started' AND kind = 'execute' AND sequence < $4 \
+             AND state = 'started' AND kind = $6 AND sequence < $4 \
              AND lease_until_ms > $5",
         )
         .bind(&binding.adapter_id)
@@ -186,6 +227,7 @@ impl Store {
         .bind(&binding.environment)
         .bind(before)
         .bind(now_ms())
+        .bind(OperationKind::Execute.label())
         .fetch_one(&self.db.writer)
         .await?;
         let running: i64 = row.try_get("running")?;
@@ -208,7 +250,7 @@ impl Store {
         .bind(binding.scope.as_str())
         .bind(binding.environment_id.as_str())
         .bind(i64::from(binding.version))
-        .bind(binding.lifetime.as_str())
+        .bind(binding.lifetime.label())
         .bind(i64::from(binding.release_on_turn_end))
         .bind(
             binding
@@ -243,7 +285,8 @@ impl Store {
     }
 
     /// Replaces the binding's Plinth session if it is still `expected`; answers whether it
-    /// was, and the binding as it is now.
+    /// was, and the binding as it is now. A session is given only to an attached binding
+    /// (`BindingState` naming where it is otherwise); taking one away works in every state.
     pub async fn swap_binding_session(
         &self,
         key: &BindingKey,
@@ -253,7 +296,7 @@ impl Store {
         let updated = sqlx::query(
             "UPDATE brain_bindings SET plinth_session_id = $1, updated_at_ms = $2 \
              WHERE adapter_id = $3 AND session_id = $4 AND environment = $5 \
-             AND plinth_session_id = $6",
+             AND plinth_session_id = $6 AND ($1 = '' OR state = 'attached')",
         )
         .bind(replacement.map_or("", SessionId::as_str))
         .bind(now_ms())
@@ -263,36 +306,82 @@ impl Store {
         .bind(expected.map_or("", SessionId::as_str))
         .execute(&self.db.writer)
         .await?;
-        Ok((updated.rows_affected() == 1, self.binding(key).await?))
+        let binding = self.binding(key).await?;
+        if updated.rows_affected() == 0
+            && replacement.is_some()
+            && binding.state != BindingState::Attached
+        {
+            return Err(StoreError::BindingState(binding.state));
+        }
+        Ok((updated.rows_affected() == 1, binding))
     }
 
-    /// Moves a binding to `state`.
+    /// Moves a binding to `state` if its life allows it ([`may_move`]); a binding already in
+    /// `state` is answered unchanged. `NotFound` when there is none, `BindingState` naming
+    /// where it is when the move is refused (a torn-down binding stays torn down).
     pub async fn set_binding_state(
         &self,
         key: &BindingKey,
         state: BindingState,
     ) -> Result<Binding, StoreError> {
-        let updated = sqlx::query(
-            "UPDATE brain_bindings SET state = $1, updated_at_ms = $2 \
-             WHERE adapter_id = $3 AND session_id = $4 AND environment = $5",
-        )
-        .bind(state.as_str())
-        .bind(now_ms())
+        // The states it may move from are in the UPDATE, so a teardown racing a setup can
+        // never be undone.
+        let from: Vec<&str> = BindingState::ALL
+            .iter()
+            .filter(|from| may_move(**from, state) && **from != state)
+            .map(|from| from.label())
+            .collect();
+        let placeholders = (0..from.len())
+            .map(|n| format!("${}", n + 6))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if !from.is_empty() {
+            let sql = format!(
+                "UPDATE brain_bindings SET state = $1, updated_at_ms = $2 \
+                 WHERE adapter_id = $3 AND session_id = $4 AND environment = $5 \
+                 AND state IN ({placeholders})"
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(state.label())
+                .bind(now_ms())
+                .bind(&key.adapter_id)
+                .bind(&key.session_id)
+                .bind(&key.environment);
+            for label in &from {
+                query = query.bind(*label);
+            }
+            query.execute(&self.db.writer).await?;
+        }
+        let binding = self.binding(key).await?;
+        if binding.state != state {
+            return Err(StoreError::BindingState(binding.state));
+        }
+        Ok(binding)
+    }
+}
+
+async fn operation_in(
+    connection: &mut sqlx::AnyConnection,
+    key: &OperationKey,
+) -> Result<Operation, StoreError> {
+    let sql = format!(
+        "SELECT {OPERATION_COLUMNS} FROM brain_operations \
+         WHERE adapter_id = $1 AND session_id = $2 AND sequence = $3"
+    );
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(&key.adapter_id)
         .bind(&key.session_id)
-        .bind(&key.environment)
-        .execute(&self.db.writer)
-        .await?;
-        if updated.rows_affected() == 0 {
-            return Err(StoreError::NotFound);
-        }
-        self.binding(key).await
-    }
+        .bind(sequence(key)?)
+        .fetch_optional(&mut *connection)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+    operation_from_row(&row)
 }
 
 fn operation_from_row(row: &AnyRow) -> Result<Operation, StoreError> {
     let sequence: i64 = row.try_get("sequence")?;
     let state: String = row.try_get("state")?;
+    let kind: String = row.try_get("kind")?;
     let cancel_requested: i64 = row.try_get("cancel_requested")?;
     Ok(Operation {
         key: OperationKey {
@@ -302,9 +391,11 @@ fn operation_from_row(row: &AnyRow) -> Result<Operation, StoreError> {
                 .map_err(|_| StoreError::Corrupt(format!("operation sequence {sequence}")))?,
         },
         environment: row.try_get("environment")?,
-        kind: row.try_get("kind")?,
+        // Rows an earlier version wrote name what Brain sent (`malformed`, a type not
+        // served): every such one is a kind this service does not serve.
+        kind: OperationKind::from_label(&kind).unwrap_or(OperationKind::Other),
         digest: row.try_get("digest")?,
-        state: OperationState::parse(&state)
+        state: OperationState::from_label(&state)
             .ok_or_else(|| StoreError::Corrupt(format!("operation state {state:?}")))?,
         runner: row.try_get("runner")?,
         lease_until_ms: row.try_get("lease_until_ms")?,
@@ -339,10 +430,10 @@ fn binding_from_row(row: &AnyRow) -> Result<Binding, StoreError> {
         environment_id: EnvironmentId::parse(&environment_id)
             .ok_or_else(|| corrupt("environment"))?,
         version: u32::try_from(version).map_err(|_| corrupt("version"))?,
-        lifetime: Lifetime::parse(&lifetime).ok_or_else(|| corrupt("lifetime"))?,
+        lifetime: Lifetime::from_label(&lifetime).ok_or_else(|| corrupt("lifetime"))?,
         release_on_turn_end: release != 0,
         plinth_session,
-        state: BindingState::parse(&state).ok_or_else(|| corrupt("state"))?,
+        state: BindingState::from_label(&state).ok_or_else(|| corrupt("state"))?,
         configuration: row.try_get("configuration")?,
         created_at_ms: row.try_get("created_at_ms")?,
         updated_at_ms: row.try_get("updated_at_ms")?,

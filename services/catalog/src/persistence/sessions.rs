@@ -275,46 +275,17 @@ impl Store {
         detail: &str,
         exit_code: Option<i32>,
     ) -> Result<Turn, StoreError> {
-        let now = now_ms();
         let mut tx = self.db.begin_write().await?;
-        // A turn moves the session's idle end to `now + idle`, unless its lifetime ends it
-        // sooner; a session past its end takes no turn, whether or not the sweep ended it yet.
-        let row = sqlx::query(concat!(
-            "UPDATE sessions SET turns = turns + 1, ends_at_ms = ",
-            idle_end!(),
-            " WHERE id = $1 AND scope = $2 AND status = 'active' \
-             AND (ends_at_ms IS NULL OR ends_at_ms > $3) RETURNING turns, version",
-        ))
-        .bind(id.as_str())
-        .bind(scope.as_str())
-        .bind(now)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(StoreError::NotFound)?;
-        let sequence: i64 = row.try_get("turns")?;
-        let version: i64 = row.try_get("version")?;
-        let turn = Turn {
-            session_id: id.clone(),
-            sequence: u64::try_from(sequence).unwrap_or(0),
+        let new = NewTurn {
+            scope: scope.clone(),
+            session: id.clone(),
             kind,
-            detail: cut(detail, MAX_TURN_DETAIL_BYTES),
-            version: u32::try_from(version).unwrap_or(0),
-            at_ms: now,
+            detail: detail.to_owned(),
             exit_code,
         };
-        sqlx::query(
-            "INSERT INTO turns (session_id, sequence, kind, detail, version, at_ms, exit_code) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        )
-        .bind(id.as_str())
-        .bind(sequence)
-        .bind(kind.as_str())
-        .bind(&turn.detail)
-        .bind(version)
-        .bind(turn.at_ms)
-        .bind(exit_code.map(i64::from))
-        .execute(&mut *tx)
-        .await?;
+        let turn = insert_turn(&mut tx, &new)
+            .await?
+            .ok_or(StoreError::NotFound)?;
         tx.commit().await?;
         Ok(turn)
     }
@@ -815,4 +786,76 @@ fn session_from_row(row: &AnyRow) -> Result<Session, StoreError> {
         owner: row.try_get("owner")?,
         limits,
     })
+}
+
+/// A turn to record with an adapter's stored answer (an idempotent call's, an operation's
+/// receipt), in the same transaction.
+#[derive(Debug, Clone)]
+pub struct NewTurn {
+    /// The session's scope.
+    pub scope: Scope,
+    /// The session.
+    pub session: SessionId,
+    /// What the call was.
+    pub kind: TurnKind,
+    /// Its detail (a path, a command).
+    pub detail: String,
+    /// A command's exit code.
+    pub exit_code: Option<i32>,
+}
+
+/// Records `turn` in `connection`'s transaction (as [`Store::record_turn`] does); `None` when
+/// its session takes no turn (not there, ended, or past its end), with nothing written.
+pub(super) async fn insert_turn(
+    connection: &mut sqlx::AnyConnection,
+    turn: &NewTurn,
+) -> Result<Option<Turn>, StoreError> {
+    let NewTurn {
+        scope,
+        session: id,
+        kind,
+        detail,
+        exit_code,
+    } = turn;
+    let (kind, exit_code) = (*kind, *exit_code);
+    let now = now_ms();
+    // A turn moves the session's idle end to `now + idle`, unless its lifetime ends it
+    // sooner; a session past its end takes no turn, whether or not the sweep ended it yet.
+    let row = sqlx::query(concat!(
+        "UPDATE sessions SET turns = turns + 1, ends_at_ms = ",
+        idle_end!(),
+        " WHERE id = $1 AND scope = $2 AND status = 'active' \
+         AND (ends_at_ms IS NULL OR ends_at_ms > $3) RETURNING turns, version",
+    ))
+    .bind(id.as_str())
+    .bind(scope.as_str())
+    .bind(now)
+    .fetch_optional(&mut *connection)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let sequence: i64 = row.try_get("turns")?;
+    let version: i64 = row.try_get("version")?;
+    let turn = Turn {
+        session_id: id.clone(),
+        sequence: u64::try_from(sequence).unwrap_or(0),
+        kind,
+        detail: cut(detail, MAX_TURN_DETAIL_BYTES),
+        version: u32::try_from(version).unwrap_or(0),
+        at_ms: now,
+        exit_code,
+    };
+    sqlx::query(
+        "INSERT INTO turns (session_id, sequence, kind, detail, version, at_ms, exit_code) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(id.as_str())
+    .bind(sequence)
+    .bind(kind.as_str())
+    .bind(&turn.detail)
+    .bind(version)
+    .bind(turn.at_ms)
+    .bind(exit_code.map(i64::from))
+    .execute(&mut *connection)
+    .await?;
+    Ok(Some(turn))
 }

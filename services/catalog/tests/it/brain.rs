@@ -5,12 +5,13 @@
 use std::time::Duration;
 
 use plinth_catalog::brain::{
-    Binding, BindingKey, BindingState, Claim, Lifetime, NewOperation, OperationKey, OperationState,
+    Binding, BindingKey, BindingState, Claim, Lifetime, NewOperation, OperationKey, OperationKind,
+    OperationState,
 };
 use plinth_catalog::model::{
     BuildStatus, EnvironmentId, NewEnvironment, Outcome, PageRequest, Scope,
 };
-use plinth_catalog::persistence::NewSession;
+use plinth_catalog::persistence::{NewSession, NewTurn};
 use plinth_catalog::{Store, StoreError};
 
 use crate::LEASES;
@@ -20,6 +21,10 @@ backend_suite!(
     concurrent_deliveries_let_exactly_one_run,
     an_abandoned_operation_is_settled_once_and_its_runner_fenced,
     a_live_lease_is_never_settled,
+    a_reused_sequence_is_refused_and_changes_nothing,
+    a_receipt_and_its_turns_are_one_write_and_a_repeat_records_none,
+    a_torn_down_binding_is_neither_detached_nor_attached_again,
+    a_session_is_given_only_to_an_attached_binding,
     a_cancellation_reaches_the_runner_through_its_lease,
     a_release_waits_only_for_earlier_live_executions_of_its_binding,
     a_binding_is_set_up_once_and_its_session_swapped_by_compare_and_set,
@@ -34,11 +39,14 @@ fn key(sequence: u64) -> OperationKey {
     }
 }
 
-fn delivery(sequence: u64, kind: &str, runner: &str, lease_ms: i64) -> NewOperation {
+/// The receipt a delivery that finds its operation abandoned settles it with.
+const UNKNOWN: &str = r#"{"type":"unknown"}"#;
+
+fn delivery(sequence: u64, kind: OperationKind, runner: &str, lease_ms: i64) -> NewOperation {
     NewOperation {
         key: key(sequence),
         environment: "workspace".into(),
-        kind: kind.into(),
+        kind,
         digest: format!("digest-{sequence}"),
         runner: runner.into(),
         lease_ms,
@@ -55,10 +63,13 @@ fn binding_key() -> BindingKey {
 
 async fn an_operation_runs_once_and_answers_its_receipt_ever_after(store: Store) {
     let first = store
-        .claim_operation(&delivery(1, "execute", "runner-a", 60_000))
+        .claim_operation(
+            &delivery(1, OperationKind::Execute, "runner-a", 60_000),
+            UNKNOWN,
+        )
         .await
         .expect("claim");
-    let Claim::Started(started) = first else {
+    let Claim::Claimed(started) = first else {
         panic!("a new operation is started: {first:?}")
     };
     assert_eq!(started.state, OperationState::Started);
@@ -67,27 +78,25 @@ async fn an_operation_runs_once_and_answers_its_receipt_ever_after(store: Store)
 
     // Delivered again while it runs: the first claim stands and its lease is live.
     let again = store
-        .claim_operation(&delivery(1, "execute", "runner-b", 60_000))
+        .claim_operation(
+            &delivery(1, OperationKind::Execute, "runner-b", 60_000),
+            UNKNOWN,
+        )
         .await
         .expect("claim again");
-    let Claim::Duplicate {
-        operation,
-        lease_live,
-    } = again
-    else {
-        panic!("a second delivery is a duplicate: {again:?}")
+    let Claim::InProgress(operation) = again else {
+        panic!("a second delivery while the first runs is in progress: {again:?}")
     };
-    assert!(lease_live);
     assert_eq!(operation.runner, "runner-a");
 
     // Only the runner that claimed it stores the receipt.
     let (recorded, _) = store
-        .finish_operation(&key(1), "runner-b", r#"{"type":"result"}"#)
+        .finish_operation(&key(1), "runner-b", r#"{"type":"result"}"#, &[])
         .await
         .expect("finish by another");
     assert!(!recorded);
     let (recorded, finished) = store
-        .finish_operation(&key(1), "runner-a", r#"{"type":"result","output":1}"#)
+        .finish_operation(&key(1), "runner-a", r#"{"type":"result","output":1}"#, &[])
         .await
         .expect("finish");
     assert!(recorded);
@@ -97,35 +106,39 @@ async fn an_operation_runs_once_and_answers_its_receipt_ever_after(store: Store)
 
     // Every later delivery finds that receipt, and nothing can replace it.
     let (recorded, _) = store
-        .finish_operation(&key(1), "runner-a", r#"{"type":"result","output":2}"#)
+        .finish_operation(&key(1), "runner-a", r#"{"type":"result","output":2}"#, &[])
         .await
         .expect("finish twice");
     assert!(!recorded);
     let later = store
-        .claim_operation(&delivery(1, "execute", "runner-c", 60_000))
+        .claim_operation(
+            &delivery(1, OperationKind::Execute, "runner-c", 60_000),
+            UNKNOWN,
+        )
         .await
         .expect("claim after finish");
-    let Claim::Duplicate {
-        operation,
-        lease_live,
-    } = later
-    else {
-        panic!("still a duplicate: {later:?}")
+    let Claim::Duplicate(operation) = later else {
+        panic!("a duplicate of a finished operation: {later:?}")
     };
-    assert!(!lease_live);
     assert_eq!(operation.receipt, r#"{"type":"result","output":1}"#);
     assert_eq!(operation.digest, "digest-1");
 
     // Another sequence of the session, or the same sequence of another session, is new.
     let other = store
-        .claim_operation(&delivery(2, "execute", "runner-a", 60_000))
+        .claim_operation(
+            &delivery(2, OperationKind::Execute, "runner-a", 60_000),
+            UNKNOWN,
+        )
         .await
         .expect("next");
-    assert!(matches!(other, Claim::Started(_)));
-    let mut elsewhere = delivery(1, "execute", "runner-a", 60_000);
+    assert!(matches!(other, Claim::Claimed(_)));
+    let mut elsewhere = delivery(1, OperationKind::Execute, "runner-a", 60_000);
     elsewhere.key.session_id = "brain-session-2".into();
-    let elsewhere = store.claim_operation(&elsewhere).await.expect("elsewhere");
-    assert!(matches!(elsewhere, Claim::Started(_)));
+    let elsewhere = store
+        .claim_operation(&elsewhere, UNKNOWN)
+        .await
+        .expect("elsewhere");
+    assert!(matches!(elsewhere, Claim::Claimed(_)));
     assert!(matches!(
         store.operation(&key(99)).await,
         Err(StoreError::NotFound)
@@ -138,14 +151,22 @@ async fn concurrent_deliveries_let_exactly_one_run(store: Store) {
         let store = store.clone();
         tasks.push(plinth_kit::tasks::spawn(async move {
             store
-                .claim_operation(&delivery(7, "execute", &format!("runner-{runner}"), 60_000))
+                .claim_operation(
+                    &delivery(
+                        7,
+                        OperationKind::Execute,
+                        &format!("runner-{runner}"),
+                        60_000,
+                    ),
+                    UNKNOWN,
+                )
                 .await
                 .expect("claim")
         }));
     }
     let mut started = Vec::new();
     for task in tasks {
-        if let Claim::Started(operation) = task.await.expect("task") {
+        if let Claim::Claimed(operation) = task.await.expect("task") {
             started.push(operation.runner);
         }
     }
@@ -156,36 +177,38 @@ async fn concurrent_deliveries_let_exactly_one_run(store: Store) {
 
 async fn an_abandoned_operation_is_settled_once_and_its_runner_fenced(store: Store) {
     store
-        .claim_operation(&delivery(3, "execute", "runner-a", 1))
+        .claim_operation(&delivery(3, OperationKind::Execute, "runner-a", 1), UNKNOWN)
         .await
         .expect("claim");
     tokio::time::sleep(Duration::from_millis(20)).await;
+    // The runner stopped renewing: the redelivery settles it with the receipt it carries, in
+    // its own claim.
     let again = store
-        .claim_operation(&delivery(3, "execute", "runner-b", 60_000))
+        .claim_operation(
+            &delivery(3, OperationKind::Execute, "runner-b", 60_000),
+            UNKNOWN,
+        )
         .await
         .expect("redelivery");
-    let Claim::Duplicate {
-        operation,
-        lease_live,
-    } = again
-    else {
-        panic!("a duplicate: {again:?}")
+    let Claim::SettledUnknown(settled) = again else {
+        panic!("an abandoned operation is settled: {again:?}")
     };
-    assert!(!lease_live, "the runner stopped renewing");
-    assert_eq!(operation.state, OperationState::Started);
-
-    let settled = store
-        .settle_abandoned(&key(3), r#"{"type":"unknown"}"#)
-        .await
-        .expect("settle");
     assert_eq!(settled.state, OperationState::Finished);
-    assert_eq!(settled.receipt, r#"{"type":"unknown"}"#);
-    // A second settlement keeps the first receipt.
+    assert_eq!(settled.receipt, UNKNOWN);
+    assert_eq!(settled.runner, "runner-a", "the redelivery does not run it");
+
+    // Every later delivery gets that receipt; a later `unknown` does not replace it.
     let twice = store
-        .settle_abandoned(&key(3), r#"{"type":"unknown","again":true}"#)
+        .claim_operation(
+            &delivery(3, OperationKind::Execute, "runner-c", 60_000),
+            r#"{"type":"unknown","again":true}"#,
+        )
         .await
         .expect("settle twice");
-    assert_eq!(twice.receipt, r#"{"type":"unknown"}"#);
+    let Claim::Duplicate(twice) = twice else {
+        panic!("settled once, a duplicate after: {twice:?}")
+    };
+    assert_eq!(twice.receipt, UNKNOWN);
 
     // The runner that wakes up late can neither renew nor overwrite what was answered.
     assert_eq!(
@@ -196,27 +219,36 @@ async fn an_abandoned_operation_is_settled_once_and_its_runner_fenced(store: Sto
         None
     );
     let (recorded, stored) = store
-        .finish_operation(&key(3), "runner-a", r#"{"type":"result"}"#)
+        .finish_operation(&key(3), "runner-a", r#"{"type":"result"}"#, &[])
         .await
         .expect("late finish");
     assert!(!recorded);
-    assert_eq!(stored.receipt, r#"{"type":"unknown"}"#);
+    assert_eq!(stored.receipt, UNKNOWN);
 }
 
 async fn a_live_lease_is_never_settled(store: Store) {
     store
-        .claim_operation(&delivery(4, "execute", "runner-a", 60_000))
+        .claim_operation(
+            &delivery(4, OperationKind::Execute, "runner-a", 60_000),
+            UNKNOWN,
+        )
         .await
         .expect("claim");
     let untouched = store
-        .settle_abandoned(&key(4), r#"{"type":"unknown"}"#)
+        .claim_operation(
+            &delivery(4, OperationKind::Execute, "runner-b", 60_000),
+            UNKNOWN,
+        )
         .await
-        .expect("settle");
+        .expect("redelivery");
+    let Claim::InProgress(untouched) = untouched else {
+        panic!("a live lease is in progress: {untouched:?}")
+    };
     assert_eq!(untouched.state, OperationState::Started);
     assert!(untouched.receipt.is_empty());
     // A renewed lease keeps it live: a lease of 1 ms renewed to a minute.
     store
-        .claim_operation(&delivery(5, "execute", "runner-a", 1))
+        .claim_operation(&delivery(5, OperationKind::Execute, "runner-a", 1), UNKNOWN)
         .await
         .expect("claim");
     assert_eq!(
@@ -228,15 +260,58 @@ async fn a_live_lease_is_never_settled(store: Store) {
     );
     tokio::time::sleep(Duration::from_millis(20)).await;
     let still = store
-        .settle_abandoned(&key(5), r#"{"type":"unknown"}"#)
+        .claim_operation(
+            &delivery(5, OperationKind::Execute, "runner-b", 60_000),
+            UNKNOWN,
+        )
         .await
-        .expect("settle");
-    assert_eq!(still.state, OperationState::Started);
+        .expect("redelivery");
+    assert!(
+        matches!(&still, Claim::InProgress(operation) if operation.state == OperationState::Started),
+        "{still:?}"
+    );
+}
+
+async fn a_reused_sequence_is_refused_and_changes_nothing(store: Store) {
+    // Running, abandoned or finished: another request under the sequence is refused, and the
+    // first is untouched (an abandoned one is not settled by it).
+    store
+        .claim_operation(&delivery(8, OperationKind::Execute, "runner-a", 1), UNKNOWN)
+        .await
+        .expect("claim");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut other = delivery(8, OperationKind::Setup, "runner-b", 60_000);
+    other.digest = "another request".into();
+    let reused = store.claim_operation(&other, UNKNOWN).await.expect("reuse");
+    let Claim::SequenceReused(stored) = reused else {
+        panic!("another request under a sequence: {reused:?}")
+    };
+    assert_eq!(stored.state, OperationState::Started);
+    assert_eq!(stored.kind, OperationKind::Execute);
+    assert_eq!(stored.digest, "digest-8");
+    // The same request still finds it abandoned, and settles it.
+    assert!(matches!(
+        store
+            .claim_operation(
+                &delivery(8, OperationKind::Execute, "runner-c", 60_000),
+                UNKNOWN
+            )
+            .await
+            .expect("redelivery"),
+        Claim::SettledUnknown(_)
+    ));
+    assert!(matches!(
+        store.claim_operation(&other, UNKNOWN).await.expect("reuse"),
+        Claim::SequenceReused(_)
+    ));
 }
 
 async fn a_cancellation_reaches_the_runner_through_its_lease(store: Store) {
     store
-        .claim_operation(&delivery(6, "execute", "runner-a", 60_000))
+        .claim_operation(
+            &delivery(6, OperationKind::Execute, "runner-a", 60_000),
+            UNKNOWN,
+        )
         .await
         .expect("claim");
     let cancelled = store.cancel_operation(&key(6)).await.expect("cancel");
@@ -249,7 +324,7 @@ async fn a_cancellation_reaches_the_runner_through_its_lease(store: Store) {
         Some(true)
     );
     store
-        .finish_operation(&key(6), "runner-a", r#"{"type":"failure"}"#)
+        .finish_operation(&key(6), "runner-a", r#"{"type":"failure"}"#, &[])
         .await
         .expect("finish");
     // Cancelling what already finished changes nothing; what was never delivered is not found.
@@ -265,37 +340,37 @@ async fn a_release_waits_only_for_earlier_live_executions_of_its_binding(store: 
     let binding = binding_key();
     assert_eq!(store.count_running(&binding, 100).await.expect("count"), 0);
     store
-        .claim_operation(&delivery(10, "execute", "r", 60_000))
+        .claim_operation(&delivery(10, OperationKind::Execute, "r", 60_000), UNKNOWN)
         .await
         .expect("claim");
     store
-        .claim_operation(&delivery(11, "execute", "r", 60_000))
+        .claim_operation(&delivery(11, OperationKind::Execute, "r", 60_000), UNKNOWN)
         .await
         .expect("claim");
     // Not an execution, a later one, a finished one, an abandoned one, another Environment.
     store
-        .claim_operation(&delivery(12, "setup", "r", 60_000))
+        .claim_operation(&delivery(12, OperationKind::Setup, "r", 60_000), UNKNOWN)
         .await
         .expect("claim");
     store
-        .claim_operation(&delivery(30, "execute", "r", 60_000))
+        .claim_operation(&delivery(30, OperationKind::Execute, "r", 60_000), UNKNOWN)
         .await
         .expect("claim");
     store
-        .claim_operation(&delivery(13, "execute", "r", 60_000))
+        .claim_operation(&delivery(13, OperationKind::Execute, "r", 60_000), UNKNOWN)
         .await
         .expect("claim");
     store
-        .finish_operation(&key(13), "r", "{}")
+        .finish_operation(&key(13), "r", "{}", &[])
         .await
         .expect("finish");
     store
-        .claim_operation(&delivery(14, "execute", "r", 1))
+        .claim_operation(&delivery(14, OperationKind::Execute, "r", 1), UNKNOWN)
         .await
         .expect("claim");
-    let mut other = delivery(15, "execute", "r", 60_000);
+    let mut other = delivery(15, OperationKind::Execute, "r", 60_000);
     other.environment = "other".into();
-    store.claim_operation(&other).await.expect("claim");
+    store.claim_operation(&other, UNKNOWN).await.expect("claim");
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(store.count_running(&binding, 20).await.expect("count"), 2);
     assert_eq!(store.count_running(&binding, 11).await.expect("count"), 1);
@@ -385,6 +460,96 @@ async fn a_binding_is_set_up_once_and_its_session_swapped_by_compare_and_set(sto
             .set_binding_state(&missing, BindingState::TornDown)
             .await,
         Err(StoreError::NotFound)
+    ));
+}
+
+async fn a_torn_down_binding_is_neither_detached_nor_attached_again(store: Store) {
+    let environment = EnvironmentId::generate();
+    store
+        .create_binding(&new_binding(&environment))
+        .await
+        .expect("create");
+    // Attached and detached move either way; the same state again changes nothing.
+    for state in [
+        BindingState::Detached,
+        BindingState::Detached,
+        BindingState::Attached,
+        BindingState::Attached,
+        BindingState::TornDown,
+        BindingState::TornDown,
+    ] {
+        let moved = store
+            .set_binding_state(&binding_key(), state)
+            .await
+            .unwrap_or_else(|error| panic!("move to {state:?}: {error}"));
+        assert_eq!(moved.state, state);
+    }
+    // Torn down is final.
+    for state in [BindingState::Detached, BindingState::Attached] {
+        let refused = store.set_binding_state(&binding_key(), state).await;
+        assert!(
+            matches!(
+                refused,
+                Err(StoreError::BindingState(BindingState::TornDown))
+            ),
+            "{state:?}: {refused:?}"
+        );
+    }
+    assert_eq!(
+        store.binding(&binding_key()).await.expect("binding").state,
+        BindingState::TornDown
+    );
+}
+
+async fn a_session_is_given_only_to_an_attached_binding(store: Store) {
+    use plinth_catalog::sessions::SessionId;
+
+    let environment = EnvironmentId::generate();
+    store
+        .create_binding(&new_binding(&environment))
+        .await
+        .expect("create");
+    let key = binding_key();
+    store
+        .set_binding_state(&key, BindingState::Detached)
+        .await
+        .expect("detach");
+    let session = SessionId::generate();
+    let refused = store.swap_binding_session(&key, None, Some(&session)).await;
+    assert!(
+        matches!(
+            refused,
+            Err(StoreError::BindingState(BindingState::Detached))
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(
+        store.binding(&key).await.expect("binding").plinth_session,
+        None
+    );
+    // Attached again, it takes one; torn down, it can still have it taken away.
+    store
+        .set_binding_state(&key, BindingState::Attached)
+        .await
+        .expect("attach");
+    let (swapped, _) = store
+        .swap_binding_session(&key, None, Some(&session))
+        .await
+        .expect("give");
+    assert!(swapped);
+    store
+        .set_binding_state(&key, BindingState::TornDown)
+        .await
+        .expect("tear down");
+    let (swapped, taken) = store
+        .swap_binding_session(&key, Some(&session), None)
+        .await
+        .expect("take");
+    assert!(swapped);
+    assert_eq!(taken.plinth_session, None);
+    assert!(matches!(
+        store.swap_binding_session(&key, None, Some(&session)).await,
+        Err(StoreError::BindingState(BindingState::TornDown))
     ));
 }
 
@@ -499,4 +664,91 @@ async fn a_session_can_pin_a_ready_version_and_is_found_by_its_owner(store: Stor
             .items
             .is_empty()
     );
+}
+
+async fn a_receipt_and_its_turns_are_one_write_and_a_repeat_records_none(store: Store) {
+    use plinth_catalog::sessions::TurnKind;
+
+    let scope = Scope::parse("acme").expect("scope");
+    let environment = store
+        .create_environment(
+            NewEnvironment::new(scope.clone(), "Turns".into(), String::new(), String::new())
+                .expect("valid"),
+        )
+        .await
+        .expect("create");
+    build(&store, &scope, &environment.id, ready("layer-1")).await;
+    let node = store
+        .register_node("node-a", "http://127.0.0.1:1", true, "", "")
+        .await
+        .expect("node");
+    store.node_heartbeat(&node, &[]).await.expect("heartbeat");
+    let session = store
+        .create_session(NewSession {
+            scope: scope.clone(),
+            environment_id: environment.id.clone(),
+            version: None,
+            harness_id: String::new(),
+            owner: "brain:a:s:e".to_owned(),
+            live_since_ms: 0,
+            exclude_node: None,
+            workdir_at_placement: true,
+            limits: Default::default(),
+        })
+        .await
+        .expect("session");
+    let turn = |detail: &str| NewTurn {
+        scope: scope.clone(),
+        session: session.id.clone(),
+        kind: TurnKind::Exec,
+        detail: detail.to_owned(),
+        exit_code: Some(0),
+    };
+    let turns = || async {
+        store
+            .list_turns(&scope, &session.id, &PageRequest::first())
+            .await
+            .expect("turns")
+            .items
+            .into_iter()
+            .map(|turn| turn.detail)
+            .collect::<Vec<_>>()
+    };
+
+    store
+        .claim_operation(&delivery(40, OperationKind::Execute, "r", 60_000), UNKNOWN)
+        .await
+        .expect("claim");
+    let receipt = r#"{"type":"result"}"#;
+    let (recorded, _) = store
+        .finish_operation(&key(40), "r", receipt, &[turn("ls")])
+        .await
+        .expect("finish");
+    assert!(recorded);
+    assert_eq!(turns().await, vec!["ls".to_owned()]);
+    // The same finish again (its reply was lost) records nothing more.
+    let (recorded, _) = store
+        .finish_operation(&key(40), "r", receipt, &[turn("ls")])
+        .await
+        .expect("finish again");
+    assert!(!recorded);
+    assert_eq!(turns().await.len(), 1);
+
+    // Settled as unknown while it ran: the receipt stands, and the tool's turn is recorded.
+    store
+        .claim_operation(&delivery(41, OperationKind::Execute, "r", 1), UNKNOWN)
+        .await
+        .expect("claim");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store
+        .claim_operation(&delivery(41, OperationKind::Execute, "r2", 60_000), UNKNOWN)
+        .await
+        .expect("settle");
+    let (recorded, stored) = store
+        .finish_operation(&key(41), "r", receipt, &[turn("make")])
+        .await
+        .expect("late finish");
+    assert!(!recorded);
+    assert_eq!(stored.receipt, UNKNOWN);
+    assert_eq!(turns().await, vec!["ls".to_owned(), "make".to_owned()]);
 }

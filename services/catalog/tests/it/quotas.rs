@@ -6,9 +6,10 @@
 //! settled as `outcome_unknown` and never run again.
 
 use plinth_catalog::adapters::{AdapterId, NewAdapter, Protocol};
+use plinth_catalog::model::PageRequest;
 use plinth_catalog::model::{EnvironmentId, NewEnvironment, Outcome};
-use plinth_catalog::persistence::Claimed;
-use plinth_catalog::sessions::SessionLimits;
+use plinth_catalog::persistence::{Claimed, NewTurn};
+use plinth_catalog::sessions::{SessionLimits, TurnKind};
 use plinth_catalog::{NewSession, NewTask, Store, StoreError};
 use plinth_kit::quota::{Quota, QuotaLimits, QuotaOverride, Quotas};
 
@@ -22,6 +23,8 @@ backend_suite!(
     sessions_count_while_active_whoever_makes_them,
     a_claim_renewed_while_its_call_runs_is_not_settled,
     a_claim_whose_lease_ran_out_is_settled_as_unknown_and_never_run_again,
+    an_answer_and_its_turn_are_one_write_and_a_repeat_records_no_second_turn,
+    a_released_claim_runs_again_and_another_body_never_settles_an_abandoned_one,
 );
 
 /// Small limits, and a larger environments limit for `acme`.
@@ -400,9 +403,17 @@ async fn a_claim_renewed_while_its_call_runs_is_not_settled(store: Store) {
     }
     assert!(
         store
-            .finish_key(&adapter, "req_long", &claim, 200, "{\"ok\":true}", DAY_MS)
+            .finish_key(
+                &adapter,
+                "req_long",
+                &claim,
+                (200, "{\"ok\":true}"),
+                None,
+                DAY_MS
+            )
             .await
             .expect("finish")
+            .0
     );
     assert_eq!(
         store
@@ -461,9 +472,10 @@ async fn a_claim_whose_lease_ran_out_is_settled_as_unknown_and_never_run_again(s
     );
     assert!(
         !store
-            .finish_key(&adapter, "req_lost", &claim, 200, "{}", DAY_MS)
+            .finish_key(&adapter, "req_lost", &claim, (200, "{}"), None, DAY_MS)
             .await
             .expect("finish")
+            .0
     );
     assert!(
         !store
@@ -497,5 +509,198 @@ async fn a_claim_whose_lease_ran_out_is_settled_as_unknown_and_never_run_again(s
             .expect("retry"),
         settled,
         "a settled key is not released"
+    );
+}
+
+async fn claimed(store: &Store, adapter: &AdapterId, key: &str, lease_ms: i64) -> String {
+    match store
+        .claim_key(adapter, key, "run_1", "body", lease_ms, DAY_MS)
+        .await
+        .expect("claim")
+    {
+        Claimed::Claimed(claim) => claim,
+        other => panic!("the first call claims {key}: {other:?}"),
+    }
+}
+
+/// Stores a claimed call's answer with its turn.
+async fn finish(
+    store: &Store,
+    adapter: &AdapterId,
+    key: &str,
+    claim: &str,
+    answer: (u32, &str),
+    turn: Option<&NewTurn>,
+) -> Result<(bool, Option<plinth_catalog::sessions::Turn>), StoreError> {
+    store
+        .finish_key(adapter, key, claim, answer, turn, DAY_MS)
+        .await
+}
+
+async fn an_answer_and_its_turn_are_one_write_and_a_repeat_records_no_second_turn(store: Store) {
+    store
+        .register_node("host-a", "http://10.0.0.1:7005", true, "", "")
+        .await
+        .expect("register");
+    let id = create(&store, "globex", "Studio").await.expect("create");
+    build(&store, "globex", &id).await;
+    let session = store
+        .create_session(new_session("globex", &id))
+        .await
+        .expect("session");
+    let adapter = adapter(&store).await;
+    let turn = |detail: &str| NewTurn {
+        scope: scope("globex"),
+        session: session.id.clone(),
+        kind: TurnKind::Exec,
+        detail: detail.to_owned(),
+        exit_code: Some(3),
+    };
+    let turns = || async {
+        store
+            .list_turns(&scope("globex"), &session.id, &PageRequest::first())
+            .await
+            .expect("turns")
+            .items
+            .into_iter()
+            .map(|turn| (turn.detail, turn.exit_code))
+            .collect::<Vec<_>>()
+    };
+
+    // The answer and the turn land together.
+    let claim = claimed(&store, &adapter, "req_1", 60_000).await;
+    let (stored, recorded) = finish(
+        &store,
+        &adapter,
+        "req_1",
+        &claim,
+        (200, "{\"ok\":1}"),
+        Some(&turn("make")),
+    )
+    .await
+    .expect("finish");
+    assert!(stored);
+    let recorded = recorded.expect("the turn is recorded with the answer");
+    assert_eq!(
+        (recorded.kind, recorded.exit_code),
+        (TurnKind::Exec, Some(3))
+    );
+    assert_eq!(turns().await, vec![("make".to_owned(), Some(3))]);
+    // The same finish again (its reply was lost): nothing more is written.
+    let (stored, recorded) = finish(
+        &store,
+        &adapter,
+        "req_1",
+        &claim,
+        (200, "{\"ok\":1}"),
+        Some(&turn("make")),
+    )
+    .await
+    .expect("finish again");
+    assert!(!stored);
+    assert!(recorded.is_none());
+    assert_eq!(turns().await.len(), 1);
+    assert_eq!(
+        store
+            .claim_key(&adapter, "req_1", "run_1", "body", 60_000, DAY_MS)
+            .await
+            .expect("retry"),
+        Claimed::Done {
+            status: 200,
+            response: "{\"ok\":1}".to_owned()
+        }
+    );
+
+    // A claim settled as unknown keeps that answer, but the call ran: its turn is recorded.
+    let claim = claimed(&store, &adapter, "req_2", 1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let settled = store
+        .claim_key(&adapter, "req_2", "run_1", "body", 1, DAY_MS)
+        .await
+        .expect("settle");
+    assert!(
+        matches!(settled, Claimed::Done { status: 409, .. }),
+        "{settled:?}"
+    );
+    let (stored, recorded) = finish(
+        &store,
+        &adapter,
+        "req_2",
+        &claim,
+        (200, "{}"),
+        Some(&turn("late")),
+    )
+    .await
+    .expect("late finish");
+    assert!(!stored);
+    assert!(recorded.is_some());
+    assert_eq!(turns().await.len(), 2);
+
+    // A session that takes no turn any more leaves the answer stored.
+    store
+        .end_session(&scope("globex"), &session.id)
+        .await
+        .expect("end");
+    let claim = claimed(&store, &adapter, "req_3", 60_000).await;
+    let (stored, recorded) = finish(
+        &store,
+        &adapter,
+        "req_3",
+        &claim,
+        (200, "{}"),
+        Some(&turn("after")),
+    )
+    .await
+    .expect("finish after the end");
+    assert!(stored);
+    assert!(recorded.is_none());
+    assert!(matches!(
+        store
+            .claim_key(&adapter, "req_3", "run_1", "body", 60_000, DAY_MS)
+            .await
+            .expect("retry"),
+        Claimed::Done { status: 200, .. }
+    ));
+}
+
+async fn a_released_claim_runs_again_and_another_body_never_settles_an_abandoned_one(store: Store) {
+    let adapter = adapter(&store).await;
+    // Released (its call never started): the next call with the key runs it.
+    let first = claimed(&store, &adapter, "req_free", 60_000).await;
+    store
+        .release_key(&adapter, "req_free", &first)
+        .await
+        .expect("release");
+    let second = claimed(&store, &adapter, "req_free", 60_000).await;
+    assert_ne!(first, second);
+    // A stale holder's release frees nothing.
+    store
+        .release_key(&adapter, "req_free", &first)
+        .await
+        .expect("stale release");
+    assert!(
+        store
+            .renew_key(&adapter, "req_free", &second, 60_000)
+            .await
+            .expect("renew")
+    );
+
+    // Abandoned: another body is refused and leaves it as it is; the same body settles it.
+    claimed(&store, &adapter, "req_gone", 1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    assert_eq!(
+        store
+            .claim_key(&adapter, "req_gone", "run_1", "other body", 1, DAY_MS)
+            .await
+            .expect("other body"),
+        Claimed::Mismatch
+    );
+    let settled = store
+        .claim_key(&adapter, "req_gone", "run_1", "body", 1, DAY_MS)
+        .await
+        .expect("same body");
+    assert!(
+        matches!(settled, Claimed::Done { status: 409, .. }),
+        "{settled:?}"
     );
 }

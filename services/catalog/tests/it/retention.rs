@@ -333,19 +333,22 @@ async fn records_of_ended_work_go_after_the_retention_period_and_live_ones_stay(
     };
     for sequence in [1, 2] {
         store
-            .claim_operation(&NewOperation {
-                key: operation(sequence),
-                environment: "main".to_owned(),
-                kind: "exec".to_owned(),
-                digest: "d".to_owned(),
-                runner: "runner".to_owned(),
-                lease_ms: 60_000,
-            })
+            .claim_operation(
+                &NewOperation {
+                    key: operation(sequence),
+                    environment: "main".to_owned(),
+                    kind: plinth_catalog::brain::OperationKind::Execute,
+                    digest: "d".to_owned(),
+                    runner: "runner".to_owned(),
+                    lease_ms: 60_000,
+                },
+                "{\"type\":\"unknown\"}",
+            )
             .await
             .expect("claim");
     }
     store
-        .finish_operation(&operation(1), "runner", "{\"receipt\":1}")
+        .finish_operation(&operation(1), "runner", "{\"receipt\":1}", &[])
         .await
         .expect("finish");
     // An idempotency record answered, and one answered but kept a day.
@@ -357,7 +360,7 @@ async fn records_of_ended_work_go_after_the_retention_period_and_live_ones_stay(
         panic!("claimed: {done:?}")
     };
     store
-        .finish_key(&adapter.id, "key-1", &claim_token, 200, "{}", 0)
+        .finish_key(&adapter.id, "key-1", &claim_token, (200, "{}"), None, 0)
         .await
         .expect("finish key");
     let kept = store
@@ -368,7 +371,14 @@ async fn records_of_ended_work_go_after_the_retention_period_and_live_ones_stay(
         panic!("claimed: {kept:?}")
     };
     store
-        .finish_key(&adapter.id, "key-2", &kept_token, 200, "{}", 86_400_000)
+        .finish_key(
+            &adapter.id,
+            "key-2",
+            &kept_token,
+            (200, "{}"),
+            None,
+            86_400_000,
+        )
         .await
         .expect("finish key");
 
