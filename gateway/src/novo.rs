@@ -311,20 +311,32 @@ async fn dispatch(
     };
     // The call runs to its end in a task of its own, even if Novo hangs up (it retries on a
     // timeout): its answer must be stored for that retry, and its claim must not be left
-    // running with nobody to finish it.
-    let running = plinth_kit::tasks::spawn(
-        run_claimed(state.clone(), adapter, run_id, method, args, held)
+    // running with nobody to finish it. The task hands the answer over as soon as it is
+    // known, and stores it after.
+    let (answered, answer_of) = tokio::sync::oneshot::channel();
+    plinth_kit::tasks::spawn(
+        run_claimed(state.clone(), adapter, run_id, method, args, held, answered)
             .instrument(tracing::Span::current()),
     );
-    match running.await {
+    match answer_of.await {
         Ok((status, response)) => Ok(answer(status, &response)),
-        Err(join) => Err(PlinthError::internal(&join).into()),
+        Err(_) => Err(PlinthError::new(
+            ErrorCode::Internal,
+            "the call's task ended without an answer; retry with the same Novo-Request-Id",
+        )
+        .into()),
     }
 }
 
-/// Runs a call whose key `held` claims, renewing the claim while it runs, then stores its
-/// answer (or releases the key, if the call certainly did not start); answers the call's
-/// status and body.
+/// Runs a call whose key `held` claims, renewing the claim while it runs; hands the call's
+/// status and body to `answered`, then stores them with its turn (or releases the key, if
+/// the call certainly did not start).
+///
+/// The caller is answered before the answer is stored, so the catalog write is off the
+/// reply path: the claim is still held (and renewed) until it is stored, so a retry that
+/// arrives in between waits for the stored answer rather than running the call again. Only
+/// a retry after the gateway itself died in that moment finds the claim run out, and is
+/// answered `outcome_unknown`, as for any call cut off after it was dispatched.
 async fn run_claimed(
     state: AppState,
     adapter: pb::Adapter,
@@ -332,7 +344,8 @@ async fn run_claimed(
     method: String,
     args: Value,
     held: Claim,
-) -> (u16, Value) {
+    answered: tokio::sync::oneshot::Sender<(u16, Value)>,
+) {
     // The claim is renewed while the call runs, so a long command is not settled under it;
     // whatever ends this task ends the renewals (unless the answer is still being stored).
     let renewing = plinth_kit::tasks::CancellationToken::new();
@@ -369,17 +382,18 @@ async fn run_claimed(
             },
         ),
     };
+    // Novo may have hung up; the answer is stored all the same.
+    let _ = answered.send((status, response));
     if let Err(error) = held.settle(&state, &settle).await {
-        // The answer is known but not stored (the catalog did not answer): it is answered
-        // now, and stored in the background while the claim is renewed, so a retry waits for
-        // it instead of settling the key as unknown.
+        // The answer is known but not stored (the catalog did not answer): it is stored in
+        // the background while the claim is renewed, so a retry waits for it instead of
+        // settling the key as unknown.
         tracing::warn!(adapter = %adapter.id, error = %error.0.message, "an idempotent call's outcome could not be recorded; retrying in the background");
         plinth_kit::tasks::spawn(
             held.settle_in_background(state.clone(), settle, renewals.disarm())
                 .instrument(tracing::Span::current()),
         );
     }
-    (status, response)
 }
 
 /// The answer of an idempotent call whose outcome is not known.
