@@ -16,6 +16,7 @@ use serde_json::{Map, Value, json};
 use super::Context;
 use super::lifecycle;
 use super::receipt::{self, Failure, Receipt, codes};
+use crate::error::ApiError;
 use crate::runtime;
 use crate::tools::{self, Dialect};
 
@@ -151,18 +152,17 @@ async fn session(context: &Context) -> Result<pb::Session, Receipt> {
     if binding.plinth_session_id.is_empty() {
         return allocate(context, &binding).await;
     }
-    let found = context
-        .state
-        .sessions()
-        .get_session(pb::GetSessionRequest {
-            scope: context.adapter.scope.clone(),
-            id: binding.plinth_session_id.clone(),
-        })
-        .await;
+    // The gateway's cache of live sessions, as every session call uses: a session ended
+    // elsewhere is refused by its node, and that refusal is the loss named below.
+    let found = runtime::active_session(
+        &context.state,
+        &context.adapter.scope,
+        &binding.plinth_session_id,
+    )
+    .await;
     let session = match found {
-        Ok(session) => session.into_inner(),
-        Err(status) => {
-            let error = PlinthError::from_status(&status);
+        Ok(session) => pb::Session::clone(&session),
+        Err(ApiError(error)) => {
             if error.code != ErrorCode::NotFound {
                 return Err(receipt::from_error(&error).into());
             }
