@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write as _};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use plinth_kit::{ErrorCode, PlinthError};
 use rustix::fs::FileType;
@@ -253,33 +253,78 @@ fn ledger(snapshots: &Path) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// A workspace's snapshots as its ledger file lists them, oldest first, and their total.
+#[derive(Debug, Default)]
+struct Ledger {
+    kept: std::collections::VecDeque<(String, u64)>,
+    total: u64,
+}
+
+/// The ledgers of the workspaces this node wrote for lately, by snapshots directory, so a
+/// write appends one line to its ledger file instead of reading and rewriting all of it.
+/// The file stays the truth: an entry is read from it on first use (after a restart, or
+/// once the map was emptied past [`LEDGERS_KEPT`]), and every change is written to it
+/// before the write answers. Writes to one workspace are serialised by the node, and the
+/// map's lock covers the rest.
+static LEDGERS: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<PathBuf, Ledger>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Workspaces whose ledgers are kept in memory at most (a few bytes per snapshot each).
+const LEDGERS_KEPT: usize = 4096;
+
 /// Adds a snapshot to the ledger and removes the oldest until the rest fit in `budget`
 /// (never the one just added).
 fn admit(snapshots: &Path, token: &str, bytes: u64, budget: u64) -> Result<(), PlinthError> {
-    let mut kept = ledger(snapshots);
-    kept.retain(|(known, _)| known != token);
-    kept.push((token.to_owned(), bytes));
-    let mut total: u64 = kept.iter().map(|(_, bytes)| bytes).sum();
+    let mut ledgers = LEDGERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if ledgers.len() >= LEDGERS_KEPT && !ledgers.contains_key(snapshots) {
+        ledgers.clear();
+    }
+    let file = snapshots.join("ledger");
+    let ledger = ledgers.entry(snapshots.to_path_buf()).or_insert_with(|| {
+        let kept: std::collections::VecDeque<_> = ledger(snapshots).into();
+        let total = kept.iter().map(|(_, bytes)| bytes).sum();
+        Ledger { kept, total }
+    });
+    ledger.kept.retain(|(known, _)| known != token);
+    ledger.kept.push_back((token.to_owned(), bytes));
+    ledger.total = ledger.kept.iter().map(|(_, bytes)| bytes).sum();
     let mut pruned = 0;
-    while total > budget && pruned + 1 < kept.len() {
-        let (oldest, bytes) = &kept[pruned];
+    while ledger.total > budget && ledger.kept.len() > 1 {
+        let Some((oldest, bytes)) = ledger.kept.pop_front() else {
+            break;
+        };
         let _ = std::fs::remove_dir_all(snapshots.join(oldest));
-        total = total.saturating_sub(*bytes);
+        ledger.total = ledger.total.saturating_sub(bytes);
         pruned += 1;
     }
-    let text: String = kept[pruned..]
-        .iter()
-        .map(|(token, bytes)| format!("{token} {bytes}\n"))
-        .collect();
-    let temporary = snapshots.join(".ledger.tmp");
-    std::fs::File::create(&temporary)
-        .and_then(|mut file| file.write_all(text.as_bytes()))
-        .and_then(|()| std::fs::rename(&temporary, snapshots.join("ledger")))
-        .map_err(internal)?;
+    let written = if pruned == 0 && file.exists() {
+        // The usual case: one line more.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&file)
+            .and_then(|mut opened| opened.write_all(format!("{token} {bytes}\n").as_bytes()))
+    } else {
+        let text: String = ledger
+            .kept
+            .iter()
+            .map(|(token, bytes)| format!("{token} {bytes}\n"))
+            .collect();
+        let temporary = snapshots.join(".ledger.tmp");
+        std::fs::File::create(&temporary)
+            .and_then(|mut opened| opened.write_all(text.as_bytes()))
+            .and_then(|()| std::fs::rename(&temporary, &file))
+    };
+    if let Err(error) = written {
+        // What the file says is what a later write reads: it is read again.
+        ledgers.remove(snapshots);
+        return Err(internal(error));
+    }
     if pruned > 0 {
         tracing::debug!(
             pruned,
-            kept_bytes = total,
+            kept_bytes = ledger.total,
             budget,
             "removed the oldest workspace snapshots past the budget"
         );
@@ -384,7 +429,8 @@ fn record<'a>(
     for (path, content) in written {
         let entry = content.map(|content| {
             let hex = digest(content);
-            if content.len() <= MAX_KEPT_BYTES {
+            // Named by its digest: one already there holds these bytes.
+            if content.len() <= MAX_KEPT_BYTES && !kept.join(&hex).exists() {
                 let _ = std::fs::write(kept.join(&hex), content);
             }
             hex
