@@ -408,13 +408,59 @@ fn expected_path(ws: &Workspace) -> std::path::PathBuf {
     ws.state.join("expected.json")
 }
 
+/// What was recorded since `expected.json` was last written: one JSON line per path,
+/// `["path", "digest"]` or `["path", null]` (removed), applied over it in order.
+fn expected_log(ws: &Workspace) -> std::path::PathBuf {
+    ws.state.join("expected.log")
+}
+
+/// Lines the log takes before they are folded into `expected.json`.
+const EXPECTED_LOG_LINES: usize = 512;
+
+/// What this service wrote, as `expected.json` and its log say.
 fn load_expected(ws: &Workspace) -> Result<Expected, PlinthError> {
-    match std::fs::read(expected_path(ws)) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(internal),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Expected::default()),
+    let mut expected = match std::fs::read(expected_path(ws)) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(internal)?,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Expected::default(),
+        Err(error) => return Err(internal(error)),
+    };
+    match std::fs::read_to_string(expected_log(ws)) {
+        Ok(text) => {
+            // A line cut short by a crash is the last one, and is not applied.
+            for line in text.lines() {
+                if let Ok((path, digest)) = serde_json::from_str::<(String, Option<String>)>(line) {
+                    expected.files.insert(path, digest);
+                }
+            }
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(internal(error)),
+    }
+    Ok(expected)
+}
+
+/// Writes `expected` as `expected.json` and empties the log it folds in.
+fn fold_expected(ws: &Workspace, expected: &Expected) -> Result<(), PlinthError> {
+    let temporary = ws.state.join(".expected.json.tmp");
+    std::fs::write(&temporary, serde_json::to_vec(expected).map_err(internal)?)
+        .map_err(internal)?;
+    std::fs::rename(&temporary, expected_path(ws)).map_err(internal)?;
+    match std::fs::remove_file(expected_log(ws)) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(error) => Err(internal(error)),
     }
 }
+
+/// The records of the workspaces this node wrote for lately, by state directory, with the
+/// lines their logs hold, so a write appends its lines to the log instead of reading and
+/// rewriting `expected.json`. The files stay the truth: an entry is read from them on first
+/// use (and folded at once, so a line a crash cut short is never appended to), and every
+/// change is written to them before the write answers. Writes to one workspace are
+/// serialised by the node.
+static RECORDS: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<PathBuf, (Expected, usize)>>,
+> = std::sync::LazyLock::new(Default::default);
 
 /// Records what this service wrote (content kept when small, to diff against later). A kept
 /// content no path names any more is removed.
@@ -422,10 +468,24 @@ fn record<'a>(
     ws: &Workspace,
     written: impl Iterator<Item = (String, Option<&'a [u8]>)>,
 ) -> Result<(), PlinthError> {
-    let mut expected = load_expected(ws)?;
+    let mut records = RECORDS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if records.len() >= LEDGERS_KEPT && !records.contains_key(&ws.state) {
+        records.clear();
+    }
+    if !records.contains_key(&ws.state) {
+        let expected = load_expected(ws)?;
+        fold_expected(ws, &expected)?;
+        records.insert(ws.state.clone(), (expected, 0));
+    }
+    let Some((expected, lines)) = records.get_mut(&ws.state) else {
+        return Err(internal("the workspace's record was not loaded"));
+    };
     let kept = ws.state.join("expected");
     std::fs::create_dir_all(&kept).map_err(internal)?;
     let mut replaced = Vec::new();
+    let mut log = String::new();
     for (path, content) in written {
         let entry = content.map(|content| {
             let hex = digest(content);
@@ -435,14 +495,29 @@ fn record<'a>(
             }
             hex
         });
+        log.push_str(&serde_json::to_string(&(&path, &entry)).map_err(internal)?);
+        log.push('\n');
+        *lines += 1;
         if let Some(Some(old)) = expected.files.insert(path, entry) {
             replaced.push(old);
         }
     }
-    let temporary = ws.state.join(".expected.json.tmp");
-    std::fs::write(&temporary, serde_json::to_vec(&expected).map_err(internal)?)
-        .map_err(internal)?;
-    std::fs::rename(&temporary, expected_path(ws)).map_err(internal)?;
+    let written = if *lines > EXPECTED_LOG_LINES {
+        *lines = 0;
+        fold_expected(ws, expected)
+    } else {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(expected_log(ws))
+            .and_then(|mut file| file.write_all(log.as_bytes()))
+            .map_err(internal)
+    };
+    if let Err(error) = written {
+        // Read again from the files by the next write.
+        records.remove(&ws.state);
+        return Err(error);
+    }
     let named: std::collections::HashSet<&str> = expected
         .files
         .values()
@@ -698,6 +773,46 @@ mod tests {
     /// Writing over a file past the file limit (a sparse 1 GiB file) is refused with
     /// `file_too_large` before any of it is read: the file is unchanged, and no snapshot of
     /// it is left.
+    /// What a write records is in the files before it answers: read back from them alone
+    /// (as after a restart), with a line a crash cut short left out.
+    #[test]
+    fn records_are_read_back_from_the_files_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ws = crate::workspace::on_disk(dir.path(), 1024 * 1024);
+        for round in 0..(EXPECTED_LOG_LINES + 10) {
+            let text = format!("round {round}\n");
+            write(
+                &ws,
+                &[Change {
+                    parts: vec!["a.txt".into()],
+                    display: "a.txt".into(),
+                    content: Some(text.into_bytes()),
+                }],
+            )
+            .expect("write");
+        }
+        let last = digest(format!("round {}\n", EXPECTED_LOG_LINES + 9).as_bytes());
+        let loaded = load_expected(&ws).expect("load");
+        assert_eq!(loaded.files.get("a.txt"), Some(&Some(last.clone())));
+        // Only the last content is kept to diff against.
+        let kept: Vec<_> = std::fs::read_dir(ws.state.join("expected"))
+            .expect("kept")
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(kept, std::slice::from_ref(&last));
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(expected_log(&ws))
+            .and_then(|mut file| file.write_all(b"[\"a.txt\", \"cut sh"))
+            .expect("append");
+        assert_eq!(
+            load_expected(&ws).expect("load").files.get("a.txt"),
+            Some(&Some(last))
+        );
+    }
+
     #[test]
     fn a_write_over_a_file_past_the_limit_is_refused_before_it_is_read() {
         let dir = tempfile::tempdir().expect("dir");
