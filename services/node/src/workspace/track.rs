@@ -214,17 +214,28 @@ fn save(
     Ok((entries, kept))
 }
 
-/// The snapshots kept, oldest first, each with what it costs: `snapshots/ledger`, one
-/// `<token> <bytes>` line each. Rebuilt from the directories when missing.
-fn ledger(snapshots: &Path) -> Vec<(String, u64)> {
+/// The snapshots kept, oldest first, each with what it costs, and how many lines the file
+/// holds: `snapshots/ledger`, a `<token> <bytes>` line when a snapshot is made and a
+/// `- <token>` line when it is removed, applied in order (a line a crash cut short is left
+/// out). Rebuilt from the directories when missing.
+fn ledger(snapshots: &Path) -> (Vec<(String, u64)>, usize) {
     if let Ok(text) = std::fs::read_to_string(snapshots.join("ledger")) {
-        return text
-            .lines()
-            .filter_map(|line| {
-                let (token, bytes) = line.split_once(' ')?;
-                Some((token.to_owned(), bytes.parse().ok()?))
-            })
-            .collect();
+        let mut kept: Vec<(String, u64)> = Vec::new();
+        let mut lines = 0;
+        for line in text.lines() {
+            lines += 1;
+            match line.split_once(' ') {
+                Some(("-", token)) => kept.retain(|(known, _)| known != token),
+                Some((token, bytes)) => {
+                    if let Ok(bytes) = bytes.parse() {
+                        kept.retain(|(known, _)| known != token);
+                        kept.push((token.to_owned(), bytes));
+                    }
+                }
+                None => {}
+            }
+        }
+        return (kept, lines);
     }
     // Written before snapshots had a budget: measured once, ordered by age.
     let mut found: Vec<(std::time::SystemTime, String, u64)> = Vec::new();
@@ -247,10 +258,11 @@ fn ledger(snapshots: &Path) -> Vec<(String, u64)> {
         found.push((made, name, bytes + SNAPSHOT_OVERHEAD_BYTES));
     }
     found.sort();
-    found
+    let kept = found
         .into_iter()
         .map(|(_, token, bytes)| (token, bytes))
-        .collect()
+        .collect();
+    (kept, 0)
 }
 
 /// A workspace's snapshots as its ledger file lists them, oldest first, and their total.
@@ -258,6 +270,9 @@ fn ledger(snapshots: &Path) -> Vec<(String, u64)> {
 struct Ledger {
     kept: std::collections::VecDeque<(String, u64)>,
     total: u64,
+    /// Lines in the file: it is rewritten with only the kept snapshots once it holds twice
+    /// as many as they need, so a write past the budget appends too.
+    lines: usize,
 }
 
 /// The ledgers of the workspaces this node wrote for lately, by snapshots directory, so a
@@ -282,29 +297,39 @@ fn admit(snapshots: &Path, token: &str, bytes: u64, budget: u64) -> Result<(), P
         ledgers.clear();
     }
     let file = snapshots.join("ledger");
+    // Read from the file on first use, which is then rewritten whole: a line a crash cut
+    // short is never appended to.
+    let mut loaded = false;
     let ledger = ledgers.entry(snapshots.to_path_buf()).or_insert_with(|| {
-        let kept: std::collections::VecDeque<_> = ledger(snapshots).into();
+        loaded = true;
+        let (kept, lines) = ledger(snapshots);
+        let kept: std::collections::VecDeque<_> = kept.into();
         let total = kept.iter().map(|(_, bytes)| bytes).sum();
-        Ledger { kept, total }
+        Ledger { kept, total, lines }
     });
     ledger.kept.retain(|(known, _)| known != token);
     ledger.kept.push_back((token.to_owned(), bytes));
     ledger.total = ledger.kept.iter().map(|(_, bytes)| bytes).sum();
+    let mut appended = format!("{token} {bytes}\n");
     let mut pruned = 0;
     while ledger.total > budget && ledger.kept.len() > 1 {
         let Some((oldest, bytes)) = ledger.kept.pop_front() else {
             break;
         };
-        let _ = std::fs::remove_dir_all(snapshots.join(oldest));
+        let _ = std::fs::remove_dir_all(snapshots.join(&oldest));
         ledger.total = ledger.total.saturating_sub(bytes);
+        appended.push_str(&format!("- {oldest}\n"));
         pruned += 1;
     }
-    let written = if pruned == 0 && file.exists() {
-        // The usual case: one line more.
+    let added = 1 + pruned;
+    let written = if !loaded && file.exists() && ledger.lines + added <= 2 * ledger.kept.len() + 64
+    {
+        // The usual case, past the budget too: a line or two more.
         std::fs::OpenOptions::new()
             .append(true)
             .open(&file)
-            .and_then(|mut opened| opened.write_all(format!("{token} {bytes}\n").as_bytes()))
+            .and_then(|mut opened| opened.write_all(appended.as_bytes()))
+            .map(|()| ledger.lines += added)
     } else {
         let text: String = ledger
             .kept
@@ -315,6 +340,7 @@ fn admit(snapshots: &Path, token: &str, bytes: u64, budget: u64) -> Result<(), P
         std::fs::File::create(&temporary)
             .and_then(|mut opened| opened.write_all(text.as_bytes()))
             .and_then(|()| std::fs::rename(&temporary, &file))
+            .map(|()| ledger.lines = ledger.kept.len())
     };
     if let Err(error) = written {
         // What the file says is what a later write reads: it is read again.
@@ -881,6 +907,38 @@ mod tests {
         assert_eq!(snapshot_dirs(&tiny), std::slice::from_ref(&token));
         restore(&tiny, &token).expect("restores");
         assert_eq!(std::fs::read(tiny.root.join("a")).expect("read"), b"first");
+    }
+
+    /// Past the budget a write still appends to the ledger (a removal is a line of its own),
+    /// the file is rewritten once it holds twice the lines it needs, and what it says after
+    /// any number of writes is exactly the snapshots kept, read back from the file alone.
+    #[test]
+    fn the_ledger_past_the_budget_grows_by_lines_and_reads_back_exactly() {
+        let dir = tempfile::tempdir().expect("dir");
+        let budget = 10 * (SNAPSHOT_OVERHEAD_BYTES + 200);
+        let ws = crate::workspace::on_disk(dir.path(), budget);
+        let file = ws.state.join("snapshots").join("ledger");
+        let mut longest = 0;
+        for round in 0..400u32 {
+            write(&ws, &[change("a.txt", format!("{round}").as_bytes())]).expect("write");
+            let lines = std::fs::read_to_string(&file)
+                .expect("ledger")
+                .lines()
+                .count();
+            longest = longest.max(lines);
+        }
+        let kept = snapshot_dirs(&ws);
+        assert!((8..=12).contains(&kept.len()), "{} kept", kept.len());
+        assert!(
+            longest <= 2 * kept.len() + 64 + 2,
+            "{longest} lines at most"
+        );
+        let (listed, _) = ledger(&ws.state.join("snapshots"));
+        let mut listed: Vec<String> = listed.into_iter().map(|(token, _)| token).collect();
+        listed.sort();
+        let mut on_disk = kept.clone();
+        on_disk.sort();
+        assert_eq!(listed, on_disk);
     }
 
     /// What `changes` diffs against is kept only while a record names it.
