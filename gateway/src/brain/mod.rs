@@ -33,7 +33,7 @@ use plinth_kit::grpc::constant_time_eq;
 use plinth_kit::tasks::CancellationToken;
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use utoipa::ToSchema;
@@ -120,6 +120,22 @@ fn tuple(key: &pb::OperationKey) -> (String, String, u64) {
     (key.adapter_id.clone(), key.session_id.clone(), key.sequence)
 }
 
+/// A command, as Brain sends it. Both fields are read as they come: a command in another
+/// contract is answered with an `unsupported` receipt (carrying its sequence), not refused.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct OperationCommand {
+    /// `environment/v1`.
+    #[serde(default)]
+    #[schema(value_type = String, example = "environment/v1")]
+    pub contract: Value,
+    /// `{session_id, environment, sequence, request, binding?, configuration?, template?,
+    /// context?, reporter?}`: `sequence` a whole number, `request` the tool call or life-cycle
+    /// request, with its `type`.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub operation: Value,
+}
+
 /// The answer to every operation.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct OperationAnswer {
@@ -188,7 +204,7 @@ impl Context {
     path = "/v1/workspace-adapters/{id}/brain/v1/operations",
     tag = "workspace-adapters",
     params(("id" = String, Path, description = "The Brain adapter's id")),
-    request_body(content = Object, description = "{contract: \"environment/v1\", operation: {session_id, environment, sequence, request, binding?, configuration?, template?, context?, reporter?}}"),
+    request_body = OperationCommand,
     responses(
         (status = 200, description = "The receipt, with the command's contract and sequence", body = OperationAnswer),
         (status = 400, description = "environment_invalid: not a command Plinth can answer (no sequence, no session id)", body = ErrorBody),
@@ -217,17 +233,18 @@ async fn operations(
             )
             .with_detail(serde_json::json!({ "max_bytes": MAX_BODY_BYTES }))
         })?;
-    let command: Value = serde_json::from_slice(&body)
-        .map_err(|error| PlinthError::invalid(format!("request body: not valid JSON: {error}")))?;
-    let Some(command) = command.as_object() else {
-        return Err(PlinthError::invalid("request body: expected a JSON object").into());
+    let OperationCommand {
+        contract,
+        operation,
+    } = serde_json::from_slice(&body).map_err(|error| {
+        PlinthError::invalid(format!(
+            "request body: expected a JSON object {{contract, operation}}: {error}"
+        ))
+    })?;
+    let operation = match operation {
+        Value::Object(operation) => operation,
+        _ => serde_json::Map::new(),
     };
-    let contract = command.get("contract").cloned().unwrap_or(Value::Null);
-    let operation = command
-        .get("operation")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
     let sequence = operation.get("sequence").cloned().unwrap_or(Value::Null);
     let answer = |receipt: Value| {
         Json(OperationAnswer {
