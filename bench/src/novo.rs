@@ -257,6 +257,52 @@ async fn brain_operation(
     Ok(answer["receipt"].clone())
 }
 
+/// Seconds spent in, and calls of, each gRPC method the server answered and each HTTP route
+/// it served, from its `/metrics` (`plinth_grpc_server_request_duration_seconds` by `rpc`,
+/// `plinth_http_request_duration_seconds` by `route`, each summed over status codes).
+async fn rpc_seconds(
+    target: &Target,
+) -> anyhow::Result<std::collections::BTreeMap<String, (f64, u64)>> {
+    let text = target
+        .client
+        .get(format!("{}/metrics", target.base))
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await?;
+    let mut found: std::collections::BTreeMap<String, (f64, u64)> = Default::default();
+    for line in text.lines() {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Some((metric, labels)) = series.split_once('{') else {
+            continue;
+        };
+        let (sum, label, prefix) = match metric {
+            "plinth_grpc_server_request_duration_seconds_sum" => (true, "rpc=\"", ""),
+            "plinth_grpc_server_request_duration_seconds_count" => (false, "rpc=\"", ""),
+            "plinth_http_request_duration_seconds_sum" => (true, "route=\"", "HTTP "),
+            "plinth_http_request_duration_seconds_count" => (false, "route=\"", "HTTP "),
+            _ => continue,
+        };
+        let Some(name) = labels
+            .split(label)
+            .nth(1)
+            .and_then(|after| after.split('"').next())
+        else {
+            continue;
+        };
+        let entry = found.entry(format!("{prefix}{name}")).or_default();
+        if sum {
+            entry.0 += value.parse::<f64>().unwrap_or(0.0);
+        } else {
+            entry.1 += value.parse::<f64>().unwrap_or(0.0) as u64;
+        }
+    }
+    Ok(found)
+}
+
 fn percentile(values: &[f64], fraction: f64) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
@@ -410,13 +456,25 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
     println!("| operation | way | p50 | p99 | calls/s |\n|---|---|---|---|---|");
     let mut ratios = Vec::new();
+    let mut spent = Vec::new();
     for op in [Op::Read, Op::Edit, Op::Run] {
         let mut latencies: [Vec<f64>; 3] = Default::default();
+        let before = rpc_seconds(&target).await?;
         for _ in 0..args.calls {
             for (index, way) in WAYS.into_iter().enumerate() {
                 let begun = Instant::now();
                 target.call(op, way).await?;
                 latencies[index].push(begun.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        let after = rpc_seconds(&target).await?;
+        for (rpc, (seconds, count)) in after {
+            let (earlier_seconds, earlier_count) = before.get(&rpc).copied().unwrap_or((0.0, 0));
+            let calls = count.saturating_sub(earlier_count);
+            // The RPCs a call makes, not the background's (renewals, sweeps, heartbeats).
+            if calls >= (args.calls as u64) / 2 {
+                let mean_ms = (seconds - earlier_seconds) * 1000.0 / calls as f64;
+                spent.push((op, rpc, calls, mean_ms));
             }
         }
         // Each way's calls/s in two halves, in mirrored order, so none always runs on a
@@ -450,6 +508,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 rate[2] / rate[index],
             ));
         }
+    }
+    println!(
+        "\nWhere the one-at-a-time calls spent their time, as the server measured it: each HTTP route and internal RPC it answered at least once per two calls, with its count and mean (an RPC's calls are all three ways' together)"
+    );
+    println!("| operation | route or RPC | calls | mean |\n|---|---|---|---|");
+    for (op, rpc, calls, mean_ms) in spent {
+        println!("| {} | `{rpc}` | {calls} | {mean_ms:.3} ms |", op.name());
     }
     println!();
     for (op, way, p50, p99, rate) in ratios {

@@ -7,7 +7,7 @@
 //! mounted at `/env/<slug>` (readable by absolute path, never writable). Every path is
 //! resolved beneath one of those two directories by the file system (`fsx`). Beside the
 //! working directory, hidden from the session's commands, the node keeps what undoes edits
-//! (`snapshots/<token>/`) and what this service itself last wrote to each file
+//! (`snapshots/<token>`, one file each) and what this service itself last wrote to each file
 //! (`expected.json`), so it can tell its own writes from anybody else's.
 
 pub mod fsx;

@@ -1,6 +1,6 @@
 //! Writing files for a session so the write can be undone and told apart from anybody
-//! else's: before a set of files is written, what was there is saved under
-//! `snapshots/<token>/` (restore puts it back, and removes files the write made); after, the
+//! else's: before a set of files is written, what was there is saved in one file,
+//! `snapshots/<token>` (restore puts it back, and removes files the write made); after, the
 //! digest of what this service wrote is recorded in `expected.json` (with the content itself
 //! when it is small), so `changes` can report files changed by anything else, with a diff.
 //! Both live beside the working directory, hidden from the session's commands.
@@ -26,7 +26,7 @@ use super::{Base, MAX_FILE_BYTES, Workspace};
 
 /// Largest earlier content kept to diff against, and largest file diffed.
 const MAX_KEPT_BYTES: usize = 1024 * 1024;
-/// What a snapshot costs beyond the bytes it keeps (its directory and manifest), so a flood
+/// What a snapshot costs beyond the bytes it keeps (its file and manifest), so a flood
 /// of writes of new files, each a snapshot of nothing, is bounded by the budget too.
 const SNAPSHOT_OVERHEAD_BYTES: u64 = 4096;
 /// Most bytes of diffs one `changes` answer carries; past it, changes are listed without one
@@ -51,6 +51,65 @@ struct SnapshotEntry {
     path: Vec<String>,
     /// The file's mode when it existed; `None`: the write made it.
     mode: Option<u32>,
+    /// Where its content starts in the snapshot file, and how long it is (absent in a
+    /// snapshot directory an earlier release wrote, which holds it as file `<index>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    at: Option<(u64, u64)>,
+}
+
+/// How a snapshot keeps what a write replaced. A snapshot is one file (a file creation is
+/// the dearest step of a write on many disks): the contents one after another, then the
+/// manifest (JSON), then the manifest's length as 8 bytes, little-endian. Snapshots an
+/// earlier release wrote are directories (`manifest.json` and a file per index) and are
+/// read and removed as such.
+enum Stored {
+    File(std::fs::File),
+    Directory(PathBuf),
+}
+
+impl Stored {
+    /// The snapshot `token` of `snapshots` and its manifest; `None` when there is none.
+    fn open(snapshots: &Path, token: &str) -> Option<(Stored, Vec<SnapshotEntry>)> {
+        let path = snapshots.join(token);
+        if path.is_dir() {
+            let manifest = std::fs::read(path.join("manifest.json")).ok()?;
+            let entries = serde_json::from_slice(&manifest).ok()?;
+            return Some((Stored::Directory(path), entries));
+        }
+        let file = std::fs::File::open(&path).ok()?;
+        let size = file.metadata().ok()?.len();
+        let mut length = [0u8; 8];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut length, size.checked_sub(8)?).ok()?;
+        let length = u64::from_le_bytes(length);
+        let start = size.checked_sub(8)?.checked_sub(length)?;
+        let mut manifest = vec![0u8; usize::try_from(length).ok()?];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut manifest, start).ok()?;
+        let entries = serde_json::from_slice(&manifest).ok()?;
+        Some((Stored::File(file), entries))
+    }
+
+    /// The content entry `index` saved.
+    fn content(&self, index: usize, entry: &SnapshotEntry) -> Result<Vec<u8>, PlinthError> {
+        match (self, entry.at) {
+            (Stored::File(file), Some((start, length))) => {
+                let mut content = vec![0u8; usize::try_from(length).map_err(internal)?];
+                std::os::unix::fs::FileExt::read_exact_at(file, &mut content, start)
+                    .map_err(internal)?;
+                Ok(content)
+            }
+            (Stored::Directory(dir), _) => {
+                std::fs::read(dir.join(index.to_string())).map_err(internal)
+            }
+            (Stored::File(_), None) => Err(internal("a snapshot entry without its place")),
+        }
+    }
+}
+
+/// Removes a snapshot, a file or (written by an earlier release) a directory.
+fn remove_snapshot(path: &Path) {
+    if std::fs::remove_file(path).is_err() {
+        let _ = std::fs::remove_dir_all(path);
+    }
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -133,13 +192,12 @@ pub fn current(ws: &Workspace, parts: &[String], display: &str) -> Result<Previo
 pub fn write(ws: &Workspace, changes: &[Change]) -> Result<String, PlinthError> {
     let token = plinth_kit::ids::RollbackToken::generate().to_string();
     let snapshots = ws.state.join("snapshots");
+    std::fs::create_dir_all(&snapshots).map_err(internal)?;
     let snapshot = snapshots.join(&token);
-    std::fs::create_dir_all(&snapshot).map_err(internal)?;
-    let saved = save(ws, changes, &snapshot);
-    let (entries, kept) = match saved {
+    let (entries, kept) = match save(ws, changes, &snapshot) {
         Ok(saved) => saved,
         Err(error) => {
-            let _ = std::fs::remove_dir_all(&snapshot);
+            remove_snapshot(&snapshot);
             return Err(error);
         }
     };
@@ -152,8 +210,10 @@ pub fn write(ws: &Workspace, changes: &[Change]) -> Result<String, PlinthError> 
             change.content.as_deref(),
             mode,
         ) {
-            let _ = undo(ws, &snapshot, &entries[..done]);
-            let _ = std::fs::remove_dir_all(&snapshot);
+            if let Some((stored, _)) = Stored::open(&snapshots, &token) {
+                let _ = undo(ws, &stored, &entries[..done]);
+            }
+            remove_snapshot(&snapshot);
             return Err(error);
         }
     }
@@ -172,22 +232,25 @@ pub fn write(ws: &Workspace, changes: &[Change]) -> Result<String, PlinthError> 
     Ok(token)
 }
 
-/// Saves what each change replaces into `snapshot`, and its manifest; answers the manifest's
-/// entries and the bytes kept.
+/// Saves what each change replaces, and the manifest, as the snapshot file `snapshot`;
+/// answers the manifest's entries and the bytes kept.
 fn save(
     ws: &Workspace,
     changes: &[Change],
     snapshot: &Path,
 ) -> Result<(Vec<SnapshotEntry>, u64), PlinthError> {
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(snapshot)
+        .map_err(internal)?;
     let mut entries = Vec::new();
     let mut kept = 0u64;
-    for (index, change) in changes.iter().enumerate() {
-        let mode = match open_current(ws, &change.parts, &change.display)? {
-            None => None,
+    for change in changes {
+        let (mode, at) = match open_current(ws, &change.parts, &change.display)? {
+            None => (None, None),
             Some((file, stat)) => {
-                let mut copy =
-                    std::fs::File::create(snapshot.join(index.to_string())).map_err(internal)?;
-                let copied = std::io::copy(&mut file.take(MAX_FILE_BYTES + 1), &mut copy)
+                let copied = std::io::copy(&mut file.take(MAX_FILE_BYTES + 1), &mut out)
                     .map_err(internal)?;
                 if copied > MAX_FILE_BYTES {
                     return Err(PlinthError::new(
@@ -199,18 +262,22 @@ fn save(
                     )
                     .with_detail(serde_json::json!({ "max_bytes": MAX_FILE_BYTES })));
                 }
+                let start = kept;
                 kept += copied;
-                Some(stat.st_mode & 0o777)
+                (Some(stat.st_mode & 0o777), Some((start, copied)))
             }
         };
         entries.push(SnapshotEntry {
             path: change.parts.clone(),
             mode,
+            at,
         });
     }
     let manifest = serde_json::to_vec(&entries).map_err(internal)?;
-    kept += manifest.len() as u64;
-    std::fs::write(snapshot.join("manifest.json"), manifest).map_err(internal)?;
+    kept += manifest.len() as u64 + 8;
+    out.write_all(&manifest)
+        .and_then(|()| out.write_all(&(manifest.len() as u64).to_le_bytes()))
+        .map_err(internal)?;
     Ok((entries, kept))
 }
 
@@ -248,13 +315,16 @@ fn ledger(snapshots: &Path) -> (Vec<(String, u64)>, usize) {
             .metadata()
             .and_then(|metadata| metadata.modified())
             .unwrap_or(std::time::UNIX_EPOCH);
-        let bytes: u64 = std::fs::read_dir(entry.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|file| file.metadata().ok())
-            .map(|metadata| metadata.len())
-            .sum();
+        let bytes: u64 = match entry.metadata() {
+            Ok(metadata) if metadata.is_file() => metadata.len(),
+            _ => std::fs::read_dir(entry.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|file| file.metadata().ok())
+                .map(|metadata| metadata.len())
+                .sum(),
+        };
         found.push((made, name, bytes + SNAPSHOT_OVERHEAD_BYTES));
     }
     found.sort();
@@ -316,7 +386,7 @@ fn admit(snapshots: &Path, token: &str, bytes: u64, budget: u64) -> Result<(), P
         let Some((oldest, bytes)) = ledger.kept.pop_front() else {
             break;
         };
-        let _ = std::fs::remove_dir_all(snapshots.join(&oldest));
+        remove_snapshot(&snapshots.join(&oldest));
         ledger.total = ledger.total.saturating_sub(bytes);
         appended.push_str(&format!("- {oldest}\n"));
         pruned += 1;
@@ -385,7 +455,7 @@ fn put(
 
 fn undo(
     ws: &Workspace,
-    snapshot: &Path,
+    stored: &Stored,
     entries: &[SnapshotEntry],
 ) -> Result<Vec<String>, PlinthError> {
     let mut restored = Vec::new();
@@ -393,7 +463,7 @@ fn undo(
     for (index, entry) in entries.iter().enumerate() {
         let display = entry.path.join("/");
         let content = match entry.mode {
-            Some(_) => Some(std::fs::read(snapshot.join(index.to_string())).map_err(internal)?),
+            Some(_) => Some(stored.content(index, entry)?),
             None => None,
         };
         put(
@@ -412,9 +482,8 @@ fn undo(
 
 /// Puts back what a write's token saved; answers the paths.
 pub fn restore(ws: &Workspace, token: &str) -> Result<Vec<String>, PlinthError> {
-    let snapshot = ws.state.join("snapshots").join(token);
-    let manifest = valid_token(token)
-        .then(|| std::fs::read(snapshot.join("manifest.json")).ok())
+    let (stored, entries) = valid_token(token)
+        .then(|| Stored::open(&ws.state.join("snapshots"), token))
         .flatten()
         .ok_or_else(|| {
             PlinthError::new(
@@ -426,8 +495,7 @@ pub fn restore(ws: &Workspace, token: &str) -> Result<Vec<String>, PlinthError> 
                 ),
             )
         })?;
-    let entries: Vec<SnapshotEntry> = serde_json::from_slice(&manifest).map_err(internal)?;
-    undo(ws, &snapshot, &entries)
+    undo(ws, &stored, &entries)
 }
 
 fn expected_path(ws: &Workspace) -> std::path::PathBuf {
@@ -878,10 +946,10 @@ mod tests {
         assert!(kept.len() >= 2 && kept.len() <= 3, "{kept:?}");
         let on_disk: u64 = kept
             .iter()
-            .flat_map(|token| std::fs::read_dir(ws.state.join("snapshots").join(token)))
-            .flatten()
-            .flatten()
-            .map(|file| file.metadata().expect("metadata").len())
+            .map(|token| {
+                let path = ws.state.join("snapshots").join(token);
+                std::fs::metadata(path).expect("a snapshot file").len()
+            })
             .sum();
         assert!(on_disk <= budget, "{on_disk} bytes kept");
         let error = restore(&ws, &tokens[0]).expect_err("pruned");
@@ -939,6 +1007,43 @@ mod tests {
         let mut on_disk = kept.clone();
         on_disk.sort();
         assert_eq!(listed, on_disk);
+    }
+
+    /// A write's snapshot is one file, and a snapshot directory an earlier release wrote
+    /// (`manifest.json` and a file per index) still restores, and is pruned whole.
+    #[test]
+    fn snapshots_are_one_file_and_earlier_directories_still_restore() {
+        let dir = tempfile::tempdir().expect("dir");
+        let ws = crate::workspace::on_disk(dir.path(), 1 << 30);
+        write(&ws, &[change("a.txt", b"one")]).expect("write");
+        write(&ws, &[change("b.txt", b"bee")]).expect("write");
+        let token =
+            write(&ws, &[change("a.txt", b"two"), change("b.txt", b"bee two")]).expect("write");
+        let snapshots = ws.state.join("snapshots");
+        assert!(snapshots.join(&token).is_file());
+        restore(&ws, &token).expect("restores");
+        assert_eq!(std::fs::read(ws.root.join("a.txt")).expect("a"), b"one");
+        assert_eq!(std::fs::read(ws.root.join("b.txt")).expect("b"), b"bee");
+
+        // As an earlier release left it: a.txt held "old", c.txt did not exist.
+        let earlier = plinth_kit::ids::RollbackToken::generate().to_string();
+        let saved = snapshots.join(&earlier);
+        std::fs::create_dir(&saved).expect("dir");
+        std::fs::write(saved.join("0"), b"old").expect("content");
+        std::fs::write(
+            saved.join("manifest.json"),
+            br#"[{"path":["a.txt"],"mode":420},{"path":["c.txt"],"mode":null}]"#,
+        )
+        .expect("manifest");
+        std::fs::write(ws.root.join("c.txt"), b"made later").expect("c");
+        assert_eq!(
+            restore(&ws, &earlier).expect("an earlier snapshot restores"),
+            ["a.txt", "c.txt"]
+        );
+        assert_eq!(std::fs::read(ws.root.join("a.txt")).expect("a"), b"old");
+        assert!(!ws.root.join("c.txt").exists());
+        remove_snapshot(&saved);
+        assert!(!saved.exists());
     }
 
     /// What `changes` diffs against is kept only while a record names it.
