@@ -7,8 +7,9 @@
 //! mounted at `/env/<slug>` (readable by absolute path, never writable). Every path is
 //! resolved beneath one of those two directories by the file system (`fsx`). Beside the
 //! working directory, hidden from the session's commands, the node keeps what undoes edits
-//! (`snapshots/<token>`, one file each) and what this service itself last wrote to each file
-//! (`expected.json`), so it can tell its own writes from anybody else's.
+//! (snapshots appended to packs, `snapshots/pack-<n>`, that `snapshots/ledger` lists) and
+//! what this service itself last wrote to each file (`expected.json`), so it can tell its
+//! own writes from anybody else's.
 
 pub mod fsx;
 pub mod patch;

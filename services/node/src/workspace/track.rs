@@ -1,6 +1,6 @@
 //! Writing files for a session so the write can be undone and told apart from anybody
-//! else's: before a set of files is written, what was there is saved in one file,
-//! `snapshots/<token>` (restore puts it back, and removes files the write made); after, the
+//! else's: before a set of files is written, what was there is saved as a snapshot appended
+//! to a pack (restore puts it back, and removes files the write made); after, the
 //! digest of what this service wrote is recorded in `expected.json` (with the content itself
 //! when it is small), so `changes` can report files changed by anything else, with a diff.
 //! Both live beside the working directory, hidden from the session's commands.
@@ -9,8 +9,8 @@
 //! snapshot by streaming, never read whole, and one past [`MAX_FILE_BYTES`] is refused
 //! (`file_too_large`) before a byte of it is read; snapshots are kept up to the workspace's
 //! budget (`node.workspace_snapshot_max_bytes`), the oldest removed past it (the newest is
-//! always kept, so the last write can be undone); kept contents no record names any more
-//! are removed.
+//! always kept, so the last write can be undone), and a pack is removed with its last
+//! snapshot; kept contents no record names any more are removed.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write as _};
@@ -57,41 +57,94 @@ struct SnapshotEntry {
     at: Option<(u64, u64)>,
 }
 
-/// How a snapshot keeps what a write replaced. A snapshot is one file (a file creation is
-/// the dearest step of a write on many disks): the contents one after another, then the
-/// manifest (JSON), then the manifest's length as 8 bytes, little-endian. Snapshots an
-/// earlier release wrote are directories (`manifest.json` and a file per index) and are
-/// read and removed as such.
+/// Where a snapshot is. Snapshots are appended to packs, `snapshots/pack-<n>`, each record
+/// the contents one after another, then the manifest (JSON), then the manifest's length as 8
+/// bytes, little-endian: a write creates no file for its snapshot (creating a file is the
+/// dearest step of a write on many disks), and a pack is removed once every snapshot in it
+/// is. Snapshots an earlier release wrote are directories (`<token>/`, holding
+/// `manifest.json` and a file per index), read and removed as such.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// In `pack-<segment>`, the bytes `start..start + length`.
+    Pack {
+        segment: u64,
+        start: u64,
+        length: u64,
+    },
+    /// `snapshots/<token>/`.
+    Directory,
+}
+
+/// One snapshot the ledger lists: its token, what it costs against the budget, and where it
+/// is.
+#[derive(Debug, Clone)]
+struct Kept {
+    token: String,
+    bytes: u64,
+    place: Place,
+}
+
+impl Kept {
+    /// Its ledger line.
+    fn line(&self) -> String {
+        match self.place {
+            Place::Pack {
+                segment,
+                start,
+                length,
+            } => format!("{} {} {segment} {start} {length}\n", self.token, self.bytes),
+            Place::Directory => format!("{} {}\n", self.token, self.bytes),
+        }
+    }
+}
+
+fn pack_path(snapshots: &Path, segment: u64) -> PathBuf {
+    snapshots.join(format!("pack-{segment}"))
+}
+
+/// A snapshot opened to read what it saved.
 enum Stored {
-    File(std::fs::File),
+    Pack(std::fs::File),
     Directory(PathBuf),
 }
 
 impl Stored {
-    /// The snapshot `token` of `snapshots` and its manifest; `None` when there is none.
-    fn open(snapshots: &Path, token: &str) -> Option<(Stored, Vec<SnapshotEntry>)> {
-        let path = snapshots.join(token);
-        if path.is_dir() {
-            let manifest = std::fs::read(path.join("manifest.json")).ok()?;
-            let entries = serde_json::from_slice(&manifest).ok()?;
-            return Some((Stored::Directory(path), entries));
+    /// The snapshot at `place` and its manifest; `None` when it is not there whole.
+    fn open(snapshots: &Path, token: &str, place: Place) -> Option<(Stored, Vec<SnapshotEntry>)> {
+        match place {
+            Place::Directory => {
+                let path = snapshots.join(token);
+                let manifest = std::fs::read(path.join("manifest.json")).ok()?;
+                let entries = serde_json::from_slice(&manifest).ok()?;
+                Some((Stored::Directory(path), entries))
+            }
+            Place::Pack {
+                segment,
+                start,
+                length,
+            } => {
+                let file = std::fs::File::open(pack_path(snapshots, segment)).ok()?;
+                let end = start.checked_add(length)?;
+                let mut size = [0u8; 8];
+                std::os::unix::fs::FileExt::read_exact_at(&file, &mut size, end.checked_sub(8)?)
+                    .ok()?;
+                let size = u64::from_le_bytes(size);
+                let from = end.checked_sub(8)?.checked_sub(size)?;
+                if from < start {
+                    return None;
+                }
+                let mut manifest = vec![0u8; usize::try_from(size).ok()?];
+                std::os::unix::fs::FileExt::read_exact_at(&file, &mut manifest, from).ok()?;
+                let entries = serde_json::from_slice(&manifest).ok()?;
+                Some((Stored::Pack(file), entries))
+            }
         }
-        let file = std::fs::File::open(&path).ok()?;
-        let size = file.metadata().ok()?.len();
-        let mut length = [0u8; 8];
-        std::os::unix::fs::FileExt::read_exact_at(&file, &mut length, size.checked_sub(8)?).ok()?;
-        let length = u64::from_le_bytes(length);
-        let start = size.checked_sub(8)?.checked_sub(length)?;
-        let mut manifest = vec![0u8; usize::try_from(length).ok()?];
-        std::os::unix::fs::FileExt::read_exact_at(&file, &mut manifest, start).ok()?;
-        let entries = serde_json::from_slice(&manifest).ok()?;
-        Some((Stored::File(file), entries))
     }
 
     /// The content entry `index` saved.
     fn content(&self, index: usize, entry: &SnapshotEntry) -> Result<Vec<u8>, PlinthError> {
         match (self, entry.at) {
-            (Stored::File(file), Some((start, length))) => {
+            (Stored::Pack(file), Some((start, length))) => {
                 let mut content = vec![0u8; usize::try_from(length).map_err(internal)?];
                 std::os::unix::fs::FileExt::read_exact_at(file, &mut content, start)
                     .map_err(internal)?;
@@ -100,15 +153,8 @@ impl Stored {
             (Stored::Directory(dir), _) => {
                 std::fs::read(dir.join(index.to_string())).map_err(internal)
             }
-            (Stored::File(_), None) => Err(internal("a snapshot entry without its place")),
+            (Stored::Pack(_), None) => Err(internal("a snapshot entry without its place")),
         }
-    }
-}
-
-/// Removes a snapshot, a file or (written by an earlier release) a directory.
-fn remove_snapshot(path: &Path) {
-    if std::fs::remove_file(path).is_err() {
-        let _ = std::fs::remove_dir_all(path);
     }
 }
 
@@ -193,12 +239,16 @@ pub fn write(ws: &Workspace, changes: &[Change]) -> Result<String, PlinthError> 
     let token = plinth_kit::ids::RollbackToken::generate().to_string();
     let snapshots = ws.state.join("snapshots");
     std::fs::create_dir_all(&snapshots).map_err(internal)?;
-    let snapshot = snapshots.join(&token);
-    let (entries, kept) = match save(ws, changes, &snapshot) {
-        Ok(saved) => saved,
-        Err(error) => {
-            remove_snapshot(&snapshot);
-            return Err(error);
+    let segment = next_segment(&snapshots, ws.snapshot_budget)?;
+    let pack = pack_path(&snapshots, segment);
+    let (entries, place) = save(ws, changes, &pack, segment)?;
+    let truncate = |place: Place| {
+        if let Place::Pack { start, .. } = place {
+            // Writes to a workspace are serialised: nothing was appended after this one.
+            let _ = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&pack)
+                .and_then(|file| file.set_len(start));
         }
     };
     for (done, change) in changes.iter().enumerate() {
@@ -210,10 +260,10 @@ pub fn write(ws: &Workspace, changes: &[Change]) -> Result<String, PlinthError> 
             change.content.as_deref(),
             mode,
         ) {
-            if let Some((stored, _)) = Stored::open(&snapshots, &token) {
+            if let Some((stored, _)) = Stored::open(&snapshots, &token, place) {
                 let _ = undo(ws, &stored, &entries[..done]);
             }
-            remove_snapshot(&snapshot);
+            truncate(place);
             return Err(error);
         }
     }
@@ -223,88 +273,136 @@ pub fn write(ws: &Workspace, changes: &[Change]) -> Result<String, PlinthError> 
             .iter()
             .map(|c| (c.parts.join("/"), c.content.as_deref())),
     )?;
+    let length = match place {
+        Place::Pack { length, .. } => length,
+        Place::Directory => 0,
+    };
     admit(
         &snapshots,
-        &token,
-        kept + SNAPSHOT_OVERHEAD_BYTES,
+        Kept {
+            token: token.clone(),
+            bytes: length + SNAPSHOT_OVERHEAD_BYTES,
+            place,
+        },
         ws.snapshot_budget,
     )?;
     Ok(token)
 }
 
-/// Saves what each change replaces, and the manifest, as the snapshot file `snapshot`;
-/// answers the manifest's entries and the bytes kept.
+/// Appends what each change replaces, and the manifest, to the pack `pack` (number
+/// `segment`); answers the manifest's entries and where the snapshot is. What it appended
+/// is cut off again when it fails.
 fn save(
     ws: &Workspace,
     changes: &[Change],
-    snapshot: &Path,
-) -> Result<(Vec<SnapshotEntry>, u64), PlinthError> {
+    pack: &Path,
+    segment: u64,
+) -> Result<(Vec<SnapshotEntry>, Place), PlinthError> {
     let mut out = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(snapshot)
+        .append(true)
+        .create(true)
+        .open(pack)
         .map_err(internal)?;
-    let mut entries = Vec::new();
-    let mut kept = 0u64;
-    for change in changes {
-        let (mode, at) = match open_current(ws, &change.parts, &change.display)? {
-            None => (None, None),
-            Some((file, stat)) => {
-                let copied = std::io::copy(&mut file.take(MAX_FILE_BYTES + 1), &mut out)
-                    .map_err(internal)?;
-                if copied > MAX_FILE_BYTES {
-                    return Err(PlinthError::new(
-                        ErrorCode::FileTooLarge,
-                        format!(
-                            "{} grew past {MAX_FILE_BYTES} bytes while it was saved",
-                            change.display
-                        ),
-                    )
-                    .with_detail(serde_json::json!({ "max_bytes": MAX_FILE_BYTES })));
+    let start = out.metadata().map_err(internal)?.len();
+    let saved = (|| {
+        let mut entries = Vec::new();
+        let mut at = start;
+        for change in changes {
+            let (mode, place) = match open_current(ws, &change.parts, &change.display)? {
+                None => (None, None),
+                Some((file, stat)) => {
+                    let copied = std::io::copy(&mut file.take(MAX_FILE_BYTES + 1), &mut out)
+                        .map_err(internal)?;
+                    if copied > MAX_FILE_BYTES {
+                        return Err(PlinthError::new(
+                            ErrorCode::FileTooLarge,
+                            format!(
+                                "{} grew past {MAX_FILE_BYTES} bytes while it was saved",
+                                change.display
+                            ),
+                        )
+                        .with_detail(serde_json::json!({ "max_bytes": MAX_FILE_BYTES })));
+                    }
+                    let place = (at, copied);
+                    at += copied;
+                    (Some(stat.st_mode & 0o777), Some(place))
                 }
-                let start = kept;
-                kept += copied;
-                (Some(stat.st_mode & 0o777), Some((start, copied)))
-            }
-        };
-        entries.push(SnapshotEntry {
-            path: change.parts.clone(),
-            mode,
-            at,
-        });
+            };
+            entries.push(SnapshotEntry {
+                path: change.parts.clone(),
+                mode,
+                at: place,
+            });
+        }
+        let manifest = serde_json::to_vec(&entries).map_err(internal)?;
+        out.write_all(&manifest)
+            .and_then(|()| out.write_all(&(manifest.len() as u64).to_le_bytes()))
+            .map_err(internal)?;
+        let length = at + manifest.len() as u64 + 8 - start;
+        Ok((
+            entries,
+            Place::Pack {
+                segment,
+                start,
+                length,
+            },
+        ))
+    })();
+    if saved.is_err() {
+        let _ = out.set_len(start);
     }
-    let manifest = serde_json::to_vec(&entries).map_err(internal)?;
-    kept += manifest.len() as u64 + 8;
-    out.write_all(&manifest)
-        .and_then(|()| out.write_all(&(manifest.len() as u64).to_le_bytes()))
-        .map_err(internal)?;
-    Ok((entries, kept))
+    saved
 }
 
-/// The snapshots kept, oldest first, each with what it costs, and how many lines the file
-/// holds: `snapshots/ledger`, a `<token> <bytes>` line when a snapshot is made and a
-/// `- <token>` line when it is removed, applied in order (a line a crash cut short is left
-/// out). Rebuilt from the directories when missing.
-fn ledger(snapshots: &Path) -> (Vec<(String, u64)>, usize) {
-    if let Ok(text) = std::fs::read_to_string(snapshots.join("ledger")) {
-        let mut kept: Vec<(String, u64)> = Vec::new();
-        let mut lines = 0;
-        for line in text.lines() {
-            lines += 1;
-            match line.split_once(' ') {
-                Some(("-", token)) => kept.retain(|(known, _)| known != token),
-                Some((token, bytes)) => {
-                    if let Ok(bytes) = bytes.parse() {
-                        kept.retain(|(known, _)| known != token);
-                        kept.push((token.to_owned(), bytes));
-                    }
-                }
-                None => {}
+/// Parses the ledger file's text: a `<token> <bytes> <pack> <start> <length>` line when a
+/// snapshot is made (`<token> <bytes>` for a directory an earlier release wrote), a
+/// `- <token>` line when it is removed, applied in order; a line a crash cut short is left
+/// out. Answers the snapshots kept, oldest first, and the lines read.
+fn parse_ledger(text: &str) -> (Vec<Kept>, usize) {
+    let mut kept: Vec<Kept> = Vec::new();
+    let mut lines = 0;
+    for line in text.lines() {
+        lines += 1;
+        let fields: Vec<&str> = line.split(' ').collect();
+        let number = |index: usize| fields.get(index).and_then(|field| field.parse().ok());
+        let made = match fields.as_slice() {
+            ["-", token] => {
+                kept.retain(|known| known.token != *token);
+                continue;
             }
+            [token, _] => number(1).map(|bytes| (token, bytes, Place::Directory)),
+            [token, _, _, _, _] => match (number(1), number(2), number(3), number(4)) {
+                (Some(bytes), Some(segment), Some(start), Some(length)) => Some((
+                    token,
+                    bytes,
+                    Place::Pack {
+                        segment,
+                        start,
+                        length,
+                    },
+                )),
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some((token, bytes, place)) = made.filter(|(token, ..)| valid_token(token)) {
+            kept.retain(|known| known.token != *token);
+            kept.push(Kept {
+                token: (*token).to_owned(),
+                bytes,
+                place,
+            });
         }
-        return (kept, lines);
     }
-    // Written before snapshots had a budget: measured once, ordered by age.
+    (kept, lines)
+}
+
+/// The snapshots kept, oldest first, as `snapshots/ledger` lists them; rebuilt from the
+/// directories when it is missing (written before snapshots had a budget).
+fn ledger(snapshots: &Path) -> Vec<Kept> {
+    if let Ok(text) = std::fs::read_to_string(snapshots.join("ledger")) {
+        return parse_ledger(&text).0;
+    }
     let mut found: Vec<(std::time::SystemTime, String, u64)> = Vec::new();
     for entry in std::fs::read_dir(snapshots).into_iter().flatten().flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -315,34 +413,36 @@ fn ledger(snapshots: &Path) -> (Vec<(String, u64)>, usize) {
             .metadata()
             .and_then(|metadata| metadata.modified())
             .unwrap_or(std::time::UNIX_EPOCH);
-        let bytes: u64 = match entry.metadata() {
-            Ok(metadata) if metadata.is_file() => metadata.len(),
-            _ => std::fs::read_dir(entry.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter_map(|file| file.metadata().ok())
-                .map(|metadata| metadata.len())
-                .sum(),
-        };
+        let bytes: u64 = std::fs::read_dir(entry.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|file| file.metadata().ok())
+            .map(|metadata| metadata.len())
+            .sum();
         found.push((made, name, bytes + SNAPSHOT_OVERHEAD_BYTES));
     }
     found.sort();
-    let kept = found
+    found
         .into_iter()
-        .map(|(_, token, bytes)| (token, bytes))
-        .collect();
-    (kept, 0)
+        .map(|(_, token, bytes)| Kept {
+            token,
+            bytes,
+            place: Place::Directory,
+        })
+        .collect()
 }
 
 /// A workspace's snapshots as its ledger file lists them, oldest first, and their total.
 #[derive(Debug, Default)]
 struct Ledger {
-    kept: std::collections::VecDeque<(String, u64)>,
+    kept: std::collections::VecDeque<Kept>,
     total: u64,
     /// Lines in the file: it is rewritten with only the kept snapshots once it holds twice
     /// as many as they need, so a write past the budget appends too.
     lines: usize,
+    /// The pack new snapshots go to.
+    segment: u64,
 }
 
 /// The ledgers of the workspaces this node wrote for lately, by snapshots directory, so a
@@ -357,60 +457,141 @@ static LEDGERS: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<P
 /// Workspaces whose ledgers are kept in memory at most (a few bytes per snapshot each).
 const LEDGERS_KEPT: usize = 4096;
 
-/// Adds a snapshot to the ledger and removes the oldest until the rest fit in `budget`
-/// (never the one just added).
-fn admit(snapshots: &Path, token: &str, bytes: u64, budget: u64) -> Result<(), PlinthError> {
-    let mut ledgers = LEDGERS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+/// Largest pack new snapshots are still appended to: a quarter of the budget, at most
+/// 4 MiB, so what pruned snapshots leave on disk until their pack goes stays small beside
+/// the budget.
+fn pack_bytes(budget: u64) -> u64 {
+    (budget / 4).clamp(1, 4 * 1024 * 1024)
+}
+
+/// Rewrites the ledger file with only the kept snapshots.
+fn rewrite(snapshots: &Path, ledger: &mut Ledger) -> std::io::Result<()> {
+    let text: String = ledger.kept.iter().map(Kept::line).collect();
+    let temporary = snapshots.join(".ledger.tmp");
+    std::fs::File::create(&temporary)
+        .and_then(|mut opened| opened.write_all(text.as_bytes()))
+        .and_then(|()| std::fs::rename(&temporary, snapshots.join("ledger")))?;
+    ledger.lines = ledger.kept.len();
+    Ok(())
+}
+
+/// The workspace's ledger, read from its files on first use: the file is then rewritten
+/// whole (a line a crash cut short is never appended to), and packs no kept snapshot is in
+/// (left by a crash between a pack and its ledger line) are removed, but the newest.
+fn loaded<'a>(
+    ledgers: &'a mut std::collections::HashMap<PathBuf, Ledger>,
+    snapshots: &Path,
+) -> Result<&'a mut Ledger, PlinthError> {
     if ledgers.len() >= LEDGERS_KEPT && !ledgers.contains_key(snapshots) {
         ledgers.clear();
     }
-    let file = snapshots.join("ledger");
-    // Read from the file on first use, which is then rewritten whole: a line a crash cut
-    // short is never appended to.
-    let mut loaded = false;
-    let ledger = ledgers.entry(snapshots.to_path_buf()).or_insert_with(|| {
-        loaded = true;
-        let (kept, lines) = ledger(snapshots);
-        let kept: std::collections::VecDeque<_> = kept.into();
-        let total = kept.iter().map(|(_, bytes)| bytes).sum();
-        Ledger { kept, total, lines }
-    });
-    ledger.kept.retain(|(known, _)| known != token);
-    ledger.kept.push_back((token.to_owned(), bytes));
-    ledger.total = ledger.kept.iter().map(|(_, bytes)| bytes).sum();
-    let mut appended = format!("{token} {bytes}\n");
+    if !ledgers.contains_key(snapshots) {
+        let kept: std::collections::VecDeque<Kept> = ledger(snapshots).into();
+        let total = kept.iter().map(|kept| kept.bytes).sum();
+        let packs: Vec<u64> = std::fs::read_dir(snapshots)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| {
+                entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|name| name.strip_prefix("pack-"))
+                    .and_then(|number| number.parse().ok())
+            })
+            .collect();
+        let segment = packs.iter().copied().max().unwrap_or(0);
+        for pack in packs {
+            let used = kept
+                .iter()
+                .any(|kept| matches!(kept.place, Place::Pack { segment, .. } if segment == pack));
+            if !used && pack != segment {
+                let _ = std::fs::remove_file(pack_path(snapshots, pack));
+            }
+        }
+        let mut ledger = Ledger {
+            kept,
+            total,
+            lines: 0,
+            segment,
+        };
+        rewrite(snapshots, &mut ledger).map_err(internal)?;
+        ledgers.insert(snapshots.to_path_buf(), ledger);
+    }
+    ledgers
+        .get_mut(snapshots)
+        .ok_or_else(|| internal("the workspace's ledger was not loaded"))
+}
+
+/// The pack the next snapshot goes to: the newest, or a new one once it is full.
+fn next_segment(snapshots: &Path, budget: u64) -> Result<u64, PlinthError> {
+    let mut ledgers = LEDGERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let ledger = loaded(&mut ledgers, snapshots)?;
+    let length = std::fs::metadata(pack_path(snapshots, ledger.segment)).map_or(0, |m| m.len());
+    if length >= pack_bytes(budget) {
+        ledger.segment += 1;
+    }
+    Ok(ledger.segment)
+}
+
+/// Where the snapshot `token` is, when the ledger lists it.
+fn place_of(snapshots: &Path, token: &str) -> Option<Place> {
+    let mut ledgers = LEDGERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let ledger = loaded(&mut ledgers, snapshots).ok()?;
+    ledger
+        .kept
+        .iter()
+        .find(|kept| kept.token == token)
+        .map(|kept| kept.place)
+}
+
+/// Adds a snapshot to the ledger and removes the oldest until the rest fit in `budget`
+/// (never the one just added); a pack goes once no kept snapshot is in it.
+fn admit(snapshots: &Path, made: Kept, budget: u64) -> Result<(), PlinthError> {
+    let mut ledgers = LEDGERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let ledger = loaded(&mut ledgers, snapshots)?;
+    let mut appended = made.line();
+    ledger.kept.retain(|known| known.token != made.token);
+    ledger.kept.push_back(made);
+    ledger.total = ledger.kept.iter().map(|kept| kept.bytes).sum();
     let mut pruned = 0;
     while ledger.total > budget && ledger.kept.len() > 1 {
-        let Some((oldest, bytes)) = ledger.kept.pop_front() else {
+        let Some(oldest) = ledger.kept.pop_front() else {
             break;
         };
-        remove_snapshot(&snapshots.join(&oldest));
-        ledger.total = ledger.total.saturating_sub(bytes);
-        appended.push_str(&format!("- {oldest}\n"));
+        match oldest.place {
+            Place::Directory => {
+                let _ = std::fs::remove_dir_all(snapshots.join(&oldest.token));
+            }
+            Place::Pack { segment, .. } => {
+                let still = ledger.kept.front().is_some_and(|next| {
+                    matches!(next.place, Place::Pack { segment: other, .. } if other == segment)
+                });
+                if !still && segment != ledger.segment {
+                    let _ = std::fs::remove_file(pack_path(snapshots, segment));
+                }
+            }
+        }
+        ledger.total = ledger.total.saturating_sub(oldest.bytes);
+        appended.push_str(&format!("- {}\n", oldest.token));
         pruned += 1;
     }
     let added = 1 + pruned;
-    let written = if !loaded && file.exists() && ledger.lines + added <= 2 * ledger.kept.len() + 64
-    {
+    let written = if ledger.lines + added <= 2 * ledger.kept.len() + 64 {
         // The usual case, past the budget too: a line or two more.
         std::fs::OpenOptions::new()
             .append(true)
-            .open(&file)
+            .open(snapshots.join("ledger"))
             .and_then(|mut opened| opened.write_all(appended.as_bytes()))
             .map(|()| ledger.lines += added)
     } else {
-        let text: String = ledger
-            .kept
-            .iter()
-            .map(|(token, bytes)| format!("{token} {bytes}\n"))
-            .collect();
-        let temporary = snapshots.join(".ledger.tmp");
-        std::fs::File::create(&temporary)
-            .and_then(|mut opened| opened.write_all(text.as_bytes()))
-            .and_then(|()| std::fs::rename(&temporary, &file))
-            .map(|()| ledger.lines = ledger.kept.len())
+        rewrite(snapshots, ledger)
     };
     if let Err(error) = written {
         // What the file says is what a later write reads: it is read again.
@@ -482,9 +663,11 @@ fn undo(
 
 /// Puts back what a write's token saved; answers the paths.
 pub fn restore(ws: &Workspace, token: &str) -> Result<Vec<String>, PlinthError> {
+    let snapshots = ws.state.join("snapshots");
     let (stored, entries) = valid_token(token)
-        .then(|| Stored::open(&ws.state.join("snapshots"), token))
+        .then(|| place_of(&snapshots, token))
         .flatten()
+        .and_then(|place| Stored::open(&snapshots, token, place))
         .ok_or_else(|| {
             PlinthError::new(
                 ErrorCode::WorkspaceNotFound,
@@ -852,13 +1035,30 @@ mod tests {
         }
     }
 
-    fn snapshot_dirs(ws: &Workspace) -> Vec<String> {
-        let mut found: Vec<String> = std::fs::read_dir(ws.state.join("snapshots"))
+    /// The snapshots kept, as the ledger file alone says, sorted.
+    fn snapshots_kept(ws: &Workspace) -> Vec<String> {
+        let text =
+            std::fs::read_to_string(ws.state.join("snapshots").join("ledger")).unwrap_or_default();
+        let mut found: Vec<String> = parse_ledger(&text)
+            .0
+            .into_iter()
+            .map(|kept| kept.token)
+            .collect();
+        found.sort();
+        found
+    }
+
+    /// The packs on disk and their sizes.
+    fn packs(ws: &Workspace) -> Vec<(String, u64)> {
+        let mut found: Vec<(String, u64)> = std::fs::read_dir(ws.state.join("snapshots"))
             .into_iter()
             .flatten()
             .flatten()
-            .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            .filter(|name| valid_token(name))
+            .filter(|entry| entry.file_name().to_string_lossy().starts_with("pack-"))
+            .map(|entry| {
+                let size = entry.metadata().expect("metadata").len();
+                (entry.file_name().to_string_lossy().into_owned(), size)
+            })
             .collect();
         found.sort();
         found
@@ -923,7 +1123,12 @@ mod tests {
         );
         assert!(error.message.contains("big.bin"), "{}", error.message);
         assert_eq!(std::fs::metadata(&big).expect("still there").len(), 1 << 30);
-        assert_eq!(snapshot_dirs(&ws), Vec::<String>::new());
+        assert_eq!(snapshots_kept(&ws), Vec::<String>::new());
+        assert!(
+            packs(&ws).iter().all(|(_, size)| *size == 0),
+            "nothing of the refused write is kept: {:?}",
+            packs(&ws)
+        );
         let error = current(&ws, &["big.bin".to_owned()], "big.bin").expect_err("edit refused");
         assert_eq!(error.code, ErrorCode::FileTooLarge);
         assert!(exists(&ws, &["big.bin".to_owned()], "big.bin").expect("exists"));
@@ -942,15 +1147,9 @@ mod tests {
             let content = vec![b'a' + round; 100 * 1024];
             tokens.push(write(&ws, &[change("notes/a.txt", &content)]).expect("write"));
         }
-        let kept = snapshot_dirs(&ws);
+        let kept = snapshots_kept(&ws);
         assert!(kept.len() >= 2 && kept.len() <= 3, "{kept:?}");
-        let on_disk: u64 = kept
-            .iter()
-            .map(|token| {
-                let path = ws.state.join("snapshots").join(token);
-                std::fs::metadata(path).expect("a snapshot file").len()
-            })
-            .sum();
+        let on_disk: u64 = packs(&ws).iter().map(|(_, size)| size).sum();
         assert!(on_disk <= budget, "{on_disk} bytes kept");
         let error = restore(&ws, &tokens[0]).expect_err("pruned");
         assert_eq!(error.code, ErrorCode::WorkspaceNotFound);
@@ -972,7 +1171,8 @@ mod tests {
         let tiny = crate::workspace::on_disk(&dir.path().join("tiny"), 1);
         write(&tiny, &[change("a", b"first")]).expect("write");
         let token = write(&tiny, &[change("a", b"second")]).expect("write");
-        assert_eq!(snapshot_dirs(&tiny), std::slice::from_ref(&token));
+        assert_eq!(snapshots_kept(&tiny), std::slice::from_ref(&token));
+        assert_eq!(packs(&tiny).len(), 1, "the first write's pack is gone");
         restore(&tiny, &token).expect("restores");
         assert_eq!(std::fs::read(tiny.root.join("a")).expect("read"), b"first");
     }
@@ -995,24 +1195,36 @@ mod tests {
                 .count();
             longest = longest.max(lines);
         }
-        let kept = snapshot_dirs(&ws);
+        let kept = snapshots_kept(&ws);
         assert!((8..=12).contains(&kept.len()), "{} kept", kept.len());
         assert!(
             longest <= 2 * kept.len() + 64 + 2,
             "{longest} lines at most"
         );
-        let (listed, _) = ledger(&ws.state.join("snapshots"));
-        let mut listed: Vec<String> = listed.into_iter().map(|(token, _)| token).collect();
-        listed.sort();
-        let mut on_disk = kept.clone();
-        on_disk.sort();
-        assert_eq!(listed, on_disk);
+        let mut in_memory: Vec<String> = LEDGERS
+            .lock()
+            .expect("ledgers")
+            .get(&ws.state.join("snapshots"))
+            .expect("this workspace's ledger")
+            .kept
+            .iter()
+            .map(|kept| kept.token.clone())
+            .collect();
+        in_memory.sort();
+        assert_eq!(kept, in_memory);
+        // Packs whose snapshots were all pruned are gone.
+        assert!(packs(&ws).len() <= 2, "{:?}", packs(&ws));
+        for token in &kept {
+            let place = place_of(&ws.state.join("snapshots"), token).expect("listed");
+            assert!(Stored::open(&ws.state.join("snapshots"), token, place).is_some());
+        }
     }
 
-    /// A write's snapshot is one file, and a snapshot directory an earlier release wrote
-    /// (`manifest.json` and a file per index) still restores, and is pruned whole.
+    /// A write makes no file for its snapshot (they are appended to a pack), and a snapshot
+    /// directory an earlier release wrote and listed (`manifest.json` and a file per index)
+    /// still restores, and is removed whole once it is the oldest past the budget.
     #[test]
-    fn snapshots_are_one_file_and_earlier_directories_still_restore() {
+    fn snapshots_are_packed_and_earlier_directories_still_restore() {
         let dir = tempfile::tempdir().expect("dir");
         let ws = crate::workspace::on_disk(dir.path(), 1 << 30);
         write(&ws, &[change("a.txt", b"one")]).expect("write");
@@ -1020,12 +1232,19 @@ mod tests {
         let token =
             write(&ws, &[change("a.txt", b"two"), change("b.txt", b"bee two")]).expect("write");
         let snapshots = ws.state.join("snapshots");
-        assert!(snapshots.join(&token).is_file());
+        let names: Vec<String> = std::fs::read_dir(&snapshots)
+            .expect("snapshots")
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!names.iter().any(|name| valid_token(name)), "{names:?}");
+        assert_eq!(packs(&ws).len(), 1, "{names:?}");
         restore(&ws, &token).expect("restores");
         assert_eq!(std::fs::read(ws.root.join("a.txt")).expect("a"), b"one");
         assert_eq!(std::fs::read(ws.root.join("b.txt")).expect("b"), b"bee");
 
-        // As an earlier release left it: a.txt held "old", c.txt did not exist.
+        // As an earlier release left it: a.txt held "old", c.txt did not exist; read by a
+        // node started after it.
         let earlier = plinth_kit::ids::RollbackToken::generate().to_string();
         let saved = snapshots.join(&earlier);
         std::fs::create_dir(&saved).expect("dir");
@@ -1035,6 +1254,10 @@ mod tests {
             br#"[{"path":["a.txt"],"mode":420},{"path":["c.txt"],"mode":null}]"#,
         )
         .expect("manifest");
+        let mut ledger = std::fs::read_to_string(snapshots.join("ledger")).expect("ledger");
+        ledger.insert_str(0, &format!("{earlier} 4200\n"));
+        std::fs::write(snapshots.join("ledger"), ledger).expect("ledger");
+        LEDGERS.lock().expect("ledgers").remove(&snapshots);
         std::fs::write(ws.root.join("c.txt"), b"made later").expect("c");
         assert_eq!(
             restore(&ws, &earlier).expect("an earlier snapshot restores"),
@@ -1042,8 +1265,12 @@ mod tests {
         );
         assert_eq!(std::fs::read(ws.root.join("a.txt")).expect("a"), b"old");
         assert!(!ws.root.join("c.txt").exists());
-        remove_snapshot(&saved);
-        assert!(!saved.exists());
+
+        let small = crate::workspace::on_disk(dir.path(), 1);
+        let newest = write(&small, &[change("a.txt", b"three")]).expect("write");
+        assert!(!saved.exists(), "the earlier directory was pruned");
+        assert_eq!(snapshots_kept(&small), [newest]);
+        assert_eq!(packs(&small).len(), 1, "{:?}", packs(&small));
     }
 
     /// What `changes` diffs against is kept only while a record names it.
