@@ -1376,3 +1376,87 @@ async fn links_out_of_the_workspace_are_refused() {
     assert_eq!(std::fs::read_dir(outside.path()).expect("dir").count(), 1);
     server.stop().await;
 }
+
+/// Every file below `dir` whose name is `ledger` or starts with `pack-`, with its bytes.
+fn snapshot_files(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if kind.is_dir() {
+            found.extend(snapshot_files(&path));
+        } else if kind.is_file() && (name == "ledger" || name.starts_with("pack-")) {
+            let bytes = std::fs::read(&path).expect("read");
+            found.push((path, bytes));
+        }
+    }
+    found.sort();
+    found
+}
+
+/// What undoes an edit is kept beside the working directory, out of the session's reach: a
+/// command in the session looks for the snapshot packs and the ledger that lists them, and
+/// tries to overwrite them by every path it can think of; it finds nothing, writes nothing,
+/// and the rollback token still puts back what the edit replaced.
+#[tokio::test]
+async fn a_session_cannot_reach_the_snapshots_that_undo_its_edits() {
+    let Some((server, novo, _slug)) = run("Snapshot Reach", &[]).await else {
+        return;
+    };
+    novo.ok(
+        "editFile",
+        json!({"path": "notes.txt", "operation": "create", "contents": "original\n"}),
+    )
+    .await;
+    let edited = novo
+        .ok(
+            "editFile",
+            json!({"path": "notes.txt", "operation": "create", "contents": "second\n"}),
+        )
+        .await;
+    let token = edited["rollback_token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a rollback token: {edited}"))
+        .to_owned();
+    let data_dir = server.data_dir();
+    let before = snapshot_files(&data_dir);
+    assert!(
+        before
+            .iter()
+            .any(|(path, _)| path.to_string_lossy().contains("pack-")),
+        "the node keeps a pack: {before:?}"
+    );
+
+    let found = novo
+        .sh(&format!(
+            "find / \\( -path /proc -o -path /sys \\) -prune -o \\( -name 'pack-*' -o -name ledger \
+               -o -name expected.log \\) -print 2>/dev/null; \
+             ls -a .. ../workspace ../workspace/snapshots {data} 2>/dev/null; \
+             for target in ../workspace/snapshots/ledger ../workspace/snapshots/pack-0 \
+               {data}/node/sessions; do \
+               printf 'tampered\\n' > \"$target\" 2>/dev/null && echo \"WROTE $target\"; done; \
+             grep -c workspace /proc/self/mountinfo; true",
+            data = data_dir.display()
+        ))
+        .await;
+    assert!(!found.contains("pack-"), "a pack is visible: {found}");
+    assert!(!found.contains("ledger"), "the ledger is visible: {found}");
+    assert!(
+        !found.contains("expected.log"),
+        "the records are visible: {found}"
+    );
+    assert!(!found.contains("WROTE"), "a write landed: {found}");
+    assert_eq!(found.lines().last(), Some("0"), "{found}");
+
+    assert_eq!(
+        snapshot_files(&data_dir),
+        before,
+        "the snapshots are unchanged"
+    );
+    assert_eq!(novo.ok("restore", json!({"token": token})).await, json!({}));
+    assert_eq!(novo.cat("notes.txt").await, "original\n");
+    server.stop().await;
+}
