@@ -241,15 +241,11 @@ pub fn write(ws: &Workspace, changes: &[Change]) -> Result<String, PlinthError> 
     std::fs::create_dir_all(&snapshots).map_err(internal)?;
     let segment = next_segment(&snapshots, ws.snapshot_budget)?;
     let pack = pack_path(&snapshots, segment);
-    let (entries, place) = save(ws, changes, &pack, segment)?;
-    let truncate = |place: Place| {
-        if let Place::Pack { start, .. } = place {
-            // Writes to a workspace are serialised: nothing was appended after this one.
-            let _ = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&pack)
-                .and_then(|file| file.set_len(start));
-        }
+    let (entries, start, length) = save(ws, changes, &pack)?;
+    let place = Place::Pack {
+        segment,
+        start,
+        length,
     };
     for (done, change) in changes.iter().enumerate() {
         let mode = entries[done].mode.unwrap_or(0o644);
@@ -263,7 +259,11 @@ pub fn write(ws: &Workspace, changes: &[Change]) -> Result<String, PlinthError> 
             if let Some((stored, _)) = Stored::open(&snapshots, &token, place) {
                 let _ = undo(ws, &stored, &entries[..done]);
             }
-            truncate(place);
+            // Writes to a workspace are serialised: nothing was appended after this one.
+            let _ = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&pack)
+                .and_then(|file| file.set_len(start));
             return Err(error);
         }
     }
@@ -273,10 +273,6 @@ pub fn write(ws: &Workspace, changes: &[Change]) -> Result<String, PlinthError> 
             .iter()
             .map(|c| (c.parts.join("/"), c.content.as_deref())),
     )?;
-    let length = match place {
-        Place::Pack { length, .. } => length,
-        Place::Directory => 0,
-    };
     admit(
         &snapshots,
         Kept {
@@ -289,15 +285,14 @@ pub fn write(ws: &Workspace, changes: &[Change]) -> Result<String, PlinthError> 
     Ok(token)
 }
 
-/// Appends what each change replaces, and the manifest, to the pack `pack` (number
-/// `segment`); answers the manifest's entries and where the snapshot is. What it appended
-/// is cut off again when it fails.
+/// Appends what each change replaces, and the manifest, to the pack `pack`; answers the
+/// manifest's entries and where the snapshot starts in the pack and its length. What it
+/// appended is cut off again when it fails.
 fn save(
     ws: &Workspace,
     changes: &[Change],
     pack: &Path,
-    segment: u64,
-) -> Result<(Vec<SnapshotEntry>, Place), PlinthError> {
+) -> Result<(Vec<SnapshotEntry>, u64, u64), PlinthError> {
     let mut out = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
@@ -338,15 +333,7 @@ fn save(
         out.write_all(&manifest)
             .and_then(|()| out.write_all(&(manifest.len() as u64).to_le_bytes()))
             .map_err(internal)?;
-        let length = at + manifest.len() as u64 + 8 - start;
-        Ok((
-            entries,
-            Place::Pack {
-                segment,
-                start,
-                length,
-            },
-        ))
+        Ok((entries, start, at + manifest.len() as u64 + 8 - start))
     })();
     if saved.is_err() {
         let _ = out.set_len(start);
@@ -454,8 +441,27 @@ struct Ledger {
 static LEDGERS: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<PathBuf, Ledger>>> =
     std::sync::LazyLock::new(Default::default);
 
-/// Workspaces whose ledgers are kept in memory at most (a few bytes per snapshot each).
+/// Workspaces whose ledgers, and whose records, are kept in memory at most (a few bytes
+/// per snapshot or path each).
 const LEDGERS_KEPT: usize = 4096;
+
+/// The entry of `map` for `key`, read with `load` on first use; the map is emptied first
+/// when it holds [`LEDGERS_KEPT`] other workspaces.
+fn cached<'a, V>(
+    map: &'a mut std::collections::HashMap<PathBuf, V>,
+    key: &Path,
+    load: impl FnOnce() -> Result<V, PlinthError>,
+) -> Result<&'a mut V, PlinthError> {
+    if map.len() >= LEDGERS_KEPT && !map.contains_key(key) {
+        map.clear();
+    }
+    if !map.contains_key(key) {
+        let value = load()?;
+        map.insert(key.to_path_buf(), value);
+    }
+    map.get_mut(key)
+        .ok_or_else(|| internal("a workspace's entry was not loaded"))
+}
 
 /// Largest pack new snapshots are still appended to: a quarter of the budget, at most
 /// 4 MiB, so what pruned snapshots leave on disk until their pack goes stays small beside
@@ -482,10 +488,7 @@ fn loaded<'a>(
     ledgers: &'a mut std::collections::HashMap<PathBuf, Ledger>,
     snapshots: &Path,
 ) -> Result<&'a mut Ledger, PlinthError> {
-    if ledgers.len() >= LEDGERS_KEPT && !ledgers.contains_key(snapshots) {
-        ledgers.clear();
-    }
-    if !ledgers.contains_key(snapshots) {
+    cached(ledgers, snapshots, || {
         let kept: std::collections::VecDeque<Kept> = ledger(snapshots).into();
         let total = kept.iter().map(|kept| kept.bytes).sum();
         let packs: Vec<u64> = std::fs::read_dir(snapshots)
@@ -516,11 +519,8 @@ fn loaded<'a>(
             segment,
         };
         rewrite(snapshots, &mut ledger).map_err(internal)?;
-        ledgers.insert(snapshots.to_path_buf(), ledger);
-    }
-    ledgers
-        .get_mut(snapshots)
-        .ok_or_else(|| internal("the workspace's ledger was not loaded"))
+        Ok(ledger)
+    })
 }
 
 /// The pack the next snapshot goes to: the newest, or a new one once it is full.
@@ -556,10 +556,10 @@ fn admit(snapshots: &Path, made: Kept, budget: u64) -> Result<(), PlinthError> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let ledger = loaded(&mut ledgers, snapshots)?;
+    // A token is new with its write: it is added, never replaced.
     let mut appended = made.line();
-    ledger.kept.retain(|known| known.token != made.token);
+    ledger.total += made.bytes;
     ledger.kept.push_back(made);
-    ledger.total = ledger.kept.iter().map(|kept| kept.bytes).sum();
     let mut pruned = 0;
     while ledger.total > budget && ledger.kept.len() > 1 {
         let Some(oldest) = ledger.kept.pop_front() else {
@@ -748,17 +748,11 @@ fn record<'a>(
     let mut records = RECORDS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if records.len() >= LEDGERS_KEPT && !records.contains_key(&ws.state) {
-        records.clear();
-    }
-    if !records.contains_key(&ws.state) {
+    let (expected, lines) = cached(&mut records, &ws.state, || {
         let expected = load_expected(ws)?;
         fold_expected(ws, &expected)?;
-        records.insert(ws.state.clone(), (expected, 0));
-    }
-    let Some((expected, lines)) = records.get_mut(&ws.state) else {
-        return Err(internal("the workspace's record was not loaded"));
-    };
+        Ok((expected, 0))
+    })?;
     let kept = ws.state.join("expected");
     std::fs::create_dir_all(&kept).map_err(internal)?;
     let mut replaced = Vec::new();
