@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use plinth_kit::{ErrorCode, PlinthError};
-use rustix::fs::{AtFlags, FileType};
+use rustix::fs::AtFlags;
 use rustix::io::Errno;
 
 use crate::workspace::fsx;
@@ -78,21 +78,7 @@ pub fn write(root: &Path, path: &str, content: &[u8], uid: u32) -> Result<u64, P
     let written = (|| {
         let root = fsx::open_root(root)?;
         let (dir, name) = fsx::parent(&root, &parts, path, uid, true)?;
-        let mode = match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(stat) => match fsx::kind(&stat) {
-                FileType::RegularFile => stat.st_mode & 0o7777,
-                FileType::Directory => return Err(fsx::errno_error(path, Errno::ISDIR)),
-                FileType::Symlink => return Err(fsx::errno_error(path, Errno::LOOP)),
-                _ => {
-                    return Err(PlinthError::new(
-                        ErrorCode::WorkspacePathInvalid,
-                        format!("{path}: not a regular file"),
-                    ));
-                }
-            },
-            Err(Errno::NOENT) => 0o644,
-            Err(errno) => return Err(fsx::errno_error(path, errno)),
-        };
+        let mode = fsx::existing(&dir, name, path)?.map_or(0o644, |stat| stat.st_mode & 0o7777);
         fsx::replace(&dir, name, content, mode, uid, path)
     })();
     written.map_err(for_files_api)?;

@@ -243,21 +243,8 @@ pub fn open_previous(
     owner: Option<u32>,
     max: u64,
 ) -> Result<Option<(std::fs::File, Stat)>, PlinthError> {
-    let stat = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(stat) => stat,
-        Err(Errno::NOENT) => return Ok(None),
-        Err(errno) => return Err(errno_error(display, errno)),
-    };
-    match kind(&stat) {
-        FileType::RegularFile => {}
-        FileType::Directory => return Err(errno_error(display, Errno::ISDIR)),
-        FileType::Symlink => return Err(errno_error(display, Errno::LOOP)),
-        _ => {
-            return Err(PlinthError::new(
-                ErrorCode::WorkspacePathInvalid,
-                format!("{display}: not a regular file"),
-            ));
-        }
+    if existing(dir, name, display)?.is_none() {
+        return Ok(None);
     }
     let fd = rustix::fs::openat2(
         dir,
@@ -274,6 +261,26 @@ pub fn open_previous(
         return Err(replaced_too_large(display, size, max));
     }
     Ok(Some((reopen(&fd, display)?, stat)))
+}
+
+/// The status of the regular file at `name` in `dir`, not following a link; `None` when
+/// nothing is there. A directory, a link or anything else in the way is refused: a write
+/// never goes through or over one.
+pub fn existing(dir: &OwnedFd, name: &str, display: &str) -> Result<Option<Stat>, PlinthError> {
+    let stat = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) => stat,
+        Err(Errno::NOENT) => return Ok(None),
+        Err(errno) => return Err(errno_error(display, errno)),
+    };
+    match kind(&stat) {
+        FileType::RegularFile => Ok(Some(stat)),
+        FileType::Directory => Err(errno_error(display, Errno::ISDIR)),
+        FileType::Symlink => Err(errno_error(display, Errno::LOOP)),
+        _ => Err(PlinthError::new(
+            ErrorCode::WorkspacePathInvalid,
+            format!("{display}: not a regular file"),
+        )),
+    }
 }
 
 /// A file too large to be replaced: the workspace keeps what a write replaces, to undo it.
