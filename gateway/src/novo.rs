@@ -497,9 +497,7 @@ impl Claim {
         }
         renewing.cancel();
     }
-}
 
-impl Claim {
     /// Renews the claim (the gateway's one lease loop, `ledger::hold`) until `stop`, or until
     /// the catalog says it is not held any more.
     async fn hold(self, state: AppState, stop: plinth_kit::tasks::CancellationToken) {
