@@ -214,6 +214,9 @@ pub struct CatalogSection {
     pub build_lease_seconds: u64,
     /// Leases a build may be handed before a lost builder fails it.
     pub build_max_attempts: u32,
+    /// Builds of one scope that may run at once (at least 1); builders take turns over the
+    /// scopes with queued builds.
+    pub build_running_per_scope: u32,
     /// How long a workspace adapter's rotated-out secret or token is still accepted, in
     /// seconds, when the rotation does not say.
     pub adapter_credential_grace_seconds: u64,
@@ -247,6 +250,7 @@ impl Default for CatalogSection {
             node_ttl_ms: 3_000,
             build_lease_seconds: 6,
             build_max_attempts: 3,
+            build_running_per_scope: plinth_catalog::DEFAULT_RUNNING_PER_SCOPE,
             adapter_credential_grace_seconds: 3600,
             seal_key_file: None,
             seal_key: None,

@@ -840,6 +840,7 @@ fn spawn_catalog(
             .unwrap_or(i64::MAX / 2_000)
             .saturating_mul(1000),
         max_attempts: config.catalog.build_max_attempts.max(1),
+        running_per_scope: config.catalog.build_running_per_scope.max(1),
     };
     let node_ttl = plinth_catalog::NodeTtl::from_ms(
         i64::try_from(config.catalog.node_ttl_ms).unwrap_or(i64::MAX),

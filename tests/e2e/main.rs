@@ -14,6 +14,7 @@ mod crashes;
 mod credentials;
 mod edge;
 mod environments;
+mod fair_builds;
 mod everyday_tools;
 mod failover;
 mod files;

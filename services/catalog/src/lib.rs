@@ -49,7 +49,7 @@ use tokio::net::TcpListener;
 
 pub use collection_service::MAX_FENCE_MS;
 pub use persistence::{
-    AdapterCredentials, CollectionRoots, LeasePolicy, NewSession, NewTask, RetentionPolicy,
+    AdapterCredentials, CollectionRoots, DEFAULT_RUNNING_PER_SCOPE, LeasePolicy, NewSession, NewTask, RetentionPolicy,
     Retired, Store, StoreError,
 };
 pub use seal::{SealError, SealKey};

@@ -20,7 +20,7 @@ mod retention;
 mod sessions;
 
 pub use adapters::{AdapterCredentials, Claimed, NewTurn, OpenedRun};
-pub use builds::{BUILD_QUEUED_CHANNEL, LeasePolicy, MAX_LOG_BYTES};
+pub use builds::{BUILD_QUEUED_CHANNEL, DEFAULT_RUNNING_PER_SCOPE, LeasePolicy, MAX_LOG_BYTES};
 pub use collection::CollectionRoots;
 use plinth_kit::database::{Backend, Database, DatabaseError, MigrationFile, now_ms};
 pub use quotas::Usage;
@@ -117,6 +117,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "limits_in_ms_and_session_pages",
                 include_str!("../migrations/common/0016_limits_in_ms_and_session_pages.sql"),
             ),
+            (
+                17,
+                "build_turns",
+                include_str!("../migrations/common/0017_build_turns.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -198,6 +203,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 16,
                 "limits_in_ms_and_session_pages",
                 include_str!("../migrations/common/0016_limits_in_ms_and_session_pages.sql"),
+            ),
+            (
+                17,
+                "build_turns",
+                include_str!("../migrations/common/0017_build_turns.sql"),
             ),
         ],
     }

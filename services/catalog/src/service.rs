@@ -458,6 +458,8 @@ impl pb::catalog_service_server::CatalogService for Catalog {
             .await
             .map_err(|error| store_error(error, ""))?;
         tracing::info!(environment = %build.environment_id, version = build.version, status = build.status.as_str(), "build ended");
+        // Its slot is free: a builder waiting while the scope was at its cap may take the next.
+        self.wakeups.wake();
         Ok(Response::new(build.into()))
     }
 }

@@ -50,7 +50,13 @@ pub struct LeasePolicy {
     pub lease_ms: i64,
     /// Leases a build may be handed before a lost builder fails it.
     pub max_attempts: u32,
+    /// Builds of one scope that may run at once, however many builders wait (at least 1):
+    /// one scope's backlog never takes every builder.
+    pub running_per_scope: u32,
 }
+
+/// The default of [`LeasePolicy::running_per_scope`].
+pub const DEFAULT_RUNNING_PER_SCOPE: u32 = 4;
 
 impl Store {
     /// Queues the next version of an environment, building `source_tree`. A build already
@@ -193,8 +199,18 @@ impl Store {
         Ok(())
     }
 
-    /// Hands the oldest queued build to `builder` under a new lease. Expired leases are dealt
-    /// with first: re-queued, or failed once they used up their attempts.
+    /// Hands a queued build to `builder` under a new lease, fairly across scopes: of the scopes
+    /// with queued builds and fewer than `policy.running_per_scope` running, the one with the
+    /// fewest running, then the one whose last claim is oldest (round robin), gets its oldest
+    /// queued build. So one scope's backlog delays another scope's next build by at most the
+    /// time one builder takes to free. Expired leases are dealt with first: re-queued, or failed
+    /// once they used up their attempts.
+    ///
+    /// Atomic on every backend: on PostgreSQL a claim holds the chosen scope's `build_turns`
+    /// row while it counts the scope's running builds and takes one (a claim on another
+    /// replica skips a held row and serves the next scope), and the build's own row is taken
+    /// `FOR UPDATE SKIP LOCKED`; SQLite has one writer, whose transaction excludes every other
+    /// claim.
     pub async fn claim_build(
         &self,
         builder: &str,
@@ -246,24 +262,18 @@ impl Store {
             metrics::counter!("plinth_build_lease_takeovers_total", "outcome" => "failed")
                 .increment(failed);
         };
-        let lock = match self.db.backend {
-            Backend::Postgres => " FOR UPDATE SKIP LOCKED",
-            // SQLite has one writer: this transaction already excludes every other claim.
-            Backend::Sqlite => "",
-        };
-        let next = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT environment_id, version FROM builds WHERE status = 'queued' \
-             ORDER BY queued_at_ms, environment_id, version LIMIT 1{lock}"
-        )))
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(next) = next else {
+        let (next, contended) =
+            next_fair_build(&mut tx, self.db.backend, policy.running_per_scope).await?;
+        let Some((environment, version)) = next else {
+            if contended {
+                // Claims on other replicas held what this one passed over; once they commit
+                // there may be room left, so waiting claims (this builder's too) look again.
+                announce_queued(self.db.backend, &mut tx).await?;
+            }
             tx.commit().await?;
             took_over();
             return Ok(None);
         };
-        let environment: String = next.try_get("environment_id")?;
-        let version: i64 = next.try_get("version")?;
         let token = LeaseToken::generate();
         let expires_at_ms = now + policy.lease_ms;
         sqlx::query(
@@ -454,6 +464,9 @@ impl Store {
                 .await?;
             }
         }
+        // The build's slot is free: a claim waiting on another replica while this scope was at
+        // its cap of running builds may take the scope's next one now.
+        announce_queued(self.db.backend, &mut tx).await?;
         // The build's holds end with it: a ready layer is kept as a version from now on.
         sqlx::query("DELETE FROM build_holds WHERE lease_token = $1")
             .bind(token.as_str())
@@ -536,6 +549,132 @@ impl Store {
         let finished = matches!(build.status, BuildStatus::Ready | BuildStatus::Failed);
         Ok((text, end.max(offset), finished))
     }
+}
+
+/// Inside a claim's transaction: the build to hand out next (its environment and version), by
+/// the order [`Store::claim_build`] describes, with the chosen scope's turn taken; `None` when
+/// nothing queued may start now. The flag says whether a scope was passed over because
+/// another transaction held it (PostgreSQL only).
+async fn next_fair_build(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    backend: Backend,
+    running_per_scope: u32,
+) -> Result<(Option<(String, i64)>, bool), StoreError> {
+    let cap = i64::from(running_per_scope.max(1));
+    // Only builds in flight are read (the partial index `builds_one_in_flight`): a scope has
+    // at most its `queued_builds` quota of them.
+    let scopes = sqlx::query(
+        "SELECT e.scope AS scope, \
+         SUM(CASE WHEN b.status = 'building' THEN 1 ELSE 0 END) AS running, \
+         MIN(CASE WHEN b.status = 'queued' THEN b.queued_at_ms END) AS oldest, \
+         COALESCE(MAX(t.last_turn), 0) AS turn \
+         FROM builds b JOIN environments e ON e.id = b.environment_id \
+         LEFT JOIN build_turns t ON t.scope = e.scope \
+         WHERE b.status IN ('queued', 'building') \
+         GROUP BY e.scope \
+         HAVING SUM(CASE WHEN b.status = 'queued' THEN 1 ELSE 0 END) > 0 \
+         AND SUM(CASE WHEN b.status = 'building' THEN 1 ELSE 0 END) < $1 \
+         ORDER BY running, turn, oldest, scope",
+    )
+    .bind(cap)
+    .fetch_all(&mut **tx)
+    .await?;
+    let lock = match backend {
+        Backend::Postgres => " FOR UPDATE SKIP LOCKED",
+        // SQLite has one writer: this transaction already excludes every other claim.
+        Backend::Sqlite => "",
+    };
+    let mut contended = false;
+    for candidate in &scopes {
+        let scope: String = candidate.try_get("scope")?;
+        if !take_turn(tx, backend, &scope).await? {
+            // Another replica's claim is serving this scope now: serve the next one.
+            contended = true;
+            continue;
+        }
+        if backend == Backend::Postgres {
+            // Counted again now that the scope's row is held: a claim that held it before
+            // this one committed, and this statement sees what it took.
+            let running = sqlx::query(
+                "SELECT COUNT(*) AS running FROM builds WHERE status = 'building' \
+                 AND environment_id IN (SELECT id FROM environments WHERE scope = $1)",
+            )
+            .bind(&scope)
+            .fetch_one(&mut **tx)
+            .await?;
+            if running.try_get::<i64, _>("running")? >= cap {
+                continue;
+            }
+        }
+        let next = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT environment_id, version FROM builds WHERE status = 'queued' \
+             AND environment_id IN (SELECT id FROM environments WHERE scope = $1) \
+             ORDER BY queued_at_ms, environment_id, version LIMIT 1{lock}"
+        )))
+        .bind(&scope)
+        .fetch_optional(&mut **tx)
+        .await?;
+        let Some(next) = next else {
+            // Its queued builds are held by another transaction (a lease taken over).
+            contended = true;
+            continue;
+        };
+        sqlx::query(
+            "UPDATE build_turns SET last_turn = \
+             (SELECT COALESCE(MAX(last_turn), 0) + 1 FROM build_turns) WHERE scope = $1",
+        )
+        .bind(&scope)
+        .execute(&mut **tx)
+        .await?;
+        let next = (next.try_get("environment_id")?, next.try_get("version")?);
+        return Ok((Some(next), contended));
+    }
+    Ok((None, contended))
+}
+
+/// Holds `scope`'s row of `build_turns` for the rest of `tx`, making it first if the scope
+/// never had a build claimed. `false` when another transaction holds it (PostgreSQL only:
+/// SQLite has one writer).
+async fn take_turn(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    backend: Backend,
+    scope: &str,
+) -> Result<bool, StoreError> {
+    let held = match backend {
+        Backend::Postgres => " FOR UPDATE SKIP LOCKED",
+        Backend::Sqlite => "",
+    };
+    let select = format!("SELECT last_turn FROM build_turns WHERE scope = $1{held}");
+    if holds(tx, &select, scope).await? {
+        return Ok(true);
+    }
+    let exists = sqlx::query("SELECT 1 AS present FROM build_turns WHERE scope = $1")
+        .bind(scope)
+        .fetch_optional(&mut **tx)
+        .await?
+        .is_some();
+    if exists {
+        return Ok(false);
+    }
+    sqlx::query("INSERT INTO build_turns (scope, last_turn) VALUES ($1, 0) ON CONFLICT (scope) DO NOTHING")
+        .bind(scope)
+        .execute(&mut **tx)
+        .await?;
+    holds(tx, &select, scope).await
+}
+
+/// Runs `select` (a read of `scope`'s row of `build_turns`, held or not) in `tx`: whether it
+/// found the row.
+async fn holds(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    select: &str,
+    scope: &str,
+) -> Result<bool, StoreError> {
+    let row = sqlx::query(sqlx::AssertSqlSafe(select.to_owned()))
+        .bind(scope)
+        .fetch_optional(&mut **tx)
+        .await?;
+    Ok(row.is_some())
 }
 
 /// The build a token holds, inside a write transaction: every write of a builder starts here,

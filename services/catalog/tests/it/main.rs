@@ -34,6 +34,7 @@ macro_rules! backend_suite {
 
 mod adapters;
 mod brain;
+mod fair_builds;
 mod harnesses;
 mod paging;
 mod quotas;
@@ -56,6 +57,7 @@ async fn postgres_url() -> Option<String> {
 const LEASES: plinth_catalog::LeasePolicy = plinth_catalog::LeasePolicy {
     lease_ms: 60_000,
     max_attempts: 3,
+    running_per_scope: plinth_catalog::DEFAULT_RUNNING_PER_SCOPE,
 };
 
 /// The scope called `name`.

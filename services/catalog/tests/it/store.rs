@@ -529,6 +529,7 @@ async fn an_expired_lease_is_fenced_and_the_build_requeued(store: Store) {
     let short = LeasePolicy {
         lease_ms: 50,
         max_attempts: 3,
+        ..LEASES
     };
     let environment = store
         .create_environment(new("acme", "Fenced"))
@@ -593,6 +594,7 @@ async fn a_build_whose_builders_keep_vanishing_fails(store: Store) {
     let policy = LeasePolicy {
         lease_ms: 30,
         max_attempts: 2,
+        ..LEASES
     };
     let environment = store
         .create_environment(new("acme", "Lost"))

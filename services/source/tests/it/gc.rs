@@ -118,6 +118,7 @@ impl Catalog for Direct {
 const LEASES: LeasePolicy = LeasePolicy {
     lease_ms: 60_000,
     max_attempts: 3,
+    running_per_scope: plinth_catalog::DEFAULT_RUNNING_PER_SCOPE,
 };
 
 fn scope() -> Scope {

@@ -1,0 +1,124 @@
+//! Builds are shared fairly between scopes, through a real `plinth serve` with one builder:
+//! while one tenant has a backlog of slow builds queued, another tenant's build starts as soon
+//! as the build running now ends, not after the whole backlog.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::helpers::{Server, can_build, send};
+
+const ACME: &str = "tok-acme";
+const GLOBEX: &str = "tok-globex";
+
+/// Longer than any build here takes, however slow the machine.
+const BUILD_LIMIT: Duration = Duration::from_secs(300);
+
+/// Creates an environment whose `setup.sh` is `script` as the tenant of `token`, and queues
+/// its first build; answers its id.
+async fn queue_build(server: &Server, token: &str, name: &str, script: &str) -> String {
+    let (status, created) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .bearer_auth(token)
+            .json(&json!({ "name": name })),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().expect("id").to_owned();
+    let (status, put) = send(
+        server
+            .client
+            .put(server.url(&format!("/v1/environments/{id}/files/setup.sh")))
+            .bearer_auth(token)
+            .body(script.to_owned()),
+    )
+    .await;
+    assert_eq!(status, 200, "{put}");
+    let (status, queued) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/environments/{id}/build")))
+            .bearer_auth(token),
+    )
+    .await;
+    assert_eq!(status, 202, "{queued}");
+    id
+}
+
+/// The first build of `id`, as its tenant reads it; a failed build fails the test.
+async fn build_of(server: &Server, token: &str, id: &str) -> Value {
+    let (status, build) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}/builds/1")))
+            .bearer_auth(token),
+    )
+    .await;
+    assert_eq!(status, 200, "{build}");
+    assert_ne!(build["status"], "failed", "{build}");
+    build
+}
+
+/// How many of these builds are ready now.
+async fn ready(server: &Server, token: &str, ids: &[String]) -> usize {
+    let mut count = 0;
+    for id in ids {
+        if build_of(server, token, id).await["status"] == "ready" {
+            count += 1;
+        }
+    }
+    count
+}
+
+/// Polls `id`'s first build every 100 ms until it is ready.
+async fn wait_ready(server: &Server, token: &str, id: &str) {
+    let polls = BUILD_LIMIT.as_millis() / 100;
+    for _ in 0..polls {
+        if build_of(server, token, id).await["status"] == "ready" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{id}'s build did not end within {BUILD_LIMIT:?}");
+}
+
+#[tokio::test]
+async fn one_scopes_backlog_delays_another_scopes_build_by_at_most_one_build() {
+    if !can_build() {
+        return;
+    }
+    let server = Server::start_with_tokens(
+        &[(ACME, "acme"), (GLOBEX, "globex")],
+        &["--builders", "1", "--builder-network", "false"],
+    )
+    .await;
+    // acme queues eight builds of two seconds each; the one builder takes the first at once.
+    let mut backlog = Vec::new();
+    for index in 0..8 {
+        backlog.push(queue_build(&server, ACME, &format!("slow {index}"), "sleep 2\n").await);
+    }
+    let before = ready(&server, ACME, &backlog).await;
+    // Then globex queues one quick build.
+    let queued = Instant::now();
+    let quick = queue_build(&server, GLOBEX, "quick", "echo quick\n").await;
+    wait_ready(&server, GLOBEX, &quick).await;
+    let after = ready(&server, ACME, &backlog).await;
+    // For the record only (the assertion is about order, not time).
+    eprintln!(
+        "globex's build was ready {:?} after it was queued; acme's builds ready meanwhile: {}",
+        queued.elapsed(),
+        after - before
+    );
+    assert!(
+        after - before <= 1,
+        "globex's build waited for {} of acme's builds, not just the one running when it was queued",
+        after - before
+    );
+    // acme's backlog is not starved either: every build of it ends ready.
+    for id in &backlog {
+        wait_ready(&server, ACME, id).await;
+    }
+    server.stop().await;
+}
