@@ -49,8 +49,8 @@ use tokio::net::TcpListener;
 
 pub use collection_service::MAX_FENCE_MS;
 pub use persistence::{
-    AdapterCredentials, CollectionRoots, DEFAULT_RUNNING_PER_SCOPE, LeasePolicy, NewSession, NewTask, RetentionPolicy,
-    Retired, Store, StoreError,
+    AdapterCredentials, CollectionRoots, DEFAULT_RUNNING_PER_SCOPE, LeasePolicy, NewSession,
+    NewTask, RetentionPolicy, Retired, Store, StoreError,
 };
 pub use seal::{SealError, SealKey};
 pub use session_service::{DEFAULT_NODE_TTL_MS, NodeTtl};

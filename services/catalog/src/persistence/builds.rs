@@ -656,10 +656,12 @@ async fn take_turn(
     if exists {
         return Ok(false);
     }
-    sqlx::query("INSERT INTO build_turns (scope, last_turn) VALUES ($1, 0) ON CONFLICT (scope) DO NOTHING")
-        .bind(scope)
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(
+        "INSERT INTO build_turns (scope, last_turn) VALUES ($1, 0) ON CONFLICT (scope) DO NOTHING",
+    )
+    .bind(scope)
+    .execute(&mut **tx)
+    .await?;
     holds(tx, &select, scope).await
 }
 

@@ -105,7 +105,10 @@ async fn a_scope_at_its_cap_waits_while_other_scopes_start(store: Store) {
     queue(&store, "acme", 4).await;
     let first = claim(&store, capped).await;
     let second = claim(&store, capped).await;
-    assert_eq!((first.scope.as_str(), second.scope.as_str()), ("acme", "acme"));
+    assert_eq!(
+        (first.scope.as_str(), second.scope.as_str()),
+        ("acme", "acme")
+    );
     assert!(
         store
             .claim_build("idle", capped)
@@ -116,7 +119,11 @@ async fn a_scope_at_its_cap_waits_while_other_scopes_start(store: Store) {
     );
     queue(&store, "globex", 1).await;
     let other = claim(&store, capped).await;
-    assert_eq!(other.scope.as_str(), "globex", "another scope starts at once");
+    assert_eq!(
+        other.scope.as_str(),
+        "globex",
+        "another scope starts at once"
+    );
     assert!(
         store
             .claim_build("idle", capped)
@@ -184,9 +191,15 @@ async fn concurrent_claims_never_share_a_build_nor_pass_the_cap(store: Store) {
             claim.build.environment_id
         );
         assert!(every.contains(&claim.build.environment_id));
-        *per_scope.entry(claim.scope.as_str().to_owned()).or_default() += 1;
+        *per_scope
+            .entry(claim.scope.as_str().to_owned())
+            .or_default() += 1;
         let read = store
-            .get_build(&claim.scope, &claim.build.environment_id, claim.build.version)
+            .get_build(
+                &claim.scope,
+                &claim.build.environment_id,
+                claim.build.version,
+            )
             .await
             .expect("get");
         assert_eq!(read.status, BuildStatus::Building);
