@@ -726,6 +726,7 @@ fn spawn_node(
             seccomp: None,
             networks: None,
             tools: None,
+            etc: None,
         },
         state_dir,
         blob_url,

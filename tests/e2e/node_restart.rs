@@ -254,6 +254,10 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
     assert_eq!(crate::sandbox::host_processes("sleep 1010").len(), 1);
     assert_eq!(crate::sandbox::host_processes("sleep 1011").len(), 1);
     assert!(
+        !crate::sandbox::session_cgroup_dirs(&session_id).is_empty(),
+        "the session's sandbox has a cgroup"
+    );
+    assert!(
         host_mounts(data.path()).is_empty(),
         "{:?}",
         host_mounts(data.path())
@@ -278,8 +282,15 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
         Vec::<String>::new()
     );
 
+    // The killed node left the session's cgroup behind; the restarted one, which holds no
+    // sandbox yet, removes it (in every hierarchy) before it is ready.
+    assert!(!crate::sandbox::session_cgroup_dirs(&session_id).is_empty());
     let mut agent = spawn(&node_args, &config, &node_log);
     wait_until_ready(&client, &format!("http://{node_admin}/readyz"), &mut agent).await;
+    assert_eq!(
+        crate::sandbox::session_cgroup_dirs(&session_id),
+        Vec::<std::path::PathBuf>::new()
+    );
     let said = read_log(&node_log);
     let loaded: Vec<&str> = said
         .lines()
@@ -317,10 +328,16 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
         .expect("an attach");
     assert!(attached.contains("fetched=0"), "{attached}");
 
-    // Ending the first session removes its working directory on the node.
+    // Ending the first session removes its working directory on the node, and its cgroup
+    // (made again for its sandbox after the restart).
+    assert!(!crate::sandbox::session_cgroup_dirs(&session_id).is_empty());
     let (status, _) = send(client.delete(format!("{base}/v1/sessions/{session_id}"))).await;
     assert_eq!(status, 200);
     assert!(!workdir.exists());
+    assert_eq!(
+        crate::sandbox::session_cgroup_dirs(&session_id),
+        Vec::<std::path::PathBuf>::new()
+    );
     assert!(
         host_mounts(data.path()).is_empty(),
         "{:?}",

@@ -87,6 +87,27 @@ fn processes_of(id: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// Every cgroup directory of session `id`, in any hierarchy (v1 or v2), as the host sees them.
+pub(crate) fn session_cgroup_dirs(id: &str) -> Vec<std::path::PathBuf> {
+    fn walk(dir: &std::path::Path, id: &str, depth: usize, out: &mut Vec<std::path::PathBuf>) {
+        if depth == 0 {
+            return;
+        }
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                if entry.file_name() == id {
+                    out.push(entry.path());
+                } else {
+                    walk(&entry.path(), id, depth - 1, out);
+                }
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(std::path::Path::new("/sys/fs/cgroup"), id, 8, &mut found);
+    found
+}
+
 /// Waits (bounded) until no host process holds `marker`; answers those still there.
 pub(crate) async fn gone(marker: &str) -> Vec<String> {
     for _ in 0..50 {
@@ -489,4 +510,231 @@ async fn a_working_directory_cannot_grow_past_its_disk_limit() {
     assert!(mounted(&data), "the limited working directory is a mount");
     end(&server, &filler).await;
     assert!(!mounted(&data), "a mount is left after the session ended");
+}
+
+/// A client whose requests carry `token` (a request's own `Authorization` still wins).
+fn client_of(token: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {token}").parse().expect("header"),
+    );
+    crate::helpers::http_client();
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .expect("client")
+}
+
+/// The processes of session `id`'s memory cgroup (and the groups below it), as the host
+/// numbers them.
+fn memory_group_processes(id: &str) -> Vec<i32> {
+    fn walk(dir: &std::path::Path, id: &str, inside: bool, depth: usize, out: &mut Vec<i32>) {
+        if depth == 0 {
+            return;
+        }
+        if inside && let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+            out.extend(
+                procs
+                    .lines()
+                    .filter_map(|line| line.trim().parse::<i32>().ok()),
+            );
+        }
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                let below = inside || entry.file_name() == id;
+                walk(&entry.path(), id, below, depth - 1, out);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    for root in ["/sys/fs/cgroup/memory", "/sys/fs/cgroup"] {
+        let root = std::path::Path::new(root);
+        if root.join("cgroup.procs").exists() {
+            walk(root, id, false, 9, &mut found);
+            if !found.is_empty() {
+                break;
+            }
+        }
+    }
+    found.sort_unstable();
+    found.dedup();
+    found
+}
+
+#[tokio::test]
+async fn filling_tmp_shm_or_a_memfd_past_the_memory_limit_hurts_only_the_filling_session() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let mut server = Server::start_with_tokens(
+        &[("tok-acme", "acme"), ("tok-globex", "globex")],
+        &["--builder-network", "false"],
+    )
+    .await;
+    let (acme, globex) = (client_of("tok-acme"), client_of("tok-globex"));
+    // The victim: another tenant's session, answering before and after each attack.
+    server.client = globex.clone();
+    let victim_env = built_environment(&server, "Memory Victim", BUILD_LIMIT).await;
+    let victim = session(&server, &victim_env).await;
+    server.client = acme.clone();
+    let id = built_environment(&server, "Memory Filler", BUILD_LIMIT).await;
+    let node = std::fs::read_link("/proc/self/exe").expect("own executable");
+    for (what, command) in [
+        ("/tmp", "dd if=/dev/zero of=/tmp/fill bs=1M count=200"),
+        (
+            "/dev/shm",
+            "dd if=/dev/zero of=/dev/shm/fill bs=1M count=200",
+        ),
+        (
+            "a memfd",
+            "python3 -c \"import os\nfd = os.memfd_create('fill')\nfor _ in range(1300): os.write(fd, bytes(1 << 20))\nprint('filled')\"",
+        ),
+    ] {
+        server.client = acme.clone();
+        let filler = start_session_with(
+            &server,
+            json!({ "environment": id, "limits": { "memory_mb": 64 } }),
+        )
+        .await;
+        let filler_id = filler["id"].as_str().expect("id").to_owned();
+        // Nothing in the session's limited cgroup is the node (the process hosting serve):
+        // no helper of the sandbox runs the node's program or shares its memory.
+        let members = memory_group_processes(&filler_id);
+        assert!(
+            !members.is_empty(),
+            "{what}: no process in the session's cgroup"
+        );
+        for pid in &members {
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
+            assert!(
+                exe.as_ref().map_or(true, |exe| *exe != node),
+                "{what}: process {pid} of the session's cgroup runs the node's program {exe:?}"
+            );
+        }
+        let ran = exec(&server, &filler, command).await;
+        let stderr = ran["stderr"].as_str().unwrap_or("");
+        assert_ne!(ran["exit_code"], 0, "{what}: {ran}");
+        assert!(
+            ran["oom_killed"] == true || stderr.contains("No space left on device"),
+            "{what}: the fill must be refused or OOM-killed: {ran}"
+        );
+        assert!(
+            !ran["stdout"].as_str().unwrap_or("").contains("filled"),
+            "{what}: {ran}"
+        );
+        // The serve process (this one) is alive and answers; the filling session still runs
+        // commands, and the other tenant's session is untouched.
+        let again = exec(&server, &filler, "echo ok").await;
+        assert_eq!(again["stdout"], "ok\n", "{what}: {again}");
+        server.client = globex.clone();
+        let fine = exec(&server, &victim, "echo fine").await;
+        assert_eq!(fine["stdout"], "fine\n", "{what}: {fine}");
+        server.client = acme.clone();
+        end(&server, &filler).await;
+    }
+}
+
+/// Removes a file planted on the host when the test ends, however it ends.
+struct Planted(std::path::PathBuf);
+
+impl Drop for Planted {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn a_session_sees_only_the_allowed_part_of_etc_and_cannot_open_vsock_or_other_families() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    // A secret in the host's /etc, as a global npmrc or pip.conf with credentials would be.
+    let name = format!(
+        "plinth-test-secret-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_nanos()
+    );
+    let planted = Planted(std::path::Path::new("/etc").join(&name));
+    std::fs::write(&planted.0, "registry-token=s3cret\n").expect("plant a file in /etc");
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let id = built_environment(&server, "Sandbox Etc", BUILD_LIMIT).await;
+    let agent = session(&server, &id).await;
+    let ran = exec(
+        &server,
+        &agent,
+        &format!(
+            "cat /etc/{name} 2>&1; ls -a /etc | grep -c plinth-test-secret; echo ---; ls -a /etc; echo ---; \
+             grep -c '^session:' /etc/passwd; test -s /etc/resolv.conf && echo resolv; \
+             test -r /etc/hosts && echo hosts"
+        ),
+    )
+    .await;
+    let stdout = ran["stdout"].as_str().expect("stdout");
+    let parts: Vec<&str> = stdout.split("---\n").collect();
+    assert_eq!(parts.len(), 3, "{ran}");
+    assert!(!parts[0].contains("s3cret"), "{ran}");
+    assert!(
+        parts[0].ends_with("0\n"),
+        "the planted file is listed: {ran}"
+    );
+    let seen: BTreeSet<&str> = parts[1].lines().collect();
+    for hidden in [
+        "npmrc",
+        "pip.conf",
+        "gitconfig",
+        "shadow",
+        "environment",
+        "ssh",
+        "machine-id",
+    ] {
+        assert!(!seen.contains(hidden), "/etc/{hidden} is shown: {ran}");
+    }
+    for shown in ["passwd", "group", "hosts", "nsswitch.conf", "ld.so.cache"] {
+        if std::path::Path::new("/etc").join(shown).exists() {
+            assert!(seen.contains(shown), "/etc/{shown} is missing: {ran}");
+        }
+    }
+    assert_eq!(parts[2], "1\nresolv\nhosts\n", "{ran}");
+
+    // TLS roots are there (Python's default context loads them), and tools run as before.
+    let tools = exec(
+        &server,
+        &agent,
+        "python3 -c \"import ssl; print(len(ssl.create_default_context().get_ca_certs()) > 0)\"; \
+         git --version >/dev/null && echo git; bash -c 'echo bash'; id -un; date +%Z >/dev/null && echo date",
+    )
+    .await;
+    assert_eq!(
+        tools["stdout"], "True\ngit\nbash\nsession\ndate\n",
+        "{tools}"
+    );
+
+    // Socket families no session needs are refused by the filter (EPERM), whatever the kernel
+    // would have answered; local, IP and netlink sockets still open.
+    let sockets = exec(
+        &server,
+        &agent,
+        "python3 -c \"\nimport socket\nfor name in ['AF_VSOCK', 'AF_PACKET', 'AF_ALG', 'AF_KEY', 'AF_BLUETOOTH', 'AF_UNIX', 'AF_INET', 'AF_INET6', 'AF_NETLINK']:\n    family = getattr(socket, name, None)\n    if family is None:\n        continue\n    kind = socket.SOCK_RAW if name in ('AF_PACKET', 'AF_KEY', 'AF_NETLINK', 'AF_BLUETOOTH') else (socket.SOCK_SEQPACKET if name == 'AF_ALG' else socket.SOCK_STREAM)\n    try:\n        socket.socket(family, kind).close()\n        print(name, 'opened')\n    except OSError as error:\n        print(name, error.errno)\n\"",
+    )
+    .await;
+    let answers: BTreeSet<&str> = sockets["stdout"]
+        .as_str()
+        .expect("stdout")
+        .lines()
+        .collect();
+    for refused in ["AF_VSOCK 1", "AF_PACKET 1", "AF_ALG 1", "AF_KEY 1"] {
+        assert!(answers.contains(refused), "{refused}: {sockets}");
+    }
+    for opened in [
+        "AF_UNIX opened",
+        "AF_INET opened",
+        "AF_INET6 opened",
+        "AF_NETLINK opened",
+    ] {
+        assert!(answers.contains(opened), "{opened}: {sockets}");
+    }
+    drop(planted);
 }

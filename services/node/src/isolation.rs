@@ -6,8 +6,11 @@
 //! the node ([`Namespaces`]), owns the session's own PID, mount, IPC, UTS and network
 //! namespaces and builds its root from an allow-list ([`plinth_sandbox::root`]):
 //!
-//! - the host's system directories (`/usr`, `/bin`, `/lib*`, `/etc`, `/opt`) read-only, with
-//!   the node's hidden paths covered wherever they fall beneath one;
+//! - the host's system directories (`/usr`, `/bin`, `/lib*`, `/opt`) read-only, with the
+//!   node's hidden paths covered wherever they fall beneath one;
+//! - `/etc`: a copy the node makes at start of what tools read in the host's (an allow-list,
+//!   [`plinth_sandbox::root::ETC_ALLOWED`]: name resolution, TLS roots, the linker's cache,
+//!   `alternatives`…), read-only; not the rest (a global `npmrc` or `pip.conf`);
 //! - `/env/<slug>`: the version, read-only (a bind remounted read-only, or a read-only overlay
 //!   of its layers);
 //! - [`WORKDIR`], `/home/session`: the session's working directory, whatever its host path,
@@ -50,10 +53,24 @@ pub const WORKDIR: &str = "/home/session";
 /// shown read-only, on `PATH` after the environment's own directories.
 pub const TOOLS: &str = "/plinth/bin";
 
-/// Size of a session's private `/tmp`.
-const TMP_BYTES: u64 = 256 * 1024 * 1024;
-/// Size of a session's private `/dev/shm`.
-const SHM_BYTES: u64 = 64 * 1024 * 1024;
+/// Size of a session's private `/tmp`, at most: half its memory limit when that is less.
+pub const TMP_BYTES: u64 = 256 * 1024 * 1024;
+/// Size of a session's private `/dev/shm`, at most: a quarter of its memory limit when that
+/// is less.
+pub const SHM_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The sizes of a session's `/tmp` and `/dev/shm` under a memory limit of `memory_bytes`.
+///
+/// Their files are charged to the session's memory cgroup, and killing processes frees none
+/// of it: were they as large as the limit, a session that filled them would be left at its
+/// limit for good, every later command OOM-killed. So together they hold at most three
+/// quarters of it (a fill ends in `ENOSPC`), and a quarter always stays for commands.
+pub fn tmpfs_sizes(memory_bytes: Option<u64>) -> (u64, u64) {
+    match memory_bytes {
+        Some(memory) => (TMP_BYTES.min(memory / 2), SHM_BYTES.min(memory / 4)),
+        None => (TMP_BYTES, SHM_BYTES),
+    }
+}
 
 /// The PATH a session's shell starts from, after the environment's own directories.
 pub const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -82,6 +99,10 @@ pub struct Isolation {
     /// The node's tools directory, holding its copy of the host's `uv` (set at start when the
     /// host has one): shown at [`TOOLS`] to isolated sessions, on `PATH` as it is otherwise.
     pub tools: Option<PathBuf>,
+    /// The node's copy of the host's `/etc`, what sessions see there (an allow-list,
+    /// [`plinth_sandbox::root::copy_etc`]); made at start on isolated nodes. `None` shows the
+    /// host's whole `/etc`.
+    pub etc: Option<PathBuf>,
 }
 
 /// One command to start.
@@ -189,7 +210,8 @@ impl Isolation {
     /// What a session's sandbox holds: `version_dir` (over its `lower` layers) read-only at
     /// `/env/<slug>`, `workdir` at [`WORKDIR`], its `identity` over the host's user and group
     /// databases, the node's tools at [`TOOLS`], the system directories read-only, nothing
-    /// else of the node.
+    /// else of the node; its `/tmp` and `/dev/shm` sized for `memory_bytes`, its memory limit
+    /// ([`tmpfs_sizes`]).
     pub fn namespace_plan(
         &self,
         version_dir: &Path,
@@ -197,7 +219,9 @@ impl Isolation {
         slug: &str,
         workdir: &Path,
         identity: Option<&crate::identity::Identity>,
+        memory_bytes: Option<u64>,
     ) -> Result<NamespacePlan, LaunchError> {
+        let (tmp_bytes, shm_bytes) = tmpfs_sizes(memory_bytes);
         let read_only = |host: &Path, inside: &str| Bind {
             host: host.to_owned(),
             lower: Vec::new(),
@@ -220,9 +244,10 @@ impl Isolation {
                     read_only: false,
                 },
             ],
-            tmp_bytes: TMP_BYTES,
+            tmp_bytes,
             tmp_host: None,
-            shm_bytes: SHM_BYTES,
+            shm_bytes,
+            etc: self.etc.clone(),
         };
         if let Some(identity) = identity {
             spec.binds.extend([

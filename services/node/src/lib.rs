@@ -276,8 +276,8 @@ pub async fn run(
 }
 
 /// What an isolated node needs beyond root, found at start: its cgroups (v2, or v1 where a
-/// host has no v2 controllers), the seccomp filter, and the egress policy. Session cgroups a
-/// killed node left behind are removed.
+/// host has no v2 controllers), the seccomp filter, the egress policy and the copy of `/etc`
+/// sessions see. Every session cgroup a stopped node left behind is removed.
 fn sandbox_setup(options: &mut NodeOptions) -> Result<(), NodeError> {
     use std::hash::{Hash, Hasher};
     // One group per node state directory: stable across restarts, apart from other nodes
@@ -292,22 +292,33 @@ fn sandbox_setup(options: &mut NodeOptions) -> Result<(), NodeError> {
     })?;
     tracing::info!(cgroups = %cgroups.describe(), "session limits on cgroups");
     plinth_kit::admin::describe("session limits", cgroups.describe());
-    let live: HashSet<String> = std::fs::read_dir(options.state_dir.join("sessions"))
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .filter_map(|entry| entry.file_name().to_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    for name in cgroups.list().unwrap_or_default() {
-        if !live.contains(&name)
-            && let Err(error) = cgroups.destroy(&name)
-        {
-            tracing::warn!(cgroup = %name, %error, "cannot remove a session cgroup a stopped node left");
+    // A node that starts holds no sandbox: every session group there is was left by a node
+    // that stopped (its processes died with their keepers, or die now). The sessions it keeps
+    // get a new group with their sandbox before their next command, so all are removed, those
+    // of kept sessions too: none lingers until its session ends.
+    match cgroups.list() {
+        Ok(names) => {
+            for name in names {
+                if let Err(error) = cgroups.destroy(&name) {
+                    tracing::warn!(cgroup = %name, %error, "cannot remove a session cgroup a stopped node left");
+                }
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot list the session cgroups a stopped node left");
         }
     }
     options.isolation.cgroups = Some(Arc::new(cgroups));
+    // What sessions see of the host's /etc: a copy of what tools read, made again at each
+    // start (the host's may have changed).
+    let etc = options.state_dir.join("etc");
+    plinth_sandbox::root::copy_etc(&etc).map_err(|error| {
+        NodeError::NotPermitted(format!(
+            "copying what sessions see of /etc into {}: {error}",
+            etc.display()
+        ))
+    })?;
+    options.isolation.etc = Some(etc);
     options.isolation.networks = Some(Arc::new(plinth_sandbox::egress::SpareNetworks::new(
         SPARE_NETWORKS,
         options

@@ -87,15 +87,6 @@ pub(crate) fn isolate(
             tracing::warn!(session = %record.session_id, %error, "cannot name the session's uid; whoami will fail in it");
             None
         });
-    let plan = isolation
-        .namespace_plan(
-            &version.path,
-            &version.lower,
-            &record.slug,
-            workdir,
-            identity.as_ref(),
-        )
-        .map_err(|error| PlinthError::invalid(error.to_string()))?;
     // The session's own limits; the node's defaults for a record that has none.
     let given = &record.limits;
     let limits =
@@ -108,6 +99,16 @@ pub(crate) fn isolate(
                 cpu_millicores: given.cpu_millicores,
             }
         };
+    let plan = isolation
+        .namespace_plan(
+            &version.path,
+            &version.lower,
+            &record.slug,
+            workdir,
+            identity.as_ref(),
+            limits.memory_bytes,
+        )
+        .map_err(|error| PlinthError::invalid(error.to_string()))?;
     let planned = begun.elapsed();
     let cgroup = match &isolation.cgroups {
         Some(cgroups) => {

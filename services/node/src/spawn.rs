@@ -24,6 +24,13 @@
 //!   child exits with 127;
 //! - the parent gets a pidfd (`CLONE_PIDFD`), waits for it to become readable and reaps the
 //!   child with `waitid(P_PIDFD)`.
+//!
+//! The child joins its command's cgroup first, so it is in its session's limited cgroup while
+//! it still shares the node's memory. That cannot let a session's OOM take the node down: the
+//! kernel's OOM killer never picks a `vfork` child that shares its parent's memory
+//! (`oom_badness` skips it: killing it would kill the parent), and the pages it touches
+//! before `execve` are charged to the memory's owner, the node, not to the session. Once
+//! `execve` has given it memory of its own it is an ordinary process of the session's.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::io;
@@ -114,7 +121,7 @@ fn prepare(what: &'static str) -> impl FnOnce(io::Error) -> SpawnError {
 }
 
 /// What the child does, in the order it does it: the names of its steps.
-const STEPS: [&str; 12] = [
+const STEPS: [&str; 13] = [
     "resetting signals",
     "entering the session's sandbox",
     "starting a process group (a session, on a terminal)",
@@ -127,6 +134,7 @@ const STEPS: [&str; 12] = [
     "dropping capabilities",
     "joining the command's cgroup",
     "installing the seccomp filter",
+    "setting its oom_score_adj",
 ];
 const STEP_EXEC: i32 = STEPS.len() as i32;
 
@@ -493,6 +501,25 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
         libc::sigemptyset(&mut none);
         if libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
             return failed(0, libc::EINVAL);
+        }
+    }
+    if plan.namespace >= 0 {
+        // A session's command: the OOM killer's pick before its keeper, and before the node
+        // (see `plinth_sandbox::keeper`). This child's own: a `vfork` child's value is not
+        // shared with its parent, and it keeps it across `execve`.
+        let adjusted = rustix::fs::open(
+            c"/proc/self/oom_score_adj",
+            OFlags::WRONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .and_then(|file| {
+            rustix::io::write(
+                &file,
+                plinth_sandbox::keeper::COMMAND_OOM_SCORE_ADJ.to_bytes(),
+            )
+        });
+        if let Err(errno) = adjusted {
+            return failed(12, errno.raw_os_error());
         }
     }
     for fd in &plan.join[..plan.join_count] {

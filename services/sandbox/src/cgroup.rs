@@ -19,7 +19,9 @@
 //!   (its private `/tmp` and `/dev/shm`) are charged to the memory cgroup of the process that
 //!   first touched them, so they count against `memory_bytes` as well: a session cannot park
 //!   memory in a tmpfs beyond its limit. They stay charged until the files are deleted, which
-//!   happens when the session's mounts go away;
+//!   happens when the session's mounts go away (so the node sizes those mounts well below the
+//!   limit). memfd pages, pipe buffers and page tables are charged too, and TCP buffers (v2
+//!   in `memory.max`; v1 through `memory.kmem.tcp.limit_in_bytes`, set to the same value);
 //! - processes: `pids.max` (v1 and v2);
 //! - CPU: a quota per 100 ms period, v2 `cpu.max`, v1 `cpu.cfs_quota_us`/`cpu.cfs_period_us`.
 //!
@@ -33,7 +35,10 @@
 //! `clone3` returning on a new stack needs code of its own), v1 has no such flag so a second
 //! path would be needed anyway, and the difference is small: until its write the child runs
 //! only the node's code in the node's memory (`CLONE_VM`), so nothing of the command is
-//! charged to the node, only the new task's kernel structures. One difference remains: the
+//! charged to the node, only the new task's kernel structures. Nor can the session's OOM
+//! reach the node through it: the kernel's OOM killer never picks a `vfork` child that still
+//! shares its parent's memory (`oom_badness` skips it), and the memory it touches before
+//! `execve` is charged to the memory's owner, the node. One difference remains: the
 //! kernel checks `pids.max` when a process forks, not when it moves, so a command may join a
 //! group that is full; it runs, and its own forks fail.
 //!

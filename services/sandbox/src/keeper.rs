@@ -1,16 +1,30 @@
 //! A sandbox's keeper: the first process of its PID namespace, owner of its mount, IPC, UTS
 //! and network namespaces, and the reaper of whatever is orphaned inside.
 //!
-//! The node starts one per session ([`Keeper::start`]) with `clone(CLONE_VM | CLONE_NEW…)` on
-//! a small stack of its own: it shares the node's memory (no page tables are copied, unlike
-//! `fork`: a running node holds tens of MiB) and never executes another program. It makes
-//! raw system calls only: it resets its signal handlers (the node's must never run in it),
-//! asks to be killed when the node dies, closes every descriptor it inherited but its status
-//! pipe, builds and enters the sandbox's root ([`crate::root::RootPlan::enter`]), names its
-//! host (`session`), brings its loopback up, says it is ready, and from then on only reaps
-//! orphans. It stays root of the host's user namespace, so the sandbox's processes (another
+//! The node starts one per session ([`Keeper::start`]) with
+//! `clone(CLONE_VM | CLONE_VFORK | CLONE_NEW…)` on a small stack of its own, the way
+//! `posix_spawn` starts a program: the child shares the node's memory only until it calls
+//! `execve` (no page tables are copied, unlike `fork`: a running node holds tens of MiB), and
+//! the node's thread waits meanwhile. Before `execve` it makes raw system calls only: it
+//! enters the network namespace made for it, joins the session's cgroup and makes its cgroup
+//! namespace there, closes every descriptor it inherited but its program's, asks to be killed
+//! when the node dies, builds and enters the sandbox's root ([`crate::root::RootPlan::enter`]),
+//! names its host (`session`) and brings its loopback up. Then it runs the keeper's program
+//! (`reaper/main.rs`, a few hundred bytes without libc, from a sealed memfd the node made
+//! once), which only reaps orphans until it is killed.
+//!
+//! So nothing of the node lives in a session's cgroup: the keeper has its own memory (a few
+//! KiB), its own descriptor table (empty) and no handler of the node's. The kernel's OOM
+//! killer never picks a `vfork` child that still shares its parent's memory, and once the
+//! keeper has its own, an OOM in the session can kill only the session's processes. The node
+//! also gives it `oom_score_adj` -1000 where it may (CAP_SYS_RESOURCE), and the session's
+//! commands [`COMMAND_OOM_SCORE_ADJ`] (500), so an OOM in the session kills the session's
+//! commands, not its namespaces.
+//!
+//! The keeper stays root of the host's user namespace, so the sandbox's processes (another
 //! uid, no capabilities) can neither signal it (the first process of a PID namespace gets no
-//! signal it does not handle from inside), nor trace it, nor read its memory.
+//! signal it does not handle from inside, and it handles none), nor trace it, nor read its
+//! memory.
 //!
 //! Commands join it: the node enters its PID namespace for the children it starts
 //! (`setns(pidfd, CLONE_NEWPID)` on the starting thread) and each child enters the rest
@@ -18,9 +32,10 @@
 //! of the sandbox, daemons and `setsid` escapees included: the kernel empties a PID namespace
 //! whose first process dies, and the keeper is reaped only once it is empty.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 use rustix::io::Errno;
@@ -28,10 +43,13 @@ use rustix::process::{Signal, WaitId, WaitIdOptions};
 
 use crate::root::{Failure, RootPlan};
 
-/// The keeper's stack: root building and the reap loop are a few frames of system calls.
+/// The keeper's stack until `execve`: root building is a few frames of system calls.
 const STACK_BYTES: usize = 128 * 1024;
 /// A page below it that faults, so an overflow cannot write into the node's memory.
 const GUARD_BYTES: usize = 4096;
+
+/// The keeper's program (`reaper/main.rs`), compiled for this target by `build.rs`.
+static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/plinth-keeper"));
 
 /// The namespaces a keeper owns.
 pub const NAMESPACES: c_int = libc::CLONE_NEWPID
@@ -39,6 +57,15 @@ pub const NAMESPACES: c_int = libc::CLONE_NEWPID
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUTS
     | libc::CLONE_NEWNET;
+
+/// The keeper's `oom_score_adj`: never the OOM killer's pick (it holds a few KiB; killing it
+/// would end the session's namespaces instead of freeing what its commands hold).
+const KEEPER_OOM_SCORE_ADJ: &str = "-1000";
+
+/// The `oom_score_adj` of a session's commands (set by the node as it starts them): within
+/// the session's cgroup the OOM killer picks any of them before the keeper, whatever their
+/// size, and on a host out of memory, a session's command before the node.
+pub const COMMAND_OOM_SCORE_ADJ: &CStr = c"500";
 
 /// Why a keeper could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -61,36 +88,45 @@ pub enum KeeperError {
     Setup(&'static str, Errno),
 }
 
-/// What the keeper reads, in the node's memory (which it shares) until it says it is ready.
+/// What the keeper reads, in the node's memory (which it shares until `execve`).
 struct Plan<'a> {
     root: &'a RootPlan,
     /// `cgroup.procs` of the session's cgroup: the keeper joins it before anything else.
     join: &'a [OwnedFd],
     /// A network namespace made ahead to enter, instead of a new one.
     network: RawFd,
-    status: RawFd,
+    /// The keeper's program, a memfd.
+    program: RawFd,
+    argv: [*const c_char; 2],
+    envp: [*const c_char; 1],
     /// Set before the keeper exits on a failure: a root step (`< ROOT_DONE`) or a later one.
     failed_step: AtomicUsize,
     failed_errno: AtomicI32,
 }
 
-/// The steps after the root, as `failed_step` values.
+/// The steps after the root, as `failed_step` values (`ROOT_DONE + index`).
 const ROOT_DONE: usize = 1 << 20;
-const LATER_STEPS: [&str; 6] = [
+const LATER_STEPS: [&str; 7] = [
     "naming its host",
     "bringing its loopback up",
-    "saying it is ready",
+    "starting its program",
     "joining the session's cgroup",
     "making its cgroup namespace",
     "entering its network namespace",
+    "asking to be killed with the node",
 ];
+const STEP_HOST: usize = ROOT_DONE;
+const STEP_LOOPBACK: usize = ROOT_DONE + 1;
+const STEP_EXEC: usize = ROOT_DONE + 2;
+const STEP_CGROUP: usize = ROOT_DONE + 3;
+const STEP_CGROUP_NS: usize = ROOT_DONE + 4;
+const STEP_NETWORK: usize = ROOT_DONE + 5;
+const STEP_DEATH_SIGNAL: usize = ROOT_DONE + 6;
 
 /// A running keeper.
 #[derive(Debug)]
 pub struct Keeper {
     pidfd: OwnedFd,
-    /// Mapped while the keeper runs on it; unmapped after it is reaped (`Drop` runs first).
-    _stack: Stack,
     pid: rustix::process::Pid,
 }
 
@@ -149,12 +185,43 @@ impl Drop for Stack {
     }
 }
 
+/// The keeper's program, written once into a sealed memfd (nothing can change it after), which
+/// keepers `execveat` whatever mount namespace they are in by then.
+fn program() -> io::Result<BorrowedFd<'static>> {
+    static MEMFD: OnceLock<OwnedFd> = OnceLock::new();
+    if let Some(fd) = MEMFD.get() {
+        return Ok(fd.as_fd());
+    }
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+    // MFD_EXEC (Linux 6.3) says it is to be executed where `vm.memfd_noexec` asks for that;
+    // older kernels refuse the flag, and execute any memfd.
+    let fd = match rustix::fs::memfd_create(c"plinth-keeper", flags | MemfdFlags::EXEC) {
+        Err(Errno::INVAL) => rustix::fs::memfd_create(c"plinth-keeper", flags)?,
+        made => made?,
+    };
+    let mut written = 0;
+    while written < PROGRAM.len() {
+        match rustix::io::write(&fd, &PROGRAM[written..]) {
+            Ok(count) => written += count,
+            Err(Errno::INTR) => {}
+            Err(errno) => return Err(errno.into()),
+        }
+    }
+    rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o500))?;
+    rustix::fs::fcntl_add_seals(
+        &fd,
+        SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
+    )?;
+    Ok(MEMFD.get_or_init(|| fd).as_fd())
+}
+
 impl Keeper {
     /// Starts a keeper whose sandbox has the root `root`, in the cgroup whose `cgroup.procs`
     /// descriptors are `join` (see [`crate::cgroup::SessionCgroup::join_fds`]; the sandbox's
-    /// cgroup namespace is rooted there), and waits until it is ready. Call it from a thread
-    /// that lives as long as the node (the keeper is killed when the thread that started it
-    /// ends: the parent-death signal follows the thread).
+    /// cgroup namespace is rooted there), and returns once it runs its program. Call it from
+    /// a thread that lives as long as the node (the keeper is killed when the thread that
+    /// started it ends: the parent-death signal follows the thread).
     ///
     /// `network`, when given, is a network namespace made ahead (see
     /// [`crate::egress::SpareNetworks`]) the keeper enters instead of making one: making one
@@ -164,24 +231,26 @@ impl Keeper {
         join: &[OwnedFd],
         network: Option<BorrowedFd<'_>>,
     ) -> Result<Keeper, KeeperError> {
-        let (status_read, status_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-            .map_err(|errno| KeeperError::Start(errno.into()))?;
+        let program = program().map_err(KeeperError::Start)?;
         let stack = Stack::map(STACK_BYTES).map_err(KeeperError::Start)?;
+        let name: &CStr = c"plinth-keeper";
         let plan = Plan {
             root,
             join,
             network: network.map_or(-1, |fd| fd.as_raw_fd()),
-            status: status_write.as_raw_fd(),
+            program: program.as_raw_fd(),
+            argv: [name.as_ptr(), std::ptr::null()],
+            envp: [std::ptr::null()],
             failed_step: AtomicUsize::new(0),
             failed_errno: AtomicI32::new(0),
         };
         let mut pidfd: c_int = -1;
-        // SAFETY: the child shares this memory (CLONE_VM) and runs `keeper` on `stack`, which
-        // outlives it (the `Keeper` owns it and unmaps it only after reaping the child). It
-        // reads `plan` only until it writes to or closes its status pipe, and this function
-        // keeps `plan` alive until it has read that pipe to its end or its first byte. Every
-        // signal is blocked on this thread across the call, so none is handled in the child
-        // before it resets its handlers.
+        // SAFETY: `clone` with CLONE_VM | CLONE_VFORK suspends this thread until the child
+        // has called `execve` or exited, so `plan`, what it points to and `stack` outlive
+        // every use the child makes of them. Every signal is blocked on this thread across
+        // the call, so no handler of the node runs in the child (it keeps them blocked until
+        // its program sets its own mask); the old mask is restored right after. `keeper` only
+        // makes system calls.
         #[allow(unsafe_code)]
         let (pid, error) = unsafe {
             let mut all: libc::sigset_t = std::mem::zeroed();
@@ -192,6 +261,7 @@ impl Keeper {
                 keeper,
                 stack.top(),
                 libc::CLONE_VM
+                    | libc::CLONE_VFORK
                     | libc::CLONE_PIDFD
                     | libc::SIGCHLD
                     | if network.is_some() {
@@ -206,7 +276,8 @@ impl Keeper {
             libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
             (pid, error)
         };
-        drop(status_write);
+        // The child runs its own program now, or is gone: its stack is free.
+        drop(stack);
         if pid < 0 {
             return Err(KeeperError::Start(error));
         }
@@ -215,39 +286,50 @@ impl Keeper {
         let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
         let pid = rustix::process::Pid::from_raw(pid)
             .ok_or_else(|| KeeperError::Start(io::Error::other("no process id")))?;
-        let mut ready = [0u8; 1];
-        let read = loop {
-            match rustix::io::read(&status_read, &mut ready) {
-                Err(Errno::INTR) => continue,
-                other => break other,
-            }
-        };
-        if matches!(read, Ok(1)) {
-            return Ok(Keeper {
-                pidfd,
-                _stack: stack,
-                pid,
+        let errno = plan.failed_errno.load(Ordering::SeqCst);
+        if errno != 0 {
+            // It exited before `execve`: reap it, then say why.
+            let _ = rustix::process::waitid(WaitId::PidFd(pidfd.as_fd()), WaitIdOptions::EXITED);
+            let step = plan.failed_step.load(Ordering::SeqCst);
+            let errno = Errno::from_raw_os_error(errno);
+            return Err(if step >= ROOT_DONE {
+                KeeperError::Setup(
+                    LATER_STEPS[(step - ROOT_DONE).min(LATER_STEPS.len() - 1)],
+                    errno,
+                )
+            } else {
+                let (what, path) = root
+                    .steps
+                    .get(step)
+                    .map_or(("building the root", c"?"), |step| step.describe());
+                KeeperError::Root {
+                    what,
+                    path: path.to_string_lossy().into_owned(),
+                    errno,
+                }
             });
         }
-        // It exited before saying it was ready: reap it (its stack is unused from then on),
-        // then say why.
-        let _ = rustix::process::waitid(WaitId::PidFd(pidfd.as_fd()), WaitIdOptions::EXITED);
-        drop(stack);
-        let step = plan.failed_step.load(Ordering::SeqCst);
-        let errno = Errno::from_raw_os_error(plan.failed_errno.load(Ordering::SeqCst).max(1));
-        Err(if step >= ROOT_DONE {
-            KeeperError::Setup(LATER_STEPS[(step - ROOT_DONE).min(5)], errno)
-        } else {
-            let (what, path) = root
-                .steps
-                .get(step)
-                .map_or(("building the root", c"?"), |step| step.describe());
-            KeeperError::Root {
-                what,
-                path: path.to_string_lossy().into_owned(),
-                errno,
+        let keeper = Keeper { pidfd, pid };
+        // Its own memory now: its `oom_score_adj` is its own (it no longer shares the node's).
+        // Lowering it takes CAP_SYS_RESOURCE, which a node in a container may lack: the
+        // keeper then keeps the node's, and the commands' higher one still makes them the
+        // OOM killer's pick before it.
+        let adjusted = std::fs::write(
+            format!("/proc/{}/oom_score_adj", pid.as_raw_nonzero()),
+            KEEPER_OOM_SCORE_ADJ,
+        );
+        match adjusted {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::PermissionDenied => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    tracing::info!("keepers keep the node's oom_score_adj: the node lacks CAP_SYS_RESOURCE to lower it");
+                });
             }
-        })
+            // `keeper` is killed and reaped as it drops.
+            Err(error) => return Err(KeeperError::Start(error)),
+        }
+        Ok(keeper)
     }
 
     /// Its pidfd: the handle commands enter its namespaces through.
@@ -278,37 +360,38 @@ impl Drop for Keeper {
     }
 }
 
-/// The keeper's side: raw system calls only, on its own stack, in the node's memory.
+/// The keeper's side until `execve`: raw system calls only, on its own stack, in the node's
+/// memory, with every signal blocked.
 extern "C" fn keeper(arg: *mut c_void) -> c_int {
-    // SAFETY: `arg` is the parent's `Plan`, alive until this process writes to or closes its
-    // status pipe (see `Keeper::start`); nothing below touches it after that.
+    // SAFETY: `arg` is the parent's `Plan`, alive until this process execs or exits (vfork).
     #[allow(unsafe_code)]
     let plan = unsafe { &*arg.cast::<Plan<'_>>() };
     let fail = |step: usize, errno: Errno| -> c_int {
         plan.failed_step.store(step, Ordering::SeqCst);
         plan.failed_errno
             .store(errno.raw_os_error().max(1), Ordering::SeqCst);
-        // SAFETY: ends this process only; the status pipe closes with it.
+        // SAFETY: ends this process only, without running anything of the parent's.
         #[allow(unsafe_code)]
         unsafe {
             libc::_exit(127)
         }
     };
     if plan.network >= 0 {
-        // SAFETY: the parent holds the namespace's descriptor open until this process says
-        // it is ready.
+        // SAFETY: the parent holds the namespace's descriptor open across the clone.
         #[allow(unsafe_code)]
         let network = unsafe { BorrowedFd::borrow_raw(plan.network) };
         if let Err(errno) = rustix::thread::move_into_link_name_space(
             network,
             Some(rustix::thread::LinkNameSpaceType::Network),
         ) {
-            return fail(ROOT_DONE + 5, errno);
+            return fail(STEP_NETWORK, errno);
         }
     }
-    // Into the session's cgroup first, while its descriptors are still open.
+    // Into the session's cgroup first, while its descriptors are still open. Until `execve`
+    // this process shares the node's memory, but the kernel's OOM killer never picks a
+    // `vfork` child that does, and what it touches is charged to the memory's owner, the node.
     if let Err(errno) = crate::cgroup::join(plan.join) {
-        return fail(ROOT_DONE + 3, errno);
+        return fail(STEP_CGROUP, errno);
     }
     // SAFETY: a new cgroup namespace for this process alone (it shares no nsproxy with the
     // node: it is another process), rooted at the cgroup it just joined.
@@ -316,81 +399,47 @@ extern "C" fn keeper(arg: *mut c_void) -> c_int {
     let unshared =
         unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWCGROUP) };
     if let Err(errno) = unshared {
-        return fail(ROOT_DONE + 4, errno);
+        return fail(STEP_CGROUP_NS, errno);
     }
-    // SAFETY: system calls on this process's own signal state and descriptors.
+    // Every descriptor inherited from the node (its sockets, its databases) but its program:
+    // the keeper must not hold them open.
+    let program = plan.program as u32;
+    // SAFETY: closes this process's own descriptors (it has its own table: no CLONE_FILES).
     #[allow(unsafe_code)]
     unsafe {
-        // The node's handlers must never run here: every handled signal back to its default
-        // (which, for a PID namespace's first process, means ignored when sent from inside).
-        for signal in 1..65 {
-            if signal == libc::SIGKILL || signal == libc::SIGSTOP {
-                continue;
-            }
-            let mut current: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(signal, std::ptr::null(), &mut current) == 0
-                && current.sa_sigaction != libc::SIG_DFL
-            {
-                let mut default: libc::sigaction = std::mem::zeroed();
-                default.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(signal, &default, std::ptr::null_mut());
-            }
+        if program > 0 {
+            libc::syscall(libc::SYS_close_range, 0u32, program - 1, 0u32);
         }
-        // Every descriptor inherited from the node (its sockets, its databases) but the
-        // status pipe: the keeper must not hold them open.
-        let status = plan.status as u32;
-        if status > 0 {
-            libc::syscall(libc::SYS_close_range, 0u32, status - 1, 0u32);
-        }
-        libc::syscall(libc::SYS_close_range, status + 1, u32::MAX, 0u32);
+        libc::syscall(libc::SYS_close_range, program + 1, u32::MAX, 0u32);
     }
     if let Err(errno) = rustix::process::set_parent_process_death_signal(Some(Signal::KILL)) {
-        return fail(ROOT_DONE, errno);
+        return fail(STEP_DEATH_SIGNAL, errno);
     }
     if let Err(Failure { step, errno }) = plan.root.enter() {
         return fail(step, errno);
     }
     if let Err(errno) = rustix::system::sethostname(b"session") {
-        return fail(ROOT_DONE, errno);
+        return fail(STEP_HOST, errno);
     }
     if let Err(errno) = crate::egress::netns::bring_loopback_up() {
-        return fail(ROOT_DONE + 1, errno);
+        return fail(STEP_LOOPBACK, errno);
     }
-    // SAFETY: the status pipe's write end, open in this process (see above).
-    #[allow(unsafe_code)]
-    let status = unsafe { BorrowedFd::borrow_raw(plan.status) };
-    if let Err(errno) = rustix::io::write(status, b"k") {
-        return fail(ROOT_DONE + 2, errno);
-    }
-    // From here on `plan` is gone: only this process's own state.
-    let status_fd = status.as_raw_fd();
-    // SAFETY: closes this process's own descriptor.
+    // SAFETY: `execveat` of the sealed memfd the parent holds open, with NUL-terminated
+    // arrays the parent keeps alive; the kernel closes the memfd (close-on-exec) once it has
+    // loaded the program.
     #[allow(unsafe_code)]
     unsafe {
-        libc::close(status_fd);
-    }
-    reap_forever()
-}
-
-/// Reaps every orphan of the namespace until the keeper is killed. SIGCHLD stays blocked and
-/// is waited for, so a child that ends between two waits is never missed.
-fn reap_forever() -> ! {
-    // SAFETY: this process's own signal mask, and waits on its own children.
-    #[allow(unsafe_code)]
-    unsafe {
-        let mut child: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut child);
-        libc::sigaddset(&mut child, libc::SIGCHLD);
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, std::ptr::null_mut());
-        loop {
-            match rustix::process::wait(rustix::process::WaitOptions::NOHANG) {
-                Ok(Some(_)) | Err(Errno::INTR) => continue,
-                _ => {}
-            }
-            let mut info: libc::siginfo_t = std::mem::zeroed();
-            libc::sigwaitinfo(&child, &mut info);
-        }
+        libc::syscall(
+            libc::SYS_execveat,
+            plan.program,
+            c"".as_ptr(),
+            plan.argv.as_ptr(),
+            plan.envp.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        );
+        fail(
+            STEP_EXEC,
+            Errno::from_raw_os_error(*libc::__errno_location()),
+        )
     }
 }

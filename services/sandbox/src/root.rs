@@ -9,6 +9,7 @@
 //! | path | what | how |
 //! |---|---|---|
 //! | `/usr`, `/bin`, `/sbin`, `/lib*`, `/etc`, `/opt` | the host's, where they exist | recursive bind, every mount read-only, `nosuid`, `nodev` |
+//! | `/etc`, when the spec gives a copy of it (sessions) | the host's files tools read, [`ETC_ALLOWED`] ([`copy_etc`]), not the rest (a global `npmrc` or `pip.conf` with a registry's credentials) | bind of the copy, read-only |
 //! | a covered path beneath those (the data directory, a config file, …) | nothing | an empty read-only tmpfs, or `/dev/null` for a file |
 //! | read-only binds (`/env/<slug>`) | the version | bind remounted read-only, or a read-only overlay of its layers |
 //! | writable binds (`/home/session`) | the working directory | bind, `nosuid`, `nodev` |
@@ -42,6 +43,164 @@ const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 /// Where the new root is built (a tmpfs over it, in the sandbox's mount namespace only).
 const BUILD_AT: &str = "/env";
 
+/// What of the host's `/etc` a session sees (see [`copy_etc`]): name resolution and the
+/// network's names, the users' and groups' databases (each session's own are bound over
+/// them), TLS roots, the dynamic linker's cache, the time zone, the system's identity, file
+/// types, shell start-up files, Debian's `alternatives` links (`/usr/bin/editor`, `awk`,
+/// `pager`… point through them) and Python's site configuration. Not there: whatever
+/// configures a tool with credentials or the host's own services (`npmrc`, `pip.conf`,
+/// `gitconfig`, `environment`, `ssh`, `shadow`, `machine-id`, databases, daemons).
+pub const ETC_ALLOWED: &[&str] = &[
+    "passwd",
+    "group",
+    "hosts",
+    "hostname",
+    "resolv.conf",
+    "nsswitch.conf",
+    "host.conf",
+    "gai.conf",
+    "protocols",
+    "services",
+    "networks",
+    "rpc",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "timezone",
+    "locale.alias",
+    "os-release",
+    "debian_version",
+    "lsb-release",
+    "alpine-release",
+    "redhat-release",
+    "mime.types",
+    "magic",
+    "magic.mime",
+    "alternatives",
+    "shells",
+    "profile",
+    "bash.bashrc",
+    "inputrc",
+    "terminfo",
+    "mtab",
+    "python3",
+    "python3.9",
+    "python3.10",
+    "python3.11",
+    "python3.12",
+    "python3.13",
+    "python3.14",
+];
+
+/// Directories a link in `/etc` may point into and be kept as a link: they are shown (or,
+/// for `/proc`, the sandbox's own). A link elsewhere (`resolv.conf` into `/run`) is copied
+/// as what it points to.
+const LINK_INTO: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/proc",
+];
+
+/// A file larger than this is not copied into a session's `/etc`.
+const ETC_FILE_LIMIT: u64 = 16 * 1024 * 1024;
+
+/// Makes `into` (made if missing, emptied first) a copy of what [`ETC_ALLOWED`] names in
+/// the host's `/etc`, for [`RootSpec::etc`]: files copied with their modes, directories
+/// copied through, links kept where they point into a shown directory (or `/proc`) and
+/// otherwise replaced by a copy of what they point to. Only what anyone may read is copied
+/// (`/etc/ssl/private` is not).
+pub fn copy_etc(into: &Path) -> std::io::Result<()> {
+    copy_etc_from(Path::new("/etc"), into, ETC_ALLOWED)
+}
+
+/// [`copy_etc`] from `etc`.
+pub fn copy_etc_from(etc: &Path, into: &Path, allowed: &[&str]) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(into) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+        _ => {}
+    }
+    std::fs::create_dir_all(into)?;
+    std::fs::set_permissions(into, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    for name in allowed {
+        copy_entry(
+            &etc.join(name),
+            &into.join(name),
+            &Path::new("/etc").join(name),
+            0,
+        )?;
+    }
+    Ok(())
+}
+
+/// Copies `from` (file, directory or link) to `to`, which the sandbox sees at `inside`, as
+/// [`copy_etc`] says; nothing for what is missing or not readable by anyone.
+fn copy_entry(from: &Path, to: &Path, inside: &Path, depth: usize) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if depth > 8 {
+        return Ok(());
+    }
+    let Ok(meta) = std::fs::symlink_metadata(from) else {
+        return Ok(());
+    };
+    if meta.file_type().is_symlink() {
+        let target = std::fs::read_link(from)?;
+        let resolved = inside.parent().unwrap_or(Path::new("/")).join(&target);
+        let lexical = normalize(&resolved);
+        if LINK_INTO.iter().any(|dir| lexical.starts_with(dir)) {
+            return std::os::unix::fs::symlink(&target, to);
+        }
+        // Elsewhere (`/run`, `/var`): what it points to, if that is readable.
+        return match std::fs::canonicalize(from) {
+            Ok(real) if !real.starts_with(from) => copy_entry(&real, to, inside, depth + 1),
+            _ => Ok(()),
+        };
+    }
+    let mode = meta.mode();
+    if meta.is_dir() {
+        if mode & 0o005 != 0o005 {
+            return Ok(());
+        }
+        std::fs::create_dir(to)?;
+        for entry in std::fs::read_dir(from)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            copy_entry(
+                &entry.path(),
+                &to.join(&name),
+                &inside.join(&name),
+                depth + 1,
+            )?;
+        }
+        std::fs::set_permissions(to, std::fs::Permissions::from_mode(mode & 0o755))
+    } else if meta.is_file() {
+        if mode & 0o004 == 0 || meta.len() > ETC_FILE_LIMIT {
+            return Ok(());
+        }
+        std::fs::copy(from, to)?;
+        std::fs::set_permissions(to, std::fs::Permissions::from_mode(mode & 0o755))
+    } else {
+        Ok(())
+    }
+}
+
+/// `path` with `.` and `..` worked out lexically.
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for part in path.components() {
+        match part {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::Normal(name) => out.push(name),
+            _ => {}
+        }
+    }
+    out
+}
+
 /// What a sandbox's file system shows.
 #[derive(Debug, Clone, Default)]
 pub struct RootSpec {
@@ -58,6 +217,9 @@ pub struct RootSpec {
     pub tmp_host: Option<PathBuf>,
     /// Size of the private `/dev/shm`, in bytes.
     pub shm_bytes: u64,
+    /// A copy of the host's `/etc` made by [`copy_etc`], shown read-only at `/etc` instead of
+    /// the host's (`None`: the host's whole `/etc`, as builds get it).
+    pub etc: Option<PathBuf>,
 }
 
 /// A host directory, or file, shown inside the sandbox. A file may be shown over one of a
@@ -246,6 +408,13 @@ impl RootPlan {
         let mut shown = Vec::new();
         for dir in SYSTEM_DIRS {
             let host = Path::new(dir);
+            if let (true, Some(copy)) = (*dir == "/etc", &spec.etc) {
+                let target = c(&staged(host))?;
+                steps.push(Step::Mkdir(target.clone()));
+                steps.push(Step::Bind(c(copy)?, target.clone(), false));
+                steps.push(Step::Remount(target, MountFlags::RDONLY | quiet));
+                continue;
+            }
             let Ok(meta) = std::fs::symlink_metadata(host) else {
                 continue;
             };
@@ -314,10 +483,17 @@ impl RootPlan {
         for bind in &spec.binds {
             let target = c(&staged(&bind.inside))?;
             let is_file = std::fs::metadata(&bind.host).is_ok_and(|meta| meta.is_file());
-            if is_file && shown.iter().any(|dir| bind.inside.starts_with(dir)) {
+            // Where a file over one of `/etc`'s is looked for: in the copy shown there.
+            let place = match (&spec.etc, bind.inside.strip_prefix("/etc")) {
+                (Some(copy), Ok(relative)) => Some(copy.join(relative)),
+                _ => None,
+            };
+            if is_file && (place.is_some() || shown.iter().any(|dir| bind.inside.starts_with(dir)))
+            {
                 // A file over one of a system directory (`/etc/passwd`): nothing can be made
                 // there (it is the host's, read-only), so the host must have a file in place.
-                if !std::fs::metadata(&bind.inside).is_ok_and(|meta| meta.is_file()) {
+                let place = place.as_deref().unwrap_or(&bind.inside);
+                if !std::fs::metadata(place).is_ok_and(|meta| meta.is_file()) {
                     return Err(RootError::NoPlace(bind.inside.clone()));
                 }
             } else if is_file {
@@ -537,6 +713,7 @@ mod tests {
             tmp_bytes: 1 << 20,
             tmp_host: None,
             shm_bytes: 1 << 20,
+            etc: None,
         };
         let plan = RootPlan::with_mounts(&spec, &[]).expect("plan");
         let binds: Vec<String> = plan
@@ -705,5 +882,88 @@ mod tests {
         };
         let plan = RootPlan::with_mounts(&spec, &[]).expect("plan");
         assert!(!link_at_var_tmp(&plan));
+    }
+
+    #[test]
+    fn the_etc_copy_holds_what_is_allowed_and_readable_and_nothing_else() {
+        use std::os::unix::fs::PermissionsExt;
+        let host = tempfile::tempdir().expect("host");
+        let run = tempfile::tempdir().expect("run");
+        let etc = host.path().join("etc");
+        std::fs::create_dir_all(etc.join("ssl/certs")).expect("ssl");
+        std::fs::create_dir_all(etc.join("ssl/private")).expect("private");
+        std::fs::set_permissions(
+            etc.join("ssl/private"),
+            std::fs::Permissions::from_mode(0o700),
+        )
+        .expect("mode");
+        std::fs::write(etc.join("ssl/private/key.pem"), "key").expect("key");
+        std::fs::write(etc.join("ssl/certs/ca.crt"), "roots").expect("roots");
+        std::fs::write(etc.join("hosts"), "127.0.0.1 localhost\n").expect("hosts");
+        std::fs::write(etc.join("npmrc"), "//registry/:_authToken=secret\n").expect("npmrc");
+        std::fs::write(etc.join("shadow"), "root:x").expect("shadow");
+        std::fs::set_permissions(etc.join("shadow"), std::fs::Permissions::from_mode(0o640))
+            .expect("mode");
+        std::os::unix::fs::symlink("../usr/lib/os-release", etc.join("os-release")).expect("link");
+        std::fs::write(run.path().join("resolv.conf"), "nameserver 10.0.0.1\n").expect("resolv");
+        std::os::unix::fs::symlink(run.path().join("resolv.conf"), etc.join("resolv.conf"))
+            .expect("link");
+        let copy = host.path().join("copy");
+        std::fs::create_dir_all(copy.join("stale")).expect("stale");
+        copy_etc_from(
+            &etc,
+            &copy,
+            &[
+                "hosts",
+                "ssl",
+                "os-release",
+                "resolv.conf",
+                "shadow",
+                "missing",
+            ],
+        )
+        .expect("copied");
+        let mut found: Vec<String> = Vec::new();
+        fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).expect("list").flatten() {
+                let path = entry.path();
+                out.push(
+                    path.strip_prefix(root)
+                        .expect("beneath")
+                        .display()
+                        .to_string(),
+                );
+                if entry.file_type().expect("type").is_dir() {
+                    walk(root, &path, out);
+                }
+            }
+        }
+        walk(&copy, &copy, &mut found);
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                "hosts",
+                "os-release",
+                "resolv.conf",
+                "ssl",
+                "ssl/certs",
+                "ssl/certs/ca.crt"
+            ]
+        );
+        // A link into /usr stays a link; one elsewhere is a copy of its target.
+        assert_eq!(
+            std::fs::read_link(copy.join("os-release")).expect("link"),
+            Path::new("../usr/lib/os-release")
+        );
+        assert!(
+            !std::fs::symlink_metadata(copy.join("resolv.conf"))
+                .expect("file")
+                .is_symlink()
+        );
+        assert_eq!(
+            std::fs::read_to_string(copy.join("resolv.conf")).expect("resolv"),
+            "nameserver 10.0.0.1\n"
+        );
     }
 }

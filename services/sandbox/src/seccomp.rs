@@ -69,8 +69,8 @@ use std::sync::OnceLock;
 use libc::{c_long, sock_filter};
 
 /// Every system call the filter refuses, and why, for the README to quote. All answer `EPERM`
-/// except `clone3`, which answers `ENOSYS`; `clone` and `personality` are refused only for the
-/// arguments named.
+/// except `clone3`, which answers `ENOSYS`; `clone`, `personality`, `socket` and `socketpair`
+/// are refused only for the arguments named.
 pub const REFUSED: &[(&str, &str)] = &[
     (
         "add_key",
@@ -202,6 +202,15 @@ pub const REFUSED: &[(&str, &str)] = &[
         "the kernel NFS server's control (removed in 3.1)",
     ),
     (
+        "socket",
+        "only for an address family other than AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK \
+         (which `ip`, `ss` and glibc's resolver use): AF_VSOCK reaches the hypervisor and the \
+         host's other guests past the network namespace, AF_PACKET, AF_KEY, AF_ALG, \
+         Bluetooth, CAN, TIPC, RDS, XDP and the rest are kernel code no session needs, with a \
+         history of escalations, and a family added to a future kernel is refused too",
+    ),
+    ("socketpair", "only for the families socket refuses"),
+    (
         "personality",
         "only to set a persona other than PER_LINUX (asking, with 0xffffffff, stays allowed): \
          the others weaken the memory layout exploits rely on (ADDR_NO_RANDOMIZE, \
@@ -223,6 +232,17 @@ const CLONE_NEW_NAMESPACE: libc::c_int = libc::CLONE_NEWNS
 const PER_LINUX: u32 = 0;
 /// `personality(0xffffffff)` returns the persona without changing it.
 const PERSONALITY_QUERY: u32 = 0xffff_ffff;
+/// What `personality` may be asked.
+const PERSONALITIES: &[u32] = &[PER_LINUX, PERSONALITY_QUERY];
+
+/// The address families `socket` and `socketpair` may make: local, IP and netlink (`ip`,
+/// `ss`, glibc's `getaddrinfo` asking the kernel for the host's addresses).
+const SOCKET_FAMILIES: &[u32] = &[
+    libc::AF_UNIX as u32,
+    libc::AF_INET as u32,
+    libc::AF_INET6 as u32,
+    libc::AF_NETLINK as u32,
+];
 
 /// `open_tree_attr` (Linux 6.15) has the same number on every architecture; libc does not
 /// name it yet.
@@ -375,8 +395,8 @@ enum Answer {
     Always(u32),
     /// `EPERM` when the first argument has any of these bits, else allowed.
     EpermIfAnyBit(u32),
-    /// Allowed when the first argument is one of these, else `EPERM`.
-    EpermUnlessOneOf([u32; 2]),
+    /// Allowed when the first argument is one of these (at most 16), else `EPERM`.
+    EpermUnlessOneOf(&'static [u32]),
 }
 
 fn answer(name: &str) -> Answer {
@@ -385,7 +405,9 @@ fn answer(name: &str) -> Answer {
         // The kernel reads only the low 32 bits of `clone`'s flags, which the filter compares.
         "clone" => Answer::EpermIfAnyBit(CLONE_NEW_NAMESPACE.unsigned_abs()),
         // `personality` takes an `unsigned int`.
-        "personality" => Answer::EpermUnlessOneOf([PER_LINUX, PERSONALITY_QUERY]),
+        "personality" => Answer::EpermUnlessOneOf(PERSONALITIES),
+        // The family is an `int`.
+        "socket" | "socketpair" => Answer::EpermUnlessOneOf(SOCKET_FAMILIES),
         _ => Answer::Always(EPERM),
     }
 }
@@ -427,13 +449,15 @@ fn search(intervals: &[(u32, Answer)], program: &mut Vec<sock_filter>) {
             ret(EPERM),
             ret(ALLOW),
         ]),
-        [(_, Answer::EpermUnlessOneOf([first, second]))] => program.extend([
-            load(DATA_ARG0_LOW),
-            jump(libc::BPF_JEQ, *first, 2, 0),
-            jump(libc::BPF_JEQ, *second, 1, 0),
-            ret(EPERM),
-            ret(ALLOW),
-        ]),
+        [(_, Answer::EpermUnlessOneOf(allowed))] => {
+            program.push(load(DATA_ARG0_LOW));
+            for (index, value) in allowed.iter().enumerate() {
+                // On a match, over the remaining comparisons and the refusal.
+                let over = u8::try_from(allowed.len() - index).unwrap_or(u8::MAX);
+                program.push(jump(libc::BPF_JEQ, *value, over, 0));
+            }
+            program.extend([ret(EPERM), ret(ALLOW)]);
+        }
         _ => {
             let (below, above) = intervals.split_at(intervals.len() / 2);
             let mut lower = Vec::new();
@@ -536,6 +560,8 @@ fn number(name: &'static str) -> Result<Option<u32>, SeccompError> {
         "lookup_dcookie" => libc::SYS_lookup_dcookie,
         "nfsservctl" => libc::SYS_nfsservctl,
         "personality" => libc::SYS_personality,
+        "socket" => libc::SYS_socket,
+        "socketpair" => libc::SYS_socketpair,
         _ => return Err(SeccompError::UnknownSystemCall(name)),
     };
     u32::try_from(number)
@@ -680,6 +706,17 @@ print("still running", flush=True)
             Some("clone3") => ENOSYS,
             Some("clone") if flags & CLONE_NEW_NAMESPACE.unsigned_abs() == 0 => ALLOW,
             Some("personality") if flags == PER_LINUX || flags == PERSONALITY_QUERY => ALLOW,
+            Some("socket" | "socketpair")
+                if [
+                    libc::AF_UNIX,
+                    libc::AF_INET,
+                    libc::AF_INET6,
+                    libc::AF_NETLINK,
+                ]
+                .contains(&(flags as i32)) =>
+            {
+                ALLOW
+            }
             Some(_) => EPERM,
         }
     }
@@ -697,6 +734,8 @@ print("still running", flush=True)
             | libc::CLONE_PARENT_SETTID
             | libc::CLONE_CHILD_CLEARTID;
         let mut arguments = vec![0, u64::MAX, 0x0004_0000, u64::from(PERSONALITY_QUERY)];
+        // Address families: AF_INET6, AF_PACKET, AF_VSOCK, AF_ALG.
+        arguments.extend([10, 17, 40, 38]);
         arguments.extend(
             [
                 thread,

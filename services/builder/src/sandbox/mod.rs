@@ -466,6 +466,8 @@ impl Sandbox {
             tmp_bytes: 0,
             tmp_host: Some(self.tmp.clone()),
             shm_bytes: SHM_BYTES,
+            // The host's whole `/etc`: builds read registries' configuration there.
+            etc: None,
         };
         let root = RootPlan::new(&spec).map_err(|error| SandboxError::Setup(error.to_string()))?;
         let seccomp = Filter::shared()

@@ -43,6 +43,17 @@ pub(super) fn apply(session: &SessionCgroup, limits: &Limits) -> Result<(), Cgro
         if memsw.exists() {
             write(&memsw, &bytes)?;
         }
+        // TCP buffers: v1 charges them (to their own counter, not the memory one) only once
+        // a group has a TCP limit; without one a session's sockets could hold any amount of
+        // kernel memory. v2 charges them to `memory.max` itself. Other kernel memory (pipe
+        // buffers, the tmpfs and memfd pages, page tables) is charged to the memory counter
+        // in v1 as in v2.
+        let tcp = dir.join("memory.kmem.tcp.limit_in_bytes");
+        if tcp.exists()
+            && let Err(error) = write(&tcp, &bytes)
+        {
+            tracing::warn!(%error, "cannot bound a session's TCP buffers (cgroup v1)");
+        }
     }
     if let Some(pids) = limits.pids
         && let Some(dir) = session.dir("pids")
