@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, assert_error, assert_error_in, send};
+use crate::helpers::{Server, assert_error, assert_error_in, send, tokens_toml};
 
 const ACME: &str = "tok-acme";
 const GLOBEX: &str = "tok-globex";
@@ -410,8 +410,12 @@ async fn a_rotation_without_grace_revokes_the_old_credential_at_once() {
 
 #[tokio::test]
 async fn callback_origins_are_checked_normalised_shown_and_updated() {
-    let server =
-        Server::start_with_tokens(&[("tok-acme", "acme"), ("tok-globex", "globex")], &[]).await;
+    // Loopback origins need the operator's allowance.
+    let config = format!(
+        "[gateway]\ncallback_allow = [\"127.0.0.0/8\", \"::1\"]\n{}",
+        tokens_toml(&[("tok-acme", "acme"), ("tok-globex", "globex")])
+    );
+    let server = Server::start_with_config(&config, &[]).await;
     let env = environment(&server, ACME, "Origins Studio").await;
     let (status, brain) = create(
         &server,
@@ -522,6 +526,95 @@ async fn callback_origins_are_checked_normalised_shown_and_updated() {
     .await;
     assert_eq!(status, 200, "{cleared}");
     assert_eq!(cleared["callback_origins"], json!([]));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn callback_origins_on_internal_addresses_are_refused_unless_the_operator_allows_them() {
+    // A tenant registers origins where the gateway would post, with a bearer token of the
+    // tenant's choosing, to itself, its network or the cloud's metadata service.
+    let server = Server::start_with_tokens(&[("tok-acme", "acme")], &[]).await;
+    let env = environment(&server, ACME, "Inward Studio").await;
+    let (status, brain) = create(
+        &server,
+        ACME,
+        json!({"protocol": "brain", "environment": env, "callback_origins": ["https://brain.example"]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{brain}");
+    let url = server.url(&format!(
+        "/v1/workspace-adapters/{}",
+        brain["id"].as_str().expect("id")
+    ));
+    for (origin, why) in [
+        ("http://127.0.0.1:8080", "loopback"),
+        ("http://127.1:9000", "loopback"),
+        ("http://localhost:8080", "loopback"),
+        ("http://[::1]:7000", "loopback"),
+        ("http://[::ffff:127.0.0.1]", "loopback"),
+        ("http://10.0.0.1", "private"),
+        ("https://192.168.1.20:8443", "private"),
+        ("http://169.254.169.254", "metadata"),
+        ("http://[fe80::1]", "link-local"),
+        ("http://0.0.0.0:80", ""),
+    ] {
+        let (status, body) = create(
+            &server,
+            ACME,
+            json!({"protocol": "brain", "environment": env, "callback_origins": ["https://brain.example", origin]}),
+        )
+        .await;
+        assert_error_in(origin, status, &body, 400, "invalid_request");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(
+            message.contains("callback_origins[1]")
+                && message.contains(why)
+                && message.contains("public addresses only")
+                && message.contains("gateway.callback_allow"),
+            "{origin}: {message}"
+        );
+        let (status, body) = send(
+            server
+                .client
+                .patch(&url)
+                .bearer_auth(ACME)
+                .json(&json!({"callback_origins": [origin]})),
+        )
+        .await;
+        assert_error_in(origin, status, &body, 400, "invalid_request");
+    }
+    // Nothing was registered or changed.
+    let (_, shown) = send(server.client.get(&url).bearer_auth(ACME)).await;
+    assert_eq!(shown["callback_origins"], json!(["https://brain.example"]));
+    server.stop().await;
+
+    // The operator allows loopback (a Brain on the same host): loopback passes, nothing else.
+    let config = format!(
+        "[gateway]\ncallback_allow = [\"127.0.0.0/8\"]\n{}",
+        tokens_toml(&[("tok-acme", "acme")])
+    );
+    let server = Server::start_with_config(&config, &[]).await;
+    let env = environment(&server, ACME, "Loopback Studio").await;
+    let (status, brain) = create(
+        &server,
+        ACME,
+        json!({"protocol": "brain", "environment": env, "callback_origins": ["http://127.0.0.1:8080"]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{brain}");
+    for origin in [
+        "http://10.0.0.1",
+        "http://169.254.169.254",
+        "http://[::1]:7000",
+    ] {
+        let (status, body) = create(
+            &server,
+            ACME,
+            json!({"protocol": "brain", "environment": env, "callback_origins": [origin]}),
+        )
+        .await;
+        assert_error_in(origin, status, &body, 400, "invalid_request");
+    }
     server.stop().await;
 }
 

@@ -19,7 +19,7 @@ mod quotas;
 mod retention;
 mod sessions;
 
-pub use adapters::{AdapterCredentials, Claimed, NewTurn, OpenedRun};
+pub use adapters::{AdapterCredentials, Claimed, NewTurn, OpenedRun, SignedCall, SignedCallSeen};
 pub use builds::{BUILD_QUEUED_CHANNEL, LeasePolicy, MAX_LOG_BYTES};
 pub use collection::CollectionRoots;
 use plinth_kit::database::{Backend, Database, DatabaseError, MigrationFile, now_ms};
@@ -117,6 +117,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "limits_in_ms_and_session_pages",
                 include_str!("../migrations/common/0016_limits_in_ms_and_session_pages.sql"),
             ),
+            (
+                17,
+                "novo_signatures",
+                include_str!("../migrations/common/0017_novo_signatures.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -198,6 +203,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 16,
                 "limits_in_ms_and_session_pages",
                 include_str!("../migrations/common/0016_limits_in_ms_and_session_pages.sql"),
+            ),
+            (
+                17,
+                "novo_signatures",
+                include_str!("../migrations/common/0017_novo_signatures.sql"),
             ),
         ],
     }
