@@ -618,6 +618,118 @@ async fn callback_origins_on_internal_addresses_are_refused_unless_the_operator_
     server.stop().await;
 }
 
+/// A signed Novo call to adapter `id`: its status, answer and `Retry-After`.
+async fn novo_call(server: &Server, id: &str, secret: &str) -> (u16, Value, Option<String>) {
+    let body = serde_json::to_vec(
+        &json!({"method": "listFiles", "args": {}, "options": {"callId": crate::novo::request_id()}}),
+    )
+    .expect("json");
+    let t = crate::novo::now();
+    let response = server
+        .client
+        .post(server.url(&format!("/v1/workspace-adapters/{id}/novo")))
+        .header("Novo-Workspace-Method", "listFiles")
+        .header("Novo-Run-Id", "run_rate")
+        .header(
+            "Novo-Signature",
+            format!("t={t},v1={}", crate::novo::sign(secret, t, &body)),
+        )
+        .body(body)
+        .send()
+        .await
+        .expect("send");
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    let (status, answer) = crate::helpers::json(response).await;
+    (status, answer, retry_after)
+}
+
+#[tokio::test]
+async fn each_adapters_runtime_has_its_own_rate() {
+    let config = format!(
+        "[gateway]\nadapter_rate_limit_per_second = 1\nadapter_rate_limit_burst = 3\n{}",
+        tokens_toml(&[("tok-acme", "acme"), ("tok-globex", "globex")])
+    );
+    let server = Server::start_with_config(&config, &[]).await;
+    let secret = "env_secret_rate_0123456789";
+    let mut ids = Vec::new();
+    for (token, protocol) in [(ACME, "novo"), (GLOBEX, "novo"), (ACME, "brain")] {
+        let env = environment(&server, token, &format!("Rate {protocol} {token}")).await;
+        let body = match protocol {
+            "novo" => json!({"protocol": "novo", "environment": env, "secret": secret}),
+            _ => json!({"protocol": "brain", "environment": env}),
+        };
+        let (status, adapter) = create(&server, token, body).await;
+        assert_eq!(status, 201, "{adapter}");
+        ids.push((
+            adapter["id"].as_str().expect("id").to_owned(),
+            adapter["token"].as_str().unwrap_or_default().to_owned(),
+        ));
+    }
+    // One tenant's runtime calls past its burst: refused with when to retry, nothing ran.
+    let mut refused = 0;
+    for call in 0..8 {
+        let (status, answer, retry_after) = novo_call(&server, &ids[0].0, secret).await;
+        if call < 3 {
+            // Past the rate check (the environment has no version to run on yet).
+            assert_eq!(answer["error"]["code"], "environment_not_ready", "{answer}");
+        } else if status == 429 {
+            assert_error(status, &answer, 429, "rate_limited");
+            assert!(retry_after.is_some(), "{answer}");
+            let message = answer["error"]["message"].as_str().expect("message");
+            assert!(
+                message.contains("gateway.adapter_rate_limit_per_second"),
+                "{message}"
+            );
+            refused += 1;
+        }
+    }
+    assert!(
+        refused >= 1,
+        "8 calls at once passed a rate of 1/s with a burst of 3"
+    );
+    // Another tenant's adapter is not affected.
+    let (_, answer, _) = novo_call(&server, &ids[1].0, secret).await;
+    assert_eq!(answer["error"]["code"], "environment_not_ready", "{answer}");
+    // A call that is not the adapter's (a wrong signature) spends nothing of its rate and is
+    // refused as before.
+    let (status, answer, _) = novo_call(&server, &ids[1].0, "env_secret_not_this_one_0123").await;
+    assert_error(status, &answer, 401, "unauthenticated");
+    // Brain's operations are counted the same way, per adapter.
+    let (brain, token) = &ids[2];
+    let mut statuses = Vec::new();
+    for sequence in 1..=8 {
+        let (status, answer) = send(
+            server
+                .client
+                .post(server.url(&format!(
+                    "/v1/workspace-adapters/{brain}/brain/v1/operations"
+                )))
+                .bearer_auth(token)
+                .json(&json!({
+                    "contract": "environment/v1",
+                    "operation": {
+                        "session_id": "ses_rate",
+                        "environment": "plinth",
+                        "sequence": sequence,
+                        "request": { "type": "cancel", "sequence": 1_000_000 },
+                    },
+                })),
+        )
+        .await;
+        if status == 429 {
+            assert_error(status, &answer, 429, "rate_limited");
+        }
+        statuses.push(status);
+    }
+    assert_eq!(&statuses[..3], &[200, 200, 200], "{statuses:?}");
+    assert!(statuses.contains(&429), "{statuses:?}");
+    server.stop().await;
+}
+
 /// Runs `plinth` with `args` and `env` until it exits (60 s at most); answers whether it
 /// succeeded and what it wrote to stderr.
 fn run_plinth(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
