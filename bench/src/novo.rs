@@ -349,10 +349,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let work = crate::fresh_fs::WorkDir::make(false, false)?;
     let client = reqwest::Client::new();
     println!("machine: {}", crate::machine());
+    // Calls per adapter are not limited here: the benchmark measures a call's cost, and its
+    // callers at once pass the default rate (`gateway.adapter_rate_limit_per_second`).
+    let config = work.path().join("plinth.toml");
+    std::fs::write(&config, "[gateway]\nadapter_rate_limit_per_second = 0\n")?;
+    let config = config
+        .to_str()
+        .context("a UTF-8 work directory")?
+        .to_owned();
     let service = Service::start(
         &binary,
         &work.path().join("serve"),
-        &["--builder-network", "false"],
+        &["--builder-network", "false", "--config", &config],
     )
     .await?;
     let environment = service.environment(&client, "Bench Novo").await?;

@@ -340,7 +340,7 @@ impl Soak<'_> {
                     .json(&json!({
                         "protocol": "brain",
                         "environment": environment,
-                        "callback_origins": ["http://127.0.0.1:9"],
+                        "callback_origins": ["https://brain.example:9"],
                     })),
             )
             .await?;

@@ -118,6 +118,17 @@ pub struct GatewaySection {
     /// the call runs), in seconds; a retry that finds it run out with no answer stored
     /// answers `outcome_unknown` and never runs the call again.
     pub novo_call_lease_seconds: u64,
+    /// Calls per second each workspace adapter's runtime may make (Novo dispatch, Brain
+    /// operations), sustained, on each gateway (0: no limit).
+    pub adapter_rate_limit_per_second: u32,
+    /// Calls a workspace adapter's runtime may make at once above its rate.
+    pub adapter_rate_limit_burst: u32,
+    /// Most signatures of mutating Novo calls the replay memory holds per adapter; past it
+    /// that adapter's mutating calls are answered 503 until the oldest expire.
+    pub novo_replay_memory_per_adapter: u64,
+    /// Networks beyond the public internet that Brain callbacks may reach (`127.0.0.0/8`,
+    /// `10.1.0.0/16`, `fd00::/8`); none by default.
+    pub callback_allow: Vec<String>,
 }
 
 impl Default for GatewaySection {
@@ -138,7 +149,45 @@ impl Default for GatewaySection {
             max_concurrent_requests: 1024,
             adapter_max_unverified_bodies: 4,
             novo_call_lease_seconds: 30,
+            adapter_rate_limit_per_second: 100,
+            adapter_rate_limit_burst: 200,
+            novo_replay_memory_per_adapter: plinth_gateway::DEFAULT_REPLAY_MEMORY_PER_ADAPTER,
+            callback_allow: Vec::new(),
         }
+    }
+}
+
+impl GatewaySection {
+    /// The networks `callback_allow` names, or which entry is not one.
+    pub fn callback_allow(&self) -> Result<Vec<plinth_sandbox::egress::policy::Cidr>, ConfigError> {
+        self.callback_allow
+            .iter()
+            .map(|entry| {
+                entry.trim().parse().map_err(|_| {
+                    ConfigError::Invalid(format!(
+                        "gateway.callback_allow: {entry:?} is not an address or a network (a.b.c.d/n, x::/n)"
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Each adapter's rate, or why these values make none.
+    pub fn adapter_rate(&self) -> Result<plinth_gateway::AdapterRate, ConfigError> {
+        if self.adapter_rate_limit_per_second > 0 && self.adapter_rate_limit_burst == 0 {
+            return Err(ConfigError::Invalid(
+                "gateway.adapter_rate_limit_burst must be at least 1".to_owned(),
+            ));
+        }
+        if self.novo_replay_memory_per_adapter == 0 {
+            return Err(ConfigError::Invalid(
+                "gateway.novo_replay_memory_per_adapter must be at least 1".to_owned(),
+            ));
+        }
+        Ok(plinth_gateway::AdapterRate {
+            per_second: self.adapter_rate_limit_per_second,
+            burst: self.adapter_rate_limit_burst,
+        })
     }
 }
 
@@ -1377,6 +1426,8 @@ fn apply_edge_flags(config: &mut Config, edge: &EdgeArgs) -> Result<(), ConfigEr
     if let Some(max) = edge.adapter_max_unverified_bodies {
         gateway.adapter_max_unverified_bodies = max;
     }
+    gateway.adapter_rate()?;
+    gateway.callback_allow()?;
     gateway.edge_limits().map(|_| ())
 }
 

@@ -1111,6 +1111,9 @@ fn spawn_gateway(
         novo_call_lease: std::time::Duration::from_secs(
             config.gateway.novo_call_lease_seconds.max(1),
         ),
+        adapter_rate: config.gateway.adapter_rate()?,
+        novo_replay_memory: config.gateway.novo_replay_memory_per_adapter,
+        callback_allow: config.gateway.callback_allow()?,
     };
     let result = async move {
         let result = plinth_gateway::run(options, listener, backends, shutdown).await;

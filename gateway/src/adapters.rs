@@ -173,7 +173,7 @@ fn adapter_body(
     request_body = CreateAdapter,
     responses(
         (status = 201, description = "Created; `secret` (Novo) or `token` (Brain) is shown only here", body = AdapterBody),
-        (status = 400, description = "environment_invalid: malformed body, unknown protocol, a secret that breaks the rules, a callback origin that is not one", body = ErrorBody),
+        (status = 400, description = "environment_invalid: malformed body, unknown protocol, a secret that breaks the rules, a callback origin that is not one; invalid_request: a callback origin on an address callbacks may not reach (loopback, private, link-local, metadata, …; gateway.callback_allow)", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found: not an environment of this scope", body = ErrorBody),
     ),
@@ -191,6 +191,9 @@ async fn create_adapter(
             body.protocol
         ))
     })?;
+    if let Some(origins) = &body.callback_origins {
+        callback_addresses(&state, origins)?;
+    }
     let created = state
         .adapters()
         .create_adapter(pb::CreateAdapterRequest {
@@ -254,7 +257,7 @@ async fn get_adapter(
     request_body = UpdateAdapter,
     responses(
         (status = 200, description = "The adapter as it is now", body = AdapterBody),
-        (status = 400, description = "environment_invalid: malformed body, a callback origin that is not one, origins for a Novo adapter", body = ErrorBody),
+        (status = 400, description = "environment_invalid: malformed body, a callback origin that is not one, origins for a Novo adapter; invalid_request: a callback origin on an address callbacks may not reach (gateway.callback_allow)", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "not_found", body = ErrorBody),
     ),
@@ -267,6 +270,9 @@ async fn update_adapter(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<UpdateAdapter>,
 ) -> Result<Json<AdapterBody>, ApiError> {
+    if let Some(origins) = &body.callback_origins {
+        callback_addresses(&state, origins)?;
+    }
     let adapter = state
         .adapters()
         .update_adapter(pb::UpdateAdapterRequest {
@@ -280,6 +286,23 @@ async fn update_adapter(
         .into_inner();
     state.adapter_credentials.forget(&id);
     Ok(Json(adapter_body(&state, &headers, adapter, None)))
+}
+
+/// Refuses callback origins on addresses callbacks may not reach (loopback, private,
+/// link-local and metadata, …, unless `gateway.callback_allow` names their range):
+/// `400 invalid_request` naming the entry, the rule and the setting. Names other than
+/// `localhost` are checked each time a callback is sent, when they are resolved.
+fn callback_addresses(state: &AppState, origins: &[String]) -> Result<(), ApiError> {
+    let addresses = state.brain_runtime.callback_addresses();
+    for (index, origin) in origins.iter().enumerate() {
+        addresses.check_origin(origin).map_err(|why| {
+            PlinthError::new(
+                plinth_kit::ErrorCode::InvalidRequest,
+                format!("callback_origins[{index}]: {origin:?}: {why}"),
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Adapters' credentials as the catalog answered them less than a second ago, so a burst of
@@ -419,4 +442,134 @@ async fn rotate_secret(
         adapter,
         Some(rotated.credential),
     )))
+}
+
+/// How many calls each workspace adapter's runtime may make to its endpoint (Novo's dispatch,
+/// Brain's operations), counted per adapter on each gateway replica after the call is
+/// authenticated: a token bucket per adapter refilled at `per_second`, holding up to `burst`.
+/// One tenant's runtime past its rate is answered `429 rate_limited` with `Retry-After`; other
+/// adapters are not affected. Only the adapter's own credential can spend its rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdapterRate {
+    /// Calls per second, sustained; 0 for no limit.
+    pub per_second: u32,
+    /// Calls at once above the rate.
+    pub burst: u32,
+}
+
+impl Default for AdapterRate {
+    fn default() -> Self {
+        AdapterRate {
+            per_second: 100,
+            burst: 200,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    refilled: std::time::Instant,
+}
+
+/// Every adapter's bucket on this gateway.
+#[derive(Debug)]
+pub(crate) struct AdapterRates {
+    rate: AdapterRate,
+    buckets: std::sync::Mutex<std::collections::HashMap<String, Bucket>>,
+}
+
+impl AdapterRates {
+    /// Buckets kept at most; past it, full ones (adapters idle for a while) are dropped.
+    const CAP: usize = 10_000;
+
+    pub(crate) fn new(rate: AdapterRate) -> Self {
+        AdapterRates {
+            rate,
+            buckets: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Takes one call from adapter `id`'s bucket, or refuses it with when to retry.
+    pub(crate) fn take(&self, id: &str) -> Result<(), ApiError> {
+        self.take_at(id, std::time::Instant::now()).map_err(|wait| {
+            metrics::counter!("plinth_gateway_refused_total", "reason" => "adapter_rate_limited")
+                .increment(1);
+            crate::error::retry_after(
+                plinth_kit::ErrorCode::RateLimited,
+                format!(
+                    "this workspace adapter may take {} calls per second ({} at once; \
+                         gateway.adapter_rate_limit_per_second, gateway.adapter_rate_limit_burst); \
+                         retry after {wait} s",
+                    self.rate.per_second, self.rate.burst
+                ),
+                wait,
+            )
+        })
+    }
+
+    fn take_at(&self, id: &str, now: std::time::Instant) -> Result<(), u64> {
+        let rate = f64::from(self.rate.per_second);
+        if rate <= 0.0 {
+            return Ok(());
+        }
+        let burst = f64::from(self.rate.burst.max(1));
+        let mut buckets = self
+            .buckets
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if buckets.len() >= Self::CAP && !buckets.contains_key(id) {
+            buckets.retain(|_, bucket| {
+                bucket.tokens + now.duration_since(bucket.refilled).as_secs_f64() * rate < burst
+            });
+        }
+        let bucket = buckets.entry(id.to_owned()).or_insert(Bucket {
+            tokens: burst,
+            refilled: now,
+        });
+        let refill = now.duration_since(bucket.refilled).as_secs_f64() * rate;
+        bucket.tokens = (bucket.tokens + refill).min(burst);
+        bucket.refilled = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            Ok(())
+        } else {
+            let wait = ((1.0 - bucket.tokens) / rate).ceil();
+            Err((wait as u64).max(1))
+        }
+    }
+}
+
+#[cfg(test)]
+mod rate_tests {
+    use super::*;
+
+    #[test]
+    fn each_adapter_has_its_own_rate() {
+        let rates = AdapterRates::new(AdapterRate {
+            per_second: 2,
+            burst: 3,
+        });
+        let start = std::time::Instant::now();
+        for _ in 0..3 {
+            rates.take_at("wadp_a", start).expect("within the burst");
+        }
+        assert_eq!(rates.take_at("wadp_a", start), Err(1));
+        // Another adapter is not touched by the first one's calls.
+        rates.take_at("wadp_b", start).expect("its own bucket");
+        // Refilled at the rate.
+        let later = start + std::time::Duration::from_millis(500);
+        rates
+            .take_at("wadp_a", later)
+            .expect("one more after half a second");
+        assert!(rates.take_at("wadp_a", later).is_err());
+        // 0 is no limit.
+        let open = AdapterRates::new(AdapterRate {
+            per_second: 0,
+            burst: 0,
+        });
+        for _ in 0..1000 {
+            open.take_at("wadp_a", start).expect("unlimited");
+        }
+    }
 }

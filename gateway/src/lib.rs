@@ -48,6 +48,7 @@ use plinth_proto::catalog::v1::brain_service_client::BrainServiceClient;
 use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
 use plinth_proto::catalog::v1::harness_service_client::HarnessServiceClient;
 use plinth_proto::catalog::v1::quota_service_client::QuotaServiceClient;
+use plinth_proto::catalog::v1::replay_memory_service_client::ReplayMemoryServiceClient;
 use plinth_proto::catalog::v1::session_service_client::SessionServiceClient;
 use plinth_proto::source::v1::source_service_client::SourceServiceClient;
 use serde::Serialize;
@@ -61,9 +62,11 @@ use utoipa::{OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+pub use adapters::AdapterRate;
 pub use auth::DEFAULT_SCOPE;
 pub use edge::EdgeLimits;
 pub use error::{ErrorBody, ErrorObject};
+pub use novo::DEFAULT_REPLAY_MEMORY_PER_ADAPTER;
 
 /// How the gateway behaves.
 #[derive(Debug, Clone)]
@@ -98,6 +101,13 @@ pub struct GatewayOptions {
     /// The gateway's own limits: rate per token, requests in flight, the request deadline,
     /// unverified adapter bodies.
     pub edge: EdgeLimits,
+    /// Calls each workspace adapter's runtime may make (Novo dispatch, Brain operations).
+    pub adapter_rate: adapters::AdapterRate,
+    /// Most signatures of mutating Novo calls remembered per adapter (the replay memory).
+    pub novo_replay_memory: u64,
+    /// Networks beyond the public internet that Brain callbacks may reach
+    /// (`gateway.callback_allow`).
+    pub callback_allow: Vec<plinth_sandbox::egress::policy::Cidr>,
 }
 
 /// Why the gateway could not start or stopped.
@@ -117,6 +127,7 @@ type HarnessClient = HarnessServiceClient<InterceptedService<Transport, ClientIn
 type SessionClient = SessionServiceClient<InterceptedService<Transport, ClientInterceptor>>;
 type BrainClient = BrainServiceClient<InterceptedService<Transport, ClientInterceptor>>;
 type AdapterClient = AdapterServiceClient<InterceptedService<Transport, ClientInterceptor>>;
+type ReplayClient = ReplayMemoryServiceClient<InterceptedService<Transport, ClientInterceptor>>;
 type QuotaClient = QuotaServiceClient<InterceptedService<Transport, ClientInterceptor>>;
 
 /// What every handler can reach.
@@ -128,11 +139,15 @@ pub(crate) struct AppState {
     brain: BrainClient,
     brain_runtime: Arc<brain::Runtime>,
     adapters: AdapterClient,
+    /// Novo's replay memory, in the catalog.
+    replays: ReplayClient,
     quotas: QuotaClient,
     nodes: nodes::Nodes,
     live: Arc<runtime::LiveSessions>,
     /// Adapters' credentials as the catalog answered them in the last second.
     adapter_credentials: Arc<adapters::Credentials>,
+    /// Each adapter's rate of calls on this gateway.
+    adapter_rates: Arc<adapters::AdapterRates>,
     source: SourceClient,
     tokens: Arc<auth::Tokens>,
     environments: bool,
@@ -155,6 +170,11 @@ impl AppState {
     /// A session client for one request; it shares the catalog's channel.
     fn sessions(&self) -> SessionClient {
         self.sessions.clone()
+    }
+
+    /// A replay-memory client for one request; it shares the catalog's channel.
+    fn replays(&self) -> ReplayClient {
+        self.replays.clone()
     }
 
     /// A workspace-adapter client for one request; it shares the catalog's channel.
@@ -271,6 +291,10 @@ fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, 
             backends.catalog.clone(),
             interceptor.clone(),
         ),
+        replays: ReplayMemoryServiceClient::with_interceptor(
+            backends.catalog.clone(),
+            interceptor.clone(),
+        ),
         adapters: AdapterServiceClient::with_interceptor(
             backends.catalog.clone(),
             interceptor.clone(),
@@ -279,7 +303,10 @@ fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, 
         brain: BrainServiceClient::with_interceptor(backends.catalog.clone(), interceptor.clone())
             .max_decoding_message_size(brain::CATALOG_MESSAGE_BYTES)
             .max_encoding_message_size(brain::CATALOG_MESSAGE_BYTES),
-        brain_runtime: Arc::new(brain::Runtime::new(options.brain_operation_lease)),
+        brain_runtime: Arc::new(brain::Runtime::new(
+            options.brain_operation_lease,
+            brain::CallbackAddresses::new(options.callback_allow.clone()),
+        )),
         nodes: Arc::new(nodes::NodeClients::new(
             interceptor.clone(),
             options.internal.clone(),
@@ -287,6 +314,7 @@ fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, 
         )),
         live: Arc::default(),
         adapter_credentials: Arc::new(adapters::Credentials::new()),
+        adapter_rates: Arc::new(adapters::AdapterRates::new(options.adapter_rate)),
         source: SourceServiceClient::with_interceptor(backends.source.clone(), interceptor)
             .max_decoding_message_size(4 * 1024 * 1024),
         tokens: Arc::new(auth::Tokens::new(options.tokens.clone())),
@@ -297,7 +325,8 @@ fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, 
             options.edge.max_unverified_bodies,
             options.edge.request_timeout,
         )
-        .with_call_lease(options.novo_call_lease),
+        .with_call_lease(options.novo_call_lease)
+        .with_replay_memory(options.novo_replay_memory),
         session_limits: options.session_limits,
     })
 }

@@ -2,8 +2,9 @@
 //! registered with Novo (novo-http-workspace). Every call is verified before anything else,
 //! and as much as can be before its body is read (`signature`: the header's shape and age,
 //! then the adapter, then the body streamed into the HMAC under its size limit, with a bound
-//! on how many unverified bodies are read at once); a verified call is admitted once (a
-//! replay inside the window is refused), then runs in its run's session (`Novo-Run-Id`; the
+//! on how many unverified bodies are read at once); a verified call passes every header check
+//! and its adapter's rate, and a mutating one is admitted once (the catalog's replay memory:
+//! a replay inside the window is refused; a read may repeat, it changes nothing), then runs in its run's session (`Novo-Run-Id`; the
 //! first call makes it) through the node's workspace operations, is recorded as a turn, and
 //! answers the method's response shape. Mutating methods are idempotent by
 //! `Novo-Request-Id` and never run twice: the key is claimed in the catalog before the call
@@ -37,7 +38,7 @@ use crate::error::{self, ApiError, ErrorBody};
 use crate::recent::Recent;
 use crate::runtime;
 use crate::tools::{self, Dialect};
-use signature::{Admission, Arrival, ReplayMemory, SignatureHeader};
+use signature::SignatureHeader;
 
 /// The dispatch route.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -46,9 +47,10 @@ pub fn routes() -> OpenApiRouter<AppState> {
 
 /// Largest request body (a runtime artifact can be large).
 const MAX_BODY_BYTES: usize = 70 * 1024 * 1024;
-/// Most signed requests remembered for replay protection at once (each a few hundred bytes);
-/// past it new calls are refused until the oldest leave the window.
-const REPLAY_MEMORY: usize = 200_000;
+/// Most signatures of mutating calls the replay memory holds for one adapter at once, by
+/// default (`gateway.novo_replay_memory_per_adapter`): 20,000 in a 600 s window is a sustained
+/// 33 mutating calls a second, past the adapter's default rate.
+pub const DEFAULT_REPLAY_MEMORY_PER_ADAPTER: u64 = 20_000;
 /// How long a retry waits for the first call with its key before answering 409.
 const WAIT_FOR_FIRST: Duration = Duration::from_secs(10);
 /// How long a call's answer that could not be stored at once (the catalog did not answer) is
@@ -69,8 +71,8 @@ pub struct NovoOptions {
     unverified_bodies: Arc<Semaphore>,
     /// How long an unverified body may take to arrive.
     body_deadline: Duration,
-    /// The signed requests of the replay window.
-    replays: Arc<ReplayMemory>,
+    /// Most live signatures the replay memory holds per adapter.
+    replay_memory: u64,
     /// How long an idempotent call's claim lasts unless renewed (every third of it while the
     /// call runs); a retry that finds it run out with no answer settles it as
     /// `outcome_unknown`.
@@ -95,10 +97,16 @@ impl NovoOptions {
             command_inline_bytes,
             unverified_bodies: Arc::new(Semaphore::new(max_unverified_bodies.max(1))),
             body_deadline,
-            replays: Arc::new(ReplayMemory::new(REPLAY_MEMORY)),
+            replay_memory: DEFAULT_REPLAY_MEMORY_PER_ADAPTER,
             call_lease: DEFAULT_CALL_LEASE,
             runs: Arc::new(Recent::new(RUN_OPEN_FOR, 10_000)),
         }
+    }
+
+    /// The replay memory holds at most `entries` signatures per adapter (at least 1).
+    pub fn with_replay_memory(mut self, entries: u64) -> Self {
+        self.replay_memory = entries.max(1);
+        self
     }
 
     /// An idempotent call's claim lasts `lease` unless renewed (at least a second).
@@ -142,15 +150,15 @@ fn answer(status: u16, body: &Value) -> Response {
     responses(
         (status = 200, description = "The method's response shape (novo-http-workspace)"),
         (status = 400, description = "workspace_invalid_request, workspace_path_invalid, workspace_contents_required", body = ErrorBody),
-        (status = 401, description = "unauthenticated: a missing, stale or wrong signature, or a signed request received before (a replay); nothing ran", body = ErrorBody),
+        (status = 401, description = "unauthenticated: a missing, stale or wrong signature, or a mutating call whose signed request was received before with another Novo-Request-Id or run, or with none (a replay); nothing ran", body = ErrorBody),
         (status = 403, description = "workspace_read_only", body = ErrorBody),
         (status = 404, description = "not_found (no such adapter), workspace_not_found", body = ErrorBody),
         (status = 409, description = "workspace_find_not_unique, workspace_find_not_found; idempotency_in_progress: the first call with this Novo-Request-Id is still running (or its outcome is not stored yet); outcome_unknown: the first call with this Novo-Request-Id was dispatched and then cut off (its node or server stopped), so it may or may not have taken effect; it is never run again under this id", body = ErrorBody),
         (status = 410, description = "workspace_run_ended", body = ErrorBody),
         (status = 413, description = "file_too_large: the body passed 70 MiB (detail.max_bytes); refused as it passed, nothing ran", body = ErrorBody),
         (status = 422, description = "idempotency_key_reused", body = ErrorBody),
-        (status = 429, description = "quota_exceeded: the run's session would pass the scope's active-sessions quota (detail: quota, limit, used); nothing ran", body = ErrorBody),
-        (status = 503, description = "unavailable: too many unverified bodies being read at once, or the catalog did not answer; Retry-After says when to retry", body = ErrorBody),
+        (status = 429, description = "quota_exceeded: the run's session would pass the scope's active-sessions quota (detail: quota, limit, used); rate_limited: this adapter's calls passed its rate (gateway.adapter_rate_limit_per_second), Retry-After says when to retry; nothing ran", body = ErrorBody),
+        (status = 503, description = "unavailable: too many unverified bodies being read at once, this adapter's replay memory is full (gateway.novo_replay_memory_per_adapter), or the catalog did not answer; Retry-After says when to retry", body = ErrorBody),
     )
 )]
 async fn dispatch(
@@ -205,24 +213,8 @@ async fn dispatch(
         .and_then(Value::as_str)
         .ok_or_else(|| invalid("method: required, a string"))?
         .to_owned();
-    // Once per signed request: the same bytes again are a replay, unless they are the same
-    // idempotent call retried, which idempotency answers below without running it again.
-    let arrival = Arrival {
-        adapter: &adapter.id,
-        signature: verified.signature,
-        at: signed.at,
-        run: header(&headers, "novo-run-id").unwrap_or_default(),
-        request: header(&headers, "novo-request-id").unwrap_or_default(),
-        idempotent: mutating(&method),
-    };
-    let admitted = state
-        .novo
-        .replays
-        .admit(&arrival, plinth_kit::clock::now_ms() / 1000)?;
-    if admitted == Admission::Retry {
-        tracing::info!(adapter = %adapter.id, "a signed call arrived again; answered by its Novo-Request-Id");
-    }
-    drop(verified);
+    // Every header (and the call itself) is checked before the call is remembered: a call
+    // refused here leaves nothing in the replay memory.
     if header(&headers, "novo-workspace-method") != Some(method.as_str()) {
         return Err(invalid(format!(
             "Novo-Workspace-Method must agree with the body's method ({method:?})"
@@ -238,6 +230,25 @@ async fn dispatch(
         Some(Value::Object(args)) => Value::Object(args.clone()),
         Some(_) => return Err(invalid("args: must be an object").into()),
     };
+    // The method and its arguments too: a call refused for them never takes room below.
+    parsed(&state, &method, &args)?;
+    state.adapter_rates.take(&adapter.id)?;
+    // A mutating call is run once per signed request: the same bytes again are a replay,
+    // unless they are the same idempotent call retried, which idempotency answers below
+    // without running it again. A read has no effect to repeat: the same signed read again
+    // (an agent reading a file twice in one second) is simply answered.
+    if mutating(&method) {
+        admit_once(
+            &state,
+            &adapter.id,
+            &verified,
+            signed.at,
+            &run_id,
+            header(&headers, "novo-request-id").unwrap_or_default(),
+        )
+        .await?;
+    }
+    drop(verified);
 
     let key = header(&headers, "novo-request-id")
         .filter(|key| !key.is_empty() && mutating(&method))
@@ -393,6 +404,75 @@ async fn run_claimed(
             held.settle_in_background(state.clone(), settle, renewals.disarm())
                 .instrument(tracing::Span::current()),
         );
+    }
+}
+
+/// Remembers a verified mutating call's signature in the catalog's replay memory (shared by
+/// every gateway replica, kept across restarts, bounded per adapter), once. A second arrival
+/// is refused (401) unless it carries the same `Novo-Request-Id` and run as the first, when it
+/// is that call retried and idempotency answers it; an adapter whose memory is full is
+/// answered 503 with `Retry-After` (only its own calls: each adapter has its own bound).
+async fn admit_once(
+    state: &AppState,
+    adapter: &str,
+    verified: &signature::Verified,
+    at: i64,
+    run_id: &str,
+    request_id: &str,
+) -> Result<(), ApiError> {
+    let admitted = state
+        .replays()
+        .admit_signed_call(pb::AdmitSignedCallRequest {
+            adapter_id: adapter.to_owned(),
+            signature_sha256: signature::replay_digest(&verified.signature),
+            run_id: run_id.to_owned(),
+            request_id: request_id.to_owned(),
+            expires_at_ms: signature::accepted_until_ms(at),
+            max_live: i64::try_from(state.novo.replay_memory).unwrap_or(i64::MAX),
+        })
+        .await?
+        .into_inner();
+    match admitted.admission() {
+        pb::SignedCallAdmission::First => Ok(()),
+        pb::SignedCallAdmission::SameRequest => {
+            tracing::info!(%adapter, "a signed call arrived again; answered by its Novo-Request-Id");
+            Ok(())
+        }
+        pb::SignedCallAdmission::Replayed => Err(PlinthError::new(
+            ErrorCode::Unauthenticated,
+            "Novo-Signature: this signed call changes the workspace and was already received \
+             (with another Novo-Request-Id or run, or with none); a replay is refused and \
+             nothing ran. Sign every call anew",
+        )
+        .into()),
+        pb::SignedCallAdmission::Full => {
+            metrics::counter!("plinth_gateway_refused_total", "reason" => "novo_replay_memory")
+                .increment(1);
+            let wait_ms = u64::try_from(
+                admitted
+                    .retry_at_ms
+                    .saturating_sub(plinth_kit::clock::now_ms()),
+            )
+            .unwrap_or(0)
+            .max(1000);
+            Err(error::retry_after(
+                ErrorCode::Unavailable,
+                format!(
+                    "this adapter's replay memory holds its {} signed calls of the last 300 s \
+                     (gateway.novo_replay_memory_per_adapter); retry shortly",
+                    state.novo.replay_memory
+                ),
+                wait_ms.div_ceil(1000),
+            ))
+        }
+        pb::SignedCallAdmission::Unspecified => Err(PlinthError::new(
+            ErrorCode::Internal,
+            format!(
+                "the catalog answered replay admission {}, which this gateway does not know; nothing ran",
+                admitted.admission
+            ),
+        )
+        .into()),
     }
 }
 
@@ -580,15 +660,14 @@ async fn run(
     }
 }
 
-async fn run_call(
+/// A call's method and arguments as the node takes them, with the options it runs under;
+/// `workspace_invalid_request` for a method Novo does not dispatch or arguments that break
+/// its rules.
+fn parsed(
     state: &AppState,
-    adapter: &pb::Adapter,
-    run_id: &str,
     method: &str,
     args: &Value,
-    dispatched: &AtomicBool,
-    turn_at: TurnAt,
-) -> Result<(Value, Option<pb::RecordTurnRequest>), ApiError> {
+) -> Result<(tools::Request, tools::Options), ApiError> {
     let Some(spec) = tools::named(Dialect::Novo, method) else {
         return Err(invalid(format!("method {method:?} is not one Novo dispatches")).into());
     };
@@ -601,9 +680,22 @@ async fn run_call(
         args.as_object().unwrap_or(&no_args),
         Dialect::Novo.arguments(),
     );
-    // Arguments are checked before the run's session is opened: a call refused here never ran.
     let request = tools::Request::parse(spec.tool, &arguments, &options)
         .map_err(|tools::Invalid(message)| invalid(message))?;
+    Ok((request, options))
+}
+
+async fn run_call(
+    state: &AppState,
+    adapter: &pb::Adapter,
+    run_id: &str,
+    method: &str,
+    args: &Value,
+    dispatched: &AtomicBool,
+    turn_at: TurnAt,
+) -> Result<(Value, Option<pb::RecordTurnRequest>), ApiError> {
+    // Arguments are checked before the run's session is opened: a call refused here never ran.
+    let (request, options) = parsed(state, method, args)?;
     let run = (adapter.id.clone(), run_id.to_owned());
     let session = match state.novo.runs.get(&run) {
         Some(session) => session,

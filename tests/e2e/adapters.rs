@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, assert_error, assert_error_in, send};
+use crate::helpers::{Server, assert_error, assert_error_in, send, tokens_toml};
 
 const ACME: &str = "tok-acme";
 const GLOBEX: &str = "tok-globex";
@@ -410,8 +410,12 @@ async fn a_rotation_without_grace_revokes_the_old_credential_at_once() {
 
 #[tokio::test]
 async fn callback_origins_are_checked_normalised_shown_and_updated() {
-    let server =
-        Server::start_with_tokens(&[("tok-acme", "acme"), ("tok-globex", "globex")], &[]).await;
+    // Loopback origins need the operator's allowance.
+    let config = format!(
+        "[gateway]\ncallback_allow = [\"127.0.0.0/8\", \"::1\"]\n{}",
+        tokens_toml(&[("tok-acme", "acme"), ("tok-globex", "globex")])
+    );
+    let server = Server::start_with_config(&config, &[]).await;
     let env = environment(&server, ACME, "Origins Studio").await;
     let (status, brain) = create(
         &server,
@@ -522,6 +526,207 @@ async fn callback_origins_are_checked_normalised_shown_and_updated() {
     .await;
     assert_eq!(status, 200, "{cleared}");
     assert_eq!(cleared["callback_origins"], json!([]));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn callback_origins_on_internal_addresses_are_refused_unless_the_operator_allows_them() {
+    // A tenant registers origins where the gateway would post, with a bearer token of the
+    // tenant's choosing, to itself, its network or the cloud's metadata service.
+    let server = Server::start_with_tokens(&[("tok-acme", "acme")], &[]).await;
+    let env = environment(&server, ACME, "Inward Studio").await;
+    let (status, brain) = create(
+        &server,
+        ACME,
+        json!({"protocol": "brain", "environment": env, "callback_origins": ["https://brain.example"]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{brain}");
+    let url = server.url(&format!(
+        "/v1/workspace-adapters/{}",
+        brain["id"].as_str().expect("id")
+    ));
+    for (origin, why) in [
+        ("http://127.0.0.1:8080", "loopback"),
+        ("http://127.1:9000", "loopback"),
+        ("http://localhost:8080", "loopback"),
+        ("http://[::1]:7000", "loopback"),
+        ("http://[::ffff:127.0.0.1]", "loopback"),
+        ("http://10.0.0.1", "private"),
+        ("https://192.168.1.20:8443", "private"),
+        ("http://169.254.169.254", "metadata"),
+        ("http://[fe80::1]", "link-local"),
+        ("http://0.0.0.0:80", ""),
+    ] {
+        let (status, body) = create(
+            &server,
+            ACME,
+            json!({"protocol": "brain", "environment": env, "callback_origins": ["https://brain.example", origin]}),
+        )
+        .await;
+        assert_error_in(origin, status, &body, 400, "invalid_request");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(
+            message.contains("callback_origins[1]")
+                && message.contains(why)
+                && message.contains("public addresses only")
+                && message.contains("gateway.callback_allow"),
+            "{origin}: {message}"
+        );
+        let (status, body) = send(
+            server
+                .client
+                .patch(&url)
+                .bearer_auth(ACME)
+                .json(&json!({"callback_origins": [origin]})),
+        )
+        .await;
+        assert_error_in(origin, status, &body, 400, "invalid_request");
+    }
+    // Nothing was registered or changed.
+    let (_, shown) = send(server.client.get(&url).bearer_auth(ACME)).await;
+    assert_eq!(shown["callback_origins"], json!(["https://brain.example"]));
+    server.stop().await;
+
+    // The operator allows loopback (a Brain on the same host): loopback passes, nothing else.
+    let config = format!(
+        "[gateway]\ncallback_allow = [\"127.0.0.0/8\"]\n{}",
+        tokens_toml(&[("tok-acme", "acme")])
+    );
+    let server = Server::start_with_config(&config, &[]).await;
+    let env = environment(&server, ACME, "Loopback Studio").await;
+    let (status, brain) = create(
+        &server,
+        ACME,
+        json!({"protocol": "brain", "environment": env, "callback_origins": ["http://127.0.0.1:8080"]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{brain}");
+    for origin in [
+        "http://10.0.0.1",
+        "http://169.254.169.254",
+        "http://[::1]:7000",
+    ] {
+        let (status, body) = create(
+            &server,
+            ACME,
+            json!({"protocol": "brain", "environment": env, "callback_origins": [origin]}),
+        )
+        .await;
+        assert_error_in(origin, status, &body, 400, "invalid_request");
+    }
+    server.stop().await;
+}
+
+/// A signed Novo call to adapter `id`: its status, answer and `Retry-After`.
+async fn novo_call(server: &Server, id: &str, secret: &str) -> (u16, Value, Option<String>) {
+    let body = serde_json::to_vec(
+        &json!({"method": "listFiles", "args": {}, "options": {"callId": crate::novo::request_id()}}),
+    )
+    .expect("json");
+    let t = crate::novo::now();
+    let response = server
+        .client
+        .post(server.url(&format!("/v1/workspace-adapters/{id}/novo")))
+        .header("Novo-Workspace-Method", "listFiles")
+        .header("Novo-Run-Id", "run_rate")
+        .header(
+            "Novo-Signature",
+            format!("t={t},v1={}", crate::novo::sign(secret, t, &body)),
+        )
+        .body(body)
+        .send()
+        .await
+        .expect("send");
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    let (status, answer) = crate::helpers::json(response).await;
+    (status, answer, retry_after)
+}
+
+#[tokio::test]
+async fn each_adapters_runtime_has_its_own_rate() {
+    let config = format!(
+        "[gateway]\nadapter_rate_limit_per_second = 1\nadapter_rate_limit_burst = 3\n{}",
+        tokens_toml(&[("tok-acme", "acme"), ("tok-globex", "globex")])
+    );
+    let server = Server::start_with_config(&config, &[]).await;
+    let secret = "env_secret_rate_0123456789";
+    let mut ids = Vec::new();
+    for (token, protocol) in [(ACME, "novo"), (GLOBEX, "novo"), (ACME, "brain")] {
+        let env = environment(&server, token, &format!("Rate {protocol} {token}")).await;
+        let body = match protocol {
+            "novo" => json!({"protocol": "novo", "environment": env, "secret": secret}),
+            _ => json!({"protocol": "brain", "environment": env}),
+        };
+        let (status, adapter) = create(&server, token, body).await;
+        assert_eq!(status, 201, "{adapter}");
+        ids.push((
+            adapter["id"].as_str().expect("id").to_owned(),
+            adapter["token"].as_str().unwrap_or_default().to_owned(),
+        ));
+    }
+    // One tenant's runtime calls past its burst: refused with when to retry, nothing ran.
+    let mut refused = 0;
+    for call in 0..8 {
+        let (status, answer, retry_after) = novo_call(&server, &ids[0].0, secret).await;
+        if call < 3 {
+            // Past the rate check (the environment has no version to run on yet).
+            assert_eq!(answer["error"]["code"], "environment_not_ready", "{answer}");
+        } else if status == 429 {
+            assert_error(status, &answer, 429, "rate_limited");
+            assert!(retry_after.is_some(), "{answer}");
+            let message = answer["error"]["message"].as_str().expect("message");
+            assert!(
+                message.contains("gateway.adapter_rate_limit_per_second"),
+                "{message}"
+            );
+            refused += 1;
+        }
+    }
+    assert!(
+        refused >= 1,
+        "8 calls at once passed a rate of 1/s with a burst of 3"
+    );
+    // Another tenant's adapter is not affected.
+    let (_, answer, _) = novo_call(&server, &ids[1].0, secret).await;
+    assert_eq!(answer["error"]["code"], "environment_not_ready", "{answer}");
+    // A call that is not the adapter's (a wrong signature) spends nothing of its rate and is
+    // refused as before.
+    let (status, answer, _) = novo_call(&server, &ids[1].0, "env_secret_not_this_one_0123").await;
+    assert_error(status, &answer, 401, "unauthenticated");
+    // Brain's operations are counted the same way, per adapter.
+    let (brain, token) = &ids[2];
+    let mut statuses = Vec::new();
+    for sequence in 1..=8 {
+        let (status, answer) = send(
+            server
+                .client
+                .post(server.url(&format!(
+                    "/v1/workspace-adapters/{brain}/brain/v1/operations"
+                )))
+                .bearer_auth(token)
+                .json(&json!({
+                    "contract": "environment/v1",
+                    "operation": {
+                        "session_id": "ses_rate",
+                        "environment": "plinth",
+                        "sequence": sequence,
+                        "request": { "type": "cancel", "sequence": 1_000_000 },
+                    },
+                })),
+        )
+        .await;
+        if status == 429 {
+            assert_error(status, &answer, 429, "rate_limited");
+        }
+        statuses.push(status);
+    }
+    assert_eq!(&statuses[..3], &[200, 200, 200], "{statuses:?}");
+    assert!(statuses.contains(&429), "{statuses:?}");
     server.stop().await;
 }
 

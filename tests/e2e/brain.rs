@@ -102,6 +102,10 @@ struct Adapter {
     token: String,
 }
 
+/// The configuration that lets callbacks reach this test's loopback listeners (public
+/// addresses only otherwise).
+const LOOPBACK_CALLBACKS: &str = "[gateway]\ncallback_allow = [\"127.0.0.0/8\"]\n";
+
 /// Registers a Brain adapter whose Brain calls back from `callback_origins`.
 async fn register(
     client: &reqwest::Client,
@@ -295,7 +299,8 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
     if !crate::helpers::can_build() {
         return;
     }
-    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let server =
+        Server::start_with_config(LOOPBACK_CALLBACKS, &["--builder-network", "false"]).await;
     let (environment, slug) = python_project(&server.client, &server.base, "Brain Tools").await;
     let mount = format!("/env/{slug}");
     // Brain's side of executions' callbacks, whose origin the adapter registers.
@@ -855,7 +860,8 @@ async fn an_execution_is_called_back_only_at_a_registered_origin() {
     if !crate::helpers::can_build() {
         return;
     }
-    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let server =
+        Server::start_with_config(LOOPBACK_CALLBACKS, &["--builder-network", "false"]).await;
     let environment =
         crate::helpers::built_environment(&server, "Called Back", Duration::from_secs(120)).await;
     let (callback, mut finished_calls) = callback_endpoint().await;

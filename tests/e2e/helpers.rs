@@ -127,6 +127,38 @@ impl Server {
         .expect("a layer digest")
     }
 
+    /// Another gateway (`plinth gateway`, in this process) in front of this server's catalog,
+    /// source service and node, as a second replica would be, with these flags added; stop
+    /// it by cancelling its `shutdown`.
+    pub async fn another_gateway(&self, flags: &[&str]) -> Running {
+        let catalog = format!("http://{}", self.catalog_addr());
+        let source = format!("http://{}", self.source_addr());
+        let mut argv = vec![
+            "plinth",
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--catalog-url",
+            &catalog,
+            "--source-url",
+            &source,
+        ];
+        argv.extend_from_slice(flags);
+        let cli = Cli::try_parse_from(argv).expect("flags parse");
+        let Command::Gateway(args) = &cli.command else {
+            unreachable!("parsed gateway")
+        };
+        let mut config = Config::for_gateway(args).expect("config");
+        config.internal.credential = self
+            .running
+            .as_ref()
+            .and_then(|running| running.credentials.as_ref())
+            .and_then(|credentials| credentials.gateway.credential.clone());
+        serve::start_gateway(&config)
+            .await
+            .expect("start a gateway")
+    }
+
     /// The data directory `serve` uses.
     pub fn data_dir(&self) -> std::path::PathBuf {
         self._data_dir.path().to_owned()

@@ -11,10 +11,19 @@
 //! that URL: whoever can deliver operations cannot make Plinth post, with a bearer token of
 //! their choosing, to an address of their choosing. The callback's token never reaches a log
 //! (`Debug` shows the origin alone) and neither does its URL's path, which may be a capability.
+//!
+//! Which addresses: the same policy as git imports and the sandbox's egress proxy
+//! ([`CallbackAddresses`]). Public addresses only, unless the operator allows a range
+//! (`gateway.callback_allow`); an origin on a literal address outside them, or named
+//! `localhost`, is refused when it is registered, and at send time the host is resolved once,
+//! every address it gives is checked, and the call connects to the checked address (no
+//! redirects are followed), so a name that answers otherwise later reaches nothing new.
 
 use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
+use plinth_sandbox::egress::policy::Cidr;
 use reqwest::Url;
 use serde_json::Value;
 
@@ -125,39 +134,166 @@ fn refused(origin: &str, adapter: &str, origins: &[String]) -> Failure {
     }
 }
 
+/// The configuration key that allows callbacks to addresses that are not public.
+pub const ALLOW_KEY: &str = "gateway.callback_allow";
+
+/// Which addresses a callback (or any other outbound call a tenant names) may reach: public
+/// ones, by the sandbox's table of what is not the internet (loopback, private, link-local and
+/// metadata, shared, reserved, multicast, unique-local, and the IPv6 forms that carry such an
+/// IPv4 address), plus the networks the operator allows.
+#[derive(Debug, Clone, Default)]
+pub struct CallbackAddresses {
+    allow: Vec<Cidr>,
+}
+
+impl CallbackAddresses {
+    /// Public addresses, and `allow` besides.
+    pub fn new(allow: Vec<Cidr>) -> Self {
+        CallbackAddresses { allow }
+    }
+
+    /// Why `ip` may not be called, or `None` when it may.
+    pub fn refusal(&self, ip: IpAddr) -> Option<String> {
+        if self.allow.iter().any(|net| net.contains(ip)) {
+            return None;
+        }
+        plinth_sandbox::egress::policy::refusal(ip).map(|refusal| refusal.to_string())
+    }
+
+    /// Checks a callback origin as it is registered: an address literal must be one that may
+    /// be called, and `localhost` (and names under it) is loopback. Other names are checked
+    /// each time a callback is sent, when they are resolved. An origin that is not a URL is
+    /// left to the catalog's rules.
+    pub fn check_origin(&self, origin: &str) -> Result<(), String> {
+        let Ok(url) = Url::parse(origin) else {
+            return Ok(());
+        };
+        let why = match url.host() {
+            Some(url::Host::Ipv4(ip)) => self.refusal(ip.into()),
+            Some(url::Host::Ipv6(ip)) => self.refusal(ip.into()),
+            Some(url::Host::Domain(name)) => {
+                let name = name.trim_end_matches('.').to_ascii_lowercase();
+                let loopback = [
+                    IpAddr::V4(Ipv4Addr::LOCALHOST),
+                    IpAddr::V6(Ipv6Addr::LOCALHOST),
+                ];
+                if (name == "localhost" || name.ends_with(".localhost"))
+                    && loopback.iter().any(|ip| self.refusal(*ip).is_some())
+                {
+                    Some(format!("{name} names the loopback interface"))
+                } else {
+                    None
+                }
+            }
+            None => None,
+        };
+        match why {
+            None => Ok(()),
+            Some(why) => Err(format!(
+                "{why}: callbacks reach public addresses only, unless the operator allows the \
+                 range in {ALLOW_KEY} (such as [\"10.0.0.0/8\"])"
+            )),
+        }
+    }
+
+    /// Resolves `url`'s host once and checks every address it gives; answers the address to
+    /// connect to, or why none may be.
+    async fn resolve(&self, url: &Url) -> Result<(String, SocketAddr), String> {
+        let port = url
+            .port_or_known_default()
+            .ok_or_else(|| "the URL has no port".to_owned())?;
+        let (host, addresses) = match url.host() {
+            Some(url::Host::Ipv4(ip)) => (ip.to_string(), vec![SocketAddr::new(ip.into(), port)]),
+            Some(url::Host::Ipv6(ip)) => (ip.to_string(), vec![SocketAddr::new(ip.into(), port)]),
+            Some(url::Host::Domain(name)) => {
+                let found =
+                    tokio::time::timeout(CALL_TIMEOUT, tokio::net::lookup_host((name, port)))
+                        .await
+                        .map_err(|_| format!("resolving {name} took too long"))?
+                        .map_err(|_| format!("{name} does not resolve"))?;
+                (name.to_owned(), found.collect())
+            }
+            None => return Err("the URL has no host".to_owned()),
+        };
+        let Some(first) = addresses.first().copied() else {
+            return Err(format!("{host} resolves to no address"));
+        };
+        // Which address a refused name resolved to is not said: it may be internal.
+        if addresses
+            .iter()
+            .any(|addr| self.refusal(addr.ip()).is_some())
+        {
+            return Err(format!(
+                "{host} resolves to an address that is not public; callbacks reach public \
+                 addresses only, unless the operator allows the range in {ALLOW_KEY}"
+            ));
+        }
+        Ok((host, first))
+    }
+}
+
 /// Calls Brain's invocation services.
 pub struct Caller {
-    client: Option<reqwest::Client>,
+    /// Whether a client can be made at all (TLS set up).
+    usable: bool,
+    addresses: CallbackAddresses,
 }
 
 impl Caller {
-    /// A client for HTTP and HTTPS callbacks.
-    pub fn new() -> Self {
+    /// A caller for HTTP and HTTPS callbacks to the addresses `addresses` allows.
+    pub fn new(addresses: CallbackAddresses) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder()
-            .timeout(CALL_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::none())
-            .build();
-        match client {
-            Ok(client) => Caller {
-                client: Some(client),
-            },
+        let usable = match Self::client(None) {
+            Ok(_) => true,
             Err(error) => {
                 tracing::error!(%error, "cannot make an HTTP client: Brain tools will not be finished through their callback");
-                Caller { client: None }
+                false
             }
+        };
+        Caller { usable, addresses }
+    }
+
+    /// Where callbacks may go.
+    pub fn addresses(&self) -> &CallbackAddresses {
+        &self.addresses
+    }
+
+    /// A client that follows no redirect and connects `host` to `pinned` alone.
+    fn client(pinned: Option<(&str, SocketAddr)>) -> reqwest::Result<reqwest::Client> {
+        let mut builder = reqwest::Client::builder()
+            .timeout(CALL_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy();
+        if let Some((host, addr)) = pinned {
+            builder = builder.resolve(host, addr);
         }
+        builder.build()
     }
 
     /// Finishes a Tool in the background: its answer is already stored, and a failed call
     /// changes nothing Plinth answers (Brain's own deadline bounds the Tool then).
     pub fn finish(&self, callback: Callback, session: &str, sequence: u64) {
-        let Some(client) = self.client.clone() else {
+        if !self.usable {
             return;
-        };
+        }
         let session = session.to_owned();
+        let addresses = self.addresses.clone();
         plinth_kit::tasks::spawn(async move {
             let origin = callback.origin();
+            let pinned = match addresses.resolve(&callback.url).await {
+                Ok(pinned) => pinned,
+                Err(why) => {
+                    tracing::warn!(brain_session = %session, sequence, %origin, %why, "brain tool's finish callback refused: nothing was sent");
+                    return;
+                }
+            };
+            let client = match Self::client(Some((&pinned.0, pinned.1))) {
+                Ok(client) => client,
+                Err(error) => {
+                    tracing::warn!(brain_session = %session, sequence, %origin, %error, "brain tool's finish callback failed");
+                    return;
+                }
+            };
             let sent = client
                 .post(callback.url)
                 .bearer_auth(&callback.token)
@@ -259,5 +395,72 @@ mod tests {
                 codes::INVALID_REQUEST
             );
         }
+    }
+
+    #[test]
+    fn origins_on_internal_addresses_are_refused_unless_allowed() {
+        let public = CallbackAddresses::default();
+        for (origin, why) in [
+            ("http://127.0.0.1:8080", "loopback"),
+            ("http://127.1", "loopback"),
+            ("http://LOCALHOST:9", "loopback"),
+            ("http://api.localhost", "loopback"),
+            ("http://[::1]:7000", "loopback"),
+            ("http://[::ffff:10.0.0.1]", "private"),
+            ("http://10.0.0.1", "private"),
+            ("http://169.254.169.254", "metadata"),
+            ("http://[fe80::1]", "link-local"),
+        ] {
+            let refused = public.check_origin(origin).expect_err(origin);
+            assert!(
+                refused.contains(why) && refused.contains(ALLOW_KEY),
+                "{origin}: {refused}"
+            );
+        }
+        for fine in [
+            "https://brain.example",
+            "http://93.184.215.14:8080",
+            "https://[2606:4700::1]",
+            "not an origin",
+        ] {
+            public.check_origin(fine).expect(fine);
+        }
+        let loopback = CallbackAddresses::new(vec!["127.0.0.0/8".parse().expect("net")]);
+        loopback
+            .check_origin("http://127.0.0.1:8080")
+            .expect("allowed");
+        loopback.check_origin("http://127.9.9.9").expect("allowed");
+        assert!(loopback.check_origin("http://10.0.0.1").is_err());
+        assert!(loopback.check_origin("http://[::1]").is_err());
+        // localhost may be either family: both must be allowed.
+        assert!(loopback.check_origin("http://localhost").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_name_is_checked_where_it_resolves_and_the_answer_does_not_say_where() {
+        let url = Url::parse("http://localhost:9/cb").expect("url");
+        let refused = CallbackAddresses::default()
+            .resolve(&url)
+            .await
+            .expect_err("loopback");
+        assert!(refused.contains("localhost"), "{refused}");
+        assert!(
+            !refused.contains("127.0.0.1") && !refused.contains("::1"),
+            "{refused}"
+        );
+        let literal = Url::parse("http://169.254.169.254/latest").expect("url");
+        assert!(
+            CallbackAddresses::default()
+                .resolve(&literal)
+                .await
+                .is_err()
+        );
+        let allowed = CallbackAddresses::new(vec![
+            "127.0.0.0/8".parse().expect("net"),
+            "::1".parse().expect("net"),
+        ]);
+        let (host, addr) = allowed.resolve(&url).await.expect("allowed");
+        assert_eq!(host, "localhost");
+        assert!(addr.ip().is_loopback() && addr.port() == 9, "{addr}");
     }
 }

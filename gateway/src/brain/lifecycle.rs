@@ -176,7 +176,8 @@ pub async fn end(context: &Context, id: &str) -> Value {
         Ok(session) => session.into_inner(),
         Err(status) => return json!({ "session": id, "error": status.message() }),
     };
-    let mut evidence = json!({ "session": id, "node": session.node_address });
+    // The node is named by its id: its address is internal, and the answer goes to Brain.
+    let mut evidence = json!({ "session": id, "node": session.node_id });
     let detached = match context.state.nodes.client(&session.node_address) {
         Ok(mut client) => client
             .detach(node::DetachRequest {
@@ -190,8 +191,13 @@ pub async fn end(context: &Context, id: &str) -> Value {
     match detached {
         Ok(()) => evidence["workdir_removed"] = json!(true),
         Err(message) => {
+            // The node's error may name internal addresses: it goes to the log, and the
+            // answer says only what happened.
+            tracing::warn!(session = %id, node = %session.node_id, error = %message, "a brain binding's session could not be detached from its node");
             evidence["workdir_removed"] = json!(false);
-            evidence["node_error"] = json!(message);
+            evidence["node_error"] = json!(
+                "the node did not detach the session; it removes the working directory when it next hears the session ended"
+            );
         }
     }
     let ended = context

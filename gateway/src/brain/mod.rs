@@ -21,6 +21,8 @@ mod lifecycle;
 mod receipt;
 mod tools;
 
+pub(crate) use callbacks::CallbackAddresses;
+
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -75,13 +77,19 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Nothing running; claims last `lease` unless renewed (every third of it).
-    pub fn new(lease: Duration) -> Self {
+    /// Nothing running; claims last `lease` unless renewed (every third of it); callbacks
+    /// reach the addresses `callbacks` allows.
+    pub fn new(lease: Duration, callbacks: callbacks::CallbackAddresses) -> Self {
         Runtime {
             running: Mutex::new(HashMap::new()),
             lease: lease.max(Duration::from_millis(300)),
-            callbacks: callbacks::Caller::new(),
+            callbacks: callbacks::Caller::new(callbacks),
         }
+    }
+
+    /// Where callbacks may go.
+    pub fn callback_addresses(&self) -> &callbacks::CallbackAddresses {
+        self.callbacks.addresses()
     }
 
     fn lease_ms(&self) -> i64 {
@@ -209,6 +217,7 @@ impl Context {
         (status = 200, description = "The receipt, with the command's contract and sequence", body = OperationAnswer),
         (status = 400, description = "environment_invalid: not a command Plinth can answer (no sequence, no session id)", body = ErrorBody),
         (status = 401, description = "unauthenticated: not this adapter's bearer token", body = ErrorBody),
+        (status = 429, description = "rate_limited: this adapter's calls passed its rate (gateway.adapter_rate_limit_per_second); Retry-After says when to retry; nothing ran", body = ErrorBody),
         (status = 503, description = "unavailable: the catalog did not answer; nothing ran, or the outcome could not be recorded", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -220,6 +229,8 @@ async fn operations(
     body: Body,
 ) -> Result<Json<OperationAnswer>, ApiError> {
     let adapter = authenticate(&state, &id, &headers).await?;
+    // Counted once the token is checked: only the adapter's own Brain spends its rate.
+    state.adapter_rates.take(&adapter.id)?;
     // Read only once the token is checked, and only up to the limit (a tool's input may carry
     // a file, so axum's 2 MB default for bodies does not apply).
     let body = axum::body::to_bytes(body, MAX_BODY_BYTES)

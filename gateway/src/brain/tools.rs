@@ -178,7 +178,7 @@ async fn session(context: &Context) -> Result<pb::Session, Receipt> {
     if session.status() != pb::SessionStatus::Active {
         return Err(lost(
             &session.id,
-            &session.node_address,
+            &session.node_id,
             "the session was ended outside this Brain session",
             false,
         )
@@ -241,7 +241,7 @@ async fn allocate(context: &Context, binding: &pb::Binding) -> Result<pb::Sessio
         .map_err(|status| receipt::from_error(&PlinthError::from_status(&status)).into())
 }
 
-/// `resource_lost`, naming the resource.
+/// `resource_lost`, naming the resource and its node by id (never its internal address).
 fn lost(session: &str, node: &str, why: &str, retryable: bool) -> Failure {
     Failure {
         code: codes::RESOURCE_LOST.to_owned(),
@@ -259,13 +259,13 @@ fn node_failure(session: &pb::Session, status: &tonic::Status) -> Failure {
     match error.code {
         ErrorCode::Unavailable => lost(
             &session.id,
-            &session.node_address,
+            &session.node_id,
             "its node does not answer",
             true,
         ),
         ErrorCode::NotFound if error.message.contains("is not on this node") => lost(
             &session.id,
-            &session.node_address,
+            &session.node_id,
             "its node no longer has its working directory",
             false,
         ),
@@ -308,7 +308,9 @@ async fn run(
         .await
         .map_err(|failed| match failed {
             tools::Failed::Unreachable(error) => {
-                lost(&session.id, &session.node_address, &error.0.message, true)
+                // The transport's error names the node's internal address: it stays in the log.
+                tracing::warn!(session = %session.id, node = %session.node_id, error = %error.0.message, "a brain tool's node cannot be reached");
+                lost(&session.id, &session.node_id, "its node cannot be reached", true)
             }
             tools::Failed::Node(status) => node_failure(session, &status),
             tools::Failed::Answer(error) => receipt::from_error(&error),

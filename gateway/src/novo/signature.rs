@@ -8,11 +8,9 @@
 //! 64 hex digits (nothing else can ever match). Only then is the body read, as it streams in,
 //! into an HMAC per accepted secret, and refused the moment it passes the size limit; the
 //! bytes are kept for the handler but trusted only once a `v1` matches (compared in constant
-//! time). A request that passes is remembered for the window (see [`ReplayMemory`]) so the
-//! same signed request cannot be sent again.
+//! time). What a verified request leaves in the replay memory is [`replay_digest`], kept until
+//! [`accepted_until_ms`]; the memory itself is the catalog's (see `novo.rs`).
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -22,7 +20,7 @@ use hmac::{KeyInit, Mac};
 use plinth_kit::grpc::constant_time_eq;
 use plinth_kit::{ErrorCode, PlinthError};
 
-use crate::error::{self, ApiError};
+use crate::error::ApiError;
 
 /// How far `t` may be from now, either way.
 pub const TOLERANCE_SECONDS: i64 = 300;
@@ -224,134 +222,18 @@ pub fn too_large(max_bytes: usize) -> ApiError {
     )
 }
 
-/// What identifies one signed request: its adapter and the signature that matched (which
-/// covers `t` and the body).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct ReplayKey {
-    adapter: String,
-    signature: Digest,
+/// What the replay memory keeps of a signed request: the SHA-256 of the signature that
+/// matched (which covers `t` and the body), as lowercase hex. The signature itself is not
+/// stored, so the table holds nothing that verifies as a call.
+pub fn replay_digest(signature: &Digest) -> String {
+    use sha2::Digest as _;
+    plinth_kit::hex(&sha2::Sha256::digest(signature))
 }
 
-/// The first use of a signed request.
-#[derive(Debug)]
-struct FirstUse {
-    run: String,
-    request: String,
-}
-
-/// A verified call as the replay memory sees it.
-#[derive(Debug, Clone, Copy)]
-pub struct Arrival<'a> {
-    /// The adapter it was sent to.
-    pub adapter: &'a str,
-    /// The signature that matched.
-    pub signature: Digest,
-    /// Its `t`.
-    pub at: i64,
-    /// Its `Novo-Run-Id` (not signed).
-    pub run: &'a str,
-    /// Its `Novo-Request-Id` (not signed).
-    pub request: &'a str,
-    /// Whether its method is idempotent by `Novo-Request-Id` (a mutating one).
-    pub idempotent: bool,
-}
-
-/// What [`ReplayMemory::admit`] found.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Admission {
-    /// Never seen: go on.
-    First,
-    /// Seen, and this is a retry of an idempotent call with the same `Novo-Request-Id` and
-    /// `Novo-Run-Id`: go on, idempotency answers it without running it again.
-    Retry,
-}
-
-/// Every signed request accepted in the last window, per adapter: a second arrival of one is
-/// a replay and is refused, unless it is the same idempotent call retried (same
-/// `Novo-Request-Id`, same run), which idempotency answers without running. An entry is
-/// forgotten once its `t` is out of the window, since the request would be refused for its
-/// age then. The memory holds at most `capacity` requests; when full, new calls are refused
-/// (503, `Retry-After`) rather than forgetting one that could still be replayed.
-#[derive(Debug)]
-pub struct ReplayMemory {
-    capacity: usize,
-    inner: Mutex<Replays>,
-}
-
-#[derive(Debug, Default)]
-struct Replays {
-    seen: HashMap<ReplayKey, FirstUse>,
-    by_time: BTreeSet<(i64, ReplayKey)>,
-}
-
-impl ReplayMemory {
-    /// A memory of at most `capacity` requests.
-    pub fn new(capacity: usize) -> Self {
-        ReplayMemory {
-            capacity: capacity.max(1),
-            inner: Mutex::default(),
-        }
-    }
-
-    /// Admits a verified call once.
-    pub fn admit(&self, call: &Arrival<'_>, now_s: i64) -> Result<Admission, ApiError> {
-        let Arrival {
-            adapter,
-            signature,
-            at,
-            run,
-            request,
-            idempotent,
-        } = *call;
-        let mut replays = self.inner.lock().unwrap_or_else(|poisoned| {
-            // The map is consistent after every statement; a panic elsewhere cannot tear it.
-            poisoned.into_inner()
-        });
-        replays.forget_older_than(now_s - TOLERANCE_SECONDS);
-        let key = ReplayKey {
-            adapter: adapter.to_owned(),
-            signature,
-        };
-        if let Some(first) = replays.seen.get(&key) {
-            if idempotent && !request.is_empty() && first.request == request && first.run == run {
-                return Ok(Admission::Retry);
-            }
-            return Err(unauthenticated(
-                "Novo-Signature: this signed request was already received; a replay is refused \
-                 and nothing ran. Sign every call anew",
-            ));
-        }
-        if replays.seen.len() >= self.capacity {
-            let oldest = replays.by_time.first().map_or(at, |(t, _)| *t);
-            let wait = (oldest + TOLERANCE_SECONDS - now_s).max(1);
-            return Err(error::retry_after(
-                ErrorCode::Unavailable,
-                "too many signed calls in the last 300 s to remember them all; retry shortly",
-                u64::try_from(wait).unwrap_or(1),
-            ));
-        }
-        replays.by_time.insert((at, key.clone()));
-        replays.seen.insert(
-            key,
-            FirstUse {
-                run: run.to_owned(),
-                request: request.to_owned(),
-            },
-        );
-        Ok(Admission::First)
-    }
-}
-
-impl Replays {
-    fn forget_older_than(&mut self, cutoff: i64) {
-        while let Some((t, _)) = self.by_time.first()
-            && *t < cutoff
-        {
-            if let Some((_, key)) = self.by_time.pop_first() {
-                self.seen.remove(&key);
-            }
-        }
-    }
+/// Until when a request signed at `at` (seconds) is accepted, in ms since the epoch: a
+/// replay memory entry is needed that long and no longer, whether `t` is behind now or ahead.
+pub fn accepted_until_ms(at: i64) -> i64 {
+    at.saturating_add(TOLERANCE_SECONDS).saturating_mul(1000)
 }
 
 #[cfg(test)]
@@ -464,70 +346,24 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_replay_is_refused_and_a_retry_of_the_same_idempotent_call_is_not() {
-        let memory = ReplayMemory::new(2);
-        let verified = |byte| Verified {
-            body: Bytes::new(),
-            signature: [byte; 32],
-        };
-        let now = 1_000;
-        let admit = |v: &Verified, run: &str, request: &str, idempotent: bool, now_s: i64| {
-            let call = Arrival {
-                adapter: "wadp_a",
-                signature: v.signature,
-                at: now,
-                run,
-                request,
-                idempotent,
-            };
-            memory.admit(&call, now_s)
-        };
-        assert_eq!(
-            admit(&verified(1), "run_1", "req_1", true, now).expect("first"),
-            Admission::First
-        );
-        assert_eq!(
-            admit(&verified(1), "run_1", "req_1", true, now).expect("retry"),
-            Admission::Retry
-        );
-        for (run, request, idempotent) in [
-            ("run_2", "req_1", true),
-            ("run_1", "req_2", true),
-            ("run_1", "req_1", false),
-            ("run_1", "", true),
-        ] {
-            let error = admit(&verified(1), run, request, idempotent, now).expect_err("replay");
-            assert_eq!(error.0.code, ErrorCode::Unauthenticated);
+    #[test]
+    fn a_signature_is_remembered_as_long_as_its_t_is_accepted_and_no_longer() {
+        let now = 1_796_040_000;
+        // Accepted until t + 300 s, whether t is behind now or ahead of it.
+        for t in [now - 300, now, now + 300] {
+            assert_eq!(accepted_until_ms(t), (t + TOLERANCE_SECONDS) * 1000);
+            assert!(
+                SignatureHeader::parse(Some(&format!("t={t},v1={}", "ab".repeat(32))), now).is_ok()
+            );
+            let after = (accepted_until_ms(t) / 1000) + 1;
+            assert!(
+                SignatureHeader::parse(Some(&format!("t={t},v1={}", "ab".repeat(32))), after)
+                    .is_err()
+            );
         }
-        // Another adapter's request with the same bytes is another request.
-        assert_eq!(
-            memory
-                .admit(
-                    &Arrival {
-                        adapter: "wadp_b",
-                        signature: verified(1).signature,
-                        at: now,
-                        run: "r",
-                        request: "q",
-                        idempotent: false,
-                    },
-                    now
-                )
-                .expect("other adapter"),
-            Admission::First
-        );
-        // Full: refused with a time to retry, never forgotten early.
-        let error = admit(&verified(2), "r", "q", false, now).expect_err("full");
-        assert_eq!(error.0.code, ErrorCode::Unavailable);
-        assert!(
-            admit(&verified(1), "run_9", "req_9", false, now + 299).is_err(),
-            "still remembered inside the window"
-        );
-        // Past the window the old entries are forgotten (such a request is refused for its age).
-        assert_eq!(
-            admit(&verified(2), "r", "q", false, now + 301).expect("room again"),
-            Admission::First
-        );
+        // What is kept is a digest of the signature, never the signature.
+        let kept = replay_digest(&[7; 32]);
+        assert_eq!(kept.len(), 64);
+        assert_ne!(kept, plinth_kit::hex(&[7; 32]));
     }
 }

@@ -11,7 +11,7 @@ use crate::adapters::{
     Adapter, AdapterId, Credential, NewAdapter, Protocol, callback_origins, rotation_grace,
 };
 use crate::model::{EnvironmentId, Scope};
-use crate::persistence::{Claimed, NewTurn, Store, StoreError};
+use crate::persistence::{Claimed, NewTurn, SignedCall, SignedCallSeen, Store, StoreError};
 use crate::session_service::NodeTtl;
 use crate::sessions::{SessionId, TurnKind};
 
@@ -327,8 +327,14 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             .purge_keys()
             .await
             .map_err(|error| PlinthError::internal(&error))?;
-        if !ended.is_empty() || purged > 0 {
-            tracing::info!(ended = ended.len(), purged, "idle runs ended");
+        // And Novo signatures whose `t` is no longer accepted.
+        let forgotten = self
+            .store
+            .purge_signatures()
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        if !ended.is_empty() || purged > 0 || forgotten > 0 {
+            tracing::info!(ended = ended.len(), purged, forgotten, "idle runs ended");
         }
         Ok(Response::new(pb::EndIdleRunsResponse {
             sessions: ended.into_iter().map(Into::into).collect(),
@@ -450,5 +456,67 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             .await
             .map_err(|error| PlinthError::internal(&error))?;
         Ok(Response::new(pb::RenewIdempotencyKeyResponse { held }))
+    }
+}
+
+/// The `plinth.catalog.v1.ReplayMemoryService` implementation: Novo's used signatures.
+pub struct ReplayMemory {
+    store: Store,
+}
+
+impl ReplayMemory {
+    /// The replay memory kept in `store`.
+    pub fn new(store: Store) -> Self {
+        ReplayMemory { store }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::replay_memory_service_server::ReplayMemoryService for ReplayMemory {
+    #[tracing::instrument(name = "catalog.admit_signed_call", skip_all)]
+    async fn admit_signed_call(
+        &self,
+        request: Request<pb::AdmitSignedCallRequest>,
+    ) -> Result<Response<pb::AdmitSignedCallResponse>, Status> {
+        let request = request.into_inner();
+        let id = parse_id(&request.adapter_id)?;
+        let hex = |text: &str| text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit());
+        if !hex(&request.signature_sha256) {
+            return Err(PlinthError::invalid(
+                "signature_sha256: 64 lowercase hex digits (a SHA-256)",
+            )
+            .into());
+        }
+        if request.run_id.len() > 256 || request.request_id.len() > 256 {
+            return Err(PlinthError::new(
+                ErrorCode::WorkspaceInvalidRequest,
+                "Novo-Run-Id and Novo-Request-Id are at most 256 bytes",
+            )
+            .into());
+        }
+        let seen = self
+            .store
+            .admit_signed_call(
+                SignedCall {
+                    adapter: &id,
+                    signature: &request.signature_sha256.to_ascii_lowercase(),
+                    run_id: &request.run_id,
+                    request_id: &request.request_id,
+                    expires_at_ms: request.expires_at_ms,
+                },
+                request.max_live.max(1),
+            )
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        let (admission, retry_at_ms) = match seen {
+            SignedCallSeen::First => (pb::SignedCallAdmission::First, 0),
+            SignedCallSeen::SameRequest => (pb::SignedCallAdmission::SameRequest, 0),
+            SignedCallSeen::Replayed => (pb::SignedCallAdmission::Replayed, 0),
+            SignedCallSeen::Full { until_ms } => (pb::SignedCallAdmission::Full, until_ms),
+        };
+        Ok(Response::new(pb::AdmitSignedCallResponse {
+            admission: admission.into(),
+            retry_at_ms,
+        }))
     }
 }

@@ -44,6 +44,7 @@ use plinth_proto::catalog::v1::catalog_service_server::CatalogServiceServer;
 use plinth_proto::catalog::v1::collection_service_server::CollectionServiceServer;
 use plinth_proto::catalog::v1::harness_service_server::HarnessServiceServer;
 use plinth_proto::catalog::v1::quota_service_server::QuotaServiceServer;
+use plinth_proto::catalog::v1::replay_memory_service_server::ReplayMemoryServiceServer;
 use plinth_proto::catalog::v1::session_service_server::SessionServiceServer;
 use tokio::net::TcpListener;
 
@@ -111,6 +112,7 @@ pub const ACCESS: Access = Access(&[
     ("/plinth.catalog.v1.HarnessService/", &[Role::Gateway]),
     ("/plinth.catalog.v1.BrainService/", &[Role::Gateway]),
     ("/plinth.catalog.v1.AdapterService/", &[Role::Gateway]),
+    ("/plinth.catalog.v1.ReplayMemoryService/", &[Role::Gateway]),
     ("/plinth.catalog.v1.QuotaService/", &[Role::Gateway]),
 ]);
 
@@ -268,6 +270,10 @@ pub async fn run(
                 options.node_ttl,
             ))
             .max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
+        .add_service(
+            ReplayMemoryServiceServer::new(adapter_service::ReplayMemory::new(store.clone()))
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(
             QuotaServiceServer::new(quota_service::Quotas::new(store.clone()))

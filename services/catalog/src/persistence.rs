@@ -19,7 +19,7 @@ mod quotas;
 mod retention;
 mod sessions;
 
-pub use adapters::{AdapterCredentials, Claimed, NewTurn, OpenedRun};
+pub use adapters::{AdapterCredentials, Claimed, NewTurn, OpenedRun, SignedCall, SignedCallSeen};
 pub use builds::{BUILD_QUEUED_CHANNEL, DEFAULT_RUNNING_PER_SCOPE, LeasePolicy, MAX_LOG_BYTES};
 pub use collection::CollectionRoots;
 use plinth_kit::database::{Backend, Database, DatabaseError, MigrationFile, now_ms};
@@ -122,6 +122,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "build_turns",
                 include_str!("../migrations/common/0017_build_turns.sql"),
             ),
+            (
+                18,
+                "novo_signatures",
+                include_str!("../migrations/common/0018_novo_signatures.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -208,6 +213,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 17,
                 "build_turns",
                 include_str!("../migrations/common/0017_build_turns.sql"),
+            ),
+            (
+                18,
+                "novo_signatures",
+                include_str!("../migrations/common/0018_novo_signatures.sql"),
             ),
         ],
     }

@@ -209,15 +209,16 @@ pub async fn check_url(url: &str, policy: &GitPolicy) -> Result<Target, ImportEr
     if !policy.allow_private_addresses {
         for ip in &addresses {
             if let Some(why) = (policy.classify)(*ip) {
-                let resolved = match &pin {
-                    Some(pin) => {
-                        format!("{} resolves to an address that is not public: ", pin.name)
-                    }
-                    None => String::new(),
-                };
-                return Err(refused(format!(
-                    "{resolved}{why}; git imports reach public addresses only"
-                )));
+                // A name's resolution is not echoed: which internal address it leads to is
+                // the service's network, not the importer's to learn.
+                return Err(refused(match &pin {
+                    Some(pin) => format!(
+                        "{} resolves to an address that is not public; git imports reach public \
+                         addresses only",
+                        pin.name
+                    ),
+                    None => format!("{why}; git imports reach public addresses only"),
+                }));
             }
         }
     }
@@ -1115,7 +1116,12 @@ mod tests {
                 matches!(error, ImportError::Git(GitError::Refused(_))),
                 "{addresses:?}: {error}"
             );
-            assert!(message(error).contains("git.example.com"));
+            let message = message(error);
+            assert!(message.contains("git.example.com"), "{message}");
+            // Which internal address the name resolved to is not echoed.
+            for address in addresses {
+                assert!(!message.contains(address), "{message}");
+            }
         }
         let (mut policy, _) = answering(&["127.0.0.1"]);
         policy.allow_private_addresses = true;

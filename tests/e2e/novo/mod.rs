@@ -6,6 +6,7 @@
 mod faults;
 mod idempotency;
 mod methods;
+mod replay;
 mod verification;
 
 use std::time::Duration;

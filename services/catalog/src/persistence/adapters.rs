@@ -792,3 +792,127 @@ impl Store {
         Ok(deleted.rows_affected())
     }
 }
+
+/// A Novo call whose signature verified, as the replay memory keeps it.
+#[derive(Debug, Clone, Copy)]
+pub struct SignedCall<'a> {
+    /// The adapter it was sent to.
+    pub adapter: &'a AdapterId,
+    /// Lowercase hex SHA-256 of the signature that matched (which covers `t` and the body).
+    pub signature: &'a str,
+    /// Its `Novo-Run-Id`.
+    pub run_id: &'a str,
+    /// Its `Novo-Request-Id` (empty when it had none).
+    pub request_id: &'a str,
+    /// When its `t` stops being accepted, ms since the epoch: the row is kept until then.
+    pub expires_at_ms: i64,
+}
+
+/// What [`Store::admit_signed_call`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SignedCallSeen {
+    /// Never used: it is remembered now.
+    First,
+    /// Used before by the same call (same non-empty request id, same run): a retry.
+    SameRequest,
+    /// Used before by another request id or run, or with none: a replay.
+    Replayed,
+    /// The adapter already holds its bound of live signatures; one leaves at this time (ms
+    /// since the epoch).
+    Full {
+        /// When the adapter's oldest live signature expires.
+        until_ms: i64,
+    },
+}
+
+impl Store {
+    /// Remembers a verified Novo call's signature for its adapter, once: the insert is the
+    /// check (never check-then-insert), and it admits the row only while the adapter holds
+    /// fewer than `max_live` signatures that have not expired, so one adapter cannot take
+    /// another's room. A row already there is answered as a retry of the same call or a
+    /// replay; a row that expired but was not yet swept is removed and the call admitted.
+    pub async fn admit_signed_call(
+        &self,
+        call: SignedCall<'_>,
+        max_live: i64,
+    ) -> Result<SignedCallSeen, StoreError> {
+        for _ in 0..2 {
+            let now = now_ms();
+            let inserted = sqlx::query(
+                "INSERT INTO novo_signatures (adapter_id, signature, run_id, request_id, \
+                 expires_at_ms) SELECT $1, $2, $3, $4, $5 WHERE (SELECT COUNT(*) FROM \
+                 novo_signatures WHERE adapter_id = $1 AND expires_at_ms > $6) < $7 \
+                 ON CONFLICT (adapter_id, signature) DO NOTHING",
+            )
+            .bind(call.adapter.as_str())
+            .bind(call.signature)
+            .bind(call.run_id)
+            .bind(call.request_id)
+            .bind(call.expires_at_ms)
+            .bind(now)
+            .bind(max_live.max(1))
+            .execute(&self.db.writer)
+            .await?;
+            if inserted.rows_affected() == 1 {
+                return Ok(SignedCallSeen::First);
+            }
+            let row = sqlx::query(
+                "SELECT run_id, request_id, expires_at_ms FROM novo_signatures \
+                 WHERE adapter_id = $1 AND signature = $2",
+            )
+            .bind(call.adapter.as_str())
+            .bind(call.signature)
+            .fetch_optional(&self.db.writer)
+            .await?;
+            let Some(row) = row else {
+                let oldest: Option<i64> = sqlx::query(
+                    "SELECT MIN(expires_at_ms) AS oldest FROM novo_signatures \
+                     WHERE adapter_id = $1 AND expires_at_ms > $2",
+                )
+                .bind(call.adapter.as_str())
+                .bind(now)
+                .fetch_one(&self.db.writer)
+                .await?
+                .try_get("oldest")?;
+                return Ok(SignedCallSeen::Full {
+                    until_ms: oldest.unwrap_or(now),
+                });
+            };
+            let expires: i64 = row.try_get("expires_at_ms")?;
+            if expires <= now {
+                // Expired and not swept yet: it protects nothing any more.
+                sqlx::query(
+                    "DELETE FROM novo_signatures WHERE adapter_id = $1 AND signature = $2 \
+                     AND expires_at_ms <= $3",
+                )
+                .bind(call.adapter.as_str())
+                .bind(call.signature)
+                .bind(now)
+                .execute(&self.db.writer)
+                .await?;
+                continue;
+            }
+            let run: String = row.try_get("run_id")?;
+            let request: String = row.try_get("request_id")?;
+            let same =
+                !call.request_id.is_empty() && request == call.request_id && run == call.run_id;
+            return Ok(if same {
+                SignedCallSeen::SameRequest
+            } else {
+                SignedCallSeen::Replayed
+            });
+        }
+        Ok(SignedCallSeen::Replayed)
+    }
+
+    /// Removes remembered Novo signatures whose `t` is no longer accepted; answers how many.
+    pub async fn purge_signatures(&self) -> Result<u64, StoreError> {
+        self.delete_batches(
+            "novo_signatures",
+            "adapter_id, signature",
+            "expires_at_ms <= $1",
+            &[now_ms()],
+        )
+        .await
+    }
+}

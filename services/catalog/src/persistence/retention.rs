@@ -48,6 +48,8 @@ pub struct Retired {
     pub adapter_runs: u64,
     /// Idempotency records.
     pub idempotency_keys: u64,
+    /// Remembered Novo signatures whose `t` is no longer accepted.
+    pub novo_signatures: u64,
     /// Finished Brain operations (their receipts).
     pub brain_operations: u64,
     /// Names of deleted environments.
@@ -99,6 +101,7 @@ impl Store {
                 &[cutoff, now],
             )
             .await?;
+        retired.novo_signatures = self.purge_signatures().await?;
         retired.adapter_runs += self
             .delete_batches(
                 "adapter_runs",
@@ -256,7 +259,7 @@ impl Store {
 
     /// Deletes rows of `table` matching `condition` (`$1`… are `binds`) in batches of
     /// [`BATCH`], each one statement; answers how many.
-    async fn delete_batches(
+    pub(super) async fn delete_batches(
         &self,
         table: &str,
         key: &str,

@@ -14,6 +14,7 @@ backend_suite!(
     delete_stops_the_credential_at_once,
     a_rotation_without_grace_drops_the_previous_credential_in_the_same_write,
     callback_origins_are_kept_and_replaced,
+    signed_calls_are_remembered_once_per_adapter_within_each_adapters_bound,
 );
 
 async fn environment(store: &Store, scope_name: &str, name: &str) -> Environment {
@@ -229,4 +230,94 @@ async fn callback_origins_are_kept_and_replaced(store: Store) {
         .await
         .expect("cleared");
     assert!(cleared.callback_origins.is_empty());
+}
+
+/// Admits a signed call with this signature (one hex digit, repeated) into `adapter`'s
+/// replay memory of at most `bound` live entries.
+async fn admit(
+    store: &Store,
+    adapter: &AdapterId,
+    digit: char,
+    (run, request): (&str, &str),
+    expires_at_ms: i64,
+    bound: i64,
+) -> plinth_catalog::persistence::SignedCallSeen {
+    let signature = digit.to_string().repeat(64);
+    store
+        .admit_signed_call(
+            plinth_catalog::persistence::SignedCall {
+                adapter,
+                signature: &signature,
+                run_id: run,
+                request_id: request,
+                expires_at_ms,
+            },
+            bound,
+        )
+        .await
+        .expect("admit")
+}
+
+async fn signed_calls_are_remembered_once_per_adapter_within_each_adapters_bound(store: Store) {
+    use plinth_catalog::persistence::SignedCallSeen::{First, Full, Replayed, SameRequest};
+    let env = environment(&store, "acme", "Signed").await;
+    let first = novo(&store, "acme", &env, "first-secret-0123456789").await;
+    let second = novo(&store, "acme", &env, "second-secret-0123456789").await;
+    let now = plinth_kit::database::now_ms();
+    let live = now + 300_000;
+    let s = &store;
+    assert_eq!(
+        admit(s, &first, 'a', ("run-1", "req-1"), live, 2).await,
+        First
+    );
+    // The same call retried; then the same signature with another request, run, or none.
+    assert_eq!(
+        admit(s, &first, 'a', ("run-1", "req-1"), live, 2).await,
+        SameRequest
+    );
+    for call in [("run-1", "req-2"), ("run-2", "req-1"), ("run-1", "")] {
+        assert_eq!(
+            admit(s, &first, 'a', call, live, 2).await,
+            Replayed,
+            "{call:?}"
+        );
+    }
+    // A call without a request id is remembered too, and never a retry.
+    assert_eq!(admit(s, &first, 'b', ("run-1", ""), live, 2).await, First);
+    assert_eq!(
+        admit(s, &first, 'b', ("run-1", ""), live, 2).await,
+        Replayed
+    );
+    // Full at its bound of 2: refused until its oldest expires, never forgetting one early.
+    assert_eq!(
+        admit(s, &first, 'c', ("run-1", "req-3"), live, 2).await,
+        Full { until_ms: live }
+    );
+    // Another adapter has its own memory and its own bound, the same bytes included.
+    assert_eq!(
+        admit(s, &second, 'a', ("run-1", "req-1"), live, 2).await,
+        First
+    );
+    assert_eq!(
+        admit(s, &second, 'c', ("run-1", "req-3"), live, 2).await,
+        First
+    );
+    // Expired entries do not count against the bound.
+    assert_eq!(admit(s, &first, 'd', ("r", "q"), now - 1, 5).await, First);
+    assert_eq!(admit(s, &first, 'e', ("r", "q"), live, 3).await, First);
+    assert_eq!(
+        admit(s, &first, 'f', ("r", "q"), live, 3).await,
+        Full { until_ms: live },
+        "three live ones: a, b, e"
+    );
+    // An expired signature arriving again (a clock behind) is admitted anew, not a replay.
+    assert_eq!(admit(s, &first, 'd', ("r", "q2"), live, 9).await, First);
+    // The sweep removes what expired, and only that.
+    assert_eq!(store.purge_signatures().await.expect("purge"), 0);
+    assert_eq!(admit(s, &second, '0', ("r", "q"), now - 1, 9).await, First);
+    assert_eq!(store.purge_signatures().await.expect("purge"), 1);
+    assert_eq!(
+        admit(s, &second, 'a', ("run-9", "req-9"), live, 9).await,
+        Replayed
+    );
 }

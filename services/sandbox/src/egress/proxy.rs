@@ -400,9 +400,13 @@ enum Failure {
 fn refused_text(target: &Target, refusal: &Refusal) -> String {
     match &target.host {
         Host::Ip(_) => format!("{refusal}; the sandbox may reach only the internet"),
-        Host::Name(name) => {
-            format!("{name}: {refusal}; the sandbox may reach only the internet")
-        }
+        // Which address the name resolved to is not said: the node's resolver may know
+        // internal names, and the sandbox has no business learning where they lead.
+        Host::Name(name) => format!(
+            "{name} resolves to an address the sandbox may not reach ({}); the sandbox may reach \
+             only the internet",
+            refusal.reason
+        ),
     }
 }
 

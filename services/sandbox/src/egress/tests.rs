@@ -319,7 +319,7 @@ async fn refused_destinations_are_answered_403_without_any_connection() {
         ),
         (
             "GET http://metadata.google.internal/computeMetadata/v1/ HTTP/1.1\r\n\r\n".to_owned(),
-            "metadata.google.internal: 169.254.169.254 is the cloud metadata address",
+            "metadata.google.internal resolves to an address the sandbox may not reach (the cloud metadata address)",
         ),
         (
             "GET http://100.100.100.200/latest/meta-data/ HTTP/1.1\r\n\r\n".to_owned(),
@@ -355,11 +355,11 @@ async fn refused_destinations_are_answered_403_without_any_connection() {
         ),
         (
             format!("CONNECT loopback.test:{port} HTTP/1.1\r\n\r\n"),
-            "loopback.test: 127.0.0.1 is a loopback address",
+            "loopback.test resolves to an address the sandbox may not reach (a loopback address)",
         ),
         (
             "GET http://PRIVATE.test./ HTTP/1.1\r\n\r\n".to_owned(),
-            "private.test: 10.0.0.7 is a private address",
+            "private.test resolves to an address the sandbox may not reach (a private address)",
         ),
     ];
     for (request, why) in cases {
@@ -370,6 +370,12 @@ async fn refused_destinations_are_answered_403_without_any_connection() {
             answer.contains("the sandbox may reach only the internet"),
             "{answer}"
         );
+        // A refused name's internal resolution is not echoed.
+        if request.contains(".test") || request.contains(".internal") {
+            for resolved in ["127.0.0.1", "::1", "10.0.0.7", "fd00::7", "169.254.169.254"] {
+                assert!(!answer.contains(resolved), "{answer}");
+            }
+        }
     }
     assert_eq!(
         proxy.connector.asked(),
