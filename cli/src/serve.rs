@@ -64,6 +64,7 @@ impl Running {
 /// listeners, the gateway on `http`. The embedded databases and object store live under
 /// `config.data_dir`.
 pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Running> {
+    raise_open_file_limit();
     std::fs::create_dir_all(&config.data_dir).with_context(|| {
         format!(
             "cannot create the data directory {}; choose another with --data-dir or PLINTH_DATA_DIR",
@@ -775,6 +776,7 @@ fn spawn_node(
 
 /// Starts the gateway alone.
 pub async fn start_gateway(config: &Config) -> anyhow::Result<Running> {
+    raise_open_file_limit();
     let listen = config.gateway.listen;
     let listener = TcpListener::bind(listen)
         .await
@@ -1077,6 +1079,28 @@ fn spawn_source_with(
     Ok(())
 }
 
+/// Raises this process's soft limit on open files to its hard limit, so that connections,
+/// databases, blobs and sessions have every descriptor the host grants (a soft limit of 1024
+/// is common; the hard limit is usually far higher). Answers the limit now in force (`None`:
+/// none). A failure leaves the limit as it was, and says so.
+pub fn raise_open_file_limit() -> Option<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => return limit.maximum,
+            Err(error) => {
+                tracing::warn!(%error, soft = ?limit.current, hard = ?limit.maximum, "cannot raise the open-file limit to its hard limit");
+            }
+        }
+    }
+    limit.current
+}
+
 fn spawn_gateway(
     services: &mut Services,
     config: &Config,
@@ -1108,6 +1132,11 @@ fn spawn_gateway(
         edge: config.gateway.edge_limits()?,
         novo_call_lease: std::time::Duration::from_secs(
             config.gateway.novo_call_lease_seconds.max(1),
+        ),
+        allowed_hosts: config.gateway.allowed_hosts.clone(),
+        allowed_origins: config.gateway.allowed_origins.clone(),
+        connections: config.gateway.connection_limits(
+            rustix::process::getrlimit(rustix::process::Resource::Nofile).current,
         ),
     };
     let result = async move {
