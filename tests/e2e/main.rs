@@ -13,6 +13,7 @@ mod cli;
 mod clients;
 mod crashes;
 mod credentials;
+mod data_dir;
 mod edge;
 mod environments;
 mod everyday_tools;
