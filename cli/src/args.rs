@@ -22,7 +22,7 @@ pub struct Cli {
 pub enum Command {
     /// Run every service in one process: SQLite and local files under --data-dir, REST on
     /// --listen. Nothing else needs to be installed.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run the catalog service alone (gRPC), for a split deployment.
     Catalog(CatalogArgs),
     /// Run the source service alone (gRPC): environment files and imports.
@@ -192,6 +192,26 @@ pub struct EdgeArgs {
     /// Workspace-adapter bodies read at once before their signature is known.
     #[arg(long, env = "PLINTH_ADAPTER_MAX_UNVERIFIED_BODIES")]
     pub adapter_max_unverified_bodies: Option<u32>,
+    /// Names the gateway answers to besides IP addresses and localhost, comma-separated
+    /// (`plinth.example.com,*.internal.example`); replaces gateway.allowed_hosts.
+    #[arg(long, env = "PLINTH_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Web page origins that may make state-changing requests and open terminals,
+    /// comma-separated; replaces gateway.allowed_origins.
+    #[arg(long, env = "PLINTH_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub allowed_origins: Option<Vec<String>>,
+    /// Seconds a request's headers may take to arrive before its connection is closed.
+    #[arg(long, env = "PLINTH_HEADER_TIMEOUT_SECONDS")]
+    pub header_timeout_seconds: Option<u64>,
+    /// Seconds an HTTP/2 connection may stay open with no request in flight.
+    #[arg(long, env = "PLINTH_IDLE_TIMEOUT_SECONDS")]
+    pub idle_timeout_seconds: Option<u64>,
+    /// Connections open at once (0: half the open-file limit, at most 16384).
+    #[arg(long, env = "PLINTH_MAX_CONNECTIONS")]
+    pub max_connections: Option<u32>,
+    /// Connections open at once from one client address.
+    #[arg(long, env = "PLINTH_MAX_CONNECTIONS_PER_CLIENT")]
+    pub max_connections_per_client: Option<u32>,
 }
 
 /// `plinth serve`.

@@ -129,7 +129,30 @@ pub struct GatewaySection {
     /// Networks beyond the public internet that Brain callbacks may reach (`127.0.0.0/8`,
     /// `10.1.0.0/16`, `fd00::/8`); none by default.
     pub callback_allow: Vec<String>,
+    /// Names the gateway answers to besides IP address literals, `localhost` and the host of
+    /// `public_url`: `plinth.example.com` (any port), `name:port`, `*.example.com`, or `*`
+    /// for any. A request under another `Host` is `421 host_not_allowed`.
+    pub allowed_hosts: Vec<String>,
+    /// Web page origins (`https://console.example.com`) that may make state-changing
+    /// requests and open terminals; none by default. Requests without an `Origin` (clients
+    /// that are not browsers) are not affected.
+    pub allowed_origins: Vec<String>,
+    /// Seconds a request's headers may take to arrive (from the connection's opening, or
+    /// the previous answer's end on a kept-alive HTTP/1 connection) before the connection is
+    /// closed.
+    pub header_timeout_seconds: u64,
+    /// Seconds an HTTP/2 connection may stay open with no request in flight.
+    pub idle_timeout_seconds: u64,
+    /// Connections open at once; past it a connection is answered 503 and closed. 0: half
+    /// the process's open-file limit (raised to its hard limit at start), at most 16384.
+    pub max_connections: u32,
+    /// Connections open at once from one client address; past it, 503 and closed.
+    pub max_connections_per_client: u32,
 }
+
+/// The most connections `gateway.max_connections = 0` comes to, however many files the
+/// process may open.
+pub const AUTO_MAX_CONNECTIONS: u64 = 16384;
 
 impl Default for GatewaySection {
     fn default() -> Self {
@@ -153,6 +176,12 @@ impl Default for GatewaySection {
             adapter_rate_limit_burst: 200,
             novo_replay_memory_per_adapter: plinth_gateway::DEFAULT_REPLAY_MEMORY_PER_ADAPTER,
             callback_allow: Vec::new(),
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            header_timeout_seconds: 20,
+            idle_timeout_seconds: 60,
+            max_connections: 0,
+            max_connections_per_client: 1024,
         }
     }
 }
@@ -215,6 +244,14 @@ impl GatewaySection {
         if self.rate_limit_per_second > 0 {
             positive(self.rate_limit_burst.into(), "rate_limit_burst")?;
         }
+        plinth_gateway::check_browser_settings(&self.allowed_hosts, &self.allowed_origins)
+            .map_err(ConfigError::Invalid)?;
+        positive(self.header_timeout_seconds, "header_timeout_seconds")?;
+        positive(self.idle_timeout_seconds, "idle_timeout_seconds")?;
+        positive(
+            self.max_connections_per_client.into(),
+            "max_connections_per_client",
+        )?;
         Ok(plinth_gateway::EdgeLimits {
             rate_per_second: self.rate_limit_per_second,
             rate_burst: self.rate_limit_burst,
@@ -224,6 +261,28 @@ impl GatewaySection {
             max_unverified_bodies: usize::try_from(self.adapter_max_unverified_bodies)
                 .unwrap_or(usize::MAX),
         })
+    }
+}
+
+impl GatewaySection {
+    /// The bounds on connections for a process that may open `open_files` files (`None`: no
+    /// limit): `max_connections = 0` is half of them, at most [`AUTO_MAX_CONNECTIONS`],
+    /// leaving the other half to databases, blobs, sessions and the services' own
+    /// connections.
+    pub fn connection_limits(&self, open_files: Option<u64>) -> plinth_gateway::ConnectionLimits {
+        let max_connections = match self.max_connections {
+            0 => open_files
+                .map_or(AUTO_MAX_CONNECTIONS, |files| files / 2)
+                .clamp(16, AUTO_MAX_CONNECTIONS),
+            max => u64::from(max),
+        };
+        plinth_gateway::ConnectionLimits {
+            header_timeout: std::time::Duration::from_secs(self.header_timeout_seconds.max(1)),
+            idle_timeout: std::time::Duration::from_secs(self.idle_timeout_seconds.max(1)),
+            max_connections: usize::try_from(max_connections).unwrap_or(usize::MAX),
+            max_connections_per_client: usize::try_from(self.max_connections_per_client.max(1))
+                .unwrap_or(usize::MAX),
+        }
     }
 }
 
@@ -1428,7 +1487,35 @@ fn apply_edge_flags(config: &mut Config, edge: &EdgeArgs) -> Result<(), ConfigEr
     }
     gateway.adapter_rate()?;
     gateway.callback_allow()?;
+    if let Some(hosts) = &edge.allowed_hosts {
+        gateway.allowed_hosts = listed(hosts);
+    }
+    if let Some(origins) = &edge.allowed_origins {
+        gateway.allowed_origins = listed(origins);
+    }
+    if let Some(seconds) = edge.header_timeout_seconds {
+        gateway.header_timeout_seconds = seconds;
+    }
+    if let Some(seconds) = edge.idle_timeout_seconds {
+        gateway.idle_timeout_seconds = seconds;
+    }
+    if let Some(max) = edge.max_connections {
+        gateway.max_connections = max;
+    }
+    if let Some(max) = edge.max_connections_per_client {
+        gateway.max_connections_per_client = max;
+    }
     gateway.edge_limits().map(|_| ())
+}
+
+/// A comma-separated list's entries, without blanks (an empty variable is an empty list).
+fn listed(entries: &[String]) -> Vec<String> {
+    entries
+        .iter()
+        .map(|entry| entry.trim())
+        .filter(|entry| !entry.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 // ---- Garbage collection and retention (`[gc]`, `catalog.keep_versions`,

@@ -5,6 +5,7 @@
 //! port for callers elsewhere.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use plinth_catalog::{CatalogOptions, LeasePolicy};
@@ -64,7 +65,8 @@ impl Running {
 /// listeners, the gateway on `http`. The embedded databases and object store live under
 /// `config.data_dir`.
 pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Running> {
-    std::fs::create_dir_all(&config.data_dir).with_context(|| {
+    raise_open_file_limit();
+    private_data_dir(&config.data_dir).with_context(|| {
         format!(
             "cannot create the data directory {}; choose another with --data-dir or PLINTH_DATA_DIR",
             config.data_dir.display()
@@ -776,6 +778,7 @@ fn spawn_node(
 
 /// Starts the gateway alone.
 pub async fn start_gateway(config: &Config) -> anyhow::Result<Running> {
+    raise_open_file_limit();
     let listen = config.gateway.listen;
     let listener = TcpListener::bind(listen)
         .await
@@ -829,12 +832,13 @@ fn spawn_catalog(
     if let Some(url) = &config.catalog.database_url
         && url.starts_with("sqlite:")
     {
-        std::fs::create_dir_all(&config.data_dir).with_context(|| {
+        private_data_dir(&config.data_dir).with_context(|| {
             format!(
                 "cannot create the data directory {}",
                 config.data_dir.display()
             )
         })?;
+        private_sqlite_file(url)?;
     }
     let leases = LeasePolicy {
         lease_ms: i64::try_from(config.catalog.build_lease_seconds.max(1))
@@ -1064,12 +1068,13 @@ fn spawn_source_with(
         collector,
     };
     if options.database_url.starts_with("sqlite:") || options.blob_url.starts_with("file:") {
-        std::fs::create_dir_all(&config.data_dir).with_context(|| {
+        private_data_dir(&config.data_dir).with_context(|| {
             format!(
                 "cannot create the data directory {}",
                 config.data_dir.display()
             )
         })?;
+        private_sqlite_file(&options.database_url)?;
     }
     let result = async move {
         let result = plinth_source::run(options, listener, admin, shutdown).await;
@@ -1077,6 +1082,92 @@ fn spawn_source_with(
     };
     services.spawn(result.instrument(tracing::Span::current()));
     Ok(())
+}
+
+/// Makes the data directory (and any parent it makes) `0700`, so that no other local user
+/// reaches the databases, blobs, keys and sessions' files beneath it, whatever their own
+/// modes. An existing directory this user owns is narrowed to `0700` too; one it does not own,
+/// or a shared sticky directory (`/tmp`), is left as it is, with a warning.
+pub fn private_data_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let meta = std::fs::metadata(dir)?;
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    let ours = meta.uid() == rustix::process::geteuid().as_raw();
+    let shared = mode & 0o1000 != 0 || dir.parent().is_none();
+    if ours && !shared {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        tracing::info!(path = %dir.display(), was = format!("{mode:o}"), "the data directory was readable by other users; it is 0700 now");
+    } else {
+        tracing::warn!(path = %dir.display(), mode = format!("{mode:o}"), "the data directory can be read by other users and is not this user's own to narrow: choose a private one (--data-dir)");
+    }
+    Ok(())
+}
+
+/// Makes a SQLite database file `0600` before SQLite opens it (SQLite gives its `-wal` and
+/// `-shm` files the database's mode), or narrows an existing one and its companions.
+fn private_sqlite_file(url: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let Some(rest) = url.strip_prefix("sqlite:") else {
+        return Ok(());
+    };
+    let path = rest.trim_start_matches("//");
+    let path = path.split('?').next().unwrap_or_default();
+    if path.is_empty() || path.starts_with(':') {
+        return Ok(());
+    }
+    let path = Path::new(path);
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => return Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(error) => {
+            return Err(error).with_context(|| format!("cannot create {}", path.display()));
+        }
+    }
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let file = PathBuf::from(format!("{}{suffix}", path.display()));
+        let Ok(meta) = std::fs::symlink_metadata(&file) else {
+            continue;
+        };
+        if meta.is_file() && meta.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("cannot make {} private", file.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Raises this process's soft limit on open files to its hard limit, so that connections,
+/// databases, blobs and sessions have every descriptor the host grants (a soft limit of 1024
+/// is common; the hard limit is usually far higher). Answers the limit now in force (`None`:
+/// none). A failure leaves the limit as it was, and says so.
+pub fn raise_open_file_limit() -> Option<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => return limit.maximum,
+            Err(error) => {
+                tracing::warn!(%error, soft = ?limit.current, hard = ?limit.maximum, "cannot raise the open-file limit to its hard limit");
+            }
+        }
+    }
+    limit.current
 }
 
 fn spawn_gateway(
@@ -1114,6 +1205,11 @@ fn spawn_gateway(
         adapter_rate: config.gateway.adapter_rate()?,
         novo_replay_memory: config.gateway.novo_replay_memory_per_adapter,
         callback_allow: config.gateway.callback_allow()?,
+        allowed_hosts: config.gateway.allowed_hosts.clone(),
+        allowed_origins: config.gateway.allowed_origins.clone(),
+        connections: config.gateway.connection_limits(
+            rustix::process::getrlimit(rustix::process::Resource::Nofile).current,
+        ),
     };
     let result = async move {
         let result = plinth_gateway::run(options, listener, backends, shutdown).await;

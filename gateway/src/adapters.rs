@@ -417,13 +417,8 @@ async fn rotate_secret(
     Path(id): Path<String>,
     body: axum::body::Body,
 ) -> Result<Json<AdapterBody>, ApiError> {
-    let body = crate::json::read(body).await?;
     // An empty body rotates to a generated credential, like `{}`.
-    let body: RotateSecret = if body.iter().all(u8::is_ascii_whitespace) {
-        RotateSecret::default()
-    } else {
-        crate::json::parse(&body)?
-    };
+    let body: RotateSecret = crate::json::optional(&headers, body).await?;
     let rotated = state
         .adapters()
         .rotate_adapter_credential(pb::RotateAdapterCredentialRequest {

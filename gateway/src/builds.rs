@@ -231,15 +231,11 @@ async fn start_build(
     State(state): State<AppState>,
     caller: Caller,
     EnvironmentIdParam(id): EnvironmentIdParam,
+    headers: axum::http::HeaderMap,
     body: axum::body::Body,
 ) -> Result<(StatusCode, Json<BuildRecord>), ApiError> {
     // The body is optional: no body (or an empty one) is a build that may reuse.
-    let bytes = crate::json::read(body).await?;
-    let options: StartBuild = if bytes.iter().all(u8::is_ascii_whitespace) {
-        StartBuild::default()
-    } else {
-        crate::json::parse(&bytes)?
-    };
+    let options: StartBuild = crate::json::optional(&headers, body).await?;
     // The environment must be the caller's before its source is touched.
     state
         .catalog()

@@ -147,11 +147,13 @@ impl Edge {
 }
 
 /// Every reason the edge refuses for, so each series exists (at 0) from the start.
-pub(crate) const REFUSAL_REASONS: [&str; 4] = [
+pub(crate) const REFUSAL_REASONS: [&str; 6] = [
     "rate_limited",
     "max_concurrent_requests",
     "request_timeout",
     "novo_unverified_bodies",
+    "host_not_allowed",
+    "origin_not_allowed",
 ];
 
 /// Makes the refusal counters' series, at 0.

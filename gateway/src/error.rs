@@ -55,7 +55,10 @@ pub struct ErrorObject {
     /// it was dispatched; it is not run again), `quota_exceeded` (429, with `detail`
     /// `{quota, limit, used}`), `precondition_failed` (412: an `If-Match` or `If-None-Match`
     /// that does not hold; `detail.etag` is the file's current tag), `range_not_satisfiable`
-    /// (416, with `Content-Range: bytes */<size>`).
+    /// (416, with `Content-Range: bytes */<size>`), `unsupported_media_type` (415: a JSON
+    /// endpoint's body not declared `application/json`), `host_not_allowed` (421: a `Host`
+    /// that is not one of the server's names), `origin_not_allowed` (403: a state-changing
+    /// request or a terminal from a web page whose origin is not allowed).
     #[schema(example = "environment_invalid")]
     pub code: &'static str,
     /// What went wrong, for a person; names the field or path at fault.

@@ -592,16 +592,7 @@ async fn import(
 ) -> Result<Json<ImportReport>, ApiError> {
     let Query(query) =
         query.map_err(|error| PlinthError::invalid(format!("query: {}", error.body_text())))?;
-    let is_json = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| {
-            value
-                .trim_start()
-                .to_ascii_lowercase()
-                .starts_with("application/json")
-        });
+    let is_json = json::is_json(request.headers());
     check_environment(&state, &caller, &id).await?;
     let mut source = state.source();
     let report = if is_json {

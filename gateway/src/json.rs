@@ -1,8 +1,15 @@
 //! The JSON request extractor. Unlike axum's own, every refusal is `environment_invalid`
 //! in the error envelope, and the message names the field at fault (`name: invalid type:
 //! integer 5, expected a string`), found with `serde_path_to_error`.
+//!
+//! A JSON body is read only when the request declares it `application/json`: anything else
+//! (`text/plain`, a form, no type at all) is `415 unsupported_media_type` before a byte is
+//! read. A web page may send those types anywhere without the browser asking the server
+//! first (a CORS preflight); `application/json` it may not, and the gateway grants no
+//! preflight, so no page can make the API act on a JSON body.
 
 use axum::extract::{FromRequest, Request};
+use axum::http::{HeaderMap, header};
 use plinth_kit::{ErrorCode, PlinthError};
 use serde::de::DeserializeOwned;
 
@@ -22,9 +29,62 @@ where
     type Rejection = ApiError;
 
     async fn from_request(request: Request, _state: &S) -> Result<Self, Self::Rejection> {
+        declared_json(request.headers())?;
         let bytes = read(request.into_body()).await?;
         parse(&bytes).map(JsonBody).map_err(ApiError)
     }
+}
+
+/// Whether a request's `Content-Type` is `application/json` (with any parameters, such as
+/// `charset=utf-8`, in any case).
+pub fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| {
+            value
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .eq_ignore_ascii_case("application/json")
+        })
+}
+
+/// `415 unsupported_media_type` unless the request declares a JSON body.
+pub fn declared_json(headers: &HeaderMap) -> Result<(), PlinthError> {
+    if is_json(headers) {
+        return Ok(());
+    }
+    let given = match headers.get(header::CONTENT_TYPE) {
+        None => "no Content-Type".to_owned(),
+        Some(value) => format!(
+            "Content-Type {:?}",
+            String::from_utf8_lossy(value.as_bytes())
+        ),
+    };
+    Err(PlinthError::new(
+        ErrorCode::UnsupportedMediaType,
+        format!(
+            "request body: this endpoint takes JSON, sent as Content-Type: application/json; \
+             the request has {given} (with curl: --json '{{…}}' or -H 'Content-Type: \
+             application/json')"
+        ),
+    ))
+}
+
+/// An optional JSON body: none (or only white space) is `T::default()`; anything else must be
+/// declared `application/json` and parse as `T`.
+pub async fn optional<T: DeserializeOwned + Default>(
+    headers: &HeaderMap,
+    body: axum::body::Body,
+) -> Result<T, PlinthError> {
+    let bytes = read(body).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    declared_json(headers)?;
+    parse(&bytes)
 }
 
 /// A JSON request's body, read whole up to [`MAX_JSON_BYTES`]: every JSON body of the API is
@@ -114,6 +174,35 @@ mod tests {
         parse::<Sample>(body.as_bytes())
             .expect_err("refused")
             .message
+    }
+
+    #[test]
+    fn only_a_body_declared_json_is_json() {
+        let with = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::CONTENT_TYPE, value.parse().expect("a header value"));
+            headers
+        };
+        assert!(is_json(&with("application/json")));
+        assert!(is_json(&with("Application/JSON; charset=utf-8")));
+        for refused in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "application/jsonx",
+            "text/plain; application/json",
+        ] {
+            let error = declared_json(&with(refused)).expect_err(refused);
+            assert_eq!(error.code, ErrorCode::UnsupportedMediaType);
+            assert!(
+                error.message.contains("application/json"),
+                "{}",
+                error.message
+            );
+        }
+        let none = declared_json(&HeaderMap::new()).expect_err("no type");
+        assert_eq!(none.code.http_status(), 415);
+        assert!(none.message.contains("no Content-Type"));
     }
 
     #[test]

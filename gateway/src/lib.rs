@@ -8,8 +8,10 @@
 mod adapters;
 mod auth;
 mod brain;
+mod browsers;
 mod builds;
 mod conditional;
+mod connections;
 mod downloads;
 mod edge;
 mod environments;
@@ -64,6 +66,7 @@ use utoipa_axum::routes;
 
 pub use adapters::AdapterRate;
 pub use auth::DEFAULT_SCOPE;
+pub use connections::ConnectionLimits;
 pub use edge::EdgeLimits;
 pub use error::{ErrorBody, ErrorObject};
 pub use novo::DEFAULT_REPLAY_MEMORY_PER_ADAPTER;
@@ -108,6 +111,16 @@ pub struct GatewayOptions {
     /// Networks beyond the public internet that Brain callbacks may reach
     /// (`gateway.callback_allow`).
     pub callback_allow: Vec<plinth_sandbox::egress::policy::Cidr>,
+    /// Names the gateway answers to besides IP address literals, `localhost` and the host of
+    /// `public_url` (`plinth.example.com`, `name:port`, `*.example.com`, or `*` for any).
+    pub allowed_hosts: Vec<String>,
+    /// Web page origins that may make state-changing requests and open terminals (none by
+    /// default; requests without an `Origin`, from clients that are not browsers, are not
+    /// affected).
+    pub allowed_origins: Vec<String>,
+    /// The bounds on connections: headers in time, idle connections closed, connections at
+    /// once in all and per client address.
+    pub connections: ConnectionLimits,
 }
 
 /// Why the gateway could not start or stopped.
@@ -119,6 +132,18 @@ pub enum GatewayError {
     /// The HTTP server failed.
     #[error("gateway HTTP server failed: {0}")]
     Serve(#[from] std::io::Error),
+    /// A setting makes no sense; the message names it.
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Checks the browser settings (`gateway.allowed_hosts`, `gateway.allowed_origins`) as the
+/// gateway will read them, so a bad entry is refused when the configuration is read.
+pub fn check_browser_settings(
+    allowed_hosts: &[String],
+    allowed_origins: &[String],
+) -> Result<(), String> {
+    browsers::BrowserPolicy::new(allowed_hosts, allowed_origins, None).map(|_| ())
 }
 
 type CatalogClient = CatalogServiceClient<InterceptedService<Transport, ClientInterceptor>>;
@@ -360,6 +385,14 @@ fn router_with(
     document_rate_limits(&mut openapi);
     openapi::complete(&mut openapi);
     let openapi = Arc::new(openapi);
+    let browsers = Arc::new(
+        browsers::BrowserPolicy::new(
+            &options.allowed_hosts,
+            &options.allowed_origins,
+            options.public_url.as_deref(),
+        )
+        .map_err(GatewayError::Config)?,
+    );
     let edge = edge::Edge::new(options.edge, state.tokens.clone());
     edge::register_refusals();
     // At 0 from the start, so a dashboard sees the series before the first node dies.
@@ -391,7 +424,13 @@ fn router_with(
         .with_state(state)
         .merge(admin::router(readiness(backends), metrics_guard(options)))
         .layer(axum::middleware::from_fn(plinth_kit::http::observe));
-    Ok(public::beside(app))
+    // Outside everything, the gRPC face included: what a web page may not do.
+    Ok(
+        public::beside(app).layer(axum::middleware::from_fn_with_state(
+            browsers,
+            browsers::guard,
+        )),
+    )
 }
 
 /// Who may read `/metrics` and `/readyz` details: anyone while the API itself is open (no
@@ -509,12 +548,9 @@ pub async fn run(
     ));
     let app = router_with(&options, backends, state)?;
     tracing::info!(address = ?listener.local_addr().ok(), environments = options.environments, scopes = if options.tokens.is_empty() { "single" } else { "by token" }, "gateway serving");
-    // Streamed answers (exec output, followed build logs) must not wait on Nagle's algorithm.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |stream| {
-        let _ = stream.set_nodelay(true);
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await?;
+    for reason in connections::REFUSAL_REASONS {
+        metrics::counter!("plinth_gateway_refused_total", "reason" => reason).increment(0);
+    }
+    connections::serve(listener, app, options.connections, shutdown).await?;
     Ok(())
 }

@@ -60,6 +60,7 @@ pub fn complete(openapi: &mut OpenApi) {
         }
         edge_answers(operation, path);
     }
+    browser_answers(openapi);
     stream_exec_events(openapi);
     binary_bodies(openapi);
     session_file_answers(openapi);
@@ -365,6 +366,21 @@ fn edge_answers(operation: &mut Operation, path: &str) {
             |_| {},
         );
     }
+    // The adapters' dispatch endpoints are signed by their callers; an import's body is an
+    // archive unless it is declared JSON.
+    let client_json = json_body
+        && !path.ends_with("/novo")
+        && !path.contains("/brain/")
+        && !path.ends_with("/import");
+    if client_json {
+        answer(
+            operation,
+            "415",
+            "unsupported_media_type: a body not declared `Content-Type: application/json` (another type, or none)",
+            "",
+            |_| {},
+        );
+    }
     answer(
         operation,
         "500",
@@ -384,6 +400,51 @@ fn edge_answers(operation: &mut Operation, path: &str) {
             );
         },
     );
+}
+
+/// What the browser rules (`browsers.rs`) answer: `421 host_not_allowed` for any operation
+/// under a name that is not the server's, `403 origin_not_allowed` for a state-changing one
+/// (or the terminal) from a web page whose origin is not allowed.
+fn browser_answers(openapi: &mut OpenApi) {
+    for (path, item) in &mut openapi.paths.paths {
+        let terminal = path == "/v1/sessions/{id}/exec";
+        let utoipa::openapi::path::PathItem {
+            get,
+            put,
+            post,
+            delete,
+            patch,
+            ..
+        } = item;
+        let methods = [
+            (get, terminal),
+            (put, true),
+            (post, true),
+            (delete, true),
+            (patch, true),
+        ];
+        for (operation, changes) in methods {
+            let Some(operation) = operation else {
+                continue;
+            };
+            answer(
+                operation,
+                "421",
+                "host_not_allowed: the request's Host is not one of the server's names (gateway.allowed_hosts)",
+                "",
+                |_| {},
+            );
+            if changes {
+                answer(
+                    operation,
+                    "403",
+                    "origin_not_allowed: sent by a web page whose Origin is not in gateway.allowed_origins",
+                    "origin_not_allowed: sent by a web page whose Origin is not allowed",
+                    |_| {},
+                );
+            }
+        }
+    }
 }
 
 /// `ExecEvent`: one line of a streamed exec answer.

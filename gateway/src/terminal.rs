@@ -6,7 +6,9 @@
 //! is a `POST`, so the handshake is done here: the request's headers are checked, `101` is
 //! answered with `Sec-WebSocket-Accept`, and the connection hyper hands over after it is
 //! framed by tungstenite. Everything that can be refused (the token's scope, the session,
-//! a bad `cwd`) is refused before the `101`, as an ordinary JSON error.
+//! a bad `cwd`) is refused before the `101`, as an ordinary JSON error. A handshake that
+//! carries an `Origin` (every browser's does) not in `gateway.allowed_origins` never reaches
+//! here: it is `403 origin_not_allowed` (`browsers.rs`), so no web page opens a terminal.
 //!
 //! Frames: binary carries the terminal's bytes both ways; text carries JSON controls, from
 //! the client `{"type":"resize","cols":N,"rows":N}` and `{"type":"close_stdin"}`, from the

@@ -395,3 +395,141 @@ async fn client_tokens_come_from_the_config_file_or_the_environment_once_each() 
     assert_eq!(status, 200, "{listed}");
     server.stop().await;
 }
+
+/// Opens `count` connections to `address`, each sending half a request line and no more.
+async fn slow_clients(address: &str, count: usize) -> Vec<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt as _;
+    let mut open = Vec::with_capacity(count);
+    for _ in 0..count {
+        let Ok(mut stream) = tokio::net::TcpStream::connect(address).await else {
+            continue;
+        };
+        // Refused ones are closed by the server at once; the write may fail then.
+        let _ = stream.write_all(b"GET /v1/envi").await;
+        open.push(stream);
+    }
+    open
+}
+
+/// Whether the server closed `stream` (end of stream, or a reset) before `deadline`; what it
+/// sent before closing is read and dropped.
+async fn closed_by_server(
+    mut stream: tokio::net::TcpStream,
+    deadline: tokio::time::Instant,
+) -> bool {
+    use tokio::io::AsyncReadExt as _;
+    let mut buffer = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buffer)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn connections_that_never_finish_their_headers_are_closed_at_the_header_timeout() {
+    let server = Server::start_with(&["--header-timeout-seconds", "2"]).await;
+    let address = server.base.trim_start_matches("http://").to_owned();
+    let slow = slow_clients(&address, 500).await;
+    assert_eq!(slow.len(), 500, "every connection was accepted");
+    // While they hang, a well-formed request is answered.
+    let (status, listed) = send(server.client.get(server.url("/v1/environments"))).await;
+    assert_eq!(status, 200, "{listed}");
+    // Each is closed by the server; the deadline is generous, the timeout is 2 s.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let closed = futures::future::join_all(
+        slow.into_iter()
+            .map(|stream| closed_by_server(stream, deadline)),
+    )
+    .await;
+    let open = closed.iter().filter(|closed| !**closed).count();
+    assert_eq!(
+        open, 0,
+        "{open} of 500 slow connections were still open after 60 s"
+    );
+    // An idle keep-alive connection (one request answered, then silence) is closed too.
+    let mut idle = tokio::net::TcpStream::connect(&address)
+        .await
+        .expect("connect");
+    {
+        use tokio::io::AsyncWriteExt as _;
+        idle.write_all(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+            .await
+            .expect("request");
+    }
+    assert!(
+        closed_by_server(idle, tokio::time::Instant::now() + Duration::from_secs(60)).await,
+        "an idle keep-alive connection stayed open"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn more_slow_connections_than_descriptors_leave_a_well_formed_request_answered() {
+    let data = tempfile::tempdir().expect("data dir");
+    let http = crate::processes::free_port();
+    let mut command = Command::new("prlimit");
+    command
+        .arg("--nofile=256")
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_plinth"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data.path())
+        .args([
+            "--listen",
+            &http.to_string(),
+            "--header-timeout-seconds",
+            "2",
+        ])
+        .env_remove("PLINTH_CONFIG")
+        .env_remove("PLINTH_TOKENS")
+        .env("PLINTH_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    let mut process = crate::processes::Process(command.spawn().expect("prlimit plinth serve"));
+    let client = crate::helpers::http_client();
+    let base = format!("http://{http}");
+    crate::processes::wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
+
+    // More connections than the process has descriptors, each stalled in its request line.
+    let slow = slow_clients(&http.to_string(), 400).await;
+    assert!(slow.len() > 256, "only {} connected", slow.len());
+    // A well-formed request, on a connection of its own, is answered: at once, or once the
+    // header timeout frees places.
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let created = loop {
+        let answer = fresh
+            .post(format!("{base}/v1/environments"))
+            .json(&json!({"name": "Still served"}))
+            .send()
+            .await;
+        match answer {
+            Ok(response) if response.status() == 201 => break true,
+            _ if tokio::time::Instant::now() > deadline => break false,
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    assert!(created, "no well-formed request was answered within 60 s");
+    assert!(
+        process.0.try_wait().expect("status").is_none(),
+        "the server is still running"
+    );
+    let (status, listed) = send(client.get(format!("{base}/v1/environments"))).await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed["data"][0]["name"], "Still served", "{listed}");
+    let ready = client
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status(), 200, "every service still serving");
+    drop(slow);
+}

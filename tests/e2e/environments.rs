@@ -240,6 +240,7 @@ async fn huge_names_and_bodies_are_refused_cleanly() {
         server
             .client
             .post(server.url("/v1/environments"))
+            .header("content-type", "application/json")
             .body(huge),
     )
     .await;

@@ -4,6 +4,7 @@
 mod adapters;
 mod bounds;
 mod brain;
+mod browsers;
 mod build_faults;
 mod build_rules;
 mod build_sandbox;
@@ -12,6 +13,7 @@ mod cli;
 mod clients;
 mod crashes;
 mod credentials;
+mod data_dir;
 mod edge;
 mod environments;
 mod everyday_tools;

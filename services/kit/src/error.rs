@@ -84,11 +84,21 @@ pub enum ErrorCode {
     /// A `Range` names no byte of the file (it starts at or past the end); the answer's
     /// `Content-Range: bytes */<size>` gives the size.
     RangeNotSatisfiable,
+    /// A body-carrying JSON endpoint got a body that is not declared `application/json`
+    /// (another type, or none): a web page can send `text/plain` and form types to any
+    /// address without asking first, so they are never read as JSON.
+    UnsupportedMediaType,
+    /// The request's `Host` is not one of the server's own names (a page whose name was
+    /// pointed at the server, DNS rebinding); the message names the setting that adds one.
+    HostNotAllowed,
+    /// A state-changing request or a terminal came from a web page whose origin is not
+    /// allowed; the message names the setting that allows one.
+    OriginNotAllowed,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 28] = [
+    pub const ALL: [ErrorCode; 31] = [
         ErrorCode::EnvironmentInvalid,
         ErrorCode::InvalidRequest,
         ErrorCode::EnvironmentNotFound,
@@ -117,6 +127,9 @@ impl ErrorCode {
         ErrorCode::OutcomeUnknown,
         ErrorCode::PreconditionFailed,
         ErrorCode::RangeNotSatisfiable,
+        ErrorCode::UnsupportedMediaType,
+        ErrorCode::HostNotAllowed,
+        ErrorCode::OriginNotAllowed,
     ];
 
     /// The code as it appears on the wire.
@@ -150,6 +163,9 @@ impl ErrorCode {
             ErrorCode::OutcomeUnknown => "outcome_unknown",
             ErrorCode::PreconditionFailed => "precondition_failed",
             ErrorCode::RangeNotSatisfiable => "range_not_satisfiable",
+            ErrorCode::UnsupportedMediaType => "unsupported_media_type",
+            ErrorCode::HostNotAllowed => "host_not_allowed",
+            ErrorCode::OriginNotAllowed => "origin_not_allowed",
         }
     }
 
@@ -183,6 +199,9 @@ impl ErrorCode {
             ErrorCode::FileTooLarge => 413,
             ErrorCode::PreconditionFailed => 412,
             ErrorCode::RangeNotSatisfiable => 416,
+            ErrorCode::UnsupportedMediaType => 415,
+            ErrorCode::HostNotAllowed => 421,
+            ErrorCode::OriginNotAllowed => 403,
             ErrorCode::RateLimited | ErrorCode::QuotaExceeded => 429,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::MethodNotAllowed => 405,
@@ -198,11 +217,14 @@ impl ErrorCode {
             | ErrorCode::InvalidRequest
             | ErrorCode::WorkspacePathInvalid
             | ErrorCode::WorkspaceInvalidRequest
-            | ErrorCode::WorkspaceContentsRequired => tonic::Code::InvalidArgument,
+            | ErrorCode::WorkspaceContentsRequired
+            | ErrorCode::UnsupportedMediaType => tonic::Code::InvalidArgument,
             ErrorCode::EnvironmentNotFound | ErrorCode::NotFound | ErrorCode::WorkspaceNotFound => {
                 tonic::Code::NotFound
             }
-            ErrorCode::WorkspaceReadOnly => tonic::Code::PermissionDenied,
+            ErrorCode::WorkspaceReadOnly
+            | ErrorCode::HostNotAllowed
+            | ErrorCode::OriginNotAllowed => tonic::Code::PermissionDenied,
             ErrorCode::WorkspaceFindNotUnique
             | ErrorCode::WorkspaceFindNotFound
             | ErrorCode::WorkspaceRunEnded
