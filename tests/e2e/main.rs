@@ -4,6 +4,7 @@
 mod adapters;
 mod bounds;
 mod brain;
+mod build_bounds;
 mod build_faults;
 mod build_rules;
 mod build_sandbox;
