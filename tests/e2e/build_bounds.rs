@@ -270,3 +270,32 @@ timeout 10 cat <&3 | tr -d '\r' | sed 's/^/attack: public /'
         "the victim listener saw a connection"
     );
 }
+
+#[tokio::test]
+async fn builds_running_at_once_never_share_a_uid() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builders", "2"]).await;
+    // Each build holds its builder long enough for the other builder to claim the other one.
+    let script = "echo \"attack: uid $(id -u)\"\nsleep 4\n";
+    let first = create_environment(&server, "Slot One").await;
+    let second = create_environment(&server, "Slot Two").await;
+    put_file(&server, &first, "setup.sh", script).await;
+    put_file(&server, &second, "setup.sh", script).await;
+    let (one, two) = tokio::join!(build(&server, &first, 1), build(&server, &second, 1));
+    let uid = |built: &serde_json::Value| {
+        assert_eq!(built["status"], "ready", "{built}");
+        built["log"]
+            .as_str()
+            .expect("log")
+            .lines()
+            .find_map(|line| line.strip_prefix("attack: uid "))
+            .expect("the uid line")
+            .to_owned()
+    };
+    let (one, two) = (uid(&one), uid(&two));
+    assert_ne!(one, two, "two builds at once ran as one uid");
+    assert_ne!(one, "0");
+    assert_ne!(two, "0");
+}
