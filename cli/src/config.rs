@@ -446,6 +446,8 @@ pub struct BuilderSection {
     pub gid: u32,
     /// Longest one installer step may run, in seconds.
     pub step_timeout_seconds: u64,
+    /// Each build's bounds (`[builder.limits]`).
+    pub limits: BuilderLimits,
     /// A root-owned directory every user can search, where `uv` is made reachable by the
     /// build user.
     pub tools_dir: PathBuf,
@@ -530,6 +532,7 @@ impl Default for BuilderSection {
             uid: 65534,
             gid: 65534,
             step_timeout_seconds: 1800,
+            limits: BuilderLimits::default(),
             tools_dir: PathBuf::from("/var/lib/plinth/tools"),
             toolchain_dirs: Vec::new(),
             name: None,
@@ -544,6 +547,66 @@ impl Default for BuilderSection {
             python_index_url: None,
             python_extra_index_urls: Vec::new(),
             npm_registry: None,
+        }
+    }
+}
+
+/// `[builder.limits]`: what one build may use, all of its commands together. A build over a
+/// bound fails with a reason naming the bound and this setting; the builder and other builds
+/// go on. Memory, processes and CPU are held by a cgroup per build (v1 or v2, as sessions'),
+/// which the builder makes below its own cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BuilderLimits {
+    /// Memory in MiB: the installers' and `setup.sh`'s processes, their `/tmp`, `/dev/shm`
+    /// and the page cache of what they write; no swap. From 32 to 1048576.
+    pub memory_mb: u64,
+    /// Processes and threads at once. From 16 to 4194304.
+    pub pids: u64,
+    /// CPU time per wall time, in thousandths of a core (1000 = one core). From 10 to
+    /// 1024000.
+    pub cpu_millicores: u64,
+    /// Wall time of the whole build (each step is also held to `step_timeout_seconds`), in
+    /// seconds. From 1 to 604800.
+    pub wall_seconds: u64,
+}
+
+impl Default for BuilderLimits {
+    fn default() -> Self {
+        BuilderLimits {
+            memory_mb: 4096,
+            pids: 1024,
+            cpu_millicores: 2000,
+            wall_seconds: 3600,
+        }
+    }
+}
+
+impl BuilderLimits {
+    /// Each bound within its range (see the fields).
+    pub fn check(&self) -> Result<(), ConfigError> {
+        for (name, value, low, high) in [
+            ("memory_mb", self.memory_mb, 32, 1_048_576),
+            ("pids", self.pids, 16, 4_194_304),
+            ("cpu_millicores", self.cpu_millicores, 10, 1_024_000),
+            ("wall_seconds", self.wall_seconds, 1, 604_800),
+        ] {
+            if !(low..=high).contains(&value) {
+                return Err(ConfigError::Invalid(format!(
+                    "builder.limits.{name} = {value}: it must be from {low} to {high}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The bounds as the builder holds them.
+    pub fn build_limits(&self) -> plinth_builder::limits::BuildLimits {
+        plinth_builder::limits::BuildLimits {
+            memory_mb: Some(self.memory_mb),
+            pids: Some(self.pids),
+            cpu_millicores: Some(self.cpu_millicores),
+            wall: Some(std::time::Duration::from_secs(self.wall_seconds)),
         }
     }
 }
@@ -1136,6 +1199,7 @@ impl Config {
     }
 
     fn resolve_builder(&mut self) -> Result<(), ConfigError> {
+        self.builder.limits.check()?;
         self.builder
             .work_dir
             .get_or_insert_with(|| self.data_dir.join("builder"));

@@ -403,6 +403,11 @@ fn spawn_builder(
         None
     };
     if index == 0 {
+        // Build cgroups a killed builder of this work directory left (with whatever runs in
+        // them); a host without cgroups is the builders' own error, at their start.
+        if let Ok(removed @ 1..) = plinth_builder::limits::remove_leftovers(&work_dir) {
+            tracing::info!(removed, "removed build cgroups left by an earlier run");
+        }
         match plinth_builder::worker::remove_leftovers(&work_dir) {
             Ok(0) => {}
             Ok(removed) => {
@@ -464,9 +469,12 @@ fn spawn_builder(
     let install = plinth_builder::InstallOptions {
         network: builds_network(section, &registries, index == 0)?,
         extra_env: offline,
-        uid: section.uid,
-        gid: section.gid,
+        // One uid per builder, so builds running at once (of different scopes) never share
+        // one: their processes, files and process limits stay apart.
+        uid: section.uid.saturating_add(index),
+        gid: section.gid.saturating_add(index),
         step_timeout: std::time::Duration::from_secs(section.step_timeout_seconds.max(1)),
+        limits: section.limits.build_limits(),
         hidden_paths: config.builder_hidden_paths(),
         cache_dir: None,
         ..plinth_builder::InstallOptions::default()
@@ -546,10 +554,9 @@ fn builds_registries(
     Ok(registries)
 }
 
-/// What builds reach: nothing (`builder.network = false`); the package registries through
-/// each build's egress proxy; or, when an upstream proxy is configured (which the egress proxy
-/// cannot chain to), the host's network with that proxy in the installers' environment, as
-/// `warn` says once.
+/// What builds reach: nothing (`builder.network = false`), or the package registries through
+/// each build's egress proxy, which goes through the configured upstream proxy, if any
+/// (`https_proxy`/`http_proxy`): builds never get the host's network.
 fn builds_network(
     section: &crate::config::BuilderSection,
     registries: &plinth_builder::Registries,
@@ -558,21 +565,18 @@ fn builds_network(
     if !section.network {
         return Ok(plinth_builder::BuildNetwork::None);
     }
-    if registries.https_proxy.is_some() || registries.http_proxy.is_some() {
-        if warn {
-            tracing::warn!(
-                https_proxy = registries
-                    .https_proxy
-                    .as_deref()
-                    .map(plinth_kit::config::redact_url),
-                http_proxy = registries
-                    .http_proxy
-                    .as_deref()
-                    .map(plinth_kit::config::redact_url),
-                "builds use the host's network and the configured upstream proxy: the egress proxy cannot chain to it, so nothing keeps builds from the host's services, private networks or the metadata address"
-            );
-        }
-        return Ok(plinth_builder::BuildNetwork::Host);
+    if warn && (registries.https_proxy.is_some() || registries.http_proxy.is_some()) {
+        tracing::info!(
+            https_proxy = registries
+                .https_proxy
+                .as_deref()
+                .map(plinth_kit::config::redact_url),
+            http_proxy = registries
+                .http_proxy
+                .as_deref()
+                .map(plinth_kit::config::redact_url),
+            "builds' egress proxies reach what they let through by the configured upstream proxy"
+        );
     }
     Ok(plinth_builder::BuildNetwork::Egress(std::sync::Arc::new(
         builds_egress_policy(registries, &section.egress_allow)?,
@@ -1261,7 +1265,7 @@ mod tests {
     }
 
     #[test]
-    fn builds_get_no_network_the_egress_proxy_or_with_an_upstream_proxy_the_hosts() {
+    fn builds_get_no_network_or_the_egress_proxy_also_behind_an_upstream_proxy() {
         let mut section = crate::config::BuilderSection::default();
         let registries = plinth_builder::Registries::default();
         assert!(matches!(
@@ -1274,7 +1278,7 @@ mod tests {
         };
         assert!(matches!(
             builds_network(&section, &behind, false).expect("network"),
-            plinth_builder::BuildNetwork::Host
+            plinth_builder::BuildNetwork::Egress(_)
         ));
         section.network = false;
         assert!(matches!(

@@ -5,6 +5,7 @@ mod adapters;
 mod bounds;
 mod brain;
 mod browsers;
+mod build_bounds;
 mod build_faults;
 mod build_rules;
 mod build_sandbox;

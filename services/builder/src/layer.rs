@@ -6,8 +6,9 @@
 //! is the node's to refuse or keep, never the builder's to follow). Regular files are hashed
 //! while streaming, several at a time. Anything else (FIFOs, sockets, devices) and names that are not UTF-8 are
 //! skipped and counted. The scan runs after every build process is dead (the sandbox's PID
-//! namespace ends with its command), so nothing can swap a file under it; files are opened with
-//! `O_NOFOLLOW` all the same.
+//! namespace ends with its command), so nothing can swap a file under it; all the same, every
+//! path is resolved beneath the scanned directory following no link, and only regular files
+//! are opened ([`crate::beneath`]).
 //!
 //! Packages are read from the files, never by running a package manager:
 //! `.venv/lib/python*/site-packages/*.dist-info/METADATA` (`Name:`/`Version:`, manager `pip`) and
@@ -15,8 +16,12 @@
 //! `node_modules` included, `.bin` and other dot-directories not), manager `npm`.
 
 use std::io::Read;
-use std::os::unix::fs::PermissionsExt;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+
+use rustix::fs::FileType;
+
+use crate::beneath;
 
 use plinth_blobs::Digest;
 use serde::Serialize;
@@ -101,35 +106,36 @@ fn serialize_digest<S: serde::Serializer>(
 /// blocking thread.
 pub fn scan(dir: &Path) -> Result<Layer, LayerError> {
     let io = |path: &Path| {
-        let path = path.to_owned();
+        let path = dir.join(path);
         move |source| LayerError::Io { path, source }
     };
+    let root = beneath::open_root(dir).map_err(io(Path::new("")))?;
     let mut entries = Vec::new();
-    // (index in `entries`, host path) of every regular file.
+    // (index in `entries`, path relative to `dir`) of every regular file.
     let mut files: Vec<(usize, PathBuf)> = Vec::new();
     let mut skipped = 0u64;
-    // (host path, layer path) of directories still to read.
-    let mut pending: Vec<(PathBuf, String)> = vec![(dir.to_owned(), String::new())];
-    while let Some((host_dir, layer_dir)) = pending.pop() {
-        for item in std::fs::read_dir(&host_dir).map_err(io(&host_dir))? {
-            let item = item.map_err(io(&host_dir))?;
-            let host_path = item.path();
-            let Some(name) = item.file_name().to_str().map(str::to_owned) else {
-                skipped += 1;
-                continue;
-            };
-            let path = if layer_dir.is_empty() {
-                name
-            } else {
-                format!("{layer_dir}/{name}")
-            };
-            let metadata = std::fs::symlink_metadata(&host_path).map_err(io(&host_path))?;
-            let file_type = metadata.file_type();
-            let entry = if file_type.is_symlink() {
-                let target = std::fs::read_link(&host_path).map_err(io(&host_path))?;
+    let mut failed = None;
+    let walked = beneath::walk(&root, "", &mut |walked| {
+        if failed.is_some() {
+            return false;
+        }
+        // Layer paths are UTF-8: a name that is not is skipped with all beneath it.
+        let Some(path) = walked.rel.to_str().map(str::to_owned) else {
+            skipped += 1;
+            return false;
+        };
+        let entry = match beneath::kind(walked.stat) {
+            FileType::Symlink => {
+                let target = match beneath::read_link(walked.dir, walked.name) {
+                    Ok(target) => target,
+                    Err(error) => {
+                        failed = Some((walked.rel.to_owned(), error));
+                        return false;
+                    }
+                };
                 let Some(target) = target.to_str().map(str::to_owned) else {
                     skipped += 1;
-                    continue;
+                    return false;
                 };
                 LayerEntry {
                     path,
@@ -139,43 +145,48 @@ pub fn scan(dir: &Path) -> Result<Layer, LayerError> {
                     digest: None,
                     target: Some(target),
                 }
-            } else if file_type.is_dir() {
-                pending.push((host_path, path.clone()));
-                LayerEntry {
-                    path,
-                    kind: EntryKind::Directory,
-                    executable: false,
-                    size: 0,
-                    digest: None,
-                    target: None,
-                }
-            } else if file_type.is_file() {
+            }
+            FileType::Directory => LayerEntry {
+                path,
+                kind: EntryKind::Directory,
+                executable: false,
+                size: 0,
+                digest: None,
+                target: None,
+            },
+            FileType::RegularFile => {
                 // Hashed below, with the others.
-                files.push((entries.len(), host_path));
+                files.push((entries.len(), walked.rel.to_owned()));
                 LayerEntry {
                     path,
                     kind: EntryKind::File,
-                    executable: metadata.permissions().mode() & 0o111 != 0,
+                    executable: walked.stat.st_mode & 0o111 != 0,
                     size: 0,
                     digest: None,
                     target: None,
                 }
-            } else {
+            }
+            _ => {
                 skipped += 1;
-                continue;
-            };
-            entries.push(entry);
-        }
+                return false;
+            }
+        };
+        entries.push(entry);
+        true
+    });
+    if let Some((path, source)) = failed {
+        return Err(io(&path)(source));
     }
+    walked.map_err(io(Path::new("")))?;
     let mut bytes = 0u64;
-    for ((index, _), hashed) in files.iter().zip(hash_files(&files)?) {
+    for ((index, _), hashed) in files.iter().zip(hash_files(dir, &root, &files)?) {
         let (size, digest) = hashed;
         bytes += size;
         entries[*index].size = size;
         entries[*index].digest = Some(digest);
     }
     entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
-    let packages = packages(dir, &entries);
+    let packages = packages(&root, &entries);
     Ok(Layer {
         entries,
         packages,
@@ -187,10 +198,14 @@ pub fn scan(dir: &Path) -> Result<Layer, LayerError> {
 /// The size and digest of each file, in order, hashed on as many threads as there are cores
 /// (up to [`HASH_THREADS`]): a layer is thousands of small files, and each costs system calls
 /// as well as hashing.
-fn hash_files(files: &[(usize, PathBuf)]) -> Result<Vec<(u64, Digest)>, LayerError> {
+fn hash_files(
+    dir: &Path,
+    root: &OwnedFd,
+    files: &[(usize, PathBuf)],
+) -> Result<Vec<(u64, Digest)>, LayerError> {
     let hash = |path: &PathBuf| {
-        hash_file(path).map_err(|source| LayerError::Io {
-            path: path.clone(),
+        hash_file(root, path).map_err(|source| LayerError::Io {
+            path: dir.join(path),
             source,
         })
     };
@@ -233,25 +248,10 @@ fn hash_files(files: &[(usize, PathBuf)]) -> Result<Vec<(u64, Digest)>, LayerErr
     Ok(hashed.into_iter().flatten().collect())
 }
 
-/// Opens a regular file without following a link at its last component (and refuses anything
-/// that is not a regular file by then).
-pub(crate) fn open_file(path: &Path) -> std::io::Result<std::fs::File> {
-    use rustix::fs::{Mode, OFlags};
-    let fd = rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
-        Mode::empty(),
-    )?;
-    let file = std::fs::File::from(fd);
-    if !file.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    Ok(file)
-}
-
-/// The size and digest of a file, read in chunks (files can be far larger than memory).
-fn hash_file(path: &Path) -> std::io::Result<(u64, Digest)> {
-    let mut file = open_file(path)?;
+/// The size and digest of the file `path` beneath `root`, read in chunks (files can be far
+/// larger than memory).
+fn hash_file(root: &OwnedFd, path: &Path) -> std::io::Result<(u64, Digest)> {
+    let (mut file, _) = beneath::open_regular(root, path)?;
     let mut hasher = sha2::Sha256::new();
     let mut buffer = vec![0u8; 256 * 1024];
     let mut size = 0u64;
@@ -270,17 +270,17 @@ fn hash_file(path: &Path) -> std::io::Result<(u64, Digest)> {
 
 /// The packages among `entries`. A metadata file that cannot be read or parsed names no package
 /// (a broken package's files are still in the layer; its name is just not listed).
-fn packages(dir: &Path, entries: &[LayerEntry]) -> Vec<Package> {
+fn packages(root: &OwnedFd, entries: &[LayerEntry]) -> Vec<Package> {
     let mut packages: Vec<Package> = entries
         .iter()
         .filter(|entry| entry.kind == EntryKind::File && entry.size <= METADATA_MAX_BYTES)
         .filter_map(|entry| {
             if is_dist_info_metadata(&entry.path) {
-                let text = read_text(&dir.join(&entry.path))?;
+                let text = read_text(root, &entry.path)?;
                 let (name, version) = parse_metadata(&text)?;
                 Some(package("pip", name, version))
             } else if is_npm_package_json(&entry.path) {
-                let text = read_text(&dir.join(&entry.path))?;
+                let text = read_text(root, &entry.path)?;
                 let (name, version) = parse_package_json(&text)?;
                 Some(package("npm", name, version))
             } else {
@@ -301,14 +301,9 @@ fn package(manager: &str, name: String, version: String) -> Package {
     }
 }
 
-fn read_text(path: &Path) -> Option<String> {
-    let mut text = String::new();
-    open_file(path)
-        .ok()?
-        .take(METADATA_MAX_BYTES)
-        .read_to_string(&mut text)
-        .ok()?;
-    Some(text)
+fn read_text(root: &OwnedFd, path: &str) -> Option<String> {
+    let bytes = beneath::read_small(root, path, METADATA_MAX_BYTES)?;
+    String::from_utf8(bytes).ok()
 }
 
 /// `.venv/lib/python<X>/site-packages/<dist>.dist-info/METADATA`.
@@ -390,6 +385,7 @@ fn parse_package_json(text: &str) -> Option<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
     use std::os::unix::fs::symlink;
 
     fn write(root: &Path, path: &str, content: &str) {

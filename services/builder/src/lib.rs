@@ -12,8 +12,10 @@
 //! The sandbox needs root on a Linux host (it sets up namespaces, mounts and the build's uid
 //! with direct system calls); see [`sandbox`] for what it guarantees and what it does not.
 
+pub mod beneath;
 pub mod install;
 pub mod layer;
+pub mod limits;
 pub mod manifests;
 pub mod origin;
 mod output;

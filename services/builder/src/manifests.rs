@@ -86,7 +86,11 @@ pub const NPM_LIFECYCLE: [&str; 7] = [
 /// Which of [`NPM_LIFECYCLE`] the `package.json` in `dir` defines; none when it is absent or
 /// unreadable (npm itself then fails on it, with its own message).
 pub fn npm_lifecycle(dir: &Path) -> Vec<String> {
-    let Ok(text) = std::fs::read(dir.join("package.json")) else {
+    // The project's file: read beneath `dir`, never through a link, and bounded.
+    let Some(text) = crate::beneath::open_root(dir)
+        .ok()
+        .and_then(|root| crate::beneath::read_small(&root, "package.json", 16 * 1024 * 1024))
+    else {
         return Vec::new();
     };
     let Ok(package) = serde_json::from_slice::<serde_json::Value>(&text) else {

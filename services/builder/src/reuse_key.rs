@@ -62,7 +62,7 @@ pub fn inputs(root: &Path) -> std::io::Result<Vec<(String, Digest)>> {
         if seen > MAX_INCLUDES {
             break;
         }
-        let Some(text) = read_regular(&root.join(&file))? else {
+        let Some(text) = read_regular(root, &file)? else {
             continue;
         };
         let base = file.parent().unwrap_or(Path::new("")).to_owned();
@@ -175,43 +175,59 @@ fn display(path: &Path) -> String {
     path.to_string_lossy().into_owned()
 }
 
-/// A regular file's bytes; none when absent or not a regular file (links are not followed).
-fn read_regular_bytes(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
-    match std::fs::symlink_metadata(path) {
-        Ok(metadata) if metadata.is_file() => std::fs::read(path).map(Some),
-        Ok(_) => Ok(None),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(error) if error.kind() == std::io::ErrorKind::NotADirectory => Ok(None),
-        Err(error) => Err(error),
+/// The largest input file read (a manifest, a lock file, a local wheel); a larger one is
+/// refused rather than read into memory.
+const MAX_INPUT_BYTES: u64 = 256 * 1024 * 1024;
+
+/// A regular file's bytes beneath `root`; none when absent, not a regular file, or when a link
+/// is on the way (no link is followed: [`crate::beneath`]).
+fn read_regular_bytes(root: &Path, path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    let root = crate::beneath::open_root(root)?;
+    let (file, stat) = match crate::beneath::lstat(&root, path)? {
+        Some(stat) if crate::beneath::kind(&stat) == rustix::fs::FileType::RegularFile => {
+            crate::beneath::open_regular(&root, path)?
+        }
+        _ => return Ok(None),
+    };
+    if u64::try_from(stat.st_size).unwrap_or(u64::MAX) > MAX_INPUT_BYTES {
+        return Err(std::io::Error::other(format!(
+            "{}: larger than {MAX_INPUT_BYTES} bytes",
+            display(path)
+        )));
     }
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_INPUT_BYTES), &mut bytes)?;
+    Ok(Some(bytes))
 }
 
-fn read_regular(path: &Path) -> std::io::Result<Option<String>> {
-    Ok(read_regular_bytes(path)?.map(|bytes| String::from_utf8_lossy(&bytes).into_owned()))
+fn read_regular(root: &Path, path: &Path) -> std::io::Result<Option<String>> {
+    Ok(read_regular_bytes(root, path)?.map(|bytes| String::from_utf8_lossy(&bytes).into_owned()))
 }
 
 fn add(root: &Path, path: &Path, found: &mut BTreeMap<String, Digest>) -> std::io::Result<()> {
-    if let Some(bytes) = read_regular_bytes(&root.join(path))? {
+    if let Some(bytes) = read_regular_bytes(root, path)? {
         found.insert(display(path), Digest::of(&bytes));
     }
     Ok(())
 }
 
-/// Every regular file directly in a local find-links directory.
+/// Every regular file directly in a local find-links directory (a directory beneath `root`,
+/// reached through no link).
 fn find_links(
     root: &Path,
     dir: &Path,
     found: &mut BTreeMap<String, Digest>,
 ) -> std::io::Result<()> {
-    let full = root.join(dir);
-    if !std::fs::symlink_metadata(&full).is_ok_and(|metadata| metadata.is_dir()) {
-        return Ok(());
-    }
-    let mut names: Vec<_> = std::fs::read_dir(&full)?
-        .flatten()
-        .map(|entry| entry.file_name())
+    let fd = crate::beneath::open_root(root)?;
+    let listing = match crate::beneath::open_dir(&fd, dir) {
+        Ok(listing) => listing,
+        Err(error) if crate::beneath::absent(&error) => return Ok(()),
+        Err(error) => return Err(error),
+    };
+    let names: Vec<_> = crate::beneath::entries(&listing)?
+        .into_iter()
+        .map(|(name, _)| name)
         .collect();
-    names.sort();
     for name in names.into_iter().take(MAX_FIND_LINKS_FILES) {
         add(root, &dir.join(name), found)?;
     }

@@ -18,6 +18,7 @@
 //! After the installers, [`report`] reads what was actually used: the venv's `pyvenv.cfg`
 //! (its interpreter and version) and the chosen `node`. The version records them.
 
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -41,13 +42,13 @@ pub struct Pin {
 
 /// The project's Python pin, if any: `.python-version`'s first line, else `requires-python`.
 pub fn python_pin(root: &Path) -> Option<Pin> {
-    if let Some(line) = first_line(&root.join(".python-version")) {
+    if let Some(line) = first_line(root, ".python-version") {
         return Some(Pin {
             request: line,
             from: ".python-version",
         });
     }
-    let text = read_small(&root.join("pyproject.toml"))?;
+    let text = read_small(root, "pyproject.toml")?;
     let document: toml::Table = toml::from_str(&text).ok()?;
     let request = document
         .get("project")?
@@ -64,14 +65,14 @@ pub fn python_pin(root: &Path) -> Option<Pin> {
 /// The project's Node pin, if any: `.nvmrc`, `.node-version`, else `engines.node`.
 pub fn node_pin(root: &Path) -> Option<Pin> {
     for from in [".nvmrc", ".node-version"] {
-        if let Some(line) = first_line(&root.join(from)) {
+        if let Some(line) = first_line(root, from) {
             return Some(Pin {
                 request: line,
                 from,
             });
         }
     }
-    let text = read_small(&root.join("package.json"))?;
+    let text = read_small(root, "package.json")?;
     let document: serde_json::Value = serde_json::from_str(&text).ok()?;
     let request = document
         .get("engines")?
@@ -86,22 +87,19 @@ pub fn node_pin(root: &Path) -> Option<Pin> {
 }
 
 /// The first line that says something, without comments (`#`), of a small text file.
-fn first_line(path: &Path) -> Option<String> {
-    read_small(path)?
+fn first_line(root: &Path, rel: &str) -> Option<String> {
+    read_small(root, rel)?
         .lines()
         .map(|line| line.split('#').next().unwrap_or("").trim())
         .find(|line| !line.is_empty())
         .map(str::to_owned)
 }
 
-/// A regular file's text, if it is small enough to be a pin or a manifest (never a link: the
-/// source holds none that leave it, and a pin is read on the builder's side).
-fn read_small(path: &Path) -> Option<String> {
-    let metadata = std::fs::symlink_metadata(path).ok()?;
-    if !metadata.is_file() || metadata.len() > 1024 * 1024 {
-        return None;
-    }
-    std::fs::read_to_string(path).ok()
+/// A regular file's text beneath `root`, if it is small enough to be a pin or a manifest
+/// (never through a link: a pin is read on the builder's side, see [`crate::beneath`]).
+fn read_small(root: &Path, rel: &str) -> Option<String> {
+    let root = crate::beneath::open_root(root).ok()?;
+    String::from_utf8(crate::beneath::read_small(&root, rel, 1024 * 1024)?).ok()
 }
 
 /// What [`select`] decided.
@@ -387,17 +385,32 @@ fn find_python(path: &str, request: &str) -> Option<Used> {
 /// that sessions (whose PATH has the environment's `node_modules/.bin` before the system's
 /// directories) and `#!/usr/bin/env node` scripts run it. Replaces whatever is there: a pin
 /// is the project's word on which Node runs it.
+///
+/// The build made `node_modules`: every step is taken beneath `root` following no link, so a
+/// link planted at `node_modules` or `.bin` fails the step instead of leading the builder
+/// (root) to write or delete anywhere else.
 pub fn link_node(root: &Path, target: &str) -> std::io::Result<()> {
-    let bin = root.join("node_modules").join(".bin");
-    std::fs::create_dir_all(&bin)?;
-    let link = bin.join("node");
-    match std::fs::symlink_metadata(&link) {
-        Ok(metadata) if metadata.is_dir() => std::fs::remove_dir_all(&link)?,
-        Ok(_) => std::fs::remove_file(&link)?,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-        Err(error) => return Err(error),
+    use rustix::fs::{AtFlags, FileType, Mode};
+    let mut dir = crate::beneath::open_root(root)?;
+    for name in ["node_modules", ".bin"] {
+        match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(errno) => return Err(errno.into()),
+        }
+        dir = crate::beneath::open_dir(&dir, name)?;
     }
-    std::os::unix::fs::symlink(target, &link)
+    match crate::beneath::lstat(&dir, "node")? {
+        Some(stat) if crate::beneath::kind(&stat) == FileType::Directory => {
+            // Through the descriptor checked above: std removes a tree beneath it without
+            // following links.
+            std::fs::remove_dir_all(
+                Path::new(&format!("/proc/self/fd/{}", dir.as_raw_fd())).join("node"),
+            )?;
+        }
+        Some(_) => rustix::fs::unlinkat(&dir, "node", AtFlags::empty())?,
+        None => {}
+    }
+    Ok(rustix::fs::symlinkat(target, &dir, "node")?)
 }
 
 /// What a finished build ran with: the venv's interpreter (from its `pyvenv.cfg`) and, when
@@ -411,7 +424,7 @@ pub fn report(
     chosen: Option<Used>,
 ) -> Vec<Used> {
     let mut used = Vec::new();
-    if let Some(config) = read_small(&root.join(".venv/pyvenv.cfg")) {
+    if let Some(config) = read_small(root, ".venv/pyvenv.cfg") {
         let value = |key: &str| {
             config.lines().find_map(|line| {
                 let (name, value) = line.split_once('=')?;
@@ -424,7 +437,9 @@ pub fn report(
             let mut name = PathBuf::from("python");
             let mut path = None;
             for _ in 0..4 {
-                let Ok(target) = std::fs::read_link(root.join(".venv/bin").join(&name)) else {
+                let Ok(target) = crate::beneath::open_root(root).and_then(|fd| {
+                    crate::beneath::read_link(&fd, Path::new(".venv/bin").join(&name))
+                }) else {
                     break;
                 };
                 if target.is_absolute() {

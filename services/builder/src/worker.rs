@@ -73,6 +73,9 @@ pub enum BuilderError {
         "another builder process works in {0}: give each builder process its own work directory (--data-dir, or builder.work_dir)"
     )]
     WorkDirInUse(PathBuf),
+    /// Builds are to be bounded and cannot be.
+    #[error("builds need cgroups for their memory, process and CPU limits (builder.limits): {0}")]
+    Limits(String),
     /// Its work directory is unusable.
     #[error("builder work directory {path}: {source}")]
     WorkDir {
@@ -166,6 +169,10 @@ pub async fn run(
         tracing::warn!(
             "no source service to count layers in: built layers do not count in their scope's stored-bytes quota (give the builder builder.source_url)"
         );
+    }
+    let mut options = options;
+    if options.install.cgroups.is_none() && options.install.limits.cgroup_limits().is_some() {
+        options.install.cgroups = Some(build_cgroups(&options.work_dir).await?);
     }
     tracing::info!(builder = %options.name, work_dir = %options.work_dir.display(), "builder waiting for work");
     let options = Arc::new(options);
@@ -857,6 +864,19 @@ async fn write_one(blobs: &BlobStore, root: &Path, entry: &TreeEntry) -> Result<
         .map_err(|e| e.to_string())
 }
 
+/// The cgroups this builder's builds get: a group per work directory (stable across restarts,
+/// apart from the node's and other work directories'; [`crate::limits::detect`]).
+async fn build_cgroups(
+    work_dir: &Path,
+) -> Result<Arc<plinth_sandbox::cgroup::Cgroups>, BuilderError> {
+    let work_dir = work_dir.to_owned();
+    tokio::task::spawn_blocking(move || crate::limits::detect(&work_dir))
+        .await
+        .map_err(|join| BuilderError::Limits(join.to_string()))?
+        .map(Arc::new)
+        .map_err(BuilderError::Limits)
+}
+
 /// How many builds' dependency trees a builder keeps on its disk for the next rebuild.
 const KEPT_DEPENDENCY_TREES: usize = 4;
 
@@ -895,11 +915,13 @@ async fn drop_kept_dependencies(work_dir: &Path, scope: &str) {
 /// dependencies from writing thousands of files back out of the blob store.
 async fn keep_dependencies(work_dir: &Path, scope: &str, layer: &Digest, scratch: &Path) {
     let kept = kept_dependencies(work_dir, scope, layer);
+    // Only directories are kept: the build made these names, and a link there is not a tree
+    // (nor followed).
     let mut present = false;
     for tree in [".venv", "node_modules"] {
         present |= tokio::fs::symlink_metadata(scratch.join(tree))
             .await
-            .is_ok();
+            .is_ok_and(|metadata| metadata.is_dir());
     }
     // A layer reused whole has no trees in its scratch directory; an empty kept directory
     // would later stand for trees the layer has.
@@ -916,7 +938,12 @@ async fn keep_dependencies(work_dir: &Path, scope: &str, layer: &Digest, scratch
         return;
     }
     for tree in [".venv", "node_modules"] {
-        let _ = tokio::fs::rename(scratch.join(tree), partial.join(tree)).await;
+        if tokio::fs::symlink_metadata(scratch.join(tree))
+            .await
+            .is_ok_and(|metadata| metadata.is_dir())
+        {
+            let _ = tokio::fs::rename(scratch.join(tree), partial.join(tree)).await;
+        }
     }
     if tokio::fs::rename(&partial, &kept).await.is_err() {
         let _ = tokio::fs::remove_dir_all(&partial).await;
@@ -953,10 +980,15 @@ async fn take_kept(kept: &Path, scratch: &Path) -> bool {
     }
     for tree in [".venv", "node_modules"] {
         let from = kept.join(tree);
-        if tokio::fs::symlink_metadata(&from).await.is_ok()
-            && tokio::fs::rename(&from, scratch.join(tree)).await.is_err()
-        {
-            return false;
+        match tokio::fs::symlink_metadata(&from).await {
+            Ok(metadata) if metadata.is_dir() => {
+                if tokio::fs::rename(&from, scratch.join(tree)).await.is_err() {
+                    return false;
+                }
+            }
+            // Nothing else is ever kept; anything else found there is no tree to reuse.
+            Ok(_) => return false,
+            Err(_) => {}
         }
     }
     let _ = tokio::fs::remove_dir_all(kept).await;

@@ -2,10 +2,17 @@
 //! lack a checked-hash `.pyc`, and the list the bytecode pass hands compileall.
 
 use std::io::Read;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use super::{remove_any, walk};
+use rustix::fs::FileType;
+
+use super::remove_any;
+use crate::beneath;
+
+/// The virtual environment, in the scratch directory.
+const VENV: &str = ".venv";
 
 /// The flags word of a checked-hash `.pyc` (PEP 552): hash-based (bit 0) and checked (bit 1).
 const CHECKED_HASH_PYC: u32 = 0b11;
@@ -18,17 +25,24 @@ pub(super) const BYTECODE_LIST: &str = ".plinth-uncompiled";
 /// relative to it are returned, sorted). Names that are not UTF-8 or hold a newline cannot be
 /// listed for compileall and are left out.
 pub(super) fn uncompiled(root: &Path) -> Vec<String> {
-    let mut sources = Vec::new();
-    walk(&root.join(".venv"), &mut |path, metadata| {
-        if metadata.is_file() && path.extension().is_some_and(|ext| ext == "py") {
-            sources.push(path.to_owned());
+    let Ok(root) = beneath::open_root(root) else {
+        return Vec::new();
+    };
+    let mut sources: Vec<PathBuf> = Vec::new();
+    // A `.venv` that is a link, or links within it, are not followed: the build made them.
+    let _ = beneath::walk(&root, VENV, &mut |walked| {
+        if beneath::kind(walked.stat) == FileType::RegularFile
+            && walked.rel.extension().is_some_and(|ext| ext == "py")
+        {
+            sources.push(Path::new(VENV).join(walked.rel));
         }
+        true
     });
     let mut uncompiled: Vec<String> = sources
         .into_iter()
-        .filter(|source| !has_checked_hash_pyc(source))
+        .filter(|source| !has_checked_hash_pyc(&root, source))
         .filter_map(|source| {
-            let relative = source.strip_prefix(root).ok()?.to_str()?.to_owned();
+            let relative = source.to_str()?.to_owned();
             (!relative.contains('\n')).then_some(relative)
         })
         .collect();
@@ -36,20 +50,23 @@ pub(super) fn uncompiled(root: &Path) -> Vec<String> {
     uncompiled
 }
 
-/// Whether `__pycache__/<stem>.<tag>.pyc` beside `source` exists for some interpreter tag and
-/// is a checked-hash pyc. Opened without following links or blocking (it is the build's file).
-fn has_checked_hash_pyc(source: &Path) -> bool {
+/// Whether `__pycache__/<stem>.<tag>.pyc` beside `source` (relative to `root`) exists for some
+/// interpreter tag and is a checked-hash pyc. Opened beneath `root` following no link, and only
+/// if it is a regular file (it is the build's file).
+fn has_checked_hash_pyc(root: &OwnedFd, source: &Path) -> bool {
     let (Some(dir), Some(stem)) = (
         source.parent(),
         source.file_stem().and_then(|stem| stem.to_str()),
     ) else {
         return false;
     };
-    let Ok(entries) = std::fs::read_dir(dir.join("__pycache__")) else {
+    let Ok(cache) = beneath::open_dir(root, dir.join("__pycache__")) else {
         return false;
     };
-    entries.flatten().any(|entry| {
-        let name = entry.file_name();
+    let Ok(entries) = beneath::entries(&cache) else {
+        return false;
+    };
+    entries.iter().any(|(name, stat)| {
         let Some(tag) = name
             .to_str()
             .and_then(|name| name.strip_prefix(stem)?.strip_prefix('.'))
@@ -57,12 +74,12 @@ fn has_checked_hash_pyc(source: &Path) -> bool {
         else {
             return false;
         };
-        if tag.is_empty() || tag.contains('.') {
+        if tag.is_empty() || tag.contains('.') || beneath::kind(stat) != FileType::RegularFile {
             return false;
         }
         let mut header = [0u8; 8];
-        crate::layer::open_file(&entry.path())
-            .and_then(|mut pyc| pyc.read_exact(&mut header))
+        beneath::open_regular(&cache, name)
+            .and_then(|(mut pyc, _)| pyc.read_exact(&mut header))
             .is_ok_and(|()| {
                 u32::from_le_bytes([header[4], header[5], header[6], header[7]]) == CHECKED_HASH_PYC
             })

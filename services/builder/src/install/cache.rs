@@ -2,47 +2,47 @@
 //! scratch directory for a build and put back, and the hard links that tie it to `.venv`.
 
 use std::collections::HashMap;
-use std::io::Read;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::{BUILD_CACHE, remove_any, walk};
+use super::{BUILD_CACHE, chown_tree, remove_any};
+use crate::beneath;
 use crate::output::CappedLog;
 
 /// How much of npm's debug log a failed build's log keeps.
 const NPM_DEBUG_LOG_BYTES: u64 = 16 * 1024;
 
-/// Writes the end of npm's newest debug log (in the download cache `cache`) to the build log.
-pub(super) fn npm_debug_log(cache: &Path, log: &mut CappedLog<'_>) {
-    let logs = cache.join("npm").join("_logs");
-    let newest = std::fs::read_dir(&logs).ok().and_then(|entries| {
-        entries
-            .flatten()
-            .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_file()))
-            .max_by_key(|entry| entry.metadata().and_then(|m| m.modified()).ok())
-    });
-    let Some(newest) = newest else {
+/// Writes the end of npm's newest debug log (in the download cache of the scratch directory
+/// `root`) to the build log. The cache is the build's: the way to the logs is resolved beneath
+/// `root` following no link, only a regular file is read, and only its end
+/// ([`crate::beneath`]); a link, a FIFO or anything else planted there is ignored.
+pub(super) fn npm_debug_log(root: &Path, log: &mut CappedLog<'_>) {
+    let Ok(root) = beneath::open_root(root) else {
         return;
     };
-    let Ok(mut file) = std::fs::File::open(newest.path()) else {
+    let Ok(logs) = beneath::open_dir(&root, Path::new(BUILD_CACHE).join("npm/_logs")) else {
         return;
     };
-    let length = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let skip = length.saturating_sub(NPM_DEBUG_LOG_BYTES);
-    let mut tail = Vec::new();
-    if std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(skip)).is_err()
-        || file
-            .take(NPM_DEBUG_LOG_BYTES)
-            .read_to_end(&mut tail)
-            .is_err()
-    {
+    let Ok(entries) = beneath::entries(&logs) else {
         return;
-    }
+    };
+    let newest = entries
+        .into_iter()
+        .filter(|(_, stat)| beneath::kind(stat) == rustix::fs::FileType::RegularFile)
+        .max_by_key(|(_, stat)| (stat.st_mtime, stat.st_mtime_nsec));
+    let Some((name, _)) = newest else {
+        return;
+    };
+    let Ok((mut file, _)) = beneath::open_regular(&logs, &name) else {
+        return;
+    };
+    let Ok((tail, cut)) = beneath::read_tail(&mut file, NPM_DEBUG_LOG_BYTES) else {
+        return;
+    };
     log.write(
         format!(
             "==> npm's debug log ({}), {}:\n",
-            newest.file_name().to_string_lossy(),
-            if skip > 0 { "its end" } else { "whole" }
+            name.to_string_lossy(),
+            if cut { "its end" } else { "whole" }
         )
         .as_bytes(),
     );
@@ -50,6 +50,25 @@ pub(super) fn npm_debug_log(cache: &Path, log: &mut CappedLog<'_>) {
     if !tail.ends_with(b"\n") {
         log.write(b"\n");
     }
+}
+
+/// The directories the installers keep in the download cache. A cache that holds anything
+/// but a directory (a link, a file) at one of them was tampered with by a build and is
+/// discarded on reuse.
+const CACHE_DIRS: [&str; 4] = ["npm", "npm/_logs", "uv", "pip"];
+
+/// Whether the cache at `inside` holds only directories where [`CACHE_DIRS`] are (or nothing).
+fn cache_is_sound(inside: &Path) -> bool {
+    let Ok(cache) = beneath::open_root(inside) else {
+        return false;
+    };
+    CACHE_DIRS
+        .iter()
+        .all(|rel| match beneath::lstat(&cache, rel) {
+            Ok(None) => true,
+            Ok(Some(stat)) => beneath::kind(&stat) == rustix::fs::FileType::Directory,
+            Err(_) => false,
+        })
 }
 
 /// The build's download cache, at [`super::BUILD_CACHE`] in the scratch directory while the
@@ -93,10 +112,23 @@ impl BuildCache {
             std::fs::remove_file(&inside)?;
             moved = false;
         }
-        if !moved {
+        if moved && !cache_is_sound(&inside) {
+            // A build planted a link (or a file) where an installer keeps a directory: the
+            // cache is not reused, and nothing in it is followed.
+            tracing::warn!(cache = ?home, "the download cache held a link or a file where a directory belongs; it is discarded");
+            remove_any(&inside)?;
+            moved = false;
+        }
+        if moved {
+            // A cache filled by a build of another builder (another uid) is handed over whole;
+            // one of this builder's own uid only at the top (a cache can be large).
+            let metadata = std::fs::symlink_metadata(&inside)?;
+            if std::os::unix::fs::MetadataExt::uid(&metadata) != uid {
+                chown_tree(&inside, uid, gid)?;
+            }
+        } else {
             std::fs::create_dir(&inside)?;
         }
-        // Only the top: a persistent cache can be large, and builds of one uid fill it.
         std::os::unix::fs::lchown(&inside, Some(uid), Some(gid))?;
         Ok(BuildCache {
             inside,
@@ -140,17 +172,26 @@ impl Drop for BuildCache {
     }
 }
 
-/// Every regular file under `dir` (not following links) with more than one link, by inode:
-/// when its inode last changed (ctime, seconds and nanoseconds). Unreadable parts are skipped.
-pub(super) fn linked_files(dir: &Path) -> HashMap<(u64, u64), (i64, i64)> {
+/// Every regular file under `.venv` in the scratch directory `root` (walked beneath it, following
+/// no link) with more than one link, by inode: when its inode last changed (ctime, seconds and
+/// nanoseconds). Unreadable parts (and a `.venv` that is a link) are skipped.
+pub(super) fn linked_files(root: &Path) -> HashMap<(u64, u64), (i64, i64)> {
     let mut linked = HashMap::new();
-    walk(dir, &mut |_, metadata| {
-        if metadata.is_file() && metadata.nlink() > 1 {
+    let Ok(root) = beneath::open_root(root) else {
+        return linked;
+    };
+    let _ = beneath::walk(&root, ".venv", &mut |walked| {
+        let stat = walked.stat;
+        if beneath::kind(stat) == rustix::fs::FileType::RegularFile && stat.st_nlink > 1 {
             linked.insert(
-                (metadata.dev(), metadata.ino()),
-                (metadata.ctime(), metadata.ctime_nsec()),
+                (stat.st_dev, stat.st_ino),
+                (
+                    stat.st_ctime,
+                    i64::try_from(stat.st_ctime_nsec).unwrap_or(0),
+                ),
             );
         }
+        true
     });
     linked
 }

@@ -94,6 +94,7 @@ mod tests {
             hidden_paths: Vec::new(),
             network: Network::None,
             timeout: Duration::from_secs(1),
+            cgroup: None,
         }
     }
 

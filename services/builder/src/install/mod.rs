@@ -81,8 +81,11 @@
 //!   the node's own are refused unless the policy allows them. Every command of the build
 //!   enters that namespace; when the build ends, the proxy stops and the namespace goes. There
 //!   is no DNS and no route inside: a tool that ignores the proxy variables reaches nothing.
-//! - [`BuildNetwork::Host`]: the host's network, unfiltered (for an upstream proxy, which the
-//!   egress proxy cannot chain to).
+//!   When the host has an upstream proxy (`registries.https_proxy`, else `http_proxy`), the
+//!   egress proxy reaches what it permits through it: a `CONNECT` to the checked address
+//!   (`network::Upstream`). The build still has only its own namespace and the egress proxy.
+//! - [`BuildNetwork::Host`]: the host's network, unfiltered (`plinth serve` and
+//!   `plinth builder` never choose it).
 //!
 //! Offline installs (tests, air-gapped deployments) go through `extra_env`;
 //! [`InstallOptions::offline`] sets them: `UV_OFFLINE=1` + `UV_FIND_LINKS=<dir>` (uv has no
@@ -105,12 +108,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use plinth_sandbox::cgroup::Cgroups;
 use plinth_sandbox::egress::EgressPolicy;
 
 use self::bytecode::{BYTECODE_LIST, uncompiled, write_list};
 use self::cache::{BuildCache, linked_files, npm_debug_log};
 use self::environment::environment;
 use self::network::Egress;
+use crate::limits::{BuildCgroup, BuildLimits, Hit};
 use crate::manifests::{self, Plan, Step, Toolchain};
 use crate::output::{CappedLog, Tail};
 use crate::registries::{self, Registries};
@@ -156,6 +161,12 @@ pub struct InstallOptions {
     pub network: BuildNetwork,
     /// How installers reach registries: certificate authority, proxies, indexes.
     pub registries: Registries,
+    /// The build's bounds ([`crate::limits`]): memory, processes and CPU need `cgroups`; the
+    /// wall time holds for all of the build's commands together.
+    pub limits: BuildLimits,
+    /// Where builds' cgroups are made; without it, builds have no memory, process or CPU
+    /// bounds.
+    pub cgroups: Option<Arc<Cgroups>>,
     /// The scratch directory already holds `.venv` and `node_modules` reused from an earlier
     /// version with the same reuse key: keep them and run every step over them (see
     /// [`manifests::Toolchain::reused`]), so the version holds what a fresh build's would.
@@ -177,6 +188,8 @@ impl Default for InstallOptions {
             cache_dir: None,
             network: BuildNetwork::None,
             registries: Registries::default(),
+            limits: BuildLimits::default(),
+            cgroups: None,
             reuse_dependencies: false,
         }
     }
@@ -258,8 +271,17 @@ pub enum InstallError {
         limit: Duration,
         tail: String,
     },
+    #[error("`{step}` failed: {reason}; its output ended with:\n{tail}")]
+    OverLimit {
+        step: String,
+        /// Which bound, and the setting that sets it.
+        reason: String,
+        tail: String,
+    },
     #[error("giving the build its network (its namespace and egress proxy): {0}")]
     Network(std::io::Error),
+    #[error("bounding the build: {0}")]
+    Limits(String),
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
 }
@@ -305,11 +327,38 @@ pub async fn install(
         BuildNetwork::None => (Network::None, None),
         BuildNetwork::Host => (Network::Host, None),
         BuildNetwork::Egress(policy) => {
-            let egress = Egress::start(policy.clone(), format!("build of {slug}"))
+            // With an upstream proxy for the host, the egress proxy reaches what it permits
+            // through it.
+            let upstream = options
+                .registries
+                .https_proxy
+                .as_deref()
+                .or(options.registries.http_proxy.as_deref())
+                .map(network::Upstream::parse)
+                .transpose()
+                .map_err(|why| InstallError::Network(std::io::Error::other(why)))?
+                .map(Arc::new);
+            let egress = Egress::start(policy.clone(), upstream, format!("build of {slug}"))
                 .await
                 .map_err(InstallError::Network)?;
             (Network::Join(egress.netns.clone()), Some(egress))
         }
+    };
+    let cgroup = match (&options.cgroups, options.limits.cgroup_limits()) {
+        (Some(cgroups), Some(limits)) => Some(
+            BuildCgroup::create(cgroups.clone(), limits)
+                .await
+                .map_err(InstallError::Limits)?,
+        ),
+        _ => None,
+    };
+    let bounds = Bounds {
+        cgroup: cgroup.as_ref(),
+        limits: &options.limits,
+        deadline: options
+            .limits
+            .wall
+            .map(|wall| tokio::time::Instant::now() + wall),
     };
     let sandbox = Sandbox {
         slug: slug.to_owned(),
@@ -322,17 +371,26 @@ pub async fn install(
         hidden_paths: options.hidden_paths.clone(),
         network,
         timeout: options.step_timeout,
+        cgroup: cgroup.as_ref().map(|cgroup| cgroup.group.clone()),
     };
 
     let mut log = CappedLog::new(log, options.log_head_bytes, options.log_tail_bytes);
-    let result = run_steps(&sandbox, &root, &prepared.plan, options, &mut log).await;
-    if let Err(InstallError::StepFailed { step, .. } | InstallError::TimedOut { step, .. }) =
-        &result
+    let result = run_steps(&sandbox, &bounds, &root, &prepared.plan, options, &mut log).await;
+    // Nothing of the build outlives it: what is left in its group is killed, the group goes.
+    drop(sandbox);
+    if let Some(cgroup) = cgroup {
+        cgroup.finish().await;
+    }
+    if let Err(
+        InstallError::StepFailed { step, .. }
+        | InstallError::TimedOut { step, .. }
+        | InstallError::OverLimit { step, .. },
+    ) = &result
         && step.starts_with("npm ")
     {
         // The error points at npm's debug log, which lives in the download cache: the log
         // keeps its end, since the cache is out of the owner's reach.
-        npm_debug_log(&prepared.cache.inside, &mut log);
+        npm_debug_log(&root, &mut log);
     }
     let discard = result.as_ref().is_ok_and(|ran| ran.cache_changed);
     if discard {
@@ -450,6 +508,7 @@ struct Ran {
 /// Runs the plan's commands, then the bytecode pass.
 async fn run_steps(
     sandbox: &Sandbox,
+    bounds: &Bounds<'_>,
     root: &Path,
     plan: &Plan,
     options: &InstallOptions,
@@ -499,7 +558,7 @@ async fn run_steps(
     };
     for step in &plan.steps {
         if !step.is_python() && linked.is_none() && venv_python(root).is_some() {
-            linked = Some(blocking(root, |root| Ok(linked_files(&root.join(".venv")))).await?);
+            linked = Some(blocking(root, |root| Ok(linked_files(root))).await?);
         }
         let toolchain = Toolchain {
             uv,
@@ -510,6 +569,7 @@ async fn run_steps(
             let python = plan.has_python() || venv_python(root).is_some();
             run_command(
                 sandbox,
+                bounds,
                 &argv,
                 environment(sandbox, options, python),
                 &options.registries,
@@ -522,7 +582,7 @@ async fn run_steps(
     let cache_changed = match linked {
         Some(before) => {
             blocking(root, move |root| {
-                let after = linked_files(&root.join(".venv"));
+                let after = linked_files(root);
                 Ok(before
                     .iter()
                     .any(|(inode, changed)| after.get(inode).is_some_and(|now| now != changed)))
@@ -583,6 +643,7 @@ async fn run_steps(
         if let Some(argv) = argv {
             match run_command(
                 sandbox,
+                bounds,
                 &argv,
                 environment(sandbox, options, true),
                 &options.registries,
@@ -625,29 +686,19 @@ async fn blocking<T: Send + 'static>(
         })
 }
 
-/// Calls `visit` with every entry under `dir` and its metadata, not following links.
-fn walk(dir: &Path, visit: &mut dyn FnMut(&Path, &std::fs::Metadata)) {
-    let mut pending = vec![dir.to_owned()];
-    while let Some(dir) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let Ok(metadata) = std::fs::symlink_metadata(&path) else {
-                continue;
-            };
-            if metadata.is_dir() {
-                pending.push(path.clone());
-            }
-            visit(&path, &metadata);
-        }
-    }
+/// What bounds a build's commands: its cgroup's limits and the build's deadline.
+struct Bounds<'a> {
+    cgroup: Option<&'a BuildCgroup>,
+    limits: &'a BuildLimits,
+    deadline: Option<tokio::time::Instant>,
 }
 
-/// Runs one command, logging a `==> command` line and its output; a non-zero exit is an error.
+/// Runs one command, logging a `==> command` line and its output; a non-zero exit is an error,
+/// and so is a command that ran into one of the build's bounds (named in the error and the
+/// log).
 async fn run_command(
     sandbox: &Sandbox,
+    bounds: &Bounds<'_>,
     argv: &[String],
     env: Vec<(String, String)>,
     registries: &Registries,
@@ -655,13 +706,43 @@ async fn run_command(
 ) -> Result<(), InstallError> {
     let shown = manifests::display(argv);
     log.write(format!("==> {shown}\n").as_bytes());
+    // The command may run for what is left of the build's time, if that is less than a step's.
+    let mut sandbox = std::borrow::Cow::Borrowed(sandbox);
+    let mut wall_bound = false;
+    if let Some(deadline) = bounds.deadline {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left <= sandbox.timeout {
+            wall_bound = true;
+            sandbox.to_mut().timeout = left.max(Duration::from_millis(1));
+        }
+    }
     let mut tail = Tail::new(ERROR_TAIL_BYTES);
     let mut output = |bytes: &[u8]| {
         tail.push(bytes);
         log.write(bytes);
     };
-    let status = match sandbox.run(argv, &env, &mut output).await {
+    let ran = sandbox.run(argv, &env, &mut output).await;
+    let over = |reason: String, log: &mut CappedLog<'_>, tail: &mut Tail| {
+        log.write(format!("==> {reason}\n").as_bytes());
+        InstallError::OverLimit {
+            step: shown.clone(),
+            reason,
+            tail: tail.text(),
+        }
+    };
+    let failed = !matches!(&ran, Ok(status) if status.success());
+    if let Some(cgroup) = bounds.cgroup {
+        match cgroup.hit(failed) {
+            Some(Hit::Memory) => return Err(over(bounds.limits.memory_reason(), log, &mut tail)),
+            Some(Hit::Pids) => return Err(over(bounds.limits.pids_reason(), log, &mut tail)),
+            None => {}
+        }
+    }
+    let status = match ran {
         Ok(status) => status,
+        Err(SandboxError::TimedOut { .. }) if wall_bound => {
+            return Err(over(bounds.limits.wall_reason(), log, &mut tail));
+        }
         Err(SandboxError::TimedOut { limit }) => {
             return Err(InstallError::TimedOut {
                 step: shown,
@@ -691,10 +772,14 @@ async fn run_command(
 }
 
 /// `.venv/bin/python` in the scratch directory, if there is one (a link to the interpreter, so
-/// it is looked at, not followed: the target exists only as the sandbox sees it).
+/// it is looked at, not followed: the target exists only as the sandbox sees it; nor is any
+/// link on the way to it).
 fn venv_python(root: &Path) -> Option<PathBuf> {
-    let python = root.join(".venv/bin/python");
-    std::fs::symlink_metadata(&python).ok().map(|_| python)
+    let fd = crate::beneath::open_root(root).ok()?;
+    crate::beneath::lstat(&fd, ".venv/bin/python")
+        .ok()
+        .flatten()
+        .map(|_| root.join(".venv/bin/python"))
 }
 
 /// The first executable file `name` in the directories of `path`, as the host sees them (the

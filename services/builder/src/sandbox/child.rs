@@ -26,12 +26,19 @@ pub(super) struct Plan {
     pub(super) uid: rustix::process::Uid,
     pub(super) gid: rustix::process::Gid,
     pub(super) seccomp: &'static Filter,
+    /// The build's cgroup, joined first.
+    pub(super) cgroup: Option<Arc<plinth_sandbox::cgroup::SessionCgroup>>,
 }
 
 /// The sandbox's side of the fork (see the module documentation), run in P; returns only in D,
 /// ready to exec, or with the error of a step (which std reports to the spawning parent).
 /// Raw system calls only.
 pub(super) fn enter(plan: &Plan) -> Result<(), Errno> {
+    if let Some(cgroup) = &plan.cgroup {
+        // One write per hierarchy to a descriptor opened before the fork.
+        plinth_sandbox::cgroup::join(cgroup.join_fds())
+            .map_err(|error| cannot(&[b"join the build's cgroup"], error))?;
+    }
     if let Some(netns) = &plan.netns {
         rustix::thread::move_into_link_name_space(
             netns.as_fd(),

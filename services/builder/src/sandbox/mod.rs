@@ -47,7 +47,8 @@
 //! inside it, and `unshare(CLONE_NEWPID)` moves only the caller's *children* there, so the child
 //! std forks (P, outside the namespace, the process the builder waits for) forks once more:
 //!
-//! 1. P enters the build's network namespace (`setns`) when it has one, unshares the mount,
+//! 1. P joins the build's cgroup (when it has one), enters the build's network namespace
+//!    (`setns`) when it has one, unshares the mount,
 //!    PID, IPC, UTS and cgroup namespaces (and the network, for `None`) and forks C, the PID
 //!    namespace's first process. P closes every descriptor but stdio, waits for C and exits with
 //!    its status.
@@ -70,8 +71,10 @@
 //!
 //! The host keeps one trace: an empty `/env` directory, the mount point of the root's tmpfs.
 //!
-//! Limits: no CPU, memory or disk quota (that needs cgroups, which the deployment provides);
-//! with `Host`, the command reaches whatever the host reaches.
+//! Limits: with [`Sandbox::cgroup`], P joins the build's cgroup before anything else, so the
+//! command and everything it starts are bounded by the build's memory, process and CPU limits
+//! ([`crate::limits`]); the wall time is [`Sandbox::timeout`]. With `Host`, the command
+//! reaches whatever the host reaches.
 
 mod child;
 
@@ -172,6 +175,8 @@ pub struct Sandbox {
     pub network: Network,
     /// The wall-clock limit for one command.
     pub timeout: Duration,
+    /// The build's cgroup ([`crate::limits`]): every process of the command is in it.
+    pub cgroup: Option<Arc<plinth_sandbox::cgroup::SessionCgroup>>,
 }
 
 /// The network a build's command is given.
@@ -495,6 +500,7 @@ impl Sandbox {
             uid: rustix::process::Uid::from_raw(self.uid),
             gid: rustix::process::Gid::from_raw(self.gid),
             seccomp,
+            cgroup: self.cgroup.clone(),
         })
     }
 }
@@ -636,6 +642,7 @@ mod tests {
             ],
             network: Network::None,
             timeout: Duration::from_secs(1),
+            cgroup: None,
         }
     }
 

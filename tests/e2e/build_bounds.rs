@@ -1,0 +1,301 @@
+//! What a build wrote is never trusted, and a build is bounded, tested as the attacker from
+//! inside real builds (`plinth serve` with its in-process builder): a build that plants a link
+//! in its download cache gets nothing of the link's target into its log, now or in the scope's
+//! next build.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::time::Duration;
+
+use crate::helpers::{Server, create_environment, put_file, send, wait_for_build};
+
+const BUILD_LIMIT: Duration = Duration::from_secs(180);
+
+/// Queues the next build of `id` and waits for it to end; answers its record.
+async fn build(server: &Server, id: &str, version: u64) -> serde_json::Value {
+    let (status, queued) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/environments/{id}/build"))),
+    )
+    .await;
+    assert_eq!(status, 202, "{queued}");
+    wait_for_build(server, id, version, BUILD_LIMIT).await
+}
+
+#[tokio::test]
+async fn a_link_planted_in_the_npm_cache_leaks_nothing_into_the_build_log() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    // The victim: a root-only directory on the host whose newest file is a secret.
+    let victim = tempfile::Builder::new()
+        .prefix("plinth-victim-")
+        .tempdir_in("/var/tmp")
+        .expect("tempdir");
+    let secret = "victim-secret-4b1d7e";
+    std::fs::write(victim.path().join("older.log"), "victim-older\n").expect("write");
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(victim.path().join("newest.log"), format!("{secret}\n")).expect("write");
+    std::fs::set_permissions(victim.path(), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+
+    let server = Server::start().await;
+    let attacker = create_environment(&server, "Npm Cache Link").await;
+    // npm runs the project's own `preinstall` as the build's uid; it swaps npm's log directory
+    // in the download cache (which outlives the build) for a link to the victim, then fails,
+    // so the builder looks for npm's debug log.
+    let planted = format!(
+        "rm -rf \"$npm_config_cache/_logs\" && ln -s {} \"$npm_config_cache/_logs\" && \
+         echo attack: planted && exit 1",
+        victim.path().display()
+    );
+    let package = serde_json::json!({
+        "name": "attacker",
+        "version": "0.0.0",
+        "scripts": { "preinstall": planted },
+    });
+    put_file(&server, &attacker, "package.json", package.to_string()).await;
+    let first = build(&server, &attacker, 1).await;
+    assert_eq!(first["status"], "failed", "{first}");
+    let log = first["log"].as_str().expect("log");
+    assert!(log.contains("attack: planted"), "the preinstall ran: {log}");
+    assert!(
+        !log.contains(secret) && !log.contains("victim-older"),
+        "{log}"
+    );
+    assert!(!first.to_string().contains(secret), "{first}");
+
+    // The scope's next build takes the same cache in and fails in npm again, without planting
+    // anything: the link left there is not followed either.
+    let package = serde_json::json!({
+        "name": "attacker",
+        "version": "0.0.1",
+        "scripts": { "preinstall": "echo attack: second && exit 1" },
+    });
+    put_file(&server, &attacker, "package.json", package.to_string()).await;
+    let second = build(&server, &attacker, 2).await;
+    assert_eq!(second["status"], "failed", "{second}");
+    let log = second["log"].as_str().expect("log");
+    assert!(log.contains("attack: second"), "{log}");
+    assert!(!second.to_string().contains(secret), "{second}");
+
+    // The victim is unchanged, and the builder goes on building.
+    assert_eq!(
+        std::fs::read_to_string(victim.path().join("newest.log")).expect("read"),
+        format!("{secret}\n")
+    );
+    let mut names: Vec<_> = std::fs::read_dir(victim.path())
+        .expect("list")
+        .map(|entry| entry.expect("entry").file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["newest.log", "older.log"]);
+    put_file(
+        &server,
+        &attacker,
+        "package.json",
+        r#"{"name": "attacker", "version": "0.0.2"}"#,
+    )
+    .await;
+    let third = build(&server, &attacker, 3).await;
+    assert_eq!(third["status"], "ready", "{third}");
+}
+
+/// A server whose builds are held to small bounds.
+async fn bounded_server() -> Server {
+    Server::start_with_config("[builder.limits]\nmemory_mb = 96\npids = 64\n", &[]).await
+}
+
+#[tokio::test]
+async fn a_build_over_its_memory_or_process_limit_fails_naming_it_and_the_next_build_succeeds() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = bounded_server().await;
+    // Memory: the build's shell holds 300 MB in a variable.
+    let memory = create_environment(&server, "Memory Hog Build").await;
+    put_file(
+        &server,
+        &memory,
+        "setup.sh",
+        "echo attack: start\nx=$(head -c 300000000 /dev/zero | tr '\\0' a)\necho attack: held ${#x}\n",
+    )
+    .await;
+    // Processes: more sleepers at once than the build may run.
+    let pids = create_environment(&server, "Fork Hog Build").await;
+    put_file(
+        &server,
+        &pids,
+        "setup.sh",
+        "echo attack: start\nfor i in $(seq 100); do sleep 5 & done\nwait\necho attack: survived\n",
+    )
+    .await;
+    // The neighbour, queued behind both.
+    let normal = create_environment(&server, "Normal Build").await;
+    put_file(&server, &normal, "setup.sh", "echo built > built.txt\n").await;
+
+    let (memory_build, pids_build, normal_build) = tokio::join!(
+        build(&server, &memory, 1),
+        build(&server, &pids, 1),
+        build(&server, &normal, 1),
+    );
+    assert_eq!(memory_build["status"], "failed", "{memory_build}");
+    let error = memory_build["error"].as_str().expect("error");
+    assert!(
+        error.contains("more than its 96 MiB memory limit (builder.limits.memory_mb)"),
+        "{memory_build}"
+    );
+    let log = memory_build["log"].as_str().expect("log");
+    assert!(
+        log.contains("attack: start") && !log.contains("attack: held"),
+        "{log}"
+    );
+
+    assert_eq!(pids_build["status"], "failed", "{pids_build}");
+    let error = pids_build["error"].as_str().expect("error");
+    assert!(
+        error.contains("more than its 64 processes at once (builder.limits.pids)"),
+        "{pids_build}"
+    );
+
+    assert_eq!(normal_build["status"], "ready", "{normal_build}");
+    // And the builder goes on: the hog's next build, fixed, is ready too.
+    put_file(&server, &memory, "setup.sh", "echo fixed > fixed.txt\n").await;
+    let fixed = build(&server, &memory, 2).await;
+    assert_eq!(fixed["status"], "ready", "{fixed}");
+}
+
+#[tokio::test]
+async fn behind_an_upstream_proxy_a_build_still_reaches_no_host_port() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if !crate::helpers::can_build() {
+        return;
+    }
+    // A victim listener on the host, which must see nothing.
+    let victim = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let victim_port = victim.local_addr().expect("addr").port();
+    let victim_seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = victim_seen.clone();
+    plinth_kit::tasks::spawn(async move {
+        while let Ok((_stream, _)) = victim.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    // The host's upstream proxy, on loopback: it records each request line, accepts every
+    // CONNECT and says hello through the tunnel; it never connects anywhere.
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let upstream_port = upstream.local_addr().expect("addr").port();
+    let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let recorded = requests.clone();
+    plinth_kit::tasks::spawn(async move {
+        while let Ok((mut stream, _)) = upstream.accept().await {
+            let recorded = recorded.clone();
+            plinth_kit::tasks::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && head.len() < 16 * 1024 {
+                    match stream.read(&mut byte).await {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let line = String::from_utf8_lossy(&head)
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                recorded.lock().expect("lock").push(line);
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\nhello-from-upstream\n")
+                    .await;
+            });
+        }
+    });
+
+    let config = format!("[builder]\nhttps_proxy = \"http://127.0.0.1:{upstream_port}\"\n");
+    let server = Server::start_with_config(&config, &["--builder-network", "true"]).await;
+    let gateway_port = server
+        .base
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.parse::<u16>().ok())
+        .expect("gateway port");
+    let script = format!(
+        r#"for port in {gateway_port} {victim_port} {upstream_port}; do
+  if timeout 5 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port" 2>/dev/null; then echo "attack: reached $port"; fi
+  tunnel=$(curl -s -m 10 --noproxy '' -p -x "$HTTPS_PROXY" -o /dev/null -w '%{{http_connect}}' "http://127.0.0.1:$port/")
+  echo "attack: proxy $port $tunnel"
+done
+echo "attack: proxy is $HTTPS_PROXY"
+exec 3<>/dev/tcp/127.0.0.1/3128
+printf 'CONNECT 1.1.1.1:443 HTTP/1.1\r\nHost: 1.1.1.1:443\r\n\r\n' >&3
+timeout 10 cat <&3 | tr -d '\r' | sed 's/^/attack: public /'
+"#
+    );
+    let attacker = create_environment(&server, "Behind Upstream").await;
+    put_file(&server, &attacker, "setup.sh", script).await;
+    let built = build(&server, &attacker, 1).await;
+    assert_eq!(built["status"], "ready", "{built}");
+    let log = built["log"].as_str().expect("log");
+    let said: Vec<&str> = log
+        .lines()
+        .filter_map(|line| line.strip_prefix("attack: "))
+        .collect();
+    assert!(
+        !said.iter().any(|line| line.starts_with("reached ")),
+        "{log}"
+    );
+    for port in [gateway_port, victim_port, upstream_port] {
+        assert!(
+            said.contains(&format!("proxy {port} 403").as_str()),
+            "{port}: {log}"
+        );
+    }
+    // The build's proxy is its own egress proxy, never the upstream one…
+    assert!(said.contains(&"proxy is http://127.0.0.1:3128"), "{log}");
+    // …which chains what it permits to the upstream proxy.
+    assert!(
+        said.contains(&"public HTTP/1.1 200 Connection established"),
+        "{log}"
+    );
+    assert!(said.contains(&"public hello-from-upstream"), "{log}");
+    let requests = requests.lock().expect("lock").clone();
+    assert_eq!(requests, ["CONNECT 1.1.1.1:443 HTTP/1.1"], "{log}");
+    assert_eq!(
+        victim_seen.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the victim listener saw a connection"
+    );
+}
+
+#[tokio::test]
+async fn builds_running_at_once_never_share_a_uid() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builders", "2"]).await;
+    // Each build holds its builder long enough for the other builder to claim the other one.
+    let script = "echo \"attack: uid $(id -u)\"\nsleep 4\n";
+    let first = create_environment(&server, "Slot One").await;
+    let second = create_environment(&server, "Slot Two").await;
+    put_file(&server, &first, "setup.sh", script).await;
+    put_file(&server, &second, "setup.sh", script).await;
+    let (one, two) = tokio::join!(build(&server, &first, 1), build(&server, &second, 1));
+    let uid = |built: &serde_json::Value| {
+        assert_eq!(built["status"], "ready", "{built}");
+        built["log"]
+            .as_str()
+            .expect("log")
+            .lines()
+            .find_map(|line| line.strip_prefix("attack: uid "))
+            .expect("the uid line")
+            .to_owned()
+    };
+    let (one, two) = (uid(&one), uid(&two));
+    assert_ne!(one, two, "two builds at once ran as one uid");
+    assert_ne!(one, "0");
+    assert_ne!(two, "0");
+}
