@@ -90,14 +90,13 @@ async fn one_token_past_its_rate_is_refused_while_another_is_served() {
         );
         assert!(refused["headers"].get("Retry-After").is_some(), "{refused}");
     }
-    // Novo calls with its signature, not a client token: no rate applies (its 429, if any,
-    // is a quota's).
+    // Novo calls with its signature, not a client token: the rate that applies is its
+    // adapter's, and the description says which setting gives it.
     let novo = &doc["paths"]["/v1/workspace-adapters/{id}/novo"]["post"]["responses"]["429"];
     assert!(
-        !novo["description"]
+        novo["description"]
             .as_str()
-            .unwrap_or_default()
-            .contains("rate_limited"),
+            .is_some_and(|text| text.contains("gateway.adapter_rate_limit_per_second")),
         "{novo}"
     );
     assert!(

@@ -165,6 +165,7 @@ const CERTIFICATE: &[&str] = &[
 const PROXY: &[&str] = &[
     "plinth egress:",
     "unsuccessful tunnel",
+    "tunnel error",
     "proxyerror",
     "proxy error",
     "tunnel connection failed",
@@ -222,6 +223,20 @@ pub fn hint(registries: &Registries, network: &Network, output: &str) -> Option<
                 None => "the installers' default authorities".to_owned(),
             }
         ),
+        Trouble::Proxy | Trouble::Unreachable
+            if egress && (registries.https_proxy.is_some() || registries.http_proxy.is_some()) =>
+        {
+            format!(
+                "builds reach the network through the egress proxy, which goes on through the \
+                 upstream proxy: check builder.https_proxy and builder.http_proxy (or HTTPS_PROXY \
+                 and HTTP_PROXY in the builder's environment), which must be reachable from the \
+                 builder and allow CONNECT; builds used https_proxy: {}, http_proxy: {}. The \
+                 egress proxy also refuses loopback, private, link-local and metadata addresses \
+                 except the package registries and builder.egress_allow",
+                shown(&registries.https_proxy),
+                shown(&registries.http_proxy)
+            )
+        }
         Trouble::Proxy | Trouble::Unreachable if egress => "builds reach the network only \
              through the egress proxy (HTTPS_PROXY in their environment), which refuses \
              loopback, private, link-local and metadata addresses and the node's own, except \
@@ -389,7 +404,20 @@ mod tests {
             HTTPSConnectionPool(host='mirror.example', port=443): Max retries exceeded \
             (Caused by ProxyError('Unable to connect to proxy', OSError('Tunnel connection \
             failed: 403 Forbidden')))";
-        let said = hint(&registries, &Network::Join(netns), refused).expect("an egress hint");
+        let said =
+            hint(&registries, &Network::Join(netns.clone()), refused).expect("an egress hint");
         assert!(said.contains("builder.egress_allow"), "{said}");
+        // Behind an upstream proxy the egress proxy chains to, a failed tunnel names the
+        // upstream's settings, its credentials redacted.
+        let upstream = Registries {
+            https_proxy: Some("http://user:secret@proxy.internal:3128".to_owned()),
+            ..registries.clone()
+        };
+        let uv = "error: Request failed after 3 retries\n  cause: client error (Connect)\n  \
+            cause: tunnel error: unsuccessful";
+        let said = hint(&upstream, &Network::Join(netns), uv).expect("an upstream proxy hint");
+        assert!(said.contains("builder.https_proxy"), "{said}");
+        assert!(said.contains("builder.egress_allow"), "{said}");
+        assert!(!said.contains("secret"), "{said}");
     }
 }
