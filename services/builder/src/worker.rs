@@ -998,7 +998,12 @@ impl BuildDisk {
                 .map_err(|error| error.to_string())?;
             let scratch = build_dir.join(DISK_SCRATCH);
             // Only root walks to the scratch directory; the sandbox shows it to the build.
-            std::fs::create_dir(&scratch).map_err(|error| error.to_string())?;
+            if let Err(error) = std::fs::create_dir(&scratch) {
+                if let Err(removing) = dir.remove() {
+                    tracing::warn!(error = %removing, "could not remove a build's disk image");
+                }
+                return Err(error.to_string());
+            }
             Ok(BuildDisk { dir: Some(dir) })
         })
         .await
