@@ -569,6 +569,13 @@ pub struct BuilderLimits {
     /// Wall time of the whole build (each step is also held to `step_timeout_seconds`), in
     /// seconds. From 1 to 604800.
     pub wall_seconds: u64,
+    /// Disk in MiB for everything a build writes: the project tree with `.venv`,
+    /// `node_modules` and the download cache, its HOME and `/tmp`, on an ext4 image of this
+    /// size mounted for the build (loop devices, as sessions' `disk_mb`). From 64 to
+    /// 16777216, or 0 (the default) for no limit: the builder's file system bounds builds.
+    /// Off by default because, with a limit, the download cache and the kept `.venv` and
+    /// `node_modules` live on each build's image and are not kept between builds.
+    pub disk_mb: u64,
 }
 
 impl Default for BuilderLimits {
@@ -578,6 +585,7 @@ impl Default for BuilderLimits {
             pids: 1024,
             cpu_millicores: 2000,
             wall_seconds: 3600,
+            disk_mb: 0,
         }
     }
 }
@@ -590,10 +598,21 @@ impl BuilderLimits {
             ("pids", self.pids, 16, 4_194_304),
             ("cpu_millicores", self.cpu_millicores, 10, 1_024_000),
             ("wall_seconds", self.wall_seconds, 1, 604_800),
+            (
+                "disk_mb",
+                self.disk_mb,
+                if self.disk_mb == 0 { 0 } else { 64 },
+                16_777_216,
+            ),
         ] {
             if !(low..=high).contains(&value) {
                 return Err(ConfigError::Invalid(format!(
-                    "builder.limits.{name} = {value}: it must be from {low} to {high}"
+                    "builder.limits.{name} = {value}: it must be from {low} to {high}{}",
+                    if name == "disk_mb" {
+                        " (or 0 for no limit)"
+                    } else {
+                        ""
+                    }
                 )));
             }
         }
@@ -607,6 +626,7 @@ impl BuilderLimits {
             pids: Some(self.pids),
             cpu_millicores: Some(self.cpu_millicores),
             wall: Some(std::time::Duration::from_secs(self.wall_seconds)),
+            disk_mb: (self.disk_mb > 0).then_some(self.disk_mb),
         }
     }
 }
@@ -2063,6 +2083,29 @@ mod tests {
         );
         assert!(!dumped.contains("u:p@"), "{dumped}");
         assert!(dumped.contains(&bundle_path), "{dumped}");
+    }
+
+    #[test]
+    fn a_builds_disk_limit_is_off_by_default_and_checked_when_set() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("plinth.toml");
+        let path = file.to_str().expect("utf-8");
+        let limits = serve(&[]).expect("config").builder.limits;
+        assert_eq!(limits.disk_mb, 0);
+        assert_eq!(limits.build_limits().disk_mb, None);
+
+        std::fs::write(&file, "[builder.limits]\ndisk_mb = 64\n").expect("write");
+        let config = serve(&["--config", path]).expect("config");
+        assert_eq!(config.builder.limits.build_limits().disk_mb, Some(64));
+
+        for bad in ["16", "20000000"] {
+            std::fs::write(&file, format!("[builder.limits]\ndisk_mb = {bad}\n")).expect("write");
+            let error = serve(&["--config", path]).expect_err("refused").to_string();
+            assert!(
+                error.contains("builder.limits.disk_mb") && error.contains("or 0 for no limit"),
+                "{error}"
+            );
+        }
     }
 
     #[test]

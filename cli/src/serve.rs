@@ -490,6 +490,7 @@ fn spawn_builder(
         idle_poll: std::time::Duration::from_millis(500),
         toolchain: String::new(),
         layers,
+        disk: None,
     };
     let result = async move {
         let _lock = lock;

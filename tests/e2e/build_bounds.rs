@@ -299,3 +299,114 @@ async fn builds_running_at_once_never_share_a_uid() {
     assert_ne!(one, "0");
     assert_ne!(two, "0");
 }
+
+/// The bytes the files under `dir` take on its file system (allocated blocks), not counting
+/// what is on other file systems mounted beneath it (a build's disk image, whose own file is
+/// counted where it lies) nor reading anything through a link.
+fn allocated_bytes(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(top) = std::fs::symlink_metadata(dir) else {
+        return 0;
+    };
+    let mut total = 0;
+    let mut pending = vec![dir.to_owned()];
+    while let Some(path) = pending.pop() {
+        // Files come and go while a build runs: whatever vanished is not counted.
+        let Ok(metadata) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if metadata.dev() != top.dev() {
+            continue;
+        }
+        total += metadata.blocks() * 512;
+        if metadata.is_dir()
+            && let Ok(entries) = std::fs::read_dir(&path)
+        {
+            pending.extend(entries.flatten().map(|entry| entry.path()));
+        }
+    }
+    total
+}
+
+#[tokio::test]
+async fn a_build_over_its_disk_limit_fails_naming_it_and_the_host_disk_gets_no_more() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    const MIB: u64 = 1024 * 1024;
+    // Two builders check the work directory's disk limits at once, and both build.
+    let server =
+        Server::start_with_config("[builder.limits]\ndisk_mb = 64\n", &["--builders", "2"]).await;
+    let work_dir = server.data_dir().join("builder");
+    // The attack writes 200 MiB each in the build's /tmp, its HOME and the project tree; the
+    // last file stays while the build waits, so a watcher on the host would see it.
+    let attacker = create_environment(&server, "Disk Hog Build").await;
+    put_file(
+        &server,
+        &attacker,
+        "setup.sh",
+        "echo attack: start\n\
+         for dir in /tmp \"$HOME\"; do\n\
+           dd if=/dev/zero of=\"$dir/big\" bs=1M count=200 2>&1 && echo \"attack: wrote $dir\"\n\
+           rm -f \"$dir/big\"\n\
+         done\n\
+         dd if=/dev/zero of=big bs=1M count=200 2>&1 && echo attack: wrote project\n\
+         sleep 2\n\
+         echo attack: end\n\
+         exit 1\n",
+    )
+    .await;
+    // While it runs, the host side of the builder's work directory is watched.
+    let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watcher = {
+        let (work_dir, watching) = (work_dir.clone(), watching.clone());
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while watching.load(std::sync::atomic::Ordering::SeqCst) {
+                most = most.max(allocated_bytes(&work_dir));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            most
+        })
+    };
+    let hog = build(&server, &attacker, 1).await;
+    watching.store(false, std::sync::atomic::Ordering::SeqCst);
+    let most = watcher.join().expect("watcher");
+    assert_eq!(hog["status"], "failed", "{hog}");
+    let error = hog["error"].as_str().expect("error");
+    assert!(
+        error.contains("more than its 64 MiB disk limit (builder.limits.disk_mb)"),
+        "{hog}"
+    );
+    let log = hog["log"].as_str().expect("log");
+    assert!(
+        log.contains("attack: start") && log.contains("attack: end"),
+        "{log}"
+    );
+    assert!(log.contains("No space left on device"), "{log}");
+    assert!(!log.contains("attack: wrote"), "{log}");
+    // The host's file system took no more than the limit (and the builder's own few files).
+    assert!(
+        most < 64 * MIB + 16 * MIB,
+        "the builder's work directory took {} MiB at most",
+        most / MIB
+    );
+    // Afterwards nothing of the build is left: no image, no mount.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(
+        !mounts.contains(work_dir.to_str().expect("utf-8")),
+        "{mounts}"
+    );
+    assert!(allocated_bytes(&work_dir) < 16 * MIB);
+
+    // The builder goes on: the next build, within its limit, is ready.
+    put_file(
+        &server,
+        &attacker,
+        "setup.sh",
+        "dd if=/dev/zero of=/tmp/some bs=1M count=8 && dd if=/dev/zero of=some bs=1M count=4\n",
+    )
+    .await;
+    let fixed = build(&server, &attacker, 2).await;
+    assert_eq!(fixed["status"], "ready", "{fixed}");
+}

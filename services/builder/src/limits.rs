@@ -1,6 +1,6 @@
 //! A build's bounds: memory, processes and CPU for the whole build in a cgroup of its own
 //! (the sessions' cgroup code, [`plinth_sandbox::cgroup`], v1 or v2), and wall time for the
-//! whole build. A build over a bound fails with a reason that names it and the setting that
+//! whole build, and disk for what it writes on an image of its own (see the worker). A build over a bound fails with a reason that names it and the setting that
 //! sets it (`builder.limits.*`); the builder and other builds go on.
 //!
 //! Every command of a build joins the build's group first thing in the process the builder
@@ -18,6 +18,7 @@ use plinth_sandbox::cgroup::{Cgroups, Limits, SessionCgroup};
 pub const MEMORY_SETTING: &str = "builder.limits.memory_mb";
 pub const PIDS_SETTING: &str = "builder.limits.pids";
 pub const WALL_SETTING: &str = "builder.limits.wall_seconds";
+pub const DISK_SETTING: &str = "builder.limits.disk_mb";
 
 /// A build's bounds; `None` leaves one unbounded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,6 +31,10 @@ pub struct BuildLimits {
     pub cpu_millicores: Option<u64>,
     /// Wall time for all of the build's commands together.
     pub wall: Option<Duration>,
+    /// Disk for everything the build can write (its scratch directory with the project,
+    /// `.venv`, `node_modules` and download cache, its HOME and `/tmp`), in MiB: the worker
+    /// puts them on an ext4 image of this size ([`plinth_sandbox::disk`]).
+    pub disk_mb: Option<u64>,
 }
 
 impl BuildLimits {
@@ -54,6 +59,13 @@ impl BuildLimits {
         format!(
             "the build tried to run more than its {} processes at once ({PIDS_SETTING})",
             self.pids.unwrap_or_default()
+        )
+    }
+
+    pub(crate) fn disk_reason(&self) -> String {
+        format!(
+            "the build used more than its {} MiB disk limit ({DISK_SETTING})",
+            self.disk_mb.unwrap_or_default()
         )
     }
 

@@ -63,6 +63,9 @@ pub struct BuilderOptions {
     /// Where layers are counted in their scope's stored bytes before a build completes; none:
     /// layers are not counted (the builder warns at start).
     pub layers: Option<LayerLedger>,
+    /// How builds' disk is limited (`install.limits.disk_mb`); [`run`] checks the host can
+    /// when it is `None` and a limit is set.
+    pub disk: Option<plinth_sandbox::disk::DiskLimits>,
 }
 
 /// Why the builder stopped.
@@ -76,6 +79,9 @@ pub enum BuilderError {
     /// Builds are to be bounded and cannot be.
     #[error("builds need cgroups for their memory, process and CPU limits (builder.limits): {0}")]
     Limits(String),
+    /// Builds are to have a disk limit and cannot.
+    #[error("builds need loop devices for their disk limit (builder.limits.disk_mb): {0}")]
+    Disk(String),
     /// Its work directory is unusable.
     #[error("builder work directory {path}: {source}")]
     WorkDir {
@@ -118,6 +124,9 @@ pub fn remove_leftovers(work_dir: &Path) -> std::io::Result<usize> {
         (work_dir.join("builds"), false),
         (work_dir.join("kept"), true),
     ] {
+        if !only_partial {
+            unmount_build_images(&parent)?;
+        }
         let entries = match std::fs::read_dir(&parent) {
             Ok(entries) => entries,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
@@ -149,6 +158,49 @@ pub fn remove_leftovers(work_dir: &Path) -> std::io::Result<usize> {
     Ok(removed)
 }
 
+/// Unmounts the image of every build directory in `builds` that has one (a killed builder's):
+/// the loop device goes with the mount (autoclear), the image and the rest with the directory.
+fn unmount_build_images(builds: &Path) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(builds) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(error),
+    };
+    for entry in entries {
+        let dir = entry?.path();
+        if std::fs::symlink_metadata(dir.join(DISK_IMAGE)).is_ok() {
+            unmount_all(&dir.join(DISK_MOUNT))?;
+        }
+    }
+    Ok(())
+}
+
+/// Unmounts every mount stacked on `path` (none: nothing to do); a busy one lazily.
+fn unmount_all(path: &Path) -> std::io::Result<()> {
+    use rustix::mount::UnmountFlags;
+    for _ in 0..8 {
+        match rustix::mount::unmount(path, UnmountFlags::empty()) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::BUSY) => {
+                rustix::mount::unmount(path, UnmountFlags::DETACH)?;
+            }
+            // Not (or no longer) a mount point.
+            Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => return Ok(()),
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "{} is still a mount point after 8 unmounts",
+        path.display()
+    )))
+}
+
+/// In a build's directory with a disk limit: its image and where it is mounted (the names
+/// [`plinth_sandbox::disk`] gives them), and the scratch directory on it.
+const DISK_IMAGE: &str = "work.ext4";
+const DISK_MOUNT: &str = "work";
+const DISK_SCRATCH: &str = "work/project";
+
 /// The name prefix of a kept dependency tree being set aside, before its rename into place.
 const PARTIAL_KEPT: &str = ".partial-";
 
@@ -173,6 +225,22 @@ pub async fn run(
     let mut options = options;
     if options.install.cgroups.is_none() && options.install.limits.cgroup_limits().is_some() {
         options.install.cgroups = Some(build_cgroups(&options.work_dir).await?);
+    }
+    if options.disk.is_none() && options.install.limits.disk_mb.is_some() {
+        let builds = builds.clone();
+        // Builders of one work directory in one process would share the check's probe
+        // directory (named after the process): one check at a time.
+        static CHECKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let checked = tokio::task::spawn_blocking(move || {
+            let _one = CHECKING
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            plinth_sandbox::disk::DiskLimits::check(&builds)
+        })
+        .await
+        .map_err(|join| BuilderError::Disk(join.to_string()))?
+        .map_err(|error| BuilderError::Disk(error.to_string()))?;
+        options.disk = Some(checked);
     }
     tracing::info!(builder = %options.name, work_dir = %options.work_dir.display(), "builder waiting for work");
     let options = Arc::new(options);
@@ -339,13 +407,42 @@ async fn run_build(
         lease_lost.clone(),
     ));
 
-    let scratch = options.work_dir.join("builds").join(format!(
+    let build_dir = options.work_dir.join("builds").join(format!(
         "{}-{}-{}",
         build.environment_id, build.version, build.attempt
     ));
+    // With a disk limit, everything the build can write lives on an image of that size,
+    // mounted for as long as the build runs.
+    let disk = match (&options.disk, options.install.limits.disk_mb) {
+        (Some(disk), Some(size_mb)) => Some(BuildDisk::create(disk, &build_dir, size_mb).await),
+        _ => None,
+    };
+    let scratch = match &disk {
+        Some(_) => build_dir.join(DISK_SCRATCH),
+        None => build_dir.clone(),
+    };
+    let ready = match &disk {
+        Some(Err(error)) => Err(error.clone()),
+        _ => Ok(()),
+    };
     let outcome = tokio::select! {
-        outcome = produce(options, blobs, catalog.clone(), collection, &token, &build, &claim.slug, &claim.scope, &scratch, log_tx.clone(), &lease_lost) => outcome,
+        outcome = async {
+            ready?;
+            produce(options, blobs, catalog.clone(), collection, &token, &build, &claim.slug, &claim.scope, &scratch, log_tx.clone(), &lease_lost).await
+        } => outcome,
         () = lease_lost.cancelled() => Err("the lease was lost; this build was abandoned".to_owned()),
+    };
+    // Out of space outside the installers' commands (the source itself, the builder's own
+    // writes on the image): the reason names the limit too.
+    let outcome = match outcome {
+        Err(error)
+            if matches!(disk, Some(Ok(_)))
+                && error.contains("(os error 28)")
+                && !error.contains(crate::limits::DISK_SETTING) =>
+        {
+            Err(format!("{}: {error}", options.install.limits.disk_reason()))
+        }
+        other => other,
     };
     drop(log_tx);
     let _ = shipper.await;
@@ -418,12 +515,16 @@ async fn run_build(
     }
     lease_lost.cancel();
     let _ = keeper.await;
-    // Scratch directories can be large; removing them must not hold up the next build.
+    // Scratch directories can be large; removing them must not hold up the next build. On an
+    // image, an unmount drops the tree whole.
     tokio::task::spawn_blocking(move || {
-        if let Err(error) = std::fs::remove_dir_all(&scratch)
+        if let Some(Ok(disk)) = disk {
+            disk.remove();
+        }
+        if let Err(error) = std::fs::remove_dir_all(&build_dir)
             && error.kind() != std::io::ErrorKind::NotFound
         {
-            tracing::warn!(dir = %scratch.display(), %error, "removing a build's scratch directory failed");
+            tracing::warn!(dir = %build_dir.display(), %error, "removing a build's scratch directory failed");
         }
     });
     ended
@@ -877,6 +978,70 @@ async fn build_cgroups(
         .map_err(BuilderError::Limits)
 }
 
+/// A build's disk image ([`plinth_sandbox::disk`]) mounted at `<build_dir>/work`, holding
+/// the scratch directory (`work/project`) and, beside it, the build's HOME and `/tmp`.
+struct BuildDisk {
+    dir: Option<plinth_sandbox::disk::LimitedDir>,
+}
+
+impl BuildDisk {
+    async fn create(
+        disk: &plinth_sandbox::disk::DiskLimits,
+        build_dir: &Path,
+        size_mb: u64,
+    ) -> Result<BuildDisk, String> {
+        let (disk, build_dir) = (disk.clone(), build_dir.to_owned());
+        tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&build_dir).map_err(|error| error.to_string())?;
+            let dir = disk
+                .create(&build_dir, size_mb, 0, 0)
+                .map_err(|error| error.to_string())?;
+            let scratch = build_dir.join(DISK_SCRATCH);
+            // Only root walks to the scratch directory; the sandbox shows it to the build.
+            if let Err(error) = std::fs::create_dir(&scratch) {
+                if let Err(removing) = dir.remove() {
+                    tracing::warn!(error = %removing, "could not remove a build's disk image");
+                }
+                return Err(error.to_string());
+            }
+            Ok(BuildDisk { dir: Some(dir) })
+        })
+        .await
+        .map_err(|join| join.to_string())?
+        .map_err(|error: String| {
+            format!(
+                "making the build's disk ({}): {error}",
+                crate::limits::DISK_SETTING
+            )
+        })
+    }
+
+    /// Unmounts the image (its loop device goes with it) and deletes it.
+    fn remove(mut self) {
+        if let Some(dir) = self.dir.take()
+            && let Err(error) = dir.remove()
+        {
+            tracing::warn!(%error, "could not remove a build's disk image");
+        }
+    }
+}
+
+impl Drop for BuildDisk {
+    /// A build abandoned midway (its future dropped) still has its image unmounted and
+    /// removed, off the runtime.
+    fn drop(&mut self) {
+        if let Some(dir) = self.dir.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn_blocking(move || {
+                if let Err(error) = dir.remove() {
+                    tracing::warn!(%error, "could not remove an abandoned build's disk image");
+                }
+            });
+        }
+    }
+}
+
 /// How many builds' dependency trees a builder keeps on its disk for the next rebuild.
 const KEPT_DEPENDENCY_TREES: usize = 4;
 
@@ -942,7 +1107,15 @@ async fn keep_dependencies(work_dir: &Path, scope: &str, layer: &Digest, scratch
             .await
             .is_ok_and(|metadata| metadata.is_dir())
         {
-            let _ = tokio::fs::rename(scratch.join(tree), partial.join(tree)).await;
+            // A scratch directory on a disk image is another file system: its trees are not
+            // kept (the next rebuild writes them out of the blob store).
+            if tokio::fs::rename(scratch.join(tree), partial.join(tree))
+                .await
+                .is_err()
+            {
+                let _ = tokio::fs::remove_dir_all(&partial).await;
+                return;
+            }
         }
     }
     if tokio::fs::rename(&partial, &kept).await.is_err() {

@@ -738,6 +738,9 @@ async fn run_command(
             None => {}
         }
     }
+    if failed && bounds.limits.disk_mb.is_some() && disk_full(&sandbox.root, &mut tail) {
+        return Err(over(bounds.limits.disk_reason(), log, &mut tail));
+    }
     let status = match ran {
         Ok(status) => status,
         Err(SandboxError::TimedOut { .. }) if wall_bound => {
@@ -769,6 +772,16 @@ async fn run_command(
             hint,
         })
     }
+}
+
+/// Whether a failed command ran out of the build's disk: its output says `ENOSPC`, or the file
+/// system of the scratch directory (the build's image, which also holds its HOME and `/tmp`)
+/// has no block left for the build's uid.
+fn disk_full(root: &Path, tail: &mut Tail) -> bool {
+    if tail.text().contains("No space left on device") {
+        return true;
+    }
+    rustix::fs::statvfs(root).is_ok_and(|fs| fs.f_bavail == 0 || fs.f_favail == 0)
 }
 
 /// `.venv/bin/python` in the scratch directory, if there is one (a link to the interpreter, so

@@ -2,5 +2,6 @@
 //! python3 and npm), offline, from fixtures the tests make.
 
 mod builds;
+mod disk;
 mod fixtures;
 mod isolation;
