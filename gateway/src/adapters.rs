@@ -18,6 +18,7 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::auth::Caller;
+use crate::edge::Bucket;
 use crate::error::{ApiError, ErrorBody};
 use crate::json::JsonBody;
 
@@ -461,12 +462,6 @@ impl Default for AdapterRate {
     }
 }
 
-#[derive(Debug)]
-struct Bucket {
-    tokens: f64,
-    refilled: std::time::Instant,
-}
-
 /// Every adapter's bucket on this gateway.
 #[derive(Debug)]
 pub(crate) struct AdapterRates {
@@ -487,7 +482,7 @@ impl AdapterRates {
 
     /// Takes one call from adapter `id`'s bucket, or refuses it with when to retry.
     pub(crate) fn take(&self, id: &str) -> Result<(), ApiError> {
-        self.take_at(id, std::time::Instant::now()).map_err(|wait| {
+        self.take_at(id, tokio::time::Instant::now()).map_err(|wait| {
             metrics::counter!("plinth_gateway_refused_total", "reason" => "adapter_rate_limited")
                 .increment(1);
             crate::error::retry_after(
@@ -503,7 +498,7 @@ impl AdapterRates {
         })
     }
 
-    fn take_at(&self, id: &str, now: std::time::Instant) -> Result<(), u64> {
+    fn take_at(&self, id: &str, now: tokio::time::Instant) -> Result<(), u64> {
         let rate = f64::from(self.rate.per_second);
         if rate <= 0.0 {
             return Ok(());
@@ -514,24 +509,12 @@ impl AdapterRates {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if buckets.len() >= Self::CAP && !buckets.contains_key(id) {
-            buckets.retain(|_, bucket| {
-                bucket.tokens + now.duration_since(bucket.refilled).as_secs_f64() * rate < burst
-            });
+            buckets.retain(|_, bucket| !bucket.full_at(now, rate, burst));
         }
-        let bucket = buckets.entry(id.to_owned()).or_insert(Bucket {
-            tokens: burst,
-            refilled: now,
-        });
-        let refill = now.duration_since(bucket.refilled).as_secs_f64() * rate;
-        bucket.tokens = (bucket.tokens + refill).min(burst);
-        bucket.refilled = now;
-        if bucket.tokens >= 1.0 {
-            bucket.tokens -= 1.0;
-            Ok(())
-        } else {
-            let wait = ((1.0 - bucket.tokens) / rate).ceil();
-            Err((wait as u64).max(1))
-        }
+        buckets
+            .entry(id.to_owned())
+            .or_insert_with(|| Bucket::full(burst, now))
+            .take(now, rate, burst)
     }
 }
 
@@ -545,7 +528,7 @@ mod rate_tests {
             per_second: 2,
             burst: 3,
         });
-        let start = std::time::Instant::now();
+        let start = tokio::time::Instant::now();
         for _ in 0..3 {
             rates.take_at("wadp_a", start).expect("within the burst");
         }

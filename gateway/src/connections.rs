@@ -25,7 +25,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -35,6 +35,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tower::ServiceExt as _;
+
+use crate::edge::Holding;
 
 /// The bounds, as configured.
 #[derive(Debug, Clone, Copy)]
@@ -230,32 +232,6 @@ impl Drop for Busy {
     }
 }
 
-/// An answer's body with its request's place in flight on the connection.
-struct Answering {
-    body: Body,
-    _busy: Busy,
-}
-
-impl http_body::Body for Answering {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
-}
-
 /// The router, for one connection, counting its requests in flight.
 #[derive(Clone)]
 struct Tracked {
@@ -273,7 +249,7 @@ impl hyper::service::Service<http::Request<Incoming>> for Tracked {
         let app = self.app.clone();
         Box::pin(async move {
             let response = app.oneshot(request.map(Body::new)).await?;
-            Ok(response.map(|body| Body::new(Answering { body, _busy: busy })))
+            Ok(response.map(|body| Body::new(Holding { body, _held: busy })))
         })
     }
 }

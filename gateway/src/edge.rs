@@ -29,7 +29,7 @@ use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use plinth_kit::{ErrorCode, PlinthError};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::auth::Tokens;
@@ -83,11 +83,41 @@ pub fn answers_when_work_ends(method: &Method, route: &str) -> bool {
     )
 }
 
-/// One token's bucket.
+/// A token bucket: `burst` calls at once, refilled at `rate` calls a second (one token's at the
+/// edge, one adapter's in [`crate::adapters`]).
 #[derive(Debug)]
-struct Bucket {
+pub(crate) struct Bucket {
     tokens: f64,
     refilled: Instant,
+}
+
+impl Bucket {
+    /// A bucket holding `burst` calls at `now`.
+    pub(crate) fn full(burst: f64, now: Instant) -> Self {
+        Bucket {
+            tokens: burst,
+            refilled: now,
+        }
+    }
+
+    /// Whether it would be full again at `now`: its holder was idle long enough.
+    pub(crate) fn full_at(&self, now: Instant, rate: f64, burst: f64) -> bool {
+        self.tokens + now.duration_since(self.refilled).as_secs_f64() * rate >= burst
+    }
+
+    /// Takes one call at `now`, or answers the whole seconds (at least 1) until one is back.
+    pub(crate) fn take(&mut self, now: Instant, rate: f64, burst: f64) -> Result<(), u64> {
+        let refill = now.duration_since(self.refilled).as_secs_f64() * rate;
+        self.tokens = (self.tokens + refill).min(burst);
+        self.refilled = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            let wait = ((1.0 - self.tokens) / rate).ceil();
+            Err((wait as u64).max(1))
+        }
+    }
 }
 
 /// The limits' shared state.
@@ -103,12 +133,7 @@ impl Edge {
     pub(crate) fn new(limits: EdgeLimits, tokens: Arc<Tokens>) -> Arc<Self> {
         let now = Instant::now();
         let buckets = (0..tokens.count())
-            .map(|_| {
-                Mutex::new(Bucket {
-                    tokens: f64::from(limits.rate_burst.max(1)),
-                    refilled: now,
-                })
-            })
+            .map(|_| Mutex::new(Bucket::full(f64::from(limits.rate_burst.max(1)), now)))
             .collect();
         Arc::new(Edge {
             limits,
@@ -132,17 +157,7 @@ impl Edge {
         let mut bucket = bucket
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let now = Instant::now();
-        let refill = now.duration_since(bucket.refilled).as_secs_f64() * rate;
-        bucket.tokens = (bucket.tokens + refill).min(burst);
-        bucket.refilled = now;
-        if bucket.tokens >= 1.0 {
-            bucket.tokens -= 1.0;
-            Ok(())
-        } else {
-            let wait = ((1.0 - bucket.tokens) / rate).ceil();
-            Err((wait as u64).max(1))
-        }
+        bucket.take(Instant::now(), rate, burst)
     }
 }
 
@@ -217,21 +232,19 @@ pub(crate) async fn in_flight(
         )
         .into_response();
     };
-    next.run(request).await.map(|body| {
-        Body::new(Held {
-            body,
-            _place: place,
-        })
-    })
+    next.run(request)
+        .await
+        .map(|body| Body::new(Holding { body, _held: place }))
 }
 
-/// An answer's body with its place in flight, given back when the body is done with.
-struct Held {
-    body: Body,
-    _place: OwnedSemaphorePermit,
+/// An answer's body with what its request holds (its place in flight at the edge, its place
+/// on the connection), given back when the body is done with.
+pub(crate) struct Holding<H> {
+    pub(crate) body: Body,
+    pub(crate) _held: H,
 }
 
-impl http_body::Body for Held {
+impl<H: Unpin> http_body::Body for Holding<H> {
     type Data = Bytes;
     type Error = axum::Error;
 
