@@ -189,6 +189,9 @@ pub struct EdgeArgs {
     /// Requests the gateway serves at once, streamed answers included.
     #[arg(long, env = "PLINTH_MAX_CONCURRENT_REQUESTS")]
     pub max_concurrent_requests: Option<u32>,
+    /// Requests one client (a token, or an address without one) has in flight at once.
+    #[arg(long, env = "PLINTH_MAX_CONCURRENT_REQUESTS_PER_CLIENT")]
+    pub max_concurrent_requests_per_client: Option<u32>,
     /// Workspace-adapter bodies read at once before their signature is known.
     #[arg(long, env = "PLINTH_ADAPTER_MAX_UNVERIFIED_BODIES")]
     pub adapter_max_unverified_bodies: Option<u32>,

@@ -112,6 +112,9 @@ pub struct GatewaySection {
     pub request_timeout_seconds: u64,
     /// Requests the gateway serves at once, streamed answers included; past it, 503.
     pub max_concurrent_requests: u32,
+    /// Requests one client (a token, or an address without one) has in flight at once; past
+    /// it, 503, while other clients are served.
+    pub max_concurrent_requests_per_client: u32,
     /// Workspace-adapter (Novo) bodies read at once before their signature is known.
     pub adapter_max_unverified_bodies: u32,
     /// How long a Novo idempotent call's claim lasts unless renewed (every third of it while
@@ -170,6 +173,7 @@ impl Default for GatewaySection {
             rate_limit_burst: 200,
             request_timeout_seconds: 60,
             max_concurrent_requests: 1024,
+            max_concurrent_requests_per_client: 256,
             adapter_max_unverified_bodies: 4,
             novo_call_lease_seconds: 30,
             adapter_rate_limit_per_second: 100,
@@ -238,6 +242,10 @@ impl GatewaySection {
             "max_concurrent_requests",
         )?;
         positive(
+            self.max_concurrent_requests_per_client.into(),
+            "max_concurrent_requests_per_client",
+        )?;
+        positive(
             self.adapter_max_unverified_bodies.into(),
             "adapter_max_unverified_bodies",
         )?;
@@ -258,6 +266,10 @@ impl GatewaySection {
             request_timeout: std::time::Duration::from_secs(self.request_timeout_seconds),
             max_concurrent_requests: usize::try_from(self.max_concurrent_requests)
                 .unwrap_or(usize::MAX),
+            max_concurrent_requests_per_client: usize::try_from(
+                self.max_concurrent_requests_per_client,
+            )
+            .unwrap_or(usize::MAX),
             max_unverified_bodies: usize::try_from(self.adapter_max_unverified_bodies)
                 .unwrap_or(usize::MAX),
         })
@@ -1565,6 +1577,9 @@ fn apply_edge_flags(config: &mut Config, edge: &EdgeArgs) -> Result<(), ConfigEr
     }
     if let Some(max) = edge.max_concurrent_requests {
         gateway.max_concurrent_requests = max;
+    }
+    if let Some(max) = edge.max_concurrent_requests_per_client {
+        gateway.max_concurrent_requests_per_client = max;
     }
     if let Some(max) = edge.adapter_max_unverified_bodies {
         gateway.adapter_max_unverified_bodies = max;

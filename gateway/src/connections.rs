@@ -237,6 +237,7 @@ impl Drop for Busy {
 struct Tracked {
     app: Router,
     activity: Arc<Activity>,
+    client: IpAddr,
 }
 
 impl hyper::service::Service<http::Request<Incoming>> for Tracked {
@@ -244,9 +245,12 @@ impl hyper::service::Service<http::Request<Incoming>> for Tracked {
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
 
-    fn call(&self, request: http::Request<Incoming>) -> Self::Future {
+    fn call(&self, mut request: http::Request<Incoming>) -> Self::Future {
         let busy = Busy::new(&self.activity);
         let app = self.app.clone();
+        request
+            .extensions_mut()
+            .insert(crate::edge::ClientAddress(self.client));
         Box::pin(async move {
             let response = app.oneshot(request.map(Body::new)).await?;
             Ok(response.map(|body| Body::new(Holding { body, _held: busy })))
@@ -329,6 +333,7 @@ pub(crate) async fn serve(
         let service = Tracked {
             app: app.clone(),
             activity: activity.clone(),
+            client,
         };
         let builder = builder.clone();
         let shutdown = shutdown.clone();

@@ -6,8 +6,10 @@
 //!   `Retry-After`, and other tokens are not affected. Requests without a configured token are
 //!   not counted here: they are refused as unauthenticated at once, or, with no tokens
 //!   configured (loopback only, one scope), there is no one to tell apart;
-//! - a bound on **requests in flight**, streamed answers included until their last byte: past
-//!   it, `503 unavailable` with `Retry-After` at once rather than a queue;
+//! - a bound on **requests in flight**, streamed answers included until their last byte, in
+//!   all and per client (its token; else the workspace adapter it calls; else its address),
+//!   so that one client's slow requests cannot take every place: past either, `503
+//!   unavailable` with `Retry-After` at once rather than a queue;
 //! - a **deadline** from a request's arrival to its answer's head. A streamed answer (a
 //!   followed build log, a streamed exec) sends its head at once, so the deadline never cuts
 //!   it. Routes whose answer waits on work the caller asked for and that has its own limit (a
@@ -18,6 +20,8 @@
 //! The order, outermost first: rate, in flight, deadline; a request refused by its rate takes
 //! no place in flight.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -47,6 +51,9 @@ pub struct EdgeLimits {
     pub request_timeout: Duration,
     /// Requests in flight at once, streamed answers included.
     pub max_concurrent_requests: usize,
+    /// Requests in flight at once from one client: one token, or one address for requests
+    /// without a configured token.
+    pub max_concurrent_requests_per_client: usize,
     /// Workspace-adapter bodies read at once before their signature is known.
     pub max_unverified_bodies: usize,
 }
@@ -58,6 +65,7 @@ impl Default for EdgeLimits {
             rate_burst: 200,
             request_timeout: Duration::from_secs(60),
             max_concurrent_requests: 1024,
+            max_concurrent_requests_per_client: 256,
             max_unverified_bodies: 4,
         }
     }
@@ -127,6 +135,75 @@ pub(crate) struct Edge {
     /// One per configured token, by its position.
     buckets: Vec<Mutex<Bucket>>,
     in_flight: Arc<Semaphore>,
+    /// Requests in flight per client; a client with none has no entry.
+    clients: Mutex<HashMap<Client, usize>>,
+}
+
+/// Who a request's place in flight is counted against.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Client {
+    /// A configured token, by its position.
+    Token(usize),
+    /// A workspace adapter's runtime (which signs its calls instead), by the adapter's id.
+    Adapter(String),
+    /// The address of any other client.
+    Address(IpAddr),
+}
+
+impl Client {
+    /// Whom `request` is counted against: its token, else the workspace adapter it calls,
+    /// else the address it came from.
+    fn of(edge: &Edge, request: &Request) -> Option<Client> {
+        let token = edge.tokens.identify(
+            request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .map(|value| value.as_bytes()),
+        );
+        if let Some(index) = token {
+            return Some(Client::Token(index));
+        }
+        let adapter = request
+            .uri()
+            .path()
+            .strip_prefix("/v1/workspace-adapters/")
+            .and_then(|rest| rest.split_once('/'))
+            .map(|(id, _)| id)
+            .filter(|id| !id.is_empty() && id.len() <= 128);
+        if let Some(id) = adapter {
+            return Some(Client::Adapter(id.to_owned()));
+        }
+        request
+            .extensions()
+            .get::<ClientAddress>()
+            .map(|ClientAddress(address)| Client::Address(*address))
+    }
+}
+
+/// The address a request came from, set by the connection that carried it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClientAddress(pub(crate) IpAddr);
+
+/// One request's place among its client's requests in flight, given back when dropped.
+struct ClientPlace {
+    edge: Arc<Edge>,
+    client: Client,
+}
+
+impl Drop for ClientPlace {
+    fn drop(&mut self) {
+        let mut clients = self
+            .edge
+            .clients
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(count) = clients.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                clients.remove(&self.client);
+            }
+        }
+    }
 }
 
 impl Edge {
@@ -140,6 +217,24 @@ impl Edge {
             tokens,
             buckets,
             in_flight: Arc::new(Semaphore::new(limits.max_concurrent_requests.max(1))),
+            clients: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Takes a place for one more of `client`'s requests, unless it has its most in flight.
+    fn admit(self: &Arc<Self>, client: Client) -> Option<ClientPlace> {
+        let mut clients = self
+            .clients
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let count = clients.entry(client.clone()).or_insert(0);
+        if *count >= self.limits.max_concurrent_requests_per_client.max(1) {
+            return None;
+        }
+        *count += 1;
+        Some(ClientPlace {
+            edge: self.clone(),
+            client,
         })
     }
 
@@ -162,9 +257,10 @@ impl Edge {
 }
 
 /// Every reason the edge refuses for, so each series exists (at 0) from the start.
-pub(crate) const REFUSAL_REASONS: [&str; 6] = [
+pub(crate) const REFUSAL_REASONS: [&str; 7] = [
     "rate_limited",
     "max_concurrent_requests",
+    "max_concurrent_requests_per_client",
     "request_timeout",
     "novo_unverified_bodies",
     "host_not_allowed",
@@ -213,13 +309,30 @@ pub(crate) async fn rate_limit(
     next.run(request).await
 }
 
-/// `503 unavailable` past the requests in flight; a place is held until the answer's last
-/// byte is sent (or the client goes away).
+/// `503 unavailable` past the requests in flight, in all or from the request's client; a
+/// place is held until the answer's last byte is sent (or the client goes away).
 pub(crate) async fn in_flight(
     State(edge): State<Arc<Edge>>,
     request: Request,
     next: Next,
 ) -> Response {
+    let own = match Client::of(&edge, &request).map(|client| edge.admit(client)) {
+        Some(None) => {
+            refused("max_concurrent_requests_per_client");
+            return error::retry_after(
+                ErrorCode::Unavailable,
+                format!(
+                    "this client has its most requests in flight at once ({}, \
+                     gateway.max_concurrent_requests_per_client); retry when one has ended",
+                    edge.limits.max_concurrent_requests_per_client
+                ),
+                1,
+            )
+            .into_response();
+        }
+        Some(Some(place)) => Some(place),
+        None => None,
+    };
     let Ok(place) = edge.in_flight.clone().try_acquire_owned() else {
         refused("max_concurrent_requests");
         return error::retry_after(
@@ -232,9 +345,12 @@ pub(crate) async fn in_flight(
         )
         .into_response();
     };
-    next.run(request)
-        .await
-        .map(|body| Body::new(Holding { body, _held: place }))
+    next.run(request).await.map(|body| {
+        Body::new(Holding {
+            body,
+            _held: (place, own),
+        })
+    })
 }
 
 /// An answer's body with what its request holds (its place in flight at the edge, its place
@@ -443,6 +559,70 @@ mod tests {
             http_body::Body::size_hint(served.body()).exact().is_some(),
             "a whole answer keeps its length"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_client_holding_its_places_leaves_the_others_served() {
+        use tower::ServiceExt as _;
+        let limits = EdgeLimits {
+            max_concurrent_requests_per_client: 1,
+            ..EdgeLimits::default()
+        };
+        let (router, _end) = app(limits);
+        let from = |address: [u8; 4], uri: &str| {
+            let mut request = request(Method::GET, uri);
+            request
+                .extensions_mut()
+                .insert(ClientAddress(IpAddr::from(address)));
+            request
+        };
+        // One client's slow request holds its only place; the slow route answers after 5 s.
+        let held = tokio::spawn(
+            router
+                .clone()
+                .oneshot(from([10, 0, 0, 1], "/v1/environments")),
+        );
+        tokio::task::yield_now().await;
+        let refused = router
+            .clone()
+            .oneshot(from([10, 0, 0, 1], "/nowhere"))
+            .await
+            .expect("answer");
+        assert_eq!(refused.status(), 503);
+        let body = refused
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|text| text.contains("max_concurrent_requests_per_client")),
+            "{body}"
+        );
+        // Another address, and the same one on a workspace adapter's route, are their own.
+        let other = router
+            .clone()
+            .oneshot(from([10, 0, 0, 2], "/nowhere"))
+            .await
+            .expect("answer");
+        assert_eq!(other.status(), 404);
+        let adapter = router
+            .clone()
+            .oneshot(from([10, 0, 0, 1], "/v1/workspace-adapters/wa_1/novo"))
+            .await
+            .expect("answer");
+        assert_eq!(adapter.status(), 404);
+        let held = held.await.expect("task").expect("answer");
+        assert_eq!(held.status(), 200);
+        let _ = held.into_body().collect().await.expect("body");
+        let again = router
+            .oneshot(from([10, 0, 0, 1], "/nowhere"))
+            .await
+            .expect("answer");
+        assert_eq!(again.status(), 404, "its place is free again");
     }
 
     #[test]

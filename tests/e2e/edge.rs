@@ -1,12 +1,13 @@
 //! The gateway's own limits as a client meets them: one token past its rate is refused with
-//! `429 rate_limited` and `Retry-After` while another token is served; streamed answers and
-//! commands outlive the request deadline; downloads a browser would run come as attachments,
-//! and none is sniffed; client tokens come from the config file or the environment only, once
-//! each.
+//! `429 rate_limited` and `Retry-After` while another token is served, and so is one holding
+//! its most requests in flight; streamed answers and commands outlive the request deadline;
+//! downloads a browser would run come as attachments, and none is sniffed; client tokens come
+//! from the config file or the environment only, once each.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use serde_json::{Value, json};
 
 use crate::build_rules::{Builder, ready};
@@ -146,6 +147,102 @@ async fn a_followed_build_log_outlives_the_request_deadline() {
     assert_eq!(
         text.expect("the whole stream"),
         "resolving\ninstalling\ndone\n"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn one_token_holding_its_places_in_flight_leaves_the_others_served() {
+    let config = format!(
+        "{}[gateway]\nmax_concurrent_requests_per_client = 2\n",
+        tokens_toml(&[(ACME, "acme"), (GLOBEX, "globex")])
+    );
+    let server = Server::start_with_config(&config, &[]).await;
+    let (status, created) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .bearer_auth(ACME)
+            .json(&json!({"name": "Slow uploads"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().expect("id").to_owned();
+    // Acme starts two uploads whose bodies trickle in: each holds a place until answered.
+    let mut release = Vec::new();
+    let mut uploads = Vec::new();
+    for name in ["one.txt", "two.txt"] {
+        let (send_rest, rest) = tokio::sync::oneshot::channel::<()>();
+        release.push(send_rest);
+        let body = futures::stream::once(async {
+            Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"first half, "))
+        })
+        .chain(futures::stream::once(async move {
+            let _ = rest.await;
+            Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"second half\n"))
+        }));
+        uploads.push(tokio::spawn(
+            server
+                .client
+                .put(server.url(&format!("/v1/environments/{id}/files/{name}")))
+                .bearer_auth(ACME)
+                .body(reqwest::Body::wrap_stream(body))
+                .send(),
+        ));
+    }
+    let list = |token: &'static str| {
+        server
+            .client
+            .get(server.url("/v1/environments"))
+            .bearer_auth(token)
+            .send()
+    };
+    // Once both are in flight, Acme's next request is refused, naming the setting, while
+    // Globex is served. (The uploads reach the server in their own time: ask until refused.)
+    let mut refused = None;
+    for _ in 0..100 {
+        let response = list(ACME).await.expect("request");
+        if response.status() == 503 {
+            refused = Some(response);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let refused = refused.expect("Acme's third request in flight is refused");
+    assert_eq!(
+        refused.headers().get("retry-after").map(|v| v.as_bytes()),
+        Some(&b"1"[..])
+    );
+    let (status, body) = read_json(refused).await;
+    assert_error(status, &body, 503, "unavailable");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|text| text.contains("gateway.max_concurrent_requests_per_client")),
+        "{body}"
+    );
+    let (status, listed) = read_json(list(GLOBEX).await.expect("request")).await;
+    assert_eq!(status, 200, "{listed}");
+    // The uploads finish whole; Acme's places are free again.
+    for send_rest in release {
+        let _ = send_rest.send(());
+    }
+    for upload in uploads {
+        let response = upload.await.expect("task").expect("upload");
+        assert!(response.status().is_success(), "{}", response.status());
+    }
+    let (status, listed) = read_json(list(ACME).await.expect("request")).await;
+    assert_eq!(status, 200, "{listed}");
+    let read = server
+        .client
+        .get(server.url(&format!("/v1/environments/{id}/files/two.txt")))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .expect("read");
+    assert_eq!(
+        read.text().await.expect("text"),
+        "first half, second half\n"
     );
     server.stop().await;
 }
