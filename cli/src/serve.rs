@@ -717,6 +717,7 @@ fn spawn_node(
                 .chain(config.catalog.seal_key_file.clone())
                 .collect(),
             cgroups: None,
+            shares: Default::default(),
             // For sessions whose record carries no limits (made before limits existed).
             limits: plinth_sandbox::cgroup::Limits {
                 memory_bytes: Some(config.sessions.memory_mb.saturating_mul(1024 * 1024)),

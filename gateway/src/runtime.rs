@@ -216,6 +216,7 @@ pub(crate) fn spec(session: &pb::Session) -> node::SessionSpec {
         slug: session.slug.clone(),
         layer_tree: session.layer_tree.clone(),
         limits: Some(SessionLimits::from_catalog(session.limits.as_ref()).to_node()),
+        scope: session.scope.clone(),
     }
 }
 

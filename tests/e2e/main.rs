@@ -20,6 +20,7 @@ mod environments;
 mod everyday_tools;
 mod failover;
 mod fair_builds;
+mod fair_cpu;
 mod files;
 mod first_run;
 mod gc;

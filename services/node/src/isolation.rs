@@ -103,6 +103,8 @@ pub struct Isolation {
     /// [`plinth_sandbox::root::copy_etc`]); made at start on isolated nodes. `None` shows the
     /// host's whole `/etc`.
     pub etc: Option<PathBuf>,
+    /// Each scope's CPU weight, divided among its sessions on this node.
+    pub shares: Arc<crate::shares::Shares>,
 }
 
 /// One command to start.

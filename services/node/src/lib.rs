@@ -18,6 +18,7 @@ mod pty;
 pub mod sandbox;
 mod service;
 pub mod sessions;
+pub mod shares;
 pub mod spawn;
 pub mod toolchains;
 pub mod workdir;

@@ -145,6 +145,19 @@ pub(crate) fn isolate(
                 .map(|network| std::os::fd::AsFd::as_fd(&network.namespace)),
         )
         .map_err(|error| unavailable(error.to_string()))?;
+    // Its commands join groups of their own below it, with descriptors of their own.
+    let mut cgroup = cgroup;
+    if let Some(cgroup) = cgroup.as_mut() {
+        cgroup.release_join_fds();
+    }
+    let share = cgroup
+        .as_ref()
+        .and_then(plinth_sandbox::cgroup::SessionCgroup::cpu_weight)
+        .map(|weight| {
+            isolation
+                .shares
+                .join(&record.scope, &record.session_id, weight)
+        });
     let listener = network.and_then(|network| network.listener);
     tracing::debug!(
         session = %record.session_id,
@@ -159,6 +172,7 @@ pub(crate) fn isolate(
         proxy: None,
         listener,
         stop_proxy: plinth_kit::tasks::CancellationToken::new(),
+        share: std::sync::Mutex::new(share),
     })
 }
 

@@ -17,6 +17,8 @@ pub struct Sandbox {
     pub listener: Option<std::net::TcpListener>,
     /// Stops the proxy.
     pub stop_proxy: plinth_kit::tasks::CancellationToken,
+    /// Its part of its scope's CPU weight, until it ends.
+    pub share: std::sync::Mutex<Option<crate::shares::Held>>,
 }
 
 impl Sandbox {
@@ -24,6 +26,12 @@ impl Sandbox {
     /// kernel takes to empty the namespace.
     pub fn end(&self) {
         self.stop_proxy.cancel();
+        drop(
+            self.share
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take(),
+        );
         self.keeper.kill();
         if let Some(cgroup) = &self.cgroup
             && let Err(error) = cgroup.kill_all()

@@ -60,6 +60,7 @@ impl pb::node_service_server::NodeService for Node {
             layer_tree: spec.layer_tree,
             uid: 0,
             limits: spec.limits.map(limits_from_wire).unwrap_or_default(),
+            scope: spec.scope,
         };
         let sessions = self.sessions.clone();
         let session = match &self.namespaces {

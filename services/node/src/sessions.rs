@@ -40,6 +40,10 @@ pub struct SessionRecord {
     /// have none.
     #[serde(default)]
     pub limits: SessionLimits,
+    /// The scope it belongs to (empty in records written before scopes were sent): its
+    /// sessions share one CPU weight on this node (see [`crate::shares`]).
+    #[serde(default)]
+    pub scope: String,
 }
 
 /// A session's limits, as its record keeps them; `None` is no limit. The node records them
@@ -450,6 +454,7 @@ mod tests {
             layer_tree: "sha256:00".to_owned(),
             uid: 0,
             limits: SessionLimits::default(),
+            scope: "acme".to_owned(),
         }
     }
 

@@ -459,6 +459,58 @@ impl Cgroups {
     }
 }
 
+/// The file of each of `dirs` a process joins by, open for writing.
+fn open_join(version: Version, dirs: &[&Path]) -> Result<Vec<OwnedFd>, CgroupError> {
+    // v1: `tasks`, which moves only the writing thread (a joining process is single-threaded),
+    // and for the writer itself the kernel skips the global threadgroup lock that
+    // `cgroup.procs` takes for writing: that lock waits for an RCU grace period, 5-15 ms here,
+    // while `tasks` takes 0.3-0.5 ms. v2 has only `cgroup.procs` for domain groups.
+    let file = match version {
+        Version::V1 => "tasks",
+        Version::V2 => "cgroup.procs",
+    };
+    dirs.iter()
+        .map(|dir| {
+            let path = dir.join(file);
+            rustix::fs::open(&path, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())
+                .map_err(|errno| io_error("opening", &path)(errno.into()))
+        })
+        .collect()
+}
+
+/// A cgroup's CPU weight file: `base / divisor` is written to it (at least its minimum).
+#[derive(Debug, Clone)]
+pub struct CpuWeight {
+    path: PathBuf,
+    base: u64,
+    min: u64,
+}
+
+impl CpuWeight {
+    /// The weight in `path`, `base` for a divisor of 1.
+    pub fn file(path: PathBuf, base: u64) -> CpuWeight {
+        CpuWeight { path, base, min: 1 }
+    }
+
+    fn at_least(mut self, min: u64) -> CpuWeight {
+        self.min = min;
+        self
+    }
+
+    /// Writes `base / divisor`: the group's part of a weight shared by `divisor` groups.
+    pub fn set_divisor(&self, divisor: u32) -> Result<(), CgroupError> {
+        let weight = (self.base / u64::from(divisor.max(1))).max(self.min);
+        // Truncating, as a shell's `>` does: a cgroup file ignores it, a plain file (a test's)
+        // needs it.
+        fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&self.path)
+            .and_then(|mut file| file.write_all(weight.to_string().as_bytes()))
+            .map_err(io_error("writing", &self.path))
+    }
+}
+
 /// A session's group (one directory per hierarchy). Dropping it closes its descriptors and
 /// leaves the group as it is.
 #[derive(Debug)]
@@ -494,6 +546,21 @@ impl SessionCgroup {
         match self.version {
             Version::V1 => v1::oom_kills(self),
             Version::V2 => v2::oom_kills(&self.dirs[0].path),
+        }
+    }
+
+    /// The group's CPU weight relative to its sibling session groups (v1 `cpu.shares`, v2
+    /// `cpu.weight`), for the node to divide a scope's weight among that scope's sessions;
+    /// `None` without a cpu controller.
+    pub fn cpu_weight(&self) -> Option<CpuWeight> {
+        match self.version {
+            Version::V1 => self
+                .dir("cpu")
+                .map(|dir| CpuWeight::file(dir.join("cpu.shares"), 262_144).at_least(2)),
+            Version::V2 => Some(CpuWeight::file(
+                self.dirs.first()?.path.join("cpu.weight"),
+                8192,
+            )),
         }
     }
 
@@ -538,30 +605,72 @@ impl SessionCgroup {
 
     /// A group below this one, with no limits of its own (this group's hold for it): one per
     /// command, so a command's whole tree, `setsid` daemons included, can be killed without
-    /// touching the rest of the session. Made in every hierarchy; a group of that name left
-    /// from before is used as it is.
+    /// touching the rest of the session. A group of that name left from before is used as it
+    /// is. Its join descriptors are its own, opened here.
+    ///
+    /// v1 makes it in one hierarchy only, the freezer's (else the pids', else the first): that
+    /// is all killing the tree needs, and a command joins the session's own group in the
+    /// others. A memory group per command would cost far more than the command: the kernel
+    /// makes and reparents a memory cgroup on every create and remove, work that grows with
+    /// the number of memory cgroups on the host (every live session's). The OOM count is the
+    /// session's, read before and after. v2's session groups hand no controller down, so a
+    /// group below one is as cheap.
     pub fn child(&self, name: &str) -> Result<SessionCgroup, CgroupError> {
         check_name(name)?;
-        let mut child = SessionCgroup {
+        let chosen = match self.version {
+            Version::V2 => 0,
+            Version::V1 => ["freezer", "pids"]
+                .iter()
+                .find_map(|controller| {
+                    self.dirs
+                        .iter()
+                        .position(|dir| dir.controllers.iter().any(|name| name == controller))
+                })
+                .unwrap_or(0),
+        };
+        let Some(parent) = self.dirs.get(chosen) else {
+            return Err(CgroupError::Unsupported {
+                what: "a command's group (the session's group has no directory)",
+                path: PathBuf::from(&self.name),
+            });
+        };
+        let path = parent.path.join(name);
+        match fs::create_dir(&path) {
+            Ok(()) => {}
+            Err(error) if error.kind() == ErrorKind::AlreadyExists => {}
+            Err(error) => return Err(io_error("creating", &path)(error)),
+        }
+        let joins: Vec<&Path> = self
+            .dirs
+            .iter()
+            .enumerate()
+            .map(|(index, dir)| {
+                if index == chosen {
+                    path.as_path()
+                } else {
+                    dir.path.as_path()
+                }
+            })
+            .collect();
+        let join = open_join(self.version, &joins)?;
+        Ok(SessionCgroup {
             name: name.to_owned(),
             version: self.version,
-            dirs: Vec::with_capacity(self.dirs.len()),
-            join: Vec::with_capacity(self.dirs.len()),
-        };
-        for dir in &self.dirs {
-            let path = dir.path.join(name);
-            match fs::create_dir(&path) {
-                Ok(()) => {}
-                Err(error) if error.kind() == ErrorKind::AlreadyExists => {}
-                Err(error) => return Err(io_error("creating", &path)(error)),
-            }
-            child.dirs.push(SessionDir {
-                controllers: dir.controllers.clone(),
+            dirs: vec![SessionDir {
+                controllers: parent.controllers.clone(),
                 path,
-            });
-        }
-        child.open_join_fds()?;
-        Ok(child)
+            }],
+            join,
+        })
+    }
+
+    /// Closes the descriptors [`SessionCgroup::join_fds`] gives, once nothing joins this group
+    /// directly any more (a session's keeper has; its commands join groups made by
+    /// [`SessionCgroup::child`], which opens their own). A node holding thousands of sessions
+    /// would otherwise hold five descriptors each, which every command's `execve` closes one
+    /// by one in its copy of the node's descriptor table.
+    pub fn release_join_fds(&mut self) {
+        self.join = Vec::new();
     }
 
     /// The group's directory for `controller`.
@@ -573,21 +682,8 @@ impl SessionCgroup {
     }
 
     fn open_join_fds(&mut self) -> Result<(), CgroupError> {
-        // v1: `tasks`, which moves only the writing thread (a joining process is
-        // single-threaded), and for the writer itself the kernel skips the global
-        // threadgroup lock that `cgroup.procs` takes for writing: that lock waits for an RCU
-        // grace period, 5-15 ms here, while `tasks` takes 0.3-0.5 ms. v2 has only
-        // `cgroup.procs` for domain groups.
-        let file = match self.version {
-            Version::V1 => "tasks",
-            Version::V2 => "cgroup.procs",
-        };
-        for dir in &self.dirs {
-            let path = dir.path.join(file);
-            let fd = rustix::fs::open(&path, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())
-                .map_err(|errno| io_error("opening", &path)(errno.into()))?;
-            self.join.push(fd);
-        }
+        let dirs: Vec<&Path> = self.dirs.iter().map(|dir| dir.path.as_path()).collect();
+        self.join = open_join(self.version, &dirs)?;
         Ok(())
     }
 

@@ -361,6 +361,68 @@ fn a_daemon_that_double_forked_into_its_own_session_does_not_survive_kill_all() 
 }
 
 #[test]
+fn a_commands_group_kills_its_tree_and_leaves_the_sessions_memory_limit_on_it() {
+    let scratch = Scratch::detect();
+    let mut session = scratch
+        .cgroups
+        .create(SESSION, &small_limits())
+        .expect("creating");
+    // A resident of the session (as its keeper is), then the session's own descriptors go.
+    let mut resident = start(&session, &mut shell("sleep 300"));
+    session.release_join_fds();
+    assert!(session.join_fds().is_empty());
+    let command = session.child("cmd-1").expect("a command's group");
+    let scratch_dir = tempfile::tempdir().expect("a temporary directory");
+    let pid_file = scratch_dir.path().join("daemon.pid");
+    let mut launcher = shell(r#"(setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > "$1")"#);
+    launcher.arg("sh").arg(&pid_file);
+    let mut launcher = start(&command, &mut launcher);
+    assert!(wait(&mut launcher).success());
+    let daemon: i32 = read_text(&pid_file).parse().expect("the daemon's pid");
+    let daemon = Pid::from_raw(daemon).expect("a pid");
+    let daemon_fd = pidfd(daemon);
+    // The command's tree is in the session's group too: its limits hold it.
+    let of_session = session.processes().expect("listing");
+    assert!(of_session.contains(&daemon), "{of_session:?}");
+    if scratch.cgroups.version() == Version::V1 {
+        let own = read_text(Path::new(&format!(
+            "/proc/{}/cgroup",
+            daemon.as_raw_nonzero()
+        )));
+        let group = |controller: &str| {
+            own.lines()
+                .find(|line| {
+                    line.split(':')
+                        .nth(1)
+                        .is_some_and(|names| names.split(',').any(|name| name == controller))
+                })
+                .and_then(|line| line.rsplit(':').next())
+                .map(str::to_owned)
+        };
+        let memory = group("memory").expect("a memory group");
+        assert!(memory.ends_with(&format!("/{SESSION}")), "{memory}");
+        let freezer = group("freezer").expect("a freezer group");
+        assert!(freezer.ends_with(&format!("/{SESSION}/cmd-1")), "{freezer}");
+    }
+    assert_eq!(command.processes().expect("listing"), vec![daemon]);
+
+    command.kill_all().expect("killing the command's tree");
+    eventually("the daemon's end being visible", || ended(&daemon_fd));
+    command.remove().expect("removing the command's group");
+    let resident_fd = pidfd(Pid::from_child(&resident));
+    assert!(!ended(&resident_fd), "the rest of the session runs on");
+    // The next command gets a group of its own the same way.
+    let next = session.child("cmd-2").expect("the next command's group");
+    let mut echo = shell("echo ok");
+    echo.stdout(Stdio::piped());
+    let output = start(&next, &mut echo).wait_with_output().expect("echo");
+    assert_eq!(output.stdout, b"ok\n");
+    next.remove().expect("removing");
+    session.kill_all().expect("killing");
+    let _ = resident.wait();
+}
+
+#[test]
 fn a_busy_loop_under_a_tenth_of_a_core_gets_clearly_less_than_half_its_wall_time() {
     let scratch = Scratch::detect();
     let session = scratch
