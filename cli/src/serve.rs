@@ -323,9 +323,8 @@ pub async fn start_builder(config: &Config) -> anyhow::Result<Running> {
     })
 }
 
-/// A builder is ready when it can do its work: the catalog answers (or it gets no builds and
-/// can report none) and the blob store answers (or no source could be read, no layer written).
-/// The reason names which is missing.
+/// A builder is ready while at least one catalog replica serves (or it gets no builds and can
+/// report none). Checked in the background ([`plinth_kit::admin::watch`]).
 fn builder_readiness(
     config: &Config,
     catalog: Transport,
@@ -346,39 +345,27 @@ fn builder_readiness(
             plinth_kit::config::redact_url(&blob_url)
         )
     })?;
-    Ok(std::sync::Arc::new(move || {
+    Ok(plinth_kit::admin::watch(std::sync::Arc::new(move || {
         let (catalog, blobs) = (catalog.clone(), blobs.clone());
         Box::pin(async move {
-            let catalog = async {
-                let request = tonic_health::pb::HealthCheckRequest {
-                    service: plinth_catalog::SERVICE_NAME.to_owned(),
-                };
-                let answer = tokio::time::timeout(
-                    std::time::Duration::from_secs(2),
-                    tonic_health::pb::health_client::HealthClient::new(catalog).check(request),
-                )
+            let within = plinth_kit::admin::CHECK_WITHIN - std::time::Duration::from_millis(250);
+            catalog
+                .any_serving(plinth_catalog::SERVICE_NAME, within)
                 .await
-                .map_err(|_| "the catalog did not answer within 2 s".to_owned())?
-                .map_err(|status| format!("the catalog does not answer: {}", status.message()))?;
-                match answer.into_inner().status() {
-                    tonic_health::pb::health_check_response::ServingStatus::Serving => Ok(()),
-                    other => Err(format!("the catalog reports {}", other.as_str_name())),
-                }
-            };
-            let blobs = async {
-                blobs
-                    .ping()
-                    .await
-                    .map_err(|error| format!("the blob store does not answer: {error}"))
-            };
-            match tokio::join!(catalog, blobs) {
-                (Ok(()), Ok(())) => Ok(()),
-                (Err(catalog), Ok(())) => Err(catalog),
-                (Ok(()), Err(blobs)) => Err(blobs),
-                (Err(catalog), Err(blobs)) => Err(format!("{catalog}; {blobs}")),
-            }
+                .map_err(|reason| format!("no catalog serves: {reason}"))?;
+            // The blob store is every builder's: its outage leaves them ready (they take no
+            // traffic, and all of them not ready at once would only stall a rollout); `/readyz`
+            // says so under its details, and a build that needs it fails saying why.
+            plinth_kit::admin::describe(
+                "blob store",
+                match blobs.ping().await {
+                    Ok(()) => "answers".to_owned(),
+                    Err(error) => format!("does not answer ({error})"),
+                },
+            );
+            Ok(())
         })
-    }))
+    })))
 }
 
 fn spawn_builder(

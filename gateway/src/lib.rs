@@ -56,9 +56,6 @@ use plinth_proto::source::v1::source_service_client::SourceServiceClient;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
-use tonic_health::pb::HealthCheckRequest;
-use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -498,39 +495,30 @@ fn document_rate_limits(openapi: &mut utoipa::openapi::OpenApi) {
     }
 }
 
-/// Ready when every service behind says it is serving (which each says only while its
-/// database answers).
+/// Ready while at least one replica of each service behind says it is serving (which each
+/// says only while its database answers): one sick replica of several leaves the gateway
+/// ready, as calls go to the others. Checked in the background ([`admin::watch`]).
 fn readiness(backends: Backends) -> ReadinessCheck {
-    Arc::new(move || {
+    admin::watch(Arc::new(move || {
         let backends = backends.clone();
         Box::pin(async move {
-            let catalog = serving(
-                backends.catalog,
-                "catalog",
-                "plinth.catalog.v1.CatalogService",
-            );
-            let source = serving(backends.source, "source", "plinth.source.v1.SourceService");
-            let (catalog, source) = tokio::join!(catalog, source);
-            catalog.and(source)
+            let within = admin::CHECK_WITHIN - Duration::from_millis(250);
+            let catalog = backends
+                .catalog
+                .any_serving("plinth.catalog.v1.CatalogService", within);
+            let source = backends
+                .source
+                .any_serving("plinth.source.v1.SourceService", within);
+            match tokio::join!(catalog, source) {
+                (Ok(()), Ok(())) => Ok(()),
+                (Err(catalog), Ok(())) => Err(format!("no catalog serves: {catalog}")),
+                (Ok(()), Err(source)) => Err(format!("no source serves: {source}")),
+                (Err(catalog), Err(source)) => Err(format!(
+                    "no catalog serves: {catalog}; no source serves: {source}"
+                )),
+            }
         })
-    })
-}
-
-async fn serving(channel: Transport, name: &str, service: &str) -> Result<(), String> {
-    let request = HealthCheckRequest {
-        service: service.to_owned(),
-    };
-    let answer = tokio::time::timeout(
-        Duration::from_secs(2),
-        HealthClient::new(channel).check(request),
-    )
-    .await
-    .map_err(|_| format!("{name} did not answer within 2 s"))?
-    .map_err(|status| format!("{name}: {}", status.message()))?;
-    match answer.into_inner().status() {
-        ServingStatus::Serving => Ok(()),
-        other => Err(format!("{name} reports {}", other.as_str_name())),
-    }
+    }))
 }
 
 /// Serves the gateway on `listener` until `shutdown` is cancelled.

@@ -739,6 +739,22 @@ fn manifest_problems(overlay: &str, resources: &[Value]) -> Vec<String> {
                         get["port"]
                     ));
                 }
+                // Kubernetes' default is a 1 s timeout and 3 misses; say so, and keep each
+                // probe's timeout inside its period so probes never pile up.
+                let number = |key: &str| container[probe][key].as_u64();
+                match (
+                    number("timeoutSeconds"),
+                    number("periodSeconds"),
+                    number("failureThreshold"),
+                ) {
+                    (Some(timeout), Some(period), Some(misses))
+                        if timeout < period && misses >= 2 => {}
+                    _ => problems.push(format!(
+                        "{place}: {probe} must set timeoutSeconds (below periodSeconds), \
+                         periodSeconds and failureThreshold (2 or more): {}",
+                        container[probe]
+                    )),
+                }
             }
             // Clients balance across replicas themselves: they need every replica's address,
             // which only a headless Service's name resolves to.

@@ -182,10 +182,10 @@ pub async fn run(
     tracing::info!(backend = store.backend().as_str(), address = ?grpc.local_addr().ok(), %seal_key, "catalog serving");
 
     let readiness_store = store.clone();
-    let readiness: ReadinessCheck = Arc::new(move || {
+    let readiness: ReadinessCheck = admin::watch(Arc::new(move || {
         let store = readiness_store.clone();
         Box::pin(async move { store.ping().await.map_err(|error| error.to_string()) })
-    });
+    }));
     let server = options
         .internal
         .server(plinth_proto::FILE_DESCRIPTOR_SET, ACCESS)

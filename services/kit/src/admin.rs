@@ -5,7 +5,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -21,6 +22,48 @@ use crate::telemetry;
 /// Answers whether the process's dependencies answer; `Err` says which does not.
 pub type ReadinessCheck =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+
+/// How long one readiness check may take before it counts as failed.
+pub const CHECK_WITHIN: Duration = Duration::from_secs(2);
+/// How often a ready process checks again.
+const READY_EVERY: Duration = Duration::from_secs(1);
+/// How often a process that is not ready checks again.
+const NOT_READY_EVERY: Duration = Duration::from_millis(250);
+
+/// Runs `check` in the background (at once, then every second while it passes and four
+/// times a second while it fails, each run cut at [`CHECK_WITHIN`]) and answers from its last
+/// outcome at once. `/readyz` and the gRPC health status read the same outcome, so a probe
+/// never waits on a dependency (a catalog whose database stalls answers its probe in
+/// microseconds) and the two never disagree. The background task ends when the returned
+/// check and every copy of it are dropped.
+pub fn watch(check: ReadinessCheck) -> ReadinessCheck {
+    let last: Arc<Mutex<Result<(), String>>> = Arc::new(Mutex::new(Err(
+        "starting: its dependencies are being checked".to_owned(),
+    )));
+    let weak = Arc::downgrade(&last);
+    crate::tasks::spawn(async move {
+        loop {
+            let outcome = match tokio::time::timeout(CHECK_WITHIN, check()).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(format!(
+                    "its dependencies did not answer within {} s",
+                    CHECK_WITHIN.as_secs()
+                )),
+            };
+            let ready = outcome.is_ok();
+            let Some(last) = weak.upgrade() else {
+                return;
+            };
+            *last.lock().unwrap_or_else(PoisonError::into_inner) = outcome;
+            drop(last);
+            tokio::time::sleep(if ready { READY_EVERY } else { NOT_READY_EVERY }).await;
+        }
+    });
+    Arc::new(move || {
+        let outcome = last.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        Box::pin(async move { outcome })
+    })
+}
 
 /// `/healthz`, `/readyz` and `/metrics`, to merge into a router or serve on their own.
 /// With `guard`, details and metrics need a credential it accepts (any role: the services'

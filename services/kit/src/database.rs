@@ -63,6 +63,10 @@ pub enum DatabaseError {
 /// One migration file: version, description, SQL.
 pub type MigrationFile = (i64, &'static str, &'static str);
 
+/// How long a call waits for a PostgreSQL connection (a new one included) before it fails as
+/// `unavailable`.
+pub const POSTGRES_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// A service's connection pools.
 #[derive(Clone, Debug)]
 pub struct Database {
@@ -103,7 +107,14 @@ impl Database {
         let pool = |connections: u32| {
             AnyPoolOptions::new()
                 .max_connections(connections.max(1))
-                .acquire_timeout(Duration::from_secs(10))
+                // PostgreSQL is shared by replicas: one whose database stops answering must
+                // say so within a second (its callers then go to another replica) rather
+                // than hold every call for ten. SQLite is this process's own file, behind
+                // one writer: a queue there is load, not a fault.
+                .acquire_timeout(match backend {
+                    Backend::Postgres => POSTGRES_ACQUIRE_TIMEOUT,
+                    Backend::Sqlite => Duration::from_secs(10),
+                })
                 // A pinged SQLite connection is a file in this process: the ping would be one
                 // more trip to its worker thread on every query, and can tell nothing. A
                 // Postgres connection can be dropped by the network while it idles.

@@ -294,7 +294,17 @@ impl PlinthError {
     }
 
     /// An internal error. The cause is logged here, where it is handled, and never sent.
+    /// A cause that may pass (a database that did not answer in time or dropped the
+    /// connection, a network error) is `unavailable` instead: the caller retries, on another
+    /// replica when there is one, rather than taking the fault for its own.
     pub fn internal(cause: &(dyn std::error::Error + 'static)) -> Self {
+        if let Some(what) = transient(cause) {
+            tracing::warn!(error = %DisplayChain(cause), "unavailable: {what}");
+            return Self::new(
+                ErrorCode::Unavailable,
+                format!("{what}; retry shortly (another replica may answer)"),
+            );
+        }
         tracing::error!(error = %DisplayChain(cause), "internal error");
         Self::new(
             ErrorCode::Internal,
@@ -404,6 +414,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_fault_that_may_pass_is_unavailable_and_any_other_internal() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("database error: {0}")]
+        struct Wrapped(#[source] Box<dyn std::error::Error + Send + Sync>);
+
+        #[cfg(feature = "database")]
+        {
+            let timed_out = PlinthError::internal(&Wrapped(Box::new(sqlx::Error::PoolTimedOut)));
+            assert_eq!(timed_out.code, ErrorCode::Unavailable);
+            assert!(timed_out.message.contains("retry"), "{}", timed_out.message);
+            let bug = PlinthError::internal(&Wrapped(Box::new(sqlx::Error::RowNotFound)));
+            assert_eq!(bug.code, ErrorCode::Internal);
+        }
+        let refused = PlinthError::internal(&Wrapped(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        ))));
+        assert_eq!(refused.code, ErrorCode::Unavailable);
+        let other = PlinthError::internal(&std::io::Error::other("a bug"));
+        assert_eq!(other.code, ErrorCode::Internal);
+        assert_eq!(
+            other.message,
+            "internal error; the server log has the cause"
+        );
+    }
+
+    #[test]
     fn every_code_survives_a_grpc_round_trip_with_its_detail() {
         for code in ErrorCode::ALL {
             let sent = PlinthError::new(code, format!("message of {code}"))
@@ -471,4 +507,53 @@ mod tests {
             tonic::Code::OutOfRange
         );
     }
+}
+
+/// What a fault that may pass is, when `cause` (or an error it wraps) is one.
+fn transient(cause: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    let mut next = Some(cause);
+    while let Some(error) = next {
+        #[cfg(feature = "database")]
+        if let Some(error) = error.downcast_ref::<sqlx::Error>() {
+            match error {
+                sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::WorkerCrashed => return Some("the database did not answer"),
+                sqlx::Error::Database(database) => {
+                    // SQLSTATE classes 08 (connection), 53 (insufficient resources), 57
+                    // (operator intervention: a shutting-down server); 40001/40P01 (a
+                    // serialization failure or deadlock: the transaction may simply be run
+                    // again).
+                    let code = database.code().unwrap_or_default();
+                    if ["08", "53", "57"]
+                        .iter()
+                        .any(|class| code.starts_with(class))
+                        || code == "40001"
+                        || code == "40P01"
+                    {
+                        return Some("the database is not answering normally");
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind;
+            if matches!(
+                io.kind(),
+                ErrorKind::ConnectionRefused
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::TimedOut
+                    | ErrorKind::BrokenPipe
+                    | ErrorKind::NotConnected
+            ) {
+                return Some("a service behind this one did not answer");
+            }
+        }
+        next = error.source();
+    }
+    None
 }

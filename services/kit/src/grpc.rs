@@ -90,17 +90,19 @@ impl GrpcServer {
     }
 
     /// Keeps the health status of `services` (the gRPC services one process serves over the
-    /// same dependencies) true to `check` (those dependencies, such as its database): SERVING
-    /// now, then re-checked every 5 s until `shutdown`, so load balancers and the gateway's
-    /// `/readyz` see a service that lost its database. One check speaks for all of them, so
-    /// they never disagree.
+    /// same dependencies), and the server's overall status (service `""`), true to `check`
+    /// (those dependencies, such as its database; a [`crate::admin::watch`]ed check answers at
+    /// once): SERVING now, then re-checked every second until `shutdown`, so load balancers,
+    /// the clients' replica probes and the gateway's `/readyz` see a service that lost its
+    /// database. One check speaks for all of them, so they never disagree.
     pub async fn report_health(
         &self,
         services: &[&'static str],
         check: ReadinessCheck,
         shutdown: CancellationToken,
     ) {
-        let services = services.to_vec();
+        let mut services = services.to_vec();
+        services.push("");
         let health = self.health.clone();
         for service in &services {
             health
@@ -112,7 +114,7 @@ impl GrpcServer {
             loop {
                 tokio::select! {
                     () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
                 }
                 let outcome = check().await;
                 let status = match (&outcome, serving) {
@@ -673,6 +675,30 @@ impl Transport {
             local: Some(slot),
             chosen: None,
         }
+    }
+
+    /// `Ok` when `service` is SERVING in this process (when it serves it here), else on at
+    /// least one replica (see [`Replicas::any_serving`]).
+    pub async fn any_serving(&self, service: &str, within: Duration) -> Result<(), String> {
+        if self
+            .local
+            .as_ref()
+            .is_some_and(|slot| slot.0.get().is_some())
+        {
+            let mut client = tonic_health::pb::health_client::HealthClient::new(self.clone());
+            let check = client.check(tonic_health::pb::HealthCheckRequest {
+                service: service.to_owned(),
+            });
+            return match tokio::time::timeout(within, check).await {
+                Err(_) => Err(format!("no answer within {} s", within.as_secs_f32())),
+                Ok(Err(status)) => Err(status.message().to_owned()),
+                Ok(Ok(answer)) => match answer.into_inner().status() {
+                    tonic_health::pb::health_check_response::ServingStatus::Serving => Ok(()),
+                    other => Err(other.as_str_name().to_owned()),
+                },
+            };
+        }
+        self.remote.any_serving(service, within).await
     }
 }
 

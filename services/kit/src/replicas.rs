@@ -278,9 +278,12 @@ impl Replica {
             let mut client =
                 tonic_health::pb::health_client::HealthClient::new(replica.channel.clone());
             let check = client.check(tonic_health::pb::HealthCheckRequest::default());
+            // The server's overall status: a replica whose database does not answer reports
+            // NOT_SERVING there (see `GrpcServer::report_health`) and stays set aside.
             let answered = matches!(
                 tokio::time::timeout(CONNECT_TIMEOUT + Duration::from_secs(1), check).await,
-                Ok(Ok(_))
+                Ok(Ok(answer)) if answer.get_ref().status()
+                    == tonic_health::pb::health_check_response::ServingStatus::Serving
             );
             if answered {
                 replica.answered();
@@ -391,8 +394,14 @@ impl Replicas {
         };
         let mut tried: Vec<Arc<Replica>> = Vec::new();
         let mut last_error: Option<BoxError> = None;
+        // The last `UNAVAILABLE` answer of a replica that is up but sick (its database does
+        // not answer), given to the caller when no other replica answers better.
+        let mut last_unavailable: Option<http::Response<Body>> = None;
         loop {
             let Some(replica) = pool.pick(&tried).await else {
+                if let Some(response) = last_unavailable {
+                    return Ok(response);
+                }
                 // Every replica was tried: the caller gets the last one's failure as it was
                 // (a refused connection stays `unavailable`).
                 return Err(last_error.unwrap_or_else(|| {
@@ -420,8 +429,24 @@ impl Replicas {
             }
             .map_err(BoxError::from);
             match result {
+                Ok(response)
+                    if unavailable(&response)
+                        && replay.is_some()
+                        && rule.idempotent
+                        && tried.len() + 1 < MAX_ATTEMPTS =>
+                {
+                    // Up but sick: set aside as a dead one is, and the call sent again.
+                    replica.failed(&BoxError::from("it answered UNAVAILABLE"));
+                    tracing::debug!(replica = %replica.name, path = parts.uri.path(), "a replica answered UNAVAILABLE; sending the call again to another");
+                    tried.push(replica);
+                    last_unavailable = Some(response);
+                }
                 Ok(response) => {
-                    replica.answered();
+                    if unavailable(&response) {
+                        replica.failed(&BoxError::from("it answered UNAVAILABLE"));
+                    } else {
+                        replica.answered();
+                    }
                     return Ok(response);
                 }
                 Err(error) => {
@@ -440,6 +465,46 @@ impl Replicas {
                 }
             }
         }
+    }
+
+    /// Answers `Ok` when at least one replica reports `service` SERVING within `within`;
+    /// otherwise what each answered. Every replica is asked at once: one sick replica of
+    /// several leaves its callers ready, as their calls go to the others.
+    pub async fn any_serving(&self, service: &str, within: Duration) -> Result<(), String> {
+        let pool = &self.0;
+        pool.refresh().await;
+        let replicas: Vec<Arc<Replica>> = lock(&pool.state).replicas.clone();
+        if replicas.is_empty() {
+            return Err(format!(
+                "no address is known for {}: the name resolves to none",
+                pool.describe()
+            ));
+        }
+        let checks = replicas.iter().map(|replica| async move {
+            let mut client =
+                tonic_health::pb::health_client::HealthClient::new(replica.channel.clone());
+            let check = client.check(tonic_health::pb::HealthCheckRequest {
+                service: service.to_owned(),
+            });
+            let answer = match tokio::time::timeout(within, check).await {
+                Err(_) => Err(format!("no answer within {} s", within.as_secs_f32())),
+                Ok(Err(status)) => Err(status.message().to_owned()),
+                Ok(Ok(answer)) => match answer.into_inner().status() {
+                    tonic_health::pb::health_check_response::ServingStatus::Serving => Ok(()),
+                    other => Err(other.as_str_name().to_owned()),
+                },
+            };
+            (replica.name.clone(), answer)
+        });
+        let answers = futures::future::join_all(checks).await;
+        if answers.iter().any(|(_, answer)| answer.is_ok()) {
+            return Ok(());
+        }
+        Err(answers
+            .into_iter()
+            .map(|(name, answer)| format!("{name}: {}", answer.err().unwrap_or_default()))
+            .collect::<Vec<_>>()
+            .join("; "))
     }
 
     /// The replicas known now, by name and address.
@@ -633,6 +698,16 @@ impl Pool {
         state.replicas = next;
         state.resolved_at = Some(Instant::now());
     }
+}
+
+/// Whether a gRPC answer is a trailers-only `UNAVAILABLE` (code 14): the replica is up but
+/// cannot serve (its database or blob store does not answer), and said so before answering
+/// anything.
+fn unavailable(response: &http::Response<Body>) -> bool {
+    response
+        .headers()
+        .get("grpc-status")
+        .is_some_and(|status| status.as_bytes() == b"14")
 }
 
 /// Whether the call failed before its request left: the connection could not be made.
@@ -852,6 +927,60 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// A replica that is up but sick: every health call answers `UNAVAILABLE`, as a service
+    /// whose database does not answer does.
+    struct Sick;
+
+    #[tonic::async_trait]
+    impl tonic_health::pb::health_server::Health for Sick {
+        async fn check(
+            &self,
+            _: tonic::Request<HealthCheckRequest>,
+        ) -> Result<tonic::Response<tonic_health::pb::HealthCheckResponse>, tonic::Status> {
+            Err(tonic::Status::unavailable("the database did not answer"))
+        }
+
+        type WatchStream =
+            tokio_stream::Empty<Result<tonic_health::pb::HealthCheckResponse, tonic::Status>>;
+
+        async fn watch(
+            &self,
+            _: tonic::Request<HealthCheckRequest>,
+        ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
+            Err(tonic::Status::unavailable("the database did not answer"))
+        }
+    }
+
+    async fn sick_replica() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let address = listener.local_addr().expect("the listener's address");
+        let server = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(tonic_health::pb::health_server::HealthServer::new(Sick))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await;
+        });
+        (address, server)
+    }
+
+    #[tokio::test]
+    async fn a_sick_replica_is_set_aside_and_its_idempotent_calls_answered_by_another() {
+        let (a, _a_server) = replica(ServingStatus::Serving).await;
+        let (sick, sick_server) = sick_replica().await;
+        let (_, mut both) = client(&format!("http://{sick},http://{a}"));
+        for call in 0..10 {
+            assert_eq!(who(&mut both).await.ok(), Some(A), "call {call}");
+        }
+        // Alone, its answer is what the caller gets: unavailable, saying why.
+        let (_, mut alone) = client(&format!("http://{sick}"));
+        let status = who(&mut alone).await.expect_err("a sick replica's answer");
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert_eq!(status.message(), "the database did not answer");
+        sick_server.abort();
     }
 
     #[tokio::test]

@@ -221,18 +221,25 @@ pub async fn run(
         .server(plinth_proto::FILE_DESCRIPTOR_SET, ACCESS)
         .answer_locally(options.local.clone());
     // Ready when it can do its work: the catalog hears its heartbeats (or the node would get
-    // no sessions and learn of no ended ones) and the blob store answers (or no version could
-    // be materialized). The reason names which.
-    let readiness: ReadinessCheck = Arc::new(move || {
+    // no sessions and learn of no ended ones). A blob store that does not answer leaves it
+    // ready: its cached versions still serve sessions (a version it lacks fails to attach,
+    // saying why); `/readyz` says so under its details.
+    let readiness: ReadinessCheck = admin::watch(Arc::new(move || {
         let (contact, probe) = (contact.clone(), probe.clone());
         Box::pin(async move {
             contact.check()?;
-            probe
-                .ping()
-                .await
-                .map_err(|error| format!("the blob store does not answer: {error}"))
+            admin::describe(
+                "blob store",
+                match probe.ping().await {
+                    Ok(()) => "answers".to_owned(),
+                    Err(error) => {
+                        format!("does not answer ({error}); cached versions still serve sessions")
+                    }
+                },
+            );
+            Ok(())
         })
-    });
+    }));
     server
         .report_health(&[SERVICE_NAME], readiness.clone(), shutdown.clone())
         .await;

@@ -148,21 +148,28 @@ pub async fn run(
     let blobs = BlobStore::open(&options.blob_url, options.spool_dir.clone())?;
     tracing::info!(address = ?grpc.local_addr().ok(), "source serving");
 
-    // Ready when both its stores answer; the reason names which does not.
+    // Ready when its index database answers. The blob store is every replica's: were its
+    // outage to make them not ready, a balancer would take every replica out of service,
+    // and calls that need no blob (and the spool's uploads) would fail with them. A call
+    // that needs it fails on its own, saying so; `/readyz` says so under its details.
     let (readiness_index, readiness_blobs) = (index.clone(), blobs.clone());
-    let readiness: ReadinessCheck = Arc::new(move || {
+    let readiness: ReadinessCheck = admin::watch(Arc::new(move || {
         let (index, blobs) = (readiness_index.clone(), readiness_blobs.clone());
         Box::pin(async move {
             index
                 .ping()
                 .await
                 .map_err(|error| format!("the index database does not answer: {error}"))?;
-            blobs
-                .ping()
-                .await
-                .map_err(|error| format!("the blob store does not answer: {error}"))
+            admin::describe(
+                "blob store",
+                match blobs.ping().await {
+                    Ok(()) => "answers".to_owned(),
+                    Err(error) => format!("does not answer ({error})"),
+                },
+            );
+            Ok(())
         })
-    });
+    }));
     let server = options
         .internal
         .server(plinth_proto::FILE_DESCRIPTOR_SET, ACCESS)
