@@ -54,8 +54,14 @@ use self::rules::{Body as BodyRule, Rule};
 /// Bytes of a streamed download per message; the default gRPC client takes up to 4 MiB.
 const CHUNK_BYTES: usize = 1024 * 1024;
 
-/// Metadata passed on to the REST operation as headers: the credential and the trace.
-const FORWARDED: &[&str] = &["authorization", "traceparent", "tracestate"];
+/// Metadata passed on to the REST operation as headers: the credential, the trace, and an
+/// idempotency key.
+const FORWARDED: &[&str] = &[
+    "authorization",
+    "traceparent",
+    "tracestate",
+    "idempotency-key",
+];
 
 /// `rest` with the gRPC face in front of it: gRPC requests go to `plinth.v1` (or reflection
 /// and health), everything else to `rest` as before. If the public descriptor set does not
