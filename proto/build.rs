@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "plinth/catalog/v1/collection.proto",
         "plinth/catalog/v1/harnesses.proto",
         "plinth/catalog/v1/quotas.proto",
+        "plinth/catalog/v1/request_keys.proto",
         "plinth/catalog/v1/sessions.proto",
         "plinth/node/v1/node.proto",
         "plinth/node/v1/workspace.proto",

@@ -18,6 +18,7 @@ mod environments;
 mod error;
 mod files;
 mod harnesses;
+mod idempotency;
 mod json;
 mod ledger;
 pub mod limits;
@@ -51,6 +52,7 @@ use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
 use plinth_proto::catalog::v1::harness_service_client::HarnessServiceClient;
 use plinth_proto::catalog::v1::quota_service_client::QuotaServiceClient;
 use plinth_proto::catalog::v1::replay_memory_service_client::ReplayMemoryServiceClient;
+use plinth_proto::catalog::v1::request_key_service_client::RequestKeyServiceClient;
 use plinth_proto::catalog::v1::session_service_client::SessionServiceClient;
 use plinth_proto::source::v1::source_service_client::SourceServiceClient;
 use serde::Serialize;
@@ -151,6 +153,7 @@ type BrainClient = BrainServiceClient<InterceptedService<Transport, ClientInterc
 type AdapterClient = AdapterServiceClient<InterceptedService<Transport, ClientInterceptor>>;
 type ReplayClient = ReplayMemoryServiceClient<InterceptedService<Transport, ClientInterceptor>>;
 type QuotaClient = QuotaServiceClient<InterceptedService<Transport, ClientInterceptor>>;
+type RequestKeyClient = RequestKeyServiceClient<InterceptedService<Transport, ClientInterceptor>>;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -164,6 +167,8 @@ pub(crate) struct AppState {
     /// Novo's replay memory, in the catalog.
     replays: ReplayClient,
     quotas: QuotaClient,
+    /// The tenant API's idempotency keys, in the catalog.
+    request_keys: RequestKeyClient,
     nodes: nodes::Nodes,
     live: Arc<runtime::LiveSessions>,
     /// Adapters' credentials as the catalog answered them in the last second.
@@ -207,6 +212,11 @@ impl AppState {
     /// A quota client for one request; it shares the catalog's channel.
     fn quotas(&self) -> QuotaClient {
         self.quotas.clone()
+    }
+
+    /// An idempotency-key client for one request; it shares the catalog's channel.
+    fn request_keys(&self) -> RequestKeyClient {
+        self.request_keys.clone()
     }
 
     /// A Brain ledger client for one request; it shares the catalog's channel.
@@ -322,6 +332,12 @@ fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, 
             interceptor.clone(),
         ),
         quotas: QuotaServiceClient::with_interceptor(backends.catalog.clone(), interceptor.clone()),
+        request_keys: RequestKeyServiceClient::with_interceptor(
+            backends.catalog.clone(),
+            interceptor.clone(),
+        )
+        .max_decoding_message_size(idempotency::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(idempotency::MAX_MESSAGE_BYTES),
         brain: BrainServiceClient::with_interceptor(backends.catalog.clone(), interceptor.clone())
             .max_decoding_message_size(brain::CATALOG_MESSAGE_BYTES)
             .max_encoding_message_size(brain::CATALOG_MESSAGE_BYTES),

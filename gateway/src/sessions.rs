@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -184,17 +185,24 @@ async fn harness_environment(
 }
 
 /// Start a session on an environment's active version.
+///
+/// With an `Idempotency-Key`, at most one session is started under the key: a retry with the
+/// same key and body gets the first answer (`Idempotent-Replayed: true`), waiting while the
+/// first is still being started (up to 2 minutes). Answers are kept 24 hours.
 #[utoipa::path(
     post,
     path = "/v1/sessions",
     tag = "sessions",
+    params(("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters (a UUID): one session at most is started under it; a retry gets the first answer")),
     request_body = CreateSession,
     responses(
-        (status = 201, description = "Started: the version is mounted read-only at environment.mount", body = SessionBody),
-        (status = 400, description = "environment_invalid: malformed body, or neither environment nor harness_id; invalid_request: a limit unknown, not a number of its kind, 0 or less, or past its maximum (detail: limit, max)", body = ErrorBody),
+        (status = 201, description = "Started: the version is mounted read-only at environment.mount", body = SessionBody,
+            headers(("Idempotent-Replayed" = String, description = "`true` on the stored answer of an earlier request with the same Idempotency-Key"))),
+        (status = 400, description = "environment_invalid: malformed body or Idempotency-Key, or neither environment nor harness_id; invalid_request: a limit unknown, not a number of its kind, 0 or less, or past its maximum (detail: limit, max)", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found, or not_found for an unknown harness", body = ErrorBody),
-        (status = 409, description = "environment_not_ready: nothing built yet", body = ErrorBody),
+        (status = 409, description = "environment_not_ready: nothing built yet; idempotency_in_progress: the first request with this Idempotency-Key is still starting its session; outcome_unknown: it was cut off after it started, and is not run again under this key", body = ErrorBody),
+        (status = 422, description = "idempotency_key_reused: the Idempotency-Key was used with a different body; nothing ran", body = ErrorBody),
         (status = 503, description = "unavailable: no node agent is alive", body = ErrorBody),
         (status = 429, description = "quota_exceeded: the scope has as many active sessions as its quota allows (detail: quota, limit, used). Also rate_limited, with Retry-After", body = ErrorBody),
     ),
@@ -203,13 +211,52 @@ async fn harness_environment(
 async fn create_session(
     State(state): State<AppState>,
     caller: Caller,
-    JsonBody(body): JsonBody<CreateSession>,
-) -> Result<(StatusCode, Json<SessionBody>), ApiError> {
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let key = crate::idempotency::key_of(&headers)?;
+    crate::json::declared_json(&headers)?;
+    let bytes = crate::json::read(body).await?;
+    let body: CreateSession = crate::json::parse(&bytes)?;
+    let Some(key) = key else {
+        let session = start(&state, &caller.scope, body).await?;
+        return Ok((StatusCode::CREATED, Json(session)).into_response());
+    };
+    let key = pb::RequestKey {
+        scope: caller.scope.clone(),
+        route: "POST /v1/sessions".to_owned(),
+        key,
+    };
+    let work = {
+        let state = state.clone();
+        async move {
+            // A session that could not be started was ended: nothing is left of it, and a
+            // retry may start one.
+            match start(&state, &caller.scope, body).await {
+                Ok(session) => crate::idempotency::Ran::started(
+                    (StatusCode::CREATED, Json(session)).into_response(),
+                ),
+                Err(error) => crate::idempotency::Ran::before(error),
+            }
+        }
+    };
+    crate::idempotency::once(&state, key, &bytes, SESSION_START_WAIT, work).await
+}
+
+/// How long a retry waits for the session its key's first request is starting.
+const SESSION_START_WAIT: Duration = Duration::from_secs(120);
+
+/// Places and attaches the session `body` asks for.
+async fn start(
+    state: &AppState,
+    scope: &str,
+    body: CreateSession,
+) -> Result<SessionBody, ApiError> {
     let limits = state.session_limits.resolve(body.limits.as_ref())?;
     let harness_id = body.harness_id.unwrap_or_default();
     let environment = match (body.environment, harness_id.is_empty()) {
         (Some(environment), _) => environment,
-        (None, false) => harness_environment(&state, &caller.scope, &harness_id).await?,
+        (None, false) => harness_environment(state, scope, &harness_id).await?,
         (None, true) => {
             return Err(PlinthError::invalid(
                 "a session names its environment: {\"environment\": \"henv_…\"} or {\"harness_id\": \"chrn_…\"}",
@@ -218,14 +265,14 @@ async fn create_session(
         }
     };
     let request = pb::CreateSessionRequest {
-        scope: caller.scope.clone(),
+        scope: scope.to_owned(),
         environment_id: environment,
         harness_id,
         limits: Some(limits.to_catalog()),
         ..Default::default()
     };
-    let session = place_and_attach(&state, &caller.scope, request).await?;
-    Ok((StatusCode::CREATED, Json(session_body(session)?)))
+    let session = place_and_attach(state, scope, request).await?;
+    Ok(session_body(session)?)
 }
 
 /// One session.
@@ -371,18 +418,36 @@ fn marker(dropped: u64) -> String {
 /// its terminal's size changes and `{"type":"close_stdin"}` at the end of its input; the
 /// server sends `{"type":"exit","exit_code":N}` when the command ends, then closes. The turn
 /// is recorded as an `exec` turn like any command's.
+///
+/// A command ends with its caller: a client that hangs up before the answer (or a gRPC call
+/// cancelled or past its deadline) has the command killed with its whole process tree, as a
+/// closed terminal is hung up; its turn ends with exit code -1.
+///
+/// With an `Idempotency-Key` (an exec answered whole), the command runs at most once: a retry
+/// with the same key and body gets the first answer (`Idempotent-Replayed: true`), waiting
+/// while the first still runs; such a command is the key's, not its connection's, and runs to
+/// its end even if its caller hangs up, so that the retry finds its answer. Answers are kept
+/// 24 hours.
 #[utoipa::path(
     post,
     path = "/v1/sessions/{id}/exec",
     tag = "sessions",
-    params(("id" = String, Path, description = "The session's id"), ExecQuery, crate::terminal::TerminalQuery),
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters (a UUID): the command runs at most once under it; a retry gets the first answer. Not with stream=true or pty=true"),
+        ExecQuery,
+        crate::terminal::TerminalQuery,
+    ),
     request_body = ExecBody,
     responses(
         (status = 101, description = "pty=true: switching to the terminal's WebSocket (see the operation's description for its frames)"),
-        (status = 200, description = "The command ended (or, with stream=true or `Accept: application/x-ndjson`, newline-delimited JSON events: {\"stdout\":…}, {\"stderr\":…}, then the result)", body = ExecResultBody),
-        (status = 400, description = "environment_invalid: bad command, cwd, env or terminal size; or pty=true without a WebSocket upgrade", body = ErrorBody),
+        (status = 200, description = "The command ended (or, with stream=true or `Accept: application/x-ndjson`, newline-delimited JSON events: {\"stdout\":…}, {\"stderr\":…}, then the result)", body = ExecResultBody,
+            headers(("Idempotent-Replayed" = String, description = "`true` on the stored answer of an earlier request with the same Idempotency-Key"))),
+        (status = 400, description = "environment_invalid: bad command, cwd, env or terminal size; pty=true without a WebSocket upgrade; a malformed Idempotency-Key, or one with stream=true or pty=true", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "not_found: no such session, or it ended", body = ErrorBody),
+        (status = 409, description = "idempotency_in_progress: the first exec with this Idempotency-Key still runs (past its time limit and 30 s); outcome_unknown: it was cut off after it started (its node stopped answering), and is not run again under this key", body = ErrorBody),
+        (status = 422, description = "idempotency_key_reused: the Idempotency-Key was used on this session's exec with a different body; nothing ran", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -400,7 +465,11 @@ async fn exec(
     let Query(query) = query.map_err(|error| PlinthError::invalid(format!("query: {error}")))?;
     let Query(terminal) =
         terminal.map_err(|error| PlinthError::invalid(format!("query: {error}")))?;
+    let key = crate::idempotency::key_of(request.headers())?;
     if terminal.pty.unwrap_or(false) {
+        if key.is_some() {
+            return Err(crate::idempotency::refused_for("a terminal"));
+        }
         return crate::terminal::open(state, caller, id, terminal, request).await;
     }
     terminal.refuse_without_pty()?;
@@ -415,38 +484,108 @@ async fn exec(
                     .as_bytes()
                     .eq_ignore_ascii_case(b"application/x-ndjson")
             });
-    let JsonBody(body) =
-        <JsonBody<ExecBody> as axum::extract::FromRequest<AppState>>::from_request(request, &state)
-            .await?;
+    if streamed && key.is_some() {
+        return Err(crate::idempotency::refused_for("a streamed exec"));
+    }
+    crate::json::declared_json(request.headers())?;
+    let bytes = crate::json::read(request.into_body()).await?;
+    let body: ExecBody = crate::json::parse(&bytes)?;
     if body.command.trim().is_empty() {
         return Err(PlinthError::invalid("command: must not be empty").into());
     }
-    let session = active_session(&state, &caller.scope, &id).await?;
-    let mut node = state.nodes.client(&session.node_address)?;
-    let request = node::ExecRequest {
-        session: Some(spec(&session)),
-        command: body.command.clone(),
+    if streamed {
+        return stream_command(state, caller.scope, &id, body).await;
+    }
+    let Some(key) = key else {
+        // Run here: a caller that hangs up drops this, and with it the node's call, which
+        // kills the command.
+        return match run_command(&state, &caller.scope, &id, body).await {
+            Ok(result) => Ok(Json(result).into_response()),
+            Err(Failed { error, .. }) => Err(error),
+        };
+    };
+    let wait = Duration::from_millis(
+        body.timeout_ms
+            .unwrap_or(DEFAULT_EXEC_TIMEOUT_MS)
+            .min(MAX_EXEC_TIMEOUT_MS),
+    ) + WAIT_PAST_TIME_LIMIT;
+    let key = pb::RequestKey {
+        scope: caller.scope.clone(),
+        route: format!("POST /v1/sessions/{id}/exec"),
+        key,
+    };
+    let work = {
+        let state = state.clone();
+        async move {
+            match run_command(&state, &caller.scope, &id, body).await {
+                Ok(result) => crate::idempotency::Ran::started(Json(result).into_response()),
+                Err(Failed {
+                    error,
+                    started: false,
+                }) => crate::idempotency::Ran::before(error),
+                Err(Failed {
+                    error,
+                    started: true,
+                }) => crate::idempotency::Ran::started(error.into_response()),
+            }
+        }
+    };
+    crate::idempotency::once(&state, key, &bytes, wait, work).await
+}
+
+/// A command's time limit when its request names none, as documented (a node may be
+/// configured otherwise).
+const DEFAULT_EXEC_TIMEOUT_MS: u64 = 120_000;
+/// The longest time limit a command may be given, as documented.
+const MAX_EXEC_TIMEOUT_MS: u64 = 3_600_000;
+/// How long past its command's time limit a retry waits for a keyed exec's answer.
+const WAIT_PAST_TIME_LIMIT: Duration = Duration::from_secs(30);
+
+/// Why a command has no result, and whether it was sent to its node (it may have run).
+struct Failed {
+    error: ApiError,
+    started: bool,
+}
+
+impl Failed {
+    fn before(error: impl Into<ApiError>) -> Failed {
+        Failed {
+            error: error.into(),
+            started: false,
+        }
+    }
+}
+
+/// The node's request for `body` in `session`.
+fn node_request(session: &pb::Session, body: ExecBody) -> node::ExecRequest {
+    node::ExecRequest {
+        session: Some(spec(session)),
+        command: body.command,
         cwd: body.cwd.unwrap_or_default(),
         env: body.env.unwrap_or_default().into_iter().collect(),
         timeout_ms: body.timeout_ms.unwrap_or(0),
         output_limit_bytes: EXEC_OUTPUT_BYTES,
-    };
-    // The turn is recorded as the command starts, beside it rather than after it; how it ended
-    // is added when it ends.
-    let begun = record(
-        &state,
-        &caller.scope,
-        &session,
-        pb::TurnKind::Exec,
-        &body.command,
-        None,
-    );
-    if streamed {
-        let started = async { Ok::<_, ApiError>(node.exec(request).await?.into_inner()) };
-        let (turn, events) = tokio::join!(begun, started);
-        let (turn, events) = settle(&state, &caller.scope, &session, turn, events)?;
-        return Ok(stream_exec(state, caller.scope, session, turn, events));
     }
+}
+
+/// Runs a command in session `id` to its end and answers its result. The turn is recorded
+/// as the command starts, beside it rather than after it; how it ended is added when it ends
+/// (or -1 when this is dropped before: its caller left, and the node killed it).
+async fn run_command(
+    state: &AppState,
+    scope: &str,
+    id: &str,
+    body: ExecBody,
+) -> Result<ExecResultBody, Failed> {
+    let session = active_session(state, scope, id)
+        .await
+        .map_err(Failed::before)?;
+    let mut node = state
+        .nodes
+        .client(&session.node_address)
+        .map_err(Failed::before)?;
+    let mut recording = Recording::start(state, scope, &session, &body.command);
+    let request = node_request(&session, body);
     let ran = async {
         let mut events = node.exec(request).await?.into_inner();
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
@@ -467,9 +606,14 @@ async fn exec(
         })?;
         Ok::<_, ApiError>((stdout, stderr, result))
     };
-    let (turn, ran) = tokio::join!(begun, ran);
-    let (turn, (stdout, stderr, result)) = settle(&state, &caller.scope, &session, turn, ran)?;
-    finish_turn(&state, &caller.scope, &turn, result.exit_code);
+    let (turn, ran) = tokio::join!(recording.turn(), ran);
+    recording.settled();
+    let (turn, (stdout, stderr, result)) =
+        settle(state, scope, &session, turn, ran).map_err(|error| Failed {
+            error,
+            started: true,
+        })?;
+    finish_turn(state, scope, &turn, result.exit_code);
     let mut stdout = String::from_utf8_lossy(&stdout).into_owned();
     let mut stderr = String::from_utf8_lossy(&stderr).into_owned();
     if result.stdout_dropped_bytes > 0 {
@@ -478,7 +622,7 @@ async fn exec(
     if result.stderr_dropped_bytes > 0 {
         stderr.push_str(&marker(result.stderr_dropped_bytes));
     }
-    Ok(Json(ExecResultBody {
+    Ok(ExecResultBody {
         exit_code: result.exit_code,
         stdout,
         stderr,
@@ -490,7 +634,96 @@ async fn exec(
         version: turn.version,
         turn: turn.sequence,
     })
-    .into_response())
+}
+
+/// Starts a command in session `id` and answers its events as they come.
+async fn stream_command(
+    state: AppState,
+    scope: String,
+    id: &str,
+    body: ExecBody,
+) -> Result<Response, ApiError> {
+    let session = active_session(&state, &scope, id).await?;
+    let mut node = state.nodes.client(&session.node_address)?;
+    let mut recording = Recording::start(&state, &scope, &session, &body.command);
+    let request = node_request(&session, body);
+    let started = async { Ok::<_, ApiError>(node.exec(request).await?.into_inner()) };
+    let (turn, events) = tokio::join!(recording.turn(), started);
+    recording.settled();
+    let (turn, events) = settle(&state, &scope, &session, turn, events)?;
+    Ok(stream_exec(state, scope, session, turn, events))
+}
+
+/// The catalog's answer to a turn's record, still to come.
+type PendingTurn = std::pin::Pin<Box<dyn Future<Output = Result<pb::Turn, ApiError>> + Send>>;
+
+/// A command's turn, recorded beside the command. Dropped before [`Recording::settled`] (the
+/// caller left while the command ran, and the node killed it), the turn is finished as -1,
+/// its end not seen: a record still on its way is completed in the background first, so the
+/// turn is never left without an end.
+struct Recording {
+    state: AppState,
+    scope: String,
+    pending: Option<PendingTurn>,
+    turn: Option<pb::Turn>,
+}
+
+impl Recording {
+    fn start(state: &AppState, scope: &str, session: &Arc<pb::Session>, detail: &str) -> Self {
+        let pending: PendingTurn = {
+            let (state, scope, session, detail) = (
+                state.clone(),
+                scope.to_owned(),
+                session.clone(),
+                detail.to_owned(),
+            );
+            Box::pin(async move {
+                record(&state, &scope, &session, pb::TurnKind::Exec, &detail, None).await
+            })
+        };
+        Recording {
+            state: state.clone(),
+            scope: scope.to_owned(),
+            pending: Some(pending),
+            turn: None,
+        }
+    }
+
+    /// The turn, once recorded.
+    async fn turn(&mut self) -> Result<pb::Turn, ApiError> {
+        if let Some(turn) = &self.turn {
+            return Ok(turn.clone());
+        }
+        let Some(pending) = self.pending.as_mut() else {
+            return Err(PlinthError::new(ErrorCode::Internal, "the turn was not recorded").into());
+        };
+        let recorded = pending.await;
+        self.pending = None;
+        let turn = recorded?;
+        self.turn = Some(turn.clone());
+        Ok(turn)
+    }
+
+    /// The caller records how the command ended from here on.
+    fn settled(&mut self) {
+        self.pending = None;
+        self.turn = None;
+    }
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        if let Some(turn) = self.turn.take() {
+            finish_turn(&self.state, &self.scope, &turn, -1);
+        } else if let Some(pending) = self.pending.take() {
+            let (state, scope) = (self.state.clone(), self.scope.clone());
+            plinth_kit::tasks::spawn(async move {
+                if let Ok(turn) = pending.await {
+                    finish_turn(&state, &scope, &turn, -1);
+                }
+            });
+        }
+    }
 }
 
 /// Streams exec events as newline-delimited JSON; the last line is the result.

@@ -10,6 +10,7 @@ mod build_faults;
 mod build_rules;
 mod build_sandbox;
 mod builds;
+mod callers;
 mod cli;
 mod clients;
 mod crashes;

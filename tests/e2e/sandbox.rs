@@ -110,7 +110,13 @@ pub(crate) fn session_cgroup_dirs(id: &str) -> Vec<std::path::PathBuf> {
 
 /// Waits (bounded) until no host process holds `marker`; answers those still there.
 pub(crate) async fn gone(marker: &str) -> Vec<String> {
-    for _ in 0..50 {
+    gone_within(marker, Duration::from_secs(5)).await
+}
+
+/// Looks every 100 ms, `limit` long at most, for no host process holding `marker`; answers
+/// those still there at the last look.
+pub(crate) async fn gone_within(marker: &str, limit: Duration) -> Vec<String> {
+    for _ in 0..limit.as_millis() / 100 {
         let left = host_processes(marker);
         if left.is_empty() {
             return left;

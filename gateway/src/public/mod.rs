@@ -17,6 +17,10 @@
 //! - Errors: REST's `{"error": {code, message, detail}}` becomes the status the internal
 //!   services send (`PlinthError::to_status`: the gRPC code from the error table, the Plinth
 //!   code in a `google.rpc.ErrorInfo`).
+//! - Deadlines: a call's `grpc-timeout` bounds it whole, a streamed answer to its last
+//!   message. Past it the call ends `DEADLINE_EXCEEDED` and its REST operation is dropped, as
+//!   when a REST client hangs up: a command it runs is killed with its process tree. A call
+//!   the client cancels is dropped the same way.
 //!
 //! Reflection (v1 and v1alpha) and `grpc.health.v1` on this address list only `plinth.v1`
 //! and themselves: the internal services are not served here.
@@ -28,6 +32,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -38,6 +43,7 @@ use http_body_util::BodyExt;
 use plinth_kit::{ErrorCode, PlinthError};
 use prost::Message as _;
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, MethodDescriptor};
+use tokio::time::Instant;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::server::{ClientStreamingService, Grpc, ServerStreamingService, UnaryService};
 use tonic::{Status, Streaming};
@@ -48,8 +54,14 @@ use self::rules::{Body as BodyRule, Rule};
 /// Bytes of a streamed download per message; the default gRPC client takes up to 4 MiB.
 const CHUNK_BYTES: usize = 1024 * 1024;
 
-/// Metadata passed on to the REST operation as headers: the credential and the trace.
-const FORWARDED: &[&str] = &["authorization", "traceparent", "tracestate"];
+/// Metadata passed on to the REST operation as headers: the credential, the trace, and an
+/// idempotency key.
+const FORWARDED: &[&str] = &[
+    "authorization",
+    "traceparent",
+    "tracestate",
+    "idempotency-key",
+];
 
 /// `rest` with the gRPC face in front of it: gRPC requests go to `plinth.v1` (or reflection
 /// and health), everything else to `rest` as before. If the public descriptor set does not
@@ -136,6 +148,7 @@ impl PublicApi {
         let call = Call {
             rpc: rpc.clone(),
             rest: self.rest.clone(),
+            deadline: grpc_timeout(request.headers()).map(|timeout| Instant::now() + timeout),
         };
         let mut grpc = Grpc::new(DynamicCodec {
             input: rpc.descriptor.input(),
@@ -250,6 +263,77 @@ type MessageStream = Pin<Box<dyn Stream<Item = Result<DynamicMessage, Status>> +
 struct Call {
     rpc: Arc<Rpc>,
     rest: Router,
+    /// When the caller stops waiting (its `grpc-timeout`), if it said.
+    deadline: Option<Instant>,
+}
+
+/// The most digits a `grpc-timeout` value has (the gRPC spec's `TimeoutValue`).
+const TIMEOUT_DIGITS: usize = 8;
+
+/// How long a call may take by its `grpc-timeout` header (`TimeoutValue TimeoutUnit`: up to
+/// eight digits, then `H`, `M`, `S`, `m`, `u` or `n`); none when it has none, or one that is
+/// not of that form (the call is then bounded as a REST request is).
+fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty()
+        || digits.len() > TIMEOUT_DIGITS
+        || !digits.bytes().all(|byte| byte.is_ascii_digit())
+    {
+        return None;
+    }
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.checked_mul(3600)?),
+        "M" => Duration::from_secs(amount.checked_mul(60)?),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+fn deadline_passed() -> Status {
+    Status::deadline_exceeded(
+        "the call's deadline (its grpc-timeout) passed before it ended; it was stopped there, \
+         and a command it ran was killed",
+    )
+}
+
+/// `work`, cut off at `deadline`.
+async fn within<T>(
+    deadline: Option<Instant>,
+    work: impl Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    match deadline {
+        None => work.await,
+        Some(at) => tokio::time::timeout_at(at, work)
+            .await
+            .unwrap_or_else(|_| Err(deadline_passed())),
+    }
+}
+
+/// `stream`, ended with `DEADLINE_EXCEEDED` at `deadline`; what it streams (and the REST
+/// operation behind it) is dropped there.
+fn until(stream: MessageStream, deadline: Option<Instant>) -> MessageStream {
+    let Some(at) = deadline else {
+        return stream;
+    };
+    let passed = Box::pin(tokio::time::sleep_until(at));
+    Box::pin(futures::stream::unfold(
+        Some((stream, passed)),
+        |state| async move {
+            let (mut stream, mut passed) = state?;
+            tokio::select! {
+                () = &mut passed => {
+                    drop(stream);
+                    Some((Err(deadline_passed()), None))
+                }
+                next = stream.next() => Some((next?, Some((stream, passed)))),
+            }
+        },
+    ))
 }
 
 impl Call {
@@ -398,12 +482,13 @@ impl UnaryService<DynamicMessage> for Call {
 
     fn call(&mut self, request: tonic::Request<DynamicMessage>) -> Self::Future {
         let call = self.clone();
-        Box::pin(async move {
+        let deadline = call.deadline;
+        Box::pin(within(deadline, async move {
             let (metadata, _, message) = request.into_parts();
             let request = call.rest_request(&metadata, &message, None)?;
             let response = call.send(request).await?;
             Ok(tonic::Response::new(call.answer(response).await?))
-        })
+        }))
     }
 }
 
@@ -413,7 +498,8 @@ impl ClientStreamingService<DynamicMessage> for Call {
 
     fn call(&mut self, request: tonic::Request<Streaming<DynamicMessage>>) -> Self::Future {
         let call = self.clone();
-        Box::pin(async move {
+        let deadline = call.deadline;
+        Box::pin(within(deadline, async move {
             let (metadata, _, mut stream) = request.into_parts();
             let first = stream.message().await?.ok_or_else(|| {
                 PlinthError::invalid("the stream ended before its first message").to_status()
@@ -430,7 +516,7 @@ impl ClientStreamingService<DynamicMessage> for Call {
             let request = call.rest_request(&metadata, &first, Some(upload))?;
             let response = call.send(request).await?;
             Ok(tonic::Response::new(call.answer(response).await?))
-        })
+        }))
     }
 }
 
@@ -441,7 +527,8 @@ impl ServerStreamingService<DynamicMessage> for Call {
 
     fn call(&mut self, request: tonic::Request<DynamicMessage>) -> Self::Future {
         let call = self.clone();
-        Box::pin(async move {
+        let deadline = call.deadline;
+        Box::pin(within(deadline, async move {
             let (metadata, _, message) = request.into_parts();
             let request = call.rest_request(&metadata, &message, None)?;
             let response = call.send(request).await?;
@@ -451,8 +538,8 @@ impl ServerStreamingService<DynamicMessage> for Call {
                 Some(field) => Box::pin(chunks(data, output, field)),
                 None => Box::pin(lines(data, output)),
             };
-            Ok(tonic::Response::new(stream))
-        })
+            Ok(tonic::Response::new(until(stream, deadline)))
+        }))
     }
 }
 
@@ -527,4 +614,35 @@ fn lines(
             }
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timeout_of(value: &str) -> Option<Duration> {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            "grpc-timeout",
+            HeaderValue::from_str(value).expect("a header value"),
+        );
+        grpc_timeout(&headers)
+    }
+
+    #[test]
+    fn a_grpc_timeout_is_up_to_eight_digits_and_a_unit() {
+        assert_eq!(timeout_of("1S"), Some(Duration::from_secs(1)));
+        assert_eq!(timeout_of("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(timeout_of("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(timeout_of("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(
+            timeout_of("99999999u"),
+            Some(Duration::from_micros(99_999_999))
+        );
+        assert_eq!(timeout_of("5n"), Some(Duration::from_nanos(5)));
+        for malformed in ["", "S", "123456789S", "1s", "1.5S", "-1S", "1 S"] {
+            assert_eq!(timeout_of(malformed), None, "{malformed:?}");
+        }
+        assert_eq!(grpc_timeout(&http::HeaderMap::new()), None);
+    }
 }

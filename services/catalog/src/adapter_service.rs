@@ -367,28 +367,7 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             )
             .await
             .map_err(|error| PlinthError::internal(&error))?;
-        let answer = match claimed {
-            Claimed::Claimed(claim) => pb::ClaimIdempotencyKeyResponse {
-                outcome: pb::IdempotencyOutcome::Claimed.into(),
-                claim,
-                ..Default::default()
-            },
-            Claimed::Done { status, response } => pb::ClaimIdempotencyKeyResponse {
-                outcome: pb::IdempotencyOutcome::Done.into(),
-                status,
-                response,
-                ..Default::default()
-            },
-            Claimed::InFlight => pb::ClaimIdempotencyKeyResponse {
-                outcome: pb::IdempotencyOutcome::InFlight.into(),
-                ..Default::default()
-            },
-            Claimed::Mismatch => pb::ClaimIdempotencyKeyResponse {
-                outcome: pb::IdempotencyOutcome::Mismatch.into(),
-                ..Default::default()
-            },
-        };
-        Ok(Response::new(answer))
+        Ok(Response::new(claim_response(claimed)))
     }
 
     #[tracing::instrument(name = "catalog.finish_idempotency_key", skip_all)]
@@ -456,6 +435,31 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             .await
             .map_err(|error| PlinthError::internal(&error))?;
         Ok(Response::new(pb::RenewIdempotencyKeyResponse { held }))
+    }
+}
+
+/// What a claim found, as the wire says it (an adapter's key and a tenant request's alike).
+pub(crate) fn claim_response(claimed: Claimed) -> pb::ClaimIdempotencyKeyResponse {
+    match claimed {
+        Claimed::Claimed(claim) => pb::ClaimIdempotencyKeyResponse {
+            outcome: pb::IdempotencyOutcome::Claimed.into(),
+            claim,
+            ..Default::default()
+        },
+        Claimed::Done { status, response } => pb::ClaimIdempotencyKeyResponse {
+            outcome: pb::IdempotencyOutcome::Done.into(),
+            status,
+            response,
+            ..Default::default()
+        },
+        Claimed::InFlight => pb::ClaimIdempotencyKeyResponse {
+            outcome: pb::IdempotencyOutcome::InFlight.into(),
+            ..Default::default()
+        },
+        Claimed::Mismatch => pb::ClaimIdempotencyKeyResponse {
+            outcome: pb::IdempotencyOutcome::Mismatch.into(),
+            ..Default::default()
+        },
     }
 }
 

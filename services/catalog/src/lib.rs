@@ -22,6 +22,7 @@ mod harness_service;
 pub mod model;
 pub mod persistence;
 mod quota_service;
+mod request_key_service;
 pub mod retention;
 pub mod seal;
 mod service;
@@ -45,6 +46,7 @@ use plinth_proto::catalog::v1::collection_service_server::CollectionServiceServe
 use plinth_proto::catalog::v1::harness_service_server::HarnessServiceServer;
 use plinth_proto::catalog::v1::quota_service_server::QuotaServiceServer;
 use plinth_proto::catalog::v1::replay_memory_service_server::ReplayMemoryServiceServer;
+use plinth_proto::catalog::v1::request_key_service_server::RequestKeyServiceServer;
 use plinth_proto::catalog::v1::session_service_server::SessionServiceServer;
 use tokio::net::TcpListener;
 
@@ -113,6 +115,7 @@ pub const ACCESS: Access = Access(&[
     ("/plinth.catalog.v1.BrainService/", &[Role::Gateway]),
     ("/plinth.catalog.v1.AdapterService/", &[Role::Gateway]),
     ("/plinth.catalog.v1.ReplayMemoryService/", &[Role::Gateway]),
+    ("/plinth.catalog.v1.RequestKeyService/", &[Role::Gateway]),
     ("/plinth.catalog.v1.QuotaService/", &[Role::Gateway]),
 ]);
 
@@ -278,6 +281,11 @@ pub async fn run(
         .add_service(
             QuotaServiceServer::new(quota_service::Quotas::new(store.clone()))
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
+        .add_service(
+            RequestKeyServiceServer::new(request_key_service::RequestKeys::new(store.clone()))
+                .max_decoding_message_size(request_key_service::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(request_key_service::MAX_MESSAGE_BYTES),
         )
         .serve(grpc, shutdown)
         .await?;

@@ -16,6 +16,7 @@ mod gauges;
 mod harnesses;
 mod ledger;
 mod quotas;
+mod request_keys;
 mod retention;
 mod sessions;
 
@@ -24,6 +25,7 @@ pub use builds::{BUILD_QUEUED_CHANNEL, DEFAULT_RUNNING_PER_SCOPE, LeasePolicy, M
 pub use collection::CollectionRoots;
 use plinth_kit::database::{Backend, Database, DatabaseError, MigrationFile, now_ms};
 pub use quotas::Usage;
+pub use request_keys::RequestKey;
 pub use retention::{RetentionPolicy, Retired};
 pub use sessions::{NewSession, NewTask};
 use sqlx::Row;
@@ -127,6 +129,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "novo_signatures",
                 include_str!("../migrations/common/0018_novo_signatures.sql"),
             ),
+            (
+                19,
+                "request_keys",
+                include_str!("../migrations/common/0019_request_keys.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -218,6 +225,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 18,
                 "novo_signatures",
                 include_str!("../migrations/common/0018_novo_signatures.sql"),
+            ),
+            (
+                19,
+                "request_keys",
+                include_str!("../migrations/common/0019_request_keys.sql"),
             ),
         ],
     }

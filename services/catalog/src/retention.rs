@@ -42,6 +42,7 @@ pub fn log(retired: &Retired) {
         tasks = retired.tasks,
         adapter_runs = retired.adapter_runs,
         idempotency_keys = retired.idempotency_keys,
+        request_keys = retired.request_keys,
         novo_signatures = retired.novo_signatures,
         brain_operations = retired.brain_operations,
         brain_bindings = retired.brain_bindings,

@@ -213,6 +213,13 @@ impl pb::node_service_server::NodeService for Node {
             let kill_group = || {
                 let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
             };
+            // The command's whole tree: its group, and in its cgroup what left the group.
+            let kill_all = || {
+                kill_group();
+                if let Some(cgroup) = &command_cgroup {
+                    let _ = cgroup.kill_all();
+                }
+            };
             let mut timed_out = false;
             let deadline = tokio::time::sleep(timeout);
             tokio::pin!(deadline);
@@ -223,14 +230,18 @@ impl pb::node_service_server::NodeService for Node {
                     dropped = &mut err, if err_done.is_none() => err_done = Some(dropped),
                     () = &mut deadline => {
                         timed_out = true;
-                        kill_group();
-                        if let Some(cgroup) = &command_cgroup {
-                            let _ = cgroup.kill_all();
-                        }
+                        kill_all();
                         break child.wait().await.ok();
                     }
                     () = ended.cancelled() => {
                         kill_group();
+                        break child.wait().await.ok();
+                    }
+                    // The caller is gone (its call was cancelled, its deadline passed, or
+                    // its connection dropped): nobody will read the result, so the command
+                    // goes, as a terminal nobody watches is hung up.
+                    () = events.closed() => {
+                        kill_all();
                         break child.wait().await.ok();
                     }
                 }

@@ -1,8 +1,9 @@
 //! Retention: what the catalog forgets, and when. Versions beyond the newest few ready ones of
 //! each environment are retired (their rows and logs; their blobs go at the next collection),
 //! except the active one and any a live session or Brain binding reads. Records of ended work
-//! (sessions and their turns and tasks, adapter runs, idempotency records, Brain operations,
-//! deleted environments' names) go once older than the retention period.
+//! (sessions and their turns and tasks, adapter runs, idempotency records (adapters' and the
+//! tenant API's `Idempotency-Key`s), Brain operations, deleted environments' names) go once
+//! older than the retention period.
 //!
 //! Everything is deleted in batches of [`BATCH`] rows, each its own short transaction that
 //! re-checks its conditions, so retention never holds a long lock and a row that became live
@@ -48,6 +49,8 @@ pub struct Retired {
     pub adapter_runs: u64,
     /// Idempotency records.
     pub idempotency_keys: u64,
+    /// Idempotency records of the tenant API's own requests (`Idempotency-Key`).
+    pub request_keys: u64,
     /// Remembered Novo signatures whose `t` is no longer accepted.
     pub novo_signatures: u64,
     /// Finished Brain operations (their receipts).
@@ -97,6 +100,14 @@ impl Store {
             .delete_batches(
                 "idempotency_keys",
                 "adapter_id, key",
+                "(state = 'done' AND expires_at_ms <= $2) OR expires_at_ms < $1",
+                &[cutoff, now],
+            )
+            .await?;
+        retired.request_keys = self
+            .delete_batches(
+                "request_keys",
+                "scope, route, key",
                 "(state = 'done' AND expires_at_ms <= $2) OR expires_at_ms < $1",
                 &[cutoff, now],
             )

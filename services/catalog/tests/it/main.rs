@@ -38,6 +38,7 @@ mod fair_builds;
 mod harnesses;
 mod paging;
 mod quotas;
+mod request_keys;
 mod retention;
 mod sealing;
 mod sessions;
