@@ -7,8 +7,8 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use futures::StreamExt as _;
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::build_rules::{Builder, ready};
 use crate::helpers::{
@@ -168,27 +168,28 @@ async fn one_token_holding_its_places_in_flight_leaves_the_others_served() {
     .await;
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().expect("id").to_owned();
-    // Acme starts two uploads whose bodies trickle in: each holds a place until answered.
-    let mut release = Vec::new();
+    // Acme starts two uploads whose bodies trickle in (half a body, then nothing): each holds
+    // a place until answered.
+    let address = server
+        .url("")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
     let mut uploads = Vec::new();
     for name in ["one.txt", "two.txt"] {
-        let (send_rest, rest) = tokio::sync::oneshot::channel::<()>();
-        release.push(send_rest);
-        let body = futures::stream::once(async {
-            Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"first half, "))
-        })
-        .chain(futures::stream::once(async move {
-            let _ = rest.await;
-            Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"second half\n"))
-        }));
-        uploads.push(tokio::spawn(
-            server
-                .client
-                .put(server.url(&format!("/v1/environments/{id}/files/{name}")))
-                .bearer_auth(ACME)
-                .body(reqwest::Body::wrap_stream(body))
-                .send(),
-        ));
+        let mut stream = tokio::net::TcpStream::connect(&address)
+            .await
+            .expect("connecting");
+        let head = format!(
+            "PUT /v1/environments/{id}/files/{name} HTTP/1.1\r\nHost: {address}\r\n\
+             Authorization: Bearer {ACME}\r\nTransfer-Encoding: chunked\r\n\r\n\
+             c\r\nfirst half, \r\n"
+        );
+        stream
+            .write_all(head.as_bytes())
+            .await
+            .expect("sending half an upload");
+        uploads.push(stream);
     }
     let list = |token: &'static str| {
         server
@@ -224,12 +225,22 @@ async fn one_token_holding_its_places_in_flight_leaves_the_others_served() {
     let (status, listed) = read_json(list(GLOBEX).await.expect("request")).await;
     assert_eq!(status, 200, "{listed}");
     // The uploads finish whole; Acme's places are free again.
-    for send_rest in release {
-        let _ = send_rest.send(());
-    }
-    for upload in uploads {
-        let response = upload.await.expect("task").expect("upload");
-        assert!(response.status().is_success(), "{}", response.status());
+    for mut stream in uploads {
+        stream
+            .write_all(b"c\r\nsecond half\n\r\n0\r\n\r\n")
+            .await
+            .expect("sending the rest");
+        let mut answer = vec![0u8; 12];
+        stream
+            .read_exact(&mut answer)
+            .await
+            .expect("the upload's answer");
+        assert_eq!(
+            &answer,
+            b"HTTP/1.1 200",
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
     }
     let (status, listed) = read_json(list(ACME).await.expect("request")).await;
     assert_eq!(status, 200, "{listed}");
