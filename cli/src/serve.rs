@@ -377,6 +377,7 @@ fn spawn_builder(
     index: u32,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    plinth_builder::worker::register_metrics();
     let section = &config.builder;
     let work_dir = section
         .work_dir

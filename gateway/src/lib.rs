@@ -388,6 +388,21 @@ fn router_with(
             .merge(usage::routes());
     }
     let (api, mut openapi) = api.split_for_parts();
+    plinth_kit::telemetry::metrics();
+    for (route, item) in &openapi.paths.paths {
+        let methods = [
+            ("GET", item.get.is_some()),
+            ("PUT", item.put.is_some()),
+            ("POST", item.post.is_some()),
+            ("DELETE", item.delete.is_some()),
+            ("PATCH", item.patch.is_some()),
+        ];
+        for (method, served) in methods {
+            if served {
+                plinth_kit::http::register_route(route, method);
+            }
+        }
+    }
     let query_rules = query::QueryRules::from_openapi(&openapi);
     // axum spells a multi-segment parameter `{*path}`; OpenAPI spells it `{path}`.
     let paths = std::mem::take(&mut openapi.paths.paths);

@@ -212,6 +212,48 @@ async fn every_metric_the_readme_names_is_exported_and_a_streamed_exec_is_timed_
     server.stop().await;
 }
 
+/// Every `plinth_` series the dashboards and alert rules query, by the names a scrape shows.
+fn queried_series() -> BTreeSet<String> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut texts = Vec::new();
+    for dir in ["deploy/grafana", "deploy/prometheus"] {
+        let dir = root.join(dir);
+        for entry in std::fs::read_dir(&dir).expect("listing the operators' kit") {
+            let path = entry.expect("an entry").path();
+            texts.push(std::fs::read_to_string(&path).expect("reading the operators' kit"));
+        }
+    }
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    texts
+        .iter()
+        .flat_map(|text| text.split(|c: char| !word(c)))
+        .filter(|token| token.starts_with("plinth_") && token.len() > "plinth_".len())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn every_series_the_dashboards_and_alerts_query_exists_from_the_start() {
+    // Nothing has happened yet: no build, no session, no collection pass (the first is an
+    // hour away), yet every panel and rule has a series to show, at zero.
+    let server = Server::start().await;
+    let metrics = scrape(&server).await;
+    let exported: BTreeSet<&str> = metrics
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split(['{', ' ']).next())
+        .collect();
+    let missing: Vec<String> = queried_series()
+        .into_iter()
+        .filter(|name| !exported.contains(name.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "queried by a dashboard or alert but not exported at start: {missing:?}\n{metrics}"
+    );
+    server.stop().await;
+}
+
 /// Spans received, with the `service.name` of the process that sent them.
 #[derive(Clone, Default)]
 struct Collector(Arc<Mutex<Vec<(String, Span)>>>);

@@ -57,6 +57,14 @@ pub async fn observe(request: Request, next: Next) -> Response {
     response.map(|body| axum::body::Body::new(Metered::new(body, watcher)))
 }
 
+/// Makes `route`'s request series (answered `200`) exist from the start, at zero, so a
+/// dashboard shows a rate of 0 rather than no data before the first request.
+pub fn register_route(route: &str, method: &'static str) {
+    metrics::counter!("plinth_http_requests_total", "route" => route.to_owned(), "method" => method, "status" => "200")
+        .increment(0);
+    let _ = metrics::histogram!("plinth_http_request_duration_seconds", "route" => route.to_owned(), "method" => method, "status" => "200");
+}
+
 /// Records a request once its body has ended.
 struct Finish {
     span: tracing::Span,

@@ -129,6 +129,12 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), NodeError> {
     options.isolation.check().map_err(NodeError::NotPermitted)?;
+    // Every series the dashboards show exists from the start, at zero.
+    plinth_kit::telemetry::metrics();
+    for result in ["hit", "miss"] {
+        metrics::counter!("plinth_node_cache_lookups_total", "result" => result).increment(0);
+    }
+    let _ = metrics::histogram!("plinth_node_attach_duration_seconds");
     let mut options = options;
     if options.isolation.enabled {
         sandbox_setup(&mut options)?;
@@ -468,6 +474,8 @@ async fn keep_registered(
     // Set while sessions a heartbeat found ended are being detached, so a slow removal is not
     // started again by the next heartbeat.
     let detaching = Arc::new(AtomicBool::new(false));
+    // From the start, not from the first heartbeat (the catalog may not answer yet).
+    report_gauges(&options.state_dir, &cache, &sessions);
     loop {
         let pause = match registered.clone() {
             None => match catalog

@@ -292,6 +292,14 @@ pub async fn run(
     every: Duration,
     shutdown: CancellationToken,
 ) {
+    // Every series the dashboards show exists from the start, at zero, not only after the
+    // first pass (an hour away by default).
+    plinth_kit::telemetry::metrics();
+    metrics::counter!("plinth_gc_reclaimed_objects_total").increment(0);
+    metrics::counter!("plinth_gc_reclaimed_bytes_total").increment(0);
+    let _ = metrics::histogram!("plinth_gc_pass_duration_seconds");
+    let _ = metrics::gauge!("plinth_blob_store_bytes");
+    let _ = metrics::gauge!("plinth_blob_store_objects");
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
