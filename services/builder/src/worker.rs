@@ -84,7 +84,11 @@ pub enum BuilderError {
     #[error("builds need cgroups for their memory, process and CPU limits (builder.limits): {0}")]
     Limits(String),
     /// Builds are to have a disk limit and cannot.
-    #[error("builds need loop devices for their disk limit (builder.limits.disk_mb): {0}")]
+    #[error(
+        "builds need loop devices and mkfs.ext4 for the disk limit the configuration sets \
+         (builder.limits.disk_mb): {0}. Or leave builder.limits.disk_mb out, so a host without \
+         them builds with no disk limit (and a warning), or set it to 0"
+    )]
     Disk(String),
     /// Its work directory is unusable.
     #[error("builder work directory {path}: {source}")]
