@@ -287,6 +287,45 @@ async fn a_builder_killed_mid_build_loses_its_lease_and_another_finishes_it() {
 }
 
 #[tokio::test]
+async fn a_builder_killed_mid_build_and_restarted_leaves_no_mount_and_builds_again() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let cluster = Cluster::start().await;
+    let logs = tempfile::tempdir().expect("logs");
+    let id = cluster.project().await;
+    let work_dir = cluster.data.path().join("builder-first/builder");
+    let first = cluster.builder("first", &logs.path().join("first.log"));
+    // Killed while its build runs on the scope's disk (on by default), not while it checks
+    // at start that it can make one.
+    let scope_mounts = || {
+        crate::helpers::mounts_under(&work_dir)
+            .into_iter()
+            .filter(|point| !point.contains("/.disk-check-"))
+            .count()
+    };
+    cluster
+        .wait_for(&id, "the builder takes the build", |b| {
+            b["status"] == "building" && scope_mounts() == 1
+        })
+        .await;
+    signal(&first, "KILL");
+    drop(first);
+    assert_eq!(scope_mounts(), 1, "the killed builder's mount outlives it");
+    // The same builder again, on the same work directory, takes the build over.
+    let _again = cluster.builder("first", &logs.path().join("again.log"));
+    let build = cluster
+        .wait_for(&id, "the restarted builder finishes", |b| {
+            b["status"] == "ready" || b["status"] == "failed"
+        })
+        .await;
+    assert_eq!(build["status"], "ready", "{build}");
+    assert!(build["attempt"].as_u64() >= Some(2), "{build}");
+    crate::helpers::until_unmounted(&work_dir).await;
+    assert_eq!(crate::helpers::scope_images(&work_dir).len(), 1);
+}
+
+#[tokio::test]
 async fn a_builder_paused_past_its_lease_cannot_publish_when_it_resumes() {
     if !crate::helpers::can_build() {
         return;
