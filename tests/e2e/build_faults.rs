@@ -313,13 +313,22 @@ async fn a_builder_killed_mid_build_and_restarted_leaves_no_mount_and_builds_aga
     drop(first);
     assert_eq!(scope_mounts(), 1, "the killed builder's mount outlives it");
     // The same builder again, on the same work directory, takes the build over.
-    let _again = cluster.builder("first", &logs.path().join("again.log"));
-    let build = cluster
-        .wait_for(&id, "the restarted builder finishes", |b| {
-            b["status"] == "ready" || b["status"] == "failed"
-        })
-        .await;
-    assert_eq!(build["status"], "ready", "{build}");
+    let again = logs.path().join("again.log");
+    let _again = cluster.builder("first", &again);
+    let mut build = Value::Null;
+    for _ in 0..600 {
+        build = cluster.build(&id).await;
+        if build["status"] == "ready" || build["status"] == "failed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        build["status"],
+        "ready",
+        "{build}\nthe restarted builder's log:\n{}",
+        std::fs::read_to_string(&again).unwrap_or_default()
+    );
     assert!(build["attempt"].as_u64() >= Some(2), "{build}");
     crate::helpers::until_unmounted(&work_dir).await;
     assert_eq!(crate::helpers::scope_images(&work_dir).len(), 1);
