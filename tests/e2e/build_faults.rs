@@ -39,6 +39,15 @@ fn spawn(args: &[&str], config: &std::path::Path, log: Option<std::fs::File>) ->
     Process(command.spawn().expect("spawn plinth"))
 }
 
+impl Drop for Cluster {
+    /// The services go first (builders the test started are gone by now), then what a
+    /// builder killed mid-build left mounted.
+    fn drop(&mut self) {
+        self._services.clear();
+        crate::helpers::unmount_under(self.data.path());
+    }
+}
+
 impl Cluster {
     async fn start() -> Self {
         Self::with_lease(Some(3)).await

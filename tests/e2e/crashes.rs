@@ -50,6 +50,15 @@ fn kill(process: &Process) {
     assert!(status.success());
 }
 
+impl Drop for Cluster {
+    /// The services go first (builders the test started are gone by now), then what a
+    /// builder killed mid-build left mounted.
+    fn drop(&mut self) {
+        self.services.clear();
+        crate::helpers::unmount_under(self.data.path());
+    }
+}
+
 impl Cluster {
     async fn start() -> Self {
         let data = tempfile::tempdir().expect("data");

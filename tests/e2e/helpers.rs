@@ -201,11 +201,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         if let Some(running) = &self.running {
             running.shutdown.cancel();
-            // A build's scope disk or a session's working directory still mounted when the
-            // test ends would outlive this process, and its loop device with it.
-            for point in mounts_under(self._data_dir.path()).into_iter().rev() {
-                let _ = rustix::mount::unmount(&point, rustix::mount::UnmountFlags::DETACH);
-            }
+            unmount_under(self._data_dir.path());
         }
     }
 }
@@ -513,6 +509,15 @@ pub fn mounts_under(dir: &std::path::Path) -> Vec<String> {
         .filter(|point| point.starts_with(&dir))
         .map(str::to_owned)
         .collect()
+}
+
+/// Unmounts (lazily) whatever is still mounted under a test's data directory `dir`: a
+/// build's scope disk or a session's working directory mounted when the test ends (a builder
+/// killed mid-build leaves its mount) would outlive the test, and its loop device with it.
+pub fn unmount_under(dir: &std::path::Path) {
+    for point in mounts_under(dir).into_iter().rev() {
+        let _ = rustix::mount::unmount(&point, rustix::mount::UnmountFlags::DETACH);
+    }
 }
 
 /// How many loop devices have a file under `dir` attached.
