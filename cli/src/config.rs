@@ -581,14 +581,18 @@ pub struct BuilderLimits {
     /// Wall time of the whole build (each step is also held to `step_timeout_seconds`), in
     /// seconds. From 1 to 604800.
     pub wall_seconds: u64,
-    /// Disk in MiB for everything a build writes: the project tree with `.venv`,
-    /// `node_modules` and the download cache, its HOME and `/tmp`, on an ext4 image of this
-    /// size mounted for the build (loop devices, as sessions' `disk_mb`). From 64 to
-    /// 16777216, or 0 (the default) for no limit: the builder's file system bounds builds.
-    /// Off by default because, with a limit, the download cache and the kept `.venv` and
-    /// `node_modules` live on each build's image and are not kept between builds.
-    pub disk_mb: u64,
+    /// Disk in MiB for each scope's builds on a builder: its builds' project trees with
+    /// `.venv` and `node_modules`, their HOME and `/tmp`, and what the builder keeps for the
+    /// scope between builds (its download cache and dependency trees), on an ext4 image of
+    /// this size per scope (sparse; loop devices, as sessions' `disk_mb`). From 64 to
+    /// 16777216, or 0 for no limit. Left out: [`DEFAULT_BUILD_DISK_MB`] where the host can
+    /// make the images, and no limit (with a warning) where it cannot; set, a host that
+    /// cannot stops the builder.
+    pub disk_mb: Option<u64>,
 }
+
+/// A scope's build disk when `builder.limits.disk_mb` is left out, in MiB.
+pub const DEFAULT_BUILD_DISK_MB: u64 = 8192;
 
 impl Default for BuilderLimits {
     fn default() -> Self {
@@ -597,7 +601,7 @@ impl Default for BuilderLimits {
             pids: 1024,
             cpu_millicores: 2000,
             wall_seconds: 3600,
-            disk_mb: 0,
+            disk_mb: None,
         }
     }
 }
@@ -612,8 +616,8 @@ impl BuilderLimits {
             ("wall_seconds", self.wall_seconds, 1, 604_800),
             (
                 "disk_mb",
-                self.disk_mb,
-                if self.disk_mb == 0 { 0 } else { 64 },
+                self.disk_mb.unwrap_or(DEFAULT_BUILD_DISK_MB),
+                if self.disk_mb == Some(0) { 0 } else { 64 },
                 16_777_216,
             ),
         ] {
@@ -638,8 +642,14 @@ impl BuilderLimits {
             pids: Some(self.pids),
             cpu_millicores: Some(self.cpu_millicores),
             wall: Some(std::time::Duration::from_secs(self.wall_seconds)),
-            disk_mb: (self.disk_mb > 0).then_some(self.disk_mb),
+            disk_mb: Some(self.disk_mb.unwrap_or(DEFAULT_BUILD_DISK_MB)).filter(|&mb| mb > 0),
         }
+    }
+
+    /// Whether the disk limit was asked for (not just the default): a host that cannot hold
+    /// it then stops the builder rather than building without.
+    pub fn disk_required(&self) -> bool {
+        self.disk_mb.is_some_and(|mb| mb > 0)
     }
 }
 
@@ -2101,17 +2111,23 @@ mod tests {
     }
 
     #[test]
-    fn a_builds_disk_limit_is_off_by_default_and_checked_when_set() {
+    fn a_builds_disk_limit_is_on_by_default_required_when_set_and_checked() {
         let dir = tempfile::tempdir().expect("temp dir");
         let file = dir.path().join("plinth.toml");
         let path = file.to_str().expect("utf-8");
         let limits = serve(&[]).expect("config").builder.limits;
-        assert_eq!(limits.disk_mb, 0);
-        assert_eq!(limits.build_limits().disk_mb, None);
+        assert_eq!(limits.build_limits().disk_mb, Some(DEFAULT_BUILD_DISK_MB));
+        assert!(!limits.disk_required());
 
         std::fs::write(&file, "[builder.limits]\ndisk_mb = 64\n").expect("write");
         let config = serve(&["--config", path]).expect("config");
         assert_eq!(config.builder.limits.build_limits().disk_mb, Some(64));
+        assert!(config.builder.limits.disk_required());
+
+        std::fs::write(&file, "[builder.limits]\ndisk_mb = 0\n").expect("write");
+        let config = serve(&["--config", path]).expect("config");
+        assert_eq!(config.builder.limits.build_limits().disk_mb, None);
+        assert!(!config.builder.limits.disk_required());
 
         for bad in ["16", "20000000"] {
             std::fs::write(&file, format!("[builder.limits]\ndisk_mb = {bad}\n")).expect("write");

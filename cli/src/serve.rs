@@ -479,6 +479,7 @@ fn spawn_builder(
         toolchain: String::new(),
         layers,
         disk: None,
+        disk_required: section.limits.disk_required(),
     };
     let result = async move {
         let _lock = lock;

@@ -1,7 +1,9 @@
 //! What a build wrote is never trusted, and a build is bounded, tested as the attacker from
 //! inside real builds (`plinth serve` with its in-process builder): a build that plants a link
 //! in its download cache gets nothing of the link's target into its log, now or in the scope's
-//! next build.
+//! next build; a build over its memory, process or disk limit fails naming it. A scope's disk
+//! (on by default) keeps its download cache between builds and is shared by its builds
+//! running at once.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::time::Duration;
@@ -328,48 +330,139 @@ fn allocated_bytes(dir: &std::path::Path) -> u64 {
     total
 }
 
+/// A client of one scope of a server started with client tokens.
+struct Tenant<'a> {
+    server: &'a Server,
+    token: &'a str,
+}
+
+impl Tenant<'_> {
+    /// An environment of the scope whose source is this `setup.sh`.
+    async fn environment(&self, name: &str, setup: &str) -> String {
+        let (status, created) = send(
+            self.server
+                .client
+                .post(self.server.url("/v1/environments"))
+                .bearer_auth(self.token)
+                .json(&serde_json::json!({ "name": name })),
+        )
+        .await;
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().expect("id").to_owned();
+        self.setup(&id, setup).await;
+        id
+    }
+
+    async fn setup(&self, id: &str, setup: &str) {
+        let (status, answer) = send(
+            self.server
+                .client
+                .put(
+                    self.server
+                        .url(&format!("/v1/environments/{id}/files/setup.sh")),
+                )
+                .bearer_auth(self.token)
+                .body(setup.to_owned()),
+        )
+        .await;
+        assert_eq!(status, 200, "{answer}");
+    }
+
+    /// Queues the next build of `id` and waits for it to end; answers its record.
+    async fn build(&self, id: &str, version: u64) -> serde_json::Value {
+        let (status, queued) = send(
+            self.server
+                .client
+                .post(self.server.url(&format!("/v1/environments/{id}/build")))
+                .bearer_auth(self.token),
+        )
+        .await;
+        assert_eq!(status, 202, "{queued}");
+        let url = self
+            .server
+            .url(&format!("/v1/environments/{id}/builds/{version}"));
+        for _ in 0..BUILD_LIMIT.as_millis() / 200 {
+            let (_, build) = send(self.server.client.get(&url).bearer_auth(self.token)).await;
+            if build["status"] == "ready" || build["status"] == "failed" {
+                return build;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("build {version} of {id} did not end within {BUILD_LIMIT:?}");
+    }
+}
+
+/// Where a builder keeps the disk of `scope` (its name in the work directory).
+fn scope_dir(work_dir: &std::path::Path, scope: &str) -> std::path::PathBuf {
+    work_dir
+        .join("scopes")
+        .join(&plinth_blobs::Digest::of(scope.as_bytes()).to_hex()[..16])
+}
+
 #[tokio::test]
-async fn a_build_over_its_disk_limit_fails_naming_it_and_the_host_disk_gets_no_more() {
+async fn a_build_over_its_disk_limit_fails_naming_it_and_takes_no_more_of_the_host_nor_a_neighbours()
+ {
     if !crate::helpers::can_build() {
         return;
     }
     const MIB: u64 = 1024 * 1024;
     // Two builders check the work directory's disk limits at once, and both build.
-    let server =
-        Server::start_with_config("[builder.limits]\ndisk_mb = 64\n", &["--builders", "2"]).await;
+    let config = format!(
+        "{}[builder.limits]\ndisk_mb = 64\n",
+        crate::helpers::tokens_toml(&[("tok-acme", "acme"), ("tok-globex", "globex")])
+    );
+    let server = Server::start_with_config(&config, &["--builders", "2"]).await;
+    let (acme, globex) = (
+        Tenant {
+            server: &server,
+            token: "tok-acme",
+        },
+        Tenant {
+            server: &server,
+            token: "tok-globex",
+        },
+    );
     let work_dir = server.data_dir().join("builder");
-    // The attack writes 200 MiB each in the build's /tmp, its HOME and the project tree; the
-    // last file stays while the build waits, so a watcher on the host would see it.
-    let attacker = create_environment(&server, "Disk Hog Build").await;
-    put_file(
-        &server,
-        &attacker,
-        "setup.sh",
-        "echo attack: start\n\
-         for dir in /tmp \"$HOME\"; do\n\
-           dd if=/dev/zero of=\"$dir/big\" bs=1M count=200 2>&1 && echo \"attack: wrote $dir\"\n\
-           rm -f \"$dir/big\"\n\
-         done\n\
-         dd if=/dev/zero of=big bs=1M count=200 2>&1 && echo attack: wrote project\n\
-         sleep 2\n\
-         echo attack: end\n\
-         exit 1\n",
-    )
-    .await;
-    // While it runs, the host side of the builder's work directory is watched.
+    let acme_disk = scope_dir(&work_dir, "acme");
+    // The attack leaves 24 MiB in its scope's download cache, then writes 200 MiB each in the
+    // build's /tmp, its HOME and the project tree; the last file stays while the build
+    // waits, so a watcher on the host would see it.
+    let attacker = acme
+        .environment(
+            "Disk Hog Build",
+            "echo attack: start\n\
+             dd if=/dev/zero of=\"$XDG_CACHE_HOME/download\" bs=1M count=24 2>&1 && echo attack: cached\n\
+             for dir in /tmp \"$HOME\"; do\n\
+               dd if=/dev/zero of=\"$dir/big\" bs=1M count=200 2>&1 && echo \"attack: wrote $dir\"\n\
+               rm -f \"$dir/big\"\n\
+             done\n\
+             dd if=/dev/zero of=big bs=1M count=200 2>&1 && echo attack: wrote project\n\
+             sleep 2\n\
+             echo attack: end\n\
+             exit 1\n",
+        )
+        .await;
+    // Another scope's build at the same time writes 40 MiB: its disk is its own.
+    let neighbour = globex
+        .environment(
+            "Neighbour Build",
+            "dd if=/dev/zero of=some bs=1M count=40 2>&1 && sleep 1 && echo neighbour: done\n",
+        )
+        .await;
+    // While it runs, the host side of the attacker's scope disk is watched.
     let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let watcher = {
-        let (work_dir, watching) = (work_dir.clone(), watching.clone());
+        let (acme_disk, watching) = (acme_disk.clone(), watching.clone());
         std::thread::spawn(move || {
             let mut most = 0;
             while watching.load(std::sync::atomic::Ordering::SeqCst) {
-                most = most.max(allocated_bytes(&work_dir));
+                most = most.max(allocated_bytes(&acme_disk));
                 std::thread::sleep(Duration::from_millis(100));
             }
             most
         })
     };
-    let hog = build(&server, &attacker, 1).await;
+    let (hog, next_door) = tokio::join!(acme.build(&attacker, 1), globex.build(&neighbour, 1));
     watching.store(false, std::sync::atomic::Ordering::SeqCst);
     let most = watcher.join().expect("watcher");
     assert_eq!(hog["status"], "failed", "{hog}");
@@ -380,33 +473,156 @@ async fn a_build_over_its_disk_limit_fails_naming_it_and_the_host_disk_gets_no_m
     );
     let log = hog["log"].as_str().expect("log");
     assert!(
-        log.contains("attack: start") && log.contains("attack: end"),
+        log.contains("attack: start")
+            && log.contains("attack: cached")
+            && log.contains("attack: end"),
         "{log}"
     );
     assert!(log.contains("No space left on device"), "{log}");
     assert!(!log.contains("attack: wrote"), "{log}");
+    assert_eq!(next_door["status"], "ready", "{next_door}");
+    assert!(
+        next_door["log"]
+            .as_str()
+            .is_some_and(|log| log.contains("neighbour: done")),
+        "{next_door}"
+    );
     // The host's file system took no more than the limit (and the builder's own few files).
     assert!(
         most < 64 * MIB + 16 * MIB,
-        "the builder's work directory took {} MiB at most",
+        "the scope's disk took {} MiB at most",
         most / MIB
     );
-    // Afterwards nothing of the build is left: no image, no mount.
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    assert!(
-        !mounts.contains(work_dir.to_str().expect("utf-8")),
-        "{mounts}"
-    );
-    assert!(allocated_bytes(&work_dir) < 16 * MIB);
+    // Afterwards the scope's disk is unmounted, and gave back what the build wrote and the
+    // cache it filled (sparse and discarded).
+    crate::helpers::until_unmounted(&work_dir).await;
+    assert!(acme_disk.join("work.ext4").is_file());
+    assert!(allocated_bytes(&acme_disk) < 16 * MIB);
 
-    // The builder goes on: the next build, within its limit, is ready.
-    put_file(
-        &server,
+    // The builder goes on: the scope's next build, within its limit once the 24 MiB cache is
+    // gone, is ready.
+    acme.setup(
         &attacker,
-        "setup.sh",
-        "dd if=/dev/zero of=/tmp/some bs=1M count=8 && dd if=/dev/zero of=some bs=1M count=4\n",
+        "dd if=/dev/zero of=/tmp/some bs=1M count=8 && dd if=/dev/zero of=some bs=1M count=40\n",
     )
     .await;
-    let fixed = build(&server, &attacker, 2).await;
+    let fixed = acme.build(&attacker, 2).await;
     assert_eq!(fixed["status"], "ready", "{fixed}");
+    let log = fixed["log"].as_str().expect("log");
+    assert!(log.contains("==> download cache: empty"), "{log}");
+}
+
+#[tokio::test]
+async fn by_default_a_scopes_next_build_finds_what_its_last_left_in_the_download_cache() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start().await;
+    let work_dir = server.data_dir().join("builder");
+    let first = create_environment(&server, "Cache Filler").await;
+    put_file(
+        &server,
+        &first,
+        "setup.sh",
+        "echo from-the-first-build > \"$XDG_CACHE_HOME/marker\"\n",
+    )
+    .await;
+    let built = build(&server, &first, 1).await;
+    assert_eq!(built["status"], "ready", "{built}");
+    let log = built["log"].as_str().expect("log");
+    assert!(log.contains("==> download cache: empty"), "{log}");
+
+    // Another environment of the scope, built after it.
+    let second = create_environment(&server, "Cache Reader").await;
+    put_file(
+        &server,
+        &second,
+        "setup.sh",
+        "echo \"seen: $(cat \"$XDG_CACHE_HOME/marker\")\"\n",
+    )
+    .await;
+    let built = build(&server, &second, 1).await;
+    assert_eq!(built["status"], "ready", "{built}");
+    let log = built["log"].as_str().expect("log");
+    assert!(
+        log.contains("==> download cache: this scope's, from its earlier builds on this builder"),
+        "{log}"
+    );
+    assert!(log.contains("seen: from-the-first-build"), "{log}");
+
+    // The cache lives on the scope's disk, of the default limit and sparse, unmounted
+    // between builds.
+    let images = crate::helpers::scope_images(&work_dir);
+    assert_eq!(images.len(), 1, "{images:?}");
+    let image = std::fs::metadata(&images[0]).expect("image");
+    assert_eq!(image.len(), 8192 * 1024 * 1024);
+    assert!(
+        std::os::unix::fs::MetadataExt::blocks(&image) * 512 < 64 * 1024 * 1024,
+        "{} bytes taken",
+        std::os::unix::fs::MetadataExt::blocks(&image) * 512
+    );
+    crate::helpers::until_unmounted(&work_dir).await;
+}
+
+#[tokio::test]
+async fn two_builds_of_one_scope_at_once_share_its_disk_and_both_succeed() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builders", "2"]).await;
+    let work_dir = server.data_dir().join("builder");
+    // Each build writes a file, and another in the scope's download cache (if it holds the
+    // cache), waits while the other does the same, and checks both read back whole.
+    let script = "head -c 8388608 /dev/urandom > data\n\
+                  cp data \"$XDG_CACHE_HOME/data-$$\"\n\
+                  before=$(sha256sum < data)\n\
+                  echo seen: started\n\
+                  sleep 4\n\
+                  if [ \"$(sha256sum < data)\" = \"$before\" ] && \
+                     [ \"$(sha256sum < \"$XDG_CACHE_HOME/data-$$\")\" = \"$before\" ]; then\n\
+                    echo seen: intact\n\
+                  fi\n";
+    let first = create_environment(&server, "Same Scope One").await;
+    let second = create_environment(&server, "Same Scope Two").await;
+    put_file(&server, &first, "setup.sh", script).await;
+    put_file(&server, &second, "setup.sh", script).await;
+    let watch = async {
+        // Once both builds run their setup.sh, they hold the scope's disk together: one
+        // mount, one loop device.
+        for _ in 0..600 {
+            let mut started = 0;
+            for id in [&first, &second] {
+                let (_, build) = send(
+                    server
+                        .client
+                        .get(server.url(&format!("/v1/environments/{id}/builds/1"))),
+                )
+                .await;
+                if build["log"]
+                    .as_str()
+                    .is_some_and(|log| log.contains("seen: started"))
+                {
+                    started += 1;
+                }
+            }
+            if started == 2 {
+                return (
+                    crate::helpers::mounts_under(&work_dir),
+                    crate::helpers::loop_devices_under(&work_dir),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the two builds never ran at once");
+    };
+    let (one, two, (mounts, devices)) =
+        tokio::join!(build(&server, &first, 1), build(&server, &second, 1), watch);
+    assert_eq!(mounts.len(), 1, "{mounts:?}");
+    assert_eq!(devices, 1);
+    for built in [&one, &two] {
+        assert_eq!(built["status"], "ready", "{built}");
+        let log = built["log"].as_str().expect("log");
+        assert!(log.contains("seen: intact"), "{log}");
+    }
+    crate::helpers::until_unmounted(&work_dir).await;
 }

@@ -39,6 +39,15 @@ fn spawn(args: &[&str], config: &std::path::Path, log: Option<std::fs::File>) ->
     Process(command.spawn().expect("spawn plinth"))
 }
 
+impl Drop for Cluster {
+    /// The services go first (builders the test started are gone by now), then what a
+    /// builder killed mid-build left mounted.
+    fn drop(&mut self) {
+        self._services.clear();
+        crate::helpers::unmount_under(self.data.path());
+    }
+}
+
 impl Cluster {
     async fn start() -> Self {
         Self::with_lease(Some(3)).await
@@ -284,6 +293,54 @@ async fn a_builder_killed_mid_build_loses_its_lease_and_another_finishes_it() {
         })
         .and_then(|value| value.trim().parse::<f64>().ok());
     assert!(requeued >= Some(1.0), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_builder_killed_mid_build_and_restarted_leaves_no_mount_and_builds_again() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let cluster = Cluster::start().await;
+    let logs = tempfile::tempdir().expect("logs");
+    let id = cluster.project().await;
+    let work_dir = cluster.data.path().join("builder-first/builder");
+    let first = cluster.builder("first", &logs.path().join("first.log"));
+    // Killed while its build runs on the scope's disk (on by default), not while it checks
+    // at start that it can make one.
+    let scope_mounts = || {
+        crate::helpers::mounts_under(&work_dir)
+            .into_iter()
+            .filter(|point| !point.contains("/.disk-check-"))
+            .count()
+    };
+    cluster
+        .wait_for(&id, "the builder takes the build", |b| {
+            b["status"] == "building" && scope_mounts() == 1
+        })
+        .await;
+    signal(&first, "KILL");
+    drop(first);
+    assert_eq!(scope_mounts(), 1, "the killed builder's mount outlives it");
+    // The same builder again, on the same work directory, takes the build over.
+    let again = logs.path().join("again.log");
+    let _again = cluster.builder("first", &again);
+    let mut build = Value::Null;
+    for _ in 0..600 {
+        build = cluster.build(&id).await;
+        if build["status"] == "ready" || build["status"] == "failed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        build["status"],
+        "ready",
+        "{build}\nthe restarted builder's log:\n{}",
+        std::fs::read_to_string(&again).unwrap_or_default()
+    );
+    assert!(build["attempt"].as_u64() >= Some(2), "{build}");
+    crate::helpers::until_unmounted(&work_dir).await;
+    assert_eq!(crate::helpers::scope_images(&work_dir).len(), 1);
 }
 
 #[tokio::test]

@@ -50,6 +50,15 @@ fn kill(process: &Process) {
     assert!(status.success());
 }
 
+impl Drop for Cluster {
+    /// The services go first (builders the test started are gone by now), then what a
+    /// builder killed mid-build left mounted.
+    fn drop(&mut self) {
+        self.services.clear();
+        crate::helpers::unmount_under(self.data.path());
+    }
+}
+
 impl Cluster {
     async fn start() -> Self {
         let data = tempfile::tempdir().expect("data");
@@ -312,9 +321,9 @@ async fn after_a_source_and_a_builder_are_killed_mid_write_what_was_acknowledged
     until_objects_grow(&cluster, before, 200, "the layer").await;
     kill(&builder);
     drop(builder);
-    let scratch = cluster.data.path().join("builder").join("builds");
+    let work_dir = cluster.data.path().join("builder");
     assert!(
-        std::fs::read_dir(&scratch).map_or(0, Iterator::count) > 0,
+        build_scratch(&work_dir) > 0,
         "the killed builder left its scratch"
     );
     let _second = cluster.builder("second");
@@ -442,10 +451,22 @@ async fn after_a_source_and_a_builder_are_killed_mid_write_what_was_acknowledged
         stored.len().saturating_sub(expected.len())
     );
     assert_eq!(stored, expected);
-    // The restarted builder removed the killed one's scratch.
-    assert_eq!(
-        std::fs::read_dir(&scratch).map_or(0, Iterator::count),
-        0,
-        "no build scratch is left"
-    );
+    // The restarted builder removed the killed one's scratch, and let go of its scope's disk.
+    crate::helpers::until_unmounted(&work_dir).await;
+    assert_eq!(build_scratch(&work_dir), 0, "no build scratch is left");
+}
+
+/// The builds' scratch directories in a builder's work directory: on the scopes' disks that
+/// are mounted, and beside them (builds without a disk limit).
+fn build_scratch(work_dir: &Path) -> usize {
+    let count = |dir: PathBuf| std::fs::read_dir(dir).map_or(0, Iterator::count);
+    let scopes = std::fs::read_dir(work_dir.join("scopes"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|scope| count(scope.path().join("work/builds")))
+                .sum()
+        })
+        .unwrap_or(0);
+    scopes + count(work_dir.join("builds"))
 }

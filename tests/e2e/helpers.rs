@@ -201,6 +201,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         if let Some(running) = &self.running {
             running.shutdown.cancel();
+            unmount_under(self._data_dir.path());
         }
     }
 }
@@ -495,4 +496,66 @@ pub fn tar_of(files: &std::collections::BTreeMap<String, Vec<u8>>) -> Vec<u8> {
             .expect("append");
     }
     archive.into_inner().expect("archive")
+}
+
+/// The mount points under `dir` in this process's mount namespace (where builders in this
+/// process and those it started mount their scopes' disks).
+pub fn mounts_under(dir: &std::path::Path) -> Vec<String> {
+    let dir = format!("{}/", dir.to_str().expect("utf-8"));
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|point| point.starts_with(&dir))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Unmounts (lazily) whatever is still mounted under a test's data directory `dir`: a
+/// build's scope disk or a session's working directory mounted when the test ends (a builder
+/// killed mid-build leaves its mount) would outlive the test, and its loop device with it.
+pub fn unmount_under(dir: &std::path::Path) {
+    for point in mounts_under(dir).into_iter().rev() {
+        let _ = rustix::mount::unmount(&point, rustix::mount::UnmountFlags::DETACH);
+    }
+}
+
+/// How many loop devices have a file under `dir` attached.
+pub fn loop_devices_under(dir: &std::path::Path) -> usize {
+    let dir = format!("{}/", dir.to_str().expect("utf-8"));
+    std::fs::read_dir("/sys/block")
+        .expect("sysfs")
+        .flatten()
+        .filter_map(|entry| std::fs::read_to_string(entry.path().join("loop/backing_file")).ok())
+        .filter(|backing| backing.starts_with(&dir))
+        .count()
+}
+
+/// Waits until nothing is mounted under `dir` and no loop device holds a file there (a
+/// builder lets go of a scope's disk just after its build is reported done).
+pub async fn until_unmounted(dir: &std::path::Path) {
+    for _ in 0..100 {
+        if mounts_under(dir).is_empty() && loop_devices_under(dir) == 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!(
+        "still mounted under {}: {:?}, {} loop devices",
+        dir.display(),
+        mounts_under(dir),
+        loop_devices_under(dir)
+    );
+}
+
+/// The scopes' disk images in a builder's work directory.
+pub fn scope_images(work_dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(work_dir.join("scopes")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|entry| entry.path().join("work.ext4"))
+        .filter(|image| image.is_file())
+        .collect()
 }

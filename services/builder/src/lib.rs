@@ -22,6 +22,7 @@ mod output;
 pub mod registries;
 pub mod reuse_key;
 pub mod sandbox;
+pub mod scope_disk;
 pub mod toolchains;
 pub mod tools;
 pub mod worker;

@@ -1,7 +1,8 @@
 //! A build's bounds: memory, processes and CPU for the whole build in a cgroup of its own
 //! (the sessions' cgroup code, [`plinth_sandbox::cgroup`], v1 or v2), and wall time for the
-//! whole build, and disk for what it writes on an image of its own (see the worker). A build over a bound fails with a reason that names it and the setting that
-//! sets it (`builder.limits.*`); the builder and other builds go on.
+//! whole build, and disk for what it writes on its scope's disk ([`crate::scope_disk`]). A
+//! build over a bound fails with a reason that names it and the setting that sets it
+//! (`builder.limits.*`); the builder and other builds go on.
 //!
 //! Every command of a build joins the build's group first thing in the process the builder
 //! forks (before namespaces and privileges), so everything the build runs, `setsid` daemons
@@ -31,9 +32,10 @@ pub struct BuildLimits {
     pub cpu_millicores: Option<u64>,
     /// Wall time for all of the build's commands together.
     pub wall: Option<Duration>,
-    /// Disk for everything the build can write (its scratch directory with the project,
-    /// `.venv`, `node_modules` and download cache, its HOME and `/tmp`), in MiB: the worker
-    /// puts them on an ext4 image of this size ([`plinth_sandbox::disk`]).
+    /// Disk for everything the builds of one scope can write (their scratch directories with
+    /// the project, `.venv`, `node_modules` and download cache, their HOME and `/tmp`) and
+    /// what the builder keeps for the scope between builds, in MiB: the worker puts them on
+    /// an ext4 image of this size per scope ([`crate::scope_disk`]).
     pub disk_mb: Option<u64>,
 }
 
@@ -64,7 +66,9 @@ impl BuildLimits {
 
     pub(crate) fn disk_reason(&self) -> String {
         format!(
-            "the build used more than its {} MiB disk limit ({DISK_SETTING})",
+            "the build used more than its {} MiB disk limit ({DISK_SETTING}), which its \
+             scope's download cache and kept dependencies share: they are dropped before the \
+             scope's next build",
             self.disk_mb.unwrap_or_default()
         )
     }

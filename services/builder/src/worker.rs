@@ -63,9 +63,13 @@ pub struct BuilderOptions {
     /// Where layers are counted in their scope's stored bytes before a build completes; none:
     /// layers are not counted (the builder warns at start).
     pub layers: Option<LayerLedger>,
-    /// How builds' disk is limited (`install.limits.disk_mb`); [`run`] checks the host can
-    /// when it is `None` and a limit is set.
+    /// How builds' disk is limited (`install.limits.disk_mb`, a disk per scope:
+    /// [`crate::scope_disk`]); [`run`] checks the host can when it is `None` and a limit is
+    /// set.
     pub disk: Option<plinth_sandbox::disk::DiskLimits>,
+    /// Whether a host that cannot limit builds' disk stops the builder; otherwise the builder
+    /// warns and builds without a disk limit (the limit is the default, not asked for).
+    pub disk_required: bool,
 }
 
 /// Why the builder stopped.
@@ -80,7 +84,11 @@ pub enum BuilderError {
     #[error("builds need cgroups for their memory, process and CPU limits (builder.limits): {0}")]
     Limits(String),
     /// Builds are to have a disk limit and cannot.
-    #[error("builds need loop devices for their disk limit (builder.limits.disk_mb): {0}")]
+    #[error(
+        "builds need loop devices and mkfs.ext4 for the disk limit the configuration sets \
+         (builder.limits.disk_mb): {0}. Or leave builder.limits.disk_mb out, so a host without \
+         them builds with no disk limit (and a warning), or set it to 0"
+    )]
     Disk(String),
     /// Its work directory is unusable.
     #[error("builder work directory {path}: {source}")]
@@ -116,10 +124,11 @@ pub fn lock_work_dir(work_dir: &Path) -> Result<std::fs::File, BuilderError> {
 }
 
 /// Removes what a builder killed mid-build left in `work_dir`: scratch directories of builds
-/// (a build is always started afresh) and dependency trees it was setting aside. Call it once
-/// per work directory, before any builder there starts. Answers how many were removed.
+/// (a build is always started afresh), dependency trees it was setting aside, and the mounts
+/// of the scopes' disks ([`crate::scope_disk::remove_leftovers`]; their caches stay). Call it
+/// once per work directory, before any builder there starts. Answers how many were removed.
 pub fn remove_leftovers(work_dir: &Path) -> std::io::Result<usize> {
-    let mut removed = 0;
+    let mut removed = crate::scope_disk::remove_leftovers(work_dir)?;
     for (parent, only_partial) in [
         (work_dir.join("builds"), false),
         (work_dir.join("kept"), true),
@@ -158,8 +167,9 @@ pub fn remove_leftovers(work_dir: &Path) -> std::io::Result<usize> {
     Ok(removed)
 }
 
-/// Unmounts the image of every build directory in `builds` that has one (a killed builder's):
-/// the loop device goes with the mount (autoclear), the image and the rest with the directory.
+/// Unmounts the image of every build directory in `builds` that has one (a killed builder's
+/// of an earlier release, which gave each build an image of its own): the loop device goes
+/// with the mount (autoclear), the image and the rest with the directory.
 fn unmount_build_images(builds: &Path) -> std::io::Result<()> {
     let entries = match std::fs::read_dir(builds) {
         Ok(entries) => entries,
@@ -168,38 +178,12 @@ fn unmount_build_images(builds: &Path) -> std::io::Result<()> {
     };
     for entry in entries {
         let dir = entry?.path();
-        if std::fs::symlink_metadata(dir.join(DISK_IMAGE)).is_ok() {
-            unmount_all(&dir.join(DISK_MOUNT))?;
+        if std::fs::symlink_metadata(dir.join("work.ext4")).is_ok() {
+            crate::scope_disk::unmount_all(&dir.join("work"))?;
         }
     }
     Ok(())
 }
-
-/// Unmounts every mount stacked on `path` (none: nothing to do); a busy one lazily.
-fn unmount_all(path: &Path) -> std::io::Result<()> {
-    use rustix::mount::UnmountFlags;
-    for _ in 0..8 {
-        match rustix::mount::unmount(path, UnmountFlags::empty()) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::BUSY) => {
-                rustix::mount::unmount(path, UnmountFlags::DETACH)?;
-            }
-            // Not (or no longer) a mount point.
-            Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => return Ok(()),
-            Err(error) => return Err(error.into()),
-        }
-    }
-    Err(std::io::Error::other(format!(
-        "{} is still a mount point after 8 unmounts",
-        path.display()
-    )))
-}
-
-/// In a build's directory with a disk limit: its image and where it is mounted (the names
-/// [`plinth_sandbox::disk`] gives them), and the scratch directory on it.
-const DISK_IMAGE: &str = "work.ext4";
-const DISK_MOUNT: &str = "work";
-const DISK_SCRATCH: &str = "work/project";
 
 /// The name prefix of a kept dependency tree being set aside, before its rename into place.
 const PARTIAL_KEPT: &str = ".partial-";
@@ -240,7 +224,7 @@ pub async fn run(
         options.install.cgroups = Some(build_cgroups(&options.work_dir).await?);
     }
     if options.disk.is_none() && options.install.limits.disk_mb.is_some() {
-        let builds = builds.clone();
+        let scopes = crate::scope_disk::ScopeDisks::dir_of(&options.work_dir);
         // Builders of one work directory in one process would share the check's probe
         // directory (named after the process): one check at a time.
         static CHECKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -248,13 +232,41 @@ pub async fn run(
             let _one = CHECKING
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            plinth_sandbox::disk::DiskLimits::check(&builds)
+            plinth_sandbox::disk::DiskLimits::check(&scopes)
         })
         .await
-        .map_err(|join| BuilderError::Disk(join.to_string()))?
-        .map_err(|error| BuilderError::Disk(error.to_string()))?;
-        options.disk = Some(checked);
+        .map_err(|join| BuilderError::Disk(join.to_string()))?;
+        match checked {
+            Ok(checked) => options.disk = Some(checked),
+            Err(error) if options.disk_required => {
+                return Err(BuilderError::Disk(error.to_string()));
+            }
+            Err(error) => {
+                tracing::warn!(
+                    %error,
+                    "builds run without a disk limit: this host cannot make their disk images. \
+                     builder.limits.disk_mb limits each scope's builds and caches by default \
+                     where it can; give the builder what the error asks for, or set \
+                     builder.limits.disk_mb = 0 to build without one and silence this"
+                );
+                options.install.limits.disk_mb = None;
+            }
+        }
     }
+    let scope_disks = match (&options.disk, options.install.limits.disk_mb) {
+        (Some(disk), Some(size_mb)) => {
+            // The download caches and kept trees of builds without a limit are not used
+            // with one (each scope's are on its disk).
+            let work_dir = options.work_dir.clone();
+            let _ = tokio::task::spawn_blocking(move || remove_unlimited_caches(&work_dir)).await;
+            Some(crate::scope_disk::ScopeDisks::new(
+                disk.clone(),
+                &options.work_dir,
+                size_mb,
+            ))
+        }
+        _ => None,
+    };
     tracing::info!(builder = %options.name, work_dir = %options.work_dir.display(), "builder waiting for work");
     let options = Arc::new(options);
     loop {
@@ -295,6 +307,7 @@ pub async fn run(
             Some(claim) => {
                 build(
                     &options,
+                    scope_disks.as_ref(),
                     catalog.clone(),
                     collection.clone(),
                     &blobs,
@@ -318,6 +331,7 @@ pub async fn run(
 /// records its duration by outcome.
 async fn build(
     options: &BuilderOptions,
+    scope_disks: Option<&crate::scope_disk::ScopeDisks>,
     catalog: Catalog,
     collection: Collection,
     blobs: &BlobStore,
@@ -339,9 +353,18 @@ async fn build(
     );
     plinth_kit::telemetry::record_trace_id(&span);
     let started = std::time::Instant::now();
-    let outcome = run_build(options, catalog, collection, blobs, claim, build, shutdown)
-        .instrument(span.clone())
-        .await;
+    let outcome = run_build(
+        options,
+        scope_disks,
+        catalog,
+        collection,
+        blobs,
+        claim,
+        build,
+        shutdown,
+    )
+    .instrument(span.clone())
+    .await;
     span.record("outcome", outcome);
     if outcome == "failed" {
         span.record("otel.status_code", "error");
@@ -352,8 +375,10 @@ async fn build(
 
 /// [`build`]'s work; answers how the build ended: `ready` or `failed` (as the catalog recorded
 /// it), or `abandoned` when this builder lost its lease or stopped.
+#[allow(clippy::too_many_arguments)]
 async fn run_build(
     options: &BuilderOptions,
+    scope_disks: Option<&crate::scope_disk::ScopeDisks>,
     catalog: Catalog,
     collection: Collection,
     blobs: &BlobStore,
@@ -420,20 +445,39 @@ async fn run_build(
         lease_lost.clone(),
     ));
 
-    let build_dir = options.work_dir.join("builds").join(format!(
+    let name = format!(
         "{}-{}-{}",
         build.environment_id, build.version, build.attempt
-    ));
-    // With a disk limit, everything the build can write lives on an image of that size,
-    // mounted for as long as the build runs.
-    let disk = match (&options.disk, options.install.limits.disk_mb) {
-        (Some(disk), Some(size_mb)) => Some(BuildDisk::create(disk, &build_dir, size_mb).await),
-        _ => None,
+    );
+    // With a disk limit, everything the build can write, and what its scope keeps between
+    // builds, lives on the scope's disk, mounted while builds of the scope run.
+    let disk = match scope_disks {
+        Some(disks) => {
+            let (disks, key) = (disks.clone(), scope_key(&claim.scope));
+            let acquired = tokio::task::spawn_blocking(move || disks.acquire(&key))
+                .await
+                .map_err(|join| join.to_string())
+                .and_then(|acquired| acquired)
+                .map_err(|error| {
+                    format!(
+                        "making this scope's build disk failed ({}): {error}",
+                        crate::limits::DISK_SETTING
+                    )
+                });
+            Some(acquired)
+        }
+        None => None,
     };
-    let scratch = match &disk {
-        Some(_) => build_dir.join(DISK_SCRATCH),
-        None => build_dir.clone(),
+    let places = match &disk {
+        Some(Ok(disk)) => Places {
+            scratch: disk.build_dir(&name),
+            cache: disk.cache(),
+            kept: disk.kept(),
+            kept_prefix: String::new(),
+        },
+        _ => Places::unlimited(&options.work_dir, &claim.scope, &name),
     };
+    let scratch = places.scratch.clone();
     let ready = match &disk {
         Some(Err(error)) => Err(error.clone()),
         _ => Ok(()),
@@ -441,7 +485,7 @@ async fn run_build(
     let outcome = tokio::select! {
         outcome = async {
             ready?;
-            produce(options, blobs, catalog.clone(), collection, &token, &build, &claim.slug, &claim.scope, &scratch, log_tx.clone(), &lease_lost).await
+            produce(options, blobs, catalog.clone(), collection, &token, &build, &claim.slug, &places, log_tx.clone(), &lease_lost).await
         } => outcome,
         () = lease_lost.cancelled() => Err("the lease was lost; this build was abandoned".to_owned()),
     };
@@ -457,6 +501,12 @@ async fn run_build(
         }
         other => other,
     };
+    // Out of the scope's disk: its caches make room for the next build.
+    if let (Err(error), Some(Ok(disk))) = (&outcome, &disk)
+        && error.contains(crate::limits::DISK_SETTING)
+    {
+        disk.mark_full();
+    }
     drop(log_tx);
     let _ = shipper.await;
     // A layer counts in its scope's stored bytes before it is published; past the quota the
@@ -485,6 +535,7 @@ async fn run_build(
     // Whichever call learned it (a renewal, a log append, a reuse query), a lost lease ends
     // the build here, and nothing it made is offered to the catalog.
     let mut published = false;
+    let mut kept = false;
     let mut ended = "abandoned";
     if lease_lost.is_cancelled() {
         if shutdown.is_cancelled() {
@@ -512,7 +563,7 @@ async fn run_build(
                 };
                 tracing::info!(status = status.as_str_name(), "build completed");
                 if let Some(layer) = published_layer {
-                    keep_dependencies(&options.work_dir, &claim.scope, &layer, &scratch).await;
+                    kept = keep_dependencies(&places, &layer).await;
                 }
             }
             Err(status) if PlinthError::from_status(&status).code == ErrorCode::LeaseLost => {
@@ -528,19 +579,71 @@ async fn run_build(
     }
     lease_lost.cancel();
     let _ = keeper.await;
-    // Scratch directories can be large; removing them must not hold up the next build. On an
-    // image, an unmount drops the tree whole.
-    tokio::task::spawn_blocking(move || {
-        if let Some(Ok(disk)) = disk {
-            disk.remove();
-        }
-        if let Err(error) = std::fs::remove_dir_all(&build_dir)
+    // Scratch directories can be large; removing them must not hold up the next build, unless
+    // the builder is stopping: then nothing of the build, its scope's mount included, is left.
+    let cleanup = tokio::task::spawn_blocking(move || {
+        if let Err(error) = std::fs::remove_dir_all(&scratch)
             && error.kind() != std::io::ErrorKind::NotFound
         {
-            tracing::warn!(dir = %build_dir.display(), %error, "removing a build's scratch directory failed");
+            tracing::warn!(dir = %scratch.display(), %error, "removing a build's scratch directory failed");
+        }
+        if kept {
+            prune_kept(&places.kept);
+        }
+        if let Some(Ok(disk)) = disk {
+            disk.release();
         }
     });
+    if shutdown.is_cancelled() {
+        let _ = cleanup.await;
+    }
     ended
+}
+
+/// Where a build's scratch directory is, and what it keeps for its scope's later builds.
+struct Places {
+    /// The scratch directory, removed when the build ends.
+    scratch: PathBuf,
+    /// The scope's download cache between builds.
+    cache: PathBuf,
+    /// The directory of kept dependency trees, and the name prefix of the scope's there.
+    kept: PathBuf,
+    kept_prefix: String,
+}
+
+impl Places {
+    /// Without a disk limit: all in the work directory, the scope's caches named after it.
+    fn unlimited(work_dir: &Path, scope: &str, name: &str) -> Places {
+        Places {
+            scratch: work_dir.join("builds").join(name),
+            cache: work_dir.join("cache").join(scope_key(scope)),
+            kept: work_dir.join("kept"),
+            kept_prefix: format!("{}-", scope_key(scope)),
+        }
+    }
+
+    /// Where the dependency trees of the build that produced `layer` are kept.
+    fn kept_tree(&self, layer: &Digest) -> PathBuf {
+        self.kept
+            .join(format!("{}{}", self.kept_prefix, layer.to_hex()))
+    }
+}
+
+/// Removes the download caches and kept dependency trees of builds without a disk limit
+/// (`<work_dir>/cache`, `<work_dir>/kept`): with a limit, each scope's are on its disk.
+fn remove_unlimited_caches(work_dir: &Path) {
+    for name in ["cache", "kept"] {
+        let path = work_dir.join(name);
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => {
+                tracing::info!(dir = %path.display(), "removed the caches of builds without a disk limit: with builder.limits.disk_mb, each scope's are on its build disk")
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => {
+                tracing::warn!(dir = %path.display(), %error, "could not remove the caches of builds without a disk limit")
+            }
+        }
+    }
 }
 
 /// Counts a build's layer in its scope's stored bytes; answers whether it was counted (false
@@ -639,11 +742,11 @@ async fn produce(
     token: &str,
     build: &pb::Build,
     slug: &str,
-    scope: &str,
-    scratch: &Path,
+    places: &Places,
     log: mpsc::UnboundedSender<Vec<u8>>,
     lease_lost: &CancellationToken,
 ) -> Result<pb::BuildReady, String> {
+    let scratch = places.scratch.as_path();
     let source: Digest = build.source_tree.parse().map_err(|_| {
         format!(
             "the build names no valid source tree ({:?})",
@@ -755,7 +858,7 @@ async fn produce(
     // uv's, pip's and npm's downloads persist across builds of one scope, on the scratch
     // directory's file system so a build can take the cache in with a rename (and uv hard-link
     // from it); another scope's builds never see them.
-    install_options.cache_dir = Some(options.work_dir.join("cache").join(scope_key(scope)));
+    install_options.cache_dir = Some(places.cache.clone());
     if let Some(origin) = &origin {
         install_options.extra_env.extend(crate::origin::env(origin));
     }
@@ -772,8 +875,7 @@ async fn produce(
                 let _ = tokio::fs::remove_file(&path).await;
             }
         }
-        let kept = kept_dependencies(&options.work_dir, scope, &layer);
-        if !take_kept(&kept, scratch).await {
+        if !take_kept(&places.kept_tree(&layer), scratch).await {
             materialize(blobs, &layer, scratch, Some(&[".venv", "node_modules"]))
                 .await
                 .map_err(|error| {
@@ -797,7 +899,7 @@ async fn produce(
         .map_err(|error| error.to_string())?;
     if report.cache_discarded {
         // Kept trees of the scope may share the changed files with the discarded cache.
-        drop_kept_dependencies(&options.work_dir, scope).await;
+        drop_kept_dependencies(places).await;
     }
     if let Some(node) = &selection.node {
         // Sessions run the Node the build chose: `node_modules/.bin` comes before the
@@ -991,71 +1093,8 @@ async fn build_cgroups(
         .map_err(BuilderError::Limits)
 }
 
-/// A build's disk image ([`plinth_sandbox::disk`]) mounted at `<build_dir>/work`, holding
-/// the scratch directory (`work/project`) and, beside it, the build's HOME and `/tmp`.
-struct BuildDisk {
-    dir: Option<plinth_sandbox::disk::LimitedDir>,
-}
-
-impl BuildDisk {
-    async fn create(
-        disk: &plinth_sandbox::disk::DiskLimits,
-        build_dir: &Path,
-        size_mb: u64,
-    ) -> Result<BuildDisk, String> {
-        let (disk, build_dir) = (disk.clone(), build_dir.to_owned());
-        tokio::task::spawn_blocking(move || {
-            std::fs::create_dir_all(&build_dir).map_err(|error| error.to_string())?;
-            let dir = disk
-                .create(&build_dir, size_mb, 0, 0)
-                .map_err(|error| error.to_string())?;
-            let scratch = build_dir.join(DISK_SCRATCH);
-            // Only root walks to the scratch directory; the sandbox shows it to the build.
-            if let Err(error) = std::fs::create_dir(&scratch) {
-                if let Err(removing) = dir.remove() {
-                    tracing::warn!(error = %removing, "could not remove a build's disk image");
-                }
-                return Err(error.to_string());
-            }
-            Ok(BuildDisk { dir: Some(dir) })
-        })
-        .await
-        .map_err(|join| join.to_string())?
-        .map_err(|error: String| {
-            format!(
-                "making the build's disk ({}): {error}",
-                crate::limits::DISK_SETTING
-            )
-        })
-    }
-
-    /// Unmounts the image (its loop device goes with it) and deletes it.
-    fn remove(mut self) {
-        if let Some(dir) = self.dir.take()
-            && let Err(error) = dir.remove()
-        {
-            tracing::warn!(%error, "could not remove a build's disk image");
-        }
-    }
-}
-
-impl Drop for BuildDisk {
-    /// A build abandoned midway (its future dropped) still has its image unmounted and
-    /// removed, off the runtime.
-    fn drop(&mut self) {
-        if let Some(dir) = self.dir.take()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            runtime.spawn_blocking(move || {
-                if let Err(error) = dir.remove() {
-                    tracing::warn!(%error, "could not remove an abandoned build's disk image");
-                }
-            });
-        }
-    }
-}
-
-/// How many builds' dependency trees a builder keeps on its disk for the next rebuild.
+/// How many builds' dependency trees a builder keeps for the next rebuild: in all, without a
+/// disk limit; per scope (on its disk), with one.
 const KEPT_DEPENDENCY_TREES: usize = 4;
 
 /// A scope's name on the builder's disk (its download cache, its kept trees).
@@ -1063,18 +1102,9 @@ fn scope_key(scope: &str) -> String {
     Digest::of(scope.as_bytes()).to_hex()[..16].to_owned()
 }
 
-/// Where a builder keeps the `.venv` and `node_modules` of the build of `scope` that produced
-/// `layer`. Per scope: uv installs hard links to the scope's download cache, which the scope's
-/// later builds can write to, so a kept tree is only ever lent to builds of its own scope.
-fn kept_dependencies(work_dir: &Path, scope: &str, layer: &Digest) -> PathBuf {
-    work_dir
-        .join("kept")
-        .join(format!("{}-{}", scope_key(scope), layer.to_hex()))
-}
-
-/// Forgets every dependency tree kept for `scope`.
-async fn drop_kept_dependencies(work_dir: &Path, scope: &str) {
-    let (parent, prefix) = (work_dir.join("kept"), format!("{}-", scope_key(scope)));
+/// Forgets every dependency tree kept for the build's scope.
+async fn drop_kept_dependencies(places: &Places) {
+    let (parent, prefix) = (places.kept.clone(), places.kept_prefix.clone());
     let _ = tokio::task::spawn_blocking(move || {
         let Ok(entries) = std::fs::read_dir(&parent) else {
             return;
@@ -1090,9 +1120,12 @@ async fn drop_kept_dependencies(work_dir: &Path, scope: &str) {
 
 /// After a build is published, its dependency trees are exactly those of its layer (no build
 /// process is left running): moving them aside (a rename) spares the next rebuild of the same
-/// dependencies from writing thousands of files back out of the blob store.
-async fn keep_dependencies(work_dir: &Path, scope: &str, layer: &Digest, scratch: &Path) {
-    let kept = kept_dependencies(work_dir, scope, layer);
+/// dependencies from writing thousands of files back out of the blob store. Kept per scope
+/// (`places`): uv installs hard links to the scope's download cache, which the scope's later
+/// builds can write to, so a kept tree is only ever lent to builds of its own scope. Answers
+/// whether a tree was kept ([`prune_kept`] then has work).
+async fn keep_dependencies(places: &Places, layer: &Digest) -> bool {
+    let (scratch, kept) = (&places.scratch, places.kept_tree(layer));
     // Only directories are kept: the build made these names, and a link there is not a tree
     // (nor followed).
     let mut present = false;
@@ -1104,59 +1137,56 @@ async fn keep_dependencies(work_dir: &Path, scope: &str, layer: &Digest, scratch
     // A layer reused whole has no trees in its scratch directory; an empty kept directory
     // would later stand for trees the layer has.
     if !present || tokio::fs::metadata(&kept).await.is_ok() {
-        return;
+        return false;
     }
     // Set aside under a partial name and renamed into place whole: a builder killed halfway
     // leaves a partial directory (removed at the next start), never a kept directory that
     // lacks one of the trees.
-    let partial = work_dir
-        .join("kept")
+    let partial = places
+        .kept
         .join(format!("{PARTIAL_KEPT}{}", uuid::Uuid::new_v4().simple()));
     if tokio::fs::create_dir_all(&partial).await.is_err() {
-        return;
+        return false;
     }
     for tree in [".venv", "node_modules"] {
         if tokio::fs::symlink_metadata(scratch.join(tree))
             .await
             .is_ok_and(|metadata| metadata.is_dir())
-        {
-            // A scratch directory on a disk image is another file system: its trees are not
-            // kept (the next rebuild writes them out of the blob store).
-            if tokio::fs::rename(scratch.join(tree), partial.join(tree))
+            && tokio::fs::rename(scratch.join(tree), partial.join(tree))
                 .await
                 .is_err()
-            {
-                let _ = tokio::fs::remove_dir_all(&partial).await;
-                return;
-            }
+        {
+            let _ = tokio::fs::remove_dir_all(&partial).await;
+            return false;
         }
     }
     if tokio::fs::rename(&partial, &kept).await.is_err() {
         let _ = tokio::fs::remove_dir_all(&partial).await;
-        return;
+        return false;
     }
-    // Only the newest few are kept; removing the rest is off the build's path.
-    let parent = work_dir.join("kept");
-    tokio::task::spawn_blocking(move || {
-        let Ok(entries) = std::fs::read_dir(&parent) else {
-            return;
-        };
-        let mut kept: Vec<(std::time::SystemTime, PathBuf)> = entries
-            .flatten()
-            .filter(|entry| {
-                !entry
-                    .file_name()
-                    .to_string_lossy()
-                    .starts_with(PARTIAL_KEPT)
-            })
-            .filter_map(|entry| Some((entry.metadata().ok()?.modified().ok()?, entry.path())))
-            .collect();
-        kept.sort();
-        let surplus = kept.len().saturating_sub(KEPT_DEPENDENCY_TREES);
-        for (_, path) in kept.into_iter().take(surplus) {
-            let _ = std::fs::remove_dir_all(path);
-        }
-    });
+    true
+}
+
+/// Only the newest few kept trees in `parent` stay. Blocking, and off the build's path.
+fn prune_kept(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    let mut kept: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter(|entry| {
+            !entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(PARTIAL_KEPT)
+        })
+        .filter_map(|entry| Some((entry.metadata().ok()?.modified().ok()?, entry.path())))
+        .collect();
+    kept.sort();
+    let surplus = kept.len().saturating_sub(KEPT_DEPENDENCY_TREES);
+    for (_, path) in kept.into_iter().take(surplus) {
+        let _ = std::fs::remove_dir_all(path);
+    }
 }
 
 /// Moves kept dependency trees into a new build's scratch directory; false when none are kept.

@@ -78,6 +78,8 @@ pub(super) struct BuildCache {
     pub(super) inside: PathBuf,
     /// Where it persists between builds, if anywhere.
     home: Option<PathBuf>,
+    /// It came from its home, filled by earlier builds.
+    pub(super) reused: bool,
     /// It has left the scratch directory.
     gone: bool,
 }
@@ -133,6 +135,7 @@ impl BuildCache {
         Ok(BuildCache {
             inside,
             home: home.map(Path::to_owned),
+            reused: moved,
             gone: false,
         })
     }

@@ -375,6 +375,15 @@ pub async fn install(
     };
 
     let mut log = CappedLog::new(log, options.log_head_bytes, options.log_tail_bytes);
+    if options.cache_dir.is_some() {
+        log.write(if prepared.cache.reused {
+            "==> download cache: this scope's, from its earlier builds on this builder\n".as_bytes()
+        } else {
+            "==> download cache: empty (no earlier build of this scope on this builder left \
+             one, or another of its builds holds it now)\n"
+                .as_bytes()
+        });
+    }
     let result = run_steps(&sandbox, &bounds, &root, &prepared.plan, options, &mut log).await;
     // Nothing of the build outlives it: what is left in its group is killed, the group goes.
     drop(sandbox);
