@@ -340,6 +340,13 @@ pub struct BuilderArgs {
     /// This builder's name, for operators.
     #[arg(long, env = "PLINTH_BUILDER_NAME")]
     pub name: Option<String>,
+    /// Where its builds happen (`<data-dir>/builder`): each builder on a host needs its own.
+    #[arg(long, env = "PLINTH_BUILDER_WORK_DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// The first uid (and gid) its builds run as (slot i runs as uid + i): builders on one
+    /// host need ranges that do not overlap, nor the host's nodes' session uids.
+    #[arg(long, env = "PLINTH_BUILDER_UID")]
+    pub uid: Option<u32>,
     /// The source service's gRPC URL, where built layers are counted in their scope's stored
     /// bytes (none: they are not counted).
     #[arg(long, env = "PLINTH_BUILDER_SOURCE_URL")]
@@ -392,6 +399,10 @@ pub struct NodeArgs {
     /// This node's name (one per host; the host name by default).
     #[arg(long, env = "PLINTH_NODE_NAME")]
     pub name: Option<String>,
+    /// The first uid its sessions run as: nodes (and builders) sharing a host need ranges that
+    /// do not overlap.
+    #[arg(long, env = "PLINTH_NODE_SESSION_BASE_UID")]
+    pub session_base_uid: Option<u32>,
     /// Run sessions' commands without isolation (no root needed; the environment is then
     /// read-only only by file modes, and every session says so).
     #[arg(long, env = "PLINTH_INSECURE_NO_ISOLATION")]

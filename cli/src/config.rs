@@ -1158,6 +1158,13 @@ impl Config {
         if let Some(name) = &args.name {
             config.builder.name = Some(name.clone());
         }
+        if let Some(dir) = &args.work_dir {
+            config.builder.work_dir = Some(dir.clone());
+        }
+        if let Some(uid) = args.uid {
+            config.builder.uid = uid;
+            config.builder.gid = uid;
+        }
         if let Some(url) = &args.source_url {
             config.builder.source_url = Some(url.clone());
         }
@@ -1202,6 +1209,9 @@ impl Config {
         }
         if let Some(name) = &args.name {
             config.node.name = Some(name.clone());
+        }
+        if let Some(uid) = args.session_base_uid {
+            config.node.session_base_uid = uid;
         }
         if args.insecure_no_isolation {
             config.node.insecure_no_isolation = true;
