@@ -22,6 +22,7 @@ mod everyday_tools;
 mod failover;
 mod fair_builds;
 mod fair_cpu;
+mod full_disk;
 mod files;
 mod first_run;
 mod gc;

@@ -151,6 +151,16 @@ impl BlobStore {
         })
     }
 
+    /// Watches the disks this store writes to (its directory, for a `file://` store, and its
+    /// spool) for room again after one is found full; see [`plinth_kit::storage::watch`].
+    pub fn watch_disks(&self) {
+        use plinth_kit::error::Store;
+        if let Some(local) = &self.local {
+            plinth_kit::storage::watch(Store::Blobs, local.root().to_path_buf());
+        }
+        plinth_kit::storage::watch(Store::Spool, self.spool_dir.clone());
+    }
+
     /// The object-store path of a blob.
     pub fn location(digest: &Digest) -> Path {
         let hex = digest.to_hex();
@@ -705,6 +715,71 @@ impl VerifiedBlob {
                 let chunks: Vec<Bytes> = spooled.into_stream().try_collect().await?;
                 Ok(concat(chunks))
             }
+        }
+    }
+}
+
+impl BlobError {
+    /// Whether the failure may pass: the object store did not answer (refused, reset, timed
+    /// out) or answered that it is overloaded or down (429, 5xx). Retrying later may succeed.
+    pub fn may_pass(&self) -> bool {
+        let BlobError::Storage(error) = self else {
+            return false;
+        };
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
+        while let Some(error) = next {
+            if let Some(http) = error.downcast_ref::<object_store::client::HttpError>() {
+                use object_store::client::HttpErrorKind;
+                return matches!(
+                    http.kind(),
+                    HttpErrorKind::Connect
+                        | HttpErrorKind::Request
+                        | HttpErrorKind::Timeout
+                        | HttpErrorKind::Interrupted
+                );
+            }
+            if let Some(io) = error.downcast_ref::<std::io::Error>() {
+                use std::io::ErrorKind;
+                if matches!(
+                    io.kind(),
+                    ErrorKind::ConnectionRefused
+                        | ErrorKind::ConnectionReset
+                        | ErrorKind::ConnectionAborted
+                        | ErrorKind::TimedOut
+                        | ErrorKind::BrokenPipe
+                ) {
+                    return true;
+                }
+            }
+            // The client's answer to a status after its own retries; its type is private,
+            // its text is `Server returned non-2xx status code: <status>`.
+            let text = error.to_string();
+            if let Some((_, status)) = text.split_once("status code: ")
+                && (status.starts_with('5') || status.starts_with("429"))
+            {
+                return true;
+            }
+            next = error.source();
+        }
+        false
+    }
+
+    /// The store a failure to write was in: the spool for local spooling, else the blob store.
+    pub fn store(&self) -> plinth_kit::error::Store {
+        match self {
+            BlobError::Io(_) => plinth_kit::error::Store::Spool,
+            _ => plinth_kit::error::Store::Blobs,
+        }
+    }
+
+    /// The error a caller sees for a failure it does not handle itself: `unavailable` when
+    /// it may pass, `insufficient_storage` naming the store when a disk is full, else
+    /// `internal`.
+    pub fn to_plinth(&self) -> plinth_kit::PlinthError {
+        if self.may_pass() {
+            plinth_kit::PlinthError::unavailable("the blob store did not answer", self)
+        } else {
+            plinth_kit::PlinthError::internal_in(self.store(), self)
         }
     }
 }

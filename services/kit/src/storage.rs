@@ -90,7 +90,18 @@ fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
 
 /// Checks `dir`, `store`'s directory, in the background: marks the store free once its file
 /// system has room again. Also sweeps unwatched stores whose last failure is old.
+/// A store is watched once per process: the first directory given is the one checked.
 pub fn watch(store: Store, dir: PathBuf) {
+    static WATCHED: Mutex<Vec<Store>> = Mutex::new(Vec::new());
+    {
+        let mut watched = WATCHED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if watched.contains(&store) || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        watched.push(store);
+    }
     crate::telemetry::metrics();
     crate::tasks::spawn(async move {
         loop {
@@ -108,6 +119,23 @@ pub fn watch(store: Store, dir: PathBuf) {
             sweep_unwatched(store);
         }
     });
+}
+
+/// Watches the directory of a SQLite database URL (`sqlite://path?…`); a database on a
+/// server has its own disk, which its own monitoring watches.
+pub fn watch_database(url: &str) {
+    let Some(rest) = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+    else {
+        return;
+    };
+    let path = rest.split('?').next().unwrap_or_default();
+    let dir = std::path::Path::new(path)
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    watch(Store::Database, dir.to_path_buf());
 }
 
 /// Marks free every store but `watched` whose last failed write is older than
