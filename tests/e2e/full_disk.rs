@@ -206,7 +206,7 @@ async fn a_full_data_directory_refuses_writes_with_507_and_recovers_once_space_i
         assert!(status == 200 || status == 204, "delete {n}: {status} {body}");
     }
     let gc = crate::gc::gc_config(&server.data_dir(), None);
-    crate::gc::pass_now(&gc).await;
+    let collected = crate::gc::pass_now(&gc).await;
     let again = written.len();
     let (status, body, _) = put(&server, &environment, again).await;
     assert!(status == 200 || status == 201, "after freeing: {status} {body}");
@@ -218,7 +218,13 @@ async fn a_full_data_directory_refuses_writes_with_507_and_recovers_once_space_i
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(cleared, "the gauge clears once the store has room");
+    let df = Command::new("df").arg("-B1").arg(mount.path()).output().expect("df");
+    assert!(
+        cleared,
+        "the gauge clears once the store has room: {store} is {:?}; collected: {collected}; {}",
+        gauge(&store),
+        String::from_utf8_lossy(&df.stdout)
+    );
     for &n in &written[freed..] {
         let response = server
             .client

@@ -45,6 +45,7 @@ mod sandbox;
 mod scale_out;
 mod sessions;
 mod snapshots;
+mod store_outage;
 mod structure;
 mod telemetry;
 mod terminal;

@@ -634,6 +634,11 @@ where
     Ok(Blob { digest, size })
 }
 
+/// How many times the S3 client retries a request that failed in a way that may pass.
+const S3_RETRIES: usize = 4;
+/// How long after a request's first attempt the S3 client stops retrying it.
+const S3_RETRY_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn open_s3(url: &str, rest: &str) -> Result<Arc<dyn ObjectStore>, BlobError> {
     let (location, query) = rest.split_once('?').unwrap_or((rest, ""));
     let (bucket, prefix) = location.split_once('/').unwrap_or((location, ""));
@@ -641,7 +646,17 @@ fn open_s3(url: &str, rest: &str) -> Result<Arc<dyn ObjectStore>, BlobError> {
         return Err(BlobError::UnsupportedUrl(url.to_owned()));
     }
     crate::install_tls_provider();
-    let mut builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+    // The client's own retries end within seconds, not its default minutes: a request
+    // answers `unavailable` (retry shortly) rather than hanging past the gateway's deadline,
+    // and a build waits an outage out with its own retries, its lease renewed meanwhile.
+    let retry = object_store::RetryConfig {
+        max_retries: S3_RETRIES,
+        retry_timeout: S3_RETRY_WITHIN,
+        ..object_store::RetryConfig::default()
+    };
+    let mut builder = object_store::aws::AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_retry(retry);
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
         let key = key

@@ -78,8 +78,14 @@ fn publish(full: &[(Store, Instant)]) {
 
 /// Free bytes on the file system holding `dir`, as this process may use them (root may use
 /// the blocks reserved for it).
+/// A directory made only when first written to (a spool) counts by its nearest existing
+/// parent: the same file system, as it will be.
 fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
-    let stat = rustix::fs::statvfs(dir)?;
+    let existing = dir
+        .ancestors()
+        .find(|dir| dir.exists())
+        .unwrap_or(std::path::Path::new("/"));
+    let stat = rustix::fs::statvfs(existing)?;
     let blocks = if rustix::process::geteuid().is_root() {
         stat.f_bfree
     } else {
