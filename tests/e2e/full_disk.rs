@@ -203,13 +203,19 @@ async fn a_full_data_directory_refuses_writes_with_507_and_recovers_once_space_i
             "/v1/environments/{environment}/files/fill/{n}.bin"
         ))))
         .await;
-        assert!(status == 200 || status == 204, "delete {n}: {status} {body}");
+        assert!(
+            status == 200 || status == 204,
+            "delete {n}: {status} {body}"
+        );
     }
     let gc = crate::gc::gc_config(&server.data_dir(), None);
     let collected = crate::gc::pass_now(&gc).await;
     let again = written.len();
     let (status, body, _) = put(&server, &environment, again).await;
-    assert!(status == 200 || status == 201, "after freeing: {status} {body}");
+    assert!(
+        status == 200 || status == 201,
+        "after freeing: {status} {body}"
+    );
     let mut cleared = false;
     for _ in 0..100 {
         if gauge(&store) == Some(0.0) {
@@ -218,7 +224,11 @@ async fn a_full_data_directory_refuses_writes_with_507_and_recovers_once_space_i
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let df = Command::new("df").arg("-B1").arg(mount.path()).output().expect("df");
+    let df = Command::new("df")
+        .arg("-B1")
+        .arg(mount.path())
+        .output()
+        .expect("df");
     assert!(
         cleared,
         "the gauge clears once the store has room: {store} is {:?}; collected: {collected}; {}",

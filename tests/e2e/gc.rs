@@ -48,7 +48,10 @@ pub(crate) async fn fresh_bucket() -> Option<String> {
 }
 
 /// `plinth gc` configuration for the data directory of a `serve` (and its blob store).
-pub(crate) fn gc_config(data_dir: &std::path::Path, blob_url: Option<&str>) -> plinth::config::Config {
+pub(crate) fn gc_config(
+    data_dir: &std::path::Path,
+    blob_url: Option<&str>,
+) -> plinth::config::Config {
     let dir = data_dir.to_str().expect("utf-8");
     let mut argv = vec!["plinth", "gc", "--data-dir", dir, "--gc-grace-seconds", "0"];
     if let Some(url) = blob_url {

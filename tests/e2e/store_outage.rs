@@ -118,7 +118,11 @@ async fn a_build_waits_out_a_blob_store_outage_and_writes_meanwhile_answer_503()
                 .get(server.url(&format!("/v1/environments/{id}/builds/1"))),
         )
         .await;
-        if build["log"].as_str().unwrap_or_default().contains("setup-started") {
+        if build["log"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("setup-started")
+        {
             seen = true;
             break;
         }
@@ -149,6 +153,9 @@ async fn a_build_waits_out_a_blob_store_outage_and_writes_meanwhile_answer_503()
     assert_eq!(build["status"], "ready", "{build}");
     let log = build["log"].as_str().unwrap_or_default();
     assert!(log.contains("setup-done"), "{log}");
-    assert!(log.contains("retrying"), "the build waited the outage out: {log}");
+    assert!(
+        log.contains("retrying"),
+        "the build waited the outage out: {log}"
+    );
     server.stop().await;
 }

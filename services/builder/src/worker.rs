@@ -501,7 +501,9 @@ async fn run_build(
             async move {
                 match catalog.complete_build(request).await {
                     Ok(done) => Ok(Ok(done)),
-                    Err(status) if PlinthError::from_status(&status).code == ErrorCode::Unavailable => {
+                    Err(status)
+                        if PlinthError::from_status(&status).code == ErrorCode::Unavailable =>
+                    {
                         Err(Failed::status(&status))
                     }
                     Err(status) => Ok(Err(status)),
@@ -789,11 +791,11 @@ async fn produce(
             })
             .await
             .map_err(|error| {
-                    format!(
-                        "reusing the dependencies of version {} failed: {error}",
-                        earlier.version
-                    )
-                })?;
+                format!(
+                    "reusing the dependencies of version {} failed: {error}",
+                    earlier.version
+                )
+            })?;
         }
         say(format!(
             "==> manifests, pins and toolchain unchanged since version {}: starting from its .venv and node_modules; the installers run over them\n",

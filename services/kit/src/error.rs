@@ -243,9 +243,9 @@ impl ErrorCode {
             | ErrorCode::LeaseLost
             | ErrorCode::PreconditionFailed => tonic::Code::FailedPrecondition,
             ErrorCode::FileTooLarge | ErrorCode::RangeNotSatisfiable => tonic::Code::OutOfRange,
-            ErrorCode::RateLimited
-            | ErrorCode::QuotaExceeded
-            | ErrorCode::InsufficientStorage => tonic::Code::ResourceExhausted,
+            ErrorCode::RateLimited | ErrorCode::QuotaExceeded | ErrorCode::InsufficientStorage => {
+                tonic::Code::ResourceExhausted
+            }
             ErrorCode::OutcomeUnknown => tonic::Code::Unknown,
             ErrorCode::Unauthenticated => tonic::Code::Unauthenticated,
             ErrorCode::MethodNotAllowed => tonic::Code::Unimplemented,
@@ -628,9 +628,15 @@ impl Store {
             Store::Database => {
                 "the database's disk (the data directory's, or the database server's)"
             }
-            Store::Blobs => "the blob store's directory (source.blob_url, in the data directory by default)",
-            Store::NodeCache => "the node's state directory (node.state_dir: its version cache and sessions)",
-            Store::Spool => "the spool directory (source.spool_dir, in the data directory by default)",
+            Store::Blobs => {
+                "the blob store's directory (source.blob_url, in the data directory by default)"
+            }
+            Store::NodeCache => {
+                "the node's state directory (node.state_dir: its version cache and sessions)"
+            }
+            Store::Spool => {
+                "the spool directory (source.spool_dir, in the data directory by default)"
+            }
             Store::Unnamed => "a disk this server writes to",
         }
     }

@@ -34,7 +34,9 @@ pub(crate) fn register() {
 
 /// Records that a write to `store` found its disk full.
 pub fn mark_full(store: Store) {
-    let mut full = FULL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut full = FULL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     full.retain(|(marked, _)| *marked != store);
     full.push((store, Instant::now()));
     publish(&full);
@@ -49,7 +51,9 @@ pub fn is_full(store: Store) -> bool {
 }
 
 fn mark_free(store: Store) {
-    let mut full = FULL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut full = FULL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let before = full.len();
     full.retain(|(marked, _)| *marked != store);
     if full.len() != before {
