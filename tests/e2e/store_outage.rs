@@ -31,13 +31,13 @@ impl Forwarder {
         let open: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
         let accepting = {
             let (up, open) = (up.clone(), open.clone());
-            tokio::spawn(async move {
+            plinth_kit::tasks::spawn(async move {
                 while let Ok((mut client, _)) = listener.accept().await {
                     if !up.load(Ordering::SeqCst) {
                         drop(client);
                         continue;
                     }
-                    let task = tokio::spawn(async move {
+                    let task = plinth_kit::tasks::spawn(async move {
                         if let Ok(mut server) = TcpStream::connect(upstream).await {
                             let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
                         }

@@ -506,10 +506,10 @@ mod tests {
         assert_eq!(blobs.code, ErrorCode::InsufficientStorage);
         assert_eq!(blobs.code.http_status(), 507);
         assert!(blobs.message.contains("blob store"), "{}", blobs.message);
-        assert_eq!(blobs.detail.as_ref().unwrap()["store"], "blobs");
+        assert_eq!(blobs.detail.as_ref().expect("detail")["store"], "blobs");
         let quota = PlinthError::internal(&std::io::Error::from_raw_os_error(122));
         assert_eq!(quota.code, ErrorCode::InsufficientStorage);
-        assert_eq!(quota.detail.as_ref().unwrap()["store"], "other");
+        assert_eq!(quota.detail.as_ref().expect("detail")["store"], "other");
     }
 
     #[test]
