@@ -41,13 +41,13 @@ const HOLD_CHUNK: usize = 20_000;
 
 pub use crate::origin::LayerLedger;
 
-/// How often counting a layer is tried before its build fails, and the pause between tries.
 /// How long a build waits out a blob store or catalog that does not answer (retrying with a
 /// backoff from [`RETRY_FIRST`] doubling to [`RETRY_MOST`]) before it fails for it. Its lease
 /// is renewed meanwhile, so no other builder takes it.
 const RETRY_FOR: Duration = Duration::from_secs(300);
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 const RETRY_MOST: Duration = Duration::from_secs(8);
+/// How often counting a layer is tried before its build fails, and the pause between tries.
 const LEDGER_TRIES: u32 = 3;
 const LEDGER_PAUSE: Duration = Duration::from_secs(1);
 
