@@ -390,8 +390,20 @@ fn edge_answers(operation: &mut Operation, path: &str) {
     );
     answer(
         operation,
+        "507",
+        "insufficient_storage: a disk the server writes to is full; detail.store names it (database, blobs, node_cache, spool, other); nothing was written; retry after Retry-After seconds, or once space is freed",
+        "",
+        |response| {
+            response.headers.insert(
+                "Retry-After".to_owned(),
+                integer_header("Seconds to wait before retrying").into(),
+            );
+        },
+    );
+    answer(
+        operation,
         "503",
-        "unavailable: a service behind the gateway did not answer, the gateway has as many requests in flight as it takes (gateway.max_concurrent_requests), or the request passed its deadline (gateway.request_timeout_seconds); retry after Retry-After seconds when given",
+        "unavailable: a service behind the gateway did not answer, a database or the blob store did not answer or is overloaded, the gateway has as many requests in flight as it takes (gateway.max_concurrent_requests), or the request passed its deadline (gateway.request_timeout_seconds); retry after Retry-After seconds when given",
         "the gateway is at its requests in flight or past the request deadline (Retry-After)",
         |response| {
             response.headers.insert(

@@ -495,7 +495,7 @@ async fn openapi_covers_every_endpoint_with_its_errors() {
         (
             "/v1/environments",
             "post",
-            &["201", "400", "401", "409", "503"],
+            &["201", "400", "401", "409", "503", "507"],
         ),
         ("/v1/environments", "get", &["200", "400", "401", "503"]),
         (

@@ -48,7 +48,10 @@ pub(crate) async fn fresh_bucket() -> Option<String> {
 }
 
 /// `plinth gc` configuration for the data directory of a `serve` (and its blob store).
-fn gc_config(data_dir: &std::path::Path, blob_url: Option<&str>) -> plinth::config::Config {
+pub(crate) fn gc_config(
+    data_dir: &std::path::Path,
+    blob_url: Option<&str>,
+) -> plinth::config::Config {
     let dir = data_dir.to_str().expect("utf-8");
     let mut argv = vec!["plinth", "gc", "--data-dir", dir, "--gc-grace-seconds", "0"];
     if let Some(url) = blob_url {
@@ -62,7 +65,7 @@ fn gc_config(data_dir: &std::path::Path, blob_url: Option<&str>) -> plinth::conf
 }
 
 /// One pass, run as soon as no other pass (the server's own) runs.
-async fn pass_now(config: &plinth::config::Config) -> plinth::gc::GcOutcome {
+pub(crate) async fn pass_now(config: &plinth::config::Config) -> plinth::gc::GcOutcome {
     for _ in 0..100 {
         match plinth::gc::run_once(config, false).await {
             Ok(outcome) => return outcome,

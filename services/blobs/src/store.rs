@@ -151,6 +151,16 @@ impl BlobStore {
         })
     }
 
+    /// Watches the disks this store writes to (its directory, for a `file://` store, and its
+    /// spool) for room again after one is found full; see [`plinth_kit::storage::watch`].
+    pub fn watch_disks(&self) {
+        use plinth_kit::error::Store;
+        if let Some(local) = &self.local {
+            plinth_kit::storage::watch(Store::Blobs, local.root().to_path_buf());
+        }
+        plinth_kit::storage::watch(Store::Spool, self.spool_dir.clone());
+    }
+
     /// The object-store path of a blob.
     pub fn location(digest: &Digest) -> Path {
         let hex = digest.to_hex();
@@ -624,6 +634,11 @@ where
     Ok(Blob { digest, size })
 }
 
+/// How many times the S3 client retries a request that failed in a way that may pass.
+const S3_RETRIES: usize = 4;
+/// How long after a request's first attempt the S3 client stops retrying it.
+const S3_RETRY_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn open_s3(url: &str, rest: &str) -> Result<Arc<dyn ObjectStore>, BlobError> {
     let (location, query) = rest.split_once('?').unwrap_or((rest, ""));
     let (bucket, prefix) = location.split_once('/').unwrap_or((location, ""));
@@ -631,7 +646,17 @@ fn open_s3(url: &str, rest: &str) -> Result<Arc<dyn ObjectStore>, BlobError> {
         return Err(BlobError::UnsupportedUrl(url.to_owned()));
     }
     crate::install_tls_provider();
-    let mut builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+    // The client's own retries end within seconds, not its default minutes: a request
+    // answers `unavailable` (retry shortly) rather than hanging past the gateway's deadline,
+    // and a build waits an outage out with its own retries, its lease renewed meanwhile.
+    let retry = object_store::RetryConfig {
+        max_retries: S3_RETRIES,
+        retry_timeout: S3_RETRY_WITHIN,
+        ..object_store::RetryConfig::default()
+    };
+    let mut builder = object_store::aws::AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_retry(retry);
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
         let key = key
@@ -705,6 +730,71 @@ impl VerifiedBlob {
                 let chunks: Vec<Bytes> = spooled.into_stream().try_collect().await?;
                 Ok(concat(chunks))
             }
+        }
+    }
+}
+
+impl BlobError {
+    /// Whether the failure may pass: the object store did not answer (refused, reset, timed
+    /// out) or answered that it is overloaded or down (429, 5xx). Retrying later may succeed.
+    pub fn may_pass(&self) -> bool {
+        let BlobError::Storage(error) = self else {
+            return false;
+        };
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
+        while let Some(error) = next {
+            if let Some(http) = error.downcast_ref::<object_store::client::HttpError>() {
+                use object_store::client::HttpErrorKind;
+                return matches!(
+                    http.kind(),
+                    HttpErrorKind::Connect
+                        | HttpErrorKind::Request
+                        | HttpErrorKind::Timeout
+                        | HttpErrorKind::Interrupted
+                );
+            }
+            if let Some(io) = error.downcast_ref::<std::io::Error>() {
+                use std::io::ErrorKind;
+                if matches!(
+                    io.kind(),
+                    ErrorKind::ConnectionRefused
+                        | ErrorKind::ConnectionReset
+                        | ErrorKind::ConnectionAborted
+                        | ErrorKind::TimedOut
+                        | ErrorKind::BrokenPipe
+                ) {
+                    return true;
+                }
+            }
+            // The client's answer to a status after its own retries; its type is private,
+            // its text is `Server returned non-2xx status code: <status>`.
+            let text = error.to_string();
+            if let Some((_, status)) = text.split_once("status code: ")
+                && (status.starts_with('5') || status.starts_with("429"))
+            {
+                return true;
+            }
+            next = error.source();
+        }
+        false
+    }
+
+    /// The store a failure to write was in: the spool for local spooling, else the blob store.
+    pub fn store(&self) -> plinth_kit::error::Store {
+        match self {
+            BlobError::Io(_) => plinth_kit::error::Store::Spool,
+            _ => plinth_kit::error::Store::Blobs,
+        }
+    }
+
+    /// The error a caller sees for a failure it does not handle itself: `unavailable` when
+    /// it may pass, `insufficient_storage` naming the store when a disk is full, else
+    /// `internal`.
+    pub fn to_plinth(&self) -> plinth_kit::PlinthError {
+        if self.may_pass() {
+            plinth_kit::PlinthError::unavailable("the blob store did not answer", self)
+        } else {
+            plinth_kit::PlinthError::internal_in(self.store(), self)
         }
     }
 }

@@ -41,6 +41,12 @@ const HOLD_CHUNK: usize = 20_000;
 
 pub use crate::origin::LayerLedger;
 
+/// How long a build waits out a blob store or catalog that does not answer (retrying with a
+/// backoff from [`RETRY_FIRST`] doubling to [`RETRY_MOST`]) before it fails for it. Its lease
+/// is renewed meanwhile, so no other builder takes it.
+const RETRY_FOR: Duration = Duration::from_secs(300);
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+const RETRY_MOST: Duration = Duration::from_secs(8);
 /// How often counting a layer is tried before its build fails, and the pause between tries.
 const LEDGER_TRIES: u32 = 3;
 const LEDGER_PAUSE: Duration = Duration::from_secs(1);
@@ -546,13 +552,30 @@ async fn run_build(
             tracing::error!("lease lost: this build was abandoned and publishes nothing");
         }
     } else {
-        let completed = catalog
-            .clone()
-            .complete_build(pb::CompleteBuildRequest {
-                lease_token: token,
-                outcome: Some(outcome),
-            })
-            .await;
+        // A catalog that does not answer is waited out while the lease is renewed: the
+        // build is done, and running it again elsewhere would only repeat it. The log has
+        // been shipped; the waits go to the builder's own log.
+        let (quiet, _) = mpsc::unbounded_channel();
+        let completed = retrying("completing the build", &lease_lost, &quiet, || {
+            let request = pb::CompleteBuildRequest {
+                lease_token: token.clone(),
+                outcome: Some(outcome.clone()),
+            };
+            let mut catalog = catalog.clone();
+            async move {
+                match catalog.complete_build(request).await {
+                    Ok(done) => Ok(Ok(done)),
+                    Err(status)
+                        if PlinthError::from_status(&status).code == ErrorCode::Unavailable =>
+                    {
+                        Err(Failed::status(&status))
+                    }
+                    Err(status) => Ok(Err(status)),
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|failed| Err(tonic::Status::unavailable(failed.message)));
         match completed {
             Ok(done) => {
                 published = true;
@@ -738,7 +761,7 @@ async fn produce(
     options: &BuilderOptions,
     blobs: &BlobStore,
     mut catalog: Catalog,
-    mut collection: Collection,
+    collection: Collection,
     token: &str,
     build: &pb::Build,
     slug: &str,
@@ -754,9 +777,11 @@ async fn produce(
         )
     })?;
     let phase = std::time::Instant::now();
-    materialize(blobs, &source, scratch, None)
-        .await
-        .map_err(|error| format!("materializing the source failed: {error}"))?;
+    retrying("materializing the source", lease_lost, &log, || {
+        materialize(blobs, &source, scratch, None)
+    })
+    .await
+    .map_err(|error| format!("materializing the source failed: {error}"))?;
     let _ = log.send(
         format!(
             "==> source materialized in {:.2} s\n",
@@ -876,14 +901,16 @@ async fn produce(
             }
         }
         if !take_kept(&places.kept_tree(&layer), scratch).await {
-            materialize(blobs, &layer, scratch, Some(&[".venv", "node_modules"]))
-                .await
-                .map_err(|error| {
-                    format!(
-                        "reusing the dependencies of version {} failed: {error}",
-                        earlier.version
-                    )
-                })?;
+            retrying("reusing the dependencies", lease_lost, &log, || {
+                materialize(blobs, &layer, scratch, Some(&[".venv", "node_modules"]))
+            })
+            .await
+            .map_err(|error| {
+                format!(
+                    "reusing the dependencies of version {} failed: {error}",
+                    earlier.version
+                )
+            })?;
         }
         say(format!(
             "==> manifests, pins and toolchain unchanged since version {}: starting from its .venv and node_modules; the installers run over them\n",
@@ -962,28 +989,55 @@ async fn produce(
     held.dedup();
     held.push(Digest::of(&tree).to_string());
     for chunk in held.chunks(HOLD_CHUNK) {
-        let answer = collection
-            .hold_blobs(pb::HoldBlobsRequest {
-                lease_token: token.to_owned(),
-                blobs: chunk.to_vec(),
-                trees: Vec::new(),
-            })
-            .await;
-        if let Err(status) = answer {
-            if PlinthError::from_status(&status).code == ErrorCode::LeaseLost {
+        let answer = retrying(
+            "holding the layer's files against garbage collection",
+            lease_lost,
+            &log,
+            || {
+                let mut collection = collection.clone();
+                let request = pb::HoldBlobsRequest {
+                    lease_token: token.to_owned(),
+                    blobs: chunk.to_vec(),
+                    trees: Vec::new(),
+                };
+                async move {
+                    match collection.hold_blobs(request).await {
+                        Ok(_) => Ok(Ok(())),
+                        Err(status)
+                            if PlinthError::from_status(&status).code == ErrorCode::LeaseLost =>
+                        {
+                            Ok(Err(()))
+                        }
+                        Err(status) => Err(Failed::status(&status)),
+                    }
+                }
+            },
+        )
+        .await;
+        match answer {
+            Ok(Ok(())) => {}
+            Ok(Err(())) => {
                 lease_lost.cancel();
                 return Err("the lease was lost; this build was abandoned".to_owned());
             }
-            return Err(format!(
-                "holding the layer's files against garbage collection failed: {}",
-                status.message()
-            ));
+            Err(failed) => {
+                return Err(format!(
+                    "holding the layer's files against garbage collection failed: {failed}"
+                ));
+            }
         }
     }
-    let stored = blobs
-        .put_files(files, PARALLEL_BLOBS)
-        .await
-        .map_err(|error| format!("storing the layer's files failed: {error}"))?;
+    let stored = retrying("storing the layer's files", lease_lost, &log, || {
+        let files = files.clone();
+        async move {
+            blobs
+                .put_files(files, PARALLEL_BLOBS)
+                .await
+                .map_err(|error| Failed::blob(&error))
+        }
+    })
+    .await
+    .map_err(|error| format!("storing the layer's files failed: {error}"))?;
     let _ = log.send(
         format!(
             "==> layer of {} entries hashed in {hashed:.2} s; {stored} new blobs stored in {:.2} s\n",
@@ -992,7 +1046,17 @@ async fn produce(
         )
         .into_bytes(),
     );
-    let stored = blobs.put_bytes(tree).await.map_err(|e| e.to_string())?;
+    let stored = retrying("storing the layer's tree", lease_lost, &log, || {
+        let tree = tree.clone();
+        async move {
+            blobs
+                .put_bytes(tree)
+                .await
+                .map_err(|error| Failed::blob(&error))
+        }
+    })
+    .await
+    .map_err(|error| format!("storing the layer's tree failed: {error}"))?;
     let toolchains = {
         let (scratch, mount, path) = (
             scratch.to_owned(),
@@ -1045,8 +1109,89 @@ async fn produce(
     })
 }
 
+/// A step's failure: what went wrong, and whether it may pass (a blob store or catalog that
+/// did not answer), so that trying again may succeed.
+#[derive(Debug)]
+struct Failed {
+    message: String,
+    may_pass: bool,
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<String> for Failed {
+    fn from(message: String) -> Self {
+        Failed {
+            message,
+            may_pass: false,
+        }
+    }
+}
+
+impl Failed {
+    fn blob(error: &plinth_blobs::BlobError) -> Self {
+        Failed {
+            message: error.to_string(),
+            may_pass: error.may_pass(),
+        }
+    }
+
+    fn status(status: &tonic::Status) -> Self {
+        Failed {
+            message: status.message().to_owned(),
+            may_pass: PlinthError::from_status(status).code == ErrorCode::Unavailable,
+        }
+    }
+}
+
+/// Runs `attempt` until it succeeds, fails in a way that will not pass, the lease is lost, or
+/// [`RETRY_FOR`] has gone by; says in the build's log what it waits for. Only the build's own
+/// errors (and outages longer than that) fail a build.
+async fn retrying<T, F, Fut>(
+    what: &str,
+    lease_lost: &CancellationToken,
+    log: &mpsc::UnboundedSender<Vec<u8>>,
+    mut attempt: F,
+) -> Result<T, Failed>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Failed>>,
+{
+    let started = std::time::Instant::now();
+    let mut wait = RETRY_FIRST;
+    loop {
+        match attempt().await {
+            Err(failed)
+                if failed.may_pass
+                    && started.elapsed() + wait < RETRY_FOR
+                    && !lease_lost.is_cancelled() =>
+            {
+                tracing::warn!(error = %failed.message, "{what} failed; retrying");
+                let _ = log.send(
+                    format!(
+                        "==> {what}: {}; retrying in {:.1} s\n",
+                        failed.message,
+                        wait.as_secs_f64()
+                    )
+                    .into_bytes(),
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = lease_lost.cancelled() => return Err(failed),
+                }
+                wait = (wait * 2).min(RETRY_MOST);
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 /// Writes one tree file from its verified blob.
-async fn write_one(blobs: &BlobStore, root: &Path, entry: &TreeEntry) -> Result<(), String> {
+async fn write_one(blobs: &BlobStore, root: &Path, entry: &TreeEntry) -> Result<(), Failed> {
     let target = root.join(&entry.path);
     let digest = entry
         .file_digest()
@@ -1056,10 +1201,10 @@ async fn write_one(blobs: &BlobStore, root: &Path, entry: &TreeEntry) -> Result<
             .await
             .map_err(|e| e.to_string())?;
     }
-    let blob = blobs
-        .get(&digest)
-        .await
-        .map_err(|e| format!("{}: {e}", entry.path))?;
+    let blob = blobs.get(&digest).await.map_err(|error| Failed {
+        message: format!("{}: {error}", entry.path),
+        may_pass: error.may_pass(),
+    })?;
     let mut file = tokio::fs::File::create(&target)
         .await
         .map_err(|e| e.to_string())?;
@@ -1077,7 +1222,7 @@ async fn write_one(blobs: &BlobStore, root: &Path, entry: &TreeEntry) -> Result<
     };
     tokio::fs::set_permissions(&target, std::os::unix::fs::PermissionsExt::from_mode(mode))
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string().into())
 }
 
 /// The cgroups this builder's builds get: a group per work directory (stable across restarts,
@@ -1238,11 +1383,11 @@ async fn materialize(
     tree: &Digest,
     root: &Path,
     only: Option<&[&str]>,
-) -> Result<(), String> {
+) -> Result<(), Failed> {
     let bytes = blobs
         .get(tree)
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(|error| Failed::blob(&error))?
         .into_bytes()
         .await
         .map_err(|e| e.to_string())?;
@@ -1267,7 +1412,7 @@ async fn materialize(
             .any(|c| c.is_empty() || c == "." || c == "..")
             || entry.path.starts_with('/')
         {
-            return Err(format!("the tree names an unsafe path {:?}", entry.path));
+            return Err(format!("the tree names an unsafe path {:?}", entry.path).into());
         }
         if entry.kind == TreeEntryKind::Dir {
             tokio::fs::create_dir_all(root.join(&entry.path))
@@ -1300,6 +1445,10 @@ async fn materialize(
             tokio::fs::create_dir_all(parent)
                 .await
                 .map_err(|e| e.to_string())?;
+        }
+        // An earlier attempt (one the blob store cut short) may have made it already.
+        if tokio::fs::symlink_metadata(&target).await.is_ok() {
+            let _ = tokio::fs::remove_file(&target).await;
         }
         tokio::fs::symlink(&link, &target)
             .await

@@ -182,6 +182,7 @@ pub async fn run(
     .await?
     .with_quotas(options.quotas);
     store.migrate().await?;
+    plinth_kit::storage::watch_database(&options.database_url);
     tracing::info!(backend = store.backend().as_str(), address = ?grpc.local_addr().ok(), %seal_key, "catalog serving");
 
     let readiness_store = store.clone();

@@ -44,6 +44,10 @@ pub enum ErrorCode {
     MethodNotAllowed,
     /// A service this one depends on did not answer; retrying later may succeed.
     Unavailable,
+    /// A disk the server writes to (the database's, the blob store's, the node cache's, the
+    /// spool's) is full; the message and `detail.store` name which. Nothing was written; reads
+    /// still work, and writes resume by themselves once space is freed.
+    InsufficientStorage,
     /// Anything else; details are logged, never sent.
     Internal,
     /// A workspace path is malformed or outside the workspace root (and not a readable path
@@ -98,7 +102,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 31] = [
+    pub const ALL: [ErrorCode; 32] = [
         ErrorCode::EnvironmentInvalid,
         ErrorCode::InvalidRequest,
         ErrorCode::EnvironmentNotFound,
@@ -111,6 +115,7 @@ impl ErrorCode {
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::Unavailable,
+        ErrorCode::InsufficientStorage,
         ErrorCode::Internal,
         ErrorCode::WorkspacePathInvalid,
         ErrorCode::WorkspaceReadOnly,
@@ -147,6 +152,7 @@ impl ErrorCode {
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::Internal => "internal",
             ErrorCode::WorkspacePathInvalid => "workspace_path_invalid",
             ErrorCode::WorkspaceReadOnly => "workspace_read_only",
@@ -206,6 +212,7 @@ impl ErrorCode {
             ErrorCode::Unauthenticated => 401,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Unavailable => 503,
+            ErrorCode::InsufficientStorage => 507,
             ErrorCode::Internal => 500,
         }
     }
@@ -236,7 +243,9 @@ impl ErrorCode {
             | ErrorCode::LeaseLost
             | ErrorCode::PreconditionFailed => tonic::Code::FailedPrecondition,
             ErrorCode::FileTooLarge | ErrorCode::RangeNotSatisfiable => tonic::Code::OutOfRange,
-            ErrorCode::RateLimited | ErrorCode::QuotaExceeded => tonic::Code::ResourceExhausted,
+            ErrorCode::RateLimited | ErrorCode::QuotaExceeded | ErrorCode::InsufficientStorage => {
+                tonic::Code::ResourceExhausted
+            }
             ErrorCode::OutcomeUnknown => tonic::Code::Unknown,
             ErrorCode::Unauthenticated => tonic::Code::Unauthenticated,
             ErrorCode::MethodNotAllowed => tonic::Code::Unimplemented,
@@ -295,21 +304,68 @@ impl PlinthError {
 
     /// An internal error. The cause is logged here, where it is handled, and never sent.
     /// A cause that may pass (a database that did not answer in time or dropped the
-    /// connection, a network error) is `unavailable` instead: the caller retries, on another
-    /// replica when there is one, rather than taking the fault for its own.
+    /// connection, a network error) is `unavailable` instead, with a time to retry: the caller
+    /// retries, on another replica when there is one, rather than taking the fault for its
+    /// own. A full disk (`ENOSPC`, `EDQUOT`, SQLite's "database or disk is full",
+    /// PostgreSQL's `53100`) is `insufficient_storage`; a database error names the database,
+    /// any other names no store (see [`PlinthError::internal_in`]).
     pub fn internal(cause: &(dyn std::error::Error + 'static)) -> Self {
-        if let Some(what) = transient(cause) {
-            tracing::warn!(error = %DisplayChain(cause), "unavailable: {what}");
-            return Self::new(
-                ErrorCode::Unavailable,
-                format!("{what}; retry shortly (another replica may answer)"),
-            );
-        }
-        tracing::error!(error = %DisplayChain(cause), "internal error");
+        Self::classified(None, cause)
+    }
+
+    /// [`PlinthError::internal`] for a fault in writing to `store`: a full disk names it.
+    pub fn internal_in(store: Store, cause: &(dyn std::error::Error + 'static)) -> Self {
+        Self::classified(Some(store), cause)
+    }
+
+    /// `unavailable` because `what` did not answer, with a second to wait before retrying.
+    pub fn unavailable(what: &str, cause: &(dyn std::error::Error + 'static)) -> Self {
+        tracing::warn!(error = %DisplayChain(cause), "unavailable: {what}");
         Self::new(
-            ErrorCode::Internal,
-            "internal error; the server log has the cause",
+            ErrorCode::Unavailable,
+            format!("{what}; retry shortly (another replica may answer)"),
         )
+        .with_detail(serde_json::json!({ RETRY_AFTER_MS: 1000 }))
+    }
+
+    /// `insufficient_storage` naming `store`.
+    pub fn storage_full(store: Store) -> Self {
+        crate::storage::mark_full(store);
+        Self::new(
+            ErrorCode::InsufficientStorage,
+            format!(
+                "{} is full; nothing was written. Reads still work; free space (delete files \
+                 or sessions, let collection run, or grow the disk) and writes resume by \
+                 themselves",
+                store.description()
+            ),
+        )
+        .with_detail(serde_json::json!({
+            "store": store.as_str(),
+            RETRY_AFTER_MS: FULL_RETRY_AFTER_MS,
+        }))
+    }
+
+    fn classified(store: Option<Store>, cause: &(dyn std::error::Error + 'static)) -> Self {
+        match fault(cause) {
+            Some(Fault::Full { database }) => {
+                let store = store.unwrap_or(if database {
+                    Store::Database
+                } else {
+                    Store::Unnamed
+                });
+                tracing::error!(error = %DisplayChain(cause), store = store.as_str(), "a store is full");
+                Self::storage_full(store)
+            }
+            Some(Fault::Passing(what)) => Self::unavailable(what, cause),
+            None => {
+                tracing::error!(error = %DisplayChain(cause), "internal error");
+                Self::new(
+                    ErrorCode::Internal,
+                    "internal error; the server log has the cause",
+                )
+            }
+        }
     }
 
     /// The gRPC status a server sends for this error.
@@ -431,12 +487,29 @@ mod tests {
             std::io::ErrorKind::ConnectionRefused,
         ))));
         assert_eq!(refused.code, ErrorCode::Unavailable);
+        assert_eq!(
+            refused.detail,
+            Some(serde_json::json!({ RETRY_AFTER_MS: 1000 }))
+        );
         let other = PlinthError::internal(&std::io::Error::other("a bug"));
         assert_eq!(other.code, ErrorCode::Internal);
         assert_eq!(
             other.message,
             "internal error; the server log has the cause"
         );
+    }
+
+    #[test]
+    fn a_full_disk_is_insufficient_storage_naming_the_store() {
+        let full = std::io::Error::from_raw_os_error(28);
+        let blobs = PlinthError::internal_in(Store::Blobs, &full);
+        assert_eq!(blobs.code, ErrorCode::InsufficientStorage);
+        assert_eq!(blobs.code.http_status(), 507);
+        assert!(blobs.message.contains("blob store"), "{}", blobs.message);
+        assert_eq!(blobs.detail.as_ref().expect("detail")["store"], "blobs");
+        let quota = PlinthError::internal(&std::io::Error::from_raw_os_error(122));
+        assert_eq!(quota.code, ErrorCode::InsufficientStorage);
+        assert_eq!(quota.detail.as_ref().expect("detail")["store"], "other");
     }
 
     #[test]
@@ -509,31 +582,119 @@ mod tests {
     }
 }
 
-/// What a fault that may pass is, when `cause` (or an error it wraps) is one.
-fn transient(cause: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+/// How long a client waits before writing to a full store again: space comes back when
+/// someone frees it, not in a second.
+const FULL_RETRY_AFTER_MS: u64 = 30_000;
+
+/// A store a Plinth process writes to, named by `insufficient_storage` when its disk is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Store {
+    /// The catalog's or the index's database (SQLite in the data directory by default).
+    Database,
+    /// The blob store (a `file://` directory in the data directory by default).
+    Blobs,
+    /// A node's version cache and session state.
+    NodeCache,
+    /// Where uploads are spooled and large blobs verified before they are stored.
+    Spool,
+    /// A disk the process writes to that the failing call did not name.
+    Unnamed,
+}
+
+impl Store {
+    /// Every store, for the `plinth_store_full` gauge.
+    pub const ALL: [Store; 5] = [
+        Store::Database,
+        Store::Blobs,
+        Store::NodeCache,
+        Store::Spool,
+        Store::Unnamed,
+    ];
+
+    /// The store's name in `detail.store` and the gauge's `store` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Store::Database => "database",
+            Store::Blobs => "blobs",
+            Store::NodeCache => "node_cache",
+            Store::Spool => "spool",
+            Store::Unnamed => "other",
+        }
+    }
+
+    /// The store for a person, with the setting that places it.
+    pub fn description(self) -> &'static str {
+        match self {
+            Store::Database => {
+                "the database's disk (the data directory's, or the database server's)"
+            }
+            Store::Blobs => {
+                "the blob store's directory (source.blob_url, in the data directory by default)"
+            }
+            Store::NodeCache => {
+                "the node's state directory (node.state_dir: its version cache and sessions)"
+            }
+            Store::Spool => {
+                "the spool directory (source.spool_dir, in the data directory by default)"
+            }
+            Store::Unnamed => "a disk this server writes to",
+        }
+    }
+}
+
+/// What a cause is, when it is more than a fault of the server's own.
+enum Fault {
+    /// A disk is full; `database` when a database said so.
+    Full { database: bool },
+    /// It may pass; what did not answer.
+    Passing(&'static str),
+}
+
+/// Whether an I/O error is a full disk or quota: `ENOSPC` (28) or `EDQUOT` (122).
+pub fn is_storage_full(io: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(io.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded)
+        || matches!(io.raw_os_error(), Some(28 | 122))
+}
+
+/// What a fault that may pass, or a full disk, is, when `cause` (or an error it wraps) is one.
+fn fault(cause: &(dyn std::error::Error + 'static)) -> Option<Fault> {
     let mut next = Some(cause);
     while let Some(error) = next {
         #[cfg(feature = "database")]
         if let Some(error) = error.downcast_ref::<sqlx::Error>() {
             match error {
+                sqlx::Error::Io(io) if is_storage_full(io) => {
+                    return Some(Fault::Full { database: true });
+                }
                 sqlx::Error::PoolTimedOut
                 | sqlx::Error::PoolClosed
                 | sqlx::Error::Io(_)
                 | sqlx::Error::Tls(_)
-                | sqlx::Error::WorkerCrashed => return Some("the database did not answer"),
+                | sqlx::Error::WorkerCrashed => {
+                    return Some(Fault::Passing("the database did not answer"));
+                }
                 sqlx::Error::Database(database) => {
+                    let code = database.code().unwrap_or_default();
+                    // SQLITE_FULL (13, "database or disk is full"); PostgreSQL's disk_full
+                    // (53100) and out_of_memory's neighbours in class 53 are its server's.
+                    if code == "13"
+                        || code == "53100"
+                        || database.message().contains("database or disk is full")
+                    {
+                        return Some(Fault::Full { database: true });
+                    }
                     // SQLSTATE classes 08 (connection), 53 (insufficient resources), 57
                     // (operator intervention: a shutting-down server); 40001/40P01 (a
                     // serialization failure or deadlock: the transaction may simply be run
                     // again).
-                    let code = database.code().unwrap_or_default();
                     if ["08", "53", "57"]
                         .iter()
                         .any(|class| code.starts_with(class))
                         || code == "40001"
                         || code == "40P01"
                     {
-                        return Some("the database is not answering normally");
+                        return Some(Fault::Passing("the database is not answering normally"));
                     }
                 }
                 _ => {}
@@ -541,6 +702,9 @@ fn transient(cause: &(dyn std::error::Error + 'static)) -> Option<&'static str> 
         }
         if let Some(io) = error.downcast_ref::<std::io::Error>() {
             use std::io::ErrorKind;
+            if is_storage_full(io) {
+                return Some(Fault::Full { database: false });
+            }
             if matches!(
                 io.kind(),
                 ErrorKind::ConnectionRefused
@@ -550,7 +714,7 @@ fn transient(cause: &(dyn std::error::Error + 'static)) -> Option<&'static str> 
                     | ErrorKind::BrokenPipe
                     | ErrorKind::NotConnected
             ) {
-                return Some("a service behind this one did not answer");
+                return Some(Fault::Passing("a service behind this one did not answer"));
             }
         }
         next = error.source();

@@ -25,6 +25,7 @@ pub mod metered;
 pub mod quota;
 pub mod replicas;
 pub mod slug;
+pub mod storage;
 pub mod tasks;
 pub mod telemetry;
 pub mod tls;

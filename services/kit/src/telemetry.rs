@@ -288,6 +288,7 @@ pub fn metrics() -> &'static PrometheusHandle {
         }
         process_collector().describe();
         metrics::gauge!("plinth_build_info", "version" => VERSION).set(1.0);
+        crate::storage::register();
         handle
     })
 }

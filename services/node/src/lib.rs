@@ -153,6 +153,10 @@ pub async fn run(
     }
     let blobs = BlobStore::open(&options.blob_url, options.state_dir.join("spool"))
         .map_err(|error| NodeError::Blobs(error.to_string()))?;
+    plinth_kit::storage::watch(
+        plinth_kit::error::Store::NodeCache,
+        options.state_dir.clone(),
+    );
     let probe = blobs.clone();
     let cache = {
         let (dir, cap) = (options.state_dir.join("cache"), options.cache_cap_bytes);

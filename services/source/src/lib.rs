@@ -146,6 +146,8 @@ pub async fn run(
         .with_quotas(options.quotas);
     index.migrate().await?;
     let blobs = BlobStore::open(&options.blob_url, options.spool_dir.clone())?;
+    blobs.watch_disks();
+    plinth_kit::storage::watch_database(&options.database_url);
     tracing::info!(address = ?grpc.local_addr().ok(), "source serving");
 
     // Ready when its index database answers. The blob store is every replica's: were its

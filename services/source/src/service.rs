@@ -272,7 +272,7 @@ fn blob_error(error: BlobError) -> PlinthError {
         BlobError::Source(cause) => PlinthError::invalid(format!(
             "the upload ended before the whole body arrived: {cause}"
         )),
-        other => PlinthError::internal(&other),
+        other => other.to_plinth(),
     }
 }
 
@@ -303,6 +303,7 @@ fn import_error(error: ImportError) -> PlinthError {
         )
         .with_detail(serde_json::json!({ "max_bytes": max })),
         ImportError::Git(refused) => PlinthError::invalid(format!("git import refused: {refused}")),
+        ImportError::Blob(error) => blob_error(error),
         other => PlinthError::internal(&other),
     }
 }
@@ -478,7 +479,7 @@ impl pb::source_service_server::SourceService for Source {
             .blobs
             .get(&digest)
             .await
-            .map_err(|error| PlinthError::internal(&error))?;
+            .map_err(|error| error.to_plinth())?;
         let header = pb::ReadFileResponse {
             entry: Some(entry_to_proto(&entry, entry.size)),
             chunk: bytes::Bytes::new(),
@@ -718,7 +719,7 @@ impl pb::source_service_server::SourceService for Source {
             .blobs
             .put_bytes_held(encoded.into(), &work)
             .await
-            .map_err(|error| PlinthError::internal(&error))?;
+            .map_err(|error| error.to_plinth())?;
         work.leave();
         let files = entries.iter().filter(|entry| entry.kind == Kind::File);
         Ok(Response::new(pb::SnapshotResponse {
@@ -789,7 +790,7 @@ impl pb::source_service_server::SourceService for Source {
             .blobs
             .get(&digest)
             .await
-            .map_err(|error| PlinthError::internal(&error))?
+            .map_err(|error| error.to_plinth())?
             .into_bytes()
             .await
             .map_err(|error| PlinthError::internal(&error))?;

@@ -1,0 +1,191 @@
+//! Which of the process's stores is full. A write that finds its disk full marks the store
+//! ([`mark_full`], from [`crate::PlinthError::storage_full`]); the `plinth_store_full` gauge
+//! and a `/readyz` detail line say so until space returns. A store with a known directory
+//! ([`watch`]) is checked every few seconds and marked free once its file system has room
+//! again; one without is marked free when no write has found it full for a minute. Reads go on
+//! meanwhile, so a full store does not make the process not ready: that would take its reads
+//! away too.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::error::Store;
+
+/// How often a watched store's file system is looked at.
+const CHECK_EVERY: Duration = Duration::from_secs(2);
+/// Free bytes past which a watched store counts as having room again.
+const ROOM_BYTES: u64 = 8 << 20;
+/// How long an unwatched store stays marked after its last failed write.
+const UNWATCHED_FOR: Duration = Duration::from_secs(60);
+
+/// When each full store last failed a write.
+static FULL: Mutex<Vec<(Store, Instant)>> = Mutex::new(Vec::new());
+
+/// The gauge's name.
+pub const GAUGE: &str = "plinth_store_full";
+
+/// Sets the gauge of every store to 0, so a scrape sees each from the start.
+pub(crate) fn register() {
+    for store in Store::ALL {
+        metrics::gauge!(GAUGE, "store" => store.as_str()).set(0.0);
+    }
+}
+
+/// Records that a write to `store` found its disk full.
+pub fn mark_full(store: Store) {
+    let mut full = FULL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    full.retain(|(marked, _)| *marked != store);
+    full.push((store, Instant::now()));
+    publish(&full);
+}
+
+/// Whether `store` is marked full.
+pub fn is_full(store: Store) -> bool {
+    FULL.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .any(|(marked, _)| *marked == store)
+}
+
+fn mark_free(store: Store) {
+    let mut full = FULL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let before = full.len();
+    full.retain(|(marked, _)| *marked != store);
+    if full.len() != before {
+        tracing::info!(store = store.as_str(), "the store has room again");
+        publish(&full);
+    }
+}
+
+fn publish(full: &[(Store, Instant)]) {
+    crate::telemetry::metrics();
+    for store in Store::ALL {
+        let marked = full.iter().any(|(marked, _)| *marked == store);
+        metrics::gauge!(GAUGE, "store" => store.as_str()).set(if marked { 1.0 } else { 0.0 });
+    }
+    let line = if full.is_empty() {
+        "every store has room".to_owned()
+    } else {
+        let names: Vec<String> = full
+            .iter()
+            .map(|(store, _)| format!("{} ({})", store.as_str(), store.description()))
+            .collect();
+        format!("FULL, writes refused with 507: {}", names.join("; "))
+    };
+    crate::admin::describe("storage", line);
+}
+
+/// Free bytes on the file system holding `dir`, as this process may use them (root may use
+/// the blocks reserved for it).
+/// A directory made only when first written to (a spool) counts by its nearest existing
+/// parent: the same file system, as it will be.
+fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
+    let existing = dir
+        .ancestors()
+        .find(|dir| dir.exists())
+        .unwrap_or(std::path::Path::new("/"));
+    let stat = rustix::fs::statvfs(existing)?;
+    let blocks = if rustix::process::geteuid().is_root() {
+        stat.f_bfree
+    } else {
+        stat.f_bavail
+    };
+    Ok(blocks.saturating_mul(stat.f_frsize))
+}
+
+/// Checks `dir`, `store`'s directory, in the background: marks the store free once its file
+/// system has room again. Also sweeps unwatched stores whose last failure is old.
+/// A store is watched once per process: the first directory given is the one checked.
+pub fn watch(store: Store, dir: PathBuf) {
+    static WATCHED: Mutex<Vec<Store>> = Mutex::new(Vec::new());
+    {
+        let mut watched = WATCHED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if watched.contains(&store) || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        watched.push(store);
+    }
+    crate::telemetry::metrics();
+    crate::tasks::spawn(async move {
+        loop {
+            tokio::time::sleep(CHECK_EVERY).await;
+            if is_full(store) {
+                let dir = dir.clone();
+                let room = tokio::task::spawn_blocking(move || free_bytes(&dir))
+                    .await
+                    .ok()
+                    .and_then(Result::ok);
+                if room.is_some_and(|free| free >= ROOM_BYTES) {
+                    mark_free(store);
+                }
+            }
+            sweep_unwatched(store);
+        }
+    });
+}
+
+/// Watches the directory of a SQLite database URL (`sqlite://path?…`); a database on a
+/// server has its own disk, which its own monitoring watches.
+pub fn watch_database(url: &str) {
+    let Some(rest) = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+    else {
+        return;
+    };
+    let path = rest.split('?').next().unwrap_or_default();
+    let dir = std::path::Path::new(path)
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    watch(Store::Database, dir.to_path_buf());
+}
+
+/// Marks free every store but `watched` whose last failed write is older than
+/// [`UNWATCHED_FOR`].
+fn sweep_unwatched(watched: Store) {
+    let stale: Vec<Store> = FULL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .filter(|(store, at)| *store != watched && at.elapsed() >= UNWATCHED_FOR)
+        .map(|(store, _)| *store)
+        .collect();
+    for store in stale {
+        mark_free(store);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_store_shows_in_the_gauge_and_readiness_until_it_is_free() {
+        mark_full(Store::Spool);
+        assert!(is_full(Store::Spool));
+        let rendered = crate::telemetry::render_metrics();
+        assert!(
+            rendered.contains("plinth_store_full{store=\"spool\"} 1"),
+            "{rendered}"
+        );
+        assert!(
+            rendered.contains("plinth_store_full{store=\"blobs\"} 0"),
+            "{rendered}"
+        );
+        mark_free(Store::Spool);
+        assert!(!is_full(Store::Spool));
+        let rendered = crate::telemetry::render_metrics();
+        assert!(
+            rendered.contains("plinth_store_full{store=\"spool\"} 0"),
+            "{rendered}"
+        );
+    }
+}
