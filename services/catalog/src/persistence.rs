@@ -127,6 +127,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "novo_signatures",
                 include_str!("../migrations/common/0018_novo_signatures.sql"),
             ),
+            (
+                19,
+                "node_load_and_cache_sets",
+                include_str!("../migrations/sqlite/0019_node_load_and_cache_sets.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -218,6 +223,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 18,
                 "novo_signatures",
                 include_str!("../migrations/common/0018_novo_signatures.sql"),
+            ),
+            (
+                19,
+                "node_load_and_cache_sets",
+                include_str!("../migrations/postgres/0019_node_load_and_cache_sets.sql"),
             ),
         ],
     }
