@@ -366,7 +366,9 @@ impl pb::session_service_server::SessionService for Sessions {
             .collect();
         let report =
             CacheReport::from_heartbeat(request.cache_digest, request.cache_unchanged, cached);
-        let cache =
+        // The live sessions are read after the heartbeat arrived, so a session the node
+        // attached before sending it is listed unless it has ended.
+        let answer =
             self.store
                 .node_heartbeat(&node, report)
                 .await
@@ -374,15 +376,8 @@ impl pb::session_service_server::SessionService for Sessions {
                     StoreError::NotFound => missing("node", node.as_str()),
                     other => PlinthError::internal(&other),
                 })?;
-        // Read after the heartbeat arrived, so a session the node attached before sending it
-        // is listed unless it has ended.
-        let live = self
-            .store
-            .node_session_ids(&node)
-            .await
-            .map_err(|error| PlinthError::internal(&error))?;
         Ok(Response::new(pb::NodeHeartbeatResponse {
-            active: cache
+            active: answer
                 .active
                 .unwrap_or_default()
                 .into_iter()
@@ -391,9 +386,13 @@ impl pb::session_service_server::SessionService for Sessions {
                     version,
                 })
                 .collect(),
-            live_sessions: live.iter().map(|id| id.as_str().to_owned()).collect(),
+            live_sessions: answer
+                .live_sessions
+                .iter()
+                .map(|id| id.as_str().to_owned())
+                .collect(),
             sessions_listed: true,
-            cache_digest: cache.digest,
+            cache_digest: answer.digest,
         }))
     }
 

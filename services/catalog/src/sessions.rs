@@ -263,14 +263,16 @@ pub fn cache_digest(versions: &[(EnvironmentId, u32)]) -> u64 {
     u64::from_be_bytes(first).max(1)
 }
 
-/// What the catalog answers a node's heartbeat about its cache.
+/// What the catalog answers a node's heartbeat.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CacheAnswer {
+pub struct HeartbeatAnswer {
     /// The node's cached versions that are their environment's active version; `None` when
     /// the node said its set was unchanged but the catalog does not hold that set.
     pub active: Option<Vec<(EnvironmentId, u32)>>,
     /// The digest of the set the catalog holds for the node now; 0 when it holds none.
     pub digest: u64,
+    /// The node's sessions that are active.
+    pub live_sessions: Vec<SessionId>,
 }
 
 /// A task: an input run in the session created for it.

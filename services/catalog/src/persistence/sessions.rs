@@ -25,7 +25,7 @@ use sqlx::any::AnyRow;
 use super::{Store, StoreError};
 use crate::model::{Cursor, EnvironmentId, Page, PageRequest, Scope};
 use crate::sessions::{
-    CacheAnswer, CacheReport, MAX_TURN_DETAIL_BYTES, Node, NodeId, Session, SessionId,
+    CacheReport, HeartbeatAnswer, MAX_TURN_DETAIL_BYTES, Node, NodeId, Session, SessionId,
     SessionLimits, SessionStatus, Task, TaskId, Turn, TurnKind, cache_digest, cut,
 };
 
@@ -139,14 +139,15 @@ impl Store {
     }
 
     /// Records that a node is alive, and the versions it caches when its report carries a set
-    /// the catalog does not hold; answers which of them are active. However many versions the
+    /// the catalog does not hold; answers which of them are active and which of the node's
+    /// sessions are live, read after the heartbeat was recorded. However many versions the
     /// node caches, an unchanged set costs one UPDATE and one read; a changed one adds one
     /// transaction of three statements (the digest, the old rows deleted, the new inserted).
     pub async fn node_heartbeat(
         &self,
         node: &NodeId,
         report: CacheReport,
-    ) -> Result<CacheAnswer, StoreError> {
+    ) -> Result<HeartbeatAnswer, StoreError> {
         let row = sqlx::query(
             "UPDATE nodes SET heartbeat_at_ms = $1 WHERE id = $2 RETURNING cache_digest",
         )
@@ -156,15 +157,8 @@ impl Store {
         .await?
         .ok_or(StoreError::NotFound)?;
         let mut held = row.try_get::<i64, _>("cache_digest")?.cast_unsigned();
-        match report {
-            CacheReport::Unchanged { digest } => {
-                if digest == 0 || digest != held {
-                    return Ok(CacheAnswer {
-                        active: None,
-                        digest: held,
-                    });
-                }
-            }
+        let holds_the_set = match report {
+            CacheReport::Unchanged { digest } => digest != 0 && digest == held,
             CacheReport::Whole {
                 digest,
                 mut versions,
@@ -179,31 +173,43 @@ impl Store {
                         .await?;
                     held = digest;
                 }
+                true
             }
-        }
+        };
+        // One read for both answers: the active versions of the set held (`v` rows, none
+        // when the node named a set the catalog does not hold), then the live sessions.
         let rows = sqlx::query(
-            "SELECT c.environment_id, c.version FROM node_cached_versions c \
+            "SELECT 'v' AS kind, c.environment_id AS id, c.version FROM node_cached_versions c \
              JOIN environments e ON e.id = c.environment_id AND e.active_version = c.version \
-             WHERE c.node_id = $1",
+             WHERE c.node_id = $1 AND $2 = 1 \
+             UNION ALL \
+             SELECT 's' AS kind, s.id, 0 AS version FROM sessions s \
+             WHERE s.node_id = $1 AND s.status = 'active'",
         )
         .bind(node.as_str())
+        .bind(i64::from(holds_the_set))
         .fetch_all(&self.db.reader)
         .await?;
-        let active = rows
-            .iter()
-            .map(|row| {
-                let environment: String = row.try_get("environment_id")?;
+        let mut active = Vec::new();
+        let mut live_sessions = Vec::new();
+        for row in &rows {
+            let kind: String = row.try_get("kind")?;
+            let id: String = row.try_get("id")?;
+            let corrupt = || StoreError::Corrupt(format!("{kind} {id:?} of node {node}"));
+            if kind == "s" {
+                live_sessions.push(SessionId::parse(&id).ok_or_else(corrupt)?);
+            } else {
                 let version: i64 = row.try_get("version")?;
-                let corrupt = || StoreError::Corrupt(format!("cached version {environment:?}"));
-                Ok((
-                    EnvironmentId::parse(&environment).ok_or_else(corrupt)?,
+                active.push((
+                    EnvironmentId::parse(&id).ok_or_else(corrupt)?,
                     u32::try_from(version).map_err(|_| corrupt())?,
-                ))
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        Ok(CacheAnswer {
-            active: Some(active),
+                ));
+            }
+        }
+        Ok(HeartbeatAnswer {
+            active: holds_the_set.then_some(active),
             digest: held,
+            live_sessions,
         })
     }
 

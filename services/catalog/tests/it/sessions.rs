@@ -5,7 +5,7 @@ use plinth_catalog::model::{
     Cursor, EnvironmentId, NewEnvironment, Outcome, Package, PackageManager, PageRequest,
 };
 use plinth_catalog::sessions::{
-    CacheAnswer, CacheReport, NodeId, SessionLimits, SessionStatus, TurnKind,
+    CacheReport, HeartbeatAnswer, NodeId, SessionLimits, SessionStatus, TurnKind,
 };
 use plinth_catalog::{NewSession, NewTask, Store, StoreError};
 
@@ -445,7 +445,7 @@ fn whole(versions: &[(&EnvironmentId, u32)]) -> CacheReport {
 }
 
 /// The active versions a heartbeat answered, sorted; `None` when it did not say.
-fn active(answer: &CacheAnswer) -> Option<Vec<(EnvironmentId, u32)>> {
+fn active(answer: &HeartbeatAnswer) -> Option<Vec<(EnvironmentId, u32)>> {
     answer.active.clone().map(|mut active| {
         active.sort();
         active
@@ -511,6 +511,11 @@ async fn a_heartbeat_sends_the_cache_set_only_when_it_changed(store: Store) {
         .await
         .expect("heartbeat");
     assert_eq!(active(&answer), Some(vec![(lab.clone(), 2)]));
+    assert_eq!(
+        answer.live_sessions,
+        vec![placed.id.clone()],
+        "the answer lists the node's live sessions too"
+    );
 
     // A changed set replaces the one held.
     let answer = store
@@ -544,14 +549,21 @@ async fn a_heartbeat_sends_the_cache_set_only_when_it_changed(store: Store) {
             .node_heartbeat(&node, CacheReport::Unchanged { digest: stale })
             .await
             .expect("heartbeat");
-        assert_eq!(
-            answer,
-            CacheAnswer {
-                active: None,
-                digest: 12
-            }
-        );
+        assert_eq!((answer.active, answer.digest), (None, 12));
+        assert_eq!(answer.live_sessions, vec![placed.id.clone()]);
     }
+    store
+        .end_session(&scope("acme"), &placed.id)
+        .await
+        .expect("end");
+    let answer = store
+        .node_heartbeat(&node, CacheReport::Unchanged { digest: 12 })
+        .await
+        .expect("heartbeat");
+    assert!(
+        answer.live_sessions.is_empty(),
+        "an ended session is not listed"
+    );
     // Another node holds nothing yet: it is asked for its set too.
     let other = store
         .register_node("host-b", "http://b", true, "", "")
@@ -561,13 +573,7 @@ async fn a_heartbeat_sends_the_cache_set_only_when_it_changed(store: Store) {
         .node_heartbeat(&other, CacheReport::Unchanged { digest: 12 })
         .await
         .expect("heartbeat");
-    assert_eq!(
-        answer,
-        CacheAnswer {
-            active: None,
-            digest: 0
-        }
-    );
+    assert_eq!((answer.active, answer.digest), (None, 0));
 
     // A node that names no digest sends its whole set each time: the catalog names it, the
     // same way each time, and answers from it.
