@@ -631,8 +631,8 @@ fn turns_cursor_id(session: &SessionId) -> String {
 
 /// Places a session in one statement: the version asked for (or the active one) if it is a
 /// ready build with a layer, on the live node with the fewest active sessions, with its
-/// limits, while the scope has fewer than `limit` active sessions. `None` when any of that is
-/// missing.
+/// limits, while the scope has fewer than `limit` active sessions (counted up to `limit`).
+/// `None` when any of that is missing.
 async fn place_session(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
     new: &NewSession,
@@ -659,7 +659,8 @@ async fn place_session(
          JOIN nodes n ON n.id = (SELECT c.id FROM nodes c WHERE c.heartbeat_at_ms >= $9 \
          AND c.id <> $18 ORDER BY c.active_sessions, c.registered_at_ms, c.id LIMIT 1) \
          WHERE e.id = $2 AND e.scope = $3 \
-         AND (SELECT COUNT(*) FROM sessions q WHERE q.scope = $3 AND q.status = 'active') < $17 \
+         AND (SELECT COUNT(*) FROM (SELECT 1 FROM sessions q WHERE q.scope = $3 \
+         AND q.status = 'active' LIMIT $17) counted) < $17 \
          RETURNING id, scope, environment_id, environment_name, entry, version, slug, \
          layer_tree, node_id, harness_id, workdir, isolated, status, turns, created_at_ms, \
          ended_at_ms, owner, limit_memory_mb, limit_pids, limit_cpu_millicores, \
