@@ -35,7 +35,7 @@ pub struct Args {
 }
 
 /// A child process, killed when dropped.
-struct Process(Child);
+pub(crate) struct Process(pub(crate) Child);
 
 impl Drop for Process {
     fn drop(&mut self) {
@@ -87,13 +87,14 @@ struct Deployment {
     client: reqwest::Client,
 }
 
-fn port() -> anyhow::Result<u16> {
+pub(crate) fn port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
-async fn fresh_database(server_url: &str) -> anyhow::Result<String> {
+/// A new database on the server at `server_url`, named after this process; answers its URL.
+pub(crate) async fn fresh_database(server_url: &str) -> anyhow::Result<String> {
     sqlx::any::install_default_drivers();
     let name = format!("plinth_bench_{}", std::process::id());
     let mut connection = sqlx::PgConnection::connect(server_url).await?;

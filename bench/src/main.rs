@@ -4,6 +4,7 @@
 mod build;
 mod environments;
 mod failover;
+mod fleet;
 mod fresh_fs;
 mod http1;
 mod import;
@@ -58,6 +59,10 @@ enum Bench {
     /// catalog with the builder waiting on another, vs on the same one; and a killed
     /// builder's build taken over, vs one stopped gracefully.
     Failover(failover::Args),
+    /// Many nodes heartbeating to catalog replicas on PostgreSQL with their cached versions:
+    /// heartbeats per second sustained against the rate offered, their latency, and the
+    /// latency of placing a session among them with many sessions live.
+    Fleet(fleet::Args),
 }
 
 #[tokio::main]
@@ -82,6 +87,7 @@ async fn main() -> anyhow::Result<()> {
         Bench::Push(args) => push::run_bench(args).await,
         Bench::Soak(args) => soak::run(args).await,
         Bench::Failover(args) => failover::run(args).await,
+        Bench::Fleet(args) => fleet::run(args).await,
     }
 }
 

@@ -309,7 +309,7 @@ async fn a_node_credential_acts_only_for_its_own_node() {
     let refused = as_intruder
         .node_heartbeat(pb::NodeHeartbeatRequest {
             node_id: before.node_id.clone(),
-            cached: Vec::new(),
+            ..Default::default()
         })
         .await
         .expect_err("another node's heartbeat");

@@ -134,6 +134,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "request_keys",
                 include_str!("../migrations/common/0019_request_keys.sql"),
             ),
+            (
+                20,
+                "node_load_and_cache_sets",
+                include_str!("../migrations/sqlite/0020_node_load_and_cache_sets.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -230,6 +235,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 19,
                 "request_keys",
                 include_str!("../migrations/common/0019_request_keys.sql"),
+            ),
+            (
+                20,
+                "node_load_and_cache_sets",
+                include_str!("../migrations/postgres/0020_node_load_and_cache_sets.sql"),
             ),
         ],
     }

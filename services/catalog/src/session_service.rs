@@ -9,7 +9,9 @@ use tonic::{Request, Response, Status};
 
 use crate::model::{EnvironmentId, PageRequest, Scope, foreign_cursor};
 use crate::persistence::{NewSession, NewTask, Store, StoreError};
-use crate::sessions::{NodeId, Session, SessionId, SessionLimits, Task, Turn, TurnKind};
+use crate::sessions::{
+    CacheReport, NodeId, Session, SessionId, SessionLimits, Task, Turn, TurnKind,
+};
 
 /// How long a node may stay silent before placement passes it over, unless configured
 /// (`catalog.node_ttl_ms`). Short, because a session placed on a dead node is a failed create:
@@ -52,11 +54,42 @@ impl Default for NodeTtl {
 pub struct Sessions {
     store: Store,
     nodes: NodeTtl,
+    /// The names of nodes seen so far, by id: a node's id and name never change once it is
+    /// registered, so a heartbeat checks its caller's credential without reading the row.
+    names: std::sync::RwLock<std::collections::HashMap<NodeId, String>>,
 }
 
 impl Sessions {
     pub fn new(store: Store, nodes: NodeTtl) -> Self {
-        Sessions { store, nodes }
+        Sessions {
+            store,
+            nodes,
+            names: std::sync::RwLock::default(),
+        }
+    }
+
+    /// The name `node` registered with, if it is registered.
+    async fn node_name(&self, node: &NodeId) -> Result<Option<String>, Status> {
+        if let Some(name) = self
+            .names
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(node)
+        {
+            return Ok(Some(name.clone()));
+        }
+        let name = self
+            .store
+            .node_name(node)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        if let Some(name) = &name {
+            self.names
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(node.clone(), name.clone());
+        }
+        Ok(name)
     }
 
     /// Refuses a credential for one node acting for another (or for an unknown node, which
@@ -65,11 +98,7 @@ impl Sessions {
         let Some(caller) = caller.filter(|caller| caller.name.is_some()) else {
             return Ok(());
         };
-        let name = self
-            .store
-            .node_name(node)
-            .await
-            .map_err(|error| PlinthError::internal(&error))?;
+        let name = self.node_name(node).await?;
         match name {
             Some(name) if caller.may_act_as(&name) => Ok(()),
             _ => Err(not_this_node(caller)),
@@ -335,31 +364,35 @@ impl pb::session_service_server::SessionService for Sessions {
                 ))
             })
             .collect();
-        let active =
+        let report =
+            CacheReport::from_heartbeat(request.cache_digest, request.cache_unchanged, cached);
+        // The live sessions are read after the heartbeat arrived, so a session the node
+        // attached before sending it is listed unless it has ended.
+        let answer =
             self.store
-                .node_heartbeat(&node, &cached)
+                .node_heartbeat(&node, report)
                 .await
                 .map_err(|error| match error {
                     StoreError::NotFound => missing("node", node.as_str()),
                     other => PlinthError::internal(&other),
                 })?;
-        // Read after the heartbeat arrived, so a session the node attached before sending it
-        // is listed unless it has ended.
-        let live = self
-            .store
-            .node_session_ids(&node)
-            .await
-            .map_err(|error| PlinthError::internal(&error))?;
         Ok(Response::new(pb::NodeHeartbeatResponse {
-            active: active
+            active: answer
+                .active
+                .unwrap_or_default()
                 .into_iter()
                 .map(|(environment, version)| pb::CachedVersion {
                     environment_id: environment.as_str().to_owned(),
                     version,
                 })
                 .collect(),
-            live_sessions: live.iter().map(|id| id.as_str().to_owned()).collect(),
+            live_sessions: answer
+                .live_sessions
+                .iter()
+                .map(|id| id.as_str().to_owned())
+                .collect(),
             sessions_listed: true,
+            cache_digest: answer.digest,
         }))
     }
 

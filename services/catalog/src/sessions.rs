@@ -207,6 +207,74 @@ pub struct Node {
     pub sessions_dir: String,
 }
 
+/// What a node's heartbeat says of the versions it caches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheReport {
+    /// Every version it caches, with the digest that names the set (`None`: the node names
+    /// none, and sends the whole set each time; the catalog derives a digest itself).
+    Whole {
+        /// The node's name for this set; never `Some(0)`.
+        digest: Option<u64>,
+        /// Every version it caches.
+        versions: Vec<(EnvironmentId, u32)>,
+    },
+    /// The set it sent before under this digest, unchanged since.
+    Unchanged {
+        /// The digest of that set.
+        digest: u64,
+    },
+}
+
+impl CacheReport {
+    /// The report a heartbeat carries: `unchanged` with a digest, or the whole set
+    /// (`digest` 0: the node names none).
+    pub fn from_heartbeat(
+        digest: u64,
+        unchanged: bool,
+        versions: Vec<(EnvironmentId, u32)>,
+    ) -> Self {
+        if unchanged {
+            CacheReport::Unchanged { digest }
+        } else {
+            CacheReport::Whole {
+                digest: (digest != 0).then_some(digest),
+                versions,
+            }
+        }
+    }
+}
+
+/// A digest for a set of cached versions a node sent without one: 64 bits of a SHA-256 of
+/// the sorted, distinct versions, never 0 (0 means "none held").
+pub fn cache_digest(versions: &[(EnvironmentId, u32)]) -> u64 {
+    use sha2::Digest as _;
+    let mut sorted: Vec<&(EnvironmentId, u32)> = versions.iter().collect();
+    sorted.sort();
+    sorted.dedup();
+    let mut hash = sha2::Sha256::new();
+    for (environment, version) in sorted {
+        hash.update(environment.as_str().as_bytes());
+        hash.update(b"\0");
+        hash.update(version.to_be_bytes());
+    }
+    let bytes: [u8; 32] = hash.finalize().into();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&bytes[..8]);
+    u64::from_be_bytes(first).max(1)
+}
+
+/// What the catalog answers a node's heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatAnswer {
+    /// The node's cached versions that are their environment's active version; `None` when
+    /// the node said its set was unchanged but the catalog does not hold that set.
+    pub active: Option<Vec<(EnvironmentId, u32)>>,
+    /// The digest of the set the catalog holds for the node now; 0 when it holds none.
+    pub digest: u64,
+    /// The node's sessions that are active.
+    pub live_sessions: Vec<SessionId>,
+}
+
 /// A task: an input run in the session created for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Task {

@@ -2,7 +2,8 @@
 //! into a local cache (`cache`), keeps the sessions placed on it and their private working
 //! directories (`sessions`, `workdir`), and runs each session's commands in a private mount
 //! namespace where the version is read-only at `/env/<slug>` (`isolation`). It registers with
-//! the catalog and heartbeats; the catalog decides which sessions exist and what they read,
+//! the catalog and heartbeats (`heartbeat`: its set of cached versions goes whole only when
+//! the catalog does not hold it already); the catalog decides which sessions exist and what they read,
 //! and each heartbeat's answer lists the node's live sessions, so a session the catalog ended
 //! without the node being told (past its lifetime or idle limit, or while a call to the node
 //! failed) is detached here within a heartbeat. A session's limits are kept in its record.
@@ -11,6 +12,7 @@
 //! and turn records (the gateway and the catalog), building versions (the builder).
 
 pub mod cache;
+pub mod heartbeat;
 pub mod identity;
 pub mod isolation;
 mod node;
@@ -475,6 +477,7 @@ async fn keep_registered(
     shutdown: CancellationToken,
 ) {
     let mut registered: Option<(String, Duration)> = None;
+    let mut report = heartbeat::CacheReporter::new();
     // Set while sessions a heartbeat found ended are being detached, so a slow removal is not
     // started again by the next heartbeat.
     let detaching = Arc::new(AtomicBool::new(false));
@@ -513,6 +516,7 @@ async fn keep_registered(
                     }
                     reconcile(&mut catalog, &answer.node_id, &sessions).await;
                     contact.answered(every);
+                    report.forget();
                     registered = Some((answer.node_id, every));
                     every
                 }
@@ -525,31 +529,26 @@ async fn keep_registered(
                 let cached = cache
                     .cached_versions()
                     .into_iter()
-                    .map(|((environment_id, version), _)| catalog_pb::CachedVersion {
-                        environment_id,
-                        version,
-                    })
+                    .map(|(key, _)| key)
                     .collect();
+                let (request, sent) = report.request(node_id, cached);
                 // The sessions held before asking: only these may be found ended by the answer.
                 let known = sessions.ids();
                 report_gauges(&options.state_dir, &cache, &sessions);
                 // A heartbeat is routine: not worth a trace (see `telemetry::idle`).
                 match catalog
-                    .node_heartbeat(catalog_pb::NodeHeartbeatRequest { node_id, cached })
+                    .node_heartbeat(request)
                     .instrument(plinth_kit::telemetry::idle("node.heartbeat"))
                     .await
                 {
                     Ok(answer) => {
                         contact.answered(every);
                         let answer = answer.into_inner();
-                        let now_active = answer
-                            .active
-                            .into_iter()
-                            .map(|v| (v.environment_id, v.version))
-                            .collect();
-                        *active
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner) = now_active;
+                        if let Some(now_active) = report.answered(sent, &answer) {
+                            *active
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner) = now_active;
+                        }
                         if answer.sessions_listed {
                             let live: HashSet<String> = answer.live_sessions.into_iter().collect();
                             detach_ended(&sessions, known, live, &detaching);

@@ -4,7 +4,9 @@
 //! (never a counter that every path ending a session would have to keep true), read after the
 //! scope's row is held: on PostgreSQL the next statement of a transaction that waited for the
 //! row sees what the other committed, and SQLite has one writer. So two creates at the last
-//! slot, on any replicas, take turns, and the second sees the first.
+//! slot, on any replicas, take turns, and the second sees the first. A create counts only up
+//! to the limit (what lies beyond it cannot change the answer), so the check reads at most as
+//! many index entries as the scope may have, however many it has.
 
 use plinth_kit::quota::{Quota, Quotas};
 use sqlx::{Any, Row, Transaction};
@@ -48,7 +50,7 @@ impl Store {
             let Some(sql) = count_sql(quota) else {
                 continue;
             };
-            let row = sqlx::query(sql)
+            let row = sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(scope.as_str())
                 .fetch_one(&mut *connection)
                 .await?;
@@ -65,14 +67,17 @@ impl Store {
 
 /// The query that counts what a scope uses of a quota (`$1` is the scope); none for stored
 /// bytes, which the source service counts.
-fn count_sql(quota: Quota) -> Option<&'static str> {
+fn count_sql(quota: Quota) -> Option<String> {
+    rows_sql(quota).map(|rows| format!("SELECT COUNT(*) AS used {rows}"))
+}
+
+/// The rows a scope uses of a quota, as `FROM … WHERE …` (`$1` is the scope).
+fn rows_sql(quota: Quota) -> Option<&'static str> {
     match quota {
-        Quota::Environments => Some("SELECT COUNT(*) AS used FROM environments WHERE scope = $1"),
-        Quota::Sessions => {
-            Some("SELECT COUNT(*) AS used FROM sessions WHERE scope = $1 AND status = 'active'")
-        }
+        Quota::Environments => Some("FROM environments WHERE scope = $1"),
+        Quota::Sessions => Some("FROM sessions WHERE scope = $1 AND status = 'active'"),
         Quota::QueuedBuilds => Some(
-            "SELECT COUNT(*) AS used FROM builds b JOIN environments e ON e.id = b.environment_id \
+            "FROM builds b JOIN environments e ON e.id = b.environment_id \
              WHERE e.scope = $1 AND b.status IN ('queued', 'building')",
         ),
         Quota::StoredBytes => None,
@@ -104,11 +109,13 @@ pub(super) async fn admit_one(
     limit: u64,
 ) -> Result<(), StoreError> {
     take_scope(tx, scope).await?;
-    let Some(sql) = count_sql(quota) else {
+    let Some(rows) = rows_sql(quota) else {
         return Ok(());
     };
-    let row = sqlx::query(sql)
+    let sql = format!("SELECT COUNT(*) AS used FROM (SELECT 1 {rows} LIMIT $2) counted");
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(scope.as_str())
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .fetch_one(&mut **tx)
         .await?;
     let used = u64::try_from(row.try_get::<i64, _>("used")?).unwrap_or(0);

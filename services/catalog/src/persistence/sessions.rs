@@ -10,6 +10,12 @@
 //! placement, moved by each turn (in the turn's own update of the row), and read by the sweep
 //! that ends sessions past it with one conditional UPDATE. A session past it takes no turn even
 //! before the sweep reaches it.
+//!
+//! Placement reads each node's `active_sessions`, a count the database's triggers keep in the
+//! transaction that inserts, ends or deletes a session (migration 19): the least-loaded live
+//! node is the first live one of an index, however many sessions are live. A node's cached
+//! versions are rows of `node_cached_versions`, replaced only when the node reports a set
+//! under a digest the catalog does not hold; an unchanged set is reported by its digest alone.
 
 use plinth_kit::database::now_ms;
 use plinth_kit::quota::Quota;
@@ -19,8 +25,8 @@ use sqlx::any::AnyRow;
 use super::{Store, StoreError};
 use crate::model::{Cursor, EnvironmentId, Page, PageRequest, Scope};
 use crate::sessions::{
-    MAX_TURN_DETAIL_BYTES, Node, NodeId, Session, SessionId, SessionLimits, SessionStatus, Task,
-    TaskId, Turn, TurnKind, cut,
+    CacheReport, HeartbeatAnswer, MAX_TURN_DETAIL_BYTES, Node, NodeId, Session, SessionId,
+    SessionLimits, SessionStatus, Task, TaskId, Turn, TurnKind, cache_digest, cut,
 };
 
 const SESSION_COLUMNS: &str = "s.id, s.scope, s.environment_id, s.environment_name, s.entry, \
@@ -28,6 +34,11 @@ const SESSION_COLUMNS: &str = "s.id, s.scope, s.environment_id, s.environment_na
      s.workdir, s.isolated, s.status, s.turns, s.created_at_ms, s.ended_at_ms, s.owner, \
      s.limit_memory_mb, s.limit_pids, s.limit_cpu_millicores, s.limit_disk_mb, \
      s.limit_lifetime_ms, s.limit_idle_ms";
+
+/// Cached versions inserted per statement when a node's set changes: two parameters each (and
+/// the node's id once) stay well inside SQLite's 32,766 and PostgreSQL's 65,535, so a node
+/// would need more than this many versions in its cache to need a second statement.
+const CACHED_VERSIONS_PER_INSERT: usize = 10_000;
 
 /// A limit as stored: NULL for none.
 fn stored(limit: Option<u64>) -> Option<i64> {
@@ -127,39 +138,119 @@ impl Store {
         Ok(row.map(|row| row.try_get("name")).transpose()?)
     }
 
-    /// Records that a node is alive; answers which of the versions it caches are active.
+    /// Records that a node is alive, and the versions it caches when its report carries a set
+    /// the catalog does not hold; answers which of them are active and which of the node's
+    /// sessions are live, read after the heartbeat was recorded. However many versions the
+    /// node caches, an unchanged set costs one UPDATE and one read; a changed one adds one
+    /// transaction of three statements (the digest, the old rows deleted, the new inserted).
     pub async fn node_heartbeat(
         &self,
         node: &NodeId,
-        cached: &[(EnvironmentId, u32)],
-    ) -> Result<Vec<(EnvironmentId, u32)>, StoreError> {
-        let updated = sqlx::query("UPDATE nodes SET heartbeat_at_ms = $1 WHERE id = $2")
-            .bind(now_ms())
-            .bind(node.as_str())
-            .execute(&self.db.writer)
-            .await?;
-        if updated.rows_affected() == 0 {
-            return Err(StoreError::NotFound);
-        }
+        report: CacheReport,
+    ) -> Result<HeartbeatAnswer, StoreError> {
+        let row = sqlx::query(
+            "UPDATE nodes SET heartbeat_at_ms = $1 WHERE id = $2 RETURNING cache_digest",
+        )
+        .bind(now_ms())
+        .bind(node.as_str())
+        .fetch_optional(&self.db.writer)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let mut held = row.try_get::<i64, _>("cache_digest")?.cast_unsigned();
+        let holds_the_set = match report {
+            CacheReport::Unchanged { digest } => digest != 0 && digest == held,
+            CacheReport::Whole {
+                digest,
+                mut versions,
+            } => {
+                let digest = digest
+                    .filter(|digest| *digest != 0)
+                    .unwrap_or_else(|| cache_digest(&versions));
+                if digest != held {
+                    versions.sort();
+                    versions.dedup();
+                    self.replace_cached_versions(node, digest, &versions)
+                        .await?;
+                    held = digest;
+                }
+                true
+            }
+        };
+        // One read for both answers: the active versions of the set held (`v` rows, none
+        // when the node named a set the catalog does not hold), then the live sessions.
+        let rows = sqlx::query(
+            "SELECT 'v' AS kind, c.environment_id AS id, c.version FROM node_cached_versions c \
+             JOIN environments e ON e.id = c.environment_id AND e.active_version = c.version \
+             WHERE c.node_id = $1 AND $2 = 1 \
+             UNION ALL \
+             SELECT 's' AS kind, s.id, 0 AS version FROM sessions s \
+             WHERE s.node_id = $1 AND s.status = 'active'",
+        )
+        .bind(node.as_str())
+        .bind(i64::from(holds_the_set))
+        .fetch_all(&self.db.reader)
+        .await?;
         let mut active = Vec::new();
-        let mut environments: Vec<&EnvironmentId> = cached.iter().map(|(id, _)| id).collect();
-        environments.sort();
-        environments.dedup();
-        for environment in environments {
-            let row = sqlx::query("SELECT active_version FROM environments WHERE id = $1")
-                .bind(environment.as_str())
-                .fetch_optional(&self.db.reader)
-                .await?;
-            let Some(row) = row else { continue };
-            let Some(version) = row.try_get::<Option<i64>, _>("active_version")? else {
-                continue;
-            };
-            let version = u32::try_from(version).unwrap_or(0);
-            if cached.contains(&(environment.clone(), version)) {
-                active.push((environment.clone(), version));
+        let mut live_sessions = Vec::new();
+        for row in &rows {
+            let kind: String = row.try_get("kind")?;
+            let id: String = row.try_get("id")?;
+            let corrupt = || StoreError::Corrupt(format!("{kind} {id:?} of node {node}"));
+            if kind == "s" {
+                live_sessions.push(SessionId::parse(&id).ok_or_else(corrupt)?);
+            } else {
+                let version: i64 = row.try_get("version")?;
+                active.push((
+                    EnvironmentId::parse(&id).ok_or_else(corrupt)?,
+                    u32::try_from(version).map_err(|_| corrupt())?,
+                ));
             }
         }
-        Ok(active)
+        Ok(HeartbeatAnswer {
+            active: holds_the_set.then_some(active),
+            digest: held,
+            live_sessions,
+        })
+    }
+
+    /// Replaces the versions a node caches with `versions` (sorted, distinct), named `digest`,
+    /// in one transaction: the node's row first (two heartbeats of one node take turns), then
+    /// the old rows deleted and the new ones inserted in one statement per
+    /// [`CACHED_VERSIONS_PER_INSERT`].
+    async fn replace_cached_versions(
+        &self,
+        node: &NodeId,
+        digest: u64,
+        versions: &[(EnvironmentId, u32)],
+    ) -> Result<(), StoreError> {
+        let mut tx = self.db.begin_write().await?;
+        sqlx::query("UPDATE nodes SET cache_digest = $1 WHERE id = $2")
+            .bind(digest.cast_signed())
+            .bind(node.as_str())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM node_cached_versions WHERE node_id = $1")
+            .bind(node.as_str())
+            .execute(&mut *tx)
+            .await?;
+        for chunk in versions.chunks(CACHED_VERSIONS_PER_INSERT) {
+            let mut sql = String::from(
+                "INSERT INTO node_cached_versions (node_id, environment_id, version) VALUES ",
+            );
+            for index in 0..chunk.len() {
+                if index > 0 {
+                    sql.push_str(", ");
+                }
+                sql.push_str(&format!("($1, ${}, ${})", 2 * index + 2, 2 * index + 3));
+            }
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(node.as_str());
+            for (environment, version) in chunk {
+                query = query.bind(environment.as_str()).bind(i64::from(*version));
+            }
+            query.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
     /// Creates a session on the environment's active version, placed on the live node with
@@ -540,8 +631,8 @@ fn turns_cursor_id(session: &SessionId) -> String {
 
 /// Places a session in one statement: the version asked for (or the active one) if it is a
 /// ready build with a layer, on the live node with the fewest active sessions, with its
-/// limits, while the scope has fewer than `limit` active sessions. `None` when any of that is
-/// missing.
+/// limits, while the scope has fewer than `limit` active sessions (counted up to `limit`).
+/// `None` when any of that is missing.
 async fn place_session(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
     new: &NewSession,
@@ -566,10 +657,10 @@ async fn place_session(
          AND b.version = COALESCE($4, e.active_version) \
          AND b.status = 'ready' AND b.layer_tree <> '' \
          JOIN nodes n ON n.id = (SELECT c.id FROM nodes c WHERE c.heartbeat_at_ms >= $9 \
-         AND c.id <> $18 ORDER BY (SELECT COUNT(*) FROM sessions a WHERE a.node_id = c.id \
-         AND a.status = 'active'), c.registered_at_ms, c.id LIMIT 1) \
+         AND c.id <> $18 ORDER BY c.active_sessions, c.registered_at_ms, c.id LIMIT 1) \
          WHERE e.id = $2 AND e.scope = $3 \
-         AND (SELECT COUNT(*) FROM sessions q WHERE q.scope = $3 AND q.status = 'active') < $17 \
+         AND (SELECT COUNT(*) FROM (SELECT 1 FROM sessions q WHERE q.scope = $3 \
+         AND q.status = 'active' LIMIT $17) counted) < $17 \
          RETURNING id, scope, environment_id, environment_name, entry, version, slug, \
          layer_tree, node_id, harness_id, workdir, isolated, status, turns, created_at_ms, \
          ended_at_ms, owner, limit_memory_mb, limit_pids, limit_cpu_millicores, \
@@ -721,10 +812,9 @@ async fn live_node(
     exclude: &str,
 ) -> Result<Option<Node>, StoreError> {
     let row = sqlx::query(
-        "SELECT n.id, n.address, n.isolated, n.sessions_dir, \
-         (SELECT COUNT(*) FROM sessions s WHERE s.node_id = n.id AND s.status = 'active') AS load \
-         FROM nodes n WHERE n.heartbeat_at_ms >= $1 AND n.id <> $2 \
-         ORDER BY load, n.registered_at_ms, n.id LIMIT 1",
+        "SELECT n.id, n.address, n.isolated, n.sessions_dir FROM nodes n \
+         WHERE n.heartbeat_at_ms >= $1 AND n.id <> $2 \
+         ORDER BY n.active_sessions, n.registered_at_ms, n.id LIMIT 1",
     )
     .bind(live_since_ms)
     .bind(exclude)

@@ -12,6 +12,7 @@ use plinth_catalog::model::{
     BuildStatus, EnvironmentId, NewEnvironment, Outcome, PageRequest, Scope,
 };
 use plinth_catalog::persistence::{NewSession, NewTurn};
+use plinth_catalog::sessions::CacheReport;
 use plinth_catalog::{Store, StoreError};
 
 use crate::LEASES;
@@ -603,7 +604,16 @@ async fn a_session_can_pin_a_ready_version_and_is_found_by_its_owner(store: Stor
         .register_node("node-a", "http://127.0.0.1:1", true, "", "")
         .await
         .expect("node");
-    store.node_heartbeat(&node, &[]).await.expect("heartbeat");
+    store
+        .node_heartbeat(
+            &node,
+            CacheReport::Whole {
+                digest: None,
+                versions: Vec::new(),
+            },
+        )
+        .await
+        .expect("heartbeat");
     let session = |version: Option<u32>, owner: &str| NewSession {
         scope: scope.clone(),
         environment_id: environment.id.clone(),
@@ -682,7 +692,16 @@ async fn a_receipt_and_its_turns_are_one_write_and_a_repeat_records_none(store: 
         .register_node("node-a", "http://127.0.0.1:1", true, "", "")
         .await
         .expect("node");
-    store.node_heartbeat(&node, &[]).await.expect("heartbeat");
+    store
+        .node_heartbeat(
+            &node,
+            CacheReport::Whole {
+                digest: None,
+                versions: Vec::new(),
+            },
+        )
+        .await
+        .expect("heartbeat");
     let session = store
         .create_session(NewSession {
             scope: scope.clone(),

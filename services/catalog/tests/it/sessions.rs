@@ -4,7 +4,9 @@
 use plinth_catalog::model::{
     Cursor, EnvironmentId, NewEnvironment, Outcome, Package, PackageManager, PageRequest,
 };
-use plinth_catalog::sessions::{SessionLimits, SessionStatus, TurnKind};
+use plinth_catalog::sessions::{
+    CacheReport, HeartbeatAnswer, NodeId, SessionLimits, SessionStatus, TurnKind,
+};
 use plinth_catalog::{NewSession, NewTask, Store, StoreError};
 
 use crate::{LEASES, scope};
@@ -21,6 +23,9 @@ backend_suite!(
     a_touch_moves_the_idle_end_as_a_turn_does_and_records_none,
     pages_of_turns_walk_every_turn_once_in_order,
     pages_of_a_nodes_and_an_owners_sessions_walk_each_live_one_once,
+    a_heartbeat_sends_the_cache_set_only_when_it_changed,
+    placement_goes_to_the_least_loaded_live_node,
+    the_load_stays_counted_when_sessions_start_and_end_at_once,
 );
 
 async fn environment(store: &Store, name: &str) -> EnvironmentId {
@@ -421,11 +426,399 @@ async fn a_restarted_node_keeps_its_id_and_its_sessions(store: Store) {
         .await
         .expect("session");
     assert_eq!(moved.node_address, "http://new");
-    let active = store
-        .node_heartbeat(&again, &[(id.clone(), 1), (id.clone(), 7)])
+    let answer = store
+        .node_heartbeat(&again, whole(&[(&id, 1), (&id, 7)]))
         .await
         .expect("heartbeat");
-    assert_eq!(active, vec![(id, 1)]);
+    assert_eq!(answer.active, Some(vec![(id, 1)]));
+}
+
+/// A heartbeat with a node's whole set and no digest, as nodes before digests sent it.
+fn whole(versions: &[(&EnvironmentId, u32)]) -> CacheReport {
+    CacheReport::Whole {
+        digest: None,
+        versions: versions
+            .iter()
+            .map(|(environment, version)| ((*environment).clone(), *version))
+            .collect(),
+    }
+}
+
+/// The active versions a heartbeat answered, sorted; `None` when it did not say.
+fn active(answer: &HeartbeatAnswer) -> Option<Vec<(EnvironmentId, u32)>> {
+    answer.active.clone().map(|mut active| {
+        active.sort();
+        active
+    })
+}
+
+async fn a_heartbeat_sends_the_cache_set_only_when_it_changed(store: Store) {
+    let node = store
+        .register_node("host-a", "http://a", true, "", "")
+        .await
+        .expect("register");
+    let studio = environment(&store, "Studio").await;
+    build(&store, &studio, "sha256:one").await;
+    let lab = environment(&store, "Lab").await;
+    build(&store, &lab, "sha256:two").await;
+    build(&store, &lab, "sha256:three").await;
+
+    // The whole set, named by the node's digest: what of it is active is answered.
+    let set = vec![(studio.clone(), 1), (lab.clone(), 1), (lab.clone(), 2)];
+    let answer = store
+        .node_heartbeat(
+            &node,
+            CacheReport::Whole {
+                digest: Some(11),
+                versions: set.clone(),
+            },
+        )
+        .await
+        .expect("heartbeat");
+    assert_eq!(answer.digest, 11);
+    let mut expected = vec![(studio.clone(), 1), (lab.clone(), 2)];
+    expected.sort();
+    assert_eq!(active(&answer), Some(expected.clone()));
+
+    // Unchanged: the digest alone stands for the set, and still marks the node alive.
+    let before = plinth_kit::clock::now_ms();
+    while plinth_kit::clock::now_ms() == before {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let since = plinth_kit::clock::now_ms();
+    let mut placed_since = new_session(&studio);
+    placed_since.live_since_ms = since;
+    assert!(matches!(
+        store.create_session(placed_since.clone()).await,
+        Err(StoreError::NoLiveNode)
+    ));
+    let answer = store
+        .node_heartbeat(&node, CacheReport::Unchanged { digest: 11 })
+        .await
+        .expect("heartbeat");
+    assert_eq!((answer.digest, active(&answer)), (11, Some(expected)));
+    let placed = store
+        .create_session(placed_since)
+        .await
+        .expect("the heartbeat made the node live");
+    assert_eq!(placed.node_id, node);
+
+    // What is active is read at each heartbeat from the set held: a new build of Studio
+    // leaves its cached version 1 inactive.
+    build(&store, &studio, "sha256:four").await;
+    let answer = store
+        .node_heartbeat(&node, CacheReport::Unchanged { digest: 11 })
+        .await
+        .expect("heartbeat");
+    assert_eq!(active(&answer), Some(vec![(lab.clone(), 2)]));
+    assert_eq!(
+        answer.live_sessions,
+        vec![placed.id.clone()],
+        "the answer lists the node's live sessions too"
+    );
+
+    // A changed set replaces the one held.
+    let answer = store
+        .node_heartbeat(
+            &node,
+            CacheReport::Whole {
+                digest: Some(12),
+                versions: vec![(studio.clone(), 2), (studio.clone(), 2)],
+            },
+        )
+        .await
+        .expect("heartbeat");
+    assert_eq!(
+        (answer.digest, active(&answer)),
+        (12, Some(vec![(studio.clone(), 2)]))
+    );
+    let answer = store
+        .node_heartbeat(&node, CacheReport::Unchanged { digest: 12 })
+        .await
+        .expect("heartbeat");
+    assert_eq!(
+        active(&answer),
+        Some(vec![(studio.clone(), 2)]),
+        "Lab's versions went with the old set"
+    );
+
+    // A digest the catalog does not hold (a node that missed an answer, or a database that
+    // lost the set): nothing is answered, and the digest held tells the node to send it all.
+    for stale in [11, 0] {
+        let answer = store
+            .node_heartbeat(&node, CacheReport::Unchanged { digest: stale })
+            .await
+            .expect("heartbeat");
+        assert_eq!((answer.active, answer.digest), (None, 12));
+        assert_eq!(answer.live_sessions, vec![placed.id.clone()]);
+    }
+    store
+        .end_session(&scope("acme"), &placed.id)
+        .await
+        .expect("end");
+    let answer = store
+        .node_heartbeat(&node, CacheReport::Unchanged { digest: 12 })
+        .await
+        .expect("heartbeat");
+    assert!(
+        answer.live_sessions.is_empty(),
+        "an ended session is not listed"
+    );
+    // Another node holds nothing yet: it is asked for its set too.
+    let other = store
+        .register_node("host-b", "http://b", true, "", "")
+        .await
+        .expect("register");
+    let answer = store
+        .node_heartbeat(&other, CacheReport::Unchanged { digest: 12 })
+        .await
+        .expect("heartbeat");
+    assert_eq!((answer.active, answer.digest), (None, 0));
+
+    // A node that names no digest sends its whole set each time: the catalog names it, the
+    // same way each time, and answers from it.
+    let first = store
+        .node_heartbeat(&other, whole(&[(&lab, 2), (&studio, 1)]))
+        .await
+        .expect("heartbeat");
+    let second = store
+        .node_heartbeat(&other, whole(&[(&studio, 1), (&lab, 2)]))
+        .await
+        .expect("heartbeat");
+    assert_ne!(first.digest, 0);
+    assert_eq!(first.digest, second.digest);
+    assert_eq!(active(&second), Some(vec![(lab.clone(), 2)]));
+    assert_eq!(
+        active(
+            &store
+                .node_heartbeat(&node, CacheReport::Unchanged { digest: 12 })
+                .await
+                .expect("heartbeat")
+        ),
+        Some(vec![(studio.clone(), 2)]),
+        "each node's set is its own"
+    );
+
+    // An unknown node is told so, and registers again.
+    let unknown = plinth_catalog::sessions::NodeId::generate();
+    assert!(matches!(
+        store
+            .node_heartbeat(&unknown, CacheReport::Unchanged { digest: 12 })
+            .await,
+        Err(StoreError::NotFound)
+    ));
+}
+
+/// Nodes by how many sessions they run now: the node each of `count` new sessions lands on.
+async fn place(store: &Store, session: &NewSession, count: usize) -> Vec<NodeId> {
+    let mut nodes = Vec::new();
+    for _ in 0..count {
+        let placed = store
+            .create_session(session.clone())
+            .await
+            .expect("session");
+        nodes.push(placed.node_id);
+    }
+    nodes
+}
+
+async fn placement_goes_to_the_least_loaded_live_node(store: Store) {
+    let id = environment(&store, "Studio").await;
+    build(&store, &id, "sha256:one").await;
+    let mut nodes = Vec::new();
+    for name in ["host-a", "host-b", "host-c"] {
+        nodes.push(
+            store
+                .register_node(name, &format!("http://{name}"), true, "", "")
+                .await
+                .expect("register"),
+        );
+        // Registered in this order, which breaks ties between equally loaded nodes.
+        let before = plinth_kit::clock::now_ms();
+        while plinth_kit::clock::now_ms() == before {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+    let [a, b, c] = [nodes[0].clone(), nodes[1].clone(), nodes[2].clone()];
+    let session = new_session(&id);
+    assert_eq!(
+        place(&store, &session, 4).await,
+        vec![a.clone(), b.clone(), c.clone(), a.clone()]
+    );
+    // b's session ends: b is the emptiest.
+    let on_b = store
+        .node_sessions(&b, &PageRequest::first())
+        .await
+        .expect("b's sessions")
+        .items;
+    store
+        .end_session(&scope("acme"), &on_b[0].id)
+        .await
+        .expect("end");
+    assert_eq!(place(&store, &session, 1).await, vec![b.clone()]);
+    // a 2, b 1, c 1. A node the caller could not reach is passed over, however empty.
+    let mut elsewhere = session.clone();
+    elsewhere.exclude_node = Some(b.clone());
+    assert_eq!(place(&store, &elsewhere, 1).await, vec![c.clone()]);
+    // a 2, b 1, c 2. A task's session is placed by the same rule and counts as one.
+    let task = store
+        .create_task(NewTask {
+            input: "Render it.".into(),
+            metadata: "{}".into(),
+            session: session.clone(),
+        })
+        .await
+        .expect("task");
+    assert_eq!(task.session.node_id, b);
+    // a 2, b 2, c 2. A short-lived session goes to b (a excluded, b before c), and the sweep
+    // ends it: b is back to 2, and the next three go one to each.
+    let mut short = session.clone();
+    short.limits = lifetime(1_000);
+    short.exclude_node = Some(a.clone());
+    let swept = store
+        .create_session(short)
+        .await
+        .expect("short-lived session");
+    assert_eq!(swept.node_id, b, "a 2, b 3, c 2");
+    store
+        .end_sessions_past_their_limits(swept.created_at_ms + 2_000, 10)
+        .await
+        .expect("sweep");
+    assert_eq!(
+        place(&store, &session, 3).await,
+        vec![a.clone(), b.clone(), c.clone()]
+    );
+
+    // A node past its TTL gets nothing, however empty.
+    let late = store
+        .register_node("host-d", "http://host-d", true, "", "")
+        .await
+        .expect("register");
+    let before = plinth_kit::clock::now_ms();
+    while plinth_kit::clock::now_ms() == before {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let since = plinth_kit::clock::now_ms();
+    for node in [&a, &b, &c] {
+        store
+            .node_heartbeat(node, CacheReport::Unchanged { digest: 1 })
+            .await
+            .expect("heartbeat");
+    }
+    let mut live = session.clone();
+    live.live_since_ms = since;
+    let placed = place(&store, &live, 3).await;
+    assert!(!placed.contains(&late), "{placed:?}");
+    // Then live again, it is the emptiest.
+    store
+        .node_heartbeat(&late, CacheReport::Unchanged { digest: 1 })
+        .await
+        .expect("heartbeat");
+    assert_eq!(place(&store, &live, 1).await, vec![late.clone()]);
+}
+
+async fn the_load_stays_counted_when_sessions_start_and_end_at_once(store: Store) {
+    let id = environment(&store, "Studio").await;
+    build(&store, &id, "sha256:one").await;
+    let a = store
+        .register_node("host-a", "http://a", true, "", "")
+        .await
+        .expect("register");
+    let before = plinth_kit::clock::now_ms();
+    while plinth_kit::clock::now_ms() == before {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let b = store
+        .register_node("host-b", "http://b", true, "", "")
+        .await
+        .expect("register");
+    let creates = (0..16).map(|_| {
+        let store = store.clone();
+        let session = new_session(&id);
+        tokio::spawn(async move { store.create_session(session).await.expect("session") })
+    });
+    let sessions: Vec<_> = futures::future::join_all(creates)
+        .await
+        .into_iter()
+        .map(|joined| joined.expect("joined"))
+        .collect();
+    let ends = sessions.iter().map(|session| {
+        let store = store.clone();
+        let id = session.id.clone();
+        tokio::spawn(async move {
+            // Twice: ending an ended session changes nothing, the count included.
+            store.end_session(&scope("acme"), &id).await.expect("end");
+            store.end_session(&scope("acme"), &id).await.expect("end");
+        })
+    });
+    for joined in futures::future::join_all(ends).await {
+        joined.expect("joined");
+    }
+    // Both nodes are empty again: the next two sessions go one to each, in registration order.
+    assert_eq!(place(&store, &new_session(&id), 2).await, vec![a, b]);
+}
+
+/// Sessions live when a database of the previous release is migrated count towards their
+/// nodes' load from then on.
+async fn live_sessions_count_once_migrated(url: String) {
+    let store = Store::connect(&url, 5, crate::seal_key())
+        .await
+        .expect("connect");
+    let node = |n: u8| format!("node_{n:032x}");
+    let session = |n: u8, node_n: u8, status: &str| {
+        format!(
+            "INSERT INTO sessions (id, scope, environment_id, environment_name, version, \
+             slug, layer_tree, node_id, status, created_at_ms) \
+             VALUES ('sess_{n:032x}', 'acme', 'henv_0123456789abcdef0123456789abcdef', \
+             'Old', 1, 'old', 'sha256:one', '{}', '{status}', 1000)",
+            node(node_n)
+        )
+    };
+    let mut statements: Vec<String> = (1..=3)
+        .map(|n| {
+            format!(
+                "INSERT INTO nodes (id, name, address, isolated, registered_at_ms, \
+                 heartbeat_at_ms) VALUES ('{}', 'host-{n}', 'http://{n}', 1, {n}, 0)",
+                node(n)
+            )
+        })
+        .collect();
+    // host-1: two live sessions; host-2: one ended; host-3: one live.
+    statements.extend([
+        session(1, 1, "active"),
+        session(2, 1, "active"),
+        session(3, 2, "ended"),
+        session(4, 3, "active"),
+    ]);
+    let statements: Vec<&str> = statements.iter().map(String::as_str).collect();
+    store
+        .migrate_up_to(18, &statements)
+        .await
+        .expect("an earlier release's database");
+    store.migrate().await.expect("migrate");
+    let id = environment(&store, "Studio").await;
+    build(&store, &id, "sha256:one").await;
+    let placed: Vec<String> = place(&store, &new_session(&id), 4)
+        .await
+        .iter()
+        .map(|node| node.as_str().to_owned())
+        .collect();
+    // 2/0/1 → host-2 → 2/1/1 → host-2 (registered before host-3) → 2/2/1 → host-3 → host-1.
+    assert_eq!(placed, vec![node(2), node(2), node(3), node(1)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_live_sessions_count_once_migrated() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    live_sessions_count_once_migrated(plinth_catalog::testing::sqlite_url(dir.path())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_live_sessions_count_once_migrated() {
+    let Some(url) = crate::postgres_url().await else {
+        return;
+    };
+    live_sessions_count_once_migrated(url).await;
 }
 
 async fn limits_are_stored_with_the_session_and_its_task(store: Store) {

@@ -1,0 +1,219 @@
+//! What a node's heartbeat tells the catalog of its cache: the whole set of cached versions
+//! only when the catalog does not hold it (the first heartbeat after registering, a changed
+//! cache, a catalog whose database lost it), else only the set's digest. Every answer says
+//! which digest the catalog holds, so whatever happened meanwhile (a restart of either side,
+//! another catalog replica, an older catalog that keeps no sets) the next heartbeat sends
+//! the whole set again whenever the two differ.
+
+use std::collections::HashSet;
+
+use plinth_proto::catalog::v1 as pb;
+use sha2::Digest as _;
+
+use crate::cache::VersionKey;
+
+/// The digest of a set of cached versions: 64 bits of a SHA-256 of the sorted, distinct
+/// versions, never 0 (which says "no digest" on the wire).
+pub fn cache_digest(versions: &[VersionKey]) -> u64 {
+    let mut sorted: Vec<&VersionKey> = versions.iter().collect();
+    sorted.sort();
+    sorted.dedup();
+    let mut hash = sha2::Sha256::new();
+    for (environment, version) in sorted {
+        hash.update(environment.as_bytes());
+        hash.update(b"\0");
+        hash.update(version.to_be_bytes());
+    }
+    let bytes: [u8; 32] = hash.finalize().into();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&bytes[..8]);
+    u64::from_be_bytes(first).max(1)
+}
+
+/// One node's side of the cache report, from one heartbeat to the next.
+#[derive(Debug, Default)]
+pub struct CacheReporter {
+    /// The digest the catalog last said it holds; 0 until it says, and after registering.
+    held: u64,
+}
+
+/// What a heartbeat sent, for reading its answer.
+#[derive(Debug, Clone, Copy)]
+pub struct Sent {
+    digest: u64,
+    whole: bool,
+}
+
+impl CacheReporter {
+    /// A reporter for a node the catalog knows nothing of yet.
+    pub fn new() -> Self {
+        CacheReporter::default()
+    }
+
+    /// The node (re)registered: the next heartbeat sends its whole set.
+    pub fn forget(&mut self) {
+        self.held = 0;
+    }
+
+    /// The heartbeat of `node_id` caching `versions`: the whole set unless the catalog said
+    /// it holds this very one.
+    pub fn request(
+        &self,
+        node_id: String,
+        versions: Vec<VersionKey>,
+    ) -> (pb::NodeHeartbeatRequest, Sent) {
+        let digest = cache_digest(&versions);
+        let unchanged = digest == self.held;
+        let cached = if unchanged {
+            Vec::new()
+        } else {
+            versions
+                .into_iter()
+                .map(|(environment_id, version)| pb::CachedVersion {
+                    environment_id,
+                    version,
+                })
+                .collect()
+        };
+        let request = pb::NodeHeartbeatRequest {
+            node_id,
+            cached,
+            cache_digest: digest,
+            cache_unchanged: unchanged,
+        };
+        (
+            request,
+            Sent {
+                digest,
+                whole: !unchanged,
+            },
+        )
+    }
+
+    /// Reads the answer to the heartbeat `sent`: the cached versions that are active, or
+    /// `None` when the answer does not say (the catalog did not hold the set the heartbeat
+    /// named; the next heartbeat sends it whole, and the node keeps what it knew meanwhile).
+    pub fn answered(
+        &mut self,
+        sent: Sent,
+        answer: &pb::NodeHeartbeatResponse,
+    ) -> Option<HashSet<VersionKey>> {
+        self.held = answer.cache_digest;
+        if !sent.whole && answer.cache_digest != sent.digest {
+            return None;
+        }
+        Some(
+            answer
+                .active
+                .iter()
+                .map(|version| (version.environment_id.clone(), version.version))
+                .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn versions(names: &[(&str, u32)]) -> Vec<VersionKey> {
+        names
+            .iter()
+            .map(|(environment, version)| ((*environment).to_owned(), *version))
+            .collect()
+    }
+
+    fn answer(digest: u64, active: &[(&str, u32)]) -> pb::NodeHeartbeatResponse {
+        pb::NodeHeartbeatResponse {
+            active: active
+                .iter()
+                .map(|(environment, version)| pb::CachedVersion {
+                    environment_id: (*environment).to_owned(),
+                    version: *version,
+                })
+                .collect(),
+            cache_digest: digest,
+            ..pb::NodeHeartbeatResponse::default()
+        }
+    }
+
+    #[test]
+    fn the_digest_names_the_set_whatever_its_order() {
+        let one = cache_digest(&versions(&[("henv_a", 1), ("henv_b", 2)]));
+        assert_eq!(
+            one,
+            cache_digest(&versions(&[("henv_b", 2), ("henv_a", 1), ("henv_a", 1)]))
+        );
+        assert_ne!(
+            one,
+            cache_digest(&versions(&[("henv_a", 1), ("henv_b", 3)]))
+        );
+        assert_ne!(one, cache_digest(&versions(&[("henv_a", 1)])));
+        assert_ne!(cache_digest(&[]), 0);
+    }
+
+    #[test]
+    fn the_whole_set_goes_until_the_catalog_holds_it_then_only_its_digest() {
+        let mut reporter = CacheReporter::new();
+        let cache = versions(&[("henv_a", 1), ("henv_b", 2)]);
+        let (first, sent) = reporter.request("node_x".into(), cache.clone());
+        assert!(!first.cache_unchanged);
+        assert_eq!(first.cached.len(), 2);
+        let active = reporter.answered(sent, &answer(first.cache_digest, &[("henv_a", 1)]));
+        assert_eq!(active, Some(HashSet::from([("henv_a".to_owned(), 1)])));
+
+        let (second, sent) = reporter.request("node_x".into(), cache.clone());
+        assert!(second.cache_unchanged);
+        assert!(second.cached.is_empty());
+        assert_eq!(second.cache_digest, first.cache_digest);
+        assert_eq!(
+            reporter.answered(sent, &answer(second.cache_digest, &[])),
+            Some(HashSet::new()),
+            "the catalog held the set: its answer says what is active"
+        );
+
+        // A changed cache goes whole.
+        let changed = versions(&[("henv_a", 1)]);
+        let (third, _) = reporter.request("node_x".into(), changed);
+        assert!(!third.cache_unchanged);
+        assert_eq!(third.cached.len(), 1);
+    }
+
+    #[test]
+    fn a_catalog_that_does_not_hold_the_set_gets_it_whole_next_time() {
+        let mut reporter = CacheReporter::new();
+        let cache = versions(&[("henv_a", 1)]);
+        let (first, sent) = reporter.request("node_x".into(), cache.clone());
+        reporter.answered(sent, &answer(first.cache_digest, &[("henv_a", 1)]));
+        let (unchanged, sent) = reporter.request("node_x".into(), cache.clone());
+        assert!(unchanged.cache_unchanged);
+        // Another catalog, whose database holds another set (or none).
+        assert_eq!(reporter.answered(sent, &answer(7, &[])), None);
+        let (again, sent) = reporter.request("node_x".into(), cache.clone());
+        assert!(!again.cache_unchanged);
+        assert_eq!(again.cached.len(), 1);
+
+        // After registering again, the set goes whole too.
+        assert!(
+            reporter
+                .answered(sent, &answer(again.cache_digest, &[]))
+                .is_some()
+        );
+        reporter.forget();
+        let (registered, _) = reporter.request("node_x".into(), cache);
+        assert!(!registered.cache_unchanged);
+    }
+
+    #[test]
+    fn a_catalog_that_keeps_no_sets_gets_the_whole_set_every_time() {
+        let mut reporter = CacheReporter::new();
+        let cache = versions(&[("henv_a", 1), ("henv_b", 1)]);
+        for _ in 0..3 {
+            let (request, sent) = reporter.request("node_x".into(), cache.clone());
+            assert!(!request.cache_unchanged);
+            assert_eq!(request.cached.len(), 2);
+            let active = reporter.answered(sent, &answer(0, &[("henv_b", 1)]));
+            assert_eq!(active, Some(HashSet::from([("henv_b".to_owned(), 1)])));
+        }
+    }
+}
