@@ -231,6 +231,9 @@ pub struct ServeArgs {
     /// The catalog's database; defaults to SQLite in --data-dir.
     #[arg(long, env = "PLINTH_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+    /// Most connections the catalog's database pool opens (`catalog.max_connections`).
+    #[arg(long, env = "PLINTH_DATABASE_MAX_CONNECTIONS")]
+    pub database_max_connections: Option<u32>,
     /// The in-process catalog's gRPC address; defaults to an ephemeral loopback port.
     #[arg(long, env = "PLINTH_CATALOG_LISTEN")]
     pub catalog_listen: Option<SocketAddr>,
@@ -279,6 +282,10 @@ pub struct CatalogArgs {
     /// `sqlite://…` or `postgres://…`; defaults to SQLite in --data-dir.
     #[arg(long, env = "PLINTH_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+    /// Most connections the database pool opens (`catalog.max_connections`): every replica
+    /// opens up to this many, and all of them together must fit the database's own limit.
+    #[arg(long, env = "PLINTH_DATABASE_MAX_CONNECTIONS")]
+    pub database_max_connections: Option<u32>,
     #[command(flatten)]
     pub gc: GcArgs,
     /// Run alone on this machine's own files: allow the private SQLite file and local blob
@@ -306,6 +313,10 @@ pub struct SourceArgs {
     /// The index's database, `sqlite://…` or `postgres://…`; defaults to SQLite in --data-dir.
     #[arg(long, env = "PLINTH_SOURCE_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+    /// Most connections the index's database pool opens (`source.max_connections`): every
+    /// replica opens up to this many, and all of them together must fit the database's limit.
+    #[arg(long, env = "PLINTH_SOURCE_DATABASE_MAX_CONNECTIONS")]
+    pub database_max_connections: Option<u32>,
     /// The blob store: `file://…`, `s3://bucket/prefix?…`; defaults to files in --data-dir.
     #[arg(long, env = "PLINTH_BLOB_URL", hide_env_values = true)]
     pub blob_url: Option<String>,
@@ -403,6 +414,19 @@ pub struct NodeArgs {
     /// do not overlap.
     #[arg(long, env = "PLINTH_NODE_SESSION_BASE_UID")]
     pub session_base_uid: Option<u32>,
+    /// Sessions this node runs at once at most (0: no limit but its memory); the catalog
+    /// places none past it.
+    #[arg(long, env = "PLINTH_NODE_MAX_SESSIONS")]
+    pub max_sessions: Option<u64>,
+    /// MiB of the node's memory limit kept for the node itself: it offers sessions its
+    /// cgroup's memory limit (or the host's memory) less this.
+    #[arg(long, env = "PLINTH_NODE_MEMORY_RESERVE_MB")]
+    pub memory_reserve_mb: Option<u64>,
+    /// Do not run: tell the catalog that the node named by --name (this host's, by default)
+    /// leaves on purpose, so it gets no new sessions and is not reported late, then exit. The
+    /// node is back once it registers again (starts).
+    #[arg(long)]
+    pub drain: bool,
     /// Run sessions' commands without isolation (no root needed; the environment is then
     /// read-only only by file modes, and every session says so).
     #[arg(long, env = "PLINTH_INSECURE_NO_ISOLATION")]

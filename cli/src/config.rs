@@ -677,6 +677,10 @@ pub struct NodeSection {
     pub cache_max_bytes: u64,
     /// The first uid sessions get; each session has its own, counting up.
     pub session_base_uid: u32,
+    /// Sessions the node runs at once at most; 0: no limit but its memory.
+    pub max_sessions: u64,
+    /// MiB of the node's memory limit it keeps for itself; it offers sessions the rest.
+    pub memory_reserve_mb: u64,
     /// A command's time limit when the caller names none, in seconds.
     pub exec_timeout_seconds: u64,
     /// The longest time limit a caller may ask for, in seconds.
@@ -713,6 +717,8 @@ impl Default for NodeSection {
             insecure_no_isolation: false,
             cache_max_bytes: 20 * 1024 * 1024 * 1024,
             session_base_uid: 200_000,
+            max_sessions: 0,
+            memory_reserve_mb: 512,
             exec_timeout_seconds: 120,
             exec_max_timeout_seconds: 3600,
             network: SessionNetwork::Egress,
@@ -958,6 +964,9 @@ impl Config {
         if let Some(url) = &args.database_url {
             config.catalog.database_url = Some(url.clone());
         }
+        if let Some(most) = args.database_max_connections {
+            config.catalog.max_connections = most;
+        }
         if let Some(listen) = args.catalog_listen {
             config.catalog.listen = Some(listen);
         }
@@ -1009,6 +1018,9 @@ impl Config {
         }
         if let Some(url) = &args.database_url {
             config.catalog.database_url = Some(url.clone());
+        }
+        if let Some(most) = args.database_max_connections {
+            config.catalog.max_connections = most;
         }
         config.apply_gc_flags(&args.gc)?;
         config.apply_liveness_flags(&args.liveness);
@@ -1072,6 +1084,9 @@ impl Config {
         }
         if let Some(url) = &args.database_url {
             config.source.database_url = Some(url.clone());
+        }
+        if let Some(most) = args.database_max_connections {
+            config.source.max_connections = most;
         }
         if let Some(url) = &args.blob_url {
             config.source.blob_url = Some(url.clone());
@@ -1212,6 +1227,12 @@ impl Config {
         }
         if let Some(uid) = args.session_base_uid {
             config.node.session_base_uid = uid;
+        }
+        if let Some(most) = args.max_sessions {
+            config.node.max_sessions = most;
+        }
+        if let Some(reserve) = args.memory_reserve_mb {
+            config.node.memory_reserve_mb = reserve;
         }
         if args.insecure_no_isolation {
             config.node.insecure_no_isolation = true;

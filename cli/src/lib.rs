@@ -46,6 +46,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Config::for_builder(args)?,
             args.common.dump_config,
         ),
+        Command::Node(args) if args.drain => {
+            let config = Config::for_node(args)?;
+            let _telemetry = plinth_kit::telemetry::init("plinth-node", &config.log)?;
+            return serve::drain_node(&config).await;
+        }
         Command::Node(args) => (
             "plinth-node",
             Config::for_node(args)?,

@@ -654,6 +654,41 @@ pub async fn start_node(
     })
 }
 
+/// `plinth node --drain`: tells the catalog, with the node's own credential, that the node
+/// named in `config` leaves on purpose, and says what that means for its sessions.
+pub async fn drain_node(config: &Config) -> anyhow::Result<()> {
+    let internal = config.internal.for_process("node agent", true, true)?;
+    let name = config
+        .node
+        .name
+        .clone()
+        .context("the node's name is not resolved")?;
+    let catalog = Peers::remote(config).catalog(&internal)?;
+    let interceptor = internal.interceptor("node")?;
+    let mut client =
+        plinth_proto::catalog::v1::session_service_client::SessionServiceClient::with_interceptor(
+            catalog,
+            interceptor,
+        );
+    let answer = client
+        .deregister_node(plinth_proto::catalog::v1::DeregisterNodeRequest { name: name.clone() })
+        .await
+        .map_err(|status| {
+            anyhow::anyhow!(
+                "the catalog at {} did not take node {name:?}'s leaving: {}",
+                config.gateway.catalog_url,
+                plinth_kit::PlinthError::from_status(&status).message
+            )
+        })?
+        .into_inner();
+    println!(
+        "node {name:?} ({}) left on purpose: it gets no new sessions and is not reported late; \
+         {} of its sessions are still active and end as sessions do. Starting it again brings it back.",
+        answer.node_id, answer.active_sessions
+    );
+    Ok(())
+}
+
 /// The node agent. Under `serve` (`tolerant`), a node that cannot isolate sessions logs why
 /// and stays out of the way, so the other services keep running; alone, it fails.
 #[allow(clippy::too_many_arguments)]
@@ -730,6 +765,8 @@ fn spawn_node(
         cache_cap_bytes: section.cache_max_bytes,
         disk_required: config.sessions.disk_mb,
         base_uid: section.session_base_uid,
+        max_sessions: section.max_sessions,
+        memory_reserve_mb: section.memory_reserve_mb,
         limits: plinth_node::ExecLimits {
             default_timeout: std::time::Duration::from_secs(section.exec_timeout_seconds.max(1)),
             max_timeout: std::time::Duration::from_secs(

@@ -291,10 +291,11 @@ impl pb::adapter_service_server::AdapterService for Adapters {
                     ErrorCode::EnvironmentNotReady,
                     format!("environment {} has no ready version: build it first", adapter.environment_id),
                 ),
-                StoreError::NoLiveNode => PlinthError::new(
-                    ErrorCode::Unavailable,
-                    "no node agent is alive to run the session; retry",
-                ),
+                StoreError::NoLiveNode => crate::session_service::no_live_node(),
+                StoreError::NoCapacity {
+                    live_nodes,
+                    memory_mb,
+                } => crate::session_service::no_capacity(live_nodes, memory_mb),
                 StoreError::QuotaExceeded { quota, limit, used } => {
                     plinth_kit::quota::exceeded(quota, limit, used)
                 }

@@ -105,6 +105,10 @@ pub const ACCESS: Access = Access(&[
         &[Role::Node],
     ),
     (
+        "/plinth.catalog.v1.SessionService/DeregisterNode",
+        &[Role::Node],
+    ),
+    (
         "/plinth.catalog.v1.CollectionService/HoldBlobs",
         &[Role::Builder],
     ),

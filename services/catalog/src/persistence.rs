@@ -139,6 +139,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "node_load_and_cache_sets",
                 include_str!("../migrations/sqlite/0020_node_load_and_cache_sets.sql"),
             ),
+            (
+                22,
+                "node_capacity",
+                include_str!("../migrations/sqlite/0022_node_capacity.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -241,6 +246,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "node_load_and_cache_sets",
                 include_str!("../migrations/postgres/0020_node_load_and_cache_sets.sql"),
             ),
+            (
+                22,
+                "node_capacity",
+                include_str!("../migrations/postgres/0022_node_capacity.sql"),
+            ),
         ],
     }
 }
@@ -275,6 +285,15 @@ pub enum StoreError {
     /// No node agent has heartbeated recently enough to be given a session.
     #[error("no node agent is alive")]
     NoLiveNode,
+    /// Node agents are alive, and none has room for the session: each is at its most
+    /// sessions, or has less memory left than the session's limit.
+    #[error("no live node has room for the session")]
+    NoCapacity {
+        /// How many nodes are alive (and full).
+        live_nodes: u64,
+        /// The session's memory limit, in MiB.
+        memory_mb: Option<u64>,
+    },
     /// A page was asked for after a cursor this list did not hand out (another list's, or
     /// another session's turns').
     #[error("not a cursor this list handed out")]

@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 use crate::model::{EnvironmentId, PageRequest, Scope, foreign_cursor};
 use crate::persistence::{NewSession, NewTask, Store, StoreError};
 use crate::sessions::{
-    CacheReport, NodeId, Session, SessionId, SessionLimits, Task, Turn, TurnKind,
+    CacheReport, NodeCapacity, NodeId, Session, SessionId, SessionLimits, Task, Turn, TurnKind,
 };
 
 /// How long a node may stay silent before placement passes it over, unless configured
@@ -198,15 +198,57 @@ fn placement_error(error: StoreError, environment: &str) -> PlinthError {
                 status.as_str()
             ),
         ),
-        StoreError::NoLiveNode => PlinthError::new(
-            ErrorCode::Unavailable,
-            "no node agent is alive to run the session; start `plinth node` (or check the running ones) and retry",
-        ),
+        StoreError::NoLiveNode => no_live_node(),
+        StoreError::NoCapacity {
+            live_nodes,
+            memory_mb,
+        } => no_capacity(live_nodes, memory_mb),
         StoreError::QuotaExceeded { quota, limit, used } => {
             plinth_kit::quota::exceeded(quota, limit, used)
         }
         other => PlinthError::internal(&other),
     }
+}
+
+/// How long a client waits before asking again for a session no node was alive to take: a
+/// node that restarts is back within seconds.
+const NO_LIVE_NODE_RETRY_MS: u64 = 1_000;
+
+/// How long a client waits before asking again for a session no node had room for: room comes
+/// back when a session ends, or when a node is added.
+pub(crate) const NO_CAPACITY_RETRY_MS: u64 = 10_000;
+
+/// `unavailable`: no node agent is alive.
+pub(crate) fn no_live_node() -> PlinthError {
+    PlinthError::new(
+        ErrorCode::Unavailable,
+        "no node agent is alive to run the session; start `plinth node` (or check the running ones) and retry",
+    )
+    .with_detail(serde_json::json!({
+        plinth_kit::error::RETRY_AFTER_MS: NO_LIVE_NODE_RETRY_MS,
+        "reason": "no_live_node",
+    }))
+}
+
+/// `unavailable`: nodes are alive, and every one is full.
+pub(crate) fn no_capacity(live_nodes: u64, memory_mb: Option<u64>) -> PlinthError {
+    let memory = memory_mb.map_or_else(String::new, |mb| format!(" with {mb} MiB of memory"));
+    PlinthError::new(
+        ErrorCode::Unavailable,
+        format!(
+            "no node has room for a session{memory}: each of the {live_nodes} live node(s) runs \
+             as many sessions as its node.max_sessions allows or has less memory left than the \
+             session's limit. Retry after a session ends, or make room: end sessions, add \
+             nodes, raise node.max_sessions (with the memory to match), or ask for less memory \
+             (limits.memory_mb)"
+        ),
+    )
+    .with_detail(serde_json::json!({
+        plinth_kit::error::RETRY_AFTER_MS: NO_CAPACITY_RETRY_MS,
+        "reason": "no_capacity",
+        "live_nodes": live_nodes,
+        "memory_mb": memory_mb,
+    }))
 }
 
 /// Errors about one session.
@@ -327,18 +369,20 @@ impl pb::session_service_server::SessionService for Sessions {
             )
             .into());
         }
+        let capacity = NodeCapacity::from_wire(request.max_sessions, request.memory_mb);
         let id = self
             .store
-            .register_node(
+            .register_node_with(
                 &request.name,
                 &request.address,
                 request.isolated,
                 &request.sessions_dir,
                 &request.session_workdir,
+                capacity,
             )
             .await
             .map_err(|error| PlinthError::internal(&error))?;
-        tracing::info!(node = %id, name = %request.name, address = %request.address, isolated = request.isolated, "node registered");
+        tracing::info!(node = %id, name = %request.name, address = %request.address, isolated = request.isolated, max_sessions = ?capacity.max_sessions, memory_mb = ?capacity.memory_mb, "node registered");
         Ok(Response::new(pb::RegisterNodeResponse {
             node_id: id.as_str().to_owned(),
             heartbeat_every_ms: self.nodes.heartbeat_every_ms(),
@@ -368,14 +412,15 @@ impl pb::session_service_server::SessionService for Sessions {
             CacheReport::from_heartbeat(request.cache_digest, request.cache_unchanged, cached);
         // The live sessions are read after the heartbeat arrived, so a session the node
         // attached before sending it is listed unless it has ended.
-        let answer =
-            self.store
-                .node_heartbeat(&node, report)
-                .await
-                .map_err(|error| match error {
-                    StoreError::NotFound => missing("node", node.as_str()),
-                    other => PlinthError::internal(&other),
-                })?;
+        let capacity = NodeCapacity::from_wire(request.max_sessions, request.memory_mb);
+        let answer = self
+            .store
+            .node_heartbeat_with(&node, report, Some(capacity))
+            .await
+            .map_err(|error| match error {
+                StoreError::NotFound => missing("node", node.as_str()),
+                other => PlinthError::internal(&other),
+            })?;
         Ok(Response::new(pb::NodeHeartbeatResponse {
             active: answer
                 .active
@@ -393,6 +438,33 @@ impl pb::session_service_server::SessionService for Sessions {
                 .collect(),
             sessions_listed: true,
             cache_digest: answer.digest,
+        }))
+    }
+
+    #[tracing::instrument(name = "catalog.deregister_node", skip_all)]
+    async fn deregister_node(
+        &self,
+        request: Request<pb::DeregisterNodeRequest>,
+    ) -> Result<Response<pb::DeregisterNodeResponse>, Status> {
+        let caller = Principal::of(&request).cloned();
+        let request = request.into_inner();
+        if let Some(caller) = caller
+            && !caller.may_act_as(&request.name)
+        {
+            return Err(not_this_node(&caller));
+        }
+        let (id, active_sessions) =
+            self.store
+                .leave_node(&request.name)
+                .await
+                .map_err(|error| match error {
+                    StoreError::NotFound => missing("node", &request.name),
+                    other => PlinthError::internal(&other),
+                })?;
+        tracing::info!(node = %id, name = %request.name, active_sessions, "node left on purpose; it gets no sessions until it registers again");
+        Ok(Response::new(pb::DeregisterNodeResponse {
+            node_id: id.as_str().to_owned(),
+            active_sessions,
         }))
     }
 

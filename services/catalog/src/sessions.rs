@@ -207,6 +207,27 @@ pub struct Node {
     pub sessions_dir: String,
 }
 
+/// What a node says it can take; `None` for what it does not say (a node of an earlier
+/// release says nothing), which is no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeCapacity {
+    /// Sessions at once (`node.max_sessions`).
+    pub max_sessions: Option<u64>,
+    /// MiB of memory for sessions: its cgroup's limit (or the host's memory) less what the
+    /// node keeps for itself.
+    pub memory_mb: Option<u64>,
+}
+
+impl NodeCapacity {
+    /// As the wire carries it: 0 is "not said".
+    pub fn from_wire(max_sessions: u64, memory_mb: u64) -> Self {
+        NodeCapacity {
+            max_sessions: (max_sessions > 0).then_some(max_sessions),
+            memory_mb: (memory_mb > 0).then_some(memory_mb),
+        }
+    }
+}
+
 /// What a node's heartbeat says of the versions it caches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CacheReport {

@@ -80,6 +80,7 @@ impl CacheReporter {
             cached,
             cache_digest: digest,
             cache_unchanged: unchanged,
+            ..pb::NodeHeartbeatRequest::default()
         };
         (
             request,

@@ -80,10 +80,51 @@ pub struct NodeOptions {
     /// Told once the node has registered with the catalog (and every time it registers
     /// again): `plinth serve` waits for it before it serves.
     pub registered: Option<Arc<tokio::sync::Notify>>,
+    /// Sessions it runs at once at most (`node.max_sessions`); 0: no limit.
+    pub max_sessions: u64,
+    /// MiB of its memory limit it keeps for itself (`node.memory_reserve_mb`): what it offers
+    /// sessions is its cgroup's memory limit (or the host's memory) less this.
+    pub memory_reserve_mb: u64,
     /// The default disk limit sessions get, in MiB: when set, a node that cannot limit
     /// working directories refuses to start; when not, it starts and refuses only the
     /// sessions that ask for one. Spare session directories are made with an image of it.
     pub disk_required: Option<u64>,
+}
+
+/// What a node offers sessions, as it tells the catalog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// Sessions at once; 0: no limit.
+    pub max_sessions: u64,
+    /// MiB of memory for sessions; never 0 (which the wire reads as "no limit").
+    pub memory_mb: u64,
+}
+
+impl Capacity {
+    /// This process's: the least memory limit of its cgroups (v2 `memory.max`, v1
+    /// `memory.limit_in_bytes`), the host's memory when none is limited, less
+    /// `memory_reserve_mb`; and `max_sessions` as given.
+    pub fn measure(max_sessions: u64, memory_reserve_mb: u64) -> Self {
+        let host = plinth_sandbox::cgroup::host_memory();
+        let cgroup = plinth_sandbox::cgroup::memory_limit();
+        let bytes = match (cgroup, host) {
+            (Some(cgroup), Some(host)) => cgroup.min(host),
+            (one, other) => one.or(other).unwrap_or(0),
+        };
+        let total_mb = bytes / (1024 * 1024);
+        let memory_mb = total_mb.saturating_sub(memory_reserve_mb);
+        if memory_mb == 0 {
+            tracing::warn!(
+                memory_limit_mb = total_mb,
+                memory_reserve_mb,
+                "node.memory_reserve_mb leaves no memory for sessions: this node takes only sessions without a memory limit; lower node.memory_reserve_mb or raise the node's memory limit"
+            );
+        }
+        Capacity {
+            max_sessions,
+            memory_mb: memory_mb.max(1),
+        }
+    }
 }
 
 /// Why the node stopped.
@@ -478,6 +519,24 @@ async fn keep_registered(
 ) {
     let mut registered: Option<(String, Duration)> = None;
     let mut report = heartbeat::CacheReporter::new();
+    let capacity = Capacity::measure(options.max_sessions, options.memory_reserve_mb);
+    tracing::info!(
+        max_sessions = capacity.max_sessions,
+        memory_mb = capacity.memory_mb,
+        memory_reserve_mb = options.memory_reserve_mb,
+        "what this node offers sessions (0 sessions: no limit)"
+    );
+    plinth_kit::admin::describe(
+        "capacity",
+        format!(
+            "{} MiB of memory for sessions, {}",
+            capacity.memory_mb,
+            match capacity.max_sessions {
+                0 => "no limit on sessions".to_owned(),
+                most => format!("at most {most} sessions"),
+            }
+        ),
+    );
     // Set while sessions a heartbeat found ended are being detached, so a slow removal is not
     // started again by the next heartbeat.
     let detaching = Arc::new(AtomicBool::new(false));
@@ -500,6 +559,8 @@ async fn keep_registered(
                     } else {
                         String::new()
                     },
+                    max_sessions: capacity.max_sessions,
+                    memory_mb: capacity.memory_mb,
                 })
                 .await
             {
@@ -531,7 +592,9 @@ async fn keep_registered(
                     .into_iter()
                     .map(|(key, _)| key)
                     .collect();
-                let (request, sent) = report.request(node_id, cached);
+                let (mut request, sent) = report.request(node_id, cached);
+                request.max_sessions = capacity.max_sessions;
+                request.memory_mb = capacity.memory_mb;
                 // The sessions held before asking: only these may be found ended by the answer.
                 let known = sessions.ids();
                 report_gauges(&options.state_dir, &cache, &sessions);

@@ -863,6 +863,29 @@ fn check_name(name: &str) -> Result<(), CgroupError> {
     }
 }
 
+/// The memory limit of this process's cgroups, in bytes: the least of its own cgroup's and
+/// every ancestor's (cgroup v2 `memory.max`, v1 `memory.limit_in_bytes`; both on a hybrid
+/// host). `None` when none is limited or none can be read: the host's memory is the bound.
+pub fn memory_limit() -> Option<u64> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let own = fs::read_to_string("/proc/self/cgroup").ok()?;
+    detect::memory_limit(&mountinfo, &own, |file| fs::read_to_string(file).ok())
+}
+
+/// The host's memory (`MemTotal` of `/proc/meminfo`), in bytes.
+pub fn host_memory() -> Option<u64> {
+    let meminfo = fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|line| line.starts_with("MemTotal:"))?;
+    let kib: u64 = line
+        .trim_start_matches("MemTotal:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
+}
+
 fn read(path: &Path) -> Result<String, CgroupError> {
     fs::read_to_string(path).map_err(io_error("reading", path))
 }

@@ -449,6 +449,7 @@ impl Store {
         let mut tx = self.db.begin_write().await?;
         let session = super::sessions::insert_session(
             &mut tx,
+            self.db.backend,
             &super::NewSession {
                 scope: adapter.scope.clone(),
                 environment_id: adapter.environment_id.clone(),

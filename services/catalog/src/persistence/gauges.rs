@@ -13,9 +13,11 @@ pub struct Counts {
     pub builds_running: i64,
     /// When the oldest queued build was queued; 0 when none is.
     pub oldest_queued_at_ms: i64,
-    /// Nodes whose last heartbeat is recent enough for sessions.
+    /// Nodes whose last heartbeat is recent enough for sessions (and that did not leave on
+    /// purpose).
     pub nodes_live: i64,
-    /// Nodes heard from within the last hour, but not recently enough for sessions.
+    /// Nodes heard from within the last hour, but not recently enough for sessions; a node
+    /// that left on purpose (`plinth node --drain`) is not late.
     pub nodes_late: i64,
     /// Sessions not yet ended.
     pub sessions_live: i64,
@@ -32,9 +34,10 @@ impl Store {
              (SELECT COUNT(*) FROM builds WHERE status = 'queued') AS builds_queued, \
              (SELECT COUNT(*) FROM builds WHERE status = 'building') AS builds_running, \
              (SELECT COALESCE(MIN(queued_at_ms), 0) FROM builds WHERE status = 'queued') AS oldest, \
-             (SELECT COUNT(*) FROM nodes WHERE heartbeat_at_ms >= $1) AS nodes_live, \
-             (SELECT COUNT(*) FROM nodes WHERE heartbeat_at_ms < $1 AND heartbeat_at_ms >= $2) \
-             AS nodes_late, \
+             (SELECT COUNT(*) FROM nodes WHERE heartbeat_at_ms >= $1 AND left_at_ms = 0) \
+             AS nodes_live, \
+             (SELECT COUNT(*) FROM nodes WHERE heartbeat_at_ms < $1 AND heartbeat_at_ms >= $2 \
+             AND left_at_ms = 0) AS nodes_late, \
              (SELECT COUNT(*) FROM sessions WHERE status = 'active') AS sessions_live",
         )
         .bind(live_since_ms)

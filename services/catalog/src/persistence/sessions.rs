@@ -16,6 +16,15 @@
 //! node is the first live one of an index, however many sessions are live. A node's cached
 //! versions are rows of `node_cached_versions`, replaced only when the node reports a set
 //! under a digest the catalog does not hold; an unchanged set is reported by its digest alone.
+//!
+//! A node's row keeps what it can take, as it last said (sessions at once, MiB of memory for
+//! sessions; NULL is no limit), and beside `active_sessions` the memory its active sessions'
+//! limits commit, kept by the same triggers (migration 22). Placement takes the first live
+//! node of the load index that has a free slot and room for the session's memory limit, and
+//! locks that row on PostgreSQL (`FOR UPDATE`, whose re-check after a wait sees the other
+//! placement's committed count and passes the node over if it is full now): two placements
+//! at once never both take a node's last slot. SQLite has one writer. A node that left on
+//! purpose (`left_at_ms`) is given nothing until it registers again.
 
 use plinth_kit::database::now_ms;
 use plinth_kit::quota::Quota;
@@ -25,9 +34,10 @@ use sqlx::any::AnyRow;
 use super::{Store, StoreError};
 use crate::model::{Cursor, EnvironmentId, Page, PageRequest, Scope};
 use crate::sessions::{
-    CacheReport, HeartbeatAnswer, MAX_TURN_DETAIL_BYTES, Node, NodeId, Session, SessionId,
-    SessionLimits, SessionStatus, Task, TaskId, Turn, TurnKind, cache_digest, cut,
+    CacheReport, HeartbeatAnswer, MAX_TURN_DETAIL_BYTES, Node, NodeCapacity, NodeId, Session,
+    SessionId, SessionLimits, SessionStatus, Task, TaskId, Turn, TurnKind, cache_digest, cut,
 };
+use plinth_kit::database::Backend;
 
 const SESSION_COLUMNS: &str = "s.id, s.scope, s.environment_id, s.environment_name, s.entry, \
      s.version, s.slug, s.layer_tree, s.node_id, n.address AS node_address, s.harness_id, \
@@ -95,7 +105,8 @@ macro_rules! idle_end {
 }
 
 impl Store {
-    /// Registers a node agent by name (a restarted agent keeps its id and its sessions).
+    /// Registers a node agent by name (a restarted agent keeps its id and its sessions), with
+    /// no limit on what it takes (as a node that says nothing of its capacity).
     /// `session_workdir`, when not empty, is where every session of the node sees its working
     /// directory; otherwise a session's is `<sessions_dir>/<id>/work`, or unknown until it
     /// attaches when `sessions_dir` is empty too.
@@ -107,13 +118,38 @@ impl Store {
         sessions_dir: &str,
         session_workdir: &str,
     ) -> Result<NodeId, StoreError> {
+        self.register_node_with(
+            name,
+            address,
+            isolated,
+            sessions_dir,
+            session_workdir,
+            NodeCapacity::default(),
+        )
+        .await
+    }
+
+    /// [`Store::register_node`] for a node that says what it can take. A node that left on
+    /// purpose (`leave_node`) is back once it registers again.
+    pub async fn register_node_with(
+        &self,
+        name: &str,
+        address: &str,
+        isolated: bool,
+        sessions_dir: &str,
+        session_workdir: &str,
+        capacity: NodeCapacity,
+    ) -> Result<NodeId, StoreError> {
         let now = now_ms();
         let row = sqlx::query(
             "INSERT INTO nodes (id, name, address, isolated, registered_at_ms, heartbeat_at_ms, \
-             sessions_dir, session_workdir) VALUES ($1, $2, $3, $4, $5, $5, $6, $7) \
+             sessions_dir, session_workdir, max_sessions, memory_mb) \
+             VALUES ($1, $2, $3, $4, $5, $5, $6, $7, $8, $9) \
              ON CONFLICT (name) DO UPDATE SET address = excluded.address, \
              isolated = excluded.isolated, heartbeat_at_ms = excluded.heartbeat_at_ms, \
-             sessions_dir = excluded.sessions_dir, session_workdir = excluded.session_workdir \
+             sessions_dir = excluded.sessions_dir, session_workdir = excluded.session_workdir, \
+             max_sessions = excluded.max_sessions, memory_mb = excluded.memory_mb, \
+             left_at_ms = 0 \
              RETURNING id",
         )
         .bind(NodeId::generate().as_str())
@@ -123,6 +159,8 @@ impl Store {
         .bind(now)
         .bind(sessions_dir)
         .bind(session_workdir)
+        .bind(stored(capacity.max_sessions))
+        .bind(stored(capacity.memory_mb))
         .fetch_one(&self.db.writer)
         .await?;
         let id: String = row.try_get("id")?;
@@ -143,16 +181,37 @@ impl Store {
     /// sessions are live, read after the heartbeat was recorded. However many versions the
     /// node caches, an unchanged set costs one UPDATE and one read; a changed one adds one
     /// transaction of three statements (the digest, the old rows deleted, the new inserted).
+    /// What the node can take stays as it was.
     pub async fn node_heartbeat(
         &self,
         node: &NodeId,
         report: CacheReport,
     ) -> Result<HeartbeatAnswer, StoreError> {
+        self.node_heartbeat_with(node, report, None).await
+    }
+
+    /// [`Store::node_heartbeat`] that also records what the node can take now, in the same
+    /// UPDATE, when `capacity` is given. A node that left on purpose stays out of placement
+    /// while it still heartbeats: only registering brings it back.
+    pub async fn node_heartbeat_with(
+        &self,
+        node: &NodeId,
+        report: CacheReport,
+        capacity: Option<NodeCapacity>,
+    ) -> Result<HeartbeatAnswer, StoreError> {
+        let given = capacity.is_some();
+        let capacity = capacity.unwrap_or_default();
         let row = sqlx::query(
-            "UPDATE nodes SET heartbeat_at_ms = $1 WHERE id = $2 RETURNING cache_digest",
+            "UPDATE nodes SET heartbeat_at_ms = $1, \
+             max_sessions = CASE WHEN $3 = 1 THEN $4 ELSE max_sessions END, \
+             memory_mb = CASE WHEN $3 = 1 THEN $5 ELSE memory_mb END \
+             WHERE id = $2 RETURNING cache_digest",
         )
         .bind(now_ms())
         .bind(node.as_str())
+        .bind(i64::from(given))
+        .bind(stored(capacity.max_sessions))
+        .bind(stored(capacity.memory_mb))
         .fetch_optional(&self.db.writer)
         .await?
         .ok_or(StoreError::NotFound)?;
@@ -264,11 +323,11 @@ impl Store {
         // One statement places the session whenever it can be placed. When it places
         // nothing, the step-by-step checks say why (or place the session, if what was missing
         // has appeared since).
-        if let Some(session) = place_session(&mut tx, &new, limit).await? {
+        if let Some(session) = place_session(&mut tx, self.db.backend, &new, limit).await? {
             tx.commit().await?;
             return Ok(session);
         }
-        let session = insert_session(&mut tx, &new, limit).await?;
+        let session = insert_session(&mut tx, self.db.backend, &new, limit).await?;
         tx.commit().await?;
         Ok(session)
     }
@@ -277,7 +336,7 @@ impl Store {
     pub async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
         let limit = self.limit(&new.session.scope, Quota::Sessions);
         let mut tx = self.db.begin_write().await?;
-        let session = insert_session(&mut tx, &new.session, limit).await?;
+        let session = insert_session(&mut tx, self.db.backend, &new.session, limit).await?;
         let session_id = session.id.clone();
         let id = TaskId::generate();
         let now = now_ms();
@@ -355,6 +414,28 @@ impl Store {
         .execute(&self.db.writer)
         .await?;
         self.get_session(scope, id).await
+    }
+
+    /// Records that the node named `name` left on purpose (`plinth node --drain`): it gets no
+    /// new sessions and is counted neither live nor late, until it registers again. Answers
+    /// its id and how many of its sessions are still active, or `NotFound` for no such node.
+    /// Leaving again keeps the first time it left.
+    pub async fn leave_node(&self, name: &str) -> Result<(NodeId, u64), StoreError> {
+        let row = sqlx::query(
+            "UPDATE nodes SET left_at_ms = CASE WHEN left_at_ms = 0 THEN $1 ELSE left_at_ms END \
+             WHERE name = $2 RETURNING id, active_sessions",
+        )
+        .bind(now_ms())
+        .bind(name)
+        .fetch_optional(&self.db.writer)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let id: String = row.try_get("id")?;
+        let active: i64 = row.try_get("active_sessions")?;
+        Ok((
+            NodeId::parse(&id).ok_or_else(|| StoreError::Corrupt(format!("node id {id:?}")))?,
+            u64::try_from(active).unwrap_or(0),
+        ))
     }
 
     /// Records a turn with the version the session reads; numbered under the session's lock.
@@ -629,19 +710,53 @@ fn turns_cursor_id(session: &SessionId) -> String {
     format!("turns_{}", session.as_str())
 }
 
+/// The live nodes with room for a session wanting `$want` MiB, as a condition on `nodes c`
+/// (`$live`: heard from since; `$exclude`: a node id, or ''): heard from recently, not left,
+/// a free slot, and the memory its sessions commit plus this one's within what it has.
+macro_rules! node_with_room {
+    ($live:literal, $exclude:literal, $want:literal) => {
+        concat!(
+            "c.heartbeat_at_ms >= ",
+            $live,
+            " AND c.left_at_ms = 0 AND c.id <> ",
+            $exclude,
+            " AND (c.max_sessions IS NULL OR c.active_sessions < c.max_sessions) \
+             AND (c.memory_mb IS NULL OR c.committed_memory_mb + ",
+            $want,
+            " <= c.memory_mb)"
+        )
+    };
+}
+
+/// What placement locks the chosen node's row with: on PostgreSQL the row is held until the
+/// placing transaction ends, and a placement that waited for it re-checks the row as the
+/// other left it (a node full now is passed over for the next one). SQLite has one writer.
+fn node_lock(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Postgres => " FOR UPDATE OF c",
+        Backend::Sqlite => "",
+    }
+}
+
+/// The memory a session commits on its node: its memory limit, or none without one.
+fn wanted_memory(limits: &SessionLimits) -> i64 {
+    stored(limits.memory_mb).unwrap_or(0)
+}
+
 /// Places a session in one statement: the version asked for (or the active one) if it is a
-/// ready build with a layer, on the live node with the fewest active sessions, with its
-/// limits, while the scope has fewer than `limit` active sessions (counted up to `limit`).
-/// `None` when any of that is missing.
+/// ready build with a layer, on the live node with the fewest active sessions that has room
+/// for it, with its limits, while the scope has fewer than `limit` active sessions (counted
+/// up to `limit`). `None` when any of that is missing.
 async fn place_session(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    backend: Backend,
     new: &NewSession,
     limit: u64,
 ) -> Result<Option<Session>, StoreError> {
     let id = SessionId::generate();
     let created_at_ms = now_ms();
     let limits = &new.limits;
-    let row = sqlx::query(
+    let sql = format!(
         "INSERT INTO sessions (id, scope, environment_id, environment_name, entry, version, \
          slug, layer_tree, node_id, harness_id, isolated, status, created_at_ms, owner, workdir, \
          limit_memory_mb, limit_pids, limit_cpu_millicores, limit_disk_mb, limit_lifetime_ms, \
@@ -656,8 +771,8 @@ async fn place_session(
          JOIN builds b ON b.environment_id = e.id \
          AND b.version = COALESCE($4, e.active_version) \
          AND b.status = 'ready' AND b.layer_tree <> '' \
-         JOIN nodes n ON n.id = (SELECT c.id FROM nodes c WHERE c.heartbeat_at_ms >= $9 \
-         AND c.id <> $18 ORDER BY c.active_sessions, c.registered_at_ms, c.id LIMIT 1) \
+         JOIN nodes n ON n.id = (SELECT c.id FROM nodes c WHERE {room} \
+         ORDER BY c.active_sessions, c.registered_at_ms, c.id LIMIT 1{lock}) \
          WHERE e.id = $2 AND e.scope = $3 \
          AND (SELECT COUNT(*) FROM (SELECT 1 FROM sessions q WHERE q.scope = $3 \
          AND q.status = 'active' LIMIT $17) counted) < $17 \
@@ -666,33 +781,38 @@ async fn place_session(
          ended_at_ms, owner, limit_memory_mb, limit_pids, limit_cpu_millicores, \
          limit_disk_mb, limit_lifetime_ms, limit_idle_ms, \
          (SELECT address FROM nodes WHERE id = node_id) AS node_address",
-    )
-    .bind(id.as_str())
-    .bind(new.environment_id.as_str())
-    .bind(new.scope.as_str())
-    .bind(new.version.map(i64::from))
-    .bind(&new.harness_id)
-    .bind(created_at_ms)
-    .bind(&new.owner)
-    .bind(i64::from(new.workdir_at_placement))
-    .bind(new.live_since_ms)
-    .bind(stored(limits.memory_mb))
-    .bind(stored(limits.pids))
-    .bind(stored(limits.cpu_millicores))
-    .bind(stored(limits.disk_mb))
-    .bind(stored(limits.lifetime_ms))
-    .bind(stored(limits.idle_ms))
-    .bind(limits.ends_at_ms(created_at_ms, created_at_ms))
-    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-    .bind(excluded(new))
-    .fetch_optional(&mut **tx)
-    .await?;
+        room = node_with_room!("$9", "$18", "$19"),
+        lock = node_lock(backend),
+    );
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id.as_str())
+        .bind(new.environment_id.as_str())
+        .bind(new.scope.as_str())
+        .bind(new.version.map(i64::from))
+        .bind(&new.harness_id)
+        .bind(created_at_ms)
+        .bind(&new.owner)
+        .bind(i64::from(new.workdir_at_placement))
+        .bind(new.live_since_ms)
+        .bind(stored(limits.memory_mb))
+        .bind(stored(limits.pids))
+        .bind(stored(limits.cpu_millicores))
+        .bind(stored(limits.disk_mb))
+        .bind(stored(limits.lifetime_ms))
+        .bind(stored(limits.idle_ms))
+        .bind(limits.ends_at_ms(created_at_ms, created_at_ms))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .bind(excluded(new))
+        .bind(wanted_memory(limits))
+        .fetch_optional(&mut **tx)
+        .await?;
     row.as_ref().map(session_from_row).transpose()
 }
 
 /// Pins the environment's active version and places the session, inside `tx`.
 pub(super) async fn insert_session(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    backend: Backend,
     new: &NewSession,
     limit: u64,
 ) -> Result<Session, StoreError> {
@@ -728,9 +848,10 @@ pub(super) async fn insert_session(
         ))
     })?;
     super::quotas::admit_one(tx, &new.scope, Quota::Sessions, limit).await?;
-    let node = live_node(tx, new.live_since_ms, excluded(new))
-        .await?
-        .ok_or(StoreError::NoLiveNode)?;
+    let node = match live_node(tx, backend, new, wanted_memory(&new.limits)).await? {
+        Some(node) => node,
+        None => return Err(why_no_node(tx, new).await?),
+    };
     let id = SessionId::generate();
     // Where the node will make the working directory, when it says where it keeps sessions.
     let workdir = if node.sessions_dir.is_empty() || !new.workdir_at_placement {
@@ -805,21 +926,26 @@ fn excluded(new: &NewSession) -> &str {
     new.exclude_node.as_ref().map_or("", NodeId::as_str)
 }
 
-/// The live node with the fewest live sessions, other than `exclude` (a node id, or '').
+/// The live node with the fewest live sessions that has room for a session wanting `want`
+/// MiB, other than the one `new` excludes; its row locked on PostgreSQL (see [`node_lock`]).
 async fn live_node(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
-    live_since_ms: i64,
-    exclude: &str,
+    backend: Backend,
+    new: &NewSession,
+    want: i64,
 ) -> Result<Option<Node>, StoreError> {
-    let row = sqlx::query(
-        "SELECT n.id, n.address, n.isolated, n.sessions_dir FROM nodes n \
-         WHERE n.heartbeat_at_ms >= $1 AND n.id <> $2 \
-         ORDER BY n.active_sessions, n.registered_at_ms, n.id LIMIT 1",
-    )
-    .bind(live_since_ms)
-    .bind(exclude)
-    .fetch_optional(&mut **tx)
-    .await?;
+    let sql = format!(
+        "SELECT c.id, c.address, c.isolated, c.sessions_dir FROM nodes c WHERE {room} \
+         ORDER BY c.active_sessions, c.registered_at_ms, c.id LIMIT 1{lock}",
+        room = node_with_room!("$1", "$2", "$3"),
+        lock = node_lock(backend),
+    );
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(new.live_since_ms)
+        .bind(excluded(new))
+        .bind(want)
+        .fetch_optional(&mut **tx)
+        .await?;
     let Some(row) = row else { return Ok(None) };
     let id: String = row.try_get("id")?;
     let isolated: i64 = row.try_get("isolated")?;
@@ -829,6 +955,31 @@ async fn live_node(
         isolated: isolated != 0,
         sessions_dir: row.try_get("sessions_dir")?,
     }))
+}
+
+/// Why no node took a session: none is live (`NoLiveNode`), or every live one is full
+/// (`NoCapacity`, with how many are live). Read only when placement found nothing.
+async fn why_no_node(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    new: &NewSession,
+) -> Result<StoreError, StoreError> {
+    let row = sqlx::query(
+        "SELECT COUNT(*) AS live FROM nodes c \
+         WHERE c.heartbeat_at_ms >= $1 AND c.left_at_ms = 0 AND c.id <> $2",
+    )
+    .bind(new.live_since_ms)
+    .bind(excluded(new))
+    .fetch_one(&mut **tx)
+    .await?;
+    let live: i64 = row.try_get("live")?;
+    Ok(if live == 0 {
+        StoreError::NoLiveNode
+    } else {
+        StoreError::NoCapacity {
+            live_nodes: u64::try_from(live).unwrap_or(0),
+            memory_mb: new.limits.memory_mb,
+        }
+    })
 }
 
 fn session_from_row(row: &AnyRow) -> Result<Session, StoreError> {

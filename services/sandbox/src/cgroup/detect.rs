@@ -223,9 +223,139 @@ fn choose_v1(
     }
 }
 
+/// The memory limit over the node's own cgroups, in bytes: the least of the limits of its
+/// cgroup and every ancestor that its mounts show, in the v2 hierarchy (`memory.max`) and in
+/// a v1 memory hierarchy (`memory.limit_in_bytes`), both where a hybrid host has both.
+/// `None` when none is limited (`max`, or v1's page-rounded `i64::MAX`), or none is mounted.
+/// `read` reads one file of a cgroup directory.
+pub(super) fn memory_limit(
+    mountinfo: &str,
+    proc_cgroup: &str,
+    read: impl Fn(&Path) -> Option<String>,
+) -> Option<u64> {
+    let mounts = parse_mountinfo(mountinfo);
+    let mut least: Option<u64> = None;
+    for line in parse_proc_cgroup(proc_cgroup) {
+        let (fstype, file) = if line.controllers.is_empty() {
+            ("cgroup2", "memory.max")
+        } else if line.controllers.iter().any(|name| name == "memory") {
+            ("cgroup", "memory.limit_in_bytes")
+        } else {
+            continue;
+        };
+        let Some((point, dir)) = mounts
+            .iter()
+            .filter(|mount| {
+                mount.fstype == fstype
+                    && (fstype == "cgroup2"
+                        || mount.super_options.split(',').any(|name| name == "memory"))
+            })
+            .find_map(|mount| Some((mount.point.clone(), locate(mount, &line.path)?)))
+        else {
+            continue;
+        };
+        // The node's group, then each ancestor up to the mount's root.
+        for dir in dir.ancestors().take_while(|dir| dir.starts_with(&point)) {
+            let limit = read(&dir.join(file))
+                .and_then(|text| text.trim().parse::<u64>().ok())
+                .filter(|&bytes| bytes < UNLIMITED_V1);
+            if let Some(bytes) = limit {
+                least = Some(least.map_or(bytes, |least| least.min(bytes)));
+            }
+        }
+    }
+    least
+}
+
+/// v1 says "no limit" with `i64::MAX` rounded down to a page; anything this large is none.
+const UNLIMITED_V1: u64 = 1 << 62;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_memory_limit_is_the_least_over_the_nodes_cgroup_and_its_ancestors_v1_and_v2() {
+        let files = |entries: &'static [(&'static str, &'static str)]| {
+            move |path: &Path| {
+                entries
+                    .iter()
+                    .find(|(name, _)| Path::new(name) == path)
+                    .map(|(_, text)| (*text).to_owned())
+            }
+        };
+        // v1 (this machine's layout): the node's memory group is limited.
+        assert_eq!(
+            memory_limit(
+                HYBRID,
+                HYBRID_CGROUP,
+                files(&[
+                    (
+                        "/sys/fs/cgroup/memory/process_api/1de3/memory.limit_in_bytes",
+                        "4294967296\n"
+                    ),
+                    (
+                        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                        "9223372036854771712\n"
+                    ),
+                ])
+            ),
+            Some(4 << 30)
+        );
+        // v1 without a limit anywhere: none.
+        assert_eq!(
+            memory_limit(
+                HYBRID,
+                HYBRID_CGROUP,
+                files(&[(
+                    "/sys/fs/cgroup/memory/process_api/1de3/memory.limit_in_bytes",
+                    "9223372036854771712\n"
+                )])
+            ),
+            None
+        );
+        // v2 in a container's namespace: the pod's limit, under a leaf the node moved into.
+        let pod = "0::/node\n";
+        assert_eq!(
+            memory_limit(
+                PURE_V2,
+                pod,
+                files(&[
+                    ("/sys/fs/cgroup/node/memory.max", "max\n"),
+                    ("/sys/fs/cgroup/memory.max", "2147483648\n"),
+                ])
+            ),
+            Some(2 << 30)
+        );
+        assert_eq!(
+            memory_limit(
+                PURE_V2,
+                pod,
+                files(&[("/sys/fs/cgroup/node/memory.max", "max\n")])
+            ),
+            None
+        );
+        // A systemd unit on v1 with a v2 hierarchy beside: the least of both.
+        assert_eq!(
+            memory_limit(
+                SYSTEMD_V1,
+                SYSTEMD_V1_CGROUP,
+                files(&[
+                    (
+                        "/sys/fs/cgroup/memory/system.slice/plinth-node.service/memory.limit_in_bytes",
+                        "3221225472"
+                    ),
+                    (
+                        "/sys/fs/cgroup/unified/system.slice/memory.max",
+                        "1073741824"
+                    ),
+                ])
+            ),
+            Some(1 << 30)
+        );
+        // No cgroup mounts at all.
+        assert_eq!(memory_limit("", HYBRID_CGROUP, |_| None), None);
+    }
 
     /// This development machine: v1 controllers, and a v2 hierarchy with none of ours.
     const HYBRID: &str = "\
