@@ -34,6 +34,7 @@ macro_rules! backend_suite {
 
 mod adapters;
 mod brain;
+mod capacity;
 mod fair_builds;
 mod harnesses;
 mod paging;
