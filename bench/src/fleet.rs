@@ -502,6 +502,8 @@ async fn node(
         isolated: true,
         sessions_dir: format!("/var/lib/plinth/{name}/sessions"),
         session_workdir: "/home/session".to_owned(),
+        // Unlimited, as an earlier node says: placement here measures the index, not room.
+        ..Default::default()
     };
     let mut registered = client.register_node(register()).await?.into_inner();
     let every = Duration::from_millis(u64::try_from(registered.heartbeat_every_ms)?.max(100));

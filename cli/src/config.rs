@@ -1240,7 +1240,8 @@ impl Config {
         config.make_paths_absolute()?;
         let private_blobs = config.source.blob_url.is_none();
         config.resolve_source();
-        if private_blobs {
+        // `--drain` only tells the catalog: it reads no versions.
+        if private_blobs && !args.drain {
             refuse_private_fallback(
                 "node",
                 args.standalone,

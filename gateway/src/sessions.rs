@@ -203,7 +203,7 @@ async fn harness_environment(
         (status = 404, description = "environment_not_found, or not_found for an unknown harness", body = ErrorBody),
         (status = 409, description = "environment_not_ready: nothing built yet; idempotency_in_progress: the first request with this Idempotency-Key is still starting its session; outcome_unknown: it was cut off after it started, and is not run again under this key", body = ErrorBody),
         (status = 422, description = "idempotency_key_reused: the Idempotency-Key was used with a different body; nothing ran", body = ErrorBody),
-        (status = 503, description = "unavailable: no node agent is alive", body = ErrorBody),
+        (status = 503, description = "unavailable, with Retry-After: no node agent is alive (detail.reason no_live_node), or no live node has room for the session: each runs its node.max_sessions or has less memory left than the session's memory_mb (detail.reason no_capacity, with live_nodes and memory_mb)", body = ErrorBody),
         (status = 429, description = "quota_exceeded: the scope has as many active sessions as its quota allows (detail: quota, limit, used). Also rate_limited, with Retry-After", body = ErrorBody),
     ),
     security(("bearer" = []))

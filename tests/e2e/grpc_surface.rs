@@ -314,6 +314,14 @@ async fn a_node_credential_acts_only_for_its_own_node() {
         .await
         .expect_err("another node's heartbeat");
     assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    // Nor make it leave, so that it gets no sessions.
+    let refused = as_intruder
+        .deregister_node(pb::DeregisterNodeRequest {
+            name: "node".into(),
+        })
+        .await
+        .expect_err("another node's leaving");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
 
     // The victim is as it was: same node, same address, and its session still runs commands.
     let after = get_session().await;

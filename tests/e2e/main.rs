@@ -11,6 +11,7 @@ mod build_rules;
 mod build_sandbox;
 mod builds;
 mod callers;
+mod capacity;
 mod cli;
 mod clients;
 mod crashes;

@@ -7,6 +7,10 @@
 //! by `kubectl kustomize` as `kubectl apply -k` would, run every service (a builder too) with
 //! the privileges, limits, probes, disruption budgets and network policies it needs; the
 //! images (`deploy/Dockerfile`) carry what builds and sessions run; compose runs the same.
+//! In both, a node's session capacity (`PLINTH_NODE_MAX_SESSIONS`) is what its memory limit
+//! holds at the default session memory beside its reserve, a node pod leaves the catalog
+//! before it stops (`plinth node --drain`), and the database pools of every replica, during a
+//! rolling update too, fit PostgreSQL's default 100 connections with room to spare.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -838,6 +842,188 @@ fn manifest_problems(overlay: &str, resources: &[Value]) -> Vec<String> {
     }
 
     problems.extend(sandbox_egress_problems(overlay, resources));
+    problems.extend(capacity_manifest_problems(overlay, resources));
+    problems
+}
+
+/// PostgreSQL's default `max_connections`, which the manifests' pools must fit.
+const POSTGRES_MAX_CONNECTIONS: u64 = 100;
+/// Connections left out of the services' pools: PostgreSQL's own reserve for superusers (3),
+/// `plinth gc` run by hand, an operator's psql, a migration.
+const SPARE_CONNECTIONS: u64 = 20;
+
+/// A container's environment variable, as a literal value.
+fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
+    array(&container["env"])
+        .iter()
+        .find(|env| env["name"] == name)
+        .and_then(|env| env["value"].as_str())
+}
+
+/// A memory amount in MiB: a Kubernetes quantity (`4Gi`, `512Mi`, `4G`) or compose's
+/// `mem_limit` (`4608m`, `4g`).
+fn memory_mib(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().ok()?;
+    let bytes = match unit {
+        "" | "b" => number,
+        "Ki" | "k" | "kb" => number * 1024,
+        "Mi" | "m" | "mb" => number * 1024 * 1024,
+        "Gi" | "g" | "gb" => number * 1024 * 1024 * 1024,
+        "K" => number * 1000,
+        "M" => number * 1000 * 1000,
+        "G" => number * 1000 * 1000 * 1000,
+        _ => return None,
+    };
+    Some(bytes / (1024 * 1024))
+}
+
+/// What is wrong with a node's capacity against its memory limit: the node offers sessions
+/// its limit less its reserve, and `max_sessions` must be what that holds at the default
+/// session memory, no more (sessions the memory cannot hold) and no fewer (memory no
+/// session can use).
+fn node_capacity_problems(
+    place: &str,
+    max_sessions: Option<&str>,
+    reserve: Option<&str>,
+    limit: Option<&str>,
+) -> Vec<String> {
+    let session_mb = plinth::config::SessionsSection::default().memory_mb;
+    let Some(max_sessions) = max_sessions.and_then(|text| text.parse::<u64>().ok()) else {
+        return vec![format!(
+            "{place}: PLINTH_NODE_MAX_SESSIONS is not set to a number: the node would take \
+             sessions until its memory is committed, with no bound an operator chose"
+        )];
+    };
+    let reserve = match reserve {
+        Some(text) => match text.parse::<u64>() {
+            Ok(reserve) => reserve,
+            Err(_) => return vec![format!("{place}: PLINTH_NODE_MEMORY_RESERVE_MB {text:?}")],
+        },
+        None => plinth::config::NodeSection::default().memory_reserve_mb,
+    };
+    let Some(limit) = limit.and_then(memory_mib) else {
+        return vec![format!(
+            "{place}: no memory limit the node's capacity can follow"
+        )];
+    };
+    let wanted = max_sessions * session_mb + reserve;
+    if wanted > limit {
+        vec![format!(
+            "{place}: {max_sessions} sessions × {session_mb} MiB + {reserve} MiB reserve is \
+             {wanted} MiB, more than the {limit} MiB memory limit: lower \
+             PLINTH_NODE_MAX_SESSIONS or raise the limit"
+        )]
+    } else if limit - wanted >= session_mb {
+        vec![format!(
+            "{place}: the {limit} MiB memory limit holds more than {max_sessions} sessions of \
+             {session_mb} MiB beside the {reserve} MiB reserve: raise \
+             PLINTH_NODE_MAX_SESSIONS to {} or lower the limit to {wanted} MiB",
+            (limit - reserve) / session_mb
+        )]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Connections one process's pools open at most: `pool` and, for the catalog, the one that
+/// listens for queued builds.
+fn connections(pool: u64, listens: bool) -> u64 {
+    pool + u64::from(listens)
+}
+
+/// What is wrong with an overlay's node capacity and database pools.
+fn capacity_manifest_problems(overlay: &str, resources: &[Value]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let find = |kind: &str, name: &str| {
+        resources
+            .iter()
+            .find(|resource| kind_name(resource) == (kind, name))
+    };
+    if let Some(node) = find("DaemonSet", "plinth-node") {
+        for container in array(&node["spec"]["template"]["spec"]["containers"]) {
+            let place = format!(
+                "{overlay}: DaemonSet plinth-node, container {}",
+                container["name"].as_str().unwrap_or("(unnamed)")
+            );
+            problems.extend(node_capacity_problems(
+                &place,
+                env_value(container, "PLINTH_NODE_MAX_SESSIONS"),
+                env_value(container, "PLINTH_NODE_MEMORY_RESERVE_MB"),
+                container["resources"]["limits"]["memory"].as_str(),
+            ));
+            let stop: Vec<&str> = array(&container["lifecycle"]["preStop"]["exec"]["command"])
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            let drains = stop.windows(2).any(|pair| pair == ["node", "--drain"])
+                && stop.windows(2).any(|pair| {
+                    pair[0] == "--catalog-url" && Some(pair[1]) == flag(container, "--catalog-url")
+                });
+            if !drains {
+                problems.push(format!(
+                    "{place}: no preStop `plinth node --drain` with the node's --catalog-url: a \
+                     pod stopped on purpose would be reported late (PlinthNodeHeartbeatsLate) \
+                     and given sessions until its heartbeats run out"
+                ));
+            }
+        }
+    }
+    let mut total = 0;
+    let mut shares = Vec::new();
+    for (name, variable, listens) in [
+        ("plinth-catalog", "PLINTH_DATABASE_MAX_CONNECTIONS", true),
+        (
+            "plinth-source",
+            "PLINTH_SOURCE_DATABASE_MAX_CONNECTIONS",
+            false,
+        ),
+    ] {
+        let Some(deployment) = find("Deployment", name) else {
+            continue;
+        };
+        let replicas = deployment["spec"]["replicas"].as_u64().unwrap_or(1);
+        // A rolling update runs maxSurge more pods (25% of the replicas, rounded up, unless
+        // the Deployment says).
+        let surge = match &deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"] {
+            Value::Number(number) => number.as_u64().unwrap_or(0),
+            Value::String(percent) => percent
+                .trim_end_matches('%')
+                .parse::<u64>()
+                .map_or(0, |percent| (replicas * percent).div_ceil(100)),
+            _ => replicas.div_ceil(4),
+        };
+        for container in array(&deployment["spec"]["template"]["spec"]["containers"]) {
+            let Some(pool) =
+                env_value(container, variable).and_then(|text| text.parse::<u64>().ok())
+            else {
+                problems.push(format!(
+                    "{overlay}: Deployment {name} does not set {variable}: each replica's pool \
+                     is then the default, whatever the replicas add up to"
+                ));
+                continue;
+            };
+            let at_most = (replicas + surge) * connections(pool, listens);
+            total += at_most;
+            shares.push(format!(
+                "{name}: ({replicas} + {surge} surging) × {}",
+                connections(pool, listens)
+            ));
+        }
+    }
+    if total > POSTGRES_MAX_CONNECTIONS - SPARE_CONNECTIONS {
+        problems.push(format!(
+            "{overlay}: the database pools add up to {total} connections ({}), past the {} of \
+             PostgreSQL's {POSTGRES_MAX_CONNECTIONS} left once {SPARE_CONNECTIONS} are kept \
+             spare: lower the pools or raise max_connections",
+            shares.join(", "),
+            POSTGRES_MAX_CONNECTIONS - SPARE_CONNECTIONS
+        ));
+    }
     problems
 }
 
@@ -928,6 +1114,29 @@ fn sandbox_egress_problems(overlay: &str, resources: &[Value]) -> Vec<String> {
         }
     }
     problems
+}
+
+#[test]
+fn the_capacity_check_refuses_a_node_sized_apart_from_its_memory_limit() {
+    let place = "test";
+    // 1 GiB sessions (the default), 512 MiB reserve.
+    assert!(node_capacity_problems(place, Some("3"), Some("512"), Some("4Gi")).is_empty());
+    assert!(node_capacity_problems(place, Some("4"), None, Some("4608m")).is_empty());
+    let over = node_capacity_problems(place, Some("4"), Some("512"), Some("4Gi"));
+    assert!(
+        over.iter().any(|p| p.contains("more than the 4096 MiB")),
+        "{over:?}"
+    );
+    let under = node_capacity_problems(place, Some("2"), Some("512"), Some("4Gi"));
+    assert!(under.iter().any(|p| p.contains("raise")), "{under:?}");
+    assert_eq!(
+        node_capacity_problems(place, None, None, Some("4Gi")).len(),
+        1,
+        "no max sessions"
+    );
+    assert_eq!(memory_mib("64Gi"), Some(65536));
+    assert_eq!(memory_mib("4608m"), Some(4608));
+    assert_eq!(memory_mib("lots"), None);
 }
 
 #[test]
@@ -1214,6 +1423,37 @@ fn compose_runs_the_split_services_from_the_image_targets() {
         if target == "runtime" && service["privileged"] != true {
             problems.push(format!("compose.yaml: `{name}` is not privileged"));
         }
+    }
+    // The node's capacity follows its memory limit; the pools fit PostgreSQL's connections.
+    let node = &services["node"];
+    let environment = |service: &Value, name: &str| -> Option<String> {
+        match &service["environment"][name] {
+            Value::String(text) => Some(text.clone()),
+            Value::Number(number) => Some(number.to_string()),
+            _ => None,
+        }
+    };
+    problems.extend(node_capacity_problems(
+        "compose.yaml: `node`",
+        environment(node, "PLINTH_NODE_MAX_SESSIONS").as_deref(),
+        environment(node, "PLINTH_NODE_MEMORY_RESERVE_MB").as_deref(),
+        node["mem_limit"].as_str(),
+    ));
+    let mut total = 0;
+    for (name, variable, listens) in [
+        ("catalog", "PLINTH_DATABASE_MAX_CONNECTIONS", true),
+        ("source", "PLINTH_SOURCE_DATABASE_MAX_CONNECTIONS", false),
+    ] {
+        match environment(&services[name], variable).and_then(|text| text.parse::<u64>().ok()) {
+            Some(pool) => total += connections(pool, listens),
+            None => problems.push(format!("compose.yaml: `{name}` does not set {variable}")),
+        }
+    }
+    if total > POSTGRES_MAX_CONNECTIONS - SPARE_CONNECTIONS {
+        problems.push(format!(
+            "compose.yaml: the database pools add up to {total} connections, past PostgreSQL's \
+             {POSTGRES_MAX_CONNECTIONS} less {SPARE_CONNECTIONS} spare"
+        ));
     }
     for (name, image) in [("postgres", "postgres:15"), ("minio", "minio/")] {
         if !services[name]["image"]
