@@ -126,10 +126,11 @@ const SOURCE_RPCS: [&str; 2] = [
     "/plinth.catalog.v1.CollectionService/EndCollection",
 ];
 /// The RPCs only nodes may make (each about the node itself).
-const NODE_RPCS: [&str; 3] = [
+const NODE_RPCS: [&str; 4] = [
     "/plinth.catalog.v1.SessionService/RegisterNode",
     "/plinth.catalog.v1.SessionService/NodeHeartbeat",
     "/plinth.catalog.v1.SessionService/ListNodeSessions",
+    "/plinth.catalog.v1.SessionService/DeregisterNode",
 ];
 
 /// Every RPC path of Plinth's internal services, from the descriptor set they are built from,

@@ -12,7 +12,7 @@
 //! before the sweep reaches it.
 //!
 //! Placement reads each node's `active_sessions`, a count the database's triggers keep in the
-//! transaction that inserts, ends or deletes a session (migration 19): the least-loaded live
+//! transaction that inserts, ends or deletes a session (migration 20): the least-loaded live
 //! node is the first live one of an index, however many sessions are live. A node's cached
 //! versions are rows of `node_cached_versions`, replaced only when the node reports a set
 //! under a digest the catalog does not hold; an unchanged set is reported by its digest alone.
@@ -26,7 +26,7 @@
 //! at once never both take a node's last slot. SQLite has one writer. A node that left on
 //! purpose (`left_at_ms`) is given nothing until it registers again.
 
-use plinth_kit::database::now_ms;
+use plinth_kit::database::{Backend, now_ms};
 use plinth_kit::quota::Quota;
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -37,7 +37,6 @@ use crate::sessions::{
     CacheReport, HeartbeatAnswer, MAX_TURN_DETAIL_BYTES, Node, NodeCapacity, NodeId, Session,
     SessionId, SessionLimits, SessionStatus, Task, TaskId, Turn, TurnKind, cache_digest, cut,
 };
-use plinth_kit::database::Backend;
 
 const SESSION_COLUMNS: &str = "s.id, s.scope, s.environment_id, s.environment_name, s.entry, \
      s.version, s.slug, s.layer_tree, s.node_id, n.address AS node_address, s.harness_id, \

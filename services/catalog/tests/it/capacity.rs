@@ -219,7 +219,7 @@ async fn two_placements_at_once_never_both_take_the_last_slot(store: Store) {
                 .zip(&environments)
                 .map(|(scope, environment)| {
                     let (store, new) = (store.clone(), wanting(scope, environment, Some(1024)));
-                    tokio::spawn(async move { store.create_session(new).await })
+                    plinth_kit::tasks::spawn(async move { store.create_session(new).await })
                 });
             let mut made = Vec::new();
             for joined in futures::future::join_all(creates).await {
