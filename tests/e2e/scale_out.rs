@@ -212,7 +212,7 @@ pub(crate) async fn start_fleet(
                 "--admin-listen",
                 &admin.to_string(),
                 "--database-url",
-                &catalog_databases[index],
+                catalog_databases[index],
             ],
             &credentials,
             &log,
@@ -236,7 +236,7 @@ pub(crate) async fn start_fleet(
                 "--admin-listen",
                 &admin.to_string(),
                 "--database-url",
-                &database_url,
+                database_url,
                 "--blob-url",
                 &blob_url,
                 "--data-dir",
@@ -651,7 +651,7 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
     };
 
     // 1. A catalog.
-    let index = find(&services, "catalog-1");
+    let index = find(services, "catalog-1");
     kill(&mut services[index]);
     let killed = Instant::now();
     tokio::time::sleep(PHASE).await;
@@ -688,7 +688,7 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let index = find(&services, &holder);
+    let index = find(services, &holder);
     kill(&mut services[index]);
     let killed = Instant::now();
     let takeover = loop {
@@ -720,7 +720,7 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
     ));
 
     // 3. A node.
-    let index = find(&services, "node-1");
+    let index = find(services, "node-1");
     kill(&mut services[index]);
     let killed = Instant::now();
     let killed_ms = now_ms();
@@ -741,7 +741,7 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
     );
 
     // 4. A source service.
-    let index = find(&services, "source-1");
+    let index = find(services, "source-1");
     kill(&mut services[index]);
     let killed = Instant::now();
     tokio::time::sleep(PHASE).await;
