@@ -45,7 +45,10 @@ pub fn watch(check: ReadinessCheck) -> ReadinessCheck {
     let weak = Arc::downgrade(&last);
     crate::tasks::spawn(async move {
         loop {
-            let outcome = match tokio::time::timeout(CHECK_WITHIN, check()).await {
+            // Routine: not worth a trace, nor are the health checks it makes elsewhere.
+            let round =
+                tracing::Instrument::instrument(check(), crate::telemetry::idle("readiness.check"));
+            let outcome = match tokio::time::timeout(CHECK_WITHIN, round).await {
                 Ok(outcome) => outcome,
                 Err(_) => Err(format!(
                     "its dependencies did not answer within {} s",

@@ -353,24 +353,28 @@ impl Replica {
             health.probing = true;
         }
         let replica = Arc::clone(self);
-        crate::tasks::spawn(async move {
-            let mut client =
-                tonic_health::pb::health_client::HealthClient::new(replica.channel.clone());
-            let check = client.check(tonic_health::pb::HealthCheckRequest::default());
-            // The server's overall status: a replica whose database does not answer reports
-            // NOT_SERVING there (see `GrpcServer::report_health`) and stays set aside.
-            let answered = matches!(
-                tokio::time::timeout(CONNECT_TIMEOUT + Duration::from_secs(1), check).await,
-                Ok(Ok(answer)) if answer.get_ref().status()
-                    == tonic_health::pb::health_check_response::ServingStatus::Serving
-            );
-            if answered {
-                replica.answered();
-            } else {
-                replica.failed(&BoxError::from("its health check got no answer"));
-            }
-            lock(&replica.health).probing = false;
-        });
+        let round = crate::telemetry::idle("replica.probe");
+        crate::tasks::spawn(tracing::Instrument::instrument(
+            async move {
+                let mut client =
+                    tonic_health::pb::health_client::HealthClient::new(replica.channel.clone());
+                let check = client.check(tonic_health::pb::HealthCheckRequest::default());
+                // The server's overall status: a replica whose database does not answer reports
+                // NOT_SERVING there (see `GrpcServer::report_health`) and stays set aside.
+                let answered = matches!(
+                    tokio::time::timeout(CONNECT_TIMEOUT + Duration::from_secs(1), check).await,
+                    Ok(Ok(answer)) if answer.get_ref().status()
+                        == tonic_health::pb::health_check_response::ServingStatus::Serving
+                );
+                if answered {
+                    replica.answered();
+                } else {
+                    replica.failed(&BoxError::from("its health check got no answer"));
+                }
+                lock(&replica.health).probing = false;
+            },
+            round,
+        ));
     }
 }
 
