@@ -43,6 +43,15 @@ pub struct InternalSection {
     pub accept_file: Option<PathBuf>,
     /// TLS between services.
     pub tls: InternalTls,
+    /// How long a call between services may take (most calls: a few database statements),
+    /// in milliseconds; the caller stops waiting a second after it, catalogs and sources stop
+    /// working on it then. Default 5000.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_timeout_ms: Option<u64>,
+    /// The same for calls whose work grows with the data they cover (a snapshot, a collection
+    /// round, attaching a session). Default 120000.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub long_call_timeout_ms: Option<u64>,
 }
 
 /// `[internal.tls]`.
@@ -100,6 +109,23 @@ impl InternalSection {
         }
         if let Some(path) = env_path("PLINTH_INTERNAL_TLS_CA") {
             self.tls.ca = Some(path);
+        }
+        for (name, field) in [
+            ("PLINTH_INTERNAL_CALL_TIMEOUT_MS", &mut self.call_timeout_ms),
+            (
+                "PLINTH_INTERNAL_LONG_CALL_TIMEOUT_MS",
+                &mut self.long_call_timeout_ms,
+            ),
+        ] {
+            if let Ok(value) = std::env::var(name)
+                && !value.trim().is_empty()
+            {
+                *field = Some(value.trim().parse().map_err(|_| {
+                    ConfigError::Invalid(format!(
+                        "{name} is {value:?}: give a whole number of milliseconds"
+                    ))
+                })?);
+            }
         }
         if let Ok(value) = std::env::var("PLINTH_INTERNAL_TLS_REQUIRE_CLIENT_CERT") {
             self.tls.require_client_cert = value.parse().map_err(|_| {
@@ -184,7 +210,7 @@ impl InternalSection {
             credential,
             accepted: Arc::new(accepted),
             tls: self.tls()?,
-            calls: call_rules(),
+            calls: self.call_rules()?,
         })
     }
 
@@ -210,7 +236,7 @@ impl InternalSection {
         let node = make(Role::Node, Some(node_name))?;
         let source = make(Role::Source, None)?;
         let accepted = Arc::new(accepted);
-        let calls = call_rules();
+        let calls = self.call_rules()?;
         let with = |credential: Option<Secret>| Internal {
             credential,
             accepted: accepted.clone(),
@@ -227,10 +253,32 @@ impl InternalSection {
     }
 }
 
-/// Which of the services' calls a client may send again to another replica: those whose
-/// request is one message, after a failed connection, and those the protos declare idempotent.
-fn call_rules() -> plinth_kit::grpc::CallRules {
-    plinth_kit::grpc::CallRules::from_descriptor_sets(&[plinth_proto::FILE_DESCRIPTOR_SET])
+impl InternalSection {
+    /// Which of the services' calls a client may send again to another replica (those whose
+    /// request is one message, after a failed connection, and those the protos declare
+    /// idempotent), and how long calls may take.
+    fn call_rules(&self) -> anyhow::Result<plinth_kit::grpc::CallRules> {
+        let defaults = plinth_kit::grpc::Deadlines::default();
+        let pick = |name: &str, value: Option<u64>, default: std::time::Duration| match value {
+            None => Ok(default),
+            Some(0) => anyhow::bail!(
+                "internal.{name} is 0: give the milliseconds a call may take (at least 100)"
+            ),
+            Some(ms) => Ok(std::time::Duration::from_millis(ms.max(100))),
+        };
+        let deadlines = plinth_kit::grpc::Deadlines {
+            quick: pick("call_timeout_ms", self.call_timeout_ms, defaults.quick)?,
+            long: pick(
+                "long_call_timeout_ms",
+                self.long_call_timeout_ms,
+                defaults.long,
+            )?,
+        };
+        Ok(
+            plinth_kit::grpc::CallRules::from_descriptor_sets(&[plinth_proto::FILE_DESCRIPTOR_SET])
+                .with_deadlines(deadlines),
+        )
+    }
 }
 
 /// The credentials of `plinth serve`'s parts.

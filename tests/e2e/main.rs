@@ -37,6 +37,7 @@ mod node_restart;
 mod novo;
 mod operators_kit;
 mod pagination;
+mod partial_faults;
 mod processes;
 mod public_grpc;
 mod quotas;

@@ -32,6 +32,7 @@ const QUIET_TAIL: Duration = Duration::from_secs(3);
 
 /// One request of the workload, as its client saw it.
 struct Outcome {
+    /// When it was sent.
     at: Instant,
     kind: &'static str,
     ok: bool,
@@ -39,23 +40,23 @@ struct Outcome {
 }
 
 #[derive(Default)]
-struct Log(Mutex<Vec<Outcome>>);
+pub(crate) struct Log(Mutex<Vec<Outcome>>);
 
 impl Log {
-    fn record(&self, kind: &'static str, ok: bool, what: String) {
+    fn record(&self, sent: Instant, kind: &'static str, ok: bool, what: String) {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(Outcome {
-                at: Instant::now(),
+                at: sent,
                 kind,
                 ok,
                 what,
             });
     }
 
-    /// Requests and failures of `kind` (any kind when `None`) in `[from, to)`.
-    fn count(&self, from: Instant, to: Instant) -> (usize, usize, Vec<String>) {
+    /// Requests sent in `[from, to)`, how many failed, and what failed.
+    pub(crate) fn count(&self, from: Instant, to: Instant) -> (usize, usize, Vec<String>) {
         let outcomes = self
             .0
             .lock()
@@ -74,7 +75,7 @@ impl Log {
 }
 
 /// A service process and what it is called in the report.
-struct Service {
+pub(crate) struct Service {
     name: String,
     process: Process,
 }
@@ -132,23 +133,55 @@ fn kill(service: &mut Service) {
     let _ = service.process.0.wait();
 }
 
-#[tokio::test]
-async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_lost() {
-    if !crate::helpers::can_build() {
-        return;
+/// Two of every service as processes on one database and one blob store.
+pub(crate) struct Fleet {
+    pub(crate) services: Vec<Service>,
+    pub(crate) gateways: [SocketAddr; 2],
+    /// The nodes' admin listeners (`/readyz`).
+    pub(crate) node_admins: Vec<SocketAddr>,
+    pub(crate) client: reqwest::Client,
+    /// Where the catalogs' records are, for the test to read.
+    pub(crate) database_url: String,
+    log: std::path::PathBuf,
+    /// The environments of the workload: file writes, sessions (built once), builds.
+    pub(crate) writes: String,
+    pub(crate) sessions: String,
+    pub(crate) builds: String,
+    _data: tempfile::TempDir,
+}
+
+impl Fleet {
+    /// Everything the services logged.
+    pub(crate) fn services_log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
-    let PostgresAvailability::Available(server) = testing::postgres() else {
-        return;
-    };
-    let Some(blob_url) = crate::gc::fresh_bucket().await else {
-        return;
-    };
-    let database_url = testing::fresh_postgres_database(&server).await;
+
+    /// The gateway of request `n`, alternating.
+    pub(crate) fn base(&self, n: usize) -> String {
+        format!("http://{}", self.gateways[n % 2])
+    }
+}
+
+/// Starts two of every service: catalog `i` on `catalog_databases[i]` (the same database,
+/// reached directly or through a test's forwarder), sources and the rest on `database_url`,
+/// every service on `blob_url`, and `config_extra` added to their configuration file; makes the
+/// workload's environments and builds the sessions' one.
+pub(crate) async fn start_fleet(
+    database_url: &str,
+    catalog_databases: [&str; 2],
+    blob_url: &str,
+    config_extra: &str,
+) -> Fleet {
+    let blob_url = blob_url.to_owned();
     let credentials = Credentials::new();
     let data = tempfile::tempdir().expect("data");
     let log = data.path().join("services.log");
     let config = data.path().join("plinth.toml");
-    std::fs::write(&config, "[builder]\nnetwork = false\n").expect("config");
+    std::fs::write(
+        &config,
+        format!("[builder]\nnetwork = false\n{config_extra}"),
+    )
+    .expect("config");
     let config = config.to_str().expect("utf-8").to_owned();
     let dir = |name: &str| {
         let path = data.path().join(name);
@@ -179,7 +212,7 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
                 "--admin-listen",
                 &admin.to_string(),
                 "--database-url",
-                &database_url,
+                catalog_databases[index],
             ],
             &credentials,
             &log,
@@ -203,7 +236,7 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
                 "--admin-listen",
                 &admin.to_string(),
                 "--database-url",
-                &database_url,
+                database_url,
                 "--blob-url",
                 &blob_url,
                 "--data-dir",
@@ -245,9 +278,11 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
         );
         services.push(Service { name, process });
     }
+    let mut node_admins = Vec::new();
     for (index, address) in nodes.iter().enumerate() {
         let name = format!("node-{}", index + 1);
         let admin = free_port();
+        node_admins.push(admin);
         let mut process = spawn(
             &[
                 "node",
@@ -296,7 +331,6 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
             process,
         });
     }
-    let services_log = || std::fs::read_to_string(&log).unwrap_or_default();
     let base = |index: usize| format!("http://{}", gateways[index % 2]);
 
     // An environment for writes, one for sessions (built once), one for builds (each build
@@ -352,145 +386,261 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    Fleet {
+        services,
+        gateways,
+        node_admins,
+        client,
+        database_url: database_url.to_owned(),
+        log,
+        writes,
+        sessions,
+        builds,
+        _data: data,
+    }
+}
 
-    // The workload, until told to stop.
-    let outcomes = Arc::new(Log::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    let acknowledged: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
-    let mut workers = Vec::new();
-    {
-        let (client, outcomes, stop, acknowledged, writes) = (
-            client.clone(),
-            outcomes.clone(),
-            stop.clone(),
-            acknowledged.clone(),
-            writes.clone(),
+/// File writes, session rounds and builds through both gateways until stopped, each request's
+/// outcome logged by when it started.
+pub(crate) struct Workload {
+    pub(crate) outcomes: Arc<Log>,
+    stop: Arc<AtomicBool>,
+    acknowledged: Arc<Mutex<BTreeMap<String, String>>>,
+    build_ends: Arc<Mutex<Vec<(u64, Value)>>>,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Workload {
+    pub(crate) fn start(fleet: &Fleet) -> Workload {
+        let (client, gateways) = (fleet.client.clone(), fleet.gateways);
+        let (writes, sessions, builds) = (
+            fleet.writes.clone(),
+            fleet.sessions.clone(),
+            fleet.builds.clone(),
         );
-        workers.push(plinth_kit::tasks::spawn(async move {
-            let mut n = 0usize;
-            while !stop.load(Ordering::Relaxed) {
-                n += 1;
-                let (path, body) = (format!("w/{n}.txt"), format!("write {n}\n"));
-                let url = format!(
-                    "http://{}/v1/environments/{writes}/files/{path}",
-                    gateways[n % 2]
-                );
-                let answer = client
-                    .put(url)
-                    .bearer_auth("tok-acme")
-                    .body(body.clone())
-                    .send()
-                    .await;
-                match answer {
-                    Ok(response) if response.status() == 200 => {
-                        acknowledged
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .insert(path, body);
-                        outcomes.record("write", true, String::new());
-                    }
-                    Ok(response) => {
-                        let status = response.status();
-                        let text = response.text().await.unwrap_or_default();
-                        outcomes.record("write", false, format!("{status} {text}"));
-                    }
-                    Err(error) => outcomes.record("write", false, error.to_string()),
-                }
-                tokio::time::sleep(Duration::from_millis(40)).await;
-            }
-        }));
-    }
-    {
-        let (client, outcomes, stop, sessions) = (
-            client.clone(),
-            outcomes.clone(),
-            stop.clone(),
-            sessions.clone(),
-        );
-        workers.push(plinth_kit::tasks::spawn(async move {
-            let mut n = 0usize;
-            while !stop.load(Ordering::Relaxed) {
-                n += 1;
-                let base = format!("http://{}", gateways[n % 2]);
-                let result = session_round(&client, &base, &sessions).await;
-                outcomes.record("session", result.is_ok(), result.err().unwrap_or_default());
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }));
-    }
-    let build_ends: Arc<Mutex<Vec<(u64, Value)>>> = Arc::default();
-    {
-        let (client, outcomes, stop, builds, build_ends) = (
-            client.clone(),
-            outcomes.clone(),
-            stop.clone(),
-            builds.clone(),
-            build_ends.clone(),
-        );
-        workers.push(plinth_kit::tasks::spawn(async move {
-            let mut n = 0usize;
-            while !stop.load(Ordering::Relaxed) {
-                n += 1;
-                let base = format!("http://{}", gateways[n % 2]);
-                // A change, so each build installs rather than finds its source built.
-                let _ = client
-                    .put(format!("{base}/v1/environments/{builds}/files/stamp.txt"))
-                    .bearer_auth("tok-acme")
-                    .body(format!("{n}\n"))
-                    .send()
-                    .await;
-                let queued = client
-                    .post(format!("{base}/v1/environments/{builds}/build"))
-                    .bearer_auth("tok-acme")
-                    .send()
-                    .await;
-                let version = match queued {
-                    Ok(response) if response.status() == 202 => {
-                        let body: Value = response.json().await.unwrap_or_default();
-                        outcomes.record("build", true, String::new());
-                        body["version"].as_u64()
-                    }
-                    Ok(response) => {
-                        let status = response.status();
-                        let text = response.text().await.unwrap_or_default();
-                        outcomes.record("build", false, format!("{status} {text}"));
-                        None
-                    }
-                    Err(error) => {
-                        outcomes.record("build", false, error.to_string());
-                        None
-                    }
-                };
-                let Some(version) = version else {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
-                };
-                // Followed to its end through either gateway (polls are not the workload).
-                loop {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    let base = format!("http://{}", gateways[n % 2]);
+        let outcomes = Arc::new(Log::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let acknowledged: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
+        let mut workers = Vec::new();
+        {
+            let (client, outcomes, stop, acknowledged, writes) = (
+                client.clone(),
+                outcomes.clone(),
+                stop.clone(),
+                acknowledged.clone(),
+                writes.clone(),
+            );
+            workers.push(plinth_kit::tasks::spawn(async move {
+                let mut n = 0usize;
+                while !stop.load(Ordering::Relaxed) {
                     n += 1;
-                    let Ok(response) = client
-                        .get(format!("{base}/v1/environments/{builds}/builds/{version}"))
+                    let (path, body) = (format!("w/{n}.txt"), format!("write {n}\n"));
+                    let sent = Instant::now();
+                    let url = format!(
+                        "http://{}/v1/environments/{writes}/files/{path}",
+                        gateways[n % 2]
+                    );
+                    let answer = client
+                        .put(url)
+                        .bearer_auth("tok-acme")
+                        .body(body.clone())
+                        .send()
+                        .await;
+                    match answer {
+                        Ok(response) if response.status() == 200 => {
+                            acknowledged
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .insert(path, body);
+                            outcomes.record(sent, "write", true, String::new());
+                        }
+                        Ok(response) => {
+                            let status = response.status();
+                            let text = response.text().await.unwrap_or_default();
+                            outcomes.record(sent, "write", false, format!("{status} {text}"));
+                        }
+                        Err(error) => outcomes.record(sent, "write", false, error.to_string()),
+                    }
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                }
+            }));
+        }
+        {
+            let (client, outcomes, stop, sessions) = (
+                client.clone(),
+                outcomes.clone(),
+                stop.clone(),
+                sessions.clone(),
+            );
+            workers.push(plinth_kit::tasks::spawn(async move {
+                let mut n = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let base = format!("http://{}", gateways[n % 2]);
+                    let sent = Instant::now();
+                    let result = session_round(&client, &base, &sessions).await;
+                    outcomes.record(
+                        sent,
+                        "session",
+                        result.is_ok(),
+                        result.err().unwrap_or_default(),
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }));
+        }
+        let build_ends: Arc<Mutex<Vec<(u64, Value)>>> = Arc::default();
+        {
+            let (client, outcomes, stop, builds, build_ends) = (
+                client.clone(),
+                outcomes.clone(),
+                stop.clone(),
+                builds.clone(),
+                build_ends.clone(),
+            );
+            workers.push(plinth_kit::tasks::spawn(async move {
+                let mut n = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let base = format!("http://{}", gateways[n % 2]);
+                    // A change, so each build installs rather than finds its source built.
+                    let _ = client
+                        .put(format!("{base}/v1/environments/{builds}/files/stamp.txt"))
+                        .bearer_auth("tok-acme")
+                        .body(format!("{n}\n"))
+                        .send()
+                        .await;
+                    let sent = Instant::now();
+                    let queued = client
+                        .post(format!("{base}/v1/environments/{builds}/build"))
                         .bearer_auth("tok-acme")
                         .send()
-                        .await
-                    else {
+                        .await;
+                    let version = match queued {
+                        Ok(response) if response.status() == 202 => {
+                            let body: Value = response.json().await.unwrap_or_default();
+                            outcomes.record(sent, "build", true, String::new());
+                            body["version"].as_u64()
+                        }
+                        Ok(response) => {
+                            let status = response.status();
+                            let text = response.text().await.unwrap_or_default();
+                            outcomes.record(sent, "build", false, format!("{status} {text}"));
+                            None
+                        }
+                        Err(error) => {
+                            outcomes.record(sent, "build", false, error.to_string());
+                            None
+                        }
+                    };
+                    let Some(version) = version else {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
                         continue;
                     };
-                    let build: Value = response.json().await.unwrap_or_default();
-                    if build["status"] == "ready" || build["status"] == "failed" {
-                        build_ends
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .push((version, build));
-                        break;
+                    // Followed to its end through either gateway (polls are not the workload).
+                    loop {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        let base = format!("http://{}", gateways[n % 2]);
+                        n += 1;
+                        let Ok(response) = client
+                            .get(format!("{base}/v1/environments/{builds}/builds/{version}"))
+                            .bearer_auth("tok-acme")
+                            .send()
+                            .await
+                        else {
+                            continue;
+                        };
+                        let build: Value = response.json().await.unwrap_or_default();
+                        if build["status"] == "ready" || build["status"] == "failed" {
+                            build_ends
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .push((version, build));
+                            break;
+                        }
                     }
                 }
-            }
-        }));
+            }));
+        }
+        Workload {
+            outcomes,
+            stop,
+            acknowledged,
+            build_ends,
+            workers,
+        }
     }
 
+    /// Stops the workload; asserts that every acknowledged write reads back through the
+    /// other gateway and that every build followed to its end is ready; answers those builds.
+    pub(crate) async fn finish(self, fleet: &Fleet) -> Vec<(u64, Value)> {
+        let Workload {
+            outcomes: _,
+            stop,
+            acknowledged,
+            build_ends,
+            workers,
+        } = self;
+        stop.store(true, Ordering::Relaxed);
+        for worker in workers {
+            let _ = tokio::time::timeout(Duration::from_secs(60), worker).await;
+        }
+        let (client, writes) = (&fleet.client, &fleet.writes);
+        let base = |n: usize| fleet.base(n);
+        // Every acknowledged write is there, read through the other gateway.
+        let acknowledged = acknowledged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        assert!(
+            acknowledged.len() > 50,
+            "{} writes acknowledged",
+            acknowledged.len()
+        );
+        for (path, body) in &acknowledged {
+            let response = client
+                .get(format!("{}/v1/environments/{writes}/files/{path}", base(1)))
+                .bearer_auth("tok-acme")
+                .send()
+                .await
+                .expect("read back");
+            assert_eq!(
+                response.status(),
+                200,
+                "{path} was acknowledged and is gone"
+            );
+            assert_eq!(&response.text().await.expect("body"), body, "{path}");
+        }
+        // Every build that was followed to its end is ready, the one the killed builder held
+        // included.
+        let ends = build_ends
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        for (version, build) in &ends {
+            assert_eq!(build["status"], "ready", "build {version}: {build}");
+        }
+        ends
+    }
+}
+
+#[tokio::test]
+async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_lost() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let PostgresAvailability::Available(server) = testing::postgres() else {
+        return;
+    };
+    let Some(blob_url) = crate::gc::fresh_bucket().await else {
+        return;
+    };
+    let database_url = testing::fresh_postgres_database(&server).await;
+    let mut fleet = start_fleet(&database_url, [&database_url, &database_url], &blob_url, "").await;
+    let workload = Workload::start(&fleet);
+    let outcomes = workload.outcomes.clone();
+    let builds = fleet.builds.clone();
+    let services = &mut fleet.services;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let mut report: Vec<String> = Vec::new();
     let find = |services: &[Service], name: &str| -> usize {
@@ -501,7 +651,7 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
     };
 
     // 1. A catalog.
-    let index = find(&services, "catalog-1");
+    let index = find(services, "catalog-1");
     kill(&mut services[index]);
     let killed = Instant::now();
     tokio::time::sleep(PHASE).await;
@@ -534,11 +684,11 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
             outcomes
                 .count(Instant::now() - Duration::from_secs(3600), Instant::now())
                 .2,
-            services_log()
+            fleet.services_log()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let index = find(&services, &holder);
+    let index = find(services, &holder);
     kill(&mut services[index]);
     let killed = Instant::now();
     let takeover = loop {
@@ -570,7 +720,7 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
     ));
 
     // 3. A node.
-    let index = find(&services, "node-1");
+    let index = find(services, "node-1");
     kill(&mut services[index]);
     let killed = Instant::now();
     let killed_ms = now_ms();
@@ -591,58 +741,21 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
     );
 
     // 4. A source service.
-    let index = find(&services, "source-1");
+    let index = find(services, "source-1");
     kill(&mut services[index]);
     let killed = Instant::now();
     tokio::time::sleep(PHASE).await;
     let source_phase = phase(&outcomes, &mut report, "source-1", killed);
 
-    stop.store(true, Ordering::Relaxed);
-    for worker in workers {
-        let _ = tokio::time::timeout(Duration::from_secs(60), worker).await;
-    }
     let total = outcomes.count(Instant::now() - Duration::from_secs(3600), Instant::now());
+    let ends = workload.finish(&fleet).await;
     report.push(format!(
         "workload: {} requests, {} failed; sessions after the node kill: {placed_on_live} on node-2",
         total.0, total.1
     ));
     // The figures, for the README's table.
     println!("{}", report.join("\n"));
-
-    // Every acknowledged write is there, read through the other gateway.
-    let acknowledged = acknowledged
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
-    assert!(
-        acknowledged.len() > 50,
-        "{} writes acknowledged",
-        acknowledged.len()
-    );
-    for (path, body) in &acknowledged {
-        let response = client
-            .get(format!("{}/v1/environments/{writes}/files/{path}", base(1)))
-            .bearer_auth("tok-acme")
-            .send()
-            .await
-            .expect("read back");
-        assert_eq!(
-            response.status(),
-            200,
-            "{path} was acknowledged and is gone"
-        );
-        assert_eq!(&response.text().await.expect("body"), body, "{path}");
-    }
-    // Every build that was followed to its end is ready, the one the killed builder held
-    // included.
-    let ends = build_ends
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
     assert!(ends.len() >= 3, "{} builds ended", ends.len());
-    for (version, build) in &ends {
-        assert_eq!(build["status"], "ready", "build {version}: {build}");
-    }
     assert!(
         ends.iter().any(|(v, _)| v.to_string() == version),
         "the killed builder's build {version} never ended: {ends:?}"

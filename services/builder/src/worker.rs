@@ -47,6 +47,8 @@ pub use crate::origin::LayerLedger;
 const RETRY_FOR: Duration = Duration::from_secs(300);
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 const RETRY_MOST: Duration = Duration::from_secs(8);
+/// How long a poll for work waits on one catalog (which holds an empty one up to 20 s).
+const CLAIM_WITHIN: Duration = Duration::from_secs(25);
 /// How often counting a layer is tried before its build fails, and the pause between tries.
 const LEDGER_TRIES: u32 = 3;
 const LEDGER_PAUSE: Duration = Duration::from_secs(1);
@@ -282,10 +284,14 @@ pub async fn run(
         let asked = tokio::time::Instant::now();
         let mut client = catalog.clone();
         // An empty poll is not worth a trace; a build it finds gets its own (see `build`).
+        // The catalog holds an empty poll for up to 20 s; a catalog that has not answered
+        // well after that is not going to, and the next poll goes to another replica.
+        let mut request = tonic::Request::new(pb::ClaimBuildRequest {
+            builder: options.name.clone(),
+        });
+        request.set_timeout(CLAIM_WITHIN);
         let poll = client
-            .claim_build(pb::ClaimBuildRequest {
-                builder: options.name.clone(),
-            })
+            .claim_build(request)
             .instrument(plinth_kit::telemetry::idle("builder.poll"));
         let claim = tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
@@ -410,18 +416,18 @@ async fn run_build(
                 }
                 // A renewal that takes longer than the renewal period is a failed one: the
                 // lease must not run out while this builder waits on a stuck call.
-                let renewed = tokio::time::timeout(
-                    every,
-                    catalog.renew_lease(pb::RenewLeaseRequest {
-                        lease_token: token.clone(),
-                    }),
-                )
-                .await
-                .unwrap_or_else(|_| {
-                    Err(tonic::Status::deadline_exceeded(
-                        "renewing the lease timed out",
-                    ))
+                // Each replica gets half the period, so a sick one leaves time for another.
+                let mut request = tonic::Request::new(pb::RenewLeaseRequest {
+                    lease_token: token.clone(),
                 });
+                request.set_timeout(every / 2);
+                let renewed = tokio::time::timeout(every, catalog.renew_lease(request))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(tonic::Status::deadline_exceeded(
+                            "renewing the lease timed out",
+                        ))
+                    });
                 match renewed {
                     Ok(answer) => expires_at_ms = answer.into_inner().expires_at_ms,
                     Err(status) => {

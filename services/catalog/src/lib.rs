@@ -166,6 +166,9 @@ pub enum CatalogError {
     Grpc(#[from] tonic::transport::Error),
 }
 
+/// How long the database may take to answer the readiness check's statement.
+const DATABASE_CHECK_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The most one request to a catalog service may carry (Brain's service excepted).
 const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 
@@ -192,12 +195,28 @@ pub async fn run(
     let readiness_store = store.clone();
     let readiness: ReadinessCheck = admin::watch(Arc::new(move || {
         let store = readiness_store.clone();
-        Box::pin(async move { store.ping().await.map_err(|error| error.to_string()) })
+        Box::pin(async move {
+            // A statement on a pooled connection to a database that stopped answering
+            // (its packets dropped) would wait for TCP to give up: a second is plenty.
+            match tokio::time::timeout(DATABASE_CHECK_WITHIN, store.ping()).await {
+                Ok(outcome) => outcome.map_err(|error| error.to_string()),
+                Err(_) => Err(format!(
+                    "the database did not answer within {} s",
+                    DATABASE_CHECK_WITHIN.as_secs()
+                )),
+            }
+        })
     }));
-    let server = options
+    let mut server = options
         .internal
         .server(plinth_proto::FILE_DESCRIPTOR_SET, ACCESS)
-        .answer_locally(options.local.clone());
+        .answer_locally(options.local.clone())
+        .cap_calls(options.internal.calls.clone());
+    // Catalogs on PostgreSQL have replicas to send callers to: one whose database stopped
+    // answering turns them away at once. One on SQLite is the only one there is.
+    if store.backend() == plinth_kit::database::Backend::Postgres {
+        server = server.refuse_while_not_ready(readiness.clone());
+    }
     server
         .report_health(
             &[SERVICE_NAME, HARNESS_SERVICE_NAME],

@@ -25,12 +25,14 @@ pub type ReadinessCheck =
 
 /// How long one readiness check may take before it counts as failed.
 pub const CHECK_WITHIN: Duration = Duration::from_secs(2);
-/// How often a ready process checks again.
-const READY_EVERY: Duration = Duration::from_secs(1);
+/// How often a ready process checks again: a dependency that stops answering is noticed
+/// within this and its check's own bound, and a replica that refuses calls meanwhile (see
+/// `GrpcServer::refuse_while_not_ready`) starts to.
+const READY_EVERY: Duration = Duration::from_millis(500);
 /// How often a process that is not ready checks again.
 const NOT_READY_EVERY: Duration = Duration::from_millis(250);
 
-/// Runs `check` in the background (at once, then every second while it passes and four
+/// Runs `check` in the background (at once, then every half second while it passes and four
 /// times a second while it fails, each run cut at [`CHECK_WITHIN`]) and answers from its last
 /// outcome at once. `/readyz` and the gRPC health status read the same outcome, so a probe
 /// never waits on a dependency (a catalog whose database stalls answers its probe in
@@ -43,7 +45,10 @@ pub fn watch(check: ReadinessCheck) -> ReadinessCheck {
     let weak = Arc::downgrade(&last);
     crate::tasks::spawn(async move {
         loop {
-            let outcome = match tokio::time::timeout(CHECK_WITHIN, check()).await {
+            // Routine: not worth a trace, nor are the health checks it makes elsewhere.
+            let round =
+                tracing::Instrument::instrument(check(), crate::telemetry::idle("readiness.check"));
+            let outcome = match tokio::time::timeout(CHECK_WITHIN, round).await {
                 Ok(outcome) => outcome,
                 Err(_) => Err(format!(
                     "its dependencies did not answer within {} s",

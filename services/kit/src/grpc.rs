@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-pub use crate::replicas::{CallRules, Replicas, TargetError};
+pub use crate::replicas::{CallRule, CallRules, Deadlines, LONG_CALLS, Replicas, TargetError};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
@@ -48,6 +48,8 @@ pub struct GrpcServer {
     auth: ServerAuth,
     tls: Option<TlsSettings>,
     local: Option<LocalSlot>,
+    caps: Option<CallRules>,
+    refuse_unless: Option<ReadinessCheck>,
 }
 
 impl GrpcServer {
@@ -66,7 +68,28 @@ impl GrpcServer {
             auth,
             tls: None,
             local: None,
+            caps: None,
+            refuse_unless: None,
         }
+    }
+
+    /// Caps every call (health and reflection excepted) at its deadline under `rules` (see
+    /// [`Deadlines`]): a call still working then (its database statement blackholed, say) is
+    /// answered `UNAVAILABLE` saying so, and its work dropped, so that callers try another
+    /// replica instead of waiting on this one.
+    pub fn cap_calls(mut self, rules: CallRules) -> Self {
+        self.caps = Some(rules);
+        self
+    }
+
+    /// Refuses every call (health and reflection excepted) at once while `check` (a
+    /// [`crate::admin::watch`]ed check, which answers at once) fails: `UNAVAILABLE`, marked
+    /// as refused before any work, so callers send even a call that is not idempotent to
+    /// another replica. For a service that has replicas to fail over to: one whose database
+    /// stopped answering turns callers away in a millisecond instead of a deadline.
+    pub fn refuse_while_not_ready(mut self, check: ReadinessCheck) -> Self {
+        self.refuse_unless = Some(check);
+        self
     }
 
     /// Serves over TLS with `tls`'s certificate (and requires client certificates when it
@@ -92,7 +115,7 @@ impl GrpcServer {
     /// Keeps the health status of `services` (the gRPC services one process serves over the
     /// same dependencies), and the server's overall status (service `""`), true to `check`
     /// (those dependencies, such as its database; a [`crate::admin::watch`]ed check answers at
-    /// once): SERVING now, then re-checked every second until `shutdown`, so load balancers,
+    /// once): SERVING now, then re-checked four times a second until `shutdown`, so load balancers,
     /// the clients' replica probes and the gateway's `/readyz` see a service that lost its
     /// database. One check speaks for all of them, so they never disagree.
     pub async fn report_health(
@@ -114,7 +137,7 @@ impl GrpcServer {
             loop {
                 tokio::select! {
                     () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = tokio::time::sleep(Duration::from_millis(250)) => {}
                 }
                 let outcome = check().await;
                 let status = match (&outcome, serving) {
@@ -175,6 +198,8 @@ impl GrpcServer {
                 &[self.descriptor_set, tonic_health::pb::FILE_DESCRIPTOR_SET],
                 &self.served,
             )),
+            caps: self.caps.map(Arc::new),
+            refuse_unless: self.refuse_unless,
         };
         let routes = self.routes.routes();
         if let Some(slot) = self.local {
@@ -236,6 +261,8 @@ pub fn add_reflection(
 struct ServerLayer {
     auth: Arc<ServerAuth>,
     rpcs: Arc<Rpcs>,
+    caps: Option<Arc<CallRules>>,
+    refuse_unless: Option<ReadinessCheck>,
 }
 
 impl<S> tower::Layer<S> for ServerLayer {
@@ -246,6 +273,8 @@ impl<S> tower::Layer<S> for ServerLayer {
             inner,
             auth: self.auth.clone(),
             rpcs: self.rpcs.clone(),
+            caps: self.caps.clone(),
+            refuse_unless: self.refuse_unless.clone(),
         }
     }
 }
@@ -255,6 +284,8 @@ struct ServerService<S> {
     inner: S,
     auth: Arc<ServerAuth>,
     rpcs: Arc<Rpcs>,
+    caps: Option<Arc<CallRules>>,
+    refuse_unless: Option<ReadinessCheck>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -303,12 +334,60 @@ where
                 }
             }
         }
+        // Health and reflection answer whatever the dependencies do.
+        let guarded = !path.starts_with(OPEN_PREFIX) && !path.starts_with(ANY_ROLE_PREFIX);
+        let refuse_unless = self.refuse_unless.clone().filter(|_| guarded);
+        let deadline = self
+            .caps
+            .as_ref()
+            .filter(|_| guarded)
+            .and_then(|rules| rules.deadlines().of(rules.rule_of(&path)));
         // The clone that was polled ready is the one that must be called.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(
             async move {
-                match inner.call(request).await {
+                if let Some(check) = refuse_unless
+                    && let Err(reason) = check().await
+                {
+                    tracing::debug!(%reason, "refusing a call: this replica cannot serve");
+                    let mut response = tonic::Status::unavailable(format!(
+                        "this replica cannot serve now ({reason}); the call was not processed: \
+                         send it to another replica, or again shortly"
+                    ))
+                    .into_http();
+                    response.headers_mut().insert(
+                        crate::replicas::REFUSED_HEADER,
+                        http::HeaderValue::from_static("not-processed"),
+                    );
+                    metrics::counter!("plinth_grpc_server_refused_total").increment(1);
+                    return Ok(call.watch(response));
+                }
+                let answered = match deadline {
+                    Some(deadline) => match tokio::time::timeout(deadline, inner.call(request))
+                        .await
+                    {
+                        Ok(answered) => answered,
+                        Err(_) => {
+                            tracing::warn!(
+                                deadline_s = deadline.as_secs_f64(),
+                                "a call did not finish within its deadline; answering UNAVAILABLE"
+                            );
+                            metrics::counter!("plinth_grpc_server_deadlines_total").increment(1);
+                            return Ok(call.watch(
+                                tonic::Status::unavailable(format!(
+                                    "this replica did not finish the call within {:.1} s (what it \
+                                     depends on, such as its database, may not be answering); \
+                                     try again",
+                                    deadline.as_secs_f64()
+                                ))
+                                .into_http(),
+                            ));
+                        }
+                    },
+                    None => inner.call(request).await,
+                };
+                match answered {
                     Ok(response) => Ok(call.watch(response)),
                     Err(error) => {
                         call.finish(Some(tonic::Code::Internal), End::Failed);
@@ -895,6 +974,8 @@ mod tests {
                 &[tonic_health::pb::FILE_DESCRIPTOR_SET],
                 &[HEALTH_SERVICE],
             )),
+            caps: None,
+            refuse_unless: None,
         }
     }
 

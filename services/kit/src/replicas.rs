@@ -146,11 +146,73 @@ pub struct CallRule {
     pub unary_request: bool,
     /// `idempotency_level` is `IDEMPOTENT` or `NO_SIDE_EFFECTS`.
     pub idempotent: bool,
+    /// Its work grows with the data it covers (see [`LONG_CALLS`]).
+    pub long: bool,
 }
 
-/// The rule of every method the client may call, read from descriptor sets.
+/// How long a call between services may take before its caller stops waiting (and the server
+/// stops working on it, where the server caps its calls, see
+/// [`crate::grpc::GrpcServer::cap_calls`]): `quick` for a call whose request is one message,
+/// `long` for those of [`LONG_CALLS`]. A streamed request is bounded by its own limits; a
+/// streamed answer's first message must come within the deadline, the rest by their own
+/// limits. A caller may set a shorter deadline on one call (`grpc-timeout`, as tonic's
+/// `Request::set_timeout` writes it): a heartbeat does, to reach another replica in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadlines {
+    /// Most calls: a few database statements.
+    pub quick: Duration,
+    /// Calls whose work grows with what they cover.
+    pub long: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            quick: Duration::from_secs(5),
+            long: Duration::from_secs(120),
+        }
+    }
+}
+
+impl Deadlines {
+    /// The deadline of a call under `rule`; `None` for a streamed request.
+    pub fn of(&self, rule: CallRule) -> Option<Duration> {
+        match (rule.unary_request, rule.long) {
+            (false, _) => None,
+            (true, false) => Some(self.quick),
+            (true, true) => Some(self.long),
+        }
+    }
+}
+
+/// Methods whose work grows with the data they cover (a whole tree, a collection round, an
+/// environment's every file): they get [`Deadlines::long`].
+pub const LONG_CALLS: &[&str] = &[
+    // Holds an empty poll for work up to 20 s.
+    "/plinth.catalog.v1.CatalogService/ClaimBuild",
+    "/plinth.catalog.v1.CatalogService/CompleteBuild",
+    "/plinth.catalog.v1.CatalogService/DeleteEnvironment",
+    "/plinth.catalog.v1.CollectionService/HoldBlobs",
+    "/plinth.catalog.v1.CollectionService/BeginCollection",
+    "/plinth.catalog.v1.CollectionService/EndCollection",
+    "/plinth.source.v1.SourceService/ListTree",
+    "/plinth.source.v1.SourceService/Delete",
+    "/plinth.source.v1.SourceService/Snapshot",
+    "/plinth.source.v1.SourceService/Stats",
+    "/plinth.source.v1.SourceService/DropEnvironment",
+    "/plinth.source.v1.SourceService/RecordLayer",
+    "/plinth.source.v1.SourceService/ForgetLayer",
+    "/plinth.source.v1.SourceService/Usage",
+    "/plinth.source.v1.SourceService/GetOrigin",
+    "/plinth.node.v1.NodeService/Attach",
+    "/plinth.node.v1.NodeService/Detach",
+    "/plinth.node.v1.NodeService/Materialize",
+];
+
+/// The rule of every method the client may call, read from descriptor sets, and the
+/// deadlines calls get.
 #[derive(Clone, Debug, Default)]
-pub struct CallRules(Arc<HashMap<String, CallRule>>);
+pub struct CallRules(Arc<HashMap<String, CallRule>>, Deadlines);
 
 impl CallRules {
     /// The methods of every service in `descriptor_sets`, and the standard health check.
@@ -176,12 +238,14 @@ impl CallRules {
                             .as_ref()
                             .map(|options| options.idempotency_level())
                             .unwrap_or_default();
+                        let long = LONG_CALLS.contains(&path.as_str());
                         rules.insert(
                             path,
                             CallRule {
                                 unary_request: !method.client_streaming(),
                                 idempotent: level
                                     != prost_types::method_options::IdempotencyLevel::IdempotencyUnknown,
+                                long,
                             },
                         );
                     }
@@ -194,12 +258,27 @@ impl CallRules {
             CallRule {
                 unary_request: true,
                 idempotent: true,
+                long: false,
             },
         );
-        CallRules(Arc::new(rules))
+        CallRules(Arc::new(rules), Deadlines::default())
     }
 
-    fn rule(&self, path: &str) -> CallRule {
+    /// The same rules, calls given `deadlines`.
+    #[must_use]
+    pub fn with_deadlines(mut self, deadlines: Deadlines) -> CallRules {
+        self.1 = deadlines;
+        self
+    }
+
+    /// The deadlines calls get.
+    pub fn deadlines(&self) -> Deadlines {
+        self.1
+    }
+
+    /// The rule of the method at `path` (the default, a call never sent again, for one not
+    /// described).
+    pub fn rule_of(&self, path: &str) -> CallRule {
         self.0.get(path).copied().unwrap_or_default()
     }
 }
@@ -274,24 +353,28 @@ impl Replica {
             health.probing = true;
         }
         let replica = Arc::clone(self);
-        crate::tasks::spawn(async move {
-            let mut client =
-                tonic_health::pb::health_client::HealthClient::new(replica.channel.clone());
-            let check = client.check(tonic_health::pb::HealthCheckRequest::default());
-            // The server's overall status: a replica whose database does not answer reports
-            // NOT_SERVING there (see `GrpcServer::report_health`) and stays set aside.
-            let answered = matches!(
-                tokio::time::timeout(CONNECT_TIMEOUT + Duration::from_secs(1), check).await,
-                Ok(Ok(answer)) if answer.get_ref().status()
-                    == tonic_health::pb::health_check_response::ServingStatus::Serving
-            );
-            if answered {
-                replica.answered();
-            } else {
-                replica.failed(&BoxError::from("its health check got no answer"));
-            }
-            lock(&replica.health).probing = false;
-        });
+        let round = crate::telemetry::idle("replica.probe");
+        crate::tasks::spawn(tracing::Instrument::instrument(
+            async move {
+                let mut client =
+                    tonic_health::pb::health_client::HealthClient::new(replica.channel.clone());
+                let check = client.check(tonic_health::pb::HealthCheckRequest::default());
+                // The server's overall status: a replica whose database does not answer reports
+                // NOT_SERVING there (see `GrpcServer::report_health`) and stays set aside.
+                let answered = matches!(
+                    tokio::time::timeout(CONNECT_TIMEOUT + Duration::from_secs(1), check).await,
+                    Ok(Ok(answer)) if answer.get_ref().status()
+                        == tonic_health::pb::health_check_response::ServingStatus::Serving
+                );
+                if answered {
+                    replica.answered();
+                } else {
+                    replica.failed(&BoxError::from("its health check got no answer"));
+                }
+                lock(&replica.health).probing = false;
+            },
+            round,
+        ));
     }
 }
 
@@ -381,7 +464,20 @@ impl Replicas {
         request: http::Request<Body>,
     ) -> Result<http::Response<Body>, BoxError> {
         let pool = &self.0;
-        let rule = pool.rules.rule(request.uri().path());
+        let rule = pool.rules.rule_of(request.uri().path());
+        // The caller's own deadline, when it set one, else the method's. A replica that does
+        // not answer within it is set aside as a dead one is (a process that hangs, a network
+        // that drops its packets), and the call goes to another when that is safe.
+        let deadline = request
+            .headers()
+            .get("grpc-timeout")
+            .and_then(|value| grpc_timeout(value.as_bytes()))
+            .or_else(|| {
+                pool.rules
+                    .1
+                    .of(rule)
+                    .map(|deadline| deadline + SERVER_FIRST)
+            });
         let (parts, body) = request.into_parts();
         // A one-message request is read whole so it can be sent again; tonic has encoded it
         // already, so this costs a copy of bytes that are in memory anyway. A streamed one is
@@ -423,12 +519,49 @@ impl Replicas {
             *request.version_mut() = parts.version;
             *request.headers_mut() = parts.headers.clone();
             *request.extensions_mut() = parts.extensions.clone();
-            let result = match replica.channel.clone().ready_oneshot().await {
-                Ok(mut channel) => tower::Service::call(&mut channel, request).await,
-                Err(error) => Err(error),
-            }
-            .map_err(BoxError::from);
+            let attempt = async {
+                match replica.channel.clone().ready_oneshot().await {
+                    Ok(mut channel) => tower::Service::call(&mut channel, request).await,
+                    Err(error) => Err(error),
+                }
+                .map_err(BoxError::from)
+            };
+            let result = match deadline {
+                Some(deadline) => match tokio::time::timeout(deadline, attempt).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        let error = BoxError::from(format!(
+                            "{} did not answer {} within {:.1} s",
+                            replica.name,
+                            parts.uri.path(),
+                            deadline.as_secs_f64()
+                        ));
+                        replica.failed(&error);
+                        if replay.is_some() && rule.idempotent && tried.len() + 1 < MAX_ATTEMPTS {
+                            tracing::debug!(replica = %replica.name, path = parts.uri.path(), "a replica did not answer in time; sending the call again to another");
+                            tried.push(replica);
+                            last_unavailable = Some(unavailable_answer(&error.to_string()));
+                            continue;
+                        }
+                        return Ok(unavailable_answer(&error.to_string()));
+                    }
+                },
+                None => attempt.await,
+            };
             match result {
+                Ok(response)
+                    if unavailable(&response)
+                        && refused(&response)
+                        && replay.is_some()
+                        && tried.len() + 1 < MAX_ATTEMPTS =>
+                {
+                    // Refused before any work (the replica knows it cannot serve): any call
+                    // whose request can be sent again goes to another replica.
+                    replica.failed(&BoxError::from("it refused the call: it cannot serve"));
+                    tracing::debug!(replica = %replica.name, path = parts.uri.path(), "a replica refused a call it cannot serve; sending it to another");
+                    tried.push(replica);
+                    last_unavailable = Some(response);
+                }
                 Ok(response)
                     if unavailable(&response)
                         && replay.is_some()
@@ -453,15 +586,29 @@ impl Replicas {
                     replica.failed(&error);
                     pool.mark_stale();
                     let never_sent = never_sent(error.as_ref());
+                    // The caller's own deadline (`grpc-timeout`), which the channel keeps too.
+                    let late = timed_out(error.as_ref()).then(|| {
+                        unavailable_answer(&format!(
+                            "{} did not answer {} within the call's deadline",
+                            replica.name,
+                            parts.uri.path()
+                        ))
+                    });
                     let again = replay.is_some()
                         && (never_sent || rule.idempotent)
                         && tried.len() + 1 < MAX_ATTEMPTS;
                     if !again {
-                        return Err(error);
+                        return match late {
+                            Some(answer) => Ok(answer),
+                            None => Err(error),
+                        };
                     }
                     tracing::debug!(replica = %replica.name, path = parts.uri.path(), never_sent, "sending a call again to another replica");
                     tried.push(replica);
-                    last_error = Some(error);
+                    match late {
+                        Some(answer) => last_unavailable = Some(answer),
+                        None => last_error = Some(error),
+                    }
                 }
             }
         }
@@ -710,11 +857,58 @@ fn unavailable(response: &http::Response<Body>) -> bool {
         .is_some_and(|status| status.as_bytes() == b"14")
 }
 
+/// The header a server sets on a refusal made before any work (see
+/// [`crate::grpc::GrpcServer::refuse_while_not_ready`]): the call may be sent to another
+/// replica whatever its method.
+pub const REFUSED_HEADER: &str = "plinth-refused";
+
+/// Whether an answer is such a refusal.
+fn refused(response: &http::Response<Body>) -> bool {
+    response.headers().contains_key(REFUSED_HEADER)
+}
+
+/// How much longer than a server's own cap a client waits, so the server's answer (which
+/// says why) arrives first when the server is there to give it.
+const SERVER_FIRST: Duration = Duration::from_secs(1);
+
+/// A trailers-only `UNAVAILABLE` answer saying `message`, as a server gives one.
+pub(crate) fn unavailable_answer(message: &str) -> http::Response<Body> {
+    tonic::Status::unavailable(message).into_http()
+}
+
+/// A `grpc-timeout` header's duration (`<digits><unit>`, units `H M S m u n`).
+fn grpc_timeout(value: &[u8]) -> Option<Duration> {
+    let (&unit, digits) = value.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let amount: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b'H' => Duration::from_secs(amount.saturating_mul(3600)),
+        b'M' => Duration::from_secs(amount.saturating_mul(60)),
+        b'S' => Duration::from_secs(amount),
+        b'm' => Duration::from_millis(amount),
+        b'u' => Duration::from_micros(amount),
+        b'n' => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
 /// Whether the call failed before its request left: the connection could not be made.
 fn never_sent(error: &(dyn std::error::Error + 'static)) -> bool {
+    caused_by::<tonic::ConnectError>(error)
+}
+
+/// Whether the call ran out of the deadline its caller set.
+fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
+    caused_by::<tonic::TimeoutExpired>(error)
+}
+
+/// Whether `error` or one of its causes is an `E`.
+fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut current = Some(error);
     while let Some(error) = current {
-        if error.downcast_ref::<tonic::ConnectError>().is_some() {
+        if error.downcast_ref::<E>().is_some() {
             return true;
         }
         current = error.source();
@@ -901,6 +1095,92 @@ mod tests {
             let status = who(&mut client).await.expect_err("nothing listens");
             // What callers retry elsewhere on (a session placed on a dead node, say).
             assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        }
+    }
+
+    /// A loopback port that accepts connections and never says anything on them: a process
+    /// that hangs, or a network that drops its answers. Open until the returned sender is
+    /// dropped.
+    fn blackhole() -> (SocketAddr, std::sync::mpsc::Sender<()>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let address = listener.local_addr().expect("the listener's address");
+        let (keep, stop) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            listener.set_nonblocking(true).expect("non-blocking");
+            let mut held = Vec::new();
+            while let Err(std::sync::mpsc::TryRecvError::Empty) = stop.try_recv() {
+                if let Ok((socket, _)) = listener.accept() {
+                    held.push(socket);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        (address, keep)
+    }
+
+    fn quick_client(urls: &str, quick: Duration) -> HealthClient<Transport> {
+        let replicas = Replicas::new(
+            urls,
+            None,
+            CallRules::from_descriptor_sets(&[tonic_health::pb::FILE_DESCRIPTOR_SET])
+                .with_deadlines(Deadlines { quick, long: quick }),
+        )
+        .expect("replicas");
+        HealthClient::new(Transport::remote(replicas))
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_never_answers_is_passed_for_another_within_the_deadline() {
+        let (hung, _open) = blackhole();
+        let (b, _b_server) = replica(ServingStatus::NotServing).await;
+        // The deadline given is the server's; the client waits a second more.
+        let mut client = quick_client(
+            &format!("http://{hung},http://{b}"),
+            Duration::from_millis(200),
+        );
+        for call in 0..6 {
+            let answer = tokio::time::timeout(Duration::from_secs(60), who(&mut client))
+                .await
+                .expect("the call answers rather than hanging");
+            assert_eq!(answer.ok(), Some(B), "call {call}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_that_cannot_go_elsewhere_answers_unavailable_at_its_deadline() {
+        let (hung, _open) = blackhole();
+        let mut client = quick_client(&format!("http://{hung}"), Duration::from_millis(200));
+        // Also what a caller's own shorter deadline does: `grpc-timeout` on the request.
+        let mut own = tonic::Request::new(HealthCheckRequest {
+            service: "who".to_owned(),
+        });
+        own.set_timeout(Duration::from_millis(100));
+        for answer in [
+            tokio::time::timeout(Duration::from_secs(60), who(&mut client)).await,
+            tokio::time::timeout(Duration::from_secs(60), async {
+                client
+                    .check(own)
+                    .await
+                    .map(|answer| answer.into_inner().status)
+            })
+            .await,
+        ] {
+            let status = answer
+                .expect("the call answers rather than hanging")
+                .expect_err("nothing answers");
+            assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+            assert!(status.message().contains("did not answer"), "{status:?}");
+        }
+    }
+
+    #[test]
+    fn grpc_timeout_headers_are_read_as_grpc_writes_them() {
+        assert_eq!(grpc_timeout(b"250m"), Some(Duration::from_millis(250)));
+        assert_eq!(grpc_timeout(b"2S"), Some(Duration::from_secs(2)));
+        assert_eq!(grpc_timeout(b"1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(grpc_timeout(b"500u"), Some(Duration::from_micros(500)));
+        for bad in [&b""[..], b"m", b"12", b"1x", b"-1S", b"123456789S"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad:?}");
         }
     }
 

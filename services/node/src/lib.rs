@@ -599,6 +599,10 @@ async fn keep_registered(
                 let known = sessions.ids();
                 report_gauges(&options.state_dir, &cache, &sessions);
                 // A heartbeat is routine: not worth a trace (see `telemetry::idle`).
+                // A replica that does not answer within the period is passed for another, so
+                // one sick catalog does not make this node late.
+                let mut request = tonic::Request::new(request);
+                request.set_timeout(every);
                 match catalog
                     .node_heartbeat(request)
                     .instrument(plinth_kit::telemetry::idle("node.heartbeat"))

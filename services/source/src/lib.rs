@@ -158,24 +158,37 @@ pub async fn run(
     let readiness: ReadinessCheck = admin::watch(Arc::new(move || {
         let (index, blobs) = (readiness_index.clone(), readiness_blobs.clone());
         Box::pin(async move {
-            index
-                .ping()
-                .await
-                .map_err(|error| format!("the index database does not answer: {error}"))?;
+            // A database or store whose packets are dropped would hold a statement until TCP
+            // gives up: a second is plenty.
+            let within = std::time::Duration::from_secs(1);
+            match tokio::time::timeout(within, index.ping()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    return Err(format!("the index database does not answer: {error}"));
+                }
+                Err(_) => return Err("the index database did not answer within 1 s".to_owned()),
+            }
             admin::describe(
                 "blob store",
-                match blobs.ping().await {
-                    Ok(()) => "answers".to_owned(),
-                    Err(error) => format!("does not answer ({error})"),
+                match tokio::time::timeout(within, blobs.ping()).await {
+                    Ok(Ok(())) => "answers".to_owned(),
+                    Ok(Err(error)) => format!("does not answer ({error})"),
+                    Err(_) => "does not answer within 1 s".to_owned(),
                 },
             );
             Ok(())
         })
     }));
-    let server = options
+    let mut server = options
         .internal
         .server(plinth_proto::FILE_DESCRIPTOR_SET, ACCESS)
-        .answer_locally(options.local.clone());
+        .answer_locally(options.local.clone())
+        .cap_calls(options.internal.calls.clone());
+    // Sources on PostgreSQL have replicas to send callers to: one whose index database
+    // stopped answering turns them away at once. One on SQLite is the only one there is.
+    if options.database_url.starts_with("postgres") {
+        server = server.refuse_while_not_ready(readiness.clone());
+    }
     server
         .report_health(&[SERVICE_NAME], readiness.clone(), shutdown.clone())
         .await;

@@ -1,0 +1,320 @@
+//! The partial faults of a split deployment, each under the scale-out test's workload through
+//! both gateways (two of every service as real processes, see `scale_out.rs`):
+//!
+//! - one catalog's database blackholed for 20 s (a forwarder between that catalog and
+//!   PostgreSQL holds every connection and forwards nothing, as a network that drops packets
+//!   does): only requests sent in its first seconds may fail, no node's heartbeat goes late,
+//!   and no build loses its lease;
+//! - the S3-protocol store stopped for 20 s (every service's forwarder to it closes every
+//!   connection): no request answers 500, the gateways and nodes stay ready, and builds in
+//!   progress are ready once it is back.
+//!
+//! Every acknowledged write reads back afterwards, as in `scale_out.rs`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use plinth_catalog::testing::{self, PostgresAvailability};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::scale_out::{Workload, start_fleet};
+
+/// How long each fault lasts.
+const FAULT: Duration = Duration::from_secs(20);
+/// The deadline of quick calls between services in this deployment
+/// (`internal.call_timeout_ms`).
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// From the start of the database fault, how long requests may still fail: a request sent
+/// before the sick catalog knows it is sick (its readiness check is bounded at 1 s and runs
+/// twice a second) may wait on it until its deadline. A second more for a loaded machine.
+const NOTICED_WITHIN: Duration = Duration::from_secs(3);
+/// `catalog.node_ttl_ms`, the default.
+const NODE_TTL_MS: i64 = 3000;
+
+/// What a forwarder does with connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Forwards both ways.
+    Up,
+    /// Holds every connection, old and new, and forwards nothing: packets dropped.
+    Blackholed,
+    /// Closes every connection, old and new: the server is gone.
+    Down,
+}
+
+/// A loopback TCP forwarder to `upstream` whose [`Mode`] the test sets.
+struct Forwarder {
+    addr: SocketAddr,
+    mode: Arc<watch::Sender<Mode>>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl Forwarder {
+    async fn start(upstream: SocketAddr) -> Forwarder {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let mode = Arc::new(watch::channel(Mode::Up).0);
+        let accepting = {
+            let mode = mode.clone();
+            plinth_kit::tasks::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    plinth_kit::tasks::spawn(forward(client, upstream, mode.subscribe()));
+                }
+            })
+        };
+        Forwarder {
+            addr,
+            mode,
+            accepting,
+        }
+    }
+
+    fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+async fn forward(mut client: TcpStream, upstream: SocketAddr, mut mode: watch::Receiver<Mode>) {
+    let now = *mode.borrow_and_update();
+    match now {
+        Mode::Down => return,
+        Mode::Blackholed => {
+            // Held silent until the fault ends; then closed, and the client connects again.
+            let _ = mode.wait_for(|mode| *mode != Mode::Blackholed).await;
+            return;
+        }
+        Mode::Up => {}
+    }
+    let Ok(mut server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let blackholed = tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => false,
+        changed = mode.wait_for(|mode| *mode != Mode::Up) => {
+            changed.is_ok_and(|mode| *mode == Mode::Blackholed)
+        }
+    };
+    if blackholed {
+        // Both ends held silent until the fault ends; then closed.
+        let _ = mode.wait_for(|mode| *mode != Mode::Blackholed).await;
+    }
+}
+
+/// `host:port` of a URL's authority (after any `user:password@`).
+fn authority(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+    authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host)
+        .to_owned()
+}
+
+fn socket(authority: &str) -> SocketAddr {
+    use std::net::ToSocketAddrs as _;
+    authority
+        .to_socket_addrs()
+        .expect("the address resolves")
+        .next()
+        .expect("an address")
+}
+
+fn now_ms() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis(),
+    )
+    .expect("fits")
+}
+
+/// `psql -At -c <sql>`.
+fn psql(database_url: &str, sql: &str) -> String {
+    let output = std::process::Command::new("psql")
+        .args([database_url, "-At", "-c", sql])
+        .output()
+        .expect("psql (PostgreSQL's client) runs");
+    assert!(
+        output.status.success(),
+        "psql: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_catalog_database_and_a_stopped_blob_store_cost_only_calls_in_flight() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let PostgresAvailability::Available(server) = testing::postgres() else {
+        return;
+    };
+    let Some(blob_url) = crate::gc::fresh_bucket().await else {
+        return;
+    };
+    let database_url = testing::fresh_postgres_database(&server).await;
+    let postgres = authority(&database_url);
+    let database = Forwarder::start(socket(&postgres)).await;
+    let catalog_one_database = database_url.replacen(&postgres, &database.addr.to_string(), 1);
+    let endpoint = std::env::var("PLINTH_TEST_S3_ENDPOINT").expect("the S3 test server");
+    let store = Forwarder::start(socket(&authority(&endpoint))).await;
+    let blob_url = blob_url.replacen(
+        &authority(&endpoint),
+        &store.addr.to_string(),
+        // The endpoint is the only place the address appears.
+        1,
+    );
+    let fleet = start_fleet(
+        &database_url,
+        [&catalog_one_database, &database_url],
+        &blob_url,
+        &format!(
+            "[internal]\ncall_timeout_ms = {}\n",
+            CALL_TIMEOUT.as_millis()
+        ),
+    )
+    .await;
+    let workload = Workload::start(&fleet);
+    let outcomes = workload.outcomes.clone();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut report = Vec::new();
+
+    // 1. Catalog 1's database blackholed.
+    let blackholed = Instant::now();
+    let blackholed_ms = now_ms();
+    database.set(Mode::Blackholed);
+    let mut late_seen: Vec<String> = Vec::new();
+    while blackholed.elapsed() < FAULT {
+        let late = psql(
+            &fleet.database_url,
+            &format!(
+                "SELECT name FROM nodes WHERE heartbeat_at_ms < {}",
+                now_ms() - NODE_TTL_MS
+            ),
+        );
+        if !late.is_empty() {
+            late_seen.push(format!(
+                "{:.1} s: {late}",
+                blackholed.elapsed().as_secs_f64()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    database.set(Mode::Up);
+    let healed = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (sent, failed, what) = outcomes.count(blackholed, healed);
+    let (_, failed_after, what_after) =
+        outcomes.count(blackholed + NOTICED_WITHIN, healed + Duration::from_secs(5));
+    report.push(format!(
+        "catalog-1's database blackholed for {} s: {failed} of {sent} requests failed, {failed_after} of them sent {} s or more after it",
+        FAULT.as_secs(),
+        NOTICED_WITHIN.as_secs()
+    ));
+    for failure in &what {
+        report.push(format!(
+            "  {}",
+            failure.chars().take(200).collect::<String>()
+        ));
+    }
+    let retried_builds = psql(
+        &fleet.database_url,
+        &format!(
+            "SELECT count(*) FROM builds WHERE environment_id = '{}' AND attempt > 1 AND queued_at_ms > {}",
+            fleet.builds,
+            blackholed_ms - 60_000
+        ),
+    );
+
+    // 2. The blob store stopped.
+    let stopped = Instant::now();
+    store.set(Mode::Down);
+    let mut not_ready: Vec<String> = Vec::new();
+    let ready_urls: Vec<String> = fleet
+        .gateways
+        .iter()
+        .chain(fleet.node_admins.iter())
+        .map(|address| format!("http://{address}/readyz"))
+        .collect();
+    while stopped.elapsed() < FAULT {
+        for url in &ready_urls {
+            match fleet.client.get(url).send().await {
+                Ok(response) if response.status() == 200 => {}
+                Ok(response) => {
+                    let status = response.status();
+                    let body = response.text().await.unwrap_or_default();
+                    not_ready.push(format!("{url}: {status} {body}"));
+                }
+                Err(error) => not_ready.push(format!("{url}: {error}")),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    store.set(Mode::Up);
+    let back = Instant::now();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (sent_b, failed_b, what_b) = outcomes.count(stopped, back + Duration::from_secs(10));
+    let internal_errors: Vec<&String> = what_b
+        .iter()
+        .filter(|what| what.contains("500 Internal Server Error"))
+        .collect();
+    report.push(format!(
+        "the blob store stopped for {} s: {failed_b} of {sent_b} requests failed (none may be a 500)",
+        FAULT.as_secs()
+    ));
+    let mut kinds = std::collections::BTreeMap::<String, usize>::new();
+    for failure in &what_b {
+        *kinds
+            .entry(failure.chars().take(160).collect())
+            .or_default() += 1;
+    }
+    for (failure, count) in kinds {
+        report.push(format!("  {count} × {failure}"));
+    }
+
+    let ends = workload.finish(&fleet).await;
+    report.push(format!(
+        "{} builds followed to their end, all ready",
+        ends.len()
+    ));
+    println!("{}", report.join("\n"));
+
+    assert_eq!(
+        failed_after,
+        0,
+        "requests sent {NOTICED_WITHIN:?} or more after catalog-1's database was blackholed failed: {what_after:?}\n{}",
+        report.join("\n")
+    );
+    assert!(
+        late_seen.is_empty(),
+        "nodes went late while catalog-1's database was blackholed: {late_seen:?}\n{}",
+        fleet.services_log()
+    );
+    assert_eq!(
+        retried_builds, "0",
+        "a build lost its lease while catalog-1's database was blackholed"
+    );
+    assert!(
+        internal_errors.is_empty(),
+        "requests answered 500 while the blob store was stopped: {internal_errors:?}"
+    );
+    assert!(
+        not_ready.is_empty(),
+        "gateways or nodes went not ready while the blob store was stopped: {not_ready:?}"
+    );
+    assert!(
+        !ends.is_empty(),
+        "no build ended across the faults\n{}",
+        report.join("\n")
+    );
+}
