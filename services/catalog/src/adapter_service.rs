@@ -293,8 +293,9 @@ impl pb::adapter_service_server::AdapterService for Adapters {
                 ),
                 StoreError::NoLiveNode => PlinthError::new(
                     ErrorCode::Unavailable,
-                    "no node agent is alive to run the session; retry",
-                ),
+                    "no node agent is alive (and answering the gateway) to run the session; retry",
+                )
+                .with_detail(serde_json::json!({ plinth_kit::error::RETRY_AFTER_MS: 1000 })),
                 StoreError::QuotaExceeded { quota, limit, used } => {
                     plinth_kit::quota::exceeded(quota, limit, used)
                 }

@@ -139,6 +139,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "node_load_and_cache_sets",
                 include_str!("../migrations/sqlite/0020_node_load_and_cache_sets.sql"),
             ),
+            (
+                21,
+                "suspect_nodes",
+                include_str!("../migrations/common/0021_suspect_nodes.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -240,6 +245,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 20,
                 "node_load_and_cache_sets",
                 include_str!("../migrations/postgres/0020_node_load_and_cache_sets.sql"),
+            ),
+            (
+                21,
+                "suspect_nodes",
+                include_str!("../migrations/common/0021_suspect_nodes.sql"),
             ),
         ],
     }

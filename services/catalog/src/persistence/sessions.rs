@@ -129,6 +129,19 @@ impl Store {
         NodeId::parse(&id).ok_or_else(|| StoreError::Corrupt(format!("node id {id:?}")))
     }
 
+    /// Holds the nodes registered at `address` suspect until `until_ms` (0: clears the mark):
+    /// placement passes over them meanwhile, however recent their heartbeat. Answers how many
+    /// nodes have that address. A gateway that cannot reach a node marks it; the mark lapses
+    /// by itself, so one that died holding it excludes the node only until then.
+    pub async fn mark_node_suspect(&self, address: &str, until_ms: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query("UPDATE nodes SET suspect_until_ms = $1 WHERE address = $2")
+            .bind(until_ms)
+            .bind(address)
+            .execute(&self.db.writer)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// The name a node registered with, if it is registered.
     pub async fn node_name(&self, node: &NodeId) -> Result<Option<String>, StoreError> {
         let row = sqlx::query("SELECT name FROM nodes WHERE id = $1")
@@ -630,7 +643,8 @@ fn turns_cursor_id(session: &SessionId) -> String {
 }
 
 /// Places a session in one statement: the version asked for (or the active one) if it is a
-/// ready build with a layer, on the live node with the fewest active sessions, with its
+/// ready build with a layer, on the live node not held suspect (see
+/// [`Store::mark_node_suspect`]) with the fewest active sessions, with its
 /// limits, while the scope has fewer than `limit` active sessions (counted up to `limit`).
 /// `None` when any of that is missing.
 async fn place_session(
@@ -657,7 +671,8 @@ async fn place_session(
          AND b.version = COALESCE($4, e.active_version) \
          AND b.status = 'ready' AND b.layer_tree <> '' \
          JOIN nodes n ON n.id = (SELECT c.id FROM nodes c WHERE c.heartbeat_at_ms >= $9 \
-         AND c.id <> $18 ORDER BY c.active_sessions, c.registered_at_ms, c.id LIMIT 1) \
+         AND c.id <> $18 AND c.suspect_until_ms <= $6 \
+         ORDER BY c.active_sessions, c.registered_at_ms, c.id LIMIT 1) \
          WHERE e.id = $2 AND e.scope = $3 \
          AND (SELECT COUNT(*) FROM (SELECT 1 FROM sessions q WHERE q.scope = $3 \
          AND q.status = 'active' LIMIT $17) counted) < $17 \
@@ -805,7 +820,8 @@ fn excluded(new: &NewSession) -> &str {
     new.exclude_node.as_ref().map_or("", NodeId::as_str)
 }
 
-/// The live node with the fewest live sessions, other than `exclude` (a node id, or '').
+/// The live node not held suspect with the fewest live sessions, other than `exclude` (a
+/// node id, or '').
 async fn live_node(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
     live_since_ms: i64,
@@ -813,11 +829,12 @@ async fn live_node(
 ) -> Result<Option<Node>, StoreError> {
     let row = sqlx::query(
         "SELECT n.id, n.address, n.isolated, n.sessions_dir FROM nodes n \
-         WHERE n.heartbeat_at_ms >= $1 AND n.id <> $2 \
+         WHERE n.heartbeat_at_ms >= $1 AND n.id <> $2 AND n.suspect_until_ms <= $3 \
          ORDER BY n.active_sessions, n.registered_at_ms, n.id LIMIT 1",
     )
     .bind(live_since_ms)
     .bind(exclude)
+    .bind(now_ms())
     .fetch_optional(&mut **tx)
     .await?;
     let Some(row) = row else { return Ok(None) };
