@@ -388,8 +388,11 @@ impl tower::Service<http::Request<Body>> for NodeChannel {
                     Ok(response)
                 }
                 Ok(Err(error)) => {
-                    shared.mark(&address, &error.to_string()).await;
-                    Err(error)
+                    // Refused, reset, or closed by keep-alive: answered as tonic would
+                    // (`unavailable`), naming the node.
+                    let error = error.to_string();
+                    shared.mark(&address, &error).await;
+                    Ok(tonic::Status::from(unreachable(&address, &error)).into_http())
                 }
                 Err(_) => {
                     shared.mark(&address, "no answer within the deadline").await;
@@ -408,6 +411,15 @@ fn did_not_answer(address: &str, deadline: Duration) -> PlinthError {
             "the session's node ({address}) did not answer in time (within {} ms): it is unreachable from this gateway or overloaded; new sessions go to other nodes meanwhile; retry",
             deadline.as_millis()
         ),
+    )
+    .with_detail(serde_json::json!({ crate::error::RETRY_AFTER_MS: 1000 }))
+}
+
+/// What a caller is answered when a node's connection failed.
+fn unreachable(address: &str, error: &str) -> PlinthError {
+    PlinthError::new(
+        ErrorCode::Unavailable,
+        format!("the session's node ({address}) cannot be reached: {error}; retry"),
     )
     .with_detail(serde_json::json!({ crate::error::RETRY_AFTER_MS: 1000 }))
 }

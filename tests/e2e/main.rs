@@ -36,6 +36,7 @@ mod node_restart;
 mod novo;
 mod operators_kit;
 mod pagination;
+mod partition;
 mod processes;
 mod public_grpc;
 mod quotas;
