@@ -703,7 +703,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut nodes = Vec::with_capacity(args.nodes);
     for (index, (name, token)) in credentials.nodes.iter().take(args.nodes).enumerate() {
         let first_at = Duration::from_micros((index as u64 * 1_000_000) / args.nodes as u64);
-        nodes.push(tokio::spawn(node(
+        nodes.push(plinth_kit::tasks::spawn(node(
             catalogs[index % catalogs.len()].clone(),
             name.clone(),
             token.clone(),

@@ -577,7 +577,7 @@ mod tests {
             request
         };
         // One client's slow request holds its only place; the slow route answers after 5 s.
-        let held = tokio::spawn(
+        let held = plinth_kit::tasks::spawn(
             router
                 .clone()
                 .oneshot(from([10, 0, 0, 1], "/v1/environments")),

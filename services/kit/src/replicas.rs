@@ -992,7 +992,7 @@ mod tests {
             .await
             .expect("a loopback port");
         let address = listener.local_addr().expect("the listener's address");
-        let server = tokio::spawn(async move {
+        let server = crate::tasks::spawn(async move {
             let _ = tonic::transport::Server::builder()
                 .add_service(tonic_health::pb::health_server::HealthServer::new(Sick))
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))

@@ -808,7 +808,9 @@ async fn the_load_stays_counted_when_sessions_start_and_end_at_once(store: Store
     let creates = (0..16).map(|_| {
         let store = store.clone();
         let session = new_session(&id);
-        tokio::spawn(async move { store.create_session(session).await.expect("session") })
+        plinth_kit::tasks::spawn(
+            async move { store.create_session(session).await.expect("session") },
+        )
     });
     let sessions: Vec<_> = futures::future::join_all(creates)
         .await
@@ -818,7 +820,7 @@ async fn the_load_stays_counted_when_sessions_start_and_end_at_once(store: Store
     let ends = sessions.iter().map(|session| {
         let store = store.clone();
         let id = session.id.clone();
-        tokio::spawn(async move {
+        plinth_kit::tasks::spawn(async move {
             // Twice: ending an ended session changes nothing, the count included.
             store.end_session(&scope("acme"), &id).await.expect("end");
             store.end_session(&scope("acme"), &id).await.expect("end");
