@@ -1992,6 +1992,51 @@ mod tests {
     }
 
     #[test]
+    fn node_call_deadlines_have_defaults_a_file_flags_and_a_floor() {
+        let ms = std::time::Duration::from_millis;
+        let limits = serve(&[])
+            .expect("defaults")
+            .gateway
+            .node_call_limits()
+            .expect("valid");
+        assert_eq!(
+            (limits.call, limits.attach, limits.suspect_for),
+            (ms(5_000), ms(60_000), ms(30_000))
+        );
+        let (_dir, path) =
+            config_file("[gateway]\nnode_call_timeout_ms = 700\nnode_attach_timeout_ms = 9000\n");
+        let limits = serve(&["--config", &path, "--node-suspect-ms", "4000"])
+            .expect("file and flag")
+            .gateway
+            .node_call_limits()
+            .expect("valid");
+        assert_eq!(
+            (limits.call, limits.attach, limits.suspect_for),
+            (ms(700), ms(9_000), ms(4_000))
+        );
+        // An attach deadline under the unary one is raised to it.
+        let limits = serve(&[
+            "--node-call-timeout-ms",
+            "3000",
+            "--node-attach-timeout-ms",
+            "200",
+        ])
+        .expect("flags")
+        .gateway
+        .node_call_limits()
+        .expect("valid");
+        assert_eq!(limits.attach, ms(3_000));
+        for (flag, floor) in [
+            ("--node-call-timeout-ms", "at least 100"),
+            ("--node-attach-timeout-ms", "at least 100"),
+            ("--node-suspect-ms", "at least 1000"),
+        ] {
+            let error = serve(&[flag, "0"]).expect_err(flag);
+            assert!(error.to_string().contains(floor), "{flag}: {error}");
+        }
+    }
+
+    #[test]
     fn the_edge_limits_have_defaults_a_file_flags_and_a_floor() {
         let config = serve(&[]).expect("defaults");
         let limits = config.gateway.edge_limits().expect("valid");

@@ -39,6 +39,9 @@ type NodeClient = NodeServiceClient<InterceptedService<NodeChannel, ClientInterc
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// The longest a probe waits for its answer.
 const PROBE_WITHIN: Duration = Duration::from_secs(1);
+/// The slowest link between a gateway and a node a file's bytes are given time for, in
+/// bytes a second (a 64 MiB file: 8 s on top of the unary deadline).
+const SLOWEST_LINK: usize = 8 * 1024 * 1024;
 /// Calls that may fetch a version from the blob store before they answer.
 const SLOW_CALLS: [&str; 2] = [
     "/plinth.node.v1.NodeService/Attach",
@@ -193,6 +196,16 @@ impl NodeClients {
     /// The deadline of unary calls, for callers that add a limit of their own to it.
     pub(crate) fn call_timeout(&self) -> Duration {
         self.shared.limits.call
+    }
+
+    /// A call carrying `bytes` to the node (a file written): the unary deadline, and the
+    /// time those bytes take at [`SLOWEST_LINK`] on top, so a large file over a slow link is
+    /// not taken for a node that does not answer.
+    pub(crate) fn carrying<T>(&self, message: T, bytes: usize) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        let transfer = Duration::from_secs_f64(bytes as f64 / SLOWEST_LINK as f64);
+        request.set_timeout(self.shared.limits.call.saturating_add(transfer));
+        request
     }
 
     const LIMIT: usize = MAX_SESSION_FILE_BYTES + 64 * 1024;
@@ -351,7 +364,9 @@ async fn probe(shared: Arc<Shared>) {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The channel to one node, with the deadlines of [`NodeCallLimits`]: a call whose answer's

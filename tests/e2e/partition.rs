@@ -117,6 +117,9 @@ impl Drop for Partition {
     }
 }
 
+/// When a request of the load began, its answer, and the session it created (if any).
+type Seen = (Instant, Answer, Option<String>);
+
 /// One request as its client saw it.
 #[derive(Debug, Clone)]
 struct Answer {
@@ -371,7 +374,9 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
     let environment = create_environment_at(&client, &base, "Partition").await;
     let (status, _) = send(
         client
-            .put(format!("{base}/v1/environments/{environment}/files/hello.txt"))
+            .put(format!(
+                "{base}/v1/environments/{environment}/files/hello.txt"
+            ))
             .body("hello\n"),
     )
     .await;
@@ -379,10 +384,8 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
     send(client.post(format!("{base}/v1/environments/{environment}/build"))).await;
     let built = Instant::now();
     loop {
-        let (_, build) = send(client.get(format!(
-            "{base}/v1/environments/{environment}/builds/1"
-        )))
-        .await;
+        let (_, build) =
+            send(client.get(format!("{base}/v1/environments/{environment}/builds/1"))).await;
         if build["status"] == "ready" {
             break;
         }
@@ -415,8 +418,7 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
             if on_b.is_empty() {
                 on_b.push(id);
             } else {
-                let (status, _) =
-                    send(client.delete(format!("{base}/v1/sessions/{id}"))).await;
+                let (status, _) = send(client.delete(format!("{base}/v1/sessions/{id}"))).await;
                 assert_eq!(status, 200);
             }
         } else {
@@ -455,7 +457,10 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
     let timed_out = exec(&client, &base, &session_on_b).await;
     assert_eq!(timed_out.status, 503, "{timed_out:?}");
     assert!(timed_out.retry_after.is_some(), "{timed_out:?}");
-    assert_eq!(timed_out.body["error"]["code"], "unavailable", "{timed_out:?}");
+    assert_eq!(
+        timed_out.body["error"]["code"], "unavailable",
+        "{timed_out:?}"
+    );
     let message = timed_out.body["error"]["message"].as_str().unwrap_or("");
     assert!(
         message.contains(&b_address) && message.contains("did not answer in time"),
@@ -465,7 +470,7 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
     let first_timeout = Instant::now();
 
     // A little load: creates and commands in the new sessions, and commands in B's session.
-    let answers: Arc<Mutex<Vec<(Instant, Answer, Option<String>)>>> = Arc::default();
+    let answers: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
     for _ in 0..3 {
@@ -588,7 +593,10 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
     let ran = exec(&client, &base, &back_on_b).await;
     assert_eq!(ran.status, 200, "{ran:?}");
     let ran = exec(&client, &base, &session_on_b).await;
-    assert_eq!(ran.status, 200, "B's session outlived the partition: {ran:?}");
+    assert_eq!(
+        ran.status, 200,
+        "B's session outlived the partition: {ran:?}"
+    );
     let workdir = crate::helpers::host_workdir(&b_state, &half_made);
     let gone = Instant::now();
     while on_disk(&b_state).contains(&half_made) || workdir.exists() {

@@ -275,6 +275,8 @@ pub(crate) async fn run(
         }
         Request::WriteFile(mut write) => {
             write.session_id = session_id;
+            let bytes = write.content.len();
+            let write = target.nodes.carrying(write, bytes);
             let written = target.workspace()?.write(write).await?.into_inner();
             (
                 json!({
@@ -289,6 +291,8 @@ pub(crate) async fn run(
         Request::WriteArtifact(mut write) => {
             write.session_id = session_id;
             let path = write.path.clone();
+            let bytes = write.content.len();
+            let write = target.nodes.carrying(write, bytes);
             let written = target.workspace()?.write(write).await?.into_inner();
             (
                 json!({ "path": path, "bytes_written": written.bytes_written }),
