@@ -137,6 +137,9 @@ struct Shared {
     suspects: Mutex<HashMap<String, Suspect>>,
     /// Whether the probe task runs.
     probing: AtomicBool,
+    /// One per node address, held while its mark is written, so writes about one node land
+    /// in the order made (a renewal never lands after the clearing that followed it).
+    writing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// A node held suspect.
@@ -170,6 +173,7 @@ impl NodeClients {
                 catalog,
                 suspects: Mutex::new(HashMap::new()),
                 probing: AtomicBool::new(false),
+                writing: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -275,19 +279,25 @@ impl Shared {
 
     /// `address` answered a call: a mark on it is cleared.
     fn answered(self: &Arc<Self>, address: &str) {
-        let was_suspect = {
+        let suspect = {
             let mut suspects = lock(&self.suspects);
             // Cheap when no node is suspect, which is nearly always.
-            !suspects.is_empty() && suspects.remove(address).is_some()
+            if suspects.is_empty() {
+                return;
+            }
+            suspects.remove(address)
         };
-        if was_suspect {
+        if let Some(suspect) = suspect {
             let shared = self.clone();
             let address = address.to_owned();
-            plinth_kit::tasks::spawn(async move { shared.cleared(&address).await });
+            plinth_kit::tasks::spawn(async move { shared.cleared(&address, suspect).await });
         }
     }
 
-    async fn cleared(&self, address: &str) {
+    /// Clears the mark of `address`, once the catalog has its report (so the clearing is
+    /// not overtaken by the mark it clears).
+    async fn cleared(&self, address: &str, suspect: Suspect) {
+        suspect.reported.get_or_init(|| async {}).await;
         tracing::info!(node = %address, "a node held suspect answers again; it takes new sessions");
         self.report(address, Duration::ZERO).await;
     }
@@ -296,6 +306,35 @@ impl Shared {
     /// that does not answer in time is not waited for: the mark lapses, or is written again
     /// with the next renewal.
     async fn report(&self, address: &str, suspect_for: Duration) {
+        let writing = self.writing(address);
+        let _writing = writing.lock().await;
+        self.write(address, suspect_for).await;
+    }
+
+    fn writing(&self, address: &str) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.writing)
+            .entry(address.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// Renews the mark of `address`, unless it was cleared meanwhile.
+    async fn renew(&self, address: &str) {
+        let writing = self.writing(address);
+        let _writing = writing.lock().await;
+        let held = match lock(&self.suspects).get_mut(address) {
+            Some(suspect) => {
+                suspect.renewed_at = Instant::now();
+                true
+            }
+            None => false,
+        };
+        if held {
+            self.write(address, self.limits.suspect_for).await;
+        }
+    }
+
+    async fn write(&self, address: &str, suspect_for: Duration) {
         let mut catalog = self.catalog.clone();
         let request = pb::MarkNodeSuspectRequest {
             address: address.to_owned(),
@@ -347,15 +386,12 @@ async fn probe(shared: Arc<Shared>) {
                     Err(_) => false,
                 };
                 if answered {
-                    let removed = lock(&shared.suspects).remove(&address).is_some();
-                    if removed {
-                        shared.cleared(&address).await;
+                    let removed = lock(&shared.suspects).remove(&address);
+                    if let Some(suspect) = removed {
+                        shared.cleared(&address, suspect).await;
                     }
                 } else if renewed_at.elapsed() >= shared.limits.suspect_for / 3 {
-                    if let Some(suspect) = lock(&shared.suspects).get_mut(&address) {
-                        suspect.renewed_at = Instant::now();
-                    }
-                    shared.report(&address, shared.limits.suspect_for).await;
+                    shared.renew(&address).await;
                 }
             }
         });
