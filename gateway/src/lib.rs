@@ -431,6 +431,7 @@ fn router_with(
     edge::register_refusals();
     // At 0 from the start, so a dashboard sees the series before the first node dies.
     metrics::counter!("plinth_session_placement_retries_total").increment(0);
+    metrics::counter!("plinth_gateway_nodes_marked_suspect_total").increment(0);
     let app = api
         .route(
             "/openapi.json",

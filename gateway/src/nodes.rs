@@ -25,6 +25,7 @@ use plinth_proto::node::v1::node_service_client::NodeServiceClient;
 use plinth_proto::node::v1::workspace_service_client::WorkspaceServiceClient;
 use tonic::body::Body;
 use tonic::service::interceptor::InterceptedService;
+use tracing::Instrument as _;
 
 use crate::error::ApiError;
 
@@ -163,7 +164,6 @@ impl NodeClients {
         limits: NodeCallLimits,
         catalog: crate::SessionClient,
     ) -> Self {
-        metrics::counter!("plinth_gateway_nodes_marked_suspect_total").increment(0);
         NodeClients {
             shared: Arc::new(Shared {
                 interceptor,
@@ -395,7 +395,10 @@ async fn probe(shared: Arc<Shared>) {
                 }
             }
         });
-        futures::future::join_all(probes).await;
+        // A probe is routine: not worth a trace (see `telemetry::idle`).
+        futures::future::join_all(probes)
+            .instrument(plinth_kit::telemetry::idle("gateway.node_probe"))
+            .await;
     }
 }
 
