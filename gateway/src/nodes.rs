@@ -273,7 +273,11 @@ impl Shared {
             .get_or_init(|| self.report(address, self.limits.suspect_for))
             .await;
         if !self.probing.swap(true, Ordering::AcqRel) {
-            plinth_kit::tasks::spawn(probe(self.clone()));
+            // Routine, and long-lived: not worth a trace, nor part of this call's (see
+            // `telemetry::idle`).
+            plinth_kit::tasks::spawn(
+                probe(self.clone()).instrument(plinth_kit::telemetry::idle("gateway.node_probe")),
+            );
         }
     }
 
@@ -395,10 +399,7 @@ async fn probe(shared: Arc<Shared>) {
                 }
             }
         });
-        // A probe is routine: not worth a trace (see `telemetry::idle`).
-        futures::future::join_all(probes)
-            .instrument(plinth_kit::telemetry::idle("gateway.node_probe"))
-            .await;
+        futures::future::join_all(probes).await;
     }
 }
 
