@@ -215,6 +215,16 @@ pub struct EdgeArgs {
     /// Connections open at once from one client address.
     #[arg(long, env = "PLINTH_MAX_CONNECTIONS_PER_CLIENT")]
     pub max_connections_per_client: Option<u32>,
+    /// Milliseconds a node agent has to answer a call before the caller gets 503 and the
+    /// node is held suspect.
+    #[arg(long, env = "PLINTH_NODE_CALL_TIMEOUT_MS")]
+    pub node_call_timeout_ms: Option<u64>,
+    /// Milliseconds a node agent has to attach a session before it is placed elsewhere.
+    #[arg(long, env = "PLINTH_NODE_ATTACH_TIMEOUT_MS")]
+    pub node_attach_timeout_ms: Option<u64>,
+    /// Milliseconds a node stays suspect (no new sessions) unless the mark is renewed.
+    #[arg(long, env = "PLINTH_NODE_SUSPECT_MS")]
+    pub node_suspect_ms: Option<u64>,
 }
 
 /// `plinth serve`.

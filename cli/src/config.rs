@@ -151,6 +151,15 @@ pub struct GatewaySection {
     pub max_connections: u32,
     /// Connections open at once from one client address; past it, 503 and closed.
     pub max_connections_per_client: u32,
+    /// Milliseconds a node agent has to answer a call (and a stream's head) before the
+    /// caller is answered 503 and the node is held suspect.
+    pub node_call_timeout_ms: u64,
+    /// Milliseconds a node agent has to attach a session, which may fetch its version from
+    /// the blob store; past it the session is placed on another node.
+    pub node_attach_timeout_ms: u64,
+    /// Milliseconds the catalog holds a node suspect (no new sessions) unless the gateway,
+    /// still unable to reach it, renews the mark; cleared as soon as it answers again.
+    pub node_suspect_ms: u64,
 }
 
 /// The most connections `gateway.max_connections = 0` comes to, however many files the
@@ -186,6 +195,9 @@ impl Default for GatewaySection {
             idle_timeout_seconds: 60,
             max_connections: 0,
             max_connections_per_client: 1024,
+            node_call_timeout_ms: 5_000,
+            node_attach_timeout_ms: 60_000,
+            node_suspect_ms: 30_000,
         }
     }
 }
@@ -277,6 +289,27 @@ impl GatewaySection {
 }
 
 impl GatewaySection {
+    /// The deadlines on calls to node agents, or which setting makes none.
+    pub fn node_call_limits(&self) -> Result<plinth_gateway::NodeCallLimits, ConfigError> {
+        let at_least = |value: u64, least: u64, key: &str| {
+            if value < least {
+                Err(ConfigError::Invalid(format!(
+                    "gateway.{key} must be at least {least}"
+                )))
+            } else {
+                Ok(std::time::Duration::from_millis(value))
+            }
+        };
+        let call = at_least(self.node_call_timeout_ms, 100, "node_call_timeout_ms")?;
+        let attach = at_least(self.node_attach_timeout_ms, 100, "node_attach_timeout_ms")?;
+        let suspect_for = at_least(self.node_suspect_ms, 1000, "node_suspect_ms")?;
+        Ok(plinth_gateway::NodeCallLimits {
+            call,
+            attach: attach.max(call),
+            suspect_for,
+        })
+    }
+
     /// The bounds on connections for a process that may open `open_files` files (`None`: no
     /// limit): `max_connections = 0` is half of them, at most [`AUTO_MAX_CONNECTIONS`],
     /// leaving the other half to databases, blobs, sessions and the services' own
@@ -1646,6 +1679,16 @@ fn apply_edge_flags(config: &mut Config, edge: &EdgeArgs) -> Result<(), ConfigEr
     if let Some(max) = edge.max_connections_per_client {
         gateway.max_connections_per_client = max;
     }
+    if let Some(ms) = edge.node_call_timeout_ms {
+        gateway.node_call_timeout_ms = ms;
+    }
+    if let Some(ms) = edge.node_attach_timeout_ms {
+        gateway.node_attach_timeout_ms = ms;
+    }
+    if let Some(ms) = edge.node_suspect_ms {
+        gateway.node_suspect_ms = ms;
+    }
+    gateway.node_call_limits()?;
     gateway.edge_limits().map(|_| ())
 }
 
@@ -1968,6 +2011,51 @@ mod tests {
             "{said}"
         );
         assert!(!said.contains("tok-secret-twice"), "{said}");
+    }
+
+    #[test]
+    fn node_call_deadlines_have_defaults_a_file_flags_and_a_floor() {
+        let ms = std::time::Duration::from_millis;
+        let limits = serve(&[])
+            .expect("defaults")
+            .gateway
+            .node_call_limits()
+            .expect("valid");
+        assert_eq!(
+            (limits.call, limits.attach, limits.suspect_for),
+            (ms(5_000), ms(60_000), ms(30_000))
+        );
+        let (_dir, path) =
+            config_file("[gateway]\nnode_call_timeout_ms = 700\nnode_attach_timeout_ms = 9000\n");
+        let limits = serve(&["--config", &path, "--node-suspect-ms", "4000"])
+            .expect("file and flag")
+            .gateway
+            .node_call_limits()
+            .expect("valid");
+        assert_eq!(
+            (limits.call, limits.attach, limits.suspect_for),
+            (ms(700), ms(9_000), ms(4_000))
+        );
+        // An attach deadline under the unary one is raised to it.
+        let limits = serve(&[
+            "--node-call-timeout-ms",
+            "3000",
+            "--node-attach-timeout-ms",
+            "200",
+        ])
+        .expect("flags")
+        .gateway
+        .node_call_limits()
+        .expect("valid");
+        assert_eq!(limits.attach, ms(3_000));
+        for (flag, floor) in [
+            ("--node-call-timeout-ms", "at least 100"),
+            ("--node-attach-timeout-ms", "at least 100"),
+            ("--node-suspect-ms", "at least 1000"),
+        ] {
+            let error = serve(&[flag, "0"]).expect_err(flag);
+            assert!(error.to_string().contains(floor), "{flag}: {error}");
+        }
     }
 
     #[test]

@@ -1242,6 +1242,7 @@ fn spawn_gateway(
         connections: config.gateway.connection_limits(
             rustix::process::getrlimit(rustix::process::Resource::Nofile).current,
         ),
+        node_calls: config.gateway.node_call_limits()?,
     };
     let result = async move {
         let result = plinth_gateway::run(options, listener, backends, shutdown).await;

@@ -68,6 +68,7 @@ pub use auth::DEFAULT_SCOPE;
 pub use connections::ConnectionLimits;
 pub use edge::EdgeLimits;
 pub use error::{ErrorBody, ErrorObject};
+pub use nodes::NodeCallLimits;
 pub use novo::DEFAULT_REPLAY_MEMORY_PER_ADAPTER;
 
 /// How the gateway behaves.
@@ -120,6 +121,9 @@ pub struct GatewayOptions {
     /// The bounds on connections: headers in time, idle connections closed, connections at
     /// once in all and per client address.
     pub connections: ConnectionLimits,
+    /// Deadlines on calls to node agents, and how long a node that misses one is held
+    /// suspect (gets no new sessions).
+    pub node_calls: NodeCallLimits,
 }
 
 /// Why the gateway could not start or stopped.
@@ -349,6 +353,8 @@ fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, 
             interceptor.clone(),
             options.internal.clone(),
             backends.local_nodes.clone(),
+            options.node_calls,
+            SessionServiceClient::with_interceptor(backends.catalog.clone(), interceptor.clone()),
         )),
         live: Arc::default(),
         adapter_credentials: Arc::new(adapters::Credentials::new()),
@@ -425,6 +431,7 @@ fn router_with(
     edge::register_refusals();
     // At 0 from the start, so a dashboard sees the series before the first node dies.
     metrics::counter!("plinth_session_placement_retries_total").increment(0);
+    metrics::counter!("plinth_gateway_nodes_marked_suspect_total").increment(0);
     let app = api
         .route(
             "/openapi.json",

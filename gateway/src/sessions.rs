@@ -1050,14 +1050,18 @@ async fn write_file(
             )
             .with_detail(serde_json::json!({ "max_bytes": MAX_SESSION_FILE_BYTES }))
         })?;
+    let bytes = content.len();
     let written = state
         .nodes
         .client(&session.node_address)?
-        .write_file(node::WriteFileRequest {
-            session_id: session.id.clone(),
-            path: path.path.clone(),
-            content,
-        })
+        .write_file(state.nodes.carrying(
+            node::WriteFileRequest {
+                session_id: session.id.clone(),
+                path: path.path.clone(),
+                content,
+            },
+            bytes,
+        ))
         .await?
         .into_inner();
     let turn = record(

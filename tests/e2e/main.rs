@@ -38,6 +38,7 @@ mod novo;
 mod operators_kit;
 mod pagination;
 mod partial_faults;
+mod partition;
 mod processes;
 mod public_grpc;
 mod quotas;

@@ -2,6 +2,7 @@
 //! result shape.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use base64::Engine as _;
 use plinth_kit::{ErrorCode, PlinthError};
@@ -42,6 +43,11 @@ impl Options {
 }
 
 /// Where a call runs.
+/// The time limit of a command that names none, for its call's deadline: the largest a node
+/// may be configured to allow (`node.exec_max_timeout_seconds`' default); the node applies its
+/// own default, which is shorter.
+const COMMAND_LIMIT_UNNAMED: Duration = Duration::from_secs(3600);
+
 pub(crate) struct Target<'a> {
     pub nodes: &'a NodeClients,
     pub session: &'a pb::Session,
@@ -216,7 +222,16 @@ pub(crate) async fn run(
         Request::RunCommand(mut command) => {
             command.session = Some(runtime::spec(target.session));
             let text = command.command.clone();
-            let ran = target.workspace()?.run_command(command).await?.into_inner();
+            // Unary, but it answers only when the command ends: its deadline is the
+            // command's own time limit (the longest a node allows when it names none) and
+            // the unary deadline on top.
+            let limit = match command.timeout_ms {
+                0 => COMMAND_LIMIT_UNNAMED,
+                ms => Duration::from_millis(ms),
+            };
+            let mut call = tonic::Request::new(command);
+            call.set_timeout(limit.saturating_add(target.nodes.call_timeout()));
+            let ran = target.workspace()?.run_command(call).await?.into_inner();
             let exit_code = ran.exit_code;
             let body = command_body(&text, ran, target.session, options.dialect);
             (
@@ -260,6 +275,8 @@ pub(crate) async fn run(
         }
         Request::WriteFile(mut write) => {
             write.session_id = session_id;
+            let bytes = write.content.len();
+            let write = target.nodes.carrying(write, bytes);
             let written = target.workspace()?.write(write).await?.into_inner();
             (
                 json!({
@@ -274,6 +291,8 @@ pub(crate) async fn run(
         Request::WriteArtifact(mut write) => {
             write.session_id = session_id;
             let path = write.path.clone();
+            let bytes = write.content.len();
+            let write = target.nodes.carrying(write, bytes);
             let written = target.workspace()?.write(write).await?.into_inner();
             (
                 json!({ "path": path, "bytes_written": written.bytes_written }),

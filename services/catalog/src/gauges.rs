@@ -1,5 +1,5 @@
 //! The catalog's view of the fleet as gauges: builds queued and running, the age of the oldest
-//! queued build, nodes live and late, sessions live. Every replica reads the same database and
+//! queued build, nodes live, suspect and late, sessions live. Every replica reads the same database and
 //! reports the same figures; dashboards and alerts take their `max`.
 
 use std::time::Duration;
@@ -30,6 +30,7 @@ pub async fn report(store: Store, nodes: NodeTtl, shutdown: CancellationToken) {
                 gauge("plinth_builds", "queued", counts.builds_queued);
                 gauge("plinth_builds", "running", counts.builds_running);
                 gauge("plinth_nodes", "live", counts.nodes_live);
+                gauge("plinth_nodes", "suspect", counts.nodes_suspect);
                 gauge("plinth_nodes", "late", counts.nodes_late);
                 let oldest = if counts.oldest_queued_at_ms > 0 {
                     (now - counts.oldest_queued_at_ms).max(0) as f64 / 1000.0

@@ -140,6 +140,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 include_str!("../migrations/sqlite/0020_node_load_and_cache_sets.sql"),
             ),
             (
+                21,
+                "suspect_nodes",
+                include_str!("../migrations/common/0021_suspect_nodes.sql"),
+            ),
+            (
                 22,
                 "node_capacity",
                 include_str!("../migrations/sqlite/0022_node_capacity.sql"),
@@ -245,6 +250,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 20,
                 "node_load_and_cache_sets",
                 include_str!("../migrations/postgres/0020_node_load_and_cache_sets.sql"),
+            ),
+            (
+                21,
+                "suspect_nodes",
+                include_str!("../migrations/common/0021_suspect_nodes.sql"),
             ),
             (
                 22,

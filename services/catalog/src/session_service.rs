@@ -178,6 +178,9 @@ impl From<SessionLimits> for pb::SessionLimits {
     }
 }
 
+/// The longest a gateway's mark on a node lasts without being renewed.
+const MAX_SUSPECT_MS: u64 = 60 * 60 * 1000;
+
 /// Errors creating a session (or a task) on `environment`.
 fn placement_error(error: StoreError, environment: &str) -> PlinthError {
     match error {
@@ -222,7 +225,7 @@ pub(crate) const NO_CAPACITY_RETRY_MS: u64 = 10_000;
 pub(crate) fn no_live_node() -> PlinthError {
     PlinthError::new(
         ErrorCode::Unavailable,
-        "no node agent is alive to run the session; start `plinth node` (or check the running ones) and retry",
+        "no node agent is alive (and answering the gateway) to run the session; start `plinth node` (or check the running ones and the network between them and the gateway) and retry",
     )
     .with_detail(serde_json::json!({
         plinth_kit::error::RETRY_AFTER_MS: NO_LIVE_NODE_RETRY_MS,
@@ -493,6 +496,36 @@ impl pb::session_service_server::SessionService for Sessions {
             .map_err(|error| placement_error(error, &request.environment_id))?;
         tracing::info!(session = %session.id, environment = %session.environment_id, version = session.version, node = %session.node_id, excluded = %request.exclude_node, "session created");
         Ok(Response::new(session.into()))
+    }
+
+    #[tracing::instrument(name = "catalog.mark_node_suspect", skip_all)]
+    async fn mark_node_suspect(
+        &self,
+        request: Request<pb::MarkNodeSuspectRequest>,
+    ) -> Result<Response<pb::MarkNodeSuspectResponse>, Status> {
+        let request = request.into_inner();
+        if request.address.is_empty() || request.address.len() > 2048 {
+            return Err(PlinthError::invalid("a node's address (≤ 2048 bytes) is required").into());
+        }
+        let until_ms = match request.suspect_for_ms {
+            0 => 0,
+            ms => now_ms().saturating_add(
+                i64::try_from(ms.min(MAX_SUSPECT_MS)).unwrap_or(MAX_SUSPECT_MS as i64),
+            ),
+        };
+        let nodes = self
+            .store
+            .mark_node_suspect(&request.address, until_ms)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        if until_ms > 0 {
+            tracing::warn!(address = %request.address, nodes, for_ms = request.suspect_for_ms, "a gateway cannot reach a node; no new sessions go to it");
+        } else {
+            tracing::info!(address = %request.address, nodes, "a node answers its gateway again; it takes new sessions");
+        }
+        Ok(Response::new(pb::MarkNodeSuspectResponse {
+            nodes: u32::try_from(nodes).unwrap_or(u32::MAX),
+        }))
     }
 
     #[tracing::instrument(name = "catalog.mark_attached", skip_all)]

@@ -9,7 +9,9 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-pub use crate::replicas::{CallRule, CallRules, Deadlines, LONG_CALLS, Replicas, TargetError};
+pub use crate::replicas::{
+    CallRule, CallRules, Deadlines, KeepAlive, LONG_CALLS, Replicas, TargetError, grpc_timeout,
+};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
@@ -943,10 +945,16 @@ impl Internal {
     /// in any order. `https://` ones are reached over TLS, verified against this process's CA
     /// and presenting its certificate.
     pub fn connect(&self, urls: &str) -> Result<Replicas, TargetError> {
-        Replicas::new(
+        self.connect_with(urls, KeepAlive::default())
+    }
+
+    /// As [`Internal::connect`], pinging each connection as `keep_alive` says.
+    pub fn connect_with(&self, urls: &str, keep_alive: KeepAlive) -> Result<Replicas, TargetError> {
+        Replicas::with_keep_alive(
             urls,
             self.tls.as_ref().and_then(TlsSettings::client),
             self.calls.clone(),
+            keep_alive,
         )
     }
 }

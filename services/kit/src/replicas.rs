@@ -44,6 +44,27 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// How often a connection with no traffic is pinged (HTTP/2 PING), and how long an answer may
+/// take before the connection is taken for dead and closed: what notices a peer that went
+/// silent (a partition, a host gone without a reset) while a call waits on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeepAlive {
+    /// Between pings.
+    pub interval: Duration,
+    /// For a ping's answer.
+    pub timeout: Duration,
+}
+
+impl Default for KeepAlive {
+    /// Every 30 s, 20 s for the answer.
+    fn default() -> Self {
+        KeepAlive {
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(20),
+        }
+    }
+}
+
 /// Why a list of service URLs cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
@@ -400,6 +421,7 @@ struct Pool {
     targets: Vec<Target>,
     tls: Option<ClientTlsConfig>,
     rules: CallRules,
+    keep_alive: KeepAlive,
     state: Mutex<State>,
     /// Whether any target is a name, resolved again from time to time.
     resolves: bool,
@@ -425,6 +447,16 @@ impl Replicas {
         tls: Option<ClientTlsConfig>,
         rules: CallRules,
     ) -> Result<Replicas, TargetError> {
+        Self::with_keep_alive(urls, tls, rules, KeepAlive::default())
+    }
+
+    /// As [`Replicas::new`], pinging each connection as `keep_alive` says.
+    pub fn with_keep_alive(
+        urls: &str,
+        tls: Option<ClientTlsConfig>,
+        rules: CallRules,
+        keep_alive: KeepAlive,
+    ) -> Result<Replicas, TargetError> {
         let targets = targets(urls)?;
         if targets[0].https && tls.is_none() {
             return Err(TargetError::NoCa(urls.to_owned()));
@@ -434,6 +466,7 @@ impl Replicas {
             targets,
             tls,
             rules,
+            keep_alive,
             state: Mutex::new(State {
                 replicas: Vec::new(),
                 next: 0,
@@ -693,7 +726,8 @@ impl Pool {
         let channel = endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(30))
+            .http2_keep_alive_interval(self.keep_alive.interval)
+            .keep_alive_timeout(self.keep_alive.timeout)
             .keep_alive_while_idle(true)
             .connect_lazy();
         Ok(Arc::new(Replica {
@@ -877,7 +911,7 @@ pub(crate) fn unavailable_answer(message: &str) -> http::Response<Body> {
 }
 
 /// A `grpc-timeout` header's duration (`<digits><unit>`, units `H M S m u n`).
-fn grpc_timeout(value: &[u8]) -> Option<Duration> {
+pub fn grpc_timeout(value: &[u8]) -> Option<Duration> {
     let (&unit, digits) = value.split_last()?;
     if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
         return None;

@@ -112,6 +112,19 @@ impl pb::node_service_server::NodeService for Node {
                 .map_err(|error| PlinthError::internal(&error))?
                 .map_err(session_error)?,
         };
+        // Detached while its sandbox was being made (a heartbeat found it ended: the caller
+        // gave up on this attach and the catalog ended the session): its directory is gone,
+        // and its sandbox goes with the last handle on it, this one.
+        if session.ended.is_cancelled() {
+            return Err(PlinthError::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "session {} was ended while it was being attached",
+                    session.record.session_id
+                ),
+            )
+            .into());
+        }
         tracing::info!(session = %session.record.session_id, version = session.record.version, uid = session.record.uid, materialize_ms = materialized.took.as_millis() as u64, fetched = materialized.fetched, "session attached");
         let lookup = if materialized.fetched == 0 {
             "hit"

@@ -166,6 +166,19 @@ impl Store {
         NodeId::parse(&id).ok_or_else(|| StoreError::Corrupt(format!("node id {id:?}")))
     }
 
+    /// Holds the nodes registered at `address` suspect until `until_ms` (0: clears the mark):
+    /// placement passes over them meanwhile, however recent their heartbeat. Answers how many
+    /// nodes have that address. A gateway that cannot reach a node marks it; the mark lapses
+    /// by itself, so one that died holding it excludes the node only until then.
+    pub async fn mark_node_suspect(&self, address: &str, until_ms: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query("UPDATE nodes SET suspect_until_ms = $1 WHERE address = $2")
+            .bind(until_ms)
+            .bind(address)
+            .execute(&self.db.writer)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// The name a node registered with, if it is registered.
     pub async fn node_name(&self, node: &NodeId) -> Result<Option<String>, StoreError> {
         let row = sqlx::query("SELECT name FROM nodes WHERE id = $1")
@@ -710,14 +723,17 @@ fn turns_cursor_id(session: &SessionId) -> String {
 }
 
 /// The live nodes with room for a session wanting `$want` MiB, as a condition on `nodes c`
-/// (`$live`: heard from since; `$exclude`: a node id, or ''): heard from recently, not left,
-/// a free slot, and the memory its sessions commit plus this one's within what it has.
+/// (`$live`: heard from since; `$exclude`: a node id, or ''; `$now`: now): heard from
+/// recently, not left, not held suspect, a free slot, and the memory its sessions commit plus
+/// this one's within what it has.
 macro_rules! node_with_room {
-    ($live:literal, $exclude:literal, $want:literal) => {
+    ($live:literal, $exclude:literal, $want:literal, $now:literal) => {
         concat!(
             "c.heartbeat_at_ms >= ",
             $live,
-            " AND c.left_at_ms = 0 AND c.id <> ",
+            " AND c.left_at_ms = 0 AND c.suspect_until_ms <= ",
+            $now,
+            " AND c.id <> ",
             $exclude,
             " AND (c.max_sessions IS NULL OR c.active_sessions < c.max_sessions) \
              AND (c.memory_mb IS NULL OR c.committed_memory_mb + ",
@@ -743,9 +759,10 @@ fn wanted_memory(limits: &SessionLimits) -> i64 {
 }
 
 /// Places a session in one statement: the version asked for (or the active one) if it is a
-/// ready build with a layer, on the live node with the fewest active sessions that has room
-/// for it, with its limits, while the scope has fewer than `limit` active sessions (counted
-/// up to `limit`). `None` when any of that is missing.
+/// ready build with a layer, on the live node not held suspect (see
+/// [`Store::mark_node_suspect`]) with the fewest active sessions that has room for it, with
+/// its limits, while the scope has fewer than `limit` active sessions (counted up to
+/// `limit`). `None` when any of that is missing.
 async fn place_session(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
     backend: Backend,
@@ -780,7 +797,7 @@ async fn place_session(
          ended_at_ms, owner, limit_memory_mb, limit_pids, limit_cpu_millicores, \
          limit_disk_mb, limit_lifetime_ms, limit_idle_ms, \
          (SELECT address FROM nodes WHERE id = node_id) AS node_address",
-        room = node_with_room!("$9", "$18", "$19"),
+        room = node_with_room!("$9", "$18", "$19", "$6"),
         lock = node_lock(backend),
     );
     let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -925,8 +942,9 @@ fn excluded(new: &NewSession) -> &str {
     new.exclude_node.as_ref().map_or("", NodeId::as_str)
 }
 
-/// The live node with the fewest live sessions that has room for a session wanting `want`
-/// MiB, other than the one `new` excludes; its row locked on PostgreSQL (see [`node_lock`]).
+/// The live node not held suspect with the fewest live sessions that has room for a session
+/// wanting `want` MiB, other than the one `new` excludes; its row locked on PostgreSQL (see
+/// [`node_lock`]).
 async fn live_node(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
     backend: Backend,
@@ -936,13 +954,14 @@ async fn live_node(
     let sql = format!(
         "SELECT c.id, c.address, c.isolated, c.sessions_dir FROM nodes c WHERE {room} \
          ORDER BY c.active_sessions, c.registered_at_ms, c.id LIMIT 1{lock}",
-        room = node_with_room!("$1", "$2", "$3"),
+        room = node_with_room!("$1", "$2", "$3", "$4"),
         lock = node_lock(backend),
     );
     let row = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(new.live_since_ms)
         .bind(excluded(new))
         .bind(want)
+        .bind(now_ms())
         .fetch_optional(&mut **tx)
         .await?;
     let Some(row) = row else { return Ok(None) };

@@ -26,6 +26,7 @@ backend_suite!(
     a_heartbeat_sends_the_cache_set_only_when_it_changed,
     placement_goes_to_the_least_loaded_live_node,
     the_load_stays_counted_when_sessions_start_and_end_at_once,
+    a_suspect_node_gets_no_sessions_until_cleared_or_lapsed,
 );
 
 async fn environment(store: &Store, name: &str) -> EnvironmentId {
@@ -715,6 +716,78 @@ async fn placement_goes_to_the_least_loaded_live_node(store: Store) {
         .await
         .expect("heartbeat");
     assert_eq!(place(&store, &live, 1).await, vec![late.clone()]);
+}
+
+async fn a_suspect_node_gets_no_sessions_until_cleared_or_lapsed(store: Store) {
+    let id = environment(&store, "Studio").await;
+    build(&store, &id, "sha256:one").await;
+    let a = store
+        .register_node("host-a", "http://host-a:7005", true, "", "")
+        .await
+        .expect("register");
+    let b = store
+        .register_node("host-b", "http://host-b:7005", true, "", "")
+        .await
+        .expect("register");
+    let session = new_session(&id);
+    let now = plinth_kit::clock::now_ms();
+    // A gateway cannot reach a: however empty, it is passed over while the mark lasts, its
+    // heartbeats notwithstanding.
+    assert_eq!(
+        store
+            .mark_node_suspect("http://host-a:7005", now + 60_000)
+            .await
+            .expect("mark"),
+        1
+    );
+    store
+        .node_heartbeat(&a, CacheReport::Unchanged { digest: 1 })
+        .await
+        .expect("heartbeat");
+    assert_eq!(place(&store, &session, 3).await, vec![b.clone(); 3]);
+    let counts = store
+        .counts(plinth_kit::clock::now_ms(), 0)
+        .await
+        .expect("counts");
+    assert_eq!((counts.nodes_live, counts.nodes_suspect), (1, 1));
+    // Every live node suspect (or excluded): no node for the session, and the caller is told
+    // to retry.
+    store
+        .mark_node_suspect("http://host-b:7005", now + 60_000)
+        .await
+        .expect("mark");
+    assert!(matches!(
+        store.create_session(session.clone()).await,
+        Err(StoreError::NoLiveNode)
+    ));
+    // Cleared (a answers the gateway again): a, the emptiest, takes sessions again.
+    store
+        .mark_node_suspect("http://host-a:7005", 0)
+        .await
+        .expect("clear");
+    assert_eq!(place(&store, &session, 1).await, vec![a.clone()]);
+    // A mark nobody renews lapses by itself.
+    store
+        .mark_node_suspect("http://host-b:7005", plinth_kit::clock::now_ms() + 50)
+        .await
+        .expect("mark");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let mut elsewhere = session.clone();
+    elsewhere.exclude_node = Some(a.clone());
+    assert_eq!(place(&store, &elsewhere, 1).await, vec![b.clone()]);
+    // An address no node has marks nothing.
+    assert_eq!(
+        store
+            .mark_node_suspect("http://nowhere:7005", now + 60_000)
+            .await
+            .expect("mark"),
+        0
+    );
+    let counts = store
+        .counts(plinth_kit::clock::now_ms(), 0)
+        .await
+        .expect("counts");
+    assert_eq!((counts.nodes_live, counts.nodes_suspect), (2, 0));
 }
 
 async fn the_load_stays_counted_when_sessions_start_and_end_at_once(store: Store) {
