@@ -586,61 +586,7 @@ mod tests {
 /// someone frees it, not in a second.
 const FULL_RETRY_AFTER_MS: u64 = 30_000;
 
-/// A store a Plinth process writes to, named by `insufficient_storage` when its disk is full.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Store {
-    /// The catalog's or the index's database (SQLite in the data directory by default).
-    Database,
-    /// The blob store (a `file://` directory in the data directory by default).
-    Blobs,
-    /// A node's version cache and session state.
-    NodeCache,
-    /// Where uploads are spooled and large blobs verified before they are stored.
-    Spool,
-    /// A disk the process writes to that the failing call did not name.
-    Unnamed,
-}
-
-impl Store {
-    /// Every store, for the `plinth_store_full` gauge.
-    pub const ALL: [Store; 5] = [
-        Store::Database,
-        Store::Blobs,
-        Store::NodeCache,
-        Store::Spool,
-        Store::Unnamed,
-    ];
-
-    /// The store's name in `detail.store` and the gauge's `store` label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Store::Database => "database",
-            Store::Blobs => "blobs",
-            Store::NodeCache => "node_cache",
-            Store::Spool => "spool",
-            Store::Unnamed => "other",
-        }
-    }
-
-    /// The store for a person, with the setting that places it.
-    pub fn description(self) -> &'static str {
-        match self {
-            Store::Database => {
-                "the database's disk (the data directory's, or the database server's)"
-            }
-            Store::Blobs => {
-                "the blob store's directory (source.blob_url, in the data directory by default)"
-            }
-            Store::NodeCache => {
-                "the node's state directory (node.state_dir: its version cache and sessions)"
-            }
-            Store::Spool => {
-                "the spool directory (source.spool_dir, in the data directory by default)"
-            }
-            Store::Unnamed => "a disk this server writes to",
-        }
-    }
-}
+pub use crate::storage::Store;
 
 /// What a cause is, when it is more than a fault of the server's own.
 enum Fault {
