@@ -104,18 +104,7 @@ impl Admin {
     }
 }
 
-/// Facts about how this process runs, shown under `ready` by `/readyz` (e.g. which cgroup
-/// version holds sessions' limits). One line each, replaced by `key`.
-static DETAILS: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
-
-/// Sets a line `/readyz` shows once the process is ready: `key: value`.
-pub fn describe(key: &str, value: impl Into<String>) {
-    let mut details = DETAILS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    details.retain(|(existing, _)| existing != key);
-    details.push((key.to_owned(), value.into()));
-}
+pub use crate::details::describe;
 
 async fn readyz(State(admin): State<Admin>, headers: HeaderMap) -> Response {
     let trusted = admin.trusts(&headers);
@@ -124,11 +113,7 @@ async fn readyz(State(admin): State<Admin>, headers: HeaderMap) -> Response {
         Err(_) if !trusted => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response(),
         Ok(()) => {
             let mut body = String::from("ready\n");
-            for (key, value) in DETAILS
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .iter()
-            {
+            for (key, value) in crate::details::lines() {
                 body.push_str(&format!("{key}: {value}\n"));
             }
             (StatusCode::OK, body).into_response()

@@ -465,6 +465,92 @@ impl fmt::Display for DisplayChain<'_> {
     }
 }
 
+/// How long a client waits before writing to a full store again: space comes back when
+/// someone frees it, not in a second.
+const FULL_RETRY_AFTER_MS: u64 = 30_000;
+
+pub use crate::storage::Store;
+
+/// What a cause is, when it is more than a fault of the server's own.
+enum Fault {
+    /// A disk is full; `database` when a database said so.
+    Full { database: bool },
+    /// It may pass; what did not answer.
+    Passing(&'static str),
+}
+
+/// Whether an I/O error is a full disk or quota: `ENOSPC` (28) or `EDQUOT` (122).
+pub fn is_storage_full(io: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(io.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded)
+        || matches!(io.raw_os_error(), Some(28 | 122))
+}
+
+/// What a fault that may pass, or a full disk, is, when `cause` (or an error it wraps) is one.
+fn fault(cause: &(dyn std::error::Error + 'static)) -> Option<Fault> {
+    let mut next = Some(cause);
+    while let Some(error) = next {
+        #[cfg(feature = "database")]
+        if let Some(error) = error.downcast_ref::<sqlx::Error>() {
+            match error {
+                sqlx::Error::Io(io) if is_storage_full(io) => {
+                    return Some(Fault::Full { database: true });
+                }
+                sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::WorkerCrashed => {
+                    return Some(Fault::Passing("the database did not answer"));
+                }
+                sqlx::Error::Database(database) => {
+                    let code = database.code().unwrap_or_default();
+                    // SQLITE_FULL (13, "database or disk is full"); PostgreSQL's disk_full
+                    // (53100) and out_of_memory's neighbours in class 53 are its server's.
+                    if code == "13"
+                        || code == "53100"
+                        || database.message().contains("database or disk is full")
+                    {
+                        return Some(Fault::Full { database: true });
+                    }
+                    // SQLSTATE classes 08 (connection), 53 (insufficient resources), 57
+                    // (operator intervention: a shutting-down server); 40001/40P01 (a
+                    // serialization failure or deadlock: the transaction may simply be run
+                    // again).
+                    if ["08", "53", "57"]
+                        .iter()
+                        .any(|class| code.starts_with(class))
+                        || code == "40001"
+                        || code == "40P01"
+                    {
+                        return Some(Fault::Passing("the database is not answering normally"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind;
+            if is_storage_full(io) {
+                return Some(Fault::Full { database: false });
+            }
+            if matches!(
+                io.kind(),
+                ErrorKind::ConnectionRefused
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::TimedOut
+                    | ErrorKind::BrokenPipe
+                    | ErrorKind::NotConnected
+            ) {
+                return Some(Fault::Passing("a service behind this one did not answer"));
+            }
+        }
+        next = error.source();
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -580,144 +666,4 @@ mod tests {
             tonic::Code::OutOfRange
         );
     }
-}
-
-/// How long a client waits before writing to a full store again: space comes back when
-/// someone frees it, not in a second.
-const FULL_RETRY_AFTER_MS: u64 = 30_000;
-
-/// A store a Plinth process writes to, named by `insufficient_storage` when its disk is full.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Store {
-    /// The catalog's or the index's database (SQLite in the data directory by default).
-    Database,
-    /// The blob store (a `file://` directory in the data directory by default).
-    Blobs,
-    /// A node's version cache and session state.
-    NodeCache,
-    /// Where uploads are spooled and large blobs verified before they are stored.
-    Spool,
-    /// A disk the process writes to that the failing call did not name.
-    Unnamed,
-}
-
-impl Store {
-    /// Every store, for the `plinth_store_full` gauge.
-    pub const ALL: [Store; 5] = [
-        Store::Database,
-        Store::Blobs,
-        Store::NodeCache,
-        Store::Spool,
-        Store::Unnamed,
-    ];
-
-    /// The store's name in `detail.store` and the gauge's `store` label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Store::Database => "database",
-            Store::Blobs => "blobs",
-            Store::NodeCache => "node_cache",
-            Store::Spool => "spool",
-            Store::Unnamed => "other",
-        }
-    }
-
-    /// The store for a person, with the setting that places it.
-    pub fn description(self) -> &'static str {
-        match self {
-            Store::Database => {
-                "the database's disk (the data directory's, or the database server's)"
-            }
-            Store::Blobs => {
-                "the blob store's directory (source.blob_url, in the data directory by default)"
-            }
-            Store::NodeCache => {
-                "the node's state directory (node.state_dir: its version cache and sessions)"
-            }
-            Store::Spool => {
-                "the spool directory (source.spool_dir, in the data directory by default)"
-            }
-            Store::Unnamed => "a disk this server writes to",
-        }
-    }
-}
-
-/// What a cause is, when it is more than a fault of the server's own.
-enum Fault {
-    /// A disk is full; `database` when a database said so.
-    Full { database: bool },
-    /// It may pass; what did not answer.
-    Passing(&'static str),
-}
-
-/// Whether an I/O error is a full disk or quota: `ENOSPC` (28) or `EDQUOT` (122).
-pub fn is_storage_full(io: &std::io::Error) -> bool {
-    use std::io::ErrorKind;
-    matches!(io.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded)
-        || matches!(io.raw_os_error(), Some(28 | 122))
-}
-
-/// What a fault that may pass, or a full disk, is, when `cause` (or an error it wraps) is one.
-fn fault(cause: &(dyn std::error::Error + 'static)) -> Option<Fault> {
-    let mut next = Some(cause);
-    while let Some(error) = next {
-        #[cfg(feature = "database")]
-        if let Some(error) = error.downcast_ref::<sqlx::Error>() {
-            match error {
-                sqlx::Error::Io(io) if is_storage_full(io) => {
-                    return Some(Fault::Full { database: true });
-                }
-                sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed
-                | sqlx::Error::Io(_)
-                | sqlx::Error::Tls(_)
-                | sqlx::Error::WorkerCrashed => {
-                    return Some(Fault::Passing("the database did not answer"));
-                }
-                sqlx::Error::Database(database) => {
-                    let code = database.code().unwrap_or_default();
-                    // SQLITE_FULL (13, "database or disk is full"); PostgreSQL's disk_full
-                    // (53100) and out_of_memory's neighbours in class 53 are its server's.
-                    if code == "13"
-                        || code == "53100"
-                        || database.message().contains("database or disk is full")
-                    {
-                        return Some(Fault::Full { database: true });
-                    }
-                    // SQLSTATE classes 08 (connection), 53 (insufficient resources), 57
-                    // (operator intervention: a shutting-down server); 40001/40P01 (a
-                    // serialization failure or deadlock: the transaction may simply be run
-                    // again).
-                    if ["08", "53", "57"]
-                        .iter()
-                        .any(|class| code.starts_with(class))
-                        || code == "40001"
-                        || code == "40P01"
-                    {
-                        return Some(Fault::Passing("the database is not answering normally"));
-                    }
-                }
-                _ => {}
-            }
-        }
-        if let Some(io) = error.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind;
-            if is_storage_full(io) {
-                return Some(Fault::Full { database: false });
-            }
-            if matches!(
-                io.kind(),
-                ErrorKind::ConnectionRefused
-                    | ErrorKind::ConnectionReset
-                    | ErrorKind::ConnectionAborted
-                    | ErrorKind::TimedOut
-                    | ErrorKind::BrokenPipe
-                    | ErrorKind::NotConnected
-            ) {
-                return Some(Fault::Passing("a service behind this one did not answer"));
-            }
-        }
-        next = error.source();
-    }
-    None
 }

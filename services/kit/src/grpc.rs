@@ -40,6 +40,11 @@ const REFLECTION_RPCS: [&str; 2] = [
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
 ];
 
+/// Calls a capped server answered `UNAVAILABLE` at their deadline.
+const DEADLINES_TOTAL: &str = "plinth_grpc_server_deadlines_total";
+/// Calls a server refused before any work while it could not serve.
+const REFUSED_TOTAL: &str = "plinth_grpc_server_refused_total";
+
 /// A gRPC server with health and reflection, built up service by service.
 pub struct GrpcServer {
     routes: RoutesBuilder,
@@ -80,6 +85,9 @@ impl GrpcServer {
     /// answered `UNAVAILABLE` saying so, and its work dropped, so that callers try another
     /// replica instead of waiting on this one.
     pub fn cap_calls(mut self, rules: CallRules) -> Self {
+        // Counted from the start, so a dashboard sees 0 rather than nothing.
+        metrics::counter!(DEADLINES_TOTAL).increment(0);
+        metrics::counter!(REFUSED_TOTAL).increment(0);
         self.caps = Some(rules);
         self
     }
@@ -362,7 +370,7 @@ where
                         crate::replicas::REFUSED_HEADER,
                         http::HeaderValue::from_static("not-processed"),
                     );
-                    metrics::counter!("plinth_grpc_server_refused_total").increment(1);
+                    metrics::counter!(REFUSED_TOTAL).increment(1);
                     return Ok(call.watch(response));
                 }
                 let answered = match deadline {
@@ -375,7 +383,7 @@ where
                                 deadline_s = deadline.as_secs_f64(),
                                 "a call did not finish within its deadline; answering UNAVAILABLE"
                             );
-                            metrics::counter!("plinth_grpc_server_deadlines_total").increment(1);
+                            metrics::counter!(DEADLINES_TOTAL).increment(1);
                             return Ok(call.watch(
                                 tonic::Status::unavailable(format!(
                                     "this replica did not finish the call within {:.1} s (what it \

@@ -17,6 +17,7 @@ pub mod clock;
 pub mod config;
 #[cfg(feature = "database")]
 pub mod database;
+pub mod details;
 pub mod error;
 pub mod grpc;
 pub mod http;

@@ -10,8 +10,6 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::error::Store;
-
 /// How often a watched store's file system is looked at.
 const CHECK_EVERY: Duration = Duration::from_secs(2);
 /// Free bytes past which a watched store counts as having room again.
@@ -19,16 +17,81 @@ const ROOM_BYTES: u64 = 8 << 20;
 /// How long an unwatched store stays marked after its last failed write.
 const UNWATCHED_FOR: Duration = Duration::from_secs(60);
 
+/// A store a Plinth process writes to, named by `insufficient_storage` when its disk is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Store {
+    /// The catalog's or the index's database (SQLite in the data directory by default).
+    Database,
+    /// The blob store (a `file://` directory in the data directory by default).
+    Blobs,
+    /// A node's version cache and session state.
+    NodeCache,
+    /// Where uploads are spooled and large blobs verified before they are stored.
+    Spool,
+    /// A disk the process writes to that the failing call did not name.
+    Unnamed,
+}
+
+impl Store {
+    /// Every store, for the `plinth_store_full` gauge.
+    pub const ALL: [Store; 5] = [
+        Store::Database,
+        Store::Blobs,
+        Store::NodeCache,
+        Store::Spool,
+        Store::Unnamed,
+    ];
+
+    /// The store's name in `detail.store` and the gauge's `store` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Store::Database => "database",
+            Store::Blobs => "blobs",
+            Store::NodeCache => "node_cache",
+            Store::Spool => "spool",
+            Store::Unnamed => "other",
+        }
+    }
+
+    /// The store for a person, with the setting that places it.
+    pub fn description(self) -> &'static str {
+        match self {
+            Store::Database => {
+                "the database's disk (the data directory's, or the database server's)"
+            }
+            Store::Blobs => {
+                "the blob store's directory (source.blob_url, in the data directory by default)"
+            }
+            Store::NodeCache => {
+                "the node's state directory (node.state_dir: its version cache and sessions)"
+            }
+            Store::Spool => {
+                "the spool directory (source.spool_dir, in the data directory by default)"
+            }
+            Store::Unnamed => "a disk this server writes to",
+        }
+    }
+}
+
 /// When each full store last failed a write.
 static FULL: Mutex<Vec<(Store, Instant)>> = Mutex::new(Vec::new());
 
 /// The gauge's name.
 pub const GAUGE: &str = "plinth_store_full";
 
-/// Sets the gauge of every store to 0, so a scrape sees each from the start.
+/// Sets the gauge of every store (0 for each not marked full), so a scrape sees each from the
+/// start; called when the metrics recorder is installed.
 pub(crate) fn register() {
+    let full = FULL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    set_gauges(&full);
+}
+
+fn set_gauges(full: &[(Store, Instant)]) {
     for store in Store::ALL {
-        metrics::gauge!(GAUGE, "store" => store.as_str()).set(0.0);
+        let marked = full.iter().any(|(marked, _)| *marked == store);
+        metrics::gauge!(GAUGE, "store" => store.as_str()).set(if marked { 1.0 } else { 0.0 });
     }
 }
 
@@ -63,11 +126,7 @@ fn mark_free(store: Store) {
 }
 
 fn publish(full: &[(Store, Instant)]) {
-    crate::telemetry::metrics();
-    for store in Store::ALL {
-        let marked = full.iter().any(|(marked, _)| *marked == store);
-        metrics::gauge!(GAUGE, "store" => store.as_str()).set(if marked { 1.0 } else { 0.0 });
-    }
+    set_gauges(full);
     let line = if full.is_empty() {
         "every store has room".to_owned()
     } else {
@@ -77,7 +136,7 @@ fn publish(full: &[(Store, Instant)]) {
             .collect();
         format!("FULL, writes refused with 507: {}", names.join("; "))
     };
-    crate::admin::describe("storage", line);
+    crate::details::describe("storage", line);
 }
 
 /// Free bytes on the file system holding `dir`, as this process may use them (root may use
@@ -112,7 +171,6 @@ pub fn watch(store: Store, dir: PathBuf) {
         }
         watched.push(store);
     }
-    crate::telemetry::metrics();
     crate::tasks::spawn(async move {
         loop {
             tokio::time::sleep(CHECK_EVERY).await;
