@@ -975,18 +975,21 @@ async fn live_node(
     }))
 }
 
-/// Why no node took a session: none is live (`NoLiveNode`), or every live one is full
-/// (`NoCapacity`, with how many are live). Read only when placement found nothing.
+/// Why no node took a session: none is live and answering the gateways (`NoLiveNode`: a
+/// suspect node counts as not answering), or every such node is full (`NoCapacity`, with how
+/// many there are). Read only when placement found nothing.
 async fn why_no_node(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
     new: &NewSession,
 ) -> Result<StoreError, StoreError> {
     let row = sqlx::query(
         "SELECT COUNT(*) AS live FROM nodes c \
-         WHERE c.heartbeat_at_ms >= $1 AND c.left_at_ms = 0 AND c.id <> $2",
+         WHERE c.heartbeat_at_ms >= $1 AND c.left_at_ms = 0 AND c.id <> $2 \
+         AND c.suspect_until_ms <= $3",
     )
     .bind(new.live_since_ms)
     .bind(excluded(new))
+    .bind(now_ms())
     .fetch_one(&mut **tx)
     .await?;
     let live: i64 = row.try_get("live")?;
