@@ -767,8 +767,13 @@ impl BlobError {
                 }
             }
             // The client's answer to a status after its own retries; its type is private,
-            // its text is `Server returned non-2xx status code: <status>`.
+            // its text is `Server returned non-2xx status code: <status>`. A request that
+            // could not be sent (a connection the store closed at once, as one going away
+            // does) is reported in text only, in the same way.
             let text = error.to_string();
+            if text.contains("HTTP error: error sending request") {
+                return true;
+            }
             if let Some((_, status)) = text.split_once("status code: ")
                 && (status.starts_with('5') || status.starts_with("429"))
             {
