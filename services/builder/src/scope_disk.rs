@@ -66,7 +66,7 @@ const CACHE: &str = "cache";
 const KEPT: &str = "kept";
 const BUILDS: &str = "builds";
 /// What is set aside in `kept` before its rename into place (see the worker).
-const PARTIAL_KEPT: &str = ".partial-";
+pub(crate) const PARTIAL_KEPT: &str = ".partial-";
 /// Below one part in this many of the disk free with no build running, the caches go.
 const FREE_FLOOR: u64 = 4;
 const MIB: u64 = 1 << 20;
@@ -342,34 +342,39 @@ fn discard_caches(root: &Path, why: &str) {
 /// Removes what builds that are no longer running left on a scope's disk mounted at `root`:
 /// their directories, and dependency trees half set aside. Nothing there is followed.
 fn tidy(root: &Path) -> std::io::Result<usize> {
+    Ok(remove_entries(&root.join(BUILDS), false)? + remove_entries(&root.join(KEPT), true)?)
+}
+
+/// Removes the entries of `parent` (only those set aside half-made, named [`PARTIAL_KEPT`]…,
+/// when `only_partial`), directories whole; links are removed, never followed. A missing
+/// `parent` or entry is nothing to remove. Answers how many were removed.
+pub(crate) fn remove_entries(parent: &Path, only_partial: bool) -> std::io::Result<usize> {
+    let entries = match std::fs::read_dir(parent) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(error) => return Err(error),
+    };
     let mut removed = 0;
-    for (parent, only_partial) in [(root.join(BUILDS), false), (root.join(KEPT), true)] {
-        let entries = match std::fs::read_dir(&parent) {
-            Ok(entries) => entries,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(error) => return Err(error),
+    for entry in entries {
+        let entry = entry?;
+        if only_partial
+            && !entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(PARTIAL_KEPT)
+        {
+            continue;
+        }
+        let path = entry.path();
+        let result = if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
         };
-        for entry in entries {
-            let entry = entry?;
-            if only_partial
-                && !entry
-                    .file_name()
-                    .to_string_lossy()
-                    .starts_with(PARTIAL_KEPT)
-            {
-                continue;
-            }
-            let path = entry.path();
-            let result = if entry.file_type()?.is_dir() {
-                std::fs::remove_dir_all(&path)
-            } else {
-                std::fs::remove_file(&path)
-            };
-            match result {
-                Ok(()) => removed += 1,
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                Err(error) => return Err(error),
-            }
+        match result {
+            Ok(()) => removed += 1,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(error),
         }
     }
     Ok(removed)

@@ -40,6 +40,7 @@ pub type Collection = CollectionServiceClient<InterceptedService<Transport, Clie
 const HOLD_CHUNK: usize = 20_000;
 
 pub use crate::origin::LayerLedger;
+use crate::scope_disk::PARTIAL_KEPT;
 
 /// How long a build waits out a blob store or catalog that does not answer (retrying with a
 /// backoff from [`RETRY_FIRST`] doubling to [`RETRY_MOST`]) before it fails for it. Its lease
@@ -137,41 +138,10 @@ pub fn lock_work_dir(work_dir: &Path) -> Result<std::fs::File, BuilderError> {
 /// once per work directory, before any builder there starts. Answers how many were removed.
 pub fn remove_leftovers(work_dir: &Path) -> std::io::Result<usize> {
     let mut removed = crate::scope_disk::remove_leftovers(work_dir)?;
-    for (parent, only_partial) in [
-        (work_dir.join("builds"), false),
-        (work_dir.join("kept"), true),
-    ] {
-        if !only_partial {
-            unmount_build_images(&parent)?;
-        }
-        let entries = match std::fs::read_dir(&parent) {
-            Ok(entries) => entries,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(error) => return Err(error),
-        };
-        for entry in entries {
-            let entry = entry?;
-            if only_partial
-                && !entry
-                    .file_name()
-                    .to_string_lossy()
-                    .starts_with(PARTIAL_KEPT)
-            {
-                continue;
-            }
-            let path = entry.path();
-            let result = if entry.file_type()?.is_dir() {
-                std::fs::remove_dir_all(&path)
-            } else {
-                std::fs::remove_file(&path)
-            };
-            match result {
-                Ok(()) => removed += 1,
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                Err(error) => return Err(error),
-            }
-        }
-    }
+    let builds = work_dir.join("builds");
+    unmount_build_images(&builds)?;
+    removed += crate::scope_disk::remove_entries(&builds, false)?;
+    removed += crate::scope_disk::remove_entries(&work_dir.join("kept"), true)?;
     Ok(removed)
 }
 
@@ -192,9 +162,6 @@ fn unmount_build_images(builds: &Path) -> std::io::Result<()> {
     }
     Ok(())
 }
-
-/// The name prefix of a kept dependency tree being set aside, before its rename into place.
-const PARTIAL_KEPT: &str = ".partial-";
 
 /// Makes every series the dashboards show of a builder exist, at zero: call it when the
 /// process starts, before anything slow (placing its tools) runs.
