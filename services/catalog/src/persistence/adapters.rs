@@ -386,30 +386,94 @@ const KEYS: Table = Table {
     stamp: "expires_at_ms",
 };
 
-/// The stored answer of a record known to be done (or the claim in flight, if it is not).
-async fn stored_answer(
+/// The stored answer of a key `table` (whose answer is `status, response`) holds under
+/// `key`, when it is done; `InFlight` when it still runs.
+pub(super) async fn stored_answer(
     connection: &mut sqlx::AnyConnection,
-    adapter: &AdapterId,
-    key: &str,
+    table: &Table,
+    key: &[Value<'_>],
 ) -> Result<Claimed, StoreError> {
-    let row = sqlx::query(
-        "SELECT state, status, response FROM idempotency_keys WHERE adapter_id = $1 AND key = $2",
-    )
-    .bind(adapter.as_str())
-    .bind(key)
-    .fetch_optional(&mut *connection)
-    .await?
-    .ok_or(StoreError::NotFound)?;
+    let sql = format!(
+        "SELECT {} AS state, status, response FROM {} WHERE {}",
+        table.state,
+        table.name,
+        table.key_match(1)
+    );
+    let row = ledger::bind(sqlx::query(sqlx::AssertSqlSafe(sql)), key)
+        .fetch_optional(&mut *connection)
+        .await?
+        .ok_or(StoreError::NotFound)?;
     let state: String = row.try_get("state")?;
-    if state != KEYS.done {
+    if state != table.done {
         return Ok(Claimed::InFlight);
     }
     let status: i64 = row.try_get("status")?;
     Ok(Claimed::Done {
         status: u32::try_from(status)
-            .map_err(|_| StoreError::Corrupt(format!("idempotency answer status {status}")))?,
+            .map_err(|_| StoreError::Corrupt(format!("{} answer status {status}", table.name)))?,
         response: row.try_get("response")?,
     })
+}
+
+/// A claim on a key of `table` (the ledger's rules, `super::ledger`), in `tx`: inserts a
+/// running record of `columns` (the key's, the digest's, the holder's `claim`, the lease's and
+/// retention's among the rest) unless one exists; takes a record past its retention over with
+/// `fresh`; otherwise decides from the record, settling one abandoned with `unknown` kept until
+/// `keep_until`. Answers what it found, and whether it settled an abandoned claim (for the
+/// caller's log). The caller commits.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn claim_in(
+    tx: &mut sqlx::AnyConnection,
+    table: &Table,
+    record: &[Value<'_>],
+    (columns, values): (&[&str], &[Value<'_>]),
+    fresh: &[(&str, Value<'_>)],
+    (claim, body_sha256): (&str, &str),
+    (now, keep_until): (i64, i64),
+    unknown: &str,
+) -> Result<(Claimed, bool), StoreError> {
+    if table.claim(tx, columns, values).await? {
+        return Ok((Claimed::Claimed(claim.to_owned()), false));
+    }
+    if let Some(taken) = table.take_over_expired(tx, record, fresh, now).await? {
+        // Taken over by a concurrent claim otherwise: that one runs it.
+        return Ok((
+            if taken {
+                Claimed::Claimed(claim.to_owned())
+            } else {
+                Claimed::InFlight
+            },
+            false,
+        ));
+    }
+    let (digest, holder, running, lease_until_ms) =
+        table.found(tx, record).await?.ok_or(StoreError::NotFound)?;
+    Ok(
+        match ledger::decide(&digest, running, lease_until_ms, body_sha256, now) {
+            Found::Mismatch => (Claimed::Mismatch, false),
+            Found::Live => (Claimed::InFlight, false),
+            Found::Done => (stored_answer(tx, table, record).await?, false),
+            Found::Abandoned => {
+                // The claim's holder stopped renewing before storing an answer: it died, or
+                // lost the catalog for a whole lease. What it did is not known and never
+                // will be.
+                let settled = table
+                    .answer(
+                        tx,
+                        record,
+                        &holder,
+                        &[
+                            Value::Int(i64::from(OUTCOME_UNKNOWN_STATUS)),
+                            Value::Text(unknown),
+                        ],
+                        keep_until,
+                        Some(now),
+                    )
+                    .await?;
+                (stored_answer(tx, table, record).await?, settled)
+            }
+        },
+    )
 }
 
 /// What a claim on an idempotency key found.
@@ -597,10 +661,13 @@ impl Store {
         let lease_until = now.saturating_add(lease_ms);
         let keep_until = now.saturating_add(retention_ms);
         let record = [Value::Text(adapter.as_str()), Value::Text(key)];
+        let unknown = outcome_unknown_answer();
         let mut tx = self.db.begin_write().await?;
-        let claimed = KEYS
-            .claim(
-                &mut tx,
+        let (claimed, settled) = claim_in(
+            &mut tx,
+            &KEYS,
+            &record,
+            (
                 &[
                     "adapter_id",
                     "key",
@@ -619,80 +686,24 @@ impl Store {
                     Value::Int(lease_until),
                     Value::Int(keep_until),
                 ],
-            )
-            .await?;
-        if claimed {
-            tx.commit().await?;
-            return Ok(Claimed::Claimed(claim));
-        }
-        let row = sqlx::query(
-            "SELECT claim, expires_at_ms FROM idempotency_keys WHERE adapter_id = $1 AND key = $2",
+            ),
+            &[
+                ("run_id", Value::Text(run_id)),
+                ("body_sha256", Value::Text(body_sha256)),
+                ("claim", Value::Text(&claim)),
+                ("lease_until_ms", Value::Int(lease_until)),
+                ("status", Value::Int(0)),
+                ("response", Value::Text("")),
+                ("expires_at_ms", Value::Int(keep_until)),
+            ],
+            (&claim, body_sha256),
+            (now, keep_until),
+            &unknown,
         )
-        .bind(adapter.as_str())
-        .bind(key)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(StoreError::NotFound)?;
-        let expires: i64 = row.try_get("expires_at_ms")?;
-        if expires <= now {
-            // A record past its retention: the key is free again.
-            let held: String = row.try_get("claim")?;
-            let taken = sqlx::query(
-                "UPDATE idempotency_keys SET run_id = $1, body_sha256 = $2, state = 'running', \
-                 claim = $3, lease_until_ms = $4, status = 0, response = '', expires_at_ms = $5 \
-                 WHERE adapter_id = $6 AND key = $7 AND claim = $8 AND expires_at_ms <= $9",
-            )
-            .bind(run_id)
-            .bind(body_sha256)
-            .bind(&claim)
-            .bind(lease_until)
-            .bind(keep_until)
-            .bind(adapter.as_str())
-            .bind(key)
-            .bind(&held)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            // Taken over by a concurrent claim otherwise: that one runs it.
-            return Ok(if taken.rows_affected() == 1 {
-                Claimed::Claimed(claim)
-            } else {
-                Claimed::InFlight
-            });
+        .await?;
+        if settled {
+            tracing::warn!(adapter = %adapter, "an idempotent call's claim ran out with no answer; settled as outcome unknown");
         }
-        let (digest, holder, running, lease_until_ms) = KEYS
-            .found(&mut tx, &record)
-            .await?
-            .ok_or(StoreError::NotFound)?;
-        let claimed = match ledger::decide(&digest, running, lease_until_ms, body_sha256, now) {
-            Found::Mismatch => Claimed::Mismatch,
-            Found::Live => Claimed::InFlight,
-            Found::Done => stored_answer(&mut tx, adapter, key).await?,
-            Found::Abandoned => {
-                // The claim's holder stopped renewing before storing an answer: it died, or
-                // lost the catalog for a whole lease. What it did is not known and never
-                // will be.
-                let unknown = outcome_unknown_answer();
-                let settled = KEYS
-                    .answer(
-                        &mut tx,
-                        &record,
-                        &holder,
-                        &[
-                            Value::Int(i64::from(OUTCOME_UNKNOWN_STATUS)),
-                            Value::Text(&unknown),
-                        ],
-                        keep_until,
-                        Some(now),
-                    )
-                    .await?;
-                if settled {
-                    tracing::warn!(adapter = %adapter, "an idempotent call's claim ran out with no answer; settled as outcome unknown");
-                }
-                stored_answer(&mut tx, adapter, key).await?
-            }
-        };
         tx.commit().await?;
         Ok(claimed)
     }
@@ -749,7 +760,7 @@ impl Store {
             )
             .await?;
         let same = stored
-            || stored_answer(&mut tx, adapter, key).await?
+            || stored_answer(&mut tx, &KEYS, &record).await?
                 == (Claimed::Done {
                     status,
                     response: response.to_owned(),

@@ -95,7 +95,8 @@ pub(super) fn turns_due(stored: bool, same_answer: bool) -> bool {
     stored || !same_answer
 }
 
-fn bind<'q>(
+/// `values` bound to `query` in order.
+pub(super) fn bind<'q>(
     mut query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
     values: &[Value<'q>],
 ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
@@ -110,7 +111,7 @@ fn bind<'q>(
 
 impl Table {
     /// `k1 = $first AND k2 = $first+1 …`
-    fn key_match(&self, first: usize) -> String {
+    pub(super) fn key_match(&self, first: usize) -> String {
         self.key
             .iter()
             .enumerate()
@@ -262,6 +263,62 @@ impl Table {
         Ok(bind(sqlx::query(sqlx::AssertSqlSafe(sql)), &values)
             .fetch_optional(&mut *connection)
             .await?)
+    }
+
+    /// Takes a record whose retention ([`Table::stamp`]) ran out by `now` over for a new
+    /// claim: sets it running with `fresh` (column, value) pairs, compare-and-set on its
+    /// holder and on its retention still being out. `None` while its retention lasts;
+    /// otherwise whether this took it (a concurrent claim may have first). `NotFound` when
+    /// there is no record.
+    pub async fn take_over_expired(
+        &self,
+        connection: &mut AnyConnection,
+        key: &[Value<'_>],
+        fresh: &[(&str, Value<'_>)],
+        now: i64,
+    ) -> Result<Option<bool>, StoreError> {
+        let sql = format!(
+            "SELECT {} AS holder, {} AS stamp FROM {} WHERE {}",
+            self.holder,
+            self.stamp,
+            self.name,
+            self.key_match(1)
+        );
+        let row = bind(sqlx::query(sqlx::AssertSqlSafe(sql)), key)
+            .fetch_optional(&mut *connection)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        let stamp: i64 = row.try_get("stamp")?;
+        if stamp > now {
+            return Ok(None);
+        }
+        let held: String = row.try_get("holder")?;
+        let mut values: Vec<Value<'_>> = fresh.iter().map(|(_, value)| *value).collect();
+        let set = fresh
+            .iter()
+            .enumerate()
+            .map(|(index, (column, _))| format!("{column} = ${}", index + 1))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let first_key = values.len() + 1;
+        values.extend_from_slice(key);
+        values.push(Value::Text(&held));
+        values.push(Value::Int(now));
+        let sql = format!(
+            "UPDATE {} SET {} = '{}', {set} WHERE {} AND {} = ${} AND {} <= ${}",
+            self.name,
+            self.state,
+            self.running,
+            self.key_match(first_key),
+            self.holder,
+            values.len() - 1,
+            self.stamp,
+            values.len(),
+        );
+        let taken = bind(sqlx::query(sqlx::AssertSqlSafe(sql)), &values)
+            .execute(&mut *connection)
+            .await?;
+        Ok(Some(taken.rows_affected() == 1))
     }
 
     /// Deletes a record still running under `holder`: its call certainly did not start.

@@ -8,10 +8,9 @@
 //! `outcome_unknown` and never run again, and only a record past its retention is taken over.
 
 use plinth_kit::database::now_ms;
-use sqlx::Row;
 
-use super::adapters::{Claimed, OUTCOME_UNKNOWN_STATUS};
-use super::ledger::{self, Found, Table, Value};
+use super::adapters::{Claimed, OUTCOME_UNKNOWN_STATUS, claim_in};
+use super::ledger::{Table, Value};
 use super::{Store, StoreError};
 use crate::model::Scope;
 
@@ -66,33 +65,6 @@ fn outcome_unknown_answer() -> String {
     .to_string()
 }
 
-/// The stored answer of a record known to be done (or in flight, if it is not).
-async fn stored_answer(
-    connection: &mut sqlx::AnyConnection,
-    key: &RequestKey,
-) -> Result<Claimed, StoreError> {
-    let row = sqlx::query(
-        "SELECT state, status, response FROM request_keys \
-         WHERE scope = $1 AND route = $2 AND key = $3",
-    )
-    .bind(key.scope.as_str())
-    .bind(&key.route)
-    .bind(&key.key)
-    .fetch_optional(&mut *connection)
-    .await?
-    .ok_or(StoreError::NotFound)?;
-    let state: String = row.try_get("state")?;
-    if state != KEYS.done {
-        return Ok(Claimed::InFlight);
-    }
-    let status: i64 = row.try_get("status")?;
-    Ok(Claimed::Done {
-        status: u32::try_from(status)
-            .map_err(|_| StoreError::Corrupt(format!("request key answer status {status}")))?,
-        response: row.try_get("response")?,
-    })
-}
-
 impl Store {
     /// Claims `key` for a request with this body (see [`Claimed`]), in one transaction.
     pub async fn claim_request_key(
@@ -107,10 +79,13 @@ impl Store {
         let lease_until = now.saturating_add(lease_ms);
         let keep_until = now.saturating_add(retention_ms);
         let record = key.values();
+        let unknown = outcome_unknown_answer();
         let mut tx = self.db.begin_write().await?;
-        let claimed = KEYS
-            .claim(
-                &mut tx,
+        let (claimed, settled) = claim_in(
+            &mut tx,
+            &KEYS,
+            &record,
+            (
                 &[
                     "scope",
                     "route",
@@ -129,80 +104,23 @@ impl Store {
                     Value::Int(lease_until),
                     Value::Int(keep_until),
                 ],
-            )
-            .await?;
-        if claimed {
-            tx.commit().await?;
-            return Ok(Claimed::Claimed(claim));
-        }
-        let row = sqlx::query(
-            "SELECT claim, expires_at_ms FROM request_keys \
-             WHERE scope = $1 AND route = $2 AND key = $3",
+            ),
+            &[
+                ("body_sha256", Value::Text(body_sha256)),
+                ("claim", Value::Text(&claim)),
+                ("lease_until_ms", Value::Int(lease_until)),
+                ("status", Value::Int(0)),
+                ("response", Value::Text("")),
+                ("expires_at_ms", Value::Int(keep_until)),
+            ],
+            (&claim, body_sha256),
+            (now, keep_until),
+            &unknown,
         )
-        .bind(key.scope.as_str())
-        .bind(&key.route)
-        .bind(&key.key)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(StoreError::NotFound)?;
-        let expires: i64 = row.try_get("expires_at_ms")?;
-        if expires <= now {
-            // A record past its retention: the key is free again.
-            let held: String = row.try_get("claim")?;
-            let taken = sqlx::query(
-                "UPDATE request_keys SET body_sha256 = $1, state = 'running', claim = $2, \
-                 lease_until_ms = $3, status = 0, response = '', expires_at_ms = $4 \
-                 WHERE scope = $5 AND route = $6 AND key = $7 AND claim = $8 \
-                 AND expires_at_ms <= $9",
-            )
-            .bind(body_sha256)
-            .bind(&claim)
-            .bind(lease_until)
-            .bind(keep_until)
-            .bind(key.scope.as_str())
-            .bind(&key.route)
-            .bind(&key.key)
-            .bind(&held)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            // Taken over by a concurrent claim otherwise: that one runs it.
-            return Ok(if taken.rows_affected() == 1 {
-                Claimed::Claimed(claim)
-            } else {
-                Claimed::InFlight
-            });
+        .await?;
+        if settled {
+            tracing::warn!(route = %key.route, "a request's idempotency claim ran out with no answer; settled as outcome unknown");
         }
-        let (digest, holder, running, lease_until_ms) = KEYS
-            .found(&mut tx, &record)
-            .await?
-            .ok_or(StoreError::NotFound)?;
-        let claimed = match ledger::decide(&digest, running, lease_until_ms, body_sha256, now) {
-            Found::Mismatch => Claimed::Mismatch,
-            Found::Live => Claimed::InFlight,
-            Found::Done => stored_answer(&mut tx, key).await?,
-            Found::Abandoned => {
-                let unknown = outcome_unknown_answer();
-                let settled = KEYS
-                    .answer(
-                        &mut tx,
-                        &record,
-                        &holder,
-                        &[
-                            Value::Int(i64::from(OUTCOME_UNKNOWN_STATUS)),
-                            Value::Text(&unknown),
-                        ],
-                        keep_until,
-                        Some(now),
-                    )
-                    .await?;
-                if settled {
-                    tracing::warn!(route = %key.route, "a request's idempotency claim ran out with no answer; settled as outcome unknown");
-                }
-                stored_answer(&mut tx, key).await?
-            }
-        };
         tx.commit().await?;
         Ok(claimed)
     }
