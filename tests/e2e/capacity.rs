@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::helpers::{create_environment_at, send};
-use crate::node_restart::{spawn, strings};
+use crate::node_restart::{Core, spawn, start_core, strings};
 use crate::processes::{Process, free_port, wait_until_ready};
 
 /// A memory cgroup of its own made for one process (v2 `memory.max`, or v1
@@ -102,56 +102,13 @@ impl Deployment {
         .expect("config");
         let log = data.path().join("services.log");
         let blob_url = format!("file://{}/blobs", data.path().display());
-        let (catalog, catalog_admin, source, source_admin, http) = (
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-        );
-        let mut services = Vec::new();
-        for (args, ready) in [
-            (
-                strings(&[
-                    "catalog",
-                    "--standalone",
-                    "--listen",
-                    &catalog.to_string(),
-                    "--admin-listen",
-                    &catalog_admin.to_string(),
-                ]),
-                format!("http://{catalog_admin}/readyz"),
-            ),
-            (
-                strings(&[
-                    "source",
-                    "--standalone",
-                    "--listen",
-                    &source.to_string(),
-                    "--admin-listen",
-                    &source_admin.to_string(),
-                    "--blob-url",
-                    &blob_url,
-                ]),
-                format!("http://{source_admin}/readyz"),
-            ),
-            (
-                strings(&[
-                    "gateway",
-                    "--listen",
-                    &http.to_string(),
-                    "--catalog-url",
-                    &format!("http://{catalog}"),
-                    "--source-url",
-                    &format!("http://{source}"),
-                ]),
-                format!("http://{http}/readyz"),
-            ),
-        ] {
-            let mut process = spawn(&args, &config, &log);
-            wait_until_ready(client, &ready, &mut process).await;
-            services.push(process);
-        }
+        let (mut services, core) = start_core(client, &config, &log, &blob_url).await;
+        let Core {
+            catalog,
+            catalog_admin,
+            http,
+            ..
+        } = core;
         services.push(spawn(
             &strings(&[
                 "builder",

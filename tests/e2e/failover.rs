@@ -11,7 +11,7 @@ use plinth_catalog::testing::{self, PostgresAvailability};
 use serde_json::{Value, json};
 
 use crate::helpers::{create_environment_at, send};
-use crate::node_restart::{spawn, strings};
+use crate::node_restart::{spawn, start_core, strings};
 use crate::processes::{Process, free_port, wait_until_ready};
 
 /// A service's `/metrics` or `/readyz` as an operator with the observer credential reads it.
@@ -110,59 +110,9 @@ async fn a_killed_node_costs_no_session_create_and_gets_none_after_its_ttl() {
     let log = data.path().join("services.log");
     let client = crate::helpers::http_client();
     let blob_url = format!("file://{}/blobs", data.path().display());
-    let (catalog, catalog_admin, source, source_admin, http) = (
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-    );
-    let catalog_url = format!("http://{catalog}");
-    let base = format!("http://{http}");
-    let mut services = start_all(
-        &client,
-        &config,
-        &log,
-        vec![
-            (
-                strings(&[
-                    "catalog",
-                    "--standalone",
-                    "--listen",
-                    &catalog.to_string(),
-                    "--admin-listen",
-                    &catalog_admin.to_string(),
-                ]),
-                format!("http://{catalog_admin}/readyz"),
-            ),
-            (
-                strings(&[
-                    "source",
-                    "--standalone",
-                    "--listen",
-                    &source.to_string(),
-                    "--admin-listen",
-                    &source_admin.to_string(),
-                    "--blob-url",
-                    &blob_url,
-                ]),
-                format!("http://{source_admin}/readyz"),
-            ),
-            (
-                strings(&[
-                    "gateway",
-                    "--listen",
-                    &http.to_string(),
-                    "--catalog-url",
-                    &catalog_url,
-                    "--source-url",
-                    &format!("http://{source}"),
-                ]),
-                format!("{base}/readyz"),
-            ),
-        ],
-    )
-    .await;
+    let (mut services, core) = start_core(&client, &config, &log, &blob_url).await;
+    let catalog_url = format!("http://{}", core.catalog);
+    let base = format!("http://{}", core.http);
     services.push(spawn(
         &strings(&[
             "builder",

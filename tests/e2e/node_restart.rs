@@ -57,6 +57,82 @@ pub(crate) fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|arg| (*arg).to_owned()).collect()
 }
 
+/// Where a standalone catalog, source (blobs at `blob_url`) and gateway in front of them
+/// listen, as [`start_core`] started them.
+pub(crate) struct Core {
+    pub(crate) catalog: std::net::SocketAddr,
+    pub(crate) catalog_admin: std::net::SocketAddr,
+    pub(crate) http: std::net::SocketAddr,
+}
+
+/// Starts a standalone catalog, a source on `blob_url` and a gateway in front of them, each
+/// waited for until ready; answers their processes and where they listen.
+pub(crate) async fn start_core(
+    client: &reqwest::Client,
+    config: &std::path::Path,
+    log: &std::path::Path,
+    blob_url: &str,
+) -> (Vec<Process>, Core) {
+    let (catalog, catalog_admin, source, source_admin, http) = (
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+    );
+    let mut services = Vec::new();
+    for (args, ready) in [
+        (
+            strings(&[
+                "catalog",
+                "--standalone",
+                "--listen",
+                &catalog.to_string(),
+                "--admin-listen",
+                &catalog_admin.to_string(),
+            ]),
+            format!("http://{catalog_admin}/readyz"),
+        ),
+        (
+            strings(&[
+                "source",
+                "--standalone",
+                "--listen",
+                &source.to_string(),
+                "--admin-listen",
+                &source_admin.to_string(),
+                "--blob-url",
+                blob_url,
+            ]),
+            format!("http://{source_admin}/readyz"),
+        ),
+        (
+            strings(&[
+                "gateway",
+                "--listen",
+                &http.to_string(),
+                "--catalog-url",
+                &format!("http://{catalog}"),
+                "--source-url",
+                &format!("http://{source}"),
+            ]),
+            format!("http://{http}/readyz"),
+        ),
+    ] {
+        let mut process = spawn(&args, config, log);
+        wait_until_ready(client, &ready, &mut process).await;
+        services.push(process);
+    }
+    (
+        services,
+        Core {
+            catalog,
+            catalog_admin,
+            http,
+        },
+    )
+}
+
 async fn exec(client: &reqwest::Client, base: &str, session: &str, command: &str) -> Value {
     let (status, result) = send(
         client
@@ -100,58 +176,9 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
     let node_log = data.path().join("node.log");
     let client = crate::helpers::http_client();
     let blob_url = format!("file://{}/blobs", data.path().display());
-    let (catalog, catalog_admin, source, source_admin, http, node, node_admin) = (
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-    );
-    let mut services = Vec::new();
-    for (args, ready) in [
-        (
-            strings(&[
-                "catalog",
-                "--standalone",
-                "--listen",
-                &catalog.to_string(),
-                "--admin-listen",
-                &catalog_admin.to_string(),
-            ]),
-            format!("http://{catalog_admin}/readyz"),
-        ),
-        (
-            strings(&[
-                "source",
-                "--standalone",
-                "--listen",
-                &source.to_string(),
-                "--admin-listen",
-                &source_admin.to_string(),
-                "--blob-url",
-                &blob_url,
-            ]),
-            format!("http://{source_admin}/readyz"),
-        ),
-        (
-            strings(&[
-                "gateway",
-                "--listen",
-                &http.to_string(),
-                "--catalog-url",
-                &format!("http://{catalog}"),
-                "--source-url",
-                &format!("http://{source}"),
-            ]),
-            format!("http://{http}/readyz"),
-        ),
-    ] {
-        let mut process = spawn(&args, &config, &log);
-        wait_until_ready(&client, &ready, &mut process).await;
-        services.push(process);
-    }
+    let (node, node_admin) = (free_port(), free_port());
+    let (mut services, core) = start_core(&client, &config, &log, &blob_url).await;
+    let Core { catalog, http, .. } = core;
     services.push(spawn(
         &strings(&[
             "builder",

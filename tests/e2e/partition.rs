@@ -23,8 +23,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::helpers::{create_environment_at, send};
-use crate::node_restart::{spawn, strings};
-use crate::processes::{Process, free_port, wait_until_ready};
+use crate::node_restart::{Core, spawn, start_core, strings};
+use crate::processes::{free_port, wait_until_ready};
 
 /// The gateway's deadlines in this test (`gateway.node_call_timeout_ms`,
 /// `gateway.node_attach_timeout_ms`), small so the test is quick.
@@ -260,57 +260,9 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
         .build()
         .expect("client");
     let blob_url = format!("file://{}/blobs", data.path().display());
-    let (catalog, catalog_admin, source, source_admin, http) = (
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-    );
+    let (mut services, core) = start_core(&client, &config, &log, &blob_url).await;
+    let Core { catalog, http, .. } = core;
     let catalog_url = format!("http://{catalog}");
-    let mut services: Vec<Process> = Vec::new();
-    for (args, ready) in [
-        (
-            strings(&[
-                "catalog",
-                "--standalone",
-                "--listen",
-                &catalog.to_string(),
-                "--admin-listen",
-                &catalog_admin.to_string(),
-            ]),
-            format!("http://{catalog_admin}/readyz"),
-        ),
-        (
-            strings(&[
-                "source",
-                "--standalone",
-                "--listen",
-                &source.to_string(),
-                "--admin-listen",
-                &source_admin.to_string(),
-                "--blob-url",
-                &blob_url,
-            ]),
-            format!("http://{source_admin}/readyz"),
-        ),
-        (
-            strings(&[
-                "gateway",
-                "--listen",
-                &http.to_string(),
-                "--catalog-url",
-                &catalog_url,
-                "--source-url",
-                &format!("http://{source}"),
-            ]),
-            format!("http://{http}/readyz"),
-        ),
-    ] {
-        let mut process = spawn(&args, &config, &log);
-        wait_until_ready(&client, &ready, &mut process).await;
-        services.push(process);
-    }
     services.push(spawn(
         &strings(&[
             "builder",
