@@ -469,6 +469,24 @@ struct Beat {
     failed: bool,
 }
 
+/// Registers as `register` says, again every second while the catalog answers `UNAVAILABLE`
+/// (as the node agent does), until `stop`.
+async fn register_retrying(
+    client: &mut SessionClient,
+    register: &impl Fn() -> pb::RegisterNodeRequest,
+    stop: &plinth_kit::tasks::CancellationToken,
+) -> anyhow::Result<pb::RegisterNodeResponse> {
+    loop {
+        match client.register_node(register()).await {
+            Ok(answer) => return Ok(answer.into_inner()),
+            Err(status) if status.code() == tonic::Code::Unavailable && !stop.is_cancelled() => {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(status) => return Err(status.into()),
+        }
+    }
+}
+
 /// One simulated node: registers, then heartbeats on the catalog's period until `stop`.
 #[allow(clippy::too_many_arguments)]
 async fn node(
@@ -505,7 +523,9 @@ async fn node(
         // Unlimited, as an earlier node says: placement here measures the index, not room.
         ..Default::default()
     };
-    let mut registered = client.register_node(register()).await?.into_inner();
+    // As the node agent does: a catalog that cannot answer now (a thousand nodes registering
+    // at once exhaust its pool) is asked again a second later.
+    let mut registered = register_retrying(&mut client, &register, &stop).await?;
     let every = Duration::from_millis(u64::try_from(registered.heartbeat_every_ms)?.max(100));
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -536,7 +556,7 @@ async fn node(
                 false
             }
             Err(status) if status.code() == tonic::Code::NotFound => {
-                registered = client.register_node(register()).await?.into_inner();
+                registered = register_retrying(&mut client, &register, &stop).await?;
                 reporter.forget();
                 true
             }

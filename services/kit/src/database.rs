@@ -8,6 +8,7 @@
 //! same pool. Each service keeps its own migrations table, so services may share a database.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use crate::clock::now_ms;
@@ -76,6 +77,23 @@ pub struct Database {
     pub writer: AnyPool,
     /// Which database.
     pub backend: Backend,
+    /// [`Database::ping`]'s own connection (PostgreSQL).
+    health: HealthConnection,
+}
+
+/// A connection of its own for asking whether PostgreSQL answers, made on first use and
+/// again after a failure: a pool whose connections are all busy is load, not a database that
+/// stopped answering, and must not make a replica turn its callers away.
+#[derive(Clone)]
+struct HealthConnection {
+    url: Arc<str>,
+    connection: Arc<tokio::sync::Mutex<Option<AnyConnection>>>,
+}
+
+impl std::fmt::Debug for HealthConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HealthConnection").finish_non_exhaustive()
+    }
 }
 
 impl Database {
@@ -129,6 +147,10 @@ impl Database {
             reader,
             writer,
             backend,
+            health: HealthConnection {
+                url: url.as_str().into(),
+                connection: Arc::default(),
+            },
         })
     }
 
@@ -191,7 +213,19 @@ impl Database {
 
     /// Answers when the database does.
     pub async fn ping(&self) -> Result<(), DatabaseError> {
-        sqlx::query("SELECT 1").execute(&self.reader).await?;
+        if self.backend == Backend::Sqlite {
+            sqlx::query("SELECT 1").execute(&self.reader).await?;
+            return Ok(());
+        }
+        // On its own connection, not the pool's (see `HealthConnection`). Taken out while in
+        // use: a ping cut off by its caller's timeout drops it, and the next one connects anew.
+        let mut held = self.health.connection.lock().await;
+        let mut connection = match held.take() {
+            Some(connection) => connection,
+            None => AnyConnection::connect(&self.health.url).await?,
+        };
+        sqlx::query("SELECT 1").execute(&mut connection).await?;
+        *held = Some(connection);
         Ok(())
     }
 
