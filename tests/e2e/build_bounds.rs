@@ -497,20 +497,12 @@ async fn a_build_over_its_disk_limit_fails_naming_it_and_takes_no_more_of_the_ho
     // cache it filled (sparse and discarded).
     crate::helpers::until_unmounted(&work_dir).await;
     assert!(acme_disk.join("work.ext4").is_file());
-    // The image's blocks go back as the unmount's discards land, which a busy host may take
-    // a moment over.
-    let mut allocated = allocated_bytes(&acme_disk);
-    for _ in 0..150 {
-        if allocated < 16 * MIB {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        allocated = allocated_bytes(&acme_disk);
-    }
+    // The blocks go back by the time the disk is unmounted, not when the kernel gets to them.
+    let allocated = allocated_bytes(&acme_disk);
     assert!(
-        allocated < 16 * MIB,
-        "the scope's disk still holds {} MiB after the build",
-        allocated / MIB
+        allocated < 4 * MIB,
+        "the scope's disk still holds {} KiB after the build",
+        allocated / 1024
     );
 
     // The builder goes on: the scope's next build, within its limit once the 24 MiB cache is

@@ -614,10 +614,54 @@ impl LimitedDir {
     }
 
     /// Unmounts the working directory and keeps the image, for [`DiskLimits::open`] to mount
-    /// again later (the builder's disk of a scope, between its builds).
+    /// again later (the builder's disk of a scope, between its builds). First every free
+    /// block of the file system is given back to the host ([`give_back_free_blocks`]), so a
+    /// kept image takes only what its files hold.
     pub fn unmount(self) -> Result<(), DiskError> {
+        if let Err(error) = give_back_free_blocks(&self.work) {
+            tracing::warn!(%error, disk = %self.work.display(), "could not give a disk's free blocks back to the host; its image keeps them until they are written again");
+        }
         unmount_at(&self.session_dir).map(drop)
     }
+}
+
+/// `struct fstrim_range` of `<linux/fs.h>`.
+#[repr(C)]
+struct TrimRange {
+    start: u64,
+    len: u64,
+    minlen: u64,
+}
+
+/// `FITRIM`: `_IOWR('X', 121, struct fstrim_range)`.
+const FITRIM: rustix::ioctl::Opcode = rustix::ioctl::opcode::read_write::<TrimRange>(b'X', 121);
+
+/// Gives every free block of the file system mounted at `root` back to its image's host file:
+/// commits the journal (blocks freed since the last commit become free) and asks ext4 to
+/// discard all its free space (`FITRIM`, what `fstrim` does), which the loop device turns
+/// into holes in the image. The mount's `discard` option already does so as files are
+/// deleted, but not reliably: ext4 issues those discards later, from a background queue, and
+/// a build that filled a 64 MiB disk and was removed just before the unmount left 17 MiB
+/// allocated in the image for good in most runs (Linux 6.18). Takes a few milliseconds,
+/// 10 GiB or 64 MiB alike (7 ms for a freshly mounted 10 GiB image; groups already trimmed
+/// since the mount are skipped).
+fn give_back_free_blocks(root: &Path) -> io::Result<()> {
+    let dir = fs::File::open(root)?;
+    rustix::fs::syncfs(&dir)?;
+    let mut range = TrimRange {
+        start: 0,
+        len: u64::MAX,
+        minlen: 0,
+    };
+    // SAFETY: FITRIM reads and writes a `struct fstrim_range`, which `TrimRange` is.
+    #[allow(unsafe_code)]
+    unsafe {
+        rustix::ioctl::ioctl(
+            &dir,
+            rustix::ioctl::Updater::<FITRIM, TrimRange>::new(&mut range),
+        )
+    }?;
+    Ok(())
 }
 
 /// Unmounts `<session_dir>/work` and deletes it and the images.
