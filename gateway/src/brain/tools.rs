@@ -90,6 +90,7 @@ pub async fn execute(context: &Context, request: &Map<String, Value>) -> Receipt
     };
     let marker = format!("{}-{}", context.sequence, uuid::Uuid::new_v4().simple());
     let run = run(context, &session, spec.tool, &input, &marker);
+    tokio::pin!(run);
     let limit = async {
         match remaining {
             Some(remaining) => tokio::time::sleep(remaining).await,
@@ -97,14 +98,17 @@ pub async fn execute(context: &Context, request: &Map<String, Value>) -> Receipt
         }
     };
     let stop = tokio::select! {
-        outcome = run => return match outcome {
+        outcome = &mut run => return match outcome {
             Ok(output) => Receipt::Result { output },
             Err(failure) => failure.into(),
         },
         () = limit => Stop::Deadline,
         () = context.cancel.cancelled() => Stop::Cancelled,
     };
+    // The execution stays open while its processes are found and killed: let go of first, the
+    // node would kill them as its caller went away, and the evidence would name none.
     let evidence = cleanup(context, &session, spec.tool, &marker).await;
+    drop(run);
     stopped(stop, evidence)
 }
 
