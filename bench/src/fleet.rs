@@ -332,6 +332,27 @@ impl Random {
     }
 }
 
+/// `call` again, a quarter of a second later, while the catalog answers `UNAVAILABLE` (a
+/// replica whose pool is saturated, as a thousand nodes registering at once make it, turns
+/// callers away before doing anything), for up to a minute; as the gateway's and the
+/// builder's clients do.
+async fn retrying<T, F, Fut>(mut call: F) -> Result<T, tonic::Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        match call().await {
+            Ok(answer) => return Ok(answer.into_inner()),
+            Err(status) if status.code() == tonic::Code::Unavailable && Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(status) => return Err(status),
+        }
+    }
+}
+
 /// Makes `count` environments of two ready versions each (the second active); answers every
 /// `(environment, version)`.
 async fn seed(
@@ -345,17 +366,21 @@ async fn seed(
     let mut ids = Vec::with_capacity(count);
     for chunk in (0..count).collect::<Vec<_>>().chunks(16) {
         let creates = chunk.iter().map(|index| {
-            let mut gateway = gateway.clone();
+            let gateway = gateway.clone();
             async move {
                 let scope = scope_of(*index, scopes);
-                let environment = gateway
-                    .create_environment(pb::CreateEnvironmentRequest {
-                        scope: scope.clone(),
-                        name: format!("fleet {index}"),
-                        ..Default::default()
-                    })
-                    .await?
-                    .into_inner();
+                let environment = retrying(|| {
+                    let (mut client, request) = (
+                        gateway.clone(),
+                        pb::CreateEnvironmentRequest {
+                            scope: scope.clone(),
+                            name: format!("fleet {index}"),
+                            ..Default::default()
+                        },
+                    );
+                    async move { client.create_environment(request).await }
+                })
+                .await?;
                 anyhow::Ok(Environment {
                     scope,
                     id: environment.id,
@@ -369,16 +394,21 @@ async fn seed(
     for version in 1..=2u32 {
         for chunk in ids.chunks(16) {
             let starts = chunk.iter().map(|environment| {
-                let mut gateway = gateway.clone();
+                let gateway = gateway.clone();
                 async move {
-                    gateway
-                        .start_build(pb::StartBuildRequest {
-                            scope: environment.scope.clone(),
-                            id: environment.id.clone(),
-                            source_tree: format!("sha256:{:064x}", version),
-                            clean: false,
-                        })
-                        .await?;
+                    retrying(|| {
+                        let (mut client, request) = (
+                            gateway.clone(),
+                            pb::StartBuildRequest {
+                                scope: environment.scope.clone(),
+                                id: environment.id.clone(),
+                                source_tree: format!("sha256:{:064x}", version),
+                                clean: false,
+                            },
+                        );
+                        async move { client.start_build(request).await }
+                    })
+                    .await?;
                     anyhow::Ok(())
                 }
             });
@@ -389,7 +419,7 @@ async fn seed(
         // Each build queued is claimed and completed, by a few builders at once.
         let remaining = Arc::new(std::sync::atomic::AtomicUsize::new(ids.len()));
         let workers = (0..4).map(|_| {
-            let mut builder = builder.clone();
+            let builder = builder.clone();
             let remaining = remaining.clone();
             async move {
                 loop {
@@ -409,33 +439,38 @@ async fn seed(
                         continue;
                     }
                     let claim = loop {
-                        let answer = builder
-                            .claim_build(pb::ClaimBuildRequest {
-                                builder: "fleet-seed".to_owned(),
-                            })
-                            .await?
-                            .into_inner();
+                        let answer = retrying(|| {
+                            let (mut client, request) = (
+                                builder.clone(),
+                                pb::ClaimBuildRequest {
+                                    builder: "fleet-seed".to_owned(),
+                                },
+                            );
+                            async move { client.claim_build(request).await }
+                        })
+                        .await?;
                         if let Some(claim) = answer.claim {
                             break claim;
                         }
                     };
                     let build = claim.build.context("a claim without its build")?;
-                    builder
-                        .complete_build(pb::CompleteBuildRequest {
-                            lease_token: claim.lease_token,
-                            outcome: Some(pb::complete_build_request::Outcome::Ready(
-                                pb::BuildReady {
-                                    layer_tree: format!(
-                                        "sha256:{:032x}{:032x}",
-                                        build.version,
-                                        fnv(&build.environment_id)
-                                    ),
-                                    size: 1,
-                                    ..Default::default()
-                                },
-                            )),
-                        })
-                        .await?;
+                    let ready = pb::CompleteBuildRequest {
+                        lease_token: claim.lease_token,
+                        outcome: Some(pb::complete_build_request::Outcome::Ready(pb::BuildReady {
+                            layer_tree: format!(
+                                "sha256:{:032x}{:032x}",
+                                build.version,
+                                fnv(&build.environment_id)
+                            ),
+                            size: 1,
+                            ..Default::default()
+                        })),
+                    };
+                    retrying(|| {
+                        let (mut client, request) = (builder.clone(), ready.clone());
+                        async move { client.complete_build(request).await }
+                    })
+                    .await?;
                 }
             }
         });
@@ -656,14 +691,18 @@ async fn place(
     environment: &Environment,
 ) -> anyhow::Result<(pb::Session, Duration)> {
     let started = Instant::now();
-    let session = client
-        .create_session(pb::CreateSessionRequest {
-            scope: environment.scope.clone(),
-            environment_id: environment.id.clone(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let session = retrying(|| {
+        let (mut client, request) = (
+            client.clone(),
+            pb::CreateSessionRequest {
+                scope: environment.scope.clone(),
+                environment_id: environment.id.clone(),
+                ..Default::default()
+            },
+        );
+        async move { client.create_session(request).await }
+    })
+    .await?;
     Ok((session, started.elapsed()))
 }
 
@@ -785,12 +824,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let environment = &environments[random.below(environments.len())];
         let (session, took) = place(&mut client, environment).await?;
         placements.push(took.as_secs_f64() * 1000.0);
-        client
-            .end_session(pb::EndSessionRequest {
-                scope: session.scope,
-                id: session.id,
-            })
-            .await?;
+        retrying(|| {
+            let (mut client, request) = (
+                client.clone(),
+                pb::EndSessionRequest {
+                    scope: session.scope.clone(),
+                    id: session.id.clone(),
+                },
+            );
+            async move { client.end_session(request).await }
+        })
+        .await?;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let window_end = origin.elapsed();

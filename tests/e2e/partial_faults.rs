@@ -7,7 +7,11 @@
 //!   and no build loses its lease;
 //! - the S3-protocol store stopped for 20 s (every service's forwarder to it closes every
 //!   connection): no request answers 500, the gateways and nodes stay ready, and builds in
-//!   progress are ready once it is back.
+//!   progress are ready once it is back;
+//! - the gateways cut off from one node for 20 s (both reach it through a forwarder, advertised
+//!   as its address, that holds every connection and forwards nothing; its heartbeats still
+//!   reach the catalogs): no request waits longer than its deadline, no session is placed on
+//!   that node once a call to it has timed out, and its mark is lifted once it answers.
 //!
 //! Every acknowledged write reads back afterwards, as in `scale_out.rs`.
 
@@ -32,6 +36,14 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 const NOTICED_WITHIN: Duration = Duration::from_secs(3);
 /// `catalog.node_ttl_ms`, the default.
 const NODE_TTL_MS: i64 = 3000;
+/// The gateways' deadlines on calls to nodes in the partition test
+/// (`gateway.node_call_timeout_ms`, `gateway.node_attach_timeout_ms`).
+const NODE_CALL_TIMEOUT: Duration = Duration::from_millis(1500);
+const NODE_ATTACH_TIMEOUT: Duration = Duration::from_secs(8);
+/// The longest one request may wait while a node is cut off: a create whose attach on it
+/// passed its deadline, placed once more on the other node, and seconds for a loaded machine.
+/// A request that waits on the node with no deadline waits until the client gives up (15 s).
+const LONGEST_WAIT: Duration = Duration::from_millis(12_500);
 
 /// What a forwarder does with connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,6 +194,7 @@ async fn a_blackholed_catalog_database_and_a_stopped_blob_store_cost_only_calls_
             "[internal]\ncall_timeout_ms = {}\n",
             CALL_TIMEOUT.as_millis()
         ),
+        [None, None],
     )
     .await;
     let workload = Workload::start(&fleet);
@@ -316,5 +329,185 @@ async fn a_blackholed_catalog_database_and_a_stopped_blob_store_cost_only_calls_
         !ends.is_empty(),
         "no build ended across the faults\n{}",
         report.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_the_gateways_cannot_reach_costs_requests_a_deadline_and_gets_no_sessions() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let PostgresAvailability::Available(server) = testing::postgres() else {
+        return;
+    };
+    let Some(blob_url) = crate::gc::fresh_bucket().await else {
+        return;
+    };
+    let database_url = testing::fresh_postgres_database(&server).await;
+    // Node 2 listens behind a forwarder, whose address is the one it advertises.
+    let node_two = crate::processes::free_port();
+    let front = Forwarder::start(node_two).await;
+    let fleet = start_fleet(
+        &database_url,
+        [&database_url, &database_url],
+        &blob_url,
+        &format!(
+            "[gateway]\nnode_call_timeout_ms = {}\nnode_attach_timeout_ms = {}\n",
+            NODE_CALL_TIMEOUT.as_millis(),
+            NODE_ATTACH_TIMEOUT.as_millis()
+        ),
+        [None, Some((node_two, format!("http://{}", front.addr)))],
+    )
+    .await;
+    let node_two_id = psql(
+        &fleet.database_url,
+        "SELECT id FROM nodes WHERE name = 'node-2'",
+    );
+    let sessions_on_node_two = |from_ms: i64, to_ms: i64| -> i64 {
+        psql(
+            &fleet.database_url,
+            &format!(
+                "SELECT count(*) FROM sessions WHERE node_id = '{node_two_id}' \
+                 AND created_at_ms > {from_ms} AND created_at_ms < {to_ms}"
+            ),
+        )
+        .parse()
+        .expect("a count")
+    };
+    // A session held on node 1 makes node 2 the less loaded, where placement sends the
+    // workload's sessions (each ended before the next) until node 2 is held suspect.
+    let node_one_id = psql(
+        &fleet.database_url,
+        "SELECT id FROM nodes WHERE name = 'node-1'",
+    );
+    for attempt in 0.. {
+        assert!(attempt < 20, "no session was placed on node 1");
+        let (status, created) = crate::helpers::send(
+            fleet
+                .client
+                .post(format!("{}/v1/sessions", fleet.base(0)))
+                .bearer_auth("tok-acme")
+                .json(&serde_json::json!({ "environment": fleet.sessions })),
+        )
+        .await;
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().expect("id");
+        let node = psql(
+            &fleet.database_url,
+            &format!("SELECT node_id FROM sessions WHERE id = '{id}'"),
+        );
+        if node == node_one_id {
+            break;
+        }
+        let (status, ended) = crate::helpers::send(
+            fleet
+                .client
+                .delete(format!("{}/v1/sessions/{id}", fleet.base(0)))
+                .bearer_auth("tok-acme"),
+        )
+        .await;
+        assert_eq!(status, 200, "{ended}");
+    }
+    let workload = Workload::start(&fleet);
+    let outcomes = workload.outcomes.clone();
+    // Node 2 takes the workload's sessions before the partition.
+    let started_ms = now_ms();
+    let waiting = Instant::now();
+    while sessions_on_node_two(started_ms, i64::MAX) == 0 {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(60),
+            "node 2 took none of the workload's sessions\n{}",
+            fleet.services_log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // The partition: what the gateways send node 2 goes nowhere, and nothing comes back.
+    let cut = Instant::now();
+    front.set(Mode::Blackholed);
+    // When the catalog first holds node 2 suspect (a gateway's call to it timed out), and
+    // whether its heartbeats, which do not cross the partition, stayed on time.
+    let mut suspect_since: Option<(Instant, i64)> = None;
+    let mut late_seen = Vec::new();
+    while cut.elapsed() < FAULT {
+        let now = now_ms();
+        let row = psql(
+            &fleet.database_url,
+            &format!(
+                "SELECT suspect_until_ms > {now}, heartbeat_at_ms < {} FROM nodes WHERE id = '{node_two_id}'",
+                now - NODE_TTL_MS
+            ),
+        );
+        if row.starts_with('t') && suspect_since.is_none() {
+            suspect_since = Some((Instant::now(), now));
+        }
+        if row.ends_with('t') {
+            late_seen.push(format!("{:.1} s", cut.elapsed().as_secs_f64()));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let healed_ms = now_ms();
+    front.set(Mode::Up);
+    let healed = Instant::now();
+    // Node 2 answers the gateways' probes again, which lift the mark: it may take sessions.
+    loop {
+        let now = now_ms();
+        let suspect = psql(
+            &fleet.database_url,
+            &format!("SELECT suspect_until_ms > {now} FROM nodes WHERE id = '{node_two_id}'"),
+        );
+        if suspect == "f" {
+            break;
+        }
+        assert!(
+            healed.elapsed() < Duration::from_secs(30),
+            "node 2 was still held suspect 30 s after the partition healed\n{}",
+            fleet.services_log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let back = Instant::now();
+    let ends = workload.finish(&fleet).await;
+
+    let (suspect_at, suspect_ms) = suspect_since.unwrap_or_else(|| {
+        panic!(
+            "no gateway held node 2 suspect while it was cut off\n{}",
+            fleet.services_log()
+        )
+    });
+    let (sent, failed, what) = outcomes.count(cut, back);
+    let (_, _, failed_after) = outcomes.count(suspect_at + NOTICED_WITHIN, back);
+    let placed_during = sessions_on_node_two(suspect_ms, healed_ms);
+    let slow = outcomes.slower_than(cut - Duration::from_secs(20), back, LONGEST_WAIT);
+    println!(
+        "node 2 cut off from the gateways for {} s, held suspect after {:.1} s: {failed} of {sent} requests failed; {} builds followed to their end\n  {}",
+        FAULT.as_secs(),
+        (suspect_at - cut).as_secs_f64(),
+        ends.len(),
+        what.join("\n  ")
+    );
+    assert!(
+        slow.is_empty(),
+        "requests waited longer than their deadline on the partitioned node: {slow:?}"
+    );
+    assert_eq!(
+        placed_during, 0,
+        "sessions were placed on node 2 after a call to it had timed out"
+    );
+    assert!(
+        failed_after.is_empty(),
+        "requests sent {NOTICED_WITHIN:?} or more after node 2 was held suspect failed: {failed_after:?}"
+    );
+    // What failed was a call to node 2 in a session placed there before the partition:
+    // `503` naming the node, never a 500 or a client that gave up.
+    for failure in &what {
+        assert!(
+            failure.starts_with("session:") && failure.contains(" 503 "),
+            "{failure}"
+        );
+    }
+    assert!(
+        late_seen.is_empty(),
+        "node 2's heartbeats went late although they do not cross the partition: {late_seen:?}"
     );
 }

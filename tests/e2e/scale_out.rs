@@ -37,13 +37,27 @@ struct Outcome {
     kind: &'static str,
     ok: bool,
     what: String,
+    /// The longest any one of its requests waited for its answer, and which.
+    slowest: (Duration, &'static str),
 }
 
 #[derive(Default)]
 pub(crate) struct Log(Mutex<Vec<Outcome>>);
 
 impl Log {
+    /// A request of one call, answered now.
     fn record(&self, sent: Instant, kind: &'static str, ok: bool, what: String) {
+        self.record_slowest(sent, kind, ok, what, (sent.elapsed(), kind));
+    }
+
+    fn record_slowest(
+        &self,
+        sent: Instant,
+        kind: &'static str,
+        ok: bool,
+        what: String,
+        slowest: (Duration, &'static str),
+    ) {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -52,7 +66,27 @@ impl Log {
                 kind,
                 ok,
                 what,
+                slowest,
             });
+    }
+
+    /// Requests sent in `[from, to)` of which one call waited `bound` or longer.
+    pub(crate) fn slower_than(&self, from: Instant, to: Instant, bound: Duration) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|outcome| outcome.at >= from && outcome.at < to && outcome.slowest.0 >= bound)
+            .map(|outcome| {
+                format!(
+                    "{} ({} took {:.1} s): {}",
+                    outcome.kind,
+                    outcome.slowest.1,
+                    outcome.slowest.0.as_secs_f64(),
+                    outcome.what
+                )
+            })
+            .collect()
     }
 
     /// Requests sent in `[from, to)`, how many failed, and what failed.
@@ -165,12 +199,14 @@ impl Fleet {
 /// Starts two of every service: catalog `i` on `catalog_databases[i]` (the same database,
 /// reached directly or through a test's forwarder), sources and the rest on `database_url`,
 /// every service on `blob_url`, and `config_extra` added to their configuration file; makes the
-/// workload's environments and builds the sessions' one.
+/// workload's environments and builds the sessions' one. Node `i` listens where
+/// `node_fronts[i]` says and advertises its URL (a test's forwarder in front of it), if given.
 pub(crate) async fn start_fleet(
     database_url: &str,
     catalog_databases: [&str; 2],
     blob_url: &str,
     config_extra: &str,
+    node_fronts: [Option<(SocketAddr, String)>; 2],
 ) -> Fleet {
     let blob_url = blob_url.to_owned();
     let credentials = Credentials::new();
@@ -196,7 +232,9 @@ pub(crate) async fn start_fleet(
     let catalogs = [free_port(), free_port()];
     let sources = [free_port(), free_port()];
     let gateways = [free_port(), free_port()];
-    let nodes = [free_port(), free_port()];
+    let nodes = node_fronts
+        .clone()
+        .map(|front| front.map_or_else(free_port, |(listen, _)| listen));
     let (catalog_urls, source_urls) = (urls(&catalogs), urls(&sources));
 
     let mut services: Vec<Service> = Vec::new();
@@ -283,28 +321,29 @@ pub(crate) async fn start_fleet(
         let name = format!("node-{}", index + 1);
         let admin = free_port();
         node_admins.push(admin);
-        let mut process = spawn(
-            &[
-                "node",
-                "--config",
-                &config,
-                "--name",
-                &name,
-                "--listen",
-                &address.to_string(),
-                "--admin-listen",
-                &admin.to_string(),
-                "--catalog-url",
-                &catalog_urls,
-                "--blob-url",
-                &blob_url,
-                "--data-dir",
-                &dir(&name),
-            ],
-            &credentials,
-            &log,
-            None,
-        );
+        let (address, admin_address, data_dir) =
+            (address.to_string(), admin.to_string(), dir(&name));
+        let mut args = vec![
+            "node",
+            "--config",
+            &config,
+            "--name",
+            &name,
+            "--listen",
+            &address,
+            "--admin-listen",
+            &admin_address,
+            "--catalog-url",
+            &catalog_urls,
+            "--blob-url",
+            &blob_url,
+            "--data-dir",
+            &data_dir,
+        ];
+        if let Some((_, advertise)) = &node_fronts[index] {
+            args.extend(["--advertise-url", advertise.as_str()]);
+        }
+        let mut process = spawn(&args, &credentials, &log, None);
         wait_until_ready(&client, &format!("http://{admin}/readyz"), &mut process).await;
         services.push(Service { name, process });
     }
@@ -478,12 +517,14 @@ impl Workload {
                     n += 1;
                     let base = format!("http://{}", gateways[n % 2]);
                     let sent = Instant::now();
-                    let result = session_round(&client, &base, &sessions).await;
-                    outcomes.record(
+                    let mut slowest = (Duration::ZERO, "create");
+                    let result = session_round(&client, &base, &sessions, &mut slowest).await;
+                    outcomes.record_slowest(
                         sent,
                         "session",
                         result.is_ok(),
                         result.err().unwrap_or_default(),
+                        slowest,
                     );
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
@@ -636,7 +677,14 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
         return;
     };
     let database_url = testing::fresh_postgres_database(&server).await;
-    let mut fleet = start_fleet(&database_url, [&database_url, &database_url], &blob_url, "").await;
+    let mut fleet = start_fleet(
+        &database_url,
+        [&database_url, &database_url],
+        &blob_url,
+        "",
+        [None, None],
+    )
+    .await;
     let workload = Workload::start(&fleet);
     let outcomes = workload.outcomes.clone();
     let builds = fleet.builds.clone();
@@ -816,38 +864,50 @@ async fn session_round(
     client: &reqwest::Client,
     base: &str,
     environment: &str,
+    slowest: &mut (Duration, &'static str),
 ) -> Result<(), String> {
+    let mut timed = |what: &'static str, sent: Instant| {
+        if sent.elapsed() > slowest.0 {
+            *slowest = (sent.elapsed(), what);
+        }
+    };
+    let sent = Instant::now();
     let response = client
         .post(format!("{base}/v1/sessions"))
         .bearer_auth("tok-acme")
         .json(&json!({ "environment": environment }))
         .send()
-        .await
-        .map_err(|error| format!("create: {error}"))?;
+        .await;
+    timed("create", sent);
+    let response = response.map_err(|error| format!("create: {error}"))?;
     let status = response.status();
     let session: Value = response.json().await.unwrap_or_default();
     if status != 201 {
         return Err(format!("create: {status} {session}"));
     }
     let id = session["id"].as_str().unwrap_or_default().to_owned();
+    let sent = Instant::now();
     let response = client
         .post(format!("{base}/v1/sessions/{id}/exec"))
         .bearer_auth("tok-acme")
         .json(&json!({ "command": "echo ok" }))
         .send()
-        .await
-        .map_err(|error| format!("exec: {error}"))?;
+        .await;
+    timed("exec", sent);
+    let response = response.map_err(|error| format!("exec: {error}"))?;
     let status = response.status();
     let result: Value = response.json().await.unwrap_or_default();
     if status != 200 || result["stdout"] != "ok\n" {
         return Err(format!("exec: {status} {result}"));
     }
+    let sent = Instant::now();
     let response = client
         .delete(format!("{base}/v1/sessions/{id}"))
         .bearer_auth("tok-acme")
         .send()
-        .await
-        .map_err(|error| format!("end: {error}"))?;
+        .await;
+    timed("end", sent);
+    let response = response.map_err(|error| format!("end: {error}"))?;
     if !response.status().is_success() {
         return Err(format!("end: {}", response.status()));
     }
