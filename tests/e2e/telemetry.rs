@@ -643,9 +643,26 @@ async fn an_idle_serve_exports_no_spans() {
     let client = crate::helpers::http_client();
     let base = format!("http://{address}");
     wait_until_ready(&client, &format!("{base}/readyz"), &mut serve).await;
-    // Whatever starting up traced has been sent by now.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let at_rest = collector.spans().len();
+    // Whatever starting up traced has been sent once no span came for 3 s (a busy host may
+    // take a while over the node's registration and the first export). A serve that traces
+    // something every few seconds never gets there.
+    let settling = std::time::Instant::now();
+    let (mut at_rest, mut quiet_since) = (collector.spans().len(), std::time::Instant::now());
+    while quiet_since.elapsed() < Duration::from_secs(3) {
+        let spans = collector.spans();
+        assert!(
+            settling.elapsed() < Duration::from_secs(60),
+            "spans kept coming a minute after the serve was ready: {:?}",
+            spans[at_rest..]
+                .iter()
+                .map(|(_, span)| span.name.clone())
+                .collect::<Vec<_>>()
+        );
+        if spans.len() != at_rest {
+            (at_rest, quiet_since) = (spans.len(), std::time::Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 
     tokio::time::sleep(Duration::from_secs(30)).await;
     let idle: Vec<String> = collector.spans()[at_rest..]
