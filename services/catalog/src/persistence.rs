@@ -149,6 +149,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "node_capacity",
                 include_str!("../migrations/sqlite/0022_node_capacity.sql"),
             ),
+            (
+                23,
+                "activation_epoch",
+                include_str!("../migrations/sqlite/0023_activation_epoch.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -260,6 +265,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 22,
                 "node_capacity",
                 include_str!("../migrations/postgres/0022_node_capacity.sql"),
+            ),
+            (
+                23,
+                "activation_epoch",
+                include_str!("../migrations/postgres/0023_activation_epoch.sql"),
             ),
         ],
     }

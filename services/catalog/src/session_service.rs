@@ -418,7 +418,7 @@ impl pb::session_service_server::SessionService for Sessions {
         let capacity = NodeCapacity::from_wire(request.max_sessions, request.memory_mb);
         let answer = self
             .store
-            .node_heartbeat_with(&node, report, Some(capacity))
+            .node_heartbeat_with(&node, report, Some(capacity), request.active_epoch)
             .await
             .map_err(|error| match error {
                 StoreError::NotFound => missing("node", node.as_str()),
@@ -441,6 +441,8 @@ impl pb::session_service_server::SessionService for Sessions {
                 .collect(),
             sessions_listed: true,
             cache_digest: answer.digest,
+            active_epoch: answer.epoch,
+            active_unchanged: answer.active_unchanged,
         }))
     }
 

@@ -288,8 +288,14 @@ pub fn cache_digest(versions: &[(EnvironmentId, u32)]) -> u64 {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeartbeatAnswer {
     /// The node's cached versions that are their environment's active version; `None` when
-    /// the node said its set was unchanged but the catalog does not hold that set.
+    /// the node said its set was unchanged but the catalog does not hold that set, or when
+    /// nothing changed since the list the node holds (`active_unchanged`).
     pub active: Option<Vec<(EnvironmentId, u32)>>,
+    /// The list was not read: the node's set is unchanged and it named the current `epoch`.
+    pub active_unchanged: bool,
+    /// The catalog's count of changes to which versions are active, for the node to name in
+    /// its next heartbeat.
+    pub epoch: u64,
     /// The digest of the set the catalog holds for the node now; 0 when it holds none.
     pub digest: u64,
     /// The node's sessions that are active.

@@ -35,6 +35,9 @@ pub fn cache_digest(versions: &[VersionKey]) -> u64 {
 pub struct CacheReporter {
     /// The digest the catalog last said it holds; 0 until it says, and after registering.
     held: u64,
+    /// The activation epoch of the active list the node holds; 0 for none (until the
+    /// catalog answers one, and after registering).
+    epoch: u64,
 }
 
 /// What a heartbeat sent, for reading its answer.
@@ -53,6 +56,7 @@ impl CacheReporter {
     /// The node (re)registered: the next heartbeat sends its whole set.
     pub fn forget(&mut self) {
         self.held = 0;
+        self.epoch = 0;
     }
 
     /// The heartbeat of `node_id` caching `versions`: the whole set unless the catalog said
@@ -80,6 +84,7 @@ impl CacheReporter {
             cached,
             cache_digest: digest,
             cache_unchanged: unchanged,
+            active_epoch: self.epoch,
             ..pb::NodeHeartbeatRequest::default()
         };
         (
@@ -92,17 +97,23 @@ impl CacheReporter {
     }
 
     /// Reads the answer to the heartbeat `sent`: the cached versions that are active, or
-    /// `None` when the answer does not say (the catalog did not hold the set the heartbeat
-    /// named; the next heartbeat sends it whole, and the node keeps what it knew meanwhile).
+    /// `None` when the answer does not say: nothing changed since the list the node holds
+    /// (`active_unchanged`), or the catalog did not hold the set the heartbeat named (the
+    /// next heartbeat sends it whole). The node keeps what it knew meanwhile.
     pub fn answered(
         &mut self,
         sent: Sent,
         answer: &pb::NodeHeartbeatResponse,
     ) -> Option<HashSet<VersionKey>> {
         self.held = answer.cache_digest;
-        if !sent.whole && answer.cache_digest != sent.digest {
+        if answer.active_unchanged {
             return None;
         }
+        if !sent.whole && answer.cache_digest != sent.digest {
+            self.epoch = 0;
+            return None;
+        }
+        self.epoch = answer.active_epoch;
         Some(
             answer
                 .active
@@ -178,6 +189,37 @@ mod tests {
         let (third, _) = reporter.request("node_x".into(), changed);
         assert!(!third.cache_unchanged);
         assert_eq!(third.cached.len(), 1);
+    }
+
+    #[test]
+    fn the_active_list_held_is_named_by_its_epoch_and_kept_while_unchanged() {
+        let mut reporter = CacheReporter::new();
+        let cache = versions(&[("henv_a", 1), ("henv_b", 2)]);
+        let (first, sent) = reporter.request("node_x".into(), cache.clone());
+        assert_eq!(
+            first.active_epoch, 0,
+            "a node that holds no list names none"
+        );
+        let mut listed = answer(first.cache_digest, &[("henv_a", 1)]);
+        listed.active_epoch = 7;
+        assert!(reporter.answered(sent, &listed).is_some());
+
+        let (second, sent) = reporter.request("node_x".into(), cache.clone());
+        assert_eq!(second.active_epoch, 7);
+        let mut unchanged = answer(second.cache_digest, &[]);
+        (unchanged.active_epoch, unchanged.active_unchanged) = (7, true);
+        assert_eq!(
+            reporter.answered(sent, &unchanged),
+            None,
+            "an unchanged list is not an empty one: the node keeps what it holds"
+        );
+        let (third, _) = reporter.request("node_x".into(), cache.clone());
+        assert_eq!(third.active_epoch, 7);
+
+        // Registering again forgets the list's epoch with the set.
+        reporter.forget();
+        let (again, _) = reporter.request("node_x".into(), cache);
+        assert_eq!((again.active_epoch, again.cache_unchanged), (0, false));
     }
 
     #[test]

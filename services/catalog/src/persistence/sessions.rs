@@ -199,17 +199,20 @@ impl Store {
         node: &NodeId,
         report: CacheReport,
     ) -> Result<HeartbeatAnswer, StoreError> {
-        self.node_heartbeat_with(node, report, None).await
+        self.node_heartbeat_with(node, report, None, 0).await
     }
 
     /// [`Store::node_heartbeat`] that also records what the node can take now, in the same
     /// UPDATE, when `capacity` is given. A node that left on purpose stays out of placement
-    /// while it still heartbeats: only registering brings it back.
+    /// while it still heartbeats: only registering brings it back. `known_epoch` is the
+    /// activation epoch of the active list the node holds (0: none): when it is current and
+    /// the set unchanged, the list is not read again (`active_unchanged`).
     pub async fn node_heartbeat_with(
         &self,
         node: &NodeId,
         report: CacheReport,
         capacity: Option<NodeCapacity>,
+        known_epoch: u64,
     ) -> Result<HeartbeatAnswer, StoreError> {
         let given = capacity.is_some();
         let capacity = capacity.unwrap_or_default();
@@ -244,6 +247,11 @@ impl Store {
         .await?
         .ok_or(StoreError::NotFound)?;
         let mut held = row.try_get::<i64, _>("cache_digest")?.cast_unsigned();
+        // A changed set is answered its list whatever the node last held.
+        let known_epoch = match report {
+            CacheReport::Unchanged { .. } => known_epoch,
+            CacheReport::Whole { .. } => 0,
+        };
         let holds_the_set = match report {
             CacheReport::Unchanged { digest } => digest != 0 && digest == held,
             CacheReport::Whole {
@@ -263,28 +271,37 @@ impl Store {
                 true
             }
         };
-        // One read for both answers: the active versions of the set held (`v` rows, none
-        // when the node named a set the catalog does not hold), then the live sessions.
+        // One read for all three answers, in one snapshot: the active versions of the set
+        // held (`v` rows; none when the node named a set the catalog does not hold, or when
+        // it holds the list of the current activation epoch), the live sessions, and the
+        // epoch (`e`).
         let rows = sqlx::query(
             "SELECT 'v' AS kind, c.environment_id AS id, c.version FROM node_cached_versions c \
              JOIN environments e ON e.id = c.environment_id AND e.active_version = c.version \
              WHERE c.node_id = $1 AND $2 = 1 \
+             AND ($3 = 0 OR $3 <> (SELECT epoch FROM activation_epoch WHERE id = 1)) \
              UNION ALL \
              SELECT 's' AS kind, s.id, 0 AS version FROM sessions s \
-             WHERE s.node_id = $1 AND s.status = 'active'",
+             WHERE s.node_id = $1 AND s.status = 'active' \
+             UNION ALL \
+             SELECT 'e' AS kind, '' AS id, epoch AS version FROM activation_epoch WHERE id = 1",
         )
         .bind(node.as_str())
         .bind(i64::from(holds_the_set))
+        .bind(known_epoch.cast_signed())
         .fetch_all(&self.db.reader)
         .await?;
         let mut active = Vec::new();
         let mut live_sessions = Vec::new();
+        let mut epoch = 0;
         for row in &rows {
             let kind: String = row.try_get("kind")?;
             let id: String = row.try_get("id")?;
             let corrupt = || StoreError::Corrupt(format!("{kind} {id:?} of node {node}"));
             if kind == "s" {
                 live_sessions.push(SessionId::parse(&id).ok_or_else(corrupt)?);
+            } else if kind == "e" {
+                epoch = row.try_get::<i64, _>("version")?.cast_unsigned();
             } else {
                 let version: i64 = row.try_get("version")?;
                 active.push((
@@ -293,8 +310,11 @@ impl Store {
                 ));
             }
         }
+        let listed = holds_the_set && (known_epoch == 0 || known_epoch != epoch);
         Ok(HeartbeatAnswer {
-            active: holds_the_set.then_some(active),
+            active: listed.then_some(active),
+            active_unchanged: holds_the_set && !listed,
+            epoch,
             digest: held,
             live_sessions,
         })

@@ -161,6 +161,7 @@ async fn placement_never_commits_more_than_a_node_has(store: Store) {
             &small,
             CacheReport::Unchanged { digest: 1 },
             Some(capacity(None, Some(2560))),
+            0,
         )
         .await
         .expect("heartbeat");

@@ -24,6 +24,7 @@ backend_suite!(
     pages_of_turns_walk_every_turn_once_in_order,
     pages_of_a_nodes_and_an_owners_sessions_walk_each_live_one_once,
     a_heartbeat_sends_the_cache_set_only_when_it_changed,
+    a_heartbeat_answers_the_active_list_again_only_when_it_may_have_changed,
     placement_goes_to_the_least_loaded_live_node,
     the_load_stays_counted_when_sessions_start_and_end_at_once,
     a_suspect_node_gets_no_sessions_until_cleared_or_lapsed,
@@ -608,6 +609,90 @@ async fn a_heartbeat_sends_the_cache_set_only_when_it_changed(store: Store) {
             .await,
         Err(StoreError::NotFound)
     ));
+}
+
+async fn a_heartbeat_answers_the_active_list_again_only_when_it_may_have_changed(store: Store) {
+    let node = store
+        .register_node("host-a", "http://a", true, "", "")
+        .await
+        .expect("register");
+    let studio = environment(&store, "Studio").await;
+    build(&store, &studio, "sha256:one").await;
+    build(&store, &studio, "sha256:two").await;
+    let lab = environment(&store, "Lab").await;
+    build(&store, &lab, "sha256:three").await;
+    let heartbeat = |report: CacheReport, known: u64| {
+        let (store, node) = (store.clone(), node.clone());
+        async move {
+            store
+                .node_heartbeat_with(&node, report, None, known)
+                .await
+                .expect("heartbeat")
+        }
+    };
+    let unchanged = || CacheReport::Unchanged { digest: 21 };
+
+    // A node that holds no list (epoch 0) is answered it, with the epoch that names it.
+    let first = heartbeat(
+        CacheReport::Whole {
+            digest: Some(21),
+            versions: vec![(studio.clone(), 1), (studio.clone(), 2), (lab.clone(), 1)],
+        },
+        0,
+    )
+    .await;
+    assert_ne!(first.epoch, 0);
+    assert!(!first.active_unchanged);
+    let mut both = vec![(studio.clone(), 2), (lab.clone(), 1)];
+    both.sort();
+    assert_eq!(active(&first), Some(both.clone()));
+    // Naming it, with the set unchanged: the list is not answered again, and not emptied.
+    let quiet = heartbeat(unchanged(), first.epoch).await;
+    assert!(quiet.active_unchanged);
+    assert_eq!((quiet.active.clone(), quiet.epoch), (None, first.epoch));
+    // A node that names an older epoch, or none, is answered the list.
+    for known in [0, first.epoch - 1] {
+        let answer = heartbeat(unchanged(), known).await;
+        assert!(!answer.active_unchanged);
+        assert_eq!(active(&answer), Some(both.clone()));
+    }
+
+    // A rollback changes what is active: the next heartbeat naming the old epoch is
+    // answered the new list and a new epoch.
+    store
+        .activate(&scope("acme"), &studio, 1)
+        .await
+        .expect("rollback");
+    let rolled = heartbeat(unchanged(), first.epoch).await;
+    assert!(rolled.epoch > first.epoch);
+    let mut after = vec![(studio.clone(), 1), (lab.clone(), 1)];
+    after.sort();
+    assert_eq!(active(&rolled), Some(after));
+    assert!(heartbeat(unchanged(), rolled.epoch).await.active_unchanged);
+    // So does a build that becomes active, and an environment deleted.
+    build(&store, &lab, "sha256:four").await;
+    let built = heartbeat(unchanged(), rolled.epoch).await;
+    assert!(built.epoch > rolled.epoch);
+    assert_eq!(active(&built), Some(vec![(studio.clone(), 1)]));
+    store
+        .delete_environment(&scope("acme"), &studio)
+        .await
+        .expect("delete");
+    let deleted = heartbeat(unchanged(), built.epoch).await;
+    assert!(deleted.epoch > built.epoch);
+    assert_eq!(active(&deleted), Some(vec![]));
+
+    // A changed set is answered its list whatever epoch the node names.
+    let changed = heartbeat(
+        CacheReport::Whole {
+            digest: Some(22),
+            versions: vec![(lab.clone(), 2)],
+        },
+        deleted.epoch,
+    )
+    .await;
+    assert!(!changed.active_unchanged);
+    assert_eq!(active(&changed), Some(vec![(lab.clone(), 2)]));
 }
 
 /// Nodes by how many sessions they run now: the node each of `count` new sessions lands on.
