@@ -105,10 +105,10 @@ pub async fn execute(context: &Context, request: &Map<String, Value>) -> Receipt
         () = limit => Stop::Deadline,
         () = context.cancel.cancelled() => Stop::Cancelled,
     };
-    // The execution stays open while its processes are found and killed: let go of first, the
-    // node would kill them as its caller went away, and the evidence would name none.
+    // The execution (`run`, let go of when this returns) stays open while its processes are
+    // found and killed: let go of first, the node would kill them as its caller went away,
+    // and the evidence would name none.
     let evidence = cleanup(context, &session, spec.tool, &marker).await;
-    drop(run);
     stopped(stop, evidence)
 }
 
