@@ -1127,11 +1127,19 @@ async fn redelivery_after_a_restart_answers_the_stored_receipt_or_unknown() {
     assert_eq!(unknown["receipt"]["type"], "unknown", "{unknown}");
     assert_eq!(brain.deliver(3, interrupted).await, unknown);
     let effects = brain
-        .run(
+        .tool(
             4,
-            "echo $PLINTH_SESSION_ID; cat effects.txt; cat interrupted.txt",
+            "run_command",
+            json!({ "command": "echo $PLINTH_SESSION_ID; cat effects.txt; cat interrupted.txt" }),
         )
         .await;
+    assert_eq!(
+        effects["type"],
+        "result",
+        "{effects}\n{}",
+        std::fs::read_to_string(data.path().join("serve.log")).unwrap_or_default()
+    );
+    let effects = effects["output"].clone();
     let text = stdout(&effects);
     let (session, effects) = text.split_once('\n').expect("the session's id");
     let workdir = crate::helpers::host_workdir(data.path(), session);
