@@ -335,8 +335,8 @@ fn offered(
 }
 
 /// The interpreter uv would choose on `path` for `request` (uv's own matching: a version, a
-/// prefix, a specifier such as `>=3.10`), or, without uv, `python3` when its version starts
-/// with the request.
+/// prefix, a specifier such as `>=3.10`), or, without uv, `python3` when its version meets
+/// the request as an installer judges it ([`python_satisfies`]).
 fn find_python(path: &str, request: &str) -> Option<Used> {
     let uv = dirs(path)
         .map(|dir| dir.join("uv"))
@@ -365,9 +365,7 @@ fn find_python(path: &str, request: &str) -> Option<Used> {
                 .map(|dir| dir.join("python3"))
                 .find(|python| executable(python))?;
             let version = output(&python, &["--version"], path)?;
-            let version = version.trim_start_matches("Python ");
-            let wanted = request.trim_start_matches("python").trim_start_matches('@');
-            if !version.starts_with(wanted) {
+            if !python_satisfies(request, version.trim_start_matches("Python ").trim()) {
                 return None;
             }
             python
@@ -379,6 +377,33 @@ fn find_python(path: &str, request: &str) -> Option<Used> {
         version: version.trim_start_matches("Python ").to_owned(),
         path: found.to_string_lossy().into_owned(),
     })
+}
+
+/// Whether a Python of `version` (`3.11.2`) meets `request`, as installers judge it without
+/// uv: a PEP 440 specifier set (`requires-python`: `>=3.9`, `>=3.10,<4`, `~=3.11`,
+/// `==3.11.*`) is evaluated as one; anything else is a `.python-version` line (`3.11`,
+/// `python3.11`, `cpython@3.11.2`), which names a version or its leading segments.
+fn python_satisfies(request: &str, version: &str) -> bool {
+    use std::str::FromStr as _;
+    let Ok(version) = pep440_rs::Version::from_str(version) else {
+        return false;
+    };
+    let request = request.trim();
+    if request.starts_with(['<', '>', '=', '!', '~']) {
+        return pep440_rs::VersionSpecifiers::from_str(request)
+            .is_ok_and(|specifiers| specifiers.contains(&version));
+    }
+    let wanted = request
+        .rsplit_once('@')
+        .map_or(request, |(_, version)| version)
+        .trim_start_matches("cpython")
+        .trim_start_matches("python");
+    let Ok(wanted) = pep440_rs::Version::from_str(wanted) else {
+        return false;
+    };
+    // Leading segments: 3.11 is met by 3.11.2, not by 3.1 nor 3.110.
+    let (have, want) = (version.release(), wanted.release());
+    have.len() >= want.len() && have[..want.len()] == *want
 }
 
 /// Makes `node_modules/.bin/node` under `root` a link to `target`, the Node a pin chose, so
@@ -473,6 +498,29 @@ pub fn report(
 mod tests {
     use super::*;
 
+    #[test]
+    fn requires_python_is_judged_as_pep_440_and_a_python_version_line_by_its_segments() {
+        for met in [
+            ">=3.9",
+            ">=3.10,<4",
+            "~=3.11",
+            "==3.11.*",
+            "!=3.10.*",
+            "3.11",
+            "3",
+            "3.11.2",
+            "python3.11",
+            "cpython@3.11",
+        ] {
+            assert!(python_satisfies(met, "3.11.2"), "{met}");
+        }
+        for unmet in [
+            ">=3.12", "<3.11", "~=3.12", "==3.10.*", "3.1", "3.12", "3.11.3", "x",
+        ] {
+            assert!(!python_satisfies(unmet, "3.11.2"), "{unmet}");
+        }
+    }
+
     fn pin(request: &str) -> Pin {
         Pin {
             request: request.to_owned(),
@@ -525,6 +573,58 @@ mod tests {
         );
         std::fs::write(dir.path().join(".nvmrc"), "v20\n").expect("write");
         assert_eq!(node_pin(dir.path()).map(|pin| pin.from), Some(".nvmrc"));
+    }
+
+    #[test]
+    fn requires_python_ranges_are_met_by_the_machines_python_with_and_without_uv() {
+        // The machine's Python, as builds without uv find it.
+        let python = Path::new("/usr/bin/python3");
+        let version = output(python, &["--version"], "/usr/bin:/bin").expect("/usr/bin/python3");
+        let version = version.trim_start_matches("Python ").trim().to_owned();
+        let mut parts = version
+            .split('.')
+            .map(|part| part.parse::<u32>().expect("a number"));
+        let (major, minor) = (parts.next().expect("major"), parts.next().expect("minor"));
+        let only_python = tempfile::tempdir().expect("tempdir");
+        std::os::unix::fs::symlink(python, only_python.path().join("python3")).expect("link");
+        let without_uv = only_python.path().display().to_string();
+        let with_uv = std::env::var("PATH").unwrap_or_default();
+        let has_uv = dirs(&with_uv).any(|dir| executable(&dir.join("uv")));
+        assert!(
+            has_uv || std::env::var_os("CI").is_none(),
+            "uv is on the CI machines"
+        );
+        let project = tempfile::tempdir().expect("tempdir");
+        for request in [
+            format!(">={major}.{}", minor.saturating_sub(2)),
+            format!(">={major}.{minor},<{}", major + 1),
+            format!("~={major}.{minor}"),
+            format!("=={major}.{minor}.*"),
+        ] {
+            std::fs::write(
+                project.path().join("pyproject.toml"),
+                format!("[project]\nname = \"x\"\nrequires-python = \"{request}\"\n"),
+            )
+            .expect("write");
+            let chosen = select(project.path(), &without_uv, true, false)
+                .unwrap_or_else(|error| panic!("{request} without uv: {error}"));
+            assert_eq!(chosen.path, without_uv);
+            if has_uv {
+                select(project.path(), &with_uv, true, false)
+                    .unwrap_or_else(|error| panic!("{request} with uv: {error}"));
+            }
+        }
+        // A range the machine's Python does not meet still says so.
+        std::fs::write(
+            project.path().join("pyproject.toml"),
+            format!(
+                "[project]\nname = \"x\"\nrequires-python = \">={major}.{}\"\n",
+                minor + 1
+            ),
+        )
+        .expect("write");
+        let error = select(project.path(), &without_uv, true, false).expect_err("too new");
+        assert!(error.contains("asks for Python >="), "{error}");
     }
 
     #[test]
