@@ -138,14 +138,6 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
     } else {
         None
     };
-    spawn_gateway(
-        &mut services,
-        config,
-        &internal.gateway,
-        http,
-        &peers,
-        shutdown.clone(),
-    )?;
     let node_ready = std::sync::Arc::new(tokio::sync::Notify::new());
     if let Some((listener, slot)) = node {
         spawn_node(
@@ -159,9 +151,10 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
             Some(node_ready.clone()),
             shutdown.clone(),
         )?;
-        // Serve once its node has registered (or said why it cannot run): after a restart
-        // the catalog still names the node's old address until then, and a session's call
-        // would be refused. A service that stops meanwhile (a catalog refusing its seal key,
+        // Serve (the gateway starts below) once its node has registered (or said why it
+        // cannot run): after a restart the catalog still names the node's old address until
+        // then, and a session's call would be refused; the HTTP listener is bound, so clients
+        // wait in its backlog meanwhile. A service that stops meanwhile (a catalog refusing its seal key,
         // say) stops the start at once, with its reason.
         tokio::select! {
             waited = tokio::time::timeout(NODE_READY_WAIT, node_ready.notified()) => {
@@ -182,6 +175,14 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
             }
         }
     }
+    spawn_gateway(
+        &mut services,
+        config,
+        &internal.gateway,
+        http,
+        &peers,
+        shutdown.clone(),
+    )?;
     for index in 0..config.builder.count {
         spawn_builder(
             &mut services,
