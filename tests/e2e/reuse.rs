@@ -478,4 +478,29 @@ async fn a_pinned_node_from_the_toolchain_dirs_builds_the_version_and_runs_its_s
     )
     .await;
     assert_eq!(ran["stdout"], "v99.1.0\nv99.1.0\n", "{ran}");
+
+    // A range no offered Node meets is npm's warning, not a failure: the build installs with
+    // the Node on PATH and its log says so.
+    let unmet = create_environment(&server, "Node unmet").await;
+    for (path, content) in [
+        (
+            "package.json",
+            r#"{"name": "unmet", "version": "1.0.0", "engines": {"node": ">=199"}, "scripts": {"prepare": "node --version > ran-with.txt"}}"#,
+        ),
+        (
+            "package-lock.json",
+            r#"{"name": "unmet", "version": "1.0.0", "lockfileVersion": 3, "requires": true, "packages": {"": {"name": "unmet", "version": "1.0.0"}}}"#,
+        ),
+    ] {
+        put_file(&server, &unmet, path, content).await;
+    }
+    let built = build(&server, &unmet, 1, None).await;
+    assert_ready(&built);
+    assert!(
+        log(&built).contains(
+            "==> warning: the project asks for Node >=199 (engines.node in package.json)"
+        ),
+        "{}",
+        log(&built)
+    );
 }

@@ -82,7 +82,26 @@ pub fn node_pin(root: &Path) -> Option<Pin> {
         .to_owned();
     (!request.is_empty()).then_some(Pin {
         request,
-        from: "engines.node in package.json",
+        from: ENGINES_NODE,
+    })
+}
+
+/// Where a Node pin read from `package.json` comes from.
+const ENGINES_NODE: &str = "engines.node in package.json";
+
+/// Whether the project's `.npmrc` makes npm refuse an unmet `engines.node`
+/// (`engine-strict=true`; npm's default is false).
+fn engine_strict(root: &Path) -> bool {
+    read_small(root, ".npmrc").is_some_and(|text| {
+        text.lines().any(|line| {
+            let line = line.trim();
+            if line.starts_with(['#', ';']) {
+                return false;
+            }
+            line.split_once('=').is_some_and(|(key, value)| {
+                key.trim() == "engine-strict" && value.trim().trim_matches('"') == "true"
+            })
+        })
     })
 }
 
@@ -111,6 +130,8 @@ pub struct Selection {
     pub node: Option<Used>,
     /// What the choice adds to the reuse key.
     pub key: String,
+    /// What the build log should warn of: a pin the installers only warn about.
+    pub warnings: Vec<String>,
 }
 
 /// Checks the project's pins against the offered toolchains and answers the installers' PATH.
@@ -152,12 +173,25 @@ pub fn select(root: &Path, path: &str, python: bool, node: bool) -> Result<Selec
             .filter(|candidate| node_satisfies(&pin, &candidate.version))
             .max_by(|a, b| compare_versions(&a.version, &b.version));
         let Some(chosen) = chosen else {
-            return Err(format!(
-                "the project asks for Node {} ({}), and this builder has {}: pin a version it has, \
-                 or add a Node's bin directory to builder.toolchain_dirs",
+            let unmet = format!(
+                "the project asks for Node {} ({}), and this builder has {}",
                 pin.request,
                 pin.from,
                 listed(&offered),
+            );
+            // `engines.node` is advice to npm, which warns and installs unless the project's
+            // `.npmrc` says `engine-strict=true`; `.nvmrc` and `.node-version` name the Node
+            // to run, and nothing else will do.
+            if pin.from == ENGINES_NODE && !engine_strict(root) {
+                selection.warnings.push(format!(
+                    "{unmet}; npm installs anyway (as without engine-strict=true in .npmrc) with \
+                     the Node on PATH"
+                ));
+                return Ok(selection);
+            }
+            return Err(format!(
+                "{unmet}: pin a version it has, or add a Node's bin directory to \
+                 builder.toolchain_dirs"
             ));
         };
         if let Some(dir) = Path::new(&chosen.path).parent() {
@@ -625,6 +659,36 @@ mod tests {
         .expect("write");
         let error = select(project.path(), &without_uv, true, false).expect_err("too new");
         assert!(error.contains("asks for Python >="), "{error}");
+    }
+
+    #[test]
+    fn an_unmet_engines_node_is_a_warning_unless_npmrc_makes_it_strict() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("package.json"),
+            r#"{"name": "x", "engines": {"node": ">=99"}}"#,
+        )
+        .expect("write");
+        let path = "/usr/local/bin:/usr/bin:/bin";
+        let chosen = select(dir.path(), path, false, true).expect("npm only warns");
+        assert_eq!((chosen.path.as_str(), chosen.node), (path, None));
+        assert_eq!(chosen.warnings.len(), 1, "{:?}", chosen.warnings);
+        assert!(
+            chosen.warnings[0].contains("Node >=99 (engines.node in package.json)"),
+            "{:?}",
+            chosen.warnings
+        );
+        std::fs::write(
+            dir.path().join(".npmrc"),
+            "; strict\nengine-strict = true\n",
+        )
+        .expect("write");
+        let error = select(dir.path(), path, false, true).expect_err("engine-strict");
+        assert!(error.contains("Node >=99"), "{error}");
+        // A Node named by .nvmrc is the one to run: unmet, it fails.
+        std::fs::remove_file(dir.path().join(".npmrc")).expect("rm");
+        std::fs::write(dir.path().join(".nvmrc"), "99\n").expect("write");
+        assert!(select(dir.path(), path, false, true).is_err());
     }
 
     #[test]

@@ -788,6 +788,9 @@ async fn produce(
             node.version, node.path
         ));
     }
+    for warning in &selection.warnings {
+        say(format!("==> warning: {warning}\n"));
+    }
     // Where a git import came from: the version it describes is installed into the layer
     // (setuptools-scm, hatch-vcs), so it is part of the key.
     let origin = match &options.layers {
