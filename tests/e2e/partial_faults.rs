@@ -19,11 +19,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use plinth_catalog::testing::{self, PostgresAvailability};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::scale_out::{Workload, start_fleet};
+use crate::scale_out::{Workload, fleet_stores, now_ms, psql, start_fleet};
 
 /// How long each fault lasts.
 const FAULT: Duration = Duration::from_secs(20);
@@ -139,42 +138,11 @@ fn socket(authority: &str) -> SocketAddr {
         .expect("an address")
 }
 
-fn now_ms() -> i64 {
-    i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("after 1970")
-            .as_millis(),
-    )
-    .expect("fits")
-}
-
-/// `psql -At -c <sql>`.
-fn psql(database_url: &str, sql: &str) -> String {
-    let output = std::process::Command::new("psql")
-        .args([database_url, "-At", "-c", sql])
-        .output()
-        .expect("psql (PostgreSQL's client) runs");
-    assert!(
-        output.status.success(),
-        "psql: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blackholed_catalog_database_and_a_stopped_blob_store_cost_only_calls_in_flight() {
-    if !crate::helpers::can_build() {
-        return;
-    }
-    let PostgresAvailability::Available(server) = testing::postgres() else {
+    let Some((database_url, blob_url)) = fleet_stores().await else {
         return;
     };
-    let Some(blob_url) = crate::gc::fresh_bucket().await else {
-        return;
-    };
-    let database_url = testing::fresh_postgres_database(&server).await;
     let postgres = authority(&database_url);
     let database = Forwarder::start(socket(&postgres)).await;
     let catalog_one_database = database_url.replacen(&postgres, &database.addr.to_string(), 1);
@@ -334,16 +302,9 @@ async fn a_blackholed_catalog_database_and_a_stopped_blob_store_cost_only_calls_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_the_gateways_cannot_reach_costs_requests_a_deadline_and_gets_no_sessions() {
-    if !crate::helpers::can_build() {
-        return;
-    }
-    let PostgresAvailability::Available(server) = testing::postgres() else {
+    let Some((database_url, blob_url)) = fleet_stores().await else {
         return;
     };
-    let Some(blob_url) = crate::gc::fresh_bucket().await else {
-        return;
-    };
-    let database_url = testing::fresh_postgres_database(&server).await;
     // Node 2 listens behind a forwarder, whose address is the one it advertises.
     let node_two = crate::processes::free_port();
     let front = Forwarder::start(node_two).await;

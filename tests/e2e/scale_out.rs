@@ -116,7 +116,7 @@ pub(crate) struct Service {
 
 /// `psql -At -c <sql>` against the deployment's database: the catalog's own record of where
 /// things ran.
-fn psql(database_url: &str, sql: &str) -> String {
+pub(crate) fn psql(database_url: &str, sql: &str) -> String {
     let output = std::process::Command::new("psql")
         .args([database_url, "-At", "-c", sql])
         .output()
@@ -129,7 +129,7 @@ fn psql(database_url: &str, sql: &str) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     i64::try_from(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -194,6 +194,19 @@ impl Fleet {
     pub(crate) fn base(&self, n: usize) -> String {
         format!("http://{}", self.gateways[n % 2])
     }
+}
+
+/// What a fleet test needs, when this machine has it (under CI it must, see `can_build`,
+/// `testing::postgres` and `gc::fresh_bucket`): a fresh PostgreSQL database and a fresh bucket.
+pub(crate) async fn fleet_stores() -> Option<(String, String)> {
+    if !crate::helpers::can_build() {
+        return None;
+    }
+    let PostgresAvailability::Available(server) = testing::postgres() else {
+        return None;
+    };
+    let blob_url = crate::gc::fresh_bucket().await?;
+    Some((testing::fresh_postgres_database(&server).await, blob_url))
 }
 
 /// Starts two of every service: catalog `i` on `catalog_databases[i]` (the same database,
@@ -667,16 +680,9 @@ impl Workload {
 
 #[tokio::test]
 async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_lost() {
-    if !crate::helpers::can_build() {
-        return;
-    }
-    let PostgresAvailability::Available(server) = testing::postgres() else {
+    let Some((database_url, blob_url)) = fleet_stores().await else {
         return;
     };
-    let Some(blob_url) = crate::gc::fresh_bucket().await else {
-        return;
-    };
-    let database_url = testing::fresh_postgres_database(&server).await;
     let mut fleet = start_fleet(
         &database_url,
         [&database_url, &database_url],
