@@ -413,6 +413,29 @@ async fn a_git_project_with_links_builds_the_same_fresh_and_by_reuse_and_a_new_o
     );
 }
 
+/// An environment named `title` holding an npm package `name` with no dependencies whose
+/// `engines.node` is `engines` and whose `prepare` script records the Node that ran it.
+async fn node_project(server: &Server, title: &str, name: &str, engines: &str) -> String {
+    let id = create_environment(server, title).await;
+    let manifest = json!({
+        "name": name,
+        "version": "1.0.0",
+        "engines": { "node": engines },
+        "scripts": { "prepare": "node --version > ran-with.txt" },
+    });
+    let lock = json!({
+        "name": name,
+        "version": "1.0.0",
+        "lockfileVersion": 3,
+        "requires": true,
+        "packages": { "": { "name": name, "version": "1.0.0" } },
+    });
+    for (path, content) in [("package.json", manifest), ("package-lock.json", lock)] {
+        put_file(server, &id, path, content.to_string()).await;
+    }
+    id
+}
+
 #[tokio::test]
 async fn a_pinned_node_from_the_toolchain_dirs_builds_the_version_and_runs_its_sessions() {
     use std::os::unix::fs::PermissionsExt as _;
@@ -442,19 +465,7 @@ async fn a_pinned_node_from_the_toolchain_dirs_builds_the_version_and_runs_its_s
         &["--builder-network", "false"],
     )
     .await;
-    let id = create_environment(&server, "Node pinned").await;
-    for (path, content) in [
-        (
-            "package.json",
-            r#"{"name": "pinned", "version": "1.0.0", "engines": {"node": ">=99"}, "scripts": {"prepare": "node --version > ran-with.txt"}}"#,
-        ),
-        (
-            "package-lock.json",
-            r#"{"name": "pinned", "version": "1.0.0", "lockfileVersion": 3, "requires": true, "packages": {"": {"name": "pinned", "version": "1.0.0"}}}"#,
-        ),
-    ] {
-        put_file(&server, &id, path, content).await;
-    }
+    let id = node_project(&server, "Node pinned", "pinned", ">=99").await;
     let built = build(&server, &id, 1, None).await;
     assert_ready(&built);
     assert!(
@@ -481,19 +492,7 @@ async fn a_pinned_node_from_the_toolchain_dirs_builds_the_version_and_runs_its_s
 
     // A range no offered Node meets is npm's warning, not a failure: the build installs with
     // the Node on PATH and its log says so.
-    let unmet = create_environment(&server, "Node unmet").await;
-    for (path, content) in [
-        (
-            "package.json",
-            r#"{"name": "unmet", "version": "1.0.0", "engines": {"node": ">=199"}, "scripts": {"prepare": "node --version > ran-with.txt"}}"#,
-        ),
-        (
-            "package-lock.json",
-            r#"{"name": "unmet", "version": "1.0.0", "lockfileVersion": 3, "requires": true, "packages": {"": {"name": "unmet", "version": "1.0.0"}}}"#,
-        ),
-    ] {
-        put_file(&server, &unmet, path, content).await;
-    }
+    let unmet = node_project(&server, "Node unmet", "unmet", ">=199").await;
     let built = build(&server, &unmet, 1, None).await;
     assert_ready(&built);
     assert!(
