@@ -90,16 +90,7 @@ struct Deployment {
 impl Deployment {
     async fn start(client: &reqwest::Client) -> Self {
         let data = tempfile::tempdir().expect("data");
-        let config = data.path().join("plinth.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "data_dir = \"{}\"\n[builder]\nnetwork = false\n[catalog]\nseal_key_file = \"{}\"\n",
-                data.path().display(),
-                crate::helpers::seal_key_file(data.path()).display()
-            ),
-        )
-        .expect("config");
+        let config = crate::failover::write_config(data.path(), "");
         let log = data.path().join("services.log");
         let blob_url = format!("file://{}/blobs", data.path().display());
         let (mut services, core) = start_core(client, &config, &log, &blob_url).await;

@@ -35,12 +35,14 @@ fn counter(metrics: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn write_config(dir: &Path, catalog: &str) -> std::path::PathBuf {
+/// Writes `plinth.toml` in `dir` for processes that keep their data there: builds without
+/// network, a seal key beside it, and `extra` (more settings, whole sections) after that.
+pub(crate) fn write_config(dir: &Path, extra: &str) -> std::path::PathBuf {
     let config = dir.join("plinth.toml");
     std::fs::write(
         &config,
         format!(
-            "data_dir = \"{}\"\n[builder]\nnetwork = false\n[catalog]\nseal_key_file = \"{}\"\n{catalog}",
+            "data_dir = \"{}\"\n[builder]\nnetwork = false\n[catalog]\nseal_key_file = \"{}\"\n{extra}",
             dir.display(),
             crate::helpers::seal_key_file(dir).display()
         ),

@@ -162,16 +162,7 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
         return;
     }
     let data = tempfile::tempdir().expect("data");
-    let config = data.path().join("plinth.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = \"{}\"\n[builder]\nnetwork = false\n[catalog]\nseal_key_file = \"{}\"\n",
-            data.path().display(),
-            crate::helpers::seal_key_file(data.path()).display()
-        ),
-    )
-    .expect("config");
+    let config = crate::failover::write_config(data.path(), "");
     let log = data.path().join("services.log");
     let node_log = data.path().join("node.log");
     let client = crate::helpers::http_client();

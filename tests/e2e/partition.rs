@@ -241,18 +241,13 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
         return;
     }
     let data = tempfile::tempdir().expect("data");
-    let config = data.path().join("plinth.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = \"{}\"\n[builder]\nnetwork = false\n[catalog]\nseal_key_file = \"{}\"\n\
-             [gateway]\nnode_call_timeout_ms = {CALL_TIMEOUT_MS}\n\
-             node_attach_timeout_ms = {ATTACH_TIMEOUT_MS}\nnode_suspect_ms = 10000\n",
-            data.path().display(),
-            crate::helpers::seal_key_file(data.path()).display()
+    let config = crate::failover::write_config(
+        data.path(),
+        &format!(
+            "[gateway]\nnode_call_timeout_ms = {CALL_TIMEOUT_MS}\n\
+             node_attach_timeout_ms = {ATTACH_TIMEOUT_MS}\nnode_suspect_ms = 10000\n"
         ),
-    )
-    .expect("config");
+    );
     let log = data.path().join("services.log");
     plinth_blobs::install_tls_provider();
     let client = reqwest::Client::builder()

@@ -134,19 +134,10 @@ async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
         return;
     }
     let data = tempfile::tempdir().expect("data");
-    let config = data.path().join("plinth.toml");
     // A 20 s lease: long enough that a retry's 10 s wait ends while a dead gateway's claim
     // still holds it.
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = \"{}\"\n[builder]\nnetwork = false\n[catalog]\nseal_key_file = \"{}\"\n\
-             [gateway]\nnovo_call_lease_seconds = 20\n",
-            data.path().display(),
-            crate::helpers::seal_key_file(data.path()).display()
-        ),
-    )
-    .expect("config");
+    let config =
+        crate::failover::write_config(data.path(), "[gateway]\nnovo_call_lease_seconds = 20\n");
     let blob_url = format!("file://{}/blobs", data.path().display());
     let (catalog, source, node) = (
         (free_port(), free_port()),
