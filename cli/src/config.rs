@@ -491,6 +491,10 @@ pub struct BuilderSection {
     pub gid: u32,
     /// Longest one installer step may run, in seconds.
     pub step_timeout_seconds: u64,
+    /// The dependency trees (`.venv`, `node_modules`) kept for rebuilds, in MiB: each
+    /// environment's newest, least recently kept evicted first; per builder work directory,
+    /// or per scope's build disk with `limits.disk_mb`. 0 keeps none.
+    pub kept_dependencies_mb: u64,
     /// Each build's bounds (`[builder.limits]`).
     pub limits: BuilderLimits,
     /// A root-owned directory every user can search, where `uv` is made reachable by the
@@ -577,6 +581,7 @@ impl Default for BuilderSection {
             uid: 65534,
             gid: 65534,
             step_timeout_seconds: 1800,
+            kept_dependencies_mb: 4096,
             limits: BuilderLimits::default(),
             tools_dir: PathBuf::from("/var/lib/plinth/tools"),
             toolchain_dirs: Vec::new(),

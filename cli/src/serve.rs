@@ -481,6 +481,7 @@ fn spawn_builder(
         layers,
         disk: None,
         disk_required: section.limits.disk_required(),
+        kept_budget: section.kept_dependencies_mb.saturating_mul(1024 * 1024),
     };
     let result = async move {
         let _lock = lock;

@@ -503,3 +503,121 @@ async fn a_pinned_node_from_the_toolchain_dirs_builds_the_version_and_runs_its_s
         log(&built)
     );
 }
+
+/// A project whose `.venv` takes more than half a MiB (a ballast file `setup.sh` writes, the
+/// same each time), so that a budget of 1 MiB holds one environment's kept trees, not two.
+/// It installs no package: uv records when it unpacked a wheel into its download cache
+/// (`uv_cache.json`), and two builds of one scope running at once do not share that cache,
+/// so a package would differ by that time between builds that unpacked it apart.
+async fn heavy_fixture(server: &Server, name: &str) -> String {
+    let id = create_environment(server, name).await;
+    for (path, content) in [
+        ("requirements.txt", "--no-index\n"),
+        (
+            "setup.sh",
+            "python3 -c \"open('.venv/ballast', 'wb').write(b'x' * 700000)\"\n",
+        ),
+        ("app.py", "print(0)\n"),
+    ] {
+        put_file(server, &id, path, content).await;
+    }
+    id
+}
+
+/// Where a reusing build's trees came from, as its log says.
+fn reused_from(build: &Value) -> &'static str {
+    if log(build).contains("(kept on this builder)") {
+        "kept"
+    } else if log(build).contains("(written out of the blob store)") {
+        "blobs"
+    } else {
+        "neither"
+    }
+}
+
+#[tokio::test]
+async fn rebuilds_racing_the_eviction_of_kept_trees_all_equal_clean_builds() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    // Two builders, so the two environments' builds run at once, and a budget of one tree:
+    // every build that keeps its environment's trees evicts the other's, while the other's
+    // rebuild may be taking them.
+    let server = Server::start_with_config(
+        "[builder]\ncount = 2\nkept_dependencies_mb = 1\n[builder.limits]\ndisk_mb = 0\n",
+        &["--builder-network", "false"],
+    )
+    .await;
+    let ids = [
+        heavy_fixture(&server, "Race one").await,
+        heavy_fixture(&server, "Race two").await,
+    ];
+    let rebuilds = |id: String| {
+        let server = &server;
+        async move {
+            let first = build(server, &id, 1, None).await;
+            assert_ready(&first);
+            let mut builds = Vec::new();
+            for version in 2..=11u64 {
+                put_file(server, &id, "app.py", format!("print({version})\n")).await;
+                let rebuilt = build(server, &id, version, None).await;
+                assert_ready(&rebuilt);
+                assert!(log(&rebuilt).contains(REUSED), "{}", log(&rebuilt));
+                builds.push((version, reused_from(&rebuilt)));
+            }
+            builds
+        }
+    };
+    let (one, two) = tokio::join!(rebuilds(ids[0].clone()), rebuilds(ids[1].clone()));
+    let sources: Vec<&str> = one.iter().chain(&two).map(|(_, from)| *from).collect();
+    assert!(!sources.contains(&"neither"), "{sources:?}");
+
+    // The budget holds one tree: after the race, one entry is kept; a rebuild of one
+    // environment evicts the other's trees, whose next rebuild writes them out of the blob
+    // store, and the one after that finds its own kept.
+    let kept = server.data_dir().join("builder/kept");
+    let entries = || {
+        std::fs::read_dir(&kept)
+            .expect("kept directory")
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(entries().len(), 1, "{:?} after {sources:?}", entries());
+    let mut next = [12u64, 12];
+    for (which, expected) in [(0, None), (1, Some("blobs")), (1, Some("kept"))] {
+        let version = next[which];
+        put_file(
+            &server,
+            &ids[which],
+            "app.py",
+            format!("print('after {version}')\n"),
+        )
+        .await;
+        let rebuilt = build(&server, &ids[which], version, None).await;
+        next[which] += 1;
+        assert_ready(&rebuilt);
+        if let Some(expected) = expected {
+            assert_eq!(reused_from(&rebuilt), expected, "{}", log(&rebuilt));
+        }
+    }
+
+    // Each environment's last source built clean: every rebuild's layer is that clean build's
+    // entry for entry, but for the one file that changed.
+    for ((id, builds), version) in ids.iter().zip([one, two]).zip(next) {
+        let clean = build(&server, id, version, Some(json!({"clean": true}))).await;
+        assert_ready(&clean);
+        let mut clean_layer = layer(&server, id, u32::try_from(version).expect("small")).await;
+        clean_layer.remove("app.py");
+        assert!(clean_layer.contains_key(".venv/ballast"), "{clean_layer:?}");
+        for (version, from) in builds {
+            let mut rebuilt = layer(&server, id, u32::try_from(version).expect("small")).await;
+            rebuilt.remove("app.py");
+            let differ = differences(&rebuilt, &clean_layer);
+            assert!(
+                differ.is_empty(),
+                "version {version} (trees {from}) differs from a clean build:\n{differ:#?}"
+            );
+        }
+    }
+}

@@ -14,6 +14,7 @@
 
 pub mod beneath;
 pub mod install;
+pub mod kept;
 pub mod layer;
 pub mod limits;
 pub mod manifests;

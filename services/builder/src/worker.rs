@@ -40,7 +40,6 @@ pub type Collection = CollectionServiceClient<InterceptedService<Transport, Clie
 const HOLD_CHUNK: usize = 20_000;
 
 pub use crate::origin::LayerLedger;
-use crate::scope_disk::PARTIAL_KEPT;
 
 /// How long a build waits out a blob store or catalog that does not answer (retrying with a
 /// backoff from [`RETRY_FIRST`] doubling to [`RETRY_MOST`]) before it fails for it. Its lease
@@ -79,6 +78,9 @@ pub struct BuilderOptions {
     /// Whether a host that cannot limit builds' disk stops the builder; otherwise the builder
     /// warns and builds without a disk limit (the limit is the default, not asked for).
     pub disk_required: bool,
+    /// The bytes of dependency trees kept for rebuilds in each kept directory (the builder's,
+    /// or each scope's build disk), least recently kept evicted first ([`crate::kept`]).
+    pub kept_budget: u64,
 }
 
 /// Why the builder stopped.
@@ -453,8 +455,14 @@ async fn run_build(
             cache: disk.cache(),
             kept: disk.kept(),
             kept_prefix: String::new(),
+            kept_environment: format!("{}-", scope_key(&build.environment_id)),
         },
-        _ => Places::unlimited(&options.work_dir, &claim.scope, &name),
+        _ => Places::unlimited(
+            &options.work_dir,
+            &claim.scope,
+            &build.environment_id,
+            &name,
+        ),
     };
     let scratch = places.scratch.clone();
     let ready = match &disk {
@@ -514,7 +522,7 @@ async fn run_build(
     // Whichever call learned it (a renewal, a log append, a reuse query), a lost lease ends
     // the build here, and nothing it made is offered to the catalog.
     let mut published = false;
-    let mut kept = false;
+    let mut doomed = crate::kept::Doomed::default();
     let mut ended = "abandoned";
     if lease_lost.is_cancelled() {
         if shutdown.is_cancelled() {
@@ -559,7 +567,7 @@ async fn run_build(
                 };
                 tracing::info!(status = status.as_str_name(), "build completed");
                 if let Some(layer) = published_layer {
-                    kept = keep_dependencies(&places, &layer).await;
+                    doomed = keep_dependencies(options, &places, &layer).await;
                 }
             }
             Err(status) if PlinthError::from_status(&status).code == ErrorCode::LeaseLost => {
@@ -583,9 +591,7 @@ async fn run_build(
         {
             tracing::warn!(dir = %scratch.display(), %error, "removing a build's scratch directory failed");
         }
-        if kept {
-            prune_kept(&places.kept);
-        }
+        doomed.delete();
         if let Some(Ok(disk)) = disk {
             disk.release();
         }
@@ -602,26 +608,30 @@ struct Places {
     scratch: PathBuf,
     /// The scope's download cache between builds.
     cache: PathBuf,
-    /// The directory of kept dependency trees, and the name prefix of the scope's there.
+    /// The directory of kept dependency trees ([`crate::kept`]), and the name prefix of the
+    /// scope's there.
     kept: PathBuf,
     kept_prefix: String,
+    /// The name prefix of the build's environment's kept trees (after the scope's).
+    kept_environment: String,
 }
 
 impl Places {
     /// Without a disk limit: all in the work directory, the scope's caches named after it.
-    fn unlimited(work_dir: &Path, scope: &str, name: &str) -> Places {
+    fn unlimited(work_dir: &Path, scope: &str, environment: &str, name: &str) -> Places {
+        let kept_prefix = format!("{}-", scope_key(scope));
         Places {
             scratch: work_dir.join("builds").join(name),
             cache: work_dir.join("cache").join(scope_key(scope)),
             kept: work_dir.join("kept"),
-            kept_prefix: format!("{}-", scope_key(scope)),
+            kept_environment: format!("{kept_prefix}{}-", scope_key(environment)),
+            kept_prefix,
         }
     }
 
-    /// Where the dependency trees of the build that produced `layer` are kept.
-    fn kept_tree(&self, layer: &Digest) -> PathBuf {
-        self.kept
-            .join(format!("{}{}", self.kept_prefix, layer.to_hex()))
+    /// The name of the kept dependency trees of the build that produced `layer`.
+    fn kept_tree(&self, layer: &Digest) -> String {
+        format!("{}{}", self.kept_environment, layer.to_hex())
     }
 }
 
@@ -876,7 +886,17 @@ async fn produce(
                 let _ = tokio::fs::remove_file(&path).await;
             }
         }
-        if !take_kept(&places.kept_tree(&layer), scratch).await {
+        let taken = {
+            let (dir, name, scratch) = (
+                places.kept.clone(),
+                places.kept_tree(&layer),
+                scratch.to_owned(),
+            );
+            tokio::task::spawn_blocking(move || crate::kept::take(&dir, &name, &scratch))
+                .await
+                .unwrap_or(false)
+        };
+        if !taken {
             retrying("reusing the dependencies", lease_lost, &log, || {
                 materialize(blobs, &layer, scratch, Some(&[".venv", "node_modules"]))
             })
@@ -889,8 +909,13 @@ async fn produce(
             })?;
         }
         say(format!(
-            "==> manifests, pins and toolchain unchanged since version {}: starting from its .venv and node_modules; the installers run over them\n",
-            earlier.version
+            "==> manifests, pins and toolchain unchanged since version {}: starting from its .venv and node_modules ({}); the installers run over them\n",
+            earlier.version,
+            if taken {
+                "kept on this builder"
+            } else {
+                "written out of the blob store"
+            }
         ));
         install_options.reuse_dependencies = true;
     }
@@ -1214,10 +1239,6 @@ async fn build_cgroups(
         .map_err(BuilderError::Limits)
 }
 
-/// How many builds' dependency trees a builder keeps for the next rebuild: in all, without a
-/// disk limit; per scope (on its disk), with one.
-const KEPT_DEPENDENCY_TREES: usize = 4;
-
 /// A scope's name on the builder's disk (its download cache, its kept trees).
 fn scope_key(scope: &str) -> String {
     Digest::of(scope.as_bytes()).to_hex()[..16].to_owned()
@@ -1226,110 +1247,37 @@ fn scope_key(scope: &str) -> String {
 /// Forgets every dependency tree kept for the build's scope.
 async fn drop_kept_dependencies(places: &Places) {
     let (parent, prefix) = (places.kept.clone(), places.kept_prefix.clone());
-    let _ = tokio::task::spawn_blocking(move || {
-        let Ok(entries) = std::fs::read_dir(&parent) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            if entry.file_name().to_string_lossy().starts_with(&prefix) {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
-        }
-    })
-    .await;
+    let _ =
+        tokio::task::spawn_blocking(move || crate::kept::forget(&parent, &prefix).delete()).await;
 }
 
 /// After a build is published, its dependency trees are exactly those of its layer (no build
-/// process is left running): moving them aside (a rename) spares the next rebuild of the same
-/// dependencies from writing thousands of files back out of the blob store. Kept per scope
-/// (`places`): uv installs hard links to the scope's download cache, which the scope's later
-/// builds can write to, so a kept tree is only ever lent to builds of its own scope. Answers
-/// whether a tree was kept ([`prune_kept`] then has work).
-async fn keep_dependencies(places: &Places, layer: &Digest) -> bool {
-    let (scratch, kept) = (&places.scratch, places.kept_tree(layer));
-    // Only directories are kept: the build made these names, and a link there is not a tree
-    // (nor followed).
-    let mut present = false;
-    for tree in [".venv", "node_modules"] {
-        present |= tokio::fs::symlink_metadata(scratch.join(tree))
-            .await
-            .is_ok_and(|metadata| metadata.is_dir());
-    }
-    // A layer reused whole has no trees in its scratch directory; an empty kept directory
-    // would later stand for trees the layer has.
-    if !present || tokio::fs::metadata(&kept).await.is_ok() {
-        return false;
-    }
-    // Set aside under a partial name and renamed into place whole: a builder killed halfway
-    // leaves a partial directory (removed at the next start), never a kept directory that
-    // lacks one of the trees.
-    let partial = places
-        .kept
-        .join(format!("{PARTIAL_KEPT}{}", uuid::Uuid::new_v4().simple()));
-    if tokio::fs::create_dir_all(&partial).await.is_err() {
-        return false;
-    }
-    for tree in [".venv", "node_modules"] {
-        if tokio::fs::symlink_metadata(scratch.join(tree))
-            .await
-            .is_ok_and(|metadata| metadata.is_dir())
-            && tokio::fs::rename(scratch.join(tree), partial.join(tree))
-                .await
-                .is_err()
-        {
-            let _ = tokio::fs::remove_dir_all(&partial).await;
-            return false;
+/// process is left running): keeping them ([`crate::kept`]: renames) spares the environment's
+/// next rebuild with the same dependencies from writing thousands of files back out of the
+/// blob store. Kept per scope (`places`): uv installs hard links to the scope's download
+/// cache, which the scope's later builds can write to, so a kept tree is only ever lent to
+/// builds of its own scope. Answers what the keeping evicted, to delete off the build's path.
+async fn keep_dependencies(
+    options: &BuilderOptions,
+    places: &Places,
+    layer: &Digest,
+) -> crate::kept::Doomed {
+    let (dir, environment, name, scratch, budget) = (
+        places.kept.clone(),
+        places.kept_environment.clone(),
+        places.kept_tree(layer),
+        places.scratch.clone(),
+        options.kept_budget,
+    );
+    tokio::task::spawn_blocking(move || {
+        if let Err(error) = std::fs::create_dir_all(&dir) {
+            tracing::warn!(dir = %dir.display(), %error, "cannot make the directory of kept dependency trees");
+            return crate::kept::Doomed::default();
         }
-    }
-    if tokio::fs::rename(&partial, &kept).await.is_err() {
-        let _ = tokio::fs::remove_dir_all(&partial).await;
-        return false;
-    }
-    true
-}
-
-/// Only the newest few kept trees in `parent` stay. Blocking, and off the build's path.
-fn prune_kept(parent: &Path) {
-    let Ok(entries) = std::fs::read_dir(parent) else {
-        return;
-    };
-    let mut kept: Vec<(std::time::SystemTime, PathBuf)> = entries
-        .flatten()
-        .filter(|entry| {
-            !entry
-                .file_name()
-                .to_string_lossy()
-                .starts_with(PARTIAL_KEPT)
-        })
-        .filter_map(|entry| Some((entry.metadata().ok()?.modified().ok()?, entry.path())))
-        .collect();
-    kept.sort();
-    let surplus = kept.len().saturating_sub(KEPT_DEPENDENCY_TREES);
-    for (_, path) in kept.into_iter().take(surplus) {
-        let _ = std::fs::remove_dir_all(path);
-    }
-}
-
-/// Moves kept dependency trees into a new build's scratch directory; false when none are kept.
-async fn take_kept(kept: &Path, scratch: &Path) -> bool {
-    if tokio::fs::metadata(kept).await.is_err() {
-        return false;
-    }
-    for tree in [".venv", "node_modules"] {
-        let from = kept.join(tree);
-        match tokio::fs::symlink_metadata(&from).await {
-            Ok(metadata) if metadata.is_dir() => {
-                if tokio::fs::rename(&from, scratch.join(tree)).await.is_err() {
-                    return false;
-                }
-            }
-            // Nothing else is ever kept; anything else found there is no tree to reuse.
-            Ok(_) => return false,
-            Err(_) => {}
-        }
-    }
-    let _ = tokio::fs::remove_dir_all(kept).await;
-    true
+        crate::kept::keep(&dir, &environment, &name, &scratch, budget)
+    })
+    .await
+    .unwrap_or_default()
 }
 
 /// Names what a build's dependencies are installed from: the mount path (installed files
