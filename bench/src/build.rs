@@ -28,6 +28,10 @@ pub struct Args {
     /// has none, like the disk the figures in bench/README.md come from.
     #[arg(long)]
     journal: bool,
+    /// Real public projects from PyPI and npm instead (see `build_real`): each built through
+    /// Plinth and by hand, first and after a one-file change. Reaches the registries.
+    #[arg(long)]
+    real: bool,
 }
 
 /// The project's top-level requirements; with their dependencies, 20+ distributions.
@@ -120,6 +124,9 @@ async fn warm_up(client: &reqwest::Client, base: &str) -> anyhow::Result<()> {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    if args.real {
+        return crate::build_real::run(&uv_binary()?, args.fresh_fs, args.journal).await;
+    }
     let binary = crate::service::binary()?;
     let uv = uv_binary()?;
     let work = WorkDir::make(args.fresh_fs, args.journal)?;

@@ -2,6 +2,7 @@
 //! See bench/README.md for what each measures and the figures measured here.
 
 mod build;
+mod build_real;
 mod environments;
 mod failover;
 mod fleet;

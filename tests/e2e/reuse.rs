@@ -621,3 +621,66 @@ async fn rebuilds_racing_the_eviction_of_kept_trees_all_equal_clean_builds() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_project_without_a_lock_rebuilds_from_its_earlier_resolution() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let id = create_environment(&server, "Lockless").await;
+    let pyproject = "[project]\nname = \"lockless\"\nversion = \"1.0\"\n\
+        requires-python = \">=3.8\"\ndependencies = [\"tinypkg==1.0\"]\n\n\
+        [tool.uv]\npackage = false\nno-index = true\nfind-links = [\"wheels\"]\n";
+    put_file(&server, &id, "pyproject.toml", pyproject).await;
+    put_file(&server, &id, "app.py", "print(1)\n").await;
+    put_tiny_wheel(&server, &id).await;
+    let first = build(&server, &id, 1, None).await;
+    assert_ready(&first);
+    let first_layer = layer(&server, &id, 1).await;
+    assert!(first_layer.contains_key("uv.lock"), "{first_layer:?}");
+
+    // One source file changed: the manifests are the same, so the resolution uv wrote is
+    // taken along rather than made again against the index.
+    put_file(&server, &id, "app.py", "print(2)\n").await;
+    let second = build(&server, &id, 2, None).await;
+    assert_ready(&second);
+    assert!(
+        log(&second).contains("reusing the resolution version 1's build wrote (uv.lock)"),
+        "{}",
+        log(&second)
+    );
+    let mut second_layer = layer(&server, &id, 2).await;
+    assert_eq!(second_layer.get("uv.lock"), first_layer.get("uv.lock"));
+    let clean = build(&server, &id, 3, Some(json!({"clean": true}))).await;
+    assert_ready(&clean);
+    assert!(
+        !log(&clean).contains("reusing the resolution"),
+        "{}",
+        log(&clean)
+    );
+    let mut clean_layer = layer(&server, &id, 3).await;
+    second_layer.remove("app.py");
+    clean_layer.remove("app.py");
+    let differ = differences(&second_layer, &clean_layer);
+    assert!(
+        differ.is_empty(),
+        "rebuilt and clean layers differ:\n{differ:#?}"
+    );
+
+    // A changed manifest is a new resolution: nothing is taken along.
+    put_file(
+        &server,
+        &id,
+        "pyproject.toml",
+        format!("{pyproject}# changed\n"),
+    )
+    .await;
+    let changed = build(&server, &id, 4, None).await;
+    assert_ready(&changed);
+    assert!(
+        log(&changed).contains(FROM_SCRATCH) && !log(&changed).contains("reusing the resolution"),
+        "{}",
+        log(&changed)
+    );
+}

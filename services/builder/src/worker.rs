@@ -918,6 +918,37 @@ async fn produce(
             }
         ));
         install_options.reuse_dependencies = true;
+        // A project without a lock resolves against the index on every build; with its
+        // manifests unchanged (the reuse key), the resolution the earlier build wrote is still
+        // the answer: it is taken along, as a rebuild by hand would find it.
+        let carried = carried_locks(scratch);
+        if !carried.is_empty() {
+            retrying("reusing the earlier resolution", lease_lost, &log, || {
+                materialize(blobs, &layer, scratch, Some(&carried))
+            })
+            .await
+            .map_err(|error| {
+                format!(
+                    "reusing the lock files of version {} failed: {error}",
+                    earlier.version
+                )
+            })?;
+            let found: Vec<&str> = carried
+                .iter()
+                .copied()
+                .filter(|name| {
+                    std::fs::symlink_metadata(scratch.join(name))
+                        .is_ok_and(|metadata| metadata.is_file())
+                })
+                .collect();
+            if !found.is_empty() {
+                say(format!(
+                    "==> the project has no lock file: reusing the resolution version {}'s build wrote ({}), as its manifests are unchanged\n",
+                    earlier.version,
+                    found.join(", ")
+                ));
+            }
+        }
     }
     let mut sink = |bytes: &[u8]| {
         let _ = log.send(bytes.to_vec());
@@ -1278,6 +1309,25 @@ async fn keep_dependencies(
     })
     .await
     .unwrap_or_default()
+}
+
+/// The lock files an installer writes that `scratch` (a source) lacks: `uv.lock` beside a
+/// `pyproject.toml`, `package-lock.json` beside a `package.json` without one (or a shrinkwrap).
+fn carried_locks(scratch: &Path) -> Vec<&'static str> {
+    let has = |name: &str| {
+        std::fs::symlink_metadata(scratch.join(name)).is_ok_and(|metadata| metadata.is_file())
+    };
+    let mut carried = Vec::new();
+    if has("pyproject.toml") && std::fs::symlink_metadata(scratch.join("uv.lock")).is_err() {
+        carried.push("uv.lock");
+    }
+    if has("package.json")
+        && std::fs::symlink_metadata(scratch.join("package-lock.json")).is_err()
+        && std::fs::symlink_metadata(scratch.join("npm-shrinkwrap.json")).is_err()
+    {
+        carried.push("package-lock.json");
+    }
+    carried
 }
 
 /// Names what a build's dependencies are installed from: the mount path (installed files
