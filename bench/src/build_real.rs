@@ -1,10 +1,11 @@
 //! `plinth-bench build --real`: real public projects fetched as a user would (a Python sdist
 //! with `pip download --no-binary :all: --no-deps`, an npm tarball with `npm pack`), each built
 //! through Plinth (imported as the archive, the builder reaching the real registries through its
-//! egress proxy) and by hand (`uv sync`, or `npm install`, in the unpacked archive, with a
-//! download cache of its own), side by side in one run: a first build with a cold cache, then a
-//! rebuild after a one-line change to one source file (by hand: the same command again over the
-//! existing tree). This bench reaches PyPI and the npm registry.
+//! egress proxy) and by hand (`uv sync`, or `npm install`, in the unpacked archive), side by
+//! side in one run: a first build, then a rebuild after a one-line change to one source file
+//! (by hand: the same command again over the existing tree). Both start with an empty download
+//! cache that the projects share in the order listed (Plinth's builds of one scope share
+//! theirs). This bench reaches PyPI and the npm registry.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -203,7 +204,9 @@ pub async fn run(uv: &Path, fresh_fs: bool, journal: bool) -> anyhow::Result<()>
         let archive = fetch(project, &work.path().join("archives"))?;
         let dir = work.path().join(format!("by-hand-{index}"));
         unpack(&archive, &dir)?;
-        let cache = work.path().join(format!("cache-{index}"));
+        // One download cache for all, as a user's machine has (and as Plinth's builds of one
+        // scope share theirs): projects later in the list find what earlier ones fetched.
+        let cache = work.path().join("cache");
         let first_hand = by_hand(project.kind, uv, &dir, &cache)?;
         let original = std::fs::read_to_string(dir.join(project.changed))
             .with_context(|| format!("{} has no {}", project.spec, project.changed))?;
@@ -258,7 +261,7 @@ pub async fn run(uv: &Path, fresh_fs: bool, journal: bool) -> anyhow::Result<()>
     println!("machine: {}", crate::machine());
     println!("working on {disk}");
     println!(
-        "by hand: uv sync (UV_COMPILE_BYTECODE=1) or npm install in the unpacked archive, a cold cache of its own; then the same command after the one-file change"
+        "by hand: uv sync (UV_COMPILE_BYTECODE=1) or npm install in the unpacked archive, one download cache for all (empty at the start, as Plinth's); then the same command after the one-file change"
     );
     println!(
         "{:<24} {:>9} {:>9} {:>6}   {:>9} {:>9} {:>6} {:>7}",
