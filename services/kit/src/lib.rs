@@ -23,6 +23,7 @@ pub mod grpc;
 pub mod http;
 pub mod ids;
 pub mod metered;
+pub mod python_install;
 pub mod quota;
 pub mod replicas;
 pub mod slug;
