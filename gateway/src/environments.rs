@@ -177,9 +177,10 @@ pub struct EnvironmentBody {
     pub description: String,
     /// How to run the project; empty when not given.
     pub entry: String,
-    /// How builds install (Plinth's own field): `{"python": null}` unless the owner named the
-    /// Python manifest.
-    pub install: InstallBody,
+    /// How builds install (Plinth's own field, beyond the spec's object): present only when
+    /// the owner named the Python manifest (`install.python`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub install: Option<InstallBody>,
     /// `empty` (nothing built yet), `building`, `ready` (a version is active) or `failed`.
     #[schema(example = "empty")]
     pub status: &'static str,
@@ -333,7 +334,7 @@ impl TryFrom<pb::Environment> for EnvironmentBody {
             install: environment
                 .install
                 .map(InstallBody::from)
-                .unwrap_or_default(),
+                .filter(|install| install.python.is_some()),
             status: environment_status(environment.status),
             mount: environment.mount,
             version: environment.version,

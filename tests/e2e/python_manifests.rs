@@ -367,7 +367,7 @@ async fn install_python_names_requirements_files_groups_and_extras_and_bad_ones_
         }
     }
     let (_, unchanged) = send(api.client.get(api.url(&format!("/v1/environments/{id}")))).await;
-    assert_eq!(unchanged["install"], json!({"python": null}), "{unchanged}");
+    assert!(unchanged.get("install").is_none(), "{unchanged}");
 
     // Requirements files, installed together.
     put_wheels(&api, &id, &["tinypkg", "devpkg", "docpkg", "extrapkg"]).await;
@@ -484,7 +484,7 @@ async fn install_python_names_requirements_files_groups_and_extras_and_bad_ones_
     )
     .await;
     assert_eq!(status, 200, "{cleared}");
-    assert_eq!(cleared["install"], json!({"python": null}));
+    assert!(cleared.get("install").is_none(), "{cleared}");
     server.stop().await;
 }
 
