@@ -311,6 +311,7 @@ async fn run_phase(
                             name,
                             description: String::new(),
                             entry: String::new(),
+                            install: None,
                         })
                         .await?
                         .into_inner();

@@ -35,7 +35,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a JSON object with name, description, entry"
+    expecting = "a JSON object with name, description, entry, install"
 )]
 pub struct CreateEnvironment {
     /// Display name, up to 200 characters; the slug and mount path are derived from it and
@@ -50,13 +50,16 @@ pub struct CreateEnvironment {
     #[serde(default)]
     #[schema(example = "python3 run.py --episode <id>", max_length = 4000)]
     pub entry: Option<String>,
+    /// How builds install, where the manifests found should not decide (Plinth's own field).
+    #[serde(default)]
+    pub install: Option<InstallBody>,
 }
 
 /// `PUT /v1/environments/{id}`: fields left out stay as they are.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a JSON object with name, description, entry"
+    expecting = "a JSON object with name, description, entry, install"
 )]
 pub struct UpdateEnvironment {
     /// New display name. The slug and mount path stay, so scripts that use the absolute path
@@ -72,6 +75,85 @@ pub struct UpdateEnvironment {
     #[serde(default)]
     #[schema(max_length = 4000)]
     pub entry: Option<String>,
+    /// New install settings, replacing the old whole; `{}` clears them.
+    #[serde(default)]
+    pub install: Option<InstallBody>,
+}
+
+/// How an environment's builds install, where its owner says rather than the manifests found
+/// (Plinth's own field; README, "What a build runs").
+#[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
+#[serde(
+    deny_unknown_fields,
+    expecting = r#"a JSON object with python, such as {"python": {"requirements": ["requirements.txt"]}}"#
+)]
+pub struct InstallBody {
+    /// The Python manifest to install; null: chosen from the manifests found.
+    #[serde(default)]
+    pub python: Option<PythonBody>,
+}
+
+/// Which Python manifest a build installs: requirements files, the project in
+/// `pyproject.toml`, or both (the project first).
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(
+    deny_unknown_fields,
+    expecting = r#"a JSON object with requirements, project, or both, such as {"requirements": ["requirements.txt"]} or {"project": {"groups": ["dev"], "extras": ["test"]}}"#
+)]
+pub struct PythonBody {
+    /// Requirements files relative to the project's root, installed together, in this order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(example = json!(["requirements.txt", "requirements-dev.txt"]))]
+    pub requirements: Vec<String>,
+    /// The project in `pyproject.toml`; absent: it is not installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<ProjectBody>,
+}
+
+/// The project in `pyproject.toml`, with which of its dependency groups and extras.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(
+    deny_unknown_fields,
+    expecting = r#"a JSON object with groups, extras, such as {"groups": ["dev"], "extras": ["test"]}"#
+)]
+pub struct ProjectBody {
+    /// The dependency groups (PEP 735) to install, exactly these; absent: uv's default
+    /// groups (`dev`); `[]`: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = json!(["dev"]))]
+    pub groups: Option<Vec<String>>,
+    /// The optional dependencies to install with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(example = json!(["test"]))]
+    pub extras: Vec<String>,
+}
+
+impl From<InstallBody> for pb::InstallSettings {
+    fn from(body: InstallBody) -> Self {
+        pb::InstallSettings {
+            python: body.python.map(|python| pb::PythonInstall {
+                requirements: python.requirements,
+                project: python.project.map(|project| pb::PythonProject {
+                    groups: project.groups.map(|names| pb::Names { names }),
+                    extras: project.extras,
+                }),
+            }),
+        }
+    }
+}
+
+impl From<pb::InstallSettings> for InstallBody {
+    fn from(settings: pb::InstallSettings) -> Self {
+        InstallBody {
+            python: settings.python.map(|python| PythonBody {
+                requirements: python.requirements,
+                project: python.project.map(|project| ProjectBody {
+                    groups: project.groups.map(|groups| groups.names),
+                    extras: project.extras,
+                }),
+            }),
+        }
+    }
 }
 
 /// The environment object of UHP §2.
@@ -95,6 +177,10 @@ pub struct EnvironmentBody {
     pub description: String,
     /// How to run the project; empty when not given.
     pub entry: String,
+    /// How builds install (Plinth's own field, beyond the spec's object): present only when
+    /// the owner named the Python manifest (`install.python`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub install: Option<InstallBody>,
     /// `empty` (nothing built yet), `building`, `ready` (a version is active) or `failed`.
     #[schema(example = "empty")]
     pub status: &'static str,
@@ -245,6 +331,10 @@ impl TryFrom<pb::Environment> for EnvironmentBody {
             slug: environment.slug,
             description: environment.description,
             entry: environment.entry,
+            install: environment
+                .install
+                .map(InstallBody::from)
+                .filter(|install| install.python.is_some()),
             status: environment_status(environment.status),
             mount: environment.mount,
             version: environment.version,
@@ -342,7 +432,7 @@ impl<S: Send + Sync> FromRequestParts<S> for EnvironmentIdParam {
     request_body = CreateEnvironment,
     responses(
         (status = 201, description = "Created", body = EnvironmentBody),
-        (status = 400, description = "environment_invalid: malformed JSON, unknown or mistyped field, a name that yields no slug, a limit broken", body = ErrorBody),
+        (status = 400, description = "environment_invalid: malformed JSON, unknown or mistyped field, a name that yields no slug, a limit broken, install settings that break a rule (the message names the field, what is wrong and what to write)", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 409, description = "environment_exists: the slug (and mount path) is taken in this scope", body = ErrorBody),
         (status = 429, description = "quota_exceeded: the scope has as many environments as its quota allows (detail: quota, limit, used). Also rate_limited, with Retry-After", body = ErrorBody),
@@ -360,6 +450,7 @@ async fn create_environment(
         name: body.name,
         description: body.description.unwrap_or_default(),
         entry: body.entry.unwrap_or_default(),
+        install: body.install.map(Into::into),
     };
     let environment = state
         .catalog()
@@ -437,7 +528,8 @@ async fn get_environment(
     Ok(Json(environment_body(&state, environment).await?))
 }
 
-/// Rename an environment, or change its description or entry. The slug and mount stay.
+/// Rename an environment, or change its description, entry or install settings. The slug and
+/// mount stay.
 #[utoipa::path(
     put,
     path = "/v1/environments/{id}",
@@ -446,7 +538,7 @@ async fn get_environment(
     request_body = UpdateEnvironment,
     responses(
         (status = 200, description = "The environment as changed", body = EnvironmentBody),
-        (status = 400, description = "environment_invalid: malformed JSON, unknown or mistyped field, a limit broken", body = ErrorBody),
+        (status = 400, description = "environment_invalid: malformed JSON, unknown or mistyped field, a limit broken, install settings that break a rule (the message names the field, what is wrong and what to write)", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
         (status = 503, description = "unavailable: the catalog did not answer", body = ErrorBody),
@@ -465,6 +557,7 @@ async fn update_environment(
         name: body.name,
         description: body.description,
         entry: body.entry,
+        install: body.install.map(Into::into),
     };
     let environment = state
         .catalog()

@@ -41,6 +41,7 @@ mod partial_faults;
 mod partition;
 mod processes;
 mod public_grpc;
+mod python_manifests;
 mod quotas;
 mod real_projects;
 mod reuse;

@@ -66,6 +66,7 @@ async fn two_thousand_five_hundred_environments_list_in_pages_over_rest_and_grpc
                         name: format!("env {n:04}"),
                         description,
                         entry: String::new(),
+                        install: None,
                     })
                     .await
                     .expect("create")

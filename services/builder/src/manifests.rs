@@ -6,29 +6,54 @@
 //! | manifest | step |
 //! |---|---|
 //! | `pyproject.toml` + `uv.lock` | `uv sync --locked` |
-//! | `pyproject.toml` (no lock) | `uv sync` |
+//! | `pyproject.toml` that declares a package (no lock) | `uv sync` |
 //! | `requirements.txt` | `uv venv .venv` (unless it exists) + `uv pip install -r requirements.txt` |
 //! | `package.json` + `package-lock.json` or `npm-shrinkwrap.json` | `npm ci` |
 //! | `package.json` (no lock) | `npm install` |
 //! | `setup.sh` | `bash setup.sh`, last, with `.venv/bin` and `node_modules/.bin` first on PATH |
 //!
-//! Without `uv` the Python steps fall back to `python3 -m venv .venv` and `.venv/bin/pip`
-//! (`pip install -r requirements.txt`, or `pip install .` for a `pyproject.toml`, which then
-//! ignores `uv.lock`). Deciding *whether* uv is there is the installer's business (it knows the
-//! build's PATH); this module only says what each choice runs. Commands run with the mount path
-//! as their working directory, so relative paths here are relative to `/env/<slug>`.
+//! ## Which Python manifest
+//!
+//! A `pyproject.toml` is the project's installer manifest when it declares a package (a
+//! `[build-system]` table, or `tool.uv.package = true`) or comes with `uv.lock`; then it is
+//! installed first and `requirements.txt`, if there is one, after it. A `pyproject.toml` that
+//! declares no build system describes no package to install, as uv judges it (a *virtual*
+//! project: uv installs its dependencies, never the project itself). With a `requirements.txt`
+//! beside it, that file is what the project's own README says to install (`pip install -r
+//! requirements.txt`), and the `pyproject.toml` holds tools' settings (`[tool.ruff]`,
+//! `[tool.pytest.ini_options]`) or metadata: only `requirements.txt` is installed. Without
+//! one, the virtual project's dependencies and dependency groups are installed (`uv sync`),
+//! and a `pyproject.toml` with neither a `[project]` table nor `[dependency-groups]` asks for
+//! nothing. The build log says which was chosen and why (see [`Plan::python`]).
+//!
+//! An environment's `install.python` setting ([`PythonInstall`]) names the manifest instead:
+//! requirements files (installed together), the project with the dependency groups and extras
+//! it names (`uv sync --no-default-groups --group … --extra …`), or both, the project first.
+//!
+//! Without `uv` the Python steps fall back to `python3 -m venv .venv` and `.venv/bin/pip`:
+//! `pip install -r` for requirements files, `pip install .` (`.[extra,…]`) for a package, and
+//! the requirements uv would install for the rest, read from `pyproject.toml` and given to pip
+//! as arguments: a virtual project's dependencies and extras, and the dependency groups uv
+//! installs by default (`tool.uv.default-groups`, else `dev`) or the setting names, with their
+//! `{include-group = …}` entries followed. pip only takes `--group` from 25.1 on, and the
+//! machine's venvs may come with an older pip; resolving the groups here works with every pip.
+//! `uv.lock` is not used by pip. Deciding *whether* uv is there is the installer's business
+//! (it knows the build's PATH); this module only says what each choice runs. Commands run with
+//! the mount path as their working directory, so relative paths here are relative to
+//! `/env/<slug>`.
 
 use std::path::Path;
 
+use plinth_kit::python_install::normalized;
+pub use plinth_kit::python_install::{PythonInstall, PythonProject};
+
 /// One install step, named for the manifest that asks for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Step {
-    /// `pyproject.toml` with `uv.lock`: install exactly the lock.
-    UvSyncLocked,
-    /// `pyproject.toml` without a lock: resolve and install.
-    UvSync,
-    /// `requirements.txt`: a `.venv` and the requirements installed into it.
-    Requirements,
+    /// `pyproject.toml`: the project (see [`Project`]).
+    Project(Project),
+    /// Requirements files, installed together into `.venv`.
+    Requirements(Vec<String>),
     /// `package.json` with a lockfile: a clean install of the lock.
     NpmCi,
     /// `package.json` without a lockfile.
@@ -37,16 +62,51 @@ pub enum Step {
     SetupScript,
 }
 
+/// The project in `pyproject.toml`, as a step installs it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Project {
+    /// `uv.lock` is there: uv installs exactly the lock.
+    pub locked: bool,
+    /// It declares a package (`[build-system]`, or `tool.uv.package = true`), built and
+    /// installed; otherwise only what it depends on is.
+    pub package: bool,
+    /// The dependency groups named by `install.python`; `None`: uv's defaults.
+    pub groups: Option<Vec<String>>,
+    /// The extras named by `install.python`.
+    pub extras: Vec<String>,
+    /// What pip installs besides the package itself, when there is no uv: a virtual
+    /// project's dependencies and extras' dependencies, and the groups' requirements.
+    pub pip_requirements: Vec<String>,
+}
+
 /// The steps a source directory needs, in the order they run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
     pub steps: Vec<Step>,
+    /// Which Python manifest was chosen and why, for the build log (`installing from
+    /// requirements.txt: pyproject.toml declares no build system (a settings-only
+    /// pyproject)`); none when the source has no Python manifest.
+    pub python: Option<String>,
 }
 
 impl Plan {
     /// Whether any step installs Python packages (so a `.venv` is expected).
     pub fn has_python(&self) -> bool {
-        self.steps.iter().any(|step| step.is_python())
+        self.steps.iter().any(Step::is_python)
+    }
+
+    /// Whether a step installs from `uv.lock`.
+    pub fn locked(&self) -> bool {
+        self.steps
+            .iter()
+            .any(|step| matches!(step, Step::Project(project) if project.locked))
+    }
+
+    /// Whether a step installs with npm.
+    pub fn has_node(&self) -> bool {
+        self.steps
+            .iter()
+            .any(|step| matches!(step, Step::NpmCi | Step::NpmInstall))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -107,24 +167,16 @@ pub fn npm_lifecycle(dir: &Path) -> Vec<String> {
 }
 
 impl Step {
-    /// The manifest file that asks for this step.
-    pub fn manifest(self) -> &'static str {
-        match self {
-            Step::UvSyncLocked | Step::UvSync => "pyproject.toml",
-            Step::Requirements => "requirements.txt",
-            Step::NpmCi | Step::NpmInstall => "package.json",
-            Step::SetupScript => "setup.sh",
-        }
-    }
-
     /// Whether this step installs Python packages into `.venv`.
-    pub fn is_python(self) -> bool {
-        matches!(self, Step::UvSyncLocked | Step::UvSync | Step::Requirements)
+    pub fn is_python(&self) -> bool {
+        matches!(self, Step::Project(_) | Step::Requirements(_))
     }
 
     /// The commands (argv) this step runs, in order, given the toolchain.
-    pub fn commands(self, toolchain: Toolchain) -> Vec<Vec<String>> {
-        let argv = |words: &[&str]| words.iter().map(|word| (*word).to_owned()).collect();
+    pub fn commands(&self, toolchain: Toolchain) -> Vec<Vec<String>> {
+        let argv = |words: &[&str]| -> Vec<String> {
+            words.iter().map(|word| (*word).to_owned()).collect()
+        };
         let make_venv = if toolchain.venv_exists {
             None
         } else if toolchain.uv {
@@ -133,18 +185,44 @@ impl Step {
             Some(argv(&["python3", "-m", "venv", ".venv"]))
         };
         match self {
-            Step::UvSyncLocked if toolchain.uv => vec![argv(&["uv", "sync", "--locked"])],
-            Step::UvSync if toolchain.uv => vec![argv(&["uv", "sync"])],
-            Step::UvSyncLocked | Step::UvSync => make_venv
-                .into_iter()
-                .chain([argv(&[".venv/bin/pip", "install", "."])])
-                .collect(),
-            Step::Requirements => {
-                let install = if toolchain.uv {
-                    argv(&["uv", "pip", "install", "-r", "requirements.txt"])
+            Step::Project(project) if toolchain.uv => {
+                let mut sync = argv(&["uv", "sync"]);
+                if project.locked {
+                    sync.push("--locked".to_owned());
+                }
+                if let Some(groups) = &project.groups {
+                    sync.push("--no-default-groups".to_owned());
+                    for group in groups {
+                        sync.extend(["--group".to_owned(), group.clone()]);
+                    }
+                }
+                for extra in &project.extras {
+                    sync.extend(["--extra".to_owned(), extra.clone()]);
+                }
+                vec![sync]
+            }
+            Step::Project(project) => {
+                let mut install = argv(&[".venv/bin/pip", "install"]);
+                if project.package {
+                    install.push(if project.extras.is_empty() {
+                        ".".to_owned()
+                    } else {
+                        format!(".[{}]", project.extras.join(","))
+                    });
+                }
+                install.extend(project.pip_requirements.iter().cloned());
+                let install = (install.len() > 2).then_some(install);
+                make_venv.into_iter().chain(install).collect()
+            }
+            Step::Requirements(files) => {
+                let mut install = if toolchain.uv {
+                    argv(&["uv", "pip", "install"])
                 } else {
-                    argv(&[".venv/bin/pip", "install", "-r", "requirements.txt"])
+                    argv(&[".venv/bin/pip", "install"])
                 };
+                for file in files {
+                    install.extend(["-r".to_owned(), file.clone()]);
+                }
                 make_venv.into_iter().chain([install]).collect()
             }
             // `--ignore-scripts` runs the named script without its pre- and post- scripts,
@@ -162,22 +240,125 @@ impl Step {
     }
 }
 
-/// The steps `dir` (a materialized source) needs. Only regular files count as manifests: the
-/// source holds no links, and a directory named `setup.sh` asks for nothing.
-pub fn plan(dir: &Path) -> Plan {
+/// The default requirements file.
+pub const REQUIREMENTS: &str = "requirements.txt";
+
+/// Largest `pyproject.toml` read.
+const MAX_PYPROJECT_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The steps `dir` (a materialized source) needs, with `python` (the environment's
+/// `install.python`) naming the Python manifest when given. Only regular files count as
+/// manifests: the source holds no links, and a directory named `setup.sh` asks for nothing.
+/// The error says what the setting names that the source lacks, or which dependency group
+/// cannot be installed.
+pub fn plan(dir: &Path, python: Option<&PythonInstall>) -> Result<Plan, String> {
+    let root = crate::beneath::open_root(dir).ok();
     let has = |name: &str| {
-        std::fs::symlink_metadata(dir.join(name)).is_ok_and(|metadata| metadata.is_file())
+        root.as_ref().is_some_and(|root| {
+            crate::beneath::lstat(root, name).is_ok_and(|stat| {
+                stat.is_some_and(|stat| {
+                    crate::beneath::kind(&stat) == rustix::fs::FileType::RegularFile
+                })
+            })
+        })
     };
+    let pyproject = has("pyproject.toml").then(|| {
+        root.as_ref()
+            .and_then(|root| {
+                crate::beneath::read_small(root, "pyproject.toml", MAX_PYPROJECT_BYTES)
+            })
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+            .and_then(|text| toml::from_str::<toml::Table>(&text).ok())
+    });
+    let locked = pyproject.is_some() && has("uv.lock");
     let mut steps = Vec::new();
-    if has("pyproject.toml") {
-        steps.push(if has("uv.lock") {
-            Step::UvSyncLocked
+    let why;
+    if let Some(python) = python {
+        if let Some(named) = &python.project {
+            let Some(document) = &pyproject else {
+                return Err(
+                    "install.python names the project, and the source has no pyproject.toml at \
+                     its root: add one, or name requirements files instead"
+                        .to_owned(),
+                );
+            };
+            steps.push(Step::Project(project(
+                document.as_ref(),
+                locked,
+                named.groups.clone(),
+                named.extras.clone(),
+            )?));
+        }
+        for file in &python.requirements {
+            if !has(file) {
+                return Err(format!(
+                    "install.python names the requirements file {file}, and the source has no \
+                     such file: add it, or change install.python on the environment"
+                ));
+            }
+        }
+        if !python.requirements.is_empty() {
+            steps.push(Step::Requirements(python.requirements.clone()));
+        }
+        why = Some(format!("install.python names {}", python.describe()));
+    } else {
+        let requirements = has(REQUIREMENTS);
+        let kind = pyproject
+            .as_ref()
+            .map(|document| Kind::of(document.as_ref()));
+        let then = if requirements {
+            format!(", then {REQUIREMENTS}")
         } else {
-            Step::UvSync
-        });
-    }
-    if has("requirements.txt") {
-        steps.push(Step::Requirements);
+            String::new()
+        };
+        why = match kind {
+            None if requirements => Some(format!(
+                "installing from {REQUIREMENTS}: there is no pyproject.toml"
+            )),
+            None => None,
+            Some(_) if locked => Some(format!(
+                "installing the project in pyproject.toml as uv.lock pins it{then}"
+            )),
+            Some(Kind::Package(because)) => Some(format!(
+                "installing the project in pyproject.toml: {because}{then}"
+            )),
+            Some(Kind::Virtual) if requirements => Some(format!(
+                "installing from {REQUIREMENTS}: pyproject.toml declares no build system, so \
+                 its [project] table names no package to install"
+            )),
+            Some(Kind::Settings { .. }) if requirements => Some(format!(
+                "installing from {REQUIREMENTS}: pyproject.toml declares no build system (a \
+                 settings-only pyproject)"
+            )),
+            Some(Kind::Virtual) => Some(
+                "installing the dependencies in pyproject.toml: it declares no build system, \
+                 so the project itself is not installed (as uv does)"
+                    .to_owned(),
+            ),
+            Some(Kind::Settings { groups: true }) => Some(
+                "installing the dependency groups in pyproject.toml: it has no [project] table"
+                    .to_owned(),
+            ),
+            Some(Kind::Settings { groups: false }) => Some(
+                "nothing to install from pyproject.toml: it has no [project] table and no \
+                 [dependency-groups] (a settings-only pyproject)"
+                    .to_owned(),
+            ),
+        };
+        let project_step = match kind {
+            None => false,
+            Some(_) if locked => true,
+            Some(Kind::Package(_)) => true,
+            Some(Kind::Virtual | Kind::Settings { groups: true }) => !requirements,
+            Some(Kind::Settings { groups: false }) => false,
+        };
+        if project_step {
+            let document = pyproject.as_ref().and_then(Option::as_ref);
+            steps.push(Step::Project(project(document, locked, None, Vec::new())?));
+        }
+        if requirements {
+            steps.push(Step::Requirements(vec![REQUIREMENTS.to_owned()]));
+        }
     }
     if has("package.json") {
         steps.push(if has("package-lock.json") || has("npm-shrinkwrap.json") {
@@ -189,7 +370,318 @@ pub fn plan(dir: &Path) -> Plan {
     if has("setup.sh") {
         steps.push(Step::SetupScript);
     }
-    Plan { steps }
+    Ok(Plan { steps, python: why })
+}
+
+/// What a `pyproject.toml` declares, as uv judges it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A package to build and install; why it is one.
+    Package(&'static str),
+    /// A `[project]` table and no build system: its dependencies, never the project itself.
+    Virtual,
+    /// No `[project]` table: tools' settings, and dependency groups if `groups`.
+    Settings { groups: bool },
+}
+
+impl Kind {
+    /// `None`: the file does not parse, so it is taken for a package and the installer says
+    /// what is wrong with it.
+    fn of(document: Option<&toml::Table>) -> Kind {
+        let Some(document) = document else {
+            return Kind::Package("it does not parse as TOML, so the installer reads it");
+        };
+        let package = document
+            .get("tool")
+            .and_then(|tool| tool.get("uv"))
+            .and_then(|uv| uv.get("package"))
+            .and_then(toml::Value::as_bool);
+        match package {
+            Some(true) => return Kind::Package("tool.uv.package is true"),
+            Some(false) if document.contains_key("project") => return Kind::Virtual,
+            _ => {}
+        }
+        if document.contains_key("build-system") {
+            Kind::Package("it declares a build system")
+        } else if document.contains_key("project") {
+            Kind::Virtual
+        } else {
+            Kind::Settings {
+                groups: document.contains_key("dependency-groups"),
+            }
+        }
+    }
+}
+
+/// The project step for `document` (`None`: it did not parse), with the groups and extras
+/// named (`groups` `None`: uv's defaults), and what pip installs for it.
+fn project(
+    document: Option<&toml::Table>,
+    locked: bool,
+    groups: Option<Vec<String>>,
+    extras: Vec<String>,
+) -> Result<Project, String> {
+    let kind = Kind::of(document);
+    let package = matches!(kind, Kind::Package(_));
+    let mut pip_requirements = Vec::new();
+    if let Some(document) = document {
+        let project = document.get("project");
+        if !package {
+            pip_requirements.extend(strings(
+                project.and_then(|project| project.get("dependencies")),
+                "project.dependencies",
+            )?);
+            let optional = project
+                .and_then(|project| project.get("optional-dependencies"))
+                .and_then(toml::Value::as_table);
+            for extra in &extras {
+                let found = optional.and_then(|optional| {
+                    optional
+                        .iter()
+                        .find(|(name, _)| normalized(name) == normalized(extra))
+                });
+                let Some((name, list)) = found else {
+                    return Err(format!(
+                        "install.python names the extra {extra:?}, and pyproject.toml's \
+                         [project.optional-dependencies] has no such extra{}",
+                        defined(optional)
+                    ));
+                };
+                pip_requirements.extend(strings(
+                    Some(list),
+                    &format!("project.optional-dependencies.{name}"),
+                )?);
+            }
+        } else if !extras.is_empty() {
+            let optional = project
+                .and_then(|project| project.get("optional-dependencies"))
+                .and_then(toml::Value::as_table);
+            for extra in &extras {
+                let known = optional.is_some_and(|optional| {
+                    optional
+                        .keys()
+                        .any(|name| normalized(name) == normalized(extra))
+                });
+                // A package's extras may be dynamic (the backend computes them): only a
+                // static table that lacks the name is an error.
+                let dynamic = project
+                    .and_then(|project| project.get("dynamic"))
+                    .and_then(toml::Value::as_array)
+                    .is_some_and(|dynamic| {
+                        dynamic
+                            .iter()
+                            .any(|field| field.as_str() == Some("optional-dependencies"))
+                    });
+                if !known && !dynamic {
+                    return Err(format!(
+                        "install.python names the extra {extra:?}, and pyproject.toml's \
+                         [project.optional-dependencies] has no such extra{}",
+                        defined(optional)
+                    ));
+                }
+            }
+        }
+        let table = document
+            .get("dependency-groups")
+            .and_then(toml::Value::as_table);
+        let chosen = match &groups {
+            Some(named) => {
+                for group in named {
+                    if find_group(table, group).is_none() {
+                        return Err(format!(
+                            "install.python names the dependency group {group:?}, and \
+                             pyproject.toml's [dependency-groups] has no such group{}",
+                            defined(table)
+                        ));
+                    }
+                }
+                named.clone()
+            }
+            None => default_groups(document, table)?,
+        };
+        for group in &chosen {
+            pip_requirements.extend(group_requirements(table, group, &mut Vec::new())?);
+        }
+    }
+    // A requirement named twice (by two groups, or a group and the dependencies) once.
+    let mut seen = std::collections::HashSet::new();
+    pip_requirements.retain(|requirement| seen.insert(requirement.clone()));
+    Ok(Project {
+        locked,
+        package,
+        groups,
+        extras,
+        pip_requirements,
+    })
+}
+
+/// The groups uv installs when none are named: `tool.uv.default-groups` (a list, or `"all"`),
+/// else `dev` when there is one.
+fn default_groups(
+    document: &toml::Table,
+    table: Option<&toml::Table>,
+) -> Result<Vec<String>, String> {
+    let setting = document
+        .get("tool")
+        .and_then(|tool| tool.get("uv"))
+        .and_then(|uv| uv.get("default-groups"));
+    match setting {
+        None => Ok(find_group(table, "dev")
+            .map(|(name, _)| vec![name.to_owned()])
+            .unwrap_or_default()),
+        Some(toml::Value::String(all)) if all == "all" => Ok(table
+            .map(|table| table.keys().cloned().collect())
+            .unwrap_or_default()),
+        Some(value) => {
+            let named = strings(Some(value), "tool.uv.default-groups")?;
+            for group in &named {
+                if find_group(table, group).is_none() {
+                    return Err(format!(
+                        "tool.uv.default-groups in pyproject.toml names the dependency group \
+                         {group:?}, and [dependency-groups] has no such group{}",
+                        defined(table)
+                    ));
+                }
+            }
+            Ok(named)
+        }
+    }
+}
+
+/// The group `name` in `[dependency-groups]`, compared as PEP 735 says (normalized names).
+fn find_group<'a>(
+    table: Option<&'a toml::Table>,
+    name: &str,
+) -> Option<(&'a str, &'a toml::Value)> {
+    table?
+        .iter()
+        .find(|(group, _)| normalized(group) == normalized(name))
+        .map(|(group, value)| (group.as_str(), value))
+}
+
+/// Most groups followed through `include-group` from one named group.
+const MAX_GROUP_DEPTH: usize = 64;
+
+/// The requirements of dependency group `name`, with its `{include-group = "…"}` entries
+/// replaced by theirs (PEP 735); a cycle or an unknown include is an error, as it is to uv
+/// and pip.
+fn group_requirements(
+    table: Option<&toml::Table>,
+    name: &str,
+    path: &mut Vec<String>,
+) -> Result<Vec<String>, String> {
+    let Some((found, value)) = find_group(table, name) else {
+        return Err(format!(
+            "pyproject.toml's dependency group {:?} includes {name:?}, which [dependency-groups] \
+             does not define{}",
+            path.last().map(String::as_str).unwrap_or_default(),
+            defined(table)
+        ));
+    };
+    if path
+        .iter()
+        .any(|seen| normalized(seen) == normalized(found))
+        || path.len() > MAX_GROUP_DEPTH
+    {
+        return Err(format!(
+            "pyproject.toml's dependency groups include each other in a cycle: {} -> {found}",
+            path.join(" -> ")
+        ));
+    }
+    let Some(entries) = value.as_array() else {
+        return Err(format!(
+            "pyproject.toml's dependency group {found:?} is not a list"
+        ));
+    };
+    path.push(found.to_owned());
+    let mut requirements = Vec::new();
+    for entry in entries {
+        match entry {
+            toml::Value::String(requirement) => {
+                requirements.push(requirement_arg(requirement, found)?);
+            }
+            toml::Value::Table(include) => match include.get("include-group") {
+                Some(toml::Value::String(other)) if include.len() == 1 => {
+                    requirements.extend(group_requirements(table, other, path)?);
+                }
+                _ => {
+                    return Err(format!(
+                        "pyproject.toml's dependency group {found:?} holds a table that is not \
+                         {{include-group = \"…\"}}"
+                    ));
+                }
+            },
+            _ => {
+                return Err(format!(
+                    "pyproject.toml's dependency group {found:?} holds an entry that is neither \
+                     a requirement nor {{include-group = \"…\"}}"
+                ));
+            }
+        }
+    }
+    path.pop();
+    Ok(requirements)
+}
+
+/// The strings of a list in `pyproject.toml` (absent: none), each a requirement pip takes as
+/// an argument.
+fn strings(value: Option<&toml::Value>, field: &str) -> Result<Vec<String>, String> {
+    let Some(value) = value else {
+        return Ok(Vec::new());
+    };
+    let Some(list) = value.as_array() else {
+        return Err(format!("pyproject.toml's {field} is not a list"));
+    };
+    list.iter()
+        .map(|item| match item.as_str() {
+            Some(text) => requirement_arg(text, field),
+            None => Err(format!(
+                "pyproject.toml's {field} holds an entry that is not a string"
+            )),
+        })
+        .collect()
+}
+
+/// A requirement as pip's argument: trimmed, and never read as an option.
+fn requirement_arg(requirement: &str, from: &str) -> Result<String, String> {
+    let requirement = requirement.trim();
+    if requirement.is_empty() || requirement.starts_with('-') {
+        return Err(format!(
+            "pyproject.toml's {from} holds {requirement:?}, which is not a requirement"
+        ));
+    }
+    Ok(requirement.to_owned())
+}
+
+/// `: it has a, b` naming a table's keys, or nothing when it has none.
+fn defined(table: Option<&toml::Table>) -> String {
+    let names: Vec<&str> = table
+        .map(|table| table.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    if names.is_empty() {
+        " (it defines none)".to_owned()
+    } else {
+        format!(" (it defines {})", names.join(", "))
+    }
+}
+
+/// The `install.python` a build claim carries, checked as the catalog checked it: `None` when
+/// the environment names no Python manifest.
+pub fn python_setting(
+    install: Option<&plinth_proto::catalog::v1::InstallSettings>,
+) -> Result<Option<PythonInstall>, String> {
+    let Some(python) = install.and_then(|install| install.python.as_ref()) else {
+        return Ok(None);
+    };
+    let setting = PythonInstall {
+        requirements: python.requirements.clone(),
+        project: python.project.as_ref().map(|project| PythonProject {
+            groups: project.groups.as_ref().map(|groups| groups.names.clone()),
+            extras: project.extras.clone(),
+        }),
+    };
+    setting.check()?;
+    Ok(Some(setting))
 }
 
 /// How a command is shown in the log and in errors: its words joined by spaces.
@@ -201,49 +693,305 @@ pub fn display(argv: &[String]) -> String {
 mod tests {
     use super::*;
 
-    fn plan_of(files: &[&str]) -> Vec<Step> {
+    fn source(files: &[(&str, &str)]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().expect("tempdir");
-        for file in files {
-            std::fs::write(dir.path().join(file), b"").expect("write");
+        for (file, text) in files {
+            let path = dir.path().join(file);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            std::fs::write(path, text).expect("write");
         }
-        plan(dir.path()).steps
+        dir
+    }
+
+    fn plan_of(files: &[(&str, &str)]) -> Plan {
+        plan(source(files).path(), None).expect("plan")
+    }
+
+    const PACKAGE: &str = "[build-system]\nrequires = [\"hatchling\"]\n\
+                           build-backend = \"hatchling.build\"\n\
+                           [project]\nname = \"app\"\nversion = \"1\"\n\
+                           dependencies = [\"flask\"]\n\
+                           [project.optional-dependencies]\ntest = [\"pytest\"]\n\
+                           [dependency-groups]\ndev = [\"ruff\", {include-group = \"lint\"}]\n\
+                           lint = [\"mypy\"]\ndocs = [\"sphinx\"]\n";
+    const VIRTUAL: &str = "[project]\nname = \"app\"\nversion = \"1\"\n\
+                           dependencies = [\"flask\"]\n[dependency-groups]\ndev = [\"pytest\"]\n";
+    const SETTINGS: &str = "[tool.ruff]\nline-length = 100\n[tool.pytest.ini_options]\n";
+
+    fn project_step(plan: &Plan) -> &Project {
+        plan.steps
+            .iter()
+            .find_map(|step| match step {
+                Step::Project(project) => Some(project),
+                _ => None,
+            })
+            .expect("a project step")
     }
 
     #[test]
     fn manifests_map_to_steps_in_order() {
-        assert_eq!(plan_of(&[]), vec![]);
-        assert_eq!(
-            plan_of(&[
-                "setup.sh",
-                "package.json",
-                "requirements.txt",
-                "pyproject.toml",
-                "uv.lock"
-            ]),
-            vec![
-                Step::UvSyncLocked,
-                Step::Requirements,
+        assert_eq!(plan_of(&[]), Plan::default());
+        let all = plan_of(&[
+            ("setup.sh", ""),
+            ("package.json", ""),
+            ("requirements.txt", ""),
+            ("pyproject.toml", VIRTUAL),
+            ("uv.lock", ""),
+        ]);
+        assert!(matches!(
+            all.steps.as_slice(),
+            [
+                Step::Project(Project { locked: true, .. }),
+                Step::Requirements(_),
                 Step::NpmInstall,
                 Step::SetupScript
             ]
-        );
-        assert_eq!(plan_of(&["pyproject.toml"]), vec![Step::UvSync]);
-        assert_eq!(plan_of(&["uv.lock"]), vec![]);
+        ));
         assert_eq!(
-            plan_of(&["package.json", "package-lock.json"]),
+            all.python.as_deref(),
+            Some(
+                "installing the project in pyproject.toml as uv.lock pins it, then requirements.txt"
+            )
+        );
+        assert_eq!(plan_of(&[("uv.lock", "")]).steps, vec![]);
+        assert_eq!(
+            plan_of(&[("package.json", ""), ("package-lock.json", "")]).steps,
             vec![Step::NpmCi]
         );
         assert_eq!(
-            plan_of(&["package.json", "npm-shrinkwrap.json"]),
+            plan_of(&[("package.json", ""), ("npm-shrinkwrap.json", "")]).steps,
             vec![Step::NpmCi]
         );
+    }
+
+    #[test]
+    fn a_requirements_app_with_a_pyproject_that_declares_no_package_installs_its_requirements() {
+        for (pyproject, why) in [
+            (
+                SETTINGS,
+                "installing from requirements.txt: pyproject.toml declares no build system (a \
+                 settings-only pyproject)",
+            ),
+            (
+                VIRTUAL,
+                "installing from requirements.txt: pyproject.toml declares no build system, so \
+                 its [project] table names no package to install",
+            ),
+            (
+                "[project]\nname = \"x\"\n[tool.uv]\npackage = false\n[build-system]\n",
+                "installing from requirements.txt: pyproject.toml declares no build system, so \
+                 its [project] table names no package to install",
+            ),
+        ] {
+            let plan = plan_of(&[
+                ("pyproject.toml", pyproject),
+                ("requirements.txt", "flask\n"),
+            ]);
+            assert_eq!(
+                plan.steps,
+                vec![Step::Requirements(vec!["requirements.txt".into()])],
+                "{pyproject}"
+            );
+            assert_eq!(plan.python.as_deref(), Some(why));
+        }
+        // A package installs as one, and then its requirements.txt, as before.
+        let plan = plan_of(&[("pyproject.toml", PACKAGE), ("requirements.txt", "")]);
+        assert!(project_step(&plan).package);
+        assert_eq!(plan.steps.len(), 2);
+        assert_eq!(
+            plan.python.as_deref(),
+            Some(
+                "installing the project in pyproject.toml: it declares a build system, then requirements.txt"
+            )
+        );
+        let plan = plan_of(&[(
+            "pyproject.toml",
+            "[project]\nname = \"x\"\n[tool.uv]\npackage = true\n",
+        )]);
+        assert!(project_step(&plan).package);
+        // Without requirements.txt a virtual project's dependencies are installed, as uv does;
+        // settings alone ask for nothing.
+        let plan = plan_of(&[("pyproject.toml", VIRTUAL)]);
+        assert!(!project_step(&plan).package);
+        assert_eq!(project_step(&plan).pip_requirements, ["flask", "pytest"]);
+        let plan = plan_of(&[("pyproject.toml", SETTINGS)]);
+        assert!(!plan.has_python(), "{plan:?}");
+        assert!(
+            plan.python
+                .is_some_and(|why| why.starts_with("nothing to install"))
+        );
+        // One that does not parse is the installer's to judge.
+        let plan = plan_of(&[("pyproject.toml", "[project"), ("requirements.txt", "")]);
+        assert!(project_step(&plan).package);
+    }
+
+    #[test]
+    fn the_setting_names_requirements_files_groups_and_extras() {
+        let dir = source(&[
+            ("pyproject.toml", PACKAGE),
+            ("requirements.txt", ""),
+            ("requirements/dev.txt", ""),
+        ]);
+        let setting = |requirements: &[&str], project: Option<PythonProject>| PythonInstall {
+            requirements: requirements.iter().map(|file| (*file).to_owned()).collect(),
+            project,
+        };
+        let named = plan(
+            dir.path(),
+            Some(&setting(
+                &["requirements.txt", "requirements/dev.txt"],
+                None,
+            )),
+        )
+        .expect("plan");
+        assert_eq!(
+            named.steps,
+            vec![Step::Requirements(vec![
+                "requirements.txt".into(),
+                "requirements/dev.txt".into()
+            ])]
+        );
+        assert_eq!(
+            named.python.as_deref(),
+            Some("install.python names requirements.txt, requirements/dev.txt")
+        );
+        let groups = plan(
+            dir.path(),
+            Some(&setting(
+                &[],
+                Some(PythonProject {
+                    groups: Some(vec!["Docs".into(), "dev".into()]),
+                    extras: vec!["test".into()],
+                }),
+            )),
+        )
+        .expect("plan");
+        let project = project_step(&groups);
+        assert_eq!(project.pip_requirements, ["sphinx", "ruff", "mypy"]);
+        let uv = Toolchain {
+            uv: true,
+            venv_exists: false,
+            reused: None,
+        };
+        let pip = Toolchain { uv: false, ..uv };
+        let shown = |toolchain| {
+            groups.steps[0]
+                .commands(toolchain)
+                .iter()
+                .map(|argv| display(argv))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            shown(uv),
+            ["uv sync --no-default-groups --group Docs --group dev --extra test"]
+        );
+        assert_eq!(
+            shown(pip),
+            [
+                "python3 -m venv .venv",
+                ".venv/bin/pip install .[test] sphinx ruff mypy"
+            ]
+        );
+        for (bad, says) in [
+            (
+                setting(&["requirements-dev.txt"], None),
+                "requirements file requirements-dev.txt",
+            ),
+            (
+                setting(
+                    &[],
+                    Some(PythonProject {
+                        groups: Some(vec!["nope".into()]),
+                        extras: Vec::new(),
+                    }),
+                ),
+                "the dependency group \"nope\", and pyproject.toml's [dependency-groups] has no \
+                 such group (it defines dev, docs, lint)",
+            ),
+            (
+                setting(
+                    &[],
+                    Some(PythonProject {
+                        groups: None,
+                        extras: vec!["web".into()],
+                    }),
+                ),
+                "the extra \"web\"",
+            ),
+        ] {
+            let error = plan(dir.path(), Some(&bad)).expect_err(says);
+            assert!(error.contains(says), "{error}");
+        }
+        let empty = source(&[("requirements.txt", "")]);
+        let error = plan(
+            empty.path(),
+            Some(&setting(&[], Some(PythonProject::default()))),
+        )
+        .expect_err("no pyproject");
+        assert!(error.contains("no pyproject.toml"), "{error}");
+        // A path through a link is no file of the project's.
+        std::os::unix::fs::symlink(dir.path(), empty.path().join("linked")).expect("link");
+        let error = plan(
+            empty.path(),
+            Some(&setting(&["linked/requirements.txt"], None)),
+        )
+        .expect_err("through a link");
+        assert!(error.contains("no such file"), "{error}");
+    }
+
+    #[test]
+    fn pip_installs_the_groups_uv_installs_by_default() {
+        let pip = Toolchain {
+            uv: false,
+            venv_exists: true,
+            reused: None,
+        };
+        let shown = |pyproject: &str| -> Vec<String> {
+            let plan = plan_of(&[("pyproject.toml", pyproject)]);
+            plan.steps[0]
+                .commands(pip)
+                .iter()
+                .map(|argv| display(argv))
+                .collect()
+        };
+        assert_eq!(shown(PACKAGE), [".venv/bin/pip install . ruff mypy"]);
+        assert_eq!(shown(VIRTUAL), [".venv/bin/pip install flask pytest"]);
+        let defaults = format!("{PACKAGE}[tool.uv]\ndefault-groups = [\"docs\"]\n");
+        assert_eq!(shown(&defaults), [".venv/bin/pip install . sphinx"]);
+        let all = format!("{PACKAGE}[tool.uv]\ndefault-groups = \"all\"\n");
+        assert_eq!(shown(&all), [".venv/bin/pip install . ruff mypy sphinx"]);
+        // Nothing to install: the venv alone.
+        assert!(shown("[project]\nname = \"x\"\n").is_empty());
+        for (pyproject, says) in [
+            (
+                "[dependency-groups]\ndev = [{include-group = \"dev\"}]\n",
+                "in a cycle: dev -> dev",
+            ),
+            (
+                "[dependency-groups]\ndev = [{include-group = \"other\"}]\n",
+                "includes \"other\"",
+            ),
+            (
+                "[dependency-groups]\ndev = [\"--index-url=x\"]\n",
+                "not a requirement",
+            ),
+            ("[dependency-groups]\ndev = [3]\n", "neither"),
+            (
+                "[tool.uv]\ndefault-groups = [\"x\"]\n[project]\nname = \"a\"\n",
+                "default-groups",
+            ),
+        ] {
+            let error =
+                plan(source(&[("pyproject.toml", pyproject)]).path(), None).expect_err(says);
+            assert!(error.contains(says), "{error}");
+        }
     }
 
     #[test]
     fn a_directory_is_not_a_manifest() {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir(dir.path().join("setup.sh")).expect("mkdir");
-        assert!(plan(dir.path()).is_empty());
+        assert!(plan(dir.path(), None).expect("plan").is_empty());
     }
 
     #[test]
@@ -258,18 +1006,24 @@ mod tests {
             venv_exists: false,
             reused: None,
         };
-        let shown = |step: Step, toolchain| {
+        let shown = |step: &Step, toolchain| {
             step.commands(toolchain)
                 .iter()
                 .map(|argv| display(argv))
                 .collect::<Vec<_>>()
         };
+        let requirements = Step::Requirements(vec![REQUIREMENTS.to_owned()]);
+        let locked = Step::Project(Project {
+            locked: true,
+            package: true,
+            ..Project::default()
+        });
         assert_eq!(
-            shown(Step::Requirements, with_uv),
+            shown(&requirements, with_uv),
             ["uv venv .venv", "uv pip install -r requirements.txt"]
         );
         assert_eq!(
-            shown(Step::Requirements, without_uv),
+            shown(&requirements, without_uv),
             [
                 "python3 -m venv .venv",
                 ".venv/bin/pip install -r requirements.txt"
@@ -277,7 +1031,7 @@ mod tests {
         );
         assert_eq!(
             shown(
-                Step::Requirements,
+                &requirements,
                 Toolchain {
                     uv: true,
                     venv_exists: true,
@@ -286,13 +1040,13 @@ mod tests {
             ),
             ["uv pip install -r requirements.txt"]
         );
-        assert_eq!(shown(Step::UvSyncLocked, with_uv), ["uv sync --locked"]);
+        assert_eq!(shown(&locked, with_uv), ["uv sync --locked"]);
         assert_eq!(
-            shown(Step::UvSyncLocked, without_uv),
+            shown(&locked, without_uv),
             ["python3 -m venv .venv", ".venv/bin/pip install ."]
         );
-        assert_eq!(shown(Step::NpmCi, with_uv), ["npm ci"]);
-        assert_eq!(shown(Step::SetupScript, without_uv), ["bash setup.sh"]);
+        assert_eq!(shown(&Step::NpmCi, with_uv), ["npm ci"]);
+        assert_eq!(shown(&Step::SetupScript, without_uv), ["bash setup.sh"]);
         let scripts = ["postinstall".to_owned(), "prepare".to_owned()];
         let reused = Toolchain {
             uv: true,
@@ -300,14 +1054,14 @@ mod tests {
             reused: Some(&scripts),
         };
         assert_eq!(
-            shown(Step::NpmCi, reused),
+            shown(&Step::NpmCi, reused),
             [
                 "npm run --ignore-scripts postinstall",
                 "npm run --ignore-scripts prepare"
             ]
         );
-        assert_eq!(shown(Step::NpmInstall, reused), ["npm install"]);
-        assert_eq!(shown(Step::UvSyncLocked, reused), ["uv sync --locked"]);
+        assert_eq!(shown(&Step::NpmInstall, reused), ["npm install"]);
+        assert_eq!(shown(&locked, reused), ["uv sync --locked"]);
     }
 
     #[test]

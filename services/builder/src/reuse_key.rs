@@ -12,7 +12,9 @@
 //!   and the files of every local `--find-links`/`-f` directory it names;
 //! - Node: `package.json`, `package-lock.json`, `npm-shrinkwrap.json`, `.npmrc`, `.nvmrc`,
 //!   `.node-version`;
-//! - `setup.sh`.
+//! - `setup.sh`;
+//! - the requirements files the environment's `install.python` names, followed as
+//!   `requirements.txt` is, and the setting itself ([`python`]).
 //!
 //! Included paths are resolved beneath the project only: a reference that leaves it (`..`,
 //! absolute) adds nothing, since the build could not read it either.
@@ -22,6 +24,7 @@ use std::path::{Component, Path, PathBuf};
 
 use plinth_blobs::Digest;
 
+use crate::manifests::PythonInstall;
 use crate::registries::Registries;
 
 /// Files at the project's root that installers read.
@@ -50,12 +53,29 @@ const MAX_INCLUDES: usize = 256;
 const MAX_FIND_LINKS_FILES: usize = 4096;
 
 /// The key's files: path beneath the project to its content's digest, in path order.
-pub fn inputs(root: &Path) -> std::io::Result<Vec<(String, Digest)>> {
+/// `python` is the environment's `install.python`: the requirements files it names are
+/// followed as `requirements.txt` is.
+pub fn inputs(
+    root: &Path,
+    python: Option<&PythonInstall>,
+) -> std::io::Result<Vec<(String, Digest)>> {
     let mut found = BTreeMap::new();
     for name in ROOT_INPUTS {
         add(root, Path::new(name), &mut found)?;
     }
     let mut pending = vec![PathBuf::from("requirements.txt")];
+    for file in python
+        .map(|python| python.requirements.as_slice())
+        .unwrap_or_default()
+    {
+        let Some(path) = beneath(Path::new(""), file) else {
+            continue;
+        };
+        if !found.contains_key(&display(&path)) {
+            add(root, &path, &mut found)?;
+        }
+        pending.push(path);
+    }
     let mut seen = 0;
     while let Some(file) = pending.pop() {
         seen += 1;
@@ -87,6 +107,20 @@ pub fn inputs(root: &Path) -> std::io::Result<Vec<(String, Digest)>> {
         }
     }
     Ok(found.into_iter().collect())
+}
+
+/// What `install.python` adds to the key: which manifest, groups and extras (the files it
+/// names are among [`inputs`]); empty without it, so keys of environments that say nothing
+/// are as they were.
+pub fn python(python: Option<&PythonInstall>) -> String {
+    python
+        .map(|python| {
+            format!(
+                "python {}\n",
+                serde_json::to_string(python).unwrap_or_default()
+            )
+        })
+        .unwrap_or_default()
 }
 
 /// The registry settings that change what gets installed (indexes, registry; not proxies or
@@ -270,13 +304,13 @@ mod tests {
             std::fs::write(root.join(name), "first\n").expect("write");
         }
         std::fs::write(root.join("README.md"), "not an input\n").expect("write");
-        let before = inputs(root).expect("inputs");
+        let before = inputs(root, None).expect("inputs");
         assert_eq!(before.len(), ROOT_INPUTS.len());
         std::fs::write(root.join("README.md"), "changed\n").expect("write");
-        assert_eq!(inputs(root).expect("inputs"), before);
+        assert_eq!(inputs(root, None).expect("inputs"), before);
         for name in ROOT_INPUTS {
             std::fs::write(root.join(name), "second\n").expect("write");
-            assert_ne!(inputs(root).expect("inputs"), before, "{name}");
+            assert_ne!(inputs(root, None).expect("inputs"), before, "{name}");
             std::fs::write(root.join(name), "first\n").expect("write");
         }
     }
@@ -298,7 +332,7 @@ mod tests {
         std::fs::write(root.join("wheels/x-1.0-py3-none-any.whl"), "wheel").expect("write");
         std::fs::write(root.join(".python-version"), "3.11\n").expect("write");
         let names = |root: &Path| -> Vec<String> {
-            inputs(root)
+            inputs(root, None)
                 .expect("inputs")
                 .into_iter()
                 .map(|(path, _)| path)
@@ -314,8 +348,33 @@ mod tests {
                 "wheels/x-1.0-py3-none-any.whl"
             ]
         );
-        let before = inputs(&root).expect("inputs");
+        let before = inputs(&root, None).expect("inputs");
         std::fs::write(root.join("constraints.txt"), "x<3\n").expect("write");
-        assert_ne!(inputs(&root).expect("inputs"), before);
+        assert_ne!(inputs(&root, None).expect("inputs"), before);
+    }
+
+    #[test]
+    fn the_settings_requirements_files_and_what_they_include_are_inputs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("requirements")).expect("mkdir");
+        std::fs::write(root.join("requirements/dev.txt"), "-r base.txt\npytest\n").expect("write");
+        std::fs::write(root.join("requirements/base.txt"), "flask\n").expect("write");
+        let setting = PythonInstall {
+            requirements: vec!["requirements/dev.txt".into(), "../outside.txt".into()],
+            project: None,
+        };
+        let names: Vec<String> = inputs(root, Some(&setting))
+            .expect("inputs")
+            .into_iter()
+            .map(|(path, _)| path)
+            .collect();
+        assert_eq!(names, ["requirements/base.txt", "requirements/dev.txt"]);
+        assert!(inputs(root, None).expect("inputs").is_empty());
+        assert_eq!(python(None), "");
+        assert_ne!(
+            python(Some(&setting)),
+            python(Some(&PythonInstall::default()))
+        );
     }
 }

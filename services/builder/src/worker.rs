@@ -472,7 +472,8 @@ async fn run_build(
     let outcome = tokio::select! {
         outcome = async {
             ready?;
-            produce(options, blobs, catalog.clone(), collection, &token, &build, &claim.slug, &places, log_tx.clone(), &lease_lost).await
+            let python = crate::manifests::python_setting(claim.install.as_ref())?;
+            produce(options, blobs, catalog.clone(), collection, &token, &build, &claim.slug, python, &places, log_tx.clone(), &lease_lost).await
         } => outcome,
         () = lease_lost.cancelled() => Err("the lease was lost; this build was abandoned".to_owned()),
     };
@@ -748,6 +749,7 @@ async fn produce(
     token: &str,
     build: &pb::Build,
     slug: &str,
+    python: Option<crate::manifests::PythonInstall>,
     places: &Places,
     log: mpsc::UnboundedSender<Vec<u8>>,
     lease_lost: &CancellationToken,
@@ -779,15 +781,10 @@ async fn produce(
     // met fails the build naming what was asked and what there is.
     let selection = {
         let (scratch, path) = (scratch.to_owned(), options.install.path.clone());
+        let python = python.clone();
         tokio::task::spawn_blocking(move || {
-            let plan = crate::manifests::plan(&scratch);
-            let node = plan.steps.iter().any(|step| {
-                matches!(
-                    step,
-                    crate::manifests::Step::NpmCi | crate::manifests::Step::NpmInstall
-                )
-            });
-            toolchains::select(&scratch, &path, plan.has_python(), node)
+            let plan = crate::manifests::plan(&scratch, python.as_ref())?;
+            toolchains::select(&scratch, &path, plan.has_python(), plan.has_node())
         })
         .await
         .map_err(|error| error.to_string())??
@@ -820,6 +817,7 @@ async fn produce(
                 .unwrap_or_default()
         ),
         &options.install.registries,
+        python.as_ref(),
     )
     .map_err(|error| format!("reading the manifests failed: {error}"))?;
     let reusable = if build.clean {
@@ -866,6 +864,7 @@ async fn produce(
     }
     let mut install_options = options.install.clone();
     install_options.path = selection.path.clone();
+    install_options.python = python;
     // uv's, pip's and npm's downloads persist across builds of one scope, on the scratch
     // directory's file system so a build can take the cache in with a rename (and uv hard-link
     // from it); another scope's builds never see them.
@@ -1331,20 +1330,23 @@ fn carried_locks(scratch: &Path) -> Vec<&'static str> {
 }
 
 /// Names what a build's dependencies are installed from: the mount path (installed files
-/// embed it), the toolchain (with the pins' choice), the registry settings, and every file an
-/// installer reads ([`crate::reuse_key::inputs`]). Equal keys install equal trees.
+/// embed it), the toolchain (with the pins' choice), the registry settings, the environment's
+/// `install.python`, and every file an installer reads ([`crate::reuse_key::inputs`]). Equal
+/// keys install equal trees.
 fn dependency_key(
     scratch: &Path,
     slug: &str,
     toolchain: &str,
     registries: &crate::registries::Registries,
+    python: Option<&crate::manifests::PythonInstall>,
 ) -> std::io::Result<String> {
     let mut material = format!(
-        "plinth-dependencies/2\nslug {slug}\ntoolchain {toolchain}\nregistries {}\n",
-        crate::reuse_key::registries(registries)
+        "plinth-dependencies/3\nslug {slug}\ntoolchain {toolchain}\nregistries {}\n{}",
+        crate::reuse_key::registries(registries),
+        crate::reuse_key::python(python),
     )
     .into_bytes();
-    for (path, digest) in crate::reuse_key::inputs(scratch)? {
+    for (path, digest) in crate::reuse_key::inputs(scratch, python)? {
         material.extend_from_slice(format!("{path} {digest}\n").as_bytes());
     }
     Ok(Digest::of(&material).to_string())

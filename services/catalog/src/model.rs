@@ -185,6 +185,8 @@ pub struct Environment {
     pub description: String,
     /// How to run the project.
     pub entry: String,
+    /// How its builds install.
+    pub install: InstallSettings,
     /// The version sessions get, once one is built.
     pub active_version: Option<u32>,
     /// The newest version started.
@@ -382,6 +384,8 @@ pub struct Claim {
     pub slug: Slug,
     /// Its environment's scope.
     pub scope: Scope,
+    /// How to install, as the environment said when the build was started.
+    pub install: InstallSettings,
     /// The lease.
     pub token: LeaseToken,
     /// When the lease ends unless renewed, ms since the Unix epoch.
@@ -424,6 +428,8 @@ pub struct NewEnvironment {
     pub description: String,
     /// Checked.
     pub entry: String,
+    /// Checked.
+    pub install: InstallSettings,
 }
 
 impl NewEnvironment {
@@ -443,7 +449,78 @@ impl NewEnvironment {
             slug,
             description,
             entry,
+            install: InstallSettings::default(),
         })
+    }
+
+    /// With these install settings from the wire, checked; none leaves the default (the
+    /// manifests found decide).
+    pub fn with_install(
+        mut self,
+        install: Option<pb::InstallSettings>,
+    ) -> Result<Self, PlinthError> {
+        if let Some(install) = install {
+            self.install = InstallSettings::from_wire(install)?;
+        }
+        Ok(self)
+    }
+}
+
+/// How an environment's builds install, where its owner says rather than the manifests found
+/// (`install` on the environment object); checked by the rules the builder applies too
+/// ([`plinth_kit::python_install`]). Stored as JSON, empty when nothing is said.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InstallSettings {
+    /// The Python manifest to install; `None`: chosen from the manifests found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<PythonInstall>,
+}
+
+pub use plinth_kit::python_install::{PythonInstall, PythonProject};
+
+impl InstallSettings {
+    /// From the wire, checked: the error names the field at fault and what to write.
+    pub fn from_wire(wire: pb::InstallSettings) -> Result<Self, PlinthError> {
+        let python = wire.python.map(|python| PythonInstall {
+            requirements: python.requirements,
+            project: python.project.map(|project| PythonProject {
+                groups: project.groups.map(|groups| groups.names),
+                extras: project.extras,
+            }),
+        });
+        if let Some(python) = &python {
+            python.check().map_err(PlinthError::invalid)?;
+        }
+        Ok(InstallSettings { python })
+    }
+
+    /// As the wire carries it.
+    pub fn to_wire(&self) -> pb::InstallSettings {
+        pb::InstallSettings {
+            python: self.python.as_ref().map(|python| pb::PythonInstall {
+                requirements: python.requirements.clone(),
+                project: python.project.as_ref().map(|project| pb::PythonProject {
+                    groups: project.groups.clone().map(|names| pb::Names { names }),
+                    extras: project.extras.clone(),
+                }),
+            }),
+        }
+    }
+
+    /// The stored text: empty when nothing is said, else JSON.
+    pub fn stored(&self) -> String {
+        if *self == InstallSettings::default() {
+            return String::new();
+        }
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// From its stored text.
+    pub fn from_stored(text: &str) -> Result<Self, String> {
+        if text.is_empty() {
+            return Ok(InstallSettings::default());
+        }
+        serde_json::from_str(text).map_err(|error| error.to_string())
     }
 }
 
@@ -456,6 +533,8 @@ pub struct EnvironmentChanges {
     pub description: Option<String>,
     /// New entry.
     pub entry: Option<String>,
+    /// New install settings, replacing the old whole.
+    pub install: Option<InstallSettings>,
 }
 
 impl EnvironmentChanges {
@@ -478,12 +557,26 @@ impl EnvironmentChanges {
             name,
             description,
             entry,
+            install: None,
         })
+    }
+
+    /// With new install settings from the wire, checked, replacing the old whole (an empty
+    /// message clears them); none leaves them as they are.
+    pub fn with_install(
+        mut self,
+        install: Option<pb::InstallSettings>,
+    ) -> Result<Self, PlinthError> {
+        self.install = install.map(InstallSettings::from_wire).transpose()?;
+        Ok(self)
     }
 
     /// Whether nothing would change.
     pub fn is_empty(&self) -> bool {
-        self.name.is_none() && self.description.is_none() && self.entry.is_none()
+        self.name.is_none()
+            && self.description.is_none()
+            && self.entry.is_none()
+            && self.install.is_none()
     }
 }
 

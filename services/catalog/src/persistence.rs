@@ -32,8 +32,8 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::model::{
-    Cursor, Environment, EnvironmentChanges, EnvironmentId, NewEnvironment, Page, PageRequest,
-    Scope, Slug,
+    Cursor, Environment, EnvironmentChanges, EnvironmentId, InstallSettings, NewEnvironment, Page,
+    PageRequest, Scope, Slug,
 };
 
 fn migrations(backend: Backend) -> &'static [MigrationFile] {
@@ -154,6 +154,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "activation_epoch",
                 include_str!("../migrations/sqlite/0023_activation_epoch.sql"),
             ),
+            (
+                24,
+                "install_settings",
+                include_str!("../migrations/common/0024_install_settings.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -271,6 +276,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "activation_epoch",
                 include_str!("../migrations/postgres/0023_activation_epoch.sql"),
             ),
+            (
+                24,
+                "install_settings",
+                include_str!("../migrations/common/0024_install_settings.sql"),
+            ),
         ],
     }
 }
@@ -355,7 +365,7 @@ pub struct Store {
 }
 
 const ENVIRONMENT_COLUMNS: &str = "id, scope, name, slug, description, entry, active_version, \
-     latest_version, files_count, files_bytes, created_at_ms, updated_at_ms";
+     latest_version, files_count, files_bytes, created_at_ms, updated_at_ms, install";
 
 impl Store {
     /// Connects. SQLite files are created when missing. `seal` seals adapter credentials.
@@ -448,6 +458,7 @@ impl Store {
             slug: new.slug,
             description: new.description,
             entry: new.entry,
+            install: new.install,
             active_version: None,
             latest_version: None,
             files_count: 0,
@@ -467,7 +478,7 @@ impl Store {
         .await?;
         let result = sqlx::query(
             "INSERT INTO environments (id, scope, name, slug, description, entry, \
-             created_at_ms, updated_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+             created_at_ms, updated_at_ms, install) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         )
         .bind(environment.id.as_str())
         .bind(environment.scope.as_str())
@@ -477,6 +488,7 @@ impl Store {
         .bind(&environment.entry)
         .bind(now)
         .bind(now)
+        .bind(environment.install.stored())
         .execute(&mut *tx)
         .await;
         match result {
@@ -598,6 +610,7 @@ impl Store {
         let sql = format!(
             "UPDATE environments SET name = COALESCE($1, name), \
              description = COALESCE($2, description), entry = COALESCE($3, entry), \
+             install = COALESCE($7, install), \
              updated_at_ms = $4 WHERE scope = $5 AND id = $6 RETURNING {ENVIRONMENT_COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -607,6 +620,7 @@ impl Store {
             .bind(now_ms())
             .bind(scope.as_str())
             .bind(id.as_str())
+            .bind(changes.install.as_ref().map(InstallSettings::stored))
             .fetch_optional(&self.db.writer)
             .await?
             .ok_or(StoreError::NotFound)?;
@@ -662,6 +676,8 @@ fn environment_from_row(row: &AnyRow) -> Result<Environment, StoreError> {
         slug: Slug::from_stored(row.try_get("slug")?),
         description: row.try_get("description")?,
         entry: row.try_get("entry")?,
+        install: InstallSettings::from_stored(&row.try_get::<String, _>("install")?)
+            .map_err(|why| StoreError::Corrupt(format!("install settings of {id}: {why}")))?,
         active_version: version(row, "active_version")?,
         latest_version: version(row, "latest_version")?,
         files_count: count(row, "files_count")?,

@@ -132,7 +132,8 @@ impl pb::catalog_service_server::CatalogService for Catalog {
             request.name,
             request.description,
             request.entry,
-        )?;
+        )?
+        .with_install(request.install)?;
         let environment = self
             .store
             .create_environment(new)
@@ -186,7 +187,8 @@ impl pb::catalog_service_server::CatalogService for Catalog {
         let request = request.into_inner();
         let scope = Scope::parse(&request.scope)?;
         let id = parse_id(&request.id)?;
-        let changes = EnvironmentChanges::new(request.name, request.description, request.entry)?;
+        let changes = EnvironmentChanges::new(request.name, request.description, request.entry)?
+            .with_install(request.install)?;
         let environment = self
             .store
             .update_environment(&scope, &id, changes)
@@ -331,6 +333,7 @@ impl pb::catalog_service_server::CatalogService for Catalog {
                     build: Some(claim.build.into()),
                     slug: claim.slug.as_str().to_owned(),
                     scope: claim.scope.as_str().to_owned(),
+                    install: Some(claim.install.to_wire()),
                     lease_token: claim.token.as_str().to_owned(),
                     expires_at_ms: claim.expires_at_ms,
                     renew_every_ms: (self.leases.lease_ms / 3).max(1),
@@ -547,6 +550,7 @@ impl From<Environment> for pb::Environment {
             slug: environment.slug.as_str().to_owned(),
             description: environment.description,
             entry: environment.entry,
+            install: Some(environment.install.to_wire()),
             status: status.into(),
             version: environment.active_version,
             latest_version: environment.latest_version,

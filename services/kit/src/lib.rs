@@ -5,11 +5,13 @@
 //! carried across gRPC, Prometheus metrics (`telemetry`), the gRPC server and client
 //! plumbing every service shares (`grpc`), HTTP request spans and metrics (`http`), the
 //! small admin HTTP surface (`admin`), and
-//! shutdown and task spawning (`tasks`), quotas per scope and their limits (`quota`), and,
+//! shutdown and task spawning (`tasks`), quotas per scope and their limits (`quota`), the
+//! rules written once for a value two services check (`slug`, `python_install`), and,
 //! with the `database` feature, opening a service's SQLite or PostgreSQL database
 //! (`database`).
 //!
-//! Business rules do not belong here, nor anything that knows what an environment is.
+//! Business rules do not belong here (beyond those shared checks), nor anything else that
+//! knows what an environment is.
 
 pub mod admin;
 pub mod auth;
@@ -23,6 +25,7 @@ pub mod grpc;
 pub mod http;
 pub mod ids;
 pub mod metered;
+pub mod python_install;
 pub mod quota;
 pub mod replicas;
 pub mod slug;

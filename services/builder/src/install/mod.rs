@@ -116,7 +116,7 @@ use self::cache::{BuildCache, linked_files, npm_debug_log};
 use self::environment::environment;
 use self::network::Egress;
 use crate::limits::{BuildCgroup, BuildLimits, Hit};
-use crate::manifests::{self, Plan, Step, Toolchain};
+use crate::manifests::{self, Plan, PythonInstall, Step, Toolchain};
 use crate::output::{CappedLog, Tail};
 use crate::registries::{self, Registries};
 use crate::sandbox::{self, Network, Sandbox, SandboxError};
@@ -171,6 +171,9 @@ pub struct InstallOptions {
     /// version with the same reuse key: keep them and run every step over them (see
     /// [`manifests::Toolchain::reused`]), so the version holds what a fresh build's would.
     pub reuse_dependencies: bool,
+    /// The environment's `install.python`: the Python manifest to install, instead of the
+    /// one chosen from the manifests found ([`manifests::plan`]).
+    pub python: Option<PythonInstall>,
 }
 
 impl Default for InstallOptions {
@@ -191,6 +194,7 @@ impl Default for InstallOptions {
             limits: BuildLimits::default(),
             cgroups: None,
             reuse_dependencies: false,
+            python: None,
         }
     }
 }
@@ -252,6 +256,10 @@ pub enum InstallError {
         #[source]
         source: std::io::Error,
     },
+    /// What the manifests, or the environment's `install.python`, ask for cannot be installed
+    /// (a file it names is missing, a dependency group is not defined).
+    #[error("{0}")]
+    Manifests(String),
     #[error("`{tool}` is not on the build's PATH ({path}); install it or fix the builder's path")]
     ToolMissing { tool: String, path: String },
     #[error("`{step}` failed with exit status {status}; its output ended with:\n{tail}{hint}")]
@@ -306,6 +314,15 @@ pub async fn install(
         .ok_or_else(|| scratch_error(std::io::Error::other("it has no parent directory")))?
         .to_owned();
 
+    // What to install, decided before anything changes (an error here leaves the source and
+    // the download cache as they were).
+    let plan = {
+        let (root, python) = (root.clone(), options.python.clone());
+        tokio::task::spawn_blocking(move || manifests::plan(&root, python.as_ref()))
+            .await
+            .map_err(|join| scratch_error(std::io::Error::other(join.to_string())))?
+            .map_err(InstallError::Manifests)?
+    };
     // Removing dependency trees and chowning walk whole trees: keep them off the runtime.
     let prepared = {
         let (root, uid, gid, cache, reuse) = (
@@ -316,7 +333,7 @@ pub async fn install(
             options.reuse_dependencies,
         );
         tokio::task::spawn_blocking(move || {
-            prepare(&root, &parent, uid, gid, cache.as_deref(), reuse)
+            prepare(&root, &parent, plan, uid, gid, cache.as_deref(), reuse)
         })
         .await
         .map_err(|join| scratch_error(std::io::Error::other(join.to_string())))?
@@ -445,6 +462,7 @@ struct Prepared {
 fn prepare(
     root: &Path,
     parent: &Path,
+    plan: Plan,
     uid: u32,
     gid: u32,
     cache: Option<&Path>,
@@ -464,7 +482,6 @@ fn prepare(
     for name in dropped {
         remove_any(&root.join(name))?;
     }
-    let plan = manifests::plan(root);
     let work = tempfile::Builder::new()
         .prefix(".plinth-build-")
         .tempdir_in(parent)?;
@@ -525,8 +542,11 @@ async fn run_steps(
 ) -> Result<Ran, InstallError> {
     let uv = find_executable(&options.path, "uv").is_some();
     let used_uv = uv && plan.has_python();
+    if let Some(why) = &plan.python {
+        log.write(format!("==> {why}\n").as_bytes());
+    }
     if plan.has_python() && !uv {
-        let lock = if plan.steps.contains(&Step::UvSyncLocked) {
+        let lock = if plan.locked() {
             " (uv.lock is not used)"
         } else {
             ""

@@ -12,7 +12,8 @@ use sqlx::any::AnyRow;
 
 use super::{Store, StoreError};
 use crate::model::{
-    Build, BuildStatus, Claim, EnvironmentId, LeaseToken, Outcome, Package, Scope, Slug, Toolchain,
+    Build, BuildStatus, Claim, EnvironmentId, InstallSettings, LeaseToken, Outcome, Package, Scope,
+    Slug, Toolchain,
 };
 
 /// Most bytes of log a build may keep in the catalog; builders cap their logs below this.
@@ -98,8 +99,9 @@ impl Store {
         let version = latest + 1;
         let now = now_ms();
         let inserted = sqlx::query(
-            "INSERT INTO builds (environment_id, version, status, source_tree, queued_at_ms, clean) \
-             VALUES ($1, $2, 'queued', $3, $4, $5)",
+            "INSERT INTO builds (environment_id, version, status, source_tree, queued_at_ms, clean, \
+             install) VALUES ($1, $2, 'queued', $3, $4, $5, \
+             (SELECT install FROM environments WHERE id = $1))",
         )
         .bind(id.as_str())
         .bind(version)
@@ -291,7 +293,8 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         let sql = format!(
-            "SELECT {BUILD_COLUMNS}, (SELECT slug FROM environments WHERE id = $1) AS slug, \
+            "SELECT {BUILD_COLUMNS}, install, \
+             (SELECT slug FROM environments WHERE id = $1) AS slug, \
              (SELECT scope FROM environments WHERE id = $1) AS scope \
              FROM builds WHERE environment_id = $1 AND version = $2"
         );
@@ -309,6 +312,13 @@ impl Store {
             slug: Slug::from_stored(slug),
             scope: Scope::parse(&scope)
                 .map_err(|_| StoreError::Corrupt(format!("scope {scope:?}")))?,
+            install: InstallSettings::from_stored(&row.try_get::<String, _>("install")?).map_err(
+                |why| {
+                    StoreError::Corrupt(format!(
+                        "install settings of a build of {environment}: {why}"
+                    ))
+                },
+            )?,
             token,
             expires_at_ms,
         }))
