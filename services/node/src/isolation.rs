@@ -29,7 +29,8 @@
 //! session's uid and gid with no supplementary groups and no capabilities, asks to be killed
 //! if the node dies, sets `no_new_privs` and changes to its working directory. Ending the
 //! session kills the keeper, and the kernel kills every process left in its PID namespace
-//! (daemons and `setsid` escapees too) before the keeper is reaped. The host never holds any
+//! (what its commands left running in the background, daemons and `setsid` escapees too)
+//! before the keeper is reaped. The host never holds any
 //! of the sandbox's mounts.
 
 use std::ffi::{CString, OsStr};
