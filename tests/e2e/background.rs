@@ -57,6 +57,21 @@ fn fetch(port: u16) -> String {
     format!("python3 \"$HOME/fetch.py\" {port}")
 }
 
+/// Waits (bounded) until `count` host processes hold `marker`: one the command started
+/// last may still be between `fork` and `execve` when the command's answer comes. Answers
+/// how many there were at the last look.
+async fn running(marker: &str, count: usize) -> usize {
+    let mut found = 0;
+    for _ in 0..50 {
+        found = host_processes(marker).len();
+        if found == count {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    found
+}
+
 async fn end(server: &Server, session: &Value) {
     let id = session["id"].as_str().expect("session id");
     let (status, ended) = send(
@@ -206,7 +221,7 @@ async fn what_a_command_leaves_running_counts_in_its_sessions_limits() {
     )
     .await;
     assert_eq!(started, "started\n");
-    assert_eq!(host_processes("sleep 1021").len(), 24);
+    assert_eq!(running("sleep 1021", 24).await, 24);
     // The kernel counts them in the session's group (with its keeper)...
     assert!(
         processes_of(session_id) >= 25,
@@ -270,7 +285,7 @@ async fn without_isolation_what_a_command_left_running_still_ends_with_its_sessi
     assert!(started.contains("started\n"), "{started:?}");
     ok(&server, &other, "nohup sleep 1025 > /dev/null 2>&1 &").await;
     for marker in ["sleep 1022", "sleep 1023", "sleep 1024", "sleep 1025"] {
-        assert_eq!(host_processes(marker).len(), 1, "{marker}");
+        assert_eq!(running(marker, 1).await, 1, "{marker}");
     }
     end(&server, &session).await;
     for marker in ["sleep 1022", "sleep 1023", "sleep 1024"] {
