@@ -185,6 +185,8 @@ pub(crate) struct AppState {
     public_url: Option<String>,
     novo: novo::NovoOptions,
     session_limits: limits::LimitPolicy,
+    /// The test command each version's sessions are offered, by environment and version.
+    test_commands: Arc<recent::Recent<(String, u32), sessions::TestCommand>>,
 }
 
 impl AppState {
@@ -372,6 +374,9 @@ fn app_state(options: &GatewayOptions, backends: &Backends) -> Result<AppState, 
         .with_call_lease(options.novo_call_lease)
         .with_replay_memory(options.novo_replay_memory),
         session_limits: options.session_limits,
+        // A version's packages never change: kept an hour, for as many versions as are
+        // likely in use at once.
+        test_commands: Arc::new(recent::Recent::new(Duration::from_secs(3600), 10_000)),
     })
 }
 

@@ -2,7 +2,8 @@
 //! once: a bounded map whose entries are good for a fixed time after they were stored.
 //!
 //! Used only where an answer a second old is as good as a fresh one (the gateway that changes
-//! such a thing forgets its entry at once; another replica sees the change within the time).
+//! such a thing forgets its entry at once; another replica sees the change within the time),
+//! or where the answer never changes (what a version installed).
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;

@@ -89,10 +89,66 @@ pub struct SessionBody {
     pub ended_at: Option<i64>,
 }
 
+/// The test command a session's instructions offer, from what its version installed (the
+/// catalog keeps each build's packages). Run from the project itself: pytest's rootdir is
+/// then the project's, so its own configuration applies (`testpaths`, `filterwarnings`), as it
+/// does not when the project is named from elsewhere (pytest then collects whatever lies
+/// under it, benchmarks included). What such a run writes beside the project is sent to the
+/// working directory by the node (its `isolation::tool_env`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestCommand {
+    /// pytest is installed in the environment's `.venv`: `cd <mount> && python -m pytest`.
+    Pytest,
+    /// Python packages are installed, pytest is not: `cd <mount> && python -m unittest`,
+    /// which needs nothing installed, for tests written with unittest.
+    Unittest,
+    /// Nothing for Python was installed, or the packages could not be read: no command is
+    /// offered rather than one that fails.
+    Unknown,
+}
+
+impl TestCommand {
+    /// The command for a version that installed `packages`.
+    pub fn for_packages(packages: &[pb::Package]) -> TestCommand {
+        let mut python = packages
+            .iter()
+            .filter(|package| package.manager() == pb::PackageManager::Pip)
+            .peekable();
+        if python.peek().is_none() {
+            return TestCommand::Unknown;
+        }
+        // Names as PEP 503 normalizes them: `PyTest` and `pytest` are one package.
+        if python.any(|package| normalized(&package.name) == "pytest") {
+            TestCommand::Pytest
+        } else {
+            TestCommand::Unittest
+        }
+    }
+}
+
+/// A Python package's name as PEP 503 compares names: lowercase, runs of `-`, `_` and `.` one
+/// `-`.
+fn normalized(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if matches!(c, '-' | '_' | '.') {
+            if !out.ends_with('-') {
+                out.push('-');
+            }
+        } else {
+            out.extend(c.to_lowercase());
+        }
+    }
+    out
+}
+
 /// The instructions of §6.4: where the project is, that it is read-only and shared, that its
-/// dependencies are installed, where to write, and the entry when there is one.
-pub fn instructions(session: &pb::Session) -> String {
+/// dependencies are installed, where to write, and the entry when there is one; then how to
+/// run its tests (`tests`), where tools write, and that background processes outlive their
+/// command.
+pub fn instructions(session: &pb::Session, tests: TestCommand) -> String {
     let mount = format!("/env/{}", session.slug);
+    let workdir = &session.workdir;
     let mut text = format!(
         "The project \"{name}\" (version {version}) is at {mount}. It is read-only and shared \
          with other sessions: do not try to change it. Its dependencies are already installed \
@@ -101,7 +157,6 @@ pub fn instructions(session: &pb::Session) -> String {
          private to this session and writable (it is also HOME).",
         name = session.environment_name,
         version = session.version,
-        workdir = session.workdir,
     );
     if !session.entry.is_empty() {
         text.push_str(&format!(
@@ -109,16 +164,27 @@ pub fn instructions(session: &pb::Session) -> String {
             session.entry
         ));
     }
+    match tests {
+        TestCommand::Pytest => text.push_str(&format!(
+            " Run the project's tests with: cd {mount} && python -m pytest (from the project, so \
+             its own pytest configuration applies)."
+        )),
+        TestCommand::Unittest => text.push_str(&format!(
+            " Tests written with unittest run with: cd {mount} && python -m unittest (pytest \
+             is not installed in this environment)."
+        )),
+        TestCommand::Unknown => {}
+    }
     // What the node sets for everyday tools (see the node's `isolation::tool_env`): a test
     // run's cache write failing in the read-only project reads to an agent as failing tests.
     text.push_str(&format!(
-        " Tools keep their caches in {workdir}/.cache, never in the project (XDG_CACHE_HOME; \
-         pytest, ruff, mypy, pip, npm and uv are pointed there). Run the project's tests \
-         from your working directory, naming the project: cd {workdir} && \
-         python3 -m pytest {mount}. Where uv is on PATH, uv run --project {mount} pytest {mount} \
-         does the same with the installed environment, offline, without syncing or changing \
-         anything.",
-        workdir = session.workdir,
+        " Tools keep their caches in {workdir}/.cache and coverage its data in \
+         {workdir}/.coverage, never in the project (pytest, Hypothesis, ruff, mypy, pip, npm \
+         and uv are pointed there). Where uv is on PATH, uv run --project {mount} runs \
+         commands in the installed environment, offline, without syncing or changing \
+         anything. A process started in the background (server > server.log 2>&1 &) keeps \
+         running after its command returns, until the session ends; a command that times out \
+         is stopped with everything it started."
     ));
     if !session.isolated {
         text.push_str(
@@ -129,9 +195,47 @@ pub fn instructions(session: &pb::Session) -> String {
     text
 }
 
-fn session_body(session: pb::Session) -> Result<SessionBody, plinth_proto::UnknownValue> {
+/// What the instructions offer to run `session`'s tests with: from the packages its
+/// version's build installed, asked of the catalog once per version (a version never
+/// changes) and kept. A catalog that cannot say leaves the command out, this time.
+async fn test_command(state: &AppState, session: &pb::Session) -> TestCommand {
+    let key = (session.environment_id.clone(), session.version);
+    if let Some(known) = state.test_commands.get(&key) {
+        return known;
+    }
+    let build = state
+        .catalog()
+        .get_build(pb::GetBuildRequest {
+            scope: session.scope.clone(),
+            id: session.environment_id.clone(),
+            version: session.version,
+        })
+        .await;
+    match build {
+        Ok(build) => {
+            let command = TestCommand::for_packages(&build.into_inner().packages);
+            state.test_commands.put(key, command);
+            command
+        }
+        Err(status) => {
+            tracing::warn!(session = %session.id, error = %status.message(), "cannot read the session's packages; its instructions offer no test command");
+            TestCommand::Unknown
+        }
+    }
+}
+
+/// The session as the API shows it, its instructions included.
+async fn shown(state: &AppState, session: pb::Session) -> Result<SessionBody, ApiError> {
+    let tests = test_command(state, &session).await;
+    Ok(session_body(session, tests)?)
+}
+
+fn session_body(
+    session: pb::Session,
+    tests: TestCommand,
+) -> Result<SessionBody, plinth_proto::UnknownValue> {
     Ok(SessionBody {
-        instructions: instructions(&session),
+        instructions: instructions(&session, tests),
         environment: SessionEnvironment {
             mount: format!("/env/{}", session.slug),
             id: session.environment_id,
@@ -272,7 +376,7 @@ async fn start(
         ..Default::default()
     };
     let session = place_and_attach(state, scope, request).await?;
-    Ok(session_body(session)?)
+    shown(state, session).await
 }
 
 /// One session.
@@ -301,7 +405,7 @@ async fn get_session(
         })
         .await?
         .into_inner();
-    Ok(Json(session_body(session)?))
+    Ok(Json(shown(&state, session).await?))
 }
 
 /// End a session: its commands are stopped and its working directory removed.
@@ -346,7 +450,7 @@ async fn end_session(
         })
         .await?
         .into_inner();
-    Ok(Json(session_body(ended)?))
+    Ok(Json(shown(&state, ended).await?))
 }
 
 /// `POST /v1/sessions/{id}/exec`.
@@ -1220,7 +1324,7 @@ async fn create_task(
         .session
         .ok_or_else(|| PlinthError::new(ErrorCode::Internal, "the task has no session"))?;
     let session = start_session(&state, &caller.scope, session).await?;
-    let session = session_body(session)?;
+    let session = shown(&state, session).await?;
     Ok((
         StatusCode::CREATED,
         Json(TaskBody {
@@ -1238,4 +1342,84 @@ async fn create_task(
             created_at: task.created_at_ms,
         }),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(entry: &str, isolated: bool) -> pb::Session {
+        pb::Session {
+            slug: "attrs".to_owned(),
+            environment_name: "attrs".to_owned(),
+            version: 3,
+            workdir: "/home/session".to_owned(),
+            entry: entry.to_owned(),
+            isolated,
+            ..Default::default()
+        }
+    }
+
+    const PROJECT: &str = "The project \"attrs\" (version 3) is at /env/attrs. It is read-only and \
+        shared with other sessions: do not try to change it. Its dependencies are already \
+        installed (/env/attrs/.venv for Python, /env/attrs/node_modules for Node, first on \
+        PATH): do not install them again. Write your files in your working directory, \
+        /home/session, which is private to this session and writable (it is also HOME).";
+    const TOOLS: &str = " Tools keep their caches in /home/session/.cache and coverage its data \
+        in /home/session/.coverage, never in the project (pytest, Hypothesis, ruff, mypy, pip, \
+        npm and uv are pointed there). Where uv is on PATH, uv run --project /env/attrs runs \
+        commands in the installed environment, offline, without syncing or changing anything. \
+        A process started in the background (server > server.log 2>&1 &) keeps running after \
+        its command returns, until the session ends; a command that times out is stopped with \
+        everything it started.";
+
+    #[test]
+    fn the_test_command_offered_runs_from_the_project_with_what_is_installed() {
+        assert_eq!(
+            instructions(&session("", true), TestCommand::Pytest),
+            format!(
+                "{PROJECT} Run the project's tests with: cd /env/attrs && python -m pytest \
+                 (from the project, so its own pytest configuration applies).{TOOLS}"
+            )
+        );
+        assert_eq!(
+            instructions(&session("", true), TestCommand::Unittest),
+            format!(
+                "{PROJECT} Tests written with unittest run with: cd /env/attrs && python -m \
+                 unittest (pytest is not installed in this environment).{TOOLS}"
+            )
+        );
+        assert_eq!(
+            instructions(&session("python3 run.py", false), TestCommand::Unknown),
+            format!(
+                "{PROJECT} Run the project with: python3 run.py (from /env/attrs, or by absolute \
+                 path from anywhere).{TOOLS} Warning: this server runs sessions without \
+                 isolation; the environment is read-only only by its file modes."
+            )
+        );
+    }
+
+    #[test]
+    fn pytest_is_offered_only_where_the_version_installed_it() {
+        let package = |manager: pb::PackageManager, name: &str| pb::Package {
+            manager: manager.into(),
+            name: name.to_owned(),
+            version: "1.0".to_owned(),
+        };
+        let pip = |name: &str| package(pb::PackageManager::Pip, name);
+        assert_eq!(
+            TestCommand::for_packages(&[pip("attrs"), pip("PyTest"), pip("pytest-cov")]),
+            TestCommand::Pytest
+        );
+        assert_eq!(
+            TestCommand::for_packages(&[pip("attrs"), pip("pytest_cov")]),
+            TestCommand::Unittest
+        );
+        assert_eq!(
+            TestCommand::for_packages(&[package(pb::PackageManager::Npm, "pytest")]),
+            TestCommand::Unknown
+        );
+        assert_eq!(TestCommand::for_packages(&[]), TestCommand::Unknown);
+        assert_eq!(normalized("Zope.Interface__x"), "zope-interface-x");
+    }
 }

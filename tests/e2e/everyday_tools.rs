@@ -3,7 +3,9 @@
 //! caches (pytest, ruff, mypy) write them in the working directory and never try the
 //! read-only project, and `uv run` runs the environment as built, offline,
 //! without locking or syncing anything. What a second session sees of the first's caches:
-//! nothing.
+//! nothing. And a project's own test suite (pytest with Hypothesis and coverage, installed
+//! from PyPI by its build, through the build's egress proxy) passes from the read-only
+//! project exactly as the session's instructions say to run it.
 
 use std::time::Duration;
 
@@ -69,7 +71,12 @@ if failed:
     sys.exit(1)
 "#;
 
-/// The uv project above, with a module of its own, built: its id and mount.
+/// The uv project's tests, written with unittest (the environment has no pytest).
+const UNITTEST_SUITE: &str = "import unittest\n\nimport everyday_helpers\n\n\n\
+class Helpers(unittest.TestCase):\n    def test_answer(self):\n        \
+self.assertEqual(everyday_helpers.answer(), 42)\n";
+
+/// The uv project above, with a module of its own and its tests, built: its id and mount.
 async fn everyday_project(server: &Server, name: &str) -> (String, String) {
     let created = created_environment(server, json!({ "name": name })).await;
     let id = created["id"].as_str().expect("id").to_owned();
@@ -83,6 +90,7 @@ async fn everyday_project(server: &Server, name: &str) -> (String, String) {
         "def answer():\n    return 42\n",
     )
     .await;
+    put_file(server, &id, "test_helpers.py", UNITTEST_SUITE).await;
     build_ready(server, &id, 1, BUILD_LIMIT).await;
     (id, mount)
 }
@@ -116,8 +124,11 @@ async fn whoami_test_caches_and_uv_run_work_in_a_session_and_leave_the_project_a
     let instructions = first["instructions"].as_str().expect("instructions");
     for needle in [
         format!("{workdir}/.cache"),
-        format!("python3 -m pytest {mount}"),
-        format!("uv run --project {mount} pytest {mount}"),
+        format!(
+            " Tests written with unittest run with: cd {mount} && python -m unittest (pytest \
+             is not installed in this environment). "
+        ),
+        format!("uv run --project {mount} runs commands in the installed environment"),
     ] {
         assert!(
             instructions.contains(&needle),
@@ -154,6 +165,22 @@ async fn whoami_test_caches_and_uv_run_work_in_a_session_and_leave_the_project_a
     assert_ne!(forged["exit_code"], 0, "{forged}");
     let passwd = ok(&server, &first, "cat /etc/passwd").await;
     assert!(!passwd.contains("root2"), "{passwd}");
+
+    assert!(!instructions.contains("-m pytest"), "{instructions}");
+    // The test command the instructions give runs the project's tests, from the project.
+    let tested = exec(
+        &server,
+        &first,
+        &format!("cd {mount} && python -m unittest"),
+    )
+    .await;
+    assert_eq!(tested["exit_code"], 0, "{tested}");
+    assert!(
+        tested["stderr"]
+            .as_str()
+            .is_some_and(|said| said.contains("Ran 1 test") && said.ends_with("OK\n")),
+        "{tested}"
+    );
 
     // Test tools' caches land in the working directory.
     put_and_run_cache_writer(&server, &first).await;
@@ -282,4 +309,130 @@ async fn without_isolation_the_same_settings_keep_tools_out_of_the_project() {
     assert!(ran.contains("tinytool ran"), "{ran}");
     let after = ok(&server, &session, LISTING).await;
     assert_eq!(before, after, "the environment changed");
+}
+
+/// A project with its own pytest suite, as real projects have one: its configuration
+/// (`testpaths`, warnings as errors) in `pytest.ini`, a Hypothesis test whose failing example
+/// Hypothesis saves (an expected failure), and benchmarks outside `testpaths` that fail when
+/// collected (as attrs' `bench/` does when pytest is pointed at the project from elsewhere).
+const PYTEST_PROJECT: [(&str, &str); 4] = [
+    (
+        "requirements.txt",
+        "pytest==8.4.2\nhypothesis==6.140.3\ncoverage==7.10.7\n",
+    ),
+    (
+        "pytest.ini",
+        "[pytest]\ntestpaths = tests\nfilterwarnings = error\n",
+    ),
+    (
+        "tests/test_numbers.py",
+        r#"import pytest
+from hypothesis import given, strategies as st
+
+
+@given(st.integers(), st.integers())
+def test_addition_commutes(a, b):
+    assert a + b == b + a
+
+
+@pytest.mark.xfail(strict=True, reason="Hypothesis finds, shrinks and saves a failing example")
+@given(st.integers())
+def test_small(x):
+    assert x < 10
+"#,
+    ),
+    (
+        "bench/test_bench.py",
+        "def test_bench_is_not_part_of_the_suite():\n    assert False, \"bench/ was collected\"\n",
+    ),
+];
+
+#[tokio::test]
+async fn a_projects_pytest_suite_passes_from_the_read_only_project_as_the_instructions_say() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    // The build installs from PyPI through its egress proxy; sessions reach nothing.
+    let server = Server::start_with_config("[node]\nnetwork = \"none\"\n", &[]).await;
+    let created = created_environment(&server, json!({ "name": "Own Suite" })).await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    let mount = format!("/env/{}", created["slug"].as_str().expect("slug"));
+    for (path, content) in PYTEST_PROJECT {
+        put_file(&server, &id, path, content).await;
+    }
+    build_ready(&server, &id, 1, Duration::from_secs(300)).await;
+
+    let session = start_session(&server, &id).await;
+    let workdir = session["workdir"].as_str().expect("workdir").to_owned();
+    let instructions = session["instructions"].as_str().expect("instructions");
+    let command = format!("cd {mount} && python -m pytest");
+    assert!(
+        instructions.contains(&format!(
+            " Run the project's tests with: {command} (from the project, so its own pytest \
+             configuration applies). "
+        )),
+        "{instructions}"
+    );
+    assert!(!instructions.contains("unittest"), "{instructions}");
+    let before = ok(&server, &session, LISTING).await;
+
+    // As the instructions say: the project's configuration applies (benchmarks are not
+    // collected), and nothing pytest, Hypothesis or coverage writes fails it.
+    let tested = exec(&server, &session, &command).await;
+    let said = format!("{}{}", tested["stdout"], tested["stderr"]);
+    assert_eq!(tested["exit_code"], 0, "{said}");
+    assert!(said.contains("1 passed, 1 xfailed"), "{said}");
+    assert!(!said.to_lowercase().contains("warning"), "{said}");
+    assert!(!said.contains("bench"), "{said}");
+    let covered = exec(
+        &server,
+        &session,
+        &format!("cd {mount} && python -m coverage run -m pytest -q && python -m coverage report"),
+    )
+    .await;
+    assert_eq!(covered["exit_code"], 0, "{covered}");
+    assert!(
+        covered["stdout"]
+            .as_str()
+            .is_some_and(|said| said.contains("TOTAL")),
+        "{covered}"
+    );
+    // What they wrote is in the working directory: pytest's cache (so --lf works),
+    // Hypothesis's saved example, coverage's data.
+    let written = ok(
+        &server,
+        &session,
+        "cd \"$HOME\" && find .cache/pytest/v .cache/hypothesis/examples .coverage -type f | sort",
+    )
+    .await;
+    for expected in [
+        ".cache/pytest/v/cache/nodeids",
+        ".cache/hypothesis/examples/",
+        ".coverage\n",
+    ] {
+        assert!(written.contains(expected), "{expected:?} not in {written}");
+    }
+    let again = exec(&server, &session, &format!("{command} --lf")).await;
+    assert_eq!(again["exit_code"], 0, "{again}");
+    assert_eq!(
+        ok(&server, &session, LISTING).await,
+        before,
+        "the environment changed"
+    );
+
+    // What the instructions no longer say: the project named from the working directory
+    // ignores its testpaths and collects the benchmarks.
+    let named = exec(
+        &server,
+        &session,
+        &format!("cd {workdir} && python -m pytest {mount}"),
+    )
+    .await;
+    assert_ne!(named["exit_code"], 0, "{named}");
+    assert!(
+        named["stdout"]
+            .as_str()
+            .is_some_and(|said| said.contains("bench/ was collected")),
+        "{named}"
+    );
 }

@@ -2,6 +2,7 @@
 //! data directory and database.
 
 mod adapters;
+mod background;
 mod bounds;
 mod brain;
 mod browsers;

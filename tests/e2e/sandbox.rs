@@ -62,7 +62,7 @@ pub(crate) fn host_processes(marker: &str) -> Vec<String> {
 
 /// How many processes session `id`'s cgroup holds, as the kernel counts them for its
 /// limit (`pids.current` of its group, v1 or v2).
-fn processes_of(id: &str) -> usize {
+pub(crate) fn processes_of(id: &str) -> usize {
     fn find(dir: &std::path::Path, id: &str, depth: usize) -> Option<std::path::PathBuf> {
         if depth == 0 {
             return None;

@@ -312,7 +312,7 @@ async fn plinth_shell(
 
 /// Opens the terminal WebSocket of session `id` as `token`, by `method`, with `query`;
 /// answers the socket, or the refusal's status and JSON body.
-async fn open_socket(
+pub(crate) async fn open_socket(
     server: &Server,
     token: &str,
     method: reqwest::Method,
@@ -353,7 +353,7 @@ async fn open_socket(
 
 /// Reads the socket until `until` holds for the bytes shown, or an exit frame or a close
 /// comes; answers the bytes, the exit code and whether it closed.
-async fn read_socket(
+pub(crate) async fn read_socket(
     socket: &mut WebSocketStream<reqwest::Upgraded>,
     until: impl Fn(&str) -> bool,
 ) -> (String, Option<i64>, bool) {

@@ -29,7 +29,8 @@
 //! session's uid and gid with no supplementary groups and no capabilities, asks to be killed
 //! if the node dies, sets `no_new_privs` and changes to its working directory. Ending the
 //! session kills the keeper, and the kernel kills every process left in its PID namespace
-//! (daemons and `setsid` escapees too) before the keeper is reaped. The host never holds any
+//! (what its commands left running in the background, daemons and `setsid` escapees too)
+//! before the keeper is reaped. The host never holds any
 //! of the sandbox's mounts.
 
 use std::ffi::{CString, OsStr};
@@ -353,11 +354,13 @@ pub struct SessionEnv<'a> {
 /// environment's entries, and `HOME`, `PROJECT_ROOT` and `PLINTH_SESSION_ID` cannot be
 /// replaced.
 ///
-/// Everyday tools write caches beside the project they run on (pytest's `.pytest_cache`,
-/// ruff's `.ruff_cache`, mypy's `.mypy_cache`), and the project is read-only: pytest then
-/// exits 1 after every test passed when warnings are errors, and ruff aborts. So every cache is sent beneath `XDG_CACHE_HOME` (`$HOME/.cache`, private to the
-/// session and kept between its commands), each variable only when the caller did not set
-/// it; see [`tool_env`]. `uv` runs the environment as built: offline, never downloading a
+/// Everyday tools write caches and data beside the project they run on (pytest's
+/// `.pytest_cache`, Hypothesis's `.hypothesis`, coverage's `.coverage`, ruff's `.ruff_cache`,
+/// mypy's `.mypy_cache`), and the project is read-only: pytest then exits 1 after every test
+/// passed when warnings are errors, and ruff aborts. So every cache is sent beneath
+/// `XDG_CACHE_HOME` (`$HOME/.cache`, private to the session and kept between its commands) and
+/// coverage's data to `$HOME/.coverage`, each variable only when the caller did not set it;
+/// see [`tool_env`]. `uv` runs the environment as built: offline, never downloading a
 /// Python, and for a uv project with the version's `.venv` as the project's environment and
 /// no sync (which would lock and install into the read-only version).
 pub fn session_env(session: &SessionEnv<'_>, extra: &[(String, String)]) -> Vec<(String, String)> {
@@ -433,17 +436,24 @@ pub fn session_env(session: &SessionEnv<'_>, extra: &[(String, String)]) -> Vec<
     env
 }
 
-/// Where everyday tools keep their caches and what `uv` may do, beneath `cache` (the caller's
-/// `XDG_CACHE_HOME`) or `$HOME/.cache`: never beside the read-only project.
+/// Where everyday tools keep their caches and data and what `uv` may do, beneath `cache` (the
+/// caller's `XDG_CACHE_HOME`) or `$HOME/.cache`, or in `home`: never beside the read-only
+/// project, so its tests run from it (`cd $PROJECT_ROOT && python -m pytest`, where its own
+/// configuration applies) without a write there failing them.
 ///
 /// | variable | for | default it replaces |
 /// |---|---|---|
 /// | `XDG_CACHE_HOME` | everything that follows XDG (pip, black, pre-commit, go, yarn…) | `$HOME/.cache` already |
 /// | `PYTEST_ADDOPTS=-o cache_dir=…` | pytest's cache (so `--lf` still works) | `.pytest_cache` in the rootdir |
+/// | `HYPOTHESIS_STORAGE_DIRECTORY` | Hypothesis's example database and caches | `.hypothesis` in the current directory |
+/// | `COVERAGE_FILE=$HOME/.coverage` | coverage's data (data, not a cache: in `home`, not `cache`) | `.coverage` in the current directory |
 /// | `RUFF_CACHE_DIR` | ruff | `.ruff_cache` in the project |
 /// | `MYPY_CACHE_DIR` | mypy | `.mypy_cache` in the current directory |
 /// | `PIP_CACHE_DIR`, `UV_CACHE_DIR`, `npm_config_cache` | installers' downloads | `$HOME/.cache/…`, `$HOME/.npm` |
 /// | `UV_OFFLINE=1`, `UV_PYTHON_DOWNLOADS=never` | `uv` runs what is installed | resolving, downloading a Python |
+///
+/// Unwritable, each of the defaults fails a suite that passes: pytest's cache and Hypothesis's
+/// database warn (an error under `filterwarnings = error`), and coverage cannot save its data.
 ///
 /// Not `PYTHONPYCACHEPREFIX`: Python skips a `__pycache__` it cannot write without a word,
 /// and the build compiled the environment's bytecode already, which a prefix would make
@@ -459,6 +469,11 @@ pub fn tool_env(home: &str, cache: Option<&str>) -> Vec<(&'static str, String)> 
             "PYTEST_ADDOPTS",
             format!("-o {}", shell_word(&format!("cache_dir={cache}/pytest"))),
         ),
+        (
+            "HYPOTHESIS_STORAGE_DIRECTORY",
+            format!("{cache}/hypothesis"),
+        ),
+        ("COVERAGE_FILE", format!("{home}/.coverage")),
         ("RUFF_CACHE_DIR", format!("{cache}/ruff")),
         ("MYPY_CACHE_DIR", format!("{cache}/mypy")),
         ("PIP_CACHE_DIR", format!("{cache}/pip")),
@@ -567,6 +582,8 @@ mod tests {
         for (name, value) in [
             ("XDG_CACHE_HOME", "/w/.cache"),
             ("PYTEST_ADDOPTS", "-o cache_dir=/w/.cache/pytest"),
+            ("HYPOTHESIS_STORAGE_DIRECTORY", "/w/.cache/hypothesis"),
+            ("COVERAGE_FILE", "/w/.coverage"),
             ("RUFF_CACHE_DIR", "/w/.cache/ruff"),
             ("MYPY_CACHE_DIR", "/w/.cache/mypy"),
             ("PIP_CACHE_DIR", "/w/.cache/pip"),
@@ -602,6 +619,12 @@ mod tests {
         let get = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
         assert_eq!(get("XDG_CACHE_HOME"), Some("/tmp/my cache"));
         assert_eq!(get("RUFF_CACHE_DIR"), Some("/tmp/my cache/ruff"));
+        assert_eq!(
+            get("HYPOTHESIS_STORAGE_DIRECTORY"),
+            Some("/tmp/my cache/hypothesis")
+        );
+        // Coverage's data is not a cache: it stays in the working directory.
+        assert_eq!(get("COVERAGE_FILE"), Some("/w/.coverage"));
         assert_eq!(get("PYTEST_ADDOPTS"), Some("-p no:cacheprovider"));
         assert_eq!(get("UV_OFFLINE"), Some("0"));
         assert_eq!(get("USER"), Some("agent"));

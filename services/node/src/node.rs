@@ -344,6 +344,13 @@ impl Node {
             tracing::warn!(slug = %session.record.slug, %error, "cannot link /env/<slug> to the version without isolation; commands will not find it there");
         }
         let namespace = self.namespace(&session, &version).await?;
+        if namespace.is_none() {
+            // No sandbox to end: what the command leaves running is found by the session's id
+            // when the session ends.
+            session
+                .unisolated
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let workdir = self.seen_workdir(&session);
         let tools = self.isolation.tools.as_ref().map(|host| {
             if self.isolation.enabled {
@@ -369,7 +376,8 @@ impl Node {
             env.extend(plinth_sandbox::egress::proxy_env(proxy));
         }
         // Each command in a cgroup of its own below its session's, so a command that times
-        // out takes its whole tree with it, daemons included.
+        // out takes its whole tree with it, daemons included, and what a command that ended
+        // left running stays counted in its session's limits.
         let session_cgroup = namespace
             .as_ref()
             .and_then(|sandbox| sandbox.cgroup.as_ref());

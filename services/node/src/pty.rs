@@ -6,6 +6,13 @@
 //! rules. Only its standard input, output and error differ: all three are the slave of a
 //! terminal the node opens, which the command takes as its controlling terminal.
 //!
+//! Its end is `Exec`'s too (see `service.rs`): when the command exits, its answer is what it
+//! wrote until then, and what it left running goes on until the session ends (the kernel
+//! hangs up the terminal's foreground process group as the command, the terminal's session
+//! leader, exits, as at any terminal: `nohup` and an interactive shell's own jobs survive
+//! that); what that writes to the terminal afterwards is read and dropped. Stopped before its
+//! end (its time limit, its caller gone, its session ended) it is killed whole.
+//!
 //! In an isolated session the terminal comes from the sandbox's own `devpts` (its
 //! `/dev/pts/ptmx`, reached through the keeper's root), so the command sees it as
 //! `/dev/pts/N` inside the sandbox and no terminal of the host is visible or reachable there.
@@ -35,6 +42,10 @@ const MAX_CELLS: u32 = 1000;
 const DEFAULT_TERM: &str = "xterm-256color";
 /// The end-of-file character of a terminal in its default (canonical) mode: Ctrl-D.
 const EOF_CHARACTER: u8 = 0x04;
+/// The most read from a terminal once its command has ended: more than the kernel buffers
+/// between the two ends (what the command wrote is all there), little enough that output
+/// written after it by what it left running cannot hold the answer.
+const TERMINAL_DRAIN_BYTES: usize = 1024 * 1024;
 
 fn output(output: pb::pty_output::Output) -> pb::PtyOutput {
     pb::PtyOutput {
@@ -195,6 +206,17 @@ async fn feed(mut inputs: Streaming<pb::PtyRequest>, master: Arc<AsyncFd<OwnedFd
     }
 }
 
+/// Reads and drops what a terminal's command left running writes to it, until the last of
+/// it closes the terminal (the master reads EIO) or the session ends.
+async fn drain_left(master: Arc<AsyncFd<OwnedFd>>, ended: plinth_kit::tasks::CancellationToken) {
+    let mut buffer = [0u8; 4096];
+    let drain = async { while let Ok(Some(_)) = read_master(&master, &mut buffer).await {} };
+    tokio::select! {
+        () = drain => {}
+        () = ended.cancelled() => {}
+    }
+}
+
 impl Node {
     /// `NodeService.Pty`; see the module's comment.
     pub(crate) async fn pty(
@@ -289,6 +311,10 @@ impl Node {
             tokio::pin!(deadline);
             let status = loop {
                 tokio::select! {
+                    // Its end, as when a terminal's shell exits: what it left running in the
+                    // background goes on until the session ends (the kernel hangs up its
+                    // foreground group, as it does at any terminal; `nohup` and a shell's
+                    // jobs survive that).
                     status = child.wait() => break status.ok(),
                     read = read_master(&master, &mut buffer), if !closed => match read {
                         Ok(Some(read)) => {
@@ -316,23 +342,27 @@ impl Node {
                     }
                 }
             };
-            // A turn ends when its command does: what it left running goes with it. What it
-            // wrote last is still in the terminal; two seconds to read it.
-            kill_all();
-            let drain = tokio::time::sleep(Duration::from_secs(2));
-            tokio::pin!(drain);
-            while !closed {
-                tokio::select! {
-                    read = read_master(&master, &mut buffer) => match read {
-                        Ok(Some(read)) => {
-                            let data = bytes::Bytes::copy_from_slice(&buffer[..read]);
-                            if outputs.send(Ok(output(pb::pty_output::Output::Data(data)))).await.is_err() {
-                                closed = true;
-                            }
+            // What it wrote before it ended is in the terminal: read without waiting, up to
+            // what a terminal buffers, so a chatty background job cannot hold the answer.
+            let mut drained = 0;
+            while !closed && drained < TERMINAL_DRAIN_BYTES {
+                match rustix::io::read(master.get_ref(), &mut buffer) {
+                    Ok(0) => closed = true,
+                    Ok(read) => {
+                        drained += read;
+                        let data = bytes::Bytes::copy_from_slice(&buffer[..read]);
+                        if outputs
+                            .send(Ok(output(pb::pty_output::Output::Data(data))))
+                            .await
+                            .is_err()
+                        {
+                            break;
                         }
-                        Ok(None) | Err(_) => closed = true,
-                    },
-                    () = &mut drain => break,
+                    }
+                    Err(rustix::io::Errno::INTR) => {}
+                    // EIO: every slave is closed. EAGAIN: what it left running holds one.
+                    Err(rustix::io::Errno::IO) => closed = true,
+                    Err(_) => break,
                 }
             }
             let result = exec_result(
@@ -346,6 +376,13 @@ impl Node {
             let _ = outputs
                 .send(Ok(output(pb::pty_output::Output::Result(result))))
                 .await;
+            drop(outputs);
+            // What it left running still writes to the terminal: read and dropped until the
+            // last of it closes the terminal or the session ends, so it never blocks on a
+            // full one.
+            if !closed {
+                plinth_kit::tasks::spawn(drain_left(master, ended));
+            }
             if let Some(cgroup) = command_cgroup {
                 let _ = tokio::task::spawn_blocking(move || cgroup.remove()).await;
             }

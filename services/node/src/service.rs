@@ -1,12 +1,27 @@
 //! The gRPC face of the node (`plinth.node.v1.NodeService`): requests are checked here, the
 //! cache, the session table and the isolation module do the work.
+//!
+//! A command's end (`Exec`), as at a terminal's prompt: its turn ends when its shell exits,
+//! and what it started in the background (`server &`, daemons) keeps running in the command's
+//! cgroup below the session's (so within the session's limits) until the session ends, which
+//! ends all of it (its keeper's PID namespace, or, without isolation,
+//! [`crate::sessions::end_unisolated`]). Its answer is what it wrote until then: once the
+//! shell has exited, each pipe gives what it holds at that moment and no more ([`pump`]), so a
+//! background process still holding the pipes cannot hold the answer, and what such processes
+//! write later is read and dropped until they close the pipes or the session ends
+//! ([`drain_left`]). A command stopped before its end is stopped whole: past its time limit,
+//! or when its caller goes, its cgroup is killed, whatever it started in the background
+//! included (what earlier commands started is in their own cgroups, untouched); it still
+//! answers, `timed_out` or `-1`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use plinth_kit::tasks::CancellationToken;
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::node::v1 as pb;
 use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -218,8 +233,10 @@ impl pb::node_service_server::NodeService for Node {
         // One task per command: its output pumps and its wait are polled together, so the
         // end of the command reaches the caller without hand-offs between tasks.
         plinth_kit::tasks::spawn(async move {
-            let out = pump(stdout, events.clone(), limit, true);
-            let err = pump(stderr, events.clone(), limit, false);
+            // Cancelled once the command has exited: its output is what its pipes hold then.
+            let exited = CancellationToken::new();
+            let out = pump(stdout, Forward::new(&events, limit, true), exited.clone());
+            let err = pump(stderr, Forward::new(&events, limit, false), exited.clone());
             tokio::pin!(out, err);
             let (mut out_done, mut err_done) = (None, None);
             let group = child.pid();
@@ -238,9 +255,13 @@ impl pb::node_service_server::NodeService for Node {
             tokio::pin!(deadline);
             let status = loop {
                 tokio::select! {
+                    // Its end, as at a terminal's prompt: what it started in the background
+                    // (`server &`, daemons) runs on, in its cgroup, until the session ends.
                     status = child.wait() => break status.ok(),
-                    dropped = &mut out, if out_done.is_none() => out_done = Some(dropped),
-                    dropped = &mut err, if err_done.is_none() => err_done = Some(dropped),
+                    pumped = &mut out, if out_done.is_none() => out_done = Some(pumped),
+                    pumped = &mut err, if err_done.is_none() => err_done = Some(pumped),
+                    // Stopped before its end, it is stopped whole: what it started, in the
+                    // background or not, was part of what did not finish.
                     () = &mut deadline => {
                         timed_out = true;
                         kill_all();
@@ -259,22 +280,20 @@ impl pb::node_service_server::NodeService for Node {
                     }
                 }
             };
-            // What the command left running in its group goes with it: a turn ends when its
-            // command does, and nothing holds the output pipes open after. What escaped the
-            // group and still holds a pipe gets two seconds.
-            kill_group();
-            let drain = tokio::time::sleep(Duration::from_secs(2));
-            tokio::pin!(drain);
-            while out_done.is_none() || err_done.is_none() {
-                tokio::select! {
-                    dropped = &mut out, if out_done.is_none() => out_done = Some(dropped),
-                    dropped = &mut err, if err_done.is_none() => err_done = Some(dropped),
-                    () = &mut drain => break,
-                }
-            }
+            // The answer is what it wrote until it exited, however long what it left running
+            // holds the pipes open.
+            exited.cancel();
+            let (out_dropped, out_left) = match out_done {
+                Some(pumped) => pumped,
+                None => out.await,
+            };
+            let (err_dropped, err_left) = match err_done {
+                Some(pumped) => pumped,
+                None => err.await,
+            };
             let result = pb::ExecResult {
-                stdout_dropped_bytes: out_done.unwrap_or(0),
-                stderr_dropped_bytes: err_done.unwrap_or(0),
+                stdout_dropped_bytes: out_dropped,
+                stderr_dropped_bytes: err_dropped,
                 ..exec_result(
                     status,
                     started,
@@ -287,8 +306,13 @@ impl pb::node_service_server::NodeService for Node {
             let _ = events
                 .send(Ok(event(pb::exec_event::Event::Result(result))))
                 .await;
-            // A group its processes left is removed; one a daemon still holds stays until the
-            // session ends.
+            // The last sender: the caller's stream ends with the result.
+            drop(events);
+            if out_left.is_some() || err_left.is_some() {
+                plinth_kit::tasks::spawn(drain_left([out_left, err_left], ended));
+            }
+            // A group its processes left is removed; one that what the command left running
+            // still holds stays until the session ends.
             if let Some(cgroup) = command_cgroup {
                 let _ = tokio::task::spawn_blocking(move || cgroup.remove()).await;
             }
@@ -403,40 +427,120 @@ fn event(event: pb::exec_event::Event) -> pb::ExecEvent {
     pb::ExecEvent { event: Some(event) }
 }
 
-/// Forwards a pipe's bytes as events until `limit` bytes were sent; answers how many more
-/// the command wrote (read and dropped, so it never blocks on a full pipe).
-async fn pump<R: tokio::io::AsyncRead + Unpin>(
-    pipe: Option<R>,
+/// One of a command's output streams as its caller gets it: events, until `limit` bytes were
+/// sent; what passes the limit is read and counted, never sent.
+struct Forward {
     events: mpsc::Sender<Result<pb::ExecEvent, Status>>,
     limit: u64,
+    sent: u64,
+    dropped: u64,
     stdout: bool,
-) -> u64 {
-    let Some(mut pipe) = pipe else { return 0 };
-    // Small: a command usually writes little, and hundreds may run at once.
-    let mut buffer = vec![0u8; 16 * 1024];
-    let (mut sent, mut dropped) = (0u64, 0u64);
-    loop {
-        let read = match pipe.read(&mut buffer).await {
-            Ok(0) | Err(_) => return dropped,
-            Ok(read) => read,
-        };
-        let keep = usize::try_from(limit.saturating_sub(sent))
-            .unwrap_or(usize::MAX)
-            .min(read);
-        dropped += (read - keep) as u64;
-        if keep == 0 {
-            continue;
+}
+
+impl Forward {
+    fn new(events: &mpsc::Sender<Result<pb::ExecEvent, Status>>, limit: u64, stdout: bool) -> Self {
+        Forward {
+            events: events.clone(),
+            limit,
+            sent: 0,
+            dropped: 0,
+            stdout,
         }
-        sent += keep as u64;
-        let chunk = bytes::Bytes::copy_from_slice(&buffer[..keep]);
-        let kind = if stdout {
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        let keep = usize::try_from(self.limit.saturating_sub(self.sent))
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        self.dropped += (bytes.len() - keep) as u64;
+        if keep == 0 {
+            return;
+        }
+        self.sent += keep as u64;
+        let chunk = bytes::Bytes::copy_from_slice(&bytes[..keep]);
+        let kind = if self.stdout {
             pb::exec_event::Event::Stdout(chunk)
         } else {
             pb::exec_event::Event::Stderr(chunk)
         };
-        if events.send(Ok(event(kind))).await.is_err() {
-            // The caller went away; keep draining so the command is not blocked.
-            continue;
+        // A caller that went away gets nothing more; the pipe is still read, so the command
+        // is not blocked.
+        let _ = self.events.send(Ok(event(kind))).await;
+    }
+}
+
+/// Forwards what a command writes to one of its pipes until the command has `exited`, then
+/// what the pipe holds at that moment (`FIONREAD`: everything the command wrote before it
+/// exited, and nothing written after that moment). Answers how many bytes passed the limit,
+/// and the pipe when it is still open: processes the command left running in the background
+/// hold their copies of it.
+async fn pump(
+    pipe: Option<pipe::Receiver>,
+    mut forward: Forward,
+    exited: CancellationToken,
+) -> (u64, Option<pipe::Receiver>) {
+    let Some(mut pipe) = pipe else {
+        return (0, None);
+    };
+    // Small: a command usually writes little, and hundreds may run at once.
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        let read = tokio::select! {
+            // First, so a background writer that never stops cannot hold the answer.
+            biased;
+            () = exited.cancelled() => break,
+            read = pipe.read(&mut buffer) => read,
+        };
+        match read {
+            Ok(0) | Err(_) => return (forward.dropped, None),
+            Ok(read) => forward.send(&buffer[..read]).await,
         }
+    }
+    // The pipe is non-blocking (tokio made it so): these reads never wait.
+    let mut pending = rustix::io::ioctl_fionread(&pipe).unwrap_or(0);
+    while pending > 0 {
+        let want = usize::try_from(pending)
+            .unwrap_or(usize::MAX)
+            .min(buffer.len());
+        match rustix::io::read(&pipe, &mut buffer[..want]) {
+            Ok(0) => return (forward.dropped, None),
+            Ok(read) => {
+                pending = pending.saturating_sub(read as u64);
+                forward.send(&buffer[..read]).await;
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => break,
+        }
+    }
+    // Every writer gone reads as the end; otherwise a process the command left running holds
+    // it (what this read takes, if anything, was written after the command ended).
+    match rustix::io::read(&pipe, &mut [0u8; 1][..]) {
+        Ok(0) => (forward.dropped, None),
+        _ => (forward.dropped, Some(pipe)),
+    }
+}
+
+/// Reads and drops what processes a command left running write to the stdout and stderr
+/// they inherited from it, until the last of them closes its copies or the session ends.
+///
+/// Nobody reads that output any more, as nobody reads a terminal's once its window is
+/// closed, but a background server must go on as it would there: with the read end closed its
+/// writes would fail (`EPIPE`, or death by `SIGPIPE`; Python's `http.server` logs every
+/// request to stderr, and the request fails), and with it unread it would block once the
+/// pipe's 64 KiB are full.
+async fn drain_left(pipes: [Option<pipe::Receiver>; 2], ended: CancellationToken) {
+    let drain = |pipe: Option<pipe::Receiver>| async move {
+        let Some(mut pipe) = pipe else { return };
+        let mut buffer = [0u8; 4096];
+        while let Ok(read) = pipe.read(&mut buffer).await {
+            if read == 0 {
+                return;
+            }
+        }
+    };
+    let [out, err] = pipes;
+    tokio::select! {
+        _ = futures::future::join(drain(out), drain(err)) => {}
+        () = ended.cancelled() => {}
     }
 }

@@ -83,6 +83,10 @@ pub struct LocalSession {
     /// Its working directory's disk limit, when the node limits disks: an image mounted at
     /// `workdir`, removed when the session ends.
     pub disk: Mutex<Option<plinth_sandbox::disk::LimitedDir>>,
+    /// Set once a command of it ran without a sandbox (`--insecure-no-isolation`): what its
+    /// commands left running is then found by its id when it ends (see
+    /// [`end_unisolated`]).
+    pub unisolated: std::sync::atomic::AtomicBool,
 }
 
 /// Why a session could not be made.
@@ -202,6 +206,7 @@ impl SessionTable {
                         ended: CancellationToken::new(),
                         namespace: Default::default(),
                         disk: Mutex::new(None),
+                        unisolated: Default::default(),
                     };
                     sessions.insert(session.record.session_id.clone(), Arc::new(session));
                 }
@@ -387,6 +392,7 @@ impl SessionTable {
             ended: CancellationToken::new(),
             namespace: Default::default(),
             disk: Mutex::new(limited),
+            unisolated: Default::default(),
         });
         sessions.insert(session.record.session_id.clone(), session.clone());
         Ok(session)
@@ -402,6 +408,12 @@ impl SessionTable {
         // the keeper is reaped only once its PID namespace is empty.
         if let Some(sandbox) = session.namespace.get().cloned() {
             let _ = tokio::task::spawn_blocking(move || sandbox.end()).await;
+        } else if session
+            .unisolated
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            let id = id.to_owned();
+            let _ = tokio::task::spawn_blocking(move || end_unisolated(&id)).await;
         }
         if self.lock().remove(id).is_none() {
             return false;
@@ -439,6 +451,89 @@ impl SessionTable {
         }
         stale.len()
     }
+}
+
+/// How many times [`end_unisolated`] looks again for processes forked while it killed.
+const UNISOLATED_ROUNDS: usize = 50;
+
+/// Ends what a session's commands left running on a node that does not isolate them, which has
+/// no namespace or cgroup to find them by: every process of the host whose environment names
+/// the session (`PLINTH_SESSION_ID=<id>`, which each of its commands gets and their children
+/// inherit), until none is left. Each is killed through a pidfd taken while its `/proc` entry
+/// still answered for the process whose environment was read, so a pid reused meanwhile is
+/// never signalled. A process that replaced its environment is not found: one reason running
+/// without isolation is not for production. Blocking.
+pub fn end_unisolated(session_id: &str) {
+    use rustix::fs::{Mode, OFlags};
+    let tag = format!("PLINTH_SESSION_ID={session_id}");
+    let own = std::process::id();
+    for _ in 0..UNISOLATED_ROUNDS {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        let mut killed = 0;
+        for entry in entries.flatten() {
+            let Some(raw) = entry
+                .file_name()
+                .to_str()
+                .and_then(|name| name.parse::<u32>().ok())
+                .filter(|pid| *pid != own)
+            else {
+                continue;
+            };
+            let Some(pid) = i32::try_from(raw)
+                .ok()
+                .and_then(rustix::process::Pid::from_raw)
+            else {
+                continue;
+            };
+            let Ok(dir) = rustix::fs::open(
+                entry.path(),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) else {
+                continue;
+            };
+            let environ = rustix::fs::openat(
+                &dir,
+                "environ",
+                OFlags::RDONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .ok()
+            .and_then(|file| {
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(&mut std::fs::File::from(file), &mut bytes).ok()?;
+                Some(bytes)
+            });
+            let Some(environ) = environ else {
+                continue;
+            };
+            if !environ
+                .split(|byte| *byte == 0)
+                .any(|entry| entry == tag.as_bytes())
+            {
+                continue;
+            }
+            let Ok(pidfd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+            else {
+                continue;
+            };
+            // A `/proc/<pid>` directory answers only for the process it was opened for: the
+            // pidfd is that process's if the directory still answers after it was taken.
+            if rustix::fs::statat(&dir, "stat", rustix::fs::AtFlags::empty()).is_err() {
+                continue;
+            }
+            if rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL).is_ok() {
+                killed += 1;
+            }
+        }
+        if killed == 0 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    tracing::warn!(session = %session_id, "processes of an unisolated session kept appearing while they were killed");
 }
 
 #[cfg(test)]
