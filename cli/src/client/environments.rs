@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use super::api::{Api, ApiFailure};
 use super::archive::{self, Counters};
+use super::checkout;
 use super::{Usage, output};
 use crate::client_args::{
     ActivateArgs, BuildArgs, EnvArgs, EnvCommand, EnvCreateArgs, ImportArgs, OutputFormat, PushArgs,
@@ -185,12 +186,33 @@ pub async fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
     }
     let api = Api::from_profile()?;
     let id = environment_id(&api, &args.env).await?;
+    let checkout = {
+        let dir = args.dir.clone();
+        tokio::task::spawn_blocking(move || checkout::of(&dir))
+            .await
+            .unwrap_or(None)
+    };
     let counters = Arc::new(Counters::default());
     let (body, walker) = archive::stream(args.dir.clone(), counters.clone());
     let mut url = api.url(["v1", "environments", &id, "import"]);
     // Replace: the source becomes exactly the directory, files deleted locally included.
     url.query_pairs_mut()
         .append_pair("replace", if args.keep_existing { "false" } else { "true" });
+    // Where the files came from by git, recorded as a git import's origin is: builds give
+    // setuptools-scm and hatch-vcs the version they would compute in the checkout.
+    if let Some(checkout) = &checkout {
+        let mut query = url.query_pairs_mut();
+        query
+            .append_pair("commit", &checkout.commit)
+            .append_pair("describe", &checkout.describe)
+            .append_pair("dirty", if checkout.dirty { "true" } else { "false" });
+        if !checkout.branch.is_empty() {
+            query.append_pair("ref", &checkout.branch);
+        }
+        if checkout.commits > 0 {
+            query.append_pair("commits", &checkout.commits.to_string());
+        }
+    }
     let request = api
         .request(Method::POST, url)
         .header(reqwest::header::CONTENT_TYPE, "application/gzip")
@@ -213,16 +235,29 @@ pub async fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
             skipped.display()
         );
     }
+    warnings(&report);
     if args.output.output == OutputFormat::Json {
         output::json(&report);
     } else {
         let skipped = report["skipped"].as_u64().unwrap_or(0);
         println!(
-            "pushed {} files, {} directories ({}) to {}{}",
+            "pushed {} files, {} directories ({}) to {}{}{}",
             report["files"].as_u64().unwrap_or(0),
             report["directories"].as_u64().unwrap_or(0),
             output::bytes(report["bytes"].as_u64().unwrap_or(0)),
             args.env,
+            match &checkout {
+                Some(checkout) => format!(
+                    " from git {}{}",
+                    checkout.describe,
+                    if checkout.dirty {
+                        " with uncommitted changes"
+                    } else {
+                        ""
+                    }
+                ),
+                None => String::new(),
+            },
             if skipped > 0 {
                 format!(
                     "; the server skipped {skipped}: {}",
@@ -234,6 +269,19 @@ pub async fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// An import answer's warnings, on stderr: what the caller should know although it landed.
+fn warnings(report: &Value) {
+    for warning in report["warnings"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        if let Some(warning) = warning.as_str() {
+            eprintln!("warning: {warning}");
+        }
+    }
 }
 
 /// What `push` shows while it sends: a live line on a terminal, a line every few seconds
@@ -314,6 +362,7 @@ pub async fn import(args: ImportArgs) -> anyhow::Result<ExitCode> {
             &json!({ "git": git, "replace": args.replace }),
         )
         .await?;
+    warnings(&report);
     if args.output.output == OutputFormat::Json {
         output::json(&report);
     } else {
