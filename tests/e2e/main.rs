@@ -53,4 +53,5 @@ mod structure;
 mod telemetry;
 mod terminal;
 mod tracing_propagation;
+mod versions;
 mod walkthrough;
