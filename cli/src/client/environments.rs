@@ -192,43 +192,21 @@ pub async fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
             .await
             .unwrap_or(None)
     };
-    let counters = Arc::new(Counters::default());
-    let (body, walker) = archive::stream(args.dir.clone(), counters.clone());
-    let mut url = api.url(["v1", "environments", &id, "import"]);
-    // Replace: the source becomes exactly the directory, files deleted locally included.
-    url.query_pairs_mut()
-        .append_pair("replace", if args.keep_existing { "false" } else { "true" });
-    // Where the files came from by git, recorded as a git import's origin is: builds give
-    // setuptools-scm and hatch-vcs the version they would compute in the checkout.
-    if let Some(checkout) = &checkout {
-        let mut query = url.query_pairs_mut();
-        query
-            .append_pair("commit", &checkout.commit)
-            .append_pair("describe", &checkout.describe)
-            .append_pair("dirty", if checkout.dirty { "true" } else { "false" });
-        if !checkout.branch.is_empty() {
-            query.append_pair("ref", &checkout.branch);
+    let (report, walked, checkout) = match upload(&api, &id, &args, checkout.as_ref()).await {
+        // A server of an earlier release refuses the origin's parameters: the files go alone.
+        Err(error) if checkout.is_some() && takes_no_origin(&error) => {
+            eprintln!(
+                "warning: this server keeps no git origin for a push (an earlier release): the \
+                 files go alone, and builds give no version from git"
+            );
+            let (report, walked) = upload(&api, &id, &args, None).await?;
+            (report, walked, None)
         }
-        if checkout.commits > 0 {
-            query.append_pair("commits", &checkout.commits.to_string());
+        answer => {
+            let (report, walked) = answer?;
+            (report, walked, checkout)
         }
-    }
-    let request = api
-        .request(Method::POST, url)
-        .header(reqwest::header::CONTENT_TYPE, "application/gzip")
-        .body(body);
-    let progress = Progress::start(counters.clone());
-    let answer = api.json(request).await;
-    progress.finish();
-    // The server's refusal (a quota, a size limit) is the reason, and the walk then only
-    // stopped because the upload did: answer it without waiting for the walk.
-    let report = match answer {
-        Err(error) if error.is::<ApiFailure>() => return Err(error),
-        answer => answer,
     };
-    // Otherwise a walk that failed explains a cut-off upload better than the upload's error.
-    let walked = walker.await.context("the directory walk stopped")??;
-    let report = report?;
     for skipped in &walked.skipped {
         eprintln!(
             "skipped {}: not a file, directory or symlink",
@@ -269,6 +247,68 @@ pub async fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Sends `args.dir` as the environment's source, with where it came from by git when it is a
+/// checkout; answers the import's report and what the walk skipped.
+async fn upload(
+    api: &Api,
+    id: &str,
+    args: &PushArgs,
+    checkout: Option<&checkout::Checkout>,
+) -> anyhow::Result<(Value, archive::Walked)> {
+    let counters = Arc::new(Counters::default());
+    let (body, walker) = archive::stream(args.dir.clone(), counters.clone());
+    let mut url = api.url(["v1", "environments", id, "import"]);
+    // Replace: the source becomes exactly the directory, files deleted locally included.
+    url.query_pairs_mut()
+        .append_pair("replace", if args.keep_existing { "false" } else { "true" });
+    // Where the files came from by git, recorded as a git import's origin is: builds give
+    // setuptools-scm and hatch-vcs the version they would compute in the checkout.
+    if let Some(checkout) = checkout {
+        let mut query = url.query_pairs_mut();
+        query
+            .append_pair("commit", &checkout.commit)
+            .append_pair("describe", &checkout.describe)
+            .append_pair("dirty", if checkout.dirty { "true" } else { "false" });
+        if !checkout.branch.is_empty() {
+            query.append_pair("ref", &checkout.branch);
+        }
+        if checkout.commits > 0 {
+            query.append_pair("commits", &checkout.commits.to_string());
+        }
+    }
+    let request = api
+        .request(Method::POST, url)
+        .header(reqwest::header::CONTENT_TYPE, "application/gzip")
+        .body(body);
+    let progress = Progress::start(counters.clone());
+    let answer = api.json(request).await;
+    progress.finish();
+    // The server's refusal (a quota, a size limit) is the reason, and the walk then only
+    // stopped because the upload did: answer it without waiting for the walk.
+    let report = match answer {
+        Err(error) if error.is::<ApiFailure>() => return Err(error),
+        answer => answer,
+    };
+    // Otherwise a walk that failed explains a cut-off upload better than the upload's error.
+    let walked = walker.await.context("the directory walk stopped")??;
+    Ok((report?, walked))
+}
+
+/// Whether a push was refused for the origin's query parameters, which a server of an earlier
+/// release does not take.
+fn takes_no_origin(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<ApiFailure>().is_some_and(|failure| {
+        failure.code == "environment_invalid"
+            && ["commit", "describe", "dirty", "ref", "commits"]
+                .iter()
+                .any(|name| {
+                    failure
+                        .message
+                        .contains(&format!("unknown parameter \"{name}\""))
+                })
+    })
 }
 
 /// An import answer's warnings, on stderr: what the caller should know although it landed.
@@ -489,4 +529,38 @@ pub async fn activate(args: ActivateArgs) -> anyhow::Result<ExitCode> {
         println!("{} now serves version {version}", args.env);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(code: &str, message: &str) -> anyhow::Error {
+        ApiFailure {
+            status: 400,
+            code: code.to_owned(),
+            message: message.to_owned(),
+            body: Value::Null,
+        }
+        .into()
+    }
+
+    #[test]
+    fn a_server_that_takes_no_origin_is_told_from_other_refusals() {
+        assert!(takes_no_origin(&refusal(
+            "environment_invalid",
+            "query: unknown parameter \"commit\"; this operation takes: replace"
+        )));
+        assert!(!takes_no_origin(&refusal(
+            "environment_invalid",
+            "origin: the commit must be a full commit id (40 or 64 hex digits), not \"abc\""
+        )));
+        assert!(!takes_no_origin(&refusal(
+            "quota_exceeded",
+            "query: unknown parameter \"commit\""
+        )));
+        assert!(!takes_no_origin(&anyhow::anyhow!(
+            "query: unknown parameter \"commit\""
+        )));
+    }
 }

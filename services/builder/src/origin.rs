@@ -244,20 +244,17 @@ impl Settings {
         if table.get("normalize").and_then(toml::Value::as_bool) == Some(false) {
             unfollowed.push("normalize".to_owned());
         }
-        for (section, key) in [("scm", "git"), ("tag", "")] {
-            if let Some(inner) = table.get(section).and_then(toml::Value::as_table) {
-                let set = if key.is_empty() {
-                    !inner.is_empty()
-                } else {
-                    inner
-                        .get(key)
-                        .and_then(toml::Value::as_table)
-                        .is_some_and(|git| git.contains_key("describe_command"))
-                };
-                if set {
-                    unfollowed.push(section.to_owned());
-                }
-            }
+        if table
+            .get("scm")
+            .and_then(toml::Value::as_table)
+            .and_then(|scm| scm.get("git"))
+            .and_then(toml::Value::as_table)
+            .is_some_and(|git| git.contains_key("describe_command"))
+        {
+            unfollowed.push("scm.git.describe_command".to_owned());
+        }
+        if let Some(tag) = table.get("tag").and_then(toml::Value::as_table) {
+            unfollowed.extend(tag.keys().map(|key| format!("tag.{key}")));
         }
         Settings {
             version_scheme: names("version_scheme"),
