@@ -81,7 +81,9 @@ pub struct PushArgs {
     /// The environment: its slug or its id.
     pub env: String,
     /// The project directory; its `.gitignore` and `.ignore` files are honoured, and `.git`
-    /// is never sent.
+    /// is never sent. In a git checkout, its commit, `git describe` and whether it has
+    /// uncommitted changes are sent with it, so a build gives setuptools-scm and hatch-vcs the
+    /// version they would compute here.
     pub dir: PathBuf,
     /// Land the files over the environment's source instead of replacing it (files the
     /// directory no longer has are then kept).

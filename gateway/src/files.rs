@@ -133,6 +133,46 @@ pub struct WriteQuery {
 pub struct ImportQuery {
     /// Clear the source first.
     pub replace: Option<bool>,
+    /// An archive of a git checkout (what `plinth push` sends from one): its commit's full id.
+    /// With `describe`, it is recorded as a git import's origin is, and builds give installers
+    /// the version it describes (setuptools-scm, hatch-vcs). Not with a JSON body.
+    pub commit: Option<String>,
+    /// With `commit`: the checkout's branch (empty or left out when detached).
+    #[serde(rename = "ref")]
+    #[param(rename = "ref")]
+    pub reference: Option<String>,
+    /// With `commit`: `git describe --tags --always --match '*[0-9]*'` of the commit.
+    pub describe: Option<String>,
+    /// With `commit`: whether the checkout had uncommitted changes to tracked files.
+    pub dirty: Option<bool>,
+    /// With `commit`: the commits reaching it, `git rev-list --count`.
+    pub commits: Option<u64>,
+}
+
+impl ImportQuery {
+    /// The origin the query names, or `None`; a part of one without `commit` and `describe`
+    /// is refused.
+    fn origin(&self) -> Result<Option<pb::Origin>, PlinthError> {
+        let named = self.commit.is_some()
+            || self.reference.is_some()
+            || self.describe.is_some()
+            || self.dirty.is_some()
+            || self.commits.is_some();
+        match (&self.commit, &self.describe) {
+            (Some(commit), Some(describe)) => Ok(Some(pb::Origin {
+                commit: commit.clone(),
+                r#ref: self.reference.clone().unwrap_or_default(),
+                describe: describe.clone(),
+                dirty: self.dirty.unwrap_or(false),
+                commits: self.commits.unwrap_or(0),
+                ..pb::Origin::default()
+            })),
+            _ if named => Err(PlinthError::invalid(
+                "query: a checkout's origin names both commit and describe (ref, dirty and commits with them)",
+            )),
+            _ => Ok(None),
+        }
+    }
 }
 
 /// `POST …/import` with a JSON body.
@@ -184,11 +224,21 @@ pub struct ImportReport {
     /// A git import: the ref asked for (empty: the default branch).
     #[serde(rename = "ref", skip_serializing_if = "Option::is_none")]
     pub reference: Option<String>,
-    /// A git import: `git describe --tags --always` of the commit (`v1.2.3`,
-    /// `v1.2.3-4-gabc1234`, or the abbreviated commit when no tag reaches it). Builds give
-    /// installers a version from it (`SETUPTOOLS_SCM_PRETEND_VERSION`).
+    /// A git import: `git describe --tags --always --match '*[0-9]*'` of the commit (`v1.2.3`,
+    /// `v1.2.3-4-gabc1234`, or the abbreviated commit when no tag with a digit reaches it).
+    /// Builds give installers a version from it (`SETUPTOOLS_SCM_PRETEND_VERSION`). An archive
+    /// that named its commit (`plinth push` of a checkout) answers `commit`, `ref` and
+    /// `describe` as it named them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub describe: Option<String>,
+    /// An archive that named its commit: whether the checkout had uncommitted changes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dirty: Option<bool>,
+    /// What the caller should know although the import landed, one sentence each: a git
+    /// import whose history or tags could not be fetched (its `describe` is then the commit
+    /// alone, and the version builds derive from it not the project's). Left out when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -565,7 +615,9 @@ async fn make_directory(
 }
 
 /// Imports a whole project: a zip or tar (plain, gzip, zstd, bzip2, xz; recognised by its
-/// bytes) as the body, or, with `Content-Type: application/json`, a git repository.
+/// bytes) as the body, or, with `Content-Type: application/json`, a git repository. An
+/// archive of a git checkout may name where it came from (`commit`, `describe`, `ref`,
+/// `dirty`, `commits`), which builds then use as they use a git import's origin.
 #[utoipa::path(
     post,
     path = "/v1/environments/{id}/import",
@@ -574,7 +626,7 @@ async fn make_directory(
     request_body(content = GitImport, description = "An archive (any content type but application/json), or this JSON naming a git repository"),
     responses(
         (status = 200, description = "What landed", body = ImportReport),
-        (status = 400, description = "environment_invalid: not an archive, an ambiguous archive (duplicate names, zip records that disagree, a member beneath a symlink), too many entries, a git URL that is not allowed or whose host is not public, a git server that redirected (give the final URL), a short commit id that matches no single commit (give the full 40-character id)", body = ErrorBody),
+        (status = 400, description = "environment_invalid: not an archive, an ambiguous archive (duplicate names, zip records that disagree, a member beneath a symlink), too many entries, a git URL that is not allowed or whose host is not public, a git server that redirected (give the final URL), a short commit id that matches no single commit (give the full 40-character id), a checkout's origin in the query that lacks commit or describe, names a commit that is not a full id, or comes with a JSON body", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
         (status = 413, description = "file_too_large: the archive, its contents, one member or a git fetch (source.git_max_fetch_bytes) passed a limit (detail.max_bytes); nothing was imported", body = ErrorBody),
@@ -596,6 +648,12 @@ async fn import(
     check_environment(&state, &caller, &id).await?;
     let mut source = state.source();
     let report = if is_json {
+        if query.origin()?.is_some() {
+            return Err(PlinthError::invalid(
+                "query: a git import finds its commit itself; commit and describe go with an archive",
+            )
+            .into());
+        }
         let bytes = json::read(request.into_body()).await?;
         let body: GitImport = json::parse(&bytes)?;
         let header = pb::ImportRequest {
@@ -607,6 +665,7 @@ async fn import(
                     r#ref: body.git.reference.unwrap_or_default(),
                 }),
                 scope: caller.scope.clone(),
+                origin: None,
             })),
         };
         source
@@ -620,6 +679,7 @@ async fn import(
                 replace: query.replace.unwrap_or(false),
                 git: None,
                 scope: caller.scope.clone(),
+                origin: query.origin()?,
             })),
         };
         stream_to_source(
@@ -633,6 +693,8 @@ async fn import(
         .await?
     };
     let origin = report.origin;
+    // A git import's origin is never dirty: only a pushed checkout's says whether it was.
+    let pushed = origin.is_some() && !is_json;
     Ok(Json(ImportReport {
         files: report.files,
         directories: report.directories,
@@ -643,6 +705,11 @@ async fn import(
         symlinks: report.symlinks,
         commit: origin.as_ref().map(|origin| origin.commit.clone()),
         reference: origin.as_ref().map(|origin| origin.r#ref.clone()),
+        dirty: origin
+            .as_ref()
+            .filter(|_| pushed)
+            .map(|origin| origin.dirty),
         describe: origin.map(|origin| origin.describe),
+        warnings: report.warnings,
     }))
 }

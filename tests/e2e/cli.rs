@@ -13,14 +13,14 @@ use serde_json::Value;
 use crate::helpers::{Server, built_environment, send};
 
 /// A person's shell: a home and config directory of its own, and the server it talks to.
-struct Shell {
+pub(crate) struct Shell {
     url: String,
     token: Option<String>,
     home: tempfile::TempDir,
 }
 
 impl Shell {
-    fn new(server: &Server) -> Self {
+    pub(crate) fn new(server: &Server) -> Self {
         Shell {
             url: server.base.clone(),
             token: None,
@@ -52,7 +52,7 @@ impl Shell {
     }
 
     /// Runs `plinth <args>` to its end, off the async runtime the server runs on.
-    async fn run(&self, args: &[&str]) -> Output {
+    pub(crate) async fn run(&self, args: &[&str]) -> Output {
         self.run_command(self.command(args)).await
     }
 
@@ -63,7 +63,7 @@ impl Shell {
     }
 
     /// Runs `plinth <args>`, which must succeed; answers its stdout.
-    async fn ok(&self, args: &[&str]) -> String {
+    pub(crate) async fn ok(&self, args: &[&str]) -> String {
         let output = self.run(args).await;
         assert!(
             output.status.success(),
@@ -76,7 +76,7 @@ impl Shell {
     }
 
     /// Runs `plinth <args> --output json`, which must succeed and print one JSON document.
-    async fn json(&self, args: &[&str]) -> Value {
+    pub(crate) async fn json(&self, args: &[&str]) -> Value {
         let mut all = args.to_vec();
         all.extend(["--output", "json"]);
         let stdout = self.ok(&all).await;

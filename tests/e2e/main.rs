@@ -55,4 +55,5 @@ mod structure;
 mod telemetry;
 mod terminal;
 mod tracing_propagation;
+mod versions;
 mod walkthrough;

@@ -314,7 +314,8 @@ async fn a_git_project_with_links_builds_the_same_fresh_and_by_reuse_and_a_new_o
     }
     let repo = scm_repository();
     let url = format!("file://{}", repo.path().display());
-    let short = git(repo.path(), &["rev-parse", "--short=7", "HEAD"]);
+    // setuptools-scm's node: `g` and the commit's first 9 hex digits.
+    let short = git(repo.path(), &["rev-parse", "HEAD"])[..9].to_owned();
     let server = Server::start_with(&[
         "--git-allowed-schemes",
         "file",

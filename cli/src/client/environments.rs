@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use super::api::{Api, ApiFailure};
 use super::archive::{self, Counters};
+use super::checkout;
 use super::{Usage, output};
 use crate::client_args::{
     ActivateArgs, BuildArgs, EnvArgs, EnvCommand, EnvCreateArgs, ImportArgs, OutputFormat, PushArgs,
@@ -185,12 +186,98 @@ pub async fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
     }
     let api = Api::from_profile()?;
     let id = environment_id(&api, &args.env).await?;
+    let checkout = {
+        let dir = args.dir.clone();
+        tokio::task::spawn_blocking(move || checkout::of(&dir))
+            .await
+            .unwrap_or(None)
+    };
+    let (report, walked, checkout) = match upload(&api, &id, &args, checkout.as_ref()).await {
+        // A server of an earlier release refuses the origin's parameters: the files go alone.
+        Err(error) if checkout.is_some() && takes_no_origin(&error) => {
+            eprintln!(
+                "warning: this server keeps no git origin for a push (an earlier release): the \
+                 files go alone, and builds give no version from git"
+            );
+            let (report, walked) = upload(&api, &id, &args, None).await?;
+            (report, walked, None)
+        }
+        answer => {
+            let (report, walked) = answer?;
+            (report, walked, checkout)
+        }
+    };
+    for skipped in &walked.skipped {
+        eprintln!(
+            "skipped {}: not a file, directory or symlink",
+            skipped.display()
+        );
+    }
+    warnings(&report);
+    if args.output.output == OutputFormat::Json {
+        output::json(&report);
+    } else {
+        let skipped = report["skipped"].as_u64().unwrap_or(0);
+        println!(
+            "pushed {} files, {} directories ({}) to {}{}{}",
+            report["files"].as_u64().unwrap_or(0),
+            report["directories"].as_u64().unwrap_or(0),
+            output::bytes(report["bytes"].as_u64().unwrap_or(0)),
+            args.env,
+            match &checkout {
+                Some(checkout) => format!(
+                    " from git {}{}",
+                    checkout.describe,
+                    if checkout.dirty {
+                        " with uncommitted changes"
+                    } else {
+                        ""
+                    }
+                ),
+                None => String::new(),
+            },
+            if skipped > 0 {
+                format!(
+                    "; the server skipped {skipped}: {}",
+                    report["skipped_by_reason"]
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Sends `args.dir` as the environment's source, with where it came from by git when it is a
+/// checkout; answers the import's report and what the walk skipped.
+async fn upload(
+    api: &Api,
+    id: &str,
+    args: &PushArgs,
+    checkout: Option<&checkout::Checkout>,
+) -> anyhow::Result<(Value, archive::Walked)> {
     let counters = Arc::new(Counters::default());
     let (body, walker) = archive::stream(args.dir.clone(), counters.clone());
-    let mut url = api.url(["v1", "environments", &id, "import"]);
+    let mut url = api.url(["v1", "environments", id, "import"]);
     // Replace: the source becomes exactly the directory, files deleted locally included.
     url.query_pairs_mut()
         .append_pair("replace", if args.keep_existing { "false" } else { "true" });
+    // Where the files came from by git, recorded as a git import's origin is: builds give
+    // setuptools-scm and hatch-vcs the version they would compute in the checkout.
+    if let Some(checkout) = checkout {
+        let mut query = url.query_pairs_mut();
+        query
+            .append_pair("commit", &checkout.commit)
+            .append_pair("describe", &checkout.describe)
+            .append_pair("dirty", if checkout.dirty { "true" } else { "false" });
+        if !checkout.branch.is_empty() {
+            query.append_pair("ref", &checkout.branch);
+        }
+        if checkout.commits > 0 {
+            query.append_pair("commits", &checkout.commits.to_string());
+        }
+    }
     let request = api
         .request(Method::POST, url)
         .header(reqwest::header::CONTENT_TYPE, "application/gzip")
@@ -206,34 +293,35 @@ pub async fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
     };
     // Otherwise a walk that failed explains a cut-off upload better than the upload's error.
     let walked = walker.await.context("the directory walk stopped")??;
-    let report = report?;
-    for skipped in &walked.skipped {
-        eprintln!(
-            "skipped {}: not a file, directory or symlink",
-            skipped.display()
-        );
+    Ok((report?, walked))
+}
+
+/// Whether a push was refused for the origin's query parameters, which a server of an earlier
+/// release does not take.
+fn takes_no_origin(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<ApiFailure>().is_some_and(|failure| {
+        failure.code == "environment_invalid"
+            && ["commit", "describe", "dirty", "ref", "commits"]
+                .iter()
+                .any(|name| {
+                    failure
+                        .message
+                        .contains(&format!("unknown parameter \"{name}\""))
+                })
+    })
+}
+
+/// An import answer's warnings, on stderr: what the caller should know although it landed.
+fn warnings(report: &Value) {
+    for warning in report["warnings"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        if let Some(warning) = warning.as_str() {
+            eprintln!("warning: {warning}");
+        }
     }
-    if args.output.output == OutputFormat::Json {
-        output::json(&report);
-    } else {
-        let skipped = report["skipped"].as_u64().unwrap_or(0);
-        println!(
-            "pushed {} files, {} directories ({}) to {}{}",
-            report["files"].as_u64().unwrap_or(0),
-            report["directories"].as_u64().unwrap_or(0),
-            output::bytes(report["bytes"].as_u64().unwrap_or(0)),
-            args.env,
-            if skipped > 0 {
-                format!(
-                    "; the server skipped {skipped}: {}",
-                    report["skipped_by_reason"]
-                )
-            } else {
-                String::new()
-            }
-        );
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// What `push` shows while it sends: a live line on a terminal, a line every few seconds
@@ -314,6 +402,7 @@ pub async fn import(args: ImportArgs) -> anyhow::Result<ExitCode> {
             &json!({ "git": git, "replace": args.replace }),
         )
         .await?;
+    warnings(&report);
     if args.output.output == OutputFormat::Json {
         output::json(&report);
     } else {
@@ -440,4 +529,38 @@ pub async fn activate(args: ActivateArgs) -> anyhow::Result<ExitCode> {
         println!("{} now serves version {version}", args.env);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(code: &str, message: &str) -> anyhow::Error {
+        ApiFailure {
+            status: 400,
+            code: code.to_owned(),
+            message: message.to_owned(),
+            body: Value::Null,
+        }
+        .into()
+    }
+
+    #[test]
+    fn a_server_that_takes_no_origin_is_told_from_other_refusals() {
+        assert!(takes_no_origin(&refusal(
+            "environment_invalid",
+            "query: unknown parameter \"commit\"; this operation takes: replace"
+        )));
+        assert!(!takes_no_origin(&refusal(
+            "environment_invalid",
+            "origin: the commit must be a full commit id (40 or 64 hex digits), not \"abc\""
+        )));
+        assert!(!takes_no_origin(&refusal(
+            "quota_exceeded",
+            "query: unknown parameter \"commit\""
+        )));
+        assert!(!takes_no_origin(&anyhow::anyhow!(
+            "query: unknown parameter \"commit\""
+        )));
+    }
 }

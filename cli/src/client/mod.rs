@@ -9,6 +9,7 @@
 pub mod api;
 pub mod archive;
 
+mod checkout;
 mod environments;
 mod login;
 mod output;

@@ -798,12 +798,17 @@ async fn produce(
     for warning in &selection.warnings {
         say(format!("==> warning: {warning}\n"));
     }
-    // Where a git import came from: the version it describes is installed into the layer
-    // (setuptools-scm, hatch-vcs), so it is part of the key.
+    // Where the source came from by git (an import, a push of a checkout): the version it
+    // describes, by the project's own setuptools-scm / hatch-vcs settings, is installed into
+    // the layer, so it is part of the key.
     let origin = match &options.layers {
         Some(ledger) => crate::origin::fetch(ledger, &build.environment_id).await,
         None => None,
-    };
+    }
+    .map(|origin| crate::origin::derive(&origin, scratch));
+    for line in origin.iter().flat_map(|origin| &origin.log) {
+        say(line.clone());
+    }
     let dependency_key = dependency_key(
         scratch,
         slug,

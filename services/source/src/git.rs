@@ -608,11 +608,18 @@ pub async fn import(
         }
     }
     imported.entries.sort_by(|a, b| a.path.cmp(&b.path));
-    let describe = describe(&scratch, &target, policy, url, &commit).await;
+    let described = describe(&scratch, &target, policy, url, &commit).await;
+    if let Some(warning) = &described.warning {
+        imported.warnings.push(warning.clone());
+    }
     imported.origin = Some(Origin {
         commit,
         reference: reference.to_owned(),
-        describe,
+        describe: described.describe,
+        dirty: false,
+        history_incomplete: described.warning.is_some(),
+        recorded_at: 0,
+        commits: described.commits,
     });
     Ok(imported)
 }
@@ -730,19 +737,42 @@ async fn rev_parse(
     Ok(commit)
 }
 
-/// `git describe --tags --always` of `commit`, for builds that derive a version from git
-/// (setuptools-scm, hatch-vcs). Describing needs the commits between `commit` and its
-/// nearest tag, which the shallow fetch did not bring: the history of commits alone
-/// (`--filter=tree:0`, where the server allows filters) and every tag are fetched now,
-/// within the same fetch cap. This is best effort: when it fails the import still lands, and
-/// the description is the abbreviated commit, as for a repository without tags.
+/// What [`describe`] found.
+struct Described {
+    /// `git describe --tags --always --match '*[0-9]*'` of the commit.
+    describe: String,
+    /// Commits reachable from it; 0 when not known.
+    commits: u64,
+    /// Why the description is the commit alone, when the history or tags could not be had.
+    warning: Option<String>,
+}
+
+/// `git describe --tags --always --match '*[0-9]*'` of `commit` (the tags setuptools-scm
+/// considers: one without a digit is passed over) and the number of commits reaching it, for
+/// builds that derive a version from git (setuptools-scm, hatch-vcs). Describing needs the
+/// commits between `commit` and its nearest tag, which the shallow fetch did not bring: the
+/// history of commits alone (`--filter=tree:0`, where the server allows filters) and every tag
+/// are fetched now, within the same fetch cap. This is best effort: when it fails the import
+/// still lands, the description is the abbreviated commit, as for a repository without tags,
+/// and a warning says why (the import's answer carries it, the origin records it).
 async fn describe(
     scratch: &Scratch,
     target: &Target,
     policy: &GitPolicy,
     url: &str,
     commit: &str,
-) -> String {
+) -> Described {
+    let short = || commit.get(..7).unwrap_or(commit).to_owned();
+    let incomplete = |why: String| Described {
+        describe: short(),
+        commits: 0,
+        warning: Some(format!(
+            "the history and tags of commit {} could not be fetched ({why}); its description \
+             is the commit alone, so the version builds derive from git (setuptools-scm, \
+             hatch-vcs) is not the one the repository's tags give",
+            short()
+        )),
+    };
     let mut args = vec!["--quiet", "--no-recurse-submodules", "--filter=tree:0"];
     if scratch.path().join("shallow").exists() {
         args.push("--unshallow");
@@ -750,29 +780,55 @@ async fn describe(
     args.extend(["--", url, "+refs/tags/*:refs/tags/*"]);
     if let Err(error) = fetch(scratch, target, policy, &args).await {
         tracing::warn!(%error, "fetching the history for git describe failed; describing the commit alone");
+        return incomplete(match error {
+            ImportError::Git(GitError::TooLarge { max }) => {
+                format!("fetching them passed the limit of {max} bytes, source.git_max_fetch_bytes")
+            }
+            error => error.to_string(),
+        });
     }
     let describe = [
         "describe",
         "--tags",
         "--always",
         "--abbrev=7",
+        "--match",
+        "*[0-9]*",
         "--end-of-options",
         commit,
     ];
-    match run(
+    let timeout = policy.fetch_timeout;
+    let described = match run(
         scratch.path(),
         target.scheme,
         &describe,
         "describing the commit",
-        policy.fetch_timeout,
+        timeout,
     )
     .await
     {
         Ok(output) => String::from_utf8_lossy(&output).trim().to_owned(),
         Err(error) => {
             tracing::warn!(%error, "git describe failed; describing the commit by its id");
-            commit.get(..7).unwrap_or(commit).to_owned()
+            return incomplete(error.to_string());
         }
+    };
+    let count = ["rev-list", "--count", "--end-of-options", commit];
+    let commits = run(
+        scratch.path(),
+        target.scheme,
+        &count,
+        "counting commits",
+        timeout,
+    )
+    .await
+    .ok()
+    .and_then(|output| String::from_utf8_lossy(&output).trim().parse().ok())
+    .unwrap_or(0);
+    Described {
+        describe: described,
+        commits,
+        warning: None,
     }
 }
 

@@ -49,6 +49,8 @@ pub struct Imported {
     pub stripped_wrapper: bool,
     /// Where a git import's files came from; `None` for archives.
     pub origin: Option<crate::persistence::Origin>,
+    /// What the caller should know although the import lands (history or tags not fetched).
+    pub warnings: Vec<String>,
 }
 
 impl Imported {

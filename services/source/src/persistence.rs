@@ -49,6 +49,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 "symlinks and git origins",
                 include_str!("../migrations/sqlite/0004_links_and_origins.sql"),
             ),
+            (
+                5,
+                "git origin details",
+                include_str!("../migrations/common/0005_origin_details.sql"),
+            ),
         ],
         Backend::Postgres => &[
             (
@@ -70,6 +75,11 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
                 4,
                 "symlinks and git origins",
                 include_str!("../migrations/postgres/0004_links_and_origins.sql"),
+            ),
+            (
+                5,
+                "git origin details",
+                include_str!("../migrations/common/0005_origin_details.sql"),
             ),
         ],
     }
@@ -159,9 +169,17 @@ pub struct Origin {
     pub commit: String,
     /// The branch, tag or commit the import asked for; empty for the default branch.
     pub reference: String,
-    /// `git describe --tags --always` of the commit: `v1.2.3`, `v1.2.3-4-gabc1234`, or the
-    /// abbreviated commit when no tag reaches it.
+    /// `git describe --tags --always --match '*[0-9]*'` of the commit: `v1.2.3`,
+    /// `v1.2.3-4-gabc1234`, or the abbreviated commit when no such tag reaches it.
     pub describe: String,
+    /// A pushed checkout had uncommitted changes to tracked files.
+    pub dirty: bool,
+    /// A git import could not fetch the history or tags `describe` needs.
+    pub history_incomplete: bool,
+    /// When the origin was recorded, seconds since the Unix epoch (0: before it was kept).
+    pub recorded_at: i64,
+    /// Commits reachable from the commit; 0 when not known.
+    pub commits: u64,
 }
 
 /// What landing an import does to the source's git origin.
@@ -669,8 +687,9 @@ impl Index {
             .await
     }
 
-    /// [`Index::apply_import_held`] for a git import: records where the files came from, in
-    /// the same transaction (the last git import wins).
+    /// [`Index::apply_import_held`] for files from git (a git import, or an archive of a
+    /// checkout that names its origin): records where they came from, in the same transaction
+    /// (the last one wins).
     pub async fn apply_git_import_held(
         &self,
         environment: &str,
@@ -692,7 +711,8 @@ impl Index {
     /// Where the source last came from by git, if it did.
     pub async fn origin(&self, environment: &str) -> Result<Option<Origin>, IndexError> {
         let row = sqlx::query(
-            "SELECT commit_id, reference, describe FROM source_origins WHERE environment_id = $1",
+            "SELECT commit_id, reference, describe, dirty, history_incomplete, recorded_at, \
+             commits FROM source_origins WHERE environment_id = $1",
         )
         .bind(environment)
         .fetch_optional(&self.db.reader)
@@ -702,6 +722,10 @@ impl Index {
             commit: row.try_get("commit_id")?,
             reference: row.try_get("reference")?,
             describe: row.try_get("describe")?,
+            dirty: row.try_get::<i64, _>("dirty")? != 0,
+            history_incomplete: row.try_get::<i64, _>("history_incomplete")? != 0,
+            recorded_at: row.try_get("recorded_at")?,
+            commits: u64::try_from(row.try_get::<i64, _>("commits")?).unwrap_or(0),
         }))
     }
 
@@ -810,15 +834,22 @@ impl Index {
             }
             OriginChange::Set(origin) => {
                 sqlx::query(
-                    "INSERT INTO source_origins (environment_id, commit_id, reference, describe) \
-                     VALUES ($1, $2, $3, $4) ON CONFLICT (environment_id) DO UPDATE \
+                    "INSERT INTO source_origins (environment_id, commit_id, reference, describe, \
+                     dirty, history_incomplete, recorded_at, commits) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (environment_id) DO UPDATE \
                      SET commit_id = excluded.commit_id, reference = excluded.reference, \
-                     describe = excluded.describe",
+                     describe = excluded.describe, dirty = excluded.dirty, \
+                     history_incomplete = excluded.history_incomplete, \
+                     recorded_at = excluded.recorded_at, commits = excluded.commits",
                 )
                 .bind(environment)
                 .bind(&origin.commit)
                 .bind(&origin.reference)
                 .bind(&origin.describe)
+                .bind(i64::from(origin.dirty))
+                .bind(i64::from(origin.history_incomplete))
+                .bind(origin.recorded_at)
+                .bind(i64::try_from(origin.commits).unwrap_or(i64::MAX))
                 .execute(&mut *tx)
                 .await?;
             }

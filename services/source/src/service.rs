@@ -333,8 +333,50 @@ impl From<Origin> for pb::Origin {
             commit: origin.commit,
             r#ref: origin.reference,
             describe: origin.describe,
+            dirty: origin.dirty,
+            history_incomplete: origin.history_incomplete,
+            recorded_at: origin.recorded_at,
+            commits: origin.commits,
         }
     }
+}
+
+/// The longest description or ref a pushed origin may name (git's own are far shorter).
+const MAX_ORIGIN_TEXT: usize = 1024;
+
+/// The origin an archive import's header names (a push of a git checkout), checked: what the
+/// caller may say of it (`commit`, `ref`, `describe`, `dirty`, `commits`); the rest is the
+/// service's own.
+fn pushed_origin(origin: pb::Origin) -> Result<Origin, PlinthError> {
+    let commit = origin.commit.to_ascii_lowercase();
+    if !matches!(commit.len(), 40 | 64) || !commit.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(PlinthError::invalid(format!(
+            "origin: the commit must be a full commit id (40 or 64 hex digits), not {:?}",
+            origin.commit
+        )));
+    }
+    let text = |what: &str, value: &str, empty_allowed: bool| {
+        if value.is_empty() && !empty_allowed {
+            return Err(PlinthError::invalid(format!("origin: {what} is empty")));
+        }
+        if value.len() > MAX_ORIGIN_TEXT || value.chars().any(|c| c.is_control()) {
+            return Err(PlinthError::invalid(format!(
+                "origin: {what} must be at most {MAX_ORIGIN_TEXT} bytes without control characters"
+            )));
+        }
+        Ok(())
+    };
+    text("describe", &origin.describe, false)?;
+    text("ref", &origin.r#ref, true)?;
+    Ok(Origin {
+        commit,
+        reference: origin.r#ref,
+        describe: origin.describe.trim().to_owned(),
+        dirty: origin.dirty,
+        history_incomplete: false,
+        recorded_at: 0,
+        commits: origin.commits,
+    })
 }
 
 impl Source {
@@ -613,6 +655,16 @@ impl pb::source_service_server::SourceService for Source {
             _ => return Err(PlinthError::invalid("an import starts with its header").into()),
         };
         tracing::Span::current().record("environment", header.environment_id.as_str());
+        let pushed = match (&header.git, header.origin.clone()) {
+            (Some(_), Some(_)) => {
+                return Err(PlinthError::invalid(
+                    "a git import finds its origin itself; an origin is named only with an archive",
+                )
+                .into());
+            }
+            (None, Some(origin)) => Some(pushed_origin(origin)?),
+            (_, None) => None,
+        };
         self.bind(&header.environment_id, &header.scope).await?;
         let work = self.work();
         let mut imported: Imported = match &header.git {
@@ -646,7 +698,14 @@ impl pb::source_service_server::SourceService for Source {
                 .map_err(import_error)?
             }
         };
-        let origin = imported.origin.take();
+        let mut origin = imported.origin.take().or(pushed);
+        if let Some(origin) = &mut origin {
+            origin.recorded_at = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| {
+                    i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
+                });
+        }
         match &origin {
             Some(origin) => {
                 self.index
@@ -681,6 +740,7 @@ impl pb::source_service_server::SourceService for Source {
             bytes,
             symlinks,
             skipped,
+            warnings = imported.warnings.len(),
             "import landed"
         );
         Ok(Response::new(pb::ImportReport {
@@ -692,6 +752,7 @@ impl pb::source_service_server::SourceService for Source {
             stripped_wrapper: imported.stripped_wrapper,
             symlinks,
             origin: origin.map(pb::Origin::from),
+            warnings: imported.warnings,
         }))
     }
 

@@ -5,7 +5,7 @@ use plinth_blobs::Digest;
 
 use plinth_source::paths::SourcePath;
 use plinth_source::persistence::{
-    DigestSet, FailedCondition, IndexEntry, Kind, Stats, WriteCondition,
+    DigestSet, FailedCondition, IndexEntry, Kind, Origin, Stats, WriteCondition,
 };
 use plinth_source::{Index, IndexError};
 
@@ -42,6 +42,7 @@ index_suite!(
     imports_land_whole_or_not_at_all,
     sources_are_separate_per_environment,
     conditional_writes_race_and_exactly_one_wins,
+    an_origin_keeps_every_detail_until_an_archive_replaces_the_source,
 );
 
 async fn open(url: &str) -> Index {
@@ -223,6 +224,61 @@ async fn imports_land_whole_or_not_at_all(index: Index) {
     );
     let stats = index.stats(&[ENV.to_owned()]).await.expect("stats");
     assert_eq!(stats.get(ENV), Some(&Stats { files: 1, bytes: 1 }));
+}
+
+async fn an_origin_keeps_every_detail_until_an_archive_replaces_the_source(index: Index) {
+    let entry = |p: &str| IndexEntry {
+        path: path(p),
+        kind: Kind::File,
+        digest: Some(Digest::of(b"x")),
+        size: 1,
+        executable: false,
+        target: None,
+    };
+    let pushed = Origin {
+        commit: "4f1c2d9e1b7a3c5d8e9f0a1b2c3d4e5f6a7b8c9d".to_owned(),
+        reference: "main".to_owned(),
+        describe: "v1.2.3-2-g4f1c2d9".to_owned(),
+        dirty: true,
+        history_incomplete: false,
+        recorded_at: 1_772_600_767,
+        commits: 42,
+    };
+    index
+        .apply_git_import_held(ENV, true, &[entry("a.py")], None, &pushed)
+        .await
+        .expect("import");
+    assert_eq!(
+        index.origin(ENV).await.expect("origin"),
+        Some(pushed.clone())
+    );
+    let imported = Origin {
+        describe: "4f1c2d9".to_owned(),
+        dirty: false,
+        history_incomplete: true,
+        commits: 0,
+        ..pushed
+    };
+    index
+        .apply_git_import_held(ENV, true, &[entry("a.py")], None, &imported)
+        .await
+        .expect("import");
+    assert_eq!(
+        index.origin(ENV).await.expect("origin"),
+        Some(imported.clone()),
+        "the last one wins, whole"
+    );
+    // Landed over the source, an archive keeps the origin; replacing it, forgets it.
+    index
+        .apply_import(ENV, false, &[entry("b.py")])
+        .await
+        .expect("import");
+    assert_eq!(index.origin(ENV).await.expect("origin"), Some(imported));
+    index
+        .apply_import(ENV, true, &[entry("b.py")])
+        .await
+        .expect("import");
+    assert_eq!(index.origin(ENV).await.expect("origin"), None);
 }
 
 async fn sources_are_separate_per_environment(index: Index) {
