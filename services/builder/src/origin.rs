@@ -499,38 +499,38 @@ fn split_distance(describe: &str) -> Option<(&str, u64)> {
 /// version starting with a digit (after an optional `v`); what follows a `+` is its local
 /// part, kept when the whole still parses. Normalized as PEP 440 (`v1.02` → `1.2`).
 fn tag_version(tag: &str) -> Option<pep440_rs::Version> {
+    let rest = pattern_version(tag)?;
+    let (version, suffix) = match rest.find('+') {
+        Some(plus) => (&rest[..plus], &rest[plus..]),
+        None => (rest, ""),
+    };
+    let parsed = pep440_rs::Version::from_str(version).ok()?;
+    if !suffix.is_empty()
+        && let Ok(whole) = pep440_rs::Version::from_str(rest)
+    {
+        return Some(whole);
+    }
+    Some(parsed)
+}
+
+/// What the default tag pattern takes as the version in `text` (a tag or a branch name), its
+/// local part included: after the longest prefix of word characters and dashes ending in a
+/// dash that leaves a digit (after an optional `v`) next.
+fn pattern_version(text: &str) -> Option<&str> {
     let word = |c: char| c.is_alphanumeric() || c == '_' || c == '-';
-    let run = tag.find(|c: char| !word(c)).unwrap_or(tag.len());
-    let starts = tag[..run]
+    let run = text.find(|c: char| !word(c)).unwrap_or(text.len());
+    text[..run]
         .match_indices('-')
         .map(|(at, _)| at + 1)
         .filter(|&start| start > 1)
         .rev()
-        .chain(std::iter::once(0));
-    for start in starts {
-        let rest = &tag[start..];
-        let digits = rest
-            .strip_prefix(['v', 'V'])
-            .unwrap_or(rest)
-            .starts_with(|c: char| c.is_ascii_digit());
-        if !digits {
-            continue;
-        }
-        let (version, suffix) = match rest.find('+') {
-            Some(plus) => (&rest[..plus], &rest[plus..]),
-            None => (rest, ""),
-        };
-        let Ok(parsed) = pep440_rs::Version::from_str(version) else {
-            return None;
-        };
-        if !suffix.is_empty()
-            && let Ok(whole) = pep440_rs::Version::from_str(rest)
-        {
-            return Some(whole);
-        }
-        return Some(parsed);
-    }
-    None
+        .chain(std::iter::once(0))
+        .map(|start| &text[start..])
+        .find(|rest| {
+            rest.strip_prefix(['v', 'V'])
+                .unwrap_or(rest)
+                .starts_with(|c: char| c.is_ascii_digit())
+        })
 }
 
 /// A version's local part as PEP 440 writes it, without the `+`; empty when none.
@@ -593,23 +593,9 @@ fn main_version(facts: &Facts, scheme: VersionScheme) -> Result<String, String> 
 /// The version part of a branch name as the default tag pattern reads it, without a leading
 /// `v` (as setuptools-scm compares it, unnormalized).
 fn branch_version(name: &str) -> Option<String> {
-    let word = |c: char| c.is_alphanumeric() || c == '_' || c == '-';
-    let run = name.find(|c: char| !word(c)).unwrap_or(name.len());
-    let starts = name[..run]
-        .match_indices('-')
-        .map(|(at, _)| at + 1)
-        .filter(|&start| start > 1)
-        .rev()
-        .chain(std::iter::once(0));
-    for start in starts {
-        let rest = &name[start..];
-        let unprefixed = rest.strip_prefix(['v', 'V']).unwrap_or(rest);
-        if unprefixed.starts_with(|c: char| c.is_ascii_digit()) {
-            let version = rest.split('+').next().unwrap_or(rest);
-            return Some(version.strip_prefix('v').unwrap_or(version).to_owned());
-        }
-    }
-    None
+    let rest = pattern_version(name)?;
+    let version = rest.split('+').next().unwrap_or(rest);
+    Some(version.strip_prefix('v').unwrap_or(version).to_owned())
 }
 
 /// `guess_next_version`: a `.dev0` tag's release, otherwise the last number bumped (`1.2.3` →
