@@ -732,28 +732,12 @@ fn node_and_time(facts: &Facts, format: &str) -> String {
 
 /// `seconds` since the Unix epoch, UTC, as `%Y%m%d` or `%Y%m%d%H%M%S`.
 fn utc(seconds: i64, format: &str) -> String {
-    let days = seconds.div_euclid(86_400);
-    let of_day = seconds.rem_euclid(86_400);
-    // Howard Hinnant's days-to-civil.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day, hour, minute, second) = plinth_kit::clock::civil(seconds);
     let date = format!("{year:04}{month:02}{day:02}");
     if format == "%Y%m%d" {
         return date;
     }
-    format!(
-        "{date}{:02}{:02}{:02}",
-        of_day / 3600,
-        of_day % 3600 / 60,
-        of_day % 60
-    )
+    format!("{date}{hour:02}{minute:02}{second:02}")
 }
 
 /// `combine_version_with_local_parts`: the local parts added to the version's own, each
