@@ -83,7 +83,7 @@ fn wheelhouse(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 
 /// POSTs a build; returns how long the POST took and how long until the build was ready, as
 /// seen by asking every 10 ms (so the figure includes ~5 ms of polling on average).
-async fn build(
+pub(crate) async fn build(
     client: &reqwest::Client,
     base: &str,
     id: &str,

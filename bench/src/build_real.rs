@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context as _;
 
@@ -145,23 +145,6 @@ fn by_hand(kind: Kind, uv: &Path, dir: &Path, cache: &Path) -> anyhow::Result<f6
     Ok(begun.elapsed().as_secs_f64())
 }
 
-/// POSTs build `version` and waits until it is ready; its seconds.
-async fn build(
-    client: &reqwest::Client,
-    base: &str,
-    id: &str,
-    version: u64,
-) -> anyhow::Result<f64> {
-    let begun = Instant::now();
-    client
-        .post(format!("{base}/v1/environments/{id}/build"))
-        .send()
-        .await?
-        .error_for_status()?;
-    crate::service::wait_for_build(client, base, id, version, Duration::from_millis(10)).await?;
-    Ok(begun.elapsed().as_secs_f64())
-}
-
 /// The phase lines of build `version`'s log.
 async fn phases(
     client: &reqwest::Client,
@@ -214,15 +197,9 @@ pub async fn run(uv: &Path, fresh_fs: bool, journal: bool) -> anyhow::Result<()>
         std::fs::write(dir.join(project.changed), &changed)?;
         let again_hand = by_hand(project.kind, uv, &dir, &cache)?;
 
-        let created: serde_json::Value = client
-            .post(format!("{}/v1/environments", service.base))
-            .json(&serde_json::json!({"name": format!("Real {index}")}))
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
+        let id = service
+            .environment(&client, &format!("Real {index}"))
             .await?;
-        let id = created["id"].as_str().context("no id")?.to_owned();
         client
             .post(format!("{}/v1/environments/{id}/import", service.base))
             .header("content-type", "application/gzip")
@@ -230,7 +207,7 @@ pub async fn run(uv: &Path, fresh_fs: bool, journal: bool) -> anyhow::Result<()>
             .send()
             .await?
             .error_for_status()?;
-        let first_plinth = build(&client, &service.base, &id, 1).await?;
+        let (_, first_plinth) = crate::build::build(&client, &service.base, &id, 1).await?;
         client
             .put(format!(
                 "{}/v1/environments/{id}/files/{}",
@@ -240,7 +217,7 @@ pub async fn run(uv: &Path, fresh_fs: bool, journal: bool) -> anyhow::Result<()>
             .send()
             .await?
             .error_for_status()?;
-        let again_plinth = build(&client, &service.base, &id, 2).await?;
+        let (_, again_plinth) = crate::build::build(&client, &service.base, &id, 2).await?;
         let mut shown = String::new();
         for version in [1, 2] {
             shown.push_str(&format!("    version {version}:\n"));
