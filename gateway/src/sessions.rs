@@ -118,28 +118,12 @@ impl TestCommand {
             return TestCommand::Unknown;
         }
         // Names as PEP 503 normalizes them: `PyTest` and `pytest` are one package.
-        if python.any(|package| normalized(&package.name) == "pytest") {
+        if python.any(|package| plinth_kit::python_install::normalized(&package.name) == "pytest") {
             TestCommand::Pytest
         } else {
             TestCommand::Unittest
         }
     }
-}
-
-/// A Python package's name as PEP 503 compares names: lowercase, runs of `-`, `_` and `.` one
-/// `-`.
-fn normalized(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for c in name.chars() {
-        if matches!(c, '-' | '_' | '.') {
-            if !out.ends_with('-') {
-                out.push('-');
-            }
-        } else {
-            out.extend(c.to_lowercase());
-        }
-    }
-    out
 }
 
 /// The instructions of §6.4: where the project is, that it is read-only and shared, that its
@@ -1420,6 +1404,9 @@ mod tests {
             TestCommand::Unknown
         );
         assert_eq!(TestCommand::for_packages(&[]), TestCommand::Unknown);
-        assert_eq!(normalized("Zope.Interface__x"), "zope-interface-x");
+        assert_eq!(
+            plinth_kit::python_install::normalized("Zope.Interface__x"),
+            "zope-interface-x"
+        );
     }
 }

@@ -183,8 +183,8 @@ fn is_name(name: &str) -> bool {
         && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
 }
 
-/// A group's or an extra's name as compared (PEP 503): lowercase, runs of `-`, `_` and `.`
-/// as one `-`.
+/// A Python name (a package's, a group's, an extra's) as compared (PEP 503): lowercase, runs
+/// of `-`, `_` and `.` as one `-`.
 pub fn normalized(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     let mut separator = false;
