@@ -883,7 +883,7 @@ async fn produce(
             .layer_tree
             .parse()
             .map_err(|_| "the reusable build names no valid layer".to_owned())?;
-        for dependencies in [".venv", "node_modules"] {
+        for dependencies in crate::kept::TREES {
             let path = scratch.join(dependencies);
             if tokio::fs::symlink_metadata(&path).await.is_ok() {
                 let _ = tokio::fs::remove_dir_all(&path).await;
@@ -902,7 +902,7 @@ async fn produce(
         };
         if !taken {
             retrying("reusing the dependencies", lease_lost, &log, || {
-                materialize(blobs, &layer, scratch, Some(&[".venv", "node_modules"]))
+                materialize(blobs, &layer, scratch, Some(&crate::kept::TREES))
             })
             .await
             .map_err(|error| {
