@@ -265,6 +265,75 @@ EOF"#,
 }
 
 #[tokio::test]
+async fn memory_a_command_left_holding_counts_in_its_sessions_limit() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let id = built_environment(&server, "Background Memory", BUILD_LIMIT).await;
+    let hog = start_session_with(
+        &server,
+        json!({ "environment": id, "limits": { "memory_mb": 64 } }),
+    )
+    .await;
+    // One command leaves 40 MiB of touched memory behind it, in the background...
+    let started = ok(
+        &server,
+        &hog,
+        "nohup python3 -c 'import time; held = bytearray(40 << 20); time.sleep(1022)' \
+         > /dev/null 2>&1 & echo started",
+    )
+    .await;
+    assert_eq!(started, "started\n");
+    assert_eq!(running("time.sleep(1022)", 1).await, 1);
+    // (until it has touched its pages: its resident size, read from the host, passes 40 MiB)
+    let resident_kib = || {
+        host_processes("time.sleep(1022)")
+            .first()
+            .and_then(|found| found.split(':').next().map(str::to_owned))
+            .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+            .and_then(|status| {
+                status
+                    .lines()
+                    .find(|line| line.starts_with("VmRSS:"))
+                    .and_then(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+            })
+            .unwrap_or(0)
+    };
+    let mut held = false;
+    for _ in 0..100 {
+        held = resident_kib() > 40 * 1024;
+        if held {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(held, "the background process never held its 40 MiB");
+    // ...so the next one cannot take 40 MiB more: the session's 64 MiB hold both. Whichever
+    // the kernel kills, they never stand side by side.
+    let next = run(
+        &server,
+        &hog,
+        "python3 -c 'held = bytearray(40 << 20); print(\"allocated\")'",
+        60_000,
+    )
+    .await;
+    let allocated = next["stdout"].as_str().unwrap_or("").contains("allocated");
+    let left = host_processes("time.sleep(1022)").len();
+    assert!(
+        !(allocated && left == 1),
+        "80 MiB side by side under a 64 MiB limit: {next}"
+    );
+    // The server and another session go on.
+    let other = start_session_with(&server, json!({ "environment": id })).await;
+    assert_eq!(ok(&server, &other, "echo fine").await, "fine\n");
+    end(&server, &hog).await;
+    assert_eq!(gone("time.sleep(1022)").await, Vec::<String>::new());
+    end(&server, &other).await;
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn without_isolation_what_a_command_left_running_still_ends_with_its_session() {
     if !crate::helpers::can_build() {
         return;
