@@ -7,12 +7,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context as _;
 
 use crate::fresh_fs::WorkDir;
-use crate::service::Service;
+use crate::service::{Service, build};
 
 /// Build benchmark.
 #[derive(Debug, clap::Args)]
@@ -79,25 +79,6 @@ fn wheelhouse(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         .collect();
     wheels.sort();
     Ok(wheels)
-}
-
-/// POSTs a build; returns how long the POST took and how long until the build was ready, as
-/// seen by asking every 10 ms (so the figure includes ~5 ms of polling on average).
-pub(crate) async fn build(
-    client: &reqwest::Client,
-    base: &str,
-    id: &str,
-    version: u64,
-) -> anyhow::Result<(f64, f64)> {
-    let begun = Instant::now();
-    client
-        .post(format!("{base}/v1/environments/{id}/build"))
-        .send()
-        .await?
-        .error_for_status()?;
-    let answered = begun.elapsed().as_secs_f64();
-    crate::service::wait_for_build(client, base, id, version, Duration::from_millis(10)).await?;
-    Ok((answered, begun.elapsed().as_secs_f64()))
 }
 
 /// Builds a one-file project and waits for it, so the measured build finds the builder running

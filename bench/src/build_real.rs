@@ -207,7 +207,7 @@ pub async fn run(uv: &Path, fresh_fs: bool, journal: bool) -> anyhow::Result<()>
             .send()
             .await?
             .error_for_status()?;
-        let (_, first_plinth) = crate::build::build(&client, &service.base, &id, 1).await?;
+        let (_, first_plinth) = crate::service::build(&client, &service.base, &id, 1).await?;
         client
             .put(format!(
                 "{}/v1/environments/{id}/files/{}",
@@ -217,7 +217,7 @@ pub async fn run(uv: &Path, fresh_fs: bool, journal: bool) -> anyhow::Result<()>
             .send()
             .await?
             .error_for_status()?;
-        let (_, again_plinth) = crate::build::build(&client, &service.base, &id, 2).await?;
+        let (_, again_plinth) = crate::service::build(&client, &service.base, &id, 2).await?;
         let mut shown = String::new();
         for version in [1, 2] {
             shown.push_str(&format!("    version {version}:\n"));

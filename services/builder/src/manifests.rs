@@ -426,14 +426,14 @@ fn project(
     let mut pip_requirements = Vec::new();
     if let Some(document) = document {
         let project = document.get("project");
+        let optional = project
+            .and_then(|project| project.get("optional-dependencies"))
+            .and_then(toml::Value::as_table);
         if !package {
             pip_requirements.extend(strings(
                 project.and_then(|project| project.get("dependencies")),
                 "project.dependencies",
             )?);
-            let optional = project
-                .and_then(|project| project.get("optional-dependencies"))
-                .and_then(toml::Value::as_table);
             for extra in &extras {
                 let found = optional.and_then(|optional| {
                     optional
@@ -453,9 +453,6 @@ fn project(
                 )?);
             }
         } else if !extras.is_empty() {
-            let optional = project
-                .and_then(|project| project.get("optional-dependencies"))
-                .and_then(toml::Value::as_table);
             for extra in &extras {
                 let known = optional.is_some_and(|optional| {
                     optional
