@@ -18,6 +18,7 @@ mod clients;
 mod crashes;
 mod credentials;
 mod data_dir;
+mod docs;
 mod edge;
 mod environments;
 mod everyday_tools;

@@ -1,6 +1,7 @@
 //! The operators' kit stays in step with the metrics Plinth exports: every metric the Grafana
 //! dashboards (`deploy/grafana/*.json`) and the alerting rules (`deploy/prometheus/`) query is
-//! in the README's metrics table, every alert has a runbook line in the README, and the
+//! in the metrics table (`docs/operating/telemetry.md`), every alert has a runbook line in
+//! the alerts runbook (`docs/operating/alerts.md`, which each rule's `runbook_url` names), and the
 //! `PrometheusRule` carries the same rules as the plain rules file.
 //!
 //! And it deploys what runs: the Kustomize overlays (`deploy/kubernetes/overlays/*`), rendered
@@ -22,7 +23,10 @@ const TABLE_START: &str = "<!-- metrics-table:start -->";
 const TABLE_END: &str = "<!-- metrics-table:end -->";
 const RULES: &str = "deploy/prometheus/alerts.yml";
 const PROMETHEUS_RULE: &str = "deploy/prometheus/prometheusrule.yaml";
-const RUNBOOK_URL: &str = "README.md#alerts";
+/// The page of the metrics table.
+const TELEMETRY: &str = "docs/operating/telemetry.md";
+/// The alerts runbook, which every rule's `runbook_url` names (from the repository's root).
+const RUNBOOK_URL: &str = "docs/operating/alerts.md";
 const HISTOGRAM_SUFFIXES: [&str; 3] = ["_bucket", "_sum", "_count"];
 
 fn root() -> PathBuf {
@@ -41,16 +45,16 @@ pub(crate) enum Kind {
     Histogram,
 }
 
-/// The README's metrics table (between the markers): metric name → type.
+/// The metrics table (between the markers in [`TELEMETRY`]): metric name → type.
 pub(crate) fn metrics_table() -> BTreeMap<String, Kind> {
-    let readme = read("README.md");
+    let readme = read(TELEMETRY);
     let start = readme
         .find(TABLE_START)
-        .unwrap_or_else(|| panic!("README.md: no `{TABLE_START}` line"))
+        .unwrap_or_else(|| panic!("{TELEMETRY}: no `{TABLE_START}` line"))
         + TABLE_START.len();
     let end = readme[start..]
         .find(TABLE_END)
-        .unwrap_or_else(|| panic!("README.md: no `{TABLE_END}` line after `{TABLE_START}`"))
+        .unwrap_or_else(|| panic!("{TELEMETRY}: no `{TABLE_END}` line after `{TABLE_START}`"))
         + start;
     let mut table = BTreeMap::new();
     for line in readme[start..end].lines().map(str::trim) {
@@ -62,7 +66,7 @@ pub(crate) fn metrics_table() -> BTreeMap<String, Kind> {
             .and_then(|rest| rest.strip_suffix('|'))
             .unwrap_or_else(|| {
                 panic!(
-                    "README.md metrics table: a line between the markers is not a table row: {line}"
+                    "{TELEMETRY} metrics table: a line between the markers is not a table row: {line}"
                 )
             });
         let cells: Vec<&str> = row.split('|').map(str::trim).collect();
@@ -75,7 +79,7 @@ pub(crate) fn metrics_table() -> BTreeMap<String, Kind> {
         }
         assert!(
             cells.len() == 5,
-            "README.md metrics table: a row has {} columns, not 5 (metric, type, labels, \
+            "{TELEMETRY} metrics table: a row has {} columns, not 5 (metric, type, labels, \
              exported by, meaning): {line}",
             cells.len()
         );
@@ -84,7 +88,7 @@ pub(crate) fn metrics_table() -> BTreeMap<String, Kind> {
             .and_then(|cell| cell.strip_suffix('`'))
             .unwrap_or_else(|| {
                 panic!(
-                    "README.md metrics table: the first column is not a name in backticks: {line}"
+                    "{TELEMETRY} metrics table: the first column is not a name in backticks: {line}"
                 )
             });
         assert!(
@@ -92,31 +96,31 @@ pub(crate) fn metrics_table() -> BTreeMap<String, Kind> {
                 && name
                     .chars()
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
-            "README.md metrics table: `{name}` is not a metric name ([a-z0-9_]+)"
+            "{TELEMETRY} metrics table: `{name}` is not a metric name ([a-z0-9_]+)"
         );
         let kind = match cells[1].split_whitespace().next() {
             Some("counter") => Kind::Counter,
             Some("gauge") => Kind::Gauge,
             Some("histogram") => Kind::Histogram,
             _ => panic!(
-                "README.md metrics table: `{name}` has type `{}`, not counter, gauge or histogram",
+                "{TELEMETRY} metrics table: `{name}` has type `{}`, not counter, gauge or histogram",
                 cells[1]
             ),
         };
         if kind == Kind::Counter {
             assert!(
                 name.ends_with("_total"),
-                "README.md metrics table: the counter `{name}` does not end in `_total`"
+                "{TELEMETRY} metrics table: the counter `{name}` does not end in `_total`"
             );
         }
         assert!(
             table.insert(name.to_owned(), kind).is_none(),
-            "README.md metrics table: `{name}` is listed twice"
+            "{TELEMETRY} metrics table: `{name}` is listed twice"
         );
     }
     assert!(
         !table.is_empty(),
-        "README.md: the metrics table between `{TABLE_START}` and `{TABLE_END}` has no rows"
+        "{TELEMETRY}: the metrics table between `{TABLE_START}` and `{TABLE_END}` has no rows"
     );
     table
 }
@@ -147,7 +151,7 @@ fn unlisted_metrics(table: &BTreeMap<String, Kind>, place: &str, expr: &str) -> 
         });
         if !histogram_series {
             problems.push(format!(
-                "{place}: `{name}` is not in README.md's metrics table (nor a `_bucket`, `_sum` \
+                "{place}: `{name}` is not in {TELEMETRY}'s metrics table (nor a `_bucket`, `_sum` \
                  or `_count` series of a histogram listed there); expr: {expr}"
             ));
         }
@@ -203,7 +207,7 @@ fn readme_metrics_table_lists_the_exported_metrics() {
     ] {
         assert!(
             table.contains_key(name),
-            "README.md metrics table: `{name}` is missing"
+            "{TELEMETRY} metrics table: `{name}` is missing"
         );
     }
 }
@@ -356,20 +360,14 @@ fn alerts(file: &str) -> Vec<Alert> {
     alerts
 }
 
-/// The README's `### Alerts` section, up to the next heading of its level or above.
-fn readme_alerts_section() -> String {
-    let readme = read("README.md");
-    let mut lines = readme
-        .lines()
-        .skip_while(|line| line.trim_end() != "### Alerts");
+/// The alerts runbook, the page every rule's `runbook_url` names.
+fn alerts_runbook() -> String {
+    let runbook = read(RUNBOOK_URL);
     assert!(
-        lines.next().is_some(),
-        "README.md: no `### Alerts` section (the alerts' runbook_url points at it)"
+        runbook.starts_with("# Alerts\n"),
+        "{RUNBOOK_URL}: not the alerts runbook (its first line is not `# Alerts`)"
     );
-    lines
-        .take_while(|line| !line.starts_with("## ") && !line.starts_with("### "))
-        .collect::<Vec<_>>()
-        .join("\n")
+    runbook
 }
 
 #[test]
@@ -381,7 +379,7 @@ fn alert_rules_query_only_listed_metrics_and_have_runbooks() {
         "{RULES}: {} alerts, expected at least 8",
         rules.len()
     );
-    let runbooks = readme_alerts_section();
+    let runbooks = alerts_runbook();
     let mut problems = Vec::new();
     let mut names = BTreeSet::new();
     for alert in &rules {
@@ -414,7 +412,7 @@ fn alert_rules_query_only_listed_metrics_and_have_runbooks() {
         }
         if !runbooks.contains(&format!("**{}**", alert.name)) {
             problems.push(format!(
-                "{place}: no runbook line with **{}** in README.md's `### Alerts` section",
+                "{place}: no runbook line with **{}** in {RUNBOOK_URL}",
                 alert.name
             ));
         }

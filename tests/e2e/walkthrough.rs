@@ -1,9 +1,11 @@
-//! The README's walk-through, run as written: every command of its `console` blocks goes, in
-//! order, through `sh` and the real `curl` to a real `plinth serve`, and each answer is held
-//! to what the README shows under the command. What a new user copies must work.
+//! The walk-through (`docs/guide/walkthrough.md`), run as written: every command of its
+//! `console` blocks goes, in order, through `sh` (and the real `curl`) to a real
+//! `plinth serve`, and each answer is held to what the page shows under the command. What a
+//! new user copies must work, from the shell lines that make its inputs to the last call.
 //!
-//! A shown answer is checked for its shape, not its every byte: the status (an `HTTP nnn`
-//! line, else any 2xx), every `"key":` it shows, and every value it shows in full, except
+//! A curl's shown answer is checked for its shape, not its every byte: the status (an
+//! `HTTP nnn` line below the body, where curl's write-out prints it, else any 2xx), every
+//! `"key":` it shows, and every value it shows in full, except
 //! values that differ from run to run (times, durations, working directories). A value cut
 //! with `…` must begin, continue and end as shown. An answer that is not JSON (a file, a build
 //! log) is compared as text, `…` standing for anything.
@@ -19,7 +21,10 @@ use std::time::{Duration, Instant};
 
 use crate::processes::{Process, free_port, wait_until_ready};
 
-const README: &str = include_str!("../../README.md");
+/// Where the walk-through is, from the repository's root.
+const PAGE: &str = "docs/guide/walkthrough.md";
+
+const WALK_THROUGH: &str = include_str!("../../docs/guide/walkthrough.md");
 
 /// Commands of the walk-through this test does not run, each with the reason. Each must
 /// still be in the walk-through, so the list cannot outlive what it excuses.
@@ -28,22 +33,25 @@ const NOT_RUN: &[(&str, &str)] = &[(
     "a git import from GitHub: tests send nothing beyond loopback",
 )];
 
-/// The subsections the walk-through is expected to hold; a parse that loses one fails.
-const SUBSECTIONS: &[&str] = &[
-    "### Files and imports",
-    "### Builds and versions",
-    "### Harnesses",
-    "### Sessions and tasks",
-    "### Workspace adapters",
+/// The sections the walk-through is expected to hold; a parse that loses one fails.
+const SECTIONS: &[&str] = &[
+    "## What the walk-through sends",
+    "## Environments",
+    "## Files and imports",
+    "## Conditional and ranged requests",
+    "## Builds and versions",
+    "## Harnesses",
+    "## Sessions and tasks",
+    "## Workspace adapters",
 ];
 
 /// How long one command may run (a followed build log ends with the build).
 const COMMAND_LIMIT: Duration = Duration::from_secs(60);
 
-/// How the README spells the server's address.
-const README_ADDRESS: &str = "localhost:8080";
+/// How the walk-through spells the server's address.
+const PAGE_ADDRESS: &str = "localhost:8080";
 
-/// Prefixes of the ids (and generated credentials) the README shows.
+/// Prefixes of the ids (and generated credentials) the walk-through shows.
 const ID_PREFIXES: &[&str] = &[
     "henv_",
     "sess_",
@@ -54,24 +62,18 @@ const ID_PREFIXES: &[&str] = &[
     "plinth_brain_",
 ];
 
-/// `run.py` of `studio.tar.gz`: the project's entry, a line on stderr and one on stdout.
-const RUN_PY: &str = "import sys\n\
-print(\"rendering\", sys.argv[-1], file=sys.stderr)\n\
-print(f\"teaser-{sys.argv[-1]}.mp4\")\n";
-
 #[tokio::test]
-async fn the_readme_walk_through_runs_as_written() {
+async fn the_walk_through_runs_as_written() {
     if !crate::helpers::can_build() {
         return;
     }
-    let (section, first_line) = walk_through(README);
-    for heading in SUBSECTIONS {
+    for heading in SECTIONS {
         assert!(
-            section.lines().any(|line| line.starts_with(heading)),
-            "the walk-through has no {heading:?}"
+            WALK_THROUGH.lines().any(|line| line.starts_with(heading)),
+            "{PAGE} has no {heading:?}"
         );
     }
-    let steps = steps(section, first_line);
+    let steps = steps(WALK_THROUGH, 0);
     for (needle, reason) in NOT_RUN {
         let matching = steps
             .iter()
@@ -92,7 +94,6 @@ async fn the_readme_walk_through_runs_as_written() {
     for dir in [&data, &work, &home] {
         std::fs::create_dir(dir).expect("mkdir");
     }
-    write_inputs(&work);
     // What `-w '\nHTTP %{http_code}\n'` adds, for every curl; and curl talks to nothing but
     // the server, whatever proxy the environment names.
     std::fs::write(
@@ -120,7 +121,7 @@ async fn the_readme_walk_through_runs_as_written() {
             .iter()
             .find(|(needle, _)| step.command.contains(needle))
         {
-            eprintln!("README line {}: not run: {reason}", step.line);
+            eprintln!("{PAGE} line {}: not run: {reason}", step.line);
             continue;
         }
         run.step(step);
@@ -162,63 +163,10 @@ pub(crate) fn serve_command(address: &str, data: &Path) -> Command {
     command
 }
 
-/// The files the walk-through reads: `studio.tar.gz` (as the README describes it) and
-/// `plan.md`.
-fn write_inputs(work: &Path) {
-    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
-        Vec::new(),
-        flate2::Compression::fast(),
-    ));
-    let mut directory = |path: &str| {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Directory);
-        header.set_mode(0o755);
-        header.set_size(0);
-        builder
-            .append_data(&mut header, path, std::io::empty())
-            .expect("directory");
-    };
-    directory("content-studio/");
-    directory("content-studio/assets/");
-    let file = |builder: &mut tar::Builder<_>, path: &str, data: &str| {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Regular);
-        header.set_mode(0o644);
-        header.set_size(data.len() as u64);
-        builder
-            .append_data(&mut header, path, data.as_bytes())
-            .expect("file");
-    };
-    file(&mut builder, "content-studio/run.py", RUN_PY);
-    file(&mut builder, "content-studio/setup.sh", "echo setup done\n");
-    file(&mut builder, "content-studio/assets/logo.svg", "<svg/>\n");
-    let mut link = tar::Header::new_gnu();
-    link.set_entry_type(tar::EntryType::Symlink);
-    link.set_size(0);
-    builder
-        .append_link(&mut link, "content-studio/assets/latest.svg", "logo.svg")
-        .expect("symlink");
-    let archive = builder.into_inner().expect("tar").finish().expect("gzip");
-    std::fs::write(work.join("studio.tar.gz"), archive).expect("studio.tar.gz");
-    std::fs::write(work.join("plan.md"), "# Plan\n\n1. Cut the teaser.\n").expect("plan.md");
-}
-
-/// The README from `## Walk-through` up to the next `## ` heading, and how many lines come
-/// before it.
-fn walk_through(readme: &str) -> (&str, usize) {
-    let start = readme
-        .find("\n## Walk-through")
-        .expect("the README has a `## Walk-through` section")
-        + 1;
-    let rest = &readme[start..];
-    let end = rest.find("\n## ").map_or(rest.len(), |at| at + 1);
-    (&rest[..end], readme[..start].lines().count())
-}
-
 /// One command of a `console` block and the answer shown under it.
 #[derive(Debug)]
 struct Step {
-    /// Where the command begins in the README, 1-based.
+    /// Where the command begins on the page, 1-based.
     line: usize,
     command: String,
     shown: String,
@@ -227,7 +175,8 @@ struct Step {
 /// Every command of the section's `console` blocks, in order. A line `$ …` begins a command;
 /// it goes on while the shell would read on (a trailing `\`, an open quote); the lines after
 /// it, up to the next command or the block's end, are its answer. A comment after two
-/// spaces ends an answer line. `first_line` is how many README lines come before `section`.
+/// spaces ends an answer line. `first_line` is how many lines of the page come before
+/// `section`.
 fn steps(section: &str, first_line: usize) -> Vec<Step> {
     let mut steps: Vec<Step> = Vec::new();
     let mut in_block = false;
@@ -315,7 +264,7 @@ fn strip_comment(line: &str) -> &str {
     }
 }
 
-/// README ids (whole, or the prefix before `…` and so cut) and the real ids they stand for.
+/// Ids as the page shows them (whole, or the prefix before `…` and so cut) and the real ids they stand for.
 #[derive(Debug, Default)]
 struct Ids(Vec<Known>);
 
@@ -326,7 +275,7 @@ struct Known {
     real: String,
 }
 
-/// An id as the README writes it: its text, the part before any `…`, and whether it is cut.
+/// An id as the page writes it: its text, the part before any `…`, and whether it is cut.
 #[derive(Debug, Clone, PartialEq)]
 struct IdToken {
     range: std::ops::Range<usize>,
@@ -381,7 +330,7 @@ fn id_tokens(text: &str) -> Vec<IdToken> {
 }
 
 impl Ids {
-    /// The real id a README id stands for, if an earlier answer said. Ids match when they
+    /// The real id a shown id stands for, if an earlier answer said. Ids match when they
     /// are equal, or one is cut and the other begins with it.
     fn resolve(&self, token: &IdToken) -> Option<String> {
         if !token.stem_has_digits() {
@@ -470,7 +419,7 @@ enum Value {
     Other,
 }
 
-/// Every `"key": value` in JSON-like text (the README's answers elide with `…` and are not
+/// Every `"key": value` in JSON-like text (the page's answers elide with `…` and are not
 /// JSON; real answers may be several JSON documents, one a line), in order.
 fn pairs(text: &str) -> Vec<(String, Value)> {
     let chars: Vec<char> = text.chars().collect();
@@ -560,29 +509,38 @@ fn matches_elided(pattern: &str, text: &str) -> bool {
     rest.ends_with(last)
 }
 
-/// What differs between an answer the README shows and the real one (status and body), one
-/// line each; empty when the real answer has the shape shown.
+/// What differs between a curl's answer the page shows and the real one (status and body),
+/// one line each; empty when the real answer has the shape shown. The status line is where
+/// curl's write-out prints it: after the body, the last line.
 fn mismatches(shown: &str, status: Option<u16>, body: &str) -> Vec<String> {
     let mut problems = Vec::new();
     let mut expected_status = None;
     let mut shown_body = Vec::new();
-    for line in shown.lines() {
+    let lines: Vec<&str> = shown.lines().collect();
+    for (at, line) in lines.iter().enumerate() {
         match line
             .strip_prefix("HTTP ")
             .and_then(|code| code.trim().parse::<u16>().ok())
         {
-            Some(code) => expected_status = Some(code),
-            None => shown_body.push(line),
+            Some(code) => {
+                if at + 1 != lines.len() {
+                    problems.push(format!(
+                        "`HTTP {code}` is shown above the body: curl prints it below, last"
+                    ));
+                }
+                expected_status = Some(code);
+            }
+            None => shown_body.push(*line),
         }
     }
     let shown_body = shown_body.join("\n");
-    // Every command that is not an assignment is a curl, whose write-out ends the output.
+    // A curl's write-out ends its output.
     match (expected_status, status) {
         (Some(expected), Some(real)) if expected != real => {
-            problems.push(format!("status {real}, the README shows {expected}"));
+            problems.push(format!("status {real}, the page shows {expected}"));
         }
         (None, Some(real)) if !(200..300).contains(&real) => {
-            problems.push(format!("status {real}, the README shows success"));
+            problems.push(format!("status {real}, the page shows success"));
         }
         (_, None) => problems.push("no `HTTP nnn` line ends the output".to_owned()),
         _ => {}
@@ -593,7 +551,7 @@ fn mismatches(shown: &str, status: Option<u16>, body: &str) -> Vec<String> {
     }
     if !(shown_body.starts_with('{') || shown_body.starts_with('[')) {
         if !matches_elided(shown_body, body.trim_end()) {
-            problems.push("the text differs from the README's".to_owned());
+            problems.push("the text differs from the page's".to_owned());
         }
         return problems;
     }
@@ -629,7 +587,7 @@ fn mismatches(shown: &str, status: Option<u16>, body: &str) -> Vec<String> {
         };
         if !found {
             problems.push(format!(
-                "{key:?} is {}, the README shows {}",
+                "{key:?} is {}, the page shows {}",
                 candidates
                     .iter()
                     .map(|value| show(value))
@@ -668,39 +626,53 @@ struct Output {
 }
 
 impl Run {
-    /// Runs one command and holds its answer to the README's.
+    /// Runs one command and holds its answer to the page's.
     fn step(&mut self, step: &Step) {
         if let Some(token) = id_tokens(&step.command)
             .into_iter()
             .find(|token| self.ids.resolve(token).is_none())
         {
             panic!(
-                "README line {}: {} is used before an answer gives it\n$ {}",
+                "{PAGE} line {}: {} is used before an answer gives it\n$ {}",
                 step.line, token.stem, step.command
             );
         }
         let command = self
             .ids
-            .substitute(&step.command.replace(README_ADDRESS, &self.address));
+            .substitute(&step.command.replace(PAGE_ADDRESS, &self.address));
         if let Some(name) = assignment(&command) {
             assert!(
                 step.shown.is_empty(),
-                "README line {}: an assignment answers nothing, yet the README shows\n{}",
+                "{PAGE} line {}: an assignment answers nothing, yet the page shows\n{}",
                 step.line,
                 step.shown
             );
             let output = self.shell(&format!("{command}\nprintf %s \"${name}\""));
             assert!(
                 output.success,
-                "README line {}: $ {}\nfailed: {}",
+                "{PAGE} line {}: $ {}\nfailed: {}",
                 step.line, step.command, output.stderr
             );
             self.variables.insert(name.to_owned(), output.stdout);
             return;
         }
         let output = self.shell(&command);
+        if !command.contains("curl ") {
+            // A shell line that makes the walk-through's inputs: it must succeed, and print
+            // what is shown (nothing, when nothing is).
+            assert!(
+                output.success && output.stdout.trim_end() == step.shown,
+                "{PAGE} line {}: $ {}\nprinted: {}\nstderr: {}\nthe page shows:\n{}",
+                step.line,
+                step.command,
+                output.stdout,
+                output.stderr,
+                step.shown
+            );
+            return;
+        }
         let (status, body) = split_status(&output.stdout);
-        let shown = step.shown.replace(README_ADDRESS, &self.address);
+        let shown = step.shown.replace(PAGE_ADDRESS, &self.address);
         self.ids.learn(&shown, body);
         let shown = self.ids.substitute(&shown);
         let mut problems = mismatches(&shown, status, body);
@@ -709,14 +681,14 @@ impl Run {
         }
         assert!(
             problems.is_empty(),
-            "README line {line}: the answer is not what the README shows\n\
-             $ {readme}\n\
+            "{PAGE} line {line}: the answer is not what the page shows\n\
+             $ {shown_command}\n\
              ran as:\n$ {command}\n\
-             the README shows:\n{expected}\n\
+             the page shows:\n{expected}\n\
              the answer:\n{stdout}{stderr}\n\
              what differs:\n- {problems}",
             line = step.line,
-            readme = step.command,
+            shown_command = step.command,
             expected = step.shown,
             stdout = output.stdout,
             stderr = if output.stderr.is_empty() {
@@ -808,12 +780,18 @@ fn split_status(stdout: &str) -> (Option<u16>, &str) {
 
 #[test]
 fn walkthrough_checks_catch_each_kind_of_difference() {
-    let shown = "HTTP 201\n{\"id\":\"henv_f…\",\"object\":\"environment\",\"files\":{\"count\":0},\
-                 \"name\":\"Co…io\",\"createdAt\":1}";
+    let shown = "{\"id\":\"henv_f…\",\"object\":\"environment\",\"files\":{\"count\":0},\
+                 \"name\":\"Co…io\",\"createdAt\":1}\nHTTP 201";
     let real = "{\"id\":\"henv_ff\",\"object\":\"environment\",\"files\":{\"count\":0},\
                 \"name\":\"Content Studio\",\"createdAt\":99}";
     assert_eq!(mismatches(shown, Some(201), real), Vec::<String>::new());
     assert_eq!(mismatches(shown, Some(200), real).len(), 1, "status");
+    let above = "HTTP 201\n{\"id\":\"henv_f…\"}";
+    assert_eq!(
+        mismatches(above, Some(201), real).len(),
+        1,
+        "the status line above the body, where curl never prints it"
+    );
     assert_eq!(
         mismatches(&shown.replace("environment", "harness"), Some(201), real).len(),
         1,
