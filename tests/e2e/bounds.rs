@@ -14,8 +14,8 @@ use crate::helpers::{Server, assert_error, create_environment, create_environmen
 use crate::novo::{Novo, SECRET};
 use crate::processes::{Process, free_port, wait_until_ready};
 
-/// Peak memory `plinth serve` may reach importing [`long_names_archive`]; the README states
-/// it. Idle it holds ~40 MB; the import itself streams and keeps 32 bytes per member.
+/// Peak memory `plinth serve` may reach importing [`long_names_archive`]; `docs/design/measured.md`
+/// states it. Idle it holds ~40 MB; the import itself streams and keeps 32 bytes per member.
 const IMPORT_PEAK_MAX_MB: u64 = 128;
 /// Peak memory `plinth serve` may reach while writes over a 1 GiB file are refused.
 const SPARSE_WRITE_PEAK_MAX_MB: u64 = 128;

@@ -1,9 +1,9 @@
 //! A client generated from the served OpenAPI document, by a generator people use
 //! (`openapi-python-client`, from PyPI; `.ci/run` installs it with the client's runtime
-//! dependencies), runs the README's walk-through against a real server: create an
-//! environment, write its files, build, wait until ready, start a session, run a command, read
-//! a file, end the session. The generated client parses every answer with the document's
-//! schemas, so a field the document gets wrong (a type, a nullability, a missing status)
+//! dependencies), runs the walk-through (`docs/guide/walkthrough.md`) against a real server:
+//! create an environment, write its files, build, wait until ready, start a session, run a
+//! command, read a file, end the session. The generated client parses every answer with the
+//! document's schemas, so a field the document gets wrong (a type, a nullability, a missing status)
 //! fails here as it would for a user. Nothing is fetched from the network during the test.
 
 use std::path::Path;

@@ -1,6 +1,6 @@
 //! A new user's first run: `plinth serve` with no data directory given, from a folder inside a
 //! 0700 home (as `/root` is), building with the registries and the network settings the
-//! machine has, as the README says.
+//! machine has, as the README and `docs/operating/registries.md` say.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -197,7 +197,7 @@ fn panel_count(panels: &[Value]) -> usize {
 }
 
 #[test]
-fn readme_metrics_table_lists_the_exported_metrics() {
+fn the_metrics_table_lists_the_exported_metrics() {
     let table = metrics_table();
     for name in [
         "plinth_build_info",

@@ -807,7 +807,7 @@ async fn two_of_everything_survive_a_kill_of_each_with_no_acknowledged_write_los
         "workload: {} requests, {} failed; sessions after the node kill: {placed_on_live} on node-2",
         total.0, total.1
     ));
-    // The figures, for the README's table.
+    // The figures, for the table in docs/design/measured.md.
     println!("{}", report.join("\n"));
     assert!(ends.len() >= 3, "{} builds ended", ends.len());
     assert!(

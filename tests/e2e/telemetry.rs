@@ -1,5 +1,5 @@
 //! What an operator sees: metrics whose labels no caller can grow, streams timed to their end,
-//! every metric the README's table names, and traces in OpenTelemetry's conventions received
+//! every metric the metrics table (`docs/operating/telemetry.md`) names, and traces in OpenTelemetry's conventions received
 //! by an OTLP collector (over gRPC and over HTTP) from real processes.
 
 use std::collections::BTreeSet;
@@ -131,7 +131,7 @@ async fn junk_rpc_paths_and_invented_http_methods_add_no_series() {
 }
 
 #[tokio::test]
-async fn every_metric_the_readme_names_is_exported_and_a_streamed_exec_is_timed_to_its_end() {
+async fn every_metric_the_docs_name_is_exported_and_a_streamed_exec_is_timed_to_its_end() {
     if !crate::helpers::can_build() {
         return;
     }
@@ -207,7 +207,7 @@ async fn every_metric_the_readme_names_is_exported_and_a_streamed_exec_is_timed_
     }
     assert!(
         missing.is_empty(),
-        "named in the README but not exported: {missing:?}\n{metrics}"
+        "named in docs/operating/telemetry.md but not exported: {missing:?}\n{metrics}"
     );
     server.stop().await;
 }
