@@ -175,11 +175,14 @@ pub enum Command {
     #[command(subcommand)]
     Env(client::EnvCommand),
     /// Make an environment's source equal a local directory: one streamed archive import,
-    /// honouring .gitignore.
+    /// honouring .gitignore and .plinthignore, and leaving out .venv, node_modules and
+    /// __pycache__ unless --no-default-ignores.
     Push(client::PushArgs),
-    /// Import a git repository into an environment's source.
+    /// Import a git repository into an environment's source: over it, or in place of it with
+    /// --replace.
     Import(client::ImportArgs),
     /// Build the next version of an environment; --follow prints its log as it is written.
+    /// `build logs` prints a build's log, or follows a running one.
     Build(client::BuildArgs),
     /// List an environment's versions, and which one is active.
     Versions(client::EnvArgs),

@@ -56,7 +56,8 @@ pub struct Walked {
     /// Members that are neither files, directories nor symlinks (sockets, FIFOs, devices):
     /// their paths, relative to the directory.
     pub skipped: Vec<PathBuf>,
-    /// Files (and symlinks) inside default-ignored directories, by the directory's name.
+    /// Files (and symlinks) inside default-ignored directories, by reason (`in .venv
+    /// (default)`).
     pub by_default: BTreeMap<String, u64>,
     /// Files (and symlinks) an ignore file named (`.gitignore`, `.ignore`, `.plinthignore`,
     /// `.git/info/exclude`).
@@ -70,16 +71,16 @@ impl Walked {
     }
 }
 
-/// Whether `path`, a directory named `name`, is one a build makes again: the reason (the name
-/// it is counted under) when it is.
+/// Whether `path`, a directory named `name`, is one a build makes again: the reason its files
+/// are counted under (`in .venv (default)`) when it is.
 fn default_ignored(name: &str, path: &Path) -> Option<String> {
     if DEFAULT_IGNORED.contains(&name) {
-        return Some(name.to_owned());
+        return Some(format!("in {name} (default)"));
     }
     // A virtualenv under another name (`venv`, `env`, `.tox/py312`).
     path.join("pyvenv.cfg")
         .is_file()
-        .then(|| format!("{name} (a virtualenv)"))
+        .then(|| format!("in {name} (a virtualenv, default)"))
 }
 
 /// Files and symlinks under `dir`, never following a link.

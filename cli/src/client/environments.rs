@@ -309,7 +309,7 @@ fn left_out(walked: &archive::Walked, default_ignores: bool) -> Option<String> {
     let mut reasons: Vec<String> = walked
         .by_default
         .iter()
-        .map(|(name, files)| format!("{} in {name} (default)", output::number(*files)))
+        .map(|(reason, files)| format!("{} {reason}", output::number(*files)))
         .collect();
     if walked.by_ignore_files > 0 {
         reasons.push(format!(
@@ -498,8 +498,8 @@ impl Progress {
 
     fn line(counters: &Counters) -> String {
         format!(
-            "{} files, {} read, {} sent",
-            counters.files.load(Ordering::Relaxed),
+            "{}, {} read, {} sent",
+            output::count(counters.files.load(Ordering::Relaxed), "file", "files"),
             output::bytes(counters.bytes.load(Ordering::Relaxed)),
             output::bytes(counters.sent.load(Ordering::Relaxed)),
         )

@@ -111,8 +111,8 @@ fn advice(failure: &ApiFailure) -> (String, Option<String>) {
         .to_owned();
     let hint = match failure.code.as_str() {
         "environment_not_ready" => Some(format!(
-            "`plinth build {env} --follow` builds a version; `plinth versions {env}` lists them \
-             and `plinth activate {env} VERSION` makes a ready one active"
+            "`plinth build {env} --follow` builds a version (`plinth versions {env}` lists \
+             those there are)"
         )),
         "environment_busy" => Some(format!(
             "`plinth build logs {env} --follow` follows the build that is running"
