@@ -1,8 +1,8 @@
 //! Command-line flags. Every flag that sets configuration has an environment variable; both
 //! override the config file, and flags override variables.
 //!
-//! The flags that mean the same wherever they are given (`--config`, `--log`, `--log-format`
-//! for the services, `--output` and `--url` for the client) are global: they go before or
+//! The flags that mean the same wherever they are given (`--config`, `--dump-config`, `--log`,
+//! `--log-format` for the services, `--output` and `--url` for the client) are global: they go before or
 //! after the subcommand alike (`plinth --config plinth.toml serve` is `plinth serve --config
 //! plinth.toml`). Parsing hands them to the command they belong to, and refuses one typed for
 //! a command that has no use for it rather than ignoring it.
@@ -45,6 +45,9 @@ struct GlobalArgs {
     /// variables override it.
     #[arg(long, env = "PLINTH_CONFIG", global = true)]
     config: Option<PathBuf>,
+    /// Print a service's effective configuration (secrets redacted) and exit.
+    #[arg(long, global = true)]
+    dump_config: bool,
     /// A service's log filter, e.g. `info` or `plinth_catalog=debug,info`.
     #[arg(long, env = "PLINTH_LOG", global = true)]
     log: Option<String>,
@@ -89,11 +92,12 @@ impl FromArgMatches for Cli {
         match command.common_mut() {
             Some(common) => {
                 common.config = global.config;
+                common.dump_config = global.dump_config;
                 common.log = global.log;
                 common.log_format = global.log_format;
             }
             None => {
-                for flag in ["config", "log", "log_format"] {
+                for flag in ["config", "dump_config", "log", "log_format"] {
                     if typed(flag) {
                         let client = if command.is_client() {
                             "; client commands find their server by --url, PLINTH_URL or \
@@ -319,15 +323,15 @@ pub struct NewCredentialArgs {
     pub name: Option<String>,
 }
 
-/// Flags every service takes. `--config`, `--log` and `--log-format` are global flags (given
-/// before or after the subcommand); parsing hands them here.
+/// Flags every service takes. They are global flags (given before or after the subcommand);
+/// parsing hands them here.
 #[derive(Debug, Default, Args)]
 pub struct CommonArgs {
     /// A TOML config file; flags and environment variables override it (`--config`).
     #[arg(skip)]
     pub config: Option<PathBuf>,
-    /// Print the effective configuration (secrets redacted) and exit.
-    #[arg(long)]
+    /// Print the effective configuration (secrets redacted) and exit (`--dump-config`).
+    #[arg(skip)]
     pub dump_config: bool,
     /// Log filter, e.g. `info` or `plinth_catalog=debug,info` (`--log`).
     #[arg(skip)]
@@ -726,6 +730,15 @@ mod tests {
     fn global_flags_go_before_or_after_the_subcommand() {
         for argv in [
             &["plinth", "--config", "p.toml", "--log", "debug", "serve"][..],
+            &[
+                "plinth",
+                "--dump-config",
+                "serve",
+                "--config",
+                "p.toml",
+                "--log",
+                "debug",
+            ],
             &["plinth", "serve", "--config", "p.toml", "--log", "debug"],
             &["plinth", "--config", "p.toml", "serve", "--log", "debug"],
         ] {
@@ -767,6 +780,7 @@ mod tests {
         for argv in [
             &["plinth", "--config", "p.toml", "env", "list"][..],
             &["plinth", "serve", "--output", "json"],
+            &["plinth", "env", "list", "--dump-config"],
             &["plinth", "--url", "http://h:1", "serve"],
             &["plinth", "completions", "bash", "-o", "json"],
             &["plinth", "--url", "http://h:1", "login", "http://h:2"],

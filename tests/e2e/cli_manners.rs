@@ -162,6 +162,8 @@ fn cluttered_project(root: &Path) {
     write(root, ".plinthignore", "*.tmp\ndata/\n");
     write(root, "scratch.tmp", "scratch\n");
     write(root, "data/big.csv", "a,b\n");
+    // A link out of the project: sent as a link, and left out by the server.
+    std::os::unix::fs::symlink("/etc/passwd", root.join("passwd")).expect("symlink");
 }
 
 #[tokio::test]
@@ -194,6 +196,14 @@ async fn push_leaves_out_what_a_build_makes_again_and_says_what_it_left_out() {
         "skipped 12 files: 3 in .venv (default), 2 in __pycache__ (default), 2 in env (a \
          virtualenv, default), 2 in node_modules (default), 3 named by .gitignore, .ignore or \
          .plinthignore; --no-default-ignores sends the default ones too",
+        "{pushed}"
+    );
+    assert_eq!(
+        lines[2..],
+        [
+            "the server left out 1 member:",
+            "  1 symlink whose target leaves the project"
+        ],
         "{pushed}"
     );
     let expected: BTreeSet<String> = [
@@ -235,6 +245,7 @@ async fn push_leaves_out_what_a_build_makes_again_and_says_what_it_left_out() {
     assert!(output.status.success(), "{}", stderr(&output));
     let report: Value = serde_json::from_slice(&output.stdout).expect("one JSON document");
     assert_eq!(report["files"], 4, "{report}");
+    assert_eq!(report["skipped_by_reason"]["symlink"], 1, "{report}");
     assert!(
         stderr(&output).contains("skipped 12 files: 3 in .venv (default)"),
         "{}",
