@@ -309,6 +309,7 @@ fn left_out(walked: &archive::Walked, default_ignores: bool) -> Option<String> {
     let mut reasons: Vec<String> = walked
         .by_default
         .iter()
+        .filter(|(_, files)| **files > 0)
         .map(|(reason, files)| format!("{} {reason}", output::number(*files)))
         .collect();
     if walked.by_ignore_files > 0 {
@@ -329,7 +330,7 @@ fn left_out(walked: &archive::Walked, default_ignores: bool) -> Option<String> {
         output::count(total, "file", "files"),
         reasons.join(", ")
     );
-    if default_ignores && !walked.by_default.is_empty() {
+    if default_ignores && walked.by_default.values().any(|files| *files > 0) {
         line.push_str("; --no-default-ignores sends the default ones too");
     }
     Some(line)
