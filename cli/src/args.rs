@@ -1,21 +1,149 @@
 //! Command-line flags. Every flag that sets configuration has an environment variable; both
 //! override the config file, and flags override variables.
+//!
+//! The flags that mean the same wherever they are given (`--config`, `--dump-config`, `--log`,
+//! `--log-format` for the services, `--output` and `--url` for the client) are global: they go before or
+//! after the subcommand alike (`plinth --config plinth.toml serve` is `plinth serve --config
+//! plinth.toml`). Parsing hands them to the command they belong to, and refuses one typed for
+//! a command that has no use for it rather than ignoring it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::error::ErrorKind;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use crate::client_args as client;
 
+/// A parsed command line: the command, with the global flags handed to it.
+#[derive(Debug)]
+pub struct Cli {
+    /// What to run.
+    pub command: Command,
+    /// `--url`: the server a client command talks to, over `PLINTH_URL` and the saved one.
+    pub url: Option<String>,
+}
+
+// The command line as clap reads it, before the global flags are handed to the command.
 /// Plinth: environments for agent sessions.
 #[derive(Debug, Parser)]
 #[command(name = "plinth", version, about, long_about = None)]
-pub struct Cli {
+struct RawCli {
+    #[command(flatten)]
+    global: GlobalArgs,
     /// What to run.
     #[command(subcommand)]
-    pub command: Command,
+    command: Command,
 }
+
+// The global flags.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
+struct GlobalArgs {
+    /// A TOML config file for a service (`serve`, `gateway`, …, `gc`); flags and environment
+    /// variables override it.
+    #[arg(long, env = "PLINTH_CONFIG", global = true)]
+    config: Option<PathBuf>,
+    /// Print a service's effective configuration (secrets redacted) and exit.
+    #[arg(long, global = true)]
+    dump_config: bool,
+    /// A service's log filter, e.g. `info` or `plinth_catalog=debug,info`.
+    #[arg(long, env = "PLINTH_LOG", global = true)]
+    log: Option<String>,
+    /// A service's log format.
+    #[arg(long, env = "PLINTH_LOG_FORMAT", value_enum, global = true)]
+    log_format: Option<LogFormatArg>,
+    /// How a client command prints: `text` for people, `json` for the API's own answers (one
+    /// JSON document per line when a command streams).
+    #[arg(long, short = 'o', value_enum, global = true)]
+    output: Option<client::OutputFormat>,
+    /// The server a client command talks to, over PLINTH_URL and the one `plinth login` saved
+    /// (the token is still PLINTH_TOKEN's or the saved one).
+    #[arg(long = "url", id = "server_url", value_name = "URL", global = true)]
+    url: Option<String>,
+}
+
+impl CommandFactory for Cli {
+    fn command() -> clap::Command {
+        RawCli::command()
+    }
+
+    fn command_for_update() -> clap::Command {
+        RawCli::command_for_update()
+    }
+}
+
+impl FromArgMatches for Cli {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let RawCli {
+            global,
+            mut command,
+        } = RawCli::from_arg_matches(matches)?;
+        // Typed on this command line (an environment variable is no request for this command).
+        let typed = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
+        let name = command.name();
+        let refuse = |flag: &str, why: &str| {
+            Err(clap::Error::raw(
+                ErrorKind::ArgumentConflict,
+                format!("{flag} does not apply to `plinth {name}`: {why}"),
+            ))
+        };
+        match command.common_mut() {
+            Some(common) => {
+                common.config = global.config;
+                common.dump_config = global.dump_config;
+                common.log = global.log;
+                common.log_format = global.log_format;
+            }
+            None => {
+                for flag in ["config", "dump_config", "log", "log_format"] {
+                    if typed(flag) {
+                        let client = if command.is_client() {
+                            "; client commands find their server by --url, PLINTH_URL or \
+                             `plinth login`"
+                        } else {
+                            ""
+                        };
+                        return refuse(
+                            &format!("--{}", flag.replace('_', "-")),
+                            &format!(
+                                "it sets up a service (serve, catalog, source, gateway, \
+                                 builder, node, gc){client}"
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        match command.output_args_mut() {
+            Some(output) => output.output = global.output.unwrap_or_default(),
+            None if typed("output") => {
+                return refuse("--output", "it prints no answer of the API's to format");
+            }
+            None => {}
+        }
+        let mut url = None;
+        if typed("server_url") {
+            match &mut command {
+                Command::Login(login) if login.url.is_some() => {
+                    return refuse("--url", "login takes the URL as its argument; give one");
+                }
+                Command::Login(login) => login.url = global.url,
+                command if command.talks_to_a_server() => url = global.url,
+                _ => return refuse("--url", "it talks to no server"),
+            }
+        }
+        Ok(Cli { command, url })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl Parser for Cli {}
 
 /// The services `plinth` can run, and the client commands that talk to them.
 #[derive(Debug, Subcommand)]
@@ -51,11 +179,14 @@ pub enum Command {
     #[command(subcommand)]
     Env(client::EnvCommand),
     /// Make an environment's source equal a local directory: one streamed archive import,
-    /// honouring .gitignore.
+    /// honouring .gitignore and .plinthignore, and leaving out .venv, node_modules and
+    /// __pycache__ unless --no-default-ignores.
     Push(client::PushArgs),
-    /// Import a git repository into an environment's source.
+    /// Import a git repository into an environment's source: over it, or in place of it with
+    /// --replace.
     Import(client::ImportArgs),
     /// Build the next version of an environment; --follow prints its log as it is written.
+    /// `build logs` prints a build's log, or follows a running one.
     Build(client::BuildArgs),
     /// List an environment's versions, and which one is active.
     Versions(client::EnvArgs),
@@ -99,6 +230,78 @@ impl Command {
                 | Command::Man
         )
     }
+
+    /// Whether this is a client command that calls the REST API (`completions` and `man`
+    /// need no server).
+    pub fn talks_to_a_server(&self) -> bool {
+        self.is_client() && !matches!(self, Command::Completions(_) | Command::Man)
+    }
+
+    /// The subcommand's name as typed, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Serve(_) => "serve",
+            Command::Catalog(_) => "catalog",
+            Command::Source(_) => "source",
+            Command::Gateway(_) => "gateway",
+            Command::Builder(_) => "builder",
+            Command::Node(_) => "node",
+            Command::Credential(_) => "credential",
+            Command::Gc(_) => "gc",
+            Command::Login(_) => "login",
+            Command::Env(_) => "env",
+            Command::Push(_) => "push",
+            Command::Import(_) => "import",
+            Command::Build(_) => "build",
+            Command::Versions(_) => "versions",
+            Command::Activate(_) => "activate",
+            Command::Session(_) => "session",
+            Command::Exec(_) => "exec",
+            Command::Cp(_) => "cp",
+            Command::Shell(_) => "shell",
+            Command::Completions(_) => "completions",
+            Command::Man => "man",
+        }
+    }
+
+    /// The flags every service takes, for a service.
+    pub fn common_mut(&mut self) -> Option<&mut CommonArgs> {
+        Some(match self {
+            Command::Serve(args) => &mut args.common,
+            Command::Catalog(args) => &mut args.common,
+            Command::Source(args) => &mut args.common,
+            Command::Gateway(args) => &mut args.common,
+            Command::Builder(args) => &mut args.common,
+            Command::Node(args) => &mut args.common,
+            Command::Gc(args) => &mut args.common,
+            _ => return None,
+        })
+    }
+
+    /// Where the global `--output` goes, for a client command that prints an answer.
+    pub fn output_args_mut(&mut self) -> Option<&mut client::OutputArgs> {
+        use crate::client_args::{BuildCommand, EnvCommand, SessionCommand};
+        Some(match self {
+            Command::Login(args) => &mut args.output,
+            Command::Env(EnvCommand::Create(args)) => &mut args.output,
+            Command::Env(EnvCommand::List(output)) => output,
+            Command::Env(EnvCommand::Show(args)) => &mut args.output,
+            Command::Env(EnvCommand::Rm(args)) => &mut args.output,
+            Command::Push(args) => &mut args.output,
+            Command::Import(args) => &mut args.output,
+            Command::Build(args) => match &mut args.command {
+                Some(BuildCommand::Logs(logs)) => &mut logs.output,
+                None => &mut args.output,
+            },
+            Command::Versions(args) => &mut args.output,
+            Command::Activate(args) => &mut args.output,
+            Command::Session(SessionCommand::New(args)) => &mut args.output,
+            Command::Session(SessionCommand::End(args)) => &mut args.output,
+            Command::Exec(args) => &mut args.output,
+            Command::Cp(args) => &mut args.output,
+            _ => return None,
+        })
+    }
 }
 
 /// `plinth credential …`.
@@ -120,20 +323,21 @@ pub struct NewCredentialArgs {
     pub name: Option<String>,
 }
 
-/// Flags every command takes.
-#[derive(Debug, Args)]
+/// Flags every service takes. They are global flags (given before or after the subcommand);
+/// parsing hands them here.
+#[derive(Debug, Default, Args)]
 pub struct CommonArgs {
-    /// A TOML config file; flags and environment variables override it.
-    #[arg(long, env = "PLINTH_CONFIG")]
+    /// A TOML config file; flags and environment variables override it (`--config`).
+    #[arg(skip)]
     pub config: Option<PathBuf>,
-    /// Print the effective configuration (secrets redacted) and exit.
-    #[arg(long)]
+    /// Print the effective configuration (secrets redacted) and exit (`--dump-config`).
+    #[arg(skip)]
     pub dump_config: bool,
-    /// Log filter, e.g. `info` or `plinth_catalog=debug,info`.
-    #[arg(long, env = "PLINTH_LOG")]
+    /// Log filter, e.g. `info` or `plinth_catalog=debug,info` (`--log`).
+    #[arg(skip)]
     pub log: Option<String>,
-    /// Log format.
-    #[arg(long, env = "PLINTH_LOG_FORMAT", value_enum)]
+    /// Log format (`--log-format`).
+    #[arg(skip)]
     pub log_format: Option<LogFormatArg>,
 }
 
@@ -512,4 +716,107 @@ pub struct GcCommandArgs {
     /// no version retired, no record deleted.
     #[arg(long)]
     pub dry_run: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(argv: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(argv)
+    }
+
+    #[test]
+    fn global_flags_go_before_or_after_the_subcommand() {
+        for argv in [
+            &["plinth", "--config", "p.toml", "--log", "debug", "serve"][..],
+            &[
+                "plinth",
+                "--dump-config",
+                "serve",
+                "--config",
+                "p.toml",
+                "--log",
+                "debug",
+            ],
+            &["plinth", "serve", "--config", "p.toml", "--log", "debug"],
+            &["plinth", "--config", "p.toml", "serve", "--log", "debug"],
+        ] {
+            let Command::Serve(args) = parse(argv).expect("parses").command else {
+                panic!("not serve: {argv:?}");
+            };
+            assert_eq!(
+                args.common.config,
+                Some(PathBuf::from("p.toml")),
+                "{argv:?}"
+            );
+            assert_eq!(args.common.log.as_deref(), Some("debug"), "{argv:?}");
+        }
+        for argv in [
+            &["plinth", "-o", "json", "env", "list"][..],
+            &["plinth", "env", "list", "--output", "json"],
+            &["plinth", "env", "-o", "json", "list"],
+        ] {
+            let Command::Env(client::EnvCommand::List(output)) =
+                parse(argv).expect("parses").command
+            else {
+                panic!("not env list: {argv:?}");
+            };
+            assert_eq!(output.output, client::OutputFormat::Json, "{argv:?}");
+        }
+        let cli = parse(&["plinth", "versions", "studio", "--url", "http://h:1"]).expect("parses");
+        assert_eq!(cli.url.as_deref(), Some("http://h:1"));
+        let Command::Login(login) = parse(&["plinth", "--url", "http://h:2", "login"])
+            .expect("parses")
+            .command
+        else {
+            panic!("not login");
+        };
+        assert_eq!(login.url.as_deref(), Some("http://h:2"));
+    }
+
+    #[test]
+    fn a_global_flag_a_command_has_no_use_for_is_refused() {
+        for argv in [
+            &["plinth", "--config", "p.toml", "env", "list"][..],
+            &["plinth", "serve", "--output", "json"],
+            &["plinth", "env", "list", "--dump-config"],
+            &["plinth", "--url", "http://h:1", "serve"],
+            &["plinth", "completions", "bash", "-o", "json"],
+            &["plinth", "--url", "http://h:1", "login", "http://h:2"],
+        ] {
+            let error = parse(argv).expect_err("refused");
+            assert_eq!(error.kind(), ErrorKind::ArgumentConflict, "{argv:?}");
+            assert!(error.to_string().contains("does not apply"), "{error}");
+        }
+    }
+
+    #[test]
+    fn build_takes_an_environment_or_the_logs_subcommand() {
+        let Command::Build(build) = parse(&["plinth", "build", "studio", "-f"])
+            .expect("parses")
+            .command
+        else {
+            panic!("not build");
+        };
+        assert_eq!(build.env.as_deref(), Some("studio"));
+        assert!(build.follow && build.command.is_none());
+        let Command::Build(build) = parse(&["plinth", "build", "logs", "studio", "3", "--follow"])
+            .expect("parses")
+            .command
+        else {
+            panic!("not build");
+        };
+        let Some(client::BuildCommand::Logs(logs)) = build.command else {
+            panic!("not build logs");
+        };
+        assert_eq!(
+            (logs.env.as_str(), logs.version, logs.follow),
+            ("studio", Some(3), true)
+        );
+        assert!(
+            parse(&["plinth", "build"]).is_err(),
+            "an environment is needed"
+        );
+    }
 }

@@ -16,12 +16,13 @@ pub enum OutputFormat {
     Json,
 }
 
-/// `--output`, on every client command.
-#[derive(Debug, Clone, Copy, Args)]
+/// Where a client command that prints an answer gets the global `--output` (`-o`), which
+/// parsing hands it (see `crate::args`).
+#[derive(Debug, Clone, Copy, Default, Args)]
 pub struct OutputArgs {
     /// `text` for people, `json` for the API's own answers (one JSON document per line when a
     /// command streams).
-    #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
+    #[arg(skip)]
     pub output: OutputFormat,
 }
 
@@ -47,8 +48,8 @@ pub enum EnvCommand {
     List(OutputArgs),
     /// Show one environment, with its versions.
     Show(EnvArgs),
-    /// Delete an environment and every version of it.
-    Rm(EnvArgs),
+    /// Delete an environment and every version of it, once you confirm (or with --yes).
+    Rm(EnvRmArgs),
 }
 
 /// `plinth env create`.
@@ -75,16 +76,34 @@ pub struct EnvArgs {
     pub output: OutputArgs,
 }
 
+/// `plinth env rm`.
+#[derive(Debug, Args)]
+pub struct EnvRmArgs {
+    /// The environment: its slug (`content-studio`) or its id (`henv_…`).
+    pub env: String,
+    /// Delete without asking. Without a terminal to ask on, `rm` deletes nothing unless given
+    /// this.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
 /// `plinth push`.
 #[derive(Debug, Args)]
 pub struct PushArgs {
     /// The environment: its slug or its id.
     pub env: String,
-    /// The project directory; its `.gitignore` and `.ignore` files are honoured, and `.git`
-    /// is never sent. In a git checkout, its commit, `git describe` and whether it has
-    /// uncommitted changes are sent with it, so a build gives setuptools-scm and hatch-vcs the
-    /// version they would compute here.
+    /// The project directory. Left out: what its `.gitignore`, `.ignore` and `.plinthignore`
+    /// files name (gitignore syntax), `.git`, and by default the directories a build makes
+    /// again from the manifests (`.venv`, `venv`, `node_modules`, `__pycache__`). In a git
+    /// checkout, its commit, `git describe` and whether it has uncommitted changes are sent
+    /// with it, so a build gives setuptools-scm and hatch-vcs the version they would compute
+    /// here.
     pub dir: PathBuf,
+    /// Send `.venv`, `venv`, `node_modules` and `__pycache__` too (ignore files still apply).
+    #[arg(long)]
+    pub no_default_ignores: bool,
     /// Land the files over the environment's source instead of replacing it (files the
     /// directory no longer has are then kept).
     #[arg(long)]
@@ -104,18 +123,24 @@ pub struct ImportArgs {
     /// A branch, tag or commit; the repository's default branch when absent.
     #[arg(long = "ref", value_name = "REF")]
     pub reference: Option<String>,
-    /// Clear the environment's source first, so it equals the repository.
+    /// Clear the environment's source first, so it equals the repository (as `push` does).
+    /// Without it the repository's files land over the source, and files only the source has
+    /// are kept.
     #[arg(long)]
     pub replace: bool,
     #[command(flatten)]
     pub output: OutputArgs,
 }
 
-/// `plinth build`.
+/// `plinth build`: build the next version, or (`build logs`) read a build's log.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct BuildArgs {
+    #[command(subcommand)]
+    pub command: Option<BuildCommand>,
     /// The environment: its slug or its id.
-    pub env: String,
+    #[arg(required = true)]
+    pub env: Option<String>,
     /// Print the build's log as it is written and wait for the build to end; exits 0 when
     /// the version is ready, 1 when it failed.
     #[arg(long, short = 'f')]
@@ -123,6 +148,28 @@ pub struct BuildArgs {
     /// Reuse nothing from earlier builds.
     #[arg(long)]
     pub clean: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `plinth build …`.
+#[derive(Debug, Subcommand)]
+pub enum BuildCommand {
+    /// Print a build's log (the latest build's by default); --follow prints a running build's
+    /// log as it is written until the build ends. Exits 1 when the build failed.
+    Logs(BuildLogsArgs),
+}
+
+/// `plinth build logs`.
+#[derive(Debug, Args)]
+pub struct BuildLogsArgs {
+    /// The environment: its slug or its id.
+    pub env: String,
+    /// The build's version; the latest build when absent.
+    pub version: Option<u32>,
+    /// Keep printing the log as it is written until the build ends.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
     #[command(flatten)]
     pub output: OutputArgs,
 }

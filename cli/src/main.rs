@@ -17,7 +17,7 @@ fn main() -> ExitCode {
         }
     };
     if cli.command.is_client() {
-        return runtime.block_on(plinth::client::run(cli.command));
+        return runtime.block_on(plinth::client::run(cli.command, cli.url));
     }
     match runtime.block_on(plinth::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,9 +14,9 @@ use crate::helpers::{Server, built_environment, send};
 
 /// A person's shell: a home and config directory of its own, and the server it talks to.
 pub(crate) struct Shell {
-    url: String,
+    pub(crate) url: String,
     token: Option<String>,
-    home: tempfile::TempDir,
+    pub(crate) home: tempfile::TempDir,
 }
 
 impl Shell {
@@ -28,13 +28,13 @@ impl Shell {
         }
     }
 
-    fn config_home(&self) -> PathBuf {
+    pub(crate) fn config_home(&self) -> PathBuf {
         self.home.path().join("config")
     }
 
     /// `plinth <args>` with PLINTH_URL (and PLINTH_TOKEN) set, and nothing of the test
     /// process's own environment that could change the answer.
-    fn command(&self, args: &[&str]) -> Command {
+    pub(crate) fn command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
         command
             .args(args)
@@ -56,7 +56,7 @@ impl Shell {
         self.run_command(self.command(args)).await
     }
 
-    async fn run_command(&self, mut command: Command) -> Output {
+    pub(crate) async fn run_command(&self, mut command: Command) -> Output {
         tokio::task::spawn_blocking(move || command.output().expect("plinth runs"))
             .await
             .expect("joined")
@@ -85,11 +85,11 @@ impl Shell {
     }
 }
 
-fn stderr(output: &Output) -> String {
+pub(crate) fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-fn stdout(output: &Output) -> String {
+pub(crate) fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
@@ -245,7 +245,21 @@ async fn env_commands_create_list_show_and_remove_environments_by_slug() {
         stderr(&taken)
     );
 
-    let removed = shell.json(&["env", "rm", "content-studio"]).await;
+    // No terminal to confirm on: nothing is deleted without --yes.
+    let unconfirmed = shell.run(&["env", "rm", "content-studio"]).await;
+    assert_eq!(
+        unconfirmed.status.code(),
+        Some(2),
+        "{}",
+        stderr(&unconfirmed)
+    );
+    assert!(
+        stderr(&unconfirmed).contains("--yes"),
+        "{}",
+        stderr(&unconfirmed)
+    );
+    shell.json(&["env", "show", "content-studio"]).await;
+    let removed = shell.json(&["env", "rm", "content-studio", "--yes"]).await;
     assert_eq!(removed["deleted"], true, "{removed}");
     let gone = shell.run(&["env", "show", &id]).await;
     assert_eq!(gone.status.code(), Some(1));
@@ -281,7 +295,7 @@ async fn env_commands_create_list_show_and_remove_environments_by_slug() {
 }
 
 /// Every file and directory of an environment's source, as the files API lists them.
-async fn source_paths(server: &Server, id: &str) -> BTreeSet<String> {
+pub(crate) async fn source_paths(server: &Server, id: &str) -> BTreeSet<String> {
     let (status, list) = send(
         server
             .client
@@ -297,7 +311,7 @@ async fn source_paths(server: &Server, id: &str) -> BTreeSet<String> {
         .collect()
 }
 
-fn write(root: &Path, path: &str, content: &str) {
+pub(crate) fn write(root: &Path, path: &str, content: &str) {
     let path = root.join(path);
     std::fs::create_dir_all(path.parent().expect("parent")).expect("dirs");
     std::fs::write(path, content).expect("write");

@@ -14,6 +14,7 @@ mod builds;
 mod callers;
 mod capacity;
 mod cli;
+mod cli_manners;
 mod clients;
 mod crashes;
 mod credentials;

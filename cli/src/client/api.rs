@@ -12,6 +12,15 @@ use serde_json::Value;
 use super::Usage;
 use super::profile::{self, Profile};
 
+/// `--url`: the server this process's commands talk to, over `PLINTH_URL` and the saved one.
+static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Makes `--url`'s server the one every [`Api::from_profile`] of this process talks to (the
+/// token is still `PLINTH_TOKEN`'s or the saved one, as with `PLINTH_URL`).
+pub fn use_url(url: String) {
+    let _ = URL.set(url);
+}
+
 /// A server's answer that was not a success: `{"error": {"code", "message", "detail"?}}`.
 #[derive(Debug)]
 pub struct ApiFailure {
@@ -81,9 +90,14 @@ pub struct Api {
 }
 
 impl Api {
-    /// A client of the server `PLINTH_URL` or `plinth login` named, with its token.
+    /// A client of the server `--url`, `PLINTH_URL` or `plinth login` named (the first of
+    /// them given), with its token.
     pub fn from_profile() -> anyhow::Result<Self> {
-        Self::new(&profile::effective()?)
+        let mut profile = profile::effective()?;
+        if let Some(url) = URL.get() {
+            profile.url = Some(url.clone());
+        }
+        Self::new(&profile)
     }
 
     /// A client of `profile`'s server (`http://127.0.0.1:8080` when it names none).

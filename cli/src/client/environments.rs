@@ -16,7 +16,8 @@ use super::archive::{self, Counters};
 use super::checkout;
 use super::{Usage, output};
 use crate::client_args::{
-    ActivateArgs, BuildArgs, EnvArgs, EnvCommand, EnvCreateArgs, ImportArgs, OutputFormat, PushArgs,
+    ActivateArgs, BuildArgs, BuildCommand, BuildLogsArgs, EnvArgs, EnvCommand, EnvCreateArgs,
+    EnvRmArgs, ImportArgs, OutputFormat, PushArgs,
 };
 
 /// An environment named by id (`henv_…`) or slug: its id. A slug is looked up in the list of
@@ -78,17 +79,58 @@ pub async fn env(command: EnvCommand) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        EnvCommand::Rm(args) => {
-            let id = environment_id(&api, &args.env).await?;
-            let deleted = api.delete(["v1", "environments", &id]).await?;
-            if args.output.output == OutputFormat::Json {
-                output::json(&deleted);
-            } else {
-                println!("deleted {} ({id})", args.env);
-            }
-            Ok(ExitCode::SUCCESS)
+        EnvCommand::Rm(args) => remove(&api, args).await,
+    }
+}
+
+/// `env rm`: deletes once the person at the terminal typed the environment's slug, or with
+/// `--yes`; without a terminal to ask on and without `--yes`, deletes nothing.
+async fn remove(api: &Api, args: EnvRmArgs) -> anyhow::Result<ExitCode> {
+    let id = environment_id(api, &args.env).await?;
+    if !args.yes {
+        if !std::io::stdin().is_terminal() {
+            return Err(Usage(format!(
+                "standard input is not a terminal, so there is no one to confirm deleting {}; \
+                 pass --yes to delete it and every version of it",
+                args.env
+            ))
+            .into());
+        }
+        let env = api.get(["v1", "environments", &id]).await?;
+        let slug = output::text(&env, "slug");
+        let versions = env["versions"].as_array().map_or(0, Vec::len) as u64;
+        let answer = prompt(&format!(
+            "Delete {slug} ({id}) and {}? Sessions cannot start on it afterwards. Type its slug \
+             to confirm: ",
+            output::count(versions, "version", "versions")
+        ))?;
+        if answer.trim() != slug {
+            eprintln!("plinth: {slug} was not deleted (the answer was not its slug)");
+            return Ok(ExitCode::FAILURE);
         }
     }
+    let deleted = api.delete(["v1", "environments", &id]).await?;
+    if args.output.output == OutputFormat::Json {
+        output::json(&deleted);
+    } else {
+        println!("deleted {} ({id})", args.env);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Asks a question on standard error and reads one line of standard input.
+fn prompt(question: &str) -> anyhow::Result<String> {
+    let mut stderr = std::io::stderr().lock();
+    stderr
+        .write_all(question.as_bytes())
+        .and_then(|()| stderr.flush())
+        .context("cannot ask for confirmation")?;
+    drop(stderr);
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("cannot read the confirmation")?;
+    Ok(line)
 }
 
 async fn create(api: &Api, args: EnvCreateArgs) -> anyhow::Result<ExitCode> {
@@ -214,14 +256,22 @@ pub async fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
         );
     }
     warnings(&report);
-    if args.output.output == OutputFormat::Json {
+    let json = args.output.output == OutputFormat::Json;
+    let left_out = left_out(&walked, !args.no_default_ignores);
+    if json {
         output::json(&report);
+        if let Some(left_out) = left_out {
+            eprintln!("{left_out}");
+        }
     } else {
-        let skipped = report["skipped"].as_u64().unwrap_or(0);
         println!(
-            "pushed {} files, {} directories ({}) to {}{}{}",
-            report["files"].as_u64().unwrap_or(0),
-            report["directories"].as_u64().unwrap_or(0),
+            "pushed {}, {} ({}) to {}{}{}",
+            output::count(report["files"].as_u64().unwrap_or(0), "file", "files"),
+            output::count(
+                report["directories"].as_u64().unwrap_or(0),
+                "directory",
+                "directories"
+            ),
             output::bytes(report["bytes"].as_u64().unwrap_or(0)),
             args.env,
             match &checkout {
@@ -236,17 +286,92 @@ pub async fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
                 ),
                 None => String::new(),
             },
-            if skipped > 0 {
-                format!(
-                    "; the server skipped {skipped}: {}",
-                    report["skipped_by_reason"]
-                )
+            if args.keep_existing {
+                ", over its source (files only the source had are kept)"
             } else {
-                String::new()
+                ", replacing its source (files the directory does not have are gone from it)"
             }
         );
+        if let Some(left_out) = left_out {
+            println!("{left_out}");
+        }
+        server_skipped(&report);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What the walk left out, by reason, as one line; none when it left out nothing.
+fn left_out(walked: &archive::Walked, default_ignores: bool) -> Option<String> {
+    let total = walked.total();
+    if total == 0 {
+        return None;
+    }
+    let mut reasons: Vec<String> = walked
+        .by_default
+        .iter()
+        .filter(|(_, files)| **files > 0)
+        .map(|(reason, files)| format!("{} {reason}", output::number(*files)))
+        .collect();
+    if walked.by_ignore_files > 0 {
+        reasons.push(format!(
+            "{} named by .gitignore, .ignore or {}",
+            output::number(walked.by_ignore_files),
+            archive::IGNORE_FILE
+        ));
+    }
+    if !walked.skipped.is_empty() {
+        reasons.push(format!(
+            "{} not a file, directory or symlink",
+            output::number(walked.skipped.len() as u64)
+        ));
+    }
+    let mut line = format!(
+        "skipped {}: {}",
+        output::count(total, "file", "files"),
+        reasons.join(", ")
+    );
+    if default_ignores && walked.by_default.values().any(|files| *files > 0) {
+        line.push_str("; --no-default-ignores sends the default ones too");
+    }
+    Some(line)
+}
+
+/// What the server left out of an import, a line per reason (the answer counts members by
+/// reason; it names no paths).
+fn server_skipped(report: &Value) {
+    let skipped = report["skipped"].as_u64().unwrap_or(0);
+    if skipped == 0 {
+        return;
+    }
+    println!(
+        "the server left out {}:",
+        output::count(skipped, "member", "members")
+    );
+    let Some(reasons) = report["skipped_by_reason"].as_object() else {
+        return;
+    };
+    for (reason, count) in reasons {
+        let count = count.as_u64().unwrap_or(0);
+        let (one, many) = match reason.as_str() {
+            "symlink" => (
+                "symlink whose target leaves the project",
+                "symlinks whose targets leave the project",
+            ),
+            "hard_link" => ("hard link", "hard links"),
+            "device" => ("device", "devices"),
+            "fifo" => ("FIFO", "FIFOs"),
+            "unsafe_path" => (
+                "path that leaves the project",
+                "paths that leave the project",
+            ),
+            "submodule" => (
+                "git submodule (its files are not fetched)",
+                "git submodules (their files are not fetched)",
+            ),
+            other => (other, other),
+        };
+        println!("  {}", output::count(count, one, many));
+    }
 }
 
 /// Sends `args.dir` as the environment's source, with where it came from by git when it is a
@@ -258,7 +383,8 @@ async fn upload(
     checkout: Option<&checkout::Checkout>,
 ) -> anyhow::Result<(Value, archive::Walked)> {
     let counters = Arc::new(Counters::default());
-    let (body, walker) = archive::stream(args.dir.clone(), counters.clone());
+    let (body, walker) =
+        archive::stream(args.dir.clone(), !args.no_default_ignores, counters.clone());
     let mut url = api.url(["v1", "environments", id, "import"]);
     // Replace: the source becomes exactly the directory, files deleted locally included.
     url.query_pairs_mut()
@@ -373,8 +499,8 @@ impl Progress {
 
     fn line(counters: &Counters) -> String {
         format!(
-            "{} files, {} read, {} sent",
-            counters.files.load(Ordering::Relaxed),
+            "{}, {} read, {} sent",
+            output::count(counters.files.load(Ordering::Relaxed), "file", "files"),
             output::bytes(counters.bytes.load(Ordering::Relaxed)),
             output::bytes(counters.sent.load(Ordering::Relaxed)),
         )
@@ -407,19 +533,33 @@ pub async fn import(args: ImportArgs) -> anyhow::Result<ExitCode> {
         output::json(&report);
     } else {
         println!(
-            "imported {} files at {} ({}) into {}",
-            report["files"].as_u64().unwrap_or(0),
+            "imported {} at {} ({}) into {}{}",
+            output::count(report["files"].as_u64().unwrap_or(0), "file", "files"),
             output::text(&report, "commit"),
             output::text(&report, "describe"),
-            args.env
+            args.env,
+            if args.replace {
+                ", replacing its source"
+            } else {
+                ", over its source (files only the source had are kept; --replace makes it \
+                 equal the repository)"
+            }
         );
+        server_skipped(&report);
     }
     Ok(ExitCode::SUCCESS)
 }
 
 pub async fn build(args: BuildArgs) -> anyhow::Result<ExitCode> {
     let api = Api::from_profile()?;
-    let id = environment_id(&api, &args.env).await?;
+    let env = match (args.command, args.env) {
+        (Some(BuildCommand::Logs(logs)), _) => return build_logs(&api, logs).await,
+        (None, Some(env)) => env,
+        (None, None) => {
+            return Err(Usage("name the environment to build: `plinth build ENV`".into()).into());
+        }
+    };
+    let id = environment_id(&api, &env).await?;
     let body = if args.clean {
         json!({ "clean": true })
     } else {
@@ -437,12 +577,15 @@ pub async fn build(args: BuildArgs) -> anyhow::Result<ExitCode> {
         if json {
             output::json(&queued);
         } else {
-            println!("queued version {version} of {}", args.env);
+            println!("queued version {version} of {env}");
+            eprintln!(
+                "`plinth build logs {env} {version} --follow` prints its log as it is written"
+            );
         }
         return Ok(ExitCode::SUCCESS);
     }
     if !json {
-        eprintln!("building version {version} of {}", args.env);
+        eprintln!("building version {version} of {env}");
     }
     let record = follow_log(&api, &id, &version, json).await?;
     if json {
@@ -461,6 +604,69 @@ pub async fn build(args: BuildArgs) -> anyhow::Result<ExitCode> {
                 output::text(&record, "error")
             );
             Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// `build logs`: a build's log, followed to the build's end with `--follow`; exits 1 when the
+/// build failed.
+async fn build_logs(api: &Api, args: BuildLogsArgs) -> anyhow::Result<ExitCode> {
+    let id = environment_id(api, &args.env).await?;
+    let version = match args.version {
+        Some(version) => version.to_string(),
+        None => {
+            let list = api.get(["v1", "environments", &id, "versions"]).await?;
+            // Newest first.
+            match list["data"][0]["version"].as_u64() {
+                Some(version) => version.to_string(),
+                None => anyhow::bail!(
+                    "{} has no build yet; `plinth build {} --follow` starts one",
+                    args.env,
+                    args.env
+                ),
+            }
+        }
+    };
+    let json = args.output.output == OutputFormat::Json;
+    let record = if args.follow {
+        follow_log(api, &id, &version, json).await?
+    } else {
+        let record = api
+            .get(["v1", "environments", &id, "builds", &version])
+            .await?;
+        if !json {
+            let url = api.url(["v1", "environments", &id, "builds", &version, "log"]);
+            let log = api
+                .send(api.request(Method::GET, url))
+                .await?
+                .bytes()
+                .await
+                .map_err(|error| api.unreachable(error))?;
+            output::stdout(&log).context("cannot print the build's log")?;
+        }
+        record
+    };
+    if json {
+        output::json(&record);
+    }
+    match record["status"].as_str() {
+        Some("failed") => {
+            eprintln!(
+                "plinth: version {version} failed: {}",
+                output::text(&record, "error")
+            );
+            Ok(ExitCode::FAILURE)
+        }
+        Some("ready") => Ok(ExitCode::SUCCESS),
+        _ => {
+            if !json {
+                eprintln!(
+                    "version {version} is still being built; `plinth build logs {} {version} \
+                     --follow` prints the rest as it is written",
+                    args.env
+                );
+            }
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

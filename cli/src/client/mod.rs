@@ -21,6 +21,7 @@ mod terminal;
 use std::fmt;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::CommandFactory as _;
 
 use crate::args::{Cli, Command};
@@ -40,9 +41,16 @@ impl fmt::Display for Usage {
 
 impl std::error::Error for Usage {}
 
-/// Runs one client command and answers the process's exit status.
-pub async fn run(command: Command) -> ExitCode {
-    let format = output_format(&command);
+/// Runs one client command and answers the process's exit status. `url` (`--url`) names the
+/// server over `PLINTH_URL` and the saved one.
+pub async fn run(mut command: Command, url: Option<String>) -> ExitCode {
+    output::quiet_broken_pipes();
+    if let Some(url) = url {
+        api::use_url(url);
+    }
+    let format = command
+        .output_args_mut()
+        .map_or(OutputFormat::Text, |output| output.output);
     match dispatch(command).await {
         Ok(code) => code,
         Err(error) => report(&error, format),
@@ -51,6 +59,10 @@ pub async fn run(command: Command) -> ExitCode {
 
 /// Prints why a command failed and answers its exit status.
 fn report(error: &anyhow::Error, format: OutputFormat) -> ExitCode {
+    if output::is_broken_pipe(error) {
+        // The reader went away (`| head`): nobody is left to tell.
+        return ExitCode::from(output::BROKEN_PIPE_STATUS);
+    }
     if let Some(usage) = error.downcast_ref::<Usage>() {
         eprintln!("plinth: {usage}");
         return ExitCode::from(2);
@@ -59,11 +71,59 @@ fn report(error: &anyhow::Error, format: OutputFormat) -> ExitCode {
         if format == OutputFormat::Json {
             println!("{}", failure.body);
         }
-        eprintln!("plinth: {failure}");
+        let (message, hint) = advice(failure);
+        eprintln!(
+            "plinth: {message} ({}, HTTP {})",
+            failure.code, failure.status
+        );
+        if let Some(hint) = hint {
+            eprintln!("hint: {hint}");
+        }
         return ExitCode::FAILURE;
     }
     eprintln!("plinth: {error:#}");
     ExitCode::FAILURE
+}
+
+/// A refusal as the command line tells it: the server's message without the REST call it
+/// names as the way out (the API speaks to every client), and the command that does it here.
+fn advice(failure: &ApiFailure) -> (String, Option<String>) {
+    let mut message = failure.message.clone();
+    for method in ["(POST /", "(GET /", "(PUT /", "(DELETE /"] {
+        while let Some(start) = message.find(method) {
+            let Some(length) = message[start..].find(')') else {
+                break;
+            };
+            let end = start + length + 1;
+            let start = if message[..start].ends_with(' ') {
+                start - 1
+            } else {
+                start
+            };
+            message.replace_range(start..end, "");
+        }
+    }
+    // The environment the refusal is about, when the message names it.
+    let env = message
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .find(|word| word.starts_with(plinth_kit::ids::EnvironmentId::PREFIX))
+        .unwrap_or("ENV")
+        .to_owned();
+    let hint = match failure.code.as_str() {
+        "environment_not_ready" => Some(format!(
+            "`plinth build {env} --follow` builds a version (`plinth versions {env}` lists \
+             those there are)"
+        )),
+        "environment_busy" => Some(format!(
+            "`plinth build logs {env} --follow` follows the build that is running"
+        )),
+        "environment_not_found" => Some("`plinth env list` lists your environments".to_owned()),
+        "unauthenticated" => {
+            Some("`plinth login URL` saves a token (or set PLINTH_TOKEN)".to_owned())
+        }
+        _ => None,
+    };
+    (message, hint)
 }
 
 async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
@@ -80,44 +140,21 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Cp(args) => sessions::cp(args).await,
         Command::Shell(args) => terminal::shell(args).await,
         Command::Completions(args) => {
-            clap_complete::generate(
-                args.shell,
-                &mut Cli::command(),
-                "plinth",
-                &mut std::io::stdout(),
-            );
+            let mut script = Vec::new();
+            clap_complete::generate(args.shell, &mut Cli::command(), "plinth", &mut script);
+            output::stdout(&script).context("cannot print the completion script")?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Man => {
+            let mut page = Vec::new();
             clap_mangen::Man::new(Cli::command())
-                .render(&mut std::io::stdout())
-                .map_err(|error| anyhow::anyhow!("cannot write the manual page: {error}"))?;
+                .render(&mut page)
+                .context("cannot write the manual page")?;
+            output::stdout(&page).context("cannot print the manual page")?;
             Ok(ExitCode::SUCCESS)
         }
         _ => Err(Usage("not a client command".to_owned()).into()),
     }
-}
-
-/// The `--output` a command was given (text for those without one).
-fn output_format(command: &Command) -> OutputFormat {
-    use crate::client_args::{EnvCommand, SessionCommand};
-    let output = match command {
-        Command::Login(args) => args.output,
-        Command::Env(EnvCommand::Create(args)) => args.output,
-        Command::Env(EnvCommand::List(output)) => *output,
-        Command::Env(EnvCommand::Show(args) | EnvCommand::Rm(args)) => args.output,
-        Command::Push(args) => args.output,
-        Command::Import(args) => args.output,
-        Command::Build(args) => args.output,
-        Command::Versions(args) => args.output,
-        Command::Activate(args) => args.output,
-        Command::Session(SessionCommand::New(args)) => args.output,
-        Command::Session(SessionCommand::End(args)) => args.output,
-        Command::Exec(args) => args.output,
-        Command::Cp(args) => args.output,
-        _ => return OutputFormat::Text,
-    };
-    output.output
 }
 
 #[cfg(test)]
@@ -125,6 +162,36 @@ mod tests {
     use clap::Parser as _;
 
     use super::*;
+
+    fn refusal(code: &str, message: &str) -> ApiFailure {
+        ApiFailure {
+            status: 409,
+            code: code.to_owned(),
+            message: message.to_owned(),
+            body: serde_json::Value::Null,
+        }
+    }
+
+    #[test]
+    fn refusals_name_commands_not_rest_calls() {
+        let (message, hint) = advice(&refusal(
+            "environment_not_ready",
+            "environment henv_0a1b has no ready version: build it (POST \
+             /v1/environments/henv_0a1b/build) and wait for the build to be ready",
+        ));
+        assert_eq!(
+            message,
+            "environment henv_0a1b has no ready version: build it and wait for the build to be \
+             ready"
+        );
+        let hint = hint.expect("a hint");
+        assert!(
+            hint.starts_with("`plinth build henv_0a1b --follow`"),
+            "{hint}"
+        );
+        let (message, hint) = advice(&refusal("quota_exceeded", "too many (GET /x"));
+        assert_eq!((message.as_str(), hint), ("too many (GET /x", None));
+    }
 
     #[test]
     fn the_command_line_is_consistent() {

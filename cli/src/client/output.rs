@@ -1,7 +1,69 @@
 //! Printing answers: the API's JSON as it came for `--output json`, aligned columns and
-//! `key: value` lines for people.
+//! `key: value` lines for people, counts with their nouns in the right number.
+//!
+//! A reader that goes away (`plinth env list | head -1`) ends the command quietly, with the
+//! status a shell gives a command killed by SIGPIPE (141), as `cat` or `ls` end: no panic and
+//! no error message. The process keeps ignoring SIGPIPE itself, so a server that closes a
+//! connection mid-request is still an error the command reports.
 
 use serde_json::Value;
+
+/// The exit status of a command whose reader went away: 128 + SIGPIPE, what a shell reports
+/// for a command the signal ended.
+pub const BROKEN_PIPE_STATUS: u8 = 141;
+
+/// Makes a write to a closed standard output or error (a `println!` anywhere in the client)
+/// end the process quietly with [`BROKEN_PIPE_STATUS`] instead of a panic's message; every
+/// other panic is reported as before.
+pub fn quiet_broken_pipes() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if payload.contains("Broken pipe") || payload.contains("BrokenPipe") {
+            std::process::exit(i32::from(BROKEN_PIPE_STATUS));
+        }
+        previous(info);
+    }));
+}
+
+/// Whether an error is a write to a reader that went away.
+pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|error| error.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Writes `bytes` to standard output and flushes it.
+pub fn stdout(bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(bytes).and_then(|()| stdout.flush())
+}
+
+/// `1 file`, `2 files`, `1,478 files`.
+pub fn count(count: u64, one: &str, many: &str) -> String {
+    format!("{} {}", number(count), if count == 1 { one } else { many })
+}
+
+/// A count with thousands separated: `1,478`.
+pub fn number(count: u64) -> String {
+    let digits = count.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
 
 /// Prints an answer as JSON, one document per line so a stream of them is NDJSON.
 pub fn json(value: &Value) {
@@ -76,6 +138,16 @@ mod tests {
         assert_eq!(time(Some(1_790_570_094)), "2026-09-28 04:34:54Z");
         assert_eq!(time(Some(951_782_400)), "2000-02-29 00:00:00Z");
         assert_eq!(time(None), "");
+    }
+
+    #[test]
+    fn counts_take_the_noun_in_the_right_number() {
+        assert_eq!(count(0, "file", "files"), "0 files");
+        assert_eq!(count(1, "file", "files"), "1 file");
+        assert_eq!(count(2, "directory", "directories"), "2 directories");
+        assert_eq!(count(1478, "file", "files"), "1,478 files");
+        assert_eq!(number(999), "999");
+        assert_eq!(number(1_000_000), "1,000,000");
     }
 
     #[test]
