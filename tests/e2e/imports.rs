@@ -706,7 +706,7 @@ pub(crate) fn linked_project_tar() -> Vec<u8> {
 }
 
 #[tokio::test]
-async fn links_inside_the_root_are_kept_listed_and_seen_by_sessions_and_escaping_ones_dropped() {
+async fn links_in_the_root_are_kept_for_sessions_listed_on_request_never_served() {
     if !crate::helpers::can_build() {
         return;
     }
@@ -721,10 +721,29 @@ async fn links_inside_the_root_are_kept_listed_and_seen_by_sessions_and_escaping
         "{report}"
     );
 
+    // The tree is files and directories (UHP §3); links are listed only when asked for.
     let (_, listing) = send(
         server
             .client
             .get(server.url(&format!("/v1/environments/{id}/files"))),
+    )
+    .await;
+    let kinds: Vec<&str> = listing["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|entry| entry["type"].as_str().unwrap_or(""))
+        .collect();
+    assert!(
+        kinds
+            .iter()
+            .all(|kind| ["file", "directory"].contains(kind)),
+        "{listing}"
+    );
+    let (_, listing) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}/files?links=true"))),
     )
     .await;
     let entries = listing["data"].as_array().expect("data");
@@ -739,23 +758,40 @@ async fn links_inside_the_root_are_kept_listed_and_seen_by_sessions_and_escaping
     for dropped in ["escape", "passwd", "tests/through"] {
         assert!(find(dropped).is_none(), "{dropped} must not land");
     }
-    // Reading through a link answers what it points at, followed inside the source only.
-    assert_eq!(read(&server, &id, "README.md").await, b"# the guide\n");
-    assert_eq!(
-        read(&server, &id, "tests/fixtures/root/docs/guide.md").await,
-        b"# the guide\n"
-    );
-    // Nothing is written through a link.
-    let (status, body) = send(
-        server
-            .client
-            .put(server.url(&format!(
-                "/v1/environments/{id}/files/tests/fixtures/root/planted.txt"
-            )))
-            .body("planted"),
-    )
-    .await;
-    assert_error(status, &body, 400, "environment_invalid");
+    // The files API serves no link, nor a path through one: builds and sessions keep them.
+    for path in [
+        "README.md",
+        "tests/fixtures/root",
+        "tests/fixtures/root/docs/guide.md",
+    ] {
+        let url = server.url(&format!("/v1/environments/{id}/files/{path}"));
+        let (status, body) = send(server.client.get(&url)).await;
+        assert_error(status, &body, 400, "environment_invalid");
+        let message = body["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("not served by the files API"),
+            "{path}: {message}"
+        );
+        let head = server.client.head(&url).send().await.expect("HEAD");
+        assert_eq!(head.status(), 400, "HEAD {path}");
+    }
+    assert_eq!(read(&server, &id, "docs/guide.md").await, b"# the guide\n");
+    // Nothing is written over or through a link.
+    for path in ["README.md", "tests/fixtures/root/planted.txt"] {
+        let (status, body) = send(
+            server
+                .client
+                .put(server.url(&format!("/v1/environments/{id}/files/{path}")))
+                .body("planted"),
+        )
+        .await;
+        assert_error(status, &body, 400, "environment_invalid");
+        let message = body["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("not served by the files API"),
+            "{path}: {message}"
+        );
+    }
 
     crate::helpers::build_ready(&server, &id, 1, BUILD_LIMIT).await;
     let (_, environment) = send(
