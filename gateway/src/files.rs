@@ -652,7 +652,7 @@ async fn make_directory(
     request_body(content = GitImport, description = "An archive (any content type but application/json), or this JSON naming a git repository"),
     responses(
         (status = 200, description = "What landed", body = ImportReport),
-        (status = 400, description = "environment_invalid: not an archive, an ambiguous archive (duplicate names, zip records that disagree, a member beneath a symlink), too many entries, a git URL that is not allowed or whose host is not public, a git server that redirected (give the final URL), a short commit id that matches no single commit (give the full 40-character id), a checkout's origin in the query that lacks commit or describe, names a commit that is not a full id, or comes with a JSON body", body = ErrorBody),
+        (status = 400, description = "environment_invalid: not an archive (a body that starts with `{` says to send `Content-Type: application/json`), an ambiguous archive (duplicate names, zip records that disagree, a member beneath a symlink), too many entries, a git URL that is not allowed or whose host is not public, a git server that redirected (give the final URL), a short commit id that matches no single commit (give the full 40-character id), a checkout's origin in the query that lacks commit or describe, names a commit that is not a full id, or comes with a JSON body", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
         (status = 413, description = "file_too_large: the archive, its contents, one member or a git fetch (source.git_max_fetch_bytes) passed a limit (detail.max_bytes); nothing was imported", body = ErrorBody),

@@ -235,6 +235,35 @@ async fn refused_archives_change_nothing() {
 }
 
 #[tokio::test]
+async fn a_git_import_without_the_json_content_type_is_told_to_send_it() {
+    let server = Server::start().await;
+    let id = environment(&server).await;
+    let body =
+        r#"  {"git": {"url": "https://github.com/example/content-studio"}, "replace": true}"#;
+    let url = server.url(&format!("/v1/environments/{id}/import"));
+    // As `curl -d` sends it (form-encoded), and with no content type at all.
+    for content_type in [Some("application/x-www-form-urlencoded"), None] {
+        let mut request = server.client.post(&url).body(body);
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        let (status, answer) = send(request).await;
+        assert_error(status, &answer, 400, "environment_invalid");
+        let message = answer["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("Content-Type: application/json"),
+            "{content_type:?}: {message}"
+        );
+    }
+    assert_eq!(
+        tree(&server, &id).await,
+        Vec::<String>::new(),
+        "nothing landed"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn a_member_past_the_file_limit_refuses_the_import() {
     let dir = tempfile::tempdir().expect("dir");
     let config = dir.path().join("plinth.toml");
