@@ -574,7 +574,7 @@ async fn write_file(
     params(("id" = String, Path, description = "The environment's id"), ("path" = String, Path, description = "A file or directory, relative to the root")),
     responses(
         (status = 200, description = "Removed", body = DeletedPath),
-        (status = 400, description = "environment_invalid: a path that escapes the root", body = ErrorBody),
+        (status = 400, description = "environment_invalid: a path that escapes the root, or goes through a symlink", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found: no such environment or path", body = ErrorBody),
         (status = 503, description = "unavailable", body = ErrorBody),

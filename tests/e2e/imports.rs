@@ -805,6 +805,11 @@ async fn links_in_the_root_are_kept_for_sessions_listed_on_request_never_served(
         assert_eq!(head.status(), 400, "HEAD {path}");
     }
     assert_eq!(read(&server, &id, "docs/guide.md").await, b"# the guide\n");
+    let (status, body) = send(server.client.delete(server.url(&format!(
+        "/v1/environments/{id}/files/tests/fixtures/root/docs"
+    ))))
+    .await;
+    assert_error(status, &body, 400, "environment_invalid");
     // Nothing is written over or through a link.
     for path in ["README.md", "tests/fixtures/root/planted.txt"] {
         let (status, body) = send(
@@ -854,5 +859,28 @@ async fn links_in_the_root_are_kept_for_sessions_listed_on_request_never_served(
     }
     assert!(!stdout.contains("WROTE"), "{stdout}");
     assert!(stdout.contains("NOT-THERE"), "{stdout}");
+
+    // DELETE of a link removes the link, and only it.
+    let (status, body) = send(
+        server
+            .client
+            .delete(server.url(&format!("/v1/environments/{id}/files/README.md"))),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (_, listing) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}/files?links=true"))),
+    )
+    .await;
+    let paths: Vec<&str> = listing["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .filter_map(|entry| entry["path"].as_str())
+        .collect();
+    assert!(!paths.contains(&"README.md"), "{listing}");
+    assert!(paths.contains(&"docs/guide.md"), "{listing}");
     server.stop().await;
 }

@@ -399,30 +399,43 @@ impl Source {
                 links::NOT_SERVED
             ))),
             Some(entry) => Ok(entry),
-            None => {
-                // No entry is ever beneath a link, so a path through one names nothing: say
-                // which link is in the way rather than that nothing is there.
-                for ancestor in path.ancestors() {
-                    match self
-                        .index
-                        .get(environment, &ancestor)
-                        .await
-                        .map_err(index_error)?
-                    {
-                        Some(entry) if entry.kind == Kind::Symlink => {
-                            return Err(PlinthError::invalid(format!(
-                                "{path} goes through the symlink {ancestor}: {}",
-                                links::NOT_SERVED
-                            )));
-                        }
-                        Some(entry) if entry.kind == Kind::Directory => {}
-                        _ => break,
-                    }
-                }
-                Err(index_error(IndexError::NotFound(path.to_string())))
-            }
+            None => match self.link_on_the_way(environment, path).await? {
+                Some(link) => Err(through_link(path, &link)),
+                None => Err(index_error(IndexError::NotFound(path.to_string()))),
+            },
         }
     }
+
+    /// The link among `path`'s ancestors, if one is in the way: no entry is ever beneath a
+    /// link, so a path through one names nothing, and saying which link is in the way is
+    /// the better answer.
+    async fn link_on_the_way(
+        &self,
+        environment: &str,
+        path: &SourcePath,
+    ) -> Result<Option<SourcePath>, PlinthError> {
+        for ancestor in path.ancestors() {
+            match self
+                .index
+                .get(environment, &ancestor)
+                .await
+                .map_err(index_error)?
+            {
+                Some(entry) if entry.kind == Kind::Symlink => return Ok(Some(ancestor)),
+                Some(entry) if entry.kind == Kind::Directory => {}
+                _ => break,
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// The files API's refusal of a path through `link`.
+fn through_link(path: &SourcePath, link: &SourcePath) -> PlinthError {
+    PlinthError::invalid(format!(
+        "{path} goes through the symlink {link}: {}",
+        links::NOT_SERVED
+    ))
 }
 
 /// The bytes of a client stream after its header, as a byte stream.
@@ -631,11 +644,19 @@ impl pb::source_service_server::SourceService for Source {
         let request = request.into_inner();
         let path = parse_path(&request.path)?;
         self.bind(&request.environment_id, &request.scope).await?;
-        let (files, directories) = self
-            .index
-            .delete(&request.environment_id, &path)
-            .await
-            .map_err(index_error)?;
+        let (files, directories) = match self.index.delete(&request.environment_id, &path).await {
+            Ok(counts) => counts,
+            Err(IndexError::NotFound(what)) => {
+                return Err(
+                    match self.link_on_the_way(&request.environment_id, &path).await? {
+                        Some(link) => through_link(&path, &link),
+                        None => index_error(IndexError::NotFound(what)),
+                    }
+                    .into(),
+                );
+            }
+            Err(error) => return Err(index_error(error).into()),
+        };
         Ok(Response::new(pb::DeleteResponse { files, directories }))
     }
 
