@@ -45,8 +45,12 @@ pub struct BuildRecord {
     pub object: &'static str,
     /// The version it builds.
     pub version: u32,
-    /// `queued`, `building`, `ready` or `failed`.
-    pub status: &'static str,
+    /// `building` from the moment the build is accepted, then `ready` or `failed` (UHP §4).
+    pub status: BuildState,
+    /// Where a `building` build is: `queued` (waiting for a builder) or `running`. Left out
+    /// once the build is `ready` or `failed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<BuildPhase>,
     /// The installers' own output (head and tail kept when long).
     pub log: String,
     /// Why it failed; empty otherwise.
@@ -57,11 +61,14 @@ pub struct BuildRecord {
     pub size: u64,
     /// Leases handed out: more than 1 when a builder was lost.
     pub attempt: u32,
-    /// Seconds since the Unix epoch.
+    /// When it was accepted: milliseconds since the Unix epoch.
+    #[schema(example = 1790569990000_i64)]
     pub queued_at: i64,
-    /// Seconds since the Unix epoch; null while queued.
+    /// When a builder started it: milliseconds since the Unix epoch; null while queued.
+    #[schema(example = 1790570000000_i64)]
     pub started_at: Option<i64>,
-    /// Seconds since the Unix epoch; null while unfinished.
+    /// When it ended: milliseconds since the Unix epoch; null while building.
+    #[schema(example = 1790570094000_i64)]
     pub finished_at: Option<i64>,
     /// Whether it was asked to reuse nothing from earlier builds.
     pub clean: bool,
@@ -110,15 +117,18 @@ pub struct StartBuild {
 pub struct VersionEntry {
     /// Its number.
     pub version: u32,
-    /// `queued`, `building`, `ready` or `failed`.
-    pub status: &'static str,
+    /// Its build's: `building`, then `ready` or `failed`.
+    pub status: BuildState,
+    /// While `building`: `queued` or `running`. Left out once finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<BuildPhase>,
     /// Whether sessions get it.
     pub active: bool,
     /// Packages installed.
     pub packages: u32,
-    /// Seconds since the Unix epoch; null while queued.
+    /// Milliseconds since the Unix epoch; null while queued.
     pub started_at: Option<i64>,
-    /// Seconds since the Unix epoch; null while unfinished.
+    /// Milliseconds since the Unix epoch; null while building.
     pub finished_at: Option<i64>,
     /// The toolchains its installers ran with, once ready.
     pub toolchains: Vec<ToolchainBody>,
@@ -150,26 +160,55 @@ pub struct LogQuery {
     pub offset: Option<u64>,
 }
 
-fn status_name(status: i32) -> &'static str {
+/// A build's status as REST shows it. UHP §4: the record "says building, then ready or
+/// failed"; where a building build is goes in [`BuildPhase`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BuildState {
+    /// Accepted and not finished: waiting for a builder or being built.
+    Building,
+    /// Built; it can be activated (and was, unless a newer build was).
+    Ready,
+    /// It failed; nothing changed.
+    Failed,
+}
+
+/// Where a `building` build is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BuildPhase {
+    /// Waiting for a builder.
+    Queued,
+    /// A builder is installing it.
+    Running,
+}
+
+/// The catalog's build status as REST's status and phase: the catalog's `queued` and
+/// `building` are both `building`, told apart by the phase, which a finished build has none of.
+pub(crate) fn build_state(status: i32) -> (BuildState, Option<BuildPhase>) {
     match pb::BuildStatus::try_from(status) {
-        Ok(pb::BuildStatus::Building) => "building",
-        Ok(pb::BuildStatus::Ready) => "ready",
-        Ok(pb::BuildStatus::Failed) => "failed",
-        _ => "queued",
+        Ok(pb::BuildStatus::Ready) => (BuildState::Ready, None),
+        Ok(pb::BuildStatus::Failed) => (BuildState::Failed, None),
+        Ok(pb::BuildStatus::Building) => (BuildState::Building, Some(BuildPhase::Running)),
+        Ok(pb::BuildStatus::Queued | pb::BuildStatus::Unspecified) | Err(_) => {
+            (BuildState::Building, Some(BuildPhase::Queued))
+        }
     }
 }
 
-/// A time the catalog keeps in milliseconds, as the build and version objects show it: seconds
-/// (the unit the spec shows on the environment's `versions[]` and `build`), `null` until known.
-fn seconds(ms: i64) -> Option<i64> {
-    (ms > 0).then_some(ms / 1000)
+/// A time the catalog keeps, as REST shows every time: milliseconds since the Unix epoch,
+/// `null` until known (the catalog's 0).
+pub(crate) fn millis(ms: i64) -> Option<i64> {
+    (ms > 0).then_some(ms)
 }
 
 fn record(build: pb::Build, log: String) -> Result<BuildRecord, plinth_proto::UnknownValue> {
+    let (status, phase) = build_state(build.status);
     Ok(BuildRecord {
         object: "build",
         version: build.version,
-        status: status_name(build.status),
+        status,
+        phase,
         log,
         error: build.error,
         packages: build
@@ -179,9 +218,9 @@ fn record(build: pb::Build, log: String) -> Result<BuildRecord, plinth_proto::Un
             .collect::<Result<_, _>>()?,
         size: build.size,
         attempt: build.attempt,
-        queued_at: build.queued_at_ms / 1000,
-        started_at: seconds(build.started_at_ms),
-        finished_at: seconds(build.finished_at_ms),
+        queued_at: build.queued_at_ms,
+        started_at: millis(build.started_at_ms),
+        finished_at: millis(build.finished_at_ms),
         clean: build.clean,
         toolchains: toolchains(build.toolchains)?,
     })
@@ -217,7 +256,7 @@ fn version_path(
     params(("id" = String, Path, description = "The environment's id")),
     request_body(content = Option<StartBuild>, description = "Optional; `{\"clean\": true}` reuses nothing from earlier builds"),
     responses(
-        (status = 202, description = "Queued; poll or follow …/builds/{version}", body = BuildRecord),
+        (status = 202, description = "Accepted: `building`, phase `queued` or `running`; poll or follow …/builds/{version}", body = BuildRecord),
         (status = 400, description = "environment_invalid: the body is not a valid StartBuild", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
@@ -422,13 +461,15 @@ async fn list_versions(
         data: versions
             .into_iter()
             .map(|version| {
+                let (status, phase) = build_state(version.status);
                 Ok(VersionEntry {
                     version: version.version,
-                    status: status_name(version.status),
+                    status,
+                    phase,
                     active: Some(version.version) == active,
                     packages: version.packages,
-                    started_at: seconds(version.started_at_ms),
-                    finished_at: seconds(version.finished_at_ms),
+                    started_at: millis(version.started_at_ms),
+                    finished_at: millis(version.finished_at_ms),
                     toolchains: toolchains(version.toolchains)?,
                 })
             })
@@ -446,7 +487,7 @@ async fn list_versions(
         (status = 200, description = "The environment, with the version active", body = EnvironmentBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found: no such environment or version", body = ErrorBody),
-        (status = 409, description = "environment_not_ready: the version is queued, building or failed", body = ErrorBody),
+        (status = 409, description = "environment_not_ready: the version is building or failed", body = ErrorBody),
         (status = 503, description = "unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -469,4 +510,33 @@ async fn activate_version(
     Ok(Json(
         crate::environments::environment_body(&state, environment).await?,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_catalog_status_is_building_ready_or_failed_and_only_building_has_a_phase() {
+        let shown = |status: pb::BuildStatus| {
+            serde_json::to_value(build_state(status as i32)).expect("json")
+        };
+        assert_eq!(
+            shown(pb::BuildStatus::Queued),
+            serde_json::json!(["building", "queued"])
+        );
+        assert_eq!(
+            shown(pb::BuildStatus::Building),
+            serde_json::json!(["building", "running"])
+        );
+        assert_eq!(
+            shown(pb::BuildStatus::Ready),
+            serde_json::json!(["ready", null])
+        );
+        assert_eq!(
+            shown(pb::BuildStatus::Failed),
+            serde_json::json!(["failed", null])
+        );
+        assert_eq!(build_state(99).0, BuildState::Building, "an unknown value");
+    }
 }

@@ -16,6 +16,7 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::auth::Caller;
+use crate::builds::{BuildPhase, BuildState, build_state, millis};
 use crate::error::{ApiError, ErrorBody};
 use crate::json::JsonBody;
 use crate::paging::{Page, PageQuery};
@@ -233,11 +234,15 @@ pub struct PackageBody {
 pub struct VersionBody {
     /// Its number.
     pub version: u32,
-    /// `queued`, `building`, `ready` or `failed`.
-    pub status: &'static str,
-    /// Seconds since the Unix epoch; null while queued.
+    /// Its build's: `building`, then `ready` or `failed`.
+    pub status: BuildState,
+    /// While `building`: `queued` (waiting for a builder) or `running`. Left out once
+    /// finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<BuildPhase>,
+    /// Milliseconds since the Unix epoch; null while queued.
     pub started_at: Option<i64>,
-    /// Seconds since the Unix epoch; null while unfinished.
+    /// Milliseconds since the Unix epoch; null while building.
     pub finished_at: Option<i64>,
     /// Packages installed.
     pub packages: u32,
@@ -248,11 +253,15 @@ pub struct VersionBody {
 pub struct BuildBody {
     /// The version it builds.
     pub version: u32,
-    /// `queued`, `building`, `ready` or `failed`.
-    pub status: &'static str,
-    /// Seconds since the Unix epoch; null while queued.
+    /// `building` from the moment it is accepted, then `ready` or `failed`.
+    pub status: BuildState,
+    /// While `building`: `queued` (waiting for a builder) or `running`. Left out once
+    /// finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<BuildPhase>,
+    /// Milliseconds since the Unix epoch; null while queued.
     pub started_at: Option<i64>,
-    /// Seconds since the Unix epoch; null while unfinished.
+    /// Milliseconds since the Unix epoch; null while building.
     pub finished_at: Option<i64>,
     /// Why it failed; empty otherwise.
     pub error: String,
@@ -290,21 +299,6 @@ fn environment_status(status: i32) -> &'static str {
         Ok(pb::EnvironmentStatus::Failed) => "failed",
         Ok(pb::EnvironmentStatus::Empty | pb::EnvironmentStatus::Unspecified) | Err(_) => "empty",
     }
-}
-
-fn build_status(status: i32) -> &'static str {
-    match pb::BuildStatus::try_from(status) {
-        Ok(pb::BuildStatus::Building) => "building",
-        Ok(pb::BuildStatus::Ready) => "ready",
-        Ok(pb::BuildStatus::Failed) => "failed",
-        Ok(pb::BuildStatus::Queued | pb::BuildStatus::Unspecified) | Err(_) => "queued",
-    }
-}
-
-/// A time the catalog keeps in milliseconds, as the spec shows it on the environment object:
-/// seconds, `null` until known.
-fn seconds(ms: i64) -> Option<i64> {
-    (ms > 0).then_some(ms / 1000)
 }
 
 impl TryFrom<pb::Package> for PackageBody {
@@ -351,20 +345,28 @@ impl TryFrom<pb::Environment> for EnvironmentBody {
             versions: environment
                 .versions
                 .into_iter()
-                .map(|version| VersionBody {
-                    version: version.version,
-                    status: build_status(version.status),
-                    started_at: seconds(version.started_at_ms),
-                    finished_at: seconds(version.finished_at_ms),
-                    packages: version.packages,
+                .map(|version| {
+                    let (status, phase) = build_state(version.status);
+                    VersionBody {
+                        version: version.version,
+                        status,
+                        phase,
+                        started_at: millis(version.started_at_ms),
+                        finished_at: millis(version.finished_at_ms),
+                        packages: version.packages,
+                    }
                 })
                 .collect(),
-            build: environment.build.map(|build| BuildBody {
-                version: build.version,
-                status: build_status(build.status),
-                started_at: seconds(build.started_at_ms),
-                finished_at: seconds(build.finished_at_ms),
-                error: build.error,
+            build: environment.build.map(|build| {
+                let (status, phase) = build_state(build.status);
+                BuildBody {
+                    version: build.version,
+                    status,
+                    phase,
+                    started_at: millis(build.started_at_ms),
+                    finished_at: millis(build.finished_at_ms),
+                    error: build.error,
+                }
             }),
             created_at: environment.created_at_ms,
             updated_at: environment.updated_at_ms,

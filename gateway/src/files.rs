@@ -24,7 +24,7 @@ use crate::conditional::{self, ReadAnswer};
 use crate::environments::EnvironmentIdParam;
 use crate::error::{ApiError, ErrorBody};
 use crate::json::{self, JsonBody};
-use crate::paging::{Page, PageQuery};
+use crate::paging::Page;
 
 /// Largest chunk sent to the source in one gRPC message.
 const CHUNK: usize = 1024 * 1024;
@@ -44,8 +44,9 @@ pub struct FileEntry {
     /// Relative to the environment's root.
     #[schema(example = "scripts/run.py")]
     pub path: String,
-    /// `file`, `directory` or `symlink` (a link whose target stays inside the root; reading
-    /// it answers what it points at, followed inside the source only).
+    /// `file` or `directory`; `symlink` only in a tree asked for with `links=true` (a link
+    /// whose target stays inside the root: builds and sessions see what it points at, and
+    /// the files API refuses to read it or a path through it).
     #[serde(rename = "type")]
     #[schema(example = "file")]
     pub kind: &'static str,
@@ -86,7 +87,7 @@ impl TryFrom<pb::Entry> for FileEntry {
 pub struct FileTree {
     /// Always `list`.
     pub object: &'static str,
-    /// Files and directories, sorted by path (byte order).
+    /// Files and directories (and symlinks, with `links=true`), sorted by path (byte order).
     pub data: Vec<FileEntry>,
     /// Whether more entries follow this page.
     pub has_more: bool,
@@ -114,6 +115,25 @@ pub struct MakeDirectory {
     /// The directory to make, with its parents.
     #[schema(example = "assets/brand")]
     pub path: String,
+}
+
+/// `GET …/files` query: a page, and whether links are listed.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct TreeQuery {
+    /// At most this many entries: default 100, from 1 to 1000.
+    #[param(minimum = 1, maximum = 1000, default = 100)]
+    pub limit: Option<u32>,
+    /// The `next` of the previous page; left out for the first page. Opaque: a value this
+    /// list did not hand out is `400 environment_invalid`.
+    #[param(max_length = 256, min_length = 1)]
+    pub after: Option<String>,
+    /// List the source's symlinks too (`type: symlink`, with `target`). Left out, the tree
+    /// is its files and directories, as UHP §3 describes it: links are kept in builds and
+    /// sessions, and the files API serves neither them nor a path through them.
+    #[param(default = false)]
+    pub links: Option<bool>,
 }
 
 /// `PUT …/files/{path}` query.
@@ -319,12 +339,13 @@ where
     outcome
 }
 
-/// The tree of an environment's source: every file and directory, with sizes.
+/// The tree of an environment's source: every file and directory, with sizes; its symlinks
+/// too with `links=true`.
 #[utoipa::path(
     get,
     path = "/v1/environments/{id}/files",
     tag = "files",
-    params(("id" = String, Path, description = "The environment's id"), PageQuery),
+    params(("id" = String, Path, description = "The environment's id"), TreeQuery),
     responses(
         (status = 200, description = "One page of the files and directories, sorted by path", body = FileTree),
         (status = 400, description = "environment_invalid: a limit outside 1–1000, or an `after` this list did not hand out", body = ErrorBody),
@@ -338,9 +359,11 @@ async fn list_files(
     State(state): State<AppState>,
     caller: Caller,
     EnvironmentIdParam(id): EnvironmentIdParam,
-    query: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
+    query: Result<Query<TreeQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<FileTree>, ApiError> {
-    let page = Page::from_query(query)?;
+    let Query(query) =
+        query.map_err(|error| PlinthError::invalid(format!("query: {}", error.body_text())))?;
+    let page = Page::new(query.limit, query.after)?;
     check_environment(&state, &caller, &id).await?;
     // The source pages the tree itself, so neither its answer nor this one grows with the
     // number of files.
@@ -350,6 +373,7 @@ async fn list_files(
             environment_id: id,
             limit: page.limit,
             after: page.after,
+            links: query.links.unwrap_or(false),
         })
         .await?
         .into_inner();
@@ -382,7 +406,8 @@ fn file_path(
 }
 
 /// One file's bytes exactly as stored, with a content type guessed from its name. Reads are
-/// conditional and ranged (see `conditional`): `ETag` is the content digest in quotes.
+/// conditional and ranged (see `conditional`): `ETag` is the content digest in quotes. A
+/// symlink, or a path through one, is refused: UHP §3 serves regular files alone here.
 #[utoipa::path(
     get,
     path = "/v1/environments/{id}/files/{*path}",
@@ -402,7 +427,7 @@ fn file_path(
             headers(("Content-Range" = String, description = "`bytes <first>-<last>/<size>`"), ("ETag" = String, description = "The file's entity tag"))),
         (status = 304, description = "Not modified: If-None-Match named the file's tag; no body",
             headers(("ETag" = String, description = "The file's entity tag"))),
-        (status = 400, description = "environment_invalid: a path that escapes the root, or names a directory; an If-Match or If-None-Match that is not a list of quoted entity tags", body = ErrorBody),
+        (status = 400, description = "environment_invalid: a path that escapes the root, names a directory, or is or goes through a symlink (links are kept in builds and sessions but not served by the files API); an If-Match or If-None-Match that is not a list of quoted entity tags", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found: no such environment or file", body = ErrorBody),
         (status = 412, description = "precondition_failed: If-Match names none of the file's tags (detail.etag is the current one)", body = ErrorBody,
@@ -484,7 +509,7 @@ async fn read_file(
     responses(
         (status = 200, description = "Written", body = FileEntry,
             headers(("ETag" = String, description = "The new content's entity tag, `\"sha256:<hex>\"`"))),
-        (status = 400, description = "environment_invalid: a path that escapes the root, or a file where a directory is (or the reverse); an If-Match or If-None-Match that is not a list of quoted entity tags", body = ErrorBody),
+        (status = 400, description = "environment_invalid: a path that escapes the root, a file where a directory is (or the reverse), or a path that is or goes through a symlink; an If-Match or If-None-Match that is not a list of quoted entity tags", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
         (status = 412, description = "precondition_failed: the file changed since it was read (If-Match), or exists (If-None-Match: *); nothing was written; detail.etag (and the ETag header) is the file's current tag, null when there is none", body = ErrorBody,
@@ -540,7 +565,8 @@ async fn write_file(
     Ok(response)
 }
 
-/// Removes a file, or a directory and everything beneath it.
+/// Removes a file, or a directory and everything beneath it; a symlink's path removes the
+/// link (never what it points at).
 #[utoipa::path(
     delete,
     path = "/v1/environments/{id}/files/{*path}",
@@ -548,7 +574,7 @@ async fn write_file(
     params(("id" = String, Path, description = "The environment's id"), ("path" = String, Path, description = "A file or directory, relative to the root")),
     responses(
         (status = 200, description = "Removed", body = DeletedPath),
-        (status = 400, description = "environment_invalid: a path that escapes the root", body = ErrorBody),
+        (status = 400, description = "environment_invalid: a path that escapes the root, or goes through a symlink", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found: no such environment or path", body = ErrorBody),
         (status = 503, description = "unavailable", body = ErrorBody),
@@ -626,7 +652,7 @@ async fn make_directory(
     request_body(content = GitImport, description = "An archive (any content type but application/json), or this JSON naming a git repository"),
     responses(
         (status = 200, description = "What landed", body = ImportReport),
-        (status = 400, description = "environment_invalid: not an archive, an ambiguous archive (duplicate names, zip records that disagree, a member beneath a symlink), too many entries, a git URL that is not allowed or whose host is not public, a git server that redirected (give the final URL), a short commit id that matches no single commit (give the full 40-character id), a checkout's origin in the query that lacks commit or describe, names a commit that is not a full id, or comes with a JSON body", body = ErrorBody),
+        (status = 400, description = "environment_invalid: not an archive (a body that starts with `{` says to send `Content-Type: application/json`), an ambiguous archive (duplicate names, zip records that disagree, a member beneath a symlink), too many entries, a git URL that is not allowed or whose host is not public, a git server that redirected (give the final URL), a short commit id that matches no single commit (give the full 40-character id), a checkout's origin in the query that lacks commit or describe, names a commit that is not a full id, or comes with a JSON body", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
         (status = 413, description = "file_too_large: the archive, its contents, one member or a git fetch (source.git_max_fetch_bytes) passed a limit (detail.max_bytes); nothing was imported", body = ErrorBody),

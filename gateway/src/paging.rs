@@ -49,7 +49,13 @@ impl Page {
     pub fn from_query(query: Result<Query<PageQuery>, QueryRejection>) -> Result<Self, ApiError> {
         let Query(query) =
             query.map_err(|error| PlinthError::invalid(format!("query: {}", error.body_text())))?;
-        let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
+        Self::new(query.limit, query.after)
+    }
+
+    /// Checks a page's `limit` and `after` as [`Page::from_query`] does, for a list whose
+    /// query takes more than those two.
+    pub fn new(limit: Option<u32>, after: Option<String>) -> Result<Self, ApiError> {
+        let limit = limit.unwrap_or(DEFAULT_LIMIT);
         if !(1..=MAX_LIMIT).contains(&limit) {
             return Err(PlinthError::invalid(format!(
                 "limit: from 1 to {MAX_LIMIT} items a page; follow `next` for the rest"
@@ -57,8 +63,7 @@ impl Page {
             .with_detail(serde_json::json!({ "max": MAX_LIMIT }))
             .into());
         }
-        if query
-            .after
+        if after
             .as_deref()
             .is_some_and(|after| after.is_empty() || after.len() > MAX_CURSOR_CHARS)
         {
@@ -69,7 +74,7 @@ impl Page {
         }
         Ok(Page {
             limit,
-            after: query.after.unwrap_or_default(),
+            after: after.unwrap_or_default(),
         })
     }
 }

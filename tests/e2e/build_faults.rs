@@ -253,7 +253,7 @@ async fn a_builder_killed_mid_build_loses_its_lease_and_another_finishes_it() {
     let first = cluster.builder("first", &logs.path().join("first.log"));
     cluster
         .wait_for(&id, "the first builder takes the build", |b| {
-            b["status"] == "building"
+            b["phase"] == "running"
         })
         .await;
     signal(&first, "KILL");
@@ -315,7 +315,7 @@ async fn a_builder_killed_mid_build_and_restarted_leaves_no_mount_and_builds_aga
     };
     cluster
         .wait_for(&id, "the builder takes the build", |b| {
-            b["status"] == "building" && scope_mounts() == 1
+            b["phase"] == "running" && scope_mounts() == 1
         })
         .await;
     signal(&first, "KILL");
@@ -355,7 +355,7 @@ async fn a_builder_paused_past_its_lease_cannot_publish_when_it_resumes() {
     let paused = cluster.builder("paused", &paused_log);
     cluster
         .wait_for(&id, "the first builder takes the build", |b| {
-            b["status"] == "building"
+            b["phase"] == "running"
         })
         .await;
     signal(&paused, "STOP");
@@ -411,7 +411,7 @@ async fn a_builder_stopped_gracefully_gives_its_build_back_at_once() {
     let mut first = cluster.builder("first", &logs.path().join("first.log"));
     cluster
         .wait_for(&id, "the first builder takes the build", |b| {
-            b["status"] == "building"
+            b["phase"] == "running"
         })
         .await;
     signal(&first, "TERM");
@@ -428,7 +428,8 @@ async fn a_builder_stopped_gracefully_gives_its_build_back_at_once() {
     assert!(stopped.success(), "{stopped}");
     let released = cluster.build(&id).await;
     assert_eq!(
-        released["status"], "queued",
+        (&released["status"], &released["phase"]),
+        (&json!("building"), &json!("queued")),
         "given back at once: {released}"
     );
     let _second = cluster.builder("second", &logs.path().join("second.log"));
@@ -454,7 +455,7 @@ async fn by_default_a_killed_builders_build_is_taken_over_within_seconds() {
     let first = cluster.builder("first", &logs.path().join("first.log"));
     cluster
         .wait_for(&id, "the first builder takes the build", |b| {
-            b["status"] == "building"
+            b["phase"] == "running"
         })
         .await;
     // The second builder is up and long-polling before the first dies.

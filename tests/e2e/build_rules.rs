@@ -116,7 +116,8 @@ async fn builds_queue_run_fail_activate_and_roll_back_by_the_rules() {
     let (status, queued) = post(&server, &format!("{env}/build")).await;
     assert_eq!(status, 202, "{queued}");
     assert_eq!(queued["version"], 1);
-    assert_eq!(queued["status"], "queued");
+    assert_eq!(queued["status"], "building", "{queued}");
+    assert_eq!(queued["phase"], "queued", "{queued}");
     let (status, busy) = post(&server, &format!("{env}/build")).await;
     assert_error(status, &busy, 409, "environment_busy");
     let (status, busy) = send(server.client.delete(server.url(&env))).await;
@@ -125,12 +126,14 @@ async fn builds_queue_run_fail_activate_and_roll_back_by_the_rules() {
     assert_eq!(environment["status"], "building");
     assert_eq!(environment["latestVersion"], 1);
     assert_eq!(environment["version"], Value::Null);
-    assert_eq!(environment["build"]["status"], "queued");
+    assert_eq!(environment["build"]["status"], "building");
+    assert_eq!(environment["build"]["phase"], "queued");
 
     let first = builder.claim().await;
     builder.log(&first, "Collecting tinypkg\n").await;
     let (_, building) = get(&server, &format!("{env}/builds/1")).await;
     assert_eq!(building["status"], "building");
+    assert_eq!(building["phase"], "running");
     assert_eq!(building["log"], "Collecting tinypkg\n");
     let (status, not_ready) = post(&server, &format!("{env}/versions/1/activate")).await;
     assert_error(status, &not_ready, 409, "environment_not_ready");

@@ -315,3 +315,155 @@ async fn a_failing_setup_sh_fails_the_build_with_its_output_and_changes_nothing(
     assert_eq!(environment["version"], Value::Null);
     server.stop().await;
 }
+
+/// Milliseconds since the Unix epoch, now.
+fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is past 1970");
+    i64::try_from(since.as_millis()).expect("a time in range")
+}
+
+/// Every time field anywhere in `value` (`*_at` and `*At` keys), with its value.
+fn time_fields(value: &Value, out: &mut Vec<(String, Value)>) {
+    match value {
+        Value::Object(fields) => {
+            for (key, value) in fields {
+                if key.ends_with("_at") || key.ends_with("At") {
+                    out.push((key.clone(), value.clone()));
+                }
+                time_fields(value, out);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| time_fields(item, out)),
+        _ => {}
+    }
+}
+
+/// Where a build's answer says it is, in the order a build goes: waiting, running, ended.
+fn stage(build: &Value) -> u8 {
+    match (
+        build["status"].as_str(),
+        build.get("phase").and_then(Value::as_str),
+    ) {
+        (Some("building"), Some("queued")) => 0,
+        (Some("building"), Some("running")) => 1,
+        (Some("ready" | "failed"), None) => 2,
+        _ => panic!("a build says building (phase queued or running), ready or failed: {build}"),
+    }
+}
+
+#[tokio::test]
+async fn a_build_says_building_then_ready_with_its_phase_and_every_time_in_milliseconds() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let window_start = now_ms();
+    let server = Server::start_with(&["--builder-network", "false", "--builders", "1"]).await;
+    // The one builder is busy with this build while the next one waits for it.
+    let busy = create_environment(&server, "Busy").await;
+    put_file(&server, &busy, "setup.sh", "sleep 6\n").await;
+    let waiting = create_environment(&server, "Waiting").await;
+    put_file(&server, &waiting, "setup.sh", "echo done\n").await;
+    let build_url = |id: &str| server.url(&format!("/v1/environments/{id}/build"));
+    let record_url = |id: &str| server.url(&format!("/v1/environments/{id}/builds/1"));
+
+    let (status, accepted) = send(server.client.post(build_url(&busy))).await;
+    assert_eq!(status, 202, "{accepted}");
+    assert_eq!(stage(&accepted), 0, "accepted, it waits: {accepted}");
+    let mut running = false;
+    for _ in 0..1200 {
+        let (_, record) = send(server.client.get(record_url(&busy))).await;
+        if stage(&record) == 1 {
+            running = true;
+            break;
+        }
+        assert_eq!(stage(&record), 0, "{record}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(running, "the builder never took the first build");
+
+    let (status, accepted) = send(server.client.post(build_url(&waiting))).await;
+    assert_eq!(status, 202, "{accepted}");
+    // Every answer that shows the waiting build: its record, the environment's `build` and
+    // `versions`, and the versions listing, polled from acceptance until it ends.
+    let mut answers = vec![accepted.clone()];
+    let mut records = vec![accepted];
+    let mut summaries = Vec::new();
+    let mut ended = false;
+    for _ in 0..1200 {
+        let (_, record) = send(server.client.get(record_url(&waiting))).await;
+        let (_, environment) = send(
+            server
+                .client
+                .get(server.url(&format!("/v1/environments/{waiting}"))),
+        )
+        .await;
+        let (_, versions) = send(
+            server
+                .client
+                .get(server.url(&format!("/v1/environments/{waiting}/versions"))),
+        )
+        .await;
+        summaries.push(environment["build"].clone());
+        summaries.extend(
+            environment["versions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
+        summaries.extend(versions["data"].as_array().cloned().unwrap_or_default());
+        answers.extend([record.clone(), environment, versions]);
+        records.push(record.clone());
+        if stage(&record) == 2 {
+            ended = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ended, "the second build never ended");
+    let window_end = now_ms();
+
+    let stages: Vec<u8> = records.iter().map(stage).collect();
+    assert!(
+        stages.windows(2).all(|pair| pair[0] <= pair[1]),
+        "a build never goes back: {stages:?}"
+    );
+    assert!(
+        stages.iter().filter(|stage| **stage == 0).count() >= 2,
+        "polled while the builder was busy, the build said building, phase queued: {stages:?}"
+    );
+    let last = records.last().expect("a record");
+    assert_eq!(last["status"], "ready", "{last}");
+    for summary in &summaries {
+        stage(summary);
+    }
+    assert!(
+        summaries.iter().any(|summary| stage(summary) == 0),
+        "the environment and versions showed the waiting build too"
+    );
+
+    // Every time is milliseconds since the epoch: inside the test's own window.
+    let mut times = Vec::new();
+    for answer in &answers {
+        time_fields(answer, &mut times);
+    }
+    assert!(times.iter().any(|(key, _)| key == "queued_at"), "{times:?}");
+    for (key, value) in &times {
+        if value.is_null() {
+            continue;
+        }
+        let ms = value.as_i64().unwrap_or_else(|| panic!("{key}: {value}"));
+        assert!(
+            (window_start..=window_end).contains(&ms),
+            "{key} = {ms}, not between {window_start} and {window_end}"
+        );
+    }
+    let (queued, started, finished) = (
+        last["queued_at"].as_i64().expect("queued_at"),
+        last["started_at"].as_i64().expect("started_at"),
+        last["finished_at"].as_i64().expect("finished_at"),
+    );
+    assert!(queued <= started && started <= finished, "{last}");
+    server.stop().await;
+}

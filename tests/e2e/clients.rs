@@ -83,7 +83,7 @@ build = expect(
     202,
 )
 deadline = time.monotonic() + 300
-while build.status in ("queued", "building"):
+while build.status == "building":
     if time.monotonic() > deadline:
         sys.exit(f"build {build.version} still {build.status}")
     time.sleep(0.5)

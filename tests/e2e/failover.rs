@@ -324,7 +324,7 @@ async fn a_build_queued_through_one_catalog_wakes_a_builder_waiting_on_another()
         let id = queue_build(&client, &base, &format!("Across {round}")).await;
         let started = loop {
             let build = build_of(&client, &base, &id).await;
-            if build["status"] != "queued" {
+            if build["phase"] != "queued" {
                 break queued.elapsed();
             }
             assert!(

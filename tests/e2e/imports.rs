@@ -235,6 +235,35 @@ async fn refused_archives_change_nothing() {
 }
 
 #[tokio::test]
+async fn a_git_import_without_the_json_content_type_is_told_to_send_it() {
+    let server = Server::start().await;
+    let id = environment(&server).await;
+    let body =
+        r#"  {"git": {"url": "https://github.com/example/content-studio"}, "replace": true}"#;
+    let url = server.url(&format!("/v1/environments/{id}/import"));
+    // As `curl -d` sends it (form-encoded), and with no content type at all.
+    for content_type in [Some("application/x-www-form-urlencoded"), None] {
+        let mut request = server.client.post(&url).body(body);
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        let (status, answer) = send(request).await;
+        assert_error(status, &answer, 400, "environment_invalid");
+        let message = answer["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("Content-Type: application/json"),
+            "{content_type:?}: {message}"
+        );
+    }
+    assert_eq!(
+        tree(&server, &id).await,
+        Vec::<String>::new(),
+        "nothing landed"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn a_member_past_the_file_limit_refuses_the_import() {
     let dir = tempfile::tempdir().expect("dir");
     let config = dir.path().join("plinth.toml");
@@ -706,7 +735,7 @@ pub(crate) fn linked_project_tar() -> Vec<u8> {
 }
 
 #[tokio::test]
-async fn links_inside_the_root_are_kept_listed_and_seen_by_sessions_and_escaping_ones_dropped() {
+async fn links_in_the_root_are_kept_for_sessions_listed_on_request_never_served() {
     if !crate::helpers::can_build() {
         return;
     }
@@ -721,10 +750,29 @@ async fn links_inside_the_root_are_kept_listed_and_seen_by_sessions_and_escaping
         "{report}"
     );
 
+    // The tree is files and directories (UHP §3); links are listed only when asked for.
     let (_, listing) = send(
         server
             .client
             .get(server.url(&format!("/v1/environments/{id}/files"))),
+    )
+    .await;
+    let kinds: Vec<&str> = listing["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|entry| entry["type"].as_str().unwrap_or(""))
+        .collect();
+    assert!(
+        kinds
+            .iter()
+            .all(|kind| ["file", "directory"].contains(kind)),
+        "{listing}"
+    );
+    let (_, listing) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}/files?links=true"))),
     )
     .await;
     let entries = listing["data"].as_array().expect("data");
@@ -739,23 +787,45 @@ async fn links_inside_the_root_are_kept_listed_and_seen_by_sessions_and_escaping
     for dropped in ["escape", "passwd", "tests/through"] {
         assert!(find(dropped).is_none(), "{dropped} must not land");
     }
-    // Reading through a link answers what it points at, followed inside the source only.
-    assert_eq!(read(&server, &id, "README.md").await, b"# the guide\n");
-    assert_eq!(
-        read(&server, &id, "tests/fixtures/root/docs/guide.md").await,
-        b"# the guide\n"
-    );
-    // Nothing is written through a link.
-    let (status, body) = send(
-        server
-            .client
-            .put(server.url(&format!(
-                "/v1/environments/{id}/files/tests/fixtures/root/planted.txt"
-            )))
-            .body("planted"),
-    )
+    // The files API serves no link, nor a path through one: builds and sessions keep them.
+    for path in [
+        "README.md",
+        "tests/fixtures/root",
+        "tests/fixtures/root/docs/guide.md",
+    ] {
+        let url = server.url(&format!("/v1/environments/{id}/files/{path}"));
+        let (status, body) = send(server.client.get(&url)).await;
+        assert_error(status, &body, 400, "environment_invalid");
+        let message = body["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("not served by the files API"),
+            "{path}: {message}"
+        );
+        let head = server.client.head(&url).send().await.expect("HEAD");
+        assert_eq!(head.status(), 400, "HEAD {path}");
+    }
+    assert_eq!(read(&server, &id, "docs/guide.md").await, b"# the guide\n");
+    let (status, body) = send(server.client.delete(server.url(&format!(
+        "/v1/environments/{id}/files/tests/fixtures/root/docs"
+    ))))
     .await;
     assert_error(status, &body, 400, "environment_invalid");
+    // Nothing is written over or through a link.
+    for path in ["README.md", "tests/fixtures/root/planted.txt"] {
+        let (status, body) = send(
+            server
+                .client
+                .put(server.url(&format!("/v1/environments/{id}/files/{path}")))
+                .body("planted"),
+        )
+        .await;
+        assert_error(status, &body, 400, "environment_invalid");
+        let message = body["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("not served by the files API"),
+            "{path}: {message}"
+        );
+    }
 
     crate::helpers::build_ready(&server, &id, 1, BUILD_LIMIT).await;
     let (_, environment) = send(
@@ -789,5 +859,28 @@ async fn links_inside_the_root_are_kept_listed_and_seen_by_sessions_and_escaping
     }
     assert!(!stdout.contains("WROTE"), "{stdout}");
     assert!(stdout.contains("NOT-THERE"), "{stdout}");
+
+    // DELETE of a link removes the link, and only it.
+    let (status, body) = send(
+        server
+            .client
+            .delete(server.url(&format!("/v1/environments/{id}/files/README.md"))),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (_, listing) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}/files?links=true"))),
+    )
+    .await;
+    let paths: Vec<&str> = listing["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .filter_map(|entry| entry["path"].as_str())
+        .collect();
+    assert!(!paths.contains(&"README.md"), "{listing}");
+    assert!(paths.contains(&"docs/guide.md"), "{listing}");
     server.stop().await;
 }

@@ -472,6 +472,7 @@ async fn a_source_tree_is_paged_by_the_source_service() {
         environment_id: id.clone(),
         limit: 7,
         after: String::new(),
+        links: false,
     };
     let mut grpc_paths = Vec::new();
     loop {
@@ -494,6 +495,7 @@ async fn a_source_tree_is_paged_by_the_source_service() {
                 environment_id: id.clone(),
                 limit,
                 after: after.to_owned(),
+                links: false,
             })
             .await
             .expect_err("refused");

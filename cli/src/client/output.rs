@@ -104,12 +104,13 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-/// Seconds since the Unix epoch as `YYYY-MM-DD HH:MM:SSZ` (UTC); "" for none.
-pub fn time(seconds: Option<i64>) -> String {
-    let Some(seconds) = seconds else {
+/// Milliseconds since the Unix epoch (every time the API gives) as `YYYY-MM-DD HH:MM:SSZ`
+/// (UTC); "" for none.
+pub fn time(ms: Option<i64>) -> String {
+    let Some(ms) = ms else {
         return String::new();
     };
-    let (year, month, day, hour, minute, second) = plinth_kit::clock::civil(seconds);
+    let (year, month, day, hour, minute, second) = plinth_kit::clock::civil(ms.div_euclid(1000));
     format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02}Z")
 }
 
@@ -135,8 +136,8 @@ mod tests {
     #[test]
     fn times_are_utc_dates() {
         assert_eq!(time(Some(0)), "1970-01-01 00:00:00Z");
-        assert_eq!(time(Some(1_790_570_094)), "2026-09-28 04:34:54Z");
-        assert_eq!(time(Some(951_782_400)), "2000-02-29 00:00:00Z");
+        assert_eq!(time(Some(1_790_570_094_999)), "2026-09-28 04:34:54Z");
+        assert_eq!(time(Some(951_782_400_000)), "2000-02-29 00:00:00Z");
         assert_eq!(time(None), "");
     }
 

@@ -1,6 +1,6 @@
 //! REST JSON ↔ `plinth.v1` messages. The REST shapes are UHP's (mixed `camelCase` and
-//! `snake_case`, lower-case strings for closed sets, some times in seconds, `null` for
-//! absent); the messages are typed (enums, `*_ms` times). This is the whole difference, in
+//! `snake_case`, lower-case strings for closed sets, times in milliseconds under names
+//! without `_ms`, `null` for absent); the messages are typed (enums, `*_ms` times). This is the whole difference, in
 //! one place:
 //!
 //! - a REST key is the field of that name, or of that JSON name, or the one [`RENAMED`] says;
@@ -15,22 +15,21 @@ use prost_reflect::{
 };
 use serde_json::{Map, Value};
 
-/// REST keys whose field has another name: `(key, field, factor)`, the factor turning REST's
-/// unit into milliseconds. UHP gives a build's and a version's times in seconds.
-const RENAMED: &[(&str, &str, i64)] = &[
-    ("createdAt", "created_at_ms", 1),
-    ("updatedAt", "updated_at_ms", 1),
-    ("endedAt", "ended_at_ms", 1),
-    ("rotatedAt", "rotated_at_ms", 1),
+/// REST keys whose field has another name: `(key, field)`. Both hold milliseconds since the
+/// Unix epoch; REST names its times without the unit.
+const RENAMED: &[(&str, &str)] = &[
+    ("createdAt", "created_at_ms"),
+    ("updatedAt", "updated_at_ms"),
+    ("endedAt", "ended_at_ms"),
+    ("rotatedAt", "rotated_at_ms"),
     (
         "previousCredentialExpiresAt",
         "previous_credential_expires_at_ms",
-        1,
     ),
-    ("at", "at_ms", 1),
-    ("started_at", "started_at_ms", 1000),
-    ("finished_at", "finished_at_ms", 1000),
-    ("queued_at", "queued_at_ms", 1000),
+    ("at", "at_ms"),
+    ("started_at", "started_at_ms"),
+    ("finished_at", "finished_at_ms"),
+    ("queued_at", "queued_at_ms"),
 ];
 
 /// A REST answer as the message `descriptor`.
@@ -84,9 +83,9 @@ fn to_proto(descriptor: &MessageDescriptor, value: Value) -> Value {
     let known = |key: &str| {
         descriptor.get_field_by_name(key).is_some()
             || descriptor.get_field_by_json_name(key).is_some()
-            || RENAMED.iter().any(|(rest, field, _)| {
-                *rest == key && descriptor.get_field_by_name(field).is_some()
-            })
+            || RENAMED
+                .iter()
+                .any(|(rest, field)| *rest == key && descriptor.get_field_by_name(field).is_some())
     };
     // An object with keys that are no field of a message with a `oneof` of messages: it is
     // the case that takes all its keys (an exec's result line has `stdout` too, and
@@ -113,17 +112,15 @@ fn to_proto(descriptor: &MessageDescriptor, value: Value) -> Value {
         }
         let direct = descriptor
             .get_field_by_name(&key)
-            .or_else(|| descriptor.get_field_by_json_name(&key))
-            .map(|field| (field, 1));
+            .or_else(|| descriptor.get_field_by_json_name(&key));
         let renamed = || {
-            RENAMED.iter().find_map(|(rest, field, factor)| {
+            RENAMED.iter().find_map(|(rest, field)| {
                 (*rest == key)
                     .then(|| descriptor.get_field_by_name(field))
                     .flatten()
-                    .map(|field| (field, *factor))
             })
         };
-        let Some((field, factor)) = direct.or_else(renamed) else {
+        let Some(field) = direct.or_else(renamed) else {
             continue;
         };
         let value = if field.is_list() {
@@ -131,7 +128,7 @@ fn to_proto(descriptor: &MessageDescriptor, value: Value) -> Value {
                 Value::Array(items) => Value::Array(
                     items
                         .into_iter()
-                        .map(|item| scalar_to_proto(&field.kind(), item, factor))
+                        .map(|item| scalar_to_proto(&field.kind(), item))
                         .collect(),
                 ),
                 other => other,
@@ -145,29 +142,25 @@ fn to_proto(descriptor: &MessageDescriptor, value: Value) -> Value {
                 Value::Object(entries) => Value::Object(
                     entries
                         .into_iter()
-                        .map(|(k, v)| (k, scalar_to_proto(&value_kind, v, factor)))
+                        .map(|(k, v)| (k, scalar_to_proto(&value_kind, v)))
                         .collect(),
                 ),
                 other => other,
             }
         } else {
-            scalar_to_proto(&field.kind(), value, factor)
+            scalar_to_proto(&field.kind(), value)
         };
         out.insert(field.name().to_owned(), value);
     }
     Value::Object(out)
 }
 
-fn scalar_to_proto(kind: &Kind, value: Value, factor: i64) -> Value {
+fn scalar_to_proto(kind: &Kind, value: Value) -> Value {
     match (kind, value) {
         (Kind::Enum(descriptor), Value::String(text)) => {
             Value::String(enum_value_name(descriptor, &text).unwrap_or(text))
         }
         (Kind::Message(descriptor), value) => to_proto(descriptor, value),
-        (_, Value::Number(number)) if factor != 1 => match number.as_i64() {
-            Some(whole) => Value::from(whole.saturating_mul(factor)),
-            None => Value::Number(number),
-        },
         (_, value) => value,
     }
 }
@@ -253,8 +246,8 @@ mod tests {
             "description": "", "entry": "", "status": "ready", "mount": "/env/demo",
             "version": 2, "latestVersion": 3, "files": {"count": 4, "bytes": 5},
             "packages": [{"manager": "npm", "name": "left-pad", "version": "1.3.0"}],
-            "versions": [{"version": 3, "status": "building", "started_at": 1790570000,
-                          "finished_at": null, "packages": 0}],
+            "versions": [{"version": 3, "status": "building", "phase": "running",
+                          "started_at": 1790570000000_i64, "finished_at": null, "packages": 0}],
             "build": null, "createdAt": 1790560000000_i64, "updatedAt": 1790570094000_i64,
             "a_field_rest_added_later": true
         });
@@ -264,6 +257,7 @@ mod tests {
         assert_eq!(back["latestVersion"], 3);
         assert_eq!(back["packages"][0]["manager"], "PACKAGE_MANAGER_NPM");
         assert_eq!(back["versions"][0]["status"], "BUILD_STATUS_BUILDING");
+        assert_eq!(back["versions"][0]["phase"], "BUILD_PHASE_RUNNING");
         assert_eq!(back["versions"][0]["startedAtMs"], "1790570000000");
         assert_eq!(back["createdAtMs"], "1790560000000");
         assert!(back.get("build").is_none());

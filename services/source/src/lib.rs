@@ -7,10 +7,10 @@
 //! Whether an environment exists, and whose it is, is the catalog's business: callers ask it
 //! first. Building and mounting are not here either. `paths` holds the one path rule;
 //! `archive` reads untrusted archives; `import` and `git` turn them into entries and blobs;
-//! `links` decides which symlinks stay (those that cannot leave the root) and follows them;
-//! `persistence` owns the index and each scope's stored bytes (the distinct blobs its sources
-//! and build layers hold, and its quota); `gc` collects the blob store's garbage (the source
-//! holds most of its references); `service` is the gRPC adapter; `run` starts it all.
+//! `links` decides which symlinks stay (those that cannot leave the root; reads never follow
+//! them); `persistence` owns the index and each scope's stored bytes (the distinct blobs its
+//! sources and build layers hold, and its quota); `gc` collects the blob store's garbage (the
+//! source holds most of its references); `service` is the gRPC adapter; `run` starts it all.
 
 pub mod archive;
 pub mod gc;

@@ -517,7 +517,10 @@ impl Index {
             Some(entry) if entry.kind == Kind::Symlink => {
                 return Err(IndexError::Conflict {
                     path: path.to_string(),
-                    reason: "is a symlink; delete it first to put a file there".to_owned(),
+                    reason: format!(
+                        "is a symlink ({}); delete it first to put a file there",
+                        crate::links::NOT_SERVED
+                    ),
                 });
             }
             Some(entry) => (
@@ -1258,14 +1261,17 @@ fn check_parents_are_directories(
         if let Some(entry) = existing.get(ancestor.as_str())
             && entry.kind != Kind::Directory
         {
-            let what = if entry.kind == Kind::Symlink {
-                "a symlink"
+            let reason = if entry.kind == Kind::Symlink {
+                format!(
+                    "{ancestor} is a symlink, not a directory ({})",
+                    crate::links::NOT_SERVED
+                )
             } else {
-                "a file"
+                format!("{ancestor} is a file, not a directory")
             };
             return Err(IndexError::Conflict {
                 path: path.to_string(),
-                reason: format!("{ancestor} is {what}, not a directory"),
+                reason,
             });
         }
     }

@@ -17,7 +17,7 @@ use crate::archive::{ArchiveError, Limits};
 use crate::gc::Work;
 use crate::git::{self, GitError, GitPolicy};
 use crate::import::{self, ImportError, Imported};
-use crate::links::{Found, Step, Walk, WalkError};
+use crate::links;
 use crate::paths::SourcePath;
 use crate::persistence::{
     DigestSet, FailedCondition, Index, IndexEntry, IndexError, Kind, Origin, WriteCondition,
@@ -380,55 +380,62 @@ fn pushed_origin(origin: pb::Origin) -> Result<Origin, PlinthError> {
 }
 
 impl Source {
-    /// The entry `path` names once every link on the way is followed, through the index
-    /// alone (see `links::Walk`): a read through a kept link answers what it points at,
-    /// and nothing on any disk is touched, so a link can never lead out of the root.
-    async fn follow(
+    /// The file or directory `path` names. UHP §3 refuses a path naming anything else, so a
+    /// link is never followed here: a path that is a link, or goes through one, is
+    /// `environment_invalid` (builds and sessions keep the link and see what it points at).
+    async fn regular_entry(
         &self,
         environment: &str,
         path: &SourcePath,
     ) -> Result<IndexEntry, PlinthError> {
-        let not_found = |what: String| index_error(IndexError::NotFound(what));
-        let mut walk = Walk::new(path);
-        let mut last = None;
-        loop {
-            match walk.step() {
-                Step::Lookup(at) => {
-                    let entry = match SourcePath::parse(&at) {
-                        Ok(at) => self
-                            .index
-                            .get(environment, &at)
-                            .await
-                            .map_err(index_error)?,
-                        Err(_) => None,
-                    };
-                    let found = match &entry {
-                        None => Found::Nothing,
-                        Some(entry) => match entry.kind {
-                            Kind::Directory => Found::Directory,
-                            Kind::File => Found::File,
-                            Kind::Symlink => Found::Link(entry.target.clone().unwrap_or_default()),
-                        },
-                    };
-                    walk.answer(found).map_err(|error| match error {
-                        WalkError::Missing(_) if at == path.as_str() => not_found(at.clone()),
-                        WalkError::Missing(missing) => {
-                            not_found(format!("{missing} (where the links in {path} lead)"))
-                        }
-                        other => PlinthError::invalid(format!("{path}: {other}")),
-                    })?;
-                    last = entry;
-                }
-                Step::Done(at) => {
-                    return match last {
-                        Some(entry) if entry.path.as_str() == at => Ok(entry),
-                        // The walk ended on the root itself (`up -> ..`).
-                        _ => Ok(IndexEntry::directory(path.clone())),
-                    };
-                }
-            }
+        match self
+            .index
+            .get(environment, path)
+            .await
+            .map_err(index_error)?
+        {
+            Some(entry) if entry.kind == Kind::Symlink => Err(PlinthError::invalid(format!(
+                "{path} is a symlink: {}",
+                links::NOT_SERVED
+            ))),
+            Some(entry) => Ok(entry),
+            None => match self.link_on_the_way(environment, path).await? {
+                Some(link) => Err(through_link(path, &link)),
+                None => Err(index_error(IndexError::NotFound(path.to_string()))),
+            },
         }
     }
+
+    /// The link among `path`'s ancestors, if one is in the way: no entry is ever beneath a
+    /// link, so a path through one names nothing, and saying which link is in the way is
+    /// the better answer.
+    async fn link_on_the_way(
+        &self,
+        environment: &str,
+        path: &SourcePath,
+    ) -> Result<Option<SourcePath>, PlinthError> {
+        for ancestor in path.ancestors() {
+            match self
+                .index
+                .get(environment, &ancestor)
+                .await
+                .map_err(index_error)?
+            {
+                Some(entry) if entry.kind == Kind::Symlink => return Ok(Some(ancestor)),
+                Some(entry) if entry.kind == Kind::Directory => {}
+                _ => break,
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// The files API's refusal of a path through `link`.
+fn through_link(path: &SourcePath, link: &SourcePath) -> PlinthError {
+    PlinthError::invalid(format!(
+        "{path} goes through the symlink {link}: {}",
+        links::NOT_SERVED
+    ))
 }
 
 /// The bytes of a client stream after its header, as a byte stream.
@@ -465,6 +472,9 @@ impl pb::source_service_server::SourceService for Source {
             .list(&request.environment_id)
             .await
             .map_err(index_error)?;
+        if !request.links {
+            entries.retain(|entry| entry.kind != Kind::Symlink);
+        }
         entries.sort_by(|a, b| a.path.as_str().as_bytes().cmp(b.path.as_str().as_bytes()));
         // A directory's size is what every file beneath it holds, so the whole index is read
         // to size the page's directories; the answer is what stays bounded.
@@ -507,7 +517,7 @@ impl pb::source_service_server::SourceService for Source {
     ) -> Result<Response<Self::ReadFileStream>, Status> {
         let request = request.into_inner();
         let path = parse_path(&request.path)?;
-        let entry = self.follow(&request.environment_id, &path).await?;
+        let entry = self.regular_entry(&request.environment_id, &path).await?;
         let digest = match (entry.kind, entry.digest) {
             (Kind::File, Some(digest)) => digest,
             _ => {
@@ -634,11 +644,19 @@ impl pb::source_service_server::SourceService for Source {
         let request = request.into_inner();
         let path = parse_path(&request.path)?;
         self.bind(&request.environment_id, &request.scope).await?;
-        let (files, directories) = self
-            .index
-            .delete(&request.environment_id, &path)
-            .await
-            .map_err(index_error)?;
+        let (files, directories) = match self.index.delete(&request.environment_id, &path).await {
+            Ok(counts) => counts,
+            Err(IndexError::NotFound(what)) => {
+                return Err(
+                    match self.link_on_the_way(&request.environment_id, &path).await? {
+                        Some(link) => through_link(&path, &link),
+                        None => index_error(IndexError::NotFound(what)),
+                    }
+                    .into(),
+                );
+            }
+            Err(error) => return Err(index_error(error).into()),
+        };
         Ok(Response::new(pb::DeleteResponse { files, directories }))
     }
 

@@ -113,6 +113,12 @@ pub enum ArchiveError {
          (tar may be compressed with gzip, zstd, bzip2 or xz)"
     )]
     Unrecognized,
+    /// JSON sent as an archive: most likely a git import without its content type.
+    #[error(
+        "the upload is not a zip or tar archive but looks like JSON: a git import is sent \
+         with `Content-Type: application/json`"
+    )]
+    LooksLikeJson,
     #[error("the archive lists {0:?} more than once")]
     Duplicate(String),
     #[error("the archive was refused because unpackers could read it differently: {0}")]
@@ -150,8 +156,8 @@ pub fn read_archive(
     let mut head = [0u8; TAR_BLOCK];
     let head_len =
         read_up_to(&mut FileCursor::at(&file, 0), &mut head).map_err(ArchiveError::Io)?;
-    let format =
-        sniff(head.get(..head_len).unwrap_or_default()).ok_or(ArchiveError::Unrecognized)?;
+    let head = head.get(..head_len).unwrap_or_default();
+    let format = sniff(head).ok_or_else(|| unrecognized(head))?;
     let source = || FileGuard {
         inner: FileCursor::at(&file, 0),
         meter: &meter,
@@ -176,6 +182,15 @@ pub fn read_archive(
                 lzma_rust2::XzReader::new_mem_limit(BufReader::new(source()), true, XZ_MEMORY_KIB);
             read_tar(Box::new(PanicFence::new(decoder, &meter)), &meter, sink)
         }
+    }
+}
+
+/// Why `head` is no archive: a body whose first byte after whitespace is `{` is JSON sent
+/// without its content type (a git import, as `curl -d` sends one), and the answer says so.
+fn unrecognized(head: &[u8]) -> ArchiveError {
+    match head.iter().find(|byte| !byte.is_ascii_whitespace()) {
+        Some(b'{') => ArchiveError::LooksLikeJson,
+        _ => ArchiveError::Unrecognized,
     }
 }
 

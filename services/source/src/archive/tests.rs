@@ -1439,6 +1439,21 @@ fn garbage_and_empty_input_are_unrecognized() {
             outcome.result
         );
     }
+    // JSON is no archive either, and the error says how a git import is sent.
+    let outcome = read(
+        b" \n\t{\"git\": {\"url\": \"https://example.com/x.git\"}}",
+        ROOMY,
+    );
+    assert!(
+        matches!(outcome.result, Err(ArchiveError::LooksLikeJson)),
+        "{:?}",
+        outcome.result
+    );
+    assert!(
+        ArchiveError::LooksLikeJson
+            .to_string()
+            .contains("Content-Type: application/json")
+    );
     // A compressed stream must hold a tar.
     let outcome = read(&gzip(b"just some text, not a tar"), ROOMY);
     assert!(
