@@ -169,6 +169,10 @@ pub struct ExecArgs {
     /// Seconds the command may run (the server's default when absent).
     #[arg(long)]
     pub timeout: Option<u64>,
+    /// Do not send standard input. Without it, standard input that is not a terminal (a pipe,
+    /// a file) is read to its end and is what the command reads (at most 700 KiB).
+    #[arg(long, short = 'n')]
+    pub no_stdin: bool,
     #[command(flatten)]
     pub output: OutputArgs,
 }

@@ -447,12 +447,41 @@ pub struct ExecBody {
     /// the mount. Default: the working directory.
     #[serde(default)]
     pub cwd: Option<String>,
-    /// Extra environment variables.
+    /// Extra environment variables. `PYTHONUNBUFFERED=1` is set unless given here, so that
+    /// Python's output streams as it is printed.
     #[serde(default)]
     pub env: Option<BTreeMap<String, String>>,
     /// Time limit in milliseconds (default 120000; at most 3600000).
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Text the command reads on its standard input, then end-of-file (default: nothing,
+    /// `/dev/null`). The whole body is at most 1 MiB.
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// The same as bytes, base64-encoded (standard alphabet, padded); not with `stdin`.
+    #[serde(default)]
+    pub stdin_base64: Option<String>,
+}
+
+impl ExecBody {
+    /// The command's standard input, decoded; both forms at once, or base64 that does not
+    /// decode, is `environment_invalid`.
+    fn stdin(&self) -> Result<Bytes, PlinthError> {
+        use base64::Engine as _;
+        match (&self.stdin, &self.stdin_base64) {
+            (None, None) => Ok(Bytes::new()),
+            (Some(text), None) => Ok(Bytes::from(text.clone())),
+            (None, Some(encoded)) => base64::engine::general_purpose::STANDARD
+                .decode(encoded.trim())
+                .map(Bytes::from)
+                .map_err(|error| {
+                    PlinthError::invalid(format!("stdin_base64: not base64 ({error})"))
+                }),
+            (Some(_), Some(_)) => Err(PlinthError::invalid(
+                "stdin and stdin_base64: give the command's input one way, not both",
+            )),
+        }
+    }
 }
 
 /// `?stream=true`.
@@ -578,6 +607,7 @@ async fn exec(
     crate::json::declared_json(request.headers())?;
     let bytes = crate::json::read(request.into_body()).await?;
     let body: ExecBody = crate::json::parse(&bytes)?;
+    body.stdin()?;
     if body.command.trim().is_empty() {
         return Err(PlinthError::invalid("command: must not be empty").into());
     }
@@ -644,15 +674,24 @@ impl Failed {
     }
 }
 
-/// The node's request for `body` in `session`.
+/// The node's request for `body` in `session`. Python's output is unbuffered unless the
+/// caller says otherwise (`PYTHONUNBUFFERED` in `env`): its stdout is a pipe here, which
+/// Python would otherwise fill in blocks, so a streamed exec would show nothing until the
+/// command ends.
 fn node_request(session: &pb::Session, body: ExecBody) -> node::ExecRequest {
+    // Checked when the request was read.
+    let stdin = body.stdin().unwrap_or_default();
+    let mut env = body.env.unwrap_or_default();
+    env.entry("PYTHONUNBUFFERED".to_owned())
+        .or_insert_with(|| "1".to_owned());
     node::ExecRequest {
         session: Some(spec(session)),
         command: body.command,
         cwd: body.cwd.unwrap_or_default(),
-        env: body.env.unwrap_or_default().into_iter().collect(),
+        env: env.into_iter().collect(),
         timeout_ms: body.timeout_ms.unwrap_or(0),
         output_limit_bytes: EXEC_OUTPUT_BYTES,
+        stdin,
     }
 }
 

@@ -48,10 +48,47 @@ pub(super) async fn start(api: &Api, env: &str) -> anyhow::Result<Value> {
         .await
 }
 
+/// The most standard input `exec` sends: the API takes it in the request's JSON body (at most
+/// 1 MiB), base64-encoded.
+const MAX_STDIN_BYTES: u64 = 700 * 1024;
+
+/// Standard input, read to its end, unless it is a terminal (a person at it would have to
+/// type Ctrl-D before anything ran) or `--no-stdin` says not to; refused past
+/// [`MAX_STDIN_BYTES`] rather than held whole.
+async fn piped_stdin(args: &ExecArgs) -> anyhow::Result<Option<Vec<u8>>> {
+    use std::os::fd::AsFd as _;
+    use tokio::io::AsyncReadExt as _;
+    if args.no_stdin || rustix::termios::isatty(std::io::stdin().as_fd()) {
+        return Ok(None);
+    }
+    let mut bytes = Vec::new();
+    tokio::io::stdin()
+        .take(MAX_STDIN_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .await
+        .context("cannot read standard input")?;
+    if bytes.len() as u64 > MAX_STDIN_BYTES {
+        return Err(Usage(format!(
+            "standard input is larger than {} KiB, the most exec sends: copy it into the \
+             session (`plinth cp - {}:input`) and have the command read it (`plinth exec {} \
+             -- sh -c 'CMD < input'`), or pass --no-stdin",
+            MAX_STDIN_BYTES / 1024,
+            args.target,
+            args.target
+        ))
+        .into());
+    }
+    Ok((!bytes.is_empty()).then_some(bytes))
+}
+
 pub async fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
     let api = Api::from_profile()?;
     let command = shell::join(&args.command);
     let mut body = json!({ "command": command });
+    if let Some(stdin) = piped_stdin(&args).await? {
+        use base64::Engine as _;
+        body["stdin_base64"] = json!(base64::engine::general_purpose::STANDARD.encode(stdin));
+    }
     if let Some(seconds) = args.timeout {
         body["timeout_ms"] = json!(seconds.saturating_mul(1000));
     }
