@@ -145,6 +145,21 @@ pub enum SessionCommand {
     New(EnvArgs),
     /// End a session: its processes are killed and its working directory removed.
     End(SessionArgs),
+    /// List sessions, oldest first (every page).
+    List(SessionListArgs),
+}
+
+/// `plinth session list`.
+#[derive(Debug, Args)]
+pub struct SessionListArgs {
+    /// Only the sessions of this environment (slug or id).
+    #[arg(long)]
+    pub env: Option<String>,
+    /// Only the sessions in this state.
+    #[arg(long, value_parser = ["active", "ended"])]
+    pub state: Option<String>,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// A command that names one session.

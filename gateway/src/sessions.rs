@@ -38,7 +38,7 @@ use crate::runtime::{
 /// The session and task routes.
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(create_session))
+        .routes(routes!(create_session, list_sessions))
         .routes(routes!(get_session, end_session))
         .routes(routes!(exec, crate::terminal::open_terminal))
         .routes(routes!(list_turns))
@@ -361,6 +361,98 @@ async fn start(
     };
     let session = place_and_attach(state, scope, request).await?;
     shown(state, session).await
+}
+
+/// `GET /v1/sessions?limit=&after=&environment=&state=`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct SessionListQuery {
+    /// At most this many sessions: default 100, from 1 to 1000.
+    #[param(minimum = 1, maximum = 1000, default = 100)]
+    pub limit: Option<u32>,
+    /// The `next` of the previous page; left out for the first page. Opaque: a value this
+    /// list did not hand out is `400 environment_invalid`.
+    #[param(max_length = 256, min_length = 1)]
+    pub after: Option<String>,
+    /// Only the sessions reading this environment (its id, `henv_…`).
+    pub environment: Option<String>,
+    /// Only the sessions in this state: `active` or `ended` (the session's `status`).
+    /// Default: both.
+    #[serde(alias = "status")]
+    pub state: Option<String>,
+}
+
+/// `GET /v1/sessions`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionList {
+    /// Always `list`.
+    #[schema(example = "list")]
+    pub object: &'static str,
+    /// Oldest first.
+    pub data: Vec<SessionBody>,
+    /// Whether more sessions follow this page.
+    pub has_more: bool,
+    /// Pass as `after` for the next page; `null` on the last page.
+    pub next: Option<String>,
+}
+
+/// List the caller's sessions, active and ended, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions",
+    tag = "sessions",
+    params(SessionListQuery),
+    responses(
+        (status = 200, description = "One page of the caller's sessions, oldest first", body = SessionList),
+        (status = 400, description = "environment_invalid: a limit outside 1–1000, an `after` this list did not hand out, or a state other than active or ended", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 503, description = "unavailable: the catalog did not answer", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn list_sessions(
+    State(state): State<AppState>,
+    caller: Caller,
+    query: Result<Query<SessionListQuery>, QueryRejection>,
+) -> Result<Json<SessionList>, ApiError> {
+    let Query(query) =
+        query.map_err(|error| PlinthError::invalid(format!("query: {}", error.body_text())))?;
+    let page = Page::from_query(Ok(Query(PageQuery {
+        limit: query.limit,
+        after: query.after,
+    })))?;
+    let status = match query.state.as_deref() {
+        None => String::new(),
+        Some(known @ ("active" | "ended")) => known.to_owned(),
+        Some(other) => {
+            return Err(PlinthError::invalid(format!(
+                "state: {other:?} is not a session's state; use active or ended"
+            ))
+            .into());
+        }
+    };
+    let list = state
+        .sessions()
+        .list_sessions(pb::ListSessionsRequest {
+            scope: caller.scope,
+            environment_id: query.environment.unwrap_or_default(),
+            status,
+            limit: page.limit,
+            after: page.after,
+        })
+        .await?
+        .into_inner();
+    let mut data = Vec::with_capacity(list.sessions.len());
+    for session in list.sessions {
+        data.push(shown(&state, session).await?);
+    }
+    Ok(Json(SessionList {
+        object: "list",
+        data,
+        has_more: list.has_more,
+        next: (!list.next.is_empty()).then_some(list.next),
+    }))
 }
 
 /// One session.

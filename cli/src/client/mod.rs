@@ -113,6 +113,7 @@ fn output_format(command: &Command) -> OutputFormat {
         Command::Activate(args) => args.output,
         Command::Session(SessionCommand::New(args)) => args.output,
         Command::Session(SessionCommand::End(args)) => args.output,
+        Command::Session(SessionCommand::List(args)) => args.output,
         Command::Exec(args) => args.output,
         Command::Cp(args) => args.output,
         _ => return OutputFormat::Text,

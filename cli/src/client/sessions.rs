@@ -29,6 +29,32 @@ pub async fn session(command: SessionCommand) -> anyhow::Result<ExitCode> {
                 println!("{}", output::text(&session, "id"));
             }
         }
+        SessionCommand::List(args) => {
+            let sessions = list(&api, args.env.as_deref(), args.state.as_deref()).await?;
+            if args.output.output == OutputFormat::Json {
+                output::json(
+                    &json!({ "object": "list", "data": sessions, "has_more": false, "next": null }),
+                );
+            } else {
+                let rows: Vec<Vec<String>> = sessions
+                    .iter()
+                    .map(|session| {
+                        vec![
+                            output::text(session, "id"),
+                            output::text(session, "status"),
+                            output::text(&session["environment"], "mount"),
+                            output::text(&session["environment"], "version"),
+                            output::text(session, "turns"),
+                            output::time(session["createdAt"].as_i64().map(|ms| ms / 1000)),
+                        ]
+                    })
+                    .collect();
+                output::table(
+                    &["ID", "STATUS", "ENVIRONMENT", "VERSION", "TURNS", "CREATED"],
+                    &rows,
+                );
+            }
+        }
         SessionCommand::End(args) => {
             let ended = api.delete(["v1", "sessions", &args.session]).await?;
             if args.output.output == OutputFormat::Json {
@@ -39,6 +65,39 @@ pub async fn session(command: SessionCommand) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every session (following `next` to the last page), of environment `env` (slug or id) and
+/// in `state` when given.
+async fn list(api: &Api, env: Option<&str>, state: Option<&str>) -> anyhow::Result<Vec<Value>> {
+    let environment = match env {
+        Some(env) => Some(environment_id(api, env).await?),
+        None => None,
+    };
+    let mut sessions = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut url = api.url(["v1", "sessions"]);
+        {
+            let mut query = url.query_pairs_mut();
+            query.append_pair("limit", "1000");
+            if let Some(environment) = &environment {
+                query.append_pair("environment", environment);
+            }
+            if let Some(state) = state {
+                query.append_pair("state", state);
+            }
+            if let Some(after) = &after {
+                query.append_pair("after", after);
+            }
+        }
+        let page = api.json(api.request(Method::GET, url)).await?;
+        sessions.extend(page["data"].as_array().cloned().unwrap_or_default());
+        match page["next"].as_str() {
+            Some(next) if page["has_more"].as_bool() == Some(true) => after = Some(next.to_owned()),
+            _ => return Ok(sessions),
+        }
+    }
 }
 
 /// Starts a session on an environment (slug or id); answers the session object.
