@@ -297,6 +297,7 @@ impl Command {
             Command::Activate(args) => &mut args.output,
             Command::Session(SessionCommand::New(args)) => &mut args.output,
             Command::Session(SessionCommand::End(args)) => &mut args.output,
+            Command::Session(SessionCommand::List(args)) => &mut args.output,
             Command::Exec(args) => &mut args.output,
             Command::Cp(args) => &mut args.output,
             _ => return None,

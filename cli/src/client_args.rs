@@ -192,6 +192,21 @@ pub enum SessionCommand {
     New(EnvArgs),
     /// End a session: its processes are killed and its working directory removed.
     End(SessionArgs),
+    /// List sessions, oldest first (every page).
+    List(SessionListArgs),
+}
+
+/// `plinth session list`.
+#[derive(Debug, Args)]
+pub struct SessionListArgs {
+    /// Only the sessions of this environment (slug or id).
+    #[arg(long)]
+    pub env: Option<String>,
+    /// Only the sessions in this state.
+    #[arg(long, value_parser = ["active", "ended"])]
+    pub state: Option<String>,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// A command that names one session.
@@ -216,6 +231,10 @@ pub struct ExecArgs {
     /// Seconds the command may run (the server's default when absent).
     #[arg(long)]
     pub timeout: Option<u64>,
+    /// Do not send standard input. Without it, standard input that is not a terminal (a pipe,
+    /// a file) is read to its end and is what the command reads (at most 700 KiB).
+    #[arg(long, short = 'n')]
+    pub no_stdin: bool,
     #[command(flatten)]
     pub output: OutputArgs,
 }

@@ -38,7 +38,7 @@ use crate::runtime::{
 /// The session and task routes.
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(create_session))
+        .routes(routes!(create_session, list_sessions))
         .routes(routes!(get_session, end_session))
         .routes(routes!(exec, crate::terminal::open_terminal))
         .routes(routes!(list_turns))
@@ -363,6 +363,98 @@ async fn start(
     shown(state, session).await
 }
 
+/// `GET /v1/sessions?limit=&after=&environment=&state=`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct SessionListQuery {
+    /// At most this many sessions: default 100, from 1 to 1000.
+    #[param(minimum = 1, maximum = 1000, default = 100)]
+    pub limit: Option<u32>,
+    /// The `next` of the previous page; left out for the first page. Opaque: a value this
+    /// list did not hand out is `400 environment_invalid`.
+    #[param(max_length = 256, min_length = 1)]
+    pub after: Option<String>,
+    /// Only the sessions reading this environment (its id, `henv_…`).
+    pub environment: Option<String>,
+    /// Only the sessions in this state: `active` or `ended` (the session's `status`).
+    /// Default: both.
+    #[serde(alias = "status")]
+    pub state: Option<String>,
+}
+
+/// `GET /v1/sessions`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionList {
+    /// Always `list`.
+    #[schema(example = "list")]
+    pub object: &'static str,
+    /// Oldest first.
+    pub data: Vec<SessionBody>,
+    /// Whether more sessions follow this page.
+    pub has_more: bool,
+    /// Pass as `after` for the next page; `null` on the last page.
+    pub next: Option<String>,
+}
+
+/// List the caller's sessions, active and ended, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions",
+    tag = "sessions",
+    params(SessionListQuery),
+    responses(
+        (status = 200, description = "One page of the caller's sessions, oldest first", body = SessionList),
+        (status = 400, description = "environment_invalid: a limit outside 1–1000, an `after` this list did not hand out, or a state other than active or ended", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 503, description = "unavailable: the catalog did not answer", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn list_sessions(
+    State(state): State<AppState>,
+    caller: Caller,
+    query: Result<Query<SessionListQuery>, QueryRejection>,
+) -> Result<Json<SessionList>, ApiError> {
+    let Query(query) =
+        query.map_err(|error| PlinthError::invalid(format!("query: {}", error.body_text())))?;
+    let page = Page::from_query(Ok(Query(PageQuery {
+        limit: query.limit,
+        after: query.after,
+    })))?;
+    let status = match query.state.as_deref() {
+        None => String::new(),
+        Some(known @ ("active" | "ended")) => known.to_owned(),
+        Some(other) => {
+            return Err(PlinthError::invalid(format!(
+                "state: {other:?} is not a session's state; use active or ended"
+            ))
+            .into());
+        }
+    };
+    let list = state
+        .sessions()
+        .list_sessions(pb::ListSessionsRequest {
+            scope: caller.scope,
+            environment_id: query.environment.unwrap_or_default(),
+            status,
+            limit: page.limit,
+            after: page.after,
+        })
+        .await?
+        .into_inner();
+    let mut data = Vec::with_capacity(list.sessions.len());
+    for session in list.sessions {
+        data.push(shown(&state, session).await?);
+    }
+    Ok(Json(SessionList {
+        object: "list",
+        data,
+        has_more: list.has_more,
+        next: (!list.next.is_empty()).then_some(list.next),
+    }))
+}
+
 /// One session.
 #[utoipa::path(
     get,
@@ -447,12 +539,41 @@ pub struct ExecBody {
     /// the mount. Default: the working directory.
     #[serde(default)]
     pub cwd: Option<String>,
-    /// Extra environment variables.
+    /// Extra environment variables. `PYTHONUNBUFFERED=1` is set unless given here, so that
+    /// Python's output streams as it is printed.
     #[serde(default)]
     pub env: Option<BTreeMap<String, String>>,
     /// Time limit in milliseconds (default 120000; at most 3600000).
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Text the command reads on its standard input, then end-of-file (default: nothing,
+    /// `/dev/null`). The whole body is at most 1 MiB.
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// The same as bytes, base64-encoded (standard alphabet, padded); not with `stdin`.
+    #[serde(default)]
+    pub stdin_base64: Option<String>,
+}
+
+impl ExecBody {
+    /// The command's standard input, decoded; both forms at once, or base64 that does not
+    /// decode, is `environment_invalid`.
+    fn stdin(&self) -> Result<Bytes, PlinthError> {
+        use base64::Engine as _;
+        match (&self.stdin, &self.stdin_base64) {
+            (None, None) => Ok(Bytes::new()),
+            (Some(text), None) => Ok(Bytes::from(text.clone())),
+            (None, Some(encoded)) => base64::engine::general_purpose::STANDARD
+                .decode(encoded.trim())
+                .map(Bytes::from)
+                .map_err(|error| {
+                    PlinthError::invalid(format!("stdin_base64: not base64 ({error})"))
+                }),
+            (Some(_), Some(_)) => Err(PlinthError::invalid(
+                "stdin and stdin_base64: give the command's input one way, not both",
+            )),
+        }
+    }
 }
 
 /// `?stream=true`.
@@ -578,6 +699,7 @@ async fn exec(
     crate::json::declared_json(request.headers())?;
     let bytes = crate::json::read(request.into_body()).await?;
     let body: ExecBody = crate::json::parse(&bytes)?;
+    body.stdin()?;
     if body.command.trim().is_empty() {
         return Err(PlinthError::invalid("command: must not be empty").into());
     }
@@ -644,15 +766,24 @@ impl Failed {
     }
 }
 
-/// The node's request for `body` in `session`.
+/// The node's request for `body` in `session`. Python's output is unbuffered unless the
+/// caller says otherwise (`PYTHONUNBUFFERED` in `env`): its stdout is a pipe here, which
+/// Python would otherwise fill in blocks, so a streamed exec would show nothing until the
+/// command ends.
 fn node_request(session: &pb::Session, body: ExecBody) -> node::ExecRequest {
+    // Checked when the request was read.
+    let stdin = body.stdin().unwrap_or_default();
+    let mut env = body.env.unwrap_or_default();
+    env.entry("PYTHONUNBUFFERED".to_owned())
+        .or_insert_with(|| "1".to_owned());
     node::ExecRequest {
         session: Some(spec(session)),
         command: body.command,
         cwd: body.cwd.unwrap_or_default(),
-        env: body.env.unwrap_or_default().into_iter().collect(),
+        env: env.into_iter().collect(),
         timeout_ms: body.timeout_ms.unwrap_or(0),
         output_limit_bytes: EXEC_OUTPUT_BYTES,
+        stdin,
     }
 }
 

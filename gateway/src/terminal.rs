@@ -337,6 +337,13 @@ const TOUCH_AT_MOST: Duration = Duration::from_secs(30);
 
 /// Relays frames to the node and its output back until the command ends (answers its exit
 /// code) or either side leaves (answers none).
+///
+/// The node ends its call as soon as the command has ended, which closes its input, while
+/// its last output and the result may still be on their way here; a frame from the client
+/// in that moment (its `close_stdin`, a key, a resize) goes nowhere and is dropped, and the
+/// relay goes on to the result. Every way out that knows the client is still there ends with
+/// a close frame and waits for the client's, so the client never sees the connection reset
+/// where it expects a command's end.
 async fn relay<S>(
     socket: WebSocketStream<S>,
     inputs: mpsc::Sender<node::PtyRequest>,
@@ -348,41 +355,49 @@ where
 {
     let (mut sink, mut frames) = socket.split();
     let input = |input: node::pty_request::Input| node::PtyRequest { input: Some(input) };
+    // None once the node takes no more input.
+    let mut inputs = Some(inputs);
     let (exit_code, close) = loop {
         tokio::select! {
-            frame = frames.next() => match frame {
-                Some(Ok(Message::Binary(bytes))) => {
-                    touch.used();
-                    if inputs.send(input(node::pty_request::Input::Stdin(bytes))).await.is_err() {
-                        break (None, None);
+            frame = frames.next() => {
+                let message = match frame {
+                    Some(Ok(Message::Binary(bytes))) => {
+                        touch.used();
+                        node::pty_request::Input::Stdin(bytes)
                     }
-                }
-                Some(Ok(Message::Text(text))) => {
-                    let control = match serde_json::from_str::<Control>(text.as_str()) {
-                        Ok(control) => control,
-                        Err(error) => break (None, Some(CloseFrame {
-                            code: CloseCode::Invalid,
-                            reason: format!(
-                                "a text frame is a JSON control ({{\"type\":\"resize\",\"cols\":N,\"rows\":N}} or {{\"type\":\"close_stdin\"}}): {error}"
-                            ).chars().take(120).collect::<String>().into(),
-                        })),
-                    };
-                    let message = match control {
-                        Control::Resize { cols, rows } => node::pty_request::Input::Resize(node::PtySize {
-                            cols: cols.clamp(1, MAX_CELLS),
-                            rows: rows.clamp(1, MAX_CELLS),
-                        }),
-                        Control::CloseStdin => node::pty_request::Input::CloseStdin(true),
-                    };
-                    if inputs.send(input(message)).await.is_err() {
-                        break (None, None);
+                    Some(Ok(Message::Text(text))) => {
+                        match serde_json::from_str::<Control>(text.as_str()) {
+                            Ok(Control::Resize { cols, rows }) => node::pty_request::Input::Resize(node::PtySize {
+                                cols: cols.clamp(1, MAX_CELLS),
+                                rows: rows.clamp(1, MAX_CELLS),
+                            }),
+                            Ok(Control::CloseStdin) => node::pty_request::Input::CloseStdin(true),
+                            Err(error) => break (None, Some(CloseFrame {
+                                code: CloseCode::Invalid,
+                                reason: format!(
+                                    "a text frame is a JSON control ({{\"type\":\"resize\",\"cols\":N,\"rows\":N}} or {{\"type\":\"close_stdin\"}}): {error}"
+                                ).chars().take(120).collect::<String>().into(),
+                            })),
+                        }
                     }
+                    // Pings are answered by tungstenite itself.
+                    Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => continue,
+                    // The client left: the terminal is hung up (dropping the input stream).
+                    // A close frame is answered with one.
+                    Some(Ok(Message::Close(_))) => {
+                        drop(inputs);
+                        let _ = tokio::time::timeout(CLOSE_WAIT, sink.close()).await;
+                        return None;
+                    }
+                    Some(Err(_)) | None => return None,
+                };
+                if let Some(sender) = &inputs
+                    && sender.send(input(message)).await.is_err()
+                {
+                    // The node's call is over: its result is on its way.
+                    inputs = None;
                 }
-                // Pings are answered by tungstenite itself.
-                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
-                // The client left: the terminal is hung up.
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return None,
-            },
+            }
             output = outputs.next() => match output {
                 Some(Ok(node::PtyOutput { output: Some(node::pty_output::Output::Data(bytes)) })) => {
                     touch.used();
@@ -419,7 +434,7 @@ where
     drop(inputs);
     if let Some(close) = close {
         let _ = sink.send(Message::Close(Some(close))).await;
-        // The client's half of the closing handshake, so the connection is not reset while
+        // The client's half of the closing handshake, so the connection is not closed while
         // the client still reads the last frames.
         let _ = tokio::time::timeout(CLOSE_WAIT, async {
             while let Some(Ok(frame)) = frames.next().await {

@@ -690,3 +690,188 @@ async fn login_on_a_terminal_asks_for_the_token_without_echoing_it() {
         std::fs::read_to_string(shell.config_home().join("plinth/client.toml")).expect("saved");
     assert!(saved.contains("tok-typed-secret"), "{saved}");
 }
+
+#[tokio::test]
+async fn exec_reads_piped_stdin_cp_takes_session_paths_as_the_session_sees_them_and_sessions_are_listed()
+ {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let shell = Shell::new(&server);
+    built_environment(&server, "Pipe Studio", std::time::Duration::from_secs(120)).await;
+    let session = shell.ok(&["session", "new", "pipe-studio"]).await;
+    let session = session.trim();
+    let local = shell.home.path();
+
+    // Piped standard input is what the command reads; --no-stdin sends none.
+    let piped = |args: &[&str], input: Vec<u8>| {
+        let mut command = shell.command(args);
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        tokio::task::spawn_blocking(move || {
+            let mut child = command.spawn().expect("plinth runs");
+            let mut stdin = child.stdin.take().expect("stdin");
+            // The child may refuse before reading it all.
+            let _ = stdin.write_all(&input);
+            drop(stdin);
+            child.wait_with_output().expect("plinth ends")
+        })
+    };
+    let output = piped(&["exec", session, "--", "cat"], b"hi\n".to_vec())
+        .await
+        .expect("joined");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "hi\n");
+    let bytes: Vec<u8> = (0..=255u8).cycle().take(200_000).collect();
+    let output = piped(&["exec", session, "--", "sha256sum"], bytes.clone())
+        .await
+        .expect("joined");
+    let expected = {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    assert!(
+        stdout(&output).starts_with(&expected),
+        "{}",
+        stdout(&output)
+    );
+    let output = piped(
+        &["exec", "-n", session, "--", "wc", "-c"],
+        b"ignored".to_vec(),
+    )
+    .await
+    .expect("joined");
+    assert_eq!(stdout(&output).trim(), "0", "{}", stderr(&output));
+    // More than exec sends is refused, saying what to do instead; nothing runs.
+    let output = piped(
+        &["exec", session, "--", "sh", "-c", "echo ran"],
+        vec![b'x'; 800 * 1024],
+    )
+    .await
+    .expect("joined");
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("plinth cp -"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(stdout(&output), "");
+
+    // Absolute paths in the working directory (/home/session, the session's HOME) and ~/…
+    // land there, not under a directory of that name.
+    std::fs::write(local.join("abs.txt"), "absolute\n").expect("write");
+    shell
+        .ok(&[
+            "cp",
+            "abs.txt",
+            &format!("{session}:/home/session/deep/abs.txt"),
+        ])
+        .await;
+    shell
+        .ok(&["cp", "abs.txt", &format!("{session}:~/tilde.txt")])
+        .await;
+    let seen = shell
+        .ok(&[
+            "exec",
+            session,
+            "--",
+            "sh",
+            "-c",
+            "cat /home/session/deep/abs.txt $HOME/tilde.txt; test -e home && echo misplaced; true",
+        ])
+        .await;
+    assert_eq!(seen, "absolute\nabsolute\n");
+    shell
+        .ok(&[
+            "exec",
+            session,
+            "--",
+            "sh",
+            "-c",
+            "printf 'from tmp' > /tmp/t.txt; cp /tmp/t.txt /home/session/t.txt",
+        ])
+        .await;
+    shell
+        .ok(&["cp", &format!("{session}:/home/session/t.txt"), "back.txt"])
+        .await;
+    assert_eq!(
+        std::fs::read_to_string(local.join("back.txt")).expect("copied"),
+        "from tmp"
+    );
+    // The environment is read-only, and /tmp is the session's own: both refused, saying why,
+    // in both directions, and nothing is written anywhere.
+    for (args, says) in [
+        (
+            vec![
+                "abs.txt".to_owned(),
+                format!("{session}:/env/pipe-studio/x.txt"),
+            ],
+            "read-only",
+        ),
+        (
+            vec![
+                format!("{session}:/env/pipe-studio/run.py"),
+                "run.py".to_owned(),
+            ],
+            "in the environment",
+        ),
+        (
+            vec!["abs.txt".to_owned(), format!("{session}:/tmp/x.txt")],
+            "outside the session's working directory",
+        ),
+        (
+            vec![format!("{session}:/tmp/t.txt"), "t.txt".to_owned()],
+            "outside the session's working directory",
+        ),
+    ] {
+        let mut all: Vec<&str> = vec!["cp"];
+        all.extend(args.iter().map(String::as_str));
+        let refused = shell.run(&all).await;
+        assert_eq!(
+            refused.status.code(),
+            Some(2),
+            "{all:?}: {}",
+            stderr(&refused)
+        );
+        assert!(
+            stderr(&refused).contains(says),
+            "{all:?}: {}",
+            stderr(&refused)
+        );
+    }
+    assert!(!local.join("run.py").exists() && !local.join("t.txt").exists());
+    let listed = shell
+        .ok(&["exec", session, "--", "sh", "-c", "ls -A; ls /tmp"])
+        .await;
+    assert!(
+        !listed.contains("x.txt") && !listed.contains("pipe-studio"),
+        "{listed}"
+    );
+
+    // `session list`: this session, active, with its environment; --state filters.
+    let other = shell.ok(&["session", "new", "pipe-studio"]).await;
+    let other = other.trim();
+    shell.ok(&["session", "end", other]).await;
+    let listed = shell
+        .json(&["session", "list", "--env", "pipe-studio"])
+        .await;
+    let ids: Vec<&str> = listed["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .filter_map(|s| s["id"].as_str())
+        .collect();
+    assert_eq!(ids, [session, other], "{listed}");
+    let active = shell.json(&["session", "list", "--state", "active"]).await;
+    assert_eq!(active["data"].as_array().map(Vec::len), Some(1), "{active}");
+    assert_eq!(active["data"][0]["id"], session, "{active}");
+    let table = shell.ok(&["session", "list", "--state", "ended"]).await;
+    assert!(table.contains(other) && !table.contains(session), "{table}");
+    assert!(table.contains("/env/pipe-studio"), "{table}");
+}

@@ -676,3 +676,303 @@ async fn session_files_answer_304_206_and_416_and_a_changed_file_gets_a_new_tag(
     assert_ne!(changed.headers()["etag"], tag.as_str());
     assert_eq!(changed.text().await.expect("body"), "9876543210");
 }
+
+/// A command reads what its exec gives it on standard input (text, or any bytes as base64),
+/// and Python's output streams as it is printed: the first line arrives as an event of its
+/// own, before the second is printed, since exec sets `PYTHONUNBUFFERED` unless told not to.
+#[tokio::test]
+async fn exec_feeds_stdin_and_streams_python_as_it_prints() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start_with(&["--builder-network", "false"]).await;
+    let id = create_environment(&server, "Stdin Studio").await;
+    put_file(&server, &id, "hello.txt", "hello\n").await;
+    build_ready(&server, &id, 1, BUILD_LIMIT).await;
+    let session = start_session(&server, &id).await;
+    let session_id = session["id"].as_str().expect("id");
+
+    let read = exec_in(
+        &server,
+        session_id,
+        json!({"command": "tr a-z A-Z", "stdin": "piped in\n"}),
+    )
+    .await;
+    assert_eq!(read["stdout"], "PIPED IN\n", "{read}");
+    // 300,000 bytes, every byte value, to a command that reads them all.
+    let bytes: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+    let encoded = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(&bytes)
+    };
+    let counted = exec_in(
+        &server,
+        session_id,
+        json!({"command": "od -An -tx1 -v | wc -w", "stdin_base64": encoded}),
+    )
+    .await;
+    assert_eq!(
+        counted["stdout"].as_str().map(str::trim),
+        Some("300000"),
+        "{counted}"
+    );
+    // A command that never reads its input still ends, and without any input reads nothing.
+    let ignored = exec_in(
+        &server,
+        session_id,
+        json!({"command": "echo ignored", "stdin_base64": encoded}),
+    )
+    .await;
+    assert_eq!(ignored["stdout"], "ignored\n", "{ignored}");
+    let nothing = exec_in(&server, session_id, json!({"command": "wc -c"})).await;
+    assert_eq!(
+        nothing["stdout"].as_str().map(str::trim),
+        Some("0"),
+        "{nothing}"
+    );
+    for body in [
+        json!({"command": "cat", "stdin": "a", "stdin_base64": "YQ=="}),
+        json!({"command": "cat", "stdin_base64": "not base64!"}),
+    ] {
+        let (status, refused) = send(
+            server
+                .client
+                .post(server.url(&format!("/v1/sessions/{session_id}/exec")))
+                .json(&body),
+        )
+        .await;
+        assert_error(status, &refused, 400, "environment_invalid");
+        assert!(
+            refused["error"]["message"]
+                .as_str()
+                .is_some_and(|message| message.contains("stdin")),
+            "{refused}"
+        );
+    }
+
+    // Streamed: events are read as they arrive, one line at a time.
+    let response = server
+        .client
+        .post(server.url(&format!("/v1/sessions/{session_id}/exec?stream=true")))
+        .json(&json!({
+            "command": "python3 -c 'print(1); import time; time.sleep(2); print(2)'"
+        }))
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(response.status(), 200);
+    let events = ndjson_events(response).await;
+    let outputs: Vec<&str> = events.iter().filter_map(|e| e["stdout"].as_str()).collect();
+    // Python writes a line's text and its end apart when unbuffered; what matters is that
+    // the whole first line came in events of its own, before any event with the second.
+    let second = outputs
+        .iter()
+        .position(|out| out.contains('2'))
+        .unwrap_or_else(|| panic!("no 2 printed: {events:?}"));
+    assert_eq!(
+        outputs[..second].concat(),
+        "1\n",
+        "the first line arrived with the second, not as printed: {events:?}"
+    );
+    assert_eq!(outputs[second..].concat(), "2\n", "{events:?}");
+    assert_eq!(
+        events.last().map(|e| e["exit_code"].clone()),
+        Some(json!(0))
+    );
+    // The caller's own setting stands: buffered, both lines come at the end, together.
+    let response = server
+        .client
+        .post(server.url(&format!("/v1/sessions/{session_id}/exec?stream=true")))
+        .json(&json!({
+            "command": "python3 -c 'print(1); import time; time.sleep(1); print(2)'",
+            "env": {"PYTHONUNBUFFERED": ""}
+        }))
+        .send()
+        .await
+        .expect("stream");
+    let events = ndjson_events(response).await;
+    let outputs: Vec<&str> = events.iter().filter_map(|e| e["stdout"].as_str()).collect();
+    assert_eq!(outputs.concat(), "1\n2\n", "{events:?}");
+    assert!(
+        outputs.first().is_some_and(|first| first.contains('2')),
+        "{events:?}"
+    );
+}
+
+/// The events of a streamed exec, each parsed as its line arrives.
+async fn ndjson_events(response: reqwest::Response) -> Vec<Value> {
+    use futures::StreamExt as _;
+    let mut stream = response.bytes_stream();
+    let mut pending = Vec::new();
+    let mut events = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        pending.extend_from_slice(&chunk.expect("chunk"));
+        while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            events.push(serde_json::from_slice(&line).expect("a JSON line"));
+        }
+    }
+    events
+}
+
+/// `GET /v1/sessions`: the caller's sessions, oldest first, in pages that together hold each
+/// once; filtered by environment and by state; another scope's sessions are not there.
+#[tokio::test]
+async fn sessions_are_listed_in_pages_by_environment_and_state_within_their_scope() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let tokens = crate::helpers::tokens_toml(&[("tok-acme", "acme"), ("tok-globex", "globex")]);
+    let mut server = Server::start_with_config(&tokens, &["--builder-network", "false"]).await;
+    let as_token = |token: &str| {
+        reqwest::Client::builder()
+            .default_headers(
+                [(
+                    reqwest::header::AUTHORIZATION,
+                    format!("Bearer {token}").parse().expect("header"),
+                )]
+                .into_iter()
+                .collect(),
+            )
+            .build()
+            .expect("client")
+    };
+    server.client = as_token("tok-acme");
+    let first = create_environment(&server, "List One").await;
+    put_file(&server, &first, "a.txt", "a\n").await;
+    build_ready(&server, &first, 1, BUILD_LIMIT).await;
+    let second = create_environment(&server, "List Two").await;
+    put_file(&server, &second, "b.txt", "b\n").await;
+    build_ready(&server, &second, 1, BUILD_LIMIT).await;
+    let mut made = Vec::new();
+    for environment in [&first, &second, &first, &second, &first] {
+        let session = start_session(&server, environment).await;
+        made.push(session["id"].as_str().expect("id").to_owned());
+    }
+    // Two ended, one of each environment.
+    for ended in [&made[0], &made[1]] {
+        let (status, body) = send(
+            server
+                .client
+                .delete(server.url(&format!("/v1/sessions/{ended}"))),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // Another scope's session, on its own environment.
+    server.client = as_token("tok-globex");
+    let theirs = create_environment(&server, "Theirs").await;
+    put_file(&server, &theirs, "c.txt", "c\n").await;
+    build_ready(&server, &theirs, 1, BUILD_LIMIT).await;
+    let their_session = start_session(&server, &theirs).await;
+    let their_id = their_session["id"].as_str().expect("id").to_owned();
+    // Their list holds theirs only; our environment's id shows them nothing.
+    assert_eq!(pages_with(&server, "").await.0, vec![their_id.clone()]);
+    let (none, _) = pages_with(&server, &format!("&environment={first}")).await;
+    assert!(none.is_empty(), "{none:?}");
+    server.client = as_token("tok-acme");
+
+    let (all, count) = pages_with(&server, "").await;
+    assert_eq!(
+        all, made,
+        "every session once, oldest first, none of another scope"
+    );
+    assert_eq!(count, 3);
+    assert_eq!(
+        pages_with(&server, "&state=active").await.0,
+        made[2..].to_vec()
+    );
+    assert_eq!(
+        pages_with(&server, "&state=ended").await.0,
+        made[..2].to_vec()
+    );
+    assert_eq!(
+        pages_with(&server, &format!("&environment={first}"))
+            .await
+            .0,
+        vec![made[0].clone(), made[2].clone(), made[4].clone()]
+    );
+    assert_eq!(
+        pages_with(&server, &format!("&environment={second}&state=active"))
+            .await
+            .0,
+        vec![made[3].clone()]
+    );
+    // What a listed session says is what GET of it says.
+    let (_, one) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/sessions/{}", made[4]))),
+    )
+    .await;
+    let (_, page) = send(
+        server
+            .client
+            .get(server.url("/v1/sessions?state=active&limit=1000")),
+    )
+    .await;
+    assert_eq!(
+        page["data"].as_array().and_then(|d| d.last()),
+        Some(&one),
+        "{page}"
+    );
+
+    for (query, field) in [
+        ("state=gone", "state"),
+        ("limit=0", "limit"),
+        ("after=nonsense", "after"),
+        ("colour=blue", "colour"),
+    ] {
+        let (status, refused) = send(
+            server
+                .client
+                .get(server.url(&format!("/v1/sessions?{query}"))),
+        )
+        .await;
+        assert_error(status, &refused, 400, "environment_invalid");
+        assert!(
+            refused["error"]["message"]
+                .as_str()
+                .is_some_and(|message| message.contains(field)),
+            "{query}: {refused}"
+        );
+    }
+    let (_, openapi) = send(server.client.get(server.url("/openapi.json"))).await;
+    let listed = &openapi["paths"]["/v1/sessions"]["get"];
+    assert!(listed.is_object(), "{}", openapi["paths"]["/v1/sessions"]);
+    let params: Vec<&str> = listed["parameters"]
+        .as_array()
+        .map(|params| params.iter().filter_map(|p| p["name"].as_str()).collect())
+        .unwrap_or_default();
+    for name in ["limit", "after", "environment", "state"] {
+        assert!(params.contains(&name), "{params:?}");
+    }
+}
+
+/// Every page of `GET /v1/sessions?limit=2<query>`: the ids in order, and how many pages.
+async fn pages_with(server: &Server, query: &str) -> (Vec<String>, usize) {
+    let mut ids = Vec::new();
+    let mut after: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut url = format!("/v1/sessions?limit=2{query}");
+        if let Some(after) = &after {
+            url.push_str(&format!("&after={after}"));
+        }
+        let (status, page) = send(server.client.get(server.url(&url))).await;
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(page["object"], "list", "{page}");
+        let data = page["data"].as_array().expect("data");
+        assert!(data.len() <= 2, "{page}");
+        pages += 1;
+        for session in data {
+            ids.push(session["id"].as_str().expect("id").to_owned());
+        }
+        if page["has_more"] != true {
+            assert!(page["next"].is_null(), "{page}");
+            break;
+        }
+        after = Some(page["next"].as_str().expect("next").to_owned());
+    }
+    (ids, pages)
+}

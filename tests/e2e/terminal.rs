@@ -310,6 +310,39 @@ async fn plinth_shell(
     .expect("joined")
 }
 
+/// Runs `plinth <args>` against `server` with a newline typed every millisecond until it
+/// exits; answers how it ended.
+async fn plinth_shell_typing(server: &Server, args: &[&str]) -> std::process::Output {
+    let home = tempfile::tempdir().expect("home");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
+    command
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .env("PLINTH_URL", &server.base)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    tokio::task::spawn_blocking(move || {
+        let mut child = command.spawn().expect("plinth runs");
+        let mut input = child.stdin.take().expect("stdin");
+        // Ends when plinth has exited (its end of the pipe is closed).
+        let typing = std::thread::spawn(move || {
+            while input.write_all(b"\n").is_ok() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let output = child.wait_with_output().expect("plinth ends");
+        let _ = typing.join();
+        drop(home);
+        output
+    })
+    .await
+    .expect("joined")
+}
+
 /// Opens the terminal WebSocket of session `id` as `token`, by `method`, with `query`;
 /// answers the socket, or the refusal's status and JSON body.
 pub(crate) async fn open_socket(
@@ -616,5 +649,61 @@ async fn a_terminal_in_use_keeps_its_session_from_its_idle_end() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    server.stop().await;
+}
+
+/// `plinth shell ENV -- CMD` run again and again, a few at once: every run prints all of its
+/// command's output and exits with the command's status. The command ends at once, so its
+/// last output, its exit and the socket's close come together, as fast as they ever do, and
+/// the node has often ended the terminal before the client's first frame (its `close_stdin`)
+/// reaches the gateway.
+#[tokio::test]
+async fn plinth_shell_never_loses_a_commands_output_or_status() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start().await;
+    built_environment(&server, "Many Shells", Duration::from_secs(120)).await;
+    const WORKERS: usize = 4;
+    const RUNS: usize = 50;
+    let failures = futures::future::join_all((0..WORKERS).map(|worker| {
+        let server = &server;
+        async move {
+            let mut failures = Vec::new();
+            for run in 0..RUNS {
+                let n = worker * RUNS + run;
+                let command = format!("seq 1 500; echo out-{n}; exit {}", n % 7 + 1);
+                let args = ["shell", "many-shells", "--", "sh", "-c", &command];
+                // Half the runs keep typing until plinth exits, so frames reach the gateway
+                // as the command ends, and after.
+                let ran = if n.is_multiple_of(2) {
+                    plinth_shell(server, "unused", &args, "").await
+                } else {
+                    plinth_shell_typing(server, &args).await
+                };
+                let stdout = String::from_utf8_lossy(&ran.stdout);
+                let printed = stdout
+                    .lines()
+                    .any(|line| line.trim_end() == format!("out-{n}"));
+                if !printed || ran.status.code() != Some((n % 7 + 1) as i32) {
+                    failures.push(format!(
+                        "run {n}: {:?}, stdout {stdout:?}, stderr {:?}",
+                        ran.status.code(),
+                        String::from_utf8_lossy(&ran.stderr)
+                    ));
+                }
+            }
+            failures
+        }
+    }))
+    .await
+    .concat();
+    assert!(
+        failures.is_empty(),
+        "{} of {} runs went wrong:\n{}",
+        failures.len(),
+        WORKERS * RUNS,
+        failures.join("\n")
+    );
     server.stop().await;
 }

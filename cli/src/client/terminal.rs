@@ -194,6 +194,12 @@ async fn run(api: &Api, id: &str, command: Option<&str>) -> anyhow::Result<ExitC
 
 /// Copies standard input to the socket and the socket's bytes to standard output until the
 /// remote command's exit status arrives; answers it.
+///
+/// What the socket brings is what decides: it is read to the server's close (after the exit
+/// message), and the closing handshake is answered before the socket is dropped. Input that
+/// cannot be sent any more (the server is already closing) stops being sent, but the frames
+/// still on their way are read all the same; a connection that drops once the exit message
+/// has arrived is the command's end, not an error.
 async fn relay<S>(socket: WebSocketStream<S>) -> anyhow::Result<i32>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -202,6 +208,9 @@ where
     let (mut sink, mut frames) = socket.split();
     let mut stdin = read_stdin();
     let mut stdin_open = true;
+    // False once a frame could not be sent; why, for when the reading fails too.
+    let mut sending = true;
+    let mut send_failed: Option<String> = None;
     let mut resized =
         signal(SignalKind::window_change()).context("cannot watch the terminal's size")?;
     let mut exit_code: Option<i32> = None;
@@ -209,7 +218,7 @@ where
         anyhow::anyhow!("the terminal's connection was lost: {error}")
     };
     loop {
-        tokio::select! {
+        let outgoing = tokio::select! {
             frame = frames.next() => match frame {
                 Some(Ok(Message::Binary(bytes))) => {
                     let mut stdout = std::io::stdout().lock();
@@ -217,14 +226,18 @@ where
                         .write_all(&bytes)
                         .and_then(|()| stdout.flush())
                         .context("cannot write the terminal's output")?;
+                    continue;
                 }
                 Some(Ok(Message::Text(text))) => {
                     let control: Value = serde_json::from_str(text.as_str()).unwrap_or_default();
                     if control["type"] == "exit" {
                         exit_code = control["exit_code"].as_i64().and_then(|code| i32::try_from(code).ok());
                     }
+                    continue;
                 }
                 Some(Ok(Message::Close(close))) => {
+                    // The server's close, answered (tungstenite queued the reply; this sends it).
+                    let _ = tokio::time::timeout(CLOSE_WAIT, sink.close()).await;
                     return exit_code.ok_or_else(|| {
                         let why = close
                             .map(|close| close.reason.to_string())
@@ -233,30 +246,37 @@ where
                         anyhow::anyhow!("the server closed the terminal before the command ended: {why}")
                     });
                 }
-                Some(Ok(_)) => {}
+                Some(Ok(_)) => continue,
                 Some(Err(error)) => {
-                    return exit_code.ok_or_else(|| lost(&error));
+                    return exit_code.ok_or_else(|| match &send_failed {
+                        Some(sent) => lost(&format!("{error} (sending: {sent})")),
+                        None => lost(&error),
+                    });
                 }
                 None => {
                     return exit_code.ok_or_else(|| lost(&"the server went away"));
                 }
             },
-            typed = stdin.recv(), if stdin_open => {
-                let message = match typed {
-                    Some(bytes) => Message::Binary(bytes.into()),
-                    None => {
-                        stdin_open = false;
-                        Message::text(json!({ "type": "close_stdin" }).to_string())
-                    }
-                };
-                sink.send(message).await.map_err(|error| lost(&error))?;
-            }
-            _ = resized.recv() => {
-                if let Some((cols, rows)) = window_size() {
-                    let resize = json!({ "type": "resize", "cols": cols, "rows": rows });
-                    sink.send(Message::text(resize.to_string())).await.map_err(|error| lost(&error))?;
+            typed = stdin.recv(), if stdin_open && sending => match typed {
+                Some(bytes) => Message::Binary(bytes.into()),
+                None => {
+                    stdin_open = false;
+                    Message::text(json!({ "type": "close_stdin" }).to_string())
                 }
-            }
+            },
+            _ = resized.recv(), if sending => match window_size() {
+                Some((cols, rows)) => {
+                    Message::text(json!({ "type": "resize", "cols": cols, "rows": rows }).to_string())
+                }
+                None => continue,
+            },
+        };
+        if let Err(error) = sink.send(outgoing).await {
+            sending = false;
+            send_failed = Some(error.to_string());
         }
     }
 }
+
+/// How long the server's close waits for this side's answer to be sent.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);

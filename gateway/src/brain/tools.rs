@@ -358,6 +358,7 @@ async fn cleanup(
                 env: Default::default(),
                 timeout_ms: 10_000,
                 output_limit_bytes: 64 * 1024,
+                stdin: Default::default(),
             })
             .await
             .map_err(|status| PlinthError::from_status(&status).message)?

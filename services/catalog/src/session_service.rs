@@ -703,6 +703,38 @@ impl pb::session_service_server::SessionService for Sessions {
         Ok(Response::new(task.into()))
     }
 
+    #[tracing::instrument(name = "catalog.list_sessions", skip_all)]
+    async fn list_sessions(
+        &self,
+        request: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let request = request.into_inner();
+        let scope = Scope::parse(&request.scope)?;
+        let status = match request.status.as_str() {
+            "" => None,
+            "active" | "ended" => Some(request.status.as_str()),
+            other => {
+                return Err(PlinthError::invalid(format!(
+                    "status: {other:?} is not a session's status (active or ended)"
+                ))
+                .into());
+            }
+        };
+        let environment =
+            (!request.environment_id.is_empty()).then_some(request.environment_id.as_str());
+        let page = PageRequest::new(request.limit, &request.after)?;
+        let page = self
+            .store
+            .scope_sessions(&scope, environment, status, &page)
+            .await
+            .map_err(page_error)?;
+        Ok(Response::new(pb::ListSessionsResponse {
+            sessions: page.items.into_iter().map(Into::into).collect(),
+            has_more: page.next.is_some(),
+            next: page.next.map(|cursor| cursor.encode()).unwrap_or_default(),
+        }))
+    }
+
     #[tracing::instrument(name = "catalog.list_owned_sessions", skip_all)]
     async fn list_owned_sessions(
         &self,

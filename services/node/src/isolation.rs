@@ -207,6 +207,7 @@ impl Isolation {
             seccomp: if self.enabled { self.seccomp } else { None },
             uid,
             terminal: None,
+            stdin: None,
         })
     }
 

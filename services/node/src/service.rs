@@ -200,6 +200,15 @@ impl pb::node_service_server::NodeService for Node {
         } = self
             .prepare(&spec, request.command, &request.cwd, request.env)
             .await?;
+        // Standard input given: a pipe the command reads, written below.
+        let stdin = if request.stdin.is_empty() {
+            None
+        } else {
+            let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+                .map_err(|errno| PlinthError::internal(&std::io::Error::from(errno)))?;
+            command.stdin = Some(read);
+            Some(write)
+        };
         let (events, receiver) = mpsc::channel::<Result<pb::ExecEvent, Status>>(32);
         let started = Instant::now();
         let child = crate::spawn::spawn(&command);
@@ -229,7 +238,11 @@ impl pb::node_service_server::NodeService for Node {
         let stderr = child.stderr.take();
         let ended = session.ended.clone();
         let command_cgroup = command.cgroup.take();
+        // The command holds its own copy of the read end now.
         drop(command);
+        if let Some(write) = stdin {
+            plinth_kit::tasks::spawn(feed_stdin(write, request.stdin, ended.clone()));
+        }
         // One task per command: its output pumps and its wait are polled together, so the
         // end of the command reaches the caller without hand-offs between tasks.
         plinth_kit::tasks::spawn(async move {
@@ -541,6 +554,32 @@ async fn drain_left(pipes: [Option<pipe::Receiver>; 2], ended: CancellationToken
     let [out, err] = pipes;
     tokio::select! {
         _ = futures::future::join(drain(out), drain(err)) => {}
+        () = ended.cancelled() => {}
+    }
+}
+
+/// Writes a command's standard input and closes it (its end-of-file). It stops early when
+/// nobody reads any more (the command and whatever it left running closed the pipe) or the
+/// session ends, so a command that never reads its input holds no task.
+async fn feed_stdin(
+    write: std::os::fd::OwnedFd,
+    bytes: bytes::Bytes,
+    ended: plinth_kit::tasks::CancellationToken,
+) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut pipe = match tokio::net::unix::pipe::Sender::from_owned_fd(write) {
+        Ok(pipe) => pipe,
+        Err(error) => {
+            tracing::warn!(%error, "a command's standard input could not be written");
+            return;
+        }
+    };
+    tokio::select! {
+        written = pipe.write_all(&bytes) => {
+            if let Err(error) = written {
+                tracing::debug!(%error, "a command's standard input was not read whole");
+            }
+        }
         () = ended.cancelled() => {}
     }
 }

@@ -78,6 +78,9 @@ pub struct Command {
     /// error and its controlling terminal (the command leads a session of its own rather
     /// than a process group), and no pipes are made.
     pub terminal: Option<OwnedFd>,
+    /// Without a terminal: what the command reads as its standard input (a pipe's read end);
+    /// `None` is `/dev/null`.
+    pub stdin: Option<OwnedFd>,
 }
 
 /// Why a command did not start.
@@ -252,7 +255,8 @@ struct Pipes {
     null: OwnedFd,
 }
 
-/// Starts `command` with stdin from `/dev/null` and stdout and stderr on pipes, or with all
+/// Starts `command` with stdin from `command.stdin` (else `/dev/null`) and stdout and stderr
+/// on pipes, or with all
 /// three on its terminal.
 pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
     let program: &CStr = command
@@ -266,7 +270,10 @@ pub fn spawn(command: &Command) -> Result<Child, SpawnError> {
     let stdio = match (&command.terminal, &pipes) {
         (Some(terminal), _) => [terminal.as_raw_fd(); 3],
         (None, Some(pipes)) => [
-            pipes.null.as_raw_fd(),
+            command
+                .stdin
+                .as_ref()
+                .map_or(pipes.null.as_raw_fd(), AsRawFd::as_raw_fd),
             pipes.stdout_write.as_raw_fd(),
             pipes.stderr_write.as_raw_fd(),
         ],
@@ -651,6 +658,7 @@ mod tests {
             seccomp: None,
             uid: None,
             terminal: None,
+            stdin: None,
         }
     }
 

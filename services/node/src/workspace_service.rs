@@ -626,6 +626,7 @@ impl pb::workspace_service_server::WorkspaceService for Node {
                 env: request.env,
                 timeout_ms: request.timeout_ms,
                 output_limit_bytes: keep,
+                stdin: Default::default(),
             }),
         )
         .await?

@@ -632,8 +632,12 @@ impl Store {
         node: &NodeId,
         page: &PageRequest,
     ) -> Result<Page<Session>, StoreError> {
-        self.sessions_page("s.node_id = $1", &[node.as_str()], page)
-            .await
+        self.sessions_page(
+            "s.node_id = $1 AND s.status = 'active'",
+            &[node.as_str()],
+            page,
+        )
+        .await
     }
 
     /// The ids of the live sessions placed on a node: what a node's heartbeat is answered, so
@@ -689,14 +693,36 @@ impl Store {
         page: &PageRequest,
     ) -> Result<Page<Session>, StoreError> {
         self.sessions_page(
-            "s.scope = $1 AND s.owner = $2",
+            "s.scope = $1 AND s.owner = $2 AND s.status = 'active'",
             &[scope.as_str(), owner],
             page,
         )
         .await
     }
 
-    /// One page of the active sessions matching `filter` (whose parameters are `binds`, from
+    /// One page of a scope's sessions, active and ended, oldest first: of one environment
+    /// when `environment` is given, in one status (`active`, `ended`) when `status` is.
+    pub async fn scope_sessions(
+        &self,
+        scope: &Scope,
+        environment: Option<&str>,
+        status: Option<&str>,
+        page: &PageRequest,
+    ) -> Result<Page<Session>, StoreError> {
+        let mut filter = "s.scope = $1".to_owned();
+        let mut binds = vec![scope.as_str()];
+        if let Some(environment) = environment {
+            binds.push(environment);
+            filter.push_str(&format!(" AND s.environment_id = ${}", binds.len()));
+        }
+        if let Some(status) = status {
+            binds.push(status);
+            filter.push_str(&format!(" AND s.status = ${}", binds.len()));
+        }
+        self.sessions_page(&filter, &binds, page).await
+    }
+
+    /// One page of the sessions matching `filter` (whose parameters are `binds`, from
     /// `$1`), in creation order then id: those after `page.after`, read with one more than
     /// the limit so the answer knows whether another page follows. The cursor's id must be a
     /// session's: a cursor from a list of something else is refused.
@@ -720,7 +746,7 @@ impl Store {
         };
         let sql = format!(
             "SELECT {SESSION_COLUMNS} FROM sessions s JOIN nodes n ON n.id = s.node_id \
-             WHERE {filter} AND s.status = 'active'{after_clause} \
+             WHERE {filter}{after_clause} \
              ORDER BY s.created_at_ms, s.id LIMIT {}",
             limit + 1
         );
