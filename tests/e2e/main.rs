@@ -18,6 +18,7 @@ mod clients;
 mod crashes;
 mod credentials;
 mod data_dir;
+mod data_dir_lock;
 mod edge;
 mod environments;
 mod everyday_tools;
