@@ -305,15 +305,15 @@ pub fn lock_state(config: &Config, command: &str) -> anyhow::Result<Locks> {
         locks.0.push(lock);
         Ok(())
     };
-    if serve || command == "catalog" {
-        if let Some(dir) = config.catalog.database_url.as_deref().and_then(sqlite_dir) {
-            take(&dir, "catalog.lock")?;
-        }
+    if (serve || command == "catalog")
+        && let Some(dir) = config.catalog.database_url.as_deref().and_then(sqlite_dir)
+    {
+        take(&dir, "catalog.lock")?;
     }
-    if serve || command == "source service" {
-        if let Some(dir) = config.source.database_url.as_deref().and_then(sqlite_dir) {
-            take(&dir, "source.lock")?;
-        }
+    if (serve || command == "source service")
+        && let Some(dir) = config.source.database_url.as_deref().and_then(sqlite_dir)
+    {
+        take(&dir, "source.lock")?;
     }
     if (serve && config.node.enabled) || command == "node" {
         let state_dir = config

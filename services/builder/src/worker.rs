@@ -88,15 +88,14 @@ pub struct BuilderOptions {
 pub enum BuilderError {
     /// Another builder process works in the same directory.
     #[error(
-        "another builder process works in {path}, {holder}: stop it{stop}, or give each builder process its own work directory (--data-dir, or builder.work_dir)"
+        "another builder process works in {path}, {holder}: stop it{stop}, or give each builder process its own work directory (--data-dir, or builder.work_dir)",
+        stop = .holder.kill_hint()
     )]
     WorkDirInUse {
         /// The directory.
         path: PathBuf,
         /// The process that holds it.
-        holder: plinth_kit::dir_lock::Holder,
-        /// ` (kill <pid>)`, when its pid is known.
-        stop: String,
+        holder: Box<plinth_kit::dir_lock::Holder>,
     },
     /// Builds are to be bounded and cannot be.
     #[error("builds need cgroups for their memory, process and CPU limits (builder.limits): {0}")]
@@ -130,10 +129,9 @@ pub fn lock_work_dir(
     use plinth_kit::dir_lock::{DirLock, DirLockError};
     match DirLock::acquire(work_dir, ".lock", command, "") {
         Ok(lock) => Ok(lock),
-        Err(DirLockError::InUse { holder, stop, .. }) => Err(BuilderError::WorkDirInUse {
+        Err(DirLockError::InUse { holder, .. }) => Err(BuilderError::WorkDirInUse {
             path: work_dir.to_owned(),
             holder,
-            stop,
         }),
         Err(DirLockError::Io { source, .. }) => Err(BuilderError::WorkDir {
             path: work_dir.to_owned(),

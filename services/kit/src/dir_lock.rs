@@ -44,15 +44,14 @@ impl std::fmt::Display for Holder {
 pub enum DirLockError {
     /// Another process holds it.
     #[error(
-        "{dir} is in use by another Plinth process, {holder}: stop that process{stop}, or give this one another directory{flag}"
+        "{dir} is in use by another Plinth process, {holder}: stop that process{stop}, or give this one another directory{flag}",
+        stop = .holder.kill_hint()
     )]
     InUse {
         /// The directory.
         dir: PathBuf,
         /// Who holds it.
-        holder: Holder,
-        /// ` (kill <pid>)`, when the pid is known.
-        stop: String,
+        holder: Box<Holder>,
         /// How to give another directory (` with --data-dir`).
         flag: String,
     },
@@ -110,16 +109,12 @@ impl DirLock {
                 let holder = Holder::parse(&said);
                 return Err(DirLockError::InUse {
                     dir: dir.to_owned(),
-                    stop: holder
-                        .pid
-                        .map(|pid| format!(" (kill {pid})"))
-                        .unwrap_or_default(),
                     flag: if flag.is_empty() {
                         String::new()
                     } else {
                         format!(" with {flag}")
                     },
-                    holder,
+                    holder: Box::new(holder),
                 });
             }
             Err(error) => return Err(fail(error.into())),
@@ -159,6 +154,13 @@ impl DirLock {
 }
 
 impl Holder {
+    /// ` (kill <pid>)` when the pid is known, for a message that says how to stop it.
+    pub fn kill_hint(&self) -> String {
+        self.pid
+            .map(|pid| format!(" (kill {pid})"))
+            .unwrap_or_default()
+    }
+
     /// Reads a lock file's `key=value` lines; anything else is ignored.
     pub fn parse(text: &str) -> Self {
         let mut holder = Holder::default();

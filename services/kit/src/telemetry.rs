@@ -157,6 +157,28 @@ impl<'writer> tracing_subscriber::fmt::FormatFields<'writer> for TextFields {
         fields.record(&mut visitor);
         visitor.result
     }
+
+    /// Fields recorded on a span later (`otel.status_code`, say): added after a space, or not
+    /// at all when every one of them is left out.
+    fn add_fields(
+        &self,
+        current: &'writer mut tracing_subscriber::fmt::FormattedFields<Self>,
+        fields: &tracing::span::Record<'_>,
+    ) -> std::fmt::Result {
+        let mut more = String::new();
+        <Self as tracing_subscriber::fmt::FormatFields<'_>>::format_fields(
+            self,
+            tracing_subscriber::fmt::format::Writer::new(&mut more),
+            fields,
+        )?;
+        if !more.is_empty() {
+            if !current.fields.is_empty() {
+                current.fields.push(' ');
+            }
+            current.fields.push_str(&more);
+        }
+        Ok(())
+    }
 }
 
 struct TextVisitor<'a, 'writer> {
