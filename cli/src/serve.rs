@@ -2,7 +2,9 @@
 //! (`catalog`, `gateway`). Services talk gRPC even inside one process: under `serve` a call
 //! goes straight into the other service's gRPC stack (the same encoding, credential check,
 //! spans and metrics) instead of over HTTP/2 on loopback, and each service still listens on its
-//! port for callers elsewhere.
+//! port for callers elsewhere. Every process first locks the directories it keeps alone
+//! ([`lock_state`]), and stops in order: builders first, giving their builds back, then the
+//! rest ([`Running::wait`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
