@@ -1242,7 +1242,8 @@ fn spawn_source(
     } else {
         if config.gc_every().is_some() {
             tracing::warn!(
-                "garbage collection is off in this source service: it has no credential to ask the catalog what it keeps; give it one of role `source` (PLINTH_INTERNAL_CREDENTIAL, `plinth credential new --role source`) or run `plinth gc`"
+                fix = "give it a credential of role `source` (PLINTH_INTERNAL_CREDENTIAL, `plinth credential new --role source`), or run `plinth gc`",
+                "garbage collection is off in this source service: it has no credential to ask the catalog what it keeps"
             );
         }
         None

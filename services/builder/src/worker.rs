@@ -227,10 +227,10 @@ pub async fn run(
             Err(error) => {
                 tracing::warn!(
                     %error,
-                    "builds run without a disk limit: this host cannot make their disk images. \
-                     builder.limits.disk_mb limits each scope's builds and caches by default \
-                     where it can; give the builder what the error asks for, or set \
-                     builder.limits.disk_mb = 0 to build without one and silence this"
+                    fix = "give the builder what the error asks for, or set \
+                           builder.limits.disk_mb = 0 to build without a disk limit and silence this",
+                    "builds run without a disk limit: this host cannot make their disk images \
+                     (builder.limits.disk_mb limits each scope's builds where it can)"
                 );
                 options.install.limits.disk_mb = None;
             }
