@@ -67,10 +67,14 @@ impl Running {
             }
         }
         self.shutdown.cancel();
+        let builders = !self.builders.is_empty();
         while let Some(joined) = self.builders.join_next().await {
             if let Some(error) = failure(joined, &self.shutdown) {
                 first_error.get_or_insert(error);
             }
+        }
+        if builders {
+            tracing::info!("builders stopped; stopping the other services");
         }
         self.rest.cancel();
         while let Some(joined) = self.services.join_next().await {
