@@ -2452,4 +2452,157 @@ mod tests {
             "{error}"
         );
     }
+
+    /// The fields a `Deserialize` struct accepts, as its derive names them.
+    fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+        #[derive(Debug)]
+        struct Stop;
+        impl std::fmt::Display for Stop {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("stop")
+            }
+        }
+        impl std::error::Error for Stop {}
+        impl serde::de::Error for Stop {
+            fn custom<M: std::fmt::Display>(_: M) -> Self {
+                Stop
+            }
+        }
+        struct Capture<'a>(&'a mut &'static [&'static str]);
+        impl<'de> serde::Deserializer<'de> for Capture<'_> {
+            type Error = Stop;
+            fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Stop> {
+                Err(Stop)
+            }
+            fn deserialize_struct<V: serde::de::Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Stop> {
+                *self.0 = fields;
+                Err(Stop)
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+                byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+                identifier ignored_any
+            }
+        }
+        let mut fields: &'static [&'static str] = &[];
+        let _ = T::deserialize(Capture(&mut fields));
+        assert!(
+            !fields.is_empty(),
+            "{} names no fields",
+            std::any::type_name::<T>()
+        );
+        fields
+    }
+
+    #[test]
+    fn the_example_configuration_names_every_section_and_key_and_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/plinth.example.toml");
+        let text = std::fs::read_to_string(&path).expect("the example configuration");
+        use std::collections::BTreeSet;
+        // Its keys, commented out or not, by the section (table) they are under.
+        let mut named: BTreeSet<(String, String)> = BTreeSet::new();
+        let mut section = String::new();
+        for line in text.lines() {
+            let line = line.trim_start_matches('#').trim();
+            if let Some(header) = line.strip_prefix('[') {
+                let header = header.trim_start_matches('[');
+                if let Some(end) = header.find(']') {
+                    section = header[..end].trim().to_owned();
+                    named.insert((String::new(), section.clone()));
+                    continue;
+                }
+            }
+            let Some((key, _)) = line.split_once('=') else {
+                continue;
+            };
+            let key = key.trim();
+            if !key.is_empty()
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            {
+                named.insert((section.clone(), key.to_owned()));
+            }
+        }
+        let tables: &[(&str, &[&str])] = &[
+            ("", fields_of::<Config>()),
+            ("internal", fields_of::<crate::internal::InternalSection>()),
+            (
+                "internal.accept",
+                fields_of::<plinth_kit::auth::AcceptEntry>(),
+            ),
+            ("internal.tls", fields_of::<crate::internal::InternalTls>()),
+            ("log", fields_of::<LogConfig>()),
+            ("gateway", fields_of::<GatewaySection>()),
+            ("gateway.tokens", fields_of::<TokenEntry>()),
+            ("catalog", fields_of::<CatalogSection>()),
+            ("source", fields_of::<SourceSection>()),
+            ("builder", fields_of::<BuilderSection>()),
+            ("builder.limits", fields_of::<BuilderLimits>()),
+            ("node", fields_of::<NodeSection>()),
+            ("sessions", fields_of::<SessionsSection>()),
+            ("quotas", fields_of::<QuotasSection>()),
+            ("quotas.scopes", fields_of::<ScopeQuotas>()),
+            ("gc", fields_of::<GcSection>()),
+        ];
+        // Refused keys, kept only to say what replaced them.
+        let retired = [("", "internal_token")];
+        let mut missing = Vec::new();
+        for (table, fields) in tables {
+            for field in *fields {
+                if retired.contains(&(*table, *field)) {
+                    continue;
+                }
+                // A sub-table is named by its own header.
+                let sub = if table.is_empty() {
+                    (*field).to_owned()
+                } else {
+                    format!("{table}.{field}")
+                };
+                let as_key = named.contains(&((*table).to_owned(), (*field).to_owned()));
+                let as_table = named.contains(&(String::new(), sub.clone()));
+                if !as_key && !as_table {
+                    missing.push(sub);
+                }
+            }
+        }
+        assert!(missing.is_empty(), "not in {}: {missing:?}", path.display());
+        // Nothing it names is unknown to the configuration.
+        let known: BTreeSet<(String, String)> = tables
+            .iter()
+            .flat_map(|(table, fields)| {
+                fields
+                    .iter()
+                    .map(|field| ((*table).to_owned(), (*field).to_owned()))
+            })
+            .collect();
+        let unknown: Vec<&(String, String)> = named
+            .iter()
+            .filter(|entry| {
+                let (table, key) = entry;
+                if table.is_empty() && tables.iter().any(|(name, _)| name == key) {
+                    return false;
+                }
+                !known.contains(*entry)
+            })
+            .collect();
+        assert!(
+            unknown.is_empty(),
+            "unknown keys in {}: {unknown:?}",
+            path.display()
+        );
+        // And it loads as it is, with the real loader, for every command.
+        let file = path.to_str().expect("utf-8");
+        let config = serve(&["--config", file]).expect("serve loads the example");
+        assert_eq!(config.log.format, LogFormat::Text);
+        for command in ["catalog", "source", "builder", "node"] {
+            split(&[command, "--config", file, "--standalone"])
+                .unwrap_or_else(|error| panic!("{command} loads the example: {error}"));
+        }
+    }
 }

@@ -72,11 +72,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let _telemetry = plinth_kit::telemetry::init(name, &config.log)?;
     let running = match cli.command {
         Command::Serve(_) => {
+            // The data directory first: a second server on it is refused before it listens.
+            let locks = serve::lock_state(&config, "serve")?;
             let listen = config.gateway.listen;
             let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| {
                 format!("cannot listen on {listen}; choose another address with --listen or PLINTH_LISTEN")
             })?;
-            serve::start_all(&config, listener).await?
+            locks.listening(listener.local_addr()?);
+            serve::start_all_locked(&config, listener, locks).await?
         }
         Command::Catalog(_) => serve::start_catalog(&config).await?,
         Command::Source(_) => serve::start_source(&config).await?,

@@ -2,7 +2,9 @@
 //! (`catalog`, `gateway`). Services talk gRPC even inside one process: under `serve` a call
 //! goes straight into the other service's gRPC stack (the same encoding, credential check,
 //! spans and metrics) instead of over HTTP/2 on loopback, and each service still listens on its
-//! port for callers elsewhere.
+//! port for callers elsewhere. Every process first locks the directories it keeps alone
+//! ([`lock_state`]), and stops in order: builders first, giving their builds back, then the
+//! rest ([`Running::wait`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -31,25 +33,54 @@ pub struct Running {
     pub node_addr: Option<SocketAddr>,
     /// Under `serve`: the credentials it made for its parts, for callers in this process.
     pub credentials: Option<crate::internal::ServeInternal>,
-    /// Cancel to stop everything.
+    /// Cancel to stop everything: builders first, then the rest ([`Running::wait`]).
     pub shutdown: CancellationToken,
-    services: JoinSet<(&'static str, anyhow::Result<()>)>,
+    /// Builders, which stop first.
+    builders: Services,
+    services: Services,
+    /// What stops `services`, once the builders have stopped (the same token as `shutdown`
+    /// in a process without builders beside other services).
+    rest: CancellationToken,
+    /// The directories of state this process holds, released once every service stopped.
+    _locks: Locks,
 }
 
 impl Running {
     /// Waits until every service has stopped. A service that fails, or stops while nothing
-    /// asked it to, stops the others; the first such error is returned.
+    /// asked it to, stops the others; the first such error is returned. Stopping goes in
+    /// order: builders stop taking work and give their running builds back to the catalog
+    /// (so another builder takes them at once), and only then do the catalog and the other
+    /// services stop, their databases with them.
     pub async fn wait(mut self) -> anyhow::Result<()> {
         let mut first_error = None;
-        while let Some(joined) = self.services.join_next().await {
-            let error = match joined {
-                Ok((_, Ok(()))) if self.shutdown.is_cancelled() => continue,
-                Ok((name, Ok(()))) => anyhow::anyhow!("{name} stopped unexpectedly"),
-                Ok((name, Err(error))) => error.context(format!("{name} stopped")),
-                Err(join) => anyhow::anyhow!("a service panicked: {join}"),
+        loop {
+            let joined = tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => break,
+                Some(joined) = self.builders.join_next() => joined,
+                Some(joined) = self.services.join_next() => joined,
+                else => break,
             };
-            self.shutdown.cancel();
-            first_error.get_or_insert(error);
+            if let Some(error) = failure(joined, &self.shutdown) {
+                first_error.get_or_insert(error);
+                self.shutdown.cancel();
+            }
+        }
+        self.shutdown.cancel();
+        let builders = !self.builders.is_empty();
+        while let Some(joined) = self.builders.join_next().await {
+            if let Some(error) = failure(joined, &self.shutdown) {
+                first_error.get_or_insert(error);
+            }
+        }
+        if builders {
+            tracing::info!("builders stopped; stopping the other services");
+        }
+        self.rest.cancel();
+        while let Some(joined) = self.services.join_next().await {
+            if let Some(error) = failure(joined, &self.shutdown) {
+                first_error.get_or_insert(error);
+            }
         }
         first_error.map_or(Ok(()), Err)
     }
@@ -61,17 +92,44 @@ impl Running {
     }
 }
 
+impl Drop for Running {
+    /// Dropped without being waited for: everything is told to stop (the tasks themselves
+    /// end with their sets).
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        self.rest.cancel();
+    }
+}
+
+/// What a service's end says: nothing when it stopped as asked.
+fn failure(
+    joined: Result<(&'static str, anyhow::Result<()>), tokio::task::JoinError>,
+    shutdown: &CancellationToken,
+) -> Option<anyhow::Error> {
+    match joined {
+        Ok((_, Ok(()))) if shutdown.is_cancelled() => None,
+        Ok((name, Ok(()))) => Some(anyhow::anyhow!("{name} stopped unexpectedly")),
+        Ok((name, Err(error))) => Some(error.context(format!("{name} stopped"))),
+        Err(join) => Some(anyhow::anyhow!("a service panicked: {join}")),
+    }
+}
+
 /// Starts every service in this process: the catalog and the source service on loopback gRPC
 /// listeners, the gateway on `http`. The embedded databases and object store live under
 /// `config.data_dir`.
 pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Running> {
+    let locks = lock_state(config, "serve")?;
+    locks.listening(http.local_addr()?);
+    start_all_locked(config, http, locks).await
+}
+
+/// [`start_all`] for a process that holds its directories already ([`lock_state`]).
+pub async fn start_all_locked(
+    config: &Config,
+    http: TcpListener,
+    locks: Locks,
+) -> anyhow::Result<Running> {
     raise_open_file_limit();
-    private_data_dir(&config.data_dir).with_context(|| {
-        format!(
-            "cannot create the data directory {}; choose another with --data-dir or PLINTH_DATA_DIR",
-            config.data_dir.display()
-        )
-    })?;
     let catalog_listener = bind(config.catalog.listen, "catalog").await?;
     let source_listener = bind(config.source.listen, "source service").await?;
     let shutdown = CancellationToken::new();
@@ -91,6 +149,7 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
         catalog_local: Some(LocalSlot::default()),
         source_local: Some(LocalSlot::default()),
         nodes: Vec::new(),
+        local_ready: Vec::new(),
     };
     // Admin addresses given for the catalog or the source service are served here too (with
     // this one process's metrics, which cover every service in it).
@@ -138,8 +197,10 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
     } else {
         None
     };
-    let node_ready = std::sync::Arc::new(tokio::sync::Notify::new());
+    let serve_node = ServeNode::default();
+    let node_ready = serve_node.ready.clone();
     if let Some((listener, slot)) = node {
+        peers.local_ready.push(serve_node.readiness());
         spawn_node(
             &mut services,
             config,
@@ -148,7 +209,7 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
             listener,
             None,
             Some(slot),
-            Some(node_ready.clone()),
+            Some(serve_node),
             shutdown.clone(),
         )?;
         // Serve (the gateway starts below) once its node has registered (or said why it
@@ -183,15 +244,19 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
         &peers,
         shutdown.clone(),
     )?;
+    // Builders stop first, when asked to (`Running::shutdown`), and give their builds back
+    // while the catalog still serves; the other services stop after them (`shutdown` here).
+    let stop = CancellationToken::new();
+    let mut builders = JoinSet::new();
     for index in 0..config.builder.count {
         spawn_builder(
-            &mut services,
+            &mut builders,
             config,
             &internal.builder,
             peers.catalog(&internal.builder)?,
             Some(peers.source(&internal.builder)?),
             index,
-            shutdown.clone(),
+            stop.clone(),
         )?;
     }
     tracing::info!(%http_addr, %catalog_addr, %source_addr, builders = config.builder.count, data_dir = %config.data_dir.display(), "plinth serving");
@@ -201,9 +266,102 @@ pub async fn start_all(config: &Config, http: TcpListener) -> anyhow::Result<Run
         source_addr,
         node_addr,
         credentials: Some(internal),
-        shutdown,
+        shutdown: stop,
+        builders,
         services,
+        rest: shutdown,
+        _locks: locks,
     })
+}
+
+/// The directories of state a process holds for its life ([`lock_state`]).
+#[derive(Debug, Default)]
+pub struct Locks(Vec<plinth_kit::dir_lock::DirLock>);
+
+impl Locks {
+    /// Records where this process listens in each lock file, for whoever is refused.
+    pub fn listening(&self, address: SocketAddr) {
+        for lock in &self.0 {
+            lock.listening(&address.to_string());
+        }
+    }
+}
+
+/// Takes, before anything else touches them, the directories of state `command` keeps for
+/// itself alone: a SQLite database's directory (`catalog.lock`, `source.lock`; the data
+/// directory unless configured elsewhere), the node's state directory (`node.lock`) and the
+/// builders' work directory (`.lock`). `serve` takes every one it uses, so a second process on
+/// the same data directory (another `serve`, or a split service) is refused at once, naming
+/// the holder's pid and listen address, before it listens, registers a node or opens a
+/// database. Databases on PostgreSQL and blobs in a bucket are shared by design and take no
+/// lock; split services on one host each keep their own node and work directories.
+pub fn lock_state(config: &Config, command: &str) -> anyhow::Result<Locks> {
+    let serve = command == "serve";
+    if serve {
+        private_data_dir(&config.data_dir).with_context(|| {
+            format!(
+                "cannot create the data directory {}; choose another with --data-dir or PLINTH_DATA_DIR",
+                config.data_dir.display()
+            )
+        })?;
+    }
+    let mut locks = Locks::default();
+    let mut take = |dir: &Path, file: &str| -> anyhow::Result<()> {
+        let lock = plinth_kit::dir_lock::DirLock::acquire(dir, file, command, "--data-dir")?;
+        locks.0.push(lock);
+        Ok(())
+    };
+    if (serve || command == "catalog")
+        && let Some(dir) = config.catalog.database_url.as_deref().and_then(sqlite_dir)
+    {
+        take(&dir, "catalog.lock")?;
+    }
+    if (serve || command == "source service")
+        && let Some(dir) = config.source.database_url.as_deref().and_then(sqlite_dir)
+    {
+        take(&dir, "source.lock")?;
+    }
+    if (serve && config.node.enabled) || command == "node" {
+        let state_dir = config
+            .node
+            .state_dir
+            .clone()
+            .context("node state directory is not resolved")?;
+        take(&state_dir, "node.lock")?;
+    }
+    if (serve && config.builder.count > 0) || command == "builder" {
+        let work_dir = config
+            .builder
+            .work_dir
+            .clone()
+            .context("builder work directory is not resolved")?;
+        locks
+            .0
+            .push(plinth_builder::worker::lock_work_dir(&work_dir, command)?);
+    }
+    Ok(locks)
+}
+
+/// The directory of a SQLite database's file, for a `sqlite:` URL naming one.
+fn sqlite_dir(url: &str) -> Option<PathBuf> {
+    let path = sqlite_file(url)?;
+    let parent = path.parent()?;
+    Some(if parent.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        parent.to_owned()
+    })
+}
+
+/// The file a `sqlite:` URL names (none for an in-memory database).
+fn sqlite_file(url: &str) -> Option<&Path> {
+    let rest = url.strip_prefix("sqlite:")?;
+    let path = rest.trim_start_matches("//");
+    let path = path.split('?').next().unwrap_or_default();
+    if path.is_empty() || path.starts_with(':') {
+        return None;
+    }
+    Some(Path::new(path))
 }
 
 async fn bind(address: Option<SocketAddr>, what: &str) -> anyhow::Result<TcpListener> {
@@ -224,8 +382,10 @@ async fn start_alone(
     spawn: SpawnService,
 ) -> anyhow::Result<Running> {
     let internal = config.internal.for_process(name, false, true)?;
+    let locks = lock_state(config, name)?;
     let listener = bind(listen, name).await?;
     let address = listener.local_addr()?;
+    locks.listening(address);
     tracing::info!(%address, "the {name} answers only the roles that may call it: {exposure}");
     let admin = match admin_listen {
         Some(address) => Some(bind(Some(address), &format!("{name} admin endpoints")).await?),
@@ -248,8 +408,11 @@ async fn start_alone(
         source_addr: address,
         node_addr: None,
         credentials: None,
-        shutdown,
+        shutdown: shutdown.clone(),
+        builders: JoinSet::new(),
         services,
+        rest: shutdown,
+        _locks: locks,
     })
 }
 
@@ -282,10 +445,14 @@ pub async fn start_source(config: &Config) -> anyhow::Result<Running> {
 /// Starts one builder alone.
 pub async fn start_builder(config: &Config) -> anyhow::Result<Running> {
     let internal = config.internal.for_process("builder", true, false)?;
+    let locks = lock_state(config, "builder")?;
     let admin = match config.builder.admin_listen {
         Some(address) => Some(bind(Some(address), "builder admin endpoints").await?),
         None => None,
     };
+    if let Some(admin) = &admin {
+        locks.listening(admin.local_addr()?);
+    }
     let shutdown = CancellationToken::new();
     let mut services = JoinSet::new();
     let layers = config
@@ -319,8 +486,11 @@ pub async fn start_builder(config: &Config) -> anyhow::Result<Running> {
         source_addr: unbound,
         node_addr: None,
         credentials: None,
-        shutdown,
+        shutdown: shutdown.clone(),
+        builders: JoinSet::new(),
         services,
+        rest: shutdown,
+        _locks: locks,
     })
 }
 
@@ -384,13 +554,8 @@ fn spawn_builder(
         .work_dir
         .clone()
         .context("builder work directory is not resolved")?;
-    // Once per work directory, before any of its builders starts; the first builder's task
-    // holds the lock until it stops (with the process's other services).
-    let lock = if index == 0 {
-        Some(plinth_builder::worker::lock_work_dir(&work_dir)?)
-    } else {
-        None
-    };
+    // The process holds the work directory already ([`lock_state`]); once per work
+    // directory, before any of its builders starts, what an earlier run left goes.
     if index == 0 {
         // Build cgroups a killed builder of this work directory left (with whatever runs in
         // them); a host without cgroups is the builders' own error, at their start.
@@ -484,7 +649,6 @@ fn spawn_builder(
         kept_budget: section.kept_dependencies_mb.saturating_mul(1024 * 1024),
     };
     let result = async move {
-        let _lock = lock;
         let result = async {
             let shown = tools_dir.display().to_string();
             let (prepared, registries) = tokio::task::spawn_blocking(move || {
@@ -626,8 +790,10 @@ pub async fn start_node(
     admin_listen: Option<SocketAddr>,
 ) -> anyhow::Result<Running> {
     let internal = config.internal.for_process("node agent", true, true)?;
+    let locks = lock_state(config, "node")?;
     let listener = bind(config.node.listen, "node agent").await?;
     let address = listener.local_addr()?;
+    locks.listening(address);
     let admin = match admin_listen {
         Some(address) => Some(bind(Some(address), "node admin endpoints").await?),
         None => None,
@@ -651,8 +817,11 @@ pub async fn start_node(
         source_addr: address,
         node_addr: Some(address),
         credentials: None,
-        shutdown,
+        shutdown: shutdown.clone(),
+        builders: JoinSet::new(),
         services,
+        rest: shutdown,
+        _locks: locks,
     })
 }
 
@@ -691,6 +860,33 @@ pub async fn drain_node(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What `serve` learns of its node agent: told once it registers (or cannot start), and when
+/// the catalog last answered it, for the gateway's readiness.
+#[derive(Clone, Default)]
+struct ServeNode {
+    ready: std::sync::Arc<tokio::sync::Notify>,
+    contact: std::sync::Arc<plinth_node::CatalogContact>,
+    /// The node cannot isolate sessions here, said so, and stays out of the way: the rest of
+    /// the process is ready without it.
+    cannot_run: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ServeNode {
+    /// Ready once the node registered with the catalog at the address this process serves,
+    /// while the catalog keeps answering it (or once it said why it cannot run here).
+    fn readiness(&self) -> plinth_gateway::LocalReady {
+        let node = self.clone();
+        plinth_gateway::LocalReady(std::sync::Arc::new(move || {
+            if node.cannot_run.load(std::sync::atomic::Ordering::Relaxed) {
+                return Ok(());
+            }
+            node.contact
+                .check()
+                .map_err(|why| format!("the node agent in this process: {why}"))
+        }))
+    }
+}
+
 /// The node agent. Under `serve` (`tolerant`), a node that cannot isolate sessions logs why
 /// and stays out of the way, so the other services keep running; alone, it fails.
 #[allow(clippy::too_many_arguments)]
@@ -702,12 +898,12 @@ fn spawn_node(
     listener: TcpListener,
     admin: Option<TcpListener>,
     local: Option<LocalSlot>,
-    // Under `serve`: told once the node registers, or once it cannot start (a node that
-    // cannot isolate sessions then logs why and stays out of the way).
-    serve_ready: Option<std::sync::Arc<tokio::sync::Notify>>,
+    // Under `serve`: what the process learns of its node (registered, or cannot start).
+    serve_node: Option<ServeNode>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let tolerant = serve_ready.is_some();
+    let tolerant = serve_node.is_some();
+    let serve_ready = serve_node.as_ref().map(|node| node.ready.clone());
     let section = &config.node;
     let state_dir = section
         .state_dir
@@ -785,15 +981,18 @@ fn spawn_node(
         internal: internal.clone(),
         local,
         registered: serve_ready.clone(),
+        contact: serve_node.as_ref().map(|node| node.contact.clone()),
     };
     let result = async move {
         let result = match plinth_node::run(options, catalog, listener, admin, shutdown.clone())
             .await
         {
             Err(plinth_node::NodeError::NotPermitted(why)) if tolerant => {
-                tracing::error!("the node agent cannot start, so sessions cannot run here: {why}");
-                if let Some(ready) = &serve_ready {
-                    ready.notify_one();
+                tracing::error!(reason = %why, "the node agent cannot start, so sessions cannot run here");
+                if let Some(node) = &serve_node {
+                    node.cannot_run
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    node.ready.notify_one();
                 }
                 shutdown.cancelled().await;
                 Ok(())
@@ -835,8 +1034,11 @@ pub async fn start_gateway(config: &Config) -> anyhow::Result<Running> {
         source_addr: http_addr,
         node_addr: None,
         credentials: None,
-        shutdown,
+        shutdown: shutdown.clone(),
+        builders: JoinSet::new(),
         services,
+        rest: shutdown,
+        _locks: Locks::default(),
     })
 }
 
@@ -953,6 +1155,8 @@ struct Peers {
     source_local: Option<LocalSlot>,
     /// Node agents in this process, by the URL they register.
     nodes: Vec<(String, LocalSlot)>,
+    /// What the gateway in this process is ready only with (its node agent registered).
+    local_ready: Vec<plinth_gateway::LocalReady>,
 }
 
 impl Peers {
@@ -964,6 +1168,7 @@ impl Peers {
             catalog_local: None,
             source_local: None,
             nodes: Vec::new(),
+            local_ready: Vec::new(),
         }
     }
 
@@ -1041,7 +1246,8 @@ fn spawn_source(
     } else {
         if config.gc_every().is_some() {
             tracing::warn!(
-                "garbage collection is off in this source service: it has no credential to ask the catalog what it keeps; give it one of role `source` (PLINTH_INTERNAL_CREDENTIAL, `plinth credential new --role source`) or run `plinth gc`"
+                fix = "give it a credential of role `source` (PLINTH_INTERNAL_CREDENTIAL, `plinth credential new --role source`), or run `plinth gc`",
+                "garbage collection is off in this source service: it has no credential to ask the catalog what it keeps"
             );
         }
         None
@@ -1148,15 +1354,9 @@ pub fn private_data_dir(dir: &Path) -> std::io::Result<()> {
 /// `-shm` files the database's mode), or narrows an existing one and its companions.
 fn private_sqlite_file(url: &str) -> anyhow::Result<()> {
     use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
-    let Some(rest) = url.strip_prefix("sqlite:") else {
+    let Some(path) = sqlite_file(url) else {
         return Ok(());
     };
-    let path = rest.trim_start_matches("//");
-    let path = path.split('?').next().unwrap_or_default();
-    if path.is_empty() || path.starts_with(':') {
-        return Ok(());
-    }
-    let path = Path::new(path);
     match std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -1220,6 +1420,7 @@ fn spawn_gateway(
             .iter()
             .map(|(url, slot)| Ok((url.clone(), transport(internal, url, "node", Some(slot))?)))
             .collect::<anyhow::Result<_>>()?,
+        local_ready: peers.local_ready.clone(),
     };
     let options = GatewayOptions {
         environments: config.gateway.environments,

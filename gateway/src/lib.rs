@@ -306,6 +306,19 @@ pub struct Backends {
     /// Node agents in this process, by the address they register; others are reached over
     /// the network at their address.
     pub local_nodes: Vec<(String, Transport)>,
+    /// What else in this process the gateway is ready only with (under `plinth serve`: its
+    /// node agent registered with the catalog at the address it serves, and heard since).
+    pub local_ready: Vec<LocalReady>,
+}
+
+/// A condition of a service in the gateway's own process: `Err` says why it is not met.
+#[derive(Clone)]
+pub struct LocalReady(pub Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
+
+impl std::fmt::Debug for LocalReady {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LocalReady")
+    }
 }
 
 /// The whole HTTP surface: the API, `/openapi.json`, `/healthz`, `/readyz`, `/metrics`.
@@ -540,11 +553,16 @@ fn document_rate_limits(openapi: &mut utoipa::openapi::OpenApi) {
 
 /// Ready while at least one replica of each service behind says it is serving (which each
 /// says only while its database answers): one sick replica of several leaves the gateway
-/// ready, as calls go to the others. Checked in the background ([`admin::watch`]).
+/// ready, as calls go to the others. Under `plinth serve`, also only once its node agent has
+/// registered ([`Backends::local_ready`]), so the first session after a start finds it.
+/// Checked in the background ([`admin::watch`]).
 fn readiness(backends: Backends) -> ReadinessCheck {
     admin::watch(Arc::new(move || {
         let backends = backends.clone();
         Box::pin(async move {
+            for ready in &backends.local_ready {
+                (ready.0)()?;
+            }
             let within = admin::CHECK_WITHIN - Duration::from_millis(250);
             let catalog = backends
                 .catalog

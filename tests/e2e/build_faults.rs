@@ -426,6 +426,9 @@ async fn a_builder_stopped_gracefully_gives_its_build_back_at_once() {
     .await
     .expect("the first builder stops on SIGTERM");
     assert!(stopped.success(), "{stopped}");
+    let said = std::fs::read_to_string(logs.path().join("first.log")).expect("first log");
+    let errors: Vec<&str> = said.lines().filter(|line| line.contains("ERROR")).collect();
+    assert!(errors.is_empty(), "errors on a clean stop: {errors:#?}");
     let released = cluster.build(&id).await;
     assert_eq!(
         (&released["status"], &released["phase"]),

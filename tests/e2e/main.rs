@@ -19,6 +19,7 @@ mod clients;
 mod crashes;
 mod credentials;
 mod data_dir;
+mod data_dir_lock;
 mod docs;
 mod edge;
 mod environments;

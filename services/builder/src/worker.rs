@@ -88,9 +88,15 @@ pub struct BuilderOptions {
 pub enum BuilderError {
     /// Another builder process works in the same directory.
     #[error(
-        "another builder process works in {0}: give each builder process its own work directory (--data-dir, or builder.work_dir)"
+        "another builder process works in {path}, {holder}: stop it{stop}, or give each builder process its own work directory (--data-dir, or builder.work_dir)",
+        stop = .holder.kill_hint()
     )]
-    WorkDirInUse(PathBuf),
+    WorkDirInUse {
+        /// The directory.
+        path: PathBuf,
+        /// The process that holds it.
+        holder: Box<plinth_kit::dir_lock::Holder>,
+    },
     /// Builds are to be bounded and cannot be.
     #[error("builds need cgroups for their memory, process and CPU limits (builder.limits): {0}")]
     Limits(String),
@@ -111,26 +117,26 @@ pub enum BuilderError {
     },
 }
 
-/// Takes `work_dir` for this process: an exclusive lock on `<work_dir>/.lock`, held while the
-/// answered file is open. A second builder process on the same directory would remove the
-/// first one's builds in progress as leftovers, and both would write the same caches; it is
-/// refused instead, naming the directory.
-pub fn lock_work_dir(work_dir: &Path) -> Result<std::fs::File, BuilderError> {
-    let fail = |source| BuilderError::WorkDir {
-        path: work_dir.to_owned(),
-        source,
-    };
-    std::fs::create_dir_all(work_dir).map_err(fail)?;
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(work_dir.join(".lock"))
-        .map_err(fail)?;
-    match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(lock),
-        Err(rustix::io::Errno::WOULDBLOCK) => Err(BuilderError::WorkDirInUse(work_dir.to_owned())),
-        Err(error) => Err(fail(error.into())),
+/// Takes `work_dir` for this process (running `command`): an exclusive lock on
+/// `<work_dir>/.lock` ([`plinth_kit::dir_lock`]), held while the answered lock is. A second
+/// builder process on the same directory would remove the first one's builds in progress as
+/// leftovers, and both would write the same caches; it is refused instead, naming the
+/// directory and the process that holds it.
+pub fn lock_work_dir(
+    work_dir: &Path,
+    command: &str,
+) -> Result<plinth_kit::dir_lock::DirLock, BuilderError> {
+    use plinth_kit::dir_lock::{DirLock, DirLockError};
+    match DirLock::acquire(work_dir, ".lock", command, "") {
+        Ok(lock) => Ok(lock),
+        Err(DirLockError::InUse { holder, .. }) => Err(BuilderError::WorkDirInUse {
+            path: work_dir.to_owned(),
+            holder,
+        }),
+        Err(DirLockError::Io { source, .. }) => Err(BuilderError::WorkDir {
+            path: work_dir.to_owned(),
+            source,
+        }),
     }
 }
 
@@ -221,10 +227,10 @@ pub async fn run(
             Err(error) => {
                 tracing::warn!(
                     %error,
-                    "builds run without a disk limit: this host cannot make their disk images. \
-                     builder.limits.disk_mb limits each scope's builds and caches by default \
-                     where it can; give the builder what the error asks for, or set \
-                     builder.limits.disk_mb = 0 to build without one and silence this"
+                    fix = "give the builder what the error asks for, or set \
+                           builder.limits.disk_mb = 0 to build without a disk limit and silence this",
+                    "builds run without a disk limit: this host cannot make their disk images \
+                     (builder.limits.disk_mb limits each scope's builds where it can)"
                 );
                 options.install.limits.disk_mb = None;
             }

@@ -144,6 +144,9 @@ impl GrpcServer {
         }
         crate::tasks::spawn(async move {
             let mut serving = true;
+            // Until its dependencies first answer, the process is starting (a node waits to
+            // register): not serving then is expected, and logged as such, not as an error.
+            let mut answered = false;
             loop {
                 tokio::select! {
                     () = shutdown.cancelled() => return,
@@ -151,16 +154,21 @@ impl GrpcServer {
                 }
                 let outcome = check().await;
                 let status = match (&outcome, serving) {
-                    (Err(reason), true) => {
+                    (Err(reason), true) if answered => {
                         tracing::error!(?services, %reason, "a dependency does not answer; reporting NOT_SERVING");
                         Some(ServingStatus::NotServing)
                     }
+                    (Err(reason), true) => {
+                        tracing::info!(?services, %reason, "starting: NOT_SERVING until its dependencies answer");
+                        Some(ServingStatus::NotServing)
+                    }
                     (Ok(()), false) => {
-                        tracing::info!(?services, "dependencies answer again; reporting SERVING");
+                        tracing::info!(?services, "dependencies answer; reporting SERVING");
                         Some(ServingStatus::Serving)
                     }
                     _ => None,
                 };
+                answered |= outcome.is_ok();
                 if let Some(status) = status {
                     for service in &services {
                         health.set_service_status(*service, status).await;

@@ -4,7 +4,7 @@
 //! configuration helpers and secrets that never print (`config`), telemetry: logs, traces
 //! carried across gRPC, Prometheus metrics (`telemetry`), the gRPC server and client
 //! plumbing every service shares (`grpc`), HTTP request spans and metrics (`http`), the
-//! small admin HTTP surface (`admin`), and
+//! small admin HTTP surface (`admin`), one process per directory of state (`dir_lock`), and
 //! shutdown and task spawning (`tasks`), quotas per scope and their limits (`quota`), the
 //! rules written once for a value two services check (`slug`, `python_install`), and,
 //! with the `database` feature, opening a service's SQLite or PostgreSQL database
@@ -20,6 +20,7 @@ pub mod config;
 #[cfg(feature = "database")]
 pub mod database;
 pub mod details;
+pub mod dir_lock;
 pub mod error;
 pub mod grpc;
 pub mod http;

@@ -103,7 +103,14 @@ pub fn init(service_name: &str, config: &LogConfig) -> Result<TelemetryGuard, Te
     let (provider, export) = tracer_provider(service_name, &|name| std::env::var(name).ok())?;
     let tracer = provider.tracer(service_name.to_owned());
     let fmt = match config.format {
+        // Colour only for a person at a terminal: a file, a pipe or a collector gets plain
+        // text (and `NO_COLOR` turns it off at a terminal too).
         LogFormat::Text => tracing_subscriber::fmt::layer()
+            .fmt_fields(TextFields)
+            .with_ansi(colour(
+                std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                std::env::var_os("NO_COLOR").is_some_and(|value| !value.is_empty()),
+            ))
             .with_writer(std::io::stderr)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
@@ -126,6 +133,111 @@ pub fn init(service_name: &str, config: &LogConfig) -> Result<TelemetryGuard, Te
     }
     metrics();
     Ok(TelemetryGuard { provider })
+}
+
+/// The fields of text log lines, events' and their spans': `name=value`, the message bare,
+/// each event on one line (a value's line breaks are written `\n`). The OpenTelemetry
+/// attributes that only repeat a span's name (`rpc.*`, `http.*`, `otel.kind`,
+/// `otel.status_code`) stay in traces and out of the log, so a request that crosses services
+/// in one process (an HTTP span, then a client and a server span per call) does not fill a
+/// line with them; `otel.name`, `url.path` and `trace_id` remain.
+struct TextFields;
+
+impl<'writer> tracing_subscriber::fmt::FormatFields<'writer> for TextFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        mut writer: tracing_subscriber::fmt::format::Writer<'writer>,
+        fields: R,
+    ) -> std::fmt::Result {
+        let mut visitor = TextVisitor {
+            writer: &mut writer,
+            result: Ok(()),
+            first: true,
+        };
+        fields.record(&mut visitor);
+        visitor.result
+    }
+
+    /// Fields recorded on a span later (`otel.status_code`, say): added after a space, or not
+    /// at all when every one of them is left out.
+    fn add_fields(
+        &self,
+        current: &'writer mut tracing_subscriber::fmt::FormattedFields<Self>,
+        fields: &tracing::span::Record<'_>,
+    ) -> std::fmt::Result {
+        let mut more = String::new();
+        <Self as tracing_subscriber::fmt::FormatFields<'_>>::format_fields(
+            self,
+            tracing_subscriber::fmt::format::Writer::new(&mut more),
+            fields,
+        )?;
+        if !more.is_empty() {
+            if !current.fields.is_empty() {
+                current.fields.push(' ');
+            }
+            current.fields.push_str(&more);
+        }
+        Ok(())
+    }
+}
+
+struct TextVisitor<'a, 'writer> {
+    writer: &'a mut tracing_subscriber::fmt::format::Writer<'writer>,
+    result: std::fmt::Result,
+    first: bool,
+}
+
+impl TextVisitor<'_, '_> {
+    fn write(&mut self, field: &tracing::field::Field, value: std::fmt::Arguments<'_>) {
+        let name = field.name().trim_start_matches("r#");
+        if self.result.is_err() || hidden_in_text(name) {
+            return;
+        }
+        let value = value.to_string();
+        let value = if value.contains(['\n', '\r']) {
+            value.replace('\n', "\\n").replace('\r', "\\r")
+        } else {
+            value
+        };
+        let gap = if std::mem::take(&mut self.first) {
+            ""
+        } else {
+            " "
+        };
+        self.result = if name == "message" {
+            write!(self.writer, "{gap}{value}")
+        } else {
+            write!(self.writer, "{gap}{name}={value}")
+        };
+    }
+}
+
+impl tracing::field::Visit for TextVisitor<'_, '_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.write(field, format_args!("{value}"));
+        } else {
+            self.write(field, format_args!("{value:?}"));
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.write(field, format_args!("{value:?}"));
+    }
+}
+
+/// Fields text logs leave out: span attributes for traces only, and the `log` crate's own.
+fn hidden_in_text(name: &str) -> bool {
+    name.starts_with("rpc.")
+        || name.starts_with("http.")
+        || name.starts_with("log.")
+        || name == "otel.kind"
+        || name == "otel.status_code"
+}
+
+/// Whether text logs are coloured: on a terminal, unless `NO_COLOR` says otherwise.
+fn colour(terminal: bool, no_color: bool) -> bool {
+    terminal && !no_color
 }
 
 /// Where spans go, when they are exported.
@@ -431,6 +543,53 @@ mod tests {
                 && message.contains("http/protobuf"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_text_log_event_is_one_plain_line_without_trace_only_attributes() {
+        #[derive(Clone, Default)]
+        struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("buffer").extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .fmt_fields(TextFields)
+            .with_ansi(colour(false, false))
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!(
+                "grpc",
+                otel.name = "plinth.catalog.v1.CatalogService/GetBuild",
+                otel.kind = "client",
+                rpc.system = "grpc",
+                rpc.method = "GetBuild"
+            );
+            let _entered = span.enter();
+            tracing::warn!(error = "first\nsecond", path = %"/a b", "short message");
+        });
+        let said = String::from_utf8(buffer.0.lock().expect("buffer").clone()).expect("utf-8");
+        assert_eq!(said.lines().count(), 1, "{said}");
+        assert!(!said.contains('\u{1b}'), "{said}");
+        assert!(
+            said.contains("grpc{otel.name=\"plinth.catalog.v1.CatalogService/GetBuild\"}")
+                && !said.contains("rpc.system")
+                && !said.contains("otel.kind"),
+            "{said}"
+        );
+        assert!(
+            said.contains("short message error=\"first\\nsecond\" path=/a b"),
+            "{said}"
+        );
+        assert!(colour(true, false) && !colour(true, true) && !colour(false, false));
     }
 
     #[test]

@@ -80,6 +80,10 @@ pub struct NodeOptions {
     /// Told once the node has registered with the catalog (and every time it registers
     /// again): `plinth serve` waits for it before it serves.
     pub registered: Option<Arc<tokio::sync::Notify>>,
+    /// When the catalog last answered the node, shared with the process it runs in
+    /// (`plinth serve` is ready only while its node is registered and heard); the node makes
+    /// its own when `None`.
+    pub contact: Option<Arc<CatalogContact>>,
     /// Sessions it runs at once at most (`node.max_sessions`); 0: no limit.
     pub max_sessions: u64,
     /// MiB of its memory limit it keeps for itself (`node.memory_reserve_mb`): what it offers
@@ -248,7 +252,7 @@ pub async fn run(
         .map_err(|error| NodeError::Token(error.to_string()))?;
     let catalog = SessionServiceClient::with_interceptor(catalog, interceptor);
     let active: Arc<Mutex<HashSet<cache::VersionKey>>> = Arc::default();
-    let contact = Arc::new(CatalogContact::default());
+    let contact = options.contact.clone().unwrap_or_default();
     plinth_kit::tasks::spawn(keep_registered(
         options.clone(),
         contact.clone(),
@@ -470,12 +474,9 @@ async fn keep_spares(sessions: Arc<SessionTable>, shutdown: CancellationToken) {
     }
 }
 
-/// Registers (again after a restart, or when the catalog forgot the node), reconciles the
-/// sessions on disk with the catalog's, then heartbeats, learning which cached versions are
-/// active and which of its sessions are live: those that are not are detached.
 /// When the catalog last answered the node (its registration or a heartbeat), for readiness.
 #[derive(Debug, Default)]
-struct CatalogContact {
+pub struct CatalogContact {
     /// Milliseconds since the Unix epoch; 0 until the node registers.
     last_ms: std::sync::atomic::AtomicI64,
     /// The heartbeat period the catalog asked for, in milliseconds.
@@ -492,8 +493,9 @@ impl CatalogContact {
             .store(plinth_kit::clock::now_ms(), Ordering::Relaxed);
     }
 
-    /// Fine while the catalog answered within three heartbeats (and at least 10 s).
-    fn check(&self) -> Result<(), String> {
+    /// Fine once the node registered at its address (and reconciled its sessions), while the
+    /// catalog answered within three heartbeats (and at least 10 s).
+    pub fn check(&self) -> Result<(), String> {
         let last = self.last_ms.load(Ordering::Relaxed);
         if last == 0 {
             return Err(
@@ -513,6 +515,9 @@ impl CatalogContact {
     }
 }
 
+/// Registers (again after a restart, or when the catalog forgot the node), reconciles the
+/// sessions on disk with the catalog's, then heartbeats, learning which cached versions are
+/// active and which of its sessions are live: those that are not are detached.
 async fn keep_registered(
     options: NodeOptions,
     contact: Arc<CatalogContact>,

@@ -129,7 +129,9 @@ impl Store {
     }
 
     /// [`Store::register_node`] for a node that says what it can take. A node that left on
-    /// purpose (`leave_node`) is back once it registers again.
+    /// purpose (`leave_node`) is back once it registers again, and one a gateway held suspect
+    /// is cleared: it has just answered, at the address it gives now (a restarted node's
+    /// mark would otherwise outlive the gateway that set it, and only that gateway clears it).
     pub async fn register_node_with(
         &self,
         name: &str,
@@ -148,7 +150,7 @@ impl Store {
              isolated = excluded.isolated, heartbeat_at_ms = excluded.heartbeat_at_ms, \
              sessions_dir = excluded.sessions_dir, session_workdir = excluded.session_workdir, \
              max_sessions = excluded.max_sessions, memory_mb = excluded.memory_mb, \
-             left_at_ms = 0 \
+             left_at_ms = 0, suspect_until_ms = 0 \
              RETURNING id",
         )
         .bind(NodeId::generate().as_str())

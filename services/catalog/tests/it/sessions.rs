@@ -28,6 +28,7 @@ backend_suite!(
     placement_goes_to_the_least_loaded_live_node,
     the_load_stays_counted_when_sessions_start_and_end_at_once,
     a_suspect_node_gets_no_sessions_until_cleared_or_lapsed,
+    a_node_registering_again_is_no_longer_suspect,
 );
 
 async fn environment(store: &Store, name: &str) -> EnvironmentId {
@@ -873,6 +874,35 @@ async fn a_suspect_node_gets_no_sessions_until_cleared_or_lapsed(store: Store) {
         .await
         .expect("counts");
     assert_eq!((counts.nodes_live, counts.nodes_suspect), (2, 0));
+}
+
+async fn a_node_registering_again_is_no_longer_suspect(store: Store) {
+    let id = environment(&store, "Studio").await;
+    build(&store, &id, "sha256:one").await;
+    let node = store
+        .register_node("host-a", "http://127.0.0.1:40001", true, "", "")
+        .await
+        .expect("register");
+    // A gateway that could not reach it held it suspect for an hour, then went away.
+    store
+        .mark_node_suspect(
+            "http://127.0.0.1:40001",
+            plinth_kit::clock::now_ms() + 3_600_000,
+        )
+        .await
+        .expect("mark");
+    let session = new_session(&id);
+    assert!(matches!(
+        store.create_session(session.clone()).await,
+        Err(StoreError::NoLiveNode)
+    ));
+    // Restarted, it registers again (at another address): it answers, and takes sessions.
+    let again = store
+        .register_node("host-a", "http://127.0.0.1:40002", true, "", "")
+        .await
+        .expect("register again");
+    assert_eq!(again, node);
+    assert_eq!(place(&store, &session, 1).await, vec![node]);
 }
 
 async fn the_load_stays_counted_when_sessions_start_and_end_at_once(store: Store) {
