@@ -24,7 +24,7 @@ use crate::args::CredentialCommand;
 pub const TOKEN_REPLACED: &str = "`internal_token` / PLINTH_INTERNAL_TOKEN is replaced by per-role credentials: \
      give each calling process its own (PLINTH_INTERNAL_CREDENTIAL; `plinth credential new --role …` makes one) \
      and each serving process the list it accepts ([[internal.accept]] or PLINTH_INTERNAL_ACCEPT_FILE); \
-     see the README's \"Trust between services\"";
+     see docs/operating/trust.md, \"Between services\"";
 
 /// `[internal]`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

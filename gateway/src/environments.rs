@@ -82,7 +82,7 @@ pub struct UpdateEnvironment {
 }
 
 /// How an environment's builds install, where its owner says rather than the manifests found
-/// (Plinth's own field; README, "What a build runs").
+/// (Plinth's own field; docs/guide/builds.md, "What a build runs").
 #[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(
     deny_unknown_fields,

@@ -1,6 +1,6 @@
 //! plinth-sandbox: the sandbox recipe sessions and builds share, so they cannot drift apart in
-//! what they hide, allow or limit (see ../shared/design/SANDBOX.md's threat model and the
-//! README's "Sandbox" section).
+//! what they hide, allow or limit (see docs/design/SANDBOX.md's threat model and
+//! docs/guide/sandbox.md).
 //!
 //! Each module owns one measure and is used by both the node agent (sessions) and the builder
 //! (builds). What runs between `fork` and `exec` here makes raw system calls only, on data

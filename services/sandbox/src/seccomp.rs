@@ -68,7 +68,7 @@ use std::sync::OnceLock;
 
 use libc::{c_long, sock_filter};
 
-/// Every system call the filter refuses, and why, for the README to quote. All answer `EPERM`
+/// Every system call the filter refuses, and why, for docs/guide/sandbox.md to quote. All answer `EPERM`
 /// except `clone3`, which answers `ENOSYS`; `clone`, `personality`, `socket` and `socketpair`
 /// are refused only for the arguments named.
 pub const REFUSED: &[(&str, &str)] = &[
