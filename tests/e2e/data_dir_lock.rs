@@ -324,7 +324,7 @@ async fn ctrl_c_during_a_build_gives_it_back_to_another_builder_at_once() {
     let mut building = false;
     for _ in 0..600 {
         let now = build(first_base.clone()).await;
-        if now["status"] == "building" {
+        if now["phase"] == "running" {
             assert_eq!(now["attempt"], 1, "{now}");
             building = true;
             break;

@@ -709,7 +709,7 @@ async fn an_unknown_query_parameter_is_refused_on_every_route() {
         (
             "GET",
             format!("/v1/environments/{id}/files?recursive=true"),
-            "after, limit",
+            "after, limit, links",
         ),
         (
             "GET",

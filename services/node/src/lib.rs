@@ -582,11 +582,12 @@ async fn keep_registered(
                             .max(100),
                     );
                     tracing::info!(node_id = %answer.node_id, "node registered with the catalog");
+                    reconcile(&mut catalog, &answer.node_id, &sessions).await;
+                    contact.answered(every);
+                    // Told only now, so a process that waits for this is ready when told.
                     if let Some(registered) = &options.registered {
                         registered.notify_one();
                     }
-                    reconcile(&mut catalog, &answer.node_id, &sessions).await;
-                    contact.answered(every);
                     report.forget();
                     registered = Some((answer.node_id, every));
                     every
