@@ -16,7 +16,7 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::builds::{BuildPhase, BuildState, build_state, millis};
+use crate::build_status::{BuildPhase, BuildState, build_state, millis};
 use crate::error::{ApiError, ErrorBody};
 use crate::json::JsonBody;
 use crate::paging::{Page, PageQuery};

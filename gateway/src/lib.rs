@@ -9,6 +9,7 @@ mod adapters;
 mod auth;
 mod brain;
 mod browsers;
+mod build_status;
 mod builds;
 mod conditional;
 mod connections;
