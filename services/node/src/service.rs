@@ -482,6 +482,9 @@ impl Forward {
     }
 }
 
+/// How long output is gathered after its first bytes before it goes out as one event.
+const COALESCE: Duration = Duration::from_millis(5);
+
 /// Forwards what a command writes to one of its pipes until the command has `exited`, then
 /// what the pipe holds at that moment (`FIONREAD`: everything the command wrote before it
 /// exited, and nothing written after that moment). Answers how many bytes passed the limit,
@@ -504,9 +507,32 @@ async fn pump(
             () = exited.cancelled() => break,
             read = pipe.read(&mut buffer) => read,
         };
-        match read {
+        let mut filled = match read {
             Ok(0) | Err(_) => return (forward.dropped, None),
-            Ok(read) => forward.send(&buffer[..read]).await,
+            Ok(read) => read,
+        };
+        // Writes that come together go out together: a program that writes a line in pieces
+        // (Python's unbuffered `print` writes each argument apart) gives one event, not one
+        // a piece. The wait is a few milliseconds, once an event.
+        let until = tokio::time::Instant::now() + COALESCE;
+        let mut closed = false;
+        while filled < buffer.len() {
+            tokio::select! {
+                biased;
+                () = exited.cancelled() => break,
+                () = tokio::time::sleep_until(until) => break,
+                more = pipe.read(&mut buffer[filled..]) => match more {
+                    Ok(0) | Err(_) => {
+                        closed = true;
+                        break;
+                    }
+                    Ok(more) => filled += more,
+                },
+            }
+        }
+        forward.send(&buffer[..filled]).await;
+        if closed {
+            return (forward.dropped, None);
         }
     }
     // The pipe is non-blocking (tokio made it so): these reads never wait.
