@@ -474,7 +474,17 @@ async fn read_file(
         .first_raw()
         .unwrap_or("application/octet-stream");
     let first_chunk = first.chunk;
-    let rest = stream.map(|message| match message {
+    // The stream is read through its status once the file's last byte has come, so the read
+    // ends `OK` (a client that leaves earlier cancels it).
+    let mut left = entry.size.saturating_sub(first_chunk.len() as u64);
+    if left == 0 {
+        plinth_kit::streams::finish(&mut stream).await;
+    }
+    let rest = plinth_kit::streams::through_end(stream, move |message| {
+        left = left.saturating_sub(message.chunk.len() as u64);
+        left == 0
+    })
+    .map(|message| match message {
         Ok(message) => Ok(message.chunk),
         Err(status) => Err(std::io::Error::other(status.message().to_owned())),
     });

@@ -1005,6 +1005,8 @@ fn async_stream_lines(
                     serde_json::json!({ "stderr": String::from_utf8_lossy(&bytes) })
                 }
                 node::exec_event::Event::Result(ended) => {
+                    // The call's status follows the result: read it, so the call ends `OK`.
+                    plinth_kit::streams::finish(events).await;
                     streamed.events = None;
                     finish_turn(
                         &streamed.state,

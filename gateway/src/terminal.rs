@@ -408,6 +408,7 @@ where
                 Some(Ok(node::PtyOutput { output: Some(node::pty_output::Output::Result(result)) })) => {
                     let exit = serde_json::json!({ "type": "exit", "exit_code": result.exit_code });
                     if sink.send(Message::text(exit.to_string())).await.is_err() {
+                        plinth_kit::streams::finish(&mut outputs).await;
                         return Some(result.exit_code);
                     }
                     break (Some(result.exit_code), Some(CloseFrame {
@@ -432,6 +433,10 @@ where
         }
     };
     drop(inputs);
+    if exit_code.is_some() {
+        // The node's call ended well: its status follows the result.
+        plinth_kit::streams::finish(&mut outputs).await;
+    }
     if let Some(close) = close {
         let _ = sink.send(Message::Close(Some(close))).await;
         // The client's half of the closing handshake, so the connection is not closed while

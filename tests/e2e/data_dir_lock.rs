@@ -380,11 +380,43 @@ async fn logs_are_plain_lines_in_a_file_and_json_lines_when_asked() {
         let log = logs.path().join(format!("{format}.log"));
         let mut process = serve(data.path(), http, &log, &["--log-format", format], &[]);
         wait_until_ready(&client, &format!("http://{http}/readyz"), &mut process).await;
+        // A request that logs as it goes: a harness is created (and its environment).
+        let (status, environment) = crate::helpers::send(
+            client
+                .post(format!("http://{http}/v1/environments"))
+                .json(&json!({"name": format!("Logged {format}")})),
+        )
+        .await;
+        assert_eq!(status, 201, "{environment}");
+        let (status, harness) = crate::helpers::send(
+            client.post(format!("http://{http}/v1/harnesses")).json(&json!({
+                "name": format!("Logged {format}"),
+                "base": "codex",
+                "environment": environment["id"],
+            })),
+        )
+        .await;
+        assert_eq!(status, 201, "{harness}");
         signal(&process, "TERM");
         let stopped = exited(&mut process, Duration::from_secs(60))
             .await
             .expect("serve stops on SIGTERM");
         let said = read(&log);
+        if format == "json" {
+            // A line logged in a request carries its trace's and span's ids at the top level.
+            let created = said
+                .lines()
+                .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+                .find(|event| event["fields"]["message"] == "harness created")
+                .unwrap_or_else(|| panic!("no line for the harness: {said}"));
+            let hex = |value: &Value, length: usize| {
+                value.as_str().is_some_and(|id| {
+                    id.len() == length && id.chars().all(|c| c.is_ascii_hexdigit())
+                })
+            };
+            assert!(hex(&created["trace_id"], 32), "{created}");
+            assert!(hex(&created["span_id"], 16), "{created}");
+        }
         assert!(stopped.success(), "{stopped}: {said}");
         assert!(said.lines().count() >= 3, "{said}");
         assert!(!said.contains('\u{1b}'), "colour codes in a file: {said}");

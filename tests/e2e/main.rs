@@ -53,6 +53,7 @@ mod sandbox;
 mod scale_out;
 mod sessions;
 mod snapshots;
+mod stream_traces;
 mod store_outage;
 mod structure;
 mod telemetry;

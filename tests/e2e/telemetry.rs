@@ -38,7 +38,7 @@ async fn scrape(server: &Server) -> String {
 }
 
 /// The value of the one sample `series` (name and labels, exactly as rendered).
-fn sample(metrics: &str, series: &str) -> Option<f64> {
+pub(crate) fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|line| {
         let value = line.strip_prefix(series)?.strip_prefix(' ')?;
         value.trim().parse().ok()
@@ -256,7 +256,7 @@ async fn every_series_the_dashboards_and_alerts_query_exists_from_the_start() {
 
 /// Spans received, with the `service.name` of the process that sent them.
 #[derive(Clone, Default)]
-struct Collector(Arc<Mutex<Vec<(String, Span)>>>);
+pub(crate) struct Collector(Arc<Mutex<Vec<(String, Span)>>>);
 
 impl Collector {
     fn take(&self, request: ExportTraceServiceRequest) {
@@ -275,7 +275,7 @@ impl Collector {
         }
     }
 
-    fn spans(&self) -> Vec<(String, Span)> {
+    pub(crate) fn spans(&self) -> Vec<(String, Span)> {
         self.0.lock().expect("collector").clone()
     }
 
@@ -296,7 +296,7 @@ impl Collector {
     }
 
     /// An OTLP/HTTP (protobuf) collector on loopback.
-    async fn serve_http(&self) -> SocketAddr {
+    pub(crate) async fn serve_http(&self) -> SocketAddr {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -356,21 +356,21 @@ fn attribute<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a any_value:
         .as_ref()
 }
 
-fn text(attributes: &[KeyValue], key: &str) -> Option<String> {
+pub(crate) fn text(attributes: &[KeyValue], key: &str) -> Option<String> {
     match attribute(attributes, key)? {
         any_value::Value::StringValue(value) => Some(value.clone()),
         _ => None,
     }
 }
 
-fn integer(attributes: &[KeyValue], key: &str) -> Option<i64> {
+pub(crate) fn integer(attributes: &[KeyValue], key: &str) -> Option<i64> {
     match attribute(attributes, key)? {
         any_value::Value::IntValue(value) => Some(*value),
         _ => None,
     }
 }
 
-fn span_status(span: &Span) -> StatusCode {
+pub(crate) fn span_status(span: &Span) -> StatusCode {
     span.status
         .as_ref()
         .map(|status| status.code())
@@ -386,7 +386,7 @@ fn plinth(args: &[&str], credentials: &Credentials, otel: &[(&str, String)]) -> 
 
 /// Sets `command`'s OpenTelemetry variables to `otel` alone (none of the test's own), with a
 /// 100 ms batch delay so spans arrive quickly.
-fn exporting(command: &mut Command, otel: &[(&str, String)]) {
+pub(crate) fn exporting(command: &mut Command, otel: &[(&str, String)]) {
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("OTEL_") {
             command.env_remove(name);
@@ -399,7 +399,7 @@ fn exporting(command: &mut Command, otel: &[(&str, String)]) {
 }
 
 /// Waits until `done` holds of the spans received, or fails with what came.
-async fn until(collector: &Collector, what: &str, done: impl Fn(&[(String, Span)]) -> bool) {
+pub(crate) async fn until(collector: &Collector, what: &str, done: impl Fn(&[(String, Span)]) -> bool) {
     for _ in 0..200 {
         if done(&collector.spans()) {
             return;
@@ -624,7 +624,7 @@ async fn split_services_export_server_and_client_spans_over_grpc_and_http() {
     drop((gateway, source, catalog));
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
@@ -664,7 +664,28 @@ async fn an_idle_serve_exports_no_spans() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 
-    tokio::time::sleep(Duration::from_secs(30)).await;
+    // Idle, but probed and scraped every second, as a kubelet and a Prometheus would: over
+    // HTTP, and the public port's gRPC health check.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(
+        tonic::transport::Endpoint::from_shared(base.clone())
+            .expect("endpoint")
+            .connect_lazy(),
+    );
+    for _ in 0..30 {
+        for path in ["/healthz", "/readyz", "/metrics"] {
+            let response = client
+                .get(format!("{base}{path}"))
+                .send()
+                .await
+                .expect("probe");
+            assert_eq!(response.status(), 200, "{path}");
+        }
+        health
+            .check(tonic_health::pb::HealthCheckRequest::default())
+            .await
+            .expect("a gRPC health check");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     let idle: Vec<String> = collector.spans()[at_rest..]
         .iter()
         .map(|(_, span)| span.name.clone())

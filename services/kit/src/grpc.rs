@@ -331,8 +331,13 @@ where
         // caller, even one refused, add series.
         let rpc = self.rpcs.get(&path);
         let span = rpc_span(Side::Server, &rpc);
-        telemetry::extract(&span, request.headers());
-        telemetry::record_trace_id(&span);
+        // Health checks are probes: counted, never traced.
+        if path.starts_with(OPEN_PREFIX) {
+            telemetry::unsampled(&span);
+        } else {
+            telemetry::extract(&span, request.headers());
+            telemetry::record_trace_id(&span);
+        }
         let call = Call::start(Side::Server, span.clone(), rpc.clone());
         let mut request = request;
         if !path.starts_with(OPEN_PREFIX) {
@@ -595,6 +600,7 @@ fn rpc_span(side: Side, rpc: &Rpc) -> tracing::Span {
         rpc.service = &*rpc.service,
         rpc.method = &*rpc.method,
         rpc.grpc.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
         // Recorded on the server side, where the trace enters this process.
         trace_id = tracing::field::Empty,
     )
@@ -652,6 +658,11 @@ impl Call {
 }
 
 impl Watcher for Call {
+    fn span(&self) -> Option<&tracing::Span> {
+        // A server's stream is made as it is sent, in its call's span.
+        matches!(self.side, Side::Server).then_some(&self.span)
+    }
+
     fn frame(&mut self, frame: &http_body::Frame<bytes::Bytes>) {
         if let Some(status) = frame.trailers_ref().and_then(|t| t.get("grpc-status")) {
             self.code = Some(tonic::Code::from_bytes(status.as_bytes()));
@@ -670,6 +681,7 @@ impl Watcher for Call {
             self.span.record("otel.status_code", "error");
             self.span
                 .record("otel.status_description", format!("{code:?}"));
+            self.span.record("error.type", code_name(code));
         }
         self.in_flight.decrement(1.0);
         let elapsed = self.started.elapsed().as_secs_f64();

@@ -13,6 +13,9 @@ use tracing::Instrument;
 use crate::metered::{End, Metered, Watcher};
 use crate::telemetry;
 
+/// The routes of health checks and metric scrapes.
+const PROBES: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
 /// Middleware (`axum::middleware::from_fn(observe)`) applied to a router's routes. Labels come
 /// from closed sets: the route template (never the raw path) or `unmatched`, and the standard
 /// methods or `other`, so callers cannot grow them.
@@ -27,6 +30,7 @@ pub async fn observe(request: Request, next: Next) -> Response {
         None => method.to_owned(),
     };
     let route = route.unwrap_or_else(|| "unmatched".to_owned());
+    let (address, port) = server_address(&request);
     let span = tracing::info_span!(
         "http.server",
         otel.name = %name,
@@ -35,11 +39,20 @@ pub async fn observe(request: Request, next: Next) -> Response {
         http.request.method = method,
         http.route = %route,
         url.path = %request.uri().path(),
+        url.scheme = request.uri().scheme_str().unwrap_or("http"),
+        server.address = address.as_deref(),
+        server.port = port,
         http.response.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
         trace_id = tracing::field::Empty,
     );
-    telemetry::extract(&span, request.headers());
-    telemetry::record_trace_id(&span);
+    // Probes and scrapes come every few seconds, busy or idle: counted, never traced.
+    if PROBES.contains(&route.as_str()) {
+        telemetry::unsampled(&span);
+    } else {
+        telemetry::extract(&span, request.headers());
+        telemetry::record_trace_id(&span);
+    }
     let in_flight = metrics::gauge!("plinth_http_requests_in_flight", "route" => route.clone());
     in_flight.increment(1.0);
     let started = Instant::now();
@@ -55,6 +68,32 @@ pub async fn observe(request: Request, next: Next) -> Response {
         in_flight,
     };
     response.map(|body| axum::body::Body::new(Metered::new(body, watcher)))
+}
+
+/// The host and port the client addressed (OpenTelemetry's `server.address` and
+/// `server.port`), from the `Host` header or the URI's authority; the port is the scheme's
+/// default when none is given. Left out when the request names none.
+fn server_address(request: &Request) -> (Option<String>, Option<u16>) {
+    let authority = request
+        .uri()
+        .authority()
+        .map(|authority| authority.as_str().to_owned())
+        .or_else(|| {
+            request
+                .headers()
+                .get(axum::http::header::HOST)
+                .and_then(|host| host.to_str().ok())
+                .map(str::to_owned)
+        });
+    let Some(authority) = authority.and_then(|a| a.parse::<axum::http::uri::Authority>().ok())
+    else {
+        return (None, None);
+    };
+    let port = authority.port_u16().or(match request.uri().scheme_str() {
+        Some("https") => Some(443),
+        _ => Some(80),
+    });
+    (Some(authority.host().to_owned()), port)
 }
 
 /// Makes `route`'s request series (answered `200`) exist from the start, at zero, so a
@@ -76,11 +115,19 @@ struct Finish {
 }
 
 impl Watcher for Finish {
+    fn span(&self) -> Option<&tracing::Span> {
+        Some(&self.span)
+    }
+
     fn end(self, end: End) {
         // Server spans are errors for 5xx (OpenTelemetry's HTTP conventions), and for a body
         // that failed part-way, whose client got less than the status promised.
-        if self.status >= 500 || end == End::Failed {
+        if self.status >= 500 {
             self.span.record("otel.status_code", "error");
+            self.span.record("error.type", self.status.to_string());
+        } else if end == End::Failed {
+            self.span.record("otel.status_code", "error");
+            self.span.record("error.type", "body_failed");
         }
         self.in_flight.decrement(1.0);
         let (route, method, status) = (self.route, self.method, self.status.to_string());

@@ -31,6 +31,7 @@ pub mod quota;
 pub mod replicas;
 pub mod slug;
 pub mod storage;
+pub mod streams;
 pub mod tasks;
 pub mod telemetry;
 pub mod tls;

@@ -27,6 +27,12 @@ pub trait Watcher: Send + 'static {
     fn frame(&mut self, _frame: &Frame<Bytes>) {}
     /// The body ended; called exactly once.
     fn end(self, end: End);
+    /// The span the body is polled in: the calls a streamed body makes as it goes (a
+    /// followed log's polls, a command's closing record) belong to the request that answers
+    /// with it, not to traces of their own.
+    fn span(&self) -> Option<&tracing::Span> {
+        None
+    }
 }
 
 /// A body that reports to `W` (see the module documentation).
@@ -72,13 +78,21 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         // Every field is Unpin (the inner body by the bound, the watcher by value).
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let span = this
+            .watcher
+            .as_ref()
+            .and_then(Watcher::span)
+            .cloned()
+            .unwrap_or_else(tracing::Span::none);
+        let polled = span.in_scope(|| Pin::new(&mut this.inner).poll_frame(cx));
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(watcher) = this.watcher.as_mut() {
                     watcher.frame(frame);
                 }
-                if this.inner.is_end_stream() {
+                // Trailers are a body's last frame: the server may drop the body once it has
+                // sent them, without polling it again.
+                if frame.is_trailers() || this.inner.is_end_stream() {
                     this.finish(End::Complete);
                 }
             }

@@ -115,6 +115,9 @@ pub fn init(service_name: &str, config: &LogConfig) -> Result<TelemetryGuard, Te
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
+            .event_format(JsonWithTrace(
+                tracing_subscriber::fmt::format().json().with_current_span(true),
+            ))
             .with_writer(std::io::stderr)
             .boxed(),
     };
@@ -133,6 +136,55 @@ pub fn init(service_name: &str, config: &LogConfig) -> Result<TelemetryGuard, Te
     }
     metrics();
     Ok(TelemetryGuard { provider })
+}
+
+/// JSON log lines as `tracing_subscriber` writes them, with the trace's and the span's ids
+/// as top-level `trace_id` and `span_id`, so a log pipeline joins a line to its trace without
+/// reading the span list.
+struct JsonWithTrace(
+    tracing_subscriber::fmt::format::Format<tracing_subscriber::fmt::format::Json>,
+);
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for JsonWithTrace
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let mut line = String::new();
+        self.0.format_event(
+            ctx,
+            tracing_subscriber::fmt::format::Writer::new(&mut line),
+            event,
+        )?;
+        match (trace_ids(), line.trim_end().strip_suffix('}')) {
+            // One object and a line break: the ids go in before its closing brace.
+            (Some((trace_id, span_id)), Some(object)) => writeln!(
+                writer,
+                "{object},\"trace_id\":\"{trace_id}\",\"span_id\":\"{span_id}\"}}"
+            ),
+            _ => writer.write_str(&line),
+        }
+    }
+}
+
+/// The current span's trace and span ids, when it is in a trace.
+fn trace_ids() -> Option<(opentelemetry::trace::TraceId, opentelemetry::trace::SpanId)> {
+    use opentelemetry::trace::TraceContextExt as _;
+    let span = tracing::Span::current();
+    if span.is_none() {
+        return None;
+    }
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    span_context
+        .is_valid()
+        .then(|| (span_context.trace_id(), span_context.span_id()))
 }
 
 /// The fields of text log lines, events' and their spans': `name=value`, the message bare,
@@ -327,10 +379,18 @@ pub fn record_trace_id(span: &tracing::Span) {
 /// idle process sends no traces. Work the round finds runs in a new root span
 /// (`tracing::info_span!(parent: None, …)`), which is traced as usual.
 pub fn idle(name: &'static str) -> tracing::Span {
+    let span = tracing::info_span!("idle", otel.name = name);
+    unsampled(&span);
+    span
+}
+
+/// Makes `span` the root of a trace that is never sampled: neither it nor anything beneath
+/// it, in this process or another, is exported. For rounds of polling loops ([`idle`]) and
+/// for probes and scrapes, which come every few seconds whether anything happens or not.
+pub fn unsampled(span: &tracing::Span) {
     use opentelemetry::trace::{
         SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
     };
-    let span = tracing::info_span!("idle", otel.name = name);
     let mut id = [0u8; 16];
     // A fresh trace id per round keeps unrelated rounds apart should a sampler that ignores
     // the parent keep some of them; without randomness the rounds share one.
@@ -345,7 +405,6 @@ pub fn idle(name: &'static str) -> tracing::Span {
         TraceState::default(),
     );
     let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(unsampled));
-    span
 }
 
 /// The label for an HTTP method: the standard methods by name, anything else `other`, so a
