@@ -389,11 +389,13 @@ async fn logs_are_plain_lines_in_a_file_and_json_lines_when_asked() {
         .await;
         assert_eq!(status, 201, "{environment}");
         let (status, harness) = crate::helpers::send(
-            client.post(format!("http://{http}/v1/harnesses")).json(&json!({
-                "name": format!("Logged {format}"),
-                "base": "codex",
-                "environment": environment["id"],
-            })),
+            client
+                .post(format!("http://{http}/v1/harnesses"))
+                .json(&json!({
+                    "name": format!("Logged {format}"),
+                    "base": "codex",
+                    "environment": environment["id"],
+                })),
         )
         .await;
         assert_eq!(status, 201, "{harness}");

@@ -35,7 +35,9 @@ fn traces(spans: &[(String, Span)]) -> BTreeMap<String, Vec<Span>> {
 }
 
 fn seconds(span: &Span) -> f64 {
-    span.end_time_unix_nano.saturating_sub(span.start_time_unix_nano) as f64 / 1e9
+    span.end_time_unix_nano
+        .saturating_sub(span.start_time_unix_nano) as f64
+        / 1e9
 }
 
 fn describe(trace: &[Span]) -> Vec<String> {
@@ -117,9 +119,12 @@ async fn streamed_calls_are_one_trace_each_and_are_counted_as_they_ended() {
     let base = format!("http://{address}");
     wait_until_ready(&client, &format!("{base}/readyz"), &mut serve).await;
 
-    let (status, created) =
-        send(client.post(format!("{base}/v1/environments")).json(&json!({"name": "Streamed"})))
-            .await;
+    let (status, created) = send(
+        client
+            .post(format!("{base}/v1/environments"))
+            .json(&json!({"name": "Streamed"})),
+    )
+    .await;
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().expect("id").to_owned();
     // Large enough to come from the source in many messages.
@@ -133,8 +138,12 @@ async fn streamed_calls_are_one_trace_each_and_are_counted_as_they_ended() {
     assert_eq!(put.status(), 200);
 
     // A followed build log, read to its end.
-    let (status, queued) =
-        send(client.post(format!("{base}/v1/environments/{id}/build")).json(&json!({}))).await;
+    let (status, queued) = send(
+        client
+            .post(format!("{base}/v1/environments/{id}/build"))
+            .json(&json!({})),
+    )
+    .await;
     assert_eq!(status, 202, "{queued}");
     let log = client
         .get(format!(
@@ -161,8 +170,12 @@ async fn streamed_calls_are_one_trace_each_and_are_counted_as_they_ended() {
         "the whole file"
     );
 
-    let (status, session) =
-        send(client.post(format!("{base}/v1/sessions")).json(&json!({"environment": id}))).await;
+    let (status, session) = send(
+        client
+            .post(format!("{base}/v1/sessions"))
+            .json(&json!({"environment": id})),
+    )
+    .await;
     assert_eq!(status, 201, "{session}");
     let session_id = session["id"].as_str().expect("session id").to_owned();
 
@@ -175,8 +188,8 @@ async fn streamed_calls_are_one_trace_each_and_are_counted_as_they_ended() {
         .expect("exec");
     assert_eq!(exec.status(), 200);
     let lines = exec.text().await.expect("the exec to its end");
-    let last: Value = serde_json::from_str(lines.lines().last().expect("a result line"))
-        .expect("the result");
+    let last: Value =
+        serde_json::from_str(lines.lines().last().expect("a result line")).expect("the result");
     assert_eq!(last["exit_code"], 0, "{lines}");
 
     // The same over the public gRPC face.
@@ -329,10 +342,20 @@ async fn streamed_calls_are_one_trace_each_and_are_counted_as_they_ended() {
                 describe(trace)
             );
             for span in trace {
-                assert_ne!(span_status(span), StatusCode::Error, "{:#?}", describe(trace));
+                assert_ne!(
+                    span_status(span),
+                    StatusCode::Error,
+                    "{:#?}",
+                    describe(trace)
+                );
             }
         } else {
-            assert_eq!(codes, [Some(1)], "the one left: CANCELLED {:#?}", describe(trace));
+            assert_eq!(
+                codes,
+                [Some(1)],
+                "the one left: CANCELLED {:#?}",
+                describe(trace)
+            );
         }
     }
     assert_eq!(ok, 2);

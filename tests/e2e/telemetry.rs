@@ -399,7 +399,11 @@ pub(crate) fn exporting(command: &mut Command, otel: &[(&str, String)]) {
 }
 
 /// Waits until `done` holds of the spans received, or fails with what came.
-pub(crate) async fn until(collector: &Collector, what: &str, done: impl Fn(&[(String, Span)]) -> bool) {
+pub(crate) async fn until(
+    collector: &Collector,
+    what: &str,
+    done: impl Fn(&[(String, Span)]) -> bool,
+) {
     for _ in 0..200 {
         if done(&collector.spans()) {
             return;

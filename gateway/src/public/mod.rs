@@ -26,6 +26,7 @@
 //! and themselves: the internal services are not served here.
 
 mod json;
+pub mod limit;
 mod rules;
 
 use std::collections::HashMap;
@@ -145,6 +146,8 @@ impl PublicApi {
             ));
             return status.into_http::<Body>();
         };
+        // A message past the limit is refused from its length prefix, before it is read.
+        let request = request.map(|body| Body::new(limit::Limited::new(body)));
         let call = Call {
             rpc: rpc.clone(),
             rest: self.rest.clone(),

@@ -14,6 +14,25 @@ use tonic_types::{ErrorDetails, StatusExt};
 /// The `domain` of every `ErrorInfo` Plinth sends.
 pub const ERROR_DOMAIN: &str = "plinth";
 
+/// The status for a gRPC message larger than a server takes: `RESOURCE_EXHAUSTED`, with an
+/// `ErrorInfo` (reason `message_too_large`) whose metadata names the limit (`max_bytes`) and
+/// the message's size (`bytes`).
+pub fn message_too_large(bytes: u64, max_bytes: usize) -> tonic::Status {
+    let metadata = HashMap::from([
+        ("max_bytes".to_owned(), max_bytes.to_string()),
+        ("bytes".to_owned(), bytes.to_string()),
+    ]);
+    tonic::Status::with_error_details(
+        tonic::Code::ResourceExhausted,
+        format!(
+            "a message of {bytes} bytes is larger than this server takes ({max_bytes} bytes a \
+             message); send a file's bytes over several messages of a stream (WriteFile, \
+             ImportArchive)"
+        ),
+        ErrorDetails::with_error_info("message_too_large", ERROR_DOMAIN, metadata),
+    )
+}
+
 /// Every error code a Plinth API can answer with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorCode {

@@ -116,7 +116,9 @@ pub fn init(service_name: &str, config: &LogConfig) -> Result<TelemetryGuard, Te
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .event_format(JsonWithTrace(
-                tracing_subscriber::fmt::format().json().with_current_span(true),
+                tracing_subscriber::fmt::format()
+                    .json()
+                    .with_current_span(true),
             ))
             .with_writer(std::io::stderr)
             .boxed(),
