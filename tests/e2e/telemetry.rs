@@ -576,9 +576,32 @@ async fn split_services_export_server_and_client_spans_over_grpc_and_http() {
         Some(201)
     );
     assert_eq!(span_status(&server_span), StatusCode::Unset);
+    assert_eq!(
+        text(&server_span.attributes, "url.scheme").as_deref(),
+        Some("http")
+    );
+    assert_eq!(
+        text(&server_span.attributes, "server.address").as_deref(),
+        Some("127.0.0.1")
+    );
+    assert_eq!(
+        integer(&server_span.attributes, "server.port"),
+        Some(i64::from(http.port())),
+        "{:?}",
+        server_span.attributes
+    );
 
     // Its client span and the catalog's server span: one call, seen from both ends.
     let (_, client_span) = find(&gateway_spans, create, SpanKind::Client);
+    assert_eq!(
+        text(&client_span.attributes, "server.address").as_deref(),
+        Some("127.0.0.1"),
+        "the client span names the replica it called"
+    );
+    assert_eq!(
+        integer(&client_span.attributes, "server.port"),
+        Some(i64::from(catalog_grpc.port()))
+    );
     let (service, catalog_span) = find(&catalog_spans, create, SpanKind::Server);
     assert_eq!(
         service, "catalog-of-the-test",
@@ -612,6 +635,10 @@ async fn split_services_export_server_and_client_spans_over_grpc_and_http() {
     );
     assert_eq!(span_status(&failed_client), StatusCode::Error);
     assert_eq!(
+        text(&failed_client.attributes, "error.type").as_deref(),
+        Some("NotFound")
+    );
+    assert_eq!(
         integer(&failed_server.attributes, "rpc.grpc.status_code"),
         Some(5)
     );
@@ -624,6 +651,11 @@ async fn split_services_export_server_and_client_spans_over_grpc_and_http() {
     assert_eq!(
         integer(&not_found.attributes, "http.response.status_code"),
         Some(404)
+    );
+    assert_eq!(
+        text(&not_found.attributes, "error.type"),
+        None,
+        "a 4xx is not the server's error"
     );
     drop((gateway, source, catalog));
 }

@@ -601,6 +601,9 @@ fn rpc_span(side: Side, rpc: &Rpc) -> tracing::Span {
         rpc.method = &*rpc.method,
         rpc.grpc.status_code = tracing::field::Empty,
         error.type = tracing::field::Empty,
+        // Recorded on the client side once a replica is chosen.
+        server.address = tracing::field::Empty,
+        server.port = tracing::field::Empty,
         // Recorded on the server side, where the trace enters this process.
         trace_id = tracing::field::Empty,
     )

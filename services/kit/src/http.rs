@@ -41,7 +41,7 @@ pub async fn observe(request: Request, next: Next) -> Response {
         url.path = %request.uri().path(),
         url.scheme = request.uri().scheme_str().unwrap_or("http"),
         server.address = address.as_deref(),
-        server.port = port,
+        server.port = port.map(i64::from),
         http.response.status_code = tracing::field::Empty,
         error.type = tracing::field::Empty,
         trace_id = tracing::field::Empty,

@@ -305,6 +305,32 @@ impl CallRules {
 }
 
 /// One replica: a lazily connecting channel to one address, and how it has fared.
+impl Replica {
+    /// Names this replica as the server of the call `span` is the client span of
+    /// (OpenTelemetry's `server.address` and `server.port`).
+    fn describe_in(&self, span: &tracing::Span) {
+        match self.address {
+            Some(address) => {
+                span.record("server.address", address.ip().to_string());
+                span.record("server.port", i64::from(address.port()));
+            }
+            None => {
+                if let Some(authority) = self
+                    .name
+                    .parse::<http::Uri>()
+                    .ok()
+                    .and_then(|uri| uri.authority().cloned())
+                {
+                    span.record("server.address", authority.host());
+                    if let Some(port) = authority.port_u16() {
+                        span.record("server.port", i64::from(port));
+                    }
+                }
+            }
+        }
+    }
+}
+
 struct Replica {
     /// Which URL of the list it came from.
     target: usize,
@@ -541,6 +567,7 @@ impl Replicas {
                     .into()
                 }));
             };
+            replica.describe_in(&tracing::Span::current());
             let body = match &replay {
                 Some(bytes) => Body::new(http_body_util::Full::new(bytes.clone())),
                 // Taken on the only attempt a streamed request gets.
