@@ -89,7 +89,7 @@ async fn junk_rpc_paths_and_invented_http_methods_add_no_series() {
     assert!(
         sample(
             &after,
-            "plinth_grpc_server_requests_total{rpc=\"other\",code=\"Unauthenticated\"}"
+            "plinth_grpc_server_requests_total{rpc=\"other\",code=\"UNAUTHENTICATED\"}"
         ) >= Some(25.0),
         "refused calls are counted, under `other`: {after}"
     );

@@ -536,23 +536,23 @@ impl Side {
 fn code_name(code: tonic::Code) -> &'static str {
     use tonic::Code;
     match code {
-        Code::Ok => "Ok",
-        Code::Cancelled => "Cancelled",
-        Code::Unknown => "Unknown",
-        Code::InvalidArgument => "InvalidArgument",
-        Code::DeadlineExceeded => "DeadlineExceeded",
-        Code::NotFound => "NotFound",
-        Code::AlreadyExists => "AlreadyExists",
-        Code::PermissionDenied => "PermissionDenied",
-        Code::ResourceExhausted => "ResourceExhausted",
-        Code::FailedPrecondition => "FailedPrecondition",
-        Code::Aborted => "Aborted",
-        Code::OutOfRange => "OutOfRange",
-        Code::Unimplemented => "Unimplemented",
-        Code::Internal => "Internal",
-        Code::Unavailable => "Unavailable",
-        Code::DataLoss => "DataLoss",
-        Code::Unauthenticated => "Unauthenticated",
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 
@@ -1053,7 +1053,7 @@ mod tests {
         assert_eq!(
             series(&after, "plinth_grpc_server_requests_total"),
             [
-                "plinth_grpc_server_requests_total{rpc=\"/grpc.health.v1.Health/Watch\",code=\"NotFound\"} 1"
+                "plinth_grpc_server_requests_total{rpc=\"/grpc.health.v1.Health/Watch\",code=\"NOT_FOUND\"} 1"
             ]
         );
         let sum = series(&after, "plinth_grpc_server_request_duration_seconds_sum")
@@ -1088,7 +1088,7 @@ mod tests {
         assert!(!metrics.contains("junk"), "{metrics}");
         assert_eq!(
             series(&metrics, "plinth_grpc_server_requests_total"),
-            ["plinth_grpc_server_requests_total{rpc=\"other\",code=\"Unauthenticated\"} 20"]
+            ["plinth_grpc_server_requests_total{rpc=\"other\",code=\"UNAUTHENTICATED\"} 20"]
         );
     }
 }
