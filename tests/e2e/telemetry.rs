@@ -251,6 +251,23 @@ async fn every_series_the_dashboards_and_alerts_query_exists_from_the_start() {
         missing.is_empty(),
         "queried by a dashboard or alert but not exported at start: {missing:?}\n{metrics}"
     );
+    // Each with its HELP text.
+    let described: BTreeSet<&str> = metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# HELP "))
+        .filter(|help| {
+            help.split_once(' ')
+                .is_some_and(|(_, text)| !text.trim().is_empty())
+        })
+        .filter_map(|help| help.split(' ').next())
+        .collect();
+    let undescribed: Vec<&str> = metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|kind| kind.split(' ').next())
+        .filter(|name| name.starts_with("plinth_") && !described.contains(name))
+        .collect();
+    assert!(undescribed.is_empty(), "no HELP text: {undescribed:?}");
     server.stop().await;
 }
 
