@@ -126,7 +126,7 @@ pub const ACCESS: Access = Access(&[
 pub async fn run(
     options: SourceOptions,
     grpc: TcpListener,
-    admin: Option<TcpListener>,
+    admin: Option<admin::Listener>,
     shutdown: CancellationToken,
 ) -> Result<(), SourceError> {
     match git::remove_leftovers(&options.spool_dir) {
