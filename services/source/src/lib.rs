@@ -147,6 +147,7 @@ pub async fn run(
     index.migrate().await?;
     let blobs = BlobStore::open(&options.blob_url, options.spool_dir.clone())?;
     blobs.watch_disks();
+    gc::start_metrics(blobs.clone());
     plinth_kit::storage::watch_database(&options.database_url);
     tracing::info!(address = ?grpc.local_addr().ok(), "source serving");
 
