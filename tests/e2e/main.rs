@@ -44,6 +44,7 @@ mod pagination;
 mod partial_faults;
 mod partition;
 mod processes;
+mod prometheus;
 mod public_grpc;
 mod python_manifests;
 mod quotas;
