@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use plinth_catalog::{CatalogOptions, LeasePolicy};
 use plinth_gateway::{Backends, GatewayOptions};
+use plinth_kit::admin::Listener as AdminListener;
 use plinth_kit::grpc::{Internal, LocalSlot, Transport};
 use plinth_kit::tasks::CancellationToken;
 use plinth_source::{GitPolicy, SourceLimits, SourceOptions};
@@ -151,14 +152,26 @@ pub async fn start_all_locked(
         nodes: Vec::new(),
         local_ready: Vec::new(),
     };
-    // Admin addresses given for the catalog or the source service are served here too (with
-    // this one process's metrics, which cover every service in it).
+    // Admin addresses given for the catalog or the source service are served here too. This
+    // is one process, and its metrics cover every service in it: the gateway's `/metrics` has
+    // them, each series once, and these ports' `/metrics` say so (a scrape of them succeeds
+    // and adds nothing).
+    let metrics_at = format!(
+        "/metrics of the gateway's listen address ({})",
+        http.local_addr()?
+    );
     let catalog_admin = match config.catalog.admin_listen {
-        Some(address) => Some(bind(Some(address), "catalog admin endpoints").await?),
+        Some(address) => Some(AdminListener::metrics_elsewhere(
+            bind(Some(address), "catalog admin endpoints").await?,
+            metrics_at.clone(),
+        )),
         None => None,
     };
     let source_admin = match config.source.admin_listen {
-        Some(address) => Some(bind(Some(address), "source service admin endpoints").await?),
+        Some(address) => Some(AdminListener::metrics_elsewhere(
+            bind(Some(address), "source service admin endpoints").await?,
+            metrics_at,
+        )),
         None => None,
     };
     spawn_catalog(
@@ -388,7 +401,9 @@ async fn start_alone(
     locks.listening(address);
     tracing::info!(%address, "the {name} answers only the roles that may call it: {exposure}");
     let admin = match admin_listen {
-        Some(address) => Some(bind(Some(address), &format!("{name} admin endpoints")).await?),
+        Some(address) => Some(AdminListener::new(
+            bind(Some(address), &format!("{name} admin endpoints")).await?,
+        )),
         None => None,
     };
     let shutdown = CancellationToken::new();
@@ -1051,7 +1066,7 @@ type SpawnService = fn(
     &Config,
     &Internal,
     TcpListener,
-    Option<TcpListener>,
+    Option<AdminListener>,
     Option<LocalSlot>,
     CancellationToken,
 ) -> anyhow::Result<()>;
@@ -1061,7 +1076,7 @@ fn spawn_catalog(
     config: &Config,
     internal: &Internal,
     listener: TcpListener,
-    admin: Option<TcpListener>,
+    admin: Option<AdminListener>,
     local: Option<LocalSlot>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -1234,7 +1249,7 @@ fn spawn_source(
     config: &Config,
     internal: &Internal,
     listener: TcpListener,
-    admin: Option<TcpListener>,
+    admin: Option<AdminListener>,
     local: Option<LocalSlot>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -1263,7 +1278,7 @@ fn spawn_source_with(
     config: &Config,
     internal: &Internal,
     listener: TcpListener,
-    admin: Option<TcpListener>,
+    admin: Option<AdminListener>,
     local: Option<LocalSlot>,
     collector: Option<(Transport, plinth_kit::grpc::ClientInterceptor)>,
     shutdown: CancellationToken,

@@ -578,7 +578,7 @@ async fn health_readiness_and_metrics_are_served() {
         metrics.contains("plinth_http_request_duration_seconds_bucket{route=\"/v1/environments\""),
         "{metrics}"
     );
-    assert!(metrics.contains("plinth_grpc_server_requests_total{rpc=\"/plinth.catalog.v1.CatalogService/CreateEnvironment\",code=\"Ok\"}"), "{metrics}");
+    assert!(metrics.contains("plinth_grpc_server_requests_total{rpc=\"/plinth.catalog.v1.CatalogService/CreateEnvironment\",code=\"OK\"}"), "{metrics}");
     server.stop().await;
 }
 

@@ -45,6 +45,7 @@ mod pagination;
 mod partial_faults;
 mod partition;
 mod processes;
+mod prometheus;
 mod public_grpc;
 mod python_manifests;
 mod quotas;

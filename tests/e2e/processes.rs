@@ -279,11 +279,11 @@ async fn catalog_source_and_gateway_as_processes_over_grpc_on_postgres() {
         "{catalog_metrics}"
     );
     assert!(
-        catalog_metrics.contains("code=\"Unauthenticated\""),
+        catalog_metrics.contains("code=\"UNAUTHENTICATED\""),
         "{catalog_metrics}"
     );
     assert!(
-        catalog_metrics.contains("code=\"PermissionDenied\""),
+        catalog_metrics.contains("code=\"PERMISSION_DENIED\""),
         "{catalog_metrics}"
     );
     let gateway_metrics = scrape(format!("{base}/metrics")).await;

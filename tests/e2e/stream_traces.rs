@@ -240,19 +240,19 @@ async fn streamed_calls_are_one_trace_each_and_are_counted_as_they_ended() {
             .text()
             .await
             .expect("metrics");
-        if sample(&metrics, &exec_series("Cancelled")).is_some() {
+        if sample(&metrics, &exec_series("CANCELLED")).is_some() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let counted = |series: String| sample(&metrics, &series).unwrap_or(0.0);
-    assert_eq!(counted(exec_series("Ok")), 2.0, "{metrics}");
-    assert_eq!(counted(exec_series("Cancelled")), 1.0, "{metrics}");
+    assert_eq!(counted(exec_series("OK")), 2.0, "{metrics}");
+    assert_eq!(counted(exec_series("CANCELLED")), 1.0, "{metrics}");
     let read_series = |code: &str| {
         format!("plinth_grpc_server_requests_total{{rpc=\"/{SOURCE_READ}\",code=\"{code}\"}}")
     };
-    assert!(counted(read_series("Ok")) >= 1.0, "{metrics}");
-    assert_eq!(counted(read_series("Cancelled")), 0.0, "{metrics}");
+    assert!(counted(read_series("OK")) >= 1.0, "{metrics}");
+    assert_eq!(counted(read_series("CANCELLED")), 0.0, "{metrics}");
 
     // One trace each.
     until(&collector, "the streamed calls' spans", |spans| {

@@ -89,7 +89,7 @@ async fn junk_rpc_paths_and_invented_http_methods_add_no_series() {
     assert!(
         sample(
             &after,
-            "plinth_grpc_server_requests_total{rpc=\"other\",code=\"Unauthenticated\"}"
+            "plinth_grpc_server_requests_total{rpc=\"other\",code=\"UNAUTHENTICATED\"}"
         ) >= Some(25.0),
         "refused calls are counted, under `other`: {after}"
     );
@@ -251,6 +251,23 @@ async fn every_series_the_dashboards_and_alerts_query_exists_from_the_start() {
         missing.is_empty(),
         "queried by a dashboard or alert but not exported at start: {missing:?}\n{metrics}"
     );
+    // Each with its HELP text.
+    let described: BTreeSet<&str> = metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# HELP "))
+        .filter(|help| {
+            help.split_once(' ')
+                .is_some_and(|(_, text)| !text.trim().is_empty())
+        })
+        .filter_map(|help| help.split(' ').next())
+        .collect();
+    let undescribed: Vec<&str> = metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|kind| kind.split(' ').next())
+        .filter(|name| name.starts_with("plinth_") && !described.contains(name))
+        .collect();
+    assert!(undescribed.is_empty(), "no HELP text: {undescribed:?}");
     server.stop().await;
 }
 
@@ -636,7 +653,7 @@ async fn split_services_export_server_and_client_spans_over_grpc_and_http() {
     assert_eq!(span_status(&failed_client), StatusCode::Error);
     assert_eq!(
         text(&failed_client.attributes, "error.type").as_deref(),
-        Some("NotFound")
+        Some("NOT_FOUND")
     );
     assert_eq!(
         integer(&failed_server.attributes, "rpc.grpc.status_code"),

@@ -86,6 +86,7 @@ struct PublicApi {
     rpcs: Arc<HashMap<String, Arc<Rpc>>>,
     rest: Router,
     reflection: Router,
+    meter: plinth_kit::grpc::ServerMeter,
 }
 
 /// One RPC: its descriptor and its HTTP binding.
@@ -116,10 +117,14 @@ impl PublicApi {
                 );
             }
         }
+        let served: Vec<&str> = names.iter().map(String::as_str).collect();
+        let meter =
+            plinth_kit::grpc::ServerMeter::new(plinth_proto::PUBLIC_DESCRIPTOR_SET, &served);
         Ok(PublicApi {
             rpcs: Arc::new(rpcs),
             rest,
             reflection: reflection(&names)?,
+            meter,
         })
     }
 
@@ -131,6 +136,18 @@ impl PublicApi {
         if !grpc {
             return self.rest.clone().oneshot(request).await.unwrap_infallible();
         }
+        // Counted as gRPC calls with their own status (health and reflection too), besides
+        // the REST route a `plinth.v1` call is answered by.
+        self.meter
+            .call(request, |request| async move {
+                self.answer_grpc(request).await.map(tonic::body::Body::new)
+            })
+            .await
+            .map(Body::new)
+    }
+
+    /// A gRPC request's answer: `plinth.v1`, or reflection and health.
+    async fn answer_grpc(&self, request: http::Request<Body>) -> http::Response<Body> {
         let path = request.uri().path();
         if path.starts_with("/grpc.reflection.") || path.starts_with("/grpc.health.") {
             return self

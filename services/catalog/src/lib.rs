@@ -177,7 +177,7 @@ const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 pub async fn run(
     options: CatalogOptions,
     grpc: TcpListener,
-    admin: Option<TcpListener>,
+    admin: Option<admin::Listener>,
     shutdown: CancellationToken,
 ) -> Result<(), CatalogError> {
     let seal_key = options.seal_key.id().to_owned();

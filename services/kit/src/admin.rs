@@ -70,10 +70,51 @@ pub fn watch(check: ReadinessCheck) -> ReadinessCheck {
     })
 }
 
+/// An admin port: its listener, and whether its `/metrics` shows the process's metrics.
+pub struct Listener {
+    listener: TcpListener,
+    metrics_at: Option<String>,
+}
+
+impl Listener {
+    /// A port whose `/metrics` shows the process's metrics.
+    pub fn new(listener: TcpListener) -> Self {
+        Listener {
+            listener,
+            metrics_at: None,
+        }
+    }
+
+    /// A port of a service sharing its process with others (under `plinth serve`), whose
+    /// `/metrics` answers an exposition without series and a comment naming `metrics_at`,
+    /// where the process's metrics are: a process exports each series once, and a scrape of
+    /// this port still succeeds.
+    pub fn metrics_elsewhere(listener: TcpListener, metrics_at: String) -> Self {
+        Listener {
+            listener,
+            metrics_at: Some(metrics_at),
+        }
+    }
+}
+
+impl From<TcpListener> for Listener {
+    fn from(listener: TcpListener) -> Self {
+        Listener::new(listener)
+    }
+}
+
 /// `/healthz`, `/readyz` and `/metrics`, to merge into a router or serve on their own.
 /// With `guard`, details and metrics need a credential it accepts (any role: the services'
 /// own, or an `observer`'s for a scraper); without, they are open.
 pub fn router(readiness: ReadinessCheck, guard: Option<Arc<Accepted>>) -> Router {
+    routes(readiness, guard, None)
+}
+
+fn routes(
+    readiness: ReadinessCheck,
+    guard: Option<Arc<Accepted>>,
+    metrics_at: Option<String>,
+) -> Router {
     // Installed now, not at the first scrape, so nothing recorded before it is lost.
     telemetry::metrics();
     Router::new()
@@ -87,13 +128,19 @@ pub fn router(readiness: ReadinessCheck, guard: Option<Arc<Accepted>>) -> Router
                 "/healthz, /readyz and /metrics answer GET and HEAD only\n",
             )
         })
-        .with_state(Admin { readiness, guard })
+        .with_state(Admin {
+            readiness,
+            guard,
+            metrics_at: metrics_at.map(Arc::from),
+        })
 }
 
 #[derive(Clone)]
 struct Admin {
     readiness: ReadinessCheck,
     guard: Option<Arc<Accepted>>,
+    /// Where this process's metrics are, when not here.
+    metrics_at: Option<Arc<str>>,
 }
 
 impl Admin {
@@ -136,36 +183,50 @@ async fn metrics(State(admin): State<Admin>, headers: HeaderMap) -> Response {
         )
             .into_response();
     }
+    let body = match &admin.metrics_at {
+        None => telemetry::render_metrics(),
+        Some(elsewhere) => format!(
+            "# This process serves several Plinth services; its metrics, each series once, \
+             are on {elsewhere}\n"
+        ),
+    };
     (
         [(
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4",
         )],
-        telemetry::render_metrics(),
+        body,
     )
         .into_response()
 }
 
 /// Serves the admin endpoints on `listener`, when there is one, in the background.
 pub fn spawn(
-    listener: Option<TcpListener>,
+    listener: Option<impl Into<Listener>>,
     readiness: ReadinessCheck,
     guard: Option<Arc<Accepted>>,
     shutdown: CancellationToken,
 ) {
     if let Some(listener) = listener {
-        crate::tasks::spawn_background("admin server", serve(listener, readiness, guard, shutdown));
+        crate::tasks::spawn_background(
+            "admin server",
+            serve(listener.into(), readiness, guard, shutdown),
+        );
     }
 }
 
 /// Serves the admin router on its own listener until `shutdown`.
 pub async fn serve(
-    listener: TcpListener,
+    listener: Listener,
     readiness: ReadinessCheck,
     guard: Option<Arc<Accepted>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(readiness, guard))
+    let Listener {
+        listener,
+        metrics_at,
+    } = listener;
+    axum::serve(listener, routes(readiness, guard, metrics_at))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
 }

@@ -212,10 +212,13 @@ impl GrpcServer {
         self.add_reflection();
         let layer = ServerLayer {
             auth: Arc::new(self.auth),
-            rpcs: Arc::new(Rpcs::served(
-                &[self.descriptor_set, tonic_health::pb::FILE_DESCRIPTOR_SET],
-                &self.served,
-            )),
+            rpcs: Arc::new(
+                Rpcs::served(
+                    &[self.descriptor_set, tonic_health::pb::FILE_DESCRIPTOR_SET],
+                    &self.served,
+                )
+                .with_series(),
+            ),
             caps: self.caps.map(Arc::new),
             refuse_unless: self.refuse_unless,
         };
@@ -423,6 +426,52 @@ where
     }
 }
 
+/// The server side's spans and `plinth_grpc_server_*` metrics for gRPC calls answered by
+/// something other than a [`GrpcServer`] (the gateway's public gRPC face): each call is
+/// counted under its method (`other` for a path not among `served`'s methods, health's and
+/// reflection's) and the status it ends with.
+#[derive(Clone)]
+pub struct ServerMeter {
+    rpcs: Arc<Rpcs>,
+}
+
+impl ServerMeter {
+    /// Meters the methods of the `served` services described in `descriptor_set`, and
+    /// `grpc.health.v1` and reflection.
+    pub fn new(descriptor_set: &'static [u8], served: &[&str]) -> Self {
+        telemetry::metrics();
+        let served: Vec<&str> = served.iter().copied().chain([HEALTH_SERVICE]).collect();
+        ServerMeter {
+            rpcs: Arc::new(
+                Rpcs::served(
+                    &[descriptor_set, tonic_health::pb::FILE_DESCRIPTOR_SET],
+                    &served,
+                )
+                .with_series(),
+            ),
+        }
+    }
+
+    /// Answers `request` with `answer`, inside the call's server span, counting the call from
+    /// now until its response stream ends.
+    pub async fn call<B, F>(
+        &self,
+        request: http::Request<B>,
+        answer: impl FnOnce(http::Request<B>) -> F,
+    ) -> http::Response<Body>
+    where
+        F: Future<Output = http::Response<Body>>,
+    {
+        let rpc = self.rpcs.get(request.uri().path());
+        let span = rpc_span(Side::Server, &rpc);
+        telemetry::extract(&span, request.headers());
+        telemetry::record_trace_id(&span);
+        let call = Call::start(Side::Server, span.clone(), rpc);
+        let response = answer(request).instrument(span).await;
+        call.watch(response)
+    }
+}
+
 /// One gRPC method, as labels and span attributes name it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Rpc {
@@ -505,6 +554,19 @@ impl Rpcs {
         Rpcs(rpcs)
     }
 
+    /// These methods' series, made now: each method's calls answered `OK` at zero and none
+    /// in flight, so a dashboard shows a served method before its first call.
+    fn with_series(self) -> Self {
+        for rpc in self.0.values() {
+            let path = rpc.path.clone();
+            metrics::counter!("plinth_grpc_server_requests_total", "rpc" => path.clone(), "code" => "OK")
+                .increment(0);
+            let _ = metrics::histogram!("plinth_grpc_server_request_duration_seconds", "rpc" => path.clone(), "code" => "OK");
+            metrics::gauge!("plinth_grpc_server_requests_in_flight", "rpc" => path).increment(0.0);
+        }
+        self
+    }
+
     fn get(&self, path: &str) -> Rpc {
         self.0.get(path).cloned().unwrap_or_else(Rpc::other)
     }
@@ -537,27 +599,27 @@ impl Side {
     }
 }
 
-/// A status code's name, as the `code` label spells it (`NotFound`).
+/// A status code's name as gRPC spells it (`NOT_FOUND`), for the `code` label.
 fn code_name(code: tonic::Code) -> &'static str {
     use tonic::Code;
     match code {
-        Code::Ok => "Ok",
-        Code::Cancelled => "Cancelled",
-        Code::Unknown => "Unknown",
-        Code::InvalidArgument => "InvalidArgument",
-        Code::DeadlineExceeded => "DeadlineExceeded",
-        Code::NotFound => "NotFound",
-        Code::AlreadyExists => "AlreadyExists",
-        Code::PermissionDenied => "PermissionDenied",
-        Code::ResourceExhausted => "ResourceExhausted",
-        Code::FailedPrecondition => "FailedPrecondition",
-        Code::Aborted => "Aborted",
-        Code::OutOfRange => "OutOfRange",
-        Code::Unimplemented => "Unimplemented",
-        Code::Internal => "Internal",
-        Code::Unavailable => "Unavailable",
-        Code::DataLoss => "DataLoss",
-        Code::Unauthenticated => "Unauthenticated",
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 
@@ -1068,7 +1130,7 @@ mod tests {
         assert_eq!(
             series(&after, "plinth_grpc_server_requests_total"),
             [
-                "plinth_grpc_server_requests_total{rpc=\"/grpc.health.v1.Health/Watch\",code=\"NotFound\"} 1"
+                "plinth_grpc_server_requests_total{rpc=\"/grpc.health.v1.Health/Watch\",code=\"NOT_FOUND\"} 1"
             ]
         );
         let sum = series(&after, "plinth_grpc_server_request_duration_seconds_sum")
@@ -1103,7 +1165,7 @@ mod tests {
         assert!(!metrics.contains("junk"), "{metrics}");
         assert_eq!(
             series(&metrics, "plinth_grpc_server_requests_total"),
-            ["plinth_grpc_server_requests_total{rpc=\"other\",code=\"Unauthenticated\"} 20"]
+            ["plinth_grpc_server_requests_total{rpc=\"other\",code=\"UNAUTHENTICATED\"} 20"]
         );
     }
 }

@@ -460,10 +460,218 @@ pub fn metrics() -> &'static PrometheusHandle {
             );
         }
         process_collector().describe();
+        describe();
         metrics::gauge!("plinth_build_info", "version" => VERSION).set(1.0);
         crate::storage::register();
         handle
     })
+}
+
+/// The HELP text of every Plinth metric, with its unit; a process shows those it exports.
+/// `docs/operating/telemetry.md` has the same table with labels and who exports what.
+const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
+    (
+        "plinth_build_info",
+        Kind::Gauge,
+        "The Plinth version running, in its version label (always 1).",
+    ),
+    (
+        "plinth_http_requests_total",
+        Kind::Counter,
+        "HTTP requests answered, by route template, method and status.",
+    ),
+    (
+        "plinth_http_request_duration_seconds",
+        Kind::Histogram,
+        "Time from an HTTP request to the end of its response body, in seconds.",
+    ),
+    (
+        "plinth_http_requests_in_flight",
+        Kind::Gauge,
+        "HTTP requests whose response has not finished, by route.",
+    ),
+    (
+        "plinth_gateway_refused_total",
+        Kind::Counter,
+        "Requests and connections the gateway refused at its edge, by reason.",
+    ),
+    (
+        "plinth_gateway_connections",
+        Kind::Gauge,
+        "Connections open to the gateway's port, WebSockets included.",
+    ),
+    (
+        "plinth_store_full",
+        Kind::Gauge,
+        "1 while writes to the store found its disk full and it has no room yet, else 0.",
+    ),
+    (
+        "plinth_grpc_server_requests_total",
+        Kind::Counter,
+        "gRPC calls answered, by method and status code as gRPC names it.",
+    ),
+    (
+        "plinth_grpc_server_request_duration_seconds",
+        Kind::Histogram,
+        "Time from a gRPC call to the end of its response stream, in seconds, by method and status code.",
+    ),
+    (
+        "plinth_grpc_server_requests_in_flight",
+        Kind::Gauge,
+        "gRPC calls being answered, by method.",
+    ),
+    (
+        "plinth_grpc_server_deadlines_total",
+        Kind::Counter,
+        "gRPC calls still working at their deadline, answered UNAVAILABLE.",
+    ),
+    (
+        "plinth_grpc_server_refused_total",
+        Kind::Counter,
+        "gRPC calls refused before any work while the replica's readiness check failed.",
+    ),
+    (
+        "plinth_grpc_client_requests_total",
+        Kind::Counter,
+        "Outgoing gRPC calls, by method and status code as gRPC names it.",
+    ),
+    (
+        "plinth_grpc_client_request_duration_seconds",
+        Kind::Histogram,
+        "Time of outgoing gRPC calls, connecting included, in seconds.",
+    ),
+    (
+        "plinth_grpc_client_requests_in_flight",
+        Kind::Gauge,
+        "Outgoing gRPC calls not yet finished, by method.",
+    ),
+    (
+        "plinth_builds",
+        Kind::Gauge,
+        "Builds by state (queued, running); every catalog replica reports the same: use max.",
+    ),
+    (
+        "plinth_build_queue_oldest_seconds",
+        Kind::Gauge,
+        "Age of the oldest queued build in seconds, 0 when none; use max.",
+    ),
+    (
+        "plinth_build_lease_takeovers_total",
+        Kind::Counter,
+        "Builds whose builder's lease ran out, by outcome (requeued, failed).",
+    ),
+    (
+        "plinth_session_placement_retries_total",
+        Kind::Counter,
+        "Session creates placed again on another node after the first node failed them.",
+    ),
+    (
+        "plinth_builder_claims_total",
+        Kind::Counter,
+        "The builder's polls for work, by result (claimed, empty, error).",
+    ),
+    (
+        "plinth_build_duration_seconds",
+        Kind::Histogram,
+        "Time from claim to finish of each build, in seconds, by outcome.",
+    ),
+    (
+        "plinth_nodes",
+        Kind::Gauge,
+        "Registered nodes by state (live, suspect, late); use max.",
+    ),
+    (
+        "plinth_gateway_nodes_marked_suspect_total",
+        Kind::Counter,
+        "Nodes this gateway began to hold suspect.",
+    ),
+    (
+        "plinth_sessions_live",
+        Kind::Gauge,
+        "Sessions not yet ended; use max.",
+    ),
+    (
+        "plinth_node_sessions",
+        Kind::Gauge,
+        "Sessions attached on this node.",
+    ),
+    (
+        "plinth_node_attach_duration_seconds",
+        Kind::Histogram,
+        "Time to attach a session (version fetched and mounted), in seconds.",
+    ),
+    (
+        "plinth_node_cache_bytes",
+        Kind::Gauge,
+        "Bytes of blobs in the node's version cache.",
+    ),
+    (
+        "plinth_node_cache_lookups_total",
+        Kind::Counter,
+        "Version lookups in the node's cache at attach, by result (hit, miss).",
+    ),
+    (
+        "plinth_node_disk_free_bytes",
+        Kind::Gauge,
+        "Free bytes on the filesystem of the node's data directory.",
+    ),
+    (
+        "plinth_node_disk_size_bytes",
+        Kind::Gauge,
+        "Size in bytes of the filesystem of the node's data directory.",
+    ),
+    (
+        "plinth_blob_store_bytes",
+        Kind::Gauge,
+        "Bytes in the blob store, as of the last count (at start, then each collection pass).",
+    ),
+    (
+        "plinth_blob_store_objects",
+        Kind::Gauge,
+        "Objects in the blob store, as of the last count (at start, then each collection pass).",
+    ),
+    (
+        "plinth_gc_reclaimed_objects_total",
+        Kind::Counter,
+        "Blob store objects collection passes removed.",
+    ),
+    (
+        "plinth_gc_reclaimed_bytes_total",
+        Kind::Counter,
+        "Blob store bytes collection passes removed.",
+    ),
+    (
+        "plinth_gc_pass_duration_seconds",
+        Kind::Histogram,
+        "Duration of each collection pass, in seconds.",
+    ),
+];
+
+/// A metric's type, as the HELP text is given for it.
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Gives every Plinth metric its HELP text (and unit) in this process's recorder.
+fn describe() {
+    use metrics::Unit;
+    for &(name, kind, help) in DESCRIPTIONS {
+        let unit = if name.ends_with("_seconds") {
+            Unit::Seconds
+        } else if name.ends_with("_bytes") {
+            Unit::Bytes
+        } else {
+            Unit::Count
+        };
+        match kind {
+            Kind::Counter => metrics::describe_counter!(name, unit, help),
+            Kind::Gauge => metrics::describe_gauge!(name, unit, help),
+            Kind::Histogram => metrics::describe_histogram!(name, unit, help),
+        }
+    }
 }
 
 fn process_collector() -> &'static metrics_process::Collector {

@@ -281,6 +281,34 @@ pub async fn forget_expired_work(index: Index, every: Duration, shutdown: Cancel
     }
 }
 
+/// Makes the collection's series exist from the start, not only after the first pass (an
+/// hour away by default, or never in a source service that does not collect): its counters
+/// and histogram at zero, and the blob store's size from a count of the store made now, in
+/// the background (0 until it ends; a pass counts it again).
+pub fn start_metrics(blobs: BlobStore) {
+    plinth_kit::telemetry::metrics();
+    metrics::counter!("plinth_gc_reclaimed_objects_total").increment(0);
+    metrics::counter!("plinth_gc_reclaimed_bytes_total").increment(0);
+    let _ = metrics::histogram!("plinth_gc_pass_duration_seconds");
+    let _ = metrics::gauge!("plinth_blob_store_bytes");
+    let _ = metrics::gauge!("plinth_blob_store_objects");
+    plinth_kit::tasks::spawn(async move {
+        match blobs.inventory().await {
+            Ok(objects) => {
+                let (count, bytes) = objects.iter().fold((0u64, 0u64), |(count, bytes), object| {
+                    (count + 1, bytes.saturating_add(object.size))
+                });
+                metrics::gauge!("plinth_blob_store_bytes").set(bytes as f64);
+                metrics::gauge!("plinth_blob_store_objects").set(count as f64);
+            }
+            Err(error) => tracing::warn!(
+                %error,
+                "counting the blob store failed; its size is shown after the next collection pass"
+            ),
+        }
+    });
+}
+
 /// Runs a pass every `every` until `shutdown` (the first one period after start). A pass that
 /// fails is logged and tried again next period; another replica's pass running is not an
 /// error.
@@ -292,14 +320,6 @@ pub async fn run(
     every: Duration,
     shutdown: CancellationToken,
 ) {
-    // Every series the dashboards show exists from the start, at zero, not only after the
-    // first pass (an hour away by default).
-    plinth_kit::telemetry::metrics();
-    metrics::counter!("plinth_gc_reclaimed_objects_total").increment(0);
-    metrics::counter!("plinth_gc_reclaimed_bytes_total").increment(0);
-    let _ = metrics::histogram!("plinth_gc_pass_duration_seconds");
-    let _ = metrics::gauge!("plinth_blob_store_bytes");
-    let _ = metrics::gauge!("plinth_blob_store_objects");
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,

@@ -126,7 +126,7 @@ pub const ACCESS: Access = Access(&[
 pub async fn run(
     options: SourceOptions,
     grpc: TcpListener,
-    admin: Option<TcpListener>,
+    admin: Option<admin::Listener>,
     shutdown: CancellationToken,
 ) -> Result<(), SourceError> {
     match git::remove_leftovers(&options.spool_dir) {
@@ -147,6 +147,7 @@ pub async fn run(
     index.migrate().await?;
     let blobs = BlobStore::open(&options.blob_url, options.spool_dir.clone())?;
     blobs.watch_disks();
+    gc::start_metrics(blobs.clone());
     plinth_kit::storage::watch_database(&options.database_url);
     tracing::info!(address = ?grpc.local_addr().ok(), "source serving");
 
