@@ -333,14 +333,7 @@ where
         // A path this server does not serve is labelled `other`: naming it would let any
         // caller, even one refused, add series.
         let rpc = self.rpcs.get(&path);
-        let span = rpc_span(Side::Server, &rpc);
-        // Health checks are probes: counted, never traced.
-        if path.starts_with(OPEN_PREFIX) {
-            telemetry::unsampled(&span);
-        } else {
-            telemetry::extract(&span, request.headers());
-            telemetry::record_trace_id(&span);
-        }
+        let span = server_span(&rpc, &path, request.headers());
         let call = Call::start(Side::Server, span.clone(), rpc.clone());
         let mut request = request;
         if !path.starts_with(OPEN_PREFIX) {
@@ -463,9 +456,7 @@ impl ServerMeter {
         F: Future<Output = http::Response<Body>>,
     {
         let rpc = self.rpcs.get(request.uri().path());
-        let span = rpc_span(Side::Server, &rpc);
-        telemetry::extract(&span, request.headers());
-        telemetry::record_trace_id(&span);
+        let span = server_span(&rpc, request.uri().path(), request.headers());
         let call = Call::start(Side::Server, span.clone(), rpc);
         let response = answer(request).instrument(span).await;
         call.watch(response)
@@ -640,6 +631,19 @@ fn client_rpc(path: &str) -> Rpc {
         seen.insert(path.to_owned(), rpc.clone());
     }
     rpc
+}
+
+/// The server span of a call to `path`, in the caller's trace. Health checks are probes:
+/// counted, never traced.
+fn server_span(rpc: &Rpc, path: &str, headers: &http::HeaderMap) -> tracing::Span {
+    let span = rpc_span(Side::Server, rpc);
+    if path.starts_with(OPEN_PREFIX) {
+        telemetry::unsampled(&span);
+    } else {
+        telemetry::extract(&span, headers);
+        telemetry::record_trace_id(&span);
+    }
+    span
 }
 
 fn rpc_span(side: Side, rpc: &Rpc) -> tracing::Span {
