@@ -365,3 +365,186 @@ async fn reflection_lists_only_what_each_address_serves_in_both_versions() {
     );
     server.stop().await;
 }
+
+/// The `buf` program: `PLINTH_TEST_BUF` (`.ci/run` installs `@bufbuild/buf` from npm and sets
+/// it), else `buf` on `PATH`. `None` when neither runs; under CI that fails the test.
+fn buf() -> Option<std::path::PathBuf> {
+    let candidate = std::env::var_os("PLINTH_TEST_BUF")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "buf".into());
+    let runs = Command::new(&candidate)
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if runs {
+        return Some(candidate);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "buf does not run (set PLINTH_TEST_BUF to it; npm install @bufbuild/buf@1.75.0)"
+    );
+    eprintln!("buf is not installed: skipping (CI runs it)");
+    None
+}
+
+#[tokio::test]
+async fn buf_curl_lists_the_plinth_methods_over_both_reflection_versions() {
+    let Some(buf) = buf() else {
+        return;
+    };
+    let server = Server::start().await;
+    let base = server.base.trim_end_matches('/').to_owned();
+    for version in ["grpc-v1", "grpc-v1alpha"] {
+        // tokio's process: the server answers on this test's runtime, which must not block.
+        let listed = async |what: &str| {
+            let output = tokio::process::Command::new(&buf)
+                .args([
+                    "curl",
+                    "--protocol",
+                    "grpc",
+                    "--http2-prior-knowledge",
+                    "--reflect-protocol",
+                    version,
+                    what,
+                    &base,
+                ])
+                .output()
+                .await
+                .expect("buf runs");
+            assert!(
+                output.status.success(),
+                "buf curl {what} over {version} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            String::from_utf8(output.stdout).expect("utf-8")
+        };
+        let services = listed("--list-services").await;
+        let services: Vec<&str> = services.lines().collect();
+        for service in [
+            "plinth.v1.EnvironmentService",
+            "plinth.v1.FileService",
+            "plinth.v1.SessionService",
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ] {
+            assert!(services.contains(&service), "{version}: {services:?}");
+        }
+        let methods = listed("--list-methods").await;
+        let methods: Vec<&str> = methods.lines().collect();
+        for method in [
+            "plinth.v1.EnvironmentService/CreateEnvironment",
+            "plinth.v1.FileService/ImportGit",
+            "plinth.v1.BuildService/ReadBuildLog",
+            "plinth.v1.SessionService/Exec",
+            "plinth.v1.UsageService/GetUsage",
+            "grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            "grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        ] {
+            assert!(methods.contains(&method), "{version}: {methods:?}");
+        }
+        // Every listed service's methods are listed: each was described.
+        for service in &services {
+            assert!(
+                methods
+                    .iter()
+                    .any(|method| method.starts_with(&format!("{service}/"))),
+                "{version}: {service} is listed but not described: {methods:?}"
+            );
+        }
+    }
+    server.stop().await;
+}
+
+/// `async fn $name(address)`: on one reflection `$version` stream, a lookup of an unknown
+/// symbol, then of a known one, then the list: the first is answered with an error response,
+/// the others with their answers, and every listed service is then described on that stream.
+macro_rules! lookups {
+    ($name:ident, $version:ident) => {
+        async fn $name(address: &str) {
+            use tonic_reflection::pb::$version::ServerReflectionRequest;
+            use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
+            use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+            use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
+            let version = stringify!($version);
+            let (requests, outgoing) = futures::channel::mpsc::unbounded();
+            let ask = |request: MessageRequest| ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(request),
+            };
+            let mut answers = ServerReflectionClient::new(channel(address).await)
+                .server_reflection_info(outgoing)
+                .await
+                .expect("reflection answers")
+                .into_inner();
+            let mut next = async |request: MessageRequest| {
+                requests.unbounded_send(ask(request)).expect("stream open");
+                answers
+                    .message()
+                    .await
+                    .unwrap_or_else(|status| panic!("{version}: the stream ended: {status:?}"))
+                    .unwrap_or_else(|| panic!("{version}: the stream ended"))
+                    .message_response
+            };
+            match next(MessageRequest::FileContainingSymbol(
+                "plinth.v1.NoSuchService".into(),
+            ))
+            .await
+            {
+                Some(MessageResponse::ErrorResponse(error)) => {
+                    assert_eq!(error.error_code, tonic::Code::NotFound as i32, "{version}");
+                    assert!(
+                        error.error_message.contains("plinth.v1.NoSuchService"),
+                        "{version}: {error:?}"
+                    );
+                }
+                other => panic!("{version}: expected an error response, got {other:?}"),
+            }
+            match next(MessageRequest::FileContainingSymbol(
+                "plinth.v1.FileService".into(),
+            ))
+            .await
+            {
+                Some(MessageResponse::FileDescriptorResponse(files)) => {
+                    assert_eq!(files.file_descriptor_proto.len(), 1, "{version}");
+                }
+                other => panic!("{version}: expected a file descriptor, got {other:?}"),
+            }
+            match next(MessageRequest::FileByFilename("no/such.proto".into())).await {
+                Some(MessageResponse::ErrorResponse(error)) => {
+                    assert_eq!(error.error_code, tonic::Code::NotFound as i32, "{version}");
+                }
+                other => panic!("{version}: expected an error response, got {other:?}"),
+            }
+            let services = match next(MessageRequest::ListServices(String::new())).await {
+                Some(MessageResponse::ListServicesResponse(list)) => list.service,
+                other => panic!("{version}: expected the list, got {other:?}"),
+            };
+            assert!(services.len() > 3, "{version}: {services:?}");
+            for service in services {
+                match next(MessageRequest::FileContainingSymbol(service.name.clone())).await {
+                    Some(MessageResponse::FileDescriptorResponse(_)) => {}
+                    other => panic!(
+                        "{version}: {} is listed, not described: {other:?}",
+                        service.name
+                    ),
+                }
+            }
+        }
+    };
+}
+
+lookups!(lookups_v1, v1);
+lookups!(lookups_v1alpha, v1alpha);
+
+#[tokio::test]
+async fn a_failed_reflection_lookup_answers_that_request_and_the_stream_goes_on() {
+    let server = Server::start().await;
+    let gateway = server
+        .base
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    lookups_v1(&gateway).await;
+    lookups_v1alpha(&gateway).await;
+    server.stop().await;
+}

@@ -25,6 +25,7 @@ use crate::admin::ReadinessCheck;
 use crate::auth::{Principal, ServerAuth};
 use crate::config::Secret;
 use crate::metered::{End, Metered, Watcher};
+use crate::reflection::{Descriptors, ReflectionError};
 use crate::telemetry;
 use crate::tls::TlsSettings;
 
@@ -249,27 +250,18 @@ impl GrpcServer {
 
 /// Adds reflection to `routes`, v1 and v1alpha (which many tools still speak), over
 /// `descriptor_set` and health's, listing `services` and reflection itself: only what the
-/// server serves, though the set may describe more.
+/// server serves, though the set may describe more, and only what it describes (see
+/// [`crate::reflection`]).
 pub fn add_reflection(
     routes: &mut RoutesBuilder,
     descriptor_set: &'static [u8],
     services: &[&str],
-) -> Result<(), tonic_reflection::server::Error> {
-    const REFLECTION: [&str; 2] = [
-        "grpc.reflection.v1.ServerReflection",
-        "grpc.reflection.v1alpha.ServerReflection",
-    ];
-    let builder = || {
-        let mut builder = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(descriptor_set)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
-        for name in services.iter().copied().chain(REFLECTION) {
-            builder = builder.with_service_name(name);
-        }
-        builder
-    };
-    let v1 = builder().build_v1()?;
-    let v1alpha = builder().build_v1alpha()?;
+) -> Result<(), ReflectionError> {
+    let descriptors = Descriptors::new(
+        &[descriptor_set, tonic_health::pb::FILE_DESCRIPTOR_SET],
+        services,
+    )?;
+    let (v1, v1alpha) = crate::reflection::servers(descriptors);
     routes.add_service(v1);
     routes.add_service(v1alpha);
     Ok(())

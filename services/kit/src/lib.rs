@@ -28,6 +28,7 @@ pub mod ids;
 pub mod metered;
 pub mod python_install;
 pub mod quota;
+pub mod reflection;
 pub mod replicas;
 pub mod slug;
 pub mod storage;
