@@ -363,6 +363,9 @@ pub struct GitArgs {
     /// Most bytes one git fetch may write; past it the fetch is stopped.
     #[arg(long, env = "PLINTH_GIT_MAX_FETCH_BYTES")]
     pub git_max_fetch_bytes: Option<u64>,
+    /// Longest one git fetch may take, in seconds; past it the import answers 504.
+    #[arg(long, env = "PLINTH_GIT_FETCH_TIMEOUT_SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub git_fetch_timeout_seconds: Option<u64>,
 }
 
 /// Who may call the REST API and what it serves: `serve` and `gateway` take these. Client

@@ -454,6 +454,9 @@ pub struct SourceSection {
     /// Most bytes one git fetch may write (the pack as received); past it the fetch is
     /// stopped and the import answered `file_too_large`.
     pub git_max_fetch_bytes: u64,
+    /// Longest one git fetch (and resolving the repository's host) may take, in seconds; past
+    /// it the fetch is stopped and the import answered `remote_timeout` (504).
+    pub git_fetch_timeout_seconds: u64,
 }
 
 impl Default for SourceSection {
@@ -472,6 +475,7 @@ impl Default for SourceSection {
             git_allowed_schemes: vec!["https".to_owned()],
             git_allow_private_addresses: false,
             git_max_fetch_bytes: plinth_source::git::DEFAULT_MAX_FETCH_BYTES,
+            git_fetch_timeout_seconds: plinth_source::git::DEFAULT_FETCH_TIMEOUT.as_secs(),
         }
     }
 }
@@ -1180,6 +1184,9 @@ impl Config {
         }
         if let Some(max) = git.git_max_fetch_bytes {
             self.source.git_max_fetch_bytes = max;
+        }
+        if let Some(seconds) = git.git_fetch_timeout_seconds {
+            self.source.git_fetch_timeout_seconds = seconds;
         }
     }
 

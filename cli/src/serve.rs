@@ -1314,6 +1314,7 @@ fn spawn_source_with(
             allowed_schemes: section.git_allowed_schemes.clone(),
             allow_private_addresses: section.git_allow_private_addresses,
             max_fetch_bytes: section.git_max_fetch_bytes,
+            fetch_timeout: std::time::Duration::from_secs(section.git_fetch_timeout_seconds.max(1)),
             ..GitPolicy::default()
         },
         internal: internal.clone(),

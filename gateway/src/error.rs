@@ -47,7 +47,9 @@ pub struct ErrorObject {
     /// `environment_not_found`, `environment_exists`, `environment_busy`,
     /// `environment_not_ready`, `file_too_large`, `unauthenticated`, `not_found`,
     /// `method_not_allowed`, `rate_limited` (429, with `Retry-After`), `unavailable` (503,
-    /// with `Retry-After`), `insufficient_storage` (507: a disk the server writes to is full;
+    /// with `Retry-After`), `remote_unreachable` (502: a git import's repository server could
+    /// not be reached; with `Retry-After`), `remote_timeout` (504: it did not answer within
+    /// `source.git_fetch_timeout_seconds`; with `Retry-After`), `insufficient_storage` (507: a disk the server writes to is full;
     /// `detail.store` names it; with `Retry-After`), `internal`,
     /// `workspace_path_invalid`, `workspace_invalid_request`, `workspace_contents_required`,
     /// `workspace_read_only`, `workspace_not_found`, `workspace_find_not_unique`,

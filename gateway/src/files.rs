@@ -662,12 +662,16 @@ async fn make_directory(
     request_body(content = GitImport, description = "An archive (any content type but application/json), or this JSON naming a git repository"),
     responses(
         (status = 200, description = "What landed", body = ImportReport),
-        (status = 400, description = "environment_invalid: not an archive (a body that starts with `{` says to send `Content-Type: application/json`), an ambiguous archive (duplicate names, zip records that disagree, a member beneath a symlink), too many entries, a git URL that is not allowed or whose host is not public, a git server that redirected (give the final URL), a short commit id that matches no single commit (give the full 40-character id), a checkout's origin in the query that lacks commit or describe, names a commit that is not a full id, or comes with a JSON body", body = ErrorBody),
+        (status = 400, description = "environment_invalid: not an archive (a body that starts with `{` says to send `Content-Type: application/json`), an ambiguous archive (duplicate names, zip records that disagree, a member beneath a symlink), too many entries, a git URL that is not allowed or whose host is not public, a git ref the repository does not have or a URL that is no repository, a git server that redirected (give the final URL), a short commit id that matches no single commit (give the full 40-character id), a checkout's origin in the query that lacks commit or describe, names a commit that is not a full id, or comes with a JSON body", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
         (status = 413, description = "file_too_large: the archive, its contents, one member or a git fetch (source.git_max_fetch_bytes) passed a limit (detail.max_bytes); nothing was imported", body = ErrorBody),
         (status = 429, description = "quota_exceeded: the import would take the scope past its stored-bytes quota (detail: quota, limit, used); nothing was imported. Also rate_limited, with Retry-After", body = ErrorBody),
+        (status = 502, description = "remote_unreachable: the git repository's server could not be reached (its host does not resolve, it refused or dropped the connection, TLS failed, or it answered a 5xx); nothing was imported, and a retry after Retry-After seconds may pass", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
         (status = 503, description = "unavailable", body = ErrorBody),
+        (status = 504, description = "remote_timeout: the git repository's server did not finish answering within source.git_fetch_timeout_seconds (detail.timeout_seconds); the fetch was stopped and nothing was imported; retry after Retry-After seconds, or import an archive", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
     ),
     security(("bearer" = []))
 )]

@@ -31,6 +31,7 @@ mod files;
 mod first_run;
 mod full_disk;
 mod gc;
+mod git_faults;
 mod grpc_limits;
 mod grpc_surface;
 mod harnesses;

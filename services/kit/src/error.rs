@@ -63,6 +63,13 @@ pub enum ErrorCode {
     MethodNotAllowed,
     /// A service this one depends on did not answer; retrying later may succeed.
     Unavailable,
+    /// A server outside Plinth that the request names (a git import's repository) could not
+    /// be reached: its name does not resolve, it refuses or drops connections, or it answered
+    /// with a server error. Not the caller's fault; `Retry-After` says when to try again.
+    RemoteUnreachable,
+    /// A server outside Plinth that the request names did not finish answering within its
+    /// deadline; `Retry-After` says when to try again.
+    RemoteTimeout,
     /// A disk the server writes to (the database's, the blob store's, the node cache's, the
     /// spool's) is full; the message and `detail.store` name which. Nothing was written; reads
     /// still work, and writes resume by themselves once space is freed.
@@ -121,7 +128,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 32] = [
+    pub const ALL: [ErrorCode; 34] = [
         ErrorCode::EnvironmentInvalid,
         ErrorCode::InvalidRequest,
         ErrorCode::EnvironmentNotFound,
@@ -134,6 +141,8 @@ impl ErrorCode {
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::Unavailable,
+        ErrorCode::RemoteUnreachable,
+        ErrorCode::RemoteTimeout,
         ErrorCode::InsufficientStorage,
         ErrorCode::Internal,
         ErrorCode::WorkspacePathInvalid,
@@ -171,6 +180,8 @@ impl ErrorCode {
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::RemoteUnreachable => "remote_unreachable",
+            ErrorCode::RemoteTimeout => "remote_timeout",
             ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::Internal => "internal",
             ErrorCode::WorkspacePathInvalid => "workspace_path_invalid",
@@ -231,6 +242,8 @@ impl ErrorCode {
             ErrorCode::Unauthenticated => 401,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Unavailable => 503,
+            ErrorCode::RemoteUnreachable => 502,
+            ErrorCode::RemoteTimeout => 504,
             ErrorCode::InsufficientStorage => 507,
             ErrorCode::Internal => 500,
         }
@@ -268,7 +281,8 @@ impl ErrorCode {
             ErrorCode::OutcomeUnknown => tonic::Code::Unknown,
             ErrorCode::Unauthenticated => tonic::Code::Unauthenticated,
             ErrorCode::MethodNotAllowed => tonic::Code::Unimplemented,
-            ErrorCode::Unavailable => tonic::Code::Unavailable,
+            ErrorCode::Unavailable | ErrorCode::RemoteUnreachable => tonic::Code::Unavailable,
+            ErrorCode::RemoteTimeout => tonic::Code::DeadlineExceeded,
             ErrorCode::Internal => tonic::Code::Internal,
         }
     }

@@ -45,6 +45,9 @@ use scratch::Scratch;
 
 pub use scratch::remove_leftovers;
 
+/// The default deadline of one fetch from a repository's server: 120 s.
+pub const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// The default cap on the bytes one fetch may write: 1 GiB.
 pub const DEFAULT_MAX_FETCH_BYTES: u64 = 1024 * 1024 * 1024;
 
@@ -59,7 +62,8 @@ pub struct GitPolicy {
     /// Whether hosts may resolve to loopback, private, link-local or other addresses that are
     /// not public.
     pub allow_private_addresses: bool,
-    /// Longest a fetch may take.
+    /// Longest a fetch may take (and resolving the URL's host, and each local `git` step);
+    /// past it the import is answered [`GitError::TimedOut`].
     pub fetch_timeout: Duration,
     /// Most bytes one fetch may write (the pack as received, and its index).
     pub max_fetch_bytes: u64,
@@ -74,7 +78,7 @@ impl Default for GitPolicy {
         GitPolicy {
             allowed_schemes: vec!["https".to_owned()],
             allow_private_addresses: false,
-            fetch_timeout: Duration::from_secs(300),
+            fetch_timeout: DEFAULT_FETCH_TIMEOUT,
             max_fetch_bytes: DEFAULT_MAX_FETCH_BYTES,
             resolver: Arc::new(SystemResolver),
             classify: Arc::new(address::refusal),
@@ -99,6 +103,45 @@ fn refused(message: impl Into<String>) -> ImportError {
 
 fn failed(message: impl Into<String>) -> ImportError {
     ImportError::Git(GitError::Failed(message.into()))
+}
+
+fn timed_out(timeout: Duration) -> ImportError {
+    ImportError::Git(GitError::TimedOut {
+        seconds: timeout.as_secs().max(1),
+    })
+}
+
+/// What curl (under `git-remote-http(s)`) says when the server could not be reached or
+/// failed on its side: the name did not resolve, the connection was refused, dropped or
+/// timed out, TLS could not be set up, or the answer was a 5xx.
+const UNREACHABLE: [&str; 12] = [
+    "Could not resolve host",
+    "Failed to connect to",
+    "Couldn't connect to server",
+    "Connection refused",
+    "Connection timed out",
+    "Operation timed out",
+    "Connection reset by peer",
+    "Empty reply from server",
+    "Recv failure",
+    "Send failure",
+    "SSL connect error",
+    "TLS connect error",
+];
+
+/// A failed fetch's last line, when it says the server could not be reached (see
+/// [`UNREACHABLE`]) or answered a server error.
+fn unreachable(stderr: &str) -> Option<String> {
+    const STATUS: &str = "The requested URL returned error: ";
+    let server_error = stderr.match_indices(STATUS).any(|(at, _)| {
+        let start = at + STATUS.len();
+        stderr
+            .get(start..start + 3)
+            .and_then(|status| status.parse::<u16>().ok())
+            .is_some_and(|status| (500..600).contains(&status))
+    });
+    (server_error || UNREACHABLE.iter().any(|marker| stderr.contains(marker)))
+        .then(|| last_line(stderr.as_bytes()))
 }
 
 /// A URL scheme git imports know.
@@ -257,8 +300,12 @@ fn split_port(host_port: &str, default: u16) -> Result<(&str, u16), ImportError>
 async fn resolve(policy: &GitPolicy, name: &str) -> Result<Vec<IpAddr>, ImportError> {
     let answer = tokio::time::timeout(policy.fetch_timeout, policy.resolver.resolve(name))
         .await
-        .map_err(|_| refused(format!("resolving {name} took too long")))?
-        .map_err(|error| refused(format!("cannot resolve {name}: {error}")))?;
+        .map_err(|_| timed_out(policy.fetch_timeout))?
+        .map_err(|error| {
+            ImportError::Git(GitError::Unreachable(format!(
+                "cannot resolve {name}: {error}"
+            )))
+        })?;
     let mut addresses: Vec<IpAddr> = Vec::with_capacity(answer.len());
     for ip in answer {
         if !addresses.contains(&ip) {
@@ -317,7 +364,10 @@ async fn run(
         .stderr(Stdio::piped());
     let output = tokio::time::timeout(timeout, command.output())
         .await
-        .map_err(|_| failed(format!("{what} took longer than {} s", timeout.as_secs())))?
+        .map_err(|_| {
+            tracing::warn!(what, "a local git step passed the fetch deadline");
+            timed_out(timeout)
+        })?
         .map_err(|error| failed(format!("cannot run git for {what}: {error}")))?;
     if !output.status.success() {
         return Err(failed(format!("{what}: {}", last_line(&output.stderr))));
@@ -450,10 +500,7 @@ async fn fetch(
             () = &mut deadline => {
                 group.kill();
                 let _ = child.wait().await;
-                return Err(failed(format!(
-                    "git fetch took longer than {} s",
-                    policy.fetch_timeout.as_secs()
-                )));
+                return Err(timed_out(policy.fetch_timeout));
             }
             _ = watch.tick() => {
                 // A fresh bare repository: a few dozen entries to stat.
@@ -478,6 +525,9 @@ async fn fetch(
     let text = String::from_utf8_lossy(&stderr);
     if let Some(status) = redirect_status(&text) {
         return Err(ImportError::Git(GitError::Redirected { status }));
+    }
+    if let Some(line) = unreachable(&text) {
+        return Err(ImportError::Git(GitError::Unreachable(line)));
     }
     Err(failed(format!("git fetch: {}", last_line(&stderr))))
 }
@@ -883,12 +933,9 @@ async fn read_link_targets(
         }
         Ok::<_, ImportError>(targets)
     };
-    let targets = tokio::time::timeout(timeout, read).await.map_err(|_| {
-        failed(format!(
-            "reading links took longer than {} s",
-            timeout.as_secs()
-        ))
-    })??;
+    let targets = tokio::time::timeout(timeout, read)
+        .await
+        .map_err(|_| timed_out(timeout))??;
     feeder
         .await
         .map_err(|error| ImportError::Worker(error.to_string()))??;
@@ -1153,6 +1200,27 @@ mod tests {
             );
         }
         assert_eq!(answer.1.load(Ordering::SeqCst), 3, "one lookup per URL");
+    }
+
+    #[test]
+    fn what_git_says_of_a_server_out_of_reach_is_told_from_the_callers_mistakes() {
+        for stderr in [
+            "fatal: unable to access 'http://127.0.0.1:1/x.git/': Failed to connect to 127.0.0.1 port 1 after 0 ms: Couldn't connect to server\n",
+            "fatal: unable to access 'https://nothing.invalid/x.git/': Could not resolve host: nothing.invalid\n",
+            "error: RPC failed; HTTP 503 curl 22 The requested URL returned error: 503\nfatal: expected flush after ref listing\n",
+            "fatal: unable to access 'https://git.example.com/x.git/': Recv failure: Connection reset by peer\n",
+        ] {
+            let line = unreachable(stderr).unwrap_or_else(|| panic!("{stderr}"));
+            assert!(!line.is_empty() && !line.contains('\n'), "{line:?}");
+        }
+        for stderr in [
+            "fatal: couldn't find remote ref no-such-branch\n",
+            "fatal: repository 'https://git.example.com/x.git/' not found\n",
+            "fatal: unable to access 'https://git.example.com/x.git/': The requested URL returned error: 404\n",
+            "fatal: unable to access 'https://git.example.com/x.git/': The requested URL returned error: 301\n",
+        ] {
+            assert_eq!(unreachable(stderr), None, "{stderr}");
+        }
     }
 
     #[tokio::test]

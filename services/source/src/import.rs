@@ -191,6 +191,20 @@ pub enum GitError {
         /// The limit.
         max: u64,
     },
+    /// The repository's server could not be reached for reasons of its own: its name does
+    /// not resolve, its address refuses or drops the connection, or it answered with a server
+    /// error. Not the caller's fault; a retry may pass.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The repository's server did not finish answering within the fetch deadline
+    /// (`source.git_fetch_timeout_seconds`); the fetch was stopped.
+    #[error(
+        "the repository's server did not finish answering within {seconds} s (source.git_fetch_timeout_seconds) and the fetch was stopped; nothing was imported"
+    )]
+    TimedOut {
+        /// The deadline, in seconds.
+        seconds: u64,
+    },
     /// `git` failed.
     #[error("git failed: {0}")]
     Failed(String),

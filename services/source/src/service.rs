@@ -276,6 +276,10 @@ fn blob_error(error: BlobError) -> PlinthError {
     }
 }
 
+/// How long a caller is told to wait before retrying an import whose repository's server did
+/// not answer.
+const REMOTE_RETRY_AFTER_MS: u64 = 30_000;
+
 fn import_error(error: ImportError) -> PlinthError {
     match error {
         ImportError::ArchiveTooLarge { max } => too_large(max, "the archive"),
@@ -302,6 +306,26 @@ fn import_error(error: ImportError) -> PlinthError {
             ),
         )
         .with_detail(serde_json::json!({ "max_bytes": max })),
+        ImportError::Git(GitError::Unreachable(why)) => PlinthError::new(
+            ErrorCode::RemoteUnreachable,
+            format!(
+                "the repository's server could not be reached ({why}); nothing was imported. \
+                 Check the URL's host and port, or retry later: the fault is the server's or the \
+                 network's, not the request's"
+            ),
+        )
+        .with_detail(serde_json::json!({ plinth_kit::error::RETRY_AFTER_MS: REMOTE_RETRY_AFTER_MS })),
+        ImportError::Git(timed_out @ GitError::TimedOut { seconds }) => PlinthError::new(
+            ErrorCode::RemoteTimeout,
+            format!(
+                "{timed_out}. Retry later, or import an archive of the repository instead; an \
+                 operator may raise source.git_fetch_timeout_seconds"
+            ),
+        )
+        .with_detail(serde_json::json!({
+            "timeout_seconds": seconds,
+            plinth_kit::error::RETRY_AFTER_MS: REMOTE_RETRY_AFTER_MS,
+        })),
         ImportError::Git(refused) => PlinthError::invalid(format!("git import refused: {refused}")),
         ImportError::Blob(error) => blob_error(error),
         other => PlinthError::internal(&other),
