@@ -30,11 +30,23 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(rotate_secret))
 }
 
+/// The protocols an adapter speaks, as the API names them.
+#[derive(Debug, ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code, reason = "documents the names the protocol field takes")]
+pub enum AdapterProtocolName {
+    /// Novo's signed calls.
+    Novo,
+    /// Brain's.
+    Brain,
+}
+
 /// `POST /v1/workspace-adapters`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAdapter {
     /// `novo` or `brain`.
+    #[schema(value_type = AdapterProtocolName)]
     pub protocol: String,
     /// The environment its runs read (`henv_…`), of the caller's scope.
     pub environment: String,

@@ -39,9 +39,14 @@ pub fn routes() -> OpenApiRouter<AppState> {
     expecting = "a JSON object with name, description, entry, install"
 )]
 pub struct CreateEnvironment {
-    /// Display name, up to 200 characters; the slug and mount path are derived from it and
-    /// never change.
-    #[schema(example = "Content Studio", min_length = 1, max_length = 200)]
+    /// Display name, up to 200 characters, without control characters and with at least one
+    /// ASCII letter or digit; the slug and mount path are derived from it and never change.
+    #[schema(
+        example = "Content Studio",
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*[A-Za-z0-9][^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
     pub name: String,
     /// Free text, up to 4000 characters.
     #[serde(default)]
@@ -66,7 +71,11 @@ pub struct UpdateEnvironment {
     /// New display name. The slug and mount path stay, so scripts that use the absolute path
     /// keep working.
     #[serde(default)]
-    #[schema(min_length = 1, max_length = 200)]
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*[A-Za-z0-9][^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
     pub name: Option<String>,
     /// New description.
     #[serde(default)]

@@ -38,11 +38,21 @@ pub fn routes() -> OpenApiRouter<AppState> {
 )]
 pub struct HarnessWrite {
     /// Display name: not blank, up to 200 characters, no control characters.
-    #[schema(example = "Teaser cutter", min_length = 1, max_length = 200)]
+    #[schema(
+        example = "Teaser cutter",
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\s\\x00-\\x1f\\x7f-\\x9f][^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
     pub name: String,
     /// The agent the harness builds on: not blank, up to 200 characters, no control
     /// characters.
-    #[schema(example = "codex", min_length = 1, max_length = 200)]
+    #[schema(
+        example = "codex",
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\s\\x00-\\x1f\\x7f-\\x9f][^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
     pub base: String,
     /// The environment its tasks read: an environment of the caller's scope. Required: left
     /// out, null, empty, or naming anything else, the write is refused with

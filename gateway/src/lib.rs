@@ -436,6 +436,7 @@ fn router_with(
         .map(|(path, item)| (path.replace("{*", "{"), item))
         .collect();
     document_rate_limits(&mut openapi);
+    state.session_limits.document(&mut openapi);
     openapi::complete(&mut openapi);
     let openapi = Arc::new(openapi);
     let browsers = Arc::new(

@@ -187,20 +187,28 @@ pub struct LimitsBody {
 
 /// What `POST /v1/sessions` takes as `limits`: any of these; the others get their defaults.
 /// Each must be more than 0 and at most its configured maximum.
+/// The served document gives each its configured maximum ([`LimitPolicy::document`]).
 #[derive(Debug, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct LimitsRequest {
     /// Memory, in MiB (a whole number).
+    #[schema(minimum = 1)]
     memory_mb: Option<u64>,
     /// Processes and threads at once (a whole number).
+    #[schema(minimum = 1)]
     pids: Option<u64>,
     /// CPU, in cores; fractional (0.5), at least 0.001.
+    #[schema(minimum = 0.001)]
     cpu: Option<f64>,
     /// Disk used in the working directory, in MiB (a whole number).
+    #[schema(minimum = 1)]
     disk_mb: Option<u64>,
     /// Milliseconds from creation until the session is ended (a whole number).
+    #[schema(minimum = 1)]
     lifetime_ms: Option<u64>,
     /// Milliseconds without an exec or file call until the session is ended (a whole number).
+    #[schema(minimum = 1)]
     idle_ms: Option<u64>,
 }
 
@@ -250,6 +258,29 @@ impl LimitPolicy {
     /// The maximum of `limit`.
     pub fn max(&self, limit: Limit) -> u64 {
         self.maxima[limit.index()]
+    }
+
+    /// Writes each limit's configured maximum into the document's `LimitsRequest`, so the
+    /// served document states the range [`LimitPolicy::resolve`] accepts.
+    pub fn document(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{RefOr, Schema};
+        let Some(RefOr::T(Schema::Object(request))) = openapi
+            .components
+            .as_mut()
+            .and_then(|components| components.schemas.get_mut("LimitsRequest"))
+        else {
+            return;
+        };
+        for limit in Limit::ALL {
+            let max = self.max(limit);
+            let maximum = match limit {
+                Limit::Cpu => utoipa::Number::Float(cores(max)),
+                _ => utoipa::Number::UInt(usize::try_from(max).unwrap_or(usize::MAX)),
+            };
+            if let Some(RefOr::T(property)) = request.properties.get_mut(limit.name()) {
+                set_maximum(property, maximum);
+            }
+        }
     }
 
     /// The limits a session gets for `requested` (the body's `limits`; absent or `null`: the
@@ -340,6 +371,22 @@ impl LimitPolicy {
 
     fn names() -> String {
         Limit::ALL.map(Limit::name).join(", ")
+    }
+}
+
+/// Sets `maximum` on a property's schema, or on the non-null branch of an optional one.
+fn set_maximum(schema: &mut utoipa::openapi::Schema, maximum: utoipa::Number) {
+    use utoipa::openapi::{RefOr, Schema};
+    match schema {
+        Schema::Object(object) => object.maximum = Some(maximum),
+        Schema::OneOf(one_of) => {
+            for item in &mut one_of.items {
+                if let RefOr::T(item) = item {
+                    set_maximum(item, maximum.clone());
+                }
+            }
+        }
+        _ => {}
     }
 }
 

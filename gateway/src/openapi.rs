@@ -64,6 +64,35 @@ pub fn complete(openapi: &mut OpenApi) {
     stream_exec_events(openapi);
     binary_bodies(openapi);
     session_file_answers(openapi);
+    optional_bodies_are_not_null(openapi);
+}
+
+/// An optional JSON body (`Option<T>` in a handler's `request_body`) may be left out, but
+/// when sent it is a `T`: `null` is refused like any other non-object (see
+/// `json::optional`), so the document's schema is `T`, not `T` or `null`.
+fn optional_bodies_are_not_null(openapi: &mut OpenApi) {
+    for (_, operation) in operations_mut(openapi) {
+        let Some(RefOr::T(body)) = operation.request_body.as_mut() else {
+            continue;
+        };
+        if body.required == Some(utoipa::openapi::Required::True) {
+            continue;
+        }
+        for content in body.content.values_mut() {
+            let RefOr::T(content) = content else {
+                continue;
+            };
+            if let Some(RefOr::T(Schema::OneOf(one_of))) = &content.schema {
+                let mut not_null = one_of.items.iter().filter(|item| {
+                    !matches!(item, RefOr::T(Schema::Object(object))
+                        if object.schema_type == utoipa::openapi::schema::SchemaType::Type(Type::Null))
+                });
+                if let (Some(only), None) = (not_null.next(), not_null.next()) {
+                    content.schema = Some(only.clone());
+                }
+            }
+        }
+    }
 }
 
 /// A schema for raw bytes of `media_type`: a binary string, so generated clients take and

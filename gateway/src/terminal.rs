@@ -61,9 +61,11 @@ pub struct TerminalQuery {
     pub cwd: Option<String>,
     /// With pty=true: the terminal's columns, 1 to 1000 (default 80).
     #[serde(default)]
+    #[param(minimum = 1, maximum = 1000)]
     pub cols: Option<u32>,
     /// With pty=true: the terminal's rows, 1 to 1000 (default 24).
     #[serde(default)]
+    #[param(minimum = 1, maximum = 1000)]
     pub rows: Option<u32>,
 }
 

@@ -749,3 +749,89 @@ async fn an_unknown_query_parameter_is_refused_on_every_route() {
     assert_eq!(body["executable"], true);
     server.stop().await;
 }
+
+/// The document states the constraints the server enforces, so a request valid by the
+/// document is not refused for a rule the document does not give.
+#[tokio::test]
+async fn the_document_states_the_ranges_enums_patterns_and_bodies_the_server_enforces() {
+    let server = Server::start().await;
+    let (status, doc) = get(&server, "/openapi.json").await;
+    assert_eq!(status, 200);
+    let schemas = &doc["components"]["schemas"];
+    let parameter = |path: &str, method: &str, name: &str| -> Value {
+        doc["paths"][path][method]["parameters"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{method} {path} has parameters"))
+            .iter()
+            .find(|parameter| parameter["name"] == name)
+            .unwrap_or_else(|| panic!("{method} {path} takes {name}"))["schema"]
+            .clone()
+    };
+    // A terminal's size: 1 to 1000 cells each way.
+    for method in ["get", "post"] {
+        for name in ["cols", "rows"] {
+            let schema = parameter("/v1/sessions/{id}/exec", method, name);
+            assert_eq!(schema["minimum"], 1, "{method} {name}: {schema}");
+            assert_eq!(schema["maximum"], 1000, "{method} {name}: {schema}");
+        }
+    }
+    // The protocols an adapter speaks.
+    let protocol = &schemas["CreateAdapter"]["properties"]["protocol"];
+    let named = protocol["$ref"].as_str().expect("a named schema");
+    let names = &schemas[named.rsplit('/').next().expect("name")]["enum"];
+    assert_eq!(names, &json!(["novo", "brain"]), "{protocol}");
+    // Names: no control characters (and, for an environment, a letter or digit for its slug).
+    // Checked with Python's `re`, as Schemathesis reads the patterns.
+    let environment = &schemas["CreateEnvironment"]["properties"]["name"]["pattern"];
+    let harness = &schemas["HarnessWrite"]["properties"]["name"]["pattern"];
+    let names = [
+        "Content Studio",
+        "Café 2",
+        "tab\there",
+        "bell\u{7}",
+        "c1\u{85}control",
+        "—",
+        "   ",
+    ];
+    let matched = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import json, re, sys\n\
+             patterns, names = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n\
+             print(json.dumps([[bool(re.search(p, n)) for n in names] for p in patterns]))",
+            &json!([environment, harness]).to_string(),
+            &json!(names).to_string(),
+        ])
+        .output()
+        .expect("python3 runs");
+    assert!(matched.status.success(), "{matched:?}");
+    let matched: Value = serde_json::from_slice(&matched.stdout).expect("JSON");
+    assert_eq!(
+        matched,
+        json!([
+            [true, true, false, false, false, false, false],
+            [true, true, false, false, false, true, false],
+        ]),
+        "environment and harness names: {names:?}"
+    );
+    // A build's body may be left out, but when sent it is an object, never null.
+    let body = &doc["paths"]["/v1/environments/{id}/build"]["post"]["requestBody"];
+    assert_ne!(body["required"], true, "{body}");
+    let schema = &body["content"]["application/json"]["schema"];
+    assert!(
+        schema["$ref"]
+            .as_str()
+            .is_some_and(|r| r.ends_with("/StartBuild")),
+        "{schema}"
+    );
+    // A git import whose server is out of reach or too slow: 502 and 504, with Retry-After.
+    let answers = &doc["paths"]["/v1/environments/{id}/import"]["post"]["responses"];
+    for status in ["502", "504"] {
+        assert!(
+            answers[status]["headers"]["Retry-After"].is_object(),
+            "{status}: {}",
+            answers[status]
+        );
+    }
+    server.stop().await;
+}

@@ -151,6 +151,17 @@ async fn limits_past_their_maximum_zero_mistyped_or_unknown_are_refused_naming_t
         );
         assert!(schemas["LimitsBody"]["properties"][limit].is_object());
     }
+    // The ranges the server accepts: from 1 (0.001 of a core) to the configured maximum.
+    let asked = &schemas["LimitsRequest"]["properties"];
+    assert_eq!(asked["memory_mb"]["minimum"], 1, "{asked}");
+    assert_eq!(asked["memory_mb"]["maximum"], 4096, "{asked}");
+    assert_eq!(asked["cpu"]["minimum"], 0.001, "{asked}");
+    assert_eq!(asked["cpu"]["maximum"], 2.5, "{asked}");
+    assert_eq!(asked["idle_ms"]["minimum"], 1, "{asked}");
+    assert_eq!(
+        schemas["LimitsRequest"]["additionalProperties"], false,
+        "an unknown limit is refused"
+    );
     assert!(
         schemas["CreateSession"]["properties"]["limits"].is_object(),
         "{}",
