@@ -50,9 +50,10 @@ pub struct CreateAdapter {
     pub protocol: String,
     /// The environment its runs read (`henv_…`), of the caller's scope.
     pub environment: String,
-    /// Novo only: the HMAC secret (16 to 512 printable ASCII characters); generated when
-    /// left out. Brain tokens are always generated.
+    /// Novo only: the HMAC secret (16 to 512 printable ASCII characters, no spaces);
+    /// generated when left out. Brain tokens are always generated.
     #[serde(default)]
+    #[schema(pattern = "^[\\x21-\\x7e]{16,512}$")]
     pub secret: Option<String>,
     /// Brain only: the origins (scheme, host and port: `https://brain.internal:8443`) its
     /// Brain calls back from. An execution whose callback URL is elsewhere is refused, and
@@ -74,8 +75,10 @@ pub struct UpdateAdapter {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RotateSecret {
-    /// Novo only: the new secret; generated when left out.
+    /// Novo only: the new secret (16 to 512 printable ASCII characters, no spaces);
+    /// generated when left out.
     #[serde(default)]
+    #[schema(pattern = "^[\\x21-\\x7e]{16,512}$")]
     pub secret: Option<String>,
     /// How long the previous secret or token is still accepted, in milliseconds, from 0
     /// (refused at once) to 604800000 (a week); `catalog.adapter_credential_grace_seconds`

@@ -780,6 +780,14 @@ async fn the_document_states_the_ranges_enums_patterns_and_bodies_the_server_enf
     let named = protocol["$ref"].as_str().expect("a named schema");
     let names = &schemas[named.rsplit('/').next().expect("name")]["enum"];
     assert_eq!(names, &json!(["novo", "brain"]), "{protocol}");
+    // A Novo secret: 16 to 512 printable ASCII characters without spaces.
+    for (schema, name) in [("CreateAdapter", "secret"), ("RotateSecret", "secret")] {
+        let property = &schemas[schema]["properties"][name];
+        assert_eq!(
+            property["pattern"], "^[\\x21-\\x7e]{16,512}$",
+            "{schema}: {property}"
+        );
+    }
     // Names: no control characters (and, for an environment, a letter or digit for its slug).
     // Checked with Python's `re`, as Schemathesis reads the patterns.
     let environment = &schemas["CreateEnvironment"]["properties"]["name"]["pattern"];
