@@ -1,13 +1,13 @@
 //! A streamed call as an operator sees it, from a real `plinth serve` exporting to an OTLP
 //! receiver: a streamed exec (over REST and over the public gRPC face), a download and a
 //! followed build log are each one trace that lasts as long as the stream, with no span
-//! marked as an error, and counted `OK`; a client that leaves mid-stream is counted
-//! `CANCELLED`.
+//! marked as an error, and counted `OK`, as is a terminal whose shell exits; a client that
+//! leaves mid-stream is counted `CANCELLED`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use futures::StreamExt as _;
+use futures::{SinkExt as _, StreamExt as _};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
@@ -19,6 +19,7 @@ use crate::processes::{Process, free_port, wait_until_ready};
 use crate::telemetry::{Collector, exporting, hex, integer, sample, span_status, until};
 
 const NODE_EXEC: &str = "plinth.node.v1.NodeService/Exec";
+const NODE_PTY: &str = "plinth.node.v1.NodeService/Pty";
 const SOURCE_READ: &str = "plinth.source.v1.SourceService/ReadFile";
 const LOG_READ: &str = "plinth.catalog.v1.CatalogService/ReadBuildLog";
 
@@ -213,6 +214,25 @@ async fn streamed_calls_are_one_trace_each_and_are_counted_as_they_ended() {
     }
     assert_eq!(ended, Some(0));
 
+    // A terminal whose shell exits.
+    let mut socket = crate::terminal::open_socket_at(
+        &base,
+        "any",
+        reqwest::Method::POST,
+        &session_id,
+        "pty=true",
+    )
+    .await
+    .expect("a terminal");
+    socket
+        .send(tokio_tungstenite::tungstenite::Message::Binary(
+            "exit 7\r".into(),
+        ))
+        .await
+        .expect("typed");
+    let (_, exit, closed) = crate::terminal::read_socket(&mut socket, |_| false).await;
+    assert_eq!((exit, closed), (Some(7), true));
+
     // A client that leaves after the first line of a long command.
     let left = client
         .post(format!("{base}/v1/sessions/{session_id}/exec?stream=true"))
@@ -252,6 +272,8 @@ async fn streamed_calls_are_one_trace_each_and_are_counted_as_they_ended() {
         format!("plinth_grpc_server_requests_total{{rpc=\"/{SOURCE_READ}\",code=\"{code}\"}}")
     };
     assert!(counted(read_series("OK")) >= 1.0, "{metrics}");
+    let pty = format!("plinth_grpc_server_requests_total{{rpc=\"/{NODE_PTY}\",code=\"OK\"}}");
+    assert_eq!(counted(pty), 1.0, "the terminal's call ended OK: {metrics}");
     assert_eq!(counted(read_series("CANCELLED")), 0.0, "{metrics}");
 
     // One trace each.

@@ -352,16 +352,24 @@ pub(crate) async fn open_socket(
     id: &str,
     query: &str,
 ) -> Result<WebSocketStream<reqwest::Upgraded>, (u16, Value)> {
+    open_socket_at(&server.base, token, method, id, query).await
+}
+
+/// [`open_socket`] on the server at `base` (`http://host:port`).
+pub(crate) async fn open_socket_at(
+    base: &str,
+    token: &str,
+    method: reqwest::Method,
+    id: &str,
+    query: &str,
+) -> Result<WebSocketStream<reqwest::Upgraded>, (u16, Value)> {
     let key = tokio_tungstenite::tungstenite::handshake::client::generate_key();
     let client = reqwest::Client::builder()
         .http1_only()
         .build()
         .expect("client");
     let response = client
-        .request(
-            method,
-            server.url(&format!("/v1/sessions/{id}/exec?{query}")),
-        )
+        .request(method, format!("{base}/v1/sessions/{id}/exec?{query}"))
         .bearer_auth(token)
         .header("connection", "Upgrade")
         .header("upgrade", "websocket")
