@@ -312,8 +312,12 @@ async fn resolve(policy: &GitPolicy, name: &str) -> Result<Vec<IpAddr>, ImportEr
             addresses.push(ip);
         }
     }
+    // An answer without an address is the name's (its DNS records), not the caller's: it
+    // may pass later, as a failed lookup may.
     if addresses.is_empty() {
-        return Err(refused(format!("{name} resolves to no address")));
+        return Err(ImportError::Git(GitError::Unreachable(format!(
+            "{name} resolves to no address"
+        ))));
     }
     Ok(addresses)
 }
@@ -1134,6 +1138,20 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_name_that_resolves_to_no_address_is_out_of_reach_not_refused() {
+        let (policy, asked) = answering(&[]);
+        let error = check_url("https://empty.example/repo.git", &policy)
+            .await
+            .expect_err("nothing to reach");
+        assert_eq!(asked.1.load(Ordering::SeqCst), 1);
+        assert!(
+            matches!(error, ImportError::Git(GitError::Unreachable(_))),
+            "{error:?}"
+        );
+        assert!(message(error).contains("resolves to no address"));
+    }
+
+    #[tokio::test]
     async fn urls_are_checked_against_the_policy() {
         let strict = GitPolicy::default();
         for url in [
@@ -1230,7 +1248,6 @@ mod tests {
             &["140.82.112.3", "10.0.0.1"],
             &["2606:4700::1111", "::ffff:169.254.169.254"],
             &["64:ff9b::808:808"],
-            &[],
         ] {
             let (policy, _) = answering(addresses);
             let error = check_url("https://git.example.com/repo.git", &policy)
