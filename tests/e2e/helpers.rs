@@ -559,3 +559,26 @@ pub fn scope_images(work_dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         .filter(|image| image.is_file())
         .collect()
 }
+
+/// A program a test runs: the path the environment variable `variable` names (`.ci/run` sets
+/// it), else `name` on `PATH`, if it answers `--version`. `None` when it does not, which under
+/// CI fails the test; `install` says how to get it.
+pub fn tool(variable: &str, name: &str, install: &str) -> Option<std::path::PathBuf> {
+    let candidate = std::env::var_os(variable)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| name.into());
+    let runs = std::process::Command::new(&candidate)
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if runs {
+        return Some(candidate);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{name} does not run at {} (set {variable} to it; {install})",
+        candidate.display()
+    );
+    eprintln!("{name} is not installed: skipping (CI runs it)");
+    None
+}

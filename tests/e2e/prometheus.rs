@@ -31,24 +31,12 @@ const RATE_INTERVAL: &str = "15s";
 
 /// The Prometheus server binary, or `None` (a failure under CI) when there is none.
 fn prometheus_binary() -> Option<PathBuf> {
-    let candidate = std::env::var_os("PLINTH_TEST_PROMETHEUS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("prometheus"));
-    let runs = std::process::Command::new(&candidate)
-        .arg("--version")
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if runs {
-        return Some(candidate);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "no Prometheus server at {} (set PLINTH_TEST_PROMETHEUS to the binary: `apt-get download \
-         prometheus && dpkg-deb -x prometheus_*.deb root` unpacks it as root/usr/bin/prometheus)",
-        candidate.display()
-    );
-    eprintln!("no Prometheus server binary: skipping (CI runs it)");
-    None
+    crate::helpers::tool(
+        "PLINTH_TEST_PROMETHEUS",
+        "prometheus",
+        "`apt-get download prometheus && dpkg-deb -x prometheus_*.deb root` unpacks it as \
+         root/usr/bin/prometheus",
+    )
 }
 
 /// One scrape job: its name, the process it reads (a `process` label Prometheus adds), and

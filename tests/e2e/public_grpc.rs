@@ -369,22 +369,7 @@ async fn reflection_lists_only_what_each_address_serves_in_both_versions() {
 /// The `buf` program: `PLINTH_TEST_BUF` (`.ci/run` installs `@bufbuild/buf` from npm and sets
 /// it), else `buf` on `PATH`. `None` when neither runs; under CI that fails the test.
 fn buf() -> Option<std::path::PathBuf> {
-    let candidate = std::env::var_os("PLINTH_TEST_BUF")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| "buf".into());
-    let runs = Command::new(&candidate)
-        .arg("--version")
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if runs {
-        return Some(candidate);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "buf does not run (set PLINTH_TEST_BUF to it; npm install @bufbuild/buf@1.75.0)"
-    );
-    eprintln!("buf is not installed: skipping (CI runs it)");
-    None
+    crate::helpers::tool("PLINTH_TEST_BUF", "buf", "npm install @bufbuild/buf@1.75.0")
 }
 
 #[tokio::test]

@@ -14,9 +14,8 @@ use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use plinth_proto::public::v1 as public;
 use serde_json::{Value, json};
 
-use crate::helpers::{can_build, http_client, send};
-use crate::processes::{Process, free_port, wait_until_ready};
-use crate::telemetry::{Collector, exporting, hex, integer, sample, span_status, until};
+use crate::helpers::{can_build, send};
+use crate::telemetry::{Collector, TracedServe, hex, integer, sample, span_status, until};
 
 const NODE_EXEC: &str = "plinth.node.v1.NodeService/Exec";
 const NODE_PTY: &str = "plinth.node.v1.NodeService/Pty";
@@ -107,18 +106,8 @@ async fn streamed_calls_are_one_trace_each_and_are_counted_as_they_ended() {
         return;
     }
     let collector = Collector::default();
-    let endpoint = collector.serve_http().await;
-    let data = tempfile::tempdir().expect("data dir");
-    let address = free_port().to_string();
-    let mut command = crate::walkthrough::serve_command(&address, data.path());
-    exporting(
-        &mut command,
-        &[("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{endpoint}"))],
-    );
-    let mut serve = Process(command.spawn().expect("spawn plinth serve"));
-    let client = http_client();
-    let base = format!("http://{address}");
-    wait_until_ready(&client, &format!("{base}/readyz"), &mut serve).await;
+    let serve = TracedServe::start(&collector).await;
+    let (base, client) = (serve.base.clone(), serve.client.clone());
 
     let (status, created) = send(
         client

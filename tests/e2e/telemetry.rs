@@ -681,21 +681,46 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
+/// A `plinth serve` process exporting its spans to `collector` over OTLP/HTTP, ready.
+pub(crate) struct TracedServe {
+    pub(crate) base: String,
+    pub(crate) client: reqwest::Client,
+    _serve: Process,
+    _data: tempfile::TempDir,
+}
+
+impl TracedServe {
+    pub(crate) async fn start(collector: &Collector) -> Self {
+        let endpoint = collector.serve_http().await;
+        let data = tempfile::tempdir().expect("data dir");
+        let address = free_port().to_string();
+        let mut command = crate::walkthrough::serve_command(&address, data.path());
+        exporting(
+            &mut command,
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{endpoint}"))],
+        );
+        let mut serve = Process(command.spawn().expect("spawn plinth serve"));
+        let client = crate::helpers::http_client();
+        let base = format!("http://{address}");
+        wait_until_ready(&client, &format!("{base}/readyz"), &mut serve).await;
+        TracedServe {
+            base,
+            client,
+            _serve: serve,
+            _data: data,
+        }
+    }
+}
+
 #[tokio::test]
 async fn an_idle_serve_exports_no_spans() {
     let collector = Collector::default();
-    let endpoint = collector.serve_http().await;
-    let data = tempfile::tempdir().expect("data dir");
-    let address = free_port().to_string();
-    let mut command = crate::walkthrough::serve_command(&address, data.path());
-    exporting(
-        &mut command,
-        &[("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{endpoint}"))],
-    );
-    let mut serve = Process(command.spawn().expect("spawn plinth serve"));
-    let client = crate::helpers::http_client();
-    let base = format!("http://{address}");
-    wait_until_ready(&client, &format!("{base}/readyz"), &mut serve).await;
+    let TracedServe {
+        base,
+        client,
+        _serve,
+        _data,
+    } = TracedServe::start(&collector).await;
     // Whatever starting up traced has been sent once no span came for 3 s (a busy host may
     // take a while over the node's registration and the first export). A serve that traces
     // something every few seconds never gets there.

@@ -213,13 +213,7 @@ impl GrpcServer {
         self.add_reflection();
         let layer = ServerLayer {
             auth: Arc::new(self.auth),
-            rpcs: Arc::new(
-                Rpcs::served(
-                    &[self.descriptor_set, tonic_health::pb::FILE_DESCRIPTOR_SET],
-                    &self.served,
-                )
-                .with_series(),
-            ),
+            rpcs: Arc::new(Rpcs::metered(self.descriptor_set, &self.served)),
             caps: self.caps.map(Arc::new),
             refuse_unless: self.refuse_unless,
         };
@@ -427,13 +421,7 @@ impl ServerMeter {
         telemetry::metrics();
         let served: Vec<&str> = served.iter().copied().chain([HEALTH_SERVICE]).collect();
         ServerMeter {
-            rpcs: Arc::new(
-                Rpcs::served(
-                    &[descriptor_set, tonic_health::pb::FILE_DESCRIPTOR_SET],
-                    &served,
-                )
-                .with_series(),
-            ),
+            rpcs: Arc::new(Rpcs::metered(descriptor_set, &served)),
         }
     }
 
@@ -535,6 +523,16 @@ impl Rpcs {
             }
         }
         Rpcs(rpcs)
+    }
+
+    /// The methods of `served` (described in `descriptor_set` or health's), each with its
+    /// series made now (see [`Rpcs::with_series`]).
+    fn metered(descriptor_set: &'static [u8], served: &[&str]) -> Self {
+        Rpcs::served(
+            &[descriptor_set, tonic_health::pb::FILE_DESCRIPTOR_SET],
+            served,
+        )
+        .with_series()
     }
 
     /// These methods' series, made now: each method's calls answered `OK` at zero and none
