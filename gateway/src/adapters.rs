@@ -84,6 +84,7 @@ pub struct RotateSecret {
     /// (refused at once) to 604800000 (a week); `catalog.adapter_credential_grace_seconds`
     /// when left out.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 604_800_000)]
     pub grace_ms: Option<u64>,
 }
 
@@ -273,7 +274,8 @@ async fn get_adapter(
     request_body = UpdateAdapter,
     responses(
         (status = 200, description = "The adapter as it is now", body = AdapterBody),
-        (status = 400, description = "environment_invalid: malformed body, a callback origin that is not one, origins for a Novo adapter; invalid_request: a callback origin on an address callbacks may not reach (gateway.callback_allow)", body = ErrorBody),
+        (status = 409, description = "conflict: callback_origins for a Novo adapter (only a Brain adapter is called back)", body = ErrorBody),
+        (status = 400, description = "environment_invalid: malformed body, a callback origin that is not one; invalid_request: a callback origin on an address callbacks may not reach (gateway.callback_allow)", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "not_found", body = ErrorBody),
     ),
@@ -420,9 +422,10 @@ async fn delete_adapter(
     request_body = RotateSecret,
     responses(
         (status = 200, description = "Rotated; the new `secret` or `token` is shown only here", body = AdapterBody),
-        (status = 400, description = "environment_invalid: a secret that breaks the rules, or one given for Brain; grace_ms not a whole number from 0 to 604800000", body = ErrorBody),
+        (status = 400, description = "environment_invalid: a secret that breaks the rules; grace_ms not a whole number from 0 to 604800000", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "not_found", body = ErrorBody),
+        (status = 409, description = "conflict: a secret given for a Brain adapter, whose token Plinth always makes; nothing changed", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]

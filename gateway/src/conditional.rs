@@ -94,7 +94,10 @@ fn parse_list(value: &str) -> Option<TagList<'_>> {
             return None;
         }
     }
-    (!tags.is_empty()).then_some(TagList::Tags(tags))
+    // An empty list (`If-None-Match:` with nothing, or only commas) is a list of no tags, as
+    // RFC 9110 §5.6.1 reads `#entity-tag`: it names no file, so `If-Match` with it never
+    // holds and `If-None-Match` with it always does.
+    Some(TagList::Tags(tags))
 }
 
 /// Every line of a list header, joined as RFC 9110 §5.3 allows; `None` when absent.
@@ -455,6 +458,28 @@ mod tests {
             content_etag(b""),
             "\"sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\""
         );
+    }
+
+    #[test]
+    fn an_empty_list_names_no_file() {
+        for empty in ["", " ", ", ,"] {
+            assert_eq!(
+                read(&[(header::IF_NONE_MATCH, empty)], 10),
+                Ok(ReadAnswer::Full),
+                "If-None-Match: {empty:?}"
+            );
+            assert_eq!(
+                read(&[(header::IF_MATCH, empty)], 10).map_err(|error| error.code),
+                Err(ErrorCode::PreconditionFailed),
+                "If-Match: {empty:?}"
+            );
+            let condition = write_precondition(&headers(&[(header::IF_NONE_MATCH, empty)]))
+                .expect("a list")
+                .and_then(|condition| condition.if_none_match)
+                .expect("a condition");
+            assert!(!condition.any && condition.digests.is_empty());
+        }
+        assert!(read(&[(header::IF_NONE_MATCH, "sha256:aa")], 10).is_err());
     }
 
     #[test]

@@ -61,7 +61,9 @@ pub struct ErrorObject {
     /// (416, with `Content-Range: bytes */<size>`), `unsupported_media_type` (415: a JSON
     /// endpoint's body not declared `application/json`), `host_not_allowed` (421: a `Host`
     /// that is not one of the server's names), `origin_not_allowed` (403: a state-changing
-    /// request or a terminal from a web page whose origin is not allowed).
+    /// request or a terminal from a web page whose origin is not allowed), `conflict` (409: a
+    /// well-formed request that does not fit what is there, such as a file where a directory
+    /// is), `upgrade_required` (426: a terminal asked for without a WebSocket upgrade).
     #[schema(example = "environment_invalid")]
     pub code: &'static str,
     /// What went wrong, for a person; names the field or path at fault.
@@ -99,6 +101,11 @@ impl IntoResponse for ApiError {
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Bearer realm=\"plinth\""),
             );
+        }
+        if code == ErrorCode::UpgradeRequired {
+            let headers = response.headers_mut();
+            headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+            headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
         }
         if let Some(seconds) = retry_after {
             response

@@ -133,6 +133,7 @@ pub struct TreeQuery {
     /// is its files and directories, as UHP §3 describes it: links are kept in builds and
     /// sessions, and the files API serves neither them nor a path through them.
     #[param(default = false)]
+    #[serde(default, deserialize_with = "crate::query::flag")]
     pub links: Option<bool>,
 }
 
@@ -143,6 +144,7 @@ pub struct TreeQuery {
 pub struct WriteQuery {
     /// Sets the executable bit; left out, an existing file keeps its bit and a new one is
     /// not executable.
+    #[serde(default, deserialize_with = "crate::query::flag")]
     pub executable: Option<bool>,
 }
 
@@ -152,18 +154,30 @@ pub struct WriteQuery {
 #[serde(deny_unknown_fields)]
 pub struct ImportQuery {
     /// Clear the source first.
+    #[serde(default, deserialize_with = "crate::query::flag")]
     pub replace: Option<bool>,
     /// An archive of a git checkout (what `plinth push` sends from one): its commit's full id.
     /// With `describe`, it is recorded as a git import's origin is, and builds give installers
     /// the version it describes (setuptools-scm, hatch-vcs). Not with a JSON body.
+    #[param(pattern = "^(?:[0-9A-Fa-f]{40}|[0-9A-Fa-f]{64})$")]
     pub commit: Option<String>,
     /// With `commit`: the checkout's branch (empty or left out when detached).
     #[serde(rename = "ref")]
-    #[param(rename = "ref")]
+    #[param(
+        rename = "ref",
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$",
+        max_length = 256
+    )]
     pub reference: Option<String>,
     /// With `commit`: `git describe --tags --always --match '*[0-9]*'` of the commit.
+    #[param(
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$",
+        min_length = 1,
+        max_length = 256
+    )]
     pub describe: Option<String>,
     /// With `commit`: whether the checkout had uncommitted changes to tracked files.
+    #[serde(default, deserialize_with = "crate::query::flag")]
     pub dirty: Option<bool>,
     /// With `commit`: the commits reaching it, `git rev-list --count`.
     pub commits: Option<u64>,
@@ -427,7 +441,8 @@ fn file_path(
             headers(("Content-Range" = String, description = "`bytes <first>-<last>/<size>`"), ("ETag" = String, description = "The file's entity tag"))),
         (status = 304, description = "Not modified: If-None-Match named the file's tag; no body",
             headers(("ETag" = String, description = "The file's entity tag"))),
-        (status = 400, description = "environment_invalid: a path that escapes the root, names a directory, or is or goes through a symlink (links are kept in builds and sessions but not served by the files API); an If-Match or If-None-Match that is not a list of quoted entity tags", body = ErrorBody),
+        (status = 409, description = "conflict: the path is a directory (list it with GET …/files)", body = ErrorBody),
+        (status = 400, description = "environment_invalid: a path that escapes the root, or is or goes through a symlink (links are kept in builds and sessions but not served by the files API); an If-Match or If-None-Match that is not a list of quoted entity tags", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found: no such environment or file", body = ErrorBody),
         (status = 412, description = "precondition_failed: If-Match names none of the file's tags (detail.etag is the current one)", body = ErrorBody,
@@ -519,7 +534,8 @@ async fn read_file(
     responses(
         (status = 200, description = "Written", body = FileEntry,
             headers(("ETag" = String, description = "The new content's entity tag, `\"sha256:<hex>\"`"))),
-        (status = 400, description = "environment_invalid: a path that escapes the root, a file where a directory is (or the reverse), or a path that is or goes through a symlink; an If-Match or If-None-Match that is not a list of quoted entity tags", body = ErrorBody),
+        (status = 409, description = "conflict: a directory is at the path, or a file where one of its directories would be; nothing was written", body = ErrorBody),
+        (status = 400, description = "environment_invalid: a path that escapes the root, or a path that is or goes through a symlink; an If-Match or If-None-Match that is not a list of quoted entity tags", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
         (status = 412, description = "precondition_failed: the file changed since it was read (If-Match), or exists (If-None-Match: *); nothing was written; detail.etag (and the ETag header) is the file's current tag, null when there is none", body = ErrorBody,
@@ -624,7 +640,8 @@ async fn delete_path(
     request_body = MakeDirectory,
     responses(
         (status = 201, description = "Made (or already there)", body = FileEntry),
-        (status = 400, description = "environment_invalid: a path that escapes the root, or a file in the way", body = ErrorBody),
+        (status = 400, description = "environment_invalid: a path that escapes the root, or is or goes through a symlink", body = ErrorBody),
+        (status = 409, description = "conflict: a file is at the path or at one of its parents; nothing was made", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
         (status = 503, description = "unavailable", body = ErrorBody),
@@ -665,6 +682,7 @@ async fn make_directory(
         (status = 400, description = "environment_invalid: not an archive (a body that starts with `{` says to send `Content-Type: application/json`), an ambiguous archive (duplicate names, zip records that disagree, a member beneath a symlink), too many entries, a git URL that is not allowed or whose host is not public, a git ref the repository does not have or a URL that is no repository, a git server that redirected (give the final URL), a short commit id that matches no single commit (give the full 40-character id), a checkout's origin in the query that lacks commit or describe, names a commit that is not a full id, or comes with a JSON body", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "environment_not_found", body = ErrorBody),
+        (status = 409, description = "conflict: without replace, the archive or repository has a file where the source has a directory, or the reverse; nothing was imported", body = ErrorBody),
         (status = 413, description = "file_too_large: the archive, its contents, one member or a git fetch (source.git_max_fetch_bytes) passed a limit (detail.max_bytes); nothing was imported", body = ErrorBody),
         (status = 429, description = "quota_exceeded: the import would take the scope past its stored-bytes quota (detail: quota, limit, used); nothing was imported. Also rate_limited, with Retry-After", body = ErrorBody),
         (status = 502, description = "remote_unreachable: the git repository's server could not be reached (its host does not resolve, it refused or dropped the connection, TLS failed, or it answered a 5xx); nothing was imported, and a retry after Retry-After seconds may pass", body = ErrorBody,

@@ -132,6 +132,55 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, PlinthError> {
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(PlinthError::invalid("request body: expected a JSON object"));
     }
+    match parse_exactly(bytes) {
+        // JSON (and JSON Schema) have one number type: `194.0` is the integer 194, and some
+        // clients write whole numbers so. Such a body is read again with those numbers
+        // written as integers; anything else that failed stays refused as it was.
+        Err(error) if error.message.contains("floating point") => match whole_numbers(bytes) {
+            Some(rewritten) => parse_exactly(&rewritten),
+            None => Err(error),
+        },
+        parsed => parsed,
+    }
+}
+
+/// `bytes` with every whole-number float (`194.0`, `1e3`) written as an integer, when there
+/// is one and the JSON parses; `None` otherwise.
+fn whole_numbers(bytes: &[u8]) -> Option<Vec<u8>> {
+    fn rewrite(value: &mut serde_json::Value) -> bool {
+        match value {
+            serde_json::Value::Number(number) if number.is_f64() => {
+                let float = number.as_f64().unwrap_or(f64::NAN);
+                // Exactly representable integers only (below 2^53).
+                if float.fract() == 0.0 && float.abs() < 9_007_199_254_740_992.0 {
+                    *number = if float < 0.0 {
+                        serde_json::Number::from(float as i64)
+                    } else {
+                        serde_json::Number::from(float as u64)
+                    };
+                    true
+                } else {
+                    false
+                }
+            }
+            serde_json::Value::Array(items) => {
+                items.iter_mut().map(rewrite).fold(false, |a, b| a | b)
+            }
+            serde_json::Value::Object(map) => {
+                map.values_mut().map(rewrite).fold(false, |a, b| a | b)
+            }
+            _ => false,
+        }
+    }
+    let mut value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    if !rewrite(&mut value) {
+        return None;
+    }
+    serde_json::to_vec(&value).ok()
+}
+
+/// Parses `bytes` as `T` exactly as written.
+fn parse_exactly<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, PlinthError> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
         let path = error.path().to_string();
@@ -203,6 +252,17 @@ mod tests {
         let none = declared_json(&HeaderMap::new()).expect_err("no type");
         assert_eq!(none.code.http_status(), 415);
         assert!(none.message.contains("no Content-Type"));
+    }
+
+    #[test]
+    fn whole_numbers_written_as_floats_are_integers() {
+        let sample: Sample =
+            parse(br#"{"name": "a", "inner": {"count": 194.0}}"#).expect("194.0 is 194");
+        assert_eq!(sample.inner.map(|inner| inner.count), Some(194));
+        let sample: Sample = parse(br#"{"name": "a", "inner": {"count": 2e2}}"#).expect("2e2");
+        assert_eq!(sample.inner.map(|inner| inner.count), Some(200));
+        assert!(message(r#"{"name": "a", "inner": {"count": 1.5}}"#).contains("inner.count"));
+        assert!(message(r#"{"name": "a", "inner": {"count": -1.0}}"#).contains("inner.count"));
     }
 
     #[test]

@@ -350,6 +350,19 @@ impl LimitPolicy {
                     return Err(refuse(format!("{number} is too small")));
                 }
                 (Some(value), _) => value,
+                // JSON has one number type: `232574.0` is the whole number 232574.
+                (None, None)
+                    if number
+                        .as_f64()
+                        .is_some_and(|float| float.fract() == 0.0 && float >= 1.0) =>
+                {
+                    let float = number.as_f64().unwrap_or_default();
+                    if float > u64::MAX as f64 {
+                        u64::MAX
+                    } else {
+                        float as u64
+                    }
+                }
                 (None, None) => {
                     return Err(refuse(format!("{number} is not a whole number")));
                 }
@@ -454,6 +467,11 @@ mod tests {
             .resolve(Some(&json!({"memory_mb": 4096, "cpu": 4})))
             .expect("the maximum itself is allowed");
         assert_eq!(at_max.get(Limit::Cpu), Some(4000));
+        let whole = policy()
+            .resolve(Some(&json!({"memory_mb": 2048.0, "idle_ms": 232_574.0})))
+            .expect("a whole number written with a point is that number");
+        assert_eq!(whole.body().memory_mb, Some(2048));
+        assert_eq!(whole.body().idle_ms, Some(232_574));
     }
 
     #[test]

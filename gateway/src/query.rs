@@ -98,3 +98,52 @@ pub async fn known_parameters(
     }
     next.run(request).await
 }
+
+/// A boolean query parameter: `true` or `false` in any case (`True`, `FALSE`), as clients
+/// spell them; anything else is refused naming the parameter. For `Option<bool>` fields with
+/// `#[serde(default, deserialize_with = "crate::query::flag")]`.
+pub fn flag<'de, D>(deserializer: D) -> Result<Option<bool>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let text = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(deserializer)?;
+    if text.eq_ignore_ascii_case("true") {
+        Ok(Some(true))
+    } else if text.eq_ignore_ascii_case("false") {
+        Ok(Some(false))
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "{text:?} is not true or false"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug, serde::Deserialize)]
+    struct Flags {
+        #[serde(default, deserialize_with = "super::flag")]
+        follow: Option<bool>,
+    }
+
+    fn follow(query: &str) -> Result<Option<bool>, String> {
+        let uri: axum::http::Uri = format!("/log?{query}").parse().expect("a URI");
+        axum::extract::Query::<Flags>::try_from_uri(&uri)
+            .map(|flags| flags.0.follow)
+            .map_err(|error| error.body_text())
+    }
+
+    #[test]
+    fn booleans_are_true_or_false_in_any_case() {
+        assert_eq!(follow("follow=true"), Ok(Some(true)));
+        assert_eq!(follow("follow=False"), Ok(Some(false)));
+        assert_eq!(follow("follow=TRUE"), Ok(Some(true)));
+        assert_eq!(follow(""), Ok(None));
+        let refused = follow("follow=yes").expect_err("yes is no boolean");
+        assert!(
+            refused.contains("\"yes\" is not true or false"),
+            "{refused}"
+        );
+        assert!(follow("follow=").is_err());
+    }
+}

@@ -563,12 +563,15 @@ impl ExecBody {
         match (&self.stdin, &self.stdin_base64) {
             (None, None) => Ok(Bytes::new()),
             (Some(text), None) => Ok(Bytes::from(text.clone())),
-            (None, Some(encoded)) => base64::engine::general_purpose::STANDARD
-                .decode(encoded.trim())
-                .map(Bytes::from)
-                .map_err(|error| {
-                    PlinthError::invalid(format!("stdin_base64: not base64 ({error})"))
-                }),
+            // Padded standard base64; bits past the last byte are not checked (`0V2=` is
+            // `0V0=`), as most decoders do.
+            (None, Some(encoded)) => base64::engine::GeneralPurpose::new(
+                &base64::alphabet::STANDARD,
+                base64::engine::general_purpose::PAD.with_decode_allow_trailing_bits(true),
+            )
+            .decode(encoded.trim())
+            .map(Bytes::from)
+            .map_err(|error| PlinthError::invalid(format!("stdin_base64: not base64 ({error})"))),
             (Some(_), Some(_)) => Err(PlinthError::invalid(
                 "stdin and stdin_base64: give the command's input one way, not both",
             )),
@@ -581,7 +584,7 @@ impl ExecBody {
 #[into_params(parameter_in = Query)]
 pub struct ExecQuery {
     /// Stream output as it comes (newline-delimited JSON events).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::query::flag")]
     pub stream: Option<bool>,
 }
 
@@ -652,9 +655,11 @@ fn marker(dropped: u64) -> String {
         (status = 101, description = "pty=true: switching to the terminal's WebSocket (see the operation's description for its frames)"),
         (status = 200, description = "The command ended (or, with stream=true or `Accept: application/x-ndjson`, newline-delimited JSON events: {\"stdout\":…}, {\"stderr\":…}, then the result)", body = ExecResultBody,
             headers(("Idempotent-Replayed" = String, description = "`true` on the stored answer of an earlier request with the same Idempotency-Key"))),
-        (status = 400, description = "environment_invalid: bad command, cwd, env or terminal size; pty=true without a WebSocket upgrade; a malformed Idempotency-Key, or one with stream=true or pty=true", body = ErrorBody),
+        (status = 400, description = "environment_invalid: bad command, cwd, env or terminal size; pty=true with a malformed WebSocket handshake; a malformed Idempotency-Key, or one with stream=true or pty=true", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "not_found: no such session, or it ended", body = ErrorBody),
+        (status = 426, description = "upgrade_required: pty=true on a request that is no WebSocket upgrade (Connection: Upgrade, Upgrade: websocket); the answer's Upgrade header names websocket", body = ErrorBody,
+            headers(("Upgrade" = String, description = "websocket"))),
         (status = 409, description = "idempotency_in_progress: the first exec with this Idempotency-Key still runs (past its time limit and 30 s); outcome_unknown: it was cut off after it started (its node stopped answering), and is not run again under this key", body = ErrorBody),
         (status = 422, description = "idempotency_key_reused: the Idempotency-Key was used on this session's exec with a different body; nothing ran", body = ErrorBody),
     ),

@@ -50,7 +50,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 pub struct TerminalQuery {
     /// Run on a terminal over a WebSocket (the request must be an upgrade); the other
     /// terminal parameters need it.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::query::flag")]
     pub pty: Option<bool>,
     /// With pty=true: a shell command (`/bin/sh -c`); absent or empty: an interactive shell
     /// (bash where the environment's system has it, else sh).
@@ -132,9 +132,11 @@ enum Control {
     params(("id" = String, Path, description = "The session's id"), TerminalQuery),
     responses(
         (status = 101, description = "Switching to the terminal's WebSocket (see the operation's description for its frames)"),
-        (status = 400, description = "environment_invalid: no pty=true, no WebSocket upgrade, or a bad command, cwd or size", body = ErrorBody),
+        (status = 400, description = "environment_invalid: no pty=true, a malformed WebSocket handshake (Sec-WebSocket-Version other than 13, no Sec-WebSocket-Key), or a bad command, cwd or size", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 404, description = "not_found: no such session, or it ended", body = ErrorBody),
+        (status = 426, description = "upgrade_required: the request is no WebSocket upgrade (Connection: Upgrade, Upgrade: websocket); the answer's Upgrade header names websocket", body = ErrorBody,
+            headers(("Upgrade" = String, description = "websocket"))),
     ),
     security(("bearer" = []))
 )]
@@ -177,7 +179,11 @@ fn websocket_key(request: &Request) -> Result<String, PlinthError> {
         })
     };
     if !has_token(header::CONNECTION, "upgrade") || !has_token(header::UPGRADE, "websocket") {
-        return Err(needs("the request is not one"));
+        // RFC 9110 §15.5.22: the answer names the protocol to upgrade to.
+        return Err(PlinthError::new(
+            plinth_kit::ErrorCode::UpgradeRequired,
+            needs("the request is not one").message,
+        ));
     }
     if headers
         .get(header::SEC_WEBSOCKET_VERSION)

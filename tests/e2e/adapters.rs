@@ -220,6 +220,19 @@ async fn adapters_show_their_credential_once_and_stay_in_their_scope() {
     assert_eq!(status, 200, "{rotated}");
     assert_ne!(rotated["token"], token);
     assert!(rotated["previousCredentialExpiresAt"].is_i64(), "{rotated}");
+    // A secret of one's own is well formed, but a Brain adapter's token is always Plinth's:
+    // `409 conflict`, and the token just made still stands.
+    let (status, body) = rotate(&server, brain_id, json!({"secret": "my-own-secret-0123"})).await;
+    assert_error(status, &body, 409, "conflict");
+    let (status, shown) = send(
+        server
+            .client
+            .get(server.url(&format!("/v1/workspace-adapters/{brain_id}")))
+            .bearer_auth(ACME),
+    )
+    .await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(shown["createdAt"], brain["createdAt"], "{shown}");
 
     // Delete: once, in its own scope.
     let (status, body) = send(server.client.delete(&adapter_url).bearer_auth(GLOBEX)).await;
@@ -483,6 +496,33 @@ async fn callback_origins_are_checked_normalised_shown_and_updated() {
     assert_eq!(
         shown["callback_origins"], normalised,
         "refusals changed nothing"
+    );
+    // Origins for an existing Novo adapter: the body is well formed, the adapter's protocol
+    // takes none: `409 conflict`, and it still has none.
+    let (status, novo) = create(
+        &server,
+        ACME,
+        json!({"protocol": "novo", "environment": env}),
+    )
+    .await;
+    assert_eq!(status, 201, "{novo}");
+    let novo_url = server.url(&format!(
+        "/v1/workspace-adapters/{}",
+        novo["id"].as_str().expect("id")
+    ));
+    let (status, body) = send(
+        server
+            .client
+            .patch(&novo_url)
+            .bearer_auth(ACME)
+            .json(&json!({"callback_origins": ["https://a.example"]})),
+    )
+    .await;
+    assert_error(status, &body, 409, "conflict");
+    let (_, shown) = send(server.client.get(&novo_url).bearer_auth(ACME)).await;
+    assert!(
+        shown.get("callback_origins").is_none_or(Value::is_null),
+        "{shown}"
     );
 
     // PATCH replaces them, in this scope only; nothing else can be changed there.

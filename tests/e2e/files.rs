@@ -176,9 +176,10 @@ async fn the_tree_directories_executables_and_deletes_behave_as_documented() {
         ]
     );
 
-    // A directory where a file is, and a file where a directory is: refused, nothing changes.
+    // A directory where a file is, and a file where a directory is: `409 conflict` (the
+    // request is well formed; what is there is in the way), nothing changes.
     let (status, body) = put(&server, &id, "scripts", "not a dir").await;
-    assert_error(status, &body, 400, "environment_invalid");
+    assert_error(status, &body, 409, "conflict");
     assert!(
         body["error"]["message"]
             .as_str()
@@ -207,7 +208,7 @@ async fn the_tree_directories_executables_and_deletes_behave_as_documented() {
         ),
     ] {
         let (status, body) = send(request).await;
-        assert_error_in(case, status, &body, 400, "environment_invalid");
+        assert_error_in(case, status, &body, 409, "conflict");
     }
 
     let (status, deleted) = send(server.client.delete(files_url(&server, &id, "scripts"))).await;

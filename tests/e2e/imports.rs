@@ -214,13 +214,20 @@ async fn refused_archives_change_nothing() {
     };
     let not_an_archive = b"just some text, not an archive".to_vec();
     let conflicting = zip_of(&[("keep.txt/inside", b"1"), ("other.txt", b"2")]);
-    for (archive, fragment) in [
-        (duplicate, "more than once"),
-        (not_an_archive, "not a zip or tar"),
-        (conflicting, "keep.txt"),
+    // A malformed archive is the request's fault (400); one whose file sits where the source
+    // has a file it would need as a directory is well formed but in the way (409 conflict).
+    for (archive, fragment, status, code) in [
+        (duplicate, "more than once", 400, "environment_invalid"),
+        (
+            not_an_archive,
+            "not a zip or tar",
+            400,
+            "environment_invalid",
+        ),
+        (conflicting, "keep.txt", 409, "conflict"),
     ] {
-        let (status, body) = import(&server, &id, "", archive).await;
-        assert_error(status, &body, 400, "environment_invalid");
+        let (got, body) = import(&server, &id, "", archive).await;
+        assert_error(got, &body, status, code);
         let message = body["error"]["message"]
             .as_str()
             .unwrap_or("")

@@ -451,14 +451,24 @@ async fn the_terminal_socket_needs_an_upgrade_and_the_sessions_scope_and_closes_
     let session = start_session_with(&server, json!({ "environment": env })).await;
     let id = session["id"].as_str().expect("id");
 
-    // Without an upgrade there is nothing to hold a terminal: refused, saying what is needed.
-    let (status, body) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/sessions/{id}/exec?pty=true"))),
-    )
-    .await;
-    assert_error(status, &body, 400, "environment_invalid");
+    // Without an upgrade there is nothing to hold a terminal: `426 upgrade_required` with
+    // `Upgrade: websocket` (RFC 9110 §15.5.22), saying what is needed.
+    let answer = server
+        .client
+        .post(server.url(&format!("/v1/sessions/{id}/exec?pty=true")))
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(
+        answer
+            .headers()
+            .get("upgrade")
+            .and_then(|v| v.to_str().ok()),
+        Some("websocket")
+    );
+    let status = answer.status().as_u16();
+    let body: Value = answer.json().await.expect("JSON");
+    assert_error(status, &body, 426, "upgrade_required");
     assert!(
         body["error"]["message"]
             .as_str()
@@ -471,7 +481,7 @@ async fn the_terminal_socket_needs_an_upgrade_and_the_sessions_scope_and_closes_
             .get(server.url(&format!("/v1/sessions/{id}/exec?pty=true"))),
     )
     .await;
-    assert_error(status, &body, 400, "environment_invalid");
+    assert_error(status, &body, 426, "upgrade_required");
 
     // Another scope's token cannot even learn that the session exists.
     let refused = open_socket(&server, "tok-globex", reqwest::Method::POST, id, "pty=true")

@@ -184,7 +184,14 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             .get_adapter(&scope, &id)
             .await
             .map_err(|error| store_error(error, &request.id, ""))?;
-        let credential = Credential::new(existing.protocol, &request.secret)?;
+        // A secret for a Brain adapter is well formed; the adapter's protocol takes none.
+        let credential = Credential::new(existing.protocol, &request.secret).map_err(|error| {
+            if existing.protocol == Protocol::Brain && !request.secret.is_empty() {
+                PlinthError::new(ErrorCode::Conflict, error.message)
+            } else {
+                error
+            }
+        })?;
         let grace = match request.grace_ms {
             Some(ms) => rotation_grace(ms)?,
             None => self.grace,
@@ -222,7 +229,14 @@ impl pb::adapter_service_server::AdapterService for Adapters {
         let Some(given) = request.callback_origins else {
             return Ok(Response::new(existing.into()));
         };
-        let origins = callback_origins(existing.protocol, &given.origins)?;
+        // The body is well formed; it is the adapter's protocol that takes no origins.
+        let origins = callback_origins(existing.protocol, &given.origins).map_err(|error| {
+            if existing.protocol != Protocol::Brain && !given.origins.is_empty() {
+                PlinthError::new(ErrorCode::Conflict, error.message)
+            } else {
+                error
+            }
+        })?;
         let adapter = self
             .store
             .set_callback_origins(&scope, &id, &origins)

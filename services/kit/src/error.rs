@@ -124,11 +124,18 @@ pub enum ErrorCode {
     /// A state-changing request or a terminal came from a web page whose origin is not
     /// allowed; the message names the setting that allows one.
     OriginNotAllowed,
+    /// The request is well formed but does not fit what is there now: a file read or written
+    /// where a directory is (or a directory where a file is), callback origins given to an
+    /// adapter whose protocol takes none. Nothing changed; the message says what is there.
+    Conflict,
+    /// The operation is a protocol upgrade (a terminal is a WebSocket) and the request is
+    /// not one; the answer's `Upgrade` header names the protocol to ask for.
+    UpgradeRequired,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 34] = [
+    pub const ALL: [ErrorCode; 36] = [
         ErrorCode::EnvironmentInvalid,
         ErrorCode::InvalidRequest,
         ErrorCode::EnvironmentNotFound,
@@ -163,6 +170,8 @@ impl ErrorCode {
         ErrorCode::UnsupportedMediaType,
         ErrorCode::HostNotAllowed,
         ErrorCode::OriginNotAllowed,
+        ErrorCode::Conflict,
+        ErrorCode::UpgradeRequired,
     ];
 
     /// The code as it appears on the wire.
@@ -202,6 +211,8 @@ impl ErrorCode {
             ErrorCode::UnsupportedMediaType => "unsupported_media_type",
             ErrorCode::HostNotAllowed => "host_not_allowed",
             ErrorCode::OriginNotAllowed => "origin_not_allowed",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::UpgradeRequired => "upgrade_required",
         }
     }
 
@@ -238,6 +249,8 @@ impl ErrorCode {
             ErrorCode::UnsupportedMediaType => 415,
             ErrorCode::HostNotAllowed => 421,
             ErrorCode::OriginNotAllowed => 403,
+            ErrorCode::Conflict => 409,
+            ErrorCode::UpgradeRequired => 426,
             ErrorCode::RateLimited | ErrorCode::QuotaExceeded => 429,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::MethodNotAllowed => 405,
@@ -273,7 +286,9 @@ impl ErrorCode {
             ErrorCode::EnvironmentBusy => tonic::Code::Aborted,
             ErrorCode::EnvironmentNotReady
             | ErrorCode::LeaseLost
-            | ErrorCode::PreconditionFailed => tonic::Code::FailedPrecondition,
+            | ErrorCode::PreconditionFailed
+            | ErrorCode::Conflict
+            | ErrorCode::UpgradeRequired => tonic::Code::FailedPrecondition,
             ErrorCode::FileTooLarge | ErrorCode::RangeNotSatisfiable => tonic::Code::OutOfRange,
             ErrorCode::RateLimited | ErrorCode::QuotaExceeded | ErrorCode::InsufficientStorage => {
                 tonic::Code::ResourceExhausted

@@ -203,6 +203,15 @@ pub enum IndexError {
         /// What is in the way.
         reason: String,
     },
+    /// The change would write at or through a symlink, which the files API never does: the
+    /// path names something other than a file or directory (UHP §3's `environment_invalid`).
+    #[error("{path}: {reason}")]
+    Link {
+        /// The path at fault.
+        path: String,
+        /// Which link is in the way.
+        reason: String,
+    },
     /// The database could not be opened or migrated.
     #[error(transparent)]
     Open(#[from] DatabaseError),
@@ -515,7 +524,7 @@ impl Index {
             }
             // Writing through a link is never done; replacing one silently would surprise.
             Some(entry) if entry.kind == Kind::Symlink => {
-                return Err(IndexError::Conflict {
+                return Err(IndexError::Link {
                     path: path.to_string(),
                     reason: format!(
                         "is a symlink ({}); delete it first to put a file there",
@@ -573,10 +582,16 @@ impl Index {
         if let Some(entry) = existing.get(path.as_str())
             && entry.kind != Kind::Directory
         {
-            return Err(IndexError::Conflict {
-                path: path.to_string(),
-                reason: "is a file or symlink; delete it first to make a directory there"
-                    .to_owned(),
+            return Err(if entry.kind == Kind::Symlink {
+                IndexError::Link {
+                    path: path.to_string(),
+                    reason: "is a symlink; delete it first to make a directory there".to_owned(),
+                }
+            } else {
+                IndexError::Conflict {
+                    path: path.to_string(),
+                    reason: "is a file; delete it first to make a directory there".to_owned(),
+                }
             });
         }
         let rows: Vec<IndexEntry> = path
@@ -786,7 +801,7 @@ impl Index {
                     }
                     // Nothing is ever put through a link.
                     Some(Kind::Symlink) => {
-                        return Err(IndexError::Conflict {
+                        return Err(IndexError::Link {
                             path: entry.path.to_string(),
                             reason: format!("{ancestor} is a symlink, not a directory"),
                         });
@@ -1261,17 +1276,20 @@ fn check_parents_are_directories(
         if let Some(entry) = existing.get(ancestor.as_str())
             && entry.kind != Kind::Directory
         {
-            let reason = if entry.kind == Kind::Symlink {
-                format!(
-                    "{ancestor} is a symlink, not a directory ({})",
-                    crate::links::NOT_SERVED
-                )
+            let path = path.to_string();
+            return Err(if entry.kind == Kind::Symlink {
+                IndexError::Link {
+                    path,
+                    reason: format!(
+                        "{ancestor} is a symlink, not a directory ({})",
+                        crate::links::NOT_SERVED
+                    ),
+                }
             } else {
-                format!("{ancestor} is a file, not a directory")
-            };
-            return Err(IndexError::Conflict {
-                path: path.to_string(),
-                reason,
+                IndexError::Conflict {
+                    path,
+                    reason: format!("{ancestor} is a file, not a directory"),
+                }
             });
         }
     }

@@ -179,7 +179,10 @@ fn index_error(error: IndexError) -> PlinthError {
             ErrorCode::EnvironmentNotFound,
             format!("{path} does not exist in the environment's source"),
         ),
-        IndexError::Conflict { path, reason } => PlinthError::invalid(format!("{path}: {reason}")),
+        IndexError::Conflict { path, reason } => {
+            PlinthError::new(ErrorCode::Conflict, format!("{path}: {reason}"))
+        }
+        IndexError::Link { path, reason } => PlinthError::invalid(format!("{path}: {reason}")),
         IndexError::QuotaExceeded { limit, used, .. } => {
             plinth_kit::quota::exceeded(plinth_kit::quota::Quota::StoredBytes, limit, used)
         }
@@ -545,9 +548,10 @@ impl pb::source_service_server::SourceService for Source {
         let digest = match (entry.kind, entry.digest) {
             (Kind::File, Some(digest)) => digest,
             _ => {
-                return Err(PlinthError::invalid(format!(
-                    "{path} is a directory; list it with GET …/files"
-                ))
+                return Err(PlinthError::new(
+                    ErrorCode::Conflict,
+                    format!("{path} is a directory; list it with GET …/files"),
+                )
                 .into());
             }
         };
