@@ -9,7 +9,7 @@
 use std::collections::btree_map::Entry;
 
 use utoipa::openapi::path::{Operation, ParameterBuilder, ParameterIn};
-use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema};
+use utoipa::openapi::schema::{AnyOfBuilder, ObjectBuilder, OneOfBuilder, Schema};
 use utoipa::openapi::security::{
     ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
 };
@@ -65,6 +65,367 @@ pub fn complete(openapi: &mut OpenApi) {
     binary_bodies(openapi);
     session_file_answers(openapi);
     optional_bodies_are_not_null(openapi);
+    server_rules(openapi);
+}
+
+/// Characters no source path, requirements path or callback origin may hold: control
+/// characters (C0, DEL, C1: what `char::is_control` finds) and, in source paths, `\`.
+const CONTROL: &str = r"\x00-\x1f\x7f-\x9f";
+
+/// One path component of at most 63 characters (so at most 252 bytes whatever they are,
+/// inside the 255-byte limit of a component) that is neither `.` nor `..`; `also` names
+/// more characters it may not hold.
+fn component(also: &str) -> String {
+    let class = format!("[^/{CONTROL}{also}]");
+    let not_dot = format!("[^./{CONTROL}{also}]");
+    format!(r"(?:{class}{{0,31}}{not_dot}{class}{{0,31}}|\.{{3,63}})")
+}
+
+/// A host name as the document promises one (a name whose last label starts with a letter, not
+/// `localhost`): an address literal or a name on loopback may be one the server does not reach.
+const HOST: &str = r"(?![^/]*localhost)(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+
+/// An optional port, 1 to 59999.
+const PORT: &str = r"(?::(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}))?";
+
+/// A source path as the source service checks it (`services/source/src/paths.rs`): relative,
+/// components joined by `/`, none empty, `.` or `..`, no control character or backslash, no
+/// drive letter. Its byte limits (1,024 in all, 255 a component) are stated as character
+/// counts that stay inside them whatever the characters: 256 in all, 63 a component. The
+/// document leaves `:` out altogether, which keeps a drive letter out without a lookahead.
+fn source_path_pattern() -> String {
+    let component = component(r"\\:");
+    format!(r"^{component}(?:/{component}){{0,63}}$")
+}
+
+/// Most characters of a source path the document promises (256 of up to 4 bytes each stay
+/// inside the source's 1,024 bytes).
+const SOURCE_PATH_CHARS: usize = 256;
+
+/// A string schema with `pattern` and a length range.
+fn text(pattern: &str, min: usize, max: usize, description: Option<String>) -> Schema {
+    Schema::Object(
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(pattern))
+            .min_length(Some(min))
+            .max_length(Some(max))
+            .description(description)
+            .build(),
+    )
+}
+
+/// Adds `rule` to the component schema `name`: it becomes `allOf` the schema and the rule.
+fn constrain(openapi: &mut OpenApi, name: &str, rule: Schema) {
+    let Some(schemas) = openapi
+        .components
+        .as_mut()
+        .map(|components| &mut components.schemas)
+    else {
+        return;
+    };
+    let Some(RefOr::T(schema)) = schemas.get_mut(name) else {
+        return;
+    };
+    let description = match schema {
+        Schema::Object(object) => object.description.clone(),
+        _ => None,
+    };
+    *schema = Schema::AllOf(
+        utoipa::openapi::schema::AllOfBuilder::new()
+            .item(schema.clone())
+            .item(rule)
+            .description(description)
+            .build(),
+    );
+}
+
+/// The object schema `name` among the components.
+fn component_object<'a>(openapi: &'a mut OpenApi, name: &str) -> Option<&'a mut Object> {
+    match openapi.components.as_mut()?.schemas.get_mut(name)? {
+        RefOr::T(Schema::Object(object)) => Some(object),
+        _ => None,
+    }
+}
+
+/// The items schema of the array property `field` of `object`, made a string schema by
+/// `items`, with the array's own bounds.
+fn string_items(object: &mut Object, field: &str, items: Schema, max_items: usize) {
+    if let Some(RefOr::T(Schema::Array(array))) = object.properties.get_mut(field) {
+        array.items = utoipa::openapi::schema::ArrayItems::RefOrSchema(Box::new(RefOr::T(items)));
+        array.max_items = Some(max_items);
+        array.unique_items = true;
+    }
+}
+
+/// The rules the server enforces on values, stated in the document so that what the document
+/// allows the server accepts (Schemathesis' positive-data check in `.ci/run`). Where a rule
+/// is stricter in the server than a schema can say (a byte count of any characters), the
+/// document states a tighter bound that stays inside it.
+fn server_rules(openapi: &mut OpenApi) {
+    let source_path = source_path_pattern();
+    let path_text =
+        |description: Option<String>| text(&source_path, 1, SOURCE_PATH_CHARS, description);
+    // The path of every file route.
+    for (path, operation) in operations_mut(openapi) {
+        if !path.starts_with("/v1/environments/{id}/files/") {
+            continue;
+        }
+        for parameter in operation.parameters.iter_mut().flatten() {
+            let RefOr::T(parameter) = parameter else {
+                continue;
+            };
+            if parameter.name == "path" && parameter.parameter_in == ParameterIn::Path {
+                parameter.schema = Some(RefOr::T(path_text(None)));
+            }
+        }
+    }
+    // Headers and query parameters the server reads by a grammar of their own.
+    let control_free = format!("^[^{CONTROL}]*$");
+    let tag = r#"(?:W/)?"[\x21\x23-\x7e]*""#;
+    let tags = format!(r"^(?:\*|{tag}(?:, ?{tag})*)?$");
+    let rules: [(&str, &str, ParameterIn, Schema); 8] = [
+        (
+            "/import",
+            "commit",
+            ParameterIn::Query,
+            text("^(?:[0-9A-Fa-f]{40}|[0-9A-Fa-f]{64})$", 40, 64, None),
+        ),
+        (
+            "/import",
+            "ref",
+            ParameterIn::Query,
+            text(&control_free, 0, 256, None),
+        ),
+        (
+            "/import",
+            "describe",
+            ParameterIn::Query,
+            text(&control_free, 1, 256, None),
+        ),
+        (
+            "",
+            "If-Match",
+            ParameterIn::Header,
+            text(&tags, 0, 4096, None),
+        ),
+        (
+            "",
+            "If-None-Match",
+            ParameterIn::Header,
+            text(&tags, 0, 4096, None),
+        ),
+        (
+            "",
+            "Idempotency-Key",
+            ParameterIn::Header,
+            text("^[\\x21-\\x7e]+$", 1, 255, None),
+        ),
+        (
+            "/v1/sessions",
+            "state",
+            ParameterIn::Query,
+            Schema::Object(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(["active", "ended"]))
+                    .build(),
+            ),
+        ),
+        (
+            "/v1/sessions",
+            "environment",
+            ParameterIn::Query,
+            text("^henv_[0-9a-f]{32}$", 37, 37, None),
+        ),
+    ];
+    for (path, operation) in operations_mut(openapi) {
+        for parameter in operation.parameters.iter_mut().flatten() {
+            let RefOr::T(parameter) = parameter else {
+                continue;
+            };
+            for (suffix, name, location, schema) in &rules {
+                if path.ends_with(suffix)
+                    && parameter.name == *name
+                    && parameter.parameter_in == *location
+                {
+                    let description = match &parameter.schema {
+                        Some(RefOr::T(Schema::Object(old))) => old.description.clone(),
+                        _ => None,
+                    };
+                    let mut schema = schema.clone();
+                    if let Schema::Object(object) = &mut schema {
+                        object.description = description;
+                    }
+                    parameter.schema = Some(RefOr::T(schema));
+                }
+            }
+        }
+    }
+    // `GET …/exec` only opens terminals.
+    if let Some(operation) = openapi
+        .paths
+        .paths
+        .get_mut("/v1/sessions/{id}/exec")
+        .and_then(|item| item.get.as_mut())
+    {
+        for parameter in operation.parameters.iter_mut().flatten() {
+            if let RefOr::T(parameter) = parameter
+                && parameter.name == "pty"
+            {
+                parameter.required = Required::True;
+                parameter.schema = Some(RefOr::T(Schema::Object(
+                    ObjectBuilder::new()
+                        .schema_type(Type::Boolean)
+                        .enum_values(Some([true]))
+                        .build(),
+                )));
+            }
+        }
+    }
+    // A command is not blank; its input is text or base64 (standard, padded), not both.
+    if let Some(object) = component_object(openapi, "ExecBody") {
+        if let Some(RefOr::T(Schema::Object(command))) = object.properties.get_mut("command") {
+            command.pattern = Some(r"\S".to_owned());
+        }
+        if let Some(RefOr::T(Schema::Object(base64))) = object.properties.get_mut("stdin_base64") {
+            base64.pattern =
+                Some("^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$".to_owned());
+        }
+    }
+    let null = || ObjectBuilder::new().schema_type(Type::Null);
+    constrain(
+        openapi,
+        "ExecBody",
+        AnyOfBuilder::new()
+            .item(ObjectBuilder::new().property("stdin", null()))
+            .item(ObjectBuilder::new().property("stdin_base64", null()))
+            .into(),
+    );
+    if let Some(object) = component_object(openapi, "MakeDirectory")
+        && let Some(RefOr::T(schema)) = object.properties.get_mut("path")
+    {
+        let description = match schema {
+            Schema::Object(old) => old.description.clone(),
+            _ => None,
+        };
+        *schema = path_text(description);
+    }
+    // `install.python`: requirements files and the project's groups and extras
+    // (`plinth_kit::python_install`), and at least one of the two.
+    let segment = format!(r"(?:[^/{CONTROL}]*[^./{CONTROL}][^/{CONTROL}]*|\.{{3,}})");
+    let requirements = format!(r"^(?!-)(?!/){segment}(?:/{segment})*$");
+    if let Some(object) = component_object(openapi, "PythonBody") {
+        string_items(
+            object,
+            "requirements",
+            text(
+                &requirements,
+                1,
+                plinth_kit::python_install::MAX_PATH_CHARS,
+                None,
+            ),
+            plinth_kit::python_install::MAX_NAMES,
+        );
+    }
+    let name = format!(
+        "^[A-Za-z0-9](?:[A-Za-z0-9._-]{{0,{}}}[A-Za-z0-9])?$",
+        plinth_kit::python_install::MAX_NAME_CHARS - 2
+    );
+    if let Some(object) = component_object(openapi, "ProjectBody") {
+        for field in ["groups", "extras"] {
+            string_items(
+                object,
+                field,
+                text(&name, 1, plinth_kit::python_install::MAX_NAME_CHARS, None),
+                plinth_kit::python_install::MAX_NAMES,
+            );
+        }
+    }
+    let string = || ObjectBuilder::new().schema_type(Type::String);
+    let array = || utoipa::openapi::schema::ArrayBuilder::new();
+    // Names at least one of the two (`install.python: {}` names nothing to install).
+    constrain(
+        openapi,
+        "PythonBody",
+        AnyOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .required("requirements")
+                    .property("requirements", array().min_items(Some(1))),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .required("project")
+                    .property("project", Ref::from_schema_name("ProjectBody")),
+            )
+            .into(),
+    );
+    // A session names its environment, or a harness that does.
+    constrain(
+        openapi,
+        "CreateSession",
+        AnyOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .required("environment")
+                    .property("environment", string()),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .required("harness_id")
+                    .property("harness_id", string().min_length(Some(1))),
+            )
+            .into(),
+    );
+    // Callback origins: `http` or `https`, a host name (an address literal or `localhost`
+    // may be one callbacks cannot reach, `invalid_request`) and a port, nothing more.
+    let origin = format!(r"^https?://{HOST}{PORT}/?$");
+    // A git import's repository: https (other schemes only where configured), on a name.
+    if let Some(object) = component_object(openapi, "GitSource")
+        && let Some(RefOr::T(Schema::Object(url))) = object.properties.get_mut("url")
+    {
+        url.pattern = Some(format!(r"^https://{HOST}{PORT}(?:/[\x21-\x7e]*)?$"));
+        url.max_length = Some(2048);
+    }
+    for name in ["CreateAdapter", "UpdateAdapter"] {
+        if let Some(object) = component_object(openapi, name) {
+            object.properties.insert(
+                "callback_origins".to_owned(),
+                RefOr::T(Schema::Array(
+                    array()
+                        .items(utoipa::openapi::schema::ArrayItems::RefOrSchema(Box::new(
+                            RefOr::T(text(&origin, 1, 2048, None)),
+                        )))
+                        .max_items(Some(32))
+                        .description(Some(
+                            "Brain only: the origins (scheme, host and port: \
+                             `https://brain.internal:8443`) its Brain calls back from; an \
+                             execution whose callback URL is elsewhere is refused.",
+                        ))
+                        .build(),
+                )),
+            );
+        }
+    }
+    // A Novo adapter takes no callback origins; a Brain adapter's token is always made by
+    // Plinth, so it takes no secret.
+    constrain(
+        openapi,
+        "CreateAdapter",
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .property("protocol", string().enum_values(Some(["novo"])))
+                    .property("callback_origins", array().max_items(Some(0))),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .property("protocol", string().enum_values(Some(["brain"])))
+                    .property("secret", string().max_length(Some(0))),
+            )
+            .into(),
+    );
 }
 
 /// An optional JSON body (`Option<T>` in a handler's `request_body`) may be left out, but

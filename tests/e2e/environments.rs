@@ -758,6 +758,15 @@ async fn the_document_states_the_ranges_enums_patterns_and_bodies_the_server_enf
     let (status, doc) = get(&server, "/openapi.json").await;
     assert_eq!(status, 200);
     let schemas = &doc["components"]["schemas"];
+    // A schema with a rule across its fields is `allOf` its object and the rule.
+    let object = |name: &str| -> &Value {
+        let schema = &schemas[name];
+        if schema["allOf"].is_array() {
+            &schema["allOf"][0]
+        } else {
+            schema
+        }
+    };
     let parameter = |path: &str, method: &str, name: &str| -> Value {
         doc["paths"][path][method]["parameters"]
             .as_array()
@@ -776,13 +785,13 @@ async fn the_document_states_the_ranges_enums_patterns_and_bodies_the_server_enf
         }
     }
     // The protocols an adapter speaks.
-    let protocol = &schemas["CreateAdapter"]["properties"]["protocol"];
+    let protocol = &object("CreateAdapter")["properties"]["protocol"];
     let named = protocol["$ref"].as_str().expect("a named schema");
     let names = &schemas[named.rsplit('/').next().expect("name")]["enum"];
     assert_eq!(names, &json!(["novo", "brain"]), "{protocol}");
     // A Novo secret: 16 to 512 printable ASCII characters without spaces.
     for (schema, name) in [("CreateAdapter", "secret"), ("RotateSecret", "secret")] {
-        let property = &schemas[schema]["properties"][name];
+        let property = &object(schema)["properties"][name];
         assert_eq!(
             property["pattern"], "^[\\x21-\\x7e]{16,512}$",
             "{schema}: {property}"
@@ -822,6 +831,100 @@ async fn the_document_states_the_ranges_enums_patterns_and_bodies_the_server_enf
         ]),
         "environment and harness names: {names:?}"
     );
+    // Paths, requirements files and git URLs as the server checks them (Python's `re`, as
+    // Schemathesis reads them): what each pattern allows the server takes.
+    let path = parameter("/v1/environments/{id}/files/{path}", "delete", "path");
+    let requirements = &object("PythonBody")["properties"]["requirements"]["items"];
+    let git = &schemas["GitSource"]["properties"]["url"];
+    let cases = json!([
+        [
+            path["pattern"],
+            ["scripts/run.sh", ".gitignore", "a/.../b", "Café/ü.txt"],
+            [
+                "../up",
+                "a//b",
+                "/abs",
+                "C:x",
+                "tab\there",
+                "a\\b",
+                "a/./b",
+                "trailing/"
+            ]
+        ],
+        [
+            requirements["pattern"],
+            ["requirements.txt", "req/dev.txt", "a\\b.txt"],
+            ["-r x.txt", "/etc/passwd", "../x.txt", "a//b", "bell\u{7}"]
+        ],
+        [
+            git["pattern"],
+            [
+                "https://github.com/example/content-studio",
+                "https://git.example.com:8443/r.git"
+            ],
+            [
+                "http://github.com/x",
+                "https://127.0.0.1/x",
+                "https://localhost/x",
+                "https://a.localhost/x",
+                "file:///etc"
+            ]
+        ],
+    ]);
+    let judged = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import json, re, sys\n\
+             cases = json.loads(sys.argv[1])\n\
+             print(json.dumps([[[bool(re.search(p, v)) for v in good], [bool(re.search(p, v)) for v in bad]] for p, good, bad in cases]))",
+            &cases.to_string(),
+        ])
+        .output()
+        .expect("python3 runs");
+    assert!(judged.status.success(), "{judged:?}");
+    let judged: Value = serde_json::from_slice(&judged.stdout).expect("JSON");
+    for (case, judged) in cases
+        .as_array()
+        .expect("cases")
+        .iter()
+        .zip(judged.as_array().expect("answers"))
+    {
+        assert!(
+            judged[0]
+                .as_array()
+                .expect("good")
+                .iter()
+                .all(|v| v == true),
+            "{case} good: {judged}"
+        );
+        assert!(
+            judged[1]
+                .as_array()
+                .expect("bad")
+                .iter()
+                .all(|v| v == false),
+            "{case} bad: {judged}"
+        );
+    }
+    // Rules across fields: install.python names something, a session its environment, a
+    // command's input one way; a Novo adapter takes no callback origins.
+    for name in ["PythonBody", "CreateSession", "ExecBody", "CreateAdapter"] {
+        assert!(
+            schemas[name]["allOf"][1].is_object(),
+            "{name}: {}",
+            schemas[name]
+        );
+    }
+    // `GET …/exec` only opens terminals: pty=true is required.
+    let pty = doc["paths"]["/v1/sessions/{id}/exec"]["get"]["parameters"]
+        .as_array()
+        .expect("parameters")
+        .iter()
+        .find(|parameter| parameter["name"] == "pty")
+        .expect("pty")
+        .clone();
+    assert_eq!(pty["required"], true, "{pty}");
+    assert_eq!(pty["schema"]["enum"], json!([true]), "{pty}");
     // A build's body may be left out, but when sent it is an object, never null.
     let body = &doc["paths"]["/v1/environments/{id}/build"]["post"]["requestBody"];
     assert_ne!(body["required"], true, "{body}");

@@ -162,8 +162,9 @@ async fn limits_past_their_maximum_zero_mistyped_or_unknown_are_refused_naming_t
         schemas["LimitsRequest"]["additionalProperties"], false,
         "an unknown limit is refused"
     );
+    // CreateSession is `allOf` its object and the rule that it names an environment.
     assert!(
-        schemas["CreateSession"]["properties"]["limits"].is_object(),
+        schemas["CreateSession"]["allOf"][0]["properties"]["limits"].is_object(),
         "{}",
         schemas["CreateSession"]
     );
