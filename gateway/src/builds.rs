@@ -156,6 +156,7 @@ pub struct VersionList {
 #[serde(deny_unknown_fields)]
 pub struct LogQuery {
     /// Keep the response open and stream lines as they are written, until the build ends.
+    #[serde(default, deserialize_with = "crate::query::flag")]
     pub follow: Option<bool>,
     /// Start at this byte of the log: a client that reconnects passes the bytes it has.
     pub offset: Option<u64>,
