@@ -1,7 +1,7 @@
 //! The gRPC contracts between Plinth's services, generated from `proto/plinth/**.proto`.
 //!
 //! Only generated wire types live here, with the one spelling of each enum value as text
-//! ([`labels!`]: the strings REST, the database and logs use). Validation into domain types
+//! (`labels!`: the strings REST, the database and logs use). Validation into domain types
 //! happens at each service's edge (`TryFrom<proto>`), never in this crate.
 
 /// `plinth.catalog.v1`: environments, versions, builds, sessions and scopes.

@@ -10,7 +10,7 @@
 //!   directory with renames into its scratch directory: from then on no one else can reach
 //!   them, and nothing deletes them under it. Nothing is ever deleted at a name a build could
 //!   take: an entry to delete is first renamed to a name no build looks for
-//!   ([`PARTIAL_KEPT`]`doomed-…`, removed at the next start if the builder dies meanwhile), and
+//!   (`PARTIAL_KEPT``doomed-…`, removed at the next start if the builder dies meanwhile), and
 //!   only then deleted, off the build's path.
 //! - **Each environment keeps its newest trees.** Keeping an environment's trees makes its
 //!   older entries go.

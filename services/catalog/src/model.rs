@@ -2,7 +2,7 @@
 //! converted into these at the edge (`service`), and nothing here knows about gRPC or SQL;
 //! the one exception is the text of a closed set (a status, a kind), which is the contract's
 //! label from `plinth_proto` so that the database, REST and logs spell it one way
-//! ([`contract_enum!`]).
+//! (`contract_enum!`).
 
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;

@@ -4,7 +4,7 @@
 //! Each host name is resolved to all its addresses and resolved again every few seconds, so one
 //! name of a Kubernetes headless Service reaches every pod behind it as pods come and go. Calls
 //! go round-robin over the replicas that answer. A replica whose connection fails is set aside
-//! for a while (twice as long each time it fails again, up to [`MAX_SET_ASIDE`]) and tried again
+//! for a while (twice as long each time it fails again, up to `MAX_SET_ASIDE`) and tried again
 //! after that; while any other answers, callers do not wait on it.
 //!
 //! A call that fails at the transport is tried again on another replica when that is safe:

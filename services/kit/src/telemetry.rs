@@ -11,7 +11,7 @@
 //! * W3C trace context crosses process boundaries in HTTP headers and gRPC metadata
 //!   ([`inject`], [`extract`]), so one REST request is one trace across services. Background
 //!   loops poll inside [`idle`] spans, which are never sampled: an idle process exports nothing.
-//! * Metrics use the `metrics` facade with one Prometheus recorder per process ([`metrics`]),
+//! * Metrics use the `metrics` facade with one Prometheus recorder per process ([`metrics()`]),
 //!   rendered on `/metrics` with the process's own `process_*` figures and `plinth_build_info`.
 
 use std::sync::OnceLock;

@@ -2,7 +2,7 @@
 //! /v1/sessions/{id}/files/{path}`), read and written by the node (root) on the session's
 //! behalf. The path is checked against the API's rule here ([`components`]: relative, no `.`
 //! or `..`); what makes it safe is the one implementation every file call of the node uses,
-//! [`fsx`](crate::workspace::fsx): every step `openat2` beneath the directory's descriptor,
+//! [`fsx`]: every step `openat2` beneath the directory's descriptor,
 //! parents walked without following any link, a file checked before it is opened (never a
 //! FIFO or a device, never a hard link to a file the session does not own), and a write
 //! made as a temporary file renamed into place.

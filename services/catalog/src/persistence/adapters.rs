@@ -601,7 +601,7 @@ impl Store {
     }
 
     /// Ends the sessions of runs unused since `idle_before_ms` with no claimed call running,
-    /// at most [`END_IDLE_BATCH`] of them, the longest unused first; answers them. The caller
+    /// at most `END_IDLE_BATCH` of them, the longest unused first; answers them. The caller
     /// sweeps again soon, so the rest wait one sweep rather than making one answer unbounded.
     pub async fn end_idle_runs(
         &self,

@@ -156,7 +156,7 @@ impl Store {
         Ok(retired)
     }
 
-    /// Deletes the versions retention lets go: not pinned (see [`PINNED`]), not queued or
+    /// Deletes the versions retention lets go: not pinned (see `PINNED`), not queued or
     /// building, and either with `keep` ready versions newer than themselves, or failed,
     /// finished before `failed_before_ms` and not the environment's latest build (whose
     /// failure is what the environment shows). Answers how many.

@@ -571,7 +571,7 @@ impl Store {
     }
 
     /// One page of a session's turns, oldest first: those after `page.after` (whose key is a
-    /// sequence and whose id must be [`turns_cursor_id`] of this session), read with one more
+    /// sequence and whose id must be `turns_cursor_id` of this session), read with one more
     /// than the limit so the answer knows whether another page follows.
     pub async fn list_turns(
         &self,

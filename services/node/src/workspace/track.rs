@@ -846,7 +846,7 @@ pub enum NoSnippet {
 /// `external_only`, only those that differ from what this service last wrote, each with a
 /// diff from that where one can be made. Files are hashed as they stream; only a file small
 /// enough to diff is held, one at a time. At most [`MAX_CHANGES`] are listed, and diffs stop
-/// at [`MAX_SNIPPETS_BYTES`] in all.
+/// at `MAX_SNIPPETS_BYTES` in all.
 pub fn changes(
     ws: &Workspace,
     external_only: bool,

@@ -615,7 +615,7 @@ impl LimitedDir {
 
     /// Unmounts the working directory and keeps the image, for [`DiskLimits::open`] to mount
     /// again later (the builder's disk of a scope, between its builds). First every free
-    /// block of the file system is given back to the host ([`give_back_free_blocks`]), so a
+    /// block of the file system is given back to the host (`give_back_free_blocks`), so a
     /// kept image takes only what its files hold.
     pub fn unmount(self) -> Result<(), DiskError> {
         if let Err(error) = give_back_free_blocks(&self.work) {
