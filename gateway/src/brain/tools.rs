@@ -267,7 +267,7 @@ fn node_failure(session: &pb::Session, status: &tonic::Status) -> Failure {
             "its node does not answer",
             true,
         ),
-        ErrorCode::NotFound if error.message.contains("is not on this node") => lost(
+        ErrorCode::NotFound if error.is_session_lost() => lost(
             &session.id,
             &session.node_id,
             "its node no longer has its working directory",

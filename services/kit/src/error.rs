@@ -309,6 +309,9 @@ impl fmt::Display for ErrorCode {
     }
 }
 
+/// The `detail.reason` of a node's `not_found` for a session it does not hold.
+pub const SESSION_LOST: &str = "session_lost";
+
 /// An error as a caller sees it: a code, a message for a person, optional particulars.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{code}: {message}")]
@@ -329,6 +332,30 @@ impl PlinthError {
             message: message.into(),
             detail: None,
         }
+    }
+
+    /// `not_found` for a session a node does not hold (it ended there, or its working
+    /// directory was lost), marked `detail.reason` [`SESSION_LOST`] so a caller tells it from
+    /// a missing file without reading the message.
+    pub fn session_lost(id: &str) -> Self {
+        PlinthError::new(
+            ErrorCode::NotFound,
+            format!(
+                "session {id:?} is not on this node: it ended, or its working directory was lost"
+            ),
+        )
+        .with_detail(serde_json::json!({ "reason": SESSION_LOST }))
+    }
+
+    /// Whether this is [`PlinthError::session_lost`]'s error (also after a gRPC hop).
+    pub fn is_session_lost(&self) -> bool {
+        self.code == ErrorCode::NotFound
+            && self
+                .detail
+                .as_ref()
+                .and_then(|detail| detail.get("reason"))
+                .and_then(Value::as_str)
+                == Some(SESSION_LOST)
     }
 
     /// Adds particulars.
@@ -655,6 +682,17 @@ mod tests {
             assert_eq!(received, sent);
             assert_eq!(ErrorCode::parse(code.as_str()), Some(code));
         }
+    }
+
+    #[test]
+    fn a_lost_session_is_told_apart_from_a_missing_file_across_grpc() {
+        let lost = PlinthError::from_status(&PlinthError::session_lost("sess_1").into());
+        assert!(lost.is_session_lost(), "{lost:?}");
+        assert_eq!(lost.code.http_status(), 404);
+        let missing = PlinthError::from_status(
+            &PlinthError::new(ErrorCode::NotFound, "session \"x\" is not on this node").into(),
+        );
+        assert!(!missing.is_session_lost(), "only the marked error is");
     }
 
     #[test]

@@ -245,10 +245,7 @@ pub(crate) fn limits_from_wire(limits: pb::Limits) -> SessionLimits {
 
 /// A session this node does not hold (never attached here, ended, or its directory lost).
 pub(crate) fn lost(id: &str) -> PlinthError {
-    PlinthError::new(
-        ErrorCode::NotFound,
-        format!("session {id:?} is not on this node: it ended, or its working directory was lost"),
-    )
+    PlinthError::session_lost(id)
 }
 
 /// A command prepared by [`Node::prepare`], not started yet.

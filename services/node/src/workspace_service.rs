@@ -23,12 +23,10 @@ use crate::workspace::{MAX_FILE_BYTES, Workspace, fsx};
 
 impl Node {
     fn workspace(&self, id: &str) -> Result<(Arc<LocalSession>, Workspace), PlinthError> {
-        let session = self.sessions.get(id).ok_or_else(|| {
-            PlinthError::new(
-                ErrorCode::NotFound,
-                format!("session {id:?} is not on this node: it ended, or its working directory was lost"),
-            )
-        })?;
+        let session = self
+            .sessions
+            .get(id)
+            .ok_or_else(|| PlinthError::session_lost(id))?;
         let uid = if self.isolation.enabled {
             session.record.uid
         } else {
