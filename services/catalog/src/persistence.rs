@@ -36,252 +36,57 @@ use crate::model::{
     PageRequest, Scope, Slug,
 };
 
+/// The migrations, in order, each from `migrations/common` (the same SQL on both databases) or,
+/// where the two differ, from `migrations/sqlite` and `migrations/postgres` under one name.
+macro_rules! migration_lists {
+    ($($version:literal, $name:literal, $kind:ident $file:literal;)*) => {
+        const SQLITE_MIGRATIONS: &[MigrationFile] =
+            &[$(($version, $name, migration_lists!(@sql sqlite $kind $file))),*];
+        const POSTGRES_MIGRATIONS: &[MigrationFile] =
+            &[$(($version, $name, migration_lists!(@sql postgres $kind $file))),*];
+    };
+    (@sql $backend:ident common $file:literal) => {
+        include_str!(concat!("../migrations/common/", $file))
+    };
+    (@sql sqlite split $file:literal) => {
+        include_str!(concat!("../migrations/sqlite/", $file))
+    };
+    (@sql postgres split $file:literal) => {
+        include_str!(concat!("../migrations/postgres/", $file))
+    };
+}
+
+migration_lists! {
+    1, "environments", common "0001_environments.sql";
+    2, "builds", common "0002_builds.sql";
+    3, "dependency keys", common "0003_dependency_keys.sql";
+    4, "harnesses", common "0004_harnesses.sql";
+    5, "sessions", common "0005_sessions.sql";
+    6, "workspace adapters", common "0006_workspace_adapters.sql";
+    7, "brain", common "0007_brain.sql";
+    8, "adapter runs and idempotency keys", common "0008_adapter_runs.sql";
+    9, "where nodes keep sessions", common "0009_node_sessions_dir.sql";
+    10, "where sessions see their working directory", common "0010_node_session_workdir.sql";
+    11, "session limits and when sessions end", common "0011_session_limits.sql";
+    12, "adapter callback origins and sealed credentials", common "0012_adapter_origins_and_sealing.sql";
+    13, "quotas per scope", common "0013_quotas.sql";
+    14, "garbage collection and retention", split "0014_collection_and_retention.sql";
+    15, "clean_builds_and_toolchains", common "0015_clean_builds_and_toolchains.sql";
+    16, "limits_in_ms_and_session_pages", common "0016_limits_in_ms_and_session_pages.sql";
+    17, "build_turns", common "0017_build_turns.sql";
+    18, "novo_signatures", common "0018_novo_signatures.sql";
+    19, "request_keys", common "0019_request_keys.sql";
+    20, "node_load_and_cache_sets", split "0020_node_load_and_cache_sets.sql";
+    21, "suspect_nodes", common "0021_suspect_nodes.sql";
+    22, "node_capacity", split "0022_node_capacity.sql";
+    23, "activation_epoch", split "0023_activation_epoch.sql";
+    24, "install_settings", common "0024_install_settings.sql";
+}
+
 fn migrations(backend: Backend) -> &'static [MigrationFile] {
     match backend {
-        Backend::Sqlite => &[
-            (
-                1,
-                "environments",
-                include_str!("../migrations/common/0001_environments.sql"),
-            ),
-            (
-                2,
-                "builds",
-                include_str!("../migrations/common/0002_builds.sql"),
-            ),
-            (
-                3,
-                "dependency keys",
-                include_str!("../migrations/common/0003_dependency_keys.sql"),
-            ),
-            (
-                4,
-                "harnesses",
-                include_str!("../migrations/common/0004_harnesses.sql"),
-            ),
-            (
-                5,
-                "sessions",
-                include_str!("../migrations/common/0005_sessions.sql"),
-            ),
-            (
-                6,
-                "workspace adapters",
-                include_str!("../migrations/common/0006_workspace_adapters.sql"),
-            ),
-            (
-                7,
-                "brain",
-                include_str!("../migrations/common/0007_brain.sql"),
-            ),
-            (
-                8,
-                "adapter runs and idempotency keys",
-                include_str!("../migrations/common/0008_adapter_runs.sql"),
-            ),
-            (
-                9,
-                "where nodes keep sessions",
-                include_str!("../migrations/common/0009_node_sessions_dir.sql"),
-            ),
-            (
-                10,
-                "where sessions see their working directory",
-                include_str!("../migrations/common/0010_node_session_workdir.sql"),
-            ),
-            (
-                11,
-                "session limits and when sessions end",
-                include_str!("../migrations/common/0011_session_limits.sql"),
-            ),
-            (
-                12,
-                "adapter callback origins and sealed credentials",
-                include_str!("../migrations/common/0012_adapter_origins_and_sealing.sql"),
-            ),
-            (
-                13,
-                "quotas per scope",
-                include_str!("../migrations/common/0013_quotas.sql"),
-            ),
-            (
-                14,
-                "garbage collection and retention",
-                include_str!("../migrations/sqlite/0014_collection_and_retention.sql"),
-            ),
-            (
-                15,
-                "clean_builds_and_toolchains",
-                include_str!("../migrations/common/0015_clean_builds_and_toolchains.sql"),
-            ),
-            (
-                16,
-                "limits_in_ms_and_session_pages",
-                include_str!("../migrations/common/0016_limits_in_ms_and_session_pages.sql"),
-            ),
-            (
-                17,
-                "build_turns",
-                include_str!("../migrations/common/0017_build_turns.sql"),
-            ),
-            (
-                18,
-                "novo_signatures",
-                include_str!("../migrations/common/0018_novo_signatures.sql"),
-            ),
-            (
-                19,
-                "request_keys",
-                include_str!("../migrations/common/0019_request_keys.sql"),
-            ),
-            (
-                20,
-                "node_load_and_cache_sets",
-                include_str!("../migrations/sqlite/0020_node_load_and_cache_sets.sql"),
-            ),
-            (
-                21,
-                "suspect_nodes",
-                include_str!("../migrations/common/0021_suspect_nodes.sql"),
-            ),
-            (
-                22,
-                "node_capacity",
-                include_str!("../migrations/sqlite/0022_node_capacity.sql"),
-            ),
-            (
-                23,
-                "activation_epoch",
-                include_str!("../migrations/sqlite/0023_activation_epoch.sql"),
-            ),
-            (
-                24,
-                "install_settings",
-                include_str!("../migrations/common/0024_install_settings.sql"),
-            ),
-        ],
-        Backend::Postgres => &[
-            (
-                1,
-                "environments",
-                include_str!("../migrations/common/0001_environments.sql"),
-            ),
-            (
-                2,
-                "builds",
-                include_str!("../migrations/common/0002_builds.sql"),
-            ),
-            (
-                3,
-                "dependency keys",
-                include_str!("../migrations/common/0003_dependency_keys.sql"),
-            ),
-            (
-                4,
-                "harnesses",
-                include_str!("../migrations/common/0004_harnesses.sql"),
-            ),
-            (
-                5,
-                "sessions",
-                include_str!("../migrations/common/0005_sessions.sql"),
-            ),
-            (
-                6,
-                "workspace adapters",
-                include_str!("../migrations/common/0006_workspace_adapters.sql"),
-            ),
-            (
-                7,
-                "brain",
-                include_str!("../migrations/common/0007_brain.sql"),
-            ),
-            (
-                8,
-                "adapter runs and idempotency keys",
-                include_str!("../migrations/common/0008_adapter_runs.sql"),
-            ),
-            (
-                9,
-                "where nodes keep sessions",
-                include_str!("../migrations/common/0009_node_sessions_dir.sql"),
-            ),
-            (
-                10,
-                "where sessions see their working directory",
-                include_str!("../migrations/common/0010_node_session_workdir.sql"),
-            ),
-            (
-                11,
-                "session limits and when sessions end",
-                include_str!("../migrations/common/0011_session_limits.sql"),
-            ),
-            (
-                12,
-                "adapter callback origins and sealed credentials",
-                include_str!("../migrations/common/0012_adapter_origins_and_sealing.sql"),
-            ),
-            (
-                13,
-                "quotas per scope",
-                include_str!("../migrations/common/0013_quotas.sql"),
-            ),
-            (
-                14,
-                "garbage collection and retention",
-                include_str!("../migrations/postgres/0014_collection_and_retention.sql"),
-            ),
-            (
-                15,
-                "clean_builds_and_toolchains",
-                include_str!("../migrations/common/0015_clean_builds_and_toolchains.sql"),
-            ),
-            (
-                16,
-                "limits_in_ms_and_session_pages",
-                include_str!("../migrations/common/0016_limits_in_ms_and_session_pages.sql"),
-            ),
-            (
-                17,
-                "build_turns",
-                include_str!("../migrations/common/0017_build_turns.sql"),
-            ),
-            (
-                18,
-                "novo_signatures",
-                include_str!("../migrations/common/0018_novo_signatures.sql"),
-            ),
-            (
-                19,
-                "request_keys",
-                include_str!("../migrations/common/0019_request_keys.sql"),
-            ),
-            (
-                20,
-                "node_load_and_cache_sets",
-                include_str!("../migrations/postgres/0020_node_load_and_cache_sets.sql"),
-            ),
-            (
-                21,
-                "suspect_nodes",
-                include_str!("../migrations/common/0021_suspect_nodes.sql"),
-            ),
-            (
-                22,
-                "node_capacity",
-                include_str!("../migrations/postgres/0022_node_capacity.sql"),
-            ),
-            (
-                23,
-                "activation_epoch",
-                include_str!("../migrations/postgres/0023_activation_epoch.sql"),
-            ),
-            (
-                24,
-                "install_settings",
-                include_str!("../migrations/common/0024_install_settings.sql"),
-            ),
-        ],
+        Backend::Sqlite => SQLITE_MIGRATIONS,
+        Backend::Postgres => POSTGRES_MIGRATIONS,
     }
 }
 
@@ -698,4 +503,47 @@ fn version(row: &AnyRow, column: &str) -> Result<Option<u32>, StoreError> {
 fn count(row: &AnyRow, column: &str) -> Result<u64, StoreError> {
     let value: i64 = row.try_get(column)?;
     u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("{column} = {value}")))
+}
+
+#[cfg(test)]
+mod migration_list_tests {
+    use super::*;
+
+    /// Every file under `migrations/` is in the list once, for the database it is for, in the
+    /// order of the number its name starts with.
+    #[test]
+    fn the_list_names_every_migration_file_in_order() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        for (backend, own, list) in [
+            (Backend::Sqlite, "sqlite", SQLITE_MIGRATIONS),
+            (Backend::Postgres, "postgres", POSTGRES_MIGRATIONS),
+        ] {
+            assert_eq!(migrations(backend).len(), list.len());
+            let mut files: Vec<(u32, String)> = ["common", own]
+                .iter()
+                .flat_map(|dir| std::fs::read_dir(root.join(dir)).expect("a migrations folder"))
+                .map(|entry| entry.expect("an entry").path())
+                .map(|path| {
+                    let name = path
+                        .file_name()
+                        .expect("a name")
+                        .to_string_lossy()
+                        .into_owned();
+                    let number = name[..4].parse().expect("a numbered file");
+                    (number, std::fs::read_to_string(&path).expect("SQL"))
+                })
+                .collect();
+            files.sort_by_key(|(number, _)| *number);
+            let listed: Vec<(u32, String)> = list
+                .iter()
+                .map(|(version, _, sql)| {
+                    (
+                        u32::try_from(*version).expect("a version"),
+                        (*sql).to_owned(),
+                    )
+                })
+                .collect();
+            assert_eq!(listed, files, "{own}");
+        }
+    }
 }
