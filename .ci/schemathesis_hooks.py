@@ -10,7 +10,13 @@ gateway's unit tests.
 import io
 import tarfile
 
+import hypothesis
 import schemathesis
+
+# Schemathesis steers fuzzing toward inputs an operation accepts with `hypothesis.target`, and
+# Hypothesis's target search crashed on some runs here (an IndexError in its optimiser's hill
+# climb, Hypothesis 6.170). The checks do not depend on it: the run draws without steering.
+hypothesis.target = lambda observation, *, label="": observation
 
 # An archive's git origin (`plinth push` of a checkout): commit and describe together, the
 # rest only with them, and none with a git import (a JSON body), which finds its own.

@@ -72,13 +72,17 @@ pub fn complete(openapi: &mut OpenApi) {
 /// characters (C0, DEL, C1: what `char::is_control` finds) and, in source paths, `\`.
 const CONTROL: &str = r"\x00-\x1f\x7f-\x9f";
 
-/// One path component of at most 63 characters (so at most 252 bytes whatever they are,
-/// inside the 255-byte limit of a component) that is neither `.` nor `..`; `also` names
-/// more characters it may not hold.
-fn component(also: &str) -> String {
+/// One path component of at most 31 characters (so at most 124 bytes whatever they are,
+/// inside the 255-byte limit of a component) that is neither `.` nor `..`: one that starts
+/// with another character, three dots or more, or one or two dots and then another character.
+/// `first` names characters it may not start with, `also` characters it may not hold. No
+/// lookahead and no separate length limit: Hypothesis (Schemathesis) draws such a pattern
+/// directly instead of filtering what it draws.
+fn component(first: &str, also: &str) -> String {
     let class = format!("[^/{CONTROL}{also}]");
+    let other = format!("[^./{CONTROL}{also}{first}]");
     let not_dot = format!("[^./{CONTROL}{also}]");
-    format!(r"(?:{class}{{0,31}}{not_dot}{class}{{0,31}}|\.{{3,63}})")
+    format!(r"(?:{other}{class}{{0,30}}|\.{{3,31}}|\.{{1,2}}{not_dot}{class}{{0,28}})")
 }
 
 /// A host name as the document promises one (a name whose last label starts with a letter, not
@@ -90,12 +94,12 @@ const PORT: &str = r"(?::(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}))?";
 
 /// A source path as the source service checks it (`services/source/src/paths.rs`): relative,
 /// components joined by `/`, none empty, `.` or `..`, no control character or backslash, no
-/// drive letter. Its byte limits (1,024 in all, 255 a component) are stated as character
-/// counts that stay inside them whatever the characters: 256 in all, 63 a component. The
-/// document leaves `:` out altogether, which keeps a drive letter out without a lookahead.
+/// drive letter. Its byte limits (1,024 in all, 255 a component) are stated as counts that
+/// stay inside them whatever the characters: 8 components of 31 characters. The document
+/// leaves `:` out altogether, which keeps a drive letter out without a lookahead.
 fn source_path_pattern() -> String {
-    let component = component(r"\\:");
-    format!(r"^{component}(?:/{component}){{0,63}}$")
+    let component = component("", r"\\:");
+    format!(r"^{component}(?:/{component}){{0,7}}$")
 }
 
 /// Most characters of a source path the document promises (256 of up to 4 bytes each stay
@@ -262,6 +266,16 @@ fn server_rules(openapi: &mut OpenApi) {
             }
         }
     }
+    // Free text: anything but NUL.
+    for name in ["CreateEnvironment", "UpdateEnvironment"] {
+        if let Some(object) = component_object(openapi, name) {
+            for field in ["description", "entry"] {
+                if let Some(RefOr::T(Schema::Object(text))) = object.properties.get_mut(field) {
+                    text.pattern = Some("^[^\\x00]*$".to_owned());
+                }
+            }
+        }
+    }
     // `GET …/exec` only opens terminals.
     if let Some(operation) = openapi
         .paths
@@ -313,8 +327,13 @@ fn server_rules(openapi: &mut OpenApi) {
     }
     // `install.python`: requirements files and the project's groups and extras
     // (`plinth_kit::python_install`), and at least one of the two.
-    let segment = format!(r"(?:[^/{CONTROL}]*[^./{CONTROL}][^/{CONTROL}]*|\.{{3,}})");
-    let requirements = format!(r"^(?!-)(?!/){segment}(?:/{segment})*$");
+    // Not starting with `-` (an installer would read an option); 7 components at most, which
+    // keeps it inside 255 characters.
+    let requirements = format!(
+        r"^{first}(?:/{rest}){{0,6}}$",
+        first = component(r"\-", ""),
+        rest = component("", "")
+    );
     if let Some(object) = component_object(openapi, "PythonBody") {
         string_items(
             object,
