@@ -475,29 +475,45 @@ async fn run_build(
         Some(Err(error)) => Err(error.clone()),
         _ => Ok(()),
     };
+    let context = BuildContext {
+        options,
+        blobs,
+        catalog: catalog.clone(),
+        collection,
+        token: &token,
+        build: &build,
+        slug: &claim.slug,
+        places: &places,
+        log: log_tx.clone(),
+        lease_lost: &lease_lost,
+    };
     let outcome = tokio::select! {
         outcome = async {
             ready?;
             let python = crate::manifests::python_setting(claim.install.as_ref())?;
-            produce(options, blobs, catalog.clone(), collection, &token, &build, &claim.slug, python, &places, log_tx.clone(), &lease_lost).await
+            produce(&context, python).await
         } => outcome,
-        () = lease_lost.cancelled() => Err("the lease was lost; this build was abandoned".to_owned()),
+        () = lease_lost.cancelled() => Err(BuildFailure::LeaseLost),
     };
+    drop(context);
     // Out of space outside the installers' commands (the source itself, the builder's own
     // writes on the image): the reason names the limit too.
     let outcome = match outcome {
-        Err(error)
+        Err(failure)
             if matches!(disk, Some(Ok(_)))
-                && error.contains("(os error 28)")
-                && !error.contains(crate::limits::DISK_SETTING) =>
+                && failure.ran_out_of_space()
+                && !failure.names_the_disk_limit() =>
         {
-            Err(format!("{}: {error}", options.install.limits.disk_reason()))
+            Err(BuildFailure::Step(format!(
+                "{}: {failure}",
+                options.install.limits.disk_reason()
+            )))
         }
         other => other,
     };
     // Out of the scope's disk: its caches make room for the next build.
-    if let (Err(error), Some(Ok(disk))) = (&outcome, &disk)
-        && error.contains(crate::limits::DISK_SETTING)
+    if let (Err(failure), Some(Ok(disk))) = (&outcome, &disk)
+        && failure.names_the_disk_limit()
     {
         disk.mark_full();
     }
@@ -513,7 +529,7 @@ async fn run_build(
                     recorded = counted;
                     Ok(ready)
                 }
-                Err(error) => Err(error),
+                Err(error) => Err(BuildFailure::Step(error)),
             }
         }
         other => other,
@@ -524,7 +540,7 @@ async fn run_build(
         .and_then(|ready| ready.layer_tree.parse::<Digest>().ok());
     let outcome = match outcome {
         Ok(ready) => pb::complete_build_request::Outcome::Ready(ready),
-        Err(error) => pb::complete_build_request::Outcome::Failed(error),
+        Err(failure) => pb::complete_build_request::Outcome::Failed(failure.to_string()),
     };
     // Whichever call learned it (a renewal, a log append, a reuse query), a lost lease ends
     // the build here, and nothing it made is offered to the catalog.
@@ -745,35 +761,118 @@ async fn forget_layer(options: &BuilderOptions, build: &pb::Build) {
     }
 }
 
-/// Materializes, installs, scans and uploads; the error is the build's `error` for its owner.
-#[allow(clippy::too_many_arguments)]
-async fn produce(
-    options: &BuilderOptions,
-    blobs: &BlobStore,
-    mut catalog: Catalog,
+/// Why a build produced no layer. Its text is the build's `error`, shown in its log and by the
+/// API; a lost lease is its own case, since such a build is abandoned and publishes nothing.
+#[derive(Debug)]
+enum BuildFailure {
+    /// The catalog refused this builder's lease: the build may be another builder's now.
+    LeaseLost,
+    /// A step failed; the sentence says which and why.
+    Step(String),
+}
+
+impl std::fmt::Display for BuildFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BuildFailure::LeaseLost => f.write_str("the lease was lost; this build was abandoned"),
+            BuildFailure::Step(reason) => f.write_str(reason),
+        }
+    }
+}
+
+impl From<String> for BuildFailure {
+    fn from(reason: String) -> Self {
+        BuildFailure::Step(reason)
+    }
+}
+
+impl BuildFailure {
+    /// Whether a step ran out of disk space: the operating system's `ENOSPC`, as the error
+    /// that reached the step words it (the errors come from many libraries, each with its
+    /// own type; their text is what they share).
+    fn ran_out_of_space(&self) -> bool {
+        matches!(self, BuildFailure::Step(reason) if reason.contains("(os error 28)"))
+    }
+
+    /// Whether its reason names the scope's disk limit (`builder.limits.disk_mb`).
+    fn names_the_disk_limit(&self) -> bool {
+        matches!(self, BuildFailure::Step(reason) if reason.contains(crate::limits::DISK_SETTING))
+    }
+}
+
+/// What one build's steps share: the settings, the stores and services it talks to, the build
+/// and its lease, where it runs, and where its log goes.
+struct BuildContext<'a> {
+    options: &'a BuilderOptions,
+    blobs: &'a BlobStore,
+    catalog: Catalog,
     collection: Collection,
-    token: &str,
-    build: &pb::Build,
-    slug: &str,
-    python: Option<crate::manifests::PythonInstall>,
-    places: &Places,
+    token: &'a str,
+    build: &'a pb::Build,
+    slug: &'a str,
+    places: &'a Places,
     log: mpsc::UnboundedSender<Vec<u8>>,
-    lease_lost: &CancellationToken,
-) -> Result<pb::BuildReady, String> {
-    let scratch = places.scratch.as_path();
-    let source: Digest = build.source_tree.parse().map_err(|_| {
+    lease_lost: &'a CancellationToken,
+}
+
+/// What a build found before installing: the toolchains it pins, where its source came
+/// from, and the key under which earlier builds' layers are reused.
+struct Prepared {
+    selection: toolchains::Selection,
+    origin: Option<crate::origin::Derived>,
+    dependency_key: String,
+    python: Option<crate::manifests::PythonInstall>,
+}
+
+/// What the catalog says can be reused.
+enum Reusable {
+    /// An earlier version's whole layer: nothing to install.
+    Whole(pb::BuildReady),
+    /// The dependencies of an earlier version to start from, if any.
+    Dependencies(Option<pb::ReusableBuild>),
+}
+
+/// What installing left in the scratch directory.
+struct Installed {
+    report: install::InstallReport,
+    /// The build's `PATH` (the chosen toolchains first).
+    path: String,
+}
+
+/// Materializes, installs, scans and uploads; the failure is the build's `error` for its
+/// owner.
+async fn produce(
+    ctx: &BuildContext<'_>,
+    python: Option<crate::manifests::PythonInstall>,
+) -> Result<pb::BuildReady, BuildFailure> {
+    let prepared = prepare(ctx, python).await?;
+    let dependencies = match reusable(ctx, &prepared.dependency_key).await? {
+        Reusable::Whole(ready) => return Ok(ready),
+        Reusable::Dependencies(dependencies) => dependencies,
+    };
+    let installed = install_dependencies(ctx, &prepared, dependencies).await?;
+    store_layer(ctx, prepared, installed).await
+}
+
+/// Writes out the source and reads what it pins and where it came from.
+async fn prepare(
+    ctx: &BuildContext<'_>,
+    python: Option<crate::manifests::PythonInstall>,
+) -> Result<Prepared, BuildFailure> {
+    let scratch = ctx.places.scratch.as_path();
+    let source: Digest = ctx.build.source_tree.parse().map_err(|_| {
         format!(
             "the build names no valid source tree ({:?})",
-            build.source_tree
+            ctx.build.source_tree
         )
     })?;
     let phase = std::time::Instant::now();
-    retrying("materializing the source", lease_lost, &log, || {
-        materialize(blobs, &source, scratch, None)
+    retrying("materializing the source", ctx.lease_lost, &ctx.log, || {
+        materialize(ctx.blobs, &source, scratch, None)
     })
     .await
     .map_err(|error| format!("materializing the source failed: {error}"))?;
-    let _ = log.send(
+    let _ = ctx.log.send(
         format!(
             "==> source materialized in {:.2} s\n",
             phase.elapsed().as_secs_f64()
@@ -781,12 +880,12 @@ async fn produce(
         .into_bytes(),
     );
     let say = |line: String| {
-        let _ = log.send(line.into_bytes());
+        let _ = ctx.log.send(line.into_bytes());
     };
     // The project's toolchain pins, checked before anything is installed: one that cannot be
     // met fails the build naming what was asked and what there is.
     let selection = {
-        let (scratch, path) = (scratch.to_owned(), options.install.path.clone());
+        let (scratch, path) = (scratch.to_owned(), ctx.options.install.path.clone());
         let python = python.clone();
         tokio::task::spawn_blocking(move || {
             let plan = crate::manifests::plan(&scratch, python.as_ref())?;
@@ -807,8 +906,8 @@ async fn produce(
     // Where the source came from by git (an import, a push of a checkout): the version it
     // describes, by the project's own setuptools-scm / hatch-vcs settings, is installed into
     // the layer, so it is part of the key.
-    let origin = match &options.layers {
-        Some(ledger) => crate::origin::fetch(ledger, &build.environment_id).await,
+    let origin = match &ctx.options.layers {
+        Some(ledger) => crate::origin::fetch(ledger, &ctx.build.environment_id).await,
         None => None,
     }
     .map(|origin| crate::origin::derive(&origin, scratch));
@@ -817,28 +916,44 @@ async fn produce(
     }
     let dependency_key = dependency_key(
         scratch,
-        slug,
+        ctx.slug,
         &format!(
             "{}\n{}{}",
-            options.toolchain,
+            ctx.options.toolchain,
             selection.key,
             origin
                 .as_ref()
                 .map(crate::origin::key_material)
                 .unwrap_or_default()
         ),
-        &options.install.registries,
+        &ctx.options.install.registries,
         python.as_ref(),
     )
     .map_err(|error| format!("reading the manifests failed: {error}"))?;
-    let reusable = if build.clean {
+    Ok(Prepared {
+        selection,
+        origin,
+        dependency_key,
+        python,
+    })
+}
+
+/// Asks the catalog what earlier builds of the scope this one can reuse (nothing for a clean
+/// build, or when the catalog cannot say).
+async fn reusable(ctx: &BuildContext<'_>, dependency_key: &str) -> Result<Reusable, BuildFailure> {
+    let say = |line: String| {
+        let _ = ctx.log.send(line.into_bytes());
+    };
+    let reusable = if ctx.build.clean {
         say("==> a clean build was asked for: nothing is reused from earlier builds\n".to_owned());
         pb::FindReusableResponse::default()
     } else {
-        let reusable = catalog
+        let reusable = ctx
+            .catalog
+            .clone()
             .find_reusable(pb::FindReusableRequest {
-                lease_token: token.to_owned(),
-                dependency_key: dependency_key.clone(),
+                lease_token: ctx.token.to_owned(),
+                dependency_key: dependency_key.to_owned(),
             })
             .await
             .map(tonic::Response::into_inner);
@@ -850,8 +965,8 @@ async fn produce(
                 reusable
             }
             Err(status) if PlinthError::from_status(&status).code == ErrorCode::LeaseLost => {
-                lease_lost.cancel();
-                return Err("the lease was lost; this build was abandoned".to_owned());
+                ctx.lease_lost.cancel();
+                return Err(BuildFailure::LeaseLost);
             }
             Err(status) => {
                 tracing::warn!(error = %status.message(), "asking what can be reused failed; building from scratch");
@@ -865,26 +980,40 @@ async fn produce(
             "==> source, manifests, pins and toolchain unchanged since version {}: reusing its layer\n",
             whole.version
         ));
-        return Ok(pb::BuildReady {
+        return Ok(Reusable::Whole(pb::BuildReady {
             layer_tree: whole.layer_tree,
             packages: whole.packages,
             size: whole.size,
-            dependency_key,
+            dependency_key: dependency_key.to_owned(),
             toolchains: whole.toolchains,
-        });
+        }));
     }
-    let mut install_options = options.install.clone();
-    install_options.path = selection.path.clone();
-    install_options.python = python;
+    Ok(Reusable::Dependencies(reusable.dependencies))
+}
+
+/// Runs the installers over the source, starting from an earlier version's dependencies
+/// when there are some.
+async fn install_dependencies(
+    ctx: &BuildContext<'_>,
+    prepared: &Prepared,
+    dependencies: Option<pb::ReusableBuild>,
+) -> Result<Installed, BuildFailure> {
+    let scratch = ctx.places.scratch.as_path();
+    let say = |line: String| {
+        let _ = ctx.log.send(line.into_bytes());
+    };
+    let mut install_options = ctx.options.install.clone();
+    install_options.path = prepared.selection.path.clone();
+    install_options.python = prepared.python.clone();
     // uv's, pip's and npm's downloads persist across builds of one scope, on the scratch
     // directory's file system so a build can take the cache in with a rename (and uv hard-link
     // from it); another scope's builds never see them.
-    install_options.cache_dir = Some(places.cache.clone());
-    if let Some(origin) = &origin {
+    install_options.cache_dir = Some(ctx.places.cache.clone());
+    if let Some(origin) = &prepared.origin {
         install_options.extra_env.extend(crate::origin::env(origin));
     }
     let phase = std::time::Instant::now();
-    if let Some(earlier) = reusable.dependencies {
+    if let Some(earlier) = dependencies {
         let layer: Digest = earlier
             .layer_tree
             .parse()
@@ -898,8 +1027,8 @@ async fn produce(
         }
         let taken = {
             let (dir, name, scratch) = (
-                places.kept.clone(),
-                places.kept_tree(&layer),
+                ctx.places.kept.clone(),
+                ctx.places.kept_tree(&layer),
                 scratch.to_owned(),
             );
             tokio::task::spawn_blocking(move || crate::kept::take(&dir, &name, &scratch))
@@ -907,8 +1036,8 @@ async fn produce(
                 .unwrap_or(false)
         };
         if !taken {
-            retrying("reusing the dependencies", lease_lost, &log, || {
-                materialize(blobs, &layer, scratch, Some(&crate::kept::TREES))
+            retrying("reusing the dependencies", ctx.lease_lost, &ctx.log, || {
+                materialize(ctx.blobs, &layer, scratch, Some(&crate::kept::TREES))
             })
             .await
             .map_err(|error| {
@@ -933,9 +1062,12 @@ async fn produce(
         // the answer: it is taken along, as a rebuild by hand would find it.
         let carried = carried_locks(scratch);
         if !carried.is_empty() {
-            retrying("reusing the earlier resolution", lease_lost, &log, || {
-                materialize(blobs, &layer, scratch, Some(&carried))
-            })
+            retrying(
+                "reusing the earlier resolution",
+                ctx.lease_lost,
+                &ctx.log,
+                || materialize(ctx.blobs, &layer, scratch, Some(&carried)),
+            )
             .await
             .map_err(|error| {
                 format!(
@@ -961,16 +1093,16 @@ async fn produce(
         }
     }
     let mut sink = |bytes: &[u8]| {
-        let _ = log.send(bytes.to_vec());
+        let _ = ctx.log.send(bytes.to_vec());
     };
-    let report = install::install(scratch, slug, &install_options, &mut sink)
+    let report = install::install(scratch, ctx.slug, &install_options, &mut sink)
         .await
         .map_err(|error| error.to_string())?;
     if report.cache_discarded {
         // Kept trees of the scope may share the changed files with the discarded cache.
-        drop_kept_dependencies(places).await;
+        drop_kept_dependencies(ctx.places).await;
     }
-    if let Some(node) = &selection.node {
+    if let Some(node) = &prepared.selection.node {
         // Sessions run the Node the build chose: `node_modules/.bin` comes before the
         // system's directories on their PATH too.
         let (scratch, target) = (scratch.to_owned(), node.path.clone());
@@ -981,8 +1113,22 @@ async fn produce(
                 format!("linking the chosen Node into node_modules/.bin failed: {error}")
             })?;
     }
-    let _ =
-        log.send(format!("==> installed in {:.2} s\n", phase.elapsed().as_secs_f64()).into_bytes());
+    let _ = ctx
+        .log
+        .send(format!("==> installed in {:.2} s\n", phase.elapsed().as_secs_f64()).into_bytes());
+    Ok(Installed {
+        report,
+        path: install_options.path,
+    })
+}
+
+/// Reads the built layer, holds and stores its files and tree, and describes it.
+async fn store_layer(
+    ctx: &BuildContext<'_>,
+    prepared: Prepared,
+    installed: Installed,
+) -> Result<pb::BuildReady, BuildFailure> {
+    let scratch = ctx.places.scratch.as_path();
     let phase = std::time::Instant::now();
     let scanned = {
         let scratch = scratch.to_owned();
@@ -1033,12 +1179,12 @@ async fn produce(
     for chunk in held.chunks(HOLD_CHUNK) {
         let answer = retrying(
             "holding the layer's files against garbage collection",
-            lease_lost,
-            &log,
+            ctx.lease_lost,
+            &ctx.log,
             || {
-                let mut collection = collection.clone();
+                let mut collection = ctx.collection.clone();
                 let request = pb::HoldBlobsRequest {
-                    lease_token: token.to_owned(),
+                    lease_token: ctx.token.to_owned(),
                     blobs: chunk.to_vec(),
                     trees: Vec::new(),
                 };
@@ -1059,28 +1205,33 @@ async fn produce(
         match answer {
             Ok(Ok(())) => {}
             Ok(Err(())) => {
-                lease_lost.cancel();
-                return Err("the lease was lost; this build was abandoned".to_owned());
+                ctx.lease_lost.cancel();
+                return Err(BuildFailure::LeaseLost);
             }
             Err(failed) => {
-                return Err(format!(
+                return Err(BuildFailure::Step(format!(
                     "holding the layer's files against garbage collection failed: {failed}"
-                ));
+                )));
             }
         }
     }
-    let stored = retrying("storing the layer's files", lease_lost, &log, || {
-        let files = files.clone();
-        async move {
-            blobs
-                .put_files(files, PARALLEL_BLOBS)
-                .await
-                .map_err(|error| Failed::blob(&error))
-        }
-    })
+    let stored = retrying(
+        "storing the layer's files",
+        ctx.lease_lost,
+        &ctx.log,
+        || {
+            let files = files.clone();
+            async move {
+                ctx.blobs
+                    .put_files(files, PARALLEL_BLOBS)
+                    .await
+                    .map_err(|error| Failed::blob(&error))
+            }
+        },
+    )
     .await
     .map_err(|error| format!("storing the layer's files failed: {error}"))?;
-    let _ = log.send(
+    let _ = ctx.log.send(
         format!(
             "==> layer of {} entries hashed in {hashed:.2} s; {stored} new blobs stored in {:.2} s\n",
             scanned.entries.len(),
@@ -1088,10 +1239,10 @@ async fn produce(
         )
         .into_bytes(),
     );
-    let stored = retrying("storing the layer's tree", lease_lost, &log, || {
+    let stored = retrying("storing the layer's tree", ctx.lease_lost, &ctx.log, || {
         let tree = tree.clone();
         async move {
-            blobs
+            ctx.blobs
                 .put_bytes(tree)
                 .await
                 .map_err(|error| Failed::blob(&error))
@@ -1102,11 +1253,15 @@ async fn produce(
     let toolchains = {
         let (scratch, mount, path) = (
             scratch.to_owned(),
-            format!("/env/{slug}"),
-            install_options.path.clone(),
+            format!("/env/{}", ctx.slug),
+            installed.path.clone(),
         );
-        let node_used = report.steps.iter().any(|step| step.starts_with("npm "));
-        let chosen = selection.node.clone();
+        let node_used = installed
+            .report
+            .steps
+            .iter()
+            .any(|step| step.starts_with("npm "));
+        let chosen = prepared.selection.node.clone();
         tokio::task::spawn_blocking(move || {
             toolchains::report(&scratch, &mount, &path, node_used, chosen)
         })
@@ -1147,7 +1302,7 @@ async fn produce(
             })
             .collect::<Result<_, String>>()?,
         size: scanned.bytes,
-        dependency_key,
+        dependency_key: prepared.dependency_key,
     })
 }
 
