@@ -148,7 +148,8 @@ pub struct WriteQuery {
     pub executable: Option<bool>,
 }
 
-/// `POST …/import` query, for archive bodies.
+/// `POST …/import` query, for archive bodies. The values' patterns are in the document's
+/// rules (`openapi::server_rules`).
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
@@ -159,22 +160,12 @@ pub struct ImportQuery {
     /// An archive of a git checkout (what `plinth push` sends from one): its commit's full id.
     /// With `describe`, it is recorded as a git import's origin is, and builds give installers
     /// the version it describes (setuptools-scm, hatch-vcs). Not with a JSON body.
-    #[param(pattern = "^(?:[0-9A-Fa-f]{40}|[0-9A-Fa-f]{64})$")]
     pub commit: Option<String>,
     /// With `commit`: the checkout's branch (empty or left out when detached).
     #[serde(rename = "ref")]
-    #[param(
-        rename = "ref",
-        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$",
-        max_length = 256
-    )]
+    #[param(rename = "ref")]
     pub reference: Option<String>,
     /// With `commit`: `git describe --tags --always --match '*[0-9]*'` of the commit.
-    #[param(
-        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$",
-        min_length = 1,
-        max_length = 256
-    )]
     pub describe: Option<String>,
     /// With `commit`: whether the checkout had uncommitted changes to tracked files.
     #[serde(default, deserialize_with = "crate::query::flag")]
