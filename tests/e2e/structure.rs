@@ -5,7 +5,8 @@
 //!   imports are the `crate::<module>` paths in its files, outside comments and its
 //!   `#[cfg(test)] mod tests` block);
 //! - a migration both databases take as it is lives once, in `migrations/common`: the `sqlite`
-//!   and `postgres` folders hold only pairs that differ.
+//!   and `postgres` folders hold only pairs that differ;
+//! - no new function visible outside its module fails with a bare `String`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -161,5 +162,110 @@ fn each_backend_specific_migration_has_a_differing_twin() {
     assert!(
         checked > 0,
         "no backend-specific migration was found to check"
+    );
+}
+
+/// The public and crate-visible functions (`pub fn`, `pub(crate) fn`, …) outside test code
+/// whose error is a bare `String`, as `file:function`. A signature is read from `fn` to its
+/// body's `{` (or `;`), at bracket depth 0.
+fn string_errors() -> BTreeSet<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut found = BTreeSet::new();
+    for src in crate_sources() {
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        for path in files {
+            let text = std::fs::read_to_string(&path).expect("read");
+            let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+            let relative = path
+                .strip_prefix(&root)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            for (at, _) in text.match_indices("pub") {
+                let rest = &text[at..];
+                let Some(fn_at) = rest.find("fn ") else {
+                    continue;
+                };
+                // `pub fn`, `pub(crate) async fn`, `pub const fn`: only words between.
+                let between = &rest[3..fn_at];
+                if between.contains(['{', '}', ';', '=', '\n']) && !between.trim().is_empty() {
+                    continue;
+                }
+                let signature = &rest[fn_at..];
+                let mut depth = 0i32;
+                let mut end = signature.len();
+                for (index, c) in signature.char_indices() {
+                    match c {
+                        '(' | '[' => depth += 1,
+                        ')' | ']' => depth -= 1,
+                        '{' | ';' if depth == 0 => {
+                            end = index;
+                            break;
+                        }
+                        _ => {}
+                    }
+                }
+                let signature = &signature[..end];
+                let Some(returns) = signature.split("->").nth(1) else {
+                    continue;
+                };
+                let returns: String = returns.split_whitespace().collect();
+                if returns.starts_with("Result<") && returns.ends_with(",String>") {
+                    let name: String = signature[3..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    found.insert(format!("{relative}:{name}"));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// A failure that crosses a module boundary is a type its caller can match, not a sentence:
+/// no new `pub` function answers `Result<_, String>`. The ones that still do are listed here,
+/// to become typed; one made typed leaves the list (the test says so), and the list only
+/// shrinks.
+#[test]
+fn no_new_function_across_modules_fails_with_a_bare_string() {
+    const STILL_STRINGS: &[&str] = &[
+        "gateway/src/brain/callbacks.rs:check_origin",
+        "gateway/src/browsers.rs:new",
+        "gateway/src/lib.rs:check_browser_settings",
+        "gateway/src/limits.rs:new",
+        "gateway/src/public/json.rs:message_from_rest",
+        "gateway/src/public/json.rs:rest_fields",
+        "gateway/src/public/rules.rs:path",
+        "services/builder/src/install/network.rs:parse",
+        "services/builder/src/limits.rs:create",
+        "services/builder/src/limits.rs:detect",
+        "services/builder/src/limits.rs:remove_leftovers",
+        "services/builder/src/manifests.rs:plan",
+        "services/builder/src/manifests.rs:python_setting",
+        "services/builder/src/registries.rs:egress_allow",
+        "services/builder/src/scope_disk.rs:acquire",
+        "services/builder/src/toolchains.rs:select",
+        "services/catalog/src/model.rs:from_stored",
+        "services/catalog/src/sessions.rs:from_wire",
+        "services/kit/src/grpc.rs:any_serving",
+        "services/kit/src/python_install.rs:check",
+        "services/kit/src/replicas.rs:any_serving",
+        "services/node/src/isolation.rs:check",
+        "services/node/src/lib.rs:check",
+        "services/source/src/git/address.rs:parse",
+    ];
+    let found = string_errors();
+    let listed: BTreeSet<String> = STILL_STRINGS.iter().map(|s| (*s).to_owned()).collect();
+    let new: Vec<&String> = found.difference(&listed).collect();
+    assert!(
+        new.is_empty(),
+        "these answer Result<_, String>; give them an error type their callers can match: {new:?}"
+    );
+    let fixed: Vec<&String> = listed.difference(&found).collect();
+    assert!(
+        fixed.is_empty(),
+        "these no longer answer a bare String: take them off STILL_STRINGS: {fixed:?}"
     );
 }

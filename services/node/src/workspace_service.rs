@@ -446,13 +446,13 @@ impl pb::workspace_service_server::WorkspaceService for Node {
                             if now.is_some() {
                                 return Err(format!("{} already exists", target.display));
                             }
-                            Some(patch::created(&operation.diff)?)
+                            Some(patch::created(&operation.diff).map_err(|e| e.to_string())?)
                         }
                         pb::PatchOperationKind::UpdateFile => {
                             let Some(now) = now else {
                                 return Err(format!("{} does not exist", target.display));
                             };
-                            Some(patch::apply(&now, &operation.diff)?)
+                            Some(patch::apply(&now, &operation.diff).map_err(|e| e.to_string())?)
                         }
                         pb::PatchOperationKind::DeleteFile => {
                             if now.is_none() {

@@ -118,7 +118,26 @@ fn old_start(header: &str) -> Option<usize> {
     number.parse().ok()
 }
 
-fn hunks(diff: &str) -> Result<(Vec<Hunk>, bool), String> {
+/// Why a diff does not apply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DiffError {
+    /// A line that is no part of a unified diff.
+    #[error("line {0:?} is not part of a unified diff (lines start with ' ', '-', '+' or '@@')")]
+    NotADiffLine(String),
+    /// A create_file diff that removes or keeps lines.
+    #[error("a create_file diff may only add lines")]
+    CreateRemoves,
+    /// An update_file diff without a hunk.
+    #[error("the diff has no hunks")]
+    NoHunks,
+    /// A hunk (numbered from 1) whose context and removed lines are not in the file.
+    #[error(
+        "hunk {0} does not apply: its context and removed lines are not in the file as written"
+    )]
+    HunkDoesNotApply(usize),
+}
+
+fn hunks(diff: &str) -> Result<(Vec<Hunk>, bool), DiffError> {
     let mut hunks: Vec<Hunk> = Vec::new();
     let mut no_newline_at_end = false;
     for line in diff.lines() {
@@ -152,21 +171,19 @@ fn hunks(diff: &str) -> Result<(Vec<Hunk>, bool), String> {
             hunk.old.push(String::new());
             hunk.new.push(String::new());
         } else {
-            return Err(format!(
-                "line {line:?} is not part of a unified diff (lines start with ' ', '-', '+' or '@@')"
-            ));
+            return Err(DiffError::NotADiffLine(line.to_owned()));
         }
     }
     Ok((hunks, no_newline_at_end))
 }
 
 /// The content a create_file diff adds.
-pub fn created(diff: &str) -> Result<String, String> {
+pub fn created(diff: &str) -> Result<String, DiffError> {
     let (hunks, no_newline) = hunks(diff)?;
     let mut lines = Vec::new();
     for hunk in hunks {
         if !hunk.old.is_empty() {
-            return Err("a create_file diff may only add lines".to_owned());
+            return Err(DiffError::CreateRemoves);
         }
         lines.extend(hunk.new);
     }
@@ -179,10 +196,10 @@ pub fn created(diff: &str) -> Result<String, String> {
 
 /// `current` with an update_file diff applied: each hunk is placed where its expected lines
 /// are, trying the line its header names first, then the nearest other place.
-pub fn apply(current: &str, diff: &str) -> Result<String, String> {
+pub fn apply(current: &str, diff: &str) -> Result<String, DiffError> {
     let (hunks, no_newline) = hunks(diff)?;
     if hunks.is_empty() {
-        return Err("the diff has no hunks".to_owned());
+        return Err(DiffError::NoHunks);
     }
     let ends_with_newline = current.ends_with('\n');
     let mut lines: Vec<String> = current.lines().map(str::to_owned).collect();
@@ -212,12 +229,9 @@ pub fn apply(current: &str, diff: &str) -> Result<String, String> {
             if let Some(hint) = hint {
                 candidates.sort_by_key(|at| at.abs_diff(hint));
             }
-            *candidates.first().ok_or_else(|| {
-                format!(
-                    "hunk {} does not apply: its context and removed lines are not in the file as written",
-                    number + 1
-                )
-            })?
+            *candidates
+                .first()
+                .ok_or(DiffError::HunkDoesNotApply(number + 1))?
         };
         lines.splice(
             position..position + hunk.old.len(),
@@ -344,11 +358,22 @@ mod tests {
             apply(text, shifted).expect("found by context"),
             "one\ntwo\nthree\nthree and a half\nfour\n"
         );
-        assert!(apply(text, "@@ -1 +1 @@\n-nope\n+yes\n").is_err());
+        assert_eq!(
+            apply(text, "@@ -1 +1 @@\n-nope\n+yes\n"),
+            Err(DiffError::HunkDoesNotApply(1))
+        );
+        assert_eq!(apply(text, ""), Err(DiffError::NoHunks));
         assert_eq!(
             created("--- /dev/null\n+++ b/new.py\n@@ -0,0 +1,2 @@\n+a\n+b\n").expect("created"),
             "a\nb\n"
         );
-        assert!(created("@@ -1 +1 @@\n-a\n+b\n").is_err());
+        assert_eq!(
+            created("@@ -1 +1 @@\n-a\n+b\n"),
+            Err(DiffError::CreateRemoves)
+        );
+        assert!(matches!(
+            created("@@ -0,0 +1 @@\n*a\n"),
+            Err(DiffError::NotADiffLine(line)) if line == "*a"
+        ));
     }
 }
