@@ -515,12 +515,12 @@ impl InstallSettings {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// From its stored text.
-    pub fn from_stored(text: &str) -> Result<Self, String> {
+    /// From its stored text; JSON that does not read as settings is the error.
+    pub fn from_stored(text: &str) -> Result<Self, serde_json::Error> {
         if text.is_empty() {
             return Ok(InstallSettings::default());
         }
-        serde_json::from_str(text).map_err(|error| error.to_string())
+        serde_json::from_str(text)
     }
 }
 

@@ -154,7 +154,7 @@ pub(crate) fn limits_from_wire(
         limits.lifetime_ms,
         limits.idle_ms,
     ])
-    .map_err(|message| PlinthError::new(ErrorCode::InvalidRequest, message))
+    .map_err(|error| PlinthError::new(ErrorCode::InvalidRequest, error.to_string()))
 }
 
 impl From<SessionLimits> for pb::SessionLimits {

@@ -40,6 +40,16 @@ pub struct SessionLimits {
     pub idle_ms: Option<u64>,
 }
 
+/// A session limit sent past the most any limit may be (`MAX_LIMIT_VALUE`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("limits.{name}: {value} is more than {MAX_LIMIT_VALUE}")]
+pub struct LimitTooLarge {
+    /// The limit, as the wire names it (`memory_mb`, …).
+    pub name: &'static str,
+    /// The value sent.
+    pub value: u64,
+}
+
 impl SessionLimits {
     /// Reads limits as sent (0 is no limit), refusing values past [`MAX_LIMIT_VALUE`].
     pub fn from_wire(
@@ -51,13 +61,11 @@ impl SessionLimits {
             lifetime_ms,
             idle_ms,
         ]: [u64; 6],
-    ) -> Result<Self, String> {
-        let value = |name: &str, value: u64| match value {
+    ) -> Result<Self, LimitTooLarge> {
+        let value = |name: &'static str, value: u64| match value {
             0 => Ok(None),
             value if value <= MAX_LIMIT_VALUE => Ok(Some(value)),
-            value => Err(format!(
-                "limits.{name}: {value} is more than {MAX_LIMIT_VALUE}"
-            )),
+            value => Err(LimitTooLarge { name, value }),
         };
         Ok(SessionLimits {
             memory_mb: value("memory_mb", memory_mb)?,
@@ -377,7 +385,13 @@ mod tests {
         assert_eq!(limits.pids, None);
         assert_eq!(limits.to_wire(), [1024, 0, 500, 0, 60, 0]);
         let refused = SessionLimits::from_wire([0, 0, 0, 0, MAX_LIMIT_VALUE + 1, 0]);
-        assert!(refused.expect_err("too large").contains("lifetime_ms"));
+        assert_eq!(
+            refused.expect_err("too large"),
+            LimitTooLarge {
+                name: "lifetime_ms",
+                value: MAX_LIMIT_VALUE + 1
+            }
+        );
     }
 
     #[test]

@@ -151,23 +151,32 @@ pub struct NamespacePlan {
     root: RootPlan,
 }
 
+/// Why this node cannot isolate sessions.
+#[derive(Debug, thiserror::Error)]
+pub enum CannotIsolate {
+    /// Not root: no mount namespaces or uid switches.
+    #[error(
+        "the node agent is not running as root: it cannot give sessions a private mount \
+         namespace with a read-only environment and their own uid. Run it as root, or pass \
+         --insecure-no-isolation to run commands unisolated (every session will say so)"
+    )]
+    NotRoot,
+    /// The directory the sandboxes' roots are built over could not be made.
+    #[error("creating {root}: {0}", root = ENV_ROOT)]
+    EnvRoot(std::io::Error),
+}
+
 impl Isolation {
     /// Checks the node can isolate sessions: root (mount namespaces and uid switches).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), CannotIsolate> {
         if !self.enabled {
             return Ok(());
         }
         if !rustix::process::geteuid().is_root() {
-            return Err(
-                "the node agent is not running as root: it cannot give sessions a private mount \
-                 namespace with a read-only environment and their own uid. Run it as root, or \
-                 pass --insecure-no-isolation to run commands unisolated (every session will \
-                 say so)"
-                    .to_owned(),
-            );
+            return Err(CannotIsolate::NotRoot);
         }
         // The sandbox's root is built on a tmpfs mounted over /env in its own namespace.
-        std::fs::create_dir_all(ENV_ROOT).map_err(|error| format!("creating {ENV_ROOT}: {error}"))
+        std::fs::create_dir_all(ENV_ROOT).map_err(CannotIsolate::EnvRoot)
     }
 
     /// The command, ready to spawn: in `namespace` (the session's) and as the session's uid

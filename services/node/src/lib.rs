@@ -175,7 +175,10 @@ pub async fn run(
     admin: Option<TcpListener>,
     shutdown: CancellationToken,
 ) -> Result<(), NodeError> {
-    options.isolation.check().map_err(NodeError::NotPermitted)?;
+    options
+        .isolation
+        .check()
+        .map_err(|error| NodeError::NotPermitted(error.to_string()))?;
     // Every series the dashboards show exists from the start, at zero.
     plinth_kit::telemetry::metrics();
     for result in ["hit", "miss"] {

@@ -236,7 +236,7 @@ pub async fn check_url(url: &str, policy: &GitPolicy) -> Result<Target, ImportEr
         None => authority,
     };
     let (host, port) = split_port(host_port, known.default_port())?;
-    let host = Host::parse(host).map_err(refused)?;
+    let host = Host::parse(host).map_err(|error| refused(error.to_string()))?;
     let (addresses, pin) = match host {
         Host::Ip(ip) => (vec![ip], None),
         Host::Name(name) => {

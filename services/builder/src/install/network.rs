@@ -73,20 +73,29 @@ pub struct Upstream {
 /// The largest answer head read from the upstream proxy.
 const UPSTREAM_HEAD_BYTES: usize = 16 * 1024;
 
+/// Why an upstream proxy's URL is not one the egress proxy can use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamError {
+    /// Another scheme than `http://` (an `https://` proxy is not supported).
+    #[error("the upstream proxy must be an http:// URL")]
+    NotHttp,
+    /// No host between `http://` (and any user) and the path.
+    #[error("the upstream proxy's URL names no host")]
+    NoHost,
+}
+
 impl Upstream {
     /// The proxy of an `http://[user[:password]@]host[:port]` URL (port 80 when absent). Only
     /// plain-HTTP proxies: the tunnel's contents are TLS where the destination speaks it.
-    pub fn parse(url: &str) -> Result<Upstream, String> {
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| "the upstream proxy must be an http:// URL".to_owned())?;
+    pub fn parse(url: &str) -> Result<Upstream, UpstreamError> {
+        let rest = url.strip_prefix("http://").ok_or(UpstreamError::NotHttp)?;
         let rest = rest.split(['/', '?', '#']).next().unwrap_or_default();
         let (userinfo, host) = match rest.rsplit_once('@') {
             Some((userinfo, host)) => (Some(userinfo), host),
             None => (None, rest),
         };
         if host.is_empty() {
-            return Err("the upstream proxy's URL names no host".to_owned());
+            return Err(UpstreamError::NoHost);
         }
         let has_port = host
             .rsplit_once(':')
@@ -209,7 +218,13 @@ mod tests {
             with_user.authorization.as_deref(),
             Some("Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ==")
         );
-        assert!(Upstream::parse("https://proxy.corp").is_err());
-        assert!(Upstream::parse("http://").is_err());
+        assert_eq!(
+            Upstream::parse("https://proxy.corp").map(|_| ()),
+            Err(UpstreamError::NotHttp)
+        );
+        assert_eq!(
+            Upstream::parse("http://").map(|_| ()),
+            Err(UpstreamError::NoHost)
+        );
     }
 }

@@ -48,35 +48,54 @@ pub enum Host {
     Name(String),
 }
 
+/// Why a URL's host is not one `git` may be given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    /// `[…]` that is not an IPv6 address (a zone index, an IPv4 address in brackets).
+    #[error("{0:?} is not an IPv6 address in brackets")]
+    NotIpv6(String),
+    /// Nothing between the scheme and the path.
+    #[error("the URL has no host")]
+    Empty,
+    /// A name with characters outside ASCII.
+    #[error("host {0:?} is not ASCII; write its xn-- (punycode) form")]
+    NotAscii(String),
+    /// A name ending in `.`.
+    #[error("host {0:?} ends with a dot; write it without the dot")]
+    TrailingDot(String),
+    /// Characters or labels no host name has.
+    #[error("{0:?} is not a host name")]
+    NotAName(String),
+    /// A name whose last label starts with a digit, which curl reads as an address.
+    #[error("host {0:?} reads as a number; write an address as a.b.c.d")]
+    Numeric(String),
+}
+
 impl Host {
     /// Reads a URL's host: an IPv4 address in dotted form, a bracketed IPv6 address, or a DNS
     /// name of letters, digits, `-`, `_` and `.`. Anything another parser could read another
     /// way is refused, with what to write instead: a name ending in a dot, a last label that
     /// is a number (`127.1`, `0x7f.1`, `2130706433` are addresses to curl), a zone index, a
     /// non-ASCII name (give its `xn--` form).
-    pub fn parse(text: &str) -> Result<Host, String> {
+    pub fn parse(text: &str) -> Result<Host, HostError> {
         if let Some(inner) = text.strip_prefix('[') {
             return inner
                 .strip_suffix(']')
                 .and_then(|inner| inner.parse::<Ipv6Addr>().ok())
                 .map(|ip| Host::Ip(ip.into()))
-                .ok_or_else(|| format!("{text:?} is not an IPv6 address in brackets"));
+                .ok_or_else(|| HostError::NotIpv6(text.to_owned()));
         }
         if let Ok(ip) = text.parse::<Ipv4Addr>() {
             return Ok(Host::Ip(ip.into()));
         }
         if text.is_empty() {
-            return Err("the URL has no host".to_owned());
+            return Err(HostError::Empty);
         }
         if !text.is_ascii() {
-            return Err(format!(
-                "host {text:?} is not ASCII; write its xn-- (punycode) form"
-            ));
+            return Err(HostError::NotAscii(text.to_owned()));
         }
         if text.ends_with('.') {
-            return Err(format!(
-                "host {text:?} ends with a dot; write it without the dot"
-            ));
+            return Err(HostError::TrailingDot(text.to_owned()));
         }
         let valid = text.len() <= 253
             && text
@@ -86,13 +105,11 @@ impl Host {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
         if !valid {
-            return Err(format!("{text:?} is not a host name"));
+            return Err(HostError::NotAName(text.to_owned()));
         }
         let last = text.rsplit('.').next().unwrap_or(text);
         if last.starts_with(|c: char| c.is_ascii_digit()) {
-            return Err(format!(
-                "host {text:?} reads as a number; write an address as a.b.c.d"
-            ));
+            return Err(HostError::Numeric(text.to_owned()));
         }
         Ok(Host::Name(text.to_ascii_lowercase()))
     }
@@ -272,7 +289,7 @@ mod tests {
             ("[::1", "IPv6"),
             ("[127.0.0.1]", "IPv6"),
         ] {
-            let error = Host::parse(text).expect_err(text);
+            let error = Host::parse(text).expect_err(text).to_string();
             assert!(error.contains(why), "{text}: {error:?} should say {why:?}");
         }
     }
