@@ -247,7 +247,6 @@ fn no_new_function_across_modules_fails_with_a_bare_string() {
         "services/builder/src/scope_disk.rs:acquire",
         "services/builder/src/toolchains.rs:select",
         "services/kit/src/grpc.rs:any_serving",
-        "services/kit/src/python_install.rs:check",
         "services/kit/src/replicas.rs:any_serving",
         "services/node/src/lib.rs:check",
     ];

@@ -677,7 +677,7 @@ pub fn python_setting(
             extras: project.extras.clone(),
         }),
     };
-    setting.check()?;
+    setting.check().map_err(|error| error.to_string())?;
     Ok(Some(setting))
 }
 

@@ -489,7 +489,9 @@ impl InstallSettings {
             }),
         });
         if let Some(python) = &python {
-            python.check().map_err(PlinthError::invalid)?;
+            python
+                .check()
+                .map_err(|error| PlinthError::invalid(error.to_string()))?;
         }
         Ok(InstallSettings { python })
     }

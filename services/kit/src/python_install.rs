@@ -54,33 +54,93 @@ pub struct PythonProject {
 /// What to write, quoted in errors.
 const EXAMPLES: &str = r#"{"requirements": ["requirements.txt"]}, {"project": {"groups": ["dev"], "extras": ["test"]}}, or both"#;
 
+/// Why an `install.python` setting is refused: each names the field at fault, what is wrong
+/// and what to write.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InstallSettingError {
+    /// Neither requirements files nor the project.
+    #[error(
+        "install.python: names nothing to install; write {examples} (or null, to let the \
+         manifests found decide)",
+        examples = EXAMPLES
+    )]
+    NothingToInstall,
+    /// More than [`MAX_NAMES`] files, groups or extras.
+    #[error("{field}: {count} {what}; at most {MAX_NAMES}")]
+    TooMany {
+        /// `install.python.requirements`, `….project.groups` or `….project.extras`.
+        field: String,
+        /// How many were given.
+        count: usize,
+        /// `files` or `names`.
+        what: &'static str,
+    },
+    /// A requirements file's path that is not one beneath the project's root.
+    #[error(
+        "{field}: {path:?} {why}; write a path relative to the project's root, such as \
+         \"requirements-dev.txt\" or \"requirements/dev.txt\""
+    )]
+    BadPath {
+        /// `install.python.requirements[i]`.
+        field: String,
+        /// The path given.
+        path: String,
+        /// What is wrong with it (`leaves the project`, …).
+        why: &'static str,
+    },
+    /// A path or name given twice.
+    #[error("{field}: {value:?} is named twice")]
+    NamedTwice {
+        /// The field, with its index.
+        field: String,
+        /// The repeated value.
+        value: String,
+    },
+    /// A group or extra that is no name `pyproject.toml` can give.
+    #[error(
+        "{field}: {name:?} is not a name pyproject.toml can give (1 to {MAX_NAME_CHARS} \
+         letters, digits, \".\", \"-\" and \"_\", starting and ending with a letter or \
+         digit), such as {example:?}"
+    )]
+    BadName {
+        /// The field, with its index.
+        field: String,
+        /// The name given.
+        name: String,
+        /// A name that would do.
+        example: &'static str,
+    },
+}
+
 impl PythonInstall {
     /// Checks every rule; the error names the field at fault, what is wrong and what to
     /// write (`install.python.requirements[1]: "../x.txt" leaves the project; …`).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), InstallSettingError> {
         const FIELD: &str = "install.python";
         if self.requirements.is_empty() && self.project.is_none() {
-            return Err(format!(
-                "{FIELD}: names nothing to install; write {EXAMPLES} (or null, to let the \
-                 manifests found decide)"
-            ));
+            return Err(InstallSettingError::NothingToInstall);
         }
         if self.requirements.len() > MAX_NAMES {
-            return Err(format!(
-                "{FIELD}.requirements: {} files; at most {MAX_NAMES}",
-                self.requirements.len()
-            ));
+            return Err(InstallSettingError::TooMany {
+                field: format!("{FIELD}.requirements"),
+                count: self.requirements.len(),
+                what: "files",
+            });
         }
         for (index, path) in self.requirements.iter().enumerate() {
             let field = format!("{FIELD}.requirements[{index}]");
-            check_path(path).map_err(|why| {
-                format!(
-                    "{field}: {path:?} {why}; write a path relative to the project's root, \
-                     such as \"requirements-dev.txt\" or \"requirements/dev.txt\""
-                )
-            })?;
+            if let Err(why) = check_path(path) {
+                return Err(InstallSettingError::BadPath {
+                    field,
+                    path: path.clone(),
+                    why,
+                });
+            }
             if self.requirements[..index].contains(path) {
-                return Err(format!("{field}: {path:?} is named twice"));
+                return Err(InstallSettingError::NamedTwice {
+                    field,
+                    value: path.clone(),
+                });
             }
         }
         if let Some(project) = &self.project {
@@ -91,23 +151,27 @@ impl PythonInstall {
             ] {
                 let field = format!("{FIELD}.project.{what}");
                 if names.len() > MAX_NAMES {
-                    return Err(format!(
-                        "{field}: {} names; at most {MAX_NAMES}",
-                        names.len()
-                    ));
+                    return Err(InstallSettingError::TooMany {
+                        field,
+                        count: names.len(),
+                        what: "names",
+                    });
                 }
                 for (index, name) in names.iter().enumerate() {
                     if !is_name(name) {
-                        return Err(format!(
-                            "{field}[{index}]: {name:?} is not a name pyproject.toml can give \
-                             (1 to {MAX_NAME_CHARS} letters, digits, \".\", \"-\" and \"_\", \
-                             starting and ending with a letter or digit), such as {example:?}"
-                        ));
+                        return Err(InstallSettingError::BadName {
+                            field: format!("{field}[{index}]"),
+                            name: name.clone(),
+                            example,
+                        });
                     }
                     // Names that differ only as PEP 503 normalizes them (`Dev`, `dev`) name
                     // one group to the installer, which takes it once.
                     if names[..index].contains(name) {
-                        return Err(format!("{field}[{index}]: {name:?} is named twice"));
+                        return Err(InstallSettingError::NamedTwice {
+                            field: format!("{field}[{index}]"),
+                            value: name.clone(),
+                        });
                     }
                 }
             }
@@ -270,7 +334,7 @@ mod tests {
                 "extras[1]: \"test\" is named twice",
             ),
         ] {
-            let error = bad.check().expect_err(says);
+            let error = bad.check().expect_err(says).to_string();
             assert!(error.contains(says), "{error}");
         }
         // Spellings PEP 503 makes one name are the installer's to merge, as written.
@@ -283,11 +347,23 @@ mod tests {
             .expect("255 characters, whatever their bytes");
         let error = requirements(&[format!("{long}x").as_str()])
             .check()
-            .expect_err("256 characters");
+            .expect_err("256 characters")
+            .to_string();
         assert!(error.contains("longer than 255 characters"), "{error}");
         let error = requirements(&["../x.txt"]).check().expect_err("bad");
+        assert_eq!(
+            error,
+            InstallSettingError::BadPath {
+                field: "install.python.requirements[0]".to_owned(),
+                path: "../x.txt".to_owned(),
+                why: "leaves the project",
+            }
+        );
+        let error = error.to_string();
         assert!(error.contains("\"requirements-dev.txt\""), "{error}");
         let error = PythonInstall::default().check().expect_err("bad");
+        assert_eq!(error, InstallSettingError::NothingToInstall);
+        let error = error.to_string();
         assert!(
             error.contains(r#"{"requirements": ["requirements.txt"]}"#),
             "{error}"
