@@ -132,16 +132,14 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, PlinthError> {
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(PlinthError::invalid("request body: expected a JSON object"));
     }
-    match parse_exactly(bytes) {
-        // JSON (and JSON Schema) have one number type: `194.0` is the integer 194, and some
-        // clients write whole numbers so. Such a body is read again with those numbers
-        // written as integers; anything else that failed stays refused as it was.
-        Err(error) if error.message.contains("floating point") => match whole_numbers(bytes) {
-            Some(rewritten) => parse_exactly(&rewritten),
-            None => Err(error),
-        },
-        parsed => parsed,
-    }
+    // JSON (and JSON Schema) have one number type: `194.0` is the integer 194, and some
+    // clients write whole numbers so. A body that does not parse as written, and has such
+    // numbers, is read again with them written as integers; one without them stays refused as
+    // it was. Bodies that parse are read once.
+    parse_exactly(bytes).or_else(|error| match whole_numbers(bytes) {
+        Some(rewritten) => parse_exactly(&rewritten),
+        None => Err(error),
+    })
 }
 
 /// `bytes` with every whole-number float (`194.0`, `1e3`) written as an integer, when there
