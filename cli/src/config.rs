@@ -265,7 +265,7 @@ impl GatewaySection {
             positive(self.rate_limit_burst.into(), "rate_limit_burst")?;
         }
         plinth_gateway::check_browser_settings(&self.allowed_hosts, &self.allowed_origins)
-            .map_err(ConfigError::Invalid)?;
+            .map_err(|error| ConfigError::Invalid(error.to_string()))?;
         positive(self.header_timeout_seconds, "header_timeout_seconds")?;
         positive(self.idle_timeout_seconds, "idle_timeout_seconds")?;
         positive(
@@ -850,7 +850,7 @@ impl SessionsSection {
             self.max_lifetime_ms,
             self.max_idle_ms,
         ];
-        LimitPolicy::new(defaults, maxima).map_err(ConfigError::Invalid)
+        LimitPolicy::new(defaults, maxima).map_err(|error| ConfigError::Invalid(error.to_string()))
     }
 }
 

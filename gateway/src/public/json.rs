@@ -32,18 +32,41 @@ const RENAMED: &[(&str, &str)] = &[
     ("queued_at", "queued_at_ms"),
 ];
 
+/// Why a message and REST's JSON could not be turned into each other: the gateway's own
+/// fault (or the REST answer's), never the caller's.
+#[derive(Debug, thiserror::Error)]
+pub enum Translation {
+    /// A REST answer that is not the message it should be.
+    #[error("{message}: {source}")]
+    Answer {
+        /// The message's full name.
+        message: String,
+        /// What did not fit.
+        source: serde_json::Error,
+    },
+    /// A request message that would not serialize.
+    #[error("the request as JSON: {0}")]
+    Request(serde_json::Error),
+    /// A request message that serialized to something other than an object.
+    #[error("a request is not an object")]
+    NotAnObject,
+}
+
 /// A REST answer as the message `descriptor`.
 pub fn message_from_rest(
     descriptor: &MessageDescriptor,
     value: Value,
-) -> Result<DynamicMessage, String> {
+) -> Result<DynamicMessage, Translation> {
     let value = to_proto(descriptor, value);
     DynamicMessage::deserialize_with_options(
         descriptor.clone(),
         value,
         &DeserializeOptions::new().deny_unknown_fields(false),
     )
-    .map_err(|error| format!("{}: {error}", descriptor.full_name()))
+    .map_err(|source| Translation::Answer {
+        message: descriptor.full_name().to_owned(),
+        source,
+    })
 }
 
 /// A request message as REST JSON fields: proto names, enums as REST's strings. Fields with
@@ -51,14 +74,17 @@ pub fn message_from_rest(
 /// (`""`, `0`, `false`) are sent when `defaults` (a JSON body, where REST then judges an
 /// empty name as it would from any client) and left out otherwise (a query, where REST applies
 /// its own default for an absent `limit`). Empty lists and maps are never sent.
-pub fn rest_fields(message: &DynamicMessage, defaults: bool) -> Result<Map<String, Value>, String> {
+pub fn rest_fields(
+    message: &DynamicMessage,
+    defaults: bool,
+) -> Result<Map<String, Value>, Translation> {
     let options = SerializeOptions::new()
         .use_proto_field_name(true)
         .skip_default_fields(!defaults)
         .stringify_64_bit_integers(false);
     let value = message
         .serialize_with_options(serde_json::value::Serializer, &options)
-        .map_err(|error| error.to_string())?;
+        .map_err(Translation::Request)?;
     match to_rest(&message.descriptor(), value) {
         Value::Object(mut fields) => {
             fields.retain(|_, value| match value {
@@ -69,7 +95,7 @@ pub fn rest_fields(message: &DynamicMessage, defaults: bool) -> Result<Map<Strin
             });
             Ok(fields)
         }
-        _ => Err("a request is not an object".to_owned()),
+        _ => Err(Translation::NotAnObject),
     }
 }
 

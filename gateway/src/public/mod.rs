@@ -367,10 +367,10 @@ impl Call {
     ) -> Result<http::Request<Body>, Status> {
         let rule = &self.rpc.rule;
         let mut fields = json::rest_fields(message, rule.body == BodyRule::All)
-            .map_err(|error| internal(&error))?;
+            .map_err(|error| internal(&error.to_string()))?;
         let path = rule
             .path(&mut fields)
-            .map_err(|message| PlinthError::invalid(message).to_status())?;
+            .map_err(|missing| PlinthError::invalid(missing.to_string()).to_status())?;
         let mut builder = http::Request::builder().method(rule.method.clone());
         let (query, body) = match &rule.body {
             BodyRule::All => {
@@ -451,7 +451,7 @@ impl Call {
         let value: serde_json::Value =
             serde_json::from_slice(&body).map_err(|error| internal(&error.to_string()))?;
         json::message_from_rest(&self.rpc.descriptor.output(), value)
-            .map_err(|error| internal(&error))
+            .map_err(|error| internal(&error.to_string()))
     }
 }
 
@@ -598,9 +598,11 @@ fn lines(
 ) -> impl Stream<Item = Result<DynamicMessage, Status>> + Send {
     let parse = move |line: &[u8]| {
         serde_json::from_slice::<serde_json::Value>(line)
-            .map_err(|error| error.to_string())
-            .and_then(|value| json::message_from_rest(&output, value))
-            .map_err(|error| internal(&error))
+            .map_err(|error| internal(&error.to_string()))
+            .and_then(|value| {
+                json::message_from_rest(&output, value)
+                    .map_err(|error| internal(&error.to_string()))
+            })
     };
     futures::stream::unfold(
         (data, BytesMut::new(), false),

@@ -132,7 +132,7 @@ impl Rule {
     pub fn path(
         &self,
         fields: &mut serde_json::Map<String, serde_json::Value>,
-    ) -> Result<String, String> {
+    ) -> Result<String, MissingField> {
         let mut path = String::new();
         for segment in &self.template {
             path.push('/');
@@ -143,7 +143,7 @@ impl Rule {
                         .remove(name)
                         .map(|value| scalar(&value))
                         .filter(|value| !value.is_empty())
-                        .ok_or_else(|| format!("`{name}` is required"))?;
+                        .ok_or_else(|| MissingField(name.clone()))?;
                     let pieces: Vec<&str> = if matches!(segment, Segment::Rest(_)) {
                         value.split('/').collect()
                     } else {
@@ -157,6 +157,11 @@ impl Rule {
         Ok(path)
     }
 }
+
+/// A field the path is made of, absent or empty in the request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is required")]
+pub struct MissingField(pub String);
 
 /// Splits `/v1/environments/{environment_id}/files/{path=**}` into segments.
 fn parse_template(path: &str) -> Result<Vec<Segment>, String> {
@@ -244,7 +249,7 @@ mod tests {
         assert_eq!(fields.len(), 1, "bound fields are taken out: {fields:?}");
         let mut empty = serde_json::Map::new();
         assert_eq!(
-            rule.path(&mut empty).expect_err("refused"),
+            rule.path(&mut empty).expect_err("refused").to_string(),
             "`environment_id` is required"
         );
         for bad in ["v1/x", "/v1/{a=*}", "/v1//x", "/v1/x{y}"] {
