@@ -8,7 +8,6 @@
 
 use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
-use plinth_proto::node::v1 as node;
 use serde::Serialize;
 use serde_json::{Value, json};
 use utoipa::ToSchema;
@@ -140,19 +139,6 @@ impl SessionLimits {
             value(limits.lifetime_ms),
             value(limits.idle_ms),
         ])
-    }
-
-    /// As the node records them.
-    pub fn to_node(self) -> node::Limits {
-        let limits = self.to_catalog();
-        node::Limits {
-            memory_mb: limits.memory_mb,
-            pids: limits.pids,
-            cpu_millicores: limits.cpu_millicores,
-            disk_mb: limits.disk_mb,
-            lifetime_ms: limits.lifetime_ms,
-            idle_ms: limits.idle_ms,
-        }
     }
 
     /// As a session shows them.
@@ -591,6 +577,5 @@ mod tests {
         );
         assert_eq!(SessionLimits::from_catalog(Some(&wire)), limits);
         assert_eq!(SessionLimits::from_catalog(None), SessionLimits::default());
-        assert_eq!(limits.to_node().cpu_millicores, 250);
     }
 }

@@ -11,7 +11,6 @@ use plinth_proto::node::v1 as node;
 
 use crate::http::error::ApiError;
 use crate::runtime::Runtime;
-use crate::runtime::limits::SessionLimits;
 
 /// Active sessions this gateway started or looked up, so that a command or file call needs no
 /// catalog lookup before it goes to the node. Nothing depends on an entry being current: a
@@ -215,7 +214,8 @@ pub(crate) fn spec(session: &pb::Session) -> node::SessionSpec {
         version: session.version,
         slug: session.slug.clone(),
         layer_tree: session.layer_tree.clone(),
-        limits: Some(SessionLimits::from_catalog(session.limits.as_ref()).to_node()),
+        // The catalog's message is the node's: the limits go as the catalog stored them.
+        limits: session.limits,
         scope: session.scope.clone(),
     }
 }

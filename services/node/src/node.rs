@@ -231,7 +231,7 @@ pub(crate) fn start_proxy(
 }
 
 /// Limits as sent (0 is no limit) as the record keeps them.
-pub(crate) fn limits_from_wire(limits: pb::Limits) -> SessionLimits {
+pub(crate) fn limits_from_wire(limits: plinth_proto::catalog::v1::SessionLimits) -> SessionLimits {
     let limit = |value: u64| (value > 0).then_some(value);
     SessionLimits {
         memory_mb: limit(limits.memory_mb),
