@@ -13,13 +13,29 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use plinth_sandbox::cgroup::{Cgroups, Limits, SessionCgroup};
+use plinth_sandbox::cgroup::{CgroupError, Cgroups, Limits, SessionCgroup};
 
 /// Setting names, as the configuration spells them, for reasons.
 pub const MEMORY_SETTING: &str = "builder.limits.memory_mb";
 pub const PIDS_SETTING: &str = "builder.limits.pids";
 pub const WALL_SETTING: &str = "builder.limits.wall_seconds";
 pub const DISK_SETTING: &str = "builder.limits.disk_mb";
+
+/// Why builds cannot be bounded in cgroups here, or one build's group could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitsError {
+    /// The cgroups refused: no hierarchy to make build groups in ([`detect`]), or the groups
+    /// there could not be listed ([`remove_leftovers`]).
+    #[error("{0}")]
+    Cgroups(CgroupError),
+    /// A build's own group could not be made.
+    #[error("making the build's cgroup: {0}")]
+    Create(CgroupError),
+    /// The blocking task that makes or looks for groups ended without an answer (it panicked,
+    /// or the runtime is shutting down).
+    #[error("{0}")]
+    Task(tokio::task::JoinError),
+}
 
 /// A build's bounds; `None` leaves one unbounded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -102,15 +118,15 @@ impl BuildCgroup {
     pub(crate) async fn create(
         cgroups: Arc<Cgroups>,
         limits: Limits,
-    ) -> Result<BuildCgroup, String> {
+    ) -> Result<BuildCgroup, LimitsError> {
         let name = format!("build-{}", uuid::Uuid::new_v4().simple());
         let made = {
             let cgroups = cgroups.clone();
             tokio::task::spawn_blocking(move || cgroups.create(&name, &limits))
                 .await
-                .map_err(|join| join.to_string())?
+                .map_err(LimitsError::Task)?
         };
-        let group = made.map_err(|error| format!("making the build's cgroup: {error}"))?;
+        let group = made.map_err(LimitsError::Create)?;
         Ok(BuildCgroup {
             group: Arc::new(group),
             cgroups,
@@ -190,19 +206,19 @@ impl Drop for BuildCgroup {
 
 /// The cgroups of the builds run in `work_dir`: Plinth's group for them (named after the
 /// work directory) below the builder's own cgroup, v1 or v2 as sessions'.
-pub fn detect(work_dir: &std::path::Path) -> Result<Cgroups, String> {
+pub fn detect(work_dir: &std::path::Path) -> Result<Cgroups, LimitsError> {
     let digest = plinth_blobs::Digest::of(work_dir.as_os_str().as_encoded_bytes()).to_hex();
     let cgroups =
-        Cgroups::detect(&format!("plinth-build-{}", &digest[..8])).map_err(|e| e.to_string())?;
+        Cgroups::detect(&format!("plinth-build-{}", &digest[..8])).map_err(LimitsError::Cgroups)?;
     tracing::info!(cgroups = %cgroups.describe(), "build limits on cgroups");
     Ok(cgroups)
 }
 
 /// Removes every build group a killed builder of `work_dir` left (call it once, before any
 /// builder of the work directory starts, as the scratch directories' leftovers are removed).
-pub fn remove_leftovers(work_dir: &std::path::Path) -> Result<usize, String> {
+pub fn remove_leftovers(work_dir: &std::path::Path) -> Result<usize, LimitsError> {
     let cgroups = detect(work_dir)?;
-    let names = cgroups.list().map_err(|error| error.to_string())?;
+    let names = cgroups.list().map_err(LimitsError::Cgroups)?;
     let mut removed = 0;
     for name in names.into_iter().filter(|name| name.starts_with("build-")) {
         match cgroups.destroy(&name) {

@@ -44,7 +44,7 @@
 
 use std::path::Path;
 
-use plinth_kit::python_install::normalized;
+use plinth_kit::python_install::{InstallSettingError, normalized};
 pub use plinth_kit::python_install::{PythonInstall, PythonProject};
 
 /// One install step, named for the manifest that asks for it.
@@ -240,6 +240,30 @@ impl Step {
     }
 }
 
+/// Why what a source's manifests, or the environment's `install.python`, ask for cannot be
+/// installed ([`plan`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// `install.python` names the project, and the source has no `pyproject.toml`.
+    #[error(
+        "install.python names the project, and the source has no pyproject.toml at its root: \
+         add one, or name requirements files instead"
+    )]
+    NoPyproject,
+    /// `install.python` names a requirements file the source does not have (as a regular file).
+    #[error(
+        "install.python names the requirements file {0}, and the source has no such file: add \
+         it, or change install.python on the environment"
+    )]
+    NoRequirementsFile(String),
+    /// What `pyproject.toml` holds cannot be installed as asked: an extra or a dependency
+    /// group named (by `install.python` or `tool.uv.default-groups`) that it does not define,
+    /// a list that is not one of requirements, groups that include each other in a cycle. The
+    /// sentence says which.
+    #[error("{0}")]
+    Pyproject(String),
+}
+
 /// The default requirements file.
 pub const REQUIREMENTS: &str = "requirements.txt";
 
@@ -251,7 +275,7 @@ const MAX_PYPROJECT_BYTES: u64 = 16 * 1024 * 1024;
 /// manifests: the source holds no links, and a directory named `setup.sh` asks for nothing.
 /// The error says what the setting names that the source lacks, or which dependency group
 /// cannot be installed.
-pub fn plan(dir: &Path, python: Option<&PythonInstall>) -> Result<Plan, String> {
+pub fn plan(dir: &Path, python: Option<&PythonInstall>) -> Result<Plan, PlanError> {
     let root = crate::beneath::open_root(dir).ok();
     let has = |name: &str| {
         root.as_ref().is_some_and(|root| {
@@ -276,25 +300,21 @@ pub fn plan(dir: &Path, python: Option<&PythonInstall>) -> Result<Plan, String> 
     if let Some(python) = python {
         if let Some(named) = &python.project {
             let Some(document) = &pyproject else {
-                return Err(
-                    "install.python names the project, and the source has no pyproject.toml at \
-                     its root: add one, or name requirements files instead"
-                        .to_owned(),
-                );
+                return Err(PlanError::NoPyproject);
             };
-            steps.push(Step::Project(project(
-                document.as_ref(),
-                locked,
-                named.groups.clone(),
-                named.extras.clone(),
-            )?));
+            steps.push(Step::Project(
+                project(
+                    document.as_ref(),
+                    locked,
+                    named.groups.clone(),
+                    named.extras.clone(),
+                )
+                .map_err(PlanError::Pyproject)?,
+            ));
         }
         for file in &python.requirements {
             if !has(file) {
-                return Err(format!(
-                    "install.python names the requirements file {file}, and the source has no \
-                     such file: add it, or change install.python on the environment"
-                ));
+                return Err(PlanError::NoRequirementsFile(file.clone()));
             }
         }
         if !python.requirements.is_empty() {
@@ -354,7 +374,9 @@ pub fn plan(dir: &Path, python: Option<&PythonInstall>) -> Result<Plan, String> 
         };
         if project_step {
             let document = pyproject.as_ref().and_then(Option::as_ref);
-            steps.push(Step::Project(project(document, locked, None, Vec::new())?));
+            steps.push(Step::Project(
+                project(document, locked, None, Vec::new()).map_err(PlanError::Pyproject)?,
+            ));
         }
         if requirements {
             steps.push(Step::Requirements(vec![REQUIREMENTS.to_owned()]));
@@ -666,7 +688,7 @@ fn defined(table: Option<&toml::Table>) -> String {
 /// the environment names no Python manifest.
 pub fn python_setting(
     install: Option<&plinth_proto::catalog::v1::InstallSettings>,
-) -> Result<Option<PythonInstall>, String> {
+) -> Result<Option<PythonInstall>, InstallSettingError> {
     let Some(python) = install.and_then(|install| install.python.as_ref()) else {
         return Ok(None);
     };
@@ -677,7 +699,7 @@ pub fn python_setting(
             extras: project.extras.clone(),
         }),
     };
-    setting.check().map_err(|error| error.to_string())?;
+    setting.check()?;
     Ok(Some(setting))
 }
 
@@ -916,7 +938,7 @@ mod tests {
                 "the extra \"web\"",
             ),
         ] {
-            let error = plan(dir.path(), Some(&bad)).expect_err(says);
+            let error = plan(dir.path(), Some(&bad)).expect_err(says).to_string();
             assert!(error.contains(says), "{error}");
         }
         let empty = source(&[("requirements.txt", "")]);
@@ -925,7 +947,8 @@ mod tests {
             Some(&setting(&[], Some(PythonProject::default()))),
         )
         .expect_err("no pyproject");
-        assert!(error.contains("no pyproject.toml"), "{error}");
+        assert_eq!(error, PlanError::NoPyproject);
+        assert!(error.to_string().contains("no pyproject.toml"), "{error}");
         // A path through a link is no file of the project's.
         std::os::unix::fs::symlink(dir.path(), empty.path().join("linked")).expect("link");
         let error = plan(
@@ -933,7 +956,11 @@ mod tests {
             Some(&setting(&["linked/requirements.txt"], None)),
         )
         .expect_err("through a link");
-        assert!(error.contains("no such file"), "{error}");
+        assert_eq!(
+            error,
+            PlanError::NoRequirementsFile("linked/requirements.txt".to_owned())
+        );
+        assert!(error.to_string().contains("no such file"), "{error}");
     }
 
     #[test]
@@ -980,7 +1007,8 @@ mod tests {
         ] {
             let error =
                 plan(source(&[("pyproject.toml", pyproject)]).path(), None).expect_err(says);
-            assert!(error.contains(says), "{error}");
+            assert!(matches!(error, PlanError::Pyproject(_)), "{error:?}");
+            assert!(error.to_string().contains(says), "{error}");
         }
     }
 

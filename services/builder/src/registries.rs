@@ -19,6 +19,15 @@ use crate::sandbox::Network;
 pub const PUBLIC_REGISTRIES: &[&str] =
     &["pypi.org", "files.pythonhosted.org", "registry.npmjs.org"];
 
+/// A registry setting's URL builds cannot be let out to: not `http://` or `https://`, or
+/// naming no host.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{url} is not an http:// or https:// URL with a host")]
+pub struct NotARegistryUrl {
+    /// The URL as set, any password in it redacted.
+    pub url: String,
+}
+
 /// What builds use to reach registries. Every value is optional: an absent one leaves the
 /// installers' own default (the public registries, the system's certificate authorities).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -46,7 +55,7 @@ impl Registries {
     /// each configured index and registry on its URL's port. Allowed by name, so whatever the
     /// builder's resolver answers for them is reached, a mirror on a private address included;
     /// an error names a URL without a host or with a scheme other than `http` and `https`.
-    pub fn egress_allow(&self) -> Result<Vec<String>, String> {
+    pub fn egress_allow(&self) -> Result<Vec<String>, NotARegistryUrl> {
         let mut entries: Vec<String> = PUBLIC_REGISTRIES
             .iter()
             .map(|host| format!("{host}:443"))
@@ -57,11 +66,8 @@ impl Registries {
             .chain(&self.python_extra_index_urls)
             .chain(&self.npm_registry)
         {
-            let entry = host_and_port(url).ok_or_else(|| {
-                format!(
-                    "{} is not an http:// or https:// URL with a host",
-                    plinth_kit::config::redact_url(url)
-                )
+            let entry = host_and_port(url).ok_or_else(|| NotARegistryUrl {
+                url: plinth_kit::config::redact_url(url),
             })?;
             if !entries.contains(&entry) {
                 entries.push(entry);
@@ -359,7 +365,8 @@ mod tests {
             ..Registries::default()
         };
         let error = bad.egress_allow().expect_err("not http");
-        assert!(!error.contains("secret"), "{error}");
+        assert!(!format!("{error} {error:?}").contains("secret"), "{error}");
+        assert!(error.url.ends_with("@npm.internal"), "{error}");
     }
 
     #[test]

@@ -53,7 +53,19 @@ use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use plinth_sandbox::disk::{DiskLimits, LimitedDir};
+use plinth_sandbox::disk::{DiskError, DiskLimits, LimitedDir};
+
+/// Why a scope's disk could not be had for a build ([`ScopeDisks::acquire`]).
+#[derive(Debug, thiserror::Error)]
+pub enum AcquireError {
+    /// The scope's directory, or the disk's own directories, could not be made, looked at or
+    /// tidied.
+    #[error("{0}")]
+    Io(std::io::Error),
+    /// The disk's image could not be made, removed or mounted.
+    #[error("{0}")]
+    Disk(DiskError),
+}
 
 /// The scopes' disks, in the work directory.
 pub const SCOPES: &str = "scopes";
@@ -114,7 +126,7 @@ impl ScopeDisks {
 
     /// Holds the disk of the scope named `key` for a build: mounts it (making it first if
     /// need be) unless another build holds it. Blocking. The error says what failed.
-    pub fn acquire(&self, key: &str) -> Result<ScopeDisk, String> {
+    pub fn acquire(&self, key: &str) -> Result<ScopeDisk, AcquireError> {
         let dir = self.dir.join(key);
         let scope = SCOPES_IN_USE
             .lock()
@@ -137,13 +149,12 @@ impl ScopeDisks {
 
     /// Mounts the scope's disk at `<dir>/work`, tidied and with room, making it anew when the
     /// one there is not usable.
-    fn mount(&self, dir: &Path) -> Result<LimitedDir, String> {
-        let fail = |error: &dyn std::fmt::Display| error.to_string();
+    fn mount(&self, dir: &Path) -> Result<LimitedDir, AcquireError> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(|error| fail(&error))?;
+            .map_err(AcquireError::Io)?;
         let image = dir.join(IMAGE);
         let size = self.size_mb.saturating_mul(MIB);
         let opened = match std::fs::symlink_metadata(&image) {
@@ -163,15 +174,15 @@ impl ScopeDisks {
                 }
             },
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
-            Err(error) => return Err(fail(&error)),
+            Err(error) => return Err(AcquireError::Io(error)),
         };
         let mounted = match opened {
             Some(opened) => opened,
             None => {
-                self.limits.remove(dir).map_err(|error| fail(&error))?;
+                self.limits.remove(dir).map_err(AcquireError::Disk)?;
                 self.limits
                     .create(dir, self.size_mb, 0, 0)
-                    .map_err(|error| fail(&error))?
+                    .map_err(AcquireError::Disk)?
             }
         };
         let root = mounted.path().to_owned();
@@ -194,7 +205,7 @@ impl ScopeDisks {
             if let Err(error) = mounted.unmount() {
                 tracing::warn!(%error, "could not unmount a scope's build disk");
             }
-            return Err(fail(&error));
+            return Err(AcquireError::Io(error));
         }
         if short_of_room(&root) {
             discard_caches(&root, "less than a quarter of it was free");

@@ -134,10 +134,75 @@ pub struct Selection {
     pub warnings: Vec<String>,
 }
 
+/// A pin of the project's this builder cannot meet ([`select`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnmetPin {
+    /// A pin no version or range could be: too long, or holding control characters.
+    #[error(
+        "the project's {from} is not a version or range ({start:?}…): give a version such as \
+         3.12 or a range such as >=20"
+    )]
+    NotAVersion {
+        /// The file (and field) that pins it.
+        from: &'static str,
+        /// The pin's first characters.
+        start: String,
+    },
+    /// No Python offered meets the pin.
+    #[error(
+        "{}: pin a version it has, or add an interpreter's directory to builder.toolchain_dirs",
+        self.unmet()
+    )]
+    Python {
+        /// The version or range asked for.
+        request: String,
+        /// The file (and field) that pins it.
+        from: &'static str,
+        /// What this builder offers, listed.
+        offered: String,
+    },
+    /// No Node offered meets the pin.
+    #[error(
+        "{}: pin a version it has, or add a Node's bin directory to builder.toolchain_dirs",
+        self.unmet()
+    )]
+    Node {
+        /// The version or range asked for.
+        request: String,
+        /// The file (and field) that pins it.
+        from: &'static str,
+        /// What this builder offers, listed.
+        offered: String,
+    },
+}
+
+impl UnmetPin {
+    /// What was asked and what there is, without the advice.
+    fn unmet(&self) -> String {
+        match self {
+            UnmetPin::NotAVersion { .. } => self.to_string(),
+            UnmetPin::Python {
+                request,
+                from,
+                offered,
+            } => format!(
+                "the project asks for Python {request} ({from}), and this builder has {offered}"
+            ),
+            UnmetPin::Node {
+                request,
+                from,
+                offered,
+            } => format!(
+                "the project asks for Node {request} ({from}), and this builder has {offered}"
+            ),
+        }
+    }
+}
+
 /// Checks the project's pins against the offered toolchains and answers the installers' PATH.
 /// `path` is the installers' PATH (tools directory, toolchain directories, system); the error
 /// names what was asked, by which file, and what this builder has.
-pub fn select(root: &Path, path: &str, python: bool, node: bool) -> Result<Selection, String> {
+pub fn select(root: &Path, path: &str, python: bool, node: bool) -> Result<Selection, UnmetPin> {
     let mut selection = Selection {
         path: path.to_owned(),
         ..Selection::default()
@@ -154,13 +219,11 @@ pub fn select(root: &Path, path: &str, python: bool, node: bool) -> Result<Selec
     if python && let Some(pin) = python_pin(root) {
         let found = find_python(path, &pin.request);
         let Some(found) = found else {
-            return Err(format!(
-                "the project asks for Python {} ({}), and this builder has {}: pin a version it has, \
-                 or add an interpreter's directory to builder.toolchain_dirs",
-                pin.request,
-                pin.from,
-                listed(&pythons(path)),
-            ));
+            return Err(UnmetPin::Python {
+                request: pin.request,
+                from: pin.from,
+                offered: listed(&pythons(path)),
+            });
         };
         selection
             .key
@@ -173,26 +236,23 @@ pub fn select(root: &Path, path: &str, python: bool, node: bool) -> Result<Selec
             .filter(|candidate| node_satisfies(&pin, &candidate.version))
             .max_by(|a, b| compare_versions(&a.version, &b.version));
         let Some(chosen) = chosen else {
-            let unmet = format!(
-                "the project asks for Node {} ({}), and this builder has {}",
-                pin.request,
-                pin.from,
-                listed(&offered),
-            );
+            let unmet = UnmetPin::Node {
+                request: pin.request.clone(),
+                from: pin.from,
+                offered: listed(&offered),
+            };
             // `engines.node` is advice to npm, which warns and installs unless the project's
             // `.npmrc` says `engine-strict=true`; `.nvmrc` and `.node-version` name the Node
             // to run, and nothing else will do.
             if pin.from == ENGINES_NODE && !engine_strict(root) {
                 selection.warnings.push(format!(
-                    "{unmet}; npm installs anyway (as without engine-strict=true in .npmrc) with \
-                     the Node on PATH"
+                    "{}; npm installs anyway (as without engine-strict=true in .npmrc) with \
+                     the Node on PATH",
+                    unmet.unmet()
                 ));
                 return Ok(selection);
             }
-            return Err(format!(
-                "{unmet}: pin a version it has, or add a Node's bin directory to \
-                 builder.toolchain_dirs"
-            ));
+            return Err(unmet);
         };
         if let Some(dir) = Path::new(&chosen.path).parent() {
             selection.path = format!("{}:{}", dir.display(), path);
@@ -209,13 +269,12 @@ pub fn select(root: &Path, path: &str, python: bool, node: bool) -> Result<Selec
 const MAX_PIN_CHARS: usize = 128;
 
 /// Refuses a pin no version or range could be: too long, or holding control characters.
-fn plausible(pin: &Pin) -> Result<(), String> {
+fn plausible(pin: &Pin) -> Result<(), UnmetPin> {
     if pin.request.chars().count() > MAX_PIN_CHARS || pin.request.chars().any(char::is_control) {
-        let start: String = pin.request.chars().take(32).collect();
-        return Err(format!(
-            "the project's {} is not a version or range ({start:?}…): give a version such as 3.12 or a range such as >=20",
-            pin.from
-        ));
+        return Err(UnmetPin::NotAVersion {
+            from: pin.from,
+            start: pin.request.chars().take(32).collect(),
+        });
     }
     Ok(())
 }
@@ -657,7 +716,9 @@ mod tests {
             ),
         )
         .expect("write");
-        let error = select(project.path(), &without_uv, true, false).expect_err("too new");
+        let error = select(project.path(), &without_uv, true, false)
+            .expect_err("too new")
+            .to_string();
         assert!(error.contains("asks for Python >="), "{error}");
     }
 
@@ -684,7 +745,11 @@ mod tests {
         )
         .expect("write");
         let error = select(dir.path(), path, false, true).expect_err("engine-strict");
-        assert!(error.contains("Node >=99"), "{error}");
+        assert!(
+            matches!(&error, UnmetPin::Node { request, from: ENGINES_NODE, .. } if request == ">=99"),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("Node >=99"), "{error}");
         // A Node named by .nvmrc is the one to run: unmet, it fails.
         std::fs::remove_file(dir.path().join(".npmrc")).expect("rm");
         std::fs::write(dir.path().join(".nvmrc"), "99\n").expect("write");
@@ -697,16 +762,29 @@ mod tests {
         std::fs::write(dir.path().join(".python-version"), "3.99\n").expect("write");
         std::fs::write(dir.path().join(".nvmrc"), "99\n").expect("write");
         let path = "/usr/local/bin:/usr/bin:/bin";
-        let error = select(dir.path(), path, true, false).expect_err("python 3.99");
+        let error = select(dir.path(), path, true, false)
+            .expect_err("python 3.99")
+            .to_string();
         assert!(
             error.contains("Python 3.99 (.python-version)") && error.contains("python 3."),
             "{error}"
         );
         let error = select(dir.path(), path, false, true).expect_err("node 99");
-        assert!(error.contains("Node 99 (.nvmrc)"), "{error}");
+        assert!(error.to_string().contains("Node 99 (.nvmrc)"), "{error}");
+        assert!(
+            error.to_string().ends_with(
+                ": pin a version it has, or add a Node's bin directory to builder.toolchain_dirs"
+            ),
+            "{error}"
+        );
         // A pin no version could be is named, not passed on.
         std::fs::write(dir.path().join(".nvmrc"), "9".repeat(4096)).expect("write");
         let error = select(dir.path(), path, false, true).expect_err("long pin");
+        assert!(
+            matches!(error, UnmetPin::NotAVersion { from: ".nvmrc", .. }),
+            "{error:?}"
+        );
+        let error = error.to_string();
         assert!(
             error.contains(".nvmrc is not a version or range") && error.len() < 300,
             "{error}"

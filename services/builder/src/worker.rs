@@ -99,7 +99,7 @@ pub enum BuilderError {
     },
     /// Builds are to be bounded and cannot be.
     #[error("builds need cgroups for their memory, process and CPU limits (builder.limits): {0}")]
-    Limits(String),
+    Limits(crate::limits::LimitsError),
     /// Builds are to have a disk limit and cannot.
     #[error(
         "builds need loop devices and mkfs.ext4 for the disk limit the configuration sets \
@@ -444,7 +444,7 @@ async fn run_build(
             let acquired = tokio::task::spawn_blocking(move || disks.acquire(&key))
                 .await
                 .map_err(|join| join.to_string())
-                .and_then(|acquired| acquired)
+                .and_then(|acquired| acquired.map_err(|error| error.to_string()))
                 .map_err(|error| {
                     format!(
                         "making this scope's build disk failed ({}): {error}",
@@ -490,7 +490,8 @@ async fn run_build(
     let outcome = tokio::select! {
         outcome = async {
             ready?;
-            let python = crate::manifests::python_setting(claim.install.as_ref())?;
+            let python = crate::manifests::python_setting(claim.install.as_ref())
+                .map_err(|refused| refused.to_string())?;
             produce(&context, python).await
         } => outcome,
         () = lease_lost.cancelled() => Err(BuildFailure::LeaseLost),
@@ -888,8 +889,10 @@ async fn prepare(
         let (scratch, path) = (scratch.to_owned(), ctx.options.install.path.clone());
         let python = python.clone();
         tokio::task::spawn_blocking(move || {
-            let plan = crate::manifests::plan(&scratch, python.as_ref())?;
+            let plan = crate::manifests::plan(&scratch, python.as_ref())
+                .map_err(|refused| refused.to_string())?;
             toolchains::select(&scratch, &path, plan.has_python(), plan.has_node())
+                .map_err(|unmet| unmet.to_string())
         })
         .await
         .map_err(|error| error.to_string())??
@@ -1430,7 +1433,7 @@ async fn build_cgroups(
     let work_dir = work_dir.to_owned();
     tokio::task::spawn_blocking(move || crate::limits::detect(&work_dir))
         .await
-        .map_err(|join| BuilderError::Limits(join.to_string()))?
+        .map_err(|join| BuilderError::Limits(crate::limits::LimitsError::Task(join)))?
         .map(Arc::new)
         .map_err(BuilderError::Limits)
 }

@@ -847,7 +847,11 @@ impl Transport {
 
     /// `Ok` when `service` is SERVING in this process (when it serves it here), else on at
     /// least one replica (see [`Replicas::any_serving`]).
-    pub async fn any_serving(&self, service: &str, within: Duration) -> Result<(), String> {
+    pub async fn any_serving(
+        &self,
+        service: &str,
+        within: Duration,
+    ) -> Result<(), crate::replicas::NotServing> {
         if self
             .local
             .as_ref()
@@ -857,14 +861,9 @@ impl Transport {
             let check = client.check(tonic_health::pb::HealthCheckRequest {
                 service: service.to_owned(),
             });
-            return match tokio::time::timeout(within, check).await {
-                Err(_) => Err(format!("no answer within {} s", within.as_secs_f32())),
-                Ok(Err(status)) => Err(status.message().to_owned()),
-                Ok(Ok(answer)) => match answer.into_inner().status() {
-                    tonic_health::pb::health_check_response::ServingStatus::Serving => Ok(()),
-                    other => Err(other.as_str_name().to_owned()),
-                },
-            };
+            return crate::replicas::health_answer(check, within)
+                .await
+                .map_err(crate::replicas::NotServing::InProcess);
         }
         self.remote.any_serving(service, within).await
     }

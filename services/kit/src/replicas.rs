@@ -44,6 +44,61 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Why a service is not taken to be serving ([`Replicas::any_serving`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotServing {
+    /// The service's names resolve to no address; the names, as configured.
+    #[error("no address is known for {0}: the name resolves to none")]
+    NoAddress(String),
+    /// No replica says SERVING: each replica's name, and what it answered instead.
+    #[error("{}", replicas_answered(.0))]
+    Replicas(Vec<(String, Unhealthy)>),
+    /// The service in this process does not say SERVING
+    /// ([`Transport::any_serving`](crate::grpc::Transport::any_serving)).
+    #[error("{0}")]
+    InProcess(Unhealthy),
+}
+
+/// `name: answer; name: answer`.
+fn replicas_answered(answers: &[(String, Unhealthy)]) -> String {
+    answers
+        .iter()
+        .map(|(name, answer)| format!("{name}: {answer}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// One health check's answer other than SERVING.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unhealthy {
+    /// No answer within the time the check had.
+    #[error("no answer within {} s", .0.as_secs_f32())]
+    NoAnswer(Duration),
+    /// The call failed with a gRPC status; its message.
+    #[error("{0}")]
+    Failed(String),
+    /// An answer with another status than SERVING (NOT_SERVING, SERVICE_UNKNOWN, UNKNOWN).
+    #[error("{}", .0.as_str_name())]
+    Status(tonic_health::pb::health_check_response::ServingStatus),
+}
+
+/// What a health `check` call answered, given `within` at most: `Ok` for SERVING.
+pub(crate) async fn health_answer(
+    check: impl Future<
+        Output = Result<tonic::Response<tonic_health::pb::HealthCheckResponse>, tonic::Status>,
+    >,
+    within: Duration,
+) -> Result<(), Unhealthy> {
+    match tokio::time::timeout(within, check).await {
+        Err(_) => Err(Unhealthy::NoAnswer(within)),
+        Ok(Err(status)) => Err(Unhealthy::Failed(status.message().to_owned())),
+        Ok(Ok(answer)) => match answer.into_inner().status() {
+            tonic_health::pb::health_check_response::ServingStatus::Serving => Ok(()),
+            other => Err(Unhealthy::Status(other)),
+        },
+    }
+}
+
 /// How often a connection with no traffic is pinged (HTTP/2 PING), and how long an answer may
 /// take before the connection is taken for dead and closed: what notices a peer that went
 /// silent (a partition, a host gone without a reset) while a call waits on it.
@@ -677,15 +732,12 @@ impl Replicas {
     /// Answers `Ok` when at least one replica reports `service` SERVING within `within`;
     /// otherwise what each answered. Every replica is asked at once: one sick replica of
     /// several leaves its callers ready, as their calls go to the others.
-    pub async fn any_serving(&self, service: &str, within: Duration) -> Result<(), String> {
+    pub async fn any_serving(&self, service: &str, within: Duration) -> Result<(), NotServing> {
         let pool = &self.0;
         pool.refresh().await;
         let replicas: Vec<Arc<Replica>> = lock(&pool.state).replicas.clone();
         if replicas.is_empty() {
-            return Err(format!(
-                "no address is known for {}: the name resolves to none",
-                pool.describe()
-            ));
+            return Err(NotServing::NoAddress(pool.describe()));
         }
         let checks = replicas.iter().map(|replica| async move {
             let mut client =
@@ -693,25 +745,18 @@ impl Replicas {
             let check = client.check(tonic_health::pb::HealthCheckRequest {
                 service: service.to_owned(),
             });
-            let answer = match tokio::time::timeout(within, check).await {
-                Err(_) => Err(format!("no answer within {} s", within.as_secs_f32())),
-                Ok(Err(status)) => Err(status.message().to_owned()),
-                Ok(Ok(answer)) => match answer.into_inner().status() {
-                    tonic_health::pb::health_check_response::ServingStatus::Serving => Ok(()),
-                    other => Err(other.as_str_name().to_owned()),
-                },
-            };
-            (replica.name.clone(), answer)
+            (replica.name.clone(), health_answer(check, within).await)
         });
         let answers = futures::future::join_all(checks).await;
         if answers.iter().any(|(_, answer)| answer.is_ok()) {
             return Ok(());
         }
-        Err(answers
-            .into_iter()
-            .map(|(name, answer)| format!("{name}: {}", answer.err().unwrap_or_default()))
-            .collect::<Vec<_>>()
-            .join("; "))
+        Err(NotServing::Replicas(
+            answers
+                .into_iter()
+                .filter_map(|(name, answer)| Some((name, answer.err()?)))
+                .collect(),
+        ))
     }
 
     /// The replicas known now, by name and address.

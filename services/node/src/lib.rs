@@ -287,7 +287,7 @@ pub async fn run(
     let readiness: ReadinessCheck = admin::watch(Arc::new(move || {
         let (contact, probe) = (contact.clone(), probe.clone());
         Box::pin(async move {
-            contact.check()?;
+            contact.check().map_err(|unheard| unheard.to_string())?;
             // Bounded: a store that is gone is retried by its client for minutes, and this
             // round must end within its own bound to keep the node's readiness current.
             let within = std::time::Duration::from_secs(1);
@@ -498,24 +498,34 @@ impl CatalogContact {
 
     /// Fine once the node registered at its address (and reconciled its sessions), while the
     /// catalog answered within three heartbeats (and at least 10 s).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), CatalogUnheard> {
         let last = self.last_ms.load(Ordering::Relaxed);
         if last == 0 {
-            return Err(
-                "not registered with the catalog yet (is catalog_url right, and the catalog up?)"
-                    .to_owned(),
-            );
+            return Err(CatalogUnheard::NotRegistered);
         }
         let silent = plinth_kit::clock::now_ms().saturating_sub(last);
         let allowed = (3 * self.every_ms.load(Ordering::Relaxed)).max(10_000);
         if silent > allowed {
-            return Err(format!(
-                "the catalog has not answered a heartbeat for {} s",
-                silent / 1000
-            ));
+            return Err(CatalogUnheard::Silent {
+                seconds: silent / 1000,
+            });
         }
         Ok(())
     }
+}
+
+/// Why the node is not in touch with the catalog ([`CatalogContact::check`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CatalogUnheard {
+    /// The node has not registered yet.
+    #[error("not registered with the catalog yet (is catalog_url right, and the catalog up?)")]
+    NotRegistered,
+    /// The catalog has not answered a heartbeat for longer than three heartbeats (and 10 s).
+    #[error("the catalog has not answered a heartbeat for {seconds} s")]
+    Silent {
+        /// Since the last answer, in whole seconds.
+        seconds: i64,
+    },
 }
 
 /// Registers (again after a restart, or when the catalog forgot the node), reconciles the

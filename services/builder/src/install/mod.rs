@@ -259,7 +259,7 @@ pub enum InstallError {
     /// What the manifests, or the environment's `install.python`, ask for cannot be installed
     /// (a file it names is missing, a dependency group is not defined).
     #[error("{0}")]
-    Manifests(String),
+    Manifests(manifests::PlanError),
     #[error("`{tool}` is not on the build's PATH ({path}); install it or fix the builder's path")]
     ToolMissing { tool: String, path: String },
     #[error("`{step}` failed with exit status {status}; its output ended with:\n{tail}{hint}")]
@@ -289,7 +289,7 @@ pub enum InstallError {
     #[error("giving the build its network (its namespace and egress proxy): {0}")]
     Network(std::io::Error),
     #[error("bounding the build: {0}")]
-    Limits(String),
+    Limits(crate::limits::LimitsError),
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
 }
