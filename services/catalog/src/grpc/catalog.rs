@@ -12,16 +12,16 @@ use plinth_proto::catalog::v1 as pb;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
-use crate::model::{
+use crate::background::wakeups::Wakeups;
+use crate::domain::model::{
     Build, BuildStatus, Environment, EnvironmentChanges, EnvironmentId, EnvironmentStatus,
     LeaseToken, NewEnvironment, Outcome, Package, PackageManager, PageRequest, Scope, Toolchain,
     ToolchainName,
 };
 use crate::persistence::{LeasePolicy, Store, StoreError};
-use crate::wakeups::Wakeups;
 
 /// How long a `ClaimBuild` with nothing to hand out waits for a build before it answers empty
-/// (a long poll). A builder hears of a build queued meanwhile at once (see `crate::wakeups`),
+/// (a long poll). A builder hears of a build queued meanwhile at once (see `crate::background::wakeups`),
 /// and of a lease that ran out when it runs out, so the wait can be long; it ends early when
 /// the catalog stops.
 const CLAIM_HOLD: Duration = Duration::from_secs(20);
