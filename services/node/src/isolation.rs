@@ -40,7 +40,7 @@ use std::sync::Arc;
 
 use plinth_sandbox::keeper::{Keeper, KeeperError};
 
-pub use crate::sandbox::Sandbox;
+pub use crate::session_sandbox::Sandbox;
 use plinth_sandbox::root::{Bind, RootPlan, RootSpec};
 
 /// Where environments appear.

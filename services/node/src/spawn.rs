@@ -67,7 +67,7 @@ pub struct Command {
     /// Where it starts.
     pub cwd: CString,
     /// The sandbox it runs in (its keeper's namespaces); `None` keeps the node's.
-    pub namespace: Option<Arc<crate::sandbox::Sandbox>>,
+    pub namespace: Option<Arc<crate::session_sandbox::Sandbox>>,
     /// The cgroup it joins before anything else (its own, below its session's).
     pub cgroup: Option<plinth_sandbox::cgroup::SessionCgroup>,
     /// The system calls it may not make, installed last before `execve`.
