@@ -1,5 +1,6 @@
-//! The gRPC face of the catalog: wire types are validated into domain types on receipt,
-//! the store does the work, and domain types go back out. No rule lives here.
+//! The gRPC face of environments, versions and builds (`plinth.catalog.v1.CatalogService`):
+//! wire types are validated into domain types on receipt, the store does the work, and domain
+//! types go back out. No rule lives here.
 
 use std::sync::Arc;
 use std::time::Duration;
