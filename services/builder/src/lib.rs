@@ -1,16 +1,16 @@
-//! plinth-builder: builds turn an environment's source into a layer: its files plus what its
-//! manifests install, installed at the mount path sessions will see, in isolation.
+//! plinth-builder: the builder service. Builds turn an environment's source into a layer: its
+//! files plus what its manifests install, installed at the mount path sessions will see, in
+//! isolation.
 //!
-//! This crate is the builder's core as a library: which steps a source needs
-//! ([`manifests`]), running them as an unprivileged user in the sandbox sessions get (an
-//! allow-listed root where the scratch directory is `/env/<slug>`, the seccomp filter, no
-//! network or the egress proxy: [`plinth_sandbox`], [`sandbox`], [`install()`]), and
-//! describing the result entry by entry with its packages ([`layer`]). It holds no state and speaks no protocol:
-//! leasing jobs from catalog, materializing the source, uploading blobs and storing the layer
-//! tree belong to the service that wires this in (ARCHITECTURE §3).
+//! [`worker`] is the service: it leases builds from the catalog, materializes the source from
+//! the blob store, installs, uploads the layer's blobs and tree, and completes the build under
+//! its lease. Beneath it: which steps a source needs ([`manifests`]), running them as an
+//! unprivileged user in the sandbox sessions get ([`sandbox`], [`install()`], over
+//! [`plinth_sandbox`]), a build's limits and a scope's build disk ([`limits`], [`scope_disk`]),
+//! and describing the result entry by entry with its packages ([`layer`]).
 //!
-//! The sandbox needs root on a Linux host (it sets up namespaces, mounts and the build's uid
-//! with direct system calls); see [`sandbox`] for what it guarantees and what it does not.
+//! The sandbox needs root on a Linux host (namespaces, mounts and the build's uid are set up
+//! with direct system calls).
 
 pub mod beneath;
 pub mod install;

@@ -1,46 +1,16 @@
 //! Manifests: which install steps a project's source asks for, and the commands each step runs.
 //!
 //! This is the documented manifest list (ARCHITECTURE §3.4, the list the UHP spec asks a server
-//! to publish), in the order the steps run, each optional:
+//! to publish), in the order the steps run, each optional: `pyproject.toml` (with `uv.lock`, or
+//! declaring a package), `requirements.txt`, `package.json` (with a lock: `npm ci`), then
+//! `setup.sh`, last. An environment's `install.python` setting ([`PythonInstall`]) names the
+//! Python manifest instead; without it, the choice and its reason go to the build log (see
+//! [`Plan::python`]). Without `uv`, the Python steps fall back to `python3 -m venv` and pip;
+//! *whether* uv is there is the installer's business, this module only says what each choice
+//! runs. Commands run with the mount path as their working directory.
 //!
-//! | manifest | step |
-//! |---|---|
-//! | `pyproject.toml` + `uv.lock` | `uv sync --locked` |
-//! | `pyproject.toml` that declares a package (no lock) | `uv sync` |
-//! | `requirements.txt` | `uv venv .venv` (unless it exists) + `uv pip install -r requirements.txt` |
-//! | `package.json` + `package-lock.json` or `npm-shrinkwrap.json` | `npm ci` |
-//! | `package.json` (no lock) | `npm install` |
-//! | `setup.sh` | `bash setup.sh`, last, with `.venv/bin` and `node_modules/.bin` first on PATH |
-//!
-//! ## Which Python manifest
-//!
-//! A `pyproject.toml` is the project's installer manifest when it declares a package (a
-//! `[build-system]` table, or `tool.uv.package = true`) or comes with `uv.lock`; then it is
-//! installed first and `requirements.txt`, if there is one, after it. A `pyproject.toml` that
-//! declares no build system describes no package to install, as uv judges it (a *virtual*
-//! project: uv installs its dependencies, never the project itself). With a `requirements.txt`
-//! beside it, that file is what the project's own README says to install (`pip install -r
-//! requirements.txt`), and the `pyproject.toml` holds tools' settings (`[tool.ruff]`,
-//! `[tool.pytest.ini_options]`) or metadata: only `requirements.txt` is installed. Without
-//! one, the virtual project's dependencies and dependency groups are installed (`uv sync`),
-//! and a `pyproject.toml` with neither a `[project]` table nor `[dependency-groups]` asks for
-//! nothing. The build log says which was chosen and why (see [`Plan::python`]).
-//!
-//! An environment's `install.python` setting ([`PythonInstall`]) names the manifest instead:
-//! requirements files (installed together), the project with the dependency groups and extras
-//! it names (`uv sync --no-default-groups --group … --extra …`), or both, the project first.
-//!
-//! Without `uv` the Python steps fall back to `python3 -m venv .venv` and `.venv/bin/pip`:
-//! `pip install -r` for requirements files, `pip install .` (`.[extra,…]`) for a package, and
-//! the requirements uv would install for the rest, read from `pyproject.toml` and given to pip
-//! as arguments: a virtual project's dependencies and extras, and the dependency groups uv
-//! installs by default (`tool.uv.default-groups`, else `dev`) or the setting names, with their
-//! `{include-group = …}` entries followed. pip only takes `--group` from 25.1 on, and the
-//! machine's venvs may come with an older pip; resolving the groups here works with every pip.
-//! `uv.lock` is not used by pip. Deciding *whether* uv is there is the installer's business
-//! (it knows the build's PATH); this module only says what each choice runs. Commands run with
-//! the mount path as their working directory, so relative paths here are relative to
-//! `/env/<slug>`.
+//! The table of commands, which Python manifest is chosen and why, and the pip fallback:
+//! `docs/design/builds.md#manifests`.
 
 use std::path::Path;
 

@@ -1,45 +1,15 @@
 //! The version a build gives installers when the source came from git.
 //!
-//! Projects that take their version from git (setuptools-scm, hatch-vcs, which uses
-//! setuptools-scm) cannot compute it in a build: the source holds the commit's files, not
-//! `.git`. The source service records where the source last came from by git (`GetOrigin`):
-//! for a git import, the commit, the ref and `git describe --tags --always --match '*[0-9]*'`;
-//! for a push of a git checkout, the same as the checkout's own git gave them, and whether it
-//! had uncommitted changes. This module turns that into the version setuptools-scm would
-//! compute in the checkout, exported as `SETUPTOOLS_SCM_PRETEND_VERSION`, which both read
-//! instead of asking git.
+//! Projects that take their version from git (setuptools-scm, hatch-vcs) cannot compute it in a
+//! build: the source holds the commit's files, not `.git`. The source service records where the
+//! source last came from by git (`GetOrigin`: commit, ref, `git describe`, uncommitted changes);
+//! this module turns that into the version setuptools-scm would compute in the checkout, exported
+//! as `SETUPTOOLS_SCM_PRETEND_VERSION`, with the schemes the project's `pyproject.toml` chooses.
+//! A scheme or setting it does not compute is named in the build log and the defaults are used;
+//! when no version can be derived, none is given and the log says why.
 //!
-//! The project's own settings choose the schemes, as setuptools-scm reads them from
-//! `pyproject.toml`: `[tool.hatch.version]` with `source = "vcs"` (its `raw-options` table
-//! and `fallback-version`) for hatch-vcs, otherwise `[tool.setuptools_scm]`:
-//!
-//! - `version_scheme`: `guess-next-dev` (the default), `no-guess-dev`, `post-release`,
-//!   `only-version`, `semver-pep440` (`python-simplified-semver`) and
-//!   `semver-pep440-release-branch` (`release-branch-semver`; the branch is the pushed
-//!   checkout's, or the ref a git import asked for);
-//! - `local_scheme`: `node-and-date` (the default), `node-and-timestamp`, `dirty-tag`,
-//!   `no-local-version`, `no-local-version-strict`, `fail-on-uncommitted-changes` (in a list);
-//! - `fallback_version`: the version counted from when no tag reaches the commit.
-//!
-//! With the defaults:
-//!
-//! | `git describe`      | version                                 |
-//! |---------------------|-----------------------------------------|
-//! | `v1.2.3` or `1.2.3` | `1.2.3`                                 |
-//! | `v1.2.3-4-gabc1234` | `1.2.4.dev4+gabc1234de` (the commit's first 9 hex digits) |
-//! | `abc1234` (no tag)  | `0.1.devN+gabc1234de` (N: the commits reaching it; 0 when unknown) |
-//! | dirty, `v1.2.3`     | `1.2.4.dev0+gabc1234de.d20260101` (the date the push was recorded) |
-//!
-//! The node is `g` and the commit's first 9 hex digits, as setuptools-scm 9 and later write
-//! it whatever `git describe` abbreviated. A tag's version is read as setuptools-scm's default
-//! tag pattern reads it (`v1.2.3`, `name-1.5`) and normalized as PEP 440 does; a tag that holds
-//! no version counts as no tag. A scheme this module does not compute (`calver-by-date`, a
-//! custom function), or a setting that changes which tag is read (`tag_regex`, a describe
-//! command), is named in the build log, and the defaults are used instead. When a scheme
-//! cannot derive a version (a tag with no number to bump, uncommitted changes under a strict
-//! scheme), no version is given and the log says why: the build then fails as setuptools-scm
-//! itself would. A git import whose history or tags could not be fetched says so in the log:
-//! its version counts from no tag.
+//! The schemes supported, the versions the defaults give, and how tags are read:
+//! `docs/design/builds.md#the-version-from-git`.
 
 use std::path::Path;
 use std::str::FromStr as _;

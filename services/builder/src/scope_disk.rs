@@ -1,52 +1,16 @@
 //! A scope's build disk: with `builder.limits.disk_mb`, everything the builds of one scope
-//! write on a builder, and everything the builder keeps for that scope between its builds,
-//! lives on one ext4 image of that size ([`plinth_sandbox::disk`], the sessions' mechanism):
+//! write on a builder, and everything the builder keeps for that scope between its builds
+//! (its download cache, kept `.venv` and `node_modules`, builds' scratch, HOME and `/tmp`),
+//! lives on one ext4 image of that size under `<work_dir>/scopes/<scope key>/`
+//! ([`plinth_sandbox::disk`], the sessions' mechanism). So the limit bounds what a scope takes
+//! of the builder's disk, caches included, and scopes cannot take each other's space.
 //!
-//! ```text
-//! <work_dir>/scopes/<scope key>/work.ext4     the image (sparse: it takes what is written)
-//! <work_dir>/scopes/<scope key>/work/         where it is mounted while builds of the scope run
-//!     cache/                                  the scope's download cache (uv, pip, npm)
-//!     kept/<layer>/                           `.venv` and `node_modules` kept for a rebuild
-//!     builds/<environment>-<version>-<attempt>/   a build's scratch directory
-//!     builds/.plinth-build-*/                 a build's HOME and `/tmp`
-//! ```
+//! The image is mounted while builds of the scope run in this process and shared by them (one
+//! loop device per image, ever); the caches give way to builds when the disk runs low; what a
+//! killed builder left is tidied by [`remove_leftovers`] or at the next mount.
 //!
-//! So the limit bounds what a scope takes of the builder's disk, caches included, and the
-//! caches outlive each build: they are renamed into a build's scratch directory and back, as
-//! without a limit, because both are on the image. A build that fills the disk fails naming
-//! the limit; it and other scopes' builds cannot take each other's space.
-//!
-//! Why one image per scope, kept, rather than one per build (made and deleted with it): the
-//! caches are worth keeping, and they cannot be kept outside the build's image (a build would
-//! reach them only by a copy, and they would not count in the limit) nor on a per-build image
-//! (it goes with the build). A scope is also the unit that may share a cache: a build can
-//! write anything into it, so no other scope's build ever reads it.
-//!
-//! # Mounts
-//!
-//! The image is mounted when a build of the scope starts and none is running in this process,
-//! and unmounted when the last one ends: builds of one scope running at once (two builders of
-//! one process) share the one mount, counted here, since two loop devices on one image would
-//! be two ext4 drivers writing the same blocks. Mounting an image that is still attached to a
-//! device (a mount left in a namespace the builder cannot see) mounts that device
-//! ([`DiskLimits::open`]). A mount costs about a millisecond; only the first build of a scope
-//! formats its image (about 10 ms, see [`plinth_sandbox::disk`]).
-//!
-//! # When it is full
-//!
-//! The caches give way to builds: when the scope's last running build ends, its caches are
-//! discarded if that build ran out of the disk, or if less than a quarter of the disk (or of
-//! its inodes) is free. The next build then has the whole limit. The same check runs when the
-//! disk is mounted.
-//!
-//! # Crashes and changes
-//!
-//! A builder killed mid-build leaves its mounts (when its mount namespace outlives it) and the
-//! builds' directories on the images. At the next start, [`remove_leftovers`] empties each
-//! still-mounted disk's `builds` and unmounts it; a disk whose mount went with the namespace is
-//! tidied when it is next mounted. An image that will not mount, or whose file system went
-//! read-only after an error, or whose size is not the configured limit, is deleted and made
-//! anew: it only ever holds caches and scratch.
+//! The layout, why one image per scope, and the mount, full-disk and crash rules:
+//! `docs/design/builds.md#a-scopes-build-disk`.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::DirBuilderExt as _;

@@ -1,37 +1,24 @@
-//! plinth-catalog: the catalog service. It owns Plinth's durable metadata (environments, and
-//! as the system grows their versions, builds and the build queue, sessions, nodes) in SQLite
-//! (the embedded default) or PostgreSQL, and serves it over gRPC (`plinth.catalog.v1`).
+//! plinth-catalog: the catalog service. It owns Plinth's durable metadata (environments, their
+//! versions and builds and the build queue, harnesses, sessions and their turns, nodes,
+//! workspace adapters, Brain's ledger, quotas, idempotency keys) in SQLite (the embedded
+//! default) or PostgreSQL, and serves it over gRPC (`plinth.catalog.v1`).
 //!
 //! File bytes never come here (the source service and the blob store hold them), and neither
-//! do HTTP shapes (the gateway owns those). `persistence` owns every query; `model` holds the
-//! domain types and their rules; `service` (environments, builds) and `harness_service` are thin gRPC
-//! adapters; `sweep` ends sessions past their lifetime or idle limit; `retention` retires old
-//! versions and records of ended work; `collection_service` is the catalog's part in garbage
-//! collection of the blob store; `wakeups` wakes builders waiting for work, across replicas
-//! on PostgreSQL; `seal` seals workspace adapters' credentials at rest;
-//! `quota_service` answers a scope's usage of its quotas (the store enforces them); `run`
-//! starts it all.
+//! do HTTP shapes (the gateway owns those). The modules go by role: `domain` holds the types
+//! and their rules, `persistence` every query, `grpc` one thin module per gRPC service, and
+//! `background` what each replica runs beside them (the session sweep, retention, build
+//! wakeups, gauges); [`run`] starts it all.
 
-mod adapter_service;
-pub mod adapters;
-pub mod brain;
-mod brain_service;
-mod collection_service;
-pub mod gauges;
-mod harness_service;
-pub mod model;
+pub mod background;
+pub mod domain;
+mod grpc;
 pub mod persistence;
-mod quota_service;
-mod request_key_service;
-pub mod retention;
-pub mod seal;
-mod service;
-mod session_service;
-pub mod sessions;
-pub mod sweep;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod wakeups;
+
+// The paths other crates name these modules by.
+pub use background::retention;
+pub use domain::{adapters, brain, model, seal, sessions};
 
 use std::sync::Arc;
 
@@ -50,13 +37,13 @@ use plinth_proto::catalog::v1::request_key_service_server::RequestKeyServiceServ
 use plinth_proto::catalog::v1::session_service_server::SessionServiceServer;
 use tokio::net::TcpListener;
 
-pub use collection_service::MAX_FENCE_MS;
+pub use domain::seal::{SealError, SealKey};
+pub use domain::sessions::{DEFAULT_NODE_TTL_MS, NodeTtl};
+pub use grpc::collection::MAX_FENCE_MS;
 pub use persistence::{
     AdapterCredentials, CollectionRoots, DEFAULT_RUNNING_PER_SCOPE, LeasePolicy, NewSession,
     NewTask, RetentionPolicy, Retired, Store, StoreError,
 };
-pub use seal::{SealError, SealKey};
-pub use session_service::{DEFAULT_NODE_TTL_MS, NodeTtl};
 
 /// The catalog's gRPC service name, as health checks name it.
 pub const SERVICE_NAME: &str = "plinth.catalog.v1.CatalogService";
@@ -230,16 +217,16 @@ pub async fn run(
         Some(options.internal.accepted.clone()),
         shutdown.clone(),
     );
-    plinth_kit::tasks::spawn(gauges::report(
+    plinth_kit::tasks::spawn(background::gauges::report(
         store.clone(),
         options.node_ttl,
         shutdown.clone(),
     ));
     let wakeups = match store.backend() {
-        plinth_kit::database::Backend::Sqlite => wakeups::Wakeups::in_process(),
+        plinth_kit::database::Backend::Sqlite => background::wakeups::Wakeups::in_process(),
         plinth_kit::database::Backend::Postgres => {
-            let wakeups = wakeups::Wakeups::shared();
-            plinth_kit::tasks::spawn(wakeups::listen(
+            let wakeups = background::wakeups::Wakeups::shared();
+            plinth_kit::tasks::spawn(background::wakeups::listen(
                 options.database_url.clone(),
                 wakeups.clone(),
                 shutdown.clone(),
@@ -247,12 +234,12 @@ pub async fn run(
             wakeups
         }
     };
-    plinth_kit::tasks::spawn(sweep::end_sessions_past_their_limits(
+    plinth_kit::tasks::spawn(background::sweep::end_sessions_past_their_limits(
         store.clone(),
         shutdown.clone(),
     ));
     if let Some(every) = options.retention_every {
-        plinth_kit::tasks::spawn(retention::run(
+        plinth_kit::tasks::spawn(background::retention::run(
             store.clone(),
             options.retention,
             every,
@@ -262,14 +249,14 @@ pub async fn run(
 
     // Every service bounds what one request may carry (tonic's default, 4 MiB, said here so
     // it is a decision and not an accident); Brain's operations carry tools' inputs.
-    let service = CatalogServiceServer::new(service::Catalog::new(
+    let service = CatalogServiceServer::new(grpc::catalog::Catalog::new(
         store.clone(),
         options.leases,
         wakeups,
         shutdown.clone(),
     ))
     .max_decoding_message_size(MAX_REQUEST_BYTES);
-    let sessions = SessionServiceServer::new(session_service::Sessions::new(
+    let sessions = SessionServiceServer::new(grpc::sessions::Sessions::new(
         store.clone(),
         options.node_ttl,
     ))
@@ -277,21 +264,21 @@ pub async fn run(
     server
         .add_service(service)
         .add_service(
-            HarnessServiceServer::new(harness_service::Harnesses::new(store.clone()))
+            HarnessServiceServer::new(grpc::harnesses::Harnesses::new(store.clone()))
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(sessions)
         .add_service(
-            BrainServiceServer::new(brain_service::Brain::new(store.clone()))
-                .max_decoding_message_size(brain_service::MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(brain_service::MAX_MESSAGE_BYTES),
+            BrainServiceServer::new(grpc::brain::Brain::new(store.clone()))
+                .max_decoding_message_size(grpc::brain::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(grpc::brain::MAX_MESSAGE_BYTES),
         )
         .add_service(
-            CollectionServiceServer::new(collection_service::Collection::new(store.clone()))
+            CollectionServiceServer::new(grpc::collection::Collection::new(store.clone()))
                 .max_encoding_message_size(COLLECTION_MESSAGE_BYTES),
         )
         .add_service(
-            AdapterServiceServer::new(adapter_service::Adapters::new(
+            AdapterServiceServer::new(grpc::adapters::Adapters::new(
                 store.clone(),
                 options.adapter_credential_grace,
                 options.node_ttl,
@@ -299,17 +286,17 @@ pub async fn run(
             .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(
-            ReplayMemoryServiceServer::new(adapter_service::ReplayMemory::new(store.clone()))
+            ReplayMemoryServiceServer::new(grpc::adapters::ReplayMemory::new(store.clone()))
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(
-            QuotaServiceServer::new(quota_service::Quotas::new(store.clone()))
+            QuotaServiceServer::new(grpc::quotas::Quotas::new(store.clone()))
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(
-            RequestKeyServiceServer::new(request_key_service::RequestKeys::new(store.clone()))
-                .max_decoding_message_size(request_key_service::MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(request_key_service::MAX_MESSAGE_BYTES),
+            RequestKeyServiceServer::new(grpc::request_keys::RequestKeys::new(store.clone()))
+                .max_decoding_message_size(grpc::request_keys::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(grpc::request_keys::MAX_MESSAGE_BYTES),
         )
         .serve(grpc, shutdown)
         .await?;

@@ -1,17 +1,17 @@
 //! plinth-kit: the ground every Plinth service stands on.
 //!
-//! It owns the error vocabulary and its one mapping to gRPC and HTTP (`error`), layered
-//! configuration helpers and secrets that never print (`config`), telemetry: logs, traces
-//! carried across gRPC, Prometheus metrics (`telemetry`), the gRPC server and client
-//! plumbing every service shares (`grpc`), HTTP request spans and metrics (`http`), the
-//! small admin HTTP surface (`admin`), one process per directory of state (`dir_lock`), and
-//! shutdown and task spawning (`tasks`), quotas per scope and their limits (`quota`), the
-//! rules written once for a value two services check (`slug`, `python_install`), and,
-//! with the `database` feature, opening a service's SQLite or PostgreSQL database
-//! (`database`).
+//! It owns the error vocabulary and its one mapping to gRPC and HTTP (`error`, `details`),
+//! configuration helpers and secrets that never print (`config`), telemetry (`telemetry`,
+//! `http`, `metered`), gRPC between services: servers, clients, credentials, TLS, balancing
+//! across replicas, reflection and streams read to their end (`grpc`, `auth`, `tls`,
+//! `replicas`, `reflection`, `streams`), the admin HTTP surface (`admin`), one process per
+//! directory of state (`dir_lock`), full stores (`storage`), shutdown and task spawning
+//! (`tasks`), ids and time (`ids`, `clock`), quotas per scope (`quota`), the rules written once
+//! for a value two services check (`slug`, `python_install`), and, with the `database`
+//! feature, a service's SQLite or PostgreSQL database (`database`).
 //!
-//! Business rules do not belong here (beyond those shared checks), nor anything else that
-//! knows what an environment is.
+//! Business rules do not belong here (beyond those shared checks), nor anything else that knows
+//! what an environment is.
 
 pub mod admin;
 pub mod auth;

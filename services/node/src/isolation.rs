@@ -1,37 +1,16 @@
-//! Isolating a session's commands, with direct system calls (no `unshare`/`mount` tools,
-//! which would add ~5 ms a command).
+//! Isolating a session's commands, with direct system calls (no `unshare`/`mount` tools).
 //!
 //! Each session gets a sandbox when it attaches (or, after a node restart, before its first
 //! command): a keeper process ([`plinth_sandbox::keeper`]), started on a dedicated thread of
-//! the node ([`Namespaces`]), owns the session's own PID, mount, IPC, UTS and network
-//! namespaces and builds its root from an allow-list ([`plinth_sandbox::root`]):
+//! the node ([`Namespaces`]), owns the session's PID, mount, IPC, UTS and network namespaces
+//! and builds its root from an allow-list ([`plinth_sandbox::root`]): the version read-only at
+//! `/env/<slug>`, the working directory at [`WORKDIR`], its own `/etc/passwd` and `/tmp`, the
+//! node's tools at [`TOOLS`], and nothing of the node's state or other sessions. Each command
+//! enters the keeper's namespaces ([`crate::spawn`]) as the session's uid with no capabilities;
+//! ending the session kills the keeper and with it every process left in its PID namespace. The
+//! host never holds any of the sandbox's mounts.
 //!
-//! - the host's system directories (`/usr`, `/bin`, `/lib*`, `/opt`) read-only, with the
-//!   node's hidden paths covered wherever they fall beneath one;
-//! - `/etc`: a copy the node makes at start of what tools read in the host's (an allow-list,
-//!   [`plinth_sandbox::root::ETC_ALLOWED`]: name resolution, TLS roots, the linker's cache,
-//!   `alternatives`…), read-only; not the rest (a global `npmrc` or `pip.conf`);
-//! - `/env/<slug>`: the version, read-only (a bind remounted read-only, or a read-only overlay
-//!   of its layers);
-//! - [`WORKDIR`], `/home/session`: the session's working directory, whatever its host path,
-//!   so the session's uid needs no way through the host path's parents;
-//! - `/etc/passwd` and `/etc/group` of its own, naming its uid ([`crate::identity`]);
-//! - [`TOOLS`]: the node's copy of `uv`, read-only;
-//! - a private `/tmp` and `/dev/shm` (tmpfs), a minimal `/dev`, its own `/proc` (it sees its
-//!   own processes only), and nothing else: not the data directory, the blobs, the database,
-//!   the node's state or any other session, wherever they are configured;
-//! - a network namespace of its own with only its loopback up (no route anywhere: not the
-//!   node's services on the host's loopback, not the network).
-//!
-//! Each command then costs only what it must: started without copying the node's memory
-//! ([`crate::spawn`]) in the keeper's PID namespace, the child enters the keeper's other
-//! namespaces (one `setns` with its pidfd), empties its capability bounding set, drops to the
-//! session's uid and gid with no supplementary groups and no capabilities, asks to be killed
-//! if the node dies, sets `no_new_privs` and changes to its working directory. Ending the
-//! session kills the keeper, and the kernel kills every process left in its PID namespace
-//! (what its commands left running in the background, daemons and `setsid` escapees too)
-//! before the keeper is reaped. The host never holds any
-//! of the sandbox's mounts.
+//! What the root holds, path by path: `docs/design/SANDBOX.md#a-sessions-sandbox`.
 
 use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
@@ -40,7 +19,7 @@ use std::sync::Arc;
 
 use plinth_sandbox::keeper::{Keeper, KeeperError};
 
-pub use crate::sandbox::Sandbox;
+pub use crate::session_sandbox::Sandbox;
 use plinth_sandbox::root::{Bind, RootPlan, RootSpec};
 
 /// Where environments appear.

@@ -1,31 +1,29 @@
-//! plinth-node: the node agent, one per host. It materializes versions from the blob store
-//! into a local cache (`cache`), keeps the sessions placed on it and their private working
-//! directories (`sessions`, `workdir`), and runs each session's commands in a private mount
-//! namespace where the version is read-only at `/env/<slug>` (`isolation`). It registers with
-//! the catalog and heartbeats (`heartbeat`: its set of cached versions goes whole only when
-//! the catalog does not hold it already); the catalog decides which sessions exist and what they read,
-//! and each heartbeat's answer lists the node's live sessions, so a session the catalog ended
-//! without the node being told (past its lifetime or idle limit, or while a call to the node
-//! failed) is detached here within a heartbeat. A session's limits are kept in its record.
+//! plinth-node: the node agent, one per host, serving `plinth.node.v1` (`grpc`, and `pty` for
+//! terminals). It materializes versions from the blob store into a local cache (`cache`), keeps
+//! the sessions placed on it and their private working directories (`sessions`, `workdir`), and
+//! runs each session's commands and workspace calls (`workspace`) in the session's sandbox
+//! (`isolation`, `session_sandbox`, `spawn`), where the version is read-only at `/env/<slug>`.
+//! It registers with the catalog and heartbeats (`heartbeat`); each heartbeat's answer lists the
+//! node's live sessions, so a session the catalog ended without telling the node is detached
+//! here within a heartbeat.
 //!
 //! What does not belong here: placing sessions or pinning versions (the catalog), HTTP shapes
 //! and turn records (the gateway and the catalog), building versions (the builder).
 
 pub mod cache;
+mod grpc;
 pub mod heartbeat;
 pub mod identity;
 pub mod isolation;
 mod node;
 mod pty;
-pub mod sandbox;
-mod service;
+pub mod session_sandbox;
 pub mod sessions;
 pub mod shares;
 pub mod spawn;
 pub mod toolchains;
 pub mod workdir;
 pub mod workspace;
-mod workspace_service;
 
 use std::collections::HashSet;
 use std::path::PathBuf;

@@ -1,6 +1,6 @@
 //! The node's state and what it does with it: its version cache, its session table and how
 //! sessions are isolated, and commands prepared and run inside a session's sandbox. The gRPC
-//! services (`service.rs`, `workspace_service.rs`, `pty.rs`) are thin layers over this.
+//! services (`grpc`, `pty`) are thin layers over this.
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};

@@ -6,7 +6,7 @@
 //! rules. Only its standard input, output and error differ: all three are the slave of a
 //! terminal the node opens, which the command takes as its controlling terminal.
 //!
-//! Its end is `Exec`'s too (see `service.rs`): when the command exits, its answer is what it
+//! Its end is `Exec`'s too (see `crate::grpc::node`): when the command exits, its answer is what it
 //! wrote until then, and what it left running goes on until the session ends (the kernel
 //! hangs up the terminal's foreground process group as the command, the terminal's session
 //! leader, exits, as at any terminal: `nohup` and an interactive shell's own jobs survive

@@ -1,36 +1,15 @@
-//! Starting a session's command without copying the node's address space.
+//! Starting a session's command without copying the node's address space:
+//! `clone(CLONE_VM | CLONE_VFORK)`, as `posix_spawn` does, plus what `posix_spawn` cannot do
+//! (enter the keeper's namespaces, drop to the session's uid, join the command's cgroup).
 //!
-//! `fork` copies the page tables of the whole node (every cached tree, every buffer): measured
-//! here, starting `/bin/sh` from a process holding 50 MiB took 2.3 ms with `fork` and 0.1 ms
-//! with `clone(CLONE_VM | CLONE_VFORK)`, which shares the memory and suspends only the calling
-//! thread until the child has called `execve`. That is how `posix_spawn` starts processes; it
-//! cannot enter a namespace or change ids, so the node does the same itself:
+//! Everything the child reads is prepared before `clone`, and every signal is blocked around
+//! it; the child makes raw system calls only, allocates nothing and takes no lock, and a step
+//! that fails is written to memory the parent reads, the child exiting with 127. The parent
+//! reaps the child through a pidfd. The child joins its session's cgroup first, which cannot let
+//! a session's OOM reach the node (the OOM killer never picks a `vfork` child sharing its
+//! parent's memory).
 //!
-//! - everything the child reads is prepared first (C strings, pointer arrays, pipes, a stack);
-//! - every signal is blocked on the calling thread around `clone`, so no handler of the node
-//!   runs in the child while it shares the node's memory;
-//! - for a session's command, the calling thread enters the keeper's PID namespace for the
-//!   children it starts (`setns(pidfd, CLONE_NEWPID)`) just before `clone` and returns to the
-//!   node's right after, so the command is a process of the session's PID namespace;
-//! - the child resets every handled signal to its default and unblocks all (the command starts
-//!   as if from a fresh process: `SIGPIPE` too, which the node ignores), enters the keeper's
-//!   mount, IPC, UTS and network namespaces, starts its own process group, empties its
-//!   capability bounding set, drops to the session's uid and gid with no supplementary groups
-//!   and clears every capability, asks to be killed if the node dies, sets `no_new_privs`,
-//!   changes to its working directory, puts the pipes on 0, 1 and 2 and calls `execve`. It makes raw
-//!   system calls (rustix's `linux_raw` backend, and libc wrappers that are only system calls);
-//!   it allocates nothing and takes no lock;
-//! - a step that fails is written to memory the parent reads once `clone` returns, and the
-//!   child exits with 127;
-//! - the parent gets a pidfd (`CLONE_PIDFD`), waits for it to become readable and reaps the
-//!   child with `waitid(P_PIDFD)`.
-//!
-//! The child joins its command's cgroup first, so it is in its session's limited cgroup while
-//! it still shares the node's memory. That cannot let a session's OOM take the node down: the
-//! kernel's OOM killer never picks a `vfork` child that shares its parent's memory
-//! (`oom_badness` skips it: killing it would kill the parent), and the pages it touches
-//! before `execve` are charged to the memory's owner, the node, not to the session. Once
-//! `execve` has given it memory of its own it is an ordinary process of the session's.
+//! The steps in order, and what `fork` would cost: `docs/design/SANDBOX.md#starting-a-command`.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::io;
@@ -67,7 +46,7 @@ pub struct Command {
     /// Where it starts.
     pub cwd: CString,
     /// The sandbox it runs in (its keeper's namespaces); `None` keeps the node's.
-    pub namespace: Option<Arc<crate::sandbox::Sandbox>>,
+    pub namespace: Option<Arc<crate::session_sandbox::Sandbox>>,
     /// The cgroup it joins before anything else (its own, below its session's).
     pub cgroup: Option<plinth_sandbox::cgroup::SessionCgroup>,
     /// The system calls it may not make, installed last before `execve`.

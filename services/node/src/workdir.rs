@@ -2,7 +2,7 @@
 //! /v1/sessions/{id}/files/{path}`), read and written by the node (root) on the session's
 //! behalf. The path is checked against the API's rule here ([`components`]: relative, no `.`
 //! or `..`); what makes it safe is the one implementation every file call of the node uses,
-//! [`fsx`]: every step `openat2` beneath the directory's descriptor,
+//! [`beneath`]: every step `openat2` beneath the directory's descriptor,
 //! parents walked without following any link, a file checked before it is opened (never a
 //! FIFO or a device, never a hard link to a file the session does not own), and a write
 //! made as a temporary file renamed into place.
@@ -13,7 +13,7 @@ use plinth_kit::{ErrorCode, PlinthError};
 use rustix::fs::AtFlags;
 use rustix::io::Errno;
 
-use crate::workspace::fsx;
+use crate::workspace::beneath;
 
 /// Most bytes of one path.
 pub const MAX_PATH_BYTES: usize = 4096;
@@ -65,8 +65,8 @@ fn for_files_api(error: PlinthError) -> PlinthError {
 /// is read only if `owner` owns it.
 pub fn read(root: &Path, path: &str, max: u64, owner: Option<u32>) -> Result<Vec<u8>, PlinthError> {
     components(path)?;
-    let dir = fsx::open_root(root)?;
-    fsx::read_all(&dir, path, path, owner, max)
+    let dir = beneath::open_root(root)?;
+    beneath::read_all(&dir, path, path, owner, max)
         .map(|(content, _)| content)
         .map_err(for_files_api)
 }
@@ -76,10 +76,10 @@ pub fn read(root: &Path, path: &str, max: u64, owner: Option<u32>) -> Result<Vec
 pub fn write(root: &Path, path: &str, content: &[u8], uid: u32) -> Result<u64, PlinthError> {
     let parts: Vec<String> = components(path)?.into_iter().map(str::to_owned).collect();
     let written = (|| {
-        let root = fsx::open_root(root)?;
-        let (dir, name) = fsx::parent(&root, &parts, path, uid, true)?;
-        let mode = fsx::existing(&dir, name, path)?.map_or(0o644, |stat| stat.st_mode & 0o7777);
-        fsx::replace(&dir, name, content, mode, uid, path)
+        let root = beneath::open_root(root)?;
+        let (dir, name) = beneath::parent(&root, &parts, path, uid, true)?;
+        let mode = beneath::existing(&dir, name, path)?.map_or(0o644, |stat| stat.st_mode & 0o7777);
+        beneath::replace(&dir, name, content, mode, uid, path)
     })();
     written.map_err(for_files_api)?;
     Ok(content.len() as u64)
@@ -89,8 +89,8 @@ pub fn write(root: &Path, path: &str, content: &[u8], uid: u32) -> Result<u64, P
 pub fn delete(root: &Path, path: &str) -> Result<(), PlinthError> {
     let parts: Vec<String> = components(path)?.into_iter().map(str::to_owned).collect();
     let deleted = (|| {
-        let root = fsx::open_root(root)?;
-        let (dir, name) = fsx::parent(&root, &parts, path, 0, false)?;
+        let root = beneath::open_root(root)?;
+        let (dir, name) = beneath::parent(&root, &parts, path, 0, false)?;
         match rustix::fs::unlinkat(&dir, name, AtFlags::empty()) {
             Ok(()) => Ok(()),
             Err(Errno::ISDIR) => {
@@ -100,7 +100,7 @@ pub fn delete(root: &Path, path: &str) -> Result<(), PlinthError> {
                 let beneath = format!("/proc/self/fd/{}/{name}", dir.as_raw_fd());
                 std::fs::remove_dir_all(beneath).map_err(|error| PlinthError::internal(&error))
             }
-            Err(errno) => Err(fsx::errno_error(path, errno)),
+            Err(errno) => Err(beneath::errno_error(path, errno)),
         }
     })();
     deleted.map_err(for_files_api)

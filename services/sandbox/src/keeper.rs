@@ -1,36 +1,16 @@
 //! A sandbox's keeper: the first process of its PID namespace, owner of its mount, IPC, UTS
 //! and network namespaces, and the reaper of whatever is orphaned inside.
 //!
-//! The node starts one per session ([`Keeper::start`]) with
-//! `clone(CLONE_VM | CLONE_VFORK | CLONE_NEW…)` on a small stack of its own, the way
-//! `posix_spawn` starts a program: the child shares the node's memory only until it calls
-//! `execve` (no page tables are copied, unlike `fork`: a running node holds tens of MiB), and
-//! the node's thread waits meanwhile. Before `execve` it makes raw system calls only: it
-//! enters the network namespace made for it, joins the session's cgroup and makes its cgroup
-//! namespace there, closes every descriptor it inherited but its program's, asks to be killed
-//! when the node dies, builds and enters the sandbox's root ([`crate::root::RootPlan::enter`]),
-//! names its host (`session`) and brings its loopback up. Then it runs the keeper's program
-//! (`reaper/main.rs`, a few hundred bytes without libc, from a sealed memfd the node made
-//! once), which only reaps orphans until it is killed.
+//! The node starts one per session ([`Keeper::start`]) with `clone(CLONE_VM | CLONE_VFORK |
+//! CLONE_NEW…)`, making raw system calls only until it runs the keeper's program (`reaper/main.rs`,
+//! from a sealed memfd), which only reaps orphans. Nothing of the node lives in a session's
+//! cgroup; the keeper stays root of the host's user namespace, so the sandbox's processes can
+//! neither signal, trace nor read it, and commands get [`COMMAND_OOM_SCORE_ADJ`] so an OOM kills
+//! them rather than the namespaces. Commands join it by `setns` on its pidfd; killing it
+//! ([`Keeper::kill`]) kills every process of the sandbox.
 //!
-//! So nothing of the node lives in a session's cgroup: the keeper has its own memory (a few
-//! KiB), its own descriptor table (empty) and no handler of the node's. The kernel's OOM
-//! killer never picks a `vfork` child that still shares its parent's memory, and once the
-//! keeper has its own, an OOM in the session can kill only the session's processes. The node
-//! also gives it `oom_score_adj` -1000 where it may (CAP_SYS_RESOURCE), and the session's
-//! commands [`COMMAND_OOM_SCORE_ADJ`] (500), so an OOM in the session kills the session's
-//! commands, not its namespaces.
-//!
-//! The keeper stays root of the host's user namespace, so the sandbox's processes (another
-//! uid, no capabilities) can neither signal it (the first process of a PID namespace gets no
-//! signal it does not handle from inside, and it handles none), nor trace it, nor read its
-//! memory.
-//!
-//! Commands join it: the node enters its PID namespace for the children it starts
-//! (`setns(pidfd, CLONE_NEWPID)` on the starting thread) and each child enters the rest
-//! (`setns(pidfd, CLONE_NEWNS | …)`). Killing the keeper ([`Keeper::kill`]) kills every process
-//! of the sandbox, daemons and `setsid` escapees included: the kernel empties a PID namespace
-//! whose first process dies, and the keeper is reaped only once it is empty.
+//! How it starts, and why an OOM in the session cannot reach the node:
+//! `docs/design/SANDBOX.md#the-keeper`.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::io;

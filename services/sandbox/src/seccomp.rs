@@ -1,68 +1,16 @@
 //! The seccomp filter of every session's and every build's processes: the system calls that
 //! agents' commands and install scripts never need, refused.
 //!
-//! # What it refuses, and how
+//! [`REFUSED`] lists each refused call with its reason, and the filter is compiled from that
+//! table, so the two cannot disagree; everything not listed is allowed. A refused call fails with
+//! `EPERM` (`clone3` with `ENOSYS`) and never kills; a call through another ABI than the one
+//! built for (i386 on x86_64, x32, aarch32) kills the process. [`Filter::new`] does the
+//! allocating work once; [`Filter::install`] allocates nothing and takes no lock, so it is safe
+//! between `fork` (or `vfork`) and `execve`. Install it last: it refuses `setns`, `mount` and
+//! `unshare`. Namespaces, identities, cgroups and mounts are other modules'.
 //!
-//! [`REFUSED`] lists each refused call with the reason; the filter is compiled from that table,
-//! so the two cannot disagree (a name with no known number fails [`Filter::new`], which a test
-//! builds). Everything not listed is allowed: sessions and builds run whatever toolchain a
-//! project brings, and an allow-list would break the next one that calls something new. The
-//! price is that a system call added to a future kernel is allowed until it is listed here.
-//!
-//! A refused call fails with `EPERM`; the process is never killed for it. Programs probe: libuv
-//! tries `io_uring_setup`, gdb asks `personality` for `ADDR_NO_RANDOMIZE`, libraries built on
-//! keyutils try the keyring. With `EPERM` they take the path they take on any locked-down host
-//! and the command goes on. `clone3` alone answers `ENOSYS` (see [`REFUSED`]).
-//!
-//! # Other system call ABIs
-//!
-//! A filter sees the call numbers of one ABI; a process could switch ABI to reach a refused
-//! call by another number. The program first compares `seccomp_data.arch` with the ABI it was
-//! built for (x86_64 or aarch64, chosen at compile time) and kills the process
-//! (`SECCOMP_RET_KILL_PROCESS`, seen as `SIGSYS`, "Bad system call") for anything else: an
-//! i386 call through `int 0x80` on x86_64, an aarch32 call on aarch64. x32 calls share x86_64's
-//! `arch` value and carry bit 30 in the call number; those kill the process too (all but `-1`,
-//! which tracers use to skip a call and which the kernel answers `ENOSYS`). Killing is right
-//! here, unlike for the refused list: no program of a session probes another ABI, and a 32-bit
-//! binary dies at its first call with a clear signal instead of failing strangely.
-//!
-//! # Why the program is built here, and not by seccompiler
-//!
-//! Firecracker's seccompiler was the first choice and works, with two gaps: it kills a
-//! mismatched `arch` as above but does not look at the x32 bit (an x32 `unshare` went through
-//! to the kernel in a test), and it has one refusal answer per program, so `ENOSYS` for
-//! `clone3` took a second program. What ruled it out is the cost of installing its program.
-//! When a filter is attached, the kernel (5.11 and later) runs it once for every call number to
-//! find and cache the calls it always allows, and seccompiler compares the number with each
-//! listed call in turn: every allowed number walks about 100 instructions. Measured side by
-//! side on the 2-core development machine (busy with other builds, medians of 400 installs):
-//! seccompiler's two programs took 170–230 µs to install, this module's program 45–70 µs, and
-//! a one-instruction filter, the floor (the kernel's checks, copy and JIT), 15–20 µs. A fork,
-//! exec and wait of `/bin/true` took about 1 ms; the node's vforked start of `/bin/sh` about
-//! 100 µs (see its `spawn.rs`), which seccompiler would have nearly tripled.
-//!
-//! So the program is emitted here, about 110 instructions on x86_64: the call numbers are cut
-//! into intervals of one answer each (the refused calls, the runs of allowed ones between
-//! them, the x32 range), and a binary search over the intervals' first numbers reaches any
-//! answer within 13 instructions. A test runs the program in an interpreter for every call
-//! number, ABI and a spread of arguments and compares it with the table; others try each
-//! refused call on the real kernel.
-//!
-//! The cache also spares allowed calls the program: they pay only the seccomp entry path,
-//! measured at about 45 ns (`getppid`, 210 ns unfiltered). `clone` and `personality`, whose
-//! answers depend on an argument, run it each time (about 100 ns more).
-//!
-//! # Installing, between `fork` and `execve`
-//!
-//! [`Filter::new`] does the allocating work once; [`Filter::install`] is safe to call in a
-//! child made by `fork` or `clone(CLONE_VM | CLONE_VFORK)`: it sets `no_new_privs` and calls
-//! `seccomp(SECCOMP_SET_MODE_FILTER)` on a `sock_fprog` built on its own stack from memory
-//! prepared before the fork. It allocates nothing and takes no lock.
-//!
-//! Install it last, right before `execve`: it refuses `setns`, `mount` and `unshare`, which
-//! the child's own preparation may need.
-//!
-//! What does not belong here: namespaces, identities, cgroups and mounts (their own modules).
+//! Why a deny-list, why the program is emitted here rather than by seccompiler, and its cost:
+//! `docs/design/SANDBOX.md#the-seccomp-filter`.
 
 use std::sync::OnceLock;
 

@@ -5,97 +5,12 @@
 //! The caller materializes the source into a scratch directory, calls [`install`], then
 //! [`crate::layer::scan`]s the same directory. Afterwards every file in it is owned by the build
 //! uid; the builder (root) can read and delete it. HOME and `/tmp` of the build live in a
-//! directory `.plinth-build-*` created beside the scratch directory and removed on return.
+//! directory `.plinth-build-*` created beside the scratch directory and removed on return. The
+//! download cache is never part of the layer. This file holds the entry point, its types and the
+//! steps' loop; `cache`, `bytecode`, `environment` and `network` beside it hold the rest.
 //!
-//! ## The download cache
-//!
-//! uv, pip and npm keep their downloads in the build's cache, which sits in the scratch
-//! directory under the reserved name [`BUILD_CACHE`] (`/env/<slug>/.plinth-build-cache`) while
-//! the installers run: on the same mount as `.venv`, so uv hard-links installed files from it
-//! instead of copying them. With [`InstallOptions::cache_dir`] the cache persists: it is renamed
-//! into the scratch directory before the first command and renamed back after the last, whether
-//! the build succeeded, failed or timed out, so it is never part of the layer. A source's own
-//! top-level `.plinth-build-cache` is removed first, as `.venv` and `node_modules` are. While one
-//! build holds the cache, a concurrent build of the same scope starts from an empty one; the
-//! first to finish puts its cache back and the other's is dropped.
-//!
-//! Hard links mean a file installed by uv and the cache's copy are one file: a later step that
-//! writes one *in place* (an npm lifecycle script, `setup.sh` appending to an installed module)
-//! changes the other too. Such a build's cache is discarded rather than put back
-//! ([`InstallReport::cache_discarded`]), so no later build installs the changed file.
-//!
-//! ## Bytecode
-//!
-//! A read-only environment cannot hold a `__pycache__` written at import time, so every `.py`
-//! under `.venv` gets a checked-hash `.pyc`: valid whatever the files' modification times when a
-//! version is materialized (hard links from a blob cache give them new ones), checked against
-//! the source at import, and written with `SOURCE_DATE_EPOCH` set (which makes hash-based pycs
-//! Python's default: uv, pip and `py_compile` all follow it). uv compiles site-packages itself
-//! as it installs (`UV_COMPILE_BYTECODE=1`, in parallel). After the installers:
-//!
-//! - uv installed the Python packages and no `setup.sh` ran: nothing more to do;
-//! - uv installed them and `setup.sh` ran: `compileall` of just the `.py` files under `.venv`
-//!   that lack a checked-hash `.pyc` (compileall's own up-to-date check understands only
-//!   timestamp pycs and would recompile everything);
-//! - otherwise (pip, or a `.venv` made by `setup.sh`): `compileall -f` of all of `.venv`;
-//! - dependencies reused from an earlier build: nothing (that build compiled them).
-//!
-//! ## What reaches the installers
-//!
-//! Each command gets exactly this environment (later entries win):
-//!
-//! - `PATH=/env/<slug>/.venv/bin:/env/<slug>/node_modules/.bin:<options.path>`,
-//!   `HOME=/env/.home`, `TMPDIR=/tmp`, `LANG=C.UTF-8`, `PROJECT_ROOT=/env/<slug>`,
-//!   `VIRTUAL_ENV=/env/<slug>/.venv` (when the plan installs Python packages or a `.venv` exists),
-//!   `UV_PROJECT_ENVIRONMENT=/env/<slug>/.venv`;
-//! - `UV_PYTHON_DOWNLOADS=never`, `UV_PYTHON_PREFERENCE=only-system`: the build uses the
-//!   toolchain's Python (a downloaded one would live in the build's HOME, which is discarded);
-//! - `UV_COMPILE_BYTECODE=1`, `SOURCE_DATE_EPOCH=315532800` (1980-01-01, the earliest time a
-//!   wheel's zip can record): bytecode as described above; `PYTHONDONTWRITEBYTECODE=1`: no
-//!   timestamp `.pyc` from an import during the install lands in the tree (the bytecode
-//!   passes compile explicitly, which it does not stop);
-//! - `PIP_DISABLE_PIP_VERSION_CHECK=1`, `PIP_NO_INPUT=1`, `PIP_PROGRESS_BAR=off`,
-//!   `npm_config_fund=false`, `npm_config_audit=false`, `npm_config_update_notifier=false`,
-//!   `npm_config_progress=false`: no prompts, no chatter, no calls home beyond the install;
-//! - `XDG_CACHE_HOME=/env/<slug>/.plinth-build-cache`, and `UV_CACHE_DIR`, `PIP_CACHE_DIR`,
-//!   `npm_config_cache` its `uv`, `pip` and `npm` subdirectories;
-//! - the registry settings (`options.registries`: certificate authority, proxies, indexes) under
-//!   each installer's names ([`mod@crate::registries`]);
-//! - with [`BuildNetwork::Egress`], the egress proxy ([`plinth_sandbox::egress::proxy_env`]:
-//!   `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` in both cases, `NO_PROXY` for loopback only, npm's
-//!   and Yarn's own names) at `http://127.0.0.1:3128`;
-//! - then `options.extra_env`, verbatim.
-//!
-//! ## The network
-//!
-//! [`InstallOptions::network`] says what a build reaches:
-//!
-//! - [`BuildNetwork::None`]: nothing. Each command gets a network namespace of its own with
-//!   only its loopback.
-//! - [`BuildNetwork::Egress`]: what the policy given lets through, by the filtering proxy
-//!   sessions get ([`plinth_sandbox::egress`]; `plinth serve` gives builds the sessions'
-//!   policy plus the package registries by name). For each build the builder makes a network
-//!   namespace that holds nothing but a loopback, listens in it on `127.0.0.1:3128` and serves
-//!   that socket from its own network: every destination is resolved by the builder and
-//!   checked before it is dialled, so loopback, private, link-local and metadata addresses and
-//!   the node's own are refused unless the policy allows them. Every command of the build
-//!   enters that namespace; when the build ends, the proxy stops and the namespace goes. There
-//!   is no DNS and no route inside: a tool that ignores the proxy variables reaches nothing.
-//!   When the host has an upstream proxy (`registries.https_proxy`, else `http_proxy`), the
-//!   egress proxy reaches what it permits through it: a `CONNECT` to the checked address
-//!   (`network::Upstream`). The build still has only its own namespace and the egress proxy.
-//! - [`BuildNetwork::Host`]: the host's network, unfiltered (`plinth serve` and
-//!   `plinth builder` never choose it).
-//!
-//! Offline installs (tests, air-gapped deployments) go through `extra_env`;
-//! [`InstallOptions::offline`] sets them: `UV_OFFLINE=1` + `UV_FIND_LINKS=<dir>` (uv has no
-//! environment variable for `--no-index`; offline mode with find-links is the equivalent),
-//! `PIP_NO_INDEX=1` + `PIP_FIND_LINKS=<dir>`, `npm_config_offline=true`, the find-links
-//! directory shown to the build read-only, and no network, so nothing can reach the network
-//! whatever a tool decides.
-//!
-//! Each heading above has a file of its own beside this one (`cache`, `bytecode`,
-//! `environment`, `network`); this file holds the entry point, its types and the steps' loop.
+//! The download cache, bytecode, the installers' exact environment and the network:
+//! `docs/design/builds.md#installing`.
 
 mod bytecode;
 mod cache;

@@ -2,79 +2,16 @@
 //! unprivileged user, in private namespaces, with a time limit, streaming its output.
 //!
 //! It is the sessions' recipe ([`plinth_sandbox`]), so sessions and builds cannot drift apart in
-//! what they hide: the same allow-listed root, the same seccomp filter, the same egress proxy.
-//! What the command sees (ARCHITECTURE §3.3, UHP §9), built by [`plinth_sandbox::root`] from
-//! what it may see, never from the host's root minus a deny-list:
+//! what they hide: the same allow-listed root ([`plinth_sandbox::root`], never the host's root
+//! minus a deny-list), the same seccomp filter, the same egress proxy. The command sees its
+//! scratch directory at `/env/<slug>`, its own HOME and `/tmp`, the system directories and tools
+//! read-only, and nothing of other builds, sessions or Plinth's state. When it ends, times out or
+//! the run is dropped, every process it left dies with its PID namespace. Setup is raw system
+//! calls between `fork` and `exec` on data prepared before the fork: nothing is allocated and no
+//! lock is taken there. Limits: [`Sandbox::cgroup`] and [`Sandbox::timeout`].
 //!
-//! - the host's system directories (`/usr`, `/bin`, `/sbin`, `/lib*`, `/etc`, `/opt`)
-//!   read-only, with the hidden paths (Plinth's data directory, the builder's state, the
-//!   configuration file) covered wherever they fall beneath one;
-//! - `/env/<slug>`: the scratch directory, read-write, the working directory; `/env/.home`:
-//!   `HOME`, the build's own. Nothing else under `/env`: no other environment, whatever the host
-//!   has there. (A build's download cache lives inside the scratch directory while it runs, on
-//!   the same mount as what it installs, so installers can hard-link from it: see
-//!   [`mod@crate::install`].)
-//! - the tools directories ([`Sandbox::shown`]: the entries of the installers' `PATH` that are
-//!   not system directories, where `uv` and the certificate bundle's copy live, and find-links
-//!   of an offline build) read-only at their own path;
-//! - `/tmp`: the build's own directory on disk (pip builds wheels there, more than memory
-//!   should hold), `/var/tmp` a link to it (unless a shown directory lies beneath it);
-//!   `/dev/shm` a 64 MiB tmpfs; a minimal `/dev`; its own `/proc`;
-//! - nothing else: not `/root`, `/home`, `/var`, `/srv`, `/run`, `/sys`, the data directory,
-//!   other builds' scratch directories or sessions, wherever they are configured.
-//!
-//! And further:
-//!
-//! - A new PID namespace whose first process is a minimal root waiter, the command's parent:
-//!   the command sees only its own processes (`/proc` is the namespace's, `hidepid=2`), and when
-//!   the command ends, times out or the builder drops the run, the namespace's first process
-//!   ends and the kernel kills every process left in it, daemons and `setsid` escapees
-//!   included. A timeout returns only once they are all gone. IPC, UTS and cgroup namespaces are
-//!   private too (the host is named `build`).
-//! - The network ([`Network`]): with `None`, a namespace of the command's own holding only its
-//!   loopback; with `Join`, the namespace a build was given by the builder, whose only way out
-//!   is the egress proxy listening in it (see [`mod@crate::install`]); with `Host`, the host's.
-//! - It runs as `uid:gid` with no supplementary groups, no capabilities (bounding set emptied,
-//!   inheritable set cleared), `no_new_privs` (set-uid binaries cannot raise it) and the
-//!   sessions' seccomp filter ([`plinth_sandbox::seccomp`]: no mounts, namespaces, keyrings,
-//!   `bpf`, `ptrace`…), with exactly the environment it is given: nothing of the builder's own
-//!   environment is inherited.
-//!
-//! Mechanism: direct system calls in the child between `fork` and `exec` (`pre_exec`), as the
-//! node agent isolates sessions. Setting up with util-linux (`unshare`, `mount`, `setpriv`, `env`
-//! and a setup shell: about 13 process launches) cost ~40 ms per command, and a build runs at
-//! least two; the system calls take a few milliseconds. A PID namespace needs a first process
-//! inside it, and `unshare(CLONE_NEWPID)` moves only the caller's *children* there, so the child
-//! std forks (P, outside the namespace, the process the builder waits for) forks once more:
-//!
-//! 1. P joins the build's cgroup (when it has one), enters the build's network namespace
-//!    (`setns`) when it has one, unshares the mount,
-//!    PID, IPC, UTS and cgroup namespaces (and the network, for `None`) and forks C, the PID
-//!    namespace's first process. P closes every descriptor but stdio, waits for C and exits with
-//!    its status.
-//! 2. C asks for SIGKILL should P die (a dropped run kills P: C dies, so does the namespace),
-//!    builds the root and enters it ([`plinth_sandbox::root::RootPlan::enter`]: a tmpfs over
-//!    `/env` in the new mount namespace, the steps above, `pivot_root`), names the host, brings
-//!    a private network's loopback up and forks D. C closes every descriptor but stdio and
-//!    waits: it reaps whatever is orphaned in the namespace and exits with D's status (128 + the
-//!    signal if D was killed by one), which takes the rest of the namespace down.
-//! 3. D empties the capability bounding set, drops to `uid:gid`, clears the inheritable
-//!    capabilities, sets `no_new_privs`, changes to `/env/<slug>`, installs the seccomp filter
-//!    (last: it refuses `setns`, `unshare` and `mount`) and returns to std, which executes the
-//!    command (looked up on the command's own `PATH`) with exactly its environment.
-//!
-//! Each step runs only raw system calls on data prepared before the fork (the root's plan of C
-//! strings, the compiled filter): nothing is allocated and no lock is taken between fork and
-//! exec. The spawn returns once D has executed the command or one of the steps failed; a
-//! failed step writes `plinth-sandbox: cannot …` to the command's stderr first, so the error
-//! names the step (for the root, what it was doing and to which path).
-//!
-//! The host keeps one trace: an empty `/env` directory, the mount point of the root's tmpfs.
-//!
-//! Limits: with [`Sandbox::cgroup`], P joins the build's cgroup before anything else, so the
-//! command and everything it starts are bounded by the build's memory, process and CPU limits
-//! ([`crate::limits`]); the wall time is [`Sandbox::timeout`]. With `Host`, the command
-//! reaches whatever the host reaches.
+//! What the command sees, path by path, and the three processes that set it up:
+//! `docs/design/builds.md#the-build-sandbox`.
 
 mod child;
 

@@ -20,10 +20,10 @@ use sqlx::{Executor as _, Row};
 use super::ledger::{self, Found, Table, Value};
 pub use super::sessions::NewTurn;
 use super::{Store, StoreError};
-use crate::adapters::{Adapter, AdapterId, NewAdapter, Protocol};
-use crate::model::{EnvironmentId, Scope};
-use crate::seal::SealError;
-use crate::sessions::Turn;
+use crate::domain::adapters::{Adapter, AdapterId, NewAdapter, Protocol};
+use crate::domain::model::{EnvironmentId, Scope};
+use crate::domain::seal::SealError;
+use crate::domain::sessions::Turn;
 
 /// Most runs one `end_idle_runs` ends: its answer (the ended sessions) stays well inside a
 /// gRPC message.
@@ -346,7 +346,7 @@ fn adapter_from_row(row: &AnyRow, now: i64) -> Result<Adapter, StoreError> {
 #[derive(Debug, Clone)]
 pub struct OpenedRun {
     /// Its session.
-    pub session: crate::sessions::Session,
+    pub session: crate::domain::sessions::Session,
     /// When the run's first call came.
     pub started_at_ms: i64,
     /// Whether this call made the session.
@@ -504,7 +504,7 @@ impl Store {
         adapter: &Adapter,
         run_id: &str,
         live_since_ms: i64,
-        limits: crate::sessions::SessionLimits,
+        limits: crate::domain::sessions::SessionLimits,
     ) -> Result<OpenedRun, StoreError> {
         let now = now_ms();
         if let Some(found) = self.touch_run(adapter, run_id, now).await? {
@@ -587,10 +587,10 @@ impl Store {
             .await?;
         }
         let id: String = row.try_get("session_id")?;
-        let id = crate::sessions::SessionId::parse(&id)
+        let id = crate::domain::sessions::SessionId::parse(&id)
             .ok_or_else(|| StoreError::Corrupt(format!("session of run {run_id}")))?;
         let session = self.get_session(&adapter.scope, &id).await?;
-        if session.status != crate::sessions::SessionStatus::Active {
+        if session.status != crate::domain::sessions::SessionStatus::Active {
             return Err(StoreError::RunEnded);
         }
         Ok(Some(OpenedRun {
@@ -606,7 +606,7 @@ impl Store {
     pub async fn end_idle_runs(
         &self,
         idle_before_ms: i64,
-    ) -> Result<Vec<crate::sessions::Session>, StoreError> {
+    ) -> Result<Vec<crate::domain::sessions::Session>, StoreError> {
         let rows = sqlx::query(
             "SELECT r.session_id, s.scope FROM adapter_runs r JOIN sessions s ON s.id = r.session_id \
              WHERE r.last_used_at_ms < $1 AND s.status = 'active' AND NOT EXISTS \
@@ -623,9 +623,10 @@ impl Store {
         for row in rows {
             let id: String = row.try_get("session_id")?;
             let scope: String = row.try_get("scope")?;
-            let (Some(id), Ok(scope)) =
-                (crate::sessions::SessionId::parse(&id), Scope::parse(&scope))
-            else {
+            let (Some(id), Ok(scope)) = (
+                crate::domain::sessions::SessionId::parse(&id),
+                Scope::parse(&scope),
+            ) else {
                 continue;
             };
             // Only the replica whose update ends it reports it.

@@ -4,7 +4,7 @@
 //! settle and finish rules are the ledger's (`super::ledger`), shared with Novo's idempotency
 //! keys; what a delivery answers is decided here, in the claim's transaction. A binding's
 //! Plinth session is replaced only by compare-and-set on its row, and its state moves only
-//! as `crate::brain::may_move` allows, checked by the UPDATE itself.
+//! as `crate::domain::brain::may_move` allows, checked by the UPDATE itself.
 
 use plinth_kit::database::now_ms;
 use sqlx::Row;
@@ -13,12 +13,12 @@ use sqlx::any::AnyRow;
 use super::ledger::{self, Found, Table, Value};
 use super::sessions::NewTurn;
 use super::{Store, StoreError};
-use crate::brain::{
+use crate::domain::brain::{
     Binding, BindingKey, BindingState, Claim, Lifetime, NewOperation, Operation, OperationKey,
     OperationKind, OperationState, may_move,
 };
-use crate::model::{EnvironmentId, Scope};
-use crate::sessions::SessionId;
+use crate::domain::model::{EnvironmentId, Scope};
+use crate::domain::sessions::SessionId;
 
 const OPERATION_COLUMNS: &str = "adapter_id, session_id, sequence, environment, kind, digest, \
      state, runner, lease_until_ms, cancel_requested, receipt, started_at_ms, finished_at_ms";

@@ -10,8 +10,9 @@ use plinth_kit::database::{Backend, now_ms};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use super::leases::leased_build;
 use super::{Store, StoreError};
-use crate::model::{
+use crate::domain::model::{
     Build, BuildStatus, Claim, EnvironmentId, InstallSettings, LeaseToken, Outcome, Package, Scope,
     Slug, Toolchain,
 };
@@ -24,7 +25,7 @@ const BUILD_COLUMNS: &str = "environment_id, version, status, source_tree, layer
      toolchains";
 
 /// The PostgreSQL channel a build's queuing is announced on, so that builders long-polling any
-/// catalog replica hear of it at once (see `crate::wakeups`).
+/// catalog replica hear of it at once (see `crate::background::wakeups`).
 pub const BUILD_QUEUED_CHANNEL: &str = "plinth_build_queued";
 
 /// Announces, when `tx` commits, that a build can be claimed. PostgreSQL delivers the
@@ -687,42 +688,6 @@ async fn holds(
         .fetch_optional(&mut **tx)
         .await?;
     Ok(row.is_some())
-}
-
-/// The build a token holds, inside a write transaction: every write of a builder starts here,
-/// and a token whose lease expired or was handed on finds nothing (fencing).
-struct Leased {
-    environment: String,
-    version: i64,
-    log_bytes: i64,
-}
-
-async fn leased_build(
-    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
-    token: &LeaseToken,
-) -> Result<Leased, StoreError> {
-    let row = sqlx::query(
-        "SELECT environment_id, version, log_bytes FROM builds WHERE lease_token = $1 \
-         AND status = 'building' AND lease_expires_at_ms >= $2",
-    )
-    .bind(token.as_str())
-    .bind(now_ms())
-    .fetch_optional(&mut **tx)
-    .await?
-    .ok_or(StoreError::LeaseLost)?;
-    Ok(Leased {
-        environment: row.try_get("environment_id")?,
-        version: row.try_get("version")?,
-        log_bytes: row.try_get("log_bytes")?,
-    })
-}
-
-/// Inside a transaction: that `token`'s lease is live, or `LeaseLost`.
-pub(super) async fn live_lease(
-    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
-    token: &LeaseToken,
-) -> Result<(), StoreError> {
-    leased_build(tx, token).await.map(|_| ())
 }
 
 /// [`Store::find_reusable`]'s queries, inside its transaction.

@@ -17,7 +17,7 @@ use plinth_kit::database::{Backend, now_ms};
 use sqlx::Row;
 
 use super::{Store, StoreError};
-use crate::model::LeaseToken;
+use crate::domain::model::LeaseToken;
 
 /// Rows per multi-row INSERT.
 const BATCH: usize = 500;
@@ -64,7 +64,7 @@ impl Store {
                 wait_for_fence(until).await;
                 continue;
             }
-            super::builds::live_lease(&mut tx, token).await?;
+            super::leases::live_lease(&mut tx, token).await?;
             insert_holds(&mut tx, token, &rows).await?;
             tx.commit().await?;
             return Ok(());

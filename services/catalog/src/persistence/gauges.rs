@@ -4,7 +4,7 @@ use sqlx::Row;
 
 use super::{Store, StoreError};
 
-/// Counts the catalog reports as gauges (see [`crate::gauges`]).
+/// Counts the catalog reports as gauges (see [`crate::background::gauges`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Counts {
     /// Builds waiting for a builder.

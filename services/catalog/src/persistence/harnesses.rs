@@ -11,7 +11,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::{Store, StoreError};
-use crate::model::{
+use crate::domain::model::{
     Cursor, EnvironmentId, Harness, HarnessFields, HarnessId, Page, PageRequest, Scope,
 };
 

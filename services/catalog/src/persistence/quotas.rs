@@ -12,7 +12,7 @@ use plinth_kit::quota::{Quota, Quotas};
 use sqlx::{Any, Row, Transaction};
 
 use super::{Store, StoreError};
-use crate::model::Scope;
+use crate::domain::model::Scope;
 
 /// What a scope uses of each quota the catalog counts, and the limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

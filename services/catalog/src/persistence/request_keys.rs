@@ -12,7 +12,7 @@ use plinth_kit::database::now_ms;
 use super::adapters::{Claimed, OUTCOME_UNKNOWN_STATUS, claim_in};
 use super::ledger::{Table, Value};
 use super::{Store, StoreError};
-use crate::model::Scope;
+use crate::domain::model::Scope;
 
 /// A key: its scope's, for one route.
 #[derive(Debug, Clone, PartialEq, Eq)]

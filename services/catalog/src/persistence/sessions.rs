@@ -32,8 +32,8 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::{Store, StoreError};
-use crate::model::{Cursor, EnvironmentId, Page, PageRequest, Scope};
-use crate::sessions::{
+use crate::domain::model::{Cursor, EnvironmentId, Page, PageRequest, Scope};
+use crate::domain::sessions::{
     CacheReport, HeartbeatAnswer, MAX_TURN_DETAIL_BYTES, Node, NodeCapacity, NodeId, Session,
     SessionId, SessionLimits, SessionStatus, Task, TaskId, Turn, TurnKind, cache_digest, cut,
 };
@@ -916,7 +916,7 @@ pub(super) async fn insert_session(
     if status.as_deref() != Some("ready") {
         let status = status
             .as_deref()
-            .and_then(crate::model::BuildStatus::parse)
+            .and_then(crate::domain::model::BuildStatus::parse)
             .ok_or_else(|| StoreError::Corrupt(format!("status of version {version}")))?;
         return Err(StoreError::NotReady(status));
     }

@@ -1,17 +1,17 @@
 //! Workspace operations on a session's files: what agent runtimes' tools do (read, list,
 //! search, find, edit, patch, write, restore, changes). The gRPC face is
-//! `crate::workspace_service`; the gateway's Novo and Brain adapters map their protocols
+//! `crate::grpc::workspace`; the gateway's Novo and Brain adapters map their protocols
 //! onto it.
 //!
 //! A workspace is the session's working directory (its root, writable) and the version
 //! mounted at `/env/<slug>` (readable by absolute path, never writable). Every path is
-//! resolved beneath one of those two directories by the file system (`fsx`). Beside the
+//! resolved beneath one of those two directories by the file system (`beneath`). Beside the
 //! working directory, hidden from the session's commands, the node keeps what undoes edits
 //! (snapshots appended to packs, `snapshots/pack-<n>`, that `snapshots/ledger` lists) and
 //! what this service itself last wrote to each file (`expected.json`), so it can tell its
 //! own writes from anybody else's.
 
-pub mod fsx;
+pub mod beneath;
 pub mod patch;
 pub mod search;
 pub mod text;
@@ -152,8 +152,8 @@ impl Workspace {
     /// Opens the directory a target is beneath.
     pub fn open_base(&self, base: Base) -> Result<OwnedFd, PlinthError> {
         match base {
-            Base::Root => fsx::open_root(&self.root),
-            Base::Mount => fsx::open_root(&self.version_dir),
+            Base::Root => beneath::open_root(&self.root),
+            Base::Mount => beneath::open_root(&self.version_dir),
         }
     }
 

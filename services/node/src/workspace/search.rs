@@ -1,5 +1,5 @@
 //! Listing, content search and file-name globs over a workspace, walked by descriptor
-//! (`fsx::walk`, no link followed). Contents are matched by ripgrep's own crates
+//! (`beneath::walk`, no link followed). Contents are matched by ripgrep's own crates
 //! (`grep-regex`, `grep-searcher`), globs by `globset`, and search and find honour
 //! `.gitignore` files (`ignore`) and skip hidden names below where they start, as ripgrep
 //! does.
@@ -14,8 +14,8 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use plinth_kit::{ErrorCode, PlinthError};
 use rustix::fs::FileType;
 
-use super::fsx::Step;
-use super::{Target, Workspace, fsx};
+use super::beneath::Step;
+use super::{Target, Workspace, beneath};
 
 /// Largest file searched.
 const MAX_SEARCH_BYTES: u64 = super::MAX_FILE_BYTES;
@@ -91,8 +91,8 @@ pub fn list(
     let max_entries = max_entries.min(MAX_ENTRIES);
     let mut answer_bytes = 0usize;
     let base = ws.open_base(target.base)?;
-    let (_, stat) = fsx::lookup(&base, &target.rel(), &target.display)?;
-    if fsx::kind(&stat) != FileType::Directory {
+    let (_, stat) = beneath::lookup(&base, &target.rel(), &target.display)?;
+    if beneath::kind(&stat) != FileType::Directory {
         return Err(PlinthError::new(
             ErrorCode::WorkspacePathInvalid,
             format!("{}: not a directory", target.display),
@@ -100,7 +100,7 @@ pub fn list(
     }
     let mut entries = Vec::new();
     let mut truncated = false;
-    fsx::walk(
+    beneath::walk(
         &base,
         &target.rel(),
         &target.display,
@@ -109,7 +109,7 @@ pub fn list(
             if !include_hidden && hidden(&walked.rel) {
                 return Step::Skip;
             }
-            let Some(kind) = entry_kind(fsx::kind(&walked.stat)) else {
+            let Some(kind) = entry_kind(beneath::kind(&walked.stat)) else {
                 return Step::Skip;
             };
             if entries.len() >= max_entries
@@ -126,7 +126,7 @@ pub fn list(
                 kind,
                 size: (kind == EntryKind::File)
                     .then(|| u64::try_from(walked.stat.st_size).unwrap_or(0)),
-                mtime_ms: fsx::mtime_ms(&walked.stat),
+                mtime_ms: beneath::mtime_ms(&walked.stat),
             });
             if recursive { Step::Descend } else { Step::Skip }
         },
@@ -187,7 +187,7 @@ impl Ignores {
         self.stack.retain(|(prefix, _)| {
             prefix.is_empty() || rel == prefix || rel.starts_with(&format!("{prefix}/"))
         });
-        let Some(content) = fsx::read_entry(dir, ".gitignore", MAX_IGNORE_BYTES, owner) else {
+        let Some(content) = beneath::read_entry(dir, ".gitignore", MAX_IGNORE_BYTES, owner) else {
             return;
         };
         let mut builder = GitignoreBuilder::new(format!("/{rel}"));
@@ -214,15 +214,15 @@ impl Ignores {
 fn files(
     ws: &Workspace,
     target: &Target,
-    mut visit: impl FnMut(&str, &fsx::Walked, &OwnedFd) -> bool,
+    mut visit: impl FnMut(&str, &beneath::Walked, &OwnedFd) -> bool,
 ) -> Result<(), PlinthError> {
     let base = ws.open_base(target.base)?;
     let start = target.rel();
-    let (_, stat) = fsx::lookup(&base, &start, &target.display)?;
-    if fsx::kind(&stat) == FileType::RegularFile {
+    let (_, stat) = beneath::lookup(&base, &start, &target.display)?;
+    if beneath::kind(&stat) == FileType::RegularFile {
         let parent = target.parts[..target.parts.len().saturating_sub(1)].join("/");
-        let dir = fsx::open_beneath_dir(&base, &parent, &target.display)?;
-        let walked = fsx::Walked { rel: start, stat };
+        let dir = beneath::open_beneath_dir(&base, &parent, &target.display)?;
+        let walked = beneath::Walked { rel: start, stat };
         let name = walked
             .rel
             .rsplit('/')
@@ -232,7 +232,7 @@ fn files(
         visit(&name, &walked, &dir);
         return Ok(());
     }
-    if fsx::kind(&stat) != FileType::Directory {
+    if beneath::kind(&stat) != FileType::Directory {
         return Err(PlinthError::new(
             ErrorCode::WorkspacePathInvalid,
             format!("{}: not a file or directory", target.display),
@@ -240,20 +240,20 @@ fn files(
     }
     let owner = ws.owner(target.base);
     let ignores = std::cell::RefCell::new(Ignores::new());
-    fsx::walk(
+    beneath::walk(
         &base,
         &start,
         &target.display,
         |rel, dir| ignores.borrow_mut().enter(dir, rel, owner),
         |walked, dir| {
-            let is_dir = fsx::kind(&walked.stat) == FileType::Directory;
+            let is_dir = beneath::kind(&walked.stat) == FileType::Directory;
             if hidden(&walked.rel) || ignores.borrow().ignored(&walked.rel, is_dir) {
                 return Step::Skip;
             }
             if is_dir {
                 return Step::Descend;
             }
-            if fsx::kind(&walked.stat) != FileType::RegularFile {
+            if beneath::kind(&walked.stat) != FileType::RegularFile {
                 return Step::Skip;
             }
             let relative = walked
@@ -372,7 +372,7 @@ pub fn search(
             return true;
         }
         let name = walked.rel.rsplit('/').next().unwrap_or(&walked.rel);
-        let Some(content) = fsx::read_entry(dir, name, MAX_SEARCH_BYTES, owner) else {
+        let Some(content) = beneath::read_entry(dir, name, MAX_SEARCH_BYTES, owner) else {
             return true;
         };
         searched += 1;
@@ -468,7 +468,7 @@ pub fn find(
             path,
             kind: EntryKind::File,
             size: Some(u64::try_from(walked.stat.st_size).unwrap_or(0)),
-            mtime_ms: fsx::mtime_ms(&walked.stat),
+            mtime_ms: beneath::mtime_ms(&walked.stat),
         });
         true
     })?;

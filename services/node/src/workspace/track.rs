@@ -21,7 +21,7 @@ use rustix::fs::FileType;
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
-use super::fsx::{self, Previous, Step};
+use super::beneath::{self, Previous, Step};
 use super::{Base, MAX_FILE_BYTES, Workspace};
 
 /// Largest earlier content kept to diff against, and largest file diffed.
@@ -179,7 +179,7 @@ fn internal(error: impl std::fmt::Display) -> PlinthError {
 }
 
 /// The file at `parts` now, opened for reading (`None`: nothing there); see
-/// [`fsx::open_previous`]. A file past [`MAX_FILE_BYTES`] is refused before it is read.
+/// [`beneath::open_previous`]. A file past [`MAX_FILE_BYTES`] is refused before it is read.
 fn open_current(
     ws: &Workspace,
     parts: &[String],
@@ -187,13 +187,13 @@ fn open_current(
 ) -> Result<Option<(std::fs::File, rustix::fs::Stat)>, PlinthError> {
     let root = ws.open_base(Base::Root)?;
     let parent = parts[..parts.len().saturating_sub(1)].join("/");
-    let dir = match fsx::open_beneath_dir(&root, &parent, display) {
+    let dir = match beneath::open_beneath_dir(&root, &parent, display) {
         Ok(dir) => dir,
         Err(error) if error.code == ErrorCode::WorkspaceNotFound => return Ok(None),
         Err(error) => return Err(error),
     };
     let name = parts.last().map(String::as_str).unwrap_or_default();
-    fsx::open_previous(&dir, name, display, Some(ws.uid), MAX_FILE_BYTES)
+    beneath::open_previous(&dir, name, display, Some(ws.uid), MAX_FILE_BYTES)
 }
 
 /// Whether a file is at `parts` now (checked as a write would replace it, whatever its size;
@@ -201,13 +201,13 @@ fn open_current(
 pub fn exists(ws: &Workspace, parts: &[String], display: &str) -> Result<bool, PlinthError> {
     let root = ws.open_base(Base::Root)?;
     let parent = parts[..parts.len().saturating_sub(1)].join("/");
-    let dir = match fsx::open_beneath_dir(&root, &parent, display) {
+    let dir = match beneath::open_beneath_dir(&root, &parent, display) {
         Ok(dir) => dir,
         Err(error) if error.code == ErrorCode::WorkspaceNotFound => return Ok(false),
         Err(error) => return Err(error),
     };
     let name = parts.last().map(String::as_str).unwrap_or_default();
-    Ok(fsx::open_previous(&dir, name, display, Some(ws.uid), u64::MAX)?.is_some())
+    Ok(beneath::open_previous(&dir, name, display, Some(ws.uid), u64::MAX)?.is_some())
 }
 
 /// What a file holds now, whole (edits work on its text); at most [`MAX_FILE_BYTES`].
@@ -623,11 +623,11 @@ fn put(
     let root = ws.open_base(Base::Root)?;
     match content {
         Some(content) => {
-            let (dir, name) = fsx::parent(&root, parts, display, ws.uid, true)?;
-            fsx::replace(&dir, name, content, mode, ws.uid, display)
+            let (dir, name) = beneath::parent(&root, parts, display, ws.uid, true)?;
+            beneath::replace(&dir, name, content, mode, ws.uid, display)
         }
-        None => match fsx::parent(&root, parts, display, ws.uid, false) {
-            Ok((dir, name)) => fsx::remove(&dir, name, display),
+        None => match beneath::parent(&root, parts, display, ws.uid, false) {
+            Ok((dir, name)) => beneath::remove(&dir, name, display),
             Err(error) if error.code == ErrorCode::WorkspaceNotFound => Ok(()),
             Err(error) => Err(error),
         },
@@ -866,7 +866,7 @@ pub fn changes(
     let mut present: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     let mut out = Vec::new();
     let mut snippets = 0usize;
-    fsx::walk(
+    beneath::walk(
         &root,
         "",
         ".",
@@ -878,7 +878,7 @@ pub fn changes(
             if excluded(&walked.rel) {
                 return Step::Skip;
             }
-            if fsx::kind(&walked.stat) != FileType::RegularFile {
+            if beneath::kind(&walked.stat) != FileType::RegularFile {
                 return Step::Descend;
             }
             let name = walked.rel.rsplit('/').next().unwrap_or(&walked.rel);
@@ -951,7 +951,7 @@ fn hash_entry(
     owner: Option<u32>,
 ) -> Option<(u64, String, Option<Vec<u8>>, bool)> {
     use std::fmt::Write as _;
-    let (mut file, _) = fsx::open_previous(dir, name, name, owner, MAX_FILE_BYTES).ok()??;
+    let (mut file, _) = beneath::open_previous(dir, name, name, owner, MAX_FILE_BYTES).ok()??;
     let mut hasher = sha2::Sha256::new();
     let mut small = Some(Vec::new());
     let mut buffer = vec![0u8; 64 * 1024];

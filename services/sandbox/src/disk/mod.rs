@@ -1,108 +1,17 @@
 //! Disk limits: a session's working directory that cannot grow past `disk_mb`. Writes past
 //! it fail inside the session with `ENOSPC`, and the directory survives node restarts.
 //!
-//! This module owns making, reopening and removing limited working directories and cleaning
-//! up what a killed node left of them. Which sessions get a limit, their records and how many
-//! spares to keep belong to the node.
+//! Each limited directory is an ext4 image (`<session_dir>/work.ext4`, sparse, root's) on a
+//! loop device, mounted at `<session_dir>/work`. This module makes, reopens and removes them and
+//! cleans up what a killed node left ([`DiskLimits::check`], [`DiskLimits::prepare`],
+//! [`DiskLimits::create`], [`DiskLimits::open`], [`DiskLimits::remove_leftovers`],
+//! [`LimitedDir::remove`]); which sessions get a limit, their records and how many spares to
+//! keep belong to the node. It holds that an image is attached to at most one device (two would
+//! be two ext4 drivers writing the same blocks), that no device outlives its mount, and that
+//! sessions never see the image or its device.
 //!
-//! # The mechanism: an ext4 image per session, on a loop device
-//!
-//! Each limited session has `<session_dir>/work.ext4` (root's, 0600), a sparse file as large
-//! as the limit holding an ext4 file system, attached to a loop device and mounted at
-//! `<session_dir>/work`. The file system is full at the limit, so the limit holds for every
-//! process and every way of writing, also for root inside the session, and it caps inodes
-//! too (one per 16 KiB). The alternative, project quotas on the host's file system (one
-//! `FS_IOC_FSSETXATTR` and one `quotactl` per session), is not used, because:
-//!
-//! - it would not hold. Sessions run as a plain uid in the host's user namespace and own their
-//!   files, and the kernel lets a file's owner in the initial user namespace change the file's
-//!   project id (`fileattr_set_prepare` refuses it only from other user namespaces). A session
-//!   could move its files out of its project and past its limit. Stopping that needs a seccomp
-//!   rule against `FS_IOC_FSSETXATTR` and `FS_IOC_SETFLAGS`;
-//! - it is rarely available. XFS needs `prjquota` when the host mounts it, and ext4 needs the
-//!   `quota`/`project` features set on the unmounted file system. A node pod cannot change
-//!   either on its host. The test VM below has neither, and its kernel is built without
-//!   `CONFIG_QUOTA`, so it even refuses to mount an ext4 image that has quotas ("The kernel
-//!   was not built with CONFIG_QUOTA and CONFIG_QFMT_V2").
-//!
-//! Loop devices work whatever file system holds the state directory (ext4, xfs, btrfs,
-//! overlayfs, tmpfs). Ending a session is an unmount and one unlink instead of a walk of its
-//! tree, and a session's metadata writes go to its own journal rather than the host's.
-//!
-//! The costs. The node's mount namespace holds one mount and one loop device per limited
-//! session, and each mount has an ext4 journal thread. Part of the limit is not usable: the
-//! journal and inode tables leave 57.7 MiB of 64 MiB, 957 MiB of 1 GiB and 9963 MiB of
-//! 10 GiB. Linux 5.8 or newer is needed (`LOOP_CONFIGURE`). The limit caps use but does not
-//! reserve space. Images are sparse (a fresh 64 MiB image takes 0.14 MiB of the host's disk,
-//! a 10 GiB one 4.2 MiB of bitmaps and descriptors; the journal is not zeroed, see
-//! `MKFS_ARGS`), and the mount's `discard` gives deleted files' blocks back to the host
-//! (measured: 40.2 MiB after writing 40 MiB, 0.14 MiB again after deleting it). As with
-//! project quotas, watching the host's free space is the operator's job. A full host disk
-//! shows up inside a session as I/O errors, and its file system goes read-only
-//! (`errors=remount-ro`) rather than on.
-//!
-//! The image's bytes are written only by the kernel's ext4 driver. Sessions never see the
-//! image or the device (neither is in their namespace), so mounting does not parse a file
-//! system an attacker wrote.
-//!
-//! # System calls, and the one tool
-//!
-//! The image is attached with `LOOP_CTL_GET_FREE` and a single `LOOP_CONFIGURE` (see
-//! `loop_device`), with autoclear, so a device lives only while a mount or descriptor holds
-//! it, and with direct I/O, so the image's blocks are not cached a second time in the host's
-//! page cache. Mounting and unmounting are `mount(2)`/`umount2(2)`. Images are formatted by
-//! running `mkfs.ext4` (e2fsprogs), once per image and ahead of need. At 3–12 ms it stays off
-//! the attach path, and an ext4 formatter of our own would be a file system implementation to
-//! keep correct for no gain. In a container `/dev` is a copy made at its start, so loop
-//! devices the kernel adds later are missing from it. Their nodes are made from
-//! `/sys/block/loopN/dev`.
-//!
-//! # Lifecycle, restarts and crashes
-//!
-//! - Node start: [`DiskLimits::check`] makes, writes, reopens and removes a small limited
-//!   directory under the sessions' directory, and its error says what to do. Then
-//!   [`DiskLimits::remove_leftovers`] runs, keeping the sessions that have records. It runs
-//!   before the node removes record-less directories (one still mounted cannot be removed)
-//!   and before spares are prepared. Then [`DiskLimits::open`] runs for each session.
-//! - Ahead of need: [`DiskLimits::prepare`] formats a spare image in a spare session
-//!   directory (`work.ext4.spare`, written as `work.ext4.draft` first).
-//! - Attach: once the spare directory is renamed into place, [`DiskLimits::create`] takes its
-//!   image, attaches and mounts it, and gives the root to the session's uid (0700, no
-//!   `lost+found`). This happens before the node writes the session's record, so a crash in
-//!   between leaves a record-less directory that is cleaned up at the next start.
-//! - The session's namespace takes its own copy of the mount (`open_tree`), so the device
-//!   lives until both the node's mount and that namespace are gone.
-//! - Node restart: if the mount namespace survived (the same host namespace), the mount is
-//!   still there and `open` keeps it. If the namespace did not (a container restart or a
-//!   reboot), the mounts went with it, autoclear detached their devices, and `open` mounts
-//!   the image again, with ext4's journal replaying what a crash cut short. `open` never
-//!   attaches a second device to an image that is still attached (a mount in a namespace the
-//!   node cannot see). It mounts that device instead, because two devices would mean two ext4
-//!   drivers writing the same blocks.
-//! - Session end: [`LimitedDir::remove`] unmounts and deletes the image and the working
-//!   directory.
-//! - Killed node: what it left is mounts, images and drafts of sessions without records.
-//!   Autoclear means no device outlives its mount, even if the kill came between attach and
-//!   mount. `remove_leftovers` removes these, and detaches devices still attached to such
-//!   images.
-//!
-//! # Timings
-//!
-//! Measured on a 2-core test VM (Linux 6.18, ext4 host disk), as p50 (p90) of 40
-//! rounds, while other builds shared the cores (the quietest of three runs):
-//!
-//! | step | when | p50 (p90) |
-//! |---|---|---|
-//! | `prepare` 64 MiB / 1 GiB / 10 GiB (mkfs) | ahead | 3.5 (6.1) / 4.7 (6.6) / 11.9 (14.4) ms |
-//! | `create` from a spare | attach | 1.8 (2.9) ms |
-//! | … of which `LOOP_CONFIGURE` / `mount` | attach | 0.24 / 0.78 ms |
-//! | `create` without a spare (formats 64 MiB) | attach | 5.1 (6.6) ms |
-//! | `open`: mount still there / mounted again | start | 0.03 / 1.0 (2.6) ms |
-//! | `remove` | end | 1.6 (3.5) ms |
-//! | `check` | start | 9.8 (20.6) ms |
-//!
-//! Under heavier load in the other runs, `create` from a spare measured 3–6 ms p50, still
-//! inside a 10 ms budget for a session's creation and first command.
+//! Why an image and not project quotas, the system calls, and the lifecycle through restarts and
+//! crashes: `docs/design/SANDBOX.md#session-disks`; timings: `docs/design/measured.md#session-disks`.
 
 mod loop_device;
 #[cfg(test)]

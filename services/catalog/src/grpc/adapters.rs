@@ -7,13 +7,13 @@ use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::adapters::{
+use crate::domain::adapters::{
     Adapter, AdapterId, Credential, NewAdapter, Protocol, callback_origins, rotation_grace,
 };
-use crate::model::{EnvironmentId, Scope};
+use crate::domain::model::{EnvironmentId, Scope};
+use crate::domain::sessions::NodeTtl;
+use crate::domain::sessions::{SessionId, TurnKind};
 use crate::persistence::{Claimed, NewTurn, SignedCall, SignedCallSeen, Store, StoreError};
-use crate::session_service::NodeTtl;
-use crate::sessions::{SessionId, TurnKind};
 
 /// How long an idempotency key's answer is kept.
 pub const IDEMPOTENCY_RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
@@ -286,7 +286,7 @@ impl pb::adapter_service_server::AdapterService for Adapters {
             .await
             .map_err(|error| store_error(error, &request.adapter_id, ""))?
             .adapter;
-        let limits = crate::session_service::limits_from_wire(request.limits)?;
+        let limits = crate::grpc::sessions::limits_from_wire(request.limits)?;
         let live_since = self.nodes.live_since_ms();
         let opened = self
             .store
@@ -305,11 +305,11 @@ impl pb::adapter_service_server::AdapterService for Adapters {
                     ErrorCode::EnvironmentNotReady,
                     format!("environment {} has no ready version: build it first", adapter.environment_id),
                 ),
-                StoreError::NoLiveNode => crate::session_service::no_live_node(),
+                StoreError::NoLiveNode => crate::grpc::sessions::no_live_node(),
                 StoreError::NoCapacity {
                     live_nodes,
                     memory_mb,
-                } => crate::session_service::no_capacity(live_nodes, memory_mb),
+                } => crate::grpc::sessions::no_capacity(live_nodes, memory_mb),
                 StoreError::QuotaExceeded { quota, limit, used } => {
                     plinth_kit::quota::exceeded(quota, limit, used)
                 }

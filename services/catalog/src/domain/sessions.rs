@@ -3,7 +3,8 @@
 //! and keeps it for its whole life (UHP §6); every exec or file call is a turn that records
 //! the version it read (§6.5).
 
-use crate::model::{EnvironmentId, Scope, contract_enum};
+use crate::domain::model::{EnvironmentId, Scope, contract_enum};
+use plinth_kit::clock::now_ms;
 use plinth_proto::catalog::v1 as pb;
 
 pub use plinth_kit::ids::{NodeId, SessionId, TaskId};
@@ -15,6 +16,43 @@ contract_enum! {
         Active,
         /// Ended: its working directory is gone.
         Ended,
+    }
+}
+
+/// How long a node may stay silent before placement passes it over, unless configured
+/// (`catalog.node_ttl_ms`). Short, because a session placed on a dead node is a failed create:
+/// three heartbeats of one second each, so a single late heartbeat does not drop a live node.
+pub const DEFAULT_NODE_TTL_MS: i64 = 3_000;
+
+/// When a node counts as live: heard from within its TTL. Nodes are told to heartbeat three
+/// times per TTL.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeTtl {
+    ttl_ms: i64,
+}
+
+impl NodeTtl {
+    /// A TTL of `ttl_ms`, at least 300 ms (heartbeats every 100 ms at most).
+    pub fn from_ms(ttl_ms: i64) -> Self {
+        NodeTtl {
+            ttl_ms: ttl_ms.max(300),
+        }
+    }
+
+    /// How often nodes are told to heartbeat.
+    pub fn heartbeat_every_ms(self) -> i64 {
+        self.ttl_ms / 3
+    }
+
+    /// Nodes whose last heartbeat is older than this (ms since the epoch) get no new sessions.
+    pub fn live_since_ms(self) -> i64 {
+        now_ms() - self.ttl_ms
+    }
+}
+
+impl Default for NodeTtl {
+    fn default() -> Self {
+        NodeTtl::from_ms(DEFAULT_NODE_TTL_MS)
     }
 }
 

@@ -8,7 +8,7 @@
 use plinth_kit::PlinthError;
 use sha2::Digest as _;
 
-use crate::model::{EnvironmentId, Scope};
+use crate::domain::model::{EnvironmentId, Scope};
 
 pub use plinth_kit::ids::AdapterId;
 

@@ -7,7 +7,7 @@ use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::model::LeaseToken;
+use crate::domain::model::LeaseToken;
 use crate::persistence::{CollectionRoots, Store, StoreError};
 
 /// The longest fence a collection round may raise, in milliseconds (ten minutes).

@@ -2,53 +2,16 @@
 //! processes or CPU hurts only itself, and every process of a session can be found and killed
 //! when it ends, however it detached itself (`setsid`, double forks, another PID namespace).
 //!
-//! This module owns the cgroup file system for the node: deciding at start which hierarchy
-//! to use (`detect.rs`: v2 when the node's cgroup offers memory, pids and cpu, else the v1
-//! hierarchies), making Plinth's parent group (`<node's own cgroup>/<group>/sessions`, in every
-//! v1 hierarchy or once in v2, see `v2.rs` for the "no internal processes" rule), making,
-//! limiting, listing, killing and removing session groups, and the system call a new command
-//! makes to join its session's group. It reads and writes the kernel's files directly rather
-//! than through a cgroup library: the files are the documented interface, every write can be
-//! seen in the code, and joining must happen between `clone` and `execve` with no allocation,
-//! which no library's API offers.
+//! This module owns the cgroup file system for the node: which hierarchy to use (`detect.rs`),
+//! Plinth's parent group, session groups (made, limited, listed, killed, removed) and [`join`],
+//! the write a new command makes between `clone` and `execve`, which allocates nothing. It
+//! writes the kernel's files directly, with no cgroup library. Every call but [`join`] blocks
+//! ([`SessionCgroup::kill_all`] up to 10 s): async callers use `spawn_blocking`. Nothing is
+//! undone on `Drop`: a group stays until [`SessionCgroup::remove`], and a restarted node finds
+//! leftovers with [`Cgroups::list`] and removes them with [`Cgroups::destroy`].
 //!
-//! Limits, per session:
-//! - memory: v2 `memory.max` and `memory.swap.max = 0` (when swap is accounted); v1
-//!   `memory.limit_in_bytes` and the same value in `memory.memsw.limit_in_bytes` (when
-//!   present), so swapping out cannot dodge the limit. Pages of tmpfs files a session writes
-//!   (its private `/tmp` and `/dev/shm`) are charged to the memory cgroup of the process that
-//!   first touched them, so they count against `memory_bytes` as well: a session cannot park
-//!   memory in a tmpfs beyond its limit. They stay charged until the files are deleted, which
-//!   happens when the session's mounts go away (so the node sizes those mounts well below the
-//!   limit). memfd pages, pipe buffers and page tables are charged too, and TCP buffers (v2
-//!   in `memory.max`; v1 through `memory.kmem.tcp.limit_in_bytes`, set to the same value);
-//! - processes: `pids.max` (v1 and v2);
-//! - CPU: a quota per 100 ms period, v2 `cpu.max`, v1 `cpu.cfs_quota_us`/`cpu.cfs_period_us`.
-//!
-//! Joining: the node starts commands with `clone(CLONE_VM | CLONE_VFORK)`; the child calls
-//! [`join`] on descriptors its parent opened ([`SessionCgroup::join_fds`]), before entering
-//! namespaces or dropping privileges. It writes `0` ("the writing process", accepted by v1 and
-//! v2 alike) to each `cgroup.procs`: no pid is formatted, nothing is allocated, and it is
-//! right in any PID namespace. For v2, `clone3(CLONE_INTO_CGROUP)` (Linux 5.7) would place the
-//! child in the group as it is created instead. It is not used because the node's `clone` call
-//! runs the child on a stack of its own through libc, which has no `clone3` wrapper (a raw
-//! `clone3` returning on a new stack needs code of its own), v1 has no such flag so a second
-//! path would be needed anyway, and the difference is small: until its write the child runs
-//! only the node's code in the node's memory (`CLONE_VM`), so nothing of the command is
-//! charged to the node, only the new task's kernel structures. Nor can the session's OOM
-//! reach the node through it: the kernel's OOM killer never picks a `vfork` child that still
-//! shares its parent's memory (`oom_badness` skips it), and the memory it touches before
-//! `execve` is charged to the memory's owner, the node. One difference remains: the
-//! kernel checks `pids.max` when a process forks, not when it moves, so a command may join a
-//! group that is full; it runs, and its own forks fail.
-//!
-//! Every call but [`join`] blocks on the cgroup file system, [`SessionCgroup::kill_all`] for
-//! up to 10 s: async callers run them with `spawn_blocking`.
-//!
-//! Lifetime: nothing here is undone on `Drop`. A [`SessionCgroup`] is a handle; the session
-//! group stays until [`SessionCgroup::remove`] (after [`SessionCgroup::kill_all`]), so a node
-//! that crashes leaves groups behind, which it finds after a restart with [`Cgroups::list`]
-//! and removes with [`Cgroups::destroy`] when no session owns them.
+//! What each limit sets in v1 and v2, and why joining is a write and not `clone3`:
+//! `docs/design/SANDBOX.md#cgroups`.
 
 mod detect;
 mod v1;

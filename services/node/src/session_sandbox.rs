@@ -1,5 +1,6 @@
 //! A session's running sandbox, as the node holds it: its keeper, cgroup and egress proxy.
-//! `isolation` makes one; `spawn` starts commands inside it; dropping it ends all three.
+//! `isolation` makes one; `spawn` starts commands inside it; dropping it ends all three. (The
+//! mechanisms it is made of are the `plinth_sandbox` crate's.)
 
 use plinth_sandbox::keeper::Keeper;
 

@@ -14,12 +14,12 @@ use tonic::{Request, Response, Status};
 
 use crate::node::Node;
 use crate::sessions::LocalSession;
-use crate::workspace::fsx::Previous;
+use crate::workspace::beneath::Previous;
 use crate::workspace::patch::{self, EditKind};
 use crate::workspace::search::{self, Query};
 use crate::workspace::text::{self, Range};
 use crate::workspace::track::{self, Change};
-use crate::workspace::{MAX_FILE_BYTES, Workspace, fsx};
+use crate::workspace::{MAX_FILE_BYTES, Workspace, beneath};
 
 impl Node {
     fn workspace(&self, id: &str) -> Result<(Arc<LocalSession>, Workspace), PlinthError> {
@@ -195,12 +195,12 @@ impl pb::workspace_service_server::WorkspaceService for Node {
         let answer = blocking(move || {
             let target = ws.resolve(&request.path)?;
             let base = ws.open_base(target.base)?;
-            let (fd, stat) = fsx::lookup(&base, &target.rel(), &target.display)?;
-            fsx::check_readable(&stat, &target.display, ws.owner(target.base))?;
+            let (fd, stat) = beneath::lookup(&base, &target.rel(), &target.display)?;
+            beneath::check_readable(&stat, &target.display, ws.owner(target.base))?;
             let size = u64::try_from(stat.st_size).unwrap_or(0);
             let mut content = Vec::new();
             use std::io::Read;
-            fsx::reopen(&fd, &target.display)?
+            beneath::reopen(&fd, &target.display)?
                 .take(MAX_FILE_BYTES)
                 .read_to_end(&mut content)
                 .map_err(|error| PlinthError::internal(&error))?;
@@ -218,7 +218,7 @@ impl pb::workspace_service_server::WorkspaceService for Node {
             Ok(slice_response(
                 target.display,
                 size,
-                fsx::mtime_ms(&stat),
+                beneath::mtime_ms(&stat),
                 slice,
             ))
         })
@@ -593,8 +593,8 @@ impl pb::workspace_service_server::WorkspaceService for Node {
             let (check, checked) = (ws.clone(), target.clone());
             blocking(move || {
                 let base = check.open_base(checked.base)?;
-                let (_, stat) = fsx::lookup(&base, &checked.rel(), &checked.display)?;
-                if fsx::kind(&stat) == rustix::fs::FileType::Directory {
+                let (_, stat) = beneath::lookup(&base, &checked.rel(), &checked.display)?;
+                if beneath::kind(&stat) == rustix::fs::FileType::Directory {
                     Ok(())
                 } else {
                     Err(PlinthError::new(

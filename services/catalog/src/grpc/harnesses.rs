@@ -6,7 +6,7 @@ use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::model::{EnvironmentId, Harness, HarnessFields, HarnessId, PageRequest, Scope};
+use crate::domain::model::{EnvironmentId, Harness, HarnessFields, HarnessId, PageRequest, Scope};
 use crate::persistence::{Store, StoreError};
 
 /// The `plinth.catalog.v1.HarnessService` implementation.

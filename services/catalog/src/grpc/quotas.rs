@@ -6,7 +6,7 @@ use plinth_kit::PlinthError;
 use plinth_proto::catalog::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::model::Scope;
+use crate::domain::model::Scope;
 use crate::persistence::Store;
 
 /// The `plinth.catalog.v1.QuotaService` implementation.

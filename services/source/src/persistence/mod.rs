@@ -32,54 +32,54 @@ fn migrations(backend: Backend) -> &'static [MigrationFile] {
             (
                 1,
                 "source",
-                include_str!("../migrations/sqlite/0001_source.sql"),
+                include_str!("../../migrations/sqlite/0001_source.sql"),
             ),
             (
                 2,
                 "stored bytes per scope",
-                include_str!("../migrations/common/0002_stored_bytes.sql"),
+                include_str!("../../migrations/common/0002_stored_bytes.sql"),
             ),
             (
                 3,
                 "garbage collection",
-                include_str!("../migrations/sqlite/0003_collection.sql"),
+                include_str!("../../migrations/sqlite/0003_collection.sql"),
             ),
             (
                 4,
                 "symlinks and git origins",
-                include_str!("../migrations/sqlite/0004_links_and_origins.sql"),
+                include_str!("../../migrations/sqlite/0004_links_and_origins.sql"),
             ),
             (
                 5,
                 "git origin details",
-                include_str!("../migrations/common/0005_origin_details.sql"),
+                include_str!("../../migrations/common/0005_origin_details.sql"),
             ),
         ],
         Backend::Postgres => &[
             (
                 1,
                 "source",
-                include_str!("../migrations/postgres/0001_source.sql"),
+                include_str!("../../migrations/postgres/0001_source.sql"),
             ),
             (
                 2,
                 "stored bytes per scope",
-                include_str!("../migrations/common/0002_stored_bytes.sql"),
+                include_str!("../../migrations/common/0002_stored_bytes.sql"),
             ),
             (
                 3,
                 "garbage collection",
-                include_str!("../migrations/postgres/0003_collection.sql"),
+                include_str!("../../migrations/postgres/0003_collection.sql"),
             ),
             (
                 4,
                 "symlinks and git origins",
-                include_str!("../migrations/postgres/0004_links_and_origins.sql"),
+                include_str!("../../migrations/postgres/0004_links_and_origins.sql"),
             ),
             (
                 5,
                 "git origin details",
-                include_str!("../migrations/common/0005_origin_details.sql"),
+                include_str!("../../migrations/common/0005_origin_details.sql"),
             ),
         ],
     }

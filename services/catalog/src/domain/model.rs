@@ -1,5 +1,5 @@
 //! The catalog's domain types and the rules that make them valid. Wire types (prost) are
-//! converted into these at the edge (`service`), and nothing here knows about gRPC or SQL;
+//! converted into these at the edge (`crate::grpc`), and nothing here knows about gRPC or SQL;
 //! the one exception is the text of a closed set (a status, a kind), which is the contract's
 //! label from `plinth_proto` so that the database, REST and logs spell it one way
 //! (`contract_enum!`).

@@ -5,7 +5,7 @@
 //! in a transactional database, SQLite for one machine or PostgreSQL for a cluster. Both run
 //! the same SQL through sqlx's `Any` driver: times are i64 milliseconds, ids are text.
 //! Uniqueness (one slug per scope) is an index, so it holds across catalog replicas.
-//! Workspace adapters' credentials are sealed (`crate::seal`) with a key the store is given
+//! Workspace adapters' credentials are sealed (`crate::domain::seal`) with a key the store is given
 //! and never writes: what is stored verifies nothing without it.
 
 mod adapters;
@@ -14,6 +14,7 @@ mod builds;
 mod collection;
 mod gauges;
 mod harnesses;
+mod leases;
 mod ledger;
 mod quotas;
 mod request_keys;
@@ -31,7 +32,7 @@ pub use sessions::{NewSession, NewTask};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::model::{
+use crate::domain::model::{
     Cursor, Environment, EnvironmentChanges, EnvironmentId, InstallSettings, NewEnvironment, Page,
     PageRequest, Scope, Slug,
 };
@@ -46,13 +47,13 @@ macro_rules! migration_lists {
             &[$(($version, $name, migration_lists!(@sql postgres $kind $file))),*];
     };
     (@sql $backend:ident common $file:literal) => {
-        include_str!(concat!("../migrations/common/", $file))
+        include_str!(concat!("../../migrations/common/", $file))
     };
     (@sql sqlite split $file:literal) => {
-        include_str!(concat!("../migrations/sqlite/", $file))
+        include_str!(concat!("../../migrations/sqlite/", $file))
     };
     (@sql postgres split $file:literal) => {
-        include_str!(concat!("../migrations/postgres/", $file))
+        include_str!(concat!("../../migrations/postgres/", $file))
     };
 }
 
@@ -107,7 +108,7 @@ pub enum StoreError {
     Busy,
     /// The version cannot be activated: it is not ready.
     #[error("the version is {}, not ready", .0.as_str())]
-    NotReady(crate::model::BuildStatus),
+    NotReady(crate::domain::model::BuildStatus),
     /// The environment has no active version: nothing was built yet, or nothing ready.
     #[error("the environment has no ready version")]
     NothingBuilt,
@@ -116,7 +117,7 @@ pub enum StoreError {
     RunEnded,
     /// A Brain binding's life does not allow the change: it is in this state.
     #[error("the binding is {}", .0.label())]
-    BindingState(crate::brain::BindingState),
+    BindingState(crate::domain::brain::BindingState),
     /// No node agent has heartbeated recently enough to be given a session.
     #[error("no node agent is alive")]
     NoLiveNode,
@@ -157,14 +158,14 @@ pub enum StoreError {
     Corrupt(String),
     /// A sealed credential cannot be opened with this store's key.
     #[error(transparent)]
-    Seal(#[from] crate::seal::SealError),
+    Seal(#[from] crate::domain::seal::SealError),
 }
 
 /// The catalog's database.
 #[derive(Clone)]
 pub struct Store {
     db: Database,
-    seal: std::sync::Arc<crate::seal::SealKey>,
+    seal: std::sync::Arc<crate::domain::seal::SealKey>,
     /// Every scope's limits (`quotas`); the defaults unless `with_quotas` set them.
     quotas: std::sync::Arc<plinth_kit::quota::Quotas>,
 }
@@ -177,7 +178,7 @@ impl Store {
     pub async fn connect(
         url: &str,
         max_connections: u32,
-        seal: crate::seal::SealKey,
+        seal: crate::domain::seal::SealKey,
     ) -> Result<Self, StoreError> {
         Ok(Store {
             db: Database::connect(url, max_connections).await?,
@@ -199,7 +200,7 @@ impl Store {
         Self::connect(
             url,
             max_connections,
-            crate::seal::SealKey::from_bytes(&throwaway)?,
+            crate::domain::seal::SealKey::from_bytes(&throwaway)?,
         )
         .await
     }

@@ -6,8 +6,8 @@
 //! Receipts are stored as the gateway wrote them: the catalog keeps and returns them, it does
 //! not read them.
 
-use crate::model::{EnvironmentId, Scope};
-use crate::sessions::SessionId;
+use crate::domain::model::{EnvironmentId, Scope};
+use crate::domain::sessions::SessionId;
 
 /// Most bytes of a Brain session id, an Environment name or an adapter id.
 pub const MAX_NAME_BYTES: usize = 256;

@@ -1,5 +1,6 @@
-//! The gRPC face of the catalog: wire types are validated into domain types on receipt,
-//! the store does the work, and domain types go back out. No rule lives here.
+//! The gRPC face of environments, versions and builds (`plinth.catalog.v1.CatalogService`):
+//! wire types are validated into domain types on receipt, the store does the work, and domain
+//! types go back out. No rule lives here.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,16 +13,16 @@ use plinth_proto::catalog::v1 as pb;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
-use crate::model::{
+use crate::background::wakeups::Wakeups;
+use crate::domain::model::{
     Build, BuildStatus, Environment, EnvironmentChanges, EnvironmentId, EnvironmentStatus,
     LeaseToken, NewEnvironment, Outcome, Package, PackageManager, PageRequest, Scope, Toolchain,
     ToolchainName,
 };
 use crate::persistence::{LeasePolicy, Store, StoreError};
-use crate::wakeups::Wakeups;
 
 /// How long a `ClaimBuild` with nothing to hand out waits for a build before it answers empty
-/// (a long poll). A builder hears of a build queued meanwhile at once (see `crate::wakeups`),
+/// (a long poll). A builder hears of a build queued meanwhile at once (see `crate::background::wakeups`),
 /// and of a lease that ran out when it runs out, so the wait can be long; it ends early when
 /// the catalog stops.
 const CLAIM_HOLD: Duration = Duration::from_secs(20);

@@ -7,8 +7,8 @@ use std::time::Duration;
 use plinth_kit::clock::now_ms;
 use plinth_kit::tasks::CancellationToken;
 
+use crate::domain::sessions::NodeTtl;
 use crate::persistence::Store;
-use crate::session_service::NodeTtl;
 
 /// How often the gauges are read: about a Prometheus scrape interval.
 pub const EVERY: Duration = Duration::from_secs(10);

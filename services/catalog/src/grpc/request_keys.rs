@@ -5,8 +5,8 @@ use plinth_kit::PlinthError;
 use plinth_proto::catalog::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::adapter_service::{IDEMPOTENCY_RETENTION_MS, claim_response};
-use crate::model::Scope;
+use crate::domain::model::Scope;
+use crate::grpc::adapters::{IDEMPOTENCY_RETENTION_MS, claim_response};
 use crate::persistence::{RequestKey, Store};
 
 /// The longest `Idempotency-Key`.

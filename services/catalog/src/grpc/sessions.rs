@@ -7,48 +7,12 @@ use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::model::{EnvironmentId, PageRequest, Scope, foreign_cursor};
-use crate::persistence::{NewSession, NewTask, Store, StoreError};
-use crate::sessions::{
-    CacheReport, NodeCapacity, NodeId, Session, SessionId, SessionLimits, Task, Turn, TurnKind,
+use crate::domain::model::{EnvironmentId, PageRequest, Scope, foreign_cursor};
+use crate::domain::sessions::{
+    CacheReport, NodeCapacity, NodeId, NodeTtl, Session, SessionId, SessionLimits, Task, Turn,
+    TurnKind,
 };
-
-/// How long a node may stay silent before placement passes it over, unless configured
-/// (`catalog.node_ttl_ms`). Short, because a session placed on a dead node is a failed create:
-/// three heartbeats of one second each, so a single late heartbeat does not drop a live node.
-pub const DEFAULT_NODE_TTL_MS: i64 = 3_000;
-
-/// When a node counts as live: heard from within its TTL. Nodes are told to heartbeat three
-/// times per TTL.
-#[derive(Debug, Clone, Copy)]
-pub struct NodeTtl {
-    ttl_ms: i64,
-}
-
-impl NodeTtl {
-    /// A TTL of `ttl_ms`, at least 300 ms (heartbeats every 100 ms at most).
-    pub fn from_ms(ttl_ms: i64) -> Self {
-        NodeTtl {
-            ttl_ms: ttl_ms.max(300),
-        }
-    }
-
-    /// How often nodes are told to heartbeat.
-    pub fn heartbeat_every_ms(self) -> i64 {
-        self.ttl_ms / 3
-    }
-
-    /// Nodes whose last heartbeat is older than this (ms since the epoch) get no new sessions.
-    pub fn live_since_ms(self) -> i64 {
-        now_ms() - self.ttl_ms
-    }
-}
-
-impl Default for NodeTtl {
-    fn default() -> Self {
-        NodeTtl::from_ms(DEFAULT_NODE_TTL_MS)
-    }
-}
+use crate::persistence::{NewSession, NewTask, Store, StoreError};
 
 /// The `plinth.catalog.v1.SessionService` implementation.
 pub struct Sessions {

@@ -5,13 +5,13 @@ use plinth_kit::{ErrorCode, PlinthError};
 use plinth_proto::catalog::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::brain::{
+use crate::domain::brain::{
     Binding, BindingKey, BindingState, Claim, Lifetime, NewOperation, Operation, OperationKey,
     OperationKind, valid_name,
 };
-use crate::model::{EnvironmentId, Scope};
+use crate::domain::model::{EnvironmentId, Scope};
+use crate::domain::sessions::SessionId;
 use crate::persistence::{Store, StoreError};
-use crate::sessions::SessionId;
 
 /// Longest lease a runner may ask for.
 const MAX_LEASE_MS: i64 = 10 * 60 * 1000;
@@ -37,7 +37,7 @@ fn name(field: &str, text: &str) -> Result<(), PlinthError> {
     } else {
         Err(PlinthError::invalid(format!(
             "{field}: not empty, at most {} bytes, no control characters",
-            crate::brain::MAX_NAME_BYTES
+            crate::domain::brain::MAX_NAME_BYTES
         )))
     }
 }
@@ -303,7 +303,7 @@ impl pb::brain_service_server::BrainService for Brain {
         let turns = request
             .turns
             .into_iter()
-            .map(crate::adapter_service::new_turn)
+            .map(crate::grpc::adapters::new_turn)
             .collect::<Result<Vec<_>, _>>()?;
         let (recorded, operation) = self
             .store
