@@ -30,6 +30,15 @@ pub(crate) enum Part {
 }
 
 impl Part {
+    /// Every role, in the order a cluster starts them.
+    pub(crate) const ALL: [Part; 5] = [
+        Part::Catalog,
+        Part::Source,
+        Part::Gateway,
+        Part::Builder,
+        Part::Node,
+    ];
+
     fn command(self) -> &'static str {
         match self {
             Part::Catalog => "catalog",
@@ -134,13 +143,7 @@ impl ClusterBuilder {
             members: Vec::new(),
             dir,
         };
-        for part in [
-            Part::Catalog,
-            Part::Source,
-            Part::Gateway,
-            Part::Builder,
-            Part::Node,
-        ] {
+        for part in Part::ALL {
             for _ in 0..count(part) {
                 cluster.add(part, &[]).await;
             }
@@ -169,10 +172,22 @@ pub(crate) async fn spawn_reporting(
             .spawn()
             .expect("spawn plinth"),
     );
-    let bound = eventually(START_WITHIN, async || {
+    let bound = reported(&mut process, ready_file, log).await;
+    (process, bound)
+}
+
+/// Waits until `process`, started with `--ready-file ready_file`, says where it listens. A
+/// process that exits first fails the test, with `log` (its standard error, when the caller
+/// keeps it).
+pub(crate) async fn reported(
+    process: &mut Process,
+    ready_file: &Path,
+    log: Option<&Path>,
+) -> Bound {
+    eventually(START_WITHIN, async || {
         if let Ok(Some(status)) = process.0.try_wait() {
             panic!(
-                "{command:?} exited with {status} before listening:\n{}",
+                "plinth exited with {status} before listening:\n{}",
                 log.and_then(|log| std::fs::read_to_string(log).ok())
                     .unwrap_or_default()
             );
@@ -180,8 +195,108 @@ pub(crate) async fn spawn_reporting(
         let text = std::fs::read_to_string(ready_file).map_err(|error| error.to_string())?;
         serde_json::from_str::<Bound>(&text).map_err(|error| format!("{text:?}: {error}"))
     })
+    .await
+}
+
+/// Spawns `command`, a `plinth` service given port 0 (or the addresses an earlier run
+/// reported), and waits until it says where it listens and its `/readyz`, on the address of
+/// `probe` (`listen` for a gateway or `serve`, `admin_listen` for the others), answers 200.
+pub(crate) async fn spawn_ready(command: &mut Command, probe: &str) -> (Process, Bound) {
+    let ready_file =
+        std::env::temp_dir().join(format!("plinth-ready-{}", uuid::Uuid::new_v4().simple()));
+    let (mut process, bound) = spawn_reporting(command, &ready_file, None).await;
+    let _ = std::fs::remove_file(&ready_file);
+    let address = bound
+        .get(probe)
+        .unwrap_or_else(|| panic!("no {probe} in {bound:?}"));
+    crate::processes::wait_until_ready(
+        &crate::helpers::http_client(),
+        &format!("http://{address}/readyz"),
+        &mut process,
+    )
     .await;
     (process, bound)
+}
+
+/// [`spawn_ready`] for a `plinth serve` given `--listen`: it, and where it serves REST.
+pub(crate) async fn spawn_serve(command: &mut Command) -> (Process, SocketAddr) {
+    let (process, bound) = spawn_ready(command, "listen").await;
+    (process, bound["listen"])
+}
+
+/// The loopback TCP addresses (IPv4) the process `pid` listens on, from `/proc`: for a
+/// program of another project given port 0, which says nowhere which port it got.
+pub(crate) fn listening_addresses_of(pid: u32) -> Vec<SocketAddr> {
+    let sockets: std::collections::BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|entries| {
+            entries
+                .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+                .filter_map(|link| {
+                    let link = link.to_str()?;
+                    Some(link.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address, state (0A: listening), inode.
+            let (local, state, inode) = (fields.get(1)?, fields.get(3)?, fields.get(9)?);
+            if *state != "0A" || !sockets.contains(*inode) {
+                return None;
+            }
+            let (ip, port) = local.split_once(':')?;
+            let ip = u32::from_str_radix(ip, 16).ok()?;
+            let port = u16::from_str_radix(port, 16).ok()?;
+            Some(SocketAddr::from((ip.to_le_bytes(), port)))
+        })
+        .collect()
+}
+
+/// Starts a catalog, a source service (asking that catalog what it keeps) and a gateway in
+/// front of them, each on port 0 and each once the one before is ready. `spawn` starts `plinth` with the arguments it is given
+/// (the role first) and what the test adds (`--standalone`, data directories, its
+/// environment), and waits until it is ready at the address of the flag given
+/// ([`spawn_ready`]). Answers the three processes and where each listens.
+pub(crate) async fn start_trio(
+    mut spawn: impl AsyncFnMut(Vec<String>, &'static str) -> (Process, Bound),
+) -> (Vec<Process>, [Bound; 3]) {
+    let port_zero = |role: &str| {
+        [
+            role,
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let (catalog_process, catalog) = spawn(port_zero("catalog"), "admin_listen").await;
+    let mut source_args = port_zero("source");
+    source_args.extend([
+        "--catalog-url".to_owned(),
+        format!("http://{}", catalog["listen"]),
+    ]);
+    let (source_process, source) = spawn(source_args, "admin_listen").await;
+    let gateway_args = [
+        "gateway".to_owned(),
+        "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--catalog-url".to_owned(),
+        format!("http://{}", catalog["listen"]),
+        "--source-url".to_owned(),
+        format!("http://{}", source["listen"]),
+    ];
+    let (gateway_process, gateway) = spawn(gateway_args.to_vec(), "listen").await;
+    (
+        vec![catalog_process, source_process, gateway_process],
+        [catalog, source, gateway],
+    )
 }
 
 /// One process of a cluster.
@@ -562,13 +677,7 @@ async fn every_role_started_on_port_zero_reports_addresses_that_answer() {
         .start()
         .await
         .expect("SQLite and a blob directory need nothing");
-    for part in [
-        Part::Catalog,
-        Part::Source,
-        Part::Gateway,
-        Part::Builder,
-        Part::Node,
-    ] {
+    for part in Part::ALL {
         let member = cluster.get(part, 0);
         let admin = member.admin();
         assert_ne!(admin.port(), 0, "{}", member.name());

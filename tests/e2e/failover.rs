@@ -77,15 +77,9 @@ async fn build_of(client: &reqwest::Client, base: &str, id: &str) -> Value {
 }
 
 async fn wait_ready(client: &reqwest::Client, base: &str, id: &str) {
-    eventually(Duration::from_secs(60), async || {
-        let build = build_of(client, base, id).await;
-        match build["status"].as_str() {
-            Some("ready") => Ok(()),
-            Some("failed") => panic!("the build failed: {build}"),
-            _ => Err(build),
-        }
-    })
-    .await;
+    let build =
+        crate::helpers::wait_for_build_at(client, base, id, 1, Duration::from_secs(60)).await;
+    assert_eq!(build["status"], "ready", "the build failed: {build}");
 }
 
 #[tokio::test]

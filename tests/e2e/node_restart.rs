@@ -10,12 +10,35 @@ use serde_json::{Value, json};
 
 use crate::cluster::{Cluster, Part};
 use crate::helpers::{create_environment_at, send};
-use crate::processes::{Process, free_port, wait_until_ready};
+use crate::processes::{Process, wait_until_ready};
 use crate::waiting::eventually;
 
 /// A `plinth` process of a split deployment with the shared test credentials, its output
 /// appended to `log`.
 pub(crate) fn spawn(args: &[String], config: &std::path::Path, log: &std::path::Path) -> Process {
+    Process(command(args, config, log).spawn().expect("spawn plinth"))
+}
+
+/// [`spawn`] on port 0 (`args` give `--listen 127.0.0.1:0`, say), once it has said where it
+/// listens and its `/readyz` at `admin_flag`'s address answers 200: it, and where it listens.
+pub(crate) async fn spawn_listening(
+    client: &reqwest::Client,
+    args: &[String],
+    config: &std::path::Path,
+    log: &std::path::Path,
+    admin_flag: &str,
+) -> (Process, crate::cluster::Bound) {
+    let ready_file = log.with_file_name(format!("{}.ready", uuid::Uuid::new_v4().simple()));
+    let (mut process, bound) =
+        crate::cluster::spawn_reporting(&mut command(args, config, log), &ready_file, Some(log))
+            .await;
+    let admin = bound[admin_flag];
+    wait_until_ready(client, &format!("http://{admin}/readyz"), &mut process).await;
+    (process, bound)
+}
+
+/// The command [`spawn`] runs.
+pub(crate) fn command(args: &[String], config: &std::path::Path, log: &std::path::Path) -> Command {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -23,17 +46,15 @@ pub(crate) fn spawn(args: &[String], config: &std::path::Path, log: &std::path::
         .expect("log file");
     let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
     crate::credentials::apply(&mut command, crate::credentials::shared(), &args[0]);
-    let child = command
+    command
         .args(args)
         .env("PLINTH_CONFIG", config)
         .env("PLINTH_LOG", "info")
         .env_remove("PLINTH_TOKENS")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn plinth");
-    Process(child)
+        .stderr(log);
+    command
 }
 
 /// A log file's text without terminal colours.
@@ -64,6 +85,8 @@ pub(crate) fn strings(args: &[&str]) -> Vec<String> {
 pub(crate) struct Core {
     pub(crate) catalog: std::net::SocketAddr,
     pub(crate) catalog_admin: std::net::SocketAddr,
+    pub(crate) source: std::net::SocketAddr,
+    pub(crate) source_admin: std::net::SocketAddr,
     pub(crate) http: std::net::SocketAddr,
 }
 
@@ -75,64 +98,44 @@ pub(crate) async fn start_core(
     log: &std::path::Path,
     blob_url: &str,
 ) -> (Vec<Process>, Core) {
-    let (catalog, catalog_admin, source, source_admin, http) = (
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-    );
-    let mut services = Vec::new();
-    for (args, ready) in [
-        (
-            strings(&[
-                "catalog",
-                "--standalone",
-                "--listen",
-                &catalog.to_string(),
-                "--admin-listen",
-                &catalog_admin.to_string(),
-            ]),
-            format!("http://{catalog_admin}/readyz"),
-        ),
-        (
-            strings(&[
-                "source",
-                "--standalone",
-                "--listen",
-                &source.to_string(),
-                "--admin-listen",
-                &source_admin.to_string(),
-                "--blob-url",
-                blob_url,
-            ]),
-            format!("http://{source_admin}/readyz"),
-        ),
-        (
-            strings(&[
-                "gateway",
-                "--listen",
-                &http.to_string(),
-                "--catalog-url",
-                &format!("http://{catalog}"),
-                "--source-url",
-                &format!("http://{source}"),
-            ]),
-            format!("http://{http}/readyz"),
-        ),
-    ] {
-        let mut process = spawn(&args, config, log);
-        wait_until_ready(client, &ready, &mut process).await;
-        services.push(process);
-    }
+    let (services, [catalog, source, gateway]) =
+        crate::cluster::start_trio(async |mut args, probe| {
+            if args[0] != "gateway" {
+                args.push("--standalone".to_owned());
+            }
+            if args[0] == "source" {
+                args.extend(["--blob-url".to_owned(), blob_url.to_owned()]);
+            }
+            spawn_listening(client, &args, config, log, probe).await
+        })
+        .await;
     (
         services,
         Core {
-            catalog,
-            catalog_admin,
-            http,
+            catalog: catalog["listen"],
+            catalog_admin: catalog["admin_listen"],
+            source: source["listen"],
+            source_admin: source["admin_listen"],
+            http: gateway["listen"],
         },
     )
+}
+
+/// [`start_core`] for processes that keep their data in `data` (blobs in `data/blobs`, logs
+/// in `data/services.log`) and read `config`: the processes, where they listen, the blob URL.
+pub(crate) async fn start_core_in(
+    data: &std::path::Path,
+    config: &std::path::Path,
+) -> (Vec<Process>, Core, String) {
+    let blob_url = format!("file://{}/blobs", data.display());
+    let (services, core) = start_core(
+        &crate::helpers::http_client(),
+        config,
+        &data.join("services.log"),
+        &blob_url,
+    )
+    .await;
+    (services, core, blob_url)
 }
 
 async fn exec(client: &reqwest::Client, base: &str, session: &str, command: &str) -> Value {
@@ -200,16 +203,9 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
     .await;
     assert_eq!(status, 200);
     send(client.post(format!("{base}/v1/environments/{id}/build"))).await;
-    eventually(Duration::from_secs(30), async || {
-        let (_, build) = send(client.get(format!("{base}/v1/environments/{id}/builds/1"))).await;
-        assert_ne!(build["status"], "failed", "{build}");
-        if build["status"] == "ready" {
-            Ok(())
-        } else {
-            Err(build)
-        }
-    })
-    .await;
+    let build =
+        crate::helpers::wait_for_build_at(&client, &base, &id, 1, Duration::from_secs(30)).await;
+    assert_eq!(build["status"], "ready", "{build}");
 
     // A session (the node registers right after it is ready; retry briefly until it has).
     let session = eventually(Duration::from_secs(5), async || {

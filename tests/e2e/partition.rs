@@ -23,9 +23,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::helpers::{create_environment_at, send};
-use crate::node_restart::{Core, spawn, start_core, strings};
-use crate::processes::{free_port, wait_until_ready};
-use crate::waiting::eventually;
+use crate::node_restart::{Core, command, spawn, start_core, strings};
+use crate::processes::wait_until_ready;
 
 /// The gateway's deadlines in this test (`gateway.node_call_timeout_ms`,
 /// `gateway.node_attach_timeout_ms`), small so the test is quick.
@@ -40,23 +39,31 @@ const ANSWER_BOUND: Duration = Duration::from_secs(45);
 /// silence (their streams lost frames), so clients connect afresh.
 struct Partition {
     addr: SocketAddr,
+    /// Where it forwards to, once known (the node behind it listens on port 0, and learns the
+    /// address it advertises, this one, first); until then it hangs up.
+    upstream: Arc<std::sync::OnceLock<SocketAddr>>,
     silent: Arc<AtomicBool>,
     open: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
     accepting: tokio::task::JoinHandle<()>,
 }
 
 impl Partition {
-    async fn start(upstream: SocketAddr) -> Self {
+    async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
+        let upstream: Arc<std::sync::OnceLock<SocketAddr>> = Arc::default();
         let silent = Arc::new(AtomicBool::new(false));
         let open: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
         let accepting = {
-            let (silent, open) = (silent.clone(), open.clone());
+            let (silent, open, upstream) = (silent.clone(), open.clone(), upstream.clone());
             plinth_kit::tasks::spawn(async move {
                 while let Ok((client, _)) = listener.accept().await {
                     let silent = silent.clone();
+                    let upstream = upstream.get().copied();
                     let task = plinth_kit::tasks::spawn(async move {
+                        let Some(upstream) = upstream else {
+                            return;
+                        };
                         let Ok(server) = TcpStream::connect(upstream).await else {
                             return;
                         };
@@ -93,10 +100,16 @@ impl Partition {
         };
         Partition {
             addr,
+            upstream,
             silent,
             open,
             accepting,
         }
+    }
+
+    /// Forwards to `upstream` from now on.
+    fn forward_to(&self, upstream: SocketAddr) {
+        self.upstream.set(upstream).expect("set once");
     }
 
     fn silence(&self) {
@@ -274,15 +287,14 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
         &log,
     ));
     // Node A, reached directly; node B, reached through the partition.
-    let b_listen = free_port();
-    let partition = Partition::start(b_listen).await;
+    let partition = Partition::start().await;
     let b_address = format!("http://{}", partition.addr);
     let mut states: Vec<PathBuf> = Vec::new();
-    for (name, listen, advertise, base_uid) in [
-        ("node-a", free_port(), None, "200000"),
-        ("node-b", b_listen, Some(b_address.clone()), "300000"),
+    for (name, advertise, base_uid) in [
+        ("node-a", None, "200000"),
+        ("node-b", Some(b_address.clone()), "300000"),
     ] {
-        let (admin, state) = (free_port(), data.path().join(name));
+        let state = data.path().join(name);
         let mut args = strings(&[
             "node",
             "--standalone",
@@ -291,9 +303,9 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
             "--data-dir",
             &state.display().to_string(),
             "--listen",
-            &listen.to_string(),
+            "127.0.0.1:0",
             "--admin-listen",
-            &admin.to_string(),
+            "127.0.0.1:0",
             "--catalog-url",
             &catalog_url,
             "--blob-url",
@@ -304,7 +316,17 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
         if let Some(advertise) = advertise {
             args.extend(strings(&["--advertise-url", &advertise]));
         }
-        let mut process = spawn(&args, &config, &data.path().join(format!("{name}.log")));
+        let log = data.path().join(format!("{name}.log"));
+        let (mut process, bound) = crate::cluster::spawn_reporting(
+            &mut command(&args, &config, &log),
+            &data.path().join(format!("{name}.ready")),
+            Some(&log),
+        )
+        .await;
+        if name == "node-b" {
+            partition.forward_to(bound["listen"]);
+        }
+        let admin = bound["admin_listen"];
         wait_until_ready(&client, &format!("http://{admin}/readyz"), &mut process).await;
         services.push(process);
         states.push(state);
@@ -330,17 +352,15 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
     .await;
     assert_eq!(status, 200);
     send(client.post(format!("{base}/v1/environments/{environment}/build"))).await;
-    eventually(Duration::from_secs(120), async || {
-        let (_, build) =
-            send(client.get(format!("{base}/v1/environments/{environment}/builds/1"))).await;
-        assert_ne!(build["status"], "failed", "{build}");
-        if build["status"] == "ready" {
-            Ok(())
-        } else {
-            Err(build)
-        }
-    })
+    let build = crate::helpers::wait_for_build_at(
+        &client,
+        &base,
+        &environment,
+        1,
+        Duration::from_secs(120),
+    )
     .await;
+    assert_eq!(build["status"], "ready", "{build}");
 
     // Two sessions on A and one on B (each node has the version and a connection), so the
     // next placement, the least-loaded node, is B.

@@ -3,7 +3,6 @@
 //! database (`PLINTH_TEST_POSTGRES_URL`, required under CI) and each process proving its
 //! role with its own internal credential.
 
-use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -25,12 +24,6 @@ impl Drop for Process {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-pub(crate) fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
 }
 
 /// The command `plinth <role> …` runs as, with the role's credential, a quiet log and the

@@ -14,8 +14,8 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 
 use super::{Novo, SECRET, adapter, environment, now, request_id, sign, studio_files};
+use crate::cluster::spawn_serve;
 use crate::helpers::{Server, assert_error, send};
-use crate::processes::{Process, free_port, wait_until_ready};
 
 const MIB: usize = 1024 * 1024;
 /// The endpoint's body limit.
@@ -223,12 +223,12 @@ fn address(base: &str) -> SocketAddr {
 async fn unsigned_uploads_are_refused_before_their_bodies_are_read() {
     // `plinth serve` as its own process, so its memory is its own.
     let data = tempfile::tempdir().expect("data dir");
-    let http = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_plinth"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
+    command
         .args([
             "serve",
             "--listen",
-            &http.to_string(),
+            "127.0.0.1:0",
             "--builder-network",
             "false",
         ])
@@ -237,13 +237,10 @@ async fn unsigned_uploads_are_refused_before_their_bodies_are_read() {
         .env("PLINTH_LOG", "warn")
         .env_remove("PLINTH_CONFIG")
         .env_remove("PLINTH_TOKENS")
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn plinth serve");
-    let mut process = Process(child);
+        .stdin(Stdio::null());
+    let (process, http) = spawn_serve(&mut command).await;
     let client = crate::helpers::http_client();
     let base = format!("http://{http}");
-    wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
     let (status, env) = send(
         client
             .post(format!("{base}/v1/environments"))
