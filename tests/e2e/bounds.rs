@@ -311,15 +311,10 @@ async fn built(client: &reqwest::Client, base: &str, name: &str) -> String {
     assert_eq!(status, 200, "{put}");
     let (status, queued) = send(client.post(format!("{base}/v1/environments/{id}/build"))).await;
     assert_eq!(status, 202, "{queued}");
-    for _ in 0..900 {
-        let (_, build) = send(client.get(format!("{base}/v1/environments/{id}/builds/1"))).await;
-        match build["status"].as_str() {
-            Some("ready") => return id,
-            Some("failed") => panic!("the build failed: {build}"),
-            _ => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
-    panic!("the build did not end within 180 s");
+    let build =
+        crate::helpers::wait_for_build_at(client, base, &id, 1, Duration::from_secs(180)).await;
+    assert_eq!(build["status"], "ready", "the build failed: {build}");
+    id
 }
 
 /// Every file's bytes (apparent) and blocks on disk beneath the node's workspaces: the

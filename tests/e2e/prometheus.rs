@@ -107,17 +107,13 @@ impl Api {
 
     /// Polls `expr` until it answers at least one sample, bounded by a minute.
     async fn until_some(&self, expr: &str) -> Vec<Value> {
-        let mut last = Err(String::new());
-        for _ in 0..300 {
-            last = self.query(expr).await;
-            if let Ok(samples) = &last
-                && !samples.is_empty()
-            {
-                return samples.clone();
+        crate::waiting::eventually(Duration::from_secs(60), async || {
+            match self.query(expr).await {
+                Ok(samples) if !samples.is_empty() => Ok(samples),
+                last => Err(format!("{expr} answered no sample: {last:?}")),
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        panic!("{expr} answered no sample within a minute: {last:?}");
+        })
+        .await
     }
 }
 
