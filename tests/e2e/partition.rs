@@ -25,6 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::helpers::{create_environment_at, send};
 use crate::node_restart::{Core, command, spawn, start_core, strings};
 use crate::processes::wait_until_ready;
+use crate::waiting::eventually;
 
 /// The gateway's deadlines in this test (`gateway.node_call_timeout_ms`,
 /// `gateway.node_attach_timeout_ms`), small so the test is quick.
@@ -408,19 +409,14 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
         plinth_kit::tasks::spawn(async move { create(&client, &base, &environment).await })
     };
     // B is handed the session: its working directory appears.
-    let handed_at = Instant::now();
-    let half_made = loop {
+    let half_made = eventually(Duration::from_secs(20), async || {
         let now = on_disk(&b_state);
-        if let Some(id) = now.difference(&before).next() {
-            break id.clone();
+        match now.difference(&before).next() {
+            Some(id) => Ok(id.clone()),
+            None => Err(format!("node B has not received the attach\n{}", logs())),
         }
-        assert!(
-            handed_at.elapsed() < Duration::from_secs(20),
-            "node B never received the attach\n{}",
-            logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     // A command in B's session answers within the deadline: 503, naming the node.
     let timed_out = exec(&client, &base, &session_on_b).await;
     assert_eq!(timed_out.status, 503, "{timed_out:?}");
@@ -543,21 +539,20 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
     // it was handed is gone from it (ended in the catalog when its attach timed out, then
     // detached by B on a heartbeat).
     partition.heal();
-    let healed = Instant::now();
-    let back_on_b = loop {
-        assert!(
-            healed.elapsed() < Duration::from_secs(60),
-            "node B got no session after the partition healed\n{}",
-            logs()
-        );
+    let back_on_b = eventually(Duration::from_secs(60), async || {
         let created = create(&client, &base, &environment).await;
         assert_eq!(created.status, 201, "{created:?}");
         let id = created.body["id"].as_str().expect("id").to_owned();
         if node_of(&catalog_url, &id).await == b_address {
-            break id;
+            Ok(id)
+        } else {
+            Err(format!(
+                "node B got no session since the partition healed\n{}",
+                logs()
+            ))
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
+    })
+    .await;
     let ran = exec(&client, &base, &back_on_b).await;
     assert_eq!(ran.status, 200, "{ran:?}");
     let ran = exec(&client, &base, &session_on_b).await;
@@ -566,14 +561,16 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
         "B's session outlived the partition: {ran:?}"
     );
     let workdir = crate::helpers::host_workdir(&b_state, &half_made);
-    let gone = Instant::now();
-    while on_disk(&b_state).contains(&half_made) || workdir.exists() {
-        assert!(
-            gone.elapsed() < Duration::from_secs(30),
-            "the half-made session {half_made} is still on node B\n{}",
-            logs()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(Duration::from_secs(30), async || {
+        if on_disk(&b_state).contains(&half_made) || workdir.exists() {
+            Err(format!(
+                "the half-made session {half_made} is still on node B\n{}",
+                logs()
+            ))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     drop(services);
 }
