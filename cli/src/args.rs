@@ -54,6 +54,10 @@ struct GlobalArgs {
     /// A service's log format.
     #[arg(long, env = "PLINTH_LOG_FORMAT", value_enum, global = true)]
     log_format: Option<LogFormatArg>,
+    /// Once a service listens, write the addresses it bound to this file (one JSON object,
+    /// e.g. `{"listen":"127.0.0.1:41234"}`), so whoever gave port 0 learns the port.
+    #[arg(long, value_name = "PATH", global = true)]
+    ready_file: Option<PathBuf>,
     /// How a client command prints: `text` for people, `json` for the API's own answers (one
     /// JSON document per line when a command streams).
     #[arg(long, short = 'o', value_enum, global = true)]
@@ -95,9 +99,10 @@ impl FromArgMatches for Cli {
                 common.dump_config = global.dump_config;
                 common.log = global.log;
                 common.log_format = global.log_format;
+                common.ready_file = global.ready_file;
             }
             None => {
-                for flag in ["config", "dump_config", "log", "log_format"] {
+                for flag in ["config", "dump_config", "log", "log_format", "ready_file"] {
                     if typed(flag) {
                         let client = if command.is_client() {
                             "; client commands find their server by --url, PLINTH_URL or \
@@ -340,6 +345,9 @@ pub struct CommonArgs {
     /// Log format (`--log-format`).
     #[arg(skip)]
     pub log_format: Option<LogFormatArg>,
+    /// Where to write the addresses the service bound, once it listens (`--ready-file`).
+    #[arg(skip)]
+    pub ready_file: Option<PathBuf>,
 }
 
 /// Log formats.

@@ -18,9 +18,17 @@ use crate::args::{Cli, Command};
 use crate::config::Config;
 
 /// Runs a parsed command line to completion.
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
+pub async fn run(mut cli: Cli) -> anyhow::Result<()> {
     let (name, config, dump) = match &cli.command {
         Command::Credential(command) => return internal::credential_command(command),
+        Command::Gc(args) if args.common.ready_file.is_some() => {
+            anyhow::bail!("--ready-file does not apply to `plinth gc`: it listens on nothing")
+        }
+        Command::Node(args) if args.drain && args.common.ready_file.is_some() => {
+            anyhow::bail!(
+                "--ready-file does not apply to `plinth node --drain`: it listens on nothing"
+            )
+        }
         Command::Gc(args) => {
             let config = Config::for_gc(args)?;
             if args.common.dump_config {
@@ -70,6 +78,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         return Ok(());
     }
     let _telemetry = plinth_kit::telemetry::init(name, &config.log)?;
+    let ready_file = cli
+        .command
+        .common_mut()
+        .and_then(|common| common.ready_file.take());
     let running = match cli.command {
         Command::Serve(_) => {
             // The data directory first: a second server on it is refused before it listens.
@@ -88,6 +100,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Node(args) => serve::start_node(&config, args.admin_listen).await?,
         _ => return Ok(()),
     };
+    if let Some(path) = ready_file {
+        running.write_ready_file(&path)?;
+    }
     tasks::cancel_on_signal(running.shutdown.clone());
     running.wait().await
 }

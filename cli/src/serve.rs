@@ -34,6 +34,9 @@ pub struct Running {
     pub node_addr: Option<SocketAddr>,
     /// Under `serve`: the credentials it made for its parts, for callers in this process.
     pub credentials: Option<crate::internal::ServeInternal>,
+    /// Every address this process listens on, by the flag that sets it (`listen`,
+    /// `admin_listen`, …), as bound: a port given as 0 is the one the system chose.
+    pub bound: Vec<(&'static str, SocketAddr)>,
     /// Cancel to stop everything: builders first, then the rest ([`Running::wait`]).
     pub shutdown: CancellationToken,
     /// Builders, which stop first.
@@ -84,6 +87,31 @@ impl Running {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// [`Running::bound`] as `--ready-file` writes it: one JSON object naming each address
+    /// by its flag, e.g. `{"listen":"127.0.0.1:41234","admin_listen":"127.0.0.1:41235"}`.
+    pub fn bound_json(&self) -> String {
+        let map: serde_json::Map<String, serde_json::Value> = self
+            .bound
+            .iter()
+            .map(|(name, address)| ((*name).to_owned(), address.to_string().into()))
+            .collect();
+        format!("{}\n", serde_json::Value::Object(map))
+    }
+
+    /// Writes [`Running::bound_json`] to `path` whole: to a file beside it first, renamed over
+    /// it, so a reader sees no file or all of it.
+    pub fn write_ready_file(&self, path: &Path) -> anyhow::Result<()> {
+        let mut name = path
+            .file_name()
+            .with_context(|| format!("--ready-file {} names no file", path.display()))?
+            .to_owned();
+        name.push(format!(".{}.tmp", std::process::id()));
+        let temporary = path.with_file_name(name);
+        std::fs::write(&temporary, self.bound_json())
+            .and_then(|()| std::fs::rename(&temporary, path))
+            .with_context(|| format!("cannot write the --ready-file {}", path.display()))
     }
 
     /// Stops everything and waits for it.
@@ -160,18 +188,28 @@ pub async fn start_all_locked(
         "/metrics of the gateway's listen address ({})",
         http.local_addr()?
     );
+    let mut bound = vec![
+        ("listen", http.local_addr()?),
+        ("catalog_listen", catalog_addr),
+        ("source_listen", source_addr),
+    ];
     let catalog_admin = match config.catalog.admin_listen {
-        Some(address) => Some(AdminListener::metrics_elsewhere(
-            bind(Some(address), "catalog admin endpoints").await?,
-            metrics_at.clone(),
-        )),
+        Some(address) => {
+            let listener = bind(Some(address), "catalog admin endpoints").await?;
+            bound.push(("catalog_admin_listen", listener.local_addr()?));
+            Some(AdminListener::metrics_elsewhere(
+                listener,
+                metrics_at.clone(),
+            ))
+        }
         None => None,
     };
     let source_admin = match config.source.admin_listen {
-        Some(address) => Some(AdminListener::metrics_elsewhere(
-            bind(Some(address), "source service admin endpoints").await?,
-            metrics_at,
-        )),
+        Some(address) => {
+            let listener = bind(Some(address), "source service admin endpoints").await?;
+            bound.push(("source_admin_listen", listener.local_addr()?));
+            Some(AdminListener::metrics_elsewhere(listener, metrics_at))
+        }
         None => None,
     };
     spawn_catalog(
@@ -202,6 +240,7 @@ pub async fn start_all_locked(
     let node = if config.node.enabled {
         let listener = bind(config.node.listen, "node agent").await?;
         node_addr = Some(listener.local_addr()?);
+        bound.push(("node_listen", listener.local_addr()?));
         let slot = LocalSlot::default();
         peers
             .nodes
@@ -279,6 +318,7 @@ pub async fn start_all_locked(
         source_addr,
         node_addr,
         credentials: Some(internal),
+        bound,
         shutdown: stop,
         builders,
         services,
@@ -400,10 +440,13 @@ async fn start_alone(
     let address = listener.local_addr()?;
     locks.listening(address);
     tracing::info!(%address, "the {name} answers only the roles that may call it: {exposure}");
+    let mut bound = vec![("listen", address)];
     let admin = match admin_listen {
-        Some(address) => Some(AdminListener::new(
-            bind(Some(address), &format!("{name} admin endpoints")).await?,
-        )),
+        Some(address) => {
+            let listener = bind(Some(address), &format!("{name} admin endpoints")).await?;
+            bound.push(("admin_listen", listener.local_addr()?));
+            Some(AdminListener::new(listener))
+        }
         None => None,
     };
     let shutdown = CancellationToken::new();
@@ -423,6 +466,7 @@ async fn start_alone(
         source_addr: address,
         node_addr: None,
         credentials: None,
+        bound,
         shutdown: shutdown.clone(),
         builders: JoinSet::new(),
         services,
@@ -465,8 +509,10 @@ pub async fn start_builder(config: &Config) -> anyhow::Result<Running> {
         Some(address) => Some(bind(Some(address), "builder admin endpoints").await?),
         None => None,
     };
+    let mut bound = Vec::new();
     if let Some(admin) = &admin {
         locks.listening(admin.local_addr()?);
+        bound.push(("admin_listen", admin.local_addr()?));
     }
     let shutdown = CancellationToken::new();
     let mut services = JoinSet::new();
@@ -501,6 +547,7 @@ pub async fn start_builder(config: &Config) -> anyhow::Result<Running> {
         source_addr: unbound,
         node_addr: None,
         credentials: None,
+        bound,
         shutdown: shutdown.clone(),
         builders: JoinSet::new(),
         services,
@@ -809,8 +856,13 @@ pub async fn start_node(
     let listener = bind(config.node.listen, "node agent").await?;
     let address = listener.local_addr()?;
     locks.listening(address);
+    let mut bound = vec![("listen", address)];
     let admin = match admin_listen {
-        Some(address) => Some(bind(Some(address), "node admin endpoints").await?),
+        Some(address) => {
+            let listener = bind(Some(address), "node admin endpoints").await?;
+            bound.push(("admin_listen", listener.local_addr()?));
+            Some(listener)
+        }
         None => None,
     };
     let shutdown = CancellationToken::new();
@@ -832,6 +884,7 @@ pub async fn start_node(
         source_addr: address,
         node_addr: Some(address),
         credentials: None,
+        bound,
         shutdown: shutdown.clone(),
         builders: JoinSet::new(),
         services,
@@ -1049,6 +1102,7 @@ pub async fn start_gateway(config: &Config) -> anyhow::Result<Running> {
         source_addr: http_addr,
         node_addr: None,
         credentials: None,
+        bound: vec![("listen", http_addr)],
         shutdown: shutdown.clone(),
         builders: JoinSet::new(),
         services,

@@ -300,15 +300,17 @@ async fn memory_a_command_left_holding_counts_in_its_sessions_limit() {
             })
             .unwrap_or(0)
     };
-    let mut held = false;
-    for _ in 0..100 {
-        held = resident_kib() > 40 * 1024;
-        if held {
-            break;
+    crate::waiting::eventually(Duration::from_secs(10), async || {
+        let resident = resident_kib();
+        if resident > 40 * 1024 {
+            Ok(())
+        } else {
+            Err(format!(
+                "the background process holds {resident} KiB, not its 40 MiB"
+            ))
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(held, "the background process never held its 40 MiB");
+    })
+    .await;
     // ...so the next one cannot take 40 MiB more: the session's 64 MiB hold both. Whichever
     // the kernel kills, they never stand side by side.
     let next = run(

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Server, assert_error, create_environment, create_environment_at, send};
 use crate::novo::{Novo, SECRET};
-use crate::processes::{Process, free_port, wait_until_ready};
+use crate::processes::Process;
 
 /// Peak memory `plinth serve` may reach importing [`long_names_archive`]; `docs/design/measured.md`
 /// states it. Idle it holds ~40 MB; the import itself streams and keeps 32 bytes per member.
@@ -25,18 +25,19 @@ const VALID_NAMES_PEAK_MAX_MB: u64 = 200;
 const SEARCH_PEAK_MAX_MB: u64 = 160;
 
 /// `plinth serve` as a child process on `http`, with `extra` TOML appended to its config.
-fn serve(data: &std::path::Path, http: std::net::SocketAddr, extra: &str) -> Process {
+async fn serve(data: &std::path::Path, extra: &str) -> (Process, std::net::SocketAddr) {
     let config = data.join("plinth.toml");
     std::fs::write(
         &config,
         format!(
-            "data_dir = \"{}\"\n[gateway]\nlisten = \"{http}\"\n{extra}",
+            "data_dir = \"{}\"\n[gateway]\nlisten = \"127.0.0.1:0\"\n{extra}",
             data.display()
         ),
     )
     .expect("config");
     let log = std::fs::File::create(data.join("serve.log")).expect("log");
-    let child = Command::new(env!("CARGO_BIN_EXE_plinth"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
+    command
         .args(["serve", "--config"])
         .arg(&config)
         .env("PLINTH_LOG", "warn")
@@ -44,10 +45,8 @@ fn serve(data: &std::path::Path, http: std::net::SocketAddr, extra: &str) -> Pro
         .env_remove("PLINTH_CONFIG")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn plinth serve");
-    Process(child)
+        .stderr(log);
+    crate::cluster::spawn_serve(&mut command).await
 }
 
 /// A Novo adapter registered on `environment` through the gateway at `base`, and a run of it.
@@ -92,15 +91,9 @@ async fn import_into_a_new_environment(
 ) -> Imported {
     let data = dir.join("data");
     std::fs::create_dir_all(&data).expect("data");
-    let http = free_port();
-    let base = format!("http://{http}");
     let client = crate::helpers::http_client();
-    let mut process = serve(
-        &data,
-        http,
-        "[node]\nenabled = false\n[builder]\ncount = 0\n",
-    );
-    wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
+    let (process, http) = serve(&data, "[node]\nenabled = false\n[builder]\ncount = 0\n").await;
+    let base = format!("http://{http}");
     let id = create_environment_at(&client, &base, name).await;
     let before = peak_mb(&process);
     let (status, report) = send(
@@ -318,15 +311,10 @@ async fn built(client: &reqwest::Client, base: &str, name: &str) -> String {
     assert_eq!(status, 200, "{put}");
     let (status, queued) = send(client.post(format!("{base}/v1/environments/{id}/build"))).await;
     assert_eq!(status, 202, "{queued}");
-    for _ in 0..900 {
-        let (_, build) = send(client.get(format!("{base}/v1/environments/{id}/builds/1"))).await;
-        match build["status"].as_str() {
-            Some("ready") => return id,
-            Some("failed") => panic!("the build failed: {build}"),
-            _ => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
-    panic!("the build did not end within 180 s");
+    let build =
+        crate::helpers::wait_for_build_at(client, base, &id, 1, Duration::from_secs(180)).await;
+    assert_eq!(build["status"], "ready", "the build failed: {build}");
+    id
 }
 
 /// Every file's bytes (apparent) and blocks on disk beneath the node's workspaces: the
@@ -370,11 +358,9 @@ async fn writes_over_a_huge_sparse_file_are_refused_without_reading_it() {
     }
     let dir = tempfile::tempdir().expect("dir");
     let data = dir.path().to_owned();
-    let http = free_port();
-    let base = format!("http://{http}");
     let client = crate::helpers::http_client();
-    let mut process = serve(&data, http, "[builder]\nnetwork = false\n");
-    wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
+    let (process, http) = serve(&data, "[builder]\nnetwork = false\n").await;
+    let base = format!("http://{http}");
     let environment = built(&client, &base, "Sparse").await;
 
     // Brain: a session, and a 1 GiB sparse file in its working directory.
@@ -501,11 +487,9 @@ async fn oversized_listings_and_searches_are_clamped_and_say_so() {
     }
     let dir = tempfile::tempdir().expect("dir");
     let data = dir.path().to_owned();
-    let http = free_port();
-    let base = format!("http://{http}");
     let client = crate::helpers::http_client();
-    let mut process = serve(&data, http, "[builder]\nnetwork = false\n");
-    wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
+    let (process, http) = serve(&data, "[builder]\nnetwork = false\n").await;
+    let base = format!("http://{http}");
     let environment = built(&client, &base, "Clamped").await;
     let novo = novo_run(&client, &base, &environment, "run_clamped").await;
     novo.sh(

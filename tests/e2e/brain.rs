@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::builds::tiny_wheel;
 use crate::helpers::{Server, assert_error, send};
-use crate::processes::{Process, free_port, wait_until_ready};
+use crate::processes::Process;
 
 /// A Brain-style project: its dependency comes from a wheel it carries, pinned by its lock.
 const PYPROJECT: &str = r#"[project]
@@ -82,17 +82,12 @@ async fn python_project(client: &reqwest::Client, base: &str, name: &str) -> (St
     }
     let (status, queued) = send(client.post(format!("{base}/v1/environments/{id}/build"))).await;
     assert_eq!(status, 202, "{queued}");
-    for _ in 0..600 {
-        let (_, build) = send(client.get(format!("{base}/v1/environments/{id}/builds/1"))).await;
-        if build["status"] == "ready" {
-            let log = build["log"].as_str().unwrap_or_default();
-            assert!(log.contains("==> uv sync --locked"), "{log}");
-            return (id, slug);
-        }
-        assert_ne!(build["status"], "failed", "{build}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("the build did not end within 120 s");
+    let build =
+        crate::helpers::wait_for_build_at(client, base, &id, 1, Duration::from_secs(120)).await;
+    assert_eq!(build["status"], "ready", "{build}");
+    let log = build["log"].as_str().unwrap_or_default();
+    assert!(log.contains("==> uv sync --locked"), "{log}");
+    (id, slug)
 }
 
 /// A registered Brain adapter: its id, where Brain posts, and its token.
@@ -1026,9 +1021,14 @@ impl Brain<'_> {
     }
 }
 
-/// `plinth serve` as a real process, on fixed ports, so it can be killed and started again
-/// on the same data directory.
-fn serve(data: &std::path::Path, http: std::net::SocketAddr) -> Process {
+/// `plinth serve` as a real process, so it can be killed and started again on the same data
+/// directory: on port 0 at first, then at `http`, the address it had; answers it once ready,
+/// and that address.
+async fn serve(
+    data: &std::path::Path,
+    http: Option<std::net::SocketAddr>,
+) -> (Process, std::net::SocketAddr) {
+    let http = http.map_or_else(|| "127.0.0.1:0".to_owned(), |http| http.to_string());
     let config = data.join("plinth.toml");
     std::fs::write(
         &config,
@@ -1043,7 +1043,8 @@ fn serve(data: &std::path::Path, http: std::net::SocketAddr) -> Process {
         .append(true)
         .open(data.join("serve.log"))
         .expect("log");
-    let child = Command::new(env!("CARGO_BIN_EXE_plinth"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
+    command
         .args(["serve", "--config"])
         .arg(&config)
         .env("PLINTH_LOG", "info")
@@ -1051,10 +1052,8 @@ fn serve(data: &std::path::Path, http: std::net::SocketAddr) -> Process {
         .env_remove("PLINTH_CONFIG")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn plinth serve");
-    Process(child)
+        .stderr(log);
+    crate::cluster::spawn_serve(&mut command).await
 }
 
 #[tokio::test]
@@ -1063,11 +1062,9 @@ async fn redelivery_after_a_restart_answers_the_stored_receipt_or_unknown() {
         return;
     }
     let data = tempfile::tempdir().expect("data");
-    let http = free_port();
-    let base = format!("http://{http}");
     let client = crate::helpers::http_client();
-    let mut process = serve(data.path(), http);
-    wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
+    let (mut process, http) = serve(data.path(), None).await;
+    let base = format!("http://{http}");
     let (environment, _) = python_project(&client, &base, "Restarted Tools").await;
     let adapter = register(&client, &base, &environment, &[]).await;
     let brain = Brain {
@@ -1104,8 +1101,7 @@ async fn redelivery_after_a_restart_answers_the_stored_receipt_or_unknown() {
         "the connection died with the service"
     );
 
-    let mut process = serve(data.path(), http);
-    wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
+    let (mut process, _) = serve(data.path(), Some(http)).await;
 
     // Finished before the restart: the stored receipt, and the effect is not repeated.
     let again = brain.deliver(2, append).await;
@@ -1151,8 +1147,7 @@ async fn redelivery_after_a_restart_answers_the_stored_receipt_or_unknown() {
     process.0.wait().expect("wait");
     let session_dir = workdir.parent().expect("session dir");
     std::fs::remove_dir_all(session_dir).expect("remove the session's directory");
-    let mut process = serve(data.path(), http);
-    wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
+    let (process, _) = serve(data.path(), Some(http)).await;
     let lost = brain
         .tool(5, "run_command", json!({ "command": "pwd" }))
         .await;

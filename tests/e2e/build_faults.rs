@@ -9,7 +9,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::helpers::send;
-use crate::processes::{Process, free_port, wait_until_ready};
+use crate::processes::Process;
+use crate::waiting::eventually;
 
 struct Cluster {
     data: tempfile::TempDir,
@@ -69,71 +70,15 @@ impl Cluster {
             ),
         )
         .expect("config");
-        let (catalog, catalog_admin, source, source_admin, http) = (
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-        );
         let client = crate::helpers::http_client();
-        let blob_url = format!("file://{}/blobs", data.path().display());
-        let mut services = Vec::new();
-        let mut process = spawn(
-            &[
-                "catalog",
-                "--standalone",
-                "--listen",
-                &catalog.to_string(),
-                "--admin-listen",
-                &catalog_admin.to_string(),
-            ],
-            &config,
-            None,
-        );
-        wait_until_ready(
-            &client,
-            &format!("http://{catalog_admin}/readyz"),
-            &mut process,
-        )
-        .await;
-        services.push(process);
-        let mut process = spawn(
-            &[
-                "source",
-                "--standalone",
-                "--listen",
-                &source.to_string(),
-                "--admin-listen",
-                &source_admin.to_string(),
-                "--blob-url",
-                &blob_url,
-            ],
-            &config,
-            None,
-        );
-        wait_until_ready(
-            &client,
-            &format!("http://{source_admin}/readyz"),
-            &mut process,
-        )
-        .await;
-        services.push(process);
-        let mut process = spawn(
-            &[
-                "gateway",
-                "--listen",
-                &http.to_string(),
-                "--catalog-url",
-                &format!("http://{catalog}"),
-                "--source-url",
-                &format!("http://{source}"),
-            ],
-            &config,
-            None,
-        );
-        wait_until_ready(&client, &format!("http://{http}/readyz"), &mut process).await;
-        services.push(process);
+        let (services, core, blob_url) =
+            crate::node_restart::start_core_in(data.path(), &config).await;
+        let crate::node_restart::Core {
+            catalog,
+            catalog_admin,
+            http,
+            ..
+        } = core;
         Cluster {
             data,
             config,
@@ -204,14 +149,15 @@ impl Cluster {
     }
 
     async fn wait_for(&self, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        for _ in 0..400 {
+        eventually(Duration::from_secs(40), async || {
             let build = self.build(id).await;
             if done(&build) {
-                return build;
+                Ok(build)
+            } else {
+                Err(format!("{what}: build is {build}"))
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("{what}: timed out; build is {}", self.build(id).await);
+        })
+        .await
     }
 
     async fn versions(&self, id: &str) -> Value {
@@ -324,14 +270,15 @@ async fn a_builder_killed_mid_build_and_restarted_leaves_no_mount_and_builds_aga
     // The same builder again, on the same work directory, takes the build over.
     let again = logs.path().join("again.log");
     let _again = cluster.builder("first", &again);
-    let mut build = Value::Null;
-    for _ in 0..600 {
-        build = cluster.build(&id).await;
+    let build = eventually(Duration::from_secs(60), async || {
+        let build = cluster.build(&id).await;
         if build["status"] == "ready" || build["status"] == "failed" {
-            break;
+            Ok(build)
+        } else {
+            Err(build)
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     assert_eq!(
         build["status"],
         "ready",
@@ -372,18 +319,15 @@ async fn a_builder_paused_past_its_lease_cannot_publish_when_it_resumes() {
     signal(&paused, "CONT");
     // The resumed builder learns its lease is gone from its next call to the catalog (a renewal,
     // a log append or a reuse query) and abandons the build; wait for it to say so.
-    let mut said = String::new();
-    for _ in 0..300 {
-        said = std::fs::read_to_string(&paused_log).unwrap_or_default();
+    eventually(Duration::from_secs(30), async || {
+        let said = std::fs::read_to_string(&paused_log).unwrap_or_default();
         if said.contains("lease lost: this build was abandoned") {
-            break;
+            Ok(())
+        } else {
+            Err(format!("the resumed builder has not noticed: {said}"))
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        said.contains("lease lost: this build was abandoned"),
-        "the resumed builder noticed: {said}"
-    );
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         cluster.layer(&id).await,
@@ -514,12 +458,7 @@ async fn a_second_builder_process_on_the_same_work_directory_is_refused() {
     let _first = Process(first);
     // The first holds the directory once it has made it.
     let lock = data.path().join("builder/.lock");
-    for _ in 0..100 {
-        if lock.exists() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(5), async || lock.exists().then_some(())).await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let mut second = Command::new(env!("CARGO_BIN_EXE_plinth"))
         .args(args)

@@ -233,10 +233,7 @@ async fn a_waiting_claim_is_handed_a_build_queued_meanwhile() {
     };
 
     // Nothing queued: after its short wait, the answer is empty.
-    let begun = std::time::Instant::now();
     assert!(ask(builder.0.clone()).await.is_none());
-    // A guard against a hang, not a speed claim.
-    assert!(begun.elapsed() < Duration::from_secs(30));
 
     // A build queued while a claim waits is handed to that claim.
     let id = environment(&server).await;

@@ -371,17 +371,17 @@ async fn a_build_says_building_then_ready_with_its_phase_and_every_time_in_milli
     let (status, accepted) = send(server.client.post(build_url(&busy))).await;
     assert_eq!(status, 202, "{accepted}");
     assert_eq!(stage(&accepted), 0, "accepted, it waits: {accepted}");
-    let mut running = false;
-    for _ in 0..1200 {
+    crate::waiting::eventually(Duration::from_secs(120), async || {
         let (_, record) = send(server.client.get(record_url(&busy))).await;
         if stage(&record) == 1 {
-            running = true;
-            break;
+            return Ok(());
         }
         assert_eq!(stage(&record), 0, "{record}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(running, "the builder never took the first build");
+        Err(format!(
+            "the builder has not taken the first build: {record}"
+        ))
+    })
+    .await;
 
     let (status, accepted) = send(server.client.post(build_url(&waiting))).await;
     assert_eq!(status, 202, "{accepted}");

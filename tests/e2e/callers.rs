@@ -32,13 +32,14 @@ async fn session(server: &Server, name: &str) -> String {
 
 /// Waits (bounded) until a host process holds `marker`: the command runs.
 async fn running(marker: &str) {
-    for _ in 0..100 {
-        if !host_processes(marker).is_empty() {
-            return;
+    crate::waiting::eventually(Duration::from_secs(10), async || {
+        if host_processes(marker).is_empty() {
+            Err(format!("no process holds {marker:?}"))
+        } else {
+            Ok(())
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("no process holding {marker:?} started within 10 s");
+    })
+    .await;
 }
 
 /// Sends an exec over a connection of its own, waits until its command holds `marker` on the

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{create_environment_at, send};
 use crate::node_restart::{Core, spawn, start_core, strings};
-use crate::processes::{Process, free_port, wait_until_ready};
+use crate::processes::{Process, wait_until_ready};
 
 /// A memory cgroup of its own made for one process (v2 `memory.max`, or v1
 /// `memory.limit_in_bytes` on a host without v2 memory), removed when dropped.
@@ -126,9 +126,8 @@ impl Deployment {
         }
     }
 
-    /// `plinth node` named `name` with `flags` added: its own state, its own ports.
-    fn node_command(&self, name: &str, flags: &[&str]) -> (Command, SocketAddr) {
-        let (listen, admin) = (free_port(), free_port());
+    /// `plinth node` named `name` with `flags` added: its own state, on port 0.
+    fn node_command(&self, name: &str, flags: &[&str]) -> Command {
         let state = self.data.path().join(name);
         let mut args = strings(&[
             "node",
@@ -139,9 +138,9 @@ impl Deployment {
             "--data-dir",
             &state.display().to_string(),
             "--listen",
-            &listen.to_string(),
+            "127.0.0.1:0",
             "--admin-listen",
-            &admin.to_string(),
+            "127.0.0.1:0",
             "--catalog-url",
             &format!("http://{}", self.catalog),
             "--blob-url",
@@ -159,7 +158,7 @@ impl Deployment {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
-        (command, admin)
+        command
     }
 
     /// Where node `name` logs.
@@ -171,15 +170,22 @@ impl Deployment {
             .expect("log file")
     }
 
-    /// Starts `command` (a node answering its readiness on `admin`) and waits until it has
+    /// Starts `command` (a node on port 0, named `name`) and waits until it has
     /// registered.
     async fn ready_node(
         &self,
         client: &reqwest::Client,
         mut command: Command,
-        admin: SocketAddr,
+        name: &str,
     ) -> Process {
-        let mut node = Process(command.spawn().expect("spawn plinth node"));
+        let ready_file = self.data.path().join(format!("{name}.ready"));
+        let (mut node, bound) = crate::cluster::spawn_reporting(
+            &mut command,
+            &ready_file,
+            Some(&self.data.path().join(format!("{name}.log"))),
+        )
+        .await;
+        let admin = bound["admin_listen"];
         wait_until_ready(client, &format!("http://{admin}/readyz"), &mut node).await;
         node
     }
@@ -203,18 +209,18 @@ impl Deployment {
 
     /// Polls `series` until it is `wanted`; fails after 60 s (gauges are read every 10 s).
     async fn until_gauge(&self, client: &reqwest::Client, series: &str, wanted: f64) {
-        let mut last = None;
-        for _ in 0..240 {
-            last = self.gauge(client, series).await;
+        crate::waiting::eventually(Duration::from_secs(60), async || {
+            let last = self.gauge(client, series).await;
             if last == Some(wanted) {
-                return;
+                Ok(())
+            } else {
+                Err(format!(
+                    "{series} is {last:?}, not {wanted}\n{}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                ))
             }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        panic!(
-            "{series} stayed {last:?}, not {wanted}, for 60 s\n{}",
-            std::fs::read_to_string(&self.log).unwrap_or_default()
-        );
+        })
+        .await;
     }
 }
 
@@ -291,19 +297,14 @@ async fn full_nodes_refuse_with_retry_after_and_a_drained_node_is_not_late() {
     .await;
     assert_eq!(status, 200);
     send(client.post(format!("{base}/v1/environments/{id}/build"))).await;
-    for _ in 0..600 {
-        let (_, build) = send(client.get(format!("{base}/v1/environments/{id}/builds/1"))).await;
-        if build["status"] == "ready" {
-            break;
-        }
-        assert_ne!(build["status"], "failed", "{build}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let build =
+        crate::helpers::wait_for_build_at(&client, &base, &id, 1, Duration::from_secs(60)).await;
+    assert_eq!(build["status"], "ready", "{build}");
     let session = json!({"environment": id});
 
     // A node that runs two sessions at most.
-    let (command, slots_admin) = deployment.node_command("slots", &["--max-sessions", "2"]);
-    let mut slots = deployment.ready_node(&client, command, slots_admin).await;
+    let command = deployment.node_command("slots", &["--max-sessions", "2"]);
+    let mut slots = deployment.ready_node(&client, command, "slots").await;
     let first = created(&client, &base, session.clone()).await;
     let second = created(&client, &base, session.clone()).await;
     refused_for_room(&client, &base, session.clone()).await;
@@ -312,7 +313,7 @@ async fn full_nodes_refuse_with_retry_after_and_a_drained_node_is_not_late() {
     refused_for_room(&client, &base, session.clone()).await;
 
     // It leaves on purpose: `plinth node --drain`, as an operator (or a preStop hook) runs it.
-    let (mut drain, _) = deployment.node_command("slots", &["--drain"]);
+    let mut drain = deployment.node_command("slots", &["--drain"]);
     let drained = drain
         .stdout(Stdio::piped())
         .output()
@@ -339,12 +340,12 @@ async fn full_nodes_refuse_with_retry_after_and_a_drained_node_is_not_late() {
         &format!("plinth-e2e-capacity-{}", std::process::id()),
         2560 * 1024 * 1024,
     );
-    let (command, small_admin) = deployment.node_command("small", &[]);
+    let command = deployment.node_command("small", &[]);
     let small = deployment
         .ready_node(
             &client,
             cgroup.wrap(&command, deployment.node_log("small")),
-            small_admin,
+            "small",
         )
         .await;
     let on_small = created(&client, &base, session.clone()).await;
@@ -386,8 +387,8 @@ async fn full_nodes_refuse_with_retry_after_and_a_drained_node_is_not_late() {
     drop(cgroup);
 
     // Started again under its name, the drained node is back: live, and given sessions.
-    let (command, slots_admin) = deployment.node_command("slots", &["--max-sessions", "2"]);
-    slots = deployment.ready_node(&client, command, slots_admin).await;
+    let command = deployment.node_command("slots", &["--max-sessions", "2"]);
+    slots = deployment.ready_node(&client, command, "slots").await;
     deployment
         .until_gauge(&client, "plinth_nodes{state=\"live\"}", 1.0)
         .await;

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use plinth_blobs::tree::Tree;
 use plinth_blobs::{BlobStore, Digest};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::helpers::{send, tar_of};
-use crate::processes::{Process, free_port, wait_until_ready};
+use crate::processes::{Process, wait_until_ready};
+use crate::waiting::eventually;
 
 struct Cluster {
     data: tempfile::TempDir,
@@ -76,65 +77,20 @@ impl Cluster {
             ),
         )
         .expect("config");
-        let (catalog, catalog_admin, source, source_admin, http) = (
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-        );
         let client = crate::helpers::http_client();
-        let mut cluster = Cluster {
-            blob_url: format!("file://{}/blobs", data.path().display()),
-            catalog_url: format!("http://{catalog}"),
+        let (services, core, blob_url) =
+            crate::node_restart::start_core_in(data.path(), &config).await;
+        Cluster {
+            blob_url,
+            catalog_url: format!("http://{}", core.catalog),
             data,
             config,
-            source,
-            source_admin,
-            base: format!("http://{http}"),
+            source: core.source,
+            source_admin: core.source_admin,
+            base: format!("http://{}", core.http),
             client,
-            services: Vec::new(),
-        };
-        let mut process = spawn(
-            &[
-                "catalog",
-                "--standalone",
-                "--listen",
-                &catalog.to_string(),
-                "--admin-listen",
-                &catalog_admin.to_string(),
-            ],
-            &cluster.config,
-        );
-        wait_until_ready(
-            &cluster.client,
-            &format!("http://{catalog_admin}/readyz"),
-            &mut process,
-        )
-        .await;
-        cluster.services.push(process);
-        let source = cluster.start_source().await;
-        cluster.services.push(source);
-        let mut process = spawn(
-            &[
-                "gateway",
-                "--listen",
-                &http.to_string(),
-                "--catalog-url",
-                &cluster.catalog_url,
-                "--source-url",
-                &format!("http://{}", cluster.source),
-            ],
-            &cluster.config,
-        );
-        wait_until_ready(
-            &cluster.client,
-            &format!("http://{http}/readyz"),
-            &mut process,
-        )
-        .await;
-        cluster.services.push(process);
-        cluster
+            services,
+        }
     }
 
     async fn start_source(&self) -> Process {
@@ -191,15 +147,6 @@ impl Cluster {
             .collect()
     }
 
-    async fn build(&self, id: &str) -> Value {
-        send(
-            self.client
-                .get(self.url(&format!("/v1/environments/{id}/builds/1"))),
-        )
-        .await
-        .1
-    }
-
     async fn layer(&self, id: &str) -> Digest {
         crate::helpers::layer_tree(
             &self.catalog_url,
@@ -213,16 +160,20 @@ impl Cluster {
     }
 }
 
-/// Waits (polling every 5 ms, 60 s at most) until more than `more` objects beyond `before`
+/// Waits (60 s at most) until more than `more` objects beyond `before`
 /// are in the store.
 async fn until_objects_grow(cluster: &Cluster, before: usize, more: usize, what: &str) {
-    for _ in 0..12_000 {
-        if cluster.objects().len() > before + more {
-            return;
+    eventually(Duration::from_secs(60), async || {
+        let objects = cluster.objects().len();
+        if objects > before + more {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what}: the store did not grow ({objects} objects)"
+            ))
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("{what}: the store did not grow");
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,14 +278,14 @@ async fn after_a_source_and_a_builder_are_killed_mid_write_what_was_acknowledged
         "the killed builder left its scratch"
     );
     let _second = cluster.builder("second");
-    let mut build = Value::Null;
-    for _ in 0..1200 {
-        build = cluster.build(&id).await;
-        if build["status"] == "ready" || build["status"] == "failed" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let build = crate::helpers::wait_for_build_at(
+        &cluster.client,
+        &cluster.base,
+        &id,
+        1,
+        Duration::from_secs(120),
+    )
+    .await;
     assert_eq!(build["status"], "ready", "{build}");
     assert!(build["attempt"].as_u64() >= Some(2), "{build}");
 

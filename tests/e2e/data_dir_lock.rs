@@ -12,21 +12,20 @@ use plinth_catalog::testing::{self, PostgresAvailability};
 use serde_json::{Value, json};
 
 use crate::helpers::{Server, send};
-use crate::processes::{Process, free_port, wait_until_ready};
+use crate::processes::{Process, wait_until_ready};
+use crate::waiting::eventually;
 
 /// `plinth serve` on `data_dir`, listening on `http`, its log (stderr) written to `log`.
-fn serve(
-    data_dir: &Path,
-    http: SocketAddr,
-    log: &Path,
-    flags: &[&str],
-    env: &[(&str, &str)],
-) -> Process {
+/// `plinth serve` on `data_dir` and port 0, its standard error in `log`; [`listening`] says
+/// where it listens.
+fn serve(data_dir: &Path, log: &Path, flags: &[&str], env: &[(&str, &str)]) -> Process {
     let file = std::fs::File::create(log).expect("log file");
     let dir = data_dir.to_str().expect("utf-8");
     let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
     command
-        .args(["serve", "--data-dir", dir, "--listen", &http.to_string()])
+        .args(["serve", "--data-dir", dir, "--listen", "127.0.0.1:0"])
+        .arg("--ready-file")
+        .arg(ready_file(log))
         .args(flags)
         .env("PLINTH_LOG", "info")
         .env("PLINTH_BUILDER_NETWORK", "false")
@@ -41,6 +40,15 @@ fn serve(
         command.env(name, value);
     }
     Process(command.spawn().expect("spawn plinth serve"))
+}
+
+fn ready_file(log: &Path) -> PathBuf {
+    log.with_extension("ready")
+}
+
+/// Where `process`, started by [`serve`] logging to `log`, listens, once it does.
+async fn listening(process: &mut Process, log: &Path) -> SocketAddr {
+    crate::cluster::reported(process, &ready_file(log), Some(log)).await["listen"]
 }
 
 /// Waits (generously) for `process` to exit; `None` if it still runs.
@@ -79,15 +87,10 @@ async fn built(client: &reqwest::Client, base: &str, name: &str) -> String {
     assert_eq!(status, 200, "{answer}");
     let (status, queued) = send(client.post(format!("{base}/v1/environments/{id}/build"))).await;
     assert_eq!(status, 202, "{queued}");
-    for _ in 0..1200 {
-        let (_, build) = send(client.get(format!("{base}/v1/environments/{id}/builds/1"))).await;
-        if build["status"] == "ready" {
-            return id;
-        }
-        assert_ne!(build["status"], "failed", "{build}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("the build of {name} did not end");
+    let build =
+        crate::helpers::wait_for_build_at(client, base, &id, 1, Duration::from_secs(120)).await;
+    assert_eq!(build["status"], "ready", "the build of {name}: {build}");
+    id
 }
 
 /// `POST /v1/sessions` on `id`: the status and answer.
@@ -129,16 +132,16 @@ async fn a_second_server_on_a_data_directory_is_refused_and_the_first_keeps_runn
     let data = tempfile::tempdir().expect("data");
     let logs = tempfile::tempdir().expect("logs");
     let client = crate::helpers::http_client();
-    let (first_http, second_http) = (free_port(), free_port());
     let first_log = logs.path().join("first.log");
-    let mut first = serve(data.path(), first_http, &first_log, &[], &[]);
+    let mut first = serve(data.path(), &first_log, &[], &[]);
+    let first_http = listening(&mut first, &first_log).await;
     let base = format!("http://{first_http}");
     wait_until_ready(&client, &format!("{base}/readyz"), &mut first).await;
     let id = built(&client, &base, "Locked").await;
     let session = session_runs(&client, &base, &id, "before").await;
 
     let second_log = logs.path().join("second.log");
-    let mut second = serve(data.path(), second_http, &second_log, &[], &[]);
+    let mut second = serve(data.path(), &second_log, &[], &[]);
     let status = exited(&mut second, Duration::from_secs(60))
         .await
         .expect("the second server stops at once");
@@ -200,31 +203,23 @@ async fn at_the_first_ready_after_a_restart_a_session_runs_at_once() {
 
     let logs = tempfile::tempdir().expect("logs");
     let client = crate::helpers::http_client();
-    let http = free_port();
-    let mut process = serve(data.path(), http, &logs.path().join("serve.log"), &[], &[]);
+    let log = logs.path().join("serve.log");
+    let mut process = serve(data.path(), &log, &[], &[]);
+    let http = listening(&mut process, &log).await;
     let base = format!("http://{http}");
     // From the process's start: the first time it says it is ready, sessions run.
-    let mut ready = false;
-    for _ in 0..3000 {
+    eventually(Duration::from_secs(60), async || {
         if let Ok(Some(status)) = process.0.try_wait() {
-            panic!(
-                "serve exited with {status}: {}",
-                read(&logs.path().join("serve.log"))
-            );
+            panic!("serve exited with {status}: {}", read(&log));
         }
-        if let Ok(response) = client.get(format!("{base}/readyz")).send().await
-            && response.status() == 200
-        {
-            ready = true;
-            break;
+        let response = client.get(format!("{base}/readyz")).send().await;
+        match response {
+            Ok(response) if response.status() == 200 => Ok(()),
+            Ok(response) => Err(response.status().to_string()),
+            Err(error) => Err(error.to_string()),
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(
-        ready,
-        "never ready: {}",
-        read(&logs.path().join("serve.log"))
-    );
+    })
+    .await;
     let (status, session) = new_session(&client, &base, &id).await;
     assert_eq!(status, 201, "a session at the first ready: {session}");
     let session = session["id"].as_str().expect("session id");
@@ -253,7 +248,7 @@ impl Pair {
     }
 
     /// Starts the server `name` with `more` added to the configuration both share.
-    fn start(&self, name: &str, http: SocketAddr, more: &str) -> (Process, PathBuf) {
+    async fn start(&self, name: &str, more: &str) -> (Process, PathBuf, SocketAddr) {
         let config = self.root.path().join(format!("{name}.toml"));
         std::fs::write(
             &config,
@@ -267,9 +262,8 @@ impl Pair {
         )
         .expect("config");
         let log = self.root.path().join(format!("{name}.log"));
-        let process = serve(
+        let mut process = serve(
             &self.root.path().join(name),
-            http,
             &log,
             &[
                 "--config",
@@ -279,7 +273,8 @@ impl Pair {
             ],
             &[("PLINTH_SEAL_KEY", crate::helpers::SEAL_KEY)],
         );
-        (process, log)
+        let http = listening(&mut process, &log).await;
+        (process, log, http)
     }
 }
 
@@ -298,8 +293,7 @@ async fn ctrl_c_during_a_build_gives_it_back_to_another_builder_at_once() {
         return;
     };
     let client = crate::helpers::http_client();
-    let (first_http, second_http) = (free_port(), free_port());
-    let (mut first, first_log) = pair.start("first", first_http, "");
+    let (mut first, first_log, first_http) = pair.start("first", "").await;
     let first_base = format!("http://{first_http}");
     wait_until_ready(&client, &format!("{first_base}/readyz"), &mut first).await;
     let id = crate::helpers::create_environment_at(&client, &first_base, "Slow").await;
@@ -321,20 +315,22 @@ async fn ctrl_c_during_a_build_gives_it_back_to_another_builder_at_once() {
                 .1
         }
     };
-    let mut building = false;
-    for _ in 0..600 {
+    let now = eventually(Duration::from_secs(60), async || {
         let now = build(first_base.clone()).await;
         if now["phase"] == "running" {
-            assert_eq!(now["attempt"], 1, "{now}");
-            building = true;
-            break;
+            Ok(now)
+        } else {
+            Err(format!(
+                "the first server's builder has not taken the build: {now}"
+            ))
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(building, "the first server's builder never took the build");
+    })
+    .await;
+    assert_eq!(now["attempt"], 1, "{now}");
 
     // The second server's builder waits for work; the first server is stopped with Ctrl-C.
-    let (mut second, _second_log) = pair.start("second", second_http, "[node]\nenabled = false\n");
+    let (mut second, _second_log, second_http) =
+        pair.start("second", "[node]\nenabled = false\n").await;
     let second_base = format!("http://{second_http}");
     wait_until_ready(&client, &format!("{second_base}/readyz"), &mut second).await;
     signal(&first, "INT");
@@ -346,14 +342,15 @@ async fn ctrl_c_during_a_build_gives_it_back_to_another_builder_at_once() {
 
     // Taken by the second server's builder on the spot: its second attempt runs, while the
     // first attempt's lease had two minutes to go.
-    let mut taken = Value::Null;
-    for _ in 0..600 {
-        taken = build(second_base.clone()).await;
+    let taken = eventually(Duration::from_secs(60), async || {
+        let taken = build(second_base.clone()).await;
         if taken["attempt"].as_u64() >= Some(2) {
-            break;
+            Ok(taken)
+        } else {
+            Err(taken)
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     assert_eq!(taken["attempt"], 2, "{taken}");
     assert!(
         taken["status"] == "building" || taken["status"] == "ready",
@@ -376,9 +373,9 @@ async fn logs_are_plain_lines_in_a_file_and_json_lines_when_asked() {
     let client = crate::helpers::http_client();
     for format in ["text", "json"] {
         let data = tempfile::tempdir().expect("data");
-        let http = free_port();
         let log = logs.path().join(format!("{format}.log"));
-        let mut process = serve(data.path(), http, &log, &["--log-format", format], &[]);
+        let mut process = serve(data.path(), &log, &["--log-format", format], &[]);
+        let http = listening(&mut process, &log).await;
         wait_until_ready(&client, &format!("http://{http}/readyz"), &mut process).await;
         // A request that logs as it goes: a harness is created (and its environment).
         let (status, environment) = crate::helpers::send(

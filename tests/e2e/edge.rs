@@ -576,7 +576,6 @@ async fn connections_that_never_finish_their_headers_are_closed_at_the_header_ti
 #[tokio::test]
 async fn more_slow_connections_than_descriptors_leave_a_well_formed_request_answered() {
     let data = tempfile::tempdir().expect("data dir");
-    let http = crate::processes::free_port();
     let mut command = Command::new("prlimit");
     command
         .arg("--nofile=256")
@@ -585,22 +584,16 @@ async fn more_slow_connections_than_descriptors_leave_a_well_formed_request_answ
         .arg("serve")
         .arg("--data-dir")
         .arg(data.path())
-        .args([
-            "--listen",
-            &http.to_string(),
-            "--header-timeout-seconds",
-            "2",
-        ])
+        .args(["--listen", "127.0.0.1:0", "--header-timeout-seconds", "2"])
         .env_remove("PLINTH_CONFIG")
         .env_remove("PLINTH_TOKENS")
         .env("PLINTH_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
-    let mut process = crate::processes::Process(command.spawn().expect("prlimit plinth serve"));
+    let (mut process, http) = crate::cluster::spawn_serve(&mut command).await;
     let client = crate::helpers::http_client();
     let base = format!("http://{http}");
-    crate::processes::wait_until_ready(&client, &format!("{base}/readyz"), &mut process).await;
 
     // More connections than the process has descriptors, each stalled in its request line.
     let slow = slow_clients(&http.to_string(), 400).await;

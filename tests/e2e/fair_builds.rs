@@ -72,16 +72,17 @@ async fn ready(server: &Server, token: &str, ids: &[String]) -> usize {
     count
 }
 
-/// Polls `id`'s first build every 100 ms until it is ready.
+/// Polls `id`'s first build until it is ready.
 async fn wait_ready(server: &Server, token: &str, id: &str) {
-    let polls = BUILD_LIMIT.as_millis() / 100;
-    for _ in 0..polls {
-        if build_of(server, token, id).await["status"] == "ready" {
-            return;
+    crate::waiting::eventually(BUILD_LIMIT, async || {
+        let build = build_of(server, token, id).await;
+        if build["status"] == "ready" {
+            Ok(())
+        } else {
+            Err(format!("{id}'s build: {build}"))
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{id}'s build did not end within {BUILD_LIMIT:?}");
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::cluster::spawn_serve;
 use crate::helpers::{Server, create_environment, create_environment_at, send};
-use crate::processes::{Process, free_port, wait_until_ready};
+use crate::processes::Process;
 
 /// A folder inside a 0700 directory, as `mkdir ~/try && cd ~/try` makes in root's home.
 struct PrivateHome {
@@ -35,23 +36,19 @@ impl PrivateHome {
 
 /// `plinth serve` started in `folder` with no flags but a free port (the README's 8080 may be
 /// taken on a test machine), its REST base URL once it is ready.
-async fn serve_in(folder: &Path, client: &reqwest::Client) -> (Process, String) {
-    let http = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_plinth"))
-        .args(["serve", "--listen", &http.to_string()])
+async fn serve_in(folder: &Path) -> (Process, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
+    command
+        .args(["serve", "--listen", "127.0.0.1:0"])
         .current_dir(folder)
         .env("PLINTH_LOG", "warn")
         .env_remove("PLINTH_DATA_DIR")
         .env_remove("PLINTH_CONFIG")
         .env_remove("PLINTH_TOKENS")
         .env_remove("PLINTH_BUILDER_NETWORK")
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn plinth serve");
-    let mut process = Process(child);
-    let base = format!("http://{http}");
-    wait_until_ready(client, &format!("{base}/readyz"), &mut process).await;
-    (process, base)
+        .stdin(Stdio::null());
+    let (process, http) = spawn_serve(&mut command).await;
+    (process, format!("http://{http}"))
 }
 
 async fn put(client: &reqwest::Client, base: &str, id: &str, path: &str, body: &str) {
@@ -78,15 +75,8 @@ async fn built(
     }
     let (status, queued) = send(client.post(format!("{base}/v1/environments/{id}/build"))).await;
     assert_eq!(status, 202, "{queued}");
-    let polls = limit.as_millis() / 250;
-    for _ in 0..polls {
-        let (_, build) = send(client.get(format!("{base}/v1/environments/{id}/builds/1"))).await;
-        if build["status"] == "ready" || build["status"] == "failed" {
-            return (id, build);
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    panic!("the build of {name} did not end within {limit:?}");
+    let build = crate::helpers::wait_for_build_at(client, base, &id, 1, limit).await;
+    (id, build)
 }
 
 /// Runs `command` in a new session of `id`; answers the exec's answer.
@@ -133,7 +123,7 @@ async fn serve_from_a_folder_in_a_private_home_builds_and_runs_session_commands(
         "{dumped}"
     );
 
-    let (_serve, base) = serve_in(&home.folder, &client).await;
+    let (_serve, base) = serve_in(&home.folder).await;
     let (id, build) = built(
         &client,
         &base,
@@ -169,7 +159,7 @@ async fn builds_install_real_packages_from_pypi_and_npm_with_default_settings() 
     }
     let home = PrivateHome::new();
     let client = crate::helpers::http_client();
-    let (_serve, base) = serve_in(&home.folder, &client).await;
+    let (_serve, base) = serve_in(&home.folder).await;
     let (id, build) = built(
         &client,
         &base,
@@ -202,8 +192,8 @@ async fn a_build_that_cannot_reach_its_proxy_names_the_setting() {
     if !crate::helpers::can_build() {
         return;
     }
-    // A proxy on loopback that refuses every connection: nothing leaves the machine.
-    let closed = free_port();
+    // A proxy on loopback that hangs up on every connection: nothing leaves the machine.
+    let closed = crate::cluster::hanging_up();
     let config = tempfile::NamedTempFile::new().expect("config");
     std::fs::write(
         config.path(),

@@ -98,6 +98,21 @@ impl Server {
             .expect("a running node")
     }
 
+    /// Where the server listens for `flag` (`catalog_admin_listen`, say), as it bound it: a
+    /// port given as 0 is the one the system chose.
+    pub fn bound(&self, flag: &str) -> std::net::SocketAddr {
+        self.running
+            .as_ref()
+            .and_then(|running| {
+                running
+                    .bound
+                    .iter()
+                    .find(|(name, _)| *name == flag)
+                    .map(|(_, address)| *address)
+            })
+            .unwrap_or_else(|| panic!("serve listens for no {flag}"))
+    }
+
     /// Where the in-process catalog serves gRPC.
     pub fn catalog_addr(&self) -> std::net::SocketAddr {
         self.running
@@ -333,28 +348,35 @@ pub async fn put_file(server: &Server, id: &str, path: &str, body: impl Into<req
     assert_eq!(status, 200, "{path}: {answer}");
 }
 
-/// Polls a build every 200 ms until it is `ready` or `failed`; answers its record. A build
-/// still running after `limit` fails the test.
+/// Polls a build until it is `ready` or `failed`; answers its record. A build still running
+/// after `limit` fails the test.
 pub async fn wait_for_build(
     server: &Server,
     id: &str,
     version: u64,
     limit: std::time::Duration,
 ) -> Value {
-    let polls = limit.as_millis() / 200;
-    for _ in 0..polls {
-        let (_, build) = send(
-            server
-                .client
-                .get(server.url(&format!("/v1/environments/{id}/builds/{version}"))),
-        )
-        .await;
+    wait_for_build_at(&server.client, &server.base, id, version, limit).await
+}
+
+/// [`wait_for_build`] on a gateway at `base` (a `plinth` started as a process of its own).
+pub async fn wait_for_build_at(
+    client: &reqwest::Client,
+    base: &str,
+    id: &str,
+    version: u64,
+    limit: std::time::Duration,
+) -> Value {
+    crate::waiting::eventually(limit, async || {
+        let (_, build) =
+            send(client.get(format!("{base}/v1/environments/{id}/builds/{version}"))).await;
         if build["status"] == "ready" || build["status"] == "failed" {
-            return build;
+            Ok(build)
+        } else {
+            Err(format!("build {version}: {build}"))
         }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
-    panic!("build {version} did not end within {limit:?}");
+    })
+    .await
 }
 
 /// Starts the next build of `id` (version `version`) and waits until it is ready; a failed
@@ -534,18 +556,18 @@ pub fn loop_devices_under(dir: &std::path::Path) -> usize {
 /// Waits until nothing is mounted under `dir` and no loop device holds a file there (a
 /// builder lets go of a scope's disk just after its build is reported done).
 pub async fn until_unmounted(dir: &std::path::Path) {
-    for _ in 0..100 {
-        if mounts_under(dir).is_empty() && loop_devices_under(dir) == 0 {
-            return;
+    crate::waiting::eventually(std::time::Duration::from_secs(10), async || {
+        let (mounts, loops) = (mounts_under(dir), loop_devices_under(dir));
+        if mounts.is_empty() && loops == 0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "still mounted under {}: {mounts:?}, {loops} loop devices",
+                dir.display()
+            ))
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    panic!(
-        "still mounted under {}: {:?}, {} loop devices",
-        dir.display(),
-        mounts_under(dir),
-        loop_devices_under(dir)
-    );
+    })
+    .await;
 }
 
 /// The scopes' disk images in a builder's work directory.

@@ -14,7 +14,7 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::credentials::Credentials;
 use crate::helpers::{create_environment_at, send};
-use crate::processes::{Process, free_port, wait_until_ready};
+use crate::processes::Process;
 
 /// A certificate authority and the files of the certificates it signed.
 struct Pki {
@@ -60,13 +60,21 @@ impl Pki {
     }
 }
 
-fn spawn(args: &[&str], credentials: &Credentials, tls: &[(&str, &Path)], mutual: bool) -> Process {
+/// `plinth` with `args` (on port 0) and these TLS settings, once ready at `probe`'s address:
+/// it, and where it listens.
+async fn spawn(
+    args: &[&str],
+    credentials: &Credentials,
+    tls: &[(&str, &Path)],
+    mutual: bool,
+    probe: &str,
+) -> (Process, crate::cluster::Bound) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
     crate::credentials::apply(&mut command, credentials, args[0]);
     for (name, path) in tls {
         command.env(name, path);
     }
-    let child = command
+    command
         .env(
             "PLINTH_INTERNAL_TLS_REQUIRE_CLIENT_CERT",
             mutual.to_string(),
@@ -77,10 +85,8 @@ fn spawn(args: &[&str], credentials: &Credentials, tls: &[(&str, &Path)], mutual
         .env_remove("PLINTH_TOKENS")
         .env_remove("PLINTH_CONFIG")
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn plinth");
-    Process(child)
+        .stdout(Stdio::null());
+    crate::cluster::spawn_ready(&mut command, probe).await
 }
 
 /// The code a `ListEnvironments` as the gateway ends in, over `channel`, or the connection
@@ -118,13 +124,6 @@ async fn services_talk_over_tls_and_mutual_tls_refuses_callers_without_a_certifi
     let pki = Pki::new("plinth test");
     let data = tempfile::tempdir().expect("data");
     let client = crate::helpers::http_client();
-    let (catalog, catalog_admin, source, source_admin, http) = (
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-    );
 
     let (cert, key) = pki.issue("catalog");
     let catalog_tls = [
@@ -133,37 +132,34 @@ async fn services_talk_over_tls_and_mutual_tls_refuses_callers_without_a_certifi
         ("PLINTH_INTERNAL_TLS_CA", &pki.ca_file()),
     ];
     let database = format!("sqlite://{}/catalog.db?mode=rwc", data.path().display());
-    let mut catalog_process = spawn(
+    let (_catalog_process, bound) = spawn(
         &[
             "catalog",
             "--listen",
-            &catalog.to_string(),
+            "127.0.0.1:0",
             "--admin-listen",
-            &catalog_admin.to_string(),
+            "127.0.0.1:0",
             "--database-url",
             &database,
         ],
         &credentials,
         &catalog_tls,
         true,
-    );
-    wait_until_ready(
-        &client,
-        &format!("http://{catalog_admin}/readyz"),
-        &mut catalog_process,
+        "admin_listen",
     )
     .await;
+    let catalog = bound["listen"];
 
     let (cert, key) = pki.issue("source");
     let source_db = format!("sqlite://{}/source.db?mode=rwc", data.path().display());
     let blobs = format!("file://{}/blobs", data.path().display());
-    let mut source_process = spawn(
+    let (_source_process, bound) = spawn(
         &[
             "source",
             "--listen",
-            &source.to_string(),
+            "127.0.0.1:0",
             "--admin-listen",
-            &source_admin.to_string(),
+            "127.0.0.1:0",
             "--database-url",
             &source_db,
             "--blob-url",
@@ -176,21 +172,18 @@ async fn services_talk_over_tls_and_mutual_tls_refuses_callers_without_a_certifi
             ("PLINTH_INTERNAL_TLS_CA", &pki.ca_file()),
         ],
         false,
-    );
-    wait_until_ready(
-        &client,
-        &format!("http://{source_admin}/readyz"),
-        &mut source_process,
+        "admin_listen",
     )
     .await;
+    let source = bound["listen"];
 
     let (cert, key) = pki.issue("gateway");
     let (catalog_url, source_url) = (format!("https://{catalog}"), format!("https://{source}"));
-    let mut gateway = spawn(
+    let (_gateway, bound) = spawn(
         &[
             "gateway",
             "--listen",
-            &http.to_string(),
+            "127.0.0.1:0",
             "--catalog-url",
             &catalog_url,
             "--source-url",
@@ -203,9 +196,10 @@ async fn services_talk_over_tls_and_mutual_tls_refuses_callers_without_a_certifi
             ("PLINTH_INTERNAL_TLS_CA", &pki.ca_file()),
         ],
         false,
-    );
-    let base = format!("http://{http}");
-    wait_until_ready(&client, &format!("{base}/readyz"), &mut gateway).await;
+        "listen",
+    )
+    .await;
+    let base = format!("http://{}", bound["listen"]);
 
     // The gateway reaches the catalog over mutual TLS and the source service over TLS.
     let id = &create_environment_at(&client, &base, "Over TLS").await;

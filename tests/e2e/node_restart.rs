@@ -8,12 +8,37 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::cluster::{Cluster, Part};
 use crate::helpers::{create_environment_at, send};
-use crate::processes::{Process, free_port, wait_until_ready};
+use crate::processes::{Process, wait_until_ready};
+use crate::waiting::eventually;
 
 /// A `plinth` process of a split deployment with the shared test credentials, its output
 /// appended to `log`.
 pub(crate) fn spawn(args: &[String], config: &std::path::Path, log: &std::path::Path) -> Process {
+    Process(command(args, config, log).spawn().expect("spawn plinth"))
+}
+
+/// [`spawn`] on port 0 (`args` give `--listen 127.0.0.1:0`, say), once it has said where it
+/// listens and its `/readyz` at `admin_flag`'s address answers 200: it, and where it listens.
+pub(crate) async fn spawn_listening(
+    client: &reqwest::Client,
+    args: &[String],
+    config: &std::path::Path,
+    log: &std::path::Path,
+    admin_flag: &str,
+) -> (Process, crate::cluster::Bound) {
+    let ready_file = log.with_file_name(format!("{}.ready", uuid::Uuid::new_v4().simple()));
+    let (mut process, bound) =
+        crate::cluster::spawn_reporting(&mut command(args, config, log), &ready_file, Some(log))
+            .await;
+    let admin = bound[admin_flag];
+    wait_until_ready(client, &format!("http://{admin}/readyz"), &mut process).await;
+    (process, bound)
+}
+
+/// The command [`spawn`] runs.
+pub(crate) fn command(args: &[String], config: &std::path::Path, log: &std::path::Path) -> Command {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -21,17 +46,15 @@ pub(crate) fn spawn(args: &[String], config: &std::path::Path, log: &std::path::
         .expect("log file");
     let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
     crate::credentials::apply(&mut command, crate::credentials::shared(), &args[0]);
-    let child = command
+    command
         .args(args)
         .env("PLINTH_CONFIG", config)
         .env("PLINTH_LOG", "info")
         .env_remove("PLINTH_TOKENS")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn plinth");
-    Process(child)
+        .stderr(log);
+    command
 }
 
 /// A log file's text without terminal colours.
@@ -62,6 +85,8 @@ pub(crate) fn strings(args: &[&str]) -> Vec<String> {
 pub(crate) struct Core {
     pub(crate) catalog: std::net::SocketAddr,
     pub(crate) catalog_admin: std::net::SocketAddr,
+    pub(crate) source: std::net::SocketAddr,
+    pub(crate) source_admin: std::net::SocketAddr,
     pub(crate) http: std::net::SocketAddr,
 }
 
@@ -73,64 +98,44 @@ pub(crate) async fn start_core(
     log: &std::path::Path,
     blob_url: &str,
 ) -> (Vec<Process>, Core) {
-    let (catalog, catalog_admin, source, source_admin, http) = (
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-    );
-    let mut services = Vec::new();
-    for (args, ready) in [
-        (
-            strings(&[
-                "catalog",
-                "--standalone",
-                "--listen",
-                &catalog.to_string(),
-                "--admin-listen",
-                &catalog_admin.to_string(),
-            ]),
-            format!("http://{catalog_admin}/readyz"),
-        ),
-        (
-            strings(&[
-                "source",
-                "--standalone",
-                "--listen",
-                &source.to_string(),
-                "--admin-listen",
-                &source_admin.to_string(),
-                "--blob-url",
-                blob_url,
-            ]),
-            format!("http://{source_admin}/readyz"),
-        ),
-        (
-            strings(&[
-                "gateway",
-                "--listen",
-                &http.to_string(),
-                "--catalog-url",
-                &format!("http://{catalog}"),
-                "--source-url",
-                &format!("http://{source}"),
-            ]),
-            format!("http://{http}/readyz"),
-        ),
-    ] {
-        let mut process = spawn(&args, config, log);
-        wait_until_ready(client, &ready, &mut process).await;
-        services.push(process);
-    }
+    let (services, [catalog, source, gateway]) =
+        crate::cluster::start_trio(async |mut args, probe| {
+            if args[0] != "gateway" {
+                args.push("--standalone".to_owned());
+            }
+            if args[0] == "source" {
+                args.extend(["--blob-url".to_owned(), blob_url.to_owned()]);
+            }
+            spawn_listening(client, &args, config, log, probe).await
+        })
+        .await;
     (
         services,
         Core {
-            catalog,
-            catalog_admin,
-            http,
+            catalog: catalog["listen"],
+            catalog_admin: catalog["admin_listen"],
+            source: source["listen"],
+            source_admin: source["admin_listen"],
+            http: gateway["listen"],
         },
     )
+}
+
+/// [`start_core`] for processes that keep their data in `data` (blobs in `data/blobs`, logs
+/// in `data/services.log`) and read `config`: the processes, where they listen, the blob URL.
+pub(crate) async fn start_core_in(
+    data: &std::path::Path,
+    config: &std::path::Path,
+) -> (Vec<Process>, Core, String) {
+    let blob_url = format!("file://{}/blobs", data.display());
+    let (services, core) = start_core(
+        &crate::helpers::http_client(),
+        config,
+        &data.join("services.log"),
+        &blob_url,
+    )
+    .await;
+    (services, core, blob_url)
 }
 
 async fn exec(client: &reqwest::Client, base: &str, session: &str, command: &str) -> Value {
@@ -161,50 +166,25 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
     if !crate::helpers::can_build() {
         return;
     }
-    let data = tempfile::tempdir().expect("data");
-    let config = crate::failover::write_config(data.path(), "");
-    let log = data.path().join("services.log");
-    let node_log = data.path().join("node.log");
-    let client = crate::helpers::http_client();
-    let blob_url = format!("file://{}/blobs", data.path().display());
-    let (node, node_admin) = (free_port(), free_port());
-    let (mut services, core) = start_core(&client, &config, &log, &blob_url).await;
-    let Core { catalog, http, .. } = core;
-    services.push(spawn(
-        &strings(&[
-            "builder",
-            "--standalone",
-            "--name",
-            "builder",
-            "--catalog-url",
-            &format!("http://{catalog}"),
-            "--blob-url",
-            &blob_url,
-        ]),
-        &config,
-        &log,
-    ));
-    let node_args = strings(&[
-        "node",
-        "--standalone",
-        "--name",
-        "node-a",
-        "--listen",
-        &node.to_string(),
-        "--admin-listen",
-        &node_admin.to_string(),
-        "--catalog-url",
-        &format!("http://{catalog}"),
-        "--blob-url",
-        &blob_url,
-    ]);
-    let mut agent = spawn(&node_args, &config, &node_log);
-    wait_until_ready(&client, &format!("http://{node_admin}/readyz"), &mut agent).await;
+    let mut cluster = Cluster::builder()
+        .with(Part::Builder, 1)
+        .start()
+        .await
+        .expect("SQLite and a blob directory need nothing");
+    let node_admin = cluster.add(Part::Node, &[]).await.admin();
+    let node_log = cluster.log("node-1");
+    let data = cluster.dir().to_owned();
+    let node_data = data.join("node-1");
+    let client = cluster.client.clone();
     // Which cgroups hold sessions' limits is said where operators look (to a caller with a
     // credential: how the node runs is no one else's business).
     let ready = client
         .get(format!("http://{node_admin}/readyz"))
-        .bearer_auth(crate::credentials::shared().token(plinth_kit::auth::Role::Observer))
+        .bearer_auth(
+            cluster
+                .credentials()
+                .token(plinth_kit::auth::Role::Observer),
+        )
         .send()
         .await
         .expect("readyz")
@@ -213,7 +193,7 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
         .expect("readyz body");
     assert!(ready.contains("session limits: cgroup v"), "{ready}");
 
-    let base = format!("http://{http}");
+    let base = cluster.base();
     let id = create_environment_at(&client, &base, "Restart").await;
     let (status, _) = send(
         client
@@ -223,18 +203,12 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
     .await;
     assert_eq!(status, 200);
     send(client.post(format!("{base}/v1/environments/{id}/build"))).await;
-    for _ in 0..300 {
-        let (_, build) = send(client.get(format!("{base}/v1/environments/{id}/builds/1"))).await;
-        if build["status"] == "ready" {
-            break;
-        }
-        assert_ne!(build["status"], "failed", "{build}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let build =
+        crate::helpers::wait_for_build_at(&client, &base, &id, 1, Duration::from_secs(30)).await;
+    assert_eq!(build["status"], "ready", "{build}");
 
     // A session (the node registers right after it is ready; retry briefly until it has).
-    let mut session = Value::Null;
-    for _ in 0..50 {
+    let session = eventually(Duration::from_secs(5), async || {
         let (status, answer) = send(
             client
                 .post(format!("{base}/v1/sessions"))
@@ -242,15 +216,15 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
         )
         .await;
         if status == 201 {
-            session = answer;
-            break;
+            return Ok(answer);
         }
         assert_eq!(answer["error"]["code"], "unavailable", "{answer}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Err(answer)
+    })
+    .await;
     let session_id = session["id"].as_str().expect("a session").to_owned();
     assert_eq!(session["workdir"], "/home/session", "{session}");
-    let workdir = crate::helpers::host_workdir(data.path(), &session_id);
+    let workdir = crate::helpers::host_workdir(&node_data, &session_id);
     let wrote = exec(
         &client,
         &base,
@@ -275,21 +249,11 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
         !crate::sandbox::session_cgroup_dirs(&session_id).is_empty(),
         "the session's sandbox has a cgroup"
     );
-    assert!(
-        host_mounts(data.path()).is_empty(),
-        "{:?}",
-        host_mounts(data.path())
-    );
+    assert!(host_mounts(&data).is_empty(), "{:?}", host_mounts(&data));
 
     // Killed without a chance to clean up.
-    agent.0.kill().expect("kill");
-    agent.0.wait().expect("reaped");
-    drop(agent);
-    assert!(
-        host_mounts(data.path()).is_empty(),
-        "{:?}",
-        host_mounts(data.path())
-    );
+    cluster.kill("node-1");
+    assert!(host_mounts(&data).is_empty(), "{:?}", host_mounts(&data));
     assert!(workdir.join("mine.txt").exists());
     assert_eq!(
         crate::sandbox::gone("sleep 1010").await,
@@ -303,8 +267,7 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
     // The killed node left the session's cgroup behind; the restarted one, which holds no
     // sandbox yet, removes it (in every hierarchy) before it is ready.
     assert!(!crate::sandbox::session_cgroup_dirs(&session_id).is_empty());
-    let mut agent = spawn(&node_args, &config, &node_log);
-    wait_until_ready(&client, &format!("http://{node_admin}/readyz"), &mut agent).await;
+    cluster.restart("node-1").await;
     assert_eq!(
         crate::sandbox::session_cgroup_dirs(&session_id),
         Vec::<std::path::PathBuf>::new()
@@ -356,123 +319,77 @@ async fn a_killed_node_restarts_with_its_sessions_and_cache_and_leaves_no_mounts
         crate::sandbox::session_cgroup_dirs(&session_id),
         Vec::<std::path::PathBuf>::new()
     );
-    assert!(
-        host_mounts(data.path()).is_empty(),
-        "{:?}",
-        host_mounts(data.path())
-    );
-    drop(services);
+    assert!(host_mounts(&data).is_empty(), "{:?}", host_mounts(&data));
 }
 
-/// `/readyz` of `admin`, as an operator with the observer credential reads it: its status
-/// and body; none while nothing answers there yet.
-async fn readiness(client: &reqwest::Client, admin: std::net::SocketAddr) -> Option<(u16, String)> {
-    let response = client
-        .get(format!("http://{admin}/readyz"))
-        .bearer_auth(crate::credentials::shared().token(plinth_kit::auth::Role::Observer))
-        .send()
-        .await
-        .ok()?;
-    let status = response.status().as_u16();
-    Some((status, response.text().await.ok()?))
-}
-
-/// Polls `/readyz` of `admin` until its body says `expected` (checked in the background, every
-/// second or more often); fails the test after 30 s.
-async fn readiness_says(
-    client: &reqwest::Client,
-    admin: std::net::SocketAddr,
-    process: &mut Process,
-    expected: &str,
-) -> (u16, String) {
-    let mut last = (0, String::new());
-    for _ in 0..300 {
-        if let Ok(Some(status)) = process.0.try_wait() {
-            panic!("the process exited early with {status}");
+/// `/readyz` of the process named `name`, as an operator with the observer credential reads
+/// it, polled until its body says `expected` (checked in the background, every second or more
+/// often); answers its status and body.
+async fn readiness_says(cluster: &mut Cluster, name: &str, expected: &str) -> (u16, String) {
+    let readyz = format!("{}/readyz", cluster.named(name).admin_url());
+    let token = cluster
+        .credentials()
+        .token(plinth_kit::auth::Role::Observer)
+        .to_owned();
+    let client = cluster.client.clone();
+    eventually(Duration::from_secs(30), async || {
+        cluster.assert_running(name);
+        let response = client
+            .get(&readyz)
+            .bearer_auth(&token)
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .map_err(|error| error.to_string())?;
+        let status = response.status().as_u16();
+        let body = response.text().await.map_err(|error| error.to_string())?;
+        if body.contains(expected) {
+            Ok((status, body))
+        } else {
+            Err(format!("{status} {body}"))
         }
-        if let Ok(Some(answer)) =
-            tokio::time::timeout(Duration::from_secs(5), readiness(client, admin)).await
-        {
-            if answer.1.contains(expected) {
-                return answer;
-            }
-            last = answer;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("readyz never said {expected:?}; last: {last:?}");
+    })
+    .await
 }
 
 #[tokio::test]
 async fn a_node_cut_off_from_the_catalog_is_not_ready_and_a_source_without_its_blob_store_is() {
-    let data = tempfile::tempdir().expect("data");
-    let config = data.path().join("plinth.toml");
-    std::fs::write(
-        &config,
-        format!("data_dir = \"{}\"\n", data.path().display()),
-    )
-    .expect("config");
-    let log = data.path().join("services.log");
-    let client = crate::helpers::http_client();
-    // Nothing listens here: the catalog and the blob store are unreachable.
-    let closed = free_port();
+    // Nothing answers here: the catalog and the blob store are unreachable.
+    let closed = crate::cluster::hanging_up();
     let unreachable_store = format!(
         "s3://plinth/blobs?endpoint=http://{closed}&allow_http=true&region=us-east-1&access_key_id=test&secret_access_key=test"
     );
-
-    let (node, node_admin) = (free_port(), free_port());
-    let mut agent = spawn(
-        &strings(&[
-            "node",
-            "--standalone",
-            "--name",
-            "cut-off",
-            "--listen",
-            &node.to_string(),
-            "--admin-listen",
-            &node_admin.to_string(),
-            "--catalog-url",
-            &format!("http://{closed}"),
-            "--blob-url",
-            &format!("file://{}/blobs", data.path().display()),
-            "--insecure-no-isolation",
-        ]),
-        &config,
-        &log,
-    );
-    let (status, body) = readiness_says(
-        &client,
-        node_admin,
-        &mut agent,
-        "not registered with the catalog",
-    )
-    .await;
+    let mut cluster = Cluster::builder()
+        .with(Part::Catalog, 0)
+        .with(Part::Source, 0)
+        .with(Part::Gateway, 0)
+        .start()
+        .await
+        .expect("SQLite and a blob directory need nothing");
+    let catalog_url = format!("http://{closed}");
+    cluster
+        .add_unready(
+            Part::Node,
+            &[
+                "--name",
+                "cut-off",
+                "--catalog-url",
+                &catalog_url,
+                "--insecure-no-isolation",
+            ],
+        )
+        .await;
+    let (status, body) =
+        readiness_says(&mut cluster, "node-1", "not registered with the catalog").await;
     assert_eq!(status, 503, "{body}");
 
-    let (source, source_admin) = (free_port(), free_port());
-    let mut stores = spawn(
-        &strings(&[
-            "source",
-            "--standalone",
-            "--listen",
-            &source.to_string(),
-            "--admin-listen",
-            &source_admin.to_string(),
-            "--blob-url",
-            &unreachable_store,
-        ]),
-        &config,
-        &log,
-    );
+    cluster
+        .add_unready(Part::Source, &["--blob-url", &unreachable_store])
+        .await;
     // The blob store is every replica's: its outage leaves the source ready (a balancer
     // keeps it in service), saying so where operators look.
-    let (status, body) = readiness_says(
-        &client,
-        source_admin,
-        &mut stores,
-        "blob store: does not answer",
-    )
-    .await;
+    let (status, body) =
+        readiness_says(&mut cluster, "source-1", "blob store: does not answer").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body.lines().next(), Some("ready"), "{body}");
 }

@@ -64,6 +64,13 @@ struct Forwarder {
 
 impl Forwarder {
     async fn start(upstream: SocketAddr) -> Forwarder {
+        Self::start_to(Arc::new(std::sync::OnceLock::from(upstream))).await
+    }
+
+    /// A forwarder to whatever `upstream` is set to (a node that listens on port 0, and
+    /// advertises this forwarder's address, sets it once it listens); until then it closes
+    /// every connection.
+    async fn start_to(upstream: Arc<std::sync::OnceLock<SocketAddr>>) -> Forwarder {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
         let mode = Arc::new(watch::channel(Mode::Up).0);
@@ -71,7 +78,9 @@ impl Forwarder {
             let mode = mode.clone();
             plinth_kit::tasks::spawn(async move {
                 while let Ok((client, _)) = listener.accept().await {
-                    plinth_kit::tasks::spawn(forward(client, upstream, mode.subscribe()));
+                    if let Some(upstream) = upstream.get().copied() {
+                        plinth_kit::tasks::spawn(forward(client, upstream, mode.subscribe()));
+                    }
                 }
             })
         };
@@ -306,8 +315,8 @@ async fn a_node_the_gateways_cannot_reach_costs_requests_a_deadline_and_gets_no_
         return;
     };
     // Node 2 listens behind a forwarder, whose address is the one it advertises.
-    let node_two = crate::processes::free_port();
-    let front = Forwarder::start(node_two).await;
+    let node_two: Arc<std::sync::OnceLock<SocketAddr>> = Arc::default();
+    let front = Forwarder::start_to(node_two.clone()).await;
     let fleet = start_fleet(
         &database_url,
         [&database_url, &database_url],

@@ -23,8 +23,9 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::helpers::{create_environment_at, send};
-use crate::node_restart::{Core, spawn, start_core, strings};
-use crate::processes::{free_port, wait_until_ready};
+use crate::node_restart::{Core, command, spawn, start_core, strings};
+use crate::processes::wait_until_ready;
+use crate::waiting::eventually;
 
 /// The gateway's deadlines in this test (`gateway.node_call_timeout_ms`,
 /// `gateway.node_attach_timeout_ms`), small so the test is quick.
@@ -39,23 +40,31 @@ const ANSWER_BOUND: Duration = Duration::from_secs(45);
 /// silence (their streams lost frames), so clients connect afresh.
 struct Partition {
     addr: SocketAddr,
+    /// Where it forwards to, once known (the node behind it listens on port 0, and learns the
+    /// address it advertises, this one, first); until then it hangs up.
+    upstream: Arc<std::sync::OnceLock<SocketAddr>>,
     silent: Arc<AtomicBool>,
     open: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
     accepting: tokio::task::JoinHandle<()>,
 }
 
 impl Partition {
-    async fn start(upstream: SocketAddr) -> Self {
+    async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
+        let upstream: Arc<std::sync::OnceLock<SocketAddr>> = Arc::default();
         let silent = Arc::new(AtomicBool::new(false));
         let open: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
         let accepting = {
-            let (silent, open) = (silent.clone(), open.clone());
+            let (silent, open, upstream) = (silent.clone(), open.clone(), upstream.clone());
             plinth_kit::tasks::spawn(async move {
                 while let Ok((client, _)) = listener.accept().await {
                     let silent = silent.clone();
+                    let upstream = upstream.get().copied();
                     let task = plinth_kit::tasks::spawn(async move {
+                        let Some(upstream) = upstream else {
+                            return;
+                        };
                         let Ok(server) = TcpStream::connect(upstream).await else {
                             return;
                         };
@@ -92,10 +101,16 @@ impl Partition {
         };
         Partition {
             addr,
+            upstream,
             silent,
             open,
             accepting,
         }
+    }
+
+    /// Forwards to `upstream` from now on.
+    fn forward_to(&self, upstream: SocketAddr) {
+        self.upstream.set(upstream).expect("set once");
     }
 
     fn silence(&self) {
@@ -273,15 +288,14 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
         &log,
     ));
     // Node A, reached directly; node B, reached through the partition.
-    let b_listen = free_port();
-    let partition = Partition::start(b_listen).await;
+    let partition = Partition::start().await;
     let b_address = format!("http://{}", partition.addr);
     let mut states: Vec<PathBuf> = Vec::new();
-    for (name, listen, advertise, base_uid) in [
-        ("node-a", free_port(), None, "200000"),
-        ("node-b", b_listen, Some(b_address.clone()), "300000"),
+    for (name, advertise, base_uid) in [
+        ("node-a", None, "200000"),
+        ("node-b", Some(b_address.clone()), "300000"),
     ] {
-        let (admin, state) = (free_port(), data.path().join(name));
+        let state = data.path().join(name);
         let mut args = strings(&[
             "node",
             "--standalone",
@@ -290,9 +304,9 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
             "--data-dir",
             &state.display().to_string(),
             "--listen",
-            &listen.to_string(),
+            "127.0.0.1:0",
             "--admin-listen",
-            &admin.to_string(),
+            "127.0.0.1:0",
             "--catalog-url",
             &catalog_url,
             "--blob-url",
@@ -303,7 +317,17 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
         if let Some(advertise) = advertise {
             args.extend(strings(&["--advertise-url", &advertise]));
         }
-        let mut process = spawn(&args, &config, &data.path().join(format!("{name}.log")));
+        let log = data.path().join(format!("{name}.log"));
+        let (mut process, bound) = crate::cluster::spawn_reporting(
+            &mut command(&args, &config, &log),
+            &data.path().join(format!("{name}.ready")),
+            Some(&log),
+        )
+        .await;
+        if name == "node-b" {
+            partition.forward_to(bound["listen"]);
+        }
+        let admin = bound["admin_listen"];
         wait_until_ready(&client, &format!("http://{admin}/readyz"), &mut process).await;
         services.push(process);
         states.push(state);
@@ -329,17 +353,15 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
     .await;
     assert_eq!(status, 200);
     send(client.post(format!("{base}/v1/environments/{environment}/build"))).await;
-    let built = Instant::now();
-    loop {
-        let (_, build) =
-            send(client.get(format!("{base}/v1/environments/{environment}/builds/1"))).await;
-        if build["status"] == "ready" {
-            break;
-        }
-        assert_ne!(build["status"], "failed", "{build}");
-        assert!(built.elapsed() < Duration::from_secs(120), "{build}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let build = crate::helpers::wait_for_build_at(
+        &client,
+        &base,
+        &environment,
+        1,
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_eq!(build["status"], "ready", "{build}");
 
     // Two sessions on A and one on B (each node has the version and a connection), so the
     // next placement, the least-loaded node, is B.
@@ -387,19 +409,14 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
         plinth_kit::tasks::spawn(async move { create(&client, &base, &environment).await })
     };
     // B is handed the session: its working directory appears.
-    let handed_at = Instant::now();
-    let half_made = loop {
+    let half_made = eventually(Duration::from_secs(20), async || {
         let now = on_disk(&b_state);
-        if let Some(id) = now.difference(&before).next() {
-            break id.clone();
+        match now.difference(&before).next() {
+            Some(id) => Ok(id.clone()),
+            None => Err(format!("node B has not received the attach\n{}", logs())),
         }
-        assert!(
-            handed_at.elapsed() < Duration::from_secs(20),
-            "node B never received the attach\n{}",
-            logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     // A command in B's session answers within the deadline: 503, naming the node.
     let timed_out = exec(&client, &base, &session_on_b).await;
     assert_eq!(timed_out.status, 503, "{timed_out:?}");
@@ -522,21 +539,20 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
     // it was handed is gone from it (ended in the catalog when its attach timed out, then
     // detached by B on a heartbeat).
     partition.heal();
-    let healed = Instant::now();
-    let back_on_b = loop {
-        assert!(
-            healed.elapsed() < Duration::from_secs(60),
-            "node B got no session after the partition healed\n{}",
-            logs()
-        );
+    let back_on_b = eventually(Duration::from_secs(60), async || {
         let created = create(&client, &base, &environment).await;
         assert_eq!(created.status, 201, "{created:?}");
         let id = created.body["id"].as_str().expect("id").to_owned();
         if node_of(&catalog_url, &id).await == b_address {
-            break id;
+            Ok(id)
+        } else {
+            Err(format!(
+                "node B got no session since the partition healed\n{}",
+                logs()
+            ))
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
+    })
+    .await;
     let ran = exec(&client, &base, &back_on_b).await;
     assert_eq!(ran.status, 200, "{ran:?}");
     let ran = exec(&client, &base, &session_on_b).await;
@@ -545,14 +561,16 @@ async fn a_partitioned_node_costs_callers_a_deadline_and_gets_no_sessions_until_
         "B's session outlived the partition: {ran:?}"
     );
     let workdir = crate::helpers::host_workdir(&b_state, &half_made);
-    let gone = Instant::now();
-    while on_disk(&b_state).contains(&half_made) || workdir.exists() {
-        assert!(
-            gone.elapsed() < Duration::from_secs(30),
-            "the half-made session {half_made} is still on node B\n{}",
-            logs()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(Duration::from_secs(30), async || {
+        if on_disk(&b_state).contains(&half_made) || workdir.exists() {
+            Err(format!(
+                "the half-made session {half_made} is still on node B\n{}",
+                logs()
+            ))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     drop(services);
 }

@@ -3,17 +3,17 @@
 //! database (`PLINTH_TEST_POSTGRES_URL`, required under CI) and each process proving its
 //! role with its own internal credential.
 
-use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use plinth_catalog::testing::{self, PostgresAvailability};
 use plinth_proto::catalog::v1::ListEnvironmentsRequest;
 use plinth_proto::catalog::v1::catalog_service_client::CatalogServiceClient;
 use serde_json::json;
 
+use crate::cluster::{Cluster, Part};
 use crate::credentials::Credentials;
 use crate::helpers::{assert_error, send};
+use crate::waiting::eventually;
 use plinth_kit::auth::Role;
 
 /// A child process killed when the test ends, however it ends.
@@ -24,26 +24,6 @@ impl Drop for Process {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-pub(crate) fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-}
-
-fn plinth(args: &[&str], credentials: &Credentials) -> Process {
-    plinth_with_tokens(args, credentials, None)
-}
-
-/// `plinth` with client tokens in `PLINTH_TOKENS` (as `token=scope,…`), never on its command
-/// line.
-fn plinth_with_tokens(args: &[&str], credentials: &Credentials, tokens: Option<&str>) -> Process {
-    let mut command = plinth_command(args, credentials);
-    if let Some(tokens) = tokens {
-        command.env("PLINTH_TOKENS", tokens);
-    }
-    Process(command.spawn().expect("spawn plinth"))
 }
 
 /// The command `plinth <role> …` runs as, with the role's credential, a quiet log and the
@@ -61,118 +41,38 @@ pub(crate) fn plinth_command(args: &[&str], credentials: &Credentials) -> Comman
     command
 }
 
+/// Waits until `url` answers 200 (a `/readyz`), failing the test if `process` exits first.
 pub(crate) async fn wait_until_ready(client: &reqwest::Client, url: &str, process: &mut Process) {
-    for _ in 0..300 {
+    eventually(Duration::from_secs(30), async || {
         if let Ok(Some(status)) = process.0.try_wait() {
             panic!("{url}: the process exited early with {status}");
         }
-        if let Ok(response) = client.get(url).send().await
-            && response.status() == 200
-        {
-            return;
+        let response = client.get(url).send().await.map_err(|e| e.to_string())?;
+        match response.status().as_u16() {
+            200 => Ok(()),
+            status => Err(format!("{url}: {status}")),
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{url} did not become ready within 30 s");
-}
-
-/// `plinth catalog` and `plinth source` on PostgreSQL and `plinth gateway` in front of them.
-struct Deployment<'a> {
-    database_url: String,
-    blob_url: String,
-    credentials: &'a Credentials,
-    grpc: SocketAddr,
-    admin: SocketAddr,
-    source: SocketAddr,
-    source_admin: SocketAddr,
-    http: SocketAddr,
-}
-
-impl Deployment<'_> {
-    /// Starts all three and waits until each says it is ready.
-    async fn start(&self, client: &reqwest::Client) -> (Process, Process, Process) {
-        let (grpc, admin, http) = (
-            self.grpc.to_string(),
-            self.admin.to_string(),
-            self.http.to_string(),
-        );
-        let catalog_url = format!("http://{grpc}");
-        let mut catalog = plinth(
-            &[
-                "catalog",
-                "--listen",
-                &grpc,
-                "--admin-listen",
-                &admin,
-                "--database-url",
-                &self.database_url,
-            ],
-            self.credentials,
-        );
-        wait_until_ready(client, &format!("http://{admin}/readyz"), &mut catalog).await;
-        let (source, source_admin) = (self.source.to_string(), self.source_admin.to_string());
-        let mut source_service = plinth(
-            &[
-                "source",
-                "--listen",
-                &source,
-                "--admin-listen",
-                &source_admin,
-                "--database-url",
-                &self.database_url,
-                "--blob-url",
-                &self.blob_url,
-            ],
-            self.credentials,
-        );
-        wait_until_ready(
-            client,
-            &format!("http://{source_admin}/readyz"),
-            &mut source_service,
-        )
-        .await;
-        let source_url = format!("http://{source}");
-        let mut gateway = plinth_with_tokens(
-            &[
-                "gateway",
-                "--listen",
-                &http,
-                "--catalog-url",
-                &catalog_url,
-                "--source-url",
-                &source_url,
-            ],
-            self.credentials,
-            Some("tok-acme=acme"),
-        );
-        wait_until_ready(client, &format!("http://{http}/readyz"), &mut gateway).await;
-        (catalog, source_service, gateway)
-    }
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn catalog_source_and_gateway_as_processes_over_grpc_on_postgres() {
-    let PostgresAvailability::Available(server) = testing::postgres() else {
+    let Some(mut cluster) = Cluster::builder()
+        .postgres()
+        .tokens("tok-acme=acme")
+        .start()
+        .await
+    else {
         return;
     };
-    let database_url = testing::fresh_postgres_database(&server).await;
-    let credentials = Credentials::new();
-    let (grpc, admin, http) = (free_port(), free_port(), free_port());
-    let blobs = tempfile::tempdir().expect("blob dir");
-
-    let client = crate::helpers::http_client();
-    let deployment = Deployment {
-        database_url: database_url.clone(),
-        blob_url: format!("file://{}", blobs.path().display()),
-        credentials: &credentials,
-        grpc,
-        admin,
-        source: free_port(),
-        source_admin: free_port(),
-        http,
-    };
-    let (catalog, source, gateway) = deployment.start(&client).await;
-
+    let client = cluster.client.clone();
+    let (grpc, admin, http) = (
+        cluster.get(Part::Catalog, 0).listen(),
+        cluster.get(Part::Catalog, 0).admin(),
+        cluster.get(Part::Gateway, 0).listen(),
+    );
+    let source = cluster.get(Part::Source, 0).listen();
     let base = format!("http://{http}");
     let (status, created) = send(
         client
@@ -220,16 +120,18 @@ async fn catalog_source_and_gateway_as_processes_over_grpc_on_postgres() {
         .expect_err("no credential, no answer");
     assert_eq!(refused.code(), tonic::Code::Unauthenticated);
     for role in [Role::Builder, Role::Node, Role::Observer] {
-        let refused =
-            CatalogServiceClient::with_interceptor(channel.clone(), credentials.interceptor(role))
-                .list_environments(list())
-                .await
-                .expect_err("only the gateway acts for a scope");
+        let refused = CatalogServiceClient::with_interceptor(
+            channel.clone(),
+            cluster.credentials().interceptor(role),
+        )
+        .list_environments(list())
+        .await
+        .expect_err("only the gateway acts for a scope");
         assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{role}");
     }
     let listed = CatalogServiceClient::with_interceptor(
         channel.clone(),
-        credentials.interceptor(Role::Gateway),
+        cluster.credentials().interceptor(Role::Gateway),
     )
     .list_environments(list())
     .await
@@ -249,11 +151,8 @@ async fn catalog_source_and_gateway_as_processes_over_grpc_on_postgres() {
 
     // Every RPC of the split catalog and source service, as every role.
     crate::grpc_surface::assert_every_rpc_answers_only_its_roles(
-        &credentials,
-        &[
-            ("/plinth.catalog.", grpc),
-            ("/plinth.source.", deployment.source),
-        ],
+        cluster.credentials(),
+        &[("/plinth.catalog.", grpc), ("/plinth.source.", source)],
     )
     .await;
 
@@ -266,7 +165,7 @@ async fn catalog_source_and_gateway_as_processes_over_grpc_on_postgres() {
     let scrape = |url: String| {
         let request = client
             .get(url)
-            .bearer_auth(credentials.token(Role::Observer));
+            .bearer_auth(cluster.credentials().token(Role::Observer));
         async move {
             let response = request.send().await.expect("request");
             assert_eq!(response.status(), 200);
@@ -312,10 +211,12 @@ async fn catalog_source_and_gateway_as_processes_over_grpc_on_postgres() {
     assert_eq!(status, 200, "{written}");
     assert_eq!(written["size"], 18);
 
-    drop(gateway);
-    drop(source);
-    drop(catalog);
-    let (_catalog, _source, _gateway) = deployment.start(&client).await;
+    for name in ["gateway-1", "source-1", "catalog-1"] {
+        cluster.kill(name);
+    }
+    for name in ["catalog-1", "source-1", "gateway-1"] {
+        cluster.restart(name).await;
+    }
     let read = client
         .get(&file_url)
         .bearer_auth("tok-acme")

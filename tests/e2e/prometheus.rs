@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 use crate::credentials::Credentials;
 use crate::helpers::send;
-use crate::processes::{Process, free_port, wait_until_ready};
+use crate::processes::{Process, wait_until_ready};
 
 /// How often Prometheus scrapes and evaluates, and the window `$__rate_interval` becomes.
 const SCRAPE_INTERVAL: &str = "1s";
@@ -107,17 +107,13 @@ impl Api {
 
     /// Polls `expr` until it answers at least one sample, bounded by a minute.
     async fn until_some(&self, expr: &str) -> Vec<Value> {
-        let mut last = Err(String::new());
-        for _ in 0..300 {
-            last = self.query(expr).await;
-            if let Ok(samples) = &last
-                && !samples.is_empty()
-            {
-                return samples.clone();
+        crate::waiting::eventually(Duration::from_secs(60), async || {
+            match self.query(expr).await {
+                Ok(samples) if !samples.is_empty() => Ok(samples),
+                last => Err(format!("{expr} answered no sample: {last:?}")),
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        panic!("{expr} answered no sample within a minute: {last:?}");
+        })
+        .await
     }
 }
 
@@ -278,13 +274,18 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     names
 }
 
-/// `plinth <role>` started alone, given `credentials`.
-fn plinth(args: &[&str], credentials: &Credentials) -> Process {
-    Process(
-        crate::processes::plinth_command(args, credentials)
-            .spawn()
-            .expect("spawn plinth"),
+/// `plinth <role>` started alone on port 0, given `credentials`, once ready at `probe`'s
+/// address: it, and where it listens.
+async fn plinth(
+    args: &[&str],
+    credentials: &Credentials,
+    probe: &str,
+) -> (Process, crate::cluster::Bound) {
+    crate::cluster::spawn_ready(
+        &mut crate::processes::plinth_command(args, credentials),
+        probe,
     )
+    .await
 }
 
 /// A little of everything on the gateway at `base`: an environment made (its id answered), a
@@ -318,91 +319,40 @@ async fn a_real_prometheus_finds_every_series_the_dashboards_and_alerts_read_exp
     let dir = |name: &str| data.path().join(name).to_str().expect("utf-8").to_owned();
 
     // `plinth serve`, one process, with the catalog's and the source service's admin ports.
-    let (serve_http, serve_catalog_admin, serve_source_admin) =
-        (free_port(), free_port(), free_port());
     let config = data.path().join("serve.toml");
     std::fs::write(
         &config,
         format!(
-            "[internal]\naccept_file = \"{}\"\n\n[catalog]\nadmin_listen = \"{serve_catalog_admin}\"\n\n\
-             [source]\nadmin_listen = \"{serve_source_admin}\"\n",
+            "[internal]\naccept_file = \"{}\"\n\n[catalog]\nadmin_listen = \"127.0.0.1:0\"\n\n\
+             [source]\nadmin_listen = \"127.0.0.1:0\"\n",
             credentials.accept_file().display()
         ),
     )
     .expect("serve config");
     std::fs::create_dir_all(dir("serve")).expect("serve data dir");
-    let mut command =
-        crate::walkthrough::serve_command(&serve_http.to_string(), Path::new(&dir("serve")));
+    let mut command = crate::walkthrough::serve_command("127.0.0.1:0", Path::new(&dir("serve")));
     command.arg("--config").arg(&config);
-    let mut serve = Process(command.spawn().expect("spawn plinth serve"));
-    wait_until_ready(&client, &format!("http://{serve_http}/readyz"), &mut serve).await;
+    let (_serve, serve) = crate::cluster::spawn_ready(&mut command, "listen").await;
+    let (serve_http, serve_catalog_admin, serve_source_admin) = (
+        serve["listen"],
+        serve["catalog_admin_listen"],
+        serve["source_admin_listen"],
+    );
 
     // The same services split into processes of their own.
-    let (catalog_grpc, catalog_admin, source_grpc, source_admin, gateway_http) = (
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-    );
-    let mut catalog = plinth(
-        &[
-            "catalog",
-            "--standalone",
-            "--listen",
-            &catalog_grpc.to_string(),
-            "--admin-listen",
-            &catalog_admin.to_string(),
-            "--data-dir",
-            &dir("catalog"),
-        ],
-        &credentials,
-    );
-    wait_until_ready(
-        &client,
-        &format!("http://{catalog_admin}/readyz"),
-        &mut catalog,
-    )
-    .await;
-    let mut source = plinth(
-        &[
-            "source",
-            "--standalone",
-            "--listen",
-            &source_grpc.to_string(),
-            "--admin-listen",
-            &source_admin.to_string(),
-            "--catalog-url",
-            &format!("http://{catalog_grpc}"),
-            "--data-dir",
-            &dir("source"),
-        ],
-        &credentials,
-    );
-    wait_until_ready(
-        &client,
-        &format!("http://{source_admin}/readyz"),
-        &mut source,
-    )
-    .await;
-    let mut gateway = plinth(
-        &[
-            "gateway",
-            "--listen",
-            &gateway_http.to_string(),
-            "--catalog-url",
-            &format!("http://{catalog_grpc}"),
-            "--source-url",
-            &format!("http://{source_grpc}"),
-        ],
-        &credentials,
-    );
-    wait_until_ready(
-        &client,
-        &format!("http://{gateway_http}/readyz"),
-        &mut gateway,
-    )
-    .await;
+    let (_services, [catalog, source, gateway]) =
+        crate::cluster::start_trio(async |mut args, probe| {
+            if args[0] != "gateway" {
+                let data_dir = dir(&args[0]);
+                args.extend(["--standalone".to_owned(), "--data-dir".to_owned(), data_dir]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            plinth(&args, &credentials, probe).await
+        })
+        .await;
+    let catalog_admin = catalog["admin_listen"];
+    let source_admin = source["admin_listen"];
+    let gateway_http = gateway["listen"];
 
     let jobs = [
         Job {
@@ -447,7 +397,6 @@ async fn a_real_prometheus_finds_every_series_the_dashboards_and_alerts_read_exp
         ),
     )
     .expect("Prometheus' configuration");
-    let prometheus_addr = free_port();
     let mut prometheus = Process(
         std::process::Command::new(&prometheus_bin)
             .arg(format!(
@@ -458,12 +407,17 @@ async fn a_real_prometheus_finds_every_series_the_dashboards_and_alerts_read_exp
                 "--storage.tsdb.path={}",
                 prometheus_dir.path().join("data").display()
             ))
-            .arg(format!("--web.listen-address={prometheus_addr}"))
+            .arg("--web.listen-address=127.0.0.1:0")
             .arg("--log.level=warn")
             .stdin(std::process::Stdio::null())
             .spawn()
             .expect("spawn prometheus"),
     );
+    let pid = prometheus.0.id();
+    let prometheus_addr = crate::waiting::eventually(Duration::from_secs(30), async || {
+        crate::cluster::listening_addresses_of(pid).first().copied()
+    })
+    .await;
     wait_until_ready(
         &client,
         &format!("http://{prometheus_addr}/-/ready"),

@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::helpers::{Server, assert_error_in, send};
-use crate::processes::{Process, free_port, wait_until_ready};
+use crate::processes::Process;
 
 /// How long a build of these small projects may take.
 const BUILD_LIMIT: Duration = Duration::from_secs(120);
@@ -71,18 +71,8 @@ impl Api {
         )
         .await;
         assert_eq!(status, 202, "{queued}");
-        for _ in 0..BUILD_LIMIT.as_millis() / 200 {
-            let (_, build) = send(
-                self.client
-                    .get(self.url(&format!("/v1/environments/{id}/builds/{version}"))),
-            )
-            .await;
-            if build["status"] == "ready" || build["status"] == "failed" {
-                return build;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        panic!("build {version} of {id} did not end within {BUILD_LIMIT:?}");
+        crate::helpers::wait_for_build_at(&self.client, &self.url(""), id, version, BUILD_LIMIT)
+            .await
     }
 
     /// Builds version `version` of `id`, which must be ready; answers its log and the
@@ -138,12 +128,11 @@ impl WithoutUv {
         // The build user must reach the tools directory.
         std::fs::set_permissions(tools.path(), std::fs::Permissions::from_mode(0o755))
             .expect("chmod");
-        let http = free_port();
         let config = data.path().join("plinth.toml");
         std::fs::write(
             &config,
             format!(
-                "data_dir = \"{}\"\n[gateway]\nlisten = \"{http}\"\n\
+                "data_dir = \"{}\"\n[gateway]\nlisten = \"127.0.0.1:0\"\n\
                  [builder]\nnetwork = false\ntools_dir = \"{}\"\n",
                 data.path().display(),
                 tools.path().display()
@@ -151,7 +140,8 @@ impl WithoutUv {
         )
         .expect("config");
         let log = std::fs::File::create(data.path().join("serve.log")).expect("log");
-        let child = Command::new(env!("CARGO_BIN_EXE_plinth"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_plinth"));
+        command
             .args(["serve", "--config"])
             .arg(&config)
             .env("PATH", PATH_WITHOUT_UV)
@@ -160,15 +150,12 @@ impl WithoutUv {
             .env_remove("PLINTH_CONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn plinth serve");
-        let mut process = Process(child);
+            .stderr(log);
+        let (process, http) = crate::cluster::spawn_serve(&mut command).await;
         let api = Api {
             client: crate::helpers::http_client(),
             base: format!("http://{http}"),
         };
-        wait_until_ready(&api.client, &api.url("/readyz"), &mut process).await;
         WithoutUv {
             api,
             process: Some(process),

@@ -196,15 +196,15 @@ async fn a_session_reaches_no_port_of_the_host() {
         return;
     }
     // The catalog's and the source service's admin addresses too (metrics, readiness).
-    let (catalog_admin, source_admin) =
-        (crate::processes::free_port(), crate::processes::free_port());
     let server = Server::start_with_config(
-        &format!(
-            "[catalog]\nadmin_listen = \"{catalog_admin}\"\n\n[source]\nadmin_listen = \"{source_admin}\"\n"
-        ),
+        "[catalog]\nadmin_listen = \"127.0.0.1:0\"\n\n[source]\nadmin_listen = \"127.0.0.1:0\"\n",
         &["--builder-network", "false"],
     )
     .await;
+    let (catalog_admin, source_admin) = (
+        server.bound("catalog_admin_listen"),
+        server.bound("source_admin_listen"),
+    );
     let id = built_environment(&server, "Sandbox Ports", BUILD_LIMIT).await;
     let attacker = session(&server, &id).await;
     // Every port serve listens on (gateway, catalog, source, node, admin addresses) and

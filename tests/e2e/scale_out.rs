@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use crate::credentials::Credentials;
 use crate::helpers::send;
-use crate::processes::{Process, free_port, plinth_command, wait_until_ready};
+use crate::processes::{Process, plinth_command, wait_until_ready};
 
 /// How long after its last heartbeat a node gets no new sessions (`catalog.node_ttl_ms`).
 const NODE_TTL: Duration = Duration::from_secs(3);
@@ -140,6 +140,20 @@ pub(crate) fn now_ms() -> i64 {
 }
 
 fn spawn(args: &[&str], credentials: &Credentials, log: &Path, tokens: Option<&str>) -> Process {
+    Process(
+        command(args, credentials, log, tokens)
+            .spawn()
+            .expect("spawn plinth"),
+    )
+}
+
+/// The command [`spawn`] runs: its output appended to `log`, client `tokens` for a gateway.
+fn command(
+    args: &[&str],
+    credentials: &Credentials,
+    log: &Path,
+    tokens: Option<&str>,
+) -> std::process::Command {
     let mut command = plinth_command(args, credentials);
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -150,7 +164,30 @@ fn spawn(args: &[&str], credentials: &Credentials, log: &Path, tokens: Option<&s
     if let Some(tokens) = tokens {
         command.env("PLINTH_TOKENS", tokens);
     }
-    Process(command.spawn().expect("spawn plinth"))
+    command
+}
+
+/// [`spawn`] on port 0 (`args` say so), once it has said where it listens and its `/readyz`,
+/// at `probe`'s address, answers 200: it, and where it listens.
+async fn spawn_ready(
+    args: &[&str],
+    credentials: &Credentials,
+    log: &Path,
+    tokens: Option<&str>,
+    probe: &str,
+) -> (Process, crate::cluster::Bound) {
+    let mut command = command(args, credentials, log, tokens);
+    let ready_file = log.with_file_name(format!("{}.ready", uuid::Uuid::new_v4().simple()));
+    let (mut process, bound) =
+        crate::cluster::spawn_reporting(&mut command, &ready_file, Some(log)).await;
+    let client = crate::helpers::http_client();
+    wait_until_ready(
+        &client,
+        &format!("http://{}/readyz", bound[probe]),
+        &mut process,
+    )
+    .await;
+    (process, bound)
 }
 
 fn urls(addresses: &[SocketAddr]) -> String {
@@ -212,14 +249,15 @@ pub(crate) async fn fleet_stores() -> Option<(String, String)> {
 /// Starts two of every service: catalog `i` on `catalog_databases[i]` (the same database,
 /// reached directly or through a test's forwarder), sources and the rest on `database_url`,
 /// every service on `blob_url`, and `config_extra` added to their configuration file; makes the
-/// workload's environments and builds the sessions' one. Node `i` listens where
-/// `node_fronts[i]` says and advertises its URL (a test's forwarder in front of it), if given.
+/// workload's environments and builds the sessions' one. Node `i` advertises the URL of
+/// `node_fronts[i]`, if given (a test's forwarder in front of it), and sets its upstream to
+/// where the node listens. Every service listens on port 0.
 pub(crate) async fn start_fleet(
     database_url: &str,
     catalog_databases: [&str; 2],
     blob_url: &str,
     config_extra: &str,
-    node_fronts: [Option<(SocketAddr, String)>; 2],
+    node_fronts: [Option<(Arc<std::sync::OnceLock<SocketAddr>>, String)>; 2],
 ) -> Fleet {
     let blob_url = blob_url.to_owned();
     let credentials = Credentials::new();
@@ -242,50 +280,45 @@ pub(crate) async fn start_fleet(
         .build()
         .expect("client");
 
-    let catalogs = [free_port(), free_port()];
-    let sources = [free_port(), free_port()];
-    let gateways = [free_port(), free_port()];
-    let nodes = node_fronts
-        .clone()
-        .map(|front| front.map_or_else(free_port, |(listen, _)| listen));
-    let (catalog_urls, source_urls) = (urls(&catalogs), urls(&sources));
-
     let mut services: Vec<Service> = Vec::new();
-    for (index, address) in catalogs.iter().enumerate() {
-        let admin = free_port();
-        let mut process = spawn(
+    let mut catalogs = Vec::new();
+    for (index, database) in catalog_databases.iter().enumerate() {
+        let (process, bound) = spawn_ready(
             &[
                 "catalog",
                 "--config",
                 &config,
                 "--listen",
-                &address.to_string(),
+                "127.0.0.1:0",
                 "--admin-listen",
-                &admin.to_string(),
+                "127.0.0.1:0",
                 "--database-url",
-                catalog_databases[index],
+                database,
             ],
             &credentials,
             &log,
             None,
-        );
-        wait_until_ready(&client, &format!("http://{admin}/readyz"), &mut process).await;
+            "admin_listen",
+        )
+        .await;
+        catalogs.push(bound["listen"]);
         services.push(Service {
             name: format!("catalog-{}", index + 1),
             process,
         });
     }
-    for (index, address) in sources.iter().enumerate() {
-        let admin = free_port();
-        let mut process = spawn(
+    let catalog_urls = urls(&catalogs);
+    let mut sources = Vec::new();
+    for index in 0..2 {
+        let (process, bound) = spawn_ready(
             &[
                 "source",
                 "--config",
                 &config,
                 "--listen",
-                &address.to_string(),
+                "127.0.0.1:0",
                 "--admin-listen",
-                &admin.to_string(),
+                "127.0.0.1:0",
                 "--database-url",
                 database_url,
                 "--blob-url",
@@ -298,13 +331,16 @@ pub(crate) async fn start_fleet(
             &credentials,
             &log,
             None,
-        );
-        wait_until_ready(&client, &format!("http://{admin}/readyz"), &mut process).await;
+            "admin_listen",
+        )
+        .await;
+        sources.push(bound["listen"]);
         services.push(Service {
             name: format!("source-{}", index + 1),
             process,
         });
     }
+    let source_urls = urls(&sources);
     for index in 0..2 {
         let name = format!("builder-{}", index + 1);
         let process = spawn(
@@ -330,12 +366,9 @@ pub(crate) async fn start_fleet(
         services.push(Service { name, process });
     }
     let mut node_admins = Vec::new();
-    for (index, address) in nodes.iter().enumerate() {
+    for (index, front) in node_fronts.iter().enumerate() {
         let name = format!("node-{}", index + 1);
-        let admin = free_port();
-        node_admins.push(admin);
-        let (address, admin_address, data_dir) =
-            (address.to_string(), admin.to_string(), dir(&name));
+        let data_dir = dir(&name);
         let mut args = vec![
             "node",
             "--config",
@@ -343,9 +376,9 @@ pub(crate) async fn start_fleet(
             "--name",
             &name,
             "--listen",
-            &address,
+            "127.0.0.1:0",
             "--admin-listen",
-            &admin_address,
+            "127.0.0.1:0",
             "--catalog-url",
             &catalog_urls,
             "--blob-url",
@@ -353,21 +386,31 @@ pub(crate) async fn start_fleet(
             "--data-dir",
             &data_dir,
         ];
-        if let Some((_, advertise)) = &node_fronts[index] {
+        if let Some((_, advertise)) = front {
             args.extend(["--advertise-url", advertise.as_str()]);
         }
-        let mut process = spawn(&args, &credentials, &log, None);
+        let mut command = command(&args, &credentials, &log, None);
+        let ready_file = data.path().join(format!("{name}.ready"));
+        let (mut process, bound) =
+            crate::cluster::spawn_reporting(&mut command, &ready_file, Some(&log)).await;
+        // The front forwards to the node once it knows where the node listens.
+        if let Some((upstream, _)) = front {
+            upstream.set(bound["listen"]).expect("set once");
+        }
+        let admin = bound["admin_listen"];
+        node_admins.push(admin);
         wait_until_ready(&client, &format!("http://{admin}/readyz"), &mut process).await;
         services.push(Service { name, process });
     }
-    for (index, address) in gateways.iter().enumerate() {
-        let mut process = spawn(
+    let mut gateways = Vec::new();
+    for index in 0..2 {
+        let (process, bound) = spawn_ready(
             &[
                 "gateway",
                 "--config",
                 &config,
                 "--listen",
-                &address.to_string(),
+                "127.0.0.1:0",
                 "--catalog-url",
                 &catalog_urls,
                 "--source-url",
@@ -376,13 +419,16 @@ pub(crate) async fn start_fleet(
             &credentials,
             &log,
             Some("tok-acme=acme"),
-        );
-        wait_until_ready(&client, &format!("http://{address}/readyz"), &mut process).await;
+            "listen",
+        )
+        .await;
+        gateways.push(bound["listen"]);
         services.push(Service {
             name: format!("gateway-{}", index + 1),
             process,
         });
     }
+    let gateways: [SocketAddr; 2] = [gateways[0], gateways[1]];
     let base = |index: usize| format!("http://{}", gateways[index % 2]);
 
     // An environment for writes, one for sessions (built once), one for builds (each build

@@ -23,7 +23,7 @@ use serde_json::json;
 
 use crate::credentials::Credentials;
 use crate::helpers::{Server, build_ready, put_file, send};
-use crate::processes::{Process, free_port, wait_until_ready};
+use crate::processes::Process;
 
 /// The whole `/metrics` text of the in-process server.
 async fn scrape(server: &Server) -> String {
@@ -395,10 +395,17 @@ pub(crate) fn span_status(span: &Span) -> StatusCode {
 }
 
 /// `plinth <role>` exporting spans as `otel` says.
-fn plinth(args: &[&str], credentials: &Credentials, otel: &[(&str, String)]) -> Process {
+/// `plinth` with `args` (on port 0) exporting to `otel`, once ready at `probe`'s address:
+/// it, and where it listens.
+async fn plinth(
+    args: &[&str],
+    credentials: &Credentials,
+    otel: &[(&str, String)],
+    probe: &str,
+) -> (Process, crate::cluster::Bound) {
     let mut command = crate::processes::plinth_command(args, credentials);
     exporting(&mut command, otel);
-    Process(command.spawn().expect("spawn plinth"))
+    crate::cluster::spawn_ready(&mut command, probe).await
 }
 
 /// Sets `command`'s OpenTelemetry variables to `otel` alone (none of the test's own), with a
@@ -444,82 +451,36 @@ async fn split_services_export_server_and_client_spans_over_grpc_and_http() {
 
     let credentials = Credentials::new();
     let data = tempfile::tempdir().expect("data dir");
-    let (catalog_grpc, catalog_admin, source_grpc, source_admin, http) = (
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-    );
-    let client = crate::helpers::http_client();
     let dir = |name: &str| data.path().join(name).to_str().expect("utf-8").to_owned();
 
     // The catalog over gRPC with a name of the operator's; the gateway over HTTP (the default
     // protocol) with only the traces endpoint set, under its own name.
-    let mut catalog = plinth(
-        &[
-            "catalog",
-            "--standalone",
-            "--listen",
-            &catalog_grpc.to_string(),
-            "--admin-listen",
-            &catalog_admin.to_string(),
-            "--data-dir",
-            &dir("catalog"),
-        ],
-        &credentials,
-        &[
-            (
-                "OTEL_EXPORTER_OTLP_ENDPOINT",
-                format!("http://{grpc_collector}"),
-            ),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc".to_owned()),
-            ("OTEL_SERVICE_NAME", "catalog-of-the-test".to_owned()),
-        ],
-    );
-    wait_until_ready(
-        &client,
-        &format!("http://{catalog_admin}/readyz"),
-        &mut catalog,
-    )
+    let (services, [catalog, _, gateway]) = crate::cluster::start_trio(async |mut args, probe| {
+        let otel = match args[0].as_str() {
+            "catalog" => vec![
+                (
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    format!("http://{grpc_collector}"),
+                ),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc".to_owned()),
+                ("OTEL_SERVICE_NAME", "catalog-of-the-test".to_owned()),
+            ],
+            "gateway" => vec![(
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                format!("http://{http_collector}/v1/traces"),
+            )],
+            _ => Vec::new(),
+        };
+        if args[0] != "gateway" {
+            let data_dir = dir(&args[0]);
+            args.extend(["--standalone".to_owned(), "--data-dir".to_owned(), data_dir]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        plinth(&args, &credentials, &otel, probe).await
+    })
     .await;
-    let mut source = plinth(
-        &[
-            "source",
-            "--standalone",
-            "--listen",
-            &source_grpc.to_string(),
-            "--admin-listen",
-            &source_admin.to_string(),
-            "--data-dir",
-            &dir("source"),
-        ],
-        &credentials,
-        &[],
-    );
-    wait_until_ready(
-        &client,
-        &format!("http://{source_admin}/readyz"),
-        &mut source,
-    )
-    .await;
-    let mut gateway = plinth(
-        &[
-            "gateway",
-            "--listen",
-            &http.to_string(),
-            "--catalog-url",
-            &format!("http://{catalog_grpc}"),
-            "--source-url",
-            &format!("http://{source_grpc}"),
-        ],
-        &credentials,
-        &[(
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-            format!("http://{http_collector}/v1/traces"),
-        )],
-    );
-    wait_until_ready(&client, &format!("http://{http}/readyz"), &mut gateway).await;
+    let http = gateway["listen"];
+    let client = crate::helpers::http_client();
 
     let base = format!("http://{http}");
     let trace = "0af7651916cd43dd8448eb211c80319c";
@@ -617,7 +578,7 @@ async fn split_services_export_server_and_client_spans_over_grpc_and_http() {
     );
     assert_eq!(
         integer(&client_span.attributes, "server.port"),
-        Some(i64::from(catalog_grpc.port()))
+        Some(i64::from(catalog["listen"].port()))
     );
     let (service, catalog_span) = find(&catalog_spans, create, SpanKind::Server);
     assert_eq!(
@@ -674,7 +635,7 @@ async fn split_services_export_server_and_client_spans_over_grpc_and_http() {
         None,
         "a 4xx is not the server's error"
     );
-    drop((gateway, source, catalog));
+    drop(services);
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
@@ -693,16 +654,14 @@ impl TracedServe {
     pub(crate) async fn start(collector: &Collector) -> Self {
         let endpoint = collector.serve_http().await;
         let data = tempfile::tempdir().expect("data dir");
-        let address = free_port().to_string();
-        let mut command = crate::walkthrough::serve_command(&address, data.path());
+        let mut command = crate::walkthrough::serve_command("127.0.0.1:0", data.path());
         exporting(
             &mut command,
             &[("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{endpoint}"))],
         );
-        let mut serve = Process(command.spawn().expect("spawn plinth serve"));
+        let (serve, address) = crate::cluster::spawn_serve(&mut command).await;
         let client = crate::helpers::http_client();
         let base = format!("http://{address}");
-        wait_until_ready(&client, &format!("{base}/readyz"), &mut serve).await;
         TracedServe {
             base,
             client,
@@ -791,12 +750,15 @@ async fn an_idle_serve_exports_no_spans() {
 
 #[tokio::test]
 async fn serve_answers_on_the_catalogs_and_the_source_services_admin_addresses() {
-    let (catalog_admin, source_admin) = (free_port(), free_port());
     let server = Server::start_with_config(
-        &format!("[catalog]\nadmin_listen = \"{catalog_admin}\"\n\n[source]\nadmin_listen = \"{source_admin}\"\n"),
+        "[catalog]\nadmin_listen = \"127.0.0.1:0\"\n\n[source]\nadmin_listen = \"127.0.0.1:0\"\n",
         &[],
     )
     .await;
+    let (catalog_admin, source_admin) = (
+        server.bound("catalog_admin_listen"),
+        server.bound("source_admin_listen"),
+    );
     for address in [catalog_admin, source_admin] {
         let health = server
             .client

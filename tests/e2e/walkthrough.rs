@@ -19,7 +19,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::processes::{Process, free_port, wait_until_ready};
+use crate::cluster::spawn_serve;
 
 /// Where the walk-through is, from the repository's root.
 const PAGE: &str = "docs/guide/walkthrough.md";
@@ -102,10 +102,8 @@ async fn the_walk_through_runs_as_written() {
     )
     .expect("curlrc");
 
-    let address = free_port().to_string();
-    let mut server = serve(&address, &data);
-    let client = crate::helpers::http_client();
-    wait_until_ready(&client, &format!("http://{address}/readyz"), &mut server).await;
+    let (server, address) = spawn_serve(&mut serve_command("127.0.0.1:0", &data)).await;
+    let address = address.to_string();
 
     let mut run = Run {
         address,
@@ -137,14 +135,6 @@ async fn the_walk_through_runs_as_written() {
 
 /// `plinth serve` as a user starts it, with no tokens and no config file, on `address`;
 /// builds get no network.
-fn serve(address: &str, data: &Path) -> Process {
-    Process(
-        serve_command(address, data)
-            .spawn()
-            .expect("spawn plinth serve"),
-    )
-}
-
 /// `plinth serve` on `address` and `data` as a new user runs it: no `PLINTH_*` settings but a
 /// quiet log, and builds without network; for a caller to add to before spawning it.
 pub(crate) fn serve_command(address: &str, data: &Path) -> Command {

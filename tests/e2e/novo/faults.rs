@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::{Novo, SECRET, request_id};
+use crate::cluster::{Cluster, Part};
 use crate::helpers::{Server, assert_error, send};
-use crate::node_restart::{spawn, strings};
-use crate::processes::{Process, free_port, wait_until_ready};
 
 #[tokio::test]
 async fn a_call_longer_than_its_lease_keeps_its_claim_and_a_retry_does_not_run_it_again() {
@@ -55,11 +54,6 @@ async fn a_call_longer_than_its_lease_keeps_its_claim_and_a_retry_does_not_run_i
 }
 
 /// Kills a process with SIGKILL and reaps it.
-fn kill(mut process: Process) {
-    process.0.kill().expect("kill");
-    process.0.wait().expect("reaped");
-}
-
 /// A signed keyed call that may get no answer at all (its server is killed under it).
 async fn try_keyed(novo: &Novo, args: Value, key: &str) -> Option<(u16, Value)> {
     let body = serde_json::to_vec(
@@ -89,131 +83,23 @@ async fn workspace_file(novo: &Novo, path: &str) -> String {
     novo.sh(&format!("cat {path} 2>/dev/null || true")).await
 }
 
-/// The processes of a split deployment and how to start each again.
-struct Deployment {
-    config: std::path::PathBuf,
-    log: std::path::PathBuf,
-    client: reqwest::Client,
-    catalog_args: Vec<String>,
-    catalog_ready: String,
-    node_args: Vec<String>,
-    node_ready: String,
-    catalog: SocketPair,
-    source: SocketPair,
-}
-
-type SocketPair = (std::net::SocketAddr, std::net::SocketAddr);
-
-impl Deployment {
-    async fn start(&self, args: &[String], ready: &str) -> Process {
-        let mut process = spawn(args, &self.config, &self.log);
-        wait_until_ready(&self.client, ready, &mut process).await;
-        process
-    }
-
-    async fn gateway(&self) -> (Process, String) {
-        let (http, admin) = (free_port(), free_port());
-        let _ = admin;
-        let args = strings(&[
-            "gateway",
-            "--listen",
-            &http.to_string(),
-            "--catalog-url",
-            &format!("http://{}", self.catalog.0),
-            "--source-url",
-            &format!("http://{}", self.source.0),
-        ]);
-        let process = self.start(&args, &format!("http://{http}/readyz")).await;
-        (process, format!("http://{http}"))
-    }
-}
-
 #[tokio::test]
 async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
     if !crate::helpers::can_build() {
         return;
     }
-    let data = tempfile::tempdir().expect("data");
     // A 20 s lease: long enough that a retry's 10 s wait ends while a dead gateway's claim
     // still holds it.
-    let config =
-        crate::failover::write_config(data.path(), "[gateway]\nnovo_call_lease_seconds = 20\n");
-    let blob_url = format!("file://{}/blobs", data.path().display());
-    let (catalog, source, node) = (
-        (free_port(), free_port()),
-        (free_port(), free_port()),
-        (free_port(), free_port()),
-    );
-    let deployment = Deployment {
-        config: config.clone(),
-        log: data.path().join("services.log"),
-        client: crate::helpers::http_client(),
-        catalog_args: strings(&[
-            "catalog",
-            "--standalone",
-            "--listen",
-            &catalog.0.to_string(),
-            "--admin-listen",
-            &catalog.1.to_string(),
-        ]),
-        catalog_ready: format!("http://{}/readyz", catalog.1),
-        node_args: strings(&[
-            "node",
-            "--standalone",
-            "--name",
-            "node-a",
-            "--listen",
-            &node.0.to_string(),
-            "--admin-listen",
-            &node.1.to_string(),
-            "--catalog-url",
-            &format!("http://{}", catalog.0),
-            "--blob-url",
-            &blob_url,
-        ]),
-        node_ready: format!("http://{}/readyz", node.1),
-        catalog,
-        source,
-    };
-    let catalog_process = deployment
-        .start(&deployment.catalog_args, &deployment.catalog_ready)
-        .await;
-    let _source = deployment
-        .start(
-            &strings(&[
-                "source",
-                "--standalone",
-                "--listen",
-                &source.0.to_string(),
-                "--admin-listen",
-                &source.1.to_string(),
-                "--blob-url",
-                &blob_url,
-            ]),
-            &format!("http://{}/readyz", source.1),
-        )
-        .await;
-    let (first_gateway, base) = deployment.gateway().await;
-    let _builder = spawn(
-        &strings(&[
-            "builder",
-            "--standalone",
-            "--name",
-            "builder",
-            "--catalog-url",
-            &format!("http://{}", catalog.0),
-            "--source-url",
-            &format!("http://{}", source.0),
-            "--blob-url",
-            &blob_url,
-        ]),
-        &config,
-        &deployment.log,
-    );
-    let node_process = deployment
-        .start(&deployment.node_args, &deployment.node_ready)
-        .await;
-    let client = &deployment.client;
+    let mut cluster = Cluster::builder()
+        .config("[gateway]\nnovo_call_lease_seconds = 20\n")
+        .with(Part::Builder, 1)
+        .with(Part::Node, 1)
+        .start()
+        .await
+        .expect("SQLite and a blob directory need nothing");
+    let base = cluster.base();
+    let client = cluster.client.clone();
+    let client = &client;
 
     // An environment, built, and a Novo adapter on it.
     let (_, created) = send(
@@ -232,17 +118,9 @@ async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
     assert_eq!(status, 200);
     let (status, _) = send(client.post(format!("{base}/v1/environments/{env}/build"))).await;
     assert_eq!(status, 202);
-    let mut ready = false;
-    for _ in 0..900 {
-        let (_, build) = send(client.get(format!("{base}/v1/environments/{env}/builds/1"))).await;
-        assert_ne!(build["status"], "failed", "{build}");
-        if build["status"] == "ready" {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(ready, "the build did not end within 180 s");
+    let build =
+        crate::helpers::wait_for_build_at(client, &base, &env, 1, Duration::from_secs(180)).await;
+    assert_eq!(build["status"], "ready", "{build}");
     let (status, adapter) = send(
         client
             .post(format!("{base}/v1/workspace-adapters"))
@@ -260,13 +138,11 @@ async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
     // The run's session exists before anything is killed (a node registers just after it
     // is ready: retry briefly until the session is placed).
     let novo = novo_at(&base);
-    for _ in 0..50 {
-        let (status, _) = novo.call("readFile", json!({"path": "nothing"})).await;
-        if status != 503 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    crate::waiting::eventually(Duration::from_secs(5), async || {
+        let (status, body) = novo.call("readFile", json!({"path": "nothing"})).await;
+        if status != 503 { Ok(()) } else { Err(body) }
+    })
+    .await;
     assert_eq!(novo.sh("echo ready").await, "ready\n");
 
     // 1. The gateway running the call is killed after the command has appended its line.
@@ -278,13 +154,13 @@ async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
         async move { try_keyed(&novo, command, "req_gateway").await }
     });
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    kill(first_gateway);
+    cluster.kill("gateway-1");
     assert_eq!(
         cut.await.expect("join"),
         None,
         "the killed gateway answered"
     );
-    let (_second_gateway, base) = deployment.gateway().await;
+    let base = cluster.add(Part::Gateway, &[]).await.url();
     let novo = novo_at(&base);
     // While the dead gateway's claim holds, a retry is told the first is in progress...
     let (status, body) = novo
@@ -316,7 +192,7 @@ async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
         async move { novo.keyed("runCommand", command, "req_node").await }
     });
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    kill(node_process);
+    cluster.kill("node-1");
     let (status, unknown) = cut.await.expect("join");
     assert_error(status, &unknown, 409, "outcome_unknown");
     assert!(
@@ -330,9 +206,7 @@ async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
         novo.keyed("runCommand", command.clone(), "req_node").await,
         (409, unknown.clone())
     );
-    let _node_process = deployment
-        .start(&deployment.node_args, &deployment.node_ready)
-        .await;
+    cluster.restart("node-1").await;
     assert_eq!(
         novo.keyed("runCommand", command.clone(), "req_node").await,
         (409, unknown.clone())
@@ -347,7 +221,7 @@ async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
         async move { novo.keyed("runCommand", command, "req_catalog").await }
     });
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    kill(catalog_process);
+    cluster.kill("catalog-1");
     let first = first.await.expect("join");
     assert_eq!(
         first.0, 200,
@@ -355,9 +229,7 @@ async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
         first.1
     );
     assert_eq!(first.1["stdout"], "ran\n", "{}", first.1);
-    let _catalog_process = deployment
-        .start(&deployment.catalog_args, &deployment.catalog_ready)
-        .await;
+    cluster.restart("catalog-1").await;
     // Stored once the catalog is back: the retry gets the same answer, and nothing runs.
     let mut retried = novo
         .keyed("runCommand", command.clone(), "req_catalog")

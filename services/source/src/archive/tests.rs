@@ -1,7 +1,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::io::{Cursor, Write};
-use std::time::{Duration, Instant};
 
 use ::tar::{Builder, EntryType, Header};
 use ::zip::CompressionMethod;
@@ -1267,7 +1266,6 @@ fn a_zip_claiming_a_million_entries_is_refused_before_any_member_is_read() {
         max_entries: 1000,
         ..ROOMY
     };
-    let started = Instant::now();
     let outcome = read(&bytes, limits);
     assert!(
         matches!(
@@ -1278,7 +1276,6 @@ fn a_zip_claiming_a_million_entries_is_refused_before_any_member_is_read() {
         outcome.result
     );
     assert!(outcome.seen.is_empty());
-    assert!(started.elapsed() < Duration::from_secs(2));
 }
 
 #[test]
