@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::helpers::{Server, can_build, send};
+use crate::helpers::{Server, can_build, queue_first_build, send};
 
 const ACME: &str = "tok-acme";
 const GLOBEX: &str = "tok-globex";
@@ -14,37 +14,10 @@ const GLOBEX: &str = "tok-globex";
 /// Longer than any build here takes, however slow the machine.
 const BUILD_LIMIT: Duration = Duration::from_secs(300);
 
-/// Creates an environment whose `setup.sh` is `script` as the tenant of `token`, and queues
-/// its first build; answers its id.
+/// An environment whose `setup.sh` is `script`, as the tenant of `token`, its first build
+/// queued; answers its id.
 async fn queue_build(server: &Server, token: &str, name: &str, script: &str) -> String {
-    let (status, created) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .bearer_auth(token)
-            .json(&json!({ "name": name })),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().expect("id").to_owned();
-    let (status, put) = send(
-        server
-            .client
-            .put(server.url(&format!("/v1/environments/{id}/files/setup.sh")))
-            .bearer_auth(token)
-            .body(script.to_owned()),
-    )
-    .await;
-    assert_eq!(status, 200, "{put}");
-    let (status, queued) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/environments/{id}/build")))
-            .bearer_auth(token),
-    )
-    .await;
-    assert_eq!(status, 202, "{queued}");
-    id
+    queue_first_build(server, token, name, "setup.sh", script).await
 }
 
 /// The first build of `id`, as its tenant reads it; a failed build fails the test.

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, can_build, send, tokens_toml};
+use crate::helpers::{Server, can_build, queue_first_build, send, tokens_toml};
+use crate::waiting::eventually;
 
 const ACME: &str = "tok-acme-cpu";
 const GLOBEX: &str = "tok-globex-cpu";
@@ -20,34 +21,8 @@ print(time.process_time())'";
 
 /// A built environment of the tenant of `token`: its id.
 async fn built(server: &Server, token: &str, name: &str) -> String {
-    let (status, created) = send(
-        server
-            .client
-            .post(server.url("/v1/environments"))
-            .bearer_auth(token)
-            .json(&json!({ "name": name })),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().expect("id").to_owned();
-    let (status, put) = send(
-        server
-            .client
-            .put(server.url(&format!("/v1/environments/{id}/files/run.py")))
-            .bearer_auth(token)
-            .body("print('hi')\n"),
-    )
-    .await;
-    assert_eq!(status, 200, "{put}");
-    let (status, queued) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/environments/{id}/build")))
-            .bearer_auth(token),
-    )
-    .await;
-    assert_eq!(status, 202, "{queued}");
-    for _ in 0..3000 {
+    let id = queue_first_build(server, token, name, "run.py", "print('hi')\n").await;
+    eventually(Duration::from_secs(300), async || {
         let (status, build) = send(
             server
                 .client
@@ -57,12 +32,10 @@ async fn built(server: &Server, token: &str, name: &str) -> String {
         .await;
         assert_eq!(status, 200, "{build}");
         assert_ne!(build["status"], "failed", "{build}");
-        if build["status"] == "ready" {
-            return id;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("the build of {name} never became ready");
+        (build["status"] == "ready").then_some(()).ok_or(build)
+    })
+    .await;
+    id
 }
 
 async fn session(server: &Server, token: &str, environment: &str) -> String {

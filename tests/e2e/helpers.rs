@@ -604,3 +604,42 @@ pub fn tool(variable: &str, name: &str, install: &str) -> Option<std::path::Path
     eprintln!("{name} is not installed: skipping (CI runs it)");
     None
 }
+
+/// Creates an environment named `name` as the tenant of `token`, with one file `path` holding
+/// `body`, and queues its first build; answers its id.
+pub async fn queue_first_build(
+    server: &Server,
+    token: &str,
+    name: &str,
+    path: &str,
+    body: &str,
+) -> String {
+    let (status, created) = send(
+        server
+            .client
+            .post(server.url("/v1/environments"))
+            .bearer_auth(token)
+            .json(&serde_json::json!({ "name": name })),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().expect("id").to_owned();
+    let (status, put) = send(
+        server
+            .client
+            .put(server.url(&format!("/v1/environments/{id}/files/{path}")))
+            .bearer_auth(token)
+            .body(body.to_owned()),
+    )
+    .await;
+    assert_eq!(status, 200, "{put}");
+    let (status, queued) = send(
+        server
+            .client
+            .post(server.url(&format!("/v1/environments/{id}/build")))
+            .bearer_auth(token),
+    )
+    .await;
+    assert_eq!(status, 202, "{queued}");
+    id
+}
