@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use crate::builds::tiny_wheel;
 use crate::helpers::{Server, assert_error, send};
 use crate::processes::Process;
+use crate::waiting::eventually;
 
 /// A Brain-style project: its dependency comes from a wheel it carries, pinned by its lock.
 const PYPROJECT: &str = r#"[project]
@@ -1108,18 +1109,15 @@ async fn redelivery_after_a_restart_answers_the_stored_receipt_or_unknown() {
     assert_eq!(again, before);
     // Interrupted mid-effect: `unknown` once its lease has run out (`progress` until then),
     // the same `unknown` ever after, and never run again.
-    let mut unknown = Value::Null;
-    for _ in 0..100 {
+    let unknown = eventually(Duration::from_secs(20), async || {
         let answer = brain.deliver(3, interrupted.clone()).await;
         match answer["receipt"]["type"].as_str() {
-            Some("progress") => tokio::time::sleep(Duration::from_millis(200)).await,
-            Some("unknown") => {
-                unknown = answer;
-                break;
-            }
+            Some("progress") => Err(answer),
+            Some("unknown") => Ok(answer),
             _ => panic!("neither progress nor unknown: {answer}"),
         }
-    }
+    })
+    .await;
     assert_eq!(unknown["receipt"]["type"], "unknown", "{unknown}");
     assert_eq!(brain.deliver(3, interrupted).await, unknown);
     let effects = brain

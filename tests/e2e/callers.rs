@@ -18,6 +18,7 @@ use crate::helpers::{
     Server, assert_error, built_environment, exec_in, json as answer, send, start_session_with,
 };
 use crate::sandbox::{gone_within, host_processes};
+use crate::waiting::eventually;
 
 const BUILD_LIMIT: Duration = Duration::from_secs(120);
 /// How soon a command whose caller left must be gone.
@@ -145,14 +146,15 @@ async fn a_rest_client_that_hangs_up_takes_its_command_and_its_children_with_it(
         Vec::<String>::new()
     );
     // Its turn ends as one whose end was not seen.
-    let mut turns = Vec::new();
-    for _ in 0..20 {
-        turns = exec_turns(&server, &session).await;
+    let turns = eventually(Duration::from_secs(2), async || {
+        let turns = exec_turns(&server, &session).await;
         if turns.first().is_some_and(|(_, exit)| !exit.is_null()) {
-            break;
+            Ok(turns)
+        } else {
+            Err(turns)
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     assert_eq!(
         turns.first(),
         Some(&(command.to_owned(), json!(-1))),

@@ -15,6 +15,7 @@ use crate::helpers::{
     Server, assert_error, built_environment, create_environment, json as read_json, put_file, send,
     start_session_with, tokens_toml,
 };
+use crate::waiting::eventually;
 
 const ACME: &str = "tok-acme-edge";
 const GLOBEX: &str = "tok-globex-edge";
@@ -200,16 +201,14 @@ async fn one_token_holding_its_places_in_flight_leaves_the_others_served() {
     };
     // Once both are in flight, Acme's next request is refused, naming the setting, while
     // Globex is served. (The uploads reach the server in their own time: ask until refused.)
-    let mut refused = None;
-    for _ in 0..100 {
+    let refused = eventually(Duration::from_secs(5), async || {
         let response = list(ACME).await.expect("request");
-        if response.status() == 503 {
-            refused = Some(response);
-            break;
+        match response.status().as_u16() {
+            503 => Ok(response),
+            status => Err(format!("Acme's third request in flight answered {status}")),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let refused = refused.expect("Acme's third request in flight is refused");
+    })
+    .await;
     assert_eq!(
         refused.headers().get("retry-after").map(|v| v.as_bytes()),
         Some(&b"1"[..])

@@ -15,6 +15,7 @@ use plinth_blobs::tree::Tree;
 use plinth_blobs::{BlobError, BlobStore, Digest};
 
 use crate::helpers::{Server, create_environment, put_file, send, tar_of, wait_for_build};
+use crate::waiting::eventually;
 
 const S3_VAR: &str = "PLINTH_TEST_S3_ENDPOINT";
 
@@ -66,16 +67,17 @@ pub(crate) fn gc_config(
 
 /// One pass, run as soon as no other pass (the server's own) runs.
 pub(crate) async fn pass_now(config: &plinth::config::Config) -> plinth::gc::GcOutcome {
-    for _ in 0..100 {
-        match plinth::gc::run_once(config, false).await {
-            Ok(outcome) => return outcome,
+    eventually(
+        Duration::from_secs(10),
+        async || match plinth::gc::run_once(config, false).await {
+            Ok(outcome) => Ok(outcome),
             Err(error) if format!("{error:#}").contains("another garbage collection pass") => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                Err(format!("{error:#}"))
             }
             Err(error) => panic!("a pass failed: {error:#}"),
-        }
-    }
-    panic!("no pass could run within 10 s");
+        },
+    )
+    .await
 }
 
 async fn bytes_of(blobs: &BlobStore, digest: &Digest) -> Result<bytes::Bytes, BlobError> {

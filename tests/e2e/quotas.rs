@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::helpers::{Server, assert_error, can_build, send, tokens_toml};
+use crate::waiting::eventually;
 
 const TOKENS: [(&str, &str); 4] = [
     ("tok-acme", "acme"),
@@ -308,7 +309,7 @@ async fn built(tenant: &Tenant<'_>, id: &str, version: u64) -> Value {
         )
         .await;
     assert_eq!(status, 202, "{body}");
-    for _ in 0..900 {
+    eventually(Duration::from_secs(180), async || {
         let (_, build) = tenant
             .send(
                 tenant.server.client.get(
@@ -318,12 +319,10 @@ async fn built(tenant: &Tenant<'_>, id: &str, version: u64) -> Value {
                 ),
             )
             .await;
-        if build["status"] == "ready" || build["status"] == "failed" {
-            return build;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("build {version} of {id} did not end within 180 s");
+        let ended = build["status"] == "ready" || build["status"] == "failed";
+        ended.then(|| build.clone()).ok_or(build)
+    })
+    .await
 }
 
 #[tokio::test]

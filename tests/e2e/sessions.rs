@@ -14,6 +14,7 @@ use crate::helpers::{
     Server, assert_error, build_ready, create_environment, created_environment, exec_in, put_file,
     send, start_session_with,
 };
+use crate::waiting::eventually;
 
 /// How long a build of these small projects may take.
 const BUILD_LIMIT: Duration = Duration::from_secs(120);
@@ -299,8 +300,7 @@ async fn a_session_runs_the_environment_read_only_beside_its_private_workdir() {
 
     // Every exec and file call is a turn with the version it read; a command's turn gets its
     // exit status when it ends (recorded just after the answer).
-    let mut turns = Value::Null;
-    for _ in 0..100 {
+    let turns = eventually(Duration::from_secs(5), async || {
         let (status, listed) = send(
             server
                 .client
@@ -308,18 +308,15 @@ async fn a_session_runs_the_environment_read_only_beside_its_private_workdir() {
         )
         .await;
         assert_eq!(status, 200, "{listed}");
-        turns = listed;
-        let ended = turns["data"]
+        let ended = listed["data"]
             .as_array()
             .expect("turns")
             .iter()
             .filter(|turn| turn["kind"] == "exec")
             .all(|turn| turn["exit_code"].is_i64());
-        if ended {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        ended.then_some(()).map(|()| listed.clone()).ok_or(listed)
+    })
+    .await;
     let turns = turns["data"].as_array().expect("turns");
     let exits: Vec<i64> = turns
         .iter()

@@ -13,6 +13,7 @@ use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::helpers::{Server, can_build, create_environment, put_file, send, wait_for_build};
+use crate::waiting::eventually;
 
 /// Forwards loopback connections to `upstream` while up; while down, it closes every
 /// connection it holds and each new one at once, as a store that went away does.
@@ -110,26 +111,21 @@ async fn a_build_waits_out_a_blob_store_outage_and_writes_meanwhile_answer_503()
 
     // Once setup.sh runs (the source is materialized), the store goes away for longer than
     // the S3 client retries a request: storing the layer meets the outage.
-    let mut seen = false;
-    for _ in 0..600 {
+    eventually(Duration::from_secs(60), async || {
         let (_, build) = send(
             server
                 .client
                 .get(server.url(&format!("/v1/environments/{id}/builds/1"))),
         )
         .await;
-        if build["log"]
+        assert_ne!(build["status"], "failed", "{build}");
+        let started = build["log"]
             .as_str()
             .unwrap_or_default()
-            .contains("setup-started")
-        {
-            seen = true;
-            break;
-        }
-        assert_ne!(build["status"], "failed", "{build}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(seen, "setup.sh started");
+            .contains("setup-started");
+        started.then_some(()).ok_or(build)
+    })
+    .await;
     forwarder.down();
 
     // A file write meanwhile: 503 with a time to retry, not 500.

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{can_build, send};
 use crate::telemetry::{Collector, TracedServe, hex, integer, sample, span_status, until};
+use crate::waiting::eventually;
 
 const NODE_EXEC: &str = "plinth.node.v1.NodeService/Exec";
 const NODE_PTY: &str = "plinth.node.v1.NodeService/Pty";
@@ -239,9 +240,8 @@ async fn streamed_calls_are_one_trace_each_and_are_counted_as_they_ended() {
     let exec_series = |code: &str| {
         format!("plinth_grpc_server_requests_total{{rpc=\"/{NODE_EXEC}\",code=\"{code}\"}}")
     };
-    let mut metrics = String::new();
-    for _ in 0..300 {
-        metrics = client
+    let metrics = eventually(Duration::from_secs(30), async || {
+        let metrics = client
             .get(format!("{base}/metrics"))
             .send()
             .await
@@ -249,11 +249,12 @@ async fn streamed_calls_are_one_trace_each_and_are_counted_as_they_ended() {
             .text()
             .await
             .expect("metrics");
-        if sample(&metrics, &exec_series("CANCELLED")).is_some() {
-            break;
+        match sample(&metrics, &exec_series("CANCELLED")) {
+            Some(_) => Ok(metrics),
+            None => Err(metrics),
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     let counted = |series: String| sample(&metrics, &series).unwrap_or(0.0);
     assert_eq!(counted(exec_series("OK")), 2.0, "{metrics}");
     assert_eq!(counted(exec_series("CANCELLED")), 1.0, "{metrics}");

@@ -24,6 +24,7 @@ use serde_json::json;
 use crate::credentials::Credentials;
 use crate::helpers::{Server, build_ready, put_file, send};
 use crate::processes::Process;
+use crate::waiting::eventually;
 
 /// The whole `/metrics` text of the in-process server.
 async fn scrape(server: &Server) -> String {
@@ -162,16 +163,17 @@ async fn every_metric_the_docs_name_is_exported_and_a_streamed_exec_is_timed_to_
     );
 
     // Collection runs every second; the node's gauges come with its heartbeats.
-    let mut metrics = String::new();
-    for _ in 0..100 {
-        metrics = scrape(&server).await;
+    let metrics = eventually(Duration::from_secs(20), async || {
+        let metrics = scrape(&server).await;
         if metrics.contains("plinth_blob_store_bytes")
             && metrics.contains("plinth_node_disk_free_bytes")
         {
-            break;
+            Ok(metrics)
+        } else {
+            Err(metrics)
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await;
 
     let exec = "route=\"/v1/sessions/{id}/exec\",method=\"POST\",status=\"200\"";
     let sum = sample(
@@ -428,18 +430,18 @@ pub(crate) async fn until(
     what: &str,
     done: impl Fn(&[(String, Span)]) -> bool,
 ) {
-    for _ in 0..200 {
-        if done(&collector.spans()) {
-            return;
+    eventually(Duration::from_secs(20), async || {
+        let spans = collector.spans();
+        if done(&spans) {
+            return Ok(());
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let seen: Vec<_> = collector
-        .spans()
-        .iter()
-        .map(|(service, span)| format!("{service}: {} ({:?})", span.name, span.kind()))
-        .collect();
-    panic!("{what} within 20 s; received {seen:#?}");
+        let seen: Vec<_> = spans
+            .iter()
+            .map(|(service, span)| format!("{service}: {} ({:?})", span.name, span.kind()))
+            .collect();
+        Err(format!("{what}; received {seen:#?}"))
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use super::{Novo, SECRET, request_id};
 use crate::cluster::{Cluster, Part};
 use crate::helpers::{Server, assert_error, send};
+use crate::waiting::eventually;
 
 #[tokio::test]
 async fn a_call_longer_than_its_lease_keeps_its_claim_and_a_retry_does_not_run_it_again() {
@@ -231,18 +232,18 @@ async fn a_killed_gateway_node_or_catalog_never_makes_a_call_run_twice() {
     assert_eq!(first.1["stdout"], "ran\n", "{}", first.1);
     cluster.restart("catalog-1").await;
     // Stored once the catalog is back: the retry gets the same answer, and nothing runs.
-    let mut retried = novo
-        .keyed("runCommand", command.clone(), "req_catalog")
-        .await;
-    for _ in 0..20 {
-        if retried.0 != 503 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        retried = novo
+    // (503 while the catalog comes back.)
+    let retried = eventually(Duration::from_secs(10), async || {
+        let retried = novo
             .keyed("runCommand", command.clone(), "req_catalog")
             .await;
-    }
+        if retried.0 == 503 {
+            Err(retried)
+        } else {
+            Ok(retried)
+        }
+    })
+    .await;
     assert_eq!(retried, first);
     assert_eq!(workspace_file(&novo, "c.txt").await, "c\n", "it ran once");
     // A new request id runs.
