@@ -8,20 +8,13 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::time::Duration;
 
-use crate::helpers::{Server, create_environment, put_file, send, wait_for_build};
+use crate::helpers::{Server, create_environment, put_file, queue_and_wait_build, send};
 
 const BUILD_LIMIT: Duration = Duration::from_secs(180);
 
 /// Queues the next build of `id` and waits for it to end; answers its record.
 async fn build(server: &Server, id: &str, version: u64) -> serde_json::Value {
-    let (status, queued) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/environments/{id}/build"))),
-    )
-    .await;
-    assert_eq!(status, 202, "{queued}");
-    wait_for_build(server, id, version, BUILD_LIMIT).await
+    queue_and_wait_build(server, id, version, BUILD_LIMIT).await
 }
 
 #[tokio::test]

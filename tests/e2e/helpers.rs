@@ -379,9 +379,14 @@ pub async fn wait_for_build_at(
     .await
 }
 
-/// Starts the next build of `id` (version `version`) and waits until it is ready; a failed
-/// build or one running past `limit` fails the test.
-pub async fn build_ready(server: &Server, id: &str, version: u64, limit: std::time::Duration) {
+/// Queues the next build of `id` (version `version`) and waits for it to end; answers its
+/// record, ready or failed. One running past `limit` fails the test.
+pub async fn queue_and_wait_build(
+    server: &Server,
+    id: &str,
+    version: u64,
+    limit: std::time::Duration,
+) -> Value {
     let (status, queued) = send(
         server
             .client
@@ -389,8 +394,41 @@ pub async fn build_ready(server: &Server, id: &str, version: u64, limit: std::ti
     )
     .await;
     assert_eq!(status, 202, "{queued}");
-    let build = wait_for_build(server, id, version, limit).await;
-    assert_eq!(build["status"], "ready", "{build}");
+    wait_for_build(server, id, version, limit).await
+}
+
+/// Starts the next build of `id` (version `version`) and waits until it is ready; answers its
+/// record. A failed build (its log and error shown) or one running past `limit` fails the
+/// test.
+pub async fn build_ready(
+    server: &Server,
+    id: &str,
+    version: u64,
+    limit: std::time::Duration,
+) -> Value {
+    let build = queue_and_wait_build(server, id, version, limit).await;
+    assert_eq!(
+        build["status"],
+        "ready",
+        "log:\n{}\nerror: {}",
+        build["log"].as_str().unwrap_or(""),
+        build["error"]
+    );
+    build
+}
+
+/// `len` bytes that do not compress, the same on every call (xorshift from a fixed seed).
+pub fn incompressible(len: usize) -> Vec<u8> {
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    (0..len.div_ceil(8))
+        .flat_map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()
+        })
+        .take(len)
+        .collect()
 }
 
 /// Every TCP port listening on the host (any address: whatever listens on a wildcard answers

@@ -440,15 +440,7 @@ async fn a_git_repository_larger_than_the_fetch_cap_is_refused_with_the_cap() {
     let dir = repo.path();
     git(dir, &["init", "--quiet"]);
     // 1 MiB that does not compress, against a cap of 64 KiB.
-    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
-    let noise: Vec<u8> = (0..1 << 17)
-        .flat_map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state.to_le_bytes()
-        })
-        .collect();
+    let noise = crate::helpers::incompressible(1 << 20);
     std::fs::write(dir.join("noise.bin"), noise).expect("write");
     git(dir, &["add", "."]);
     git(dir, &["commit", "--quiet", "-m", "big"]);

@@ -13,7 +13,7 @@ use plinth_blobs::BlobStore;
 use plinth_blobs::tree::Tree;
 use serde_json::{Value, json};
 
-use crate::helpers::{Server, create_environment, exec_in, put_file, send, wait_for_build};
+use crate::helpers::{Server, build_ready, create_environment, exec_in, put_file, send};
 
 const LIMIT: Duration = Duration::from_secs(300);
 
@@ -26,22 +26,7 @@ ls -l dl
 "#;
 
 async fn build(server: &Server, id: &str, version: u64) -> Value {
-    let (status, queued) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/environments/{id}/build"))),
-    )
-    .await;
-    assert_eq!(status, 202, "{queued}");
-    let build = wait_for_build(server, id, version, LIMIT).await;
-    assert_eq!(
-        build["status"],
-        "ready",
-        "log:\n{}\nerror: {}",
-        build["log"].as_str().unwrap_or(""),
-        build["error"]
-    );
-    build
+    build_ready(server, id, version, LIMIT).await
 }
 
 /// A file of a version's layer, read from the blob store as a node reads it.

@@ -17,7 +17,7 @@ use plinth_blobs::tree::Tree;
 use serde_json::{Value, json};
 
 use crate::cli::Shell;
-use crate::helpers::{Server, create_environment, exec_in, put_file, send, wait_for_build};
+use crate::helpers::{Server, build_ready, create_environment, exec_in, put_file, send};
 use crate::imports::{git, git_import};
 
 const LIMIT: Duration = Duration::from_secs(300);
@@ -31,22 +31,7 @@ ls -l dl
 
 /// Starts the next build of `id` and waits for it to be ready; answers its record.
 async fn build(server: &Server, id: &str, version: u64) -> Value {
-    let (status, queued) = send(
-        server
-            .client
-            .post(server.url(&format!("/v1/environments/{id}/build"))),
-    )
-    .await;
-    assert_eq!(status, 202, "{queued}");
-    let build = wait_for_build(server, id, version, LIMIT).await;
-    assert_eq!(
-        build["status"],
-        "ready",
-        "log:\n{}\nerror: {}",
-        build["log"].as_str().unwrap_or(""),
-        build["error"]
-    );
-    build
+    build_ready(server, id, version, LIMIT).await
 }
 
 /// The version of the distribution `name` installed in `id`'s active version, as a session
@@ -314,15 +299,7 @@ async fn a_git_import_without_its_history_says_so_in_its_answer_and_the_build_lo
     git(dir, &["init", "--quiet"]);
     // Filters would leave the history's files out of the fetch; this server allows none.
     git(dir, &["config", "uploadpack.allowFilter", "false"]);
-    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
-    let noise: Vec<u8> = (0..1 << 17)
-        .flat_map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state.to_le_bytes()
-        })
-        .collect();
+    let noise = crate::helpers::incompressible(1 << 20);
     std::fs::write(dir.join("noise.bin"), noise).expect("write");
     git(dir, &["add", "."]);
     git(dir, &["commit", "--quiet", "-m", "release"]);
