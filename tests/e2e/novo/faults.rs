@@ -32,12 +32,7 @@ async fn a_call_longer_than_its_lease_keeps_its_claim_and_a_retry_does_not_run_i
     let novo = Novo::new(&server, &adapter, "run_long");
     let long = json!({"command": "echo x >> long.txt; sleep 4; echo done", "timeout_ms": 30000});
     let first = plinth_kit::tasks::spawn({
-        let novo = Novo {
-            client: novo.client.clone(),
-            url: novo.url.clone(),
-            secret: novo.secret.clone(),
-            run: novo.run.clone(),
-        };
+        let novo = novo.clone();
         let long = long.clone();
         async move { novo.keyed("runCommand", long, "req_long").await }
     });

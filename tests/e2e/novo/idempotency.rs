@@ -133,12 +133,7 @@ async fn retries_get_the_stored_answer_and_nothing_runs_twice_even_across_a_rest
     // A retry while the first call runs waits for its answer...
     let slow = json!({"command": "sleep 3; echo slow >> slow.txt; echo done", "timeout_ms": 30000});
     let first = plinth_kit::tasks::spawn({
-        let novo = Novo {
-            client: novo.client.clone(),
-            url: novo.url.clone(),
-            secret: novo.secret.clone(),
-            run: novo.run.clone(),
-        };
+        let novo = novo.clone();
         let slow = slow.clone();
         async move { novo.keyed("runCommand", slow, "req_slow").await }
     });
@@ -151,12 +146,7 @@ async fn retries_get_the_stored_answer_and_nothing_runs_twice_even_across_a_rest
     // ...for a while; past that it is told the first is still in progress.
     let slower = json!({"command": "sleep 14; echo slower >> slower.txt", "timeout_ms": 30000});
     let first = plinth_kit::tasks::spawn({
-        let novo = Novo {
-            client: novo.client.clone(),
-            url: novo.url.clone(),
-            secret: novo.secret.clone(),
-            run: novo.run.clone(),
-        };
+        let novo = novo.clone();
         let slower = slower.clone();
         async move { novo.keyed("runCommand", slower, "req_slower").await }
     });

@@ -42,6 +42,7 @@ pub fn request_id() -> String {
 }
 
 /// Novo, as far as one run of one adapter goes.
+#[derive(Clone)]
 pub struct Novo {
     pub client: reqwest::Client,
     pub url: String,
