@@ -43,36 +43,16 @@ fn rust_files(dir: &Path, into: &mut Vec<PathBuf>) {
     }
 }
 
-/// Top-level module → the top-level modules it names as `crate::<name>`.
+/// Top-level module → the top-level modules it names as `crate::<name>` (the crate root
+/// left out): [`module_imports`], each module taken as the top-level one it is in.
 fn imports(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let mut files = Vec::new();
-    rust_files(src, &mut files);
-    let top_level = |path: &Path| -> Option<String> {
-        let relative = path.strip_prefix(src).ok()?;
-        let first = relative.components().next()?.as_os_str().to_str()?;
-        let name = first.strip_suffix(".rs").unwrap_or(first).to_owned();
-        (name != "lib" && name != "main").then_some(name)
-    };
-    let modules: BTreeSet<String> = files.iter().filter_map(|path| top_level(path)).collect();
+    let top = |module: &str| module.split("::").next().unwrap_or(module).to_owned();
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for path in &files {
-        let Some(module) = top_level(path) else {
-            continue;
-        };
-        let text = std::fs::read_to_string(path).expect("read");
-        let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
-        for line in text
-            .lines()
-            .filter(|line| !line.trim_start().starts_with("//"))
-        {
-            for (at, _) in line.match_indices("crate::") {
-                let name: String = line[at + "crate::".len()..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                if name != module && modules.contains(&name) {
-                    graph.entry(module.clone()).or_default().insert(name);
-                }
+    for (module, names) in module_imports(src) {
+        let from = top(&module);
+        for named in names.iter().map(|named| top(named)) {
+            if from != "lib" && named != "lib" && named != from {
+                graph.entry(from.clone()).or_default().insert(named);
             }
         }
     }
