@@ -736,6 +736,16 @@ pub struct NodeSection {
     /// Bytes of workspace snapshots (what Novo and Brain writes replaced, kept so they can be
     /// undone) each session keeps on the node; the oldest past it are removed.
     pub workspace_snapshot_max_bytes: u64,
+    /// Show sessions a version the node has not fetched at once, each file fetched on first
+    /// open (needs FUSE and isolation).
+    pub lazy_versions: bool,
+    /// Blobs fetched at once for whole versions, and as many again for sessions' files.
+    pub fetch_concurrency: usize,
+    /// How long a session's open of a file not yet fetched waits, in milliseconds.
+    pub fetch_timeout_ms: u64,
+    /// Environments whose active version the node fetches when it is activated: `*` every
+    /// one, or ids and slugs; empty: none.
+    pub prewarm: Vec<String>,
 }
 
 /// `node.network`.
@@ -766,6 +776,10 @@ impl Default for NodeSection {
             network: SessionNetwork::Egress,
             egress_allow: Vec::new(),
             workspace_snapshot_max_bytes: 256 * 1024 * 1024,
+            lazy_versions: true,
+            fetch_concurrency: 64,
+            fetch_timeout_ms: 30_000,
+            prewarm: vec!["*".to_owned()],
         }
     }
 }

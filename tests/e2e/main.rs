@@ -39,6 +39,7 @@ mod harnesses;
 mod helpers;
 mod imports;
 mod internal_tls;
+mod lazy_versions;
 mod limits;
 mod node_restart;
 mod novo;

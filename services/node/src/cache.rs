@@ -34,15 +34,21 @@ use std::os::fd::{AsFd as _, BorrowedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
 use plinth_blobs::tree::{Tree, TreeEntry, TreeEntryKind};
 use plinth_blobs::{BlobStore, Digest};
 
+use crate::lazy::LazyVersion;
+
 /// Blobs fetched at once on a cold node.
 const PARALLEL_FETCHES: usize = 64;
+
+/// Blobs fetched at once for sessions waiting on a lazily mounted version's files, beside
+/// what materializations fetch.
+const DEMAND_FETCHES: usize = 64;
 
 /// Most layers one version's view stacks (itself and its bases).
 pub const MAX_LAYERS: usize = 8;
@@ -94,6 +100,35 @@ pub struct Materialized {
     pub fetched: u64,
     /// Time taken.
     pub took: Duration,
+    /// When the version is mounted lazily (not yet in the cache): the mount, which `path`
+    /// is. Whoever shows the version to a session holds it as long as the session lives.
+    pub lazy: Option<Arc<LazyVersion>>,
+}
+
+/// How a node mounts versions it has not fetched (see [`crate::lazy`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LazySettings {
+    /// How long a session's open of a file waits for its blob before it fails with `EIO`.
+    pub fetch_deadline: Duration,
+}
+
+/// Where the read order of a version (the paths its first sessions read, in order) is kept,
+/// so that every node fetches those first.
+pub trait ReadOrders: Send + Sync + 'static {
+    /// The order recorded for the version; empty when none is.
+    fn get(
+        &self,
+        environment: &str,
+        version: u32,
+    ) -> futures::future::BoxFuture<'static, Vec<String>>;
+    /// Records the order the version's sessions read on this node (kept only if it is the
+    /// first recorded).
+    fn record(
+        &self,
+        environment: &str,
+        version: u32,
+        paths: Vec<String>,
+    ) -> futures::future::BoxFuture<'static, ()>;
 }
 
 /// The cache.
@@ -118,6 +153,22 @@ pub struct VersionCache {
     pinned: Mutex<HashMap<String, usize>>,
     /// Versions materializations in progress make layers over: eviction passes them over.
     pinned_bases: Mutex<HashMap<VersionKey, usize>>,
+    /// Mounting versions before they are fetched; `None`: sessions wait for the whole version.
+    lazy: Mutex<Option<LazySettings>>,
+    /// The lazily mounted versions, while anything holds them.
+    mounts: Mutex<HashMap<VersionKey, Weak<LazyVersion>>>,
+    /// One mount made at a time.
+    mounting: tokio::sync::Mutex<()>,
+    /// Fetches of blobs sessions wait for, at once at most.
+    demand: tokio::sync::Semaphore,
+    /// Fetches of materializations (whole versions, pre-warm), at once at most, node-wide.
+    background: tokio::sync::Semaphore,
+    /// One fetch per blob at a time: a second asker waits for the first.
+    fetching: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Read orders by layer tree, for the materializations to fetch in.
+    orders: Mutex<HashMap<String, Arc<Vec<String>>>>,
+    /// Where read orders are kept.
+    read_orders: Mutex<Option<Arc<dyn ReadOrders>>>,
 }
 
 /// Blob files (or a base version) kept from eviction while a materialization uses them;
@@ -161,6 +212,9 @@ impl<K: std::hash::Hash + Eq + Clone> Drop for Pins<'_, K> {
 impl Materialized {
     /// Whether `name` (a top-level entry) is in the version, looking through its layers.
     pub fn has(&self, name: &str) -> bool {
+        if let Some(lazy) = &self.lazy {
+            return lazy.has(name);
+        }
         for layer in std::iter::once(&self.path).chain(&self.lower) {
             match std::fs::symlink_metadata(layer.join(name)) {
                 Ok(metadata) => return !is_whiteout(&metadata),
@@ -189,7 +243,7 @@ impl VersionCache {
     /// Opens the cache at `root`, rebuilding its state from disk: partial materializations
     /// are removed, versions found, blob bytes counted.
     pub fn open(root: &Path, blobs: BlobStore, cap_bytes: u64) -> Result<Self, CacheError> {
-        for dir in ["blobs", "versions", "staging"] {
+        for dir in ["blobs", "versions", "staging", "mounts"] {
             std::fs::create_dir_all(root.join(dir))
                 .map_err(io(format!("creating {}", root.join(dir).display())))?;
         }
@@ -197,6 +251,12 @@ impl VersionCache {
         for entry in std::fs::read_dir(&staging).map_err(io("reading staging"))? {
             let path = entry.map_err(io("reading staging"))?.path();
             remove_tree(&path);
+        }
+        // Mounts of a node that died: nothing serves them any more.
+        for entry in std::fs::read_dir(root.join("mounts")).map_err(io("reading mounts"))? {
+            let path = entry.map_err(io("reading mounts"))?.path();
+            let _ = rustix::mount::unmount(&path, rustix::mount::UnmountFlags::DETACH);
+            let _ = std::fs::remove_dir(&path);
         }
         let mut bytes = 0;
         let mut present = HashSet::new();
@@ -223,6 +283,14 @@ impl VersionCache {
             trees: Mutex::new(Vec::new()),
             pinned: Mutex::new(HashMap::new()),
             pinned_bases: Mutex::new(HashMap::new()),
+            lazy: Mutex::new(None),
+            mounts: Mutex::new(HashMap::new()),
+            mounting: tokio::sync::Mutex::new(()),
+            demand: tokio::sync::Semaphore::new(DEMAND_FETCHES),
+            background: tokio::sync::Semaphore::new(PARALLEL_FETCHES),
+            fetching: Mutex::new(HashMap::new()),
+            orders: Mutex::new(HashMap::new()),
+            read_orders: Mutex::new(None),
         };
         cache.load_layers();
         for (key, path) in cache.cached_versions() {
@@ -416,6 +484,7 @@ impl VersionCache {
                 lower,
                 fetched: 0,
                 took: begun.elapsed(),
+                lazy: None,
             });
         }
         let gate = {
@@ -443,6 +512,7 @@ impl VersionCache {
             lower,
             fetched,
             took: begun.elapsed(),
+            lazy: None,
         })
     }
 
@@ -517,11 +587,33 @@ impl VersionCache {
                 .filter(|(digest, executable)| !present.contains(&blob_name(digest, *executable)))
                 .collect()
         };
+        let mut missing = missing;
+        let order = self.lock_orders().get(layer_tree).cloned();
+        if let Some(order) = order {
+            // What the version's first sessions read, first, in the order they read it.
+            let rank: HashMap<&str, usize> = order
+                .iter()
+                .enumerate()
+                .map(|(at, path)| (path.as_str(), at))
+                .collect();
+            let mut first: HashMap<(Digest, bool), usize> = HashMap::new();
+            for entry in entries {
+                if let (Some(at), Some(digest)) =
+                    (rank.get(entry.path.as_str()), entry.file_digest())
+                {
+                    let slot = first
+                        .entry((digest, entry.mode & 0o111 != 0))
+                        .or_insert(usize::MAX);
+                    *slot = (*slot).min(*at);
+                }
+            }
+            missing.sort_by_key(|key| first.get(key).copied().unwrap_or(usize::MAX));
+        }
         let fetched = missing.len() as u64;
         futures::stream::iter(
             missing
                 .into_iter()
-                .map(|(digest, executable)| self.fetch(digest, executable)),
+                .map(|(digest, executable)| self.fetch_once(digest, executable, &self.background)),
         )
         .buffer_unordered(PARALLEL_FETCHES)
         .try_collect::<()>()
@@ -642,6 +734,275 @@ impl VersionCache {
         blob_path(&self.root, digest, executable)
     }
 
+    fn lock_orders(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Vec<String>>>> {
+        self.orders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Fetches one blob unless it is present, taking one of `slots` while it does; a fetch of
+    /// the same blob already under way is waited for, not repeated.
+    async fn fetch_once(
+        &self,
+        digest: Digest,
+        executable: bool,
+        slots: &tokio::sync::Semaphore,
+    ) -> Result<(), CacheError> {
+        let name = blob_name(&digest, executable);
+        let gate = self
+            .fetching
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(name.clone())
+            .or_default()
+            .clone();
+        let turn = gate.lock().await;
+        let result = if self.lock_present().contains(&name) {
+            Ok(())
+        } else {
+            match slots.acquire().await {
+                Ok(_slot) => self.fetch(digest, executable).await,
+                Err(_) => Err(CacheError::Blobs("the node is stopping".to_owned())),
+            }
+        };
+        drop(turn);
+        {
+            let mut fetching = self
+                .fetching
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // The last one out removes the gate (the map's own and this one are the rest).
+            if Arc::strong_count(&gate) <= 2 {
+                fetching.remove(&name);
+            }
+        }
+        result
+    }
+
+    /// Fetches a blob a session waits for (a lazily mounted version's file), beside whatever
+    /// materializations fetch.
+    pub async fn fetch_for_session(
+        &self,
+        digest: Digest,
+        executable: bool,
+    ) -> Result<(), CacheError> {
+        self.fetch_once(digest, executable, &self.demand).await
+    }
+
+    /// Sets how many blobs the node fetches at once: this many for materializations and
+    /// pre-warm, and as many again for sessions waiting on a file (at least 1 each).
+    pub fn with_fetch_concurrency(mut self, fetches: usize) -> Self {
+        let fetches = fetches.max(1);
+        self.demand = tokio::sync::Semaphore::new(fetches);
+        self.background = tokio::sync::Semaphore::new(fetches);
+        self
+    }
+
+    /// Lets sessions see versions before they are fetched (see [`crate::lazy`]); `None`
+    /// turns it off.
+    pub fn set_lazy(&self, settings: Option<LazySettings>) {
+        *self
+            .lazy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = settings;
+    }
+
+    /// Where read orders are kept (the catalog).
+    pub fn set_read_orders(&self, orders: Arc<dyn ReadOrders>) {
+        *self
+            .read_orders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(orders);
+    }
+
+    fn read_orders(&self) -> Option<Arc<dyn ReadOrders>> {
+        self.read_orders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Whether the version is whole in the cache.
+    pub fn holds(&self, environment: &str, version: u32) -> bool {
+        valid_component(environment)
+            && std::fs::symlink_metadata(self.version_dir(environment, version)).is_ok()
+    }
+
+    /// Materializes a version with the blobs its read order names first (the order asked of
+    /// the catalog when there is one). What pre-warm and a lazy mount's background fetch run.
+    pub async fn materialize_in_order(
+        &self,
+        environment: &str,
+        version: u32,
+        layer_tree: &str,
+    ) -> Result<Materialized, CacheError> {
+        if !self.holds(environment, version)
+            && let Some(orders) = self.read_orders()
+        {
+            let order = orders.get(environment, version).await;
+            if !order.is_empty() {
+                self.lock_orders()
+                    .insert(layer_tree.to_owned(), Arc::new(order));
+            }
+        }
+        let materialized = self.materialize(environment, version, layer_tree).await;
+        self.lock_orders().remove(layer_tree);
+        materialized
+    }
+
+    /// The version for a session: its directory when it is cached; otherwise, where the node
+    /// mounts lazily, a mount that shows it at once (fetching each file on first open) while
+    /// the whole version is fetched in the background, read order first; otherwise the whole
+    /// version, fetched first.
+    pub async fn open_version(
+        self: &Arc<Self>,
+        environment: &str,
+        version: u32,
+        layer_tree: &str,
+    ) -> Result<Materialized, CacheError> {
+        let settings = *self
+            .lazy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(settings) = settings else {
+            return self.materialize(environment, version, layer_tree).await;
+        };
+        if self.holds(environment, version) {
+            return self.materialize(environment, version, layer_tree).await;
+        }
+        let begun = Instant::now();
+        let key: VersionKey = (environment.to_owned(), version);
+        let mounted = self.mounted(&key);
+        let mount = match mounted {
+            Some(mount) => mount,
+            None => {
+                let _turn = self.mounting.lock().await;
+                match self.mounted(&key) {
+                    Some(mount) => mount,
+                    None => {
+                        if !valid_component(environment) {
+                            return Err(CacheError::BadTree {
+                                digest: layer_tree.to_owned(),
+                                reason: format!("environment id {environment:?}"),
+                            });
+                        }
+                        let tree = self.tree(layer_tree).await?;
+                        // Whole by now (a pre-warm finished while the tree was fetched).
+                        if self.holds(environment, version) {
+                            return self.materialize(environment, version, layer_tree).await;
+                        }
+                        match self.mount(&key, &tree, layer_tree, settings).await {
+                            Ok(mount) => mount,
+                            Err(error) => {
+                                tracing::warn!(%error, "cannot mount versions lazily on this node; sessions wait for whole versions");
+                                self.set_lazy(None);
+                                return self.materialize(environment, version, layer_tree).await;
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        Ok(Materialized {
+            path: mount.path().to_owned(),
+            lower: Vec::new(),
+            fetched: 0,
+            took: begun.elapsed(),
+            lazy: Some(mount),
+        })
+    }
+
+    fn mounted(&self, key: &VersionKey) -> Option<Arc<LazyVersion>> {
+        self.mounts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(key)
+            .and_then(Weak::upgrade)
+    }
+
+    /// Mounts `tree` for `key`, and starts fetching the whole version behind it. The cache
+    /// holds the mount until the version is whole; sessions that see it hold it after.
+    async fn mount(
+        self: &Arc<Self>,
+        key: &VersionKey,
+        tree: &Arc<Tree>,
+        layer_tree: &str,
+        settings: LazySettings,
+    ) -> Result<Arc<LazyVersion>, crate::lazy::MountError> {
+        let mountpoint = self
+            .root
+            .join("mounts")
+            .join(uuid::Uuid::new_v4().simple().to_string());
+        std::fs::create_dir(&mountpoint).map_err(|source| crate::lazy::MountError::Mount {
+            path: mountpoint.clone(),
+            source,
+        })?;
+        let fetch: Arc<dyn crate::lazy::Fetch> = Arc::new(SessionFetch(Arc::downgrade(self)));
+        let (blobs, label) = (self.root.join("blobs"), format!("{}/{}", key.0, key.1));
+        let tree_for_mount = tree.clone();
+        let mounted = {
+            let at = mountpoint.clone();
+            let runtime = tokio::runtime::Handle::current();
+            tokio::task::spawn_blocking(move || {
+                let _entered = runtime.enter();
+                LazyVersion::mount(
+                    &tree_for_mount,
+                    &at,
+                    &blobs,
+                    fetch,
+                    settings.fetch_deadline,
+                    label,
+                )
+            })
+            .await
+            .map_err(|error| crate::lazy::MountError::Mount {
+                path: mountpoint.clone(),
+                source: std::io::Error::other(error.to_string()),
+            })?
+        };
+        let mount = match mounted {
+            Ok(mount) => mount,
+            Err(error) => {
+                let _ = std::fs::remove_dir(&mountpoint);
+                return Err(error);
+            }
+        };
+        metrics::gauge!("plinth_node_lazy_mounts").increment(1.0);
+        // What the sessions on this mount read, recorded for every node once they are done
+        // with it (or its record is full).
+        if let Some(orders) = self.read_orders() {
+            let (environment, version) = key.clone();
+            mount.on_done(Box::new(move |paths| {
+                if !paths.is_empty() {
+                    plinth_kit::tasks::spawn(orders.record(&environment, version, paths));
+                }
+            }));
+        }
+        self.mounts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key.clone(), Arc::downgrade(&mount));
+        // The whole version behind it, read order first; the cache holds the mount until then.
+        let (cache, held, key, layer_tree) = (
+            self.clone(),
+            mount.clone(),
+            key.clone(),
+            layer_tree.to_owned(),
+        );
+        plinth_kit::tasks::spawn(async move {
+            match cache.materialize_in_order(&key.0, key.1, &layer_tree).await {
+                Ok(done) => {
+                    tracing::info!(environment = %key.0, version = key.1, blobs = done.fetched, took_ms = done.took.as_millis() as u64, "a lazily mounted version is whole in the cache")
+                }
+                Err(error) => {
+                    tracing::warn!(environment = %key.0, version = key.1, %error, "cannot fetch a lazily mounted version whole; its sessions go on fetching file by file")
+                }
+            }
+            drop(held);
+        });
+        Ok(mount)
+    }
+
     /// Fetches one blob (verified by the store while it streams) into the cache.
     async fn fetch(&self, digest: Digest, executable: bool) -> Result<(), CacheError> {
         let blob = self
@@ -671,6 +1032,12 @@ impl VersionCache {
     /// then the blobs no version links. Answers the versions removed.
     pub fn evict(&self, keep: &HashSet<VersionKey>) -> Vec<VersionKey> {
         let mut removed = Vec::new();
+        if self.blob_bytes() <= self.cap_bytes {
+            return removed;
+        }
+        // Blobs no whole version links (fetched for lazily mounted versions, or left by one
+        // removed) go before any version: a mount fetches one again when a session opens it.
+        self.sweep_blobs();
         if self.blob_bytes() <= self.cap_bytes {
             return removed;
         }
@@ -762,6 +1129,28 @@ impl VersionCache {
             }
             drop(pinned);
         }
+    }
+}
+
+/// A lazily mounted version's fetches: through the cache while it lives.
+struct SessionFetch(Weak<VersionCache>);
+
+impl crate::lazy::Fetch for SessionFetch {
+    fn fetch(
+        &self,
+        digest: Digest,
+        executable: bool,
+    ) -> futures::future::BoxFuture<'static, Result<(), String>> {
+        let cache = self.0.clone();
+        Box::pin(async move {
+            let cache = cache
+                .upgrade()
+                .ok_or_else(|| "the node is stopping".to_owned())?;
+            cache
+                .fetch_for_session(digest, executable)
+                .await
+                .map_err(|error| error.to_string())
+        })
     }
 }
 

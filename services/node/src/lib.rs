@@ -15,6 +15,7 @@ mod grpc;
 pub mod heartbeat;
 pub mod identity;
 pub mod isolation;
+pub mod lazy;
 mod node;
 mod pty;
 pub mod session_sandbox;
@@ -91,6 +92,21 @@ pub struct NodeOptions {
     /// working directories refuses to start; when not, it starts and refuses only the
     /// sessions that ask for one. Spare session directories are made with an image of it.
     pub disk_required: Option<u64>,
+    /// Shows sessions a version this node has not fetched at once, each file fetched on first
+    /// open, while the whole version is fetched behind it (`node.lazy_versions`; isolated
+    /// nodes where `/dev/fuse` opens). Off: a session's first command waits for the whole
+    /// version.
+    pub lazy_versions: bool,
+    /// Blobs fetched at once for materializations and pre-warm, and as many again for
+    /// sessions waiting on a file (`node.fetch_concurrency`).
+    pub fetch_concurrency: usize,
+    /// How long a session's open of a file not yet fetched waits before it fails with `EIO`
+    /// (`node.fetch_timeout_ms`).
+    pub fetch_timeout: Duration,
+    /// Which environments' active versions the node fetches when they are activated, before
+    /// any session asks (`node.prewarm`): `*` every one the catalog lists, or ids and slugs;
+    /// empty: none.
+    pub prewarm: Vec<String>,
 }
 
 /// What a node offers sessions, as it tells the catalog.
@@ -211,13 +227,26 @@ pub async fn run(
         // Versions may be layers over cached ones where sessions see them through the mounts
         // the node makes; without isolation they are linked whole.
         let layered = options.isolation.enabled;
+        let fetches = options.fetch_concurrency;
         tokio::task::spawn_blocking(move || {
-            VersionCache::open(&dir, blobs, cap).map(|cache| cache.with_layers(layered))
+            VersionCache::open(&dir, blobs, cap)
+                .map(|cache| cache.with_layers(layered).with_fetch_concurrency(fetches))
         })
         .await
         .map_err(|error| NodeError::Blobs(error.to_string()))??
     };
     let cache = Arc::new(cache);
+    if options.lazy_versions && options.isolation.enabled {
+        if lazy::available() {
+            cache.set_lazy(Some(cache::LazySettings {
+                fetch_deadline: options.fetch_timeout,
+            }));
+        } else {
+            tracing::warn!(
+                "/dev/fuse does not open here: sessions wait for whole versions (node.lazy_versions needs FUSE)"
+            );
+        }
+    }
     let sessions_dir = options.state_dir.join("sessions");
     let disk = if options.isolation.enabled {
         let dir = sessions_dir.clone();

@@ -173,6 +173,7 @@ pub(crate) fn isolate(
         listener,
         stop_proxy: plinth_kit::tasks::CancellationToken::new(),
         share: std::sync::Mutex::new(share),
+        version: version.lazy.clone(),
     })
 }
 
@@ -326,7 +327,7 @@ impl Node {
         let cwd = self.cwd(&session, cwd)?;
         let version = self
             .cache
-            .materialize(
+            .open_version(
                 &session.record.environment_id,
                 session.record.version,
                 &session.record.layer_tree,

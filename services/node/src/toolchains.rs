@@ -174,6 +174,7 @@ mod tests {
             lower: vec![dir.join("base")],
             fetched: 0,
             took: Duration::ZERO,
+            lazy: None,
         }
     }
 

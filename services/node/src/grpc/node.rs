@@ -51,7 +51,7 @@ impl pb::node_service_server::NodeService for Node {
             .ok_or_else(|| PlinthError::invalid("a session is required"))?;
         let materialized = self
             .cache
-            .materialize(&spec.environment_id, spec.version, &spec.layer_tree)
+            .open_version(&spec.environment_id, spec.version, &spec.layer_tree)
             .await
             .map_err(cache_error)?;
         if !isolation::valid_slug(&spec.slug) {
