@@ -18,7 +18,7 @@ pub mod testing;
 
 // The paths other crates name these modules by.
 pub use background::retention;
-pub use domain::{adapters, brain, model, seal, sessions};
+pub use domain::{adapters, brain, model, seal, sessions, warm};
 
 use std::sync::Arc;
 
@@ -96,6 +96,14 @@ pub const ACCESS: Access = Access(&[
         &[Role::Node],
     ),
     (
+        "/plinth.catalog.v1.SessionService/RecordReadOrder",
+        &[Role::Node],
+    ),
+    (
+        "/plinth.catalog.v1.SessionService/GetReadOrder",
+        &[Role::Node],
+    ),
+    (
         "/plinth.catalog.v1.CollectionService/HoldBlobs",
         &[Role::Builder],
     ),
@@ -140,6 +148,9 @@ pub struct CatalogOptions {
     pub retention: RetentionPolicy,
     /// How often retention runs; `None`: only when asked (`plinth gc`).
     pub retention_every: Option<std::time::Duration>,
+    /// How many versions a heartbeat names for nodes to hold warm (0: none), the most
+    /// recently activated first ([`warm::DEFAULT_PREWARM_VERSIONS`] by default).
+    pub prewarm_versions: u32,
 }
 
 /// Why the catalog stopped.
@@ -174,7 +185,8 @@ pub async fn run(
         options.seal_key,
     )
     .await?
-    .with_quotas(options.quotas);
+    .with_quotas(options.quotas)
+    .with_prewarm_versions(options.prewarm_versions);
     store.migrate().await?;
     plinth_kit::storage::watch_database(&options.database_url);
     tracing::info!(backend = store.backend().as_str(), address = ?grpc.local_addr().ok(), %seal_key, "catalog serving");

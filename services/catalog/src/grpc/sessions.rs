@@ -12,6 +12,7 @@ use crate::domain::sessions::{
     CacheReport, NodeCapacity, NodeId, NodeTtl, Session, SessionId, SessionLimits, Task, Turn,
     TurnKind,
 };
+use crate::domain::warm::ReadOrder;
 use crate::persistence::{NewSession, NewTask, Store, StoreError};
 
 /// The `plinth.catalog.v1.SessionService` implementation.
@@ -250,6 +251,14 @@ fn node_id(text: &str) -> Result<NodeId, PlinthError> {
     NodeId::parse(text).ok_or_else(|| missing("node", text))
 }
 
+/// A version that is not a ready build of its environment: `not_found`.
+fn missing_version(environment: &str, version: u32) -> PlinthError {
+    PlinthError::new(
+        ErrorCode::NotFound,
+        format!("version {version} of environment {environment:?} was not found"),
+    )
+}
+
 /// An unknown (or another scope's) session or node: `not_found`, not `environment_not_found`.
 fn missing(what: &str, id: &str) -> PlinthError {
     PlinthError::new(ErrorCode::NotFound, format!("{what} {id:?} was not found"))
@@ -407,6 +416,62 @@ impl pb::session_service_server::SessionService for Sessions {
             cache_digest: answer.digest,
             active_epoch: answer.epoch,
             active_unchanged: answer.active_unchanged,
+            warm: answer
+                .warm
+                .into_iter()
+                .map(|warm| pb::WarmVersion {
+                    environment_id: warm.environment_id.as_str().to_owned(),
+                    slug: warm.slug,
+                    version: warm.version,
+                    layer_tree: warm.layer_tree,
+                })
+                .collect(),
+        }))
+    }
+
+    #[tracing::instrument(name = "catalog.record_read_order", skip_all)]
+    async fn record_read_order(
+        &self,
+        request: Request<pb::RecordReadOrderRequest>,
+    ) -> Result<Response<pb::RecordReadOrderResponse>, Status> {
+        let caller = Principal::of(&request).cloned();
+        let request = request.into_inner();
+        let node = node_id(&request.node_id)?;
+        self.check_node(caller.as_ref(), &node).await?;
+        let order = ReadOrder::new(request.paths)
+            .map_err(|bounds| PlinthError::invalid(bounds.to_string()))?;
+        let not_found = || missing_version(&request.environment_id, request.version);
+        let environment = EnvironmentId::parse(&request.environment_id).ok_or_else(not_found)?;
+        let stored = self
+            .store
+            .record_read_order(&node, &environment, request.version, &order)
+            .await
+            .map_err(|error| match error {
+                StoreError::NotFound => not_found(),
+                other => PlinthError::internal(&other),
+            })?;
+        if stored {
+            tracing::info!(node = %node, environment = %environment, version = request.version, paths = order.paths().len(), "read order recorded");
+        }
+        Ok(Response::new(pb::RecordReadOrderResponse { stored }))
+    }
+
+    #[tracing::instrument(name = "catalog.get_read_order", skip_all)]
+    async fn get_read_order(
+        &self,
+        request: Request<pb::GetReadOrderRequest>,
+    ) -> Result<Response<pb::GetReadOrderResponse>, Status> {
+        let request = request.into_inner();
+        let Some(environment) = EnvironmentId::parse(&request.environment_id) else {
+            return Ok(Response::new(pb::GetReadOrderResponse::default()));
+        };
+        let order = self
+            .store
+            .read_order(&environment, request.version)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        Ok(Response::new(pb::GetReadOrderResponse {
+            paths: order.map(ReadOrder::into_paths).unwrap_or_default(),
         }))
     }
 

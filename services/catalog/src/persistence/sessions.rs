@@ -37,6 +37,7 @@ use crate::domain::sessions::{
     CacheReport, HeartbeatAnswer, MAX_TURN_DETAIL_BYTES, Node, NodeCapacity, NodeId, Session,
     SessionId, SessionLimits, SessionStatus, Task, TaskId, Turn, TurnKind, cache_digest, cut,
 };
+use crate::domain::warm::WarmVersion;
 
 const SESSION_COLUMNS: &str = "s.id, s.scope, s.environment_id, s.environment_name, s.entry, \
      s.version, s.slug, s.layer_tree, s.node_id, n.address AS node_address, s.harness_id, \
@@ -273,27 +274,43 @@ impl Store {
                 true
             }
         };
-        // One read for all three answers, in one snapshot: the active versions of the set
+        // One read for all four answers, in one snapshot: the active versions of the set
         // held (`v` rows; none when the node named a set the catalog does not hold, or when
-        // it holds the list of the current activation epoch), the live sessions, and the
-        // epoch (`e`).
+        // it holds the list of the current activation epoch), the versions to hold warm
+        // (`w` rows, under the same condition: every environment's active version, the most
+        // recently activated first, from the index on `activated_at_ms`), the live sessions,
+        // and the epoch (`e`). The condition is a constant of the statement, tested once
+        // before the rows it guards are read: a heartbeat that is not answered the lists
+        // reads neither.
         let rows = sqlx::query(
-            "SELECT 'v' AS kind, c.environment_id AS id, c.version FROM node_cached_versions c \
+            "SELECT 'v' AS kind, c.environment_id AS id, c.version, '' AS slug, \
+             '' AS layer_tree, 0 AS activated_at_ms FROM node_cached_versions c \
              JOIN environments e ON e.id = c.environment_id AND e.active_version = c.version \
              WHERE c.node_id = $1 AND $2 = 1 \
              AND ($3 = 0 OR $3 <> (SELECT epoch FROM activation_epoch WHERE id = 1)) \
              UNION ALL \
-             SELECT 's' AS kind, s.id, 0 AS version FROM sessions s \
+             SELECT 'w' AS kind, w.id, w.version, w.slug, b.layer_tree, w.activated_at_ms \
+             FROM (SELECT e.id, e.active_version AS version, e.slug, e.activated_at_ms \
+             FROM environments e WHERE e.active_version IS NOT NULL AND $2 = 1 \
+             AND ($3 = 0 OR $3 <> (SELECT epoch FROM activation_epoch WHERE id = 1)) \
+             ORDER BY e.activated_at_ms DESC, e.id LIMIT $4) w \
+             JOIN builds b ON b.environment_id = w.id AND b.version = w.version \
+             UNION ALL \
+             SELECT 's' AS kind, s.id, 0 AS version, '' AS slug, '' AS layer_tree, \
+             0 AS activated_at_ms FROM sessions s \
              WHERE s.node_id = $1 AND s.status = 'active' \
              UNION ALL \
-             SELECT 'e' AS kind, '' AS id, epoch AS version FROM activation_epoch WHERE id = 1",
+             SELECT 'e' AS kind, '' AS id, epoch AS version, '' AS slug, '' AS layer_tree, \
+             0 AS activated_at_ms FROM activation_epoch WHERE id = 1",
         )
         .bind(node.as_str())
         .bind(i64::from(holds_the_set))
         .bind(known_epoch.cast_signed())
+        .bind(i64::from(self.prewarm_versions))
         .fetch_all(&self.db.reader)
         .await?;
         let mut active = Vec::new();
+        let mut warm = Vec::new();
         let mut live_sessions = Vec::new();
         let mut epoch = 0;
         for row in &rows {
@@ -306,15 +323,37 @@ impl Store {
                 epoch = row.try_get::<i64, _>("version")?.cast_unsigned();
             } else {
                 let version: i64 = row.try_get("version")?;
-                active.push((
-                    EnvironmentId::parse(&id).ok_or_else(corrupt)?,
-                    u32::try_from(version).map_err(|_| corrupt())?,
-                ));
+                let environment_id = EnvironmentId::parse(&id).ok_or_else(corrupt)?;
+                let version = u32::try_from(version).map_err(|_| corrupt())?;
+                if kind == "w" {
+                    let activated_at_ms: i64 = row.try_get("activated_at_ms")?;
+                    warm.push((
+                        activated_at_ms,
+                        WarmVersion {
+                            environment_id,
+                            slug: row.try_get("slug")?,
+                            version,
+                            layer_tree: row.try_get("layer_tree")?,
+                        },
+                    ));
+                } else {
+                    active.push((environment_id, version));
+                }
             }
         }
+        // The rows of a UNION ALL come in no promised order: most recently activated first.
+        warm.sort_by(|(a_at, a), (b_at, b)| {
+            b_at.cmp(a_at)
+                .then_with(|| a.environment_id.cmp(&b.environment_id))
+        });
         let listed = holds_the_set && (known_epoch == 0 || known_epoch != epoch);
         Ok(HeartbeatAnswer {
             active: listed.then_some(active),
+            warm: if listed {
+                warm.into_iter().map(|(_, version)| version).collect()
+            } else {
+                Vec::new()
+            },
             active_unchanged: holds_the_set && !listed,
             epoch,
             digest: held,
