@@ -170,6 +170,11 @@ const DATABASE_CHECK_WITHIN: std::time::Duration = std::time::Duration::from_sec
 /// The most one request to a catalog service may carry (Brain's service excepted).
 const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 
+/// The most one request to the session service may carry: a read order at its bounds (4,096
+/// paths of 1,024 bytes, [`warm::MAX_READ_ORDER_PATHS`]) is 4 MiB and its framing, so the
+/// bounds the catalog states are the ones it enforces, with its own message.
+const MAX_SESSION_REQUEST_BYTES: usize = 5 * 1024 * 1024;
+
 /// Opens the database, applies migrations, and serves gRPC on `grpc` (and `/healthz`,
 /// `/readyz`, `/metrics` on `admin`, when given) until `shutdown` is cancelled.
 pub async fn run(
@@ -272,7 +277,7 @@ pub async fn run(
         store.clone(),
         options.node_ttl,
     ))
-    .max_decoding_message_size(MAX_REQUEST_BYTES);
+    .max_decoding_message_size(MAX_SESSION_REQUEST_BYTES);
     server
         .add_service(service)
         .add_service(

@@ -787,3 +787,174 @@ impl pb::session_service_server::SessionService for Sessions {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::model::{NewEnvironment, Outcome};
+    use crate::domain::warm::{MAX_READ_ORDER_PATH_BYTES, MAX_READ_ORDER_PATHS};
+    use crate::persistence::LeasePolicy;
+    use pb::session_service_server::SessionService as _;
+
+    /// A store on `url`, with one node and one environment whose version 1 is ready.
+    async fn service(url: &str) -> (Sessions, String, String) {
+        let key = crate::SealKey::from_bytes(&[9; 32]).expect("key");
+        let store = Store::connect(url, 2, key).await.expect("connect");
+        store.migrate().await.expect("migrate");
+        let scope = Scope::parse("acme").expect("scope");
+        let environment = store
+            .create_environment(
+                NewEnvironment::new(scope.clone(), "Studio".into(), String::new(), String::new())
+                    .expect("valid"),
+            )
+            .await
+            .expect("create")
+            .id;
+        store
+            .start_build(&scope, &environment, "sha256:source", false)
+            .await
+            .expect("start");
+        let lease = LeasePolicy {
+            lease_ms: 60_000,
+            max_attempts: 3,
+            running_per_scope: 4,
+        };
+        let claim = store
+            .claim_build("builder", lease)
+            .await
+            .expect("claim")
+            .expect("work");
+        store
+            .complete_build(
+                &claim.token,
+                Outcome::Ready {
+                    layer_tree: "sha256:layer".into(),
+                    packages: Vec::new(),
+                    size: 1,
+                    dependency_key: String::new(),
+                    toolchains: Vec::new(),
+                },
+            )
+            .await
+            .expect("complete");
+        let node = store
+            .register_node("host-a", "http://a", true, "", "")
+            .await
+            .expect("register");
+        (
+            Sessions::new(store, NodeTtl::default()),
+            node.as_str().to_owned(),
+            environment.as_str().to_owned(),
+        )
+    }
+
+    fn record(
+        node: &str,
+        environment: &str,
+        version: u32,
+        paths: Vec<String>,
+    ) -> Request<pb::RecordReadOrderRequest> {
+        Request::new(pb::RecordReadOrderRequest {
+            node_id: node.to_owned(),
+            environment_id: environment.to_owned(),
+            version,
+            paths,
+        })
+    }
+
+    async fn read(sessions: &Sessions, environment: &str, version: u32) -> Vec<String> {
+        sessions
+            .get_read_order(Request::new(pb::GetReadOrderRequest {
+                environment_id: environment.to_owned(),
+                version,
+            }))
+            .await
+            .expect("get")
+            .into_inner()
+            .paths
+    }
+
+    async fn read_orders_are_bounded_and_kept_first(url: &str) {
+        let (sessions, node, environment) = service(url).await;
+        let paths = |paths: &[&str]| paths.iter().map(|path| (*path).to_owned()).collect();
+
+        // Past the bounds: invalid_argument saying them, and nothing stored.
+        let too_long = "a".repeat(MAX_READ_ORDER_PATH_BYTES + 1);
+        let refused: Vec<Vec<String>> = vec![
+            vec!["f".to_owned(); MAX_READ_ORDER_PATHS + 1],
+            paths(&["bin/sh", &too_long]),
+            paths(&["/etc/passwd"]),
+            paths(&["lib/../../etc/passwd"]),
+            paths(&["./bin/sh"]),
+            paths(&["bin/sh", ""]),
+            paths(&["nul\0byte"]),
+        ];
+        for paths in refused {
+            let status = sessions
+                .record_read_order(record(&node, &environment, 1, paths.clone()))
+                .await
+                .expect_err("past the bounds");
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{paths:?}");
+            assert!(
+                status.message().contains("at most 4096") && status.message().contains("1024"),
+                "{}",
+                status.message()
+            );
+            assert!(read(&sessions, &environment, 1).await.is_empty());
+        }
+
+        // An unknown environment or version: not_found.
+        for (environment, version) in [
+            (environment.as_str(), 2),
+            ("henv_00000000000000000000000000000000", 1),
+            ("not-an-id", 1),
+        ] {
+            let status = sessions
+                .record_read_order(record(&node, environment, version, paths(&["bin/sh"])))
+                .await
+                .expect_err("no such version");
+            assert_eq!(
+                status.code(),
+                tonic::Code::NotFound,
+                "{environment} {version}"
+            );
+            assert!(read(&sessions, environment, version).await.is_empty());
+        }
+
+        // The most paths, each the longest: the first recording is kept, whole.
+        let most: Vec<String> = (0..MAX_READ_ORDER_PATHS)
+            .map(|index| format!("{index:04}/{}", "x".repeat(MAX_READ_ORDER_PATH_BYTES - 5)))
+            .collect();
+        let first = sessions
+            .record_read_order(record(&node, &environment, 1, most.clone()))
+            .await
+            .expect("record")
+            .into_inner();
+        assert!(first.stored);
+        let later = sessions
+            .record_read_order(record(&node, &environment, 1, paths(&["bin/sh"])))
+            .await
+            .expect("record")
+            .into_inner();
+        assert!(!later.stored);
+        assert_eq!(read(&sessions, &environment, 1).await, most);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_read_orders_are_bounded_and_kept_first() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        read_orders_are_bounded_and_kept_first(&crate::testing::sqlite_url(dir.path())).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_read_orders_are_bounded_and_kept_first() {
+        let crate::testing::PostgresAvailability::Available(server) = crate::testing::postgres()
+        else {
+            return;
+        };
+        read_orders_are_bounded_and_kept_first(
+            &crate::testing::fresh_postgres_database(&server).await,
+        )
+        .await;
+    }
+}

@@ -291,9 +291,10 @@ impl Store {
              UNION ALL \
              SELECT 'w' AS kind, w.id, w.version, w.slug, b.layer_tree, w.activated_at_ms \
              FROM (SELECT e.id, e.active_version AS version, e.slug, e.activated_at_ms \
-             FROM environments e WHERE e.active_version IS NOT NULL AND $2 = 1 \
-             AND ($3 = 0 OR $3 <> (SELECT epoch FROM activation_epoch WHERE id = 1)) \
-             ORDER BY e.activated_at_ms DESC, e.id LIMIT $4) w \
+             FROM environments e WHERE e.active_version IS NOT NULL \
+             ORDER BY e.activated_at_ms DESC, e.id \
+             LIMIT CASE WHEN $2 = 1 AND ($3 = 0 \
+             OR $3 <> (SELECT epoch FROM activation_epoch WHERE id = 1)) THEN $4 ELSE 0 END) w \
              JOIN builds b ON b.environment_id = w.id AND b.version = w.version \
              UNION ALL \
              SELECT 's' AS kind, s.id, 0 AS version, '' AS slug, '' AS layer_tree, \
