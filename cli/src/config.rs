@@ -362,6 +362,10 @@ pub struct CatalogSection {
     /// How long a node may go without a heartbeat before placement passes it over, in ms;
     /// nodes are told to heartbeat three times in it.
     pub node_ttl_ms: u64,
+    /// How many versions heartbeats tell nodes to hold warm (fetched in the background): every
+    /// environment's active version, the most recently activated first, at most this many; 0
+    /// tells nodes none.
+    pub prewarm_versions: u32,
     /// How long a builder's lease on a build lasts unless renewed, in seconds; builders renew
     /// every third of it, and a crashed builder's build is taken over once it runs out.
     pub build_lease_seconds: u64,
@@ -401,6 +405,7 @@ impl Default for CatalogSection {
             database_url: None,
             max_connections: 10,
             node_ttl_ms: 3_000,
+            prewarm_versions: plinth_catalog::warm::DEFAULT_PREWARM_VERSIONS,
             build_lease_seconds: 6,
             build_max_attempts: 3,
             build_running_per_scope: plinth_catalog::DEFAULT_RUNNING_PER_SCOPE,

@@ -1178,6 +1178,7 @@ fn spawn_catalog(
         quotas: config.quotas.quotas()?,
         retention: config.retention(),
         retention_every: config.gc_every(),
+        prewarm_versions: config.catalog.prewarm_versions,
     };
     let result = async move {
         let result = plinth_catalog::run(options, listener, admin, shutdown).await;

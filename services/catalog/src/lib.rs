@@ -18,7 +18,7 @@ pub mod testing;
 
 // The paths other crates name these modules by.
 pub use background::retention;
-pub use domain::{adapters, brain, model, seal, sessions};
+pub use domain::{adapters, brain, model, seal, sessions, warm};
 
 use std::sync::Arc;
 
@@ -96,6 +96,14 @@ pub const ACCESS: Access = Access(&[
         &[Role::Node],
     ),
     (
+        "/plinth.catalog.v1.SessionService/RecordReadOrder",
+        &[Role::Node],
+    ),
+    (
+        "/plinth.catalog.v1.SessionService/GetReadOrder",
+        &[Role::Node],
+    ),
+    (
         "/plinth.catalog.v1.CollectionService/HoldBlobs",
         &[Role::Builder],
     ),
@@ -140,6 +148,9 @@ pub struct CatalogOptions {
     pub retention: RetentionPolicy,
     /// How often retention runs; `None`: only when asked (`plinth gc`).
     pub retention_every: Option<std::time::Duration>,
+    /// How many versions a heartbeat names for nodes to hold warm (0: none), the most
+    /// recently activated first ([`warm::DEFAULT_PREWARM_VERSIONS`] by default).
+    pub prewarm_versions: u32,
 }
 
 /// Why the catalog stopped.
@@ -159,6 +170,11 @@ const DATABASE_CHECK_WITHIN: std::time::Duration = std::time::Duration::from_sec
 /// The most one request to a catalog service may carry (Brain's service excepted).
 const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 
+/// The most one request to the session service may carry: a read order at its bounds (4,096
+/// paths of 1,024 bytes, [`warm::MAX_READ_ORDER_PATHS`]) is 4 MiB and its framing, so the
+/// bounds the catalog states are the ones it enforces, with its own message.
+const MAX_SESSION_REQUEST_BYTES: usize = 5 * 1024 * 1024;
+
 /// Opens the database, applies migrations, and serves gRPC on `grpc` (and `/healthz`,
 /// `/readyz`, `/metrics` on `admin`, when given) until `shutdown` is cancelled.
 pub async fn run(
@@ -174,7 +190,8 @@ pub async fn run(
         options.seal_key,
     )
     .await?
-    .with_quotas(options.quotas);
+    .with_quotas(options.quotas)
+    .with_prewarm_versions(options.prewarm_versions);
     store.migrate().await?;
     plinth_kit::storage::watch_database(&options.database_url);
     tracing::info!(backend = store.backend().as_str(), address = ?grpc.local_addr().ok(), %seal_key, "catalog serving");
@@ -260,7 +277,7 @@ pub async fn run(
         store.clone(),
         options.node_ttl,
     ))
-    .max_decoding_message_size(MAX_REQUEST_BYTES);
+    .max_decoding_message_size(MAX_SESSION_REQUEST_BYTES);
     server
         .add_service(service)
         .add_service(

@@ -4,6 +4,11 @@
 //! which digest the catalog holds, so whatever happened meanwhile (a restart of either side,
 //! another catalog replica, an older catalog that keeps no sets) the next heartbeat sends
 //! the whole set again whenever the two differ.
+//!
+//! An answer that lists the active versions also names the versions to hold warm (every
+//! environment's active version, the most recently activated first); one that does not
+//! (`active_unchanged`, or a set the catalog did not hold) leaves the list the node holds as
+//! it is, as it leaves the active versions.
 
 use std::collections::HashSet;
 
@@ -38,6 +43,8 @@ pub struct CacheReporter {
     /// The activation epoch of the active list the node holds; 0 for none (until the
     /// catalog answers one, and after registering).
     epoch: u64,
+    /// The versions to hold warm, as the last answer that listed them named them.
+    warm: Vec<pb::WarmVersion>,
 }
 
 /// What a heartbeat sent, for reading its answer.
@@ -51,6 +58,13 @@ impl CacheReporter {
     /// A reporter for a node the catalog knows nothing of yet.
     pub fn new() -> Self {
         CacheReporter::default()
+    }
+
+    /// The versions to hold warm, most recently activated first: as the last answer that
+    /// listed the active versions named them (none before one did). Kept through answers that
+    /// do not list them, and through registering again until the next one that does.
+    pub fn warm(&self) -> &[pb::WarmVersion] {
+        &self.warm
     }
 
     /// The node (re)registered: the next heartbeat sends its whole set.
@@ -99,7 +113,8 @@ impl CacheReporter {
     /// Reads the answer to the heartbeat `sent`: the cached versions that are active, or
     /// `None` when the answer does not say: nothing changed since the list the node holds
     /// (`active_unchanged`), or the catalog did not hold the set the heartbeat named (the
-    /// next heartbeat sends it whole). The node keeps what it knew meanwhile.
+    /// next heartbeat sends it whole). The node keeps what it knew meanwhile. An answer that
+    /// lists the active versions replaces the versions to hold warm ([`CacheReporter::warm`]).
     pub fn answered(
         &mut self,
         sent: Sent,
@@ -114,6 +129,7 @@ impl CacheReporter {
             return None;
         }
         self.epoch = answer.active_epoch;
+        self.warm.clone_from(&answer.warm);
         Some(
             answer
                 .active
@@ -220,6 +236,64 @@ mod tests {
         reporter.forget();
         let (again, _) = reporter.request("node_x".into(), cache);
         assert_eq!((again.active_epoch, again.cache_unchanged), (0, false));
+    }
+
+    fn warm(names: &[(&str, u32)]) -> Vec<pb::WarmVersion> {
+        names
+            .iter()
+            .map(|(environment, version)| pb::WarmVersion {
+                environment_id: (*environment).to_owned(),
+                slug: environment.trim_start_matches("henv_").to_owned(),
+                version: *version,
+                layer_tree: format!("sha256:{environment}{version}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_warm_list_is_kept_until_an_answer_lists_it_again() {
+        let mut reporter = CacheReporter::new();
+        assert!(
+            reporter.warm().is_empty(),
+            "none before the catalog names one"
+        );
+        let cache = versions(&[("henv_a", 1)]);
+        let (first, sent) = reporter.request("node_x".into(), cache.clone());
+        let mut listed = answer(first.cache_digest, &[("henv_a", 1)]);
+        listed.active_epoch = 3;
+        listed.warm = warm(&[("henv_b", 4), ("henv_a", 1)]);
+        reporter.answered(sent, &listed);
+        assert_eq!(reporter.warm(), warm(&[("henv_b", 4), ("henv_a", 1)]));
+
+        // Unchanged: the answer carries no list, and the node keeps the one it holds.
+        let (second, sent) = reporter.request("node_x".into(), cache.clone());
+        let mut unchanged = answer(second.cache_digest, &[]);
+        (unchanged.active_epoch, unchanged.active_unchanged) = (3, true);
+        assert_eq!(reporter.answered(sent, &unchanged), None);
+        assert_eq!(reporter.warm(), warm(&[("henv_b", 4), ("henv_a", 1)]));
+
+        // A catalog that does not hold the set answers no list either.
+        let (third, sent) = reporter.request("node_x".into(), cache.clone());
+        assert!(third.cache_unchanged);
+        assert_eq!(reporter.answered(sent, &answer(9, &[])), None);
+        assert_eq!(reporter.warm(), warm(&[("henv_b", 4), ("henv_a", 1)]));
+
+        // Registering again keeps it until an answer lists the versions again.
+        reporter.forget();
+        assert_eq!(reporter.warm(), warm(&[("henv_b", 4), ("henv_a", 1)]));
+
+        // A listed answer replaces it, an empty list included (a rollback, then none).
+        let (fourth, sent) = reporter.request("node_x".into(), cache.clone());
+        let mut rolled = answer(fourth.cache_digest, &[("henv_a", 1)]);
+        rolled.active_epoch = 4;
+        rolled.warm = warm(&[("henv_b", 3), ("henv_a", 1)]);
+        reporter.answered(sent, &rolled);
+        assert_eq!(reporter.warm(), warm(&[("henv_b", 3), ("henv_a", 1)]));
+        let (fifth, sent) = reporter.request("node_x".into(), cache);
+        let mut none = answer(fifth.cache_digest, &[]);
+        none.active_epoch = 5;
+        reporter.answered(sent, &none);
+        assert!(reporter.warm().is_empty());
     }
 
     #[test]

@@ -337,6 +337,9 @@ pub struct HeartbeatAnswer {
     /// the node said its set was unchanged but the catalog does not hold that set, or when
     /// nothing changed since the list the node holds (`active_unchanged`).
     pub active: Option<Vec<(EnvironmentId, u32)>>,
+    /// The versions to hold warm, most recently activated first: read whenever `active` is,
+    /// and empty when it is `None`.
+    pub warm: Vec<crate::domain::warm::WarmVersion>,
     /// The list was not read: the node's set is unchanged and it named the current `epoch`.
     pub active_unchanged: bool,
     /// The catalog's count of changes to which versions are active, for the node to name in

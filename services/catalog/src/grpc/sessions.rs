@@ -12,6 +12,7 @@ use crate::domain::sessions::{
     CacheReport, NodeCapacity, NodeId, NodeTtl, Session, SessionId, SessionLimits, Task, Turn,
     TurnKind,
 };
+use crate::domain::warm::ReadOrder;
 use crate::persistence::{NewSession, NewTask, Store, StoreError};
 
 /// The `plinth.catalog.v1.SessionService` implementation.
@@ -250,6 +251,14 @@ fn node_id(text: &str) -> Result<NodeId, PlinthError> {
     NodeId::parse(text).ok_or_else(|| missing("node", text))
 }
 
+/// A version that is not a ready build of its environment: `not_found`.
+fn missing_version(environment: &str, version: u32) -> PlinthError {
+    PlinthError::new(
+        ErrorCode::NotFound,
+        format!("version {version} of environment {environment:?} was not found"),
+    )
+}
+
 /// An unknown (or another scope's) session or node: `not_found`, not `environment_not_found`.
 fn missing(what: &str, id: &str) -> PlinthError {
     PlinthError::new(ErrorCode::NotFound, format!("{what} {id:?} was not found"))
@@ -407,6 +416,62 @@ impl pb::session_service_server::SessionService for Sessions {
             cache_digest: answer.digest,
             active_epoch: answer.epoch,
             active_unchanged: answer.active_unchanged,
+            warm: answer
+                .warm
+                .into_iter()
+                .map(|warm| pb::WarmVersion {
+                    environment_id: warm.environment_id.as_str().to_owned(),
+                    slug: warm.slug,
+                    version: warm.version,
+                    layer_tree: warm.layer_tree,
+                })
+                .collect(),
+        }))
+    }
+
+    #[tracing::instrument(name = "catalog.record_read_order", skip_all)]
+    async fn record_read_order(
+        &self,
+        request: Request<pb::RecordReadOrderRequest>,
+    ) -> Result<Response<pb::RecordReadOrderResponse>, Status> {
+        let caller = Principal::of(&request).cloned();
+        let request = request.into_inner();
+        let node = node_id(&request.node_id)?;
+        self.check_node(caller.as_ref(), &node).await?;
+        let order = ReadOrder::new(request.paths)
+            .map_err(|bounds| PlinthError::invalid(bounds.to_string()))?;
+        let not_found = || missing_version(&request.environment_id, request.version);
+        let environment = EnvironmentId::parse(&request.environment_id).ok_or_else(not_found)?;
+        let stored = self
+            .store
+            .record_read_order(&node, &environment, request.version, &order)
+            .await
+            .map_err(|error| match error {
+                StoreError::NotFound => not_found(),
+                other => PlinthError::internal(&other),
+            })?;
+        if stored {
+            tracing::info!(node = %node, environment = %environment, version = request.version, paths = order.paths().len(), "read order recorded");
+        }
+        Ok(Response::new(pb::RecordReadOrderResponse { stored }))
+    }
+
+    #[tracing::instrument(name = "catalog.get_read_order", skip_all)]
+    async fn get_read_order(
+        &self,
+        request: Request<pb::GetReadOrderRequest>,
+    ) -> Result<Response<pb::GetReadOrderResponse>, Status> {
+        let request = request.into_inner();
+        let Some(environment) = EnvironmentId::parse(&request.environment_id) else {
+            return Ok(Response::new(pb::GetReadOrderResponse::default()));
+        };
+        let order = self
+            .store
+            .read_order(&environment, request.version)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        Ok(Response::new(pb::GetReadOrderResponse {
+            paths: order.map(ReadOrder::into_paths).unwrap_or_default(),
         }))
     }
 
@@ -720,5 +785,176 @@ impl pb::session_service_server::SessionService for Sessions {
             has_more: page.next.is_some(),
             next: page.next.map(|cursor| cursor.encode()).unwrap_or_default(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::model::{NewEnvironment, Outcome};
+    use crate::domain::warm::{MAX_READ_ORDER_PATH_BYTES, MAX_READ_ORDER_PATHS};
+    use crate::persistence::LeasePolicy;
+    use pb::session_service_server::SessionService as _;
+
+    /// A store on `url`, with one node and one environment whose version 1 is ready.
+    async fn service(url: &str) -> (Sessions, String, String) {
+        let key = crate::SealKey::from_bytes(&[9; 32]).expect("key");
+        let store = Store::connect(url, 2, key).await.expect("connect");
+        store.migrate().await.expect("migrate");
+        let scope = Scope::parse("acme").expect("scope");
+        let environment = store
+            .create_environment(
+                NewEnvironment::new(scope.clone(), "Studio".into(), String::new(), String::new())
+                    .expect("valid"),
+            )
+            .await
+            .expect("create")
+            .id;
+        store
+            .start_build(&scope, &environment, "sha256:source", false)
+            .await
+            .expect("start");
+        let lease = LeasePolicy {
+            lease_ms: 60_000,
+            max_attempts: 3,
+            running_per_scope: 4,
+        };
+        let claim = store
+            .claim_build("builder", lease)
+            .await
+            .expect("claim")
+            .expect("work");
+        store
+            .complete_build(
+                &claim.token,
+                Outcome::Ready {
+                    layer_tree: "sha256:layer".into(),
+                    packages: Vec::new(),
+                    size: 1,
+                    dependency_key: String::new(),
+                    toolchains: Vec::new(),
+                },
+            )
+            .await
+            .expect("complete");
+        let node = store
+            .register_node("host-a", "http://a", true, "", "")
+            .await
+            .expect("register");
+        (
+            Sessions::new(store, NodeTtl::default()),
+            node.as_str().to_owned(),
+            environment.as_str().to_owned(),
+        )
+    }
+
+    fn record(
+        node: &str,
+        environment: &str,
+        version: u32,
+        paths: Vec<String>,
+    ) -> Request<pb::RecordReadOrderRequest> {
+        Request::new(pb::RecordReadOrderRequest {
+            node_id: node.to_owned(),
+            environment_id: environment.to_owned(),
+            version,
+            paths,
+        })
+    }
+
+    async fn read(sessions: &Sessions, environment: &str, version: u32) -> Vec<String> {
+        sessions
+            .get_read_order(Request::new(pb::GetReadOrderRequest {
+                environment_id: environment.to_owned(),
+                version,
+            }))
+            .await
+            .expect("get")
+            .into_inner()
+            .paths
+    }
+
+    async fn read_orders_are_bounded_and_kept_first(url: &str) {
+        let (sessions, node, environment) = service(url).await;
+        let paths = |paths: &[&str]| paths.iter().map(|path| (*path).to_owned()).collect();
+
+        // Past the bounds: invalid_argument saying them, and nothing stored.
+        let too_long = "a".repeat(MAX_READ_ORDER_PATH_BYTES + 1);
+        let refused: Vec<Vec<String>> = vec![
+            vec!["f".to_owned(); MAX_READ_ORDER_PATHS + 1],
+            paths(&["bin/sh", &too_long]),
+            paths(&["/etc/passwd"]),
+            paths(&["lib/../../etc/passwd"]),
+            paths(&["./bin/sh"]),
+            paths(&["bin/sh", ""]),
+            paths(&["nul\0byte"]),
+        ];
+        for paths in refused {
+            let status = sessions
+                .record_read_order(record(&node, &environment, 1, paths.clone()))
+                .await
+                .expect_err("past the bounds");
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{paths:?}");
+            assert!(
+                status.message().contains("at most 4096") && status.message().contains("1024"),
+                "{}",
+                status.message()
+            );
+            assert!(read(&sessions, &environment, 1).await.is_empty());
+        }
+
+        // An unknown environment or version: not_found.
+        for (environment, version) in [
+            (environment.as_str(), 2),
+            ("henv_00000000000000000000000000000000", 1),
+            ("not-an-id", 1),
+        ] {
+            let status = sessions
+                .record_read_order(record(&node, environment, version, paths(&["bin/sh"])))
+                .await
+                .expect_err("no such version");
+            assert_eq!(
+                status.code(),
+                tonic::Code::NotFound,
+                "{environment} {version}"
+            );
+            assert!(read(&sessions, environment, version).await.is_empty());
+        }
+
+        // The most paths, each the longest: the first recording is kept, whole.
+        let most: Vec<String> = (0..MAX_READ_ORDER_PATHS)
+            .map(|index| format!("{index:04}/{}", "x".repeat(MAX_READ_ORDER_PATH_BYTES - 5)))
+            .collect();
+        let first = sessions
+            .record_read_order(record(&node, &environment, 1, most.clone()))
+            .await
+            .expect("record")
+            .into_inner();
+        assert!(first.stored);
+        let later = sessions
+            .record_read_order(record(&node, &environment, 1, paths(&["bin/sh"])))
+            .await
+            .expect("record")
+            .into_inner();
+        assert!(!later.stored);
+        assert_eq!(read(&sessions, &environment, 1).await, most);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_read_orders_are_bounded_and_kept_first() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        read_orders_are_bounded_and_kept_first(&crate::testing::sqlite_url(dir.path())).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_read_orders_are_bounded_and_kept_first() {
+        let crate::testing::PostgresAvailability::Available(server) = crate::testing::postgres()
+        else {
+            return;
+        };
+        read_orders_are_bounded_and_kept_first(
+            &crate::testing::fresh_postgres_database(&server).await,
+        )
+        .await;
     }
 }

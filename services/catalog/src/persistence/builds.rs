@@ -174,7 +174,8 @@ impl Store {
         Ok(builds)
     }
 
-    /// Makes a ready version the active one: one pointer update.
+    /// Makes a ready version the active one: one pointer update, stamped with when it became
+    /// active (the versions nodes hold warm are the most recently activated).
     pub async fn activate(
         &self,
         scope: &Scope,
@@ -186,7 +187,8 @@ impl Store {
             return Err(StoreError::NotReady(build.status));
         }
         let updated = sqlx::query(
-            "UPDATE environments SET active_version = $1, updated_at_ms = $2 \
+            "UPDATE environments SET active_version = $1, updated_at_ms = $2, \
+             activated_at_ms = CASE WHEN active_version = $1 THEN activated_at_ms ELSE $2 END \
              WHERE id = $3 AND scope = $4 AND EXISTS (SELECT 1 FROM builds \
              WHERE environment_id = $3 AND version = $1 AND status = 'ready')",
         )
@@ -454,7 +456,9 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
                 sqlx::query(
-                    "UPDATE environments SET active_version = $1, updated_at_ms = $2 WHERE id = $3",
+                    "UPDATE environments SET active_version = $1, updated_at_ms = $2, \
+                     activated_at_ms = CASE WHEN active_version = $1 THEN activated_at_ms \
+                     ELSE $2 END WHERE id = $3",
                 )
                 .bind(version)
                 .bind(now)

@@ -20,6 +20,7 @@ mod quotas;
 mod request_keys;
 mod retention;
 mod sessions;
+mod warm;
 
 pub use adapters::{AdapterCredentials, Claimed, NewTurn, OpenedRun, SignedCall, SignedCallSeen};
 pub use builds::{BUILD_QUEUED_CHANNEL, DEFAULT_RUNNING_PER_SCOPE, LeasePolicy, MAX_LOG_BYTES};
@@ -82,6 +83,7 @@ migration_lists! {
     22, "node_capacity", split "0022_node_capacity.sql";
     23, "activation_epoch", split "0023_activation_epoch.sql";
     24, "install_settings", common "0024_install_settings.sql";
+    25, "warm_versions_and_read_orders", common "0025_warm_versions_and_read_orders.sql";
 }
 
 fn migrations(backend: Backend) -> &'static [MigrationFile] {
@@ -168,6 +170,9 @@ pub struct Store {
     seal: std::sync::Arc<crate::domain::seal::SealKey>,
     /// Every scope's limits (`quotas`); the defaults unless `with_quotas` set them.
     quotas: std::sync::Arc<plinth_kit::quota::Quotas>,
+    /// How many versions a heartbeat names to hold warm; the default unless
+    /// `with_prewarm_versions` set it.
+    prewarm_versions: u32,
 }
 
 const ENVIRONMENT_COLUMNS: &str = "id, scope, name, slug, description, entry, active_version, \
@@ -184,6 +189,7 @@ impl Store {
             db: Database::connect(url, max_connections).await?,
             seal: std::sync::Arc::new(seal),
             quotas: std::sync::Arc::default(),
+            prewarm_versions: crate::domain::warm::DEFAULT_PREWARM_VERSIONS,
         })
     }
     /// Connects for maintenance that never reads or writes an adapter's credential

@@ -37,12 +37,19 @@ use crate::domain::sessions::{
     CacheReport, HeartbeatAnswer, MAX_TURN_DETAIL_BYTES, Node, NodeCapacity, NodeId, Session,
     SessionId, SessionLimits, SessionStatus, Task, TaskId, Turn, TurnKind, cache_digest, cut,
 };
+use crate::domain::warm::WarmVersion;
 
 const SESSION_COLUMNS: &str = "s.id, s.scope, s.environment_id, s.environment_name, s.entry, \
      s.version, s.slug, s.layer_tree, s.node_id, n.address AS node_address, s.harness_id, \
      s.workdir, s.isolated, s.status, s.turns, s.created_at_ms, s.ended_at_ms, s.owner, \
      s.limit_memory_mb, s.limit_pids, s.limit_cpu_millicores, s.limit_disk_mb, \
      s.limit_lifetime_ms, s.limit_idle_ms";
+
+/// Whether a heartbeat is answered the active versions (and the versions to hold warm): the
+/// catalog holds the node's set (`$2`), and the node names no list (`$3` 0) or another
+/// activation epoch's.
+const LISTED: &str =
+    "$2 = 1 AND ($3 = 0 OR $3 <> (SELECT epoch FROM activation_epoch WHERE id = 1))";
 
 /// Cached versions inserted per statement when a node's set changes: two parameters each (and
 /// the node's id once) stay well inside SQLite's 32,766 and PostgreSQL's 65,535, so a node
@@ -273,27 +280,58 @@ impl Store {
                 true
             }
         };
-        // One read for all three answers, in one snapshot: the active versions of the set
+        // One read for all four answers, in one snapshot: the active versions of the set
         // held (`v` rows; none when the node named a set the catalog does not hold, or when
-        // it holds the list of the current activation epoch), the live sessions, and the
-        // epoch (`e`).
-        let rows = sqlx::query(
-            "SELECT 'v' AS kind, c.environment_id AS id, c.version FROM node_cached_versions c \
+        // it holds the list of the current activation epoch), the versions to hold warm
+        // (`w` rows, under the same condition: every environment's active version, the most
+        // recently activated first, from the index on `activated_at_ms`), the live sessions,
+        // and the epoch (`e`). The condition is a constant of the statement, tested once
+        // before the rows it guards are read: a heartbeat that is not answered the lists
+        // reads neither. SQLite tests a WHERE condition row by row, down the whole index when
+        // it is false, so there it is the LIMIT of the warm rows (0 when false); PostgreSQL
+        // plans a prepared statement once for any parameters, and a LIMIT it cannot read at
+        // planning would make it sort every environment, so there the condition is a filter
+        // it tests once and the LIMIT a number in the statement. Each warm version's layer
+        // tree is read by its key rather than joined, so no plan hashes every build.
+        let (warm_filter, warm_limit) = match self.db.backend {
+            Backend::Postgres => (format!("AND {LISTED}"), self.prewarm_versions.to_string()),
+            Backend::Sqlite => (
+                String::new(),
+                format!(
+                    "CASE WHEN {LISTED} THEN {} ELSE 0 END",
+                    self.prewarm_versions
+                ),
+            ),
+        };
+        let sql = format!(
+            "SELECT 'v' AS kind, c.environment_id AS id, c.version, '' AS slug, \
+             '' AS layer_tree, 0 AS activated_at_ms FROM node_cached_versions c \
              JOIN environments e ON e.id = c.environment_id AND e.active_version = c.version \
-             WHERE c.node_id = $1 AND $2 = 1 \
-             AND ($3 = 0 OR $3 <> (SELECT epoch FROM activation_epoch WHERE id = 1)) \
+             WHERE c.node_id = $1 AND {LISTED} \
              UNION ALL \
-             SELECT 's' AS kind, s.id, 0 AS version FROM sessions s \
+             SELECT 'w' AS kind, w.id, w.version, w.slug, \
+             COALESCE((SELECT b.layer_tree FROM builds b \
+             WHERE b.environment_id = w.id AND b.version = w.version), '') AS layer_tree, \
+             w.activated_at_ms FROM (SELECT e.id, e.active_version AS version, e.slug, \
+             e.activated_at_ms FROM environments e \
+             WHERE e.active_version IS NOT NULL {warm_filter} \
+             ORDER BY e.activated_at_ms DESC, e.id LIMIT {warm_limit}) w \
+             UNION ALL \
+             SELECT 's' AS kind, s.id, 0 AS version, '' AS slug, '' AS layer_tree, \
+             0 AS activated_at_ms FROM sessions s \
              WHERE s.node_id = $1 AND s.status = 'active' \
              UNION ALL \
-             SELECT 'e' AS kind, '' AS id, epoch AS version FROM activation_epoch WHERE id = 1",
-        )
-        .bind(node.as_str())
-        .bind(i64::from(holds_the_set))
-        .bind(known_epoch.cast_signed())
-        .fetch_all(&self.db.reader)
-        .await?;
+             SELECT 'e' AS kind, '' AS id, epoch AS version, '' AS slug, '' AS layer_tree, \
+             0 AS activated_at_ms FROM activation_epoch WHERE id = 1"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(node.as_str())
+            .bind(i64::from(holds_the_set))
+            .bind(known_epoch.cast_signed())
+            .fetch_all(&self.db.reader)
+            .await?;
         let mut active = Vec::new();
+        let mut warm = Vec::new();
         let mut live_sessions = Vec::new();
         let mut epoch = 0;
         for row in &rows {
@@ -306,15 +344,37 @@ impl Store {
                 epoch = row.try_get::<i64, _>("version")?.cast_unsigned();
             } else {
                 let version: i64 = row.try_get("version")?;
-                active.push((
-                    EnvironmentId::parse(&id).ok_or_else(corrupt)?,
-                    u32::try_from(version).map_err(|_| corrupt())?,
-                ));
+                let environment_id = EnvironmentId::parse(&id).ok_or_else(corrupt)?;
+                let version = u32::try_from(version).map_err(|_| corrupt())?;
+                if kind == "w" {
+                    let activated_at_ms: i64 = row.try_get("activated_at_ms")?;
+                    warm.push((
+                        activated_at_ms,
+                        WarmVersion {
+                            environment_id,
+                            slug: row.try_get("slug")?,
+                            version,
+                            layer_tree: row.try_get("layer_tree")?,
+                        },
+                    ));
+                } else {
+                    active.push((environment_id, version));
+                }
             }
         }
+        // The rows of a UNION ALL come in no promised order: most recently activated first.
+        warm.sort_by(|(a_at, a), (b_at, b)| {
+            b_at.cmp(a_at)
+                .then_with(|| a.environment_id.cmp(&b.environment_id))
+        });
         let listed = holds_the_set && (known_epoch == 0 || known_epoch != epoch);
         Ok(HeartbeatAnswer {
             active: listed.then_some(active),
+            warm: if listed {
+                warm.into_iter().map(|(_, version)| version).collect()
+            } else {
+                Vec::new()
+            },
             active_unchanged: holds_the_set && !listed,
             epoch,
             digest: held,

@@ -44,6 +44,7 @@ mod retention;
 mod sealing;
 mod sessions;
 mod store;
+mod warm;
 
 /// A fresh PostgreSQL database, or `None` when none is configured (outside CI).
 async fn postgres_url() -> Option<String> {
