@@ -47,6 +47,7 @@ mod operators_kit;
 mod pagination;
 mod partial_faults;
 mod partition;
+mod prewarm;
 mod processes;
 mod prometheus;
 mod public_grpc;

@@ -434,6 +434,11 @@ impl VersionCache {
             .join(version.to_string())
     }
 
+    /// Blob bytes the cache may hold before it evicts.
+    pub fn cap_bytes(&self) -> u64 {
+        self.cap_bytes
+    }
+
     /// Bytes of blobs held.
     pub fn blob_bytes(&self) -> u64 {
         self.blob_bytes.load(Ordering::Relaxed)

@@ -605,11 +605,9 @@ impl Filesystem for VersionFs {
             let begun = std::time::Instant::now();
             // Twice at most: a sweep may remove a blob between its fetch and this open.
             for _ in 0..2 {
-                let fetched = tokio::time::timeout(
-                    inner.deadline,
-                    inner.fetch.fetch(digest, executable),
-                )
-                .await;
+                let fetched =
+                    tokio::time::timeout(inner.deadline, inner.fetch.fetch(digest, executable))
+                        .await;
                 let failure = match fetched {
                     Ok(Ok(())) => match inner.open_blob(&digest, executable, size) {
                         Ok(Some(file)) => {

@@ -17,6 +17,7 @@ pub mod identity;
 pub mod isolation;
 pub mod lazy;
 mod node;
+pub mod prewarm;
 mod pty;
 pub mod session_sandbox;
 pub mod sessions;
@@ -281,6 +282,16 @@ pub async fn run(
         .interceptor("node")
         .map_err(|error| NodeError::Token(error.to_string()))?;
     let catalog = SessionServiceClient::with_interceptor(catalog, interceptor);
+    let node_id: Arc<Mutex<String>> = Arc::default();
+    cache.set_read_orders(Arc::new(prewarm::CatalogReadOrders::new(
+        catalog.clone(),
+        node_id.clone(),
+    )));
+    let (warm, warm_list) = tokio::sync::watch::channel(Vec::new());
+    let chosen = prewarm::Chosen::new(options.prewarm.clone());
+    if !chosen.is_empty() {
+        plinth_kit::tasks::spawn(prewarm::keep_warm(cache.clone(), chosen, warm_list));
+    }
     let active: Arc<Mutex<HashSet<cache::VersionKey>>> = Arc::default();
     let contact = options.contact.clone().unwrap_or_default();
     plinth_kit::tasks::spawn(keep_registered(
@@ -289,7 +300,11 @@ pub async fn run(
         catalog,
         cache.clone(),
         sessions.clone(),
-        active.clone(),
+        Listened {
+            active: active.clone(),
+            warm,
+            node_id,
+        },
         shutdown.clone(),
     ));
     plinth_kit::tasks::spawn(keep_spares(sessions.clone(), shutdown.clone()));
@@ -558,15 +573,30 @@ pub enum CatalogUnheard {
 /// Registers (again after a restart, or when the catalog forgot the node), reconciles the
 /// sessions on disk with the catalog's, then heartbeats, learning which cached versions are
 /// active and which of its sessions are live: those that are not are detached.
+/// What the node learns from the catalog, for its other loops.
+struct Listened {
+    /// The cached versions that are their environment's active one (kept from eviction).
+    active: Arc<Mutex<HashSet<cache::VersionKey>>>,
+    /// The versions to hold warm.
+    warm: tokio::sync::watch::Sender<Vec<catalog_pb::WarmVersion>>,
+    /// The node's id, once registered.
+    node_id: Arc<Mutex<String>>,
+}
+
 async fn keep_registered(
     options: NodeOptions,
     contact: Arc<CatalogContact>,
     mut catalog: Catalog,
     cache: Arc<VersionCache>,
     sessions: Arc<SessionTable>,
-    active: Arc<Mutex<HashSet<cache::VersionKey>>>,
+    listened: Listened,
     shutdown: CancellationToken,
 ) {
+    let Listened {
+        active,
+        warm,
+        node_id: shared_id,
+    } = listened;
     let mut registered: Option<(String, Duration)> = None;
     let mut report = heartbeat::CacheReporter::new();
     let capacity = Capacity::measure(options.max_sessions, options.memory_reserve_mb);
@@ -629,6 +659,11 @@ async fn keep_registered(
                         registered.notify_one();
                     }
                     report.forget();
+                    answer.node_id.clone_into(
+                        &mut shared_id
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner),
+                    );
                     registered = Some((answer.node_id, every));
                     every
                 }
@@ -666,6 +701,13 @@ async fn keep_registered(
                             *active
                                 .lock()
                                 .unwrap_or_else(std::sync::PoisonError::into_inner) = now_active;
+                            warm.send_if_modified(|held| {
+                                let changed = held.as_slice() != report.warm();
+                                if changed {
+                                    *held = report.warm().to_vec();
+                                }
+                                changed
+                            });
                         }
                         if answer.sessions_listed {
                             let live: HashSet<String> = answer.live_sessions.into_iter().collect();
