@@ -126,11 +126,13 @@ const SOURCE_RPCS: [&str; 2] = [
     "/plinth.catalog.v1.CollectionService/EndCollection",
 ];
 /// The RPCs only nodes may make (each about the node itself).
-const NODE_RPCS: [&str; 4] = [
+const NODE_RPCS: [&str; 6] = [
     "/plinth.catalog.v1.SessionService/RegisterNode",
     "/plinth.catalog.v1.SessionService/NodeHeartbeat",
     "/plinth.catalog.v1.SessionService/ListNodeSessions",
     "/plinth.catalog.v1.SessionService/DeregisterNode",
+    "/plinth.catalog.v1.SessionService/RecordReadOrder",
+    "/plinth.catalog.v1.SessionService/GetReadOrder",
 ];
 
 /// Every RPC path of Plinth's internal services, from the descriptor set they are built from,
@@ -315,6 +317,17 @@ async fn a_node_credential_acts_only_for_its_own_node() {
         .await
         .expect_err("another node's heartbeat");
     assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    // Nor record what the victim's sessions read, which every node would fetch first.
+    let refused = as_intruder
+        .record_read_order(pb::RecordReadOrderRequest {
+            node_id: before.node_id.clone(),
+            environment_id: before.environment_id.clone(),
+            version: before.version,
+            paths: vec!["bin/sh".into()],
+        })
+        .await
+        .expect_err("another node's read order");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
     // Nor make it leave, so that it gets no sessions.
     let refused = as_intruder
         .deregister_node(pb::DeregisterNodeRequest {
@@ -340,17 +353,53 @@ async fn a_node_credential_acts_only_for_its_own_node() {
 
     // A node credential for any name (what a deployment may choose) may list the sessions,
     // which shows the refusals above were about the name, not the call.
-    let listed = pb::session_service_client::SessionServiceClient::with_interceptor(
+    // (A read order at its bounds is an answer of more than tonic's default 4 MiB.)
+    let mut as_node = pb::session_service_client::SessionServiceClient::with_interceptor(
         catalog,
         credentials.interceptor(Role::Node),
     )
-    .list_node_sessions(pb::ListNodeSessionsRequest {
-        node_id: before.node_id.clone(),
-        ..Default::default()
-    })
-    .await
-    .expect("listed")
-    .into_inner();
+    .max_decoding_message_size(8 << 20);
+    let listed = as_node
+        .list_node_sessions(pb::ListNodeSessionsRequest {
+            node_id: before.node_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("listed")
+        .into_inner();
     assert!(listed.sessions.iter().any(|s| s.id == session_id));
+
+    // So may it record the version's read order: one at its bounds (4,096 paths of 1,024
+    // bytes, more than 4 MiB on the wire) is taken whole, and kept over a later one.
+    let paths: Vec<String> = (0..4096)
+        .map(|index| format!("{index:04}/{}", "x".repeat(1019)))
+        .collect();
+    let record = |paths: Vec<String>| pb::RecordReadOrderRequest {
+        node_id: before.node_id.clone(),
+        environment_id: before.environment_id.clone(),
+        version: before.version,
+        paths,
+    };
+    let first = as_node
+        .record_read_order(record(paths.clone()))
+        .await
+        .expect("recorded")
+        .into_inner();
+    assert!(first.stored);
+    let later = as_node
+        .record_read_order(record(vec!["bin/sh".into()]))
+        .await
+        .expect("answered")
+        .into_inner();
+    assert!(!later.stored);
+    let kept = as_node
+        .get_read_order(pb::GetReadOrderRequest {
+            environment_id: before.environment_id.clone(),
+            version: before.version,
+        })
+        .await
+        .expect("read")
+        .into_inner();
+    assert!(kept.paths == paths, "the first read order, whole");
     server.stop().await;
 }
