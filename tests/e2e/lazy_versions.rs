@@ -72,6 +72,11 @@ async fn a_lazily_mounted_version_shows_exactly_what_the_materialized_one_shows(
     // The node never saw the version: the first session sees it through the lazy mount.
     let lazy = start_session(&server, &id).await;
     assert_eq!(mount_type(&server, &lazy, &slug).await, FUSE);
+    // The host holds no mount of it: the session's namespace holds its own.
+    assert_eq!(
+        crate::helpers::mounts_under(&server.data_dir()),
+        Vec::<String>::new()
+    );
     let seen_lazily = stdout(&run(&server, &lazy, &slug, LISTING).await);
     for needle in [
         "l 777",

@@ -909,7 +909,8 @@ impl VersionCache {
             }
         };
         Ok(Materialized {
-            path: mount.path().to_owned(),
+            // Each session mounts it for itself (see `crate::lazy`).
+            path: PathBuf::new(),
             lower: Vec::new(),
             fetched: 0,
             took: begun.elapsed(),
@@ -925,8 +926,8 @@ impl VersionCache {
             .and_then(Weak::upgrade)
     }
 
-    /// Mounts `tree` for `key`, and starts fetching the whole version behind it. The cache
-    /// holds the mount until the version is whole; sessions that see it hold it after.
+    /// Serves `tree` for `key` lazily, and starts fetching the whole version behind it. The
+    /// cache holds it until the version is whole; sessions that see it hold it after.
     async fn mount(
         self: &Arc<Self>,
         key: &VersionKey,
@@ -934,45 +935,15 @@ impl VersionCache {
         layer_tree: &str,
         settings: LazySettings,
     ) -> Result<Arc<LazyVersion>, crate::lazy::MountError> {
-        let mountpoint = self
-            .root
-            .join("mounts")
-            .join(uuid::Uuid::new_v4().simple().to_string());
-        std::fs::create_dir(&mountpoint).map_err(|source| crate::lazy::MountError::Mount {
-            path: mountpoint.clone(),
-            source,
-        })?;
         let fetch: Arc<dyn crate::lazy::Fetch> = Arc::new(SessionFetch(Arc::downgrade(self)));
-        let (blobs, label) = (self.root.join("blobs"), format!("{}/{}", key.0, key.1));
-        let tree_for_mount = tree.clone();
-        let mounted = {
-            let at = mountpoint.clone();
-            let runtime = tokio::runtime::Handle::current();
-            tokio::task::spawn_blocking(move || {
-                let _entered = runtime.enter();
-                LazyVersion::mount(
-                    &tree_for_mount,
-                    &at,
-                    &blobs,
-                    fetch,
-                    settings.fetch_deadline,
-                    label,
-                )
-            })
-            .await
-            .map_err(|error| crate::lazy::MountError::Mount {
-                path: mountpoint.clone(),
-                source: std::io::Error::other(error.to_string()),
-            })?
-        };
-        let mount = match mounted {
-            Ok(mount) => mount,
-            Err(error) => {
-                let _ = std::fs::remove_dir(&mountpoint);
-                return Err(error);
-            }
-        };
-        metrics::gauge!("plinth_node_lazy_mounts").increment(1.0);
+        let mount = LazyVersion::new(
+            tree,
+            &self.root.join("blobs"),
+            &self.root.join("mounts"),
+            fetch,
+            settings.fetch_deadline,
+            format!("{}/{}", key.0, key.1),
+        )?;
         // What the sessions on this mount read, recorded for every node once they are done
         // with it (or its record is full).
         if let Some(orders) = self.read_orders() {

@@ -4,6 +4,11 @@
 //! exactly as they see a materialized version: the same names, kinds, modes, sizes and link
 //! targets; see docs/design/lazy-versions.md for the decision and what it measured.
 //!
+//! Each session gets a FUSE connection of its own, mounted on the host only until the
+//! session's mount namespace has bound it, then detached there: the host holds no mount of a
+//! version, and a node that dies leaves none behind (the sessions' namespaces, which hold them,
+//! die with it). The connections of one version share its index and the node's blob cache.
+//!
 //! The file system answers only from the tree it was given and from `blobs/<digest>` files
 //! named by that tree: nothing a session does names another path for it to read. A blob that
 //! cannot be fetched within the deadline fails the open with `EIO` and a log line; nothing
@@ -75,38 +80,61 @@ pub struct ReadOrder {
     seen: std::collections::HashSet<u64>,
 }
 
-/// What a mount and its handlers share.
+/// What every connection of a version shares.
 struct Inner {
     inodes: Vec<Inode>,
+    /// Inodes by path, for the node's own reads.
+    by_path: HashMap<String, u64>,
     blobs: PathBuf,
+    mounts: PathBuf,
     fetch: Arc<dyn Fetch>,
     runtime: tokio::runtime::Handle,
     deadline: Duration,
     mounted_at: SystemTime,
-    /// Open files, by handle.
-    open: Mutex<HashMap<u64, Open>>,
-    next_handle: AtomicU64,
-    /// One backing file per inode while any handle of it is open (the kernel wants one).
-    backings: Mutex<HashMap<u64, Weak<BackingId>>>,
-    passthrough: AtomicBool,
     order: Mutex<ReadOrder>,
     /// Blob bytes in the tree, for `statfs`.
     bytes: u64,
     label: String,
 }
 
+/// One session's connection: its open files.
+struct Conn {
+    inner: Arc<Inner>,
+    /// Open files, by handle.
+    open: Mutex<HashMap<u64, Open>>,
+    next_handle: AtomicU64,
+    /// One backing file per inode while any handle of it is open (the kernel wants one).
+    backings: Mutex<HashMap<u64, Weak<BackingId>>>,
+    passthrough: AtomicBool,
+}
+
 struct Open {
-    file: Option<std::fs::File>,
+    file: Option<Arc<std::fs::File>>,
     _backing: Option<Arc<BackingId>>,
 }
 
-/// A version mounted lazily. Unmounted when dropped; every session that sees it holds it.
+/// A version served lazily: its index, from which each session gets a mount
+/// ([`LazyVersion::mount_for_session`]). Every session that sees it holds it.
 pub struct LazyVersion {
-    mountpoint: PathBuf,
     inner: Arc<Inner>,
-    session: Mutex<Option<fuser::BackgroundSession>>,
-    /// Told the read order once, when the mount goes or its record is full.
+    /// Told the read order once, when the version's last session goes.
     done: Mutex<Option<OnDone>>,
+}
+
+/// One session's mount of a lazily served version; the connection is served while it lives.
+pub struct SessionMount {
+    mountpoint: PathBuf,
+    session: Mutex<Option<fuser::BackgroundSession>>,
+    conn: Arc<Conn>,
+    _version: Arc<LazyVersion>,
+}
+
+impl std::fmt::Debug for SessionMount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionMount")
+            .field("mountpoint", &self.mountpoint)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What is told a mount's read order.
@@ -115,7 +143,7 @@ pub type OnDone = Box<dyn FnOnce(Vec<String>) + Send>;
 impl std::fmt::Debug for LazyVersion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LazyVersion")
-            .field("mountpoint", &self.mountpoint)
+            .field("version", &self.inner.label)
             .finish_non_exhaustive()
     }
 }
@@ -146,32 +174,60 @@ pub fn available() -> bool {
 }
 
 impl LazyVersion {
-    /// Mounts `tree` at `mountpoint` (an empty directory), files read from `blobs` and
-    /// fetched through `fetch` when missing, each within `deadline`. Called inside the
-    /// runtime whose handle fetches run on.
-    pub fn mount(
+    /// Serves `tree`: files read from `blobs` and fetched through `fetch` when missing, each
+    /// within `deadline`; sessions' mounts made under `mounts`. Called inside the runtime
+    /// whose handle fetches run on.
+    pub fn new(
         tree: &Tree,
-        mountpoint: &Path,
         blobs: &Path,
+        mounts: &Path,
         fetch: Arc<dyn Fetch>,
         deadline: Duration,
         label: String,
     ) -> Result<Arc<Self>, MountError> {
         let (inodes, bytes) = index(tree).map_err(MountError::Tree)?;
-        let inner = Arc::new(Inner {
-            inodes,
-            blobs: blobs.to_owned(),
-            fetch,
-            runtime: tokio::runtime::Handle::current(),
-            deadline,
-            mounted_at: SystemTime::now(),
+        let by_path = inodes
+            .iter()
+            .enumerate()
+            .skip(2)
+            .map(|(ino, inode)| (inode.path.clone(), ino as u64))
+            .collect();
+        Ok(Arc::new(LazyVersion {
+            inner: Arc::new(Inner {
+                inodes,
+                by_path,
+                blobs: blobs.to_owned(),
+                mounts: mounts.to_owned(),
+                fetch,
+                runtime: tokio::runtime::Handle::current(),
+                deadline,
+                mounted_at: SystemTime::now(),
+                order: Mutex::new(ReadOrder::default()),
+                bytes,
+                label,
+            }),
+            done: Mutex::new(None),
+        }))
+    }
+
+    /// A mount of the version for one session, on the host at [`SessionMount::path`] until
+    /// [`SessionMount::detach`]. Blocks for the mount system call.
+    pub fn mount_for_session(self: &Arc<Self>) -> Result<Arc<SessionMount>, MountError> {
+        let mountpoint = self
+            .inner
+            .mounts
+            .join(uuid::Uuid::new_v4().simple().to_string());
+        let failed = |source| MountError::Mount {
+            path: mountpoint.clone(),
+            source,
+        };
+        std::fs::create_dir(&mountpoint).map_err(failed)?;
+        let conn = Arc::new(Conn {
+            inner: self.inner.clone(),
             open: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             backings: Mutex::new(HashMap::new()),
             passthrough: AtomicBool::new(false),
-            order: Mutex::new(ReadOrder::default()),
-            bytes,
-            label,
         });
         let mut config = fuser::Config::default();
         config.mount_options = vec![
@@ -183,27 +239,71 @@ impl LazyVersion {
             fuser::MountOption::DefaultPermissions,
         ];
         config.acl = fuser::SessionACL::All;
-        config.n_threads = Some(4);
+        config.n_threads = Some(2);
         config.clone_fd = true;
-        let failed = |source| MountError::Mount {
-            path: mountpoint.to_owned(),
-            source,
+        let session = fuser::Session::new(VersionFs(conn.clone()), &mountpoint, &config)
+            .and_then(fuser::Session::spawn);
+        let session = match session {
+            Ok(session) => session,
+            Err(source) => {
+                let _ = std::fs::remove_dir(&mountpoint);
+                return Err(MountError::Mount {
+                    path: mountpoint,
+                    source,
+                });
+            }
         };
-        let session = fuser::Session::new(VersionFs(inner.clone()), mountpoint, &config)
-            .map_err(failed)?
-            .spawn()
-            .map_err(failed)?;
-        Ok(Arc::new(LazyVersion {
-            mountpoint: mountpoint.to_owned(),
-            inner,
+        metrics::gauge!("plinth_node_lazy_mounts").increment(1.0);
+        Ok(Arc::new(SessionMount {
+            mountpoint,
             session: Mutex::new(Some(session)),
-            done: Mutex::new(None),
+            conn,
+            _version: self.clone(),
         }))
     }
 
-    /// Where it is mounted.
-    pub fn path(&self) -> &Path {
-        &self.mountpoint
+    /// A small file of the version (at most `limit` bytes), for the node's own checks; its
+    /// blob fetched when missing. Blocks; not on a runtime thread.
+    pub fn read(&self, path: &str, limit: u64) -> Option<Vec<u8>> {
+        use std::io::Read as _;
+        let ino = *self.inner.by_path.get(path)?;
+        let Kind::File {
+            digest,
+            size,
+            executable,
+        } = &self.inner.inodes[ino as usize].kind
+        else {
+            return None;
+        };
+        if *size == 0 {
+            return Some(Vec::new());
+        }
+        let digest = (*digest)?;
+        let file = match self.inner.open_blob(&digest, *executable, *size).ok()? {
+            Some(file) => file,
+            None => {
+                let fetched = self.inner.runtime.block_on(tokio::time::timeout(
+                    self.inner.deadline,
+                    self.inner.fetch.fetch(digest, *executable),
+                ));
+                if !matches!(fetched, Ok(Ok(()))) {
+                    return None;
+                }
+                self.inner.open_blob(&digest, *executable, *size).ok()??
+            }
+        };
+        let mut bytes = Vec::new();
+        file.take(limit).read_to_end(&mut bytes).ok()?;
+        Some(bytes)
+    }
+
+    /// A symbolic link's target in the version.
+    pub fn read_link(&self, path: &str) -> Option<PathBuf> {
+        let ino = *self.inner.by_path.get(path)?;
+        match &self.inner.inodes[ino as usize].kind {
+            Kind::Symlink { target } => Some(PathBuf::from(OsStr::from_bytes(target))),
+            _ => None,
+        }
     }
 
     /// Whether `name` is a top-level entry of the version.
@@ -228,10 +328,37 @@ impl LazyVersion {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(done);
     }
+}
+
+impl SessionMount {
+    /// Where it is mounted on the host, until [`SessionMount::detach`].
+    pub fn path(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Takes the mount off the host, once the session's namespace holds its own: the
+    /// connection lives on in the session's namespace, and goes with it.
+    pub fn detach(&self) {
+        let _ = rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::DETACH);
+        let _ = std::fs::remove_dir(&self.mountpoint);
+    }
 
     /// Whether files are handed to the kernel to read directly (FUSE passthrough).
     pub fn passthrough(&self) -> bool {
-        self.inner.passthrough.load(Ordering::Relaxed)
+        self.conn.passthrough.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for SessionMount {
+    fn drop(&mut self) {
+        self.detach();
+        drop(
+            self.session
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take(),
+        );
+        metrics::gauge!("plinth_node_lazy_mounts").decrement(1.0);
     }
 }
 
@@ -246,19 +373,6 @@ impl Drop for LazyVersion {
             let _entered = self.inner.runtime.enter();
             done(self.read_order());
         }
-        let session = self
-            .session
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        if let Some(session) = session {
-            // Joins the handler threads; a detached unmount first, so a mount some process
-            // still holds open does not keep them.
-            let _ = rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::DETACH);
-            drop(session);
-        }
-        let _ = std::fs::remove_dir(&self.mountpoint);
-        metrics::gauge!("plinth_node_lazy_mounts").decrement(1.0);
     }
 }
 
@@ -472,7 +586,9 @@ impl Inner {
         }
         Ok(Some(file))
     }
+}
 
+impl Conn {
     /// Answers an open with `file` (passthrough when the kernel took it).
     fn opened(&self, ino: u64, file: Option<std::fs::File>, reply: ReplyOpen) {
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
@@ -514,7 +630,7 @@ impl Inner {
         self.lock_open().insert(
             handle,
             Open {
-                file,
+                file: file.map(Arc::new),
                 _backing: None,
             },
         );
@@ -529,7 +645,7 @@ impl Inner {
 }
 
 /// The file system the kernel calls.
-struct VersionFs(Arc<Inner>);
+struct VersionFs(Arc<Conn>);
 
 impl Filesystem for VersionFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
@@ -540,14 +656,20 @@ impl Filesystem for VersionFs {
         {
             self.0.passthrough.store(true, Ordering::Relaxed);
         }
+        tracing::info!(
+            version = %self.0.inner.label,
+            passthrough = self.0.passthrough.load(Ordering::Relaxed),
+            "a version is mounted lazily: its files are fetched as sessions open them"
+        );
         Ok(())
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self
             .0
+            .inner
             .child(parent.0, name.as_bytes())
-            .and_then(|ino| self.0.attr(ino))
+            .and_then(|ino| self.0.inner.attr(ino))
         {
             Some(attr) => reply.entry(&FOREVER, &attr, Generation(0)),
             None => reply.error(Errno::ENOENT),
@@ -555,14 +677,14 @@ impl Filesystem for VersionFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.0.inode(ino).and(self.0.attr(ino.0)) {
+        match self.0.inner.inode(ino).and(self.0.inner.attr(ino.0)) {
             Some(attr) => reply.attr(&FOREVER, &attr),
             None => reply.error(Errno::ENOENT),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.0.inode(ino).map(|inode| &inode.kind) {
+        match self.0.inner.inode(ino).map(|inode| &inode.kind) {
             Some(Kind::Symlink { target }) => reply.data(target),
             Some(_) => reply.error(Errno::EINVAL),
             None => reply.error(Errno::ENOENT),
@@ -570,7 +692,7 @@ impl Filesystem for VersionFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let Some(inode) = self.0.inode(ino) else {
+        let Some(inode) = self.0.inner.inode(ino) else {
             return reply.error(Errno::ENOENT);
         };
         let Kind::File {
@@ -581,7 +703,7 @@ impl Filesystem for VersionFs {
         else {
             return reply.error(Errno::EISDIR);
         };
-        self.0.record(ino.0, &inode.path);
+        self.0.inner.record(ino.0, &inode.path);
         if *size == 0 {
             return self.0.opened(ino.0, None, reply);
         }
@@ -589,16 +711,16 @@ impl Filesystem for VersionFs {
             return reply.error(Errno::EIO);
         };
         let (size, executable) = (*size, *executable);
-        match self.0.open_blob(&digest, executable, size) {
+        match self.0.inner.open_blob(&digest, executable, size) {
             Ok(Some(file)) => return self.0.opened(ino.0, Some(file), reply),
             Ok(None) => {}
             Err(error) => {
-                tracing::error!(version = %self.0.label, path = %inode.path, %error, "cannot open a cached blob");
+                tracing::error!(version = %self.0.inner.label, path = %inode.path, %error, "cannot open a cached blob");
                 return reply.error(Errno::EIO);
             }
         }
         // Not here yet: fetched off this thread, answered when it is (or is not) in place.
-        let inner = self.0.clone();
+        let (conn, inner) = (self.0.clone(), self.0.inner.clone());
         let _entered = inner.runtime.enter();
         plinth_kit::tasks::spawn(async move {
             let path = inner.inodes[ino.0 as usize].path.clone();
@@ -614,7 +736,7 @@ impl Filesystem for VersionFs {
                             metrics::counter!("plinth_node_lazy_fetches_total", "outcome" => "fetched").increment(1);
                             metrics::histogram!("plinth_node_lazy_fetch_seconds")
                                 .record(begun.elapsed().as_secs_f64());
-                            return inner.opened(ino.0, Some(file), reply);
+                            return conn.opened(ino.0, Some(file), reply);
                         }
                         Ok(None) => continue,
                         Err(error) => error.to_string(),
@@ -642,11 +764,12 @@ impl Filesystem for VersionFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let open = self.0.lock_open();
-        let Some(open) = open.get(&fh.0) else {
-            return reply.error(Errno::EBADF);
+        // Read outside the lock: other handles' reads go on meanwhile.
+        let file = match self.0.lock_open().get(&fh.0) {
+            Some(open) => open.file.clone(),
+            None => return reply.error(Errno::EBADF),
         };
-        let Some(file) = &open.file else {
+        let Some(file) = file else {
             // An empty file.
             return reply.data(&[]);
         };
@@ -658,7 +781,7 @@ impl Filesystem for VersionFs {
                 Ok(read) => filled += read,
                 Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(error) => {
-                    tracing::error!(version = %self.0.label, %error, "cannot read a cached blob");
+                    tracing::error!(version = %self.0.inner.label, %error, "cannot read a cached blob");
                     return reply.error(Errno::EIO);
                 }
             }
@@ -700,7 +823,7 @@ impl Filesystem for VersionFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let Some(inode) = self.0.inode(ino) else {
+        let Some(inode) = self.0.inner.inode(ino) else {
             return reply.error(Errno::ENOENT);
         };
         let Kind::Dir { children, .. } = &inode.kind else {
@@ -711,7 +834,7 @@ impl Filesystem for VersionFs {
             (inode.parent, FileType::Directory, &b".."[..]),
         ];
         let listed = dots.into_iter().chain(children.iter().map(|(name, child)| {
-            let kind = match self.0.inodes[*child as usize].kind {
+            let kind = match self.0.inner.inodes[*child as usize].kind {
                 Kind::Dir { .. } => FileType::Directory,
                 Kind::File { .. } => FileType::RegularFile,
                 Kind::Symlink { .. } => FileType::Symlink,
@@ -727,8 +850,17 @@ impl Filesystem for VersionFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let blocks = self.0.bytes.div_ceil(4096);
-        reply.statfs(blocks, 0, 0, self.0.inodes.len() as u64, 0, 4096, 255, 4096);
+        let blocks = self.0.inner.bytes.div_ceil(4096);
+        reply.statfs(
+            blocks,
+            0,
+            0,
+            self.0.inner.inodes.len() as u64,
+            0,
+            4096,
+            255,
+            4096,
+        );
     }
 
     fn getxattr(

@@ -281,7 +281,10 @@ pub async fn run(
         .internal
         .interceptor("node")
         .map_err(|error| NodeError::Token(error.to_string()))?;
-    let catalog = SessionServiceClient::with_interceptor(catalog, interceptor);
+    // A read order at its bounds (4,096 paths of up to 1,024 bytes) is just over 4 MiB.
+    let catalog = SessionServiceClient::with_interceptor(catalog, interceptor)
+        .max_decoding_message_size(8 * 1024 * 1024)
+        .max_encoding_message_size(8 * 1024 * 1024);
     let node_id: Arc<Mutex<String>> = Arc::default();
     cache.set_read_orders(Arc::new(prewarm::CatalogReadOrders::new(
         catalog.clone(),

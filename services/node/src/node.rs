@@ -99,9 +99,20 @@ pub(crate) fn isolate(
                 cpu_millicores: given.cpu_millicores,
             }
         };
+    // A lazily served version: a mount of its own for this session, on the host only until
+    // the session's namespace has bound it.
+    let mount =
+        match &version.lazy {
+            Some(lazy) => Some(lazy.mount_for_session().map_err(|error| {
+                unavailable(format!("the session's view of its version: {error}"))
+            })?),
+            None => None,
+        };
     let plan = isolation
         .namespace_plan(
-            &version.path,
+            mount
+                .as_ref()
+                .map_or(version.path.as_path(), |mount| mount.path()),
             &version.lower,
             &record.slug,
             workdir,
@@ -145,6 +156,9 @@ pub(crate) fn isolate(
                 .map(|network| std::os::fd::AsFd::as_fd(&network.namespace)),
         )
         .map_err(|error| unavailable(error.to_string()))?;
+    if let Some(mount) = &mount {
+        mount.detach();
+    }
     // Its commands join groups of their own below it, with descriptors of their own.
     let mut cgroup = cgroup;
     if let Some(cgroup) = cgroup.as_mut() {
@@ -173,7 +187,7 @@ pub(crate) fn isolate(
         listener,
         stop_proxy: plinth_kit::tasks::CancellationToken::new(),
         share: std::sync::Mutex::new(share),
-        version: version.lazy.clone(),
+        version: mount,
     })
 }
 

@@ -20,8 +20,8 @@ pub struct Sandbox {
     pub stop_proxy: plinth_kit::tasks::CancellationToken,
     /// Its part of its scope's CPU weight, until it ends.
     pub share: std::sync::Mutex<Option<crate::shares::Held>>,
-    /// The lazily mounted version it sees at `/env/<slug>`, served while it lives.
-    pub version: Option<std::sync::Arc<crate::lazy::LazyVersion>>,
+    /// Its mount of a lazily served version, seen at `/env/<slug>` and served while it lives.
+    pub version: Option<std::sync::Arc<crate::lazy::SessionMount>>,
 }
 
 impl Sandbox {

@@ -100,11 +100,17 @@ fn find(version: &Materialized, relative: &Path) -> Option<PathBuf> {
 }
 
 fn read_link(version: &Materialized, relative: &Path) -> Option<PathBuf> {
+    if let Some(lazy) = &version.lazy {
+        return lazy.read_link(relative.to_str()?);
+    }
     std::fs::read_link(find(version, relative)?).ok()
 }
 
 fn read_small(version: &Materialized, relative: &Path) -> Option<String> {
     use std::io::Read as _;
+    if let Some(lazy) = &version.lazy {
+        return String::from_utf8(lazy.read(relative.to_str()?, 64 * 1024)?).ok();
+    }
     let file = std::fs::File::open(find(version, relative)?).ok()?;
     let mut text = String::new();
     file.take(64 * 1024).read_to_string(&mut text).ok()?;
