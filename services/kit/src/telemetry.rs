@@ -606,6 +606,36 @@ const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
         "Bytes of blobs in the node's version cache.",
     ),
     (
+        "plinth_node_lazy_mounts",
+        Kind::Gauge,
+        "Sessions' mounts of versions served lazily (fetched file by file as they are opened).",
+    ),
+    (
+        "plinth_node_lazy_fetches_total",
+        Kind::Counter,
+        "Blobs a session's open of a lazily served file waited for, by outcome (fetched, failed: the open failed with EIO).",
+    ),
+    (
+        "plinth_node_lazy_fetch_seconds",
+        Kind::Histogram,
+        "Time a session's open of a lazily served file waited for its blob, in seconds.",
+    ),
+    (
+        "plinth_node_prewarm_listed",
+        Kind::Gauge,
+        "Versions the catalog names for this node to hold warm, as node.prewarm filters them.",
+    ),
+    (
+        "plinth_node_prewarm_versions_total",
+        Kind::Counter,
+        "Versions fetched before any session asked, by outcome (fetched, failed, no_room: the cache was at its budget).",
+    ),
+    (
+        "plinth_node_prewarm_blobs_total",
+        Kind::Counter,
+        "Blobs fetched by pre-warm.",
+    ),
+    (
         "plinth_node_cache_lookups_total",
         Kind::Counter,
         "Version lookups in the node's cache at attach, by result (hit, miss).",

@@ -200,6 +200,16 @@ pub async fn run(
         metrics::counter!("plinth_node_cache_lookups_total", "result" => result).increment(0);
     }
     let _ = metrics::histogram!("plinth_node_attach_duration_seconds");
+    for outcome in ["fetched", "failed"] {
+        metrics::counter!("plinth_node_lazy_fetches_total", "outcome" => outcome).increment(0);
+    }
+    for outcome in ["fetched", "failed", "no_room"] {
+        metrics::counter!("plinth_node_prewarm_versions_total", "outcome" => outcome).increment(0);
+    }
+    metrics::counter!("plinth_node_prewarm_blobs_total").increment(0);
+    metrics::gauge!("plinth_node_prewarm_listed").set(0.0);
+    metrics::gauge!("plinth_node_lazy_mounts").set(0.0);
+    let _ = metrics::histogram!("plinth_node_lazy_fetch_seconds");
     let mut options = options;
     if options.isolation.enabled {
         sandbox_setup(&mut options)?;
