@@ -100,6 +100,17 @@ pub fn init(service_name: &str, config: &LogConfig) -> Result<TelemetryGuard, Te
         filter: config.filter.clone(),
         message: error.to_string(),
     })?;
+    // The FUSE library's own warnings (an unmount of a mount the node detached already, a
+    // request it does not implement) say nothing an operator acts on; its errors stay.
+    let filter = match config.filter.contains("fuser") {
+        true => filter,
+        false => filter.add_directive("fuser=error".parse().map_err(
+            |error: tracing_subscriber::filter::ParseError| TelemetryError::Filter {
+                filter: "fuser=error".to_owned(),
+                message: error.to_string(),
+            },
+        )?),
+    };
     let (provider, export) = tracer_provider(service_name, &|name| std::env::var(name).ok())?;
     let tracer = provider.tracer(service_name.to_owned());
     let fmt = match config.format {

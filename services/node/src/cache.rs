@@ -50,6 +50,10 @@ const PARALLEL_FETCHES: usize = 64;
 /// what materializations fetch.
 const DEMAND_FETCHES: usize = 64;
 
+/// A lazily served version's read order is told once its sessions opened no new file for
+/// this long.
+const READ_ORDER_QUIET: Duration = Duration::from_secs(3);
+
 /// Most layers one version's view stacks (itself and its bases).
 pub const MAX_LAYERS: usize = 8;
 
@@ -953,6 +957,24 @@ impl VersionCache {
                     plinth_kit::tasks::spawn(orders.record(&environment, version, paths));
                 }
             }));
+            // Told once its first sessions stop opening new files for a while (they may live
+            // for hours), or when it goes.
+            let watched = Arc::downgrade(&mount);
+            plinth_kit::tasks::spawn(async move {
+                let mut seen = 0;
+                loop {
+                    tokio::time::sleep(READ_ORDER_QUIET).await;
+                    let Some(mount) = watched.upgrade() else {
+                        return;
+                    };
+                    let now = mount.recorded();
+                    if now > 0 && (now == seen || now >= crate::lazy::MAX_RECORDED) {
+                        mount.tell_done();
+                        return;
+                    }
+                    seen = now;
+                }
+            });
         }
         self.mounts
             .lock()

@@ -311,6 +311,30 @@ impl LazyVersion {
         self.inner.child(1, name.as_bytes()).is_some()
     }
 
+    /// Tells the read order now, once: when its sessions stopped opening new files for a
+    /// while, or when the version's last session goes, whichever is first.
+    pub fn tell_done(&self) {
+        let done = self
+            .done
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(done) = done {
+            let _entered = self.inner.runtime.enter();
+            done(self.read_order());
+        }
+    }
+
+    /// How many paths are recorded so far.
+    pub fn recorded(&self) -> usize {
+        self.inner
+            .order
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .paths
+            .len()
+    }
+
     /// The paths sessions opened so far, in order (at most [`MAX_RECORDED`]).
     pub fn read_order(&self) -> Vec<String> {
         self.inner
@@ -364,15 +388,7 @@ impl Drop for SessionMount {
 
 impl Drop for LazyVersion {
     fn drop(&mut self) {
-        let done = self
-            .done
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        if let Some(done) = done {
-            let _entered = self.inner.runtime.enter();
-            done(self.read_order());
-        }
+        self.tell_done();
     }
 }
 
@@ -847,6 +863,22 @@ impl Filesystem for VersionFs {
             }
         }
         reply.ok();
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // Files here are not terminals (`isatty` asks with TCGETS), nor anything else.
+        reply.error(Errno::ENOTTY);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
