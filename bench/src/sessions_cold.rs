@@ -11,11 +11,13 @@
 //!    bench's project (its wheelhouse, downloaded once from PyPI as `plinth-bench build` does,
 //!    built with `--builder-network false`: 25 distributions), and a one-file probe.
 //! 2. Each round: the service stopped (`SIGTERM`), the node's state directory (its version
-//!    cache with it) removed, the service started again; a session on the probe (so the node is registered and has made
-//!    its first sandbox, and only the version is new to it); then, timed with the lean client,
-//!    create + first `exec true` on the big version (cold), the same again (warm: the node now
-//!    holds it), and create + `python -c 'import …'` of every top-level module of the 25
-//!    distributions, cold and then warm; the project first in every other round.
+//!    cache with it) removed, the service started again; a session on the probe (so the node
+//!    is registered and has made its first sandbox, and only the version is new to it); then,
+//!    timed with the lean client, create + first `exec true` on the big version (cold), the
+//!    same again (warm: the node now holds it), and create + `python -c 'import …'` of every
+//!    top-level module of the 25 distributions, cold and then warm; the project first in every
+//!    other round, and `sync` before each (a fetch's writes are not left to the next
+//!    measurement).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -79,6 +81,11 @@ struct Pass {
     build_seconds: f64,
     packages: usize,
     rounds: Vec<Round>,
+}
+
+/// Writes back every dirty page, so a measurement does not pay for an earlier one's writes.
+fn sync() {
+    let _ = Command::new("sync").status();
 }
 
 /// A create + one command: how long the create took and the whole, milliseconds.
@@ -352,7 +359,11 @@ async fn pass(args: &Args, store: Store, inputs: &Inputs<'_>) -> anyhow::Result<
             // Every other round the project goes first, so neither pair always finds the
             // node busy with what the other left running (a fetch in the background, say).
             let mut pair = |environment: &str, command: &str| {
+                // What an earlier fetch left to write back is written first, as before each
+                // materialization in `plinth-bench sessions`.
+                sync();
                 let cold = create_exec(&mut lean, environment, command)?;
+                sync();
                 let warm = create_exec(&mut lean, environment, command)?;
                 anyhow::Ok((cold, warm))
             };
