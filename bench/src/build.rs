@@ -35,7 +35,8 @@ pub struct Args {
 }
 
 /// The project's top-level requirements; with their dependencies, 20+ distributions.
-const REQUIREMENTS: &str = "flask\nrequests\npyyaml\npytest\nrich\npython-dateutil\npytz\nattrs\n";
+pub(crate) const REQUIREMENTS: &str =
+    "flask\nrequests\npyyaml\npytest\nrich\npython-dateutil\npytz\nattrs\n";
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -56,7 +57,7 @@ fn uv_binary() -> anyhow::Result<PathBuf> {
     ))
 }
 
-fn wheelhouse(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+pub(crate) fn wheelhouse(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("requirements.txt"), REQUIREMENTS)?;
     let status = Command::new("python3")

@@ -13,6 +13,7 @@ mod novo;
 mod push;
 mod service;
 mod sessions;
+mod sessions_cold;
 mod soak;
 
 use clap::{Parser, Subcommand};
@@ -44,7 +45,8 @@ enum Bench {
     /// small-file PUT/GET through the gateway.
     Import(import::Args),
     /// Session create + first exec vs a bare namespace + read-only bind + exec; first
-    /// materialization vs `tar -x`; a one-file version; 200 sessions at once.
+    /// materialization vs `tar -x`; a one-file version; 200 sessions at once. With `--cold`:
+    /// the first session on a node whose cache is empty, beside the same once warm.
     Sessions(sessions::Args),
     /// readFile, editFile and runCommand through the signed Novo adapter endpoint vs the
     /// same operations on the session API.

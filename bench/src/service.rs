@@ -128,6 +128,23 @@ impl Service {
         anyhow::bail!("plinth serve did not become ready")
     }
 
+    /// Stops the service as an operator would (`SIGTERM`), and waits until it has exited;
+    /// killed if it has not within 30 s.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if self.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
     /// The service's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

@@ -51,9 +51,15 @@ pub struct Args {
     /// has none, like the disk the figures in bench/README.md come from.
     #[arg(long)]
     journal: bool,
+    /// Instead: the first session on a node that never saw the version (its cache emptied),
+    /// beside the same on the node once warm (see `sessions_cold`).
+    #[arg(long)]
+    cold: bool,
+    #[command(flatten)]
+    cold_args: crate::sessions_cold::Args,
 }
 
-fn percentile(values: &[f64], fraction: f64) -> f64 {
+pub(crate) fn percentile(values: &[f64], fraction: f64) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let index = ((sorted.len() as f64 - 1.0) * fraction).round() as usize;
@@ -184,7 +190,7 @@ impl XorShift {
 
 /// Writes a venv-shaped project under `dir` (median ~2 KB, a few large files) and answers the
 /// relative paths and total bytes.
-fn generate(dir: &Path, files: usize, total: u64) -> anyhow::Result<(Vec<String>, u64)> {
+pub(crate) fn generate(dir: &Path, files: usize, total: u64) -> anyhow::Result<(Vec<String>, u64)> {
     let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
     let mut sizes: Vec<u64> = (0..files)
         .map(|i| match i % 100 {
@@ -284,6 +290,16 @@ async fn post(
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    if args.cold {
+        return crate::sessions_cold::run(
+            &args.cold_args,
+            args.files,
+            args.mib,
+            args.fresh_fs,
+            args.journal,
+        )
+        .await;
+    }
     anyhow::ensure!(
         rustix::process::geteuid().is_root(),
         "the session benchmark needs root (mount namespaces, session uids)"
