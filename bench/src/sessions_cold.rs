@@ -250,7 +250,13 @@ async fn pass(args: &Args, store: Store, inputs: &Inputs<'_>) -> anyhow::Result<
     let data_dir = inputs.work.join(format!("serve-{store:?}").to_lowercase());
     // A cold attach today fetches the whole version before answering: the attach deadline
     // is lifted so a slow store is measured rather than placed again.
+    // The node fetches nothing before a session asks (no pre-warm): what is measured is the
+    // first session on a node that lacks the version.
+    let config = inputs.work.join(format!("plinth-{store:?}.toml").to_lowercase());
+    std::fs::write(&config, "[node]\nprewarm = []\n")?;
     let mut flags = vec![
+        "--config".to_owned(),
+        config.display().to_string(),
         "--builder-network".to_owned(),
         "false".to_owned(),
         "--node-attach-timeout-ms".to_owned(),
