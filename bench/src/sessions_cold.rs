@@ -252,7 +252,9 @@ async fn pass(args: &Args, store: Store, inputs: &Inputs<'_>) -> anyhow::Result<
     // is lifted so a slow store is measured rather than placed again.
     // The node fetches nothing before a session asks (no pre-warm): what is measured is the
     // first session on a node that lacks the version.
-    let config = inputs.work.join(format!("plinth-{store:?}.toml").to_lowercase());
+    let config = inputs
+        .work
+        .join(format!("plinth-{store:?}.toml").to_lowercase());
     std::fs::write(&config, "[node]\nprewarm = []\n")?;
     let mut flags = vec![
         "--config".to_owned(),
