@@ -14,6 +14,7 @@ mod push;
 mod service;
 mod sessions;
 mod sessions_cold;
+mod shared;
 mod soak;
 
 use clap::{Parser, Subcommand};

@@ -27,7 +27,7 @@ use anyhow::Context as _;
 
 use crate::http1::Http1;
 use crate::service::Service;
-use crate::sessions::percentile;
+use crate::shared::percentile;
 
 /// Where the version's blobs are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -443,7 +443,7 @@ pub async fn run(
     // The version: the materialize part's tree, under `tree/` so its `.venv` and
     // `node_modules` are the project's own (a build drops them only at the top level).
     let source = work.path().join("source");
-    let (paths, bytes) = crate::sessions::generate(&source.join("tree"), files, mib * 1024 * 1024)?;
+    let (paths, bytes) = crate::shared::generate(&source.join("tree"), files, mib * 1024 * 1024)?;
     std::fs::write(source.join("run.py"), "print('hi')\n")?;
     let tarball = work.path().join("version.tar");
     let status = Command::new("tar")

@@ -269,7 +269,21 @@ async fn a_session_runs_the_environment_read_only_beside_its_private_workdir() {
     assert_eq!(still["stdout"], "nested\n", "{still}");
     let third = start_session(&server, &id).await;
     assert_eq!(third["environment"]["version"], 2);
+    // The node may still be fetching version 2 behind a lazy mount (pre-warm, or this
+    // session's own): once it is whole in the cache it is a layer over version 1.
     let versions = server.data_dir().join("node/cache/versions").join(&id);
+    eventually(BUILD_LIMIT, async || {
+        let whole = std::fs::symlink_metadata(versions.join("2")).is_ok();
+        let base = std::fs::read_to_string(versions.join("2.base")).ok();
+        if whole && base.is_some() {
+            Ok(())
+        } else {
+            Err(format!(
+                "version 2 in the cache: whole {whole}, base {base:?}"
+            ))
+        }
+    })
+    .await;
     assert_eq!(
         std::fs::read_to_string(versions.join("2.base")).expect("version 2 is a layer"),
         "1"
