@@ -27,7 +27,12 @@
 //! What a name promises survives a power cut: a blob file is synced before it is linked to
 //! its name (later versions trust a present name without reading it), the blobs directory is
 //! synced before a version links to new blobs, and a version's tree is synced (`syncfs`)
-//! before it is renamed into place, and its directory after.
+//! before it is renamed into place, and its directory after. A blob is written first as an
+//! unnamed file (`O_TMPFILE`), which a session waiting on it reads at once (a lazily mounted
+//! version) and which gets its name only once synced: a batch at a time (one `syncfs` for a
+//! materialization's batch; a task settles what sessions fetched), so neither a session's
+//! open nor a materialization waits for a sync per blob. A node that stops before a blob is
+//! settled loses the unnamed file and nothing else.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd as _, BorrowedFd};
@@ -49,6 +54,16 @@ const PARALLEL_FETCHES: usize = 64;
 /// Blobs fetched at once for sessions waiting on a lazily mounted version's files, beside
 /// what materializations fetch.
 const DEMAND_FETCHES: usize = 64;
+
+/// Blobs written before they are synced and named together (one batch of a materialization).
+const SETTLE_BATCH: usize = 256;
+
+/// From this many blobs in a batch on, one sync of the file system rather than one per file.
+const SYNC_WHOLE_FILE_SYSTEM: usize = 16;
+
+/// Blobs pending (written, not yet synced) at most; past it fetches sync as they go. Each
+/// holds a descriptor.
+const MAX_PENDING: usize = 1024;
 
 /// A lazily served version's read order is told once its sessions opened no new file for
 /// this long.
@@ -169,6 +184,12 @@ pub struct VersionCache {
     background: tokio::sync::Semaphore,
     /// One fetch per blob at a time: a second asker waits for the first.
     fetching: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Blobs fetched and verified but not yet on disk: unnamed files, read through these
+    /// handles, that get their names once synced (see [`VersionCache::settle`]). A session
+    /// waiting on a file is answered from here rather than after a sync per file.
+    pending: Mutex<HashMap<String, Arc<std::fs::File>>>,
+    /// Pending blobs sessions fetched, waiting to be settled, and whether a task settles them.
+    unsettled: Mutex<(Vec<(Digest, bool)>, bool)>,
     /// Read orders by layer tree, for the materializations to fetch in.
     orders: Mutex<HashMap<String, Arc<Vec<String>>>>,
     /// Where read orders are kept.
@@ -293,6 +314,8 @@ impl VersionCache {
             demand: tokio::sync::Semaphore::new(DEMAND_FETCHES),
             background: tokio::sync::Semaphore::new(PARALLEL_FETCHES),
             fetching: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            unsettled: Mutex::new((Vec::new(), false)),
             orders: Mutex::new(HashMap::new()),
             read_orders: Mutex::new(None),
         };
@@ -619,14 +642,17 @@ impl VersionCache {
             missing.sort_by_key(|key| first.get(key).copied().unwrap_or(usize::MAX));
         }
         let fetched = missing.len() as u64;
-        futures::stream::iter(
-            missing
-                .into_iter()
-                .map(|(digest, executable)| self.fetch_once(digest, executable, &self.background)),
-        )
-        .buffer_unordered(PARALLEL_FETCHES)
-        .try_collect::<()>()
-        .await?;
+        // Written unsynced many at a time, then made durable and named a batch at a time: one
+        // sync of the file system instead of one per blob.
+        for batch in missing.chunks(SETTLE_BATCH) {
+            futures::stream::iter(batch.to_vec().into_iter().map(|(digest, executable)| {
+                self.fetch_once(digest, executable, &self.background, true)
+            }))
+            .buffer_unordered(PARALLEL_FETCHES)
+            .try_collect::<Vec<_>>()
+            .await?;
+            self.settle(batch).await?;
+        }
         if fetched > 0 {
             // The new blobs' names on disk before a version links to them.
             let blobs = self.root.join("blobs");
@@ -749,14 +775,23 @@ impl VersionCache {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<std::fs::File>>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Fetches one blob unless it is present, taking one of `slots` while it does; a fetch of
-    /// the same blob already under way is waited for, not repeated.
+    /// the same blob already under way is waited for, not repeated. With `unsynced`, the blob
+    /// may be left pending (written, not yet on disk): its file is answered, to read from,
+    /// and [`VersionCache::settle`] names it later. Otherwise the blob is named on return.
     async fn fetch_once(
         &self,
         digest: Digest,
         executable: bool,
         slots: &tokio::sync::Semaphore,
-    ) -> Result<(), CacheError> {
+        unsynced: bool,
+    ) -> Result<Option<Arc<std::fs::File>>, CacheError> {
         let name = blob_name(&digest, executable);
         let gate = self
             .fetching
@@ -766,11 +801,18 @@ impl VersionCache {
             .or_default()
             .clone();
         let turn = gate.lock().await;
+        let pending = self.lock_pending().get(&name).cloned();
         let result = if self.lock_present().contains(&name) {
-            Ok(())
+            Ok(None)
+        } else if let Some(file) = pending {
+            if unsynced {
+                Ok(Some(file))
+            } else {
+                self.settle(&[(digest, executable)]).await.map(|()| None)
+            }
         } else {
             match slots.acquire().await {
-                Ok(_slot) => self.fetch(digest, executable).await,
+                Ok(_slot) => self.fetch(digest, executable, unsynced).await,
                 Err(_) => Err(CacheError::Blobs("the node is stopping".to_owned())),
             }
         };
@@ -789,13 +831,116 @@ impl VersionCache {
     }
 
     /// Fetches a blob a session waits for (a lazily mounted version's file), beside whatever
-    /// materializations fetch.
+    /// materializations fetch. Answers the blob's file when it is pending (not yet synced and
+    /// named; a task settles it soon), `None` when it is in place under its name.
     pub async fn fetch_for_session(
-        &self,
+        self: &Arc<Self>,
         digest: Digest,
         executable: bool,
-    ) -> Result<(), CacheError> {
-        self.fetch_once(digest, executable, &self.demand).await
+    ) -> Result<Option<Arc<std::fs::File>>, CacheError> {
+        let file = self
+            .fetch_once(digest, executable, &self.demand, true)
+            .await?;
+        if file.is_some() {
+            let start = {
+                let mut unsettled = self
+                    .unsettled
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                unsettled.0.push((digest, executable));
+                !std::mem::replace(&mut unsettled.1, true)
+            };
+            if start {
+                let cache = Arc::downgrade(self);
+                plinth_kit::tasks::spawn(async move {
+                    // Batches: what sessions fetched while the last batch synced.
+                    loop {
+                        let Some(cache) = cache.upgrade() else { return };
+                        let batch = {
+                            let mut unsettled = cache
+                                .unsettled
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                            if unsettled.0.is_empty() {
+                                unsettled.1 = false;
+                                return;
+                            }
+                            std::mem::take(&mut unsettled.0)
+                        };
+                        for chunk in batch.chunks(SETTLE_BATCH) {
+                            if let Err(error) = cache.settle(chunk).await {
+                                // Still pending: read from their files, settled by the next
+                                // materialization that needs them, or fetched again later.
+                                tracing::warn!(%error, "cannot put blobs sessions fetched on disk");
+                            }
+                        }
+                    }
+                });
+            }
+        }
+        Ok(file)
+    }
+
+    /// Puts the pending blobs among `keys` on disk and gives them their names (present from
+    /// then on). Those not pending are left as they are.
+    async fn settle(&self, keys: &[(Digest, bool)]) -> Result<(), CacheError> {
+        let files: Vec<(String, PathBuf, Arc<std::fs::File>)> = {
+            let pending = self.lock_pending();
+            keys.iter()
+                .filter_map(|(digest, executable)| {
+                    let name = blob_name(digest, *executable);
+                    let file = pending.get(&name)?.clone();
+                    Some((name, self.blob_path(digest, *executable), file))
+                })
+                .collect()
+        };
+        if files.is_empty() {
+            return Ok(());
+        }
+        // Kept from the sweep between getting a name and being marked present (a name with
+        // one link is one no version uses).
+        let _pins = Pins::take(
+            &self.pinned,
+            files.iter().map(|(name, _, _)| name.clone()).collect(),
+        );
+        let directory = self.root.join("blobs");
+        let linking: Vec<(PathBuf, Arc<std::fs::File>)> = files
+            .iter()
+            .map(|(_, target, file)| (target.clone(), file.clone()))
+            .collect();
+        tokio::task::spawn_blocking(move || -> Result<(), CacheError> {
+            if linking.len() >= SYNC_WHOLE_FILE_SYSTEM {
+                let directory = std::fs::File::open(&directory).map_err(io("opening the blobs"))?;
+                rustix::fs::syncfs(&directory)
+                    .map_err(|errno| io("syncing the blobs")(errno.into()))?;
+            } else {
+                for (_, file) in &linking {
+                    file.sync_all().map_err(io("syncing a blob file"))?;
+                }
+            }
+            for (target, file) in &linking {
+                match plinth_blobs::link_unnamed(file, target) {
+                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                    Err(errno) => return Err(io("naming a blob file")(errno.into())),
+                }
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|error| io("naming blob files")(std::io::Error::other(error)))??;
+        // Present before no longer pending: whoever looks sees one or the other.
+        let mut present = self.lock_present();
+        for (name, _, _) in &files {
+            present.insert(name.clone());
+        }
+        drop(present);
+        let mut pending = self.lock_pending();
+        for (name, _, file) in &files {
+            if pending.get(name).is_some_and(|held| Arc::ptr_eq(held, file)) {
+                pending.remove(name);
+            }
+        }
+        Ok(())
     }
 
     /// Sets how many blobs the node fetches at once: this many for materializations and
@@ -1001,8 +1146,14 @@ impl VersionCache {
         Ok(mount)
     }
 
-    /// Fetches one blob (verified by the store while it streams) into the cache.
-    async fn fetch(&self, digest: Digest, executable: bool) -> Result<(), CacheError> {
+    /// Fetches one blob (verified by the store while it streams) into the cache: named and on
+    /// disk, or with `unsynced` (while few are) pending, its file answered.
+    async fn fetch(
+        &self,
+        digest: Digest,
+        executable: bool,
+        unsynced: bool,
+    ) -> Result<Option<Arc<std::fs::File>>, CacheError> {
         let blob = self
             .blobs
             .get(&digest)
@@ -1018,12 +1169,29 @@ impl VersionCache {
         };
         let directory = self.root.join("blobs");
         let target = self.blob_path(&digest, executable);
-        tokio::task::spawn_blocking(move || write_blob(&directory, &target, source, mode))
-            .await
-            .map_err(|error| io("writing a blob file")(std::io::Error::other(error)))??;
+        let unsynced = unsynced && self.lock_pending().len() < MAX_PENDING;
+        let written = tokio::task::spawn_blocking(move || {
+            if unsynced {
+                write_blob_unsynced(&directory, &target, source, mode)
+            } else {
+                write_blob(&directory, &target, source, mode).map(|()| None)
+            }
+        })
+        .await
+        .map_err(|error| io("writing a blob file")(std::io::Error::other(error)))??;
         self.blob_bytes.fetch_add(size, Ordering::Relaxed);
-        self.lock_present().insert(blob_name(&digest, executable));
-        Ok(())
+        let name = blob_name(&digest, executable);
+        match written {
+            Some(file) => {
+                let file = Arc::new(file);
+                self.lock_pending().insert(name, file.clone());
+                Ok(Some(file))
+            }
+            None => {
+                self.lock_present().insert(name);
+                Ok(None)
+            }
+        }
     }
 
     /// Removes least recently used versions not in `keep` until the blobs fit under the cap,
@@ -1138,7 +1306,7 @@ impl crate::lazy::Fetch for SessionFetch {
         &self,
         digest: Digest,
         executable: bool,
-    ) -> futures::future::BoxFuture<'static, Result<(), String>> {
+    ) -> futures::future::BoxFuture<'static, Result<Option<Arc<std::fs::File>>, String>> {
         let cache = self.0.clone();
         Box::pin(async move {
             let cache = cache
@@ -1193,6 +1361,35 @@ fn write_blob(
         }
     }
     write_blob_staged(directory, target, &mut source, permissions)
+}
+
+/// Writes a blob as an unnamed file, neither synced nor named (see [`VersionCache::settle`]),
+/// and answers it; where unnamed files are refused, writes it as [`write_blob`] does and
+/// answers `None`.
+fn write_blob_unsynced(
+    directory: &Path,
+    target: &Path,
+    mut source: Box<dyn BlobSource>,
+    mode: u32,
+) -> Result<Option<std::fs::File>, CacheError> {
+    let permissions = std::fs::Permissions::from_mode(mode);
+    match rustix::fs::open(
+        directory,
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::TMPFILE | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::from_raw_mode(mode),
+    ) {
+        Ok(unnamed) => {
+            let mut file = std::fs::File::from(unnamed);
+            std::io::copy(&mut source, &mut file).map_err(io("writing a blob file"))?;
+            file.set_permissions(permissions)
+                .map_err(io("setting a blob's mode"))?;
+            Ok(Some(file))
+        }
+        Err(_) => {
+            write_blob_staged(directory, target, &mut source, permissions)?;
+            Ok(None)
+        }
+    }
 }
 
 /// [`write_blob`] where unnamed files are refused.
@@ -1628,6 +1825,84 @@ mod tests {
 
     /// The sweep removes unlinked blobs, but never one a materialization has pinned: it found
     /// it present, or fetched it, and links it next.
+
+    #[tokio::test]
+    async fn a_blob_a_session_fetched_is_read_at_once_and_named_once_on_disk() {
+        let (_dir, cache, _layer) = cache_with(&[("a.txt", "alpha"), ("b.txt", "beta")]).await;
+        let cache = Arc::new(cache);
+        let alpha = Digest::of(b"alpha");
+        let target = cache.blob_path(&alpha, false);
+        let file = cache
+            .fetch_for_session(alpha, false)
+            .await
+            .expect("fetched")
+            .expect("answered before it is on disk");
+        let mut read = String::new();
+        std::io::Read::read_to_string(
+            &mut crate::lazy::tests_reader(&file, 5).expect("a reader"),
+            &mut read,
+        )
+        .expect("read");
+        assert_eq!(read, "alpha");
+        // A second asker while it is pending gets the same bytes, not a second fetch.
+        let again = cache.fetch_once(alpha, false, &cache.demand, true).await;
+        assert!(matches!(again, Ok(Some(ref held)) if Arc::ptr_eq(held, &file)));
+        // A materialization needs names: asking for it synced settles it.
+        cache
+            .fetch_once(alpha, false, &cache.background, false)
+            .await
+            .expect("settled");
+        assert!(target.exists(), "named once synced");
+        assert!(cache.lock_present().contains(&blob_name(&alpha, false)));
+        assert!(cache.lock_pending().is_empty());
+        let named = std::fs::read_to_string(&target).expect("named blob");
+        assert_eq!(named, "alpha");
+        assert_eq!(
+            std::fs::metadata(&target).expect("stat").permissions().mode() & 0o777,
+            0o444
+        );
+
+        // Left to the settling task, a session's blob gets its name too.
+        let beta = Digest::of(b"beta");
+        cache
+            .fetch_for_session(beta, false)
+            .await
+            .expect("fetched")
+            .expect("pending");
+        let named = cache.blob_path(&beta, false);
+        for _ in 0..500 {
+            if named.exists() && cache.lock_pending().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(std::fs::read_to_string(&named).expect("named"), "beta");
+        assert!(cache.lock_pending().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_node_that_stops_before_a_blob_is_settled_leaves_no_name() {
+        let (dir, cache, layer) = cache_with(&[("a.txt", "alpha")]).await;
+        let cache = Arc::new(cache);
+        let alpha = Digest::of(b"alpha");
+        let pending = cache
+            .fetch_once(alpha, false, &cache.demand, true)
+            .await
+            .expect("fetched")
+            .expect("pending");
+        drop(pending);
+        drop(cache);
+        let store = BlobStore::open("memory://", dir.path().join("spool2")).expect("store");
+        let reopened = VersionCache::open(&dir.path().join("cache"), store, 0).expect("reopen");
+        assert!(reopened.lock_present().is_empty(), "no name without its bytes on disk");
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("cache/blobs"))
+                .expect("blobs")
+                .count(),
+            0
+        );
+        drop(layer);
+    }
     #[tokio::test]
     async fn the_sweep_passes_over_blobs_a_materialization_is_about_to_link() {
         let (_dir, cache, layer) = cache_with(&[("a.txt", "alpha"), ("b.txt", "beta")]).await;

@@ -39,12 +39,14 @@ const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Fetches a blob into the cache's `blobs/` directory (verified), for a mount.
 pub trait Fetch: Send + Sync + 'static {
-    /// Fetches the blob unless it is present; answers once its file is in place.
+    /// Fetches the blob unless it is present; answers once its file is in place under its
+    /// name (`None`), or once it is written and verified but not yet on disk: its file, to
+    /// read from.
     fn fetch(
         &self,
         digest: Digest,
         executable: bool,
-    ) -> futures::future::BoxFuture<'static, Result<(), String>>;
+    ) -> futures::future::BoxFuture<'static, Result<Option<Arc<std::fs::File>>, String>>;
 }
 
 /// One inode of the tree.
@@ -286,10 +288,11 @@ impl LazyVersion {
                     self.inner.deadline,
                     self.inner.fetch.fetch(digest, *executable),
                 ));
-                if !matches!(fetched, Ok(Ok(()))) {
-                    return None;
+                match fetched {
+                    Ok(Ok(Some(file))) => reader(&file, *size).ok()?,
+                    Ok(Ok(None)) => self.inner.open_blob(&digest, *executable, *size).ok()??,
+                    _ => return None,
                 }
-                self.inner.open_blob(&digest, *executable, *size).ok()??
             }
         };
         let mut bytes = Vec::new();
@@ -660,6 +663,32 @@ impl Conn {
     }
 }
 
+/// A read-only handle of its own on a fetched blob's `file` (unnamed, or not): the session's
+/// reads never share the writer's handle.
+fn reader(file: &std::fs::File, size: u64) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let reader = rustix::fs::open(
+        format!("/proc/self/fd/{}", file.as_raw_fd()).as_str(),
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map(std::fs::File::from)?;
+    let metadata = reader.metadata()?;
+    if !metadata.is_file() || metadata.len() != size {
+        return Err(std::io::Error::other(format!(
+            "the fetched blob holds {} bytes, not {size}",
+            metadata.len()
+        )));
+    }
+    Ok(reader)
+}
+
+/// [`reader`], for the cache's tests.
+#[cfg(test)]
+pub(crate) fn tests_reader(file: &std::fs::File, size: u64) -> std::io::Result<std::fs::File> {
+    reader(file, size)
+}
+
 /// The file system the kernel calls.
 struct VersionFs(Arc<Conn>);
 
@@ -747,7 +776,16 @@ impl Filesystem for VersionFs {
                     tokio::time::timeout(inner.deadline, inner.fetch.fetch(digest, executable))
                         .await;
                 let failure = match fetched {
-                    Ok(Ok(())) => match inner.open_blob(&digest, executable, size) {
+                    Ok(Ok(Some(file))) => match reader(&file, size) {
+                        Ok(file) => {
+                            metrics::counter!("plinth_node_lazy_fetches_total", "outcome" => "fetched").increment(1);
+                            metrics::histogram!("plinth_node_lazy_fetch_seconds")
+                                .record(begun.elapsed().as_secs_f64());
+                            return conn.opened(ino.0, Some(file), reply);
+                        }
+                        Err(error) => error.to_string(),
+                    },
+                    Ok(Ok(None)) => match inner.open_blob(&digest, executable, size) {
                         Ok(Some(file)) => {
                             metrics::counter!("plinth_node_lazy_fetches_total", "outcome" => "fetched").increment(1);
                             metrics::histogram!("plinth_node_lazy_fetch_seconds")
