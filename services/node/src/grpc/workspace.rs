@@ -146,6 +146,11 @@ impl Stream {
         }
     }
 
+    /// Whether the stream is already past its inline head (its answer will be cut).
+    fn cut(&self, inline: usize) -> bool {
+        self.start.len() > inline
+    }
+
     /// The head answered inline, whether it was cut, and how many lines of the whole
     /// stream it leaves out (a line it shows only the start of counts as left out).
     fn head(&self, inline: usize) -> (Vec<u8>, bool, u64) {
@@ -156,6 +161,84 @@ impl Stream {
         let total = self.newlines + u64::from(self.last.is_some_and(|b| b != b'\n'));
         let shown = kept.iter().filter(|b| **b == b'\n').count() as u64;
         (kept, true, total.saturating_sub(shown))
+    }
+}
+
+/// A command's whole output as it came (stdout and stderr interleaved), for `ReadOutput`: a
+/// file in the workspace's `outputs`, made only once the answer needs it (a stream past its
+/// inline head, or past what is kept). Until then what came is held here (about the two inline
+/// heads at most: the file is made with the chunk that passes one), so a command answered
+/// whole inline makes, writes and removes no file on its way to its answer.
+#[derive(Debug)]
+struct Spill {
+    outputs: PathBuf,
+    held: Vec<u8>,
+    file: Option<(String, tokio::fs::File)>,
+}
+
+impl Spill {
+    fn new(outputs: PathBuf) -> Self {
+        Spill {
+            outputs,
+            held: Vec::new(),
+            file: None,
+        }
+    }
+
+    /// Takes the next bytes the command wrote; `needed`: the answer is known to be cut, so
+    /// the file is made now (if it was not yet) and written from here on.
+    async fn push(&mut self, bytes: &[u8], needed: bool) -> Result<(), PlinthError> {
+        if let Some((_, file)) = &mut self.file {
+            return file
+                .write_all(bytes)
+                .await
+                .map_err(|error| PlinthError::internal(&error));
+        }
+        self.held.extend_from_slice(bytes);
+        if needed {
+            self.open().await?;
+        }
+        Ok(())
+    }
+
+    /// Makes the file and writes to it what was held.
+    async fn open(&mut self) -> Result<(), PlinthError> {
+        if self.file.is_some() {
+            return Ok(());
+        }
+        tokio::fs::create_dir_all(&self.outputs)
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        let id = plinth_kit::ids::OutputId::generate().to_string();
+        let mut file = tokio::fs::File::create(self.outputs.join(&id))
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        file.write_all(&std::mem::take(&mut self.held))
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        self.file = Some((id, file));
+        Ok(())
+    }
+
+    /// Once the command ended: with `needed` (its answer was cut, or output was dropped),
+    /// the id of the file holding all of it, written through before it is answered; without,
+    /// no file.
+    async fn finish(mut self, needed: bool) -> Result<Option<String>, PlinthError> {
+        if !needed {
+            if let Some((id, file)) = self.file.take() {
+                drop(file);
+                let _ = tokio::fs::remove_file(self.outputs.join(id)).await;
+            }
+            return Ok(None);
+        }
+        self.open().await?;
+        let Some((id, mut file)) = self.file.take() else {
+            return Ok(None);
+        };
+        file.flush()
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        Ok(Some(id))
     }
 }
 
@@ -629,15 +712,7 @@ impl pb::workspace_service_server::WorkspaceService for Node {
         )
         .await?
         .into_inner();
-        let outputs = ws.state.join("outputs");
-        tokio::fs::create_dir_all(&outputs)
-            .await
-            .map_err(|error| PlinthError::internal(&error))?;
-        let output_id = plinth_kit::ids::OutputId::generate().to_string();
-        let spill_path = outputs.join(&output_id);
-        let mut spill = tokio::fs::File::create(&spill_path)
-            .await
-            .map_err(|error| PlinthError::internal(&error))?;
+        let mut spill = Spill::new(ws.state.join("outputs"));
         let (mut stdout, mut stderr) = (Stream::default(), Stream::default());
         let mut result = None;
         let mut events = events;
@@ -645,26 +720,18 @@ impl pb::workspace_service_server::WorkspaceService for Node {
             match event?.event {
                 Some(pb::exec_event::Event::Stdout(bytes)) => {
                     stdout.push(&bytes, inline);
-                    spill
-                        .write_all(&bytes)
-                        .await
-                        .map_err(|error| PlinthError::internal(&error))?;
+                    let cut = stdout.cut(inline) || stderr.cut(inline);
+                    spill.push(&bytes, cut).await?;
                 }
                 Some(pb::exec_event::Event::Stderr(bytes)) => {
                     stderr.push(&bytes, inline);
-                    spill
-                        .write_all(&bytes)
-                        .await
-                        .map_err(|error| PlinthError::internal(&error))?;
+                    let cut = stdout.cut(inline) || stderr.cut(inline);
+                    spill.push(&bytes, cut).await?;
                 }
                 Some(pb::exec_event::Event::Result(ended)) => result = Some(ended),
                 None => {}
             }
         }
-        spill
-            .flush()
-            .await
-            .map_err(|error| PlinthError::internal(&error))?;
         let result = result.ok_or_else(|| {
             PlinthError::new(ErrorCode::Unavailable, "the command ended without a result")
         })?;
@@ -672,9 +739,7 @@ impl pb::workspace_service_server::WorkspaceService for Node {
         let (stderr, stderr_truncated, stderr_lines) = stderr.head(inline);
         let dropped = result.stdout_dropped_bytes > 0 || result.stderr_dropped_bytes > 0;
         let spilled = stdout_truncated || stderr_truncated || dropped;
-        if !spilled {
-            let _ = tokio::fs::remove_file(&spill_path).await;
-        }
+        let output_id = spill.finish(spilled).await?;
         Ok(Response::new(pb::RunCommandResponse {
             exit_code: result.exit_code,
             signal: if result.timed_out {
@@ -690,7 +755,7 @@ impl pb::workspace_service_server::WorkspaceService for Node {
             stderr_lines_truncated: stderr_lines,
             duration_ms: result.duration_ms,
             timed_out: result.timed_out,
-            output_id: if spilled { output_id } else { String::new() },
+            output_id: output_id.unwrap_or_default(),
             output_truncated: dropped,
             cwd,
         }))
@@ -831,5 +896,63 @@ mod tests {
             3,
             "a line shown in part, and one without its end, count"
         );
+    }
+
+    #[tokio::test]
+    async fn output_answered_whole_inline_leaves_no_file() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let outputs = dir.path().join("outputs");
+        let mut spill = Spill::new(outputs.clone());
+        spill.push(b"out\n", false).await.expect("push");
+        spill.push(b"err\n", false).await.expect("push");
+        assert_eq!(spill.finish(false).await.expect("finish"), None);
+        assert!(
+            !outputs.exists(),
+            "nothing is made for an answer that was not cut"
+        );
+    }
+
+    #[tokio::test]
+    async fn output_past_the_head_is_kept_whole_as_it_came() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let outputs = dir.path().join("outputs");
+        let mut spill = Spill::new(outputs.clone());
+        spill.push(b"1\n", false).await.expect("push");
+        spill.push(b"e\n", false).await.expect("push");
+        spill.push(b"2\n", true).await.expect("push");
+        spill.push(b"3\n", true).await.expect("push");
+        let id = spill
+            .finish(true)
+            .await
+            .expect("finish")
+            .expect("an output id");
+        assert!(valid_output_id(&id), "{id}");
+        assert_eq!(
+            std::fs::read(outputs.join(&id)).expect("kept output"),
+            b"1\ne\n2\n3\n"
+        );
+        // Cut only at the end (output past what is kept): the file is made then.
+        let mut spill = Spill::new(outputs.clone());
+        spill.push(b"abc", false).await.expect("push");
+        let id = spill
+            .finish(true)
+            .await
+            .expect("finish")
+            .expect("an output id");
+        assert_eq!(
+            std::fs::read(outputs.join(&id)).expect("kept output"),
+            b"abc"
+        );
+    }
+
+    #[test]
+    fn a_stream_is_cut_once_it_passes_its_head() {
+        let mut stream = Stream::default();
+        stream.push(b"abcd", 4);
+        assert!(!stream.cut(4));
+        assert!(!stream.head(4).1);
+        stream.push(b"e", 4);
+        assert!(stream.cut(4));
+        assert!(stream.head(4).1);
     }
 }
