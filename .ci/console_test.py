@@ -154,6 +154,12 @@ def main() -> int:
         def tab(label: str):
             page.get_by_role("navigation", name="Environment").get_by_role("link", name=label, exact=True).click()
 
+        def fits_width():
+            """At phone width nothing may make the page scroll sideways."""
+            overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            if overflow > 0:
+                failures.errors.append(f"{page.url}: {overflow} px wider than the window")
+
         def heading(text: str):
             expect(page.locator("h1")).to_contain_text(text)
 
@@ -304,6 +310,7 @@ def main() -> int:
             timeout=10_000,
         )
         page.locator("#terminal-status").scroll_into_view_if_needed()
+        fits_width()
         shot("terminal-phone-width", full_page=False)
         page.set_viewport_size({"width": 1280, "height": 900})
         page.locator("#terminal").click()
@@ -330,12 +337,25 @@ def main() -> int:
         heading("Usage and quotas")
         shot("usage")
         page.set_viewport_size({"width": 390, "height": 844})
+        for label, route, title in [
+            ("environments-phone", "#/environments", "Environments"),
+            ("environment-phone", f"#/environments/{env_id}", name),
+            ("session-phone", f"#/sessions/{session_id}", "Session sess_"),
+            ("usage-phone", "#/usage", "Usage and quotas"),
+        ]:
+            page.goto(f"{console}{route}")
+            heading(title)
+            page.wait_for_load_state("networkidle")
+            fits_width()
+            shot(label)
         page.goto(f"{console}#/environments/{env_id}/versions")
         heading(f"Versions of {name}")
+        fits_width()
         shot("versions-phone")
         page.goto(f"{console}#/environments/{env_id}/files/main.py")
         heading("main.py")
         expect(page.get_by_label("Contents")).to_have_value(edited)
+        fits_width()
         shot("file-phone")
         page.set_viewport_size({"width": 1280, "height": 900})
 

@@ -149,11 +149,11 @@ export async function versionsView(root, { id }, context) {
   const rows = list.map((v) => [
     link(`#/environments/${id}/builds/${v.version}`, `v${v.version}`),
     v.status === 'building' ? badge('building', v.phase) : badge(v.status),
+    activateCell(v),
     String(v.packages),
     toolchainList(v.toolchains),
     time(v.started_at),
     time(v.finished_at),
-    activateCell(v),
   ]);
 
   const ready = list.filter((v) => v.status === 'ready').map((v) => v.version);
@@ -178,7 +178,7 @@ export async function versionsView(root, { id }, context) {
       h('h2', { id: 'vers-h' }, 'Versions'),
       h('p', {}, 'Rolling back is activating an older version: nothing is rebuilt, and sessions already running keep the version they started on.'),
       errors,
-      list.length ? table(['Version', 'Status', 'Packages', 'Toolchains', 'Started', 'Finished', 'Active'], rows, 'Newest first')
+      list.length ? table(['Version', 'Status', 'Active', 'Packages', 'Toolchains', 'Started', 'Finished'], rows, 'Newest first')
         : h('p', { class: 'empty' }, 'Nothing built yet.'),
       h('p', { class: 'actions' }, actionButton('Start a build', async () => {
         const record = await api('POST', `/v1/environments/${id}/build`);

@@ -16,6 +16,7 @@ export function envStatus(environment) {
 
 export async function environmentsView(root, _params, context) {
   const after = context.query.get('after') || undefined;
+  // The cursors of the pages before this one ('~' is the first page), for "Previous".
   const previous = context.query.get('prev') ? context.query.get('prev').split(',') : [];
   const page = await api('GET', `/v1/environments${query({ limit: 25, after })}`, { signal: context.signal });
 
@@ -66,7 +67,7 @@ export async function environmentsView(root, _params, context) {
   ]);
   const pager = h('nav', { class: 'pager', 'aria-label': 'Pages' },
     previous.length ? link(pageHref(previous.slice(0, -1), previous[previous.length - 1]), '← Previous page') : null,
-    page.has_more && page.next ? link(pageHref([...previous, after || ''], page.next), 'Next page →') : null);
+    page.has_more && page.next ? link(pageHref([...previous, after || '~'], page.next), 'Next page →') : null);
   append(root, [
     heading('Environments'),
     page.data.length
@@ -79,7 +80,7 @@ export async function environmentsView(root, _params, context) {
 
 function pageHref(previous, after) {
   const search = new URLSearchParams();
-  if (after) search.set('after', after);
+  if (after && after !== '~') search.set('after', after);
   if (previous.length) search.set('prev', previous.join(','));
   const text = search.toString();
   return `#/environments${text ? `?${text}` : ''}`;

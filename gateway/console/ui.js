@@ -162,7 +162,8 @@ export function actionButton(label, action, { kind = '', busyLabel, errorTarget 
 
 /** A table; `columns` are header labels, `rows` arrays of cells. Scrolls sideways when narrow. */
 export function table(columns, rows, caption) {
-  return h('div', { class: 'table-wrap' },
+  // A scroll container (narrow screens) that the keyboard can reach and scroll.
+  return h('div', { class: 'table-wrap', tabindex: '0', role: 'region', 'aria-label': caption || columns.join(', ') },
     h('table', {},
       caption ? h('caption', {}, caption) : null,
       h('thead', {}, h('tr', {}, columns.map((c) => h('th', { scope: 'col' }, c)))),
