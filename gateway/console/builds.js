@@ -49,7 +49,8 @@ export async function buildView(root, { id, version }, context) {
     const activeNow = environment.version === current.version;
     append(summary, [
       current.status === 'failed' ? h('div', { class: 'error', role: 'alert' },
-        h('p', {}, h('strong', {}, 'The build failed: '), current.error || 'no reason was given'),
+        h('p', {}, h('strong', {}, 'The build failed:')),
+        h('pre', { class: 'reason', id: 'build-error' }, current.error || 'no reason was given'),
         h('p', {}, 'Nothing changed: the previous active version stays active.')) : null,
       current.status === 'ready' ? notice(activeNow ? `Version ${current.version} is ready and active.` : `Version ${current.version} is ready.`, 'ok') : null,
       h('div', { class: 'grid' },

@@ -3,7 +3,7 @@
 
 import { api, query } from './api.js';
 import {
-  h, append, clear, time, bytes, badge, errorBox, field, heading, table, link, actionButton, notice, spinner,
+  h, append, clear, time, bytes, count, badge, errorBox, field, heading, table, link, actionButton, notice, spinner,
 } from './ui.js';
 
 export function envStatus(environment) {
@@ -62,7 +62,7 @@ export async function environmentsView(root, _params, context) {
     h('code', {}, environment.slug),
     envStatus(environment),
     environment.version === null ? '—' : `v${environment.version}`,
-    `${environment.files.count} files · ${bytes(environment.files.bytes)}`,
+    `${count(environment.files.count, 'file')} · ${bytes(environment.files.bytes)}`,
     time(environment.updatedAt),
   ]);
   const pager = h('nav', { class: 'pager', 'aria-label': 'Pages' },
@@ -137,7 +137,7 @@ export async function environmentView(root, { id }, context) {
     h('dt', {}, 'Active version'), h('dd', {}, environment.version === null ? 'none yet' : `v${environment.version}`),
     h('dt', {}, 'Latest version'), h('dd', {}, environment.latestVersion === null ? 'none yet'
       : link(`#/environments/${id}/builds/${environment.latestVersion}`, `v${environment.latestVersion}`)),
-    h('dt', {}, 'Source'), h('dd', {}, `${environment.files.count} files, ${bytes(environment.files.bytes)}`),
+    h('dt', {}, 'Source'), h('dd', {}, `${count(environment.files.count, 'file')}, ${bytes(environment.files.bytes)}`),
     h('dt', {}, 'Entry'), h('dd', {}, environment.entry ? h('code', {}, environment.entry) : '—'),
     h('dt', {}, 'Description'), h('dd', {}, environment.description || '—'),
     h('dt', {}, 'Created'), h('dd', {}, time(environment.createdAt)),
@@ -210,7 +210,8 @@ export async function environmentView(root, { id }, context) {
     breadcrumb(['Environments', '#/environments'], [environment.name]),
     heading(environment.name),
     envTabs(id, 'overview'),
-    lastError ? h('div', { class: 'error', role: 'alert' }, h('p', {}, h('strong', {}, `Build v${environment.build.version} failed: `), lastError)) : null,
+    lastError ? h('div', { class: 'error', role: 'alert' }, h('p', {}, h('strong', {}, `Build v${environment.build.version} failed:`), ' ',
+      link(`#/environments/${id}/builds/${environment.build.version}`, 'see its log')), h('pre', { class: 'reason' }, lastError)) : null,
     h('div', { class: 'grid' },
       h('section', { class: 'card', 'aria-labelledby': 'facts-h' }, h('h2', { id: 'facts-h' }, 'Overview'), facts),
       buildControls(environment, context)),

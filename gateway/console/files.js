@@ -3,7 +3,7 @@
 
 import { api, listAll, upload, encodePath, query } from './api.js';
 import {
-  h, append, clear, bytes, errorBox, field, heading, link, notice, actionButton, spinner,
+  h, append, clear, bytes, count, errorBox, field, heading, link, notice, actionButton, spinner,
 } from './ui.js';
 import { envTabs, breadcrumb } from './environments.js';
 
@@ -25,7 +25,7 @@ export async function filesView(root, { id, path }, context) {
   const layout = h('div', { class: 'files-layout' });
   const treePane = h('section', { class: 'card tree-pane', 'aria-labelledby': 'tree-h' },
     h('h2', { id: 'tree-h' }, 'Source'),
-    h('p', { class: 'muted' }, `${environment.files.count} files, ${bytes(environment.files.bytes)}. `
+    h('p', { class: 'muted' }, `${count(environment.files.count, 'file')}, ${bytes(environment.files.bytes)}. `
       + 'Changes reach sessions at the next build.'),
     renderTree(id, entries, path));
   const side = h('div', { class: 'files-side' });
@@ -366,7 +366,7 @@ function importCard(id, context) {
 function importReport(report, id, context) {
   const skipped = Object.entries(report.skipped_by_reason || {}).map(([why, n]) => `${n} ${why}`).join(', ');
   return h('div', { class: 'notice notice-ok', role: 'status' },
-    h('p', {}, `Imported ${report.files} files and ${report.directories} directories (${bytes(report.bytes)})`
+    h('p', {}, `Imported ${count(report.files, 'file')} and ${report.directories} ${report.directories === 1 ? 'directory' : 'directories'} (${bytes(report.bytes)})`
       + `${report.symlinks ? `, ${report.symlinks} links kept` : ''}`
       + `${report.skipped ? `; ${report.skipped} skipped (${skipped})` : ''}`
       + `${report.stripped_wrapper ? '; the wrapping directory was stripped' : ''}.`),

@@ -71,6 +71,11 @@ export function bytes(n) {
   return unit === 0 ? `${value} ${value === 1 ? 'byte' : 'bytes'}` : `${value.toFixed(1)} ${units[unit]}`;
 }
 
+/** `3 files`, `1 file`. */
+export function count(n, noun) {
+  return `${n} ${noun}${n === 1 ? '' : 's'}`;
+}
+
 export function duration(ms) {
   if (ms === null || ms === undefined || ms < 0) {
     return '—';
