@@ -309,6 +309,16 @@ def main() -> int:
             arg=size_before,
             timeout=10_000,
         )
+        # The server's terminal has the new size: `stty size` prints "rows cols".
+        cols, rows = re.search(r"(\d+)×(\d+)$", status.inner_text().strip()).groups()
+        page.locator("#terminal").click()
+        page.keyboard.type("stty size")
+        page.keyboard.press("Enter")
+        page.wait_for_function(
+            "(size) => new RegExp('^' + size + '\\s*$', 'm').test(document.querySelector('#terminal .xterm-rows').innerText)",
+            arg=f"{rows} {cols}",
+            timeout=10_000,
+        )
         page.locator("#terminal-status").scroll_into_view_if_needed()
         fits_width()
         shot("terminal-phone-width", full_page=False)

@@ -134,7 +134,8 @@ async function openTerminal(holder, id, command, context, onClosed) {
   const status = h('p', { class: 'term-status', role: 'status', id: 'terminal-status' }, spinner(' Connecting…'));
   const screen = h('div', { class: 'terminal', id: 'terminal' });
   const close = h('button', { type: 'button' }, 'Disconnect');
-  append(holder, [status, screen, h('p', { class: 'actions' }, close)]);
+  append(holder, [status, screen, h('p', { class: 'actions' }, close,
+    h('span', { class: 'muted' }, 'The terminal takes Tab; Shift+Escape moves focus out of it.'))]);
 
   if (typeof window.Terminal !== 'function' || !window.FitAddon) {
     clear(status);
@@ -153,6 +154,14 @@ async function openTerminal(holder, id, command, context, onClosed) {
   const fit = new window.FitAddon.FitAddon();
   term.loadAddon(fit);
   term.open(screen);
+  // Tab belongs to the shell; give keyboard users a way out of the terminal.
+  term.attachCustomKeyEventHandler((event) => {
+    if (event.type === 'keydown' && event.key === 'Escape' && event.shiftKey) {
+      close.focus();
+      return false;
+    }
+    return true;
+  });
   try { fit.fit(); } catch { /* not laid out yet */ }
 
   let socket = null;
