@@ -17,7 +17,7 @@ use utoipa_axum::routes;
 
 use crate::agents::Agents;
 use crate::http::error::{ErrorBody, ErrorObject};
-use crate::http::{auth, browsers, edge, error, openapi, query};
+use crate::http::{auth, browsers, console, edge, error, openapi, query};
 use crate::options::{Backends, GatewayError, GatewayOptions};
 use crate::rest::sessions::TestCommands;
 use crate::runtime::{Runtime, Services};
@@ -175,6 +175,7 @@ where
         .layer(axum::middleware::from_fn_with_state(edge, edge::rate_limit))
         .with_state(state)
         .merge(admin::router(readiness(backends), metrics_guard(options)))
+        .merge(console::router())
         .layer(axum::middleware::from_fn(plinth_kit::http::observe));
     // Outside everything, the gRPC face included: what a web page may not do.
     Ok(

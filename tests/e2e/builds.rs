@@ -467,3 +467,83 @@ async fn a_build_says_building_then_ready_with_its_phase_and_every_time_in_milli
     assert!(queued <= started && started <= finished, "{last}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn each_version_lists_the_source_files_it_was_built_from() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server = Server::start().await;
+    let id = crate::helpers::create_environment(&server, "Two Versions").await;
+    crate::helpers::put_file(&server, &id, "main.py", "print(1)\n").await;
+    crate::helpers::put_file(&server, &id, "gone.txt", "soon removed\n").await;
+    crate::helpers::build_ready(&server, &id, 1, std::time::Duration::from_secs(120)).await;
+    crate::helpers::put_file(&server, &id, "main.py", "print(2)\n").await;
+    crate::helpers::put_file(&server, &id, "lib/new.py", "X = 1\n").await;
+    let (status, body) = crate::helpers::send(
+        server
+            .client
+            .delete(server.url(&format!("/v1/environments/{id}/files/gone.txt"))),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    crate::helpers::build_ready(&server, &id, 2, std::time::Duration::from_secs(120)).await;
+    // A third edit after the last build: no version holds it.
+    crate::helpers::put_file(&server, &id, "main.py", "print(3)\n").await;
+
+    let files = async |version: u32| -> Vec<(String, String)> {
+        let mut seen = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let mut url = server.url(&format!(
+                "/v1/environments/{id}/versions/{version}/files?limit=2"
+            ));
+            if let Some(after) = &after {
+                url.push_str(&format!("&after={after}"));
+            }
+            let (status, page) = crate::helpers::send(server.client.get(url)).await;
+            assert_eq!(status, 200, "{page}");
+            for entry in page["data"].as_array().expect("data") {
+                seen.push((
+                    entry["path"].as_str().expect("path").to_owned(),
+                    entry["digest"].as_str().unwrap_or("").to_owned(),
+                ));
+            }
+            match page["next"].as_str() {
+                Some(next) => after = Some(next.to_owned()),
+                None => return seen,
+            }
+        }
+    };
+    let digest = |text: &str| plinth_blobs::Digest::of(text.as_bytes()).to_string();
+    assert_eq!(
+        files(1).await,
+        [
+            ("gone.txt".to_owned(), digest("soon removed\n")),
+            ("main.py".to_owned(), digest("print(1)\n")),
+        ]
+    );
+    assert_eq!(
+        files(2).await,
+        [
+            ("lib".to_owned(), String::new()),
+            ("lib/new.py".to_owned(), digest("X = 1\n")),
+            ("main.py".to_owned(), digest("print(2)\n")),
+        ]
+    );
+    let (status, body) = crate::helpers::send(
+        server
+            .client
+            .get(server.url(&format!("/v1/environments/{id}/versions/3/files"))),
+    )
+    .await;
+    crate::helpers::assert_error(status, &body, 404, "environment_not_found");
+    let (status, body) = crate::helpers::send(
+        server
+            .client
+            .get(server.url("/v1/environments/env_nope/versions/1/files")),
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    server.stop().await;
+}

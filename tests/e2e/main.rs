@@ -64,6 +64,7 @@ mod stream_traces;
 mod structure;
 mod telemetry;
 mod terminal;
+mod terminal_tickets;
 mod tracing_propagation;
 mod versions;
 mod waiting;

@@ -473,6 +473,7 @@ async fn a_source_tree_is_paged_by_the_source_service() {
         limit: 7,
         after: String::new(),
         links: false,
+        tree: String::new(),
     };
     let mut grpc_paths = Vec::new();
     loop {
@@ -496,6 +497,7 @@ async fn a_source_tree_is_paged_by_the_source_service() {
                 limit,
                 after: after.to_owned(),
                 links: false,
+                tree: String::new(),
             })
             .await
             .expect_err("refused");

@@ -10,10 +10,15 @@
 //!   is refused `421 host_not_allowed`. An address literal cannot be rebound: a page that
 //!   shows one in its address bar was served from that address.
 //! - **Origin**: a state-changing request (any method but `GET`, `HEAD`, `OPTIONS`) or a
-//!   WebSocket upgrade (the terminal) that carries an `Origin` not in
+//!   WebSocket upgrade (the terminal) that carries an `Origin` other than the server's own
+//!   (the scheme's host and port the request was sent to, under a name the Host rule
+//!   accepts: the console's pages, which the gateway serves) or one in
 //!   `gateway.allowed_origins` (none by default) is refused `403 origin_not_allowed`.
 //!   Browsers send `Origin` on every such request; clients that are not browsers (curl, the
-//!   CLI, SDKs) send none and are not affected.
+//!   CLI, SDKs) send none and are not affected. The server's own origin serves nothing a
+//!   tenant wrote as a page: every answer outside the console carries
+//!   `Content-Security-Policy: sandbox` (see [`guard`]), so a file rendered from the API
+//!   runs, if at all, in an origin of its own.
 //! - **Content type**: JSON endpoints read only bodies declared `application/json` (see
 //!   `json.rs`), which a page cannot send cross-origin without a CORS preflight, and the
 //!   gateway answers no preflight with a grant.
@@ -111,6 +116,16 @@ impl BrowserPolicy {
 
     /// The refusal for a request, if any.
     fn refusal(&self, request: &Request) -> Option<(PlinthError, &'static str)> {
+        let own = request
+            .uri()
+            .authority()
+            .map(|authority| authority.as_str().to_owned())
+            .or_else(|| {
+                request
+                    .headers()
+                    .get(header::HOST)
+                    .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+            });
         let headers = request.headers();
         let hosts = request
             .uri()
@@ -146,7 +161,10 @@ impl BrowserPolicy {
         ) || is_upgrade(headers);
         if guarded && let Some(origin) = headers.get(header::ORIGIN) {
             let origin = String::from_utf8_lossy(origin.as_bytes());
-            if !self.origin_allowed(&origin) {
+            let same = own
+                .as_deref()
+                .is_some_and(|host| same_origin(&origin, host));
+            if !same && !self.origin_allowed(&origin) {
                 return Some((
                     PlinthError::new(
                         ErrorCode::OriginNotAllowed,
@@ -162,6 +180,34 @@ impl BrowserPolicy {
         }
         None
     }
+}
+
+/// Whether `origin` (an `Origin` header) is the server's own: `http` or `https` (a proxy in
+/// front may end TLS) on the name and port the request was sent to (`host`, already found to
+/// be one of the server's names). A default port and none are the same.
+fn same_origin(origin: &str, host: &str) -> bool {
+    let Ok(url) = url::Url::parse(origin.trim()) else {
+        return false;
+    };
+    if !matches!(url.scheme(), "http" | "https")
+        || url.path() != "/"
+        || url.query().is_some()
+        || !url.username().is_empty()
+    {
+        return false;
+    }
+    let Some(name) = url.host_str() else {
+        return false;
+    };
+    let Some((own_name, own_port)) = split_host(host) else {
+        return false;
+    };
+    let default = match url.scheme() {
+        "https" => 443,
+        _ => 80,
+    };
+    normalized(name) == own_name
+        && url.port_or_known_default().unwrap_or(default) == own_port.unwrap_or(default)
 }
 
 /// Whether a request asks to switch protocols (a WebSocket: the terminal).
@@ -271,7 +317,19 @@ pub(crate) async fn guard(
     next: Next,
 ) -> Response {
     let Some((error, reason)) = policy.refusal(&request) else {
-        return next.run(request).await;
+        let mut response = next.run(request).await;
+        // Whatever the API answers runs, if a browser renders it, in an origin of its own
+        // (the console's pages set their own policy).
+        let headers = response.headers_mut();
+        if !headers.contains_key(header::CONTENT_SECURITY_POLICY) {
+            headers.insert(
+                header::CONTENT_SECURITY_POLICY,
+                axum::http::HeaderValue::from_static(
+                    "sandbox; default-src 'none'; frame-ancestors 'none'",
+                ),
+            );
+        }
+        return response;
     };
     metrics::counter!("plinth_gateway_refused_total", "reason" => reason).increment(1);
     tracing::info!(reason, message = %error.message, "refused a request a web page may have sent");
@@ -400,6 +458,61 @@ mod tests {
             "a terminal"
         );
         assert_eq!(refused(&default, Method::POST, &[]), None, "not a browser");
+        // The server's own pages (the console) are the server's origin.
+        for (origin, host) in [
+            ("http://127.0.0.1:8080", "127.0.0.1:8080"),
+            ("http://localhost:8080", "localhost:8080"),
+            ("https://plinth.localhost", "plinth.localhost"),
+            ("http://[::1]:9", "[::1]:9"),
+        ] {
+            for method in [Method::POST, Method::PUT, Method::DELETE] {
+                assert_eq!(
+                    refused(&default, method, &[("origin", origin), ("host", host)]),
+                    None,
+                    "{origin} to {host}"
+                );
+            }
+            assert_eq!(
+                refused(
+                    &default,
+                    Method::GET,
+                    &[("origin", origin), ("host", host), ("upgrade", "websocket")]
+                ),
+                None,
+                "{origin}'s terminal"
+            );
+        }
+        // Another port, another name for the same address, another scheme's page: others.
+        for (origin, host) in [
+            ("http://127.0.0.1:9000", "127.0.0.1:8080"),
+            ("http://localhost:8080", "127.0.0.1:8080"),
+            ("http://127.0.0.1", "127.0.0.1:8080"),
+            ("ws://127.0.0.1:8080", "127.0.0.1:8080"),
+            ("null", "127.0.0.1:8080"),
+            ("http://127.0.0.1:8080.evil.example", "127.0.0.1:8080"),
+        ] {
+            assert_eq!(
+                refused(
+                    &default,
+                    Method::POST,
+                    &[("origin", origin), ("host", host)]
+                ),
+                Some(403),
+                "{origin} to {host}"
+            );
+        }
+        // A rebound name is refused for its name before its origin is looked at.
+        assert_eq!(
+            refused(
+                &default,
+                Method::POST,
+                &[
+                    ("origin", "http://evil.example:8080"),
+                    ("host", "evil.example:8080")
+                ]
+            ),
+            Some(421)
+        );
         let allowed = policy(&[], &["https://console.example.com/"]);
         assert_eq!(
             refused(

@@ -6,6 +6,7 @@ pub(crate) mod auth;
 pub(crate) mod browsers;
 pub(crate) mod conditional;
 pub(crate) mod connections;
+pub(crate) mod console;
 pub(crate) mod downloads;
 pub(crate) mod edge;
 pub(crate) mod error;

@@ -45,6 +45,76 @@ where
         .routes(routes!(build_log))
         .routes(routes!(list_versions))
         .routes(routes!(activate_version))
+        .routes(routes!(version_files))
+}
+
+/// The source files a version was built from: the tree of `GET …/files` as it was when the
+/// build was started (the snapshot the build froze), so two versions' files can be compared.
+#[utoipa::path(
+    get,
+    path = "/v1/environments/{id}/versions/{version}/files",
+    tag = "builds",
+    params(
+        ("id" = String, Path, description = "The environment's id"),
+        ("version" = u32, Path, description = "The version"),
+        crate::rest::files::TreeQuery
+    ),
+    responses(
+        (status = 200, description = "One page of the version's source files and directories, sorted by path", body = crate::rest::files::FileTree),
+        (status = 400, description = "environment_invalid: a limit outside 1–1000, or an `after` this list did not hand out", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "environment_not_found: no such environment or version", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn version_files(
+    State(state): State<Services>,
+    caller: Caller,
+    path: Result<Path<VersionPath>, axum::extract::rejection::PathRejection>,
+    query: Result<Query<crate::rest::files::TreeQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<crate::rest::files::FileTree>, ApiError> {
+    let (id, version) = version_path(path)?;
+    let Query(query) =
+        query.map_err(|error| PlinthError::invalid(format!("query: {}", error.body_text())))?;
+    let page = Page::new(query.limit, query.after)?;
+    let build = state
+        .catalog()
+        .get_build(pb::GetBuildRequest {
+            scope: caller.scope,
+            id: id.clone(),
+            version,
+        })
+        .await?
+        .into_inner();
+    if build.source_tree.is_empty() {
+        return Err(PlinthError::new(
+            plinth_kit::ErrorCode::EnvironmentNotFound,
+            format!("version {version} has no source snapshot"),
+        )
+        .into());
+    }
+    let tree = state
+        .source()
+        .list_tree(source::ListTreeRequest {
+            environment_id: id,
+            limit: page.limit,
+            after: page.after,
+            links: query.links.unwrap_or(false),
+            tree: build.source_tree,
+        })
+        .await?
+        .into_inner();
+    Ok(Json(crate::rest::files::FileTree {
+        object: "list",
+        data: tree
+            .entries
+            .into_iter()
+            .map(crate::rest::files::FileEntry::try_from)
+            .collect::<Result<_, _>>()?,
+        has_more: tree.has_more,
+        next: tree.has_more.then_some(tree.next),
+    }))
 }
 
 /// A build's record.

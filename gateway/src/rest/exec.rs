@@ -33,7 +33,9 @@ where
     Runtime: FromRef<S>,
     Arc<Tokens>: FromRef<S>,
 {
-    OpenApiRouter::new().routes(routes!(exec, crate::rest::terminal::open_terminal))
+    OpenApiRouter::new()
+        .routes(routes!(exec, crate::rest::terminal::open_terminal))
+        .routes(routes!(crate::rest::terminal::issue_ticket))
 }
 
 /// `POST /v1/sessions/{id}/exec`.
@@ -190,6 +192,13 @@ async fn exec(
     if terminal.pty.unwrap_or(false) {
         if key.is_some() {
             return Err(crate::rest::idempotency::refused_for("a terminal"));
+        }
+        if terminal.ticket.is_some() {
+            return Err(PlinthError::invalid(
+                "query: a terminal ticket is for the GET form of a terminal (what a web page \
+                 opens); a POST authenticates with its Authorization header",
+            )
+            .into());
         }
         return crate::rest::terminal::open(state, caller, id, terminal, request).await;
     }

@@ -387,6 +387,7 @@ async fn list_files(
             limit: page.limit,
             after: page.after,
             links: query.links.unwrap_or(false),
+            tree: String::new(),
         })
         .await?
         .into_inner();

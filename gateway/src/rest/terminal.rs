@@ -7,8 +7,15 @@
 //! answered with `Sec-WebSocket-Accept`, and the connection hyper hands over after it is
 //! framed by tungstenite. Everything that can be refused (the token's scope, the session,
 //! a bad `cwd`) is refused before the `101`, as an ordinary JSON error. A handshake that
-//! carries an `Origin` (every browser's does) not in `gateway.allowed_origins` never reaches
-//! here: it is `403 origin_not_allowed` (`browsers.rs`), so no web page opens a terminal.
+//! carries an `Origin` (every browser's does) other than the server's own or one in
+//! `gateway.allowed_origins` never reaches here: it is `403 origin_not_allowed`
+//! (`browsers.rs`), so no other site's page opens a terminal.
+//!
+//! A browser cannot send an `Authorization` header on a WebSocket, so a page (the console)
+//! first asks for a **ticket** with its bearer token (`POST
+//! /v1/sessions/{id}/terminal-tickets`) and names it in the WebSocket's URL (`ticket=`): a
+//! ticket opens one terminal, of the session it was issued for, from the origin that asked
+//! for it, within a few seconds, once. Tokens themselves are never taken from a URL.
 //!
 //! Frames: binary carries the terminal's bytes both ways; text carries JSON controls, from
 //! the client `{"type":"resize","cols":N,"rows":N}` and `{"type":"close_stdin"}`, from the
@@ -19,7 +26,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::Response;
+use axum::response::{IntoResponse as _, Response};
 use futures::{SinkExt as _, StreamExt as _};
 use plinth_kit::PlinthError;
 use plinth_proto::catalog::v1 as pb;
@@ -67,6 +74,13 @@ pub struct TerminalQuery {
     #[serde(default)]
     #[param(minimum = 1, maximum = 1000)]
     pub rows: Option<u32>,
+    /// With pty=true, on the `GET` form: a terminal ticket (`POST
+    /// /v1/sessions/{id}/terminal-tickets`), which authenticates the request instead of an
+    /// Authorization header; it opens one terminal of that session, from the origin that
+    /// asked for it, once, within its lifetime.
+    #[serde(default)]
+    #[param(pattern = "^[0-9a-f]{64}$")]
+    pub ticket: Option<String>,
 }
 
 impl TerminalQuery {
@@ -78,6 +92,7 @@ impl TerminalQuery {
             ("cwd", self.cwd.is_some()),
             ("cols", self.cols.is_some()),
             ("rows", self.rows.is_some()),
+            ("ticket", self.ticket.is_some()),
         ];
         match given.iter().find(|(_, given)| *given) {
             Some((name, _)) => Err(PlinthError::invalid(format!(
@@ -142,12 +157,13 @@ enum Control {
 )]
 pub(crate) async fn open_terminal(
     State(state): State<Runtime>,
-    caller: Caller,
+    caller: Result<Caller, ApiError>,
     Path(id): Path<String>,
     query: Result<Query<TerminalQuery>, axum::extract::rejection::QueryRejection>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query.map_err(|error| PlinthError::invalid(format!("query: {error}")))?;
+    let Query(mut query) =
+        query.map_err(|error| PlinthError::invalid(format!("query: {error}")))?;
     if !query.pty.unwrap_or(false) {
         return Err(PlinthError::invalid(
             "GET of exec opens a terminal: add pty=true and a WebSocket upgrade (a command \
@@ -155,7 +171,137 @@ pub(crate) async fn open_terminal(
         )
         .into());
     }
+    let caller = match query.ticket.take() {
+        Some(ticket) => {
+            // Checked before the ticket is spent: a request that is no WebSocket upgrade
+            // leaves it for the one that is.
+            websocket_key(&request)?;
+            redeem(&state, &ticket, &id, request.headers()).await?
+        }
+        None => caller?,
+    };
     open(state, caller, id, query, request).await
+}
+
+/// How long a terminal ticket is valid.
+const TICKET_TTL: Duration = Duration::from_secs(10);
+
+/// An `Origin` header as tickets compare it: lower case, no final `/`; `""` when absent.
+fn request_origin(headers: &HeaderMap) -> String {
+    headers
+        .get(header::ORIGIN)
+        .map(|origin| {
+            String::from_utf8_lossy(origin.as_bytes())
+                .trim()
+                .trim_end_matches('/')
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default()
+}
+
+/// The caller a ticket stands for, once it is spent: refused when it is unknown, used or
+/// expired, or was issued for another session or from another origin.
+async fn redeem(
+    state: &Runtime,
+    ticket: &str,
+    session: &str,
+    headers: &HeaderMap,
+) -> Result<Caller, ApiError> {
+    let refused = |why: &str| {
+        ApiError::from(PlinthError::new(
+            plinth_kit::ErrorCode::Unauthenticated,
+            format!(
+                "the terminal ticket {why}: ask for a new one (POST \
+                 /v1/sessions/{session}/terminal-tickets) just before opening the terminal; \
+                 a ticket opens one terminal of its session, from the page that asked for it, \
+                 within {} seconds",
+                TICKET_TTL.as_secs()
+            ),
+        ))
+    };
+    let held = match state
+        .services
+        .request_keys()
+        .redeem_terminal_ticket(pb::RedeemTerminalTicketRequest {
+            ticket: ticket.to_owned(),
+        })
+        .await
+    {
+        Ok(held) => held.into_inner(),
+        Err(status) if status.code() == tonic::Code::NotFound => {
+            return Err(refused("is unknown, used or expired"));
+        }
+        Err(status) => return Err(status.into()),
+    };
+    if held.session_id != session {
+        return Err(refused("is for another session"));
+    }
+    if held.origin != request_origin(headers) {
+        return Err(refused("was issued to another origin"));
+    }
+    Ok(Caller { scope: held.scope })
+}
+
+/// `POST /v1/sessions/{id}/terminal-tickets`: a ticket for a web page's terminal.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct TerminalTicketBody {
+    /// Goes in the terminal's URL as `ticket=` (`GET
+    /// /v1/sessions/{id}/exec?pty=true&ticket=…`); opens one terminal, once.
+    pub ticket: String,
+    /// The session it opens.
+    pub session: String,
+    /// When it expires, ms since the epoch.
+    pub expires_at: i64,
+}
+
+/// Get a terminal ticket.
+///
+/// A web page cannot send an `Authorization` header on a WebSocket: it asks for a ticket here
+/// with its bearer token, then opens `GET /v1/sessions/{id}/exec?pty=true&ticket=…`. The
+/// ticket opens one terminal of this session, from the origin that asked (the request's
+/// `Origin`; a ticket asked for without one opens only a terminal asked for without one),
+/// within 10 seconds, once.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/terminal-tickets",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 201, description = "The ticket", body = TerminalTicketBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 404, description = "not_found: no such session, or it ended", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn issue_ticket(
+    State(state): State<Runtime>,
+    caller: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let session = active_session(&state, &caller.scope, &id).await?;
+    let issued = state
+        .services
+        .request_keys()
+        .issue_terminal_ticket(pb::IssueTerminalTicketRequest {
+            scope: caller.scope,
+            session_id: session.id.clone(),
+            origin: request_origin(&headers),
+            ttl_ms: TICKET_TTL.as_millis() as i64,
+        })
+        .await?
+        .into_inner();
+    let body = TerminalTicketBody {
+        ticket: issued.ticket,
+        session: session.id.clone(),
+        expires_at: issued.expires_at_ms,
+    };
+    Ok((
+        StatusCode::CREATED,
+        [(header::CACHE_CONTROL, "no-store")],
+        axum::Json(body),
+    )
+        .into_response())
 }
 
 /// The client's `Sec-WebSocket-Key` once the request is checked to be a WebSocket upgrade

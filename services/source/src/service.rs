@@ -407,6 +407,28 @@ fn pushed_origin(origin: pb::Origin) -> Result<Origin, PlinthError> {
 }
 
 impl Source {
+    /// The entries of a snapshot (`tree`: a build's source tree), read from the blob store
+    /// (verified against its digest).
+    async fn snapshot_entries(&self, tree: &str) -> Result<Vec<IndexEntry>, PlinthError> {
+        let digest: plinth_blobs::Digest = tree
+            .parse()
+            .map_err(|_| PlinthError::invalid(format!("tree: {tree:?} is not a sha256 digest")))?;
+        let bytes = self
+            .blobs
+            .get(&digest)
+            .await
+            .map_err(|error| error.to_plinth())?
+            .into_bytes()
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        tree::decode(&bytes).map_err(|error| {
+            PlinthError::new(
+                ErrorCode::Internal,
+                format!("the snapshot {tree} is not a source tree: {error}"),
+            )
+        })
+    }
+
     /// The file or directory `path` names. UHP §3 refuses a path naming anything else, so a
     /// link is never followed here: a path that is a link, or goes through one, is
     /// `environment_invalid` (builds and sessions keep the link and see what it points at).
@@ -494,11 +516,14 @@ impl pb::source_service_server::SourceService for Source {
     ) -> Result<Response<pb::ListTreeResponse>, Status> {
         let request = request.into_inner();
         let page = TreePage::new(request.limit, &request.after)?;
-        let mut entries = self
-            .index
-            .list(&request.environment_id)
-            .await
-            .map_err(index_error)?;
+        let mut entries = if request.tree.is_empty() {
+            self.index
+                .list(&request.environment_id)
+                .await
+                .map_err(index_error)?
+        } else {
+            self.snapshot_entries(&request.tree).await?
+        };
         if !request.links {
             entries.retain(|entry| entry.kind != Kind::Symlink);
         }

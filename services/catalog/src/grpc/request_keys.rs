@@ -7,7 +7,7 @@ use tonic::{Request, Response, Status};
 
 use crate::domain::model::Scope;
 use crate::grpc::adapters::{IDEMPOTENCY_RETENTION_MS, claim_response};
-use crate::persistence::{RequestKey, Store};
+use crate::persistence::{RequestKey, Store, TerminalTicket};
 
 /// The longest `Idempotency-Key`.
 pub const MAX_KEY_BYTES: usize = 255;
@@ -125,6 +125,102 @@ impl pb::request_key_service_server::RequestKeyService for RequestKeys {
             .map_err(|error| PlinthError::internal(&error))?;
         Ok(Response::new(pb::RenewIdempotencyKeyResponse { held }))
     }
+
+    #[tracing::instrument(name = "catalog.issue_terminal_ticket", skip_all)]
+    async fn issue_terminal_ticket(
+        &self,
+        request: Request<pb::IssueTerminalTicketRequest>,
+    ) -> Result<Response<pb::IssueTerminalTicketResponse>, Status> {
+        let request = request.into_inner();
+        let scope = Scope::parse(&request.scope)?;
+        if request.session_id.is_empty() || request.session_id.len() > 128 {
+            return Err(PlinthError::invalid("session_id: 1 to 128 bytes").into());
+        }
+        if request.origin.len() > MAX_ORIGIN_BYTES {
+            return Err(
+                PlinthError::invalid(format!("origin: at most {MAX_ORIGIN_BYTES} bytes")).into(),
+            );
+        }
+        if !(1..=MAX_TICKET_TTL_MS).contains(&request.ttl_ms) {
+            return Err(PlinthError::invalid(format!("ttl_ms: 1 to {MAX_TICKET_TTL_MS}")).into());
+        }
+        let ticket = format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let expires_at_ms = plinth_kit::database::now_ms().saturating_add(request.ttl_ms);
+        self.store
+            .issue_terminal_ticket(
+                &ticket_digest(&ticket),
+                &TerminalTicket {
+                    scope: scope.as_str().to_owned(),
+                    session_id: request.session_id,
+                    origin: request.origin,
+                    expires_at_ms,
+                },
+            )
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        Ok(Response::new(pb::IssueTerminalTicketResponse {
+            ticket,
+            expires_at_ms,
+        }))
+    }
+
+    #[tracing::instrument(name = "catalog.redeem_terminal_ticket", skip_all)]
+    async fn redeem_terminal_ticket(
+        &self,
+        request: Request<pb::RedeemTerminalTicketRequest>,
+    ) -> Result<Response<pb::RedeemTerminalTicketResponse>, Status> {
+        let ticket = request.into_inner().ticket;
+        let unknown = || {
+            Status::from(PlinthError::new(
+                plinth_kit::ErrorCode::NotFound,
+                "no such terminal ticket: it was never issued, was used, or has expired",
+            ))
+        };
+        if !valid_ticket(&ticket) {
+            return Err(unknown());
+        }
+        let redeemed = self
+            .store
+            .redeem_terminal_ticket(&ticket_digest(&ticket))
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        match redeemed {
+            Some(held) if held.expires_at_ms > plinth_kit::database::now_ms() => {
+                Ok(Response::new(pb::RedeemTerminalTicketResponse {
+                    scope: held.scope,
+                    session_id: held.session_id,
+                    origin: held.origin,
+                }))
+            }
+            _ => Err(unknown()),
+        }
+    }
+}
+
+/// The longest a terminal ticket lives.
+const MAX_TICKET_TTL_MS: i64 = 60_000;
+/// The longest origin a ticket is bound to.
+const MAX_ORIGIN_BYTES: usize = 512;
+
+/// A ticket as issued: 64 lowercase hex digits (256 random bits).
+fn valid_ticket(ticket: &str) -> bool {
+    ticket.len() == 64
+        && ticket
+            .bytes()
+            .all(|byte| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte))
+}
+
+/// The stored form of a ticket.
+fn ticket_digest(ticket: &str) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(ticket.as_bytes())
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ mod quotas;
 mod request_keys;
 mod retention;
 mod sessions;
+mod tickets;
 mod warm;
 
 pub use adapters::{AdapterCredentials, Claimed, NewTurn, OpenedRun, SignedCall, SignedCallSeen};
@@ -32,6 +33,7 @@ pub use retention::{RetentionPolicy, Retired};
 pub use sessions::{NewSession, NewTask};
 use sqlx::Row;
 use sqlx::any::AnyRow;
+pub use tickets::TerminalTicket;
 
 use crate::domain::model::{
     Cursor, Environment, EnvironmentChanges, EnvironmentId, InstallSettings, NewEnvironment, Page,
@@ -84,6 +86,7 @@ migration_lists! {
     23, "activation_epoch", split "0023_activation_epoch.sql";
     24, "install_settings", common "0024_install_settings.sql";
     25, "warm_versions_and_read_orders", common "0025_warm_versions_and_read_orders.sql";
+    26, "terminal_tickets", common "0026_terminal_tickets.sql";
 }
 
 fn migrations(backend: Backend) -> &'static [MigrationFile] {
