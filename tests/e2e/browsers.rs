@@ -93,7 +93,7 @@ print(json.dumps(results))
 
 /// Whether Chromium and Playwright for Python are here. Under CI their absence is a failure
 /// (`.ci/run` installs both); elsewhere the test says so and is skipped.
-fn have_browser() -> bool {
+pub(crate) fn have_browser() -> bool {
     let driver = Command::new("python3")
         .args(["-c", "import playwright.sync_api"])
         .stdout(Stdio::null())

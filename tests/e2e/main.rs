@@ -17,6 +17,7 @@ mod cli;
 mod cli_manners;
 mod clients;
 mod cluster;
+mod console;
 mod crashes;
 mod credentials;
 mod data_dir;

@@ -9,7 +9,7 @@ A screenshot of each page goes into --screenshots. It needs a running server (it
 none) and the Python `playwright` package with a Chromium (by default /usr/bin/chromium;
 Playwright's own browsers are not needed).
 
-    python3 .ci/console_test.py --base-url http://127.0.0.1:8080 --token tok-acme --screenshots /tmp/shots
+    python3 tests/e2e/console.py --base-url http://127.0.0.1:8080 --token tok-acme --screenshots /tmp/shots
 
 With --token '' (the default) it signs in without a token, for a server with tokens off.
 """
