@@ -32,7 +32,7 @@ PYPROJECT = """[project]
 name = "console-check"
 version = "0.1.0"
 requires-python = ">=3.8"
-dependencies = ["six"]
+dependencies = ["six==1.16.0"]
 """
 
 MAIN_PY = """import six
@@ -250,6 +250,15 @@ def main() -> int:
         page.get_by_role("button", name="Save", exact=True).click()
         expect(page.get_by_text("Saved (")).to_be_visible()
         shot("edit-saved")
+        # And the project's dependency, upgraded, in the same editor.
+        tab("Files")
+        page.get_by_role("link", name="pyproject.toml").click()
+        heading("pyproject.toml")
+        editor = page.get_by_label("Contents")
+        expect(editor).to_have_value(PYPROJECT)
+        editor.fill(PYPROJECT.replace("six==1.16.0", "six==1.17.0"))
+        page.get_by_role("button", name="Save", exact=True).click()
+        expect(page.get_by_text("Saved (")).to_be_visible()
 
         # 6. Build version 2.
         build(2)
@@ -269,9 +278,13 @@ def main() -> int:
                 raise AssertionError(message)
             print(f"note: {message}", flush=True)
         else:
-            row = files.locator("tr").filter(has_text="main.py")
-            expect(row).to_contain_text("changed")
-        expect(page.locator("#diff-packages")).to_contain_text("Same packages")
+            for changed in ["main.py", "pyproject.toml"]:
+                row = files.locator("tr").filter(has_text=changed)
+                expect(row).to_contain_text("changed")
+        upgraded = page.locator("#diff-packages tr").filter(has_text="six")
+        expect(upgraded).to_contain_text("upgraded")
+        expect(upgraded).to_contain_text("1.16.0")
+        expect(upgraded).to_contain_text("1.17.0")
         shot("diff-1-2")
 
         # 8. Activate version 1 (roll back).
@@ -323,10 +336,22 @@ def main() -> int:
         fits_width()
         shot("terminal-phone-width", full_page=False)
         page.set_viewport_size({"width": 1280, "height": 900})
+        # Ctrl-C reaches the command on the terminal: a long sleep is interrupted, and the
+        # shell's next command runs.
         page.locator("#terminal").click()
-        page.keyboard.type("exit")
+        page.keyboard.type("sleep 300")
         page.keyboard.press("Enter")
-        expect(page.locator("#terminal-exit")).to_contain_text("exited with status 0", timeout=30_000)
+        time.sleep(0.5)
+        page.keyboard.press("Control+C")
+        page.keyboard.type("echo after-$((40+2))")
+        page.keyboard.press("Enter")
+        page.wait_for_function(
+            "() => /^after-42\\s*$/m.test(document.querySelector('#terminal .xterm-rows').innerText)",
+            timeout=30_000,
+        )
+        page.keyboard.type("exit 3")
+        page.keyboard.press("Enter")
+        expect(page.locator("#terminal-exit")).to_contain_text("exited with status 3", timeout=30_000)
         shot("terminal-exited", full_page=False)
 
         # 10. End the session.
