@@ -15,7 +15,6 @@
 //!    at once, and the service's memory per session.
 
 use std::ffi::CString;
-use std::io::Write as _;
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;

@@ -1,6 +1,7 @@
 //! What the session benches share (`sessions` and `sessions_cold`): the version tree they
 //! generate, and percentiles.
 
+use std::io::Write as _;
 use std::path::Path;
 
 pub(crate) fn percentile(values: &[f64], fraction: f64) -> f64 {

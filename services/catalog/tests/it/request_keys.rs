@@ -6,7 +6,7 @@
 //! free again.
 
 use plinth_catalog::Store;
-use plinth_catalog::persistence::{Claimed, RequestKey, RetentionPolicy};
+use plinth_catalog::persistence::{Claimed, RequestKey, RetentionPolicy, TerminalTicket};
 
 use crate::scope;
 
@@ -14,6 +14,7 @@ backend_suite!(
     a_key_is_its_scopes_for_one_route_and_answers_its_first_request,
     a_released_key_runs_again_and_an_abandoned_one_is_unknown_for_good,
     an_answer_past_its_time_is_forgotten_and_the_key_is_free_again,
+    a_terminal_ticket_is_redeemed_once_and_what_it_was_issued_for_comes_back,
 );
 
 const DAY_MS: i64 = 24 * 60 * 60 * 1000;
@@ -195,4 +196,60 @@ async fn an_answer_past_its_time_is_forgotten_and_the_key_is_free_again(store: S
             .expect("retry"),
         Claimed::Done { status: 201, .. }
     ));
+}
+
+async fn a_terminal_ticket_is_redeemed_once_and_what_it_was_issued_for_comes_back(store: Store) {
+    let now = plinth_kit::database::now_ms();
+    let issued = TerminalTicket {
+        scope: "acme".to_owned(),
+        session_id: "sess_1".to_owned(),
+        origin: "http://127.0.0.1:8080".to_owned(),
+        expires_at_ms: now + 10_000,
+    };
+    store
+        .issue_terminal_ticket(&digest('a'), &issued)
+        .await
+        .expect("issued");
+    // An expired one, a minute and more ago: the next issue takes it away.
+    let stale = TerminalTicket {
+        expires_at_ms: now - 120_000,
+        ..issued.clone()
+    };
+    store
+        .issue_terminal_ticket(&digest('b'), &stale)
+        .await
+        .expect("issued");
+    assert_eq!(
+        store.redeem_terminal_ticket(&digest('c')).await.expect("asked"),
+        None,
+        "never issued"
+    );
+    store
+        .issue_terminal_ticket(&digest('d'), &issued)
+        .await
+        .expect("issued");
+    assert_eq!(
+        store.redeem_terminal_ticket(&digest('b')).await.expect("asked"),
+        None,
+        "swept when the next was issued"
+    );
+    assert_eq!(
+        store.redeem_terminal_ticket(&digest('a')).await.expect("redeemed"),
+        Some(issued.clone())
+    );
+    assert_eq!(
+        store.redeem_terminal_ticket(&digest('a')).await.expect("asked"),
+        None,
+        "once"
+    );
+    // Two redemptions at once: one finds it.
+    let (first, second) = tokio::join!(
+        store.redeem_terminal_ticket(&digest('d')),
+        store.redeem_terminal_ticket(&digest('d'))
+    );
+    let found = [first.expect("asked"), second.expect("asked")]
+        .into_iter()
+        .flatten()
+        .count();
+    assert_eq!(found, 1);
 }
