@@ -936,7 +936,10 @@ impl VersionCache {
         drop(present);
         let mut pending = self.lock_pending();
         for (name, _, file) in &files {
-            if pending.get(name).is_some_and(|held| Arc::ptr_eq(held, file)) {
+            if pending
+                .get(name)
+                .is_some_and(|held| Arc::ptr_eq(held, file))
+            {
                 pending.remove(name);
             }
         }
@@ -1858,7 +1861,11 @@ mod tests {
         let named = std::fs::read_to_string(&target).expect("named blob");
         assert_eq!(named, "alpha");
         assert_eq!(
-            std::fs::metadata(&target).expect("stat").permissions().mode() & 0o777,
+            std::fs::metadata(&target)
+                .expect("stat")
+                .permissions()
+                .mode()
+                & 0o777,
             0o444
         );
 
@@ -1894,7 +1901,10 @@ mod tests {
         drop(cache);
         let store = BlobStore::open("memory://", dir.path().join("spool2")).expect("store");
         let reopened = VersionCache::open(&dir.path().join("cache"), store, 0).expect("reopen");
-        assert!(reopened.lock_present().is_empty(), "no name without its bytes on disk");
+        assert!(
+            reopened.lock_present().is_empty(),
+            "no name without its bytes on disk"
+        );
         assert_eq!(
             std::fs::read_dir(dir.path().join("cache/blobs"))
                 .expect("blobs")

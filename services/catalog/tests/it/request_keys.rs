@@ -220,7 +220,10 @@ async fn a_terminal_ticket_is_redeemed_once_and_what_it_was_issued_for_comes_bac
         .await
         .expect("issued");
     assert_eq!(
-        store.redeem_terminal_ticket(&digest('c')).await.expect("asked"),
+        store
+            .redeem_terminal_ticket(&digest('c'))
+            .await
+            .expect("asked"),
         None,
         "never issued"
     );
@@ -229,23 +232,33 @@ async fn a_terminal_ticket_is_redeemed_once_and_what_it_was_issued_for_comes_bac
         .await
         .expect("issued");
     assert_eq!(
-        store.redeem_terminal_ticket(&digest('b')).await.expect("asked"),
+        store
+            .redeem_terminal_ticket(&digest('b'))
+            .await
+            .expect("asked"),
         None,
         "swept when the next was issued"
     );
     assert_eq!(
-        store.redeem_terminal_ticket(&digest('a')).await.expect("redeemed"),
+        store
+            .redeem_terminal_ticket(&digest('a'))
+            .await
+            .expect("redeemed"),
         Some(issued.clone())
     );
     assert_eq!(
-        store.redeem_terminal_ticket(&digest('a')).await.expect("asked"),
+        store
+            .redeem_terminal_ticket(&digest('a'))
+            .await
+            .expect("asked"),
         None,
         "once"
     );
     // Two redemptions at once: one finds it.
+    let ticket = digest('d');
     let (first, second) = tokio::join!(
-        store.redeem_terminal_ticket(&digest('d')),
-        store.redeem_terminal_ticket(&digest('d'))
+        store.redeem_terminal_ticket(&ticket),
+        store.redeem_terminal_ticket(&ticket)
     );
     let found = [first.expect("asked"), second.expect("asked")]
         .into_iter()
