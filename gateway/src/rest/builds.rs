@@ -105,16 +105,7 @@ async fn version_files(
         })
         .await?
         .into_inner();
-    Ok(Json(crate::rest::files::FileTree {
-        object: "list",
-        data: tree
-            .entries
-            .into_iter()
-            .map(crate::rest::files::FileEntry::try_from)
-            .collect::<Result<_, _>>()?,
-        has_more: tree.has_more,
-        next: tree.has_more.then_some(tree.next),
-    }))
+    Ok(Json(crate::rest::files::FileTree::from_page(tree)?))
 }
 
 /// A build's record.

@@ -391,16 +391,23 @@ async fn list_files(
         })
         .await?
         .into_inner();
-    Ok(Json(FileTree {
-        object: "list",
-        data: tree
-            .entries
-            .into_iter()
-            .map(FileEntry::try_from)
-            .collect::<Result<_, _>>()?,
-        has_more: tree.has_more,
-        next: tree.has_more.then_some(tree.next),
-    }))
+    Ok(Json(FileTree::from_page(tree)?))
+}
+
+impl FileTree {
+    /// One page of a tree as the source service listed it.
+    pub(crate) fn from_page(tree: pb::ListTreeResponse) -> Result<Self, ApiError> {
+        Ok(FileTree {
+            object: "list",
+            data: tree
+                .entries
+                .into_iter()
+                .map(FileEntry::try_from)
+                .collect::<Result<_, _>>()?,
+            has_more: tree.has_more,
+            next: tree.has_more.then_some(tree.next),
+        })
+    }
 }
 
 /// The `{id}` and `{path}` of a file route.

@@ -407,20 +407,24 @@ fn pushed_origin(origin: pb::Origin) -> Result<Origin, PlinthError> {
 }
 
 impl Source {
+    /// A blob's bytes, read whole (a tree), verified against its digest.
+    async fn blob_bytes(&self, digest: &plinth_blobs::Digest) -> Result<Bytes, PlinthError> {
+        self.blobs
+            .get(digest)
+            .await
+            .map_err(|error| error.to_plinth())?
+            .into_bytes()
+            .await
+            .map_err(|error| PlinthError::internal(&error))
+    }
+
     /// The entries of a snapshot (`tree`: a build's source tree), read from the blob store
     /// (verified against its digest).
     async fn snapshot_entries(&self, tree: &str) -> Result<Vec<IndexEntry>, PlinthError> {
         let digest: plinth_blobs::Digest = tree
             .parse()
             .map_err(|_| PlinthError::invalid(format!("tree: {tree:?} is not a sha256 digest")))?;
-        let bytes = self
-            .blobs
-            .get(&digest)
-            .await
-            .map_err(|error| error.to_plinth())?
-            .into_bytes()
-            .await
-            .map_err(|error| PlinthError::internal(&error))?;
+        let bytes = self.blob_bytes(&digest).await?;
         tree::decode(&bytes).map_err(|error| {
             PlinthError::new(
                 ErrorCode::Internal,
@@ -918,14 +922,7 @@ impl pb::source_service_server::SourceService for Source {
         })?;
         // The tree is read from the blob store (verified) once per record; its file blobs,
         // each once, are what the layer holds.
-        let bytes = self
-            .blobs
-            .get(&digest)
-            .await
-            .map_err(|error| error.to_plinth())?
-            .into_bytes()
-            .await
-            .map_err(|error| PlinthError::internal(&error))?;
+        let bytes = self.blob_bytes(&digest).await?;
         let tree = plinth_blobs::tree::Tree::decode(&bytes).map_err(|error| {
             PlinthError::invalid(format!("layer_tree {}: {error}", request.layer_tree))
         })?;
