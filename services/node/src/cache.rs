@@ -645,7 +645,7 @@ impl VersionCache {
         // Written unsynced many at a time, then made durable and named a batch at a time: one
         // sync of the file system instead of one per blob.
         for batch in missing.chunks(SETTLE_BATCH) {
-            futures::stream::iter(batch.to_vec().into_iter().map(|(digest, executable)| {
+            futures::stream::iter(batch.iter().copied().map(|(digest, executable)| {
                 self.fetch_once(digest, executable, &self.background, true)
             }))
             .buffer_unordered(PARALLEL_FETCHES)
