@@ -24,7 +24,7 @@ ORIGIN = ("commit", "ref", "describe", "dirty", "commits")
 
 
 # The terminal's parameters go with pty=true only.
-TERMINAL = ("command", "cwd", "cols", "rows")
+TERMINAL = ("command", "cwd", "cols", "rows", "ticket")
 
 
 def _true(value):

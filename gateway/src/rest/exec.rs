@@ -176,7 +176,7 @@ fn marker(dropped: u64) -> String {
 )]
 async fn exec(
     State(state): State<Runtime>,
-    caller: Caller,
+    caller: Result<Caller, ApiError>,
     Path(id): Path<String>,
     query: Result<Query<ExecQuery>, axum::extract::rejection::QueryRejection>,
     terminal: Result<
@@ -185,6 +185,9 @@ async fn exec(
     >,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
+    // Who calls is settled first (401 before anything else), unless a terminal ticket says.
+    let ticketed = matches!(&terminal, Ok(Query(terminal)) if terminal.ticket.is_some());
+    let caller = if ticketed { caller } else { Ok(caller?) };
     let Query(query) = query.map_err(|error| PlinthError::invalid(format!("query: {error}")))?;
     let Query(terminal) =
         terminal.map_err(|error| PlinthError::invalid(format!("query: {error}")))?;
@@ -193,16 +196,10 @@ async fn exec(
         if key.is_some() {
             return Err(crate::rest::idempotency::refused_for("a terminal"));
         }
-        if terminal.ticket.is_some() {
-            return Err(PlinthError::invalid(
-                "query: a terminal ticket is for the GET form of a terminal (what a web page \
-                 opens); a POST authenticates with its Authorization header",
-            )
-            .into());
-        }
-        return crate::rest::terminal::open(state, caller, id, terminal, request).await;
+        return crate::rest::terminal::open_with(state, caller, id, terminal, request).await;
     }
     terminal.refuse_without_pty()?;
+    let caller = caller?;
     // `Accept: application/x-ndjson` asks for the stream as `?stream=true` does (the gRPC
     // `Exec` asks this way).
     let streamed = query.stream.unwrap_or(false)

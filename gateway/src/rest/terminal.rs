@@ -74,10 +74,10 @@ pub struct TerminalQuery {
     #[serde(default)]
     #[param(minimum = 1, maximum = 1000)]
     pub rows: Option<u32>,
-    /// With pty=true, on the `GET` form: a terminal ticket (`POST
-    /// /v1/sessions/{id}/terminal-tickets`), which authenticates the request instead of an
-    /// Authorization header; it opens one terminal of that session, from the origin that
-    /// asked for it, once, within its lifetime.
+    /// With pty=true: a terminal ticket (`POST /v1/sessions/{id}/terminal-tickets`), which
+    /// authenticates the request instead of an Authorization header (a web page's WebSocket
+    /// cannot send one); it opens one terminal of that session, from the origin that asked
+    /// for it, once, within its lifetime.
     #[serde(default)]
     #[param(pattern = "^[0-9a-f]{64}$")]
     pub ticket: Option<String>,
@@ -162,8 +162,10 @@ pub(crate) async fn open_terminal(
     query: Result<Query<TerminalQuery>, axum::extract::rejection::QueryRejection>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let Query(mut query) =
-        query.map_err(|error| PlinthError::invalid(format!("query: {error}")))?;
+    // Who calls is settled first (401 before anything else), unless a ticket says.
+    let ticketed = matches!(&query, Ok(Query(query)) if query.ticket.is_some());
+    let caller = if ticketed { caller } else { Ok(caller?) };
+    let Query(query) = query.map_err(|error| PlinthError::invalid(format!("query: {error}")))?;
     if !query.pty.unwrap_or(false) {
         return Err(PlinthError::invalid(
             "GET of exec opens a terminal: add pty=true and a WebSocket upgrade (a command \
@@ -171,6 +173,18 @@ pub(crate) async fn open_terminal(
         )
         .into());
     }
+    open_with(state, caller, id, query, request).await
+}
+
+/// Opens a terminal for the request's caller: the one its Authorization header names, or,
+/// with `ticket=`, the one the ticket was issued to (the ticket is spent).
+pub(crate) async fn open_with(
+    state: Runtime,
+    caller: Result<Caller, ApiError>,
+    id: String,
+    mut query: TerminalQuery,
+    request: Request,
+) -> Result<Response, ApiError> {
     let caller = match query.ticket.take() {
         Some(ticket) => {
             // Checked before the ticket is spent: a request that is no WebSocket upgrade
