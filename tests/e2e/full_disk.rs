@@ -195,7 +195,8 @@ async fn a_full_data_directory_refuses_writes_with_507_and_recovers_once_space_i
         "{ran}"
     );
 
-    // Free space: delete files and collect their blobs. Writes then succeed without a
+    // Free space: delete files and collect their blobs. Deletes and collection have room:
+    // new content is refused while less than 8 MiB is free. Writes then succeed without a
     // restart, and the gauge goes back to 0.
     let freed = written.len().min(8);
     for &n in &written[..freed] {

@@ -163,6 +163,14 @@ fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
 pub fn watch(store: Store, dir: PathBuf) {
     static WATCHED: Mutex<Vec<Store>> = Mutex::new(Vec::new());
     {
+        let mut dirs = DIRS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !dirs.iter().any(|(known, _)| *known == store) {
+            dirs.push((store, dir.clone()));
+        }
+    }
+    {
         let mut watched = WATCHED
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -187,6 +195,31 @@ pub fn watch(store: Store, dir: PathBuf) {
             sweep_unwatched(store);
         }
     });
+}
+
+/// The directory of each watched store (the first given).
+static DIRS: Mutex<Vec<(Store, PathBuf)>> = Mutex::new(Vec::new());
+
+/// Refuses new content (`insufficient_storage`, the store marked full) while one of `stores`
+/// that is watched has less than [`ROOM_BYTES`] free on its file system: that room is kept
+/// for what frees space (deletes, collection) and for the small writes sessions and builds
+/// make, which a disk filled to its last block by new content would refuse too. The store
+/// reads as having room again at the same mark. Stores not watched (on a server of their
+/// own) are not looked at.
+pub fn keep_room(stores: &[Store]) -> Result<(), crate::PlinthError> {
+    let dirs: Vec<(Store, PathBuf)> = DIRS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .filter(|(store, _)| stores.contains(store))
+        .cloned()
+        .collect();
+    for (store, dir) in dirs {
+        if free_bytes(&dir).is_ok_and(|free| free < ROOM_BYTES) {
+            return Err(crate::PlinthError::storage_full(store));
+        }
+    }
+    Ok(())
 }
 
 /// Watches the directory of a SQLite database URL (`sqlite://path?…`); a database on a

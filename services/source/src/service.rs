@@ -406,6 +406,14 @@ fn pushed_origin(origin: pb::Origin) -> Result<Origin, PlinthError> {
     })
 }
 
+/// What a file write or an import fills: refused while one of them is short of room (see
+/// [`plinth_kit::storage::keep_room`]), so deletes and collection can still run.
+const NEW_CONTENT: &[plinth_kit::storage::Store] = &[
+    plinth_kit::storage::Store::Blobs,
+    plinth_kit::storage::Store::Database,
+    plinth_kit::storage::Store::Spool,
+];
+
 impl Source {
     /// A blob's bytes, read whole (a tree), verified against its digest.
     async fn blob_bytes(&self, digest: &plinth_blobs::Digest) -> Result<Bytes, PlinthError> {
@@ -626,6 +634,7 @@ impl pb::source_service_server::SourceService for Source {
         };
         let path = parse_path(&header.path)?;
         tracing::Span::current().record("environment", header.environment_id.as_str());
+        plinth_kit::storage::keep_room(NEW_CONTENT)?;
         self.bind(&header.environment_id, &header.scope).await?;
         let condition = header
             .precondition
@@ -730,6 +739,7 @@ impl pb::source_service_server::SourceService for Source {
             _ => return Err(PlinthError::invalid("an import starts with its header").into()),
         };
         tracing::Span::current().record("environment", header.environment_id.as_str());
+        plinth_kit::storage::keep_room(NEW_CONTENT)?;
         let pushed = match (&header.git, header.origin.clone()) {
             (Some(_), Some(_)) => {
                 return Err(PlinthError::invalid(

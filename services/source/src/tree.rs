@@ -24,14 +24,32 @@ pub fn encode(entries: &[IndexEntry]) -> Result<Vec<u8>, serde_json::Error> {
     Tree::new(entries).encode()
 }
 
+/// Why a snapshot's bytes are no source tree.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// Not a tree at all.
+    #[error("{0}")]
+    Tree(#[from] plinth_blobs::tree::TreeError),
+    /// A path no source holds.
+    #[error("{path:?}: {reason}")]
+    Path {
+        /// The path as stored.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
 /// The entries of a snapshot's tree (the bytes [`encode`] made), as the index holds them.
-pub fn decode(bytes: &[u8]) -> Result<Vec<IndexEntry>, String> {
-    let tree = Tree::decode(bytes).map_err(|error| error.to_string())?;
+pub fn decode(bytes: &[u8]) -> Result<Vec<IndexEntry>, DecodeError> {
+    let tree = Tree::decode(bytes)?;
     tree.entries
         .into_iter()
         .map(|entry| {
-            let path = SourcePath::parse(&entry.path)
-                .map_err(|error| format!("{:?}: {error}", entry.path))?;
+            let path = SourcePath::parse(&entry.path).map_err(|error| DecodeError::Path {
+                reason: error.to_string(),
+                path: entry.path.clone(),
+            })?;
             let kind = match entry.kind {
                 plinth_blobs::tree::TreeEntryKind::Dir => Kind::Directory,
                 plinth_blobs::tree::TreeEntryKind::File => Kind::File,
