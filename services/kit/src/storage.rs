@@ -201,7 +201,7 @@ pub fn watch(store: Store, dir: PathBuf) {
 static DIRS: Mutex<Vec<(Store, PathBuf)>> = Mutex::new(Vec::new());
 
 /// Refuses new content (`insufficient_storage`, the store marked full) while one of `stores`
-/// that is watched has less than [`ROOM_BYTES`] free on its file system: that room is kept
+/// that is watched has less than 8 MiB free on its file system: that room is kept
 /// for what frees space (deletes, collection) and for the small writes sessions and builds
 /// make, which a disk filled to its last block by new content would refuse too. The store
 /// reads as having room again at the same mark. Stores not watched (on a server of their
