@@ -396,7 +396,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         percentile(&pooled, 0.99)
     );
 
-    // 3. Many sessions at once.
+    // 3. Many sessions at once. Each asks for 64 MiB (`true` needs no more): the node admits
+    // sessions by the memory they may use, and 200 at the default 1 GiB would not fit here.
     let pid = service.pid();
     let before = resident_mib(pid);
     let begun = Instant::now();
@@ -404,7 +405,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         post(
             &client,
             format!("{}/v1/sessions", service.base),
-            serde_json::json!({"environment": environment}),
+            serde_json::json!({"environment": environment, "limits": {"memory_mb": 64}}),
         )
     }))
     .await;
