@@ -110,24 +110,14 @@ impl BrowserPolicy {
 
     /// Whether a request carrying `Origin: origin` may change state or open a terminal.
     fn origin_allowed(&self, origin: &str) -> bool {
-        let origin = origin.trim().trim_end_matches('/').to_ascii_lowercase();
-        self.origins.contains(&origin)
+        self.origins.contains(&normalized_origin(origin))
     }
 
     /// The refusal for a request, if any.
     fn refusal(&self, request: &Request) -> Option<(PlinthError, &'static str)> {
-        let own = request
-            .uri()
-            .authority()
-            .map(|authority| authority.as_str().to_owned())
-            .or_else(|| {
-                request
-                    .headers()
-                    .get(header::HOST)
-                    .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
-            });
         let headers = request.headers();
-        let hosts = request
+        // The names the request was sent to: the URI's authority, then every Host header.
+        let hosts: Vec<String> = request
             .uri()
             .authority()
             .map(|authority| authority.as_str().to_owned())
@@ -137,9 +127,10 @@ impl BrowserPolicy {
                     .get_all(header::HOST)
                     .iter()
                     .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned()),
-            );
-        for host in hosts {
-            if !self.host_allowed(&host) {
+            )
+            .collect();
+        for host in &hosts {
+            if !self.host_allowed(host) {
                 return Some((
                     PlinthError::new(
                         ErrorCode::HostNotAllowed,
@@ -161,9 +152,8 @@ impl BrowserPolicy {
         ) || is_upgrade(headers);
         if guarded && let Some(origin) = headers.get(header::ORIGIN) {
             let origin = String::from_utf8_lossy(origin.as_bytes());
-            let same = own
-                .as_deref()
-                .is_some_and(|host| same_origin(&origin, host));
+            // Every name passed the rule above; the first is the one the request was sent to.
+            let same = hosts.first().is_some_and(|host| same_origin(&origin, host));
             if !same && !self.origin_allowed(&origin) {
                 return Some((
                     PlinthError::new(
@@ -213,6 +203,11 @@ fn same_origin(origin: &str, host: &str) -> bool {
 /// Whether a request asks to switch protocols (a WebSocket: the terminal).
 fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE) || headers.contains_key(header::SEC_WEBSOCKET_KEY)
+}
+
+/// An `Origin` header as compared: trimmed, lower case, without a final `/`.
+pub(crate) fn normalized_origin(origin: &str) -> String {
+    origin.trim().trim_end_matches('/').to_ascii_lowercase()
 }
 
 /// A name as compared: lower case, without a final dot.

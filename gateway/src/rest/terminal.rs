@@ -205,10 +205,7 @@ fn request_origin(headers: &HeaderMap) -> String {
     headers
         .get(header::ORIGIN)
         .map(|origin| {
-            String::from_utf8_lossy(origin.as_bytes())
-                .trim()
-                .trim_end_matches('/')
-                .to_ascii_lowercase()
+            crate::http::browsers::normalized_origin(&String::from_utf8_lossy(origin.as_bytes()))
         })
         .unwrap_or_default()
 }
