@@ -1842,7 +1842,7 @@ mod tests {
             .expect("answered before it is on disk");
         let mut read = String::new();
         std::io::Read::read_to_string(
-            &mut crate::lazy::tests_reader(&file, 5).expect("a reader"),
+            &mut crate::lazy::reader(&file, 5).expect("a reader"),
             &mut read,
         )
         .expect("read");

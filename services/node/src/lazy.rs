@@ -596,14 +596,7 @@ impl Inner {
             Err(rustix::io::Errno::NOENT) => return Ok(None),
             Err(errno) => return Err(errno.into()),
         };
-        let metadata = file.metadata()?;
-        if !metadata.is_file() || metadata.len() != size {
-            return Err(std::io::Error::other(format!(
-                "the cached blob {digest} holds {} bytes, not {size}",
-                metadata.len()
-            )));
-        }
-        Ok(Some(file))
+        whole(file, size, format_args!("the cached blob {digest}")).map(Some)
     }
 }
 
@@ -665,7 +658,7 @@ impl Conn {
 
 /// A read-only handle of its own on a fetched blob's `file` (unnamed, or not): the session's
 /// reads never share the writer's handle.
-fn reader(file: &std::fs::File, size: u64) -> std::io::Result<std::fs::File> {
+pub(crate) fn reader(file: &std::fs::File, size: u64) -> std::io::Result<std::fs::File> {
     use std::os::fd::AsRawFd;
     let reader = rustix::fs::open(
         format!("/proc/self/fd/{}", file.as_raw_fd()).as_str(),
@@ -673,20 +666,23 @@ fn reader(file: &std::fs::File, size: u64) -> std::io::Result<std::fs::File> {
         rustix::fs::Mode::empty(),
     )
     .map(std::fs::File::from)?;
-    let metadata = reader.metadata()?;
+    whole(reader, size, format_args!("the fetched blob"))
+}
+
+/// `file` when it is a regular file of `size` bytes (`what` names it otherwise).
+fn whole(
+    file: std::fs::File,
+    size: u64,
+    what: std::fmt::Arguments<'_>,
+) -> std::io::Result<std::fs::File> {
+    let metadata = file.metadata()?;
     if !metadata.is_file() || metadata.len() != size {
         return Err(std::io::Error::other(format!(
-            "the fetched blob holds {} bytes, not {size}",
+            "{what} holds {} bytes, not {size}",
             metadata.len()
         )));
     }
-    Ok(reader)
-}
-
-/// [`reader`], for the cache's tests.
-#[cfg(test)]
-pub(crate) fn tests_reader(file: &std::fs::File, size: u64) -> std::io::Result<std::fs::File> {
-    reader(file, size)
+    Ok(file)
 }
 
 /// The file system the kernel calls.
