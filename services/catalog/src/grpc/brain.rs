@@ -228,6 +228,17 @@ impl TryFrom<pb::Binding> for Binding {
     }
 }
 
+/// A claim's (or a record's) outcome on the wire.
+fn outcome_of(claim: &Claim) -> pb::ClaimOutcome {
+    match claim {
+        Claim::Claimed(_) => pb::ClaimOutcome::Claimed,
+        Claim::Duplicate(_) => pb::ClaimOutcome::Duplicate,
+        Claim::InProgress(_) => pb::ClaimOutcome::InProgress,
+        Claim::SettledUnknown(_) => pb::ClaimOutcome::SettledUnknown,
+        Claim::SequenceReused(_) => pb::ClaimOutcome::SequenceReused,
+    }
+}
+
 #[tonic::async_trait]
 impl pb::brain_service_server::BrainService for Brain {
     #[tracing::instrument(name = "catalog.claim_operation", skip_all)]
@@ -256,21 +267,20 @@ impl pb::brain_service_server::BrainService for Brain {
             runner: request.runner,
             lease_ms: lease(request.lease_ms)?,
         };
-        let claim = self
+        let binding = BindingKey {
+            adapter_id: new.key.adapter_id.clone(),
+            session_id: new.key.session_id.clone(),
+            environment: new.environment.clone(),
+        };
+        let (claim, binding) = self
             .store
-            .claim_operation(&new, &request.unknown_receipt_json)
+            .claim_operation_of(&new, &request.unknown_receipt_json, Some(&binding))
             .await
             .map_err(|error| PlinthError::internal(&error))?;
-        let outcome = match &claim {
-            Claim::Claimed(_) => pb::ClaimOutcome::Claimed,
-            Claim::Duplicate(_) => pb::ClaimOutcome::Duplicate,
-            Claim::InProgress(_) => pb::ClaimOutcome::InProgress,
-            Claim::SettledUnknown(_) => pb::ClaimOutcome::SettledUnknown,
-            Claim::SequenceReused(_) => pb::ClaimOutcome::SequenceReused,
-        };
         Ok(Response::new(pb::ClaimOperationResponse {
             operation: Some(claim.operation().clone().into()),
-            outcome: outcome.into(),
+            outcome: outcome_of(&claim).into(),
+            binding: binding.map(Into::into),
         }))
     }
 
@@ -313,6 +323,54 @@ impl pb::brain_service_server::BrainService for Brain {
         Ok(Response::new(pb::FinishOperationResponse {
             recorded,
             operation: Some(operation.into()),
+        }))
+    }
+
+    #[tracing::instrument(name = "catalog.record_operation", skip_all)]
+    async fn record_operation(
+        &self,
+        request: Request<pb::RecordOperationRequest>,
+    ) -> Result<Response<pb::RecordOperationResponse>, Status> {
+        let request = request.into_inner();
+        let key = operation_key(request.key)?;
+        name("environment", &request.environment)?;
+        name("digest", &request.digest)?;
+        name("runner", &request.runner)?;
+        json_text("receipt_json", &request.receipt_json)?;
+        if request.unknown_receipt_json.is_empty() {
+            return Err(PlinthError::invalid(
+                "unknown_receipt_json: required, the receipt an abandoned operation is settled with",
+            )
+            .into());
+        }
+        json_text("unknown_receipt_json", &request.unknown_receipt_json)?;
+        let kind: OperationKind = closed("kind", request.kind)?;
+        let turns = request
+            .turns
+            .into_iter()
+            .map(crate::grpc::adapters::new_turn)
+            .collect::<Result<Vec<_>, _>>()?;
+        let new = NewOperation {
+            key,
+            environment: request.environment,
+            kind,
+            digest: request.digest,
+            runner: request.runner,
+            lease_ms: 0,
+        };
+        let claim = self
+            .store
+            .record_operation(
+                &new,
+                &request.receipt_json,
+                &turns,
+                &request.unknown_receipt_json,
+            )
+            .await
+            .map_err(|error| PlinthError::internal(&error))?;
+        Ok(Response::new(pb::RecordOperationResponse {
+            operation: Some(claim.operation().clone().into()),
+            outcome: outcome_of(&claim).into(),
         }))
     }
 

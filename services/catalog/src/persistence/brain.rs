@@ -6,10 +6,11 @@
 //! Plinth session is replaced only by compare-and-set on its row, and its state moves only
 //! as `crate::domain::brain::may_move` allows, checked by the UPDATE itself.
 
-use plinth_kit::database::now_ms;
+use plinth_kit::database::{Backend, now_ms};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use super::durability::Durable;
 use super::ledger::{self, Found, Table, Value};
 use super::sessions::NewTurn;
 use super::{Store, StoreError};
@@ -62,11 +63,132 @@ impl Store {
         new: &NewOperation,
         unknown: &str,
     ) -> Result<Claim, StoreError> {
+        Ok(self.claim_operation_of(new, unknown, None).await?.0)
+    }
+
+    /// [`Store::claim_operation`], and when it is claimed, the binding `binding` names as it
+    /// is in the claim's transaction (`None` when there is none), which the operation runs
+    /// on.
+    ///
+    /// A claim is on disk before it is answered (`Durable::BeforeAnswer`): nothing runs
+    /// before its claim would survive a loss of power, so nothing runs twice.
+    pub async fn claim_operation_of(
+        &self,
+        new: &NewOperation,
+        unknown: &str,
+        binding: Option<&BindingKey>,
+    ) -> Result<(Claim, Option<Binding>), StoreError> {
         let now = now_ms();
         let key = key_values(&new.key)?;
-        let mut tx = self.db.begin_write().await?;
-        let claimed = OPERATIONS
-            .claim(
+        let columns = [
+            "adapter_id",
+            "session_id",
+            "sequence",
+            "environment",
+            "kind",
+            "digest",
+            "runner",
+            "lease_until_ms",
+            "started_at_ms",
+        ];
+        let values = [
+            key[0],
+            key[1],
+            key[2],
+            Value::Text(&new.environment),
+            Value::Text(new.kind.label()),
+            Value::Text(&new.digest),
+            Value::Text(&new.runner),
+            Value::Int(now.saturating_add(new.lease_ms)),
+            Value::Int(now),
+        ];
+        // The first delivery (nearly every one): one statement, its own transaction, synced
+        // by its commit as every write that is not a ledger's relaxed one. The binding is
+        // read after it on the same connection, the one writer, so it is the binding as the
+        // claim left it; on SQLite both are one trip to the database's thread.
+        {
+            let mut connection = self.db.writer.acquire().await?;
+            let insert = format!(
+                "{} RETURNING {OPERATION_COLUMNS}",
+                OPERATIONS.insert_sql(&columns, &values, OPERATIONS.running)
+            );
+            let (operation, found) = if self.db.backend == Backend::Sqlite {
+                let mut script = format!("{insert};");
+                let mut all = values.to_vec();
+                if let Some(binding) = binding {
+                    script.push_str(&ledger::renumbered(&binding_by_key(), all.len()));
+                    all.extend(binding_values(binding));
+                }
+                let rows = ledger::bind(sqlx::query(sqlx::AssertSqlSafe(script)), &all)
+                    .fetch_all(&mut *connection)
+                    .await?;
+                let operation = rows.iter().find(|row| has_column(row, "digest"));
+                let found = rows.iter().find(|row| has_column(row, "environment_id"));
+                (
+                    operation.map(operation_from_row).transpose()?,
+                    found.map(binding_from_row).transpose()?,
+                )
+            } else {
+                let inserted = ledger::bind(sqlx::query(sqlx::AssertSqlSafe(insert)), &values)
+                    .fetch_optional(&mut *connection)
+                    .await?;
+                match inserted {
+                    Some(row) => {
+                        let found = match binding {
+                            Some(binding) => binding_in(&mut connection, binding).await?,
+                            None => None,
+                        };
+                        (Some(operation_from_row(&row)?), found)
+                    }
+                    None => (None, None),
+                }
+            };
+            if let Some(operation) = operation {
+                return Ok((Claim::Claimed(operation), found));
+            }
+        }
+        // Delivered before: what that delivery left decides, in one transaction.
+        let mut tx = self.begin_ledger_write(Durable::BeforeAnswer).await?;
+        let claimed = OPERATIONS.claim(&mut tx, &columns, &values).await?;
+        let mut found = None;
+        let claim = if claimed {
+            let operation = operation_in(&mut tx, &new.key).await?;
+            if let Some(binding) = binding {
+                found = binding_in(&mut tx, binding).await?;
+            }
+            Claim::Claimed(operation)
+        } else {
+            repeat_in(&mut tx, new, unknown, now).await?
+        };
+        tx.commit().await?;
+        Ok((claim, found))
+    }
+
+    /// Stores the receipt of an operation run without a claim (one with no effect, which a
+    /// second run would not change) and the `turns` it made, in one transaction, unless a
+    /// delivery of it was stored or claimed first: then answers what a claim would have
+    /// found, and records nothing. `Claimed` means this receipt was stored. Committed before
+    /// it is answered, synced just after (`Durable::Committed`): a kill of any process loses
+    /// nothing; a loss of power in that moment leaves no record, and a redelivery reads again.
+    pub async fn record_operation(
+        &self,
+        new: &NewOperation,
+        receipt: &str,
+        turns: &[NewTurn],
+        unknown: &str,
+    ) -> Result<Claim, StoreError> {
+        let now = now_ms();
+        let key = key_values(&new.key)?;
+        if self.db.backend == Backend::Sqlite
+            && let Some(claim) = self
+                .record_operation_script(new, receipt, turns, now)
+                .await?
+        {
+            return Ok(claim);
+        }
+        let mut tx = self.begin_ledger_write(Durable::Committed).await?;
+        let recorded = OPERATIONS
+            .record(
                 &mut tx,
                 &[
                     "adapter_id",
@@ -78,6 +200,8 @@ impl Store {
                     "runner",
                     "lease_until_ms",
                     "started_at_ms",
+                    "receipt",
+                    "finished_at_ms",
                 ],
                 &[
                     key[0],
@@ -87,50 +211,24 @@ impl Store {
                     Value::Text(new.kind.label()),
                     Value::Text(&new.digest),
                     Value::Text(&new.runner),
-                    Value::Int(now.saturating_add(new.lease_ms)),
+                    Value::Int(now),
+                    Value::Int(now),
+                    Value::Text(receipt),
                     Value::Int(now),
                 ],
+                OPERATION_COLUMNS,
             )
             .await?;
-        let mut settling = false;
-        let claim: fn(Operation) -> Claim = if claimed {
-            Claim::Claimed
-        } else {
-            let (digest, holder, running, lease_until) = OPERATIONS
-                .found(&mut tx, &key)
-                .await?
-                .ok_or(StoreError::NotFound)?;
-            match ledger::decide(&digest, running, lease_until, &new.digest, now) {
-                Found::Mismatch => Claim::SequenceReused,
-                Found::Done => Claim::Duplicate,
-                Found::Live => Claim::InProgress,
-                Found::Abandoned => {
-                    settling = true;
-                    let settled = OPERATIONS
-                        .answer(
-                            &mut tx,
-                            &key,
-                            &holder,
-                            &[Value::Text(unknown)],
-                            now,
-                            Some(now),
-                        )
-                        .await?;
-                    if settled {
-                        tracing::warn!(brain_session = %new.key.session_id, sequence = new.key.sequence, "a brain operation abandoned mid-run is settled as unknown");
-                    }
-                    // Not settled here when a concurrent delivery settled it first (its
-                    // receipt is the answer) or its runner renewed just now (it runs).
-                    Claim::SettledUnknown
-                }
+        let claim = if let Some(row) = recorded {
+            for turn in turns {
+                super::sessions::insert_turn(&mut tx, turn).await?;
             }
+            Claim::Claimed(operation_from_row(&row)?)
+        } else {
+            repeat_in(&mut tx, new, unknown, now).await?
         };
-        let operation = operation_in(&mut tx, &new.key).await?;
         tx.commit().await?;
-        if settling && operation.state == OperationState::Started {
-            return Ok(Claim::InProgress(operation));
-        }
-        Ok(claim(operation))
+        Ok(claim)
     }
 
     /// One operation; `NotFound` when it was never delivered. Read from the writer, so a
@@ -165,7 +263,10 @@ impl Store {
     /// Stores `runner`'s receipt if the operation is still its own and started, and records
     /// the `turns` it made in the same transaction (see `ledger::turns_due`; a turn its
     /// session refuses is left out); answers whether the receipt was stored, and the
-    /// operation as stored.
+    /// operation as stored. Committed before it is answered, synced just after
+    /// (`Durable::Committed`): a kill of any process loses nothing; a loss of power in that
+    /// moment can take the receipt, and the claim, on disk since before the operation ran,
+    /// is then settled as `unknown`, never run again.
     pub async fn finish_operation(
         &self,
         key: &OperationKey,
@@ -173,18 +274,27 @@ impl Store {
         receipt: &str,
         turns: &[NewTurn],
     ) -> Result<(bool, Operation), StoreError> {
-        let mut tx = self.db.begin_write().await?;
-        let recorded = OPERATIONS
-            .answer(
+        if self.db.backend == Backend::Sqlite {
+            return self
+                .finish_operation_script(key, runner, receipt, turns)
+                .await;
+        }
+        let mut tx = self.begin_ledger_write(Durable::Committed).await?;
+        let stored = OPERATIONS
+            .answer_returning(
                 &mut tx,
                 &key_values(key)?,
                 runner,
                 &[Value::Text(receipt)],
                 now_ms(),
-                None,
+                OPERATION_COLUMNS,
             )
             .await?;
-        let operation = operation_in(&mut tx, key).await?;
+        let recorded = stored.is_some();
+        let operation = match stored {
+            Some(row) => operation_from_row(&row)?,
+            None => operation_in(&mut tx, key).await?,
+        };
         if ledger::turns_due(recorded, operation.receipt == receipt) {
             for turn in turns {
                 super::sessions::insert_turn(&mut tx, turn).await?;
@@ -270,18 +380,10 @@ impl Store {
 
     /// One binding; `NotFound` when none.
     pub async fn binding(&self, key: &BindingKey) -> Result<Binding, StoreError> {
-        let sql = format!(
-            "SELECT {BINDING_COLUMNS} FROM brain_bindings \
-             WHERE adapter_id = $1 AND session_id = $2 AND environment = $3"
-        );
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(&key.adapter_id)
-            .bind(&key.session_id)
-            .bind(&key.environment)
-            .fetch_optional(&self.db.writer)
+        let mut connection = self.db.writer.acquire().await?;
+        binding_in(&mut connection, key)
             .await?
-            .ok_or(StoreError::NotFound)?;
-        binding_from_row(&row)
+            .ok_or(StoreError::NotFound)
     }
 
     /// Replaces the binding's Plinth session if it is still `expected`; answers whether it
@@ -358,6 +460,247 @@ impl Store {
         }
         Ok(binding)
     }
+}
+
+/// What a delivery that found the operation already stored or claimed answers (see
+/// [`Claim`]); one that was abandoned is settled with `unknown` here, in the caller's
+
+/// SQLite's ledger writes as scripts: each is two trips to the database's thread (its
+/// statements, then the turns and the commit) where statement by statement it was five or
+/// more, each trip costing about as much as the statements' work.
+impl Store {
+    /// [`Store::record_operation`]'s first delivery; `None`, with nothing written, when a
+    /// delivery of it was stored or claimed first.
+    async fn record_operation_script(
+        &self,
+        new: &NewOperation,
+        receipt: &str,
+        turns: &[NewTurn],
+        now: i64,
+    ) -> Result<Option<Claim>, StoreError> {
+        let key = key_values(&new.key)?;
+        let columns = [
+            "adapter_id",
+            "session_id",
+            "sequence",
+            "environment",
+            "kind",
+            "digest",
+            "runner",
+            "lease_until_ms",
+            "started_at_ms",
+            "receipt",
+            "finished_at_ms",
+        ];
+        let mut values = vec![
+            key[0],
+            key[1],
+            key[2],
+            Value::Text(&new.environment),
+            Value::Text(new.kind.label()),
+            Value::Text(&new.digest),
+            Value::Text(&new.runner),
+            Value::Int(now),
+            Value::Int(now),
+            Value::Text(receipt),
+            Value::Int(now),
+        ];
+        let insert = OPERATIONS.insert_sql(&columns, &values, OPERATIONS.done);
+        let (taken, taken_values) = turns_taken(turns, now, values.len());
+        values.extend(taken_values);
+        let script = format!("{insert} RETURNING {OPERATION_COLUMNS}; {taken}");
+        let (write, rows) = self
+            .begin_ledger_script(Durable::Committed, &script, &values)
+            .await?;
+        let Some(row) = rows.iter().find(|row| has_column(row, "digest")) else {
+            write.rollback().await?;
+            return Ok(None);
+        };
+        let operation = operation_from_row(row)?;
+        let details = turns
+            .iter()
+            .map(|turn| super::sessions::stored_detail(&turn.detail))
+            .collect::<Vec<_>>();
+        let (recorded, recorded_values) = turns_recorded(turns, &details, &rows, now)?;
+        write.commit_script(&recorded, &recorded_values).await?;
+        Ok(Some(Claim::Claimed(operation)))
+    }
+
+    /// [`Store::finish_operation`].
+    async fn finish_operation_script(
+        &self,
+        key: &OperationKey,
+        runner: &str,
+        receipt: &str,
+        turns: &[NewTurn],
+    ) -> Result<(bool, Operation), StoreError> {
+        let now = now_ms();
+        let key_values = key_values(key)?;
+        let answer = [Value::Text(receipt)];
+        let (update, mut values) = OPERATIONS.answer_sql(&key_values, runner, &answer, now, None);
+        // `changes()`: whether the UPDATE just before stored this receipt.
+        let select = format!(
+            "SELECT {OPERATION_COLUMNS}, changes() AS stored FROM brain_operations WHERE {}",
+            OPERATIONS.key_match(answer.len() + 2)
+        );
+        let (taken, taken_values) = turns_taken(turns, now, values.len());
+        values.extend(taken_values);
+        let script = format!("{update}; {select}; {taken}");
+        let (write, rows) = self
+            .begin_ledger_script(Durable::Committed, &script, &values)
+            .await?;
+        let Some(row) = rows.iter().find(|row| has_column(row, "stored")) else {
+            write.rollback().await?;
+            return Err(StoreError::NotFound);
+        };
+        let recorded = row.try_get::<i64, _>("stored")? == 1;
+        let operation = operation_from_row(row)?;
+        if !ledger::turns_due(recorded, operation.receipt == receipt) {
+            write.rollback().await?;
+            return Ok((recorded, operation));
+        }
+        let details = turns
+            .iter()
+            .map(|turn| super::sessions::stored_detail(&turn.detail))
+            .collect::<Vec<_>>();
+        let (recorded_sql, recorded_values) = turns_recorded(turns, &details, &rows, now)?;
+        write.commit_script(&recorded_sql, &recorded_values).await?;
+        Ok((recorded, operation))
+    }
+}
+
+/// The statements that take each of `turns` at `now` in a script whose values so far number
+/// `before`: each session's update ([`super::sessions::TURN_TAKEN`]), answering its turn's
+/// sequence, the version and the turn's index; and their values.
+fn turns_taken(turns: &[NewTurn], now: i64, before: usize) -> (String, Vec<Value<'_>>) {
+    let mut sql = String::new();
+    let mut values = Vec::with_capacity(turns.len() * 3);
+    for (index, turn) in turns.iter().enumerate() {
+        sql.push_str(&ledger::renumbered(
+            super::sessions::TURN_TAKEN,
+            before + values.len(),
+        ));
+        sql.push_str(&format!(", {index} AS turn_index; "));
+        values.extend([
+            Value::Text(turn.session.as_str()),
+            Value::Text(turn.scope.as_str()),
+            Value::Int(now),
+        ]);
+    }
+    (sql, values)
+}
+
+/// The statements that record the turns `rows` say were taken ([`turns_taken`]; a session
+/// that ended took none), `details` being each turn's as stored; and their values.
+fn turns_recorded<'a>(
+    turns: &'a [NewTurn],
+    details: &'a [String],
+    rows: &[AnyRow],
+    now: i64,
+) -> Result<(String, Vec<Value<'a>>), StoreError> {
+    let mut sql = String::new();
+    let mut values = Vec::new();
+    for row in rows.iter().filter(|row| has_column(row, "turn_index")) {
+        let index = usize::try_from(row.try_get::<i64, _>("turn_index")?)
+            .map_err(|_| StoreError::Corrupt("a turn's index".into()))?;
+        let (Some(turn), Some(detail)) = (turns.get(index), details.get(index)) else {
+            return Err(StoreError::Corrupt(format!("no turn {index}")));
+        };
+        sql.push_str(&ledger::renumbered(
+            super::sessions::TURN_RECORDED,
+            values.len(),
+        ));
+        sql.push_str("; ");
+        values.extend([
+            Value::Text(turn.session.as_str()),
+            Value::Int(row.try_get::<i64, _>("turns")?),
+            Value::Text(turn.kind.as_str()),
+            Value::Text(detail),
+            Value::Int(row.try_get::<i64, _>("version")?),
+            Value::Int(now),
+            Value::MaybeInt(turn.exit_code.map(i64::from)),
+        ]);
+    }
+    Ok((sql, values))
+}
+
+/// Whether `row` has a column of that name (a script's rows come from several statements).
+fn has_column(row: &AnyRow, name: &str) -> bool {
+    use sqlx::Column as _;
+    row.columns().iter().any(|column| column.name() == name)
+}
+
+/// A binding by its key, `$1` to `$3` ([`binding_values`]).
+fn binding_by_key() -> String {
+    format!(
+        "SELECT {BINDING_COLUMNS} FROM brain_bindings \
+         WHERE adapter_id = $1 AND session_id = $2 AND environment = $3"
+    )
+}
+
+fn binding_values(key: &BindingKey) -> [Value<'_>; 3] {
+    [
+        Value::Text(&key.adapter_id),
+        Value::Text(&key.session_id),
+        Value::Text(&key.environment),
+    ]
+}
+
+/// transaction.
+async fn repeat_in(
+    tx: &mut sqlx::AnyConnection,
+    new: &NewOperation,
+    unknown: &str,
+    now: i64,
+) -> Result<Claim, StoreError> {
+    let key = key_values(&new.key)?;
+    let (digest, holder, running, lease_until) = OPERATIONS
+        .found(tx, &key)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+    let mut settling = false;
+    let claim: fn(Operation) -> Claim = match ledger::decide(
+        &digest,
+        running,
+        lease_until,
+        &new.digest,
+        now,
+    ) {
+        Found::Mismatch => Claim::SequenceReused,
+        Found::Done => Claim::Duplicate,
+        Found::Live => Claim::InProgress,
+        Found::Abandoned => {
+            settling = true;
+            let settled = OPERATIONS
+                .answer(tx, &key, &holder, &[Value::Text(unknown)], now, Some(now))
+                .await?;
+            if settled {
+                tracing::warn!(brain_session = %new.key.session_id, sequence = new.key.sequence, "a brain operation abandoned mid-run is settled as unknown");
+            }
+            // Not settled here when a concurrent delivery settled it first (its receipt is
+            // the answer) or its runner renewed just now (it runs).
+            Claim::SettledUnknown
+        }
+    };
+    let operation = operation_in(tx, &new.key).await?;
+    if settling && operation.state == OperationState::Started {
+        return Ok(Claim::InProgress(operation));
+    }
+    Ok(claim(operation))
+}
+
+/// The binding `key` names, if any.
+async fn binding_in(
+    connection: &mut sqlx::AnyConnection,
+    key: &BindingKey,
+) -> Result<Option<Binding>, StoreError> {
+    let row = ledger::bind(
+        sqlx::query(sqlx::AssertSqlSafe(binding_by_key())),
+        &binding_values(key),
+    )
+    .fetch_optional(&mut *connection)
+    .await?;
+    row.map(|row| binding_from_row(&row)).transpose()
 }
 
 async fn operation_in(

@@ -53,6 +53,8 @@ pub(super) struct Table {
 pub(super) enum Value<'a> {
     Text(&'a str),
     Int(i64),
+    /// A whole number or SQL `NULL`.
+    MaybeInt(Option<i64>),
 }
 
 /// What a repeat finds in a stored record.
@@ -104,9 +106,29 @@ pub(super) fn bind<'q>(
         query = match *value {
             Value::Text(text) => query.bind(text),
             Value::Int(number) => query.bind(number),
+            Value::MaybeInt(number) => query.bind(number),
         };
     }
     query
+}
+
+/// `sql` with every placeholder `$n` made `$(n + offset)`, so statements written from `$1` can
+/// follow each other in one script (one trip to SQLite's thread; see `durability`).
+pub(super) fn renumbered(sql: &str, offset: usize) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut rest = sql;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        match after[..digits].parse::<usize>() {
+            Ok(n) => out.push_str(&format!("${}", n + offset)),
+            Err(_) => out.push('$'),
+        }
+        rest = &after[digits..];
+    }
+    out.push_str(rest);
+    out
 }
 
 impl Table {
@@ -138,21 +160,71 @@ impl Table {
         columns: &[&str],
         values: &[Value<'_>],
     ) -> Result<bool, StoreError> {
+        self.insert(connection, columns, values, self.running).await
+    }
+
+    /// Inserts a record of `columns` in `state` unless one exists; true when this inserted it.
+    async fn insert(
+        &self,
+        connection: &mut AnyConnection,
+        columns: &[&str],
+        values: &[Value<'_>],
+        state: &str,
+    ) -> Result<bool, StoreError> {
+        let inserted = bind(
+            sqlx::query(sqlx::AssertSqlSafe(self.insert_sql(columns, values, state))),
+            values,
+        )
+        .execute(&mut *connection)
+        .await?;
+        Ok(inserted.rows_affected() == 1)
+    }
+
+    /// [`Table::insert`], answering the `returning` columns of the record it inserted.
+    async fn insert_returning(
+        &self,
+        connection: &mut AnyConnection,
+        columns: &[&str],
+        values: &[Value<'_>],
+        state: &str,
+        returning: &str,
+    ) -> Result<Option<AnyRow>, StoreError> {
+        let sql = format!(
+            "{} RETURNING {returning}",
+            self.insert_sql(columns, values, state)
+        );
+        Ok(bind(sqlx::query(sqlx::AssertSqlSafe(sql)), values)
+            .fetch_optional(&mut *connection)
+            .await?)
+    }
+
+    pub(super) fn insert_sql(&self, columns: &[&str], values: &[Value<'_>], state: &str) -> String {
         let placeholders = (1..=values.len())
             .map(|n| format!("${n}"))
             .collect::<Vec<_>>()
             .join(", ");
-        let sql = format!(
+        format!(
             "INSERT INTO {} ({}, {}) VALUES ({placeholders}, '{}') ON CONFLICT DO NOTHING",
             self.name,
             columns.join(", "),
             self.state,
-            self.running,
-        );
-        let inserted = bind(sqlx::query(sqlx::AssertSqlSafe(sql)), values)
-            .execute(&mut *connection)
-            .await?;
-        Ok(inserted.rows_affected() == 1)
+            state,
+        )
+    }
+
+    /// A record with its answer, for work that ran without a claim (it has no effect, so a
+    /// second run would change nothing): inserts a done record of `columns` (which name the
+    /// key, digest, holder, lease, answer and stamp among the rest) unless one exists; true
+    /// when this inserted it. A record found is [`decide`]d as a claim's repeat would be.
+    pub async fn record(
+        &self,
+        connection: &mut AnyConnection,
+        columns: &[&str],
+        values: &[Value<'_>],
+        returning: &str,
+    ) -> Result<Option<AnyRow>, StoreError> {
+        self.insert_returning(connection, columns, values, self.done, returning)
+            .await
     }
 
     /// The stored record's digest, holder, whether it runs and its lease, for [`decide`];
@@ -205,7 +277,40 @@ impl Table {
         stamp: i64,
         abandoned_by: Option<i64>,
     ) -> Result<bool, StoreError> {
-        let mut values: Vec<Value<'_>> = answer.to_vec();
+        let (sql, values) = self.answer_sql(key, holder, answer, stamp, abandoned_by);
+        let updated = bind(sqlx::query(sqlx::AssertSqlSafe(sql)), &values)
+            .execute(&mut *connection)
+            .await?;
+        Ok(updated.rows_affected() == 1)
+    }
+
+    /// [`Table::answer`] when finishing, answering the record's `returning` columns when this
+    /// stored it.
+    pub async fn answer_returning(
+        &self,
+        connection: &mut AnyConnection,
+        key: &[Value<'_>],
+        holder: &str,
+        answer: &[Value<'_>],
+        stamp: i64,
+        returning: &str,
+    ) -> Result<Option<AnyRow>, StoreError> {
+        let (sql, values) = self.answer_sql(key, holder, answer, stamp, None);
+        let sql = format!("{sql} RETURNING {returning}");
+        Ok(bind(sqlx::query(sqlx::AssertSqlSafe(sql)), &values)
+            .fetch_optional(&mut *connection)
+            .await?)
+    }
+
+    pub(super) fn answer_sql<'v>(
+        &self,
+        key: &[Value<'v>],
+        holder: &'v str,
+        answer: &[Value<'v>],
+        stamp: i64,
+        abandoned_by: Option<i64>,
+    ) -> (String, Vec<Value<'v>>) {
+        let mut values: Vec<Value<'v>> = answer.to_vec();
         values.push(Value::Int(stamp));
         values.extend_from_slice(key);
         values.push(Value::Text(holder));
@@ -227,10 +332,7 @@ impl Table {
             values.push(Value::Int(now));
             sql.push_str(&format!(" AND lease_until_ms <= ${}", values.len()));
         }
-        let updated = bind(sqlx::query(sqlx::AssertSqlSafe(sql)), &values)
-            .execute(&mut *connection)
-            .await?;
-        Ok(updated.rows_affected() == 1)
+        (sql, values)
     }
 
     /// Extends `holder`'s lease to `lease_until_ms` while the record runs; answers the
@@ -349,6 +451,15 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn placeholders_are_renumbered_and_nothing_else() {
+        assert_eq!(
+            super::renumbered("a = $1 AND b = $12 AND c = '$' || $3", 10),
+            "a = $11 AND b = $22 AND c = '$' || $13"
+        );
+        assert_eq!(super::renumbered("no placeholders", 4), "no placeholders");
+    }
 
     #[test]
     fn another_request_is_refused_before_anything_else() {

@@ -12,6 +12,7 @@ mod adapters;
 mod brain;
 mod builds;
 mod collection;
+mod durability;
 mod gauges;
 mod harnesses;
 mod leases;
@@ -176,6 +177,8 @@ pub struct Store {
     /// How many versions a heartbeat names to hold warm; the default unless
     /// `with_prewarm_versions` set it.
     prewarm_versions: u32,
+    /// Which ledger writes are synced (`durability`).
+    flusher: std::sync::Arc<durability::Flusher>,
 }
 
 const ENVIRONMENT_COLUMNS: &str = "id, scope, name, slug, description, entry, active_version, \
@@ -193,6 +196,7 @@ impl Store {
             seal: std::sync::Arc::new(seal),
             quotas: std::sync::Arc::default(),
             prewarm_versions: crate::domain::warm::DEFAULT_PREWARM_VERSIONS,
+            flusher: std::sync::Arc::default(),
         })
     }
     /// Connects for maintenance that never reads or writes an adapter's credential

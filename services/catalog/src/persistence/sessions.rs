@@ -1192,6 +1192,26 @@ pub struct NewTurn {
 
 /// Records `turn` in `connection`'s transaction (as [`Store::record_turn`] does); `None` when
 /// its session takes no turn (not there, ended, or past its end), with nothing written.
+/// A turn taken by session `$1` of scope `$2` at `$3` (ms): its count and idle end move, and
+/// it answers the turn's sequence and the session's version; no row when the session ended
+/// or is past its end. [`insert_turn`]'s first statement, which a ledger's script also runs.
+pub(super) const TURN_TAKEN: &str = concat!(
+    "UPDATE sessions SET turns = turns + 1, ends_at_ms = ",
+    idle_end!(),
+    " WHERE id = $1 AND scope = $2 AND status = 'active' \
+     AND (ends_at_ms IS NULL OR ends_at_ms > $3) RETURNING turns, version",
+);
+
+/// The turn itself: session, sequence, kind, detail, version, time, exit code.
+pub(super) const TURN_RECORDED: &str = "INSERT INTO turns \
+     (session_id, sequence, kind, detail, version, at_ms, exit_code) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7)";
+
+/// A turn's detail as it is stored.
+pub(super) fn stored_detail(detail: &str) -> String {
+    cut(detail, MAX_TURN_DETAIL_BYTES)
+}
+
 pub(super) async fn insert_turn(
     connection: &mut sqlx::AnyConnection,
     turn: &NewTurn,
@@ -1207,17 +1227,12 @@ pub(super) async fn insert_turn(
     let now = now_ms();
     // A turn moves the session's idle end to `now + idle`, unless its lifetime ends it
     // sooner; a session past its end takes no turn, whether or not the sweep ended it yet.
-    let row = sqlx::query(concat!(
-        "UPDATE sessions SET turns = turns + 1, ends_at_ms = ",
-        idle_end!(),
-        " WHERE id = $1 AND scope = $2 AND status = 'active' \
-         AND (ends_at_ms IS NULL OR ends_at_ms > $3) RETURNING turns, version",
-    ))
-    .bind(id.as_str())
-    .bind(scope.as_str())
-    .bind(now)
-    .fetch_optional(&mut *connection)
-    .await?;
+    let row = sqlx::query(TURN_TAKEN)
+        .bind(id.as_str())
+        .bind(scope.as_str())
+        .bind(now)
+        .fetch_optional(&mut *connection)
+        .await?;
     let Some(row) = row else { return Ok(None) };
     let sequence: i64 = row.try_get("turns")?;
     let version: i64 = row.try_get("version")?;
@@ -1225,23 +1240,20 @@ pub(super) async fn insert_turn(
         session_id: id.clone(),
         sequence: u64::try_from(sequence).unwrap_or(0),
         kind,
-        detail: cut(detail, MAX_TURN_DETAIL_BYTES),
+        detail: stored_detail(detail),
         version: u32::try_from(version).unwrap_or(0),
         at_ms: now,
         exit_code,
     };
-    sqlx::query(
-        "INSERT INTO turns (session_id, sequence, kind, detail, version, at_ms, exit_code) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-    )
-    .bind(id.as_str())
-    .bind(sequence)
-    .bind(kind.as_str())
-    .bind(&turn.detail)
-    .bind(version)
-    .bind(turn.at_ms)
-    .bind(exit_code.map(i64::from))
-    .execute(&mut *connection)
-    .await?;
+    sqlx::query(TURN_RECORDED)
+        .bind(id.as_str())
+        .bind(sequence)
+        .bind(kind.as_str())
+        .bind(&turn.detail)
+        .bind(version)
+        .bind(turn.at_ms)
+        .bind(exit_code.map(i64::from))
+        .execute(&mut *connection)
+        .await?;
     Ok(Some(turn))
 }

@@ -24,6 +24,9 @@ backend_suite!(
     a_live_lease_is_never_settled,
     a_reused_sequence_is_refused_and_changes_nothing,
     a_receipt_and_its_turns_are_one_write_and_a_repeat_records_none,
+    a_read_is_recorded_once_and_every_delivery_answers_the_first_receipt,
+    a_record_meets_a_claim_as_a_repeat_would,
+    a_ledger_write_cut_off_midway_never_makes_two_answers,
     a_torn_down_binding_is_neither_detached_nor_attached_again,
     a_session_is_given_only_to_an_attached_binding,
     a_cancellation_reaches_the_runner_through_its_lease,
@@ -770,4 +773,210 @@ async fn a_receipt_and_its_turns_are_one_write_and_a_repeat_records_none(store: 
     assert!(!recorded);
     assert_eq!(stored.receipt, UNKNOWN);
     assert_eq!(turns().await, vec!["ls".to_owned(), "make".to_owned()]);
+
+    // A read's record takes its turn in the same write; a second record of it takes none.
+    let read = |runner: &str| delivery(42, OperationKind::Execute, runner, 60_000);
+    let first = store
+        .record_operation(&read("r1"), receipt, &[turn("cat")], UNKNOWN)
+        .await
+        .expect("record");
+    assert!(matches!(first, Claim::Claimed(_)), "{first:?}");
+    let again = store
+        .record_operation(&read("r2"), receipt, &[turn("cat")], UNKNOWN)
+        .await
+        .expect("record again");
+    assert!(matches!(again, Claim::Duplicate(_)), "{again:?}");
+    let expected = ["ls", "make", "cat"].map(str::to_owned).to_vec();
+    assert_eq!(turns().await, expected);
+
+    // Its session ended: the receipt is stored, and no turn is (nor counted).
+    store
+        .claim_operation(&delivery(43, OperationKind::Execute, "r", 60_000), UNKNOWN)
+        .await
+        .expect("claim");
+    store.end_session(&scope, &session.id).await.expect("end");
+    let (recorded, stored) = store
+        .finish_operation(&key(43), "r", receipt, &[turn("late")])
+        .await
+        .expect("finish after the end");
+    assert!(recorded);
+    assert_eq!(stored.receipt, receipt);
+    assert_eq!(turns().await, expected);
+    let recorded = store
+        .record_operation(
+            &delivery(44, OperationKind::Execute, "r", 60_000),
+            receipt,
+            &[turn("late")],
+            UNKNOWN,
+        )
+        .await
+        .expect("record after the end");
+    assert!(matches!(recorded, Claim::Claimed(_)), "{recorded:?}");
+    assert_eq!(turns().await, expected);
+}
+
+async fn a_read_is_recorded_once_and_every_delivery_answers_the_first_receipt(store: Store) {
+    let read = |runner: &str| delivery(50, OperationKind::Execute, runner, 60_000);
+    let first = store
+        .record_operation(
+            &read("r1"),
+            r#"{"type":"result","output":"a"}"#,
+            &[],
+            UNKNOWN,
+        )
+        .await
+        .expect("record");
+    assert!(matches!(first, Claim::Claimed(_)), "{first:?}");
+    assert_eq!(first.operation().state, OperationState::Finished);
+    // Run again (a redelivery elsewhere, after the file changed): the first receipt stands.
+    let again = store
+        .record_operation(
+            &read("r2"),
+            r#"{"type":"result","output":"b"}"#,
+            &[],
+            UNKNOWN,
+        )
+        .await
+        .expect("record again");
+    assert!(matches!(again, Claim::Duplicate(_)), "{again:?}");
+    assert_eq!(
+        again.operation().receipt,
+        r#"{"type":"result","output":"a"}"#
+    );
+    // A claim of it finds it done; another request under its sequence is refused.
+    let claimed = store
+        .claim_operation(&read("r3"), UNKNOWN)
+        .await
+        .expect("claim");
+    assert!(matches!(claimed, Claim::Duplicate(_)), "{claimed:?}");
+    assert_eq!(claimed.operation().receipt, first.operation().receipt);
+    let mut other = read("r4");
+    other.digest = "another request".into();
+    let reused = store
+        .record_operation(&other, r#"{"type":"result","output":"c"}"#, &[], UNKNOWN)
+        .await
+        .expect("reused");
+    assert!(matches!(reused, Claim::SequenceReused(_)), "{reused:?}");
+    assert_eq!(reused.operation().receipt, first.operation().receipt);
+
+    // Eight runs at once, each with its own output: one is stored, all answer it.
+    let mut tasks = Vec::new();
+    for runner in 0..8 {
+        let store = store.clone();
+        tasks.push(plinth_kit::tasks::spawn(async move {
+            store
+                .record_operation(
+                    &delivery(51, OperationKind::Execute, &format!("r{runner}"), 60_000),
+                    &format!(r#"{{"type":"result","output":{runner}}}"#),
+                    &[],
+                    UNKNOWN,
+                )
+                .await
+                .expect("record")
+        }));
+    }
+    let mut stored = Vec::new();
+    let mut answers = std::collections::BTreeSet::new();
+    for task in tasks {
+        let outcome = task.await.expect("task");
+        answers.insert(outcome.operation().receipt.clone());
+        if let Claim::Claimed(operation) = outcome {
+            stored.push(operation.receipt);
+        }
+    }
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(answers.into_iter().collect::<Vec<_>>(), stored);
+}
+
+async fn a_record_meets_a_claim_as_a_repeat_would(store: Store) {
+    store
+        .claim_operation(&delivery(52, OperationKind::Execute, "r1", 60_000), UNKNOWN)
+        .await
+        .expect("claim");
+    let live = store
+        .record_operation(
+            &delivery(52, OperationKind::Execute, "r2", 60_000),
+            r#"{"type":"result"}"#,
+            &[],
+            UNKNOWN,
+        )
+        .await
+        .expect("record");
+    assert!(matches!(live, Claim::InProgress(_)), "{live:?}");
+    assert_eq!(live.operation().runner, "r1");
+
+    store
+        .claim_operation(&delivery(53, OperationKind::Execute, "r1", 1), UNKNOWN)
+        .await
+        .expect("claim");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let settled = store
+        .record_operation(
+            &delivery(53, OperationKind::Execute, "r2", 60_000),
+            r#"{"type":"result"}"#,
+            &[],
+            UNKNOWN,
+        )
+        .await
+        .expect("record");
+    assert!(matches!(settled, Claim::SettledUnknown(_)), "{settled:?}");
+    assert_eq!(settled.operation().receipt, UNKNOWN);
+    let (recorded, stored) = store
+        .finish_operation(&key(53), "r1", r#"{"type":"result"}"#, &[])
+        .await
+        .expect("late finish");
+    assert!(!recorded);
+    assert_eq!(stored.receipt, UNKNOWN);
+}
+
+/// A catalog too slow for its caller: the caller gives up mid-write (its future is dropped,
+/// as a gRPC deadline drops the handler's). Whatever the write had done is all or nothing,
+/// every later delivery answers one receipt, and the writer goes on making durable writes.
+async fn a_ledger_write_cut_off_midway_never_makes_two_answers(store: Store) {
+    for round in 0..40u64 {
+        let sequence = 100 + round;
+        let cut = {
+            let store = store.clone();
+            plinth_kit::tasks::spawn(async move {
+                let read = delivery(sequence, OperationKind::Execute, "cut", 60_000);
+                store
+                    .record_operation(&read, r#"{"type":"result","output":"cut"}"#, &[], UNKNOWN)
+                    .await
+            })
+        };
+        // Cut at a different point of the write each round.
+        for _ in 0..round % 8 {
+            tokio::task::yield_now().await;
+        }
+        cut.abort();
+        let _ = cut.await;
+        let retried = store
+            .record_operation(
+                &delivery(sequence, OperationKind::Execute, "retry", 60_000),
+                r#"{"type":"result","output":"retry"}"#,
+                &[],
+                UNKNOWN,
+            )
+            .await
+            .expect("retry");
+        let answer = retried.operation().receipt.clone();
+        assert!(
+            answer.contains("cut") || matches!(retried, Claim::Claimed(_)),
+            "{retried:?}"
+        );
+        let again = store
+            .claim_operation(
+                &delivery(sequence, OperationKind::Execute, "later", 60_000),
+                UNKNOWN,
+            )
+            .await
+            .expect("later");
+        assert!(matches!(again, Claim::Duplicate(_)), "{again:?}");
+        assert_eq!(again.operation().receipt, answer);
+    }
+    // A write that is not the ledger's still works on the writer.
+    store
+        .create_binding(&new_binding(&EnvironmentId::generate()))
+        .await
+        .expect("a write after");
 }
