@@ -597,6 +597,33 @@ async fn a_brain_session_lives_through_setup_tools_release_detach_and_teardown()
     let (_, after) = workspace.post(&slow, Some(&adapter.token)).await;
     assert_eq!(after, finished);
 
+    // Two identical deliveries at once: one execution, and both answer the same receipt.
+    let twin = json!({ "type": "execute", "descriptor": { "kind": "tool", "name": "run_command" }, "input": { "command": "echo twin >> twins.txt; wc -l < twins.txt" } });
+    let (one, other) = tokio::join!(
+        workspace.deliver(901, twin.clone()),
+        workspace.deliver(901, twin.clone())
+    );
+    assert_eq!(one, other);
+    assert_eq!(one["receipt"]["output"]["stdout"], "1\n", "{one}");
+    assert_eq!(stdout(&workspace.run(902, "cat twins.txt").await), "twin\n");
+    // A read (run without a claim) twice at once, then again after the file changed: the
+    // first receipt every time; another request under its sequence is refused.
+    let read = json!({ "type": "execute", "descriptor": { "kind": "tool", "name": "read_file" }, "input": { "path": "twins.txt" } });
+    let (one, other) = tokio::join!(
+        workspace.deliver(903, read.clone()),
+        workspace.deliver(903, read.clone())
+    );
+    assert_eq!(one, other);
+    assert_eq!(one["receipt"]["type"], "result", "{one}");
+    workspace.run(904, "echo changed > twins.txt").await;
+    assert_eq!(workspace.deliver(903, read).await, one);
+    assert_failure(
+        &workspace
+            .tool(903, "read_file", json!({ "path": "ticks.txt" }))
+            .await,
+        "sequence_reused",
+    );
+
     // A deadline that passes: `timeout`, and what the command left running is killed.
     let timed_out = workspace
         .receipt(
@@ -1095,6 +1122,10 @@ async fn redelivery_after_a_restart_answers_the_stored_receipt_or_unknown() {
         })
     };
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A read answered just before the service is killed.
+    let read = json!({ "type": "execute", "descriptor": { "kind": "tool", "name": "read_file" }, "input": { "path": "effects.txt" } });
+    let read_before = brain.deliver(8, read.clone()).await;
+    assert_eq!(read_before["receipt"]["type"], "result", "{read_before}");
     process.0.kill().expect("kill");
     process.0.wait().expect("wait");
     assert!(
@@ -1138,6 +1169,9 @@ async fn redelivery_after_a_restart_answers_the_stored_receipt_or_unknown() {
     let (session, effects) = text.split_once('\n').expect("the session's id");
     let workdir = crate::helpers::host_workdir(data.path(), session);
     assert_eq!(effects, "once\nstarted\n", "{text}");
+    // The read answered before the restart answers the same after it, though the file changed.
+    brain.run(9, "echo more >> effects.txt").await;
+    assert_eq!(brain.deliver(8, read).await, read_before);
 
     // Its working directory lost while the service was down: a failure naming the session,
     // and no new one in its place.
@@ -1245,4 +1279,104 @@ async fn reads_under_the_mount_see_a_layered_version_as_its_commands_do() {
         &found["output"],
     );
     server.stop().await;
+}
+
+/// The catalog killed (SIGKILL) while a tool runs, so its receipt cannot be stored when it
+/// ends: that delivery is answered a transport failure, no receipt; every later delivery
+/// answers one receipt (`unknown`: the tool may have had its effect), and the tool never
+/// runs again. A read while the catalog is gone is answered a transport failure too, and
+/// once it is back, its result, the same ever after.
+#[tokio::test]
+async fn a_catalog_gone_at_the_write_never_makes_an_operation_answer_twice_differently() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let mut cluster = crate::cluster::Cluster::builder()
+        .config("[gateway]\nbrain_operation_lease_seconds = 2\n")
+        .with(crate::cluster::Part::Builder, 1)
+        .with(crate::cluster::Part::Node, 1)
+        .start()
+        .await
+        .expect("SQLite and a blob directory need nothing");
+    let base = cluster.base();
+    let client = cluster.client.clone();
+    let (environment, _) = python_project(&client, &base, "Catalog Gone").await;
+    let mut adapter = register(&client, &base, &environment, &[]).await;
+    adapter.url = format!("{base}/v1/workspace-adapters/{}/brain", adapter.id);
+    let brain = Brain {
+        client: &client,
+        adapter: &adapter,
+        session: "ses_catalog_gone".into(),
+        environment: "plinth",
+        configuration: json!({ "lifetime": "workspace" }),
+    };
+    // Set up once the node has registered (a setup with no node fails, and is kept).
+    let mut sequence = 0;
+    let setup = eventually(Duration::from_secs(20), async || {
+        sequence += 1;
+        let receipt = brain.receipt(sequence, json!({ "type": "setup" })).await;
+        if receipt["type"] == "accepted" {
+            Ok(receipt)
+        } else {
+            Err(receipt)
+        }
+    })
+    .await;
+    assert_eq!(setup["type"], "accepted");
+
+    let command = json!({ "type": "execute", "descriptor": { "kind": "tool", "name": "run_command" }, "input": { "command": "echo c >> c.txt; sleep 3; echo ran" } });
+    let first = {
+        let client = client.clone();
+        let url = format!("{}/v1/operations", adapter.url);
+        let token = adapter.token.clone();
+        let body = brain.command(100, command.clone());
+        plinth_kit::tasks::spawn(async move {
+            send(client.post(url).bearer_auth(token).json(&body)).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    cluster.kill("catalog-1");
+    let (status, first) = first.await.expect("first delivery");
+    assert_eq!(status, 503, "no receipt could be stored: {first}");
+
+    // A read while the catalog is gone: no receipt either.
+    let read = json!({ "type": "execute", "descriptor": { "kind": "tool", "name": "read_file" }, "input": { "path": "c.txt" } });
+    let (status, gone) = brain
+        .post(&brain.command(101, read.clone()), Some(&adapter.token))
+        .await;
+    assert_eq!(status, 503, "{gone}");
+
+    cluster.restart("catalog-1").await;
+    // `progress` while the dead delivery's lease lasts (503 while the catalog comes back),
+    // then `unknown`, the same ever after.
+    let unknown = eventually(Duration::from_secs(30), async || {
+        let (status, answer) = brain
+            .post(&brain.command(100, command.clone()), Some(&adapter.token))
+            .await;
+        if status == 200 && answer["receipt"]["type"] == "unknown" {
+            Ok(answer)
+        } else if status == 503 || answer["receipt"]["type"] == "progress" {
+            Err(answer)
+        } else {
+            panic!("neither progress nor unknown: {status} {answer}");
+        }
+    })
+    .await;
+    assert_eq!(brain.deliver(100, command).await, unknown);
+    let read = brain.deliver(101, read).await;
+    assert_eq!(read["receipt"]["type"], "result", "{read}");
+    assert_eq!(
+        stdout(&brain.run(102, "cat c.txt").await),
+        "c\n",
+        "it ran once"
+    );
+    assert_eq!(
+        brain
+            .deliver(
+                101,
+                json!({ "type": "execute", "descriptor": { "kind": "tool", "name": "read_file" }, "input": { "path": "c.txt" } })
+            )
+            .await,
+        read
+    );
 }

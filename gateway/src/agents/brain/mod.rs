@@ -14,7 +14,14 @@
 //! `progress` while the first delivery still runs (its runner renews a lease, `ledger`),
 //! `unknown` once that runner stopped renewing without a result (settled in the claim; the
 //! effect may have happened and Plinth never retries it), or `sequence_reused`; this module
-//! only maps that outcome to a receipt.
+//! only maps that outcome to a receipt. A read (a tool that changes nothing) is not claimed:
+//! it runs, and its receipt is stored with its turn in one catalog write that answers, like
+//! a claim, what a delivery stored first. Either way the receipt is committed before it is
+//! answered, so every delivery answers the first receipt given, whichever process is killed
+//! after; the catalog syncs it to disk just after (a claim, before anything runs), and a loss
+//! of power in that moment can cost only the receipt: the redelivery of an effect then
+//! answers `unknown`, and of a read, reads again (see docs/design/decisions.md). A delivery
+//! that meets the first one running in the same gateway waits briefly for its answer.
 
 mod callbacks;
 mod lifecycle;
@@ -71,12 +78,55 @@ where
 
 /// What one gateway process keeps about the operations it is running: their cancellation
 /// handles (a cancellation delivered to this process stops its target at once; one delivered
-/// to another replica reaches it through the lease), and the lease length.
+/// to another replica reaches it through the lease), the answer each will give (a second
+/// delivery to this process waits a moment for it), and the lease length.
 pub struct Runtime {
-    running: Mutex<HashMap<(String, String, u64), CancellationToken>>,
+    running: Mutex<HashMap<(String, String, u64), Running>>,
     lease: Duration,
     callbacks: callbacks::Caller,
 }
+
+/// One operation this process is delivering.
+struct Running {
+    cancel: CancellationToken,
+    digest: String,
+    answer: tokio::sync::watch::Receiver<Option<Value>>,
+}
+
+/// What a delivery finds in this process.
+enum Entered {
+    /// Nothing: this delivery is the operation's, here.
+    First(Delivery),
+    /// A delivery of the same request runs here: its answer, when it has one.
+    Meets(tokio::sync::watch::Receiver<Option<Value>>),
+    /// A delivery of another request under the same sequence runs here.
+    Reused,
+}
+
+/// This process's delivery of an operation, until dropped.
+struct Delivery {
+    runtime: std::sync::Arc<Runtime>,
+    key: (String, String, u64),
+    cancel: CancellationToken,
+    answer: tokio::sync::watch::Sender<Option<Value>>,
+}
+
+impl Delivery {
+    /// Hands the answer to deliveries waiting for it.
+    fn answered(&self, answer: &Value) {
+        self.answer.send_replace(Some(answer.clone()));
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        self.runtime.lock().remove(&self.key);
+    }
+}
+
+/// How long a second delivery waits for the answer of the first, running in this process,
+/// before it is answered `progress`.
+const SHARE_WAIT: Duration = Duration::from_millis(500);
 
 impl Runtime {
     /// Nothing running; claims last `lease` unless renewed (every third of it); callbacks
@@ -98,28 +148,46 @@ impl Runtime {
         crate::runtime::ledger::lease_ms(self.lease)
     }
 
-    fn track(&self, key: &pb::OperationKey) -> CancellationToken {
-        let token = CancellationToken::new();
-        self.lock().insert(tuple(key), token.clone());
-        token
-    }
-
-    fn untrack(&self, key: &pb::OperationKey) {
-        self.lock().remove(&tuple(key));
+    /// Enters a delivery of `key` with the request `digest`, unless one runs here already.
+    fn enter(self: &std::sync::Arc<Self>, key: &pb::OperationKey, digest: &str) -> Entered {
+        let mut running = self.lock();
+        if let Some(found) = running.get(&tuple(key)) {
+            return if found.digest == digest {
+                Entered::Meets(found.answer.clone())
+            } else {
+                Entered::Reused
+            };
+        }
+        let cancel = CancellationToken::new();
+        let (answer, answers) = tokio::sync::watch::channel(None);
+        running.insert(
+            tuple(key),
+            Running {
+                cancel: cancel.clone(),
+                digest: digest.to_owned(),
+                answer: answers,
+            },
+        );
+        Entered::First(Delivery {
+            runtime: self.clone(),
+            key: tuple(key),
+            cancel,
+            answer,
+        })
     }
 
     /// Cancels the operation if this process runs it.
     fn cancel_local(&self, key: &pb::OperationKey) -> bool {
         match self.lock().get(&tuple(key)) {
-            Some(token) => {
-                token.cancel();
+            Some(running) => {
+                running.cancel.cancel();
                 true
             }
             None => false,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String, u64), CancellationToken>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String, u64), Running>> {
         self.running
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -175,6 +243,8 @@ pub(crate) struct Context {
     pub cancel: CancellationToken,
     /// The turns the operation made, recorded with its receipt (one catalog write).
     pub turns: Mutex<Vec<pb::RecordTurnRequest>>,
+    /// The binding as its claim found it, until a tool takes it (then it is asked for).
+    pub claimed_binding: Mutex<Option<pb::Binding>>,
 }
 
 impl Context {
@@ -196,6 +266,14 @@ impl Context {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(turn);
+    }
+
+    /// The binding as the operation's claim found it, once.
+    pub(crate) fn take_claimed_binding(&self) -> Option<pb::Binding> {
+        self.claimed_binding
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 
     fn take_turns(&self) -> Vec<pb::RecordTurnRequest> {
@@ -299,6 +377,7 @@ async fn operations(
         configuration: operation.get("configuration").cloned(),
         cancel: CancellationToken::new(),
         turns: Mutex::new(Vec::new()),
+        claimed_binding: Mutex::new(None),
     };
     let receipt = deliver(context, key, kind, digest(&environment, &request), request).await?;
     Ok(answer(receipt))
@@ -323,13 +402,208 @@ fn abandoned() -> Receipt {
     }
 }
 
-/// Claims the operation and runs it, or answers what a previous delivery left.
+/// Runs the operation once, or answers what a previous delivery left: a delivery that meets
+/// the first one running in this process waits a moment for its answer (then `progress`);
+/// a read runs without a claim and is recorded with its receipt in one catalog write
+/// ([`deliver_read`]); anything else is claimed before it runs ([`deliver_claimed`]).
 async fn deliver(
+    context: Context,
+    key: pb::OperationKey,
+    kind: pb::OperationKind,
+    digest: String,
+    request: Value,
+) -> Result<Value, ApiError> {
+    let runtime = context.state.brain_runtime.clone();
+    let delivery = match runtime.enter(&key, &digest) {
+        Entered::First(delivery) => delivery,
+        Entered::Meets(answer) => return Ok(shared(answer).await),
+        Entered::Reused => return Ok(sequence_reused(&key)),
+    };
+    if kind == pb::OperationKind::Execute && tools::reads_only(&request) {
+        return deliver_read(context, key, kind, digest, request, delivery).await;
+    }
+    deliver_claimed(context, key, kind, digest, request, delivery).await
+}
+
+/// The answer of the delivery running in this process, once it has one; `progress` if it
+/// has none within [`SHARE_WAIT`] (or gave none: its receipt could not be stored, and the
+/// ledger answers the next delivery).
+async fn shared(mut answer: tokio::sync::watch::Receiver<Option<Value>>) -> Value {
+    let waited = tokio::time::timeout(SHARE_WAIT, answer.wait_for(Option::is_some)).await;
+    match waited {
+        Ok(Ok(answer)) => answer.clone().unwrap_or_else(progress),
+        Ok(Err(_)) | Err(_) => progress(),
+    }
+}
+
+/// What a delivery meeting the first one still running answers.
+fn progress() -> Value {
+    to_value(&Receipt::Progress {
+        message: Some("the first delivery of this operation is still running".into()),
+    })
+}
+
+/// A read (a tool that changes nothing): run at once, then its receipt and turn stored in
+/// one catalog write, unless a delivery of it was stored first, whose receipt every
+/// delivery answers. Run twice (two replicas at once), it changes nothing; one receipt is
+/// kept, and only the delivery that stored it calls its callback. A read on a binding with
+/// no session (released at a turn's end) would make one, which is an effect: it is claimed
+/// as any other operation.
+async fn deliver_read(
     mut context: Context,
     key: pb::OperationKey,
     kind: pb::OperationKind,
     digest: String,
     request: Value,
+    delivery: Delivery,
+) -> Result<Value, ApiError> {
+    context.cancel = delivery.cancel.clone();
+    let runner = uuid::Uuid::new_v4().simple().to_string();
+    let (callback, refusal) = callback_of(&context, &key, kind, &request);
+    // Runs to its end, and is stored, even if Brain stops waiting.
+    let work = plinth_kit::tasks::spawn(async move {
+        let receipt = match (refusal, request.as_object()) {
+            (Some(refusal), _) => refusal,
+            (None, Some(operation)) => match tools::execute_read(&context, operation).await {
+                Some(receipt) => receipt,
+                None => {
+                    return deliver_claimed(context, key, kind, digest, request, delivery).await;
+                }
+            },
+            (None, None) => {
+                return deliver_claimed(context, key, kind, digest, request, delivery).await;
+            }
+        };
+        let turns = context.take_turns();
+        let recorded = record(
+            &context.state,
+            &key,
+            &context.binding.environment,
+            kind,
+            &digest,
+            &runner,
+            &receipt,
+            turns,
+        )
+        .await;
+        let (stored_here, answer) = recorded?;
+        delivery.answered(&answer);
+        drop(delivery);
+        if let (true, Some(callback)) = (stored_here, callback) {
+            context
+                .state
+                .brain_runtime
+                .callbacks
+                .finish(callback, &key.session_id, key.sequence);
+        }
+        Ok::<_, ApiError>(answer)
+    });
+    work.await.map_err(|error| PlinthError::internal(&error))?
+}
+
+/// An execution's callback, used by this delivery alone once its receipt is stored, and only
+/// at an origin the adapter registered: one elsewhere refuses the execution (the receipt
+/// given) before anything runs.
+fn callback_of(
+    context: &Context,
+    key: &pb::OperationKey,
+    kind: pb::OperationKind,
+    request: &Value,
+) -> (Option<callbacks::Callback>, Option<Receipt>) {
+    if kind != pb::OperationKind::Execute {
+        return (None, None);
+    }
+    match callbacks::Callback::of_execution(
+        request,
+        &context.adapter.id,
+        &context.adapter.callback_origins,
+    ) {
+        Ok(callback) => (callback, None),
+        Err(failure) => {
+            tracing::warn!(adapter = %key.adapter_id, brain_session = %key.session_id, sequence = key.sequence, code = %failure.code, "brain execution refused: its callback is not at a registered origin");
+            (None, Some(Receipt::from(failure)))
+        }
+    }
+}
+
+/// Stores a read's receipt and turns; answers whether this one was stored, and the receipt
+/// every delivery gets: this one, or the one stored first. Retried as a finish is; if it
+/// cannot be stored, the answer is a transport failure, and a redelivery runs the read
+/// again.
+#[allow(clippy::too_many_arguments)]
+async fn record(
+    state: &Agents,
+    key: &pb::OperationKey,
+    environment: &str,
+    kind: pb::OperationKind,
+    digest: &str,
+    runner: &str,
+    receipt: &Receipt,
+    turns: Vec<pb::RecordTurnRequest>,
+) -> Result<(bool, Value), ApiError> {
+    let text = storable(receipt);
+    let mut last = None;
+    for attempt in 0..5u32 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+        }
+        let recorded = state
+            .brain()
+            .record_operation(pb::RecordOperationRequest {
+                key: Some(key.clone()),
+                environment: environment.to_owned(),
+                kind: kind.into(),
+                digest: digest.to_owned(),
+                runner: runner.to_owned(),
+                receipt_json: text.clone(),
+                turns: turns.clone(),
+                unknown_receipt_json: abandoned().to_json(),
+            })
+            .await;
+        match recorded {
+            Ok(recorded) => {
+                let recorded = recorded.into_inner();
+                let outcome = recorded.outcome();
+                let stored = recorded.operation.unwrap_or_default();
+                return match outcome {
+                    pb::ClaimOutcome::Claimed => Ok((true, stored_receipt(&stored.receipt_json))),
+                    other => Ok((false, duplicate(key, other, &stored)?)),
+                };
+            }
+            Err(status) => {
+                let transient = transient(&status);
+                last = Some(status);
+                if !transient {
+                    break;
+                }
+            }
+        }
+    }
+    let status = last.unwrap_or_else(|| tonic::Status::unavailable("no attempt"));
+    tracing::error!(brain_session = %key.session_id, sequence = key.sequence, error = %status.message(), "a brain read's receipt could not be stored");
+    Err(PlinthError::new(
+        ErrorCode::Unavailable,
+        "the read ran but its receipt could not be recorded; nothing changed, and a redelivery reads again",
+    )
+    .into())
+}
+
+/// Whether a catalog call's failure may pass on a retry.
+fn transient(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::DeadlineExceeded
+    )
+}
+
+/// Claims the operation and runs it, or answers what a previous delivery left.
+async fn deliver_claimed(
+    mut context: Context,
+    key: pb::OperationKey,
+    kind: pb::OperationKind,
+    digest: String,
+    request: Value,
+    delivery: Delivery,
 ) -> Result<Value, ApiError> {
     let state = context.state.clone();
     let runtime = state.brain_runtime.clone();
@@ -352,34 +626,22 @@ async fn deliver(
         .operation
         .ok_or_else(|| PlinthError::new(ErrorCode::Internal, "the claim has no operation"))?;
     if outcome != pb::ClaimOutcome::Claimed {
-        return duplicate(&key, outcome, &stored);
+        let answer = duplicate(&key, outcome, &stored)?;
+        if outcome != pb::ClaimOutcome::InProgress {
+            delivery.answered(&answer);
+        }
+        return Ok(answer);
     }
     tracing::info!(adapter = %key.adapter_id, brain_session = %key.session_id, sequence = key.sequence, environment = %context.binding.environment, kind = kind.label(), "brain operation started");
-    context.cancel = runtime.track(&key);
+    context.cancel = delivery.cancel.clone();
+    context.claimed_binding = Mutex::new(claim.binding);
     let renewal = hold(
         state.clone(),
         key.clone(),
         runner.clone(),
         context.cancel.clone(),
     );
-    // An execution's callback is used by this delivery alone, once its receipt is stored, and
-    // only at an origin the adapter registered: one elsewhere refuses the execution before
-    // anything runs.
-    let (callback, refusal) = if kind == pb::OperationKind::Execute {
-        match callbacks::Callback::of_execution(
-            &request,
-            &context.adapter.id,
-            &context.adapter.callback_origins,
-        ) {
-            Ok(callback) => (callback, None),
-            Err(failure) => {
-                tracing::warn!(adapter = %key.adapter_id, brain_session = %key.session_id, sequence = key.sequence, code = %failure.code, "brain execution refused: its callback is not at a registered origin");
-                (None, Some(Receipt::from(failure)))
-            }
-        }
-    } else {
-        (None, None)
-    };
+    let (callback, refusal) = callback_of(&context, &key, kind, &request);
     // The operation runs to its end even if Brain stops waiting: its receipt is stored for the
     // next delivery, and its effect is never left half done by a dropped connection.
     let work = plinth_kit::tasks::spawn(async move {
@@ -394,11 +656,13 @@ async fn deliver(
         };
         let turns = context.take_turns();
         let outcome = finish(&context.state, &key, &runner, &receipt, turns).await;
-        let runtime = &context.state.brain_runtime;
-        runtime.untrack(&key);
         let (recorded, stored) = outcome?;
+        delivery.answered(&stored);
+        drop(delivery);
         if let (true, Some(callback)) = (recorded, callback) {
-            runtime
+            context
+                .state
+                .brain_runtime
                 .callbacks
                 .finish(callback, &key.session_id, key.sequence);
         }
@@ -450,20 +714,7 @@ async fn finish(
     receipt: &Receipt,
     turns: Vec<pb::RecordTurnRequest>,
 ) -> Result<(bool, Value), ApiError> {
-    let mut text = receipt.to_json();
-    if text.len() > MAX_RECEIPT_BYTES {
-        // An output this large cannot be kept for redelivery; the tool's own paging
-        // (`max_bytes`, line ranges, `read_command_output`) gets it in parts.
-        text = Receipt::Failure(receipt::Failure {
-            code: ErrorCode::FileTooLarge.as_str().to_owned(),
-            message: format!(
-                "the operation's output is larger than {MAX_RECEIPT_BYTES} bytes; ask for less (max_bytes, a line range)"
-            ),
-            retryable: false,
-            details: Some(serde_json::json!({ "max_bytes": MAX_RECEIPT_BYTES })),
-        })
-        .to_json();
-    }
+    let text = storable(receipt);
     let mut last = None;
     for attempt in 0..5u32 {
         if attempt > 0 {
@@ -488,10 +739,7 @@ async fn finish(
                 return Ok((finished.recorded, stored_receipt(&stored.receipt_json)));
             }
             Err(status) => {
-                let transient = matches!(
-                    status.code(),
-                    tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::DeadlineExceeded
-                );
+                let transient = transient(&status);
                 last = Some(status);
                 if !transient {
                     break;
@@ -508,30 +756,49 @@ async fn finish(
     .into())
 }
 
+/// The receipt as stored: an output too large to keep is a failure saying so.
+fn storable(receipt: &Receipt) -> String {
+    let text = receipt.to_json();
+    if text.len() <= MAX_RECEIPT_BYTES {
+        return text;
+    }
+    // An output this large cannot be kept for redelivery; the tool's own paging (`max_bytes`,
+    // line ranges, `read_command_output`) gets it in parts.
+    Receipt::Failure(receipt::Failure {
+        code: ErrorCode::FileTooLarge.as_str().to_owned(),
+        message: format!(
+            "the operation's output is larger than {MAX_RECEIPT_BYTES} bytes; ask for less (max_bytes, a line range)"
+        ),
+        retryable: false,
+        details: Some(serde_json::json!({ "max_bytes": MAX_RECEIPT_BYTES })),
+    })
+    .to_json()
+}
+
+/// `sequence_reused`: the sequence was delivered with another request.
+fn sequence_reused(key: &pb::OperationKey) -> Value {
+    to_value(&Receipt::failure(
+        codes::SEQUENCE_REUSED,
+        format!(
+            "sequence {} of this session was delivered before with a different request; an operation is never changed",
+            key.sequence
+        ),
+        false,
+    ))
+}
+
 /// What a second delivery of an operation answers: the catalog's outcome, as a receipt.
 fn duplicate(
     key: &pb::OperationKey,
     outcome: pb::ClaimOutcome,
     stored: &pb::BrainOperation,
 ) -> Result<Value, ApiError> {
-    let progress = || {
-        to_value(&Receipt::Progress {
-            message: Some("the first delivery of this operation is still running".into()),
-        })
-    };
     match outcome {
         pb::ClaimOutcome::Duplicate | pb::ClaimOutcome::SettledUnknown => {
             Ok(stored_receipt(&stored.receipt_json))
         }
         pb::ClaimOutcome::InProgress => Ok(progress()),
-        pb::ClaimOutcome::SequenceReused => Ok(to_value(&Receipt::failure(
-            codes::SEQUENCE_REUSED,
-            format!(
-                "sequence {} of this session was delivered before with a different request; an operation is never changed",
-                key.sequence
-            ),
-            false,
-        ))),
+        pb::ClaimOutcome::SequenceReused => Ok(sequence_reused(key)),
         // Nothing was run for this delivery: say so, rather than guess what the catalog meant.
         pb::ClaimOutcome::Claimed | pb::ClaimOutcome::Unspecified => Err(PlinthError::new(
             ErrorCode::Internal,
@@ -587,6 +854,17 @@ async fn cancel(context: &Context, request: &serde_json::Map<String, Value>) -> 
         Err(status) => {
             let error = PlinthError::from_status(&status);
             if error.code == ErrorCode::NotFound {
+                // A read runs without a claim: the ledger has it only once it is stored.
+                if context.state.brain_runtime.cancel_local(&key) {
+                    tracing::info!(brain_session = %key.session_id, sequence = target, "brain cancellation of a read asked");
+                    return Receipt::Returned {
+                        output: Some(serde_json::json!({
+                            "sequence": target,
+                            "running": true,
+                            "cancel_requested": true,
+                        })),
+                    };
+                }
                 return Receipt::failure(
                     "not_found",
                     format!("sequence {target} of this session was never delivered here"),

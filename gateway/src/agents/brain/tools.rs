@@ -35,43 +35,95 @@ enum Stop {
     Cancelled,
 }
 
+/// Whether `request` is an execution of a tool that changes nothing (a read): run twice, it
+/// answers what the workspace holds and leaves it as it was.
+pub fn reads_only(request: &Value) -> bool {
+    let descriptor = request.get("descriptor").and_then(Value::as_object);
+    let kind = descriptor
+        .and_then(|descriptor| descriptor.get("kind"))
+        .and_then(Value::as_str)
+        .unwrap_or("tool");
+    kind == "tool"
+        && descriptor
+            .and_then(|descriptor| descriptor.get("name"))
+            .and_then(Value::as_str)
+            .and_then(|name| tools::named(Dialect::Brain, name))
+            .is_some_and(|spec| !spec.mutates)
+}
+
 /// `execute`.
 pub async fn execute(context: &Context, request: &Map<String, Value>) -> Receipt {
+    execute_as(context, request, Allocate::Yes)
+        .await
+        .unwrap_or_else(|| {
+            Receipt::failure(
+                ErrorCode::Internal.as_str(),
+                "the tool found no session and made none",
+                true,
+            )
+        })
+}
+
+/// `execute` of a read ([`reads_only`]) run without a claim: `None`, with nothing run, when
+/// its binding has no session (released at a turn's end), as making one is an effect that
+/// must be claimed first.
+pub async fn execute_read(context: &Context, request: &Map<String, Value>) -> Option<Receipt> {
+    execute_as(context, request, Allocate::No).await
+}
+
+/// Whether a tool may make its binding a session when it has none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Allocate {
+    Yes,
+    No,
+}
+
+async fn execute_as(
+    context: &Context,
+    request: &Map<String, Value>,
+    allocate: Allocate,
+) -> Option<Receipt> {
     let descriptor = request.get("descriptor").and_then(Value::as_object);
     let kind = descriptor
         .and_then(|descriptor| descriptor.get("kind"))
         .and_then(Value::as_str)
         .unwrap_or("tool");
     if kind != "tool" {
-        return Receipt::unsupported(format!(
+        return Some(Receipt::unsupported(format!(
             "descriptor kind {kind:?} is not served here; this environment serves tools"
-        ));
+        )));
     }
     let Some(name) = descriptor
         .and_then(|descriptor| descriptor.get("name"))
         .and_then(Value::as_str)
     else {
-        return Receipt::invalid("operation.request.descriptor.name: the tool to run");
+        return Some(Receipt::invalid(
+            "operation.request.descriptor.name: the tool to run",
+        ));
     };
     let Some(spec) = tools::named(Dialect::Brain, name) else {
-        return Receipt::unsupported(format!(
+        return Some(Receipt::unsupported(format!(
             "tool {name:?} is not served here; the tools are {}",
             tools::names(Dialect::Brain).collect::<Vec<_>>().join(", ")
-        ));
+        )));
     };
     let input = match request.get("input") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(input)) => input.clone(),
-        Some(_) => return Receipt::invalid("operation.request.input: expected an object"),
+        Some(_) => {
+            return Some(Receipt::invalid(
+                "operation.request.input: expected an object",
+            ));
+        }
     };
     let deadline = match request.get("deadline") {
         None | Some(Value::Null) => None,
         Some(deadline) => match deadline.as_u64() {
             Some(ms) => Some(ms),
             None => {
-                return Receipt::invalid(
+                return Some(Receipt::invalid(
                     "operation.request.deadline: milliseconds since the Unix epoch",
-                );
+                ));
             }
         },
     };
@@ -82,11 +134,12 @@ pub async fn execute(context: &Context, request: &Map<String, Value>) -> Receipt
         Duration::from_millis(ms.saturating_sub(now))
     });
     if remaining == Some(Duration::ZERO) {
-        return stopped(Stop::Deadline, json!({ "started": false }));
+        return Some(stopped(Stop::Deadline, json!({ "started": false })));
     }
-    let session = match session(context).await {
-        Ok(session) => session,
-        Err(receipt) => return receipt,
+    let session = match session(context, allocate).await {
+        Ok(Some(session)) => session,
+        Ok(None) => return None,
+        Err(receipt) => return Some(receipt),
     };
     let marker = format!("{}-{}", context.sequence, uuid::Uuid::new_v4().simple());
     let run = run(context, &session, spec.tool, &input, &marker);
@@ -98,10 +151,10 @@ pub async fn execute(context: &Context, request: &Map<String, Value>) -> Receipt
         }
     };
     let stop = tokio::select! {
-        outcome = &mut run => return match outcome {
+        outcome = &mut run => return Some(match outcome {
             Ok(output) => Receipt::Result { output },
             Err(failure) => failure.into(),
-        },
+        }),
         () = limit => Stop::Deadline,
         () = context.cancel.cancelled() => Stop::Cancelled,
     };
@@ -109,7 +162,7 @@ pub async fn execute(context: &Context, request: &Map<String, Value>) -> Receipt
     // found and killed: let go of first, the node would kill them as its caller went away,
     // and the evidence would name none.
     let evidence = cleanup(context, &session, spec.tool, &marker).await;
-    stopped(stop, evidence)
+    Some(stopped(stop, evidence))
 }
 
 fn stopped(stop: Stop, cleanup: Value) -> Receipt {
@@ -127,9 +180,15 @@ fn stopped(stop: Stop, cleanup: Value) -> Receipt {
 }
 
 /// The binding's session, made when it has none (its first tool after a release). Lost
-/// resources are a failure naming them, never a silent replacement.
-async fn session(context: &Context) -> Result<pb::Session, Receipt> {
-    let binding = match lifecycle::binding(context).await? {
+/// resources are a failure naming them, never a silent replacement. `None` when it has none
+/// and `allocate` says not to make one.
+async fn session(context: &Context, allocate: Allocate) -> Result<Option<pb::Session>, Receipt> {
+    // A claimed execution's claim read its binding; a read asks.
+    let binding = match context.take_claimed_binding() {
+        Some(binding) => Some(binding),
+        None => lifecycle::binding(context).await?,
+    };
+    let binding = match binding {
         Some(binding) => binding,
         None => {
             return Err(Receipt::failure(
@@ -154,7 +213,10 @@ async fn session(context: &Context) -> Result<pb::Session, Receipt> {
         ));
     }
     if binding.plinth_session_id.is_empty() {
-        return allocate(context, &binding).await;
+        if allocate == Allocate::No {
+            return Ok(None);
+        }
+        return self::allocate(context, &binding).await.map(Some);
     }
     // The gateway's cache of live sessions, as every session call uses: a session ended
     // elsewhere is refused by its node, and that refusal is the loss named below.
@@ -188,7 +250,7 @@ async fn session(context: &Context) -> Result<pb::Session, Receipt> {
         )
         .into());
     }
-    Ok(session)
+    Ok(Some(session))
 }
 
 /// A session for a binding released at a turn's end; two tools racing here agree on one.
