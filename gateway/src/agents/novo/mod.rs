@@ -434,6 +434,8 @@ async fn admit_once(
             request_id: request_id.to_owned(),
             expires_at_ms: signature::accepted_until_ms(at),
             max_live: i64::try_from(state.novo.replay_memory).unwrap_or(i64::MAX),
+            // A mutating call with a request id is claimed under it (synced) before it runs.
+            claimed_next: !request_id.is_empty(),
         })
         .await?
         .into_inner();

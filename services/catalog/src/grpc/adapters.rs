@@ -522,6 +522,7 @@ impl pb::replay_memory_service_server::ReplayMemoryService for ReplayMemory {
                     run_id: &request.run_id,
                     request_id: &request.request_id,
                     expires_at_ms: request.expires_at_ms,
+                    claimed_next: request.claimed_next && !request.request_id.is_empty(),
                 },
                 request.max_live.max(1),
             )

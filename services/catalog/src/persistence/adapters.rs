@@ -13,6 +13,7 @@
 //! sealed at start by [`Store::seal_stored_credentials`], which also refuses a key that does not
 //! open what is there.
 
+use super::durability::Durable;
 use plinth_kit::database::{Backend, now_ms};
 use sqlx::any::AnyRow;
 use sqlx::{Executor as _, Row};
@@ -663,31 +664,40 @@ impl Store {
         let keep_until = now.saturating_add(retention_ms);
         let record = [Value::Text(adapter.as_str()), Value::Text(key)];
         let unknown = outcome_unknown_answer();
-        let mut tx = self.db.begin_write().await?;
+        let columns = [
+            "adapter_id",
+            "key",
+            "run_id",
+            "body_sha256",
+            "claim",
+            "lease_until_ms",
+            "expires_at_ms",
+        ];
+        let values = [
+            record[0],
+            record[1],
+            Value::Text(run_id),
+            Value::Text(body_sha256),
+            Value::Text(&claim),
+            Value::Int(lease_until),
+            Value::Int(keep_until),
+        ];
+        // The first call with the key (nearly every one): one statement, its own transaction,
+        // on disk before the call runs as every synced commit is.
+        {
+            let mut connection = self.db.writer.acquire().await?;
+            if KEYS.claim(&mut connection, &columns, &values).await? {
+                return Ok(Claimed::Claimed(claim));
+            }
+        }
+        // Used before: what that call left decides, in one transaction, on disk before the
+        // call runs.
+        let mut tx = self.begin_ledger_write(Durable::BeforeAnswer).await?;
         let (claimed, settled) = claim_in(
             &mut tx,
             &KEYS,
             &record,
-            (
-                &[
-                    "adapter_id",
-                    "key",
-                    "run_id",
-                    "body_sha256",
-                    "claim",
-                    "lease_until_ms",
-                    "expires_at_ms",
-                ],
-                &[
-                    record[0],
-                    record[1],
-                    Value::Text(run_id),
-                    Value::Text(body_sha256),
-                    Value::Text(&claim),
-                    Value::Int(lease_until),
-                    Value::Int(keep_until),
-                ],
-            ),
+            (&columns, &values),
             &[
                 ("run_id", Value::Text(run_id)),
                 ("body_sha256", Value::Text(body_sha256)),
@@ -749,7 +759,13 @@ impl Store {
     ) -> Result<(bool, Option<Turn>), StoreError> {
         let (status, response) = answer;
         let record = [Value::Text(adapter.as_str()), Value::Text(key)];
-        let mut tx = self.db.begin_write().await?;
+        if self.db.backend == Backend::Sqlite {
+            return self
+                .finish_key_script(&record, claim, answer, turn, retention_ms)
+                .await;
+        }
+        // The caller was answered already; the claim, synced, stands until this lands.
+        let mut tx = self.begin_ledger_write(Durable::Committed).await?;
         let stored = KEYS
             .answer(
                 &mut tx,
@@ -772,6 +788,97 @@ impl Store {
         }
         tx.commit().await?;
         Ok((stored, recorded))
+    }
+
+    /// [`Store::finish_key`] on SQLite: two trips to the database's thread (its statements,
+    /// then the turn and the commit) where statement by statement it was six.
+    async fn finish_key_script(
+        &self,
+        record: &[Value<'_>],
+        claim: &str,
+        (status, response): (u32, &str),
+        turn: Option<&NewTurn>,
+        retention_ms: i64,
+    ) -> Result<(bool, Option<Turn>), StoreError> {
+        let now = now_ms();
+        let answer = [Value::Int(i64::from(status)), Value::Text(response)];
+        let (update, mut values) = KEYS.answer_sql(
+            record,
+            claim,
+            &answer,
+            now.saturating_add(retention_ms),
+            None,
+        );
+        // `changes()`: whether the UPDATE just before stored this answer.
+        let select = format!(
+            "SELECT {} AS state, status, response, changes() AS stored FROM {} WHERE {}",
+            KEYS.state,
+            KEYS.name,
+            KEYS.key_match(answer.len() + 2)
+        );
+        let mut script = format!("{update}; {select};");
+        if let Some(turn) = turn {
+            script.push_str(&ledger::renumbered(
+                super::sessions::TURN_TAKEN,
+                values.len(),
+            ));
+            values.extend([
+                Value::Text(turn.session.as_str()),
+                Value::Text(turn.scope.as_str()),
+                Value::Int(now),
+            ]);
+        }
+        let (write, rows) = self
+            .begin_ledger_script(Durable::Committed, &script, &values)
+            .await?;
+        let found = |column: &str| {
+            rows.iter().find(|row| {
+                use sqlx::Column as _;
+                row.columns().iter().any(|c| c.name() == column)
+            })
+        };
+        let Some(row) = found("stored") else {
+            write.rollback().await?;
+            return Err(StoreError::NotFound);
+        };
+        let stored = row.try_get::<i64, _>("stored")? == 1;
+        let same = stored
+            || (row.try_get::<String, _>("state")? == KEYS.done
+                && row.try_get::<i64, _>("status")? == i64::from(status)
+                && row.try_get::<String, _>("response")? == response);
+        let (Some(turn), Some(taken)) = (turn, found("turns")) else {
+            write.commit().await?;
+            return Ok((stored, None));
+        };
+        if !ledger::turns_due(stored, same) {
+            write.rollback().await?;
+            return Ok((stored, None));
+        }
+        let recorded = Turn {
+            session_id: turn.session.clone(),
+            sequence: u64::try_from(taken.try_get::<i64, _>("turns")?).unwrap_or(0),
+            kind: turn.kind,
+            detail: super::sessions::stored_detail(&turn.detail),
+            version: u32::try_from(taken.try_get::<i64, _>("version")?).unwrap_or(0),
+            at_ms: now,
+            exit_code: turn.exit_code,
+        };
+        let sequence = i64::try_from(recorded.sequence).unwrap_or(i64::MAX);
+        write
+            .commit_script(
+                &format!("{};", super::sessions::TURN_RECORDED),
+                &[
+                    Value::Text(recorded.session_id.as_str()),
+                    Value::Int(sequence),
+                    Value::Text(recorded.kind.as_str()),
+                    Value::Text(&recorded.detail),
+                    Value::Int(i64::from(recorded.version)),
+                    Value::Int(now),
+                    Value::MaybeInt(recorded.exit_code.map(i64::from)),
+                ],
+            )
+            .await?;
+        Ok((stored, Some(recorded)))
     }
 
     /// Gives a claim up, so a retry runs the call: only for a call that certainly did not
@@ -819,6 +926,10 @@ pub struct SignedCall<'a> {
     pub request_id: &'a str,
     /// When its `t` stops being accepted, ms since the epoch: the row is kept until then.
     pub expires_at_ms: i64,
+    /// Whether the call is claimed under its request id, in a synced commit, before it runs:
+    /// then this admission is committed without a sync of its own (that claim's covers it,
+    /// and until then nothing ran, so losing it loses nothing).
+    pub claimed_next: bool,
 }
 
 /// What [`Store::admit_signed_call`] found.
@@ -849,73 +960,59 @@ impl Store {
         call: SignedCall<'_>,
         max_live: i64,
     ) -> Result<SignedCallSeen, StoreError> {
-        for _ in 0..2 {
-            let now = now_ms();
-            let inserted = sqlx::query(
-                "INSERT INTO novo_signatures (adapter_id, signature, run_id, request_id, \
-                 expires_at_ms) SELECT $1, $2, $3, $4, $5 WHERE (SELECT COUNT(*) FROM \
-                 novo_signatures WHERE adapter_id = $1 AND expires_at_ms > $6) < $7 \
-                 ON CONFLICT (adapter_id, signature) DO NOTHING",
-            )
-            .bind(call.adapter.as_str())
-            .bind(call.signature)
-            .bind(call.run_id)
-            .bind(call.request_id)
-            .bind(call.expires_at_ms)
-            .bind(now)
-            .bind(max_live.max(1))
-            .execute(&self.db.writer)
-            .await?;
-            if inserted.rows_affected() == 1 {
-                return Ok(SignedCallSeen::First);
-            }
-            let row = sqlx::query(
-                "SELECT run_id, request_id, expires_at_ms FROM novo_signatures \
-                 WHERE adapter_id = $1 AND signature = $2",
-            )
-            .bind(call.adapter.as_str())
-            .bind(call.signature)
-            .fetch_optional(&self.db.writer)
-            .await?;
-            let Some(row) = row else {
-                let oldest: Option<i64> = sqlx::query(
-                    "SELECT MIN(expires_at_ms) AS oldest FROM novo_signatures \
-                     WHERE adapter_id = $1 AND expires_at_ms > $2",
-                )
-                .bind(call.adapter.as_str())
-                .bind(now)
-                .fetch_one(&self.db.writer)
-                .await?
-                .try_get("oldest")?;
-                return Ok(SignedCallSeen::Full {
-                    until_ms: oldest.unwrap_or(now),
-                });
-            };
-            let expires: i64 = row.try_get("expires_at_ms")?;
-            if expires <= now {
-                // Expired and not swept yet: it protects nothing any more.
-                sqlx::query(
-                    "DELETE FROM novo_signatures WHERE adapter_id = $1 AND signature = $2 \
-                     AND expires_at_ms <= $3",
-                )
-                .bind(call.adapter.as_str())
-                .bind(call.signature)
-                .bind(now)
-                .execute(&self.db.writer)
-                .await?;
-                continue;
-            }
-            let run: String = row.try_get("run_id")?;
-            let request: String = row.try_get("request_id")?;
-            let same =
-                !call.request_id.is_empty() && request == call.request_id && run == call.run_id;
-            return Ok(if same {
-                SignedCallSeen::SameRequest
-            } else {
-                SignedCallSeen::Replayed
-            });
+        if call.claimed_next
+            && self.db.backend == Backend::Sqlite
+            && self.admit_first(&call, max_live).await?
+        {
+            return Ok(SignedCallSeen::First);
         }
-        Ok(SignedCallSeen::Replayed)
+        // One transaction, on disk before the call runs.
+        let durable = if call.claimed_next {
+            Durable::SyncedByClaim
+        } else {
+            Durable::BeforeAnswer
+        };
+        let mut tx = self.begin_ledger_write(durable).await?;
+        let seen = admit_in(&mut tx, call, max_live).await?;
+        tx.commit().await?;
+        Ok(seen)
+    }
+
+    /// A keyed call's admission on SQLite when it is the first (nearly every one): one
+    /// statement with no sync of its own (its claim's covers it), in one trip; false, with
+    /// nothing written, when the full rules must decide.
+    async fn admit_first(&self, call: &SignedCall<'_>, max_live: i64) -> Result<bool, StoreError> {
+        let mut connection = self.db.writer.acquire().await?;
+        let admitted = sqlx::query(
+            "PRAGMA synchronous = NORMAL; \
+             INSERT INTO novo_signatures (adapter_id, signature, run_id, request_id, \
+             expires_at_ms) SELECT $1, $2, $3, $4, $5 WHERE (SELECT COUNT(*) FROM \
+             novo_signatures WHERE adapter_id = $1 AND expires_at_ms > $6) < $7 \
+             ON CONFLICT (adapter_id, signature) DO NOTHING; \
+             SELECT changes() AS admitted; PRAGMA synchronous = FULL",
+        )
+        .bind(call.adapter.as_str())
+        .bind(call.signature)
+        .bind(call.run_id)
+        .bind(call.request_id)
+        .bind(call.expires_at_ms)
+        .bind(now_ms())
+        .bind(max_live.max(1))
+        .fetch_all(&mut *connection)
+        .await;
+        match admitted {
+            Ok(rows) => Ok(rows
+                .first()
+                .map(|row| row.try_get::<i64, _>("admitted"))
+                .transpose()?
+                == Some(1)),
+            Err(error) => {
+                // Which statement failed is not known: the writer may be left relaxed, so
+                // it is closed rather than given back.
+                connection.close_on_drop();
+                Err(error.into())
+            }
+        }
     }
 
     /// Removes remembered Novo signatures whose `t` is no longer accepted; answers how many.
@@ -928,4 +1025,78 @@ impl Store {
         )
         .await
     }
+}
+
+/// [`Store::admit_signed_call`]'s statements, in the caller's transaction.
+async fn admit_in(
+    connection: &mut sqlx::AnyConnection,
+    call: SignedCall<'_>,
+    max_live: i64,
+) -> Result<SignedCallSeen, StoreError> {
+    for _ in 0..2 {
+        let now = now_ms();
+        let inserted = sqlx::query(
+            "INSERT INTO novo_signatures (adapter_id, signature, run_id, request_id, \
+                 expires_at_ms) SELECT $1, $2, $3, $4, $5 WHERE (SELECT COUNT(*) FROM \
+                 novo_signatures WHERE adapter_id = $1 AND expires_at_ms > $6) < $7 \
+                 ON CONFLICT (adapter_id, signature) DO NOTHING",
+        )
+        .bind(call.adapter.as_str())
+        .bind(call.signature)
+        .bind(call.run_id)
+        .bind(call.request_id)
+        .bind(call.expires_at_ms)
+        .bind(now)
+        .bind(max_live.max(1))
+        .execute(&mut *connection)
+        .await?;
+        if inserted.rows_affected() == 1 {
+            return Ok(SignedCallSeen::First);
+        }
+        let row = sqlx::query(
+            "SELECT run_id, request_id, expires_at_ms FROM novo_signatures \
+                 WHERE adapter_id = $1 AND signature = $2",
+        )
+        .bind(call.adapter.as_str())
+        .bind(call.signature)
+        .fetch_optional(&mut *connection)
+        .await?;
+        let Some(row) = row else {
+            let oldest: Option<i64> = sqlx::query(
+                "SELECT MIN(expires_at_ms) AS oldest FROM novo_signatures \
+                     WHERE adapter_id = $1 AND expires_at_ms > $2",
+            )
+            .bind(call.adapter.as_str())
+            .bind(now)
+            .fetch_one(&mut *connection)
+            .await?
+            .try_get("oldest")?;
+            return Ok(SignedCallSeen::Full {
+                until_ms: oldest.unwrap_or(now),
+            });
+        };
+        let expires: i64 = row.try_get("expires_at_ms")?;
+        if expires <= now {
+            // Expired and not swept yet: it protects nothing any more.
+            sqlx::query(
+                "DELETE FROM novo_signatures WHERE adapter_id = $1 AND signature = $2 \
+                     AND expires_at_ms <= $3",
+            )
+            .bind(call.adapter.as_str())
+            .bind(call.signature)
+            .bind(now)
+            .execute(&mut *connection)
+            .await?;
+            continue;
+        }
+        let run: String = row.try_get("run_id")?;
+        let request: String = row.try_get("request_id")?;
+        let same = !call.request_id.is_empty() && request == call.request_id && run == call.run_id;
+        return Ok(if same {
+            SignedCallSeen::SameRequest
+        } else {
+            SignedCallSeen::Replayed
+        });
+    }
+    Ok(SignedCallSeen::Replayed)
 }

@@ -251,6 +251,7 @@ async fn admit(
                 run_id: run,
                 request_id: request,
                 expires_at_ms,
+                claimed_next: false,
             },
             bound,
         )
