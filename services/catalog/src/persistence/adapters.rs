@@ -683,12 +683,24 @@ impl Store {
             Value::Int(keep_until),
         ];
         // The first call with the key (nearly every one): one statement, its own transaction,
-        // on disk before the call runs as every synced commit is.
-        {
+        // on disk before the call runs (on SQLite synced outside the writer, so concurrent
+        // claims share the file system's commits).
+        let claimed = if self.db.backend == Backend::Sqlite {
+            let script = format!(
+                "{}; SELECT changes() AS claimed",
+                KEYS.insert_sql(&columns, &values, KEYS.running)
+            );
+            let rows = self.synced_script(&script, &values).await?;
+            rows.first()
+                .map(|row| row.try_get::<i64, _>("claimed"))
+                .transpose()?
+                == Some(1)
+        } else {
             let mut connection = self.db.writer.acquire().await?;
-            if KEYS.claim(&mut connection, &columns, &values).await? {
-                return Ok(Claimed::Claimed(claim));
-            }
+            KEYS.claim(&mut connection, &columns, &values).await?
+        };
+        if claimed {
+            return Ok(Claimed::Claimed(claim));
         }
         // Used before: what that call left decides, in one transaction, on disk before the
         // call runs.

@@ -102,26 +102,25 @@ impl Store {
             Value::Int(now.saturating_add(new.lease_ms)),
             Value::Int(now),
         ];
-        // The first delivery (nearly every one): one statement, its own transaction, synced
-        // by its commit as every write that is not a ledger's relaxed one. The binding is
-        // read after it on the same connection, the one writer, so it is the binding as the
-        // claim left it; on SQLite both are one trip to the database's thread.
+        // The first delivery (nearly every one): one statement, its own transaction, on disk
+        // before this answers (on SQLite synced outside the writer, so concurrent claims
+        // share the file system's commits). The binding is read after it on the same
+        // connection, the one writer, so it is the binding as the claim left it; on SQLite
+        // both are one trip to the database's thread.
         {
-            let mut connection = self.db.writer.acquire().await?;
             let insert = format!(
                 "{} RETURNING {OPERATION_COLUMNS}",
                 OPERATIONS.insert_sql(&columns, &values, OPERATIONS.running)
             );
             let (operation, found) = if self.db.backend == Backend::Sqlite {
-                let mut script = format!("{insert};");
+                let mut script = insert;
                 let mut all = values.to_vec();
                 if let Some(binding) = binding {
+                    script.push_str("; ");
                     script.push_str(&ledger::renumbered(&binding_by_key(), all.len()));
                     all.extend(binding_values(binding));
                 }
-                let rows = ledger::bind(sqlx::query(sqlx::AssertSqlSafe(script)), &all)
-                    .fetch_all(&mut *connection)
-                    .await?;
+                let rows = self.synced_script(&script, &all).await?;
                 let operation = rows.iter().find(|row| has_column(row, "digest"));
                 let found = rows.iter().find(|row| has_column(row, "environment_id"));
                 (
@@ -129,6 +128,7 @@ impl Store {
                     found.map(binding_from_row).transpose()?,
                 )
             } else {
+                let mut connection = self.db.writer.acquire().await?;
                 let inserted = ledger::bind(sqlx::query(sqlx::AssertSqlSafe(insert)), &values)
                     .fetch_optional(&mut *connection)
                     .await?;

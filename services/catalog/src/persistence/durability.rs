@@ -24,8 +24,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use plinth_kit::database::Backend;
 use sqlx::any::AnyRow;
@@ -50,17 +49,17 @@ pub(super) enum Durable {
 }
 
 /// Which commits are synced (SQLite). Each relaxed commit takes a ticket; a sync covers
-/// every ticket taken before it started. A caller whose commit a sync in flight covers waits
-/// for that sync; any other starts its own at once (never waiting behind one that cannot
-/// cover it), and the file system joins syncs that overlap.
+/// every ticket taken before it started. One sync runs at a time, for everyone waiting.
 #[derive(Debug)]
 pub(super) struct Flusher {
     /// Tickets taken: relaxed commits made.
     committed: AtomicU64,
-    /// The highest ticket a sync started so far covers.
-    started: AtomicU64,
+    /// Held by the one sync in flight.
+    turn: tokio::sync::Mutex<()>,
     /// The highest ticket known synced.
     synced: tokio::sync::watch::Sender<u64>,
+    /// Synced scripts waiting for the writer.
+    queued: AtomicUsize,
     /// The write-ahead log's path (`None`: an in-memory database, nothing to sync).
     wal: tokio::sync::OnceCell<Option<PathBuf>>,
 }
@@ -69,16 +68,13 @@ impl Default for Flusher {
     fn default() -> Self {
         Flusher {
             committed: AtomicU64::new(0),
-            started: AtomicU64::new(0),
+            turn: tokio::sync::Mutex::new(()),
             synced: tokio::sync::watch::Sender::new(0),
+            queued: AtomicUsize::new(0),
             wal: tokio::sync::OnceCell::new(),
         }
     }
 }
-
-/// How long a caller waits for a sync in flight before it starts its own (that sync may
-/// have failed, and its failure is its own caller's to report).
-const JOIN_WAIT: Duration = Duration::from_secs(1);
 
 /// One ledger write in progress: a transaction on the writer, committed by
 /// [`LedgerWrite::commit`]. Dropped before that (an error, or its caller gone), its
@@ -243,6 +239,53 @@ impl LedgerWrite {
     }
 }
 
+impl Store {
+    /// SQLite only: `sql`'s statements, each its own transaction, in one trip to the
+    /// database's thread, on disk before this answers: a claim made this way is synced
+    /// before its caller runs anything. With other callers queued for the writer, it is
+    /// committed without holding the writer through a sync and synced outside it, so
+    /// concurrent callers' syncs overlap (the file system commits them together) where
+    /// synced commits queued one after another behind the writer.
+    pub(super) async fn synced_script(
+        &self,
+        sql: &str,
+        values: &[Value<'_>],
+    ) -> Result<Vec<AnyRow>, StoreError> {
+        self.flusher.queued.fetch_add(1, Ordering::SeqCst);
+        let acquired = self.db.writer.acquire().await;
+        // Whether other synced scripts wait for the writer behind this one.
+        let behind = self.flusher.queued.fetch_sub(1, Ordering::SeqCst) > 1;
+        let mut connection = acquired?;
+        if !behind {
+            // Alone, the writer's own sync is the cheaper way (no thread hop, no second
+            // open of the log): committed with `synchronous = FULL` as every other write.
+            return Ok(bind(sqlx::query(sqlx::AssertSqlSafe(sql)), values)
+                .fetch_all(&mut *connection)
+                .await?);
+        }
+        let wal = self.flusher.wal_path(&mut connection).await?;
+        let script = format!("PRAGMA synchronous = NORMAL; {sql}; PRAGMA synchronous = FULL");
+        let ran = bind(sqlx::query(sqlx::AssertSqlSafe(script)), values)
+            .fetch_all(&mut *connection)
+            .await;
+        let rows = match ran {
+            Ok(rows) => rows,
+            Err(error) => {
+                // Which statement failed is not known: the writer may be left relaxed, so it
+                // is closed rather than given back.
+                connection.close_on_drop();
+                return Err(error.into());
+            }
+        };
+        drop(connection);
+        let ticket = self.flusher.committed.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(wal) = wal {
+            self.flusher.sync(ticket, &wal).await?;
+        }
+        Ok(rows)
+    }
+}
+
 impl LedgerWrite {
     /// Rolls back, giving the writer back as every other write finds it.
     pub(super) async fn rollback(mut self) -> Result<(), StoreError> {
@@ -279,22 +322,19 @@ impl Flusher {
         Ok(path.clone())
     }
 
-    /// Returns once `ticket`'s commit is synced: at once if a sync covered it, after the
-    /// sync in flight that covers it, or after a sync of its own.
+    /// Returns once `ticket`'s commit is synced: at once if a sync covered it, else after
+    /// one sync at a time (group commit): a caller waits for the sync in flight, and if that
+    /// did not cover it, the first to get the turn syncs every commit made by then, for
+    /// every caller waiting.
     async fn sync(&self, ticket: u64, wal: &std::path::Path) -> Result<(), StoreError> {
-        let mut synced = self.synced.subscribe();
-        if *synced.borrow() >= ticket {
+        if *self.synced.borrow() >= ticket {
             return Ok(());
         }
-        if self.started.load(Ordering::SeqCst) >= ticket {
-            let joined =
-                tokio::time::timeout(JOIN_WAIT, synced.wait_for(|synced| *synced >= ticket)).await;
-            if matches!(joined, Ok(Ok(_))) {
-                return Ok(());
-            }
+        let _turn = self.turn.lock().await;
+        if *self.synced.borrow() >= ticket {
+            return Ok(());
         }
         let covers = self.committed.load(Ordering::SeqCst);
-        self.started.fetch_max(covers, Ordering::SeqCst);
         let wal = wal.to_owned();
         let done = tokio::task::spawn_blocking(move || {
             match std::fs::OpenOptions::new().write(true).open(&wal) {
@@ -375,7 +415,7 @@ mod tests {
         assert_eq!(seen, 7);
         let mut synced = store.flusher.synced.subscribe();
         tokio::time::timeout(
-            Duration::from_secs(10),
+            std::time::Duration::from_secs(10),
             synced.wait_for(|synced| *synced >= 1),
         )
         .await
@@ -417,6 +457,63 @@ mod tests {
         let mut writer = store.db.writer.acquire().await.expect("writer");
         assert_eq!(synchronous(&mut writer).await, 2);
         assert_eq!(store.flusher.committed.load(Ordering::SeqCst), 0);
+    }
+
+    /// A synced script answers once its commit is synced, gives the writer back as every
+    /// other write finds it, and a script that fails midway does not leave it relaxed.
+    #[tokio::test]
+    async fn a_synced_script_is_on_disk_when_it_answers_and_never_leaves_the_writer_relaxed() {
+        let (_dir, store) = store().await;
+        let mut writer = store.db.writer.acquire().await.expect("writer");
+        writer
+            .execute("CREATE TABLE claims (n INTEGER PRIMARY KEY)")
+            .await
+            .expect("create");
+        drop(writer);
+        let rows = store
+            .synced_script(
+                "INSERT INTO claims (n) VALUES ($1); SELECT changes() AS claimed",
+                &[Value::Int(1)],
+            )
+            .await
+            .expect("claim");
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].try_get::<i64, _>("claimed").expect("claimed"), 1);
+        // Alone: the writer's own synchronous commit, no ticket.
+        assert_eq!(store.flusher.committed.load(Ordering::SeqCst), 0);
+
+        // Behind another (as if one were queued): relaxed, then synced before it answers.
+        store.flusher.queued.fetch_add(1, Ordering::SeqCst);
+        let rows = store
+            .synced_script(
+                "INSERT INTO claims (n) VALUES ($1); SELECT changes() AS claimed",
+                &[Value::Int(3)],
+            )
+            .await
+            .expect("claim");
+        store.flusher.queued.fetch_sub(1, Ordering::SeqCst);
+        assert_eq!(rows[0].try_get::<i64, _>("claimed").expect("claimed"), 1);
+        let ticket = store.flusher.committed.load(Ordering::SeqCst);
+        assert_eq!(ticket, 1);
+        assert!(
+            *store.flusher.synced.borrow() >= ticket,
+            "synced before it answered"
+        );
+        let mut writer = store.db.writer.acquire().await.expect("writer");
+        assert_eq!(synchronous(&mut writer).await, 2);
+        drop(writer);
+
+        // The second statement fails (the row is there): the connection is not given back.
+        store.flusher.queued.fetch_add(1, Ordering::SeqCst);
+        let failed = store
+            .synced_script(
+                "INSERT INTO claims (n) VALUES ($1); INSERT INTO claims (n) VALUES ($1)",
+                &[Value::Int(2)],
+            )
+            .await;
+        assert!(failed.is_err());
+        let mut writer = store.db.writer.acquire().await.expect("writer");
+        assert_eq!(synchronous(&mut writer).await, 2);
     }
 
     /// A write that must be on disk before its answer is never relaxed.
