@@ -462,9 +462,6 @@ impl Store {
     }
 }
 
-/// What a delivery that found the operation already stored or claimed answers (see
-/// [`Claim`]); one that was abandoned is settled with `unknown` here, in the caller's
-
 /// SQLite's ledger writes as scripts: each is two trips to the database's thread (its
 /// statements, then the turns and the commit) where statement by statement it was five or
 /// more, each trip costing about as much as the statements' work.
@@ -646,6 +643,8 @@ fn binding_values(key: &BindingKey) -> [Value<'_>; 3] {
     ]
 }
 
+/// What a delivery that found the operation already stored or claimed answers (see
+/// [`Claim`]); one that was abandoned is settled with `unknown` here, in the caller's
 /// transaction.
 async fn repeat_in(
     tx: &mut sqlx::AnyConnection,

@@ -2,7 +2,7 @@
 //! disk, and when its caller may rely on it.
 //!
 //! On SQLite every other write of the catalog commits with `synchronous = FULL`: the commit
-//! syncs the write-ahead log while it holds the one writer. A ledger write is one of two:
+//! syncs the write-ahead log while it holds the one writer. A ledger write is one of three:
 //!
 //! - [`Durable::BeforeAnswer`]: committed the same way, on disk before its caller is
 //!   answered. Everything with an effect is claimed so (a Brain operation's claim, a Novo
@@ -19,8 +19,11 @@
 //!   the kernel) in that fraction of a millisecond can take it; what that costs is said
 //!   where each write chooses it, and is never a second run.
 //!
-//! On PostgreSQL both commit as every other write (its own commit shares one WAL flush among
-//! concurrent commits).
+//!
+//! A claim made by [`Store::synced_script`] is `BeforeAnswer` too, but with other claims
+//! waiting for the writer it commits relaxed and waits for a sync outside the writer, which
+//! those callers share (group commit). On PostgreSQL every ledger write commits as any other
+//! (its own commit shares one WAL flush among concurrent commits).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -243,9 +246,9 @@ impl Store {
     /// SQLite only: `sql`'s statements, each its own transaction, in one trip to the
     /// database's thread, on disk before this answers: a claim made this way is synced
     /// before its caller runs anything. With other callers queued for the writer, it is
-    /// committed without holding the writer through a sync and synced outside it, so
-    /// concurrent callers' syncs overlap (the file system commits them together) where
-    /// synced commits queued one after another behind the writer.
+    /// committed without holding the writer through a sync and synced outside it, one sync
+    /// for every caller waiting, where synced commits queued one after another behind the
+    /// writer.
     pub(super) async fn synced_script(
         &self,
         sql: &str,
