@@ -254,10 +254,10 @@ impl Store {
         sql: &str,
         values: &[Value<'_>],
     ) -> Result<Vec<AnyRow>, StoreError> {
-        self.flusher.queued.fetch_add(1, Ordering::SeqCst);
+        let waiting = Queued::join(&self.flusher.queued);
         let acquired = self.db.writer.acquire().await;
         // Whether other synced scripts wait for the writer behind this one.
-        let behind = self.flusher.queued.fetch_sub(1, Ordering::SeqCst) > 1;
+        let behind = waiting.leave() > 0;
         let mut connection = acquired?;
         if !behind {
             // Alone, the writer's own sync is the cheaper way (no thread hop, no second
@@ -286,6 +286,37 @@ impl Store {
             self.flusher.sync(ticket, &wal).await?;
         }
         Ok(rows)
+    }
+}
+
+/// One caller counted in [`Flusher`]'s `queued` until it has the writer, or until its future
+/// is dropped while it waits (a cancelled call must not count as waiting ever after).
+struct Queued<'a> {
+    queued: &'a AtomicUsize,
+    left: bool,
+}
+
+impl<'a> Queued<'a> {
+    fn join(queued: &'a AtomicUsize) -> Self {
+        queued.fetch_add(1, Ordering::SeqCst);
+        Queued {
+            queued,
+            left: false,
+        }
+    }
+
+    /// Stops counting this caller; answers how many others are still waiting.
+    fn leave(mut self) -> usize {
+        self.left = true;
+        self.queued.fetch_sub(1, Ordering::SeqCst).saturating_sub(1)
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if !self.left {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -517,6 +548,23 @@ mod tests {
         assert!(failed.is_err());
         let mut writer = store.db.writer.acquire().await.expect("writer");
         assert_eq!(synchronous(&mut writer).await, 2);
+    }
+
+    /// A caller dropped while it waits for the writer stops counting as waiting.
+    #[tokio::test]
+    async fn a_cancelled_wait_for_the_writer_is_not_counted_ever_after() {
+        let (_dir, store) = store().await;
+        let held = store.db.writer.acquire().await.expect("writer");
+        let waiting = store.synced_script("SELECT 1", &[]);
+        let cut = tokio::time::timeout(std::time::Duration::from_millis(50), waiting).await;
+        assert!(cut.is_err(), "it waited for the writer");
+        drop(held);
+        assert_eq!(store.flusher.queued.load(Ordering::SeqCst), 0);
+        let left = Queued::join(&store.flusher.queued);
+        let other = Queued::join(&store.flusher.queued);
+        assert_eq!(left.leave(), 1);
+        drop(other);
+        assert_eq!(store.flusher.queued.load(Ordering::SeqCst), 0);
     }
 
     /// A write that must be on disk before its answer is never relaxed.
