@@ -228,6 +228,38 @@ impl TryFrom<pb::Binding> for Binding {
     }
 }
 
+/// A delivered operation as a claim or a record names it, checked (its lease 0: a claim
+/// sets its own), and the receipt an abandoned delivery of it is settled with checked too.
+fn new_operation(
+    key: Option<pb::OperationKey>,
+    environment: String,
+    kind: i32,
+    digest: String,
+    runner: String,
+    unknown_receipt_json: &str,
+) -> Result<NewOperation, Status> {
+    let key = operation_key(key)?;
+    name("environment", &environment)?;
+    name("digest", &digest)?;
+    name("runner", &runner)?;
+    if unknown_receipt_json.is_empty() {
+        return Err(PlinthError::invalid(
+            "unknown_receipt_json: required, the receipt an abandoned operation is settled with",
+        )
+        .into());
+    }
+    json_text("unknown_receipt_json", unknown_receipt_json)?;
+    let kind: OperationKind = closed("kind", kind)?;
+    Ok(NewOperation {
+        key,
+        environment,
+        kind,
+        digest,
+        runner,
+        lease_ms: 0,
+    })
+}
+
 /// A claim's (or a record's) outcome on the wire.
 fn outcome_of(claim: &Claim) -> pb::ClaimOutcome {
     match claim {
@@ -247,25 +279,17 @@ impl pb::brain_service_server::BrainService for Brain {
         request: Request<pb::ClaimOperationRequest>,
     ) -> Result<Response<pb::ClaimOperationResponse>, Status> {
         let request = request.into_inner();
-        let key = operation_key(request.key)?;
-        name("environment", &request.environment)?;
-        name("digest", &request.digest)?;
-        name("runner", &request.runner)?;
-        if request.unknown_receipt_json.is_empty() {
-            return Err(PlinthError::invalid(
-                "unknown_receipt_json: required, the receipt an abandoned operation is settled with",
-            )
-            .into());
-        }
-        json_text("unknown_receipt_json", &request.unknown_receipt_json)?;
-        let kind: OperationKind = closed("kind", request.kind)?;
+        let new = new_operation(
+            request.key,
+            request.environment,
+            request.kind,
+            request.digest,
+            request.runner,
+            &request.unknown_receipt_json,
+        )?;
         let new = NewOperation {
-            key,
-            environment: request.environment,
-            kind,
-            digest: request.digest,
-            runner: request.runner,
             lease_ms: lease(request.lease_ms)?,
+            ..new
         };
         let binding = BindingKey {
             adapter_id: new.key.adapter_id.clone(),
@@ -332,32 +356,20 @@ impl pb::brain_service_server::BrainService for Brain {
         request: Request<pb::RecordOperationRequest>,
     ) -> Result<Response<pb::RecordOperationResponse>, Status> {
         let request = request.into_inner();
-        let key = operation_key(request.key)?;
-        name("environment", &request.environment)?;
-        name("digest", &request.digest)?;
-        name("runner", &request.runner)?;
         json_text("receipt_json", &request.receipt_json)?;
-        if request.unknown_receipt_json.is_empty() {
-            return Err(PlinthError::invalid(
-                "unknown_receipt_json: required, the receipt an abandoned operation is settled with",
-            )
-            .into());
-        }
-        json_text("unknown_receipt_json", &request.unknown_receipt_json)?;
-        let kind: OperationKind = closed("kind", request.kind)?;
+        let new = new_operation(
+            request.key,
+            request.environment,
+            request.kind,
+            request.digest,
+            request.runner,
+            &request.unknown_receipt_json,
+        )?;
         let turns = request
             .turns
             .into_iter()
             .map(crate::grpc::adapters::new_turn)
             .collect::<Result<Vec<_>, _>>()?;
-        let new = NewOperation {
-            key,
-            environment: request.environment,
-            kind,
-            digest: request.digest,
-            runner: request.runner,
-            lease_ms: 0,
-        };
         let claim = self
             .store
             .record_operation(

@@ -843,12 +843,7 @@ impl Store {
         let (write, rows) = self
             .begin_ledger_script(Durable::Committed, &script, &values)
             .await?;
-        let found = |column: &str| {
-            rows.iter().find(|row| {
-                use sqlx::Column as _;
-                row.columns().iter().any(|c| c.name() == column)
-            })
-        };
+        let found = |column: &str| rows.iter().find(|row| ledger::has_column(row, column));
         let Some(row) = found("stored") else {
             write.rollback().await?;
             return Err(StoreError::NotFound);

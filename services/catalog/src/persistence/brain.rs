@@ -49,6 +49,53 @@ fn key_values(key: &OperationKey) -> Result<[Value<'_>; 3], StoreError> {
     ])
 }
 
+/// The columns of a delivery's new row, as a claim inserts it.
+const NEW_COLUMNS: [&str; 9] = [
+    "adapter_id",
+    "session_id",
+    "sequence",
+    "environment",
+    "kind",
+    "digest",
+    "runner",
+    "lease_until_ms",
+    "started_at_ms",
+];
+
+/// [`NEW_COLUMNS`] and its receipt, as a read's record inserts it.
+fn recorded_columns() -> Vec<&'static str> {
+    [NEW_COLUMNS.as_slice(), &["receipt", "finished_at_ms"]].concat()
+}
+
+/// `new`'s values for [`NEW_COLUMNS`]: started `now`, its lease until `lease_until`.
+fn new_values(
+    new: &NewOperation,
+    now: i64,
+    lease_until: i64,
+) -> Result<Vec<Value<'_>>, StoreError> {
+    let mut values = key_values(&new.key)?.to_vec();
+    values.extend([
+        Value::Text(&new.environment),
+        Value::Text(new.kind.label()),
+        Value::Text(&new.digest),
+        Value::Text(&new.runner),
+        Value::Int(lease_until),
+        Value::Int(now),
+    ]);
+    Ok(values)
+}
+
+/// `new` recorded at `now` with `receipt`: values for [`recorded_columns`].
+fn recorded_values<'a>(
+    new: &'a NewOperation,
+    receipt: &'a str,
+    now: i64,
+) -> Result<Vec<Value<'a>>, StoreError> {
+    let mut values = new_values(new, now, now)?;
+    values.extend([Value::Text(receipt), Value::Int(now)]);
+    Ok(values)
+}
+
 fn sequence(key: &OperationKey) -> Result<i64, StoreError> {
     i64::try_from(key.sequence)
         .map_err(|_| StoreError::Corrupt(format!("sequence {} is past 2^63", key.sequence)))
@@ -79,29 +126,8 @@ impl Store {
         binding: Option<&BindingKey>,
     ) -> Result<(Claim, Option<Binding>), StoreError> {
         let now = now_ms();
-        let key = key_values(&new.key)?;
-        let columns = [
-            "adapter_id",
-            "session_id",
-            "sequence",
-            "environment",
-            "kind",
-            "digest",
-            "runner",
-            "lease_until_ms",
-            "started_at_ms",
-        ];
-        let values = [
-            key[0],
-            key[1],
-            key[2],
-            Value::Text(&new.environment),
-            Value::Text(new.kind.label()),
-            Value::Text(&new.digest),
-            Value::Text(&new.runner),
-            Value::Int(now.saturating_add(new.lease_ms)),
-            Value::Int(now),
-        ];
+        let columns = NEW_COLUMNS;
+        let values = new_values(new, now, now.saturating_add(new.lease_ms))?;
         // The first delivery (nearly every one): one statement, its own transaction, on disk
         // before this answers (on SQLite synced outside the writer, so concurrent claims
         // share the file system's commits). The binding is read after it on the same
@@ -121,8 +147,10 @@ impl Store {
                     all.extend(binding_values(binding));
                 }
                 let rows = self.synced_script(&script, &all).await?;
-                let operation = rows.iter().find(|row| has_column(row, "digest"));
-                let found = rows.iter().find(|row| has_column(row, "environment_id"));
+                let operation = rows.iter().find(|row| ledger::has_column(row, "digest"));
+                let found = rows
+                    .iter()
+                    .find(|row| ledger::has_column(row, "environment_id"));
                 (
                     operation.map(operation_from_row).transpose()?,
                     found.map(binding_from_row).transpose()?,
@@ -178,7 +206,6 @@ impl Store {
         unknown: &str,
     ) -> Result<Claim, StoreError> {
         let now = now_ms();
-        let key = key_values(&new.key)?;
         if self.db.backend == Backend::Sqlite
             && let Some(claim) = self
                 .record_operation_script(new, receipt, turns, now)
@@ -190,32 +217,8 @@ impl Store {
         let recorded = OPERATIONS
             .record(
                 &mut tx,
-                &[
-                    "adapter_id",
-                    "session_id",
-                    "sequence",
-                    "environment",
-                    "kind",
-                    "digest",
-                    "runner",
-                    "lease_until_ms",
-                    "started_at_ms",
-                    "receipt",
-                    "finished_at_ms",
-                ],
-                &[
-                    key[0],
-                    key[1],
-                    key[2],
-                    Value::Text(&new.environment),
-                    Value::Text(new.kind.label()),
-                    Value::Text(&new.digest),
-                    Value::Text(&new.runner),
-                    Value::Int(now),
-                    Value::Int(now),
-                    Value::Text(receipt),
-                    Value::Int(now),
-                ],
+                &recorded_columns(),
+                &recorded_values(new, receipt, now)?,
                 OPERATION_COLUMNS,
             )
             .await?;
@@ -475,33 +478,8 @@ impl Store {
         turns: &[NewTurn],
         now: i64,
     ) -> Result<Option<Claim>, StoreError> {
-        let key = key_values(&new.key)?;
-        let columns = [
-            "adapter_id",
-            "session_id",
-            "sequence",
-            "environment",
-            "kind",
-            "digest",
-            "runner",
-            "lease_until_ms",
-            "started_at_ms",
-            "receipt",
-            "finished_at_ms",
-        ];
-        let mut values = vec![
-            key[0],
-            key[1],
-            key[2],
-            Value::Text(&new.environment),
-            Value::Text(new.kind.label()),
-            Value::Text(&new.digest),
-            Value::Text(&new.runner),
-            Value::Int(now),
-            Value::Int(now),
-            Value::Text(receipt),
-            Value::Int(now),
-        ];
+        let columns = recorded_columns();
+        let mut values = recorded_values(new, receipt, now)?;
         let insert = OPERATIONS.insert_sql(&columns, &values, OPERATIONS.done);
         let (taken, taken_values) = turns_taken(turns, now, values.len());
         values.extend(taken_values);
@@ -509,7 +487,7 @@ impl Store {
         let (write, rows) = self
             .begin_ledger_script(Durable::Committed, &script, &values)
             .await?;
-        let Some(row) = rows.iter().find(|row| has_column(row, "digest")) else {
+        let Some(row) = rows.iter().find(|row| ledger::has_column(row, "digest")) else {
             write.rollback().await?;
             return Ok(None);
         };
@@ -546,7 +524,7 @@ impl Store {
         let (write, rows) = self
             .begin_ledger_script(Durable::Committed, &script, &values)
             .await?;
-        let Some(row) = rows.iter().find(|row| has_column(row, "stored")) else {
+        let Some(row) = rows.iter().find(|row| ledger::has_column(row, "stored")) else {
             write.rollback().await?;
             return Err(StoreError::NotFound);
         };
@@ -597,7 +575,10 @@ fn turns_recorded<'a>(
 ) -> Result<(String, Vec<Value<'a>>), StoreError> {
     let mut sql = String::new();
     let mut values = Vec::new();
-    for row in rows.iter().filter(|row| has_column(row, "turn_index")) {
+    for row in rows
+        .iter()
+        .filter(|row| ledger::has_column(row, "turn_index"))
+    {
         let index = usize::try_from(row.try_get::<i64, _>("turn_index")?)
             .map_err(|_| StoreError::Corrupt("a turn's index".into()))?;
         let (Some(turn), Some(detail)) = (turns.get(index), details.get(index)) else {
@@ -619,12 +600,6 @@ fn turns_recorded<'a>(
         ]);
     }
     Ok((sql, values))
-}
-
-/// Whether `row` has a column of that name (a script's rows come from several statements).
-fn has_column(row: &AnyRow, name: &str) -> bool {
-    use sqlx::Column as _;
-    row.columns().iter().any(|column| column.name() == name)
 }
 
 /// A binding by its key, `$1` to `$3` ([`binding_values`]).

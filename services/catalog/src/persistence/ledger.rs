@@ -131,6 +131,12 @@ pub(super) fn renumbered(sql: &str, offset: usize) -> String {
     out
 }
 
+/// Whether `row` has a column of that name (a script's rows come from several statements).
+pub(super) fn has_column(row: &AnyRow, name: &str) -> bool {
+    use sqlx::Column as _;
+    row.columns().iter().any(|column| column.name() == name)
+}
+
 impl Table {
     /// `k1 = $first AND k2 = $first+1 …`
     pub(super) fn key_match(&self, first: usize) -> String {
