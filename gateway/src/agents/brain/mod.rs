@@ -542,44 +542,33 @@ async fn record(
     turns: Vec<pb::RecordTurnRequest>,
 ) -> Result<(bool, Value), ApiError> {
     let text = storable(receipt);
-    let mut last = None;
-    for attempt in 0..5u32 {
-        if attempt > 0 {
-            tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+    let recorded = stored(|| {
+        let mut brain = state.brain();
+        let request = pb::RecordOperationRequest {
+            key: Some(key.clone()),
+            environment: environment.to_owned(),
+            kind: kind.into(),
+            digest: digest.to_owned(),
+            runner: runner.to_owned(),
+            receipt_json: text.clone(),
+            turns: turns.clone(),
+            unknown_receipt_json: abandoned().to_json(),
+        };
+        async move { brain.record_operation(request).await }
+    })
+    .await;
+    let status = match recorded {
+        Ok(recorded) => {
+            let recorded = recorded.into_inner();
+            let outcome = recorded.outcome();
+            let stored = recorded.operation.unwrap_or_default();
+            return match outcome {
+                pb::ClaimOutcome::Claimed => Ok((true, stored_receipt(&stored.receipt_json))),
+                other => Ok((false, duplicate(key, other, &stored)?)),
+            };
         }
-        let recorded = state
-            .brain()
-            .record_operation(pb::RecordOperationRequest {
-                key: Some(key.clone()),
-                environment: environment.to_owned(),
-                kind: kind.into(),
-                digest: digest.to_owned(),
-                runner: runner.to_owned(),
-                receipt_json: text.clone(),
-                turns: turns.clone(),
-                unknown_receipt_json: abandoned().to_json(),
-            })
-            .await;
-        match recorded {
-            Ok(recorded) => {
-                let recorded = recorded.into_inner();
-                let outcome = recorded.outcome();
-                let stored = recorded.operation.unwrap_or_default();
-                return match outcome {
-                    pb::ClaimOutcome::Claimed => Ok((true, stored_receipt(&stored.receipt_json))),
-                    other => Ok((false, duplicate(key, other, &stored)?)),
-                };
-            }
-            Err(status) => {
-                let transient = transient(&status);
-                last = Some(status);
-                if !transient {
-                    break;
-                }
-            }
-        }
-    }
-    let status = last.unwrap_or_else(|| tonic::Status::unavailable("no attempt"));
+        Err(status) => status,
+    };
     tracing::error!(brain_session = %key.session_id, sequence = key.sequence, error = %status.message(), "a brain read's receipt could not be stored");
     Err(PlinthError::new(
         ErrorCode::Unavailable,
@@ -588,12 +577,31 @@ async fn record(
     .into())
 }
 
-/// Whether a catalog call's failure may pass on a retry.
-fn transient(status: &tonic::Status) -> bool {
-    matches!(
-        status.code(),
-        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::DeadlineExceeded
-    )
+/// A catalog write of a receipt, tried up to five times, 200 ms more apart each time, while it
+/// fails in a way a retry may pass (the catalog unavailable or unanswered); the last failure
+/// otherwise.
+async fn stored<T, Call, Fut>(mut call: Call) -> Result<T, tonic::Status>
+where
+    Call: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let mut attempt = 0u32;
+    loop {
+        match call().await {
+            Ok(answer) => return Ok(answer),
+            Err(status) => {
+                let transient = matches!(
+                    status.code(),
+                    tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::DeadlineExceeded
+                );
+                attempt += 1;
+                if !transient || attempt == 5 {
+                    return Err(status);
+                }
+                tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+            }
+        }
+    }
 }
 
 /// Claims the operation and runs it, or answers what a previous delivery left.
@@ -715,39 +723,28 @@ async fn finish(
     turns: Vec<pb::RecordTurnRequest>,
 ) -> Result<(bool, Value), ApiError> {
     let text = storable(receipt);
-    let mut last = None;
-    for attempt in 0..5u32 {
-        if attempt > 0 {
-            tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
-        }
-        let finished = state
-            .brain()
-            .finish_operation(pb::FinishOperationRequest {
-                key: Some(key.clone()),
-                runner: runner.to_owned(),
-                receipt_json: text.clone(),
-                turns: turns.clone(),
-            })
-            .await;
-        match finished {
-            Ok(finished) => {
-                let finished = finished.into_inner();
-                let stored = finished.operation.unwrap_or_default();
-                if !finished.recorded {
-                    tracing::warn!(brain_session = %key.session_id, sequence = key.sequence, "a brain operation finished after it was settled; the stored receipt stands");
-                }
-                return Ok((finished.recorded, stored_receipt(&stored.receipt_json)));
+    let finished = stored(|| {
+        let mut brain = state.brain();
+        let request = pb::FinishOperationRequest {
+            key: Some(key.clone()),
+            runner: runner.to_owned(),
+            receipt_json: text.clone(),
+            turns: turns.clone(),
+        };
+        async move { brain.finish_operation(request).await }
+    })
+    .await;
+    let status = match finished {
+        Ok(finished) => {
+            let finished = finished.into_inner();
+            let stored = finished.operation.unwrap_or_default();
+            if !finished.recorded {
+                tracing::warn!(brain_session = %key.session_id, sequence = key.sequence, "a brain operation finished after it was settled; the stored receipt stands");
             }
-            Err(status) => {
-                let transient = transient(&status);
-                last = Some(status);
-                if !transient {
-                    break;
-                }
-            }
+            return Ok((finished.recorded, stored_receipt(&stored.receipt_json)));
         }
-    }
-    let status = last.unwrap_or_else(|| tonic::Status::unavailable("no attempt"));
+        Err(status) => status,
+    };
     tracing::error!(brain_session = %key.session_id, sequence = key.sequence, error = %status.message(), "a brain operation's receipt could not be stored");
     Err(PlinthError::new(
         ErrorCode::Unavailable,
