@@ -90,7 +90,7 @@ pub struct Runtime {
 struct Running {
     cancel: CancellationToken,
     digest: String,
-    answer: tokio::sync::watch::Receiver<Option<Value>>,
+    answer: tokio::sync::watch::Receiver<Option<std::sync::Arc<Value>>>,
 }
 
 /// What a delivery finds in this process.
@@ -98,7 +98,7 @@ enum Entered {
     /// Nothing: this delivery is the operation's, here.
     First(Delivery),
     /// A delivery of the same request runs here: its answer, when it has one.
-    Meets(tokio::sync::watch::Receiver<Option<Value>>),
+    Meets(tokio::sync::watch::Receiver<Option<std::sync::Arc<Value>>>),
     /// A delivery of another request under the same sequence runs here.
     Reused,
 }
@@ -108,13 +108,18 @@ struct Delivery {
     runtime: std::sync::Arc<Runtime>,
     key: (String, String, u64),
     cancel: CancellationToken,
-    answer: tokio::sync::watch::Sender<Option<Value>>,
+    answer: tokio::sync::watch::Sender<Option<std::sync::Arc<Value>>>,
 }
 
 impl Delivery {
-    /// Hands the answer to deliveries waiting for it.
-    fn answered(&self, answer: &Value) {
+    /// Hands the answer to deliveries waiting for it, ends this delivery, and gives the
+    /// answer back: shared, not copied (a listing's receipt can be megabytes), unless a
+    /// waiting delivery still holds it.
+    fn answered(self, answer: Value) -> Value {
+        let answer = std::sync::Arc::new(answer);
         self.answer.send_replace(Some(answer.clone()));
+        drop(self);
+        std::sync::Arc::try_unwrap(answer).unwrap_or_else(|shared| Value::clone(&shared))
     }
 }
 
@@ -428,10 +433,10 @@ async fn deliver(
 /// The answer of the delivery running in this process, once it has one; `progress` if it
 /// has none within [`SHARE_WAIT`] (or gave none: its receipt could not be stored, and the
 /// ledger answers the next delivery).
-async fn shared(mut answer: tokio::sync::watch::Receiver<Option<Value>>) -> Value {
+async fn shared(mut answer: tokio::sync::watch::Receiver<Option<std::sync::Arc<Value>>>) -> Value {
     let waited = tokio::time::timeout(SHARE_WAIT, answer.wait_for(Option::is_some)).await;
     match waited {
-        Ok(Ok(answer)) => answer.clone().unwrap_or_else(progress),
+        Ok(Ok(answer)) => answer.as_deref().cloned().unwrap_or_else(progress),
         Ok(Err(_)) | Err(_) => progress(),
     }
 }
@@ -487,8 +492,7 @@ async fn deliver_read(
         )
         .await;
         let (stored_here, answer) = recorded?;
-        delivery.answered(&answer);
-        drop(delivery);
+        let answer = delivery.answered(answer);
         if let (true, Some(callback)) = (stored_here, callback) {
             context
                 .state
@@ -636,7 +640,7 @@ async fn deliver_claimed(
     if outcome != pb::ClaimOutcome::Claimed {
         let answer = duplicate(&key, outcome, &stored)?;
         if outcome != pb::ClaimOutcome::InProgress {
-            delivery.answered(&answer);
+            return Ok(delivery.answered(answer));
         }
         return Ok(answer);
     }
@@ -665,8 +669,7 @@ async fn deliver_claimed(
         let turns = context.take_turns();
         let outcome = finish(&context.state, &key, &runner, &receipt, turns).await;
         let (recorded, stored) = outcome?;
-        delivery.answered(&stored);
-        drop(delivery);
+        let stored = delivery.answered(stored);
         if let (true, Some(callback)) = (recorded, callback) {
             context
                 .state
