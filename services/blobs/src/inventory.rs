@@ -1,5 +1,5 @@
 //! What garbage collection sees of a store, and how it removes what it decided may go: every
-//! object under `blobs/` and `staging/`, with its size and when it was last written. Which
+//! object under `blobs/`, `staging/` and `packs/`, with its size and when it was last written. Which
 //! objects may go is decided elsewhere (the source service's `gc`); this module only lists,
 //! names and removes.
 //!
@@ -24,6 +24,9 @@ pub enum ObjectKind {
     Partial(Digest),
     /// A staging object of a large upload (named by the upload, not the content).
     Staging,
+    /// The pack of the version with this layer tree (see [`crate::pack`]): it goes when the
+    /// tree does.
+    Pack(Digest),
     /// Anything else: never removed.
     Foreign,
 }
@@ -42,7 +45,7 @@ pub struct StoredObject {
 }
 
 impl BlobStore {
-    /// Every object under `blobs/` and `staging/`.
+    /// Every object under `blobs/`, `staging/` and `packs/`.
     pub async fn inventory(&self) -> Result<Vec<StoredObject>, BlobError> {
         if let Some(root) = self.local_root() {
             let root = root.to_owned();
@@ -51,7 +54,7 @@ impl BlobStore {
                 .map_err(|join| BlobError::Io(std::io::Error::other(join.to_string())))?;
         }
         let mut objects = Vec::new();
-        for prefix in ["blobs", "staging"] {
+        for prefix in ["blobs", "staging", "packs"] {
             let prefix = object_store::path::Path::from(prefix);
             let mut listing = self.object_store().list(Some(&prefix));
             while let Some(meta) = listing.try_next().await? {
@@ -114,6 +117,16 @@ pub fn kind_of(key: &str) -> ObjectKind {
     if key.starts_with("staging/") {
         return ObjectKind::Staging;
     }
+    if let Some(rest) = key.strip_prefix("packs/sha256/") {
+        return match rest.split_once('/') {
+            Some((fanout, hex))
+                if hex.len() == 64 && fanout.len() == 2 && hex.starts_with(fanout) =>
+            {
+                hex.parse().map_or(ObjectKind::Foreign, ObjectKind::Pack)
+            }
+            _ => ObjectKind::Foreign,
+        };
+    }
     let Some(rest) = key.strip_prefix("blobs/sha256/") else {
         return ObjectKind::Foreign;
     };
@@ -136,10 +149,10 @@ pub fn kind_of(key: &str) -> ObjectKind {
     }
 }
 
-/// Walks `root/blobs` and `root/staging` on disk, partial names included.
+/// Walks `root/blobs`, `root/staging` and `root/packs` on disk, partial names included.
 fn walk_local(root: &Path) -> Result<Vec<StoredObject>, BlobError> {
     let mut objects = Vec::new();
-    let mut pending: Vec<PathBuf> = ["blobs", "staging"]
+    let mut pending: Vec<PathBuf> = ["blobs", "staging", "packs"]
         .into_iter()
         .map(|top| root.join(top))
         .collect();
@@ -202,7 +215,17 @@ mod tests {
         assert_eq!(kind_of(&format!("{blob}#3")), ObjectKind::Partial(digest));
         assert_eq!(kind_of("staging/0123abcd"), ObjectKind::Staging);
         assert_eq!(kind_of("staging/0123abcd#1"), ObjectKind::Staging);
+        let pack = format!("packs/sha256/{}/{hex}", &hex[..2]);
+        assert_eq!(kind_of(&pack), ObjectKind::Pack(digest));
+        assert_eq!(
+            BlobStore::pack_location(&digest).to_string(),
+            pack,
+            "found where it is written"
+        );
         for foreign in [
+            format!("packs/sha256/zz/{hex}"),
+            format!("packs/sha256/{hex}"),
+            format!("{pack}#1"),
             format!("blobs/sha256/zz/{hex}"),
             format!("blobs/sha256/{hex}"),
             format!("blobs/sha512/{}/{hex}", &hex[..2]),

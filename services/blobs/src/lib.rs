@@ -22,6 +22,7 @@
 mod digest;
 pub mod inventory;
 mod local;
+pub mod pack;
 mod store;
 pub mod tree;
 
