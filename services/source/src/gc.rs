@@ -449,6 +449,7 @@ impl Pass<'_> {
         let mut by_digest: HashMap<Digest, StoredObject> = HashMap::new();
         let mut partials = Vec::new();
         let mut staging = Vec::new();
+        let mut packs = Vec::new();
         for object in objects {
             report.listed_objects += 1;
             report.listed_bytes += object.size;
@@ -460,7 +461,8 @@ impl Pass<'_> {
                 ObjectKind::Partial(_) if old => partials.push(object),
                 ObjectKind::Blob(_) | ObjectKind::Partial(_) => report.young_objects += 1,
                 ObjectKind::Staging if object.modified_ms <= staging_cutoff => staging.push(object),
-                ObjectKind::Staging | ObjectKind::Foreign => {}
+                ObjectKind::Pack(tree) if old => packs.push((tree, object)),
+                ObjectKind::Staging | ObjectKind::Pack(_) | ObjectKind::Foreign => {}
             }
         }
 
@@ -525,6 +527,20 @@ impl Pass<'_> {
             }
             if !self.dry_run && !staging.is_empty() {
                 self.blobs.remove(&staging).await?;
+            }
+            // A pack goes with its version's tree: a node fetching it for a version that is
+            // gone has nothing to mount.
+            let dead: Vec<StoredObject> = packs
+                .into_iter()
+                .filter(|(tree, _)| !marker.live.contains(tree))
+                .map(|(_, object)| object)
+                .collect();
+            for object in &dead {
+                report.reclaimed_objects += 1;
+                report.reclaimed_bytes += object.size;
+            }
+            if !self.dry_run && !dead.is_empty() {
+                self.blobs.remove(&dead).await?;
             }
         }
         if !self.dry_run {

@@ -63,6 +63,7 @@ gc_suite!(
     a_dry_run_changes_nothing_and_says_what_a_pass_reclaims,
     one_pass_runs_at_a_time,
     a_write_whose_holds_lapsed_commits_nothing,
+    a_versions_pack_goes_with_its_tree,
 );
 
 #[allow(non_camel_case_types)]
@@ -737,4 +738,69 @@ async fn a_write_whose_holds_lapsed_commits_nothing(world: World) {
         .await
         .expect("committed");
     live.finish().await;
+}
+
+/// Stores a pack for `layer` holding `files`, as a node does.
+async fn pack(world: &World, layer: &Digest, files: &[&[u8]]) {
+    let heads = files
+        .iter()
+        .map(|content| {
+            (
+                plinth_blobs::pack::PackHead {
+                    digest: Digest::of(content),
+                    executable: false,
+                    size: content.len() as u64,
+                },
+                *content,
+            )
+        })
+        .collect();
+    let mut file = tempfile::tempfile().expect("a file");
+    plinth_blobs::pack::write_pack(heads, &mut file).expect("written");
+    std::io::Seek::rewind(&mut file).expect("rewound");
+    world.blobs.put_pack(layer, file).await.expect("stored");
+}
+
+async fn a_versions_pack_goes_with_its_tree(world: World) {
+    let live = world.environment("Live").await;
+    let doomed = world.environment("Doomed").await;
+    let live_layer = world
+        .publish(&live, &[("app.py", b"print('live')\n")])
+        .await;
+    let doomed_layer = world.publish(&doomed, &[("lib.py", b"doomed")]).await;
+    pack(&world, &live_layer, &[b"print('live')\n"]).await;
+    pack(&world, &doomed_layer, &[b"doomed"]).await;
+    // A pack of a tree nobody ever kept (a node's write for a version deleted meanwhile).
+    let stray = Digest::of(b"a tree never stored");
+    pack(&world, &stray, &[b"doomed"]).await;
+
+    // Within the grace period nothing goes, packs included.
+    let report = world.collect(GcOptions::default()).await;
+    assert_eq!(report.reclaimed_objects, 0, "{report:?}");
+    for layer in [&live_layer, &doomed_layer, &stray] {
+        assert!(world.blobs.has_pack(layer).await.expect("asked"));
+    }
+
+    world
+        .catalog
+        .delete_environment(&scope(), &doomed)
+        .await
+        .expect("delete");
+    let report = world.collect(no_grace()).await;
+    assert!(
+        world.blobs.has_pack(&live_layer).await.expect("asked"),
+        "a kept version's pack stays"
+    );
+    assert!(!world.blobs.has_pack(&doomed_layer).await.expect("asked"));
+    assert!(!world.blobs.has_pack(&stray).await.expect("asked"));
+    // The doomed file, its tree, and two packs.
+    assert_eq!(report.reclaimed_objects, 4, "{report:?}");
+    let mut opened = world
+        .blobs
+        .open_pack(&live_layer)
+        .await
+        .expect("read")
+        .expect("there");
+    let (_, bytes) = opened.next_file().await.expect("a file").expect("there");
+    assert_eq!(bytes.as_ref(), b"print('live')\n");
 }
