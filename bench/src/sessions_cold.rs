@@ -182,6 +182,32 @@ async fn fresh_bucket(client: &reqwest::Client, endpoint: &str) -> anyhow::Resul
     ))
 }
 
+/// Waits (at most a minute) for the service to have stored a version's pack; says whether it
+/// did.
+async fn wait_for_pack(client: &reqwest::Client, base: &str) -> anyhow::Result<&'static str> {
+    let begun = Instant::now();
+    while begun.elapsed() < Duration::from_secs(60) {
+        let metrics = client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?;
+        let written = metrics
+            .lines()
+            .filter(|line| line.starts_with("plinth_node_packs_written_total"))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+        if written >= 1.0 {
+            return Ok("the project's pack stored");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!("no pack was stored within a minute of the project's first session");
+    Ok("no pack stored")
+}
+
 async fn put(client: &reqwest::Client, url: String, body: Vec<u8>) -> anyhow::Result<()> {
     client
         .put(url)
@@ -346,9 +372,13 @@ async fn pass(args: &Args, store: Store, inputs: &Inputs<'_>) -> anyhow::Result<
         let mut lean = Http1::connect(&base)?;
         create_exec(&mut lean, &python, inputs.python)
     })?;
+    // The node that ran the project's first session tells what it read and stores the
+    // version's pack a few seconds after (as a node that stays up does): the rounds start
+    // once it has.
+    let packed = wait_for_pack(&client, &base).await?;
     println!(
         "\n{}: version imported in {import_seconds:.1} s, built and active in {build_seconds:.1} s; \
-         the project: {packages} packages",
+         the project: {packages} packages; {packed}",
         store.describe()
     );
     println!(

@@ -169,3 +169,97 @@ async fn the_first_session_of_a_version_records_what_it_read_first() {
     .await;
     assert_eq!(order, ["data/second.txt", "run.py"], "{order:?}");
 }
+
+/// Every file under `dir`, recursively (none when it does not exist).
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// A node that lacks a version gets the files the version's first sessions read from its
+/// pack, one object the first node stored: with those files' own blobs gone from the store,
+/// a session on a new node still reads them whole, and what no session read comes from the
+/// store as before.
+#[tokio::test]
+async fn a_new_node_reads_what_the_first_sessions_read_from_the_versions_pack() {
+    if !crate::helpers::can_build() {
+        return;
+    }
+    let server =
+        Server::start_with_config("[node]\nprewarm = []\n[builder]\nnetwork = false\n", &[]).await;
+    let created = created_environment(&server, json!({ "name": "Packed Studio" })).await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    let slug = created["slug"].as_str().expect("slug").to_owned();
+    let (read_first, read_second) = ("print('first')\n", "second, and only in the pack\n");
+    put_file(&server, &id, "run.py", read_first).await;
+    put_file(&server, &id, "data/second.txt", read_second).await;
+    put_file(&server, &id, "data/never.txt", "never read first\n").await;
+    build_ready(&server, &id, 1, Duration::from_secs(120)).await;
+
+    let cat = format!("cat /env/{slug}/data/second.txt /env/{slug}/run.py");
+    let session = start_session(&server, &id).await;
+    let read = exec(&server, &session, &cat).await;
+    assert_eq!(
+        read["stdout"],
+        format!("{read_second}{read_first}"),
+        "{read}"
+    );
+    let (status, _) = send(server.client.delete(server.url(&format!(
+        "/v1/sessions/{}",
+        session["id"].as_str().expect("id")
+    ))))
+    .await;
+    assert_eq!(status, 200);
+    let store = server.data_dir().join("blobs");
+    let packs = eventually(Duration::from_secs(30), async || {
+        let packs = files_under(&store.join("packs"));
+        if packs.is_empty() {
+            Err("no pack stored yet".to_owned())
+        } else {
+            Ok(packs)
+        }
+    })
+    .await;
+    assert_eq!(packs.len(), 1, "{packs:?}");
+
+    // A new node: the node's state gone, and the files the first session read gone from the
+    // store but for the pack.
+    let data = server.stop_keeping_data().await;
+    std::fs::remove_dir_all(data.path().join("node")).expect("the node's state removed");
+    for content in [read_first, read_second] {
+        let location =
+            plinth_blobs::BlobStore::location(&plinth_blobs::Digest::of(content.as_bytes()));
+        std::fs::remove_file(store.join(location.to_string())).expect("a blob removed");
+    }
+    let config = data.path().join("plinth.toml");
+    let server = Server::start_in(data, &["--config", config.to_str().expect("utf-8")]).await;
+    let session = start_session(&server, &id).await;
+    let read = exec(&server, &session, &cat).await;
+    assert_eq!(
+        read["stdout"],
+        format!("{read_second}{read_first}"),
+        "{read}"
+    );
+    assert_eq!(read["exit_code"], 0, "{read}");
+    let never = exec(
+        &server,
+        &session,
+        &format!("cat /env/{slug}/data/never.txt"),
+    )
+    .await;
+    assert_eq!(never["stdout"], "never read first\n", "{never}");
+}

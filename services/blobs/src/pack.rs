@@ -112,10 +112,7 @@ impl BlobStore {
         };
         let mut reader = PackReader {
             tree: *tree,
-            stream: result
-                .into_stream()
-                .map_err(|error| BlobError::from(error))
-                .boxed(),
+            stream: result.into_stream().map_err(BlobError::from).boxed(),
             buffer: BytesMut::new(),
             heads: Vec::new(),
             next: 0,

@@ -16,13 +16,14 @@
 //!   [`MAX_LAYERS`] deep, and only when less than half the entries differ.
 //! - `staging/`: partial materializations; emptied at start.
 //!
-//! Materializing a version fetches only the blobs the cache lacks (many at a time: a venv's
-//! median file is ~2 KB, so per-object round trips dominate) and then links; a version that
-//! differs from a cached one by one file costs one fetch. Eviction removes whole versions,
-//! least recently used first, never one a live session uses or an environment's active one,
-//! nor one a layer is being made over, then the blobs no version links any more, except those
-//! a materialization in progress has pinned (fetched or found, about to be linked); it runs
-//! in the background, never inside attach or materialize.
+//! Materializing a version fetches only the blobs the cache lacks (many at a time: a venv's median
+//! file is ~2 KB, so per-object round trips dominate) and then links; a version that differs from a
+//! cached one by one file costs one fetch. A node that lacks a version first reads the version's
+//! pack, if the store has one: the files its first sessions read, as one object
+//! (`plinth_blobs::pack`). Eviction removes whole versions, least recently used first, never one a
+//! live session uses or an environment's active one, nor one a layer is being made over, then the
+//! blobs no version links any more, except those a materialization in progress has pinned (fetched
+//! or found, about to be linked); it runs in the background, never inside attach or materialize.
 //!
 //! What a name promises survives a power cut: a blob file is synced before it is linked to
 //! its name (later versions trust a present name without reading it), the blobs directory is
@@ -48,6 +49,8 @@ use plinth_blobs::{BlobStore, Digest};
 
 use crate::lazy::LazyVersion;
 
+mod pack;
+
 /// Blobs fetched at once on a cold node.
 const PARALLEL_FETCHES: usize = 64;
 
@@ -64,6 +67,11 @@ const SYNC_WHOLE_FILE_SYSTEM: usize = 16;
 /// Blobs pending (written, not yet synced) at most; past it fetches sync as they go. Each
 /// holds a descriptor.
 const MAX_PENDING: usize = 1024;
+
+/// The longest a background fetch (a materialization's, a pre-warm's) waits for what sessions
+/// wait on to be done before it starts: one store serves both, and a session's fetch queued
+/// behind sixty-four background ones waits for all of them.
+const YIELD_AT_MOST: Duration = Duration::from_secs(2);
 
 /// A lazily served version's read order is told once its sessions opened no new file for
 /// this long.
@@ -194,6 +202,29 @@ pub struct VersionCache {
     orders: Mutex<HashMap<String, Arc<Vec<String>>>>,
     /// Where read orders are kept.
     read_orders: Mutex<Option<Arc<dyn ReadOrders>>>,
+    /// Blobs a version's pack is bringing (see [`pack`]).
+    coming: Mutex<pack::Coming>,
+    /// Packs whose heads are being read.
+    opening: tokio::sync::watch::Sender<usize>,
+    /// What sessions wait on in flight (their fetches, their versions' trees and packs): the
+    /// background fetches make way for it (see [`YIELD_AT_MOST`]).
+    urgent: tokio::sync::watch::Sender<usize>,
+}
+
+/// One thing in flight, counted in a watch while it lives.
+struct Counted<'a>(&'a tokio::sync::watch::Sender<usize>);
+
+impl<'a> Counted<'a> {
+    fn new(count: &'a tokio::sync::watch::Sender<usize>) -> Self {
+        count.send_modify(|count| *count += 1);
+        Counted(count)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|count| *count -= 1);
+    }
 }
 
 /// Blob files (or a base version) kept from eviction while a materialization uses them;
@@ -318,6 +349,9 @@ impl VersionCache {
             unsettled: Mutex::new((Vec::new(), false)),
             orders: Mutex::new(HashMap::new()),
             read_orders: Mutex::new(None),
+            coming: Mutex::new(HashMap::new()),
+            opening: tokio::sync::watch::Sender::new(0),
+            urgent: tokio::sync::watch::Sender::new(0),
         };
         cache.load_layers();
         for (key, path) in cache.cached_versions() {
@@ -792,14 +826,14 @@ impl VersionCache {
         slots: &tokio::sync::Semaphore,
         unsynced: bool,
     ) -> Result<Option<Arc<std::fs::File>>, CacheError> {
+        if std::ptr::eq(slots, &self.background) {
+            self.make_way().await;
+        }
         let name = blob_name(&digest, executable);
-        let gate = self
-            .fetching
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry(name.clone())
-            .or_default()
-            .clone();
+        // A pack bringing it is waited for; one that counts it as coming only after this looks
+        // finds it fetched here, and passes it over.
+        self.await_pack(&name).await;
+        let gate = self.gate(&name);
         let turn = gate.lock().await;
         let pending = self.lock_pending().get(&name).cloned();
         let result = if self.lock_present().contains(&name) {
@@ -817,17 +851,38 @@ impl VersionCache {
             }
         };
         drop(turn);
-        {
-            let mut fetching = self
-                .fetching
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            // The last one out removes the gate (the map's own and this one are the rest).
-            if Arc::strong_count(&gate) <= 2 {
-                fetching.remove(&name);
-            }
-        }
+        self.release(&name, gate);
         result
+    }
+
+    /// Waits while sessions wait on fetches (at most [`YIELD_AT_MOST`]).
+    async fn make_way(&self) {
+        let mut urgent = self.urgent.subscribe();
+        if *urgent.borrow_and_update() > 0 {
+            let _ = tokio::time::timeout(YIELD_AT_MOST, urgent.wait_for(|count| *count == 0)).await;
+        }
+    }
+
+    /// The turn to fetch or write the blob `name`: one at a time.
+    fn gate(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.fetching
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(name.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// Gives back a [`VersionCache::gate`] (its turn dropped).
+    fn release(&self, name: &str, gate: Arc<tokio::sync::Mutex<()>>) {
+        let mut fetching = self
+            .fetching
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The last one out removes the gate (the map's own and this one are the rest).
+        if Arc::strong_count(&gate) <= 2 {
+            fetching.remove(name);
+        }
     }
 
     /// Fetches a blob a session waits for (a lazily mounted version's file), beside whatever
@@ -838,47 +893,55 @@ impl VersionCache {
         digest: Digest,
         executable: bool,
     ) -> Result<Option<Arc<std::fs::File>>, CacheError> {
+        let urgent = Counted::new(&self.urgent);
         let file = self
             .fetch_once(digest, executable, &self.demand, true)
             .await?;
+        drop(urgent);
         if file.is_some() {
-            let start = {
-                let mut unsettled = self
-                    .unsettled
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                unsettled.0.push((digest, executable));
-                !std::mem::replace(&mut unsettled.1, true)
-            };
-            if start {
-                let cache = Arc::downgrade(self);
-                plinth_kit::tasks::spawn(async move {
-                    // Batches: what sessions fetched while the last batch synced.
-                    loop {
-                        let Some(cache) = cache.upgrade() else { return };
-                        let batch = {
-                            let mut unsettled = cache
-                                .unsettled
-                                .lock()
-                                .unwrap_or_else(std::sync::PoisonError::into_inner);
-                            if unsettled.0.is_empty() {
-                                unsettled.1 = false;
-                                return;
-                            }
-                            std::mem::take(&mut unsettled.0)
-                        };
-                        for chunk in batch.chunks(SETTLE_BATCH) {
-                            if let Err(error) = cache.settle(chunk).await {
-                                // Still pending: read from their files, settled by the next
-                                // materialization that needs them, or fetched again later.
-                                tracing::warn!(%error, "cannot put blobs sessions fetched on disk");
-                            }
-                        }
-                    }
-                });
-            }
+            self.settle_soon(digest, executable);
         }
         Ok(file)
+    }
+
+    /// Has a pending blob settled by a task (with whatever else is pending by then).
+    fn settle_soon(self: &Arc<Self>, digest: Digest, executable: bool) {
+        let start = {
+            let mut unsettled = self
+                .unsettled
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            unsettled.0.push((digest, executable));
+            !std::mem::replace(&mut unsettled.1, true)
+        };
+        if !start {
+            return;
+        }
+        let cache = Arc::downgrade(self);
+        plinth_kit::tasks::spawn(async move {
+            // Batches: what was fetched while the last batch synced.
+            loop {
+                let Some(cache) = cache.upgrade() else { return };
+                let batch = {
+                    let mut unsettled = cache
+                        .unsettled
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if unsettled.0.is_empty() {
+                        unsettled.1 = false;
+                        return;
+                    }
+                    std::mem::take(&mut unsettled.0)
+                };
+                for chunk in batch.chunks(SETTLE_BATCH) {
+                    if let Err(error) = cache.settle(chunk).await {
+                        // Still pending: read from their files, settled by the next
+                        // materialization that needs them, or fetched again later.
+                        tracing::warn!(%error, "cannot put blobs sessions fetched on disk");
+                    }
+                }
+            }
+        });
     }
 
     /// Puts the pending blobs among `keys` on disk and gives them their names (present from
@@ -986,17 +1049,29 @@ impl VersionCache {
     }
 
     /// Materializes a version with the blobs its read order names first (the order asked of
-    /// the catalog when there is one). What pre-warm and a lazy mount's background fetch run.
+    /// the catalog when there is one), after what its pack brings (see [`plinth_blobs::pack`]). What
+    /// pre-warm and a lazy mount's background fetch run.
     pub async fn materialize_in_order(
-        &self,
+        self: &Arc<Self>,
         environment: &str,
         version: u32,
         layer_tree: &str,
     ) -> Result<Materialized, CacheError> {
-        if !self.holds(environment, version)
-            && let Some(orders) = self.read_orders()
-        {
-            let order = orders.get(environment, version).await;
+        if !self.holds(environment, version) {
+            let order = async {
+                match self.read_orders() {
+                    Some(orders) => orders.get(environment, version).await,
+                    None => Vec::new(),
+                }
+            };
+            let packed = async {
+                let tree = self.tree(layer_tree).await?;
+                self.unpack(layer_tree, &tree).await
+            };
+            let (order, packed) = tokio::join!(order, packed);
+            if let Err(error) = packed {
+                tracing::warn!(environment, version, %error, "cannot read a version's pack; fetching its files one by one");
+            }
             if !order.is_empty() {
                 self.lock_orders()
                     .insert(layer_tree.to_owned(), Arc::new(order));
@@ -1043,7 +1118,9 @@ impl VersionCache {
                                 reason: format!("environment id {environment:?}"),
                             });
                         }
+                        let urgent = Counted::new(&self.urgent);
                         let tree = self.tree(layer_tree).await?;
+                        drop(urgent);
                         // Whole by now (a pre-warm finished while the tree was fetched).
                         if self.holds(environment, version) {
                             return self.materialize(environment, version, layer_tree).await;
@@ -1100,10 +1177,27 @@ impl VersionCache {
         // with it (or its record is full).
         if let Some(orders) = self.read_orders() {
             let (environment, version) = key.clone();
+            let (cache, tree, layer_tree) =
+                (Arc::downgrade(self), tree.clone(), layer_tree.to_owned());
             mount.on_done(Box::new(move |paths| {
-                if !paths.is_empty() {
-                    plinth_kit::tasks::spawn(orders.record(&environment, version, paths));
+                if paths.is_empty() {
+                    return;
                 }
+                let record = orders.record(&environment, version, paths.clone());
+                plinth_kit::tasks::spawn(async move {
+                    record.await;
+                    // And the files themselves, for the next node that lacks the version.
+                    let Some(cache) = cache.upgrade() else { return };
+                    match cache.write_pack(&layer_tree, &tree, &paths).await {
+                        Ok(0) => {}
+                        Ok(files) => {
+                            tracing::info!(%environment, version, files, "stored the version's pack of what its first sessions read")
+                        }
+                        Err(error) => {
+                            tracing::warn!(%environment, version, %error, "cannot store the version's pack; nodes that lack it fetch its files one by one")
+                        }
+                    }
+                });
             }));
             // Told once its first sessions stop opening new files for a while (they may live
             // for hours), or when it goes.
