@@ -206,6 +206,9 @@ pub struct VersionCache {
     coming: Mutex<pack::Coming>,
     /// Packs whose heads are being read.
     opening: tokio::sync::watch::Sender<usize>,
+    /// Tasks telling a lazily mounted version's read order and storing its pack, for a node
+    /// that stops to wait for ([`VersionCache::tell_before_stopping`]).
+    telling: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// What sessions wait on in flight (their fetches, their versions' trees and packs): the
     /// background fetches make way for it (see [`YIELD_AT_MOST`]).
     urgent: tokio::sync::watch::Sender<usize>,
@@ -352,6 +355,7 @@ impl VersionCache {
             coming: Mutex::new(HashMap::new()),
             opening: tokio::sync::watch::Sender::new(0),
             urgent: tokio::sync::watch::Sender::new(0),
+            telling: Mutex::new(Vec::new()),
         };
         cache.load_layers();
         for (key, path) in cache.cached_versions() {
@@ -1049,8 +1053,8 @@ impl VersionCache {
     }
 
     /// Materializes a version with the blobs its read order names first (the order asked of
-    /// the catalog when there is one), after what its pack brings (see [`plinth_blobs::pack`]). What
-    /// pre-warm and a lazy mount's background fetch run.
+    /// the catalog when there is one), after what its pack brings (see
+    /// [`plinth_blobs::pack`]). What pre-warm and a lazy mount's background fetch run.
     pub async fn materialize_in_order(
         self: &Arc<Self>,
         environment: &str,
@@ -1147,6 +1151,41 @@ impl VersionCache {
         })
     }
 
+    /// Tells what the sessions of every version still mounted lazily read and stores those
+    /// versions' packs, waiting for that (and for what is being told already) at most
+    /// `within`: what a node that stops would otherwise take with it, however soon after a
+    /// version's first session it stops.
+    pub async fn tell_before_stopping(&self, within: Duration) {
+        let mounts: Vec<Arc<LazyVersion>> = self
+            .mounts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for mount in mounts {
+            mount.tell_done();
+        }
+        let tasks = std::mem::take(
+            &mut *self
+                .telling
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        if tasks.is_empty() {
+            return;
+        }
+        if tokio::time::timeout(within, futures::future::join_all(tasks))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                within_ms = within.as_millis() as u64,
+                "stopping before a version's read order was told or its pack stored"
+            );
+        }
+    }
+
     fn mounted(&self, key: &VersionKey) -> Option<Arc<LazyVersion>> {
         self.mounts
             .lock()
@@ -1184,10 +1223,12 @@ impl VersionCache {
                     return;
                 }
                 let record = orders.record(&environment, version, paths.clone());
-                plinth_kit::tasks::spawn(async move {
+                let Some(cache) = cache.upgrade() else { return };
+                let weak = Arc::downgrade(&cache);
+                let telling = plinth_kit::tasks::spawn(async move {
                     record.await;
                     // And the files themselves, for the next node that lacks the version.
-                    let Some(cache) = cache.upgrade() else { return };
+                    let Some(cache) = weak.upgrade() else { return };
                     match cache.write_pack(&layer_tree, &tree, &paths).await {
                         Ok(0) => {}
                         Ok(files) => {
@@ -1198,6 +1239,12 @@ impl VersionCache {
                         }
                     }
                 });
+                let mut tasks = cache
+                    .telling
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                tasks.retain(|task| !task.is_finished());
+                tasks.push(telling);
             }));
             // Told once its first sessions stop opening new files for a while (they may live
             // for hours), or when it goes.

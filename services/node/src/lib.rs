@@ -203,6 +203,11 @@ pub async fn run(
     for outcome in ["fetched", "failed"] {
         metrics::counter!("plinth_node_lazy_fetches_total", "outcome" => outcome).increment(0);
     }
+    for outcome in ["read", "none", "failed"] {
+        metrics::counter!("plinth_node_packs_total", "outcome" => outcome).increment(0);
+    }
+    metrics::counter!("plinth_node_pack_blobs_total").increment(0);
+    metrics::counter!("plinth_node_packs_written_total").increment(0);
     for outcome in ["fetched", "failed", "no_room"] {
         metrics::counter!("plinth_node_prewarm_versions_total", "outcome" => outcome).increment(0);
     }
@@ -382,6 +387,7 @@ pub async fn run(
         limits: options.limits.clone(),
         edits: Default::default(),
     };
+    let stopping = node.cache.clone();
     let node = Arc::new(node);
     let limit = usize::try_from(options.limits.max_file_bytes)
         .unwrap_or(usize::MAX)
@@ -400,6 +406,8 @@ pub async fn run(
         )
         .serve(grpc, shutdown)
         .await?;
+    // What this node's sessions read first, for the nodes after it.
+    stopping.tell_before_stopping(TELL_WITHIN).await;
     Ok(())
 }
 
@@ -490,6 +498,10 @@ fn place_tools(dir: &std::path::Path) -> Option<PathBuf> {
 
 /// Network namespaces kept ready for sessions' sandboxes.
 const SPARE_NETWORKS: usize = 8;
+
+/// The longest a stopping node waits to tell what its lazily mounted versions' sessions read
+/// (and to store those versions' packs).
+const TELL_WITHIN: Duration = Duration::from_secs(5);
 
 /// Keeps spare network namespaces ready, checking every 50 ms.
 async fn keep_spare_networks(
