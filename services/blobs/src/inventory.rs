@@ -1,7 +1,7 @@
 //! What garbage collection sees of a store, and how it removes what it decided may go: every
-//! object under `blobs/`, `staging/` and `packs/`, with its size and when it was last written. Which
-//! objects may go is decided elsewhere (the source service's `gc`); this module only lists,
-//! names and removes.
+//! object under `blobs/`, `staging/` and `packs/`, with its size and when it was last written.
+//! Which objects may go is decided elsewhere (the source service's `gc`); this module only
+//! lists, names and removes.
 //!
 //! A directory store (`file://`) is walked on disk rather than listed through `object_store`,
 //! whose listing hides the names writers use before a blob is complete (`<blob>#<n>`, left
