@@ -647,6 +647,21 @@ const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
         "Blobs fetched by pre-warm.",
     ),
     (
+        "plinth_node_packs_total",
+        Kind::Counter,
+        "Versions' packs asked for by this node when it lacked the version, by outcome (read, none: the store has none, failed: it ended early or held a file not its head's).",
+    ),
+    (
+        "plinth_node_pack_blobs_total",
+        Kind::Counter,
+        "Blobs versions' packs brought to this node.",
+    ),
+    (
+        "plinth_node_packs_written_total",
+        Kind::Counter,
+        "Packs this node stored, of what a version's first sessions on it read.",
+    ),
+    (
         "plinth_node_cache_lookups_total",
         Kind::Counter,
         "Version lookups in the node's cache at attach, by result (hit, miss).",
