@@ -1303,7 +1303,6 @@ impl VersionCache {
             .get(&digest)
             .await
             .map_err(|error| CacheError::Blobs(error.to_string()))?;
-        let mode = if executable { 0o555 } else { 0o444 };
         let size = blob.size();
         // In memory (most blobs of a version are small) or in a spooled file: either way one
         // hand-off writes it.
@@ -1311,6 +1310,20 @@ impl VersionCache {
             plinth_blobs::VerifiedBlob::Memory(bytes) => Box::new(std::io::Cursor::new(bytes)),
             plinth_blobs::VerifiedBlob::Spooled { file, .. } => Box::new(file.into_std().await),
         };
+        self.keep(digest, executable, source, size, unsynced).await
+    }
+
+    /// Writes a verified blob of `size` bytes into the cache: named and on disk, or with
+    /// `unsynced` (while few are) pending, its file answered.
+    async fn keep(
+        &self,
+        digest: Digest,
+        executable: bool,
+        source: Box<dyn BlobSource>,
+        size: u64,
+        unsynced: bool,
+    ) -> Result<Option<Arc<std::fs::File>>, CacheError> {
+        let mode = if executable { 0o555 } else { 0o444 };
         let directory = self.root.join("blobs");
         let target = self.blob_path(&digest, executable);
         let unsynced = unsynced && self.lock_pending().len() < MAX_PENDING;

@@ -19,9 +19,7 @@ use plinth_blobs::Digest;
 use plinth_blobs::pack::{PackHead, PackReader};
 use plinth_blobs::tree::{Tree, TreeEntryKind};
 
-use super::{
-    CacheError, Counted, MAX_PENDING, VersionCache, blob_name, io, write_blob, write_blob_unsynced,
-};
+use super::{CacheError, Counted, VersionCache, blob_name, io};
 
 /// The longest a fetch waits for a pack's heads before going to the store itself.
 const OPEN_WAIT: Duration = Duration::from_secs(2);
@@ -188,31 +186,12 @@ impl VersionCache {
         head: PackHead,
         bytes: bytes::Bytes,
     ) -> Result<(), CacheError> {
-        let name = blob_name(&head.digest, head.executable);
-        let mode = if head.executable { 0o555 } else { 0o444 };
-        let directory = self.root.join("blobs");
-        let target = self.blob_path(&head.digest, head.executable);
-        let unsynced = self.lock_pending().len() < MAX_PENDING;
-        let written = tokio::task::spawn_blocking(move || {
-            let source = Box::new(std::io::Cursor::new(bytes));
-            if unsynced {
-                write_blob_unsynced(&directory, &target, source, mode)
-            } else {
-                write_blob(&directory, &target, source, mode).map(|()| None)
-            }
-        })
-        .await
-        .map_err(|error| io("writing a blob file")(std::io::Error::other(error)))??;
-        self.blob_bytes
-            .fetch_add(head.size, std::sync::atomic::Ordering::Relaxed);
-        match written {
-            Some(file) => {
-                self.lock_pending().insert(name.clone(), Arc::new(file));
-                self.settle_soon(head.digest, head.executable);
-            }
-            None => {
-                self.lock_present().insert(name);
-            }
+        let source = Box::new(std::io::Cursor::new(bytes));
+        let kept = self
+            .keep(head.digest, head.executable, source, head.size, true)
+            .await?;
+        if kept.is_some() {
+            self.settle_soon(head.digest, head.executable);
         }
         Ok(())
     }
