@@ -263,7 +263,8 @@ async fn sessions_read_correct_bytes_while_a_small_cache_evicts() {
     assert_eq!(mount_type(&server, &reader, &slug).await, FUSE);
 }
 
-fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+/// Every regular file under `dir`, recursively (none when it does not exist).
+pub(crate) fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut found = Vec::new();
     let mut pending = vec![dir.to_owned()];
     while let Some(dir) = pending.pop() {

@@ -38,6 +38,33 @@ async fn node_metrics(cluster: &Cluster, name: &str) -> String {
         .expect("body")
 }
 
+/// `plinth serve` that pre-warms nothing, with an environment `name` built from `run.py`,
+/// `data/second.txt` and `data/never.txt` holding `contents`; its id and slug.
+async fn three_files_built(name: &str, contents: [&'static str; 3]) -> (Server, String, String) {
+    let server =
+        Server::start_with_config("[node]\nprewarm = []\n[builder]\nnetwork = false\n", &[]).await;
+    let created = created_environment(&server, json!({ "name": name })).await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    let slug = created["slug"].as_str().expect("slug").to_owned();
+    for (path, content) in ["run.py", "data/second.txt", "data/never.txt"]
+        .into_iter()
+        .zip(contents)
+    {
+        put_file(&server, &id, path, content).await;
+    }
+    build_ready(&server, &id, 1, Duration::from_secs(120)).await;
+    (server, id, slug)
+}
+
+async fn end_session(server: &Server, session: &serde_json::Value) {
+    let (status, _) = send(server.client.delete(server.url(&format!(
+        "/v1/sessions/{}",
+        session["id"].as_str().expect("id")
+    ))))
+    .await;
+    assert_eq!(status, 200);
+}
+
 /// Every live node fetches each newly active version: after the first build, after the
 /// second, and it stays there.
 #[tokio::test]
@@ -114,15 +141,11 @@ async fn the_first_session_of_a_version_records_what_it_read_first() {
     if !crate::helpers::can_build() {
         return;
     }
-    let server =
-        Server::start_with_config("[node]\nprewarm = []\n[builder]\nnetwork = false\n", &[]).await;
-    let created = created_environment(&server, json!({ "name": "Ordered Studio" })).await;
-    let id = created["id"].as_str().expect("id").to_owned();
-    let slug = created["slug"].as_str().expect("slug").to_owned();
-    put_file(&server, &id, "run.py", "print('first')\n").await;
-    put_file(&server, &id, "data/second.txt", "second\n").await;
-    put_file(&server, &id, "data/never.txt", "never\n").await;
-    build_ready(&server, &id, 1, Duration::from_secs(120)).await;
+    let (server, id, slug) = three_files_built(
+        "Ordered Studio",
+        ["print('first')\n", "second\n", "never\n"],
+    )
+    .await;
 
     let session = start_session(&server, &id).await;
     let read = exec(
@@ -132,12 +155,7 @@ async fn the_first_session_of_a_version_records_what_it_read_first() {
     )
     .await;
     assert_eq!(read["stdout"], "second\nprint('first')\nsecond\n", "{read}");
-    let (status, _) = send(server.client.delete(server.url(&format!(
-        "/v1/sessions/{}",
-        session["id"].as_str().expect("id")
-    ))))
-    .await;
-    assert_eq!(status, 200);
+    end_session(&server, &session).await;
 
     let channel =
         tonic::transport::Endpoint::from_shared(format!("http://{}", server.catalog_addr()))
@@ -170,26 +188,6 @@ async fn the_first_session_of_a_version_records_what_it_read_first() {
     assert_eq!(order, ["data/second.txt", "run.py"], "{order:?}");
 }
 
-/// Every file under `dir`, recursively (none when it does not exist).
-fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut found = Vec::new();
-    let mut pending = vec![dir.to_owned()];
-    while let Some(dir) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                pending.push(path);
-            } else {
-                found.push(path);
-            }
-        }
-    }
-    found
-}
-
 /// A node that lacks a version gets the files the version's first sessions read from its
 /// pack, one object the first node stored, though that node stopped right after them: with
 /// those files' own blobs gone from the store, a session on a new node still reads them
@@ -199,16 +197,12 @@ async fn a_new_node_reads_what_the_first_sessions_read_from_the_versions_pack() 
     if !crate::helpers::can_build() {
         return;
     }
-    let server =
-        Server::start_with_config("[node]\nprewarm = []\n[builder]\nnetwork = false\n", &[]).await;
-    let created = created_environment(&server, json!({ "name": "Packed Studio" })).await;
-    let id = created["id"].as_str().expect("id").to_owned();
-    let slug = created["slug"].as_str().expect("slug").to_owned();
     let (read_first, read_second) = ("print('first')\n", "second, and only in the pack\n");
-    put_file(&server, &id, "run.py", read_first).await;
-    put_file(&server, &id, "data/second.txt", read_second).await;
-    put_file(&server, &id, "data/never.txt", "never read first\n").await;
-    build_ready(&server, &id, 1, Duration::from_secs(120)).await;
+    let (server, id, slug) = three_files_built(
+        "Packed Studio",
+        [read_first, read_second, "never read first\n"],
+    )
+    .await;
 
     let cat = format!("cat /env/{slug}/data/second.txt /env/{slug}/run.py");
     let session = start_session(&server, &id).await;
@@ -218,17 +212,12 @@ async fn a_new_node_reads_what_the_first_sessions_read_from_the_versions_pack() 
         format!("{read_second}{read_first}"),
         "{read}"
     );
-    let (status, _) = send(server.client.delete(server.url(&format!(
-        "/v1/sessions/{}",
-        session["id"].as_str().expect("id")
-    ))))
-    .await;
-    assert_eq!(status, 200);
+    end_session(&server, &session).await;
     // The node stops at once (scaled down, say): it tells what was read, and stores the
     // pack, before it is gone.
     let store = server.data_dir().join("blobs");
     let data = server.stop_keeping_data().await;
-    let packs = files_under(&store.join("packs"));
+    let packs = crate::lazy_versions::walkdir(&store.join("packs"));
     assert_eq!(packs.len(), 1, "{packs:?}");
 
     // A new node: the node's state gone, and the files the first session read gone from the
