@@ -382,9 +382,9 @@ async fn pass(args: &Args, store: Store, inputs: &Inputs<'_>) -> anyhow::Result<
         store.describe()
     );
     println!(
-        "| round | cold: create + `exec true` | of which create | warm | python cold | python warm | first |"
+        "| round | cold: create + `exec true` | of which create | warm | python cold | of which create | python warm | first |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
 
     let mut rounds = Vec::with_capacity(args.rounds);
     for round in 0..args.rounds {
@@ -426,12 +426,13 @@ async fn pass(args: &Args, store: Store, inputs: &Inputs<'_>) -> anyhow::Result<
             })
         })?;
         println!(
-            "| {} | {:.0} ms | {:.0} ms | {:.1} ms | {:.0} ms | {:.0} ms | {} |",
+            "| {} | {:.0} ms | {:.0} ms | {:.1} ms | {:.0} ms | {:.0} ms | {:.0} ms | {} |",
             round + 1,
             figures.cold,
             figures.cold_create,
             figures.warm,
             figures.python_cold,
+            figures.python_cold - figures.python_cold_exec,
             figures.python_warm,
             if figures.project_first {
                 "project"

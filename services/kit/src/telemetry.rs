@@ -617,6 +617,11 @@ const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
         "Bytes of blobs in the node's version cache.",
     ),
     (
+        "plinth_node_fetch_limit",
+        Kind::Gauge,
+        "Blobs materializations and pre-warm may fetch at once now (fewer while the store slows under them).",
+    ),
+    (
         "plinth_node_lazy_mounts",
         Kind::Gauge,
         "Sessions' mounts of versions served lazily (fetched file by file as they are opened).",

@@ -49,6 +49,7 @@ use plinth_blobs::{BlobStore, Digest};
 
 use crate::lazy::LazyVersion;
 
+mod limit;
 mod pack;
 
 /// Blobs fetched at once on a cold node.
@@ -67,6 +68,12 @@ const SYNC_WHOLE_FILE_SYSTEM: usize = 16;
 /// Blobs pending (written, not yet synced) at most; past it fetches sync as they go. Each
 /// holds a descriptor.
 const MAX_PENDING: usize = 1024;
+
+/// How long background fetches keep making way after what sessions waited on is done: a
+/// session's start is a chain (its version's tree, then its pack, then its first files), and a
+/// burst of background fetches let in between two links would be in the store's queue ahead
+/// of the next.
+const CALM: Duration = Duration::from_millis(250);
 
 /// The longest a background fetch (a materialization's, a pre-warm's) waits for what sessions
 /// wait on to be done before it starts: one store serves both, and a session's fetch queued
@@ -188,8 +195,9 @@ pub struct VersionCache {
     mounting: tokio::sync::Mutex<()>,
     /// Fetches of blobs sessions wait for, at once at most.
     demand: tokio::sync::Semaphore,
-    /// Fetches of materializations (whole versions, pre-warm), at once at most, node-wide.
-    background: tokio::sync::Semaphore,
+    /// Fetches of materializations (whole versions, pre-warm), at once at most, node-wide:
+    /// as many as the store answers without slowing (see [`limit`]).
+    background: limit::Limit,
     /// One fetch per blob at a time: a second asker waits for the first.
     fetching: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Blobs fetched and verified but not yet on disk: unnamed files, read through these
@@ -212,6 +220,15 @@ pub struct VersionCache {
     /// What sessions wait on in flight (their fetches, their versions' trees and packs): the
     /// background fetches make way for it (see [`YIELD_AT_MOST`]).
     urgent: tokio::sync::watch::Sender<usize>,
+    /// When the last of that was done.
+    calm_since: Mutex<tokio::time::Instant>,
+}
+
+/// Whose turn a fetch takes: a session's (waiting on it) or a materialization's.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Slots {
+    Demand,
+    Background,
 }
 
 /// One thing in flight, counted in a watch while it lives.
@@ -227,6 +244,24 @@ impl<'a> Counted<'a> {
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.send_modify(|count| *count -= 1);
+    }
+}
+
+/// Something a session waits on, in flight: background fetches make way while it lives and for
+/// [`CALM`] after.
+struct Urgent<'a> {
+    cache: &'a VersionCache,
+    _counted: Counted<'a>,
+}
+
+impl Drop for Urgent<'_> {
+    fn drop(&mut self) {
+        // Before the count falls: a background fetch that sees it at zero sees this too.
+        *self
+            .cache
+            .calm_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = tokio::time::Instant::now();
     }
 }
 
@@ -346,7 +381,7 @@ impl VersionCache {
             mounts: Mutex::new(HashMap::new()),
             mounting: tokio::sync::Mutex::new(()),
             demand: tokio::sync::Semaphore::new(DEMAND_FETCHES),
-            background: tokio::sync::Semaphore::new(PARALLEL_FETCHES),
+            background: limit::Limit::new(PARALLEL_FETCHES),
             fetching: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             unsettled: Mutex::new((Vec::new(), false)),
@@ -355,6 +390,7 @@ impl VersionCache {
             coming: Mutex::new(HashMap::new()),
             opening: tokio::sync::watch::Sender::new(0),
             urgent: tokio::sync::watch::Sender::new(0),
+            calm_since: Mutex::new(tokio::time::Instant::now()),
             telling: Mutex::new(Vec::new()),
         };
         cache.load_layers();
@@ -684,7 +720,7 @@ impl VersionCache {
         // sync of the file system instead of one per blob.
         for batch in missing.chunks(SETTLE_BATCH) {
             futures::stream::iter(batch.iter().copied().map(|(digest, executable)| {
-                self.fetch_once(digest, executable, &self.background, true)
+                self.fetch_once(digest, executable, Slots::Background, true)
             }))
             .buffer_unordered(PARALLEL_FETCHES)
             .try_collect::<Vec<_>>()
@@ -827,10 +863,10 @@ impl VersionCache {
         &self,
         digest: Digest,
         executable: bool,
-        slots: &tokio::sync::Semaphore,
+        slots: Slots,
         unsynced: bool,
     ) -> Result<Option<Arc<std::fs::File>>, CacheError> {
-        if std::ptr::eq(slots, &self.background) {
+        if slots == Slots::Background {
             self.make_way().await;
         }
         let name = blob_name(&digest, executable);
@@ -849,9 +885,15 @@ impl VersionCache {
                 self.settle(&[(digest, executable)]).await.map(|()| None)
             }
         } else {
-            match slots.acquire().await {
-                Ok(_slot) => self.fetch(digest, executable, unsynced).await,
-                Err(_) => Err(CacheError::Blobs("the node is stopping".to_owned())),
+            match slots {
+                Slots::Demand => match self.demand.acquire().await {
+                    Ok(_slot) => self.fetch(digest, executable, unsynced).await,
+                    Err(_) => Err(CacheError::Blobs("the node is stopping".to_owned())),
+                },
+                Slots::Background => {
+                    let _slot = self.background.slot().await;
+                    self.fetch(digest, executable, unsynced).await
+                }
             }
         };
         drop(turn);
@@ -859,11 +901,48 @@ impl VersionCache {
         result
     }
 
-    /// Waits while sessions wait on fetches (at most [`YIELD_AT_MOST`]).
+    /// Counts something a session waits on as in flight while the answer lives.
+    fn urgent(&self) -> Urgent<'_> {
+        Urgent {
+            cache: self,
+            _counted: Counted::new(&self.urgent),
+        }
+    }
+
+    /// Waits while sessions wait on fetches, trees or packs, and for [`CALM`] after (at most
+    /// [`YIELD_AT_MOST`] in all).
     async fn make_way(&self) {
+        let until = tokio::time::Instant::now() + YIELD_AT_MOST;
         let mut urgent = self.urgent.subscribe();
-        if *urgent.borrow_and_update() > 0 {
-            let _ = tokio::time::timeout(YIELD_AT_MOST, urgent.wait_for(|count| *count == 0)).await;
+        loop {
+            if *urgent.borrow_and_update() > 0 {
+                if tokio::time::timeout_at(until, urgent.wait_for(|count| *count == 0))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                continue;
+            }
+            let calm = self
+                .calm_since
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .elapsed();
+            let Some(left) = CALM.checked_sub(calm).filter(|left| !left.is_zero()) else {
+                return;
+            };
+            // Woken early by something new to make way for, or when calm long enough.
+            if tokio::time::timeout_at(
+                until.min(tokio::time::Instant::now() + left),
+                urgent.changed(),
+            )
+            .await
+            .is_ok_and(|changed| changed.is_err())
+                || tokio::time::Instant::now() >= until
+            {
+                return;
+            }
         }
     }
 
@@ -897,9 +976,9 @@ impl VersionCache {
         digest: Digest,
         executable: bool,
     ) -> Result<Option<Arc<std::fs::File>>, CacheError> {
-        let urgent = Counted::new(&self.urgent);
+        let urgent = self.urgent();
         let file = self
-            .fetch_once(digest, executable, &self.demand, true)
+            .fetch_once(digest, executable, Slots::Demand, true)
             .await?;
         drop(urgent);
         if file.is_some() {
@@ -1013,13 +1092,20 @@ impl VersionCache {
         Ok(())
     }
 
-    /// Sets how many blobs the node fetches at once: this many for materializations and
-    /// pre-warm, and as many again for sessions waiting on a file (at least 1 each).
+    /// Sets how many blobs the node fetches at once: at most this many for materializations
+    /// and pre-warm (fewer while the store answers more slowly under them), and as many again
+    /// for sessions waiting on a file (at least 1 each).
     pub fn with_fetch_concurrency(mut self, fetches: usize) -> Self {
         let fetches = fetches.max(1);
         self.demand = tokio::sync::Semaphore::new(fetches);
-        self.background = tokio::sync::Semaphore::new(fetches);
+        self.background = limit::Limit::new(fetches);
         self
+    }
+
+    /// Blobs materializations and pre-warm may fetch at once now: at most the configured
+    /// concurrency, fewer while the store answers more slowly under them.
+    pub fn fetch_limit(&self) -> usize {
+        self.background.current()
     }
 
     /// Lets sessions see versions before they are fetched (see [`crate::lazy`]); `None`
@@ -1122,9 +1208,10 @@ impl VersionCache {
                                 reason: format!("environment id {environment:?}"),
                             });
                         }
-                        let urgent = Counted::new(&self.urgent);
+                        let urgent = self.urgent();
                         let tree = self.tree(layer_tree).await?;
                         drop(urgent);
+                        tracing::debug!(%environment, version, took_ms = begun.elapsed().as_millis() as u64, fetch_limit = self.background.current(), "a lazily mounted version's tree is at hand");
                         // Whole by now (a pre-warm finished while the tree was fetched).
                         if self.holds(environment, version) {
                             return self.materialize(environment, version, layer_tree).await;
@@ -1298,12 +1385,14 @@ impl VersionCache {
         executable: bool,
         unsynced: bool,
     ) -> Result<Option<Arc<std::fs::File>>, CacheError> {
+        let asking = self.background.asking();
         let blob = self
             .blobs
             .get(&digest)
             .await
             .map_err(|error| CacheError::Blobs(error.to_string()))?;
         let size = blob.size();
+        asking.answered(size);
         // In memory (most blobs of a version are small) or in a spooled file: either way one
         // hand-off writes it.
         let source: Box<dyn BlobSource> = match blob {
@@ -1980,6 +2069,84 @@ mod tests {
         (dir, cache, layer.to_string())
     }
 
+    /// Background fetches wait while a session waits on something, and a moment after, so the
+    /// next link of a session's start (its pack after its tree) does not queue behind them;
+    /// never longer than [`YIELD_AT_MOST`]. On the runtime's own clock, paused.
+    #[tokio::test(start_paused = true)]
+    async fn background_fetches_make_way_while_a_session_waits_and_a_moment_after() {
+        // Lets the spawned tasks run as far as they can.
+        async fn others() {
+            for _ in 0..16 {
+                tokio::task::yield_now().await;
+            }
+        }
+        let (_dir, cache, _layer) = cache_with(&[("a", "alpha")]).await;
+        let cache = Arc::new(cache);
+        // Calm since long before.
+        tokio::time::advance(CALM * 2).await;
+        let quick = cache.make_way();
+        tokio::pin!(quick);
+        assert!(
+            futures::poll!(quick.as_mut()).is_ready(),
+            "a background fetch waited with nothing in flight"
+        );
+
+        let tree = cache.urgent();
+        let waiting = {
+            let cache = cache.clone();
+            plinth_kit::tasks::spawn(async move { cache.make_way().await })
+        };
+        others().await;
+        tokio::time::advance(Duration::from_millis(500)).await;
+        others().await;
+        assert!(
+            !waiting.is_finished(),
+            "a background fetch started while a session waited"
+        );
+        drop(tree);
+        tokio::time::advance(CALM / 2).await;
+        others().await;
+        assert!(
+            !waiting.is_finished(),
+            "a background fetch started the moment the session's wait ended"
+        );
+        // The pack, the chain's next link: the calm starts over after it.
+        let pack = cache.urgent();
+        tokio::time::advance(CALM).await;
+        others().await;
+        assert!(
+            !waiting.is_finished(),
+            "a background fetch started while the pack was read"
+        );
+        drop(pack);
+        tokio::time::advance(CALM).await;
+        others().await;
+        assert!(
+            waiting.is_finished(),
+            "a background fetch still waits, calm long enough"
+        );
+
+        // A session that never stops waiting holds background fetches back at most so long.
+        let _forever = cache.urgent();
+        let held = {
+            let cache = cache.clone();
+            plinth_kit::tasks::spawn(async move { cache.make_way().await })
+        };
+        others().await;
+        tokio::time::advance(YIELD_AT_MOST - Duration::from_millis(1)).await;
+        others().await;
+        assert!(
+            !held.is_finished(),
+            "a background fetch started while a session waited"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        others().await;
+        assert!(
+            held.is_finished(),
+            "a background fetch waited past the longest wait"
+        );
+    }
+
     /// The sweep removes unlinked blobs, but never one a materialization has pinned: it found
     /// it present, or fetched it, and links it next.
 
@@ -2002,11 +2169,11 @@ mod tests {
         .expect("read");
         assert_eq!(read, "alpha");
         // A second asker while it is pending gets the same bytes, not a second fetch.
-        let again = cache.fetch_once(alpha, false, &cache.demand, true).await;
+        let again = cache.fetch_once(alpha, false, Slots::Demand, true).await;
         assert!(matches!(again, Ok(Some(ref held)) if Arc::ptr_eq(held, &file)));
         // A materialization needs names: asking for it synced settles it.
         cache
-            .fetch_once(alpha, false, &cache.background, false)
+            .fetch_once(alpha, false, Slots::Background, false)
             .await
             .expect("settled");
         assert!(target.exists(), "named once synced");
@@ -2047,7 +2214,7 @@ mod tests {
         let cache = Arc::new(cache);
         let alpha = Digest::of(b"alpha");
         let pending = cache
-            .fetch_once(alpha, false, &cache.demand, true)
+            .fetch_once(alpha, false, Slots::Demand, true)
             .await
             .expect("fetched")
             .expect("pending");

@@ -754,11 +754,12 @@ async fn keep_registered(
     }
 }
 
-/// Sets the node's gauges: sessions attached, cache bytes, and the free and total bytes of the
-/// filesystem its state lives on. Called with every heartbeat.
+/// Sets the node's gauges: sessions attached, cache bytes, the background fetch limit, and the
+/// free and total bytes of the filesystem its state lives on. Called with every heartbeat.
 fn report_gauges(state_dir: &std::path::Path, cache: &VersionCache, sessions: &SessionTable) {
     metrics::gauge!("plinth_node_sessions").set(sessions.len() as f64);
     metrics::gauge!("plinth_node_cache_bytes").set(cache.blob_bytes() as f64);
+    metrics::gauge!("plinth_node_fetch_limit").set(cache.fetch_limit() as f64);
     match rustix::fs::statvfs(state_dir) {
         Ok(stat) => {
             let fragment = stat.f_frsize as f64;

@@ -92,7 +92,7 @@ impl VersionCache {
         let begun = Instant::now();
         let opening = Counted::new(&self.opening);
         // Sessions wait on what it brings: background fetches make way.
-        let _urgent = Counted::new(&self.urgent);
+        let _urgent = self.urgent();
         let Some(mut reader) = self
             .blobs
             .open_pack(&digest)
@@ -105,6 +105,7 @@ impl VersionCache {
         let (progress, listening) = tokio::sync::watch::channel(0u64);
         let expected = self.expect(tree, &reader, listening);
         drop(opening);
+        tracing::debug!(tree = %layer_tree, took_ms = begun.elapsed().as_millis() as u64, "a version's pack heads are read");
         let result = self.bring(&mut reader, expected, &progress).await;
         let outcome = if result.is_ok() { "read" } else { "failed" };
         metrics::counter!("plinth_node_packs_total", "outcome" => outcome).increment(1);
