@@ -140,7 +140,8 @@ impl Limit {
                     state.last_alone = Some(Instant::now());
                 }
                 let room = state.background < (state.limit as usize).max(1);
-                let probe_waits = state.probing > 0 && state.asking > 0;
+                // One background fetch at a time, with nothing else in flight.
+                let probe_waits = state.probing > 0 && (state.asking > 0 || state.background > 0);
                 if room && !probe_waits {
                     state.background += 1;
                     return Slot(self);
@@ -315,7 +316,7 @@ mod tests {
             state.limit = 2.0;
         }
         let first = limit.slot().await;
-        let _second = limit.slot().await;
+        let second = limit.slot().await;
         // Full: the third waits until one is given back.
         let third = limit.slot();
         tokio::pin!(third);
@@ -349,6 +350,14 @@ mod tests {
             "a probe started beside a fetch in flight"
         );
         drop(asking);
-        let _probe = probe.await;
+        // Nor beside another background fetch holding its slot.
+        assert!(
+            futures::poll!(probe.as_mut()).is_pending(),
+            "a probe started beside a background fetch"
+        );
+        drop(second);
+        let _probe = tokio::time::timeout(PROBE_AT_MOST / 2, probe)
+            .await
+            .expect("the probe started once nothing was in flight");
     }
 }
