@@ -447,6 +447,57 @@ mod tests {
         assert!(second.lock_coming().is_empty());
     }
 
+    /// A pack that ends early (a store that fails mid-stream, an upload cut short): what came
+    /// before the cut stays, a session waiting on a file past it gets it from the store, and
+    /// nothing is left coming.
+    #[tokio::test]
+    async fn a_pack_cut_short_keeps_what_came_and_the_rest_comes_from_the_store() {
+        let files = [
+            ("a.txt", "first file\n", false),
+            ("b.txt", "second file, cut\n", false),
+            ("c.txt", "third file\n", false),
+        ];
+        let (dir, first, second, tree, layer) = two_nodes(&files).await;
+        for (_, content, executable) in &files {
+            read(&first, content, *executable).await;
+        }
+        let order: Vec<String> = ["a.txt", "b.txt", "c.txt"].map(str::to_owned).to_vec();
+        let packed = first
+            .write_pack(&layer, &tree, &order)
+            .await
+            .expect("written");
+        assert_eq!(packed, 3);
+        // Cut inside the second file's bytes.
+        let digest: Digest = layer.parse().expect("digest");
+        let stored = dir
+            .path()
+            .join("store")
+            .join(BlobStore::pack_location(&digest).to_string());
+        let whole = std::fs::metadata(&stored).expect("the pack").len();
+        let cut = whole - "third file\n".len() as u64 - 8;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&stored)
+            .expect("opened")
+            .set_len(cut)
+            .expect("cut");
+        // The first file is in the pack only: read, it came from there.
+        forget(&dir, "first file\n");
+
+        let (brought, late) = tokio::join!(
+            second.unpack(&layer, &tree),
+            read(&second, "third file\n", false)
+        );
+        assert!(brought.is_err(), "a pack cut short is not read as whole");
+        assert_eq!(late, "third file\n");
+        assert_eq!(read(&second, "first file\n", false).await, "first file\n");
+        assert_eq!(
+            read(&second, "second file, cut\n", false).await,
+            "second file, cut\n"
+        );
+        assert!(second.lock_coming().is_empty(), "nothing is left coming");
+    }
+
     #[tokio::test]
     async fn a_forged_pack_brings_nothing_false_and_the_files_come_from_the_store() {
         let files = [
