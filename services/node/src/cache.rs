@@ -2091,11 +2091,13 @@ mod tests {
             "a background fetch waited with nothing in flight"
         );
 
-        let tree = cache.urgent();
-        let waiting = {
+        // A background fetch about to start, on its own task.
+        let background = || {
             let cache = cache.clone();
             plinth_kit::tasks::spawn(async move { cache.make_way().await })
         };
+        let tree = cache.urgent();
+        let waiting = background();
         others().await;
         tokio::time::advance(Duration::from_millis(500)).await;
         others().await;
@@ -2128,10 +2130,7 @@ mod tests {
 
         // A session that never stops waiting holds background fetches back at most so long.
         let _forever = cache.urgent();
-        let held = {
-            let cache = cache.clone();
-            plinth_kit::tasks::spawn(async move { cache.make_way().await })
-        };
+        let held = background();
         others().await;
         tokio::time::advance(YIELD_AT_MOST - Duration::from_millis(1)).await;
         others().await;

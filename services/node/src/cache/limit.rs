@@ -35,7 +35,7 @@ const TOLERANCE: f64 = 2.0;
 const SLACK: Duration = Duration::from_millis(1);
 
 /// Blobs larger than this are not samples: their answer's time is mostly their bytes.
-pub(super) const SAMPLE_BYTES: u64 = 256 * 1024;
+const SAMPLE_BYTES: u64 = 256 * 1024;
 
 /// How often an always-busy node measures the store alone again.
 const PROBE_EVERY: Duration = Duration::from_secs(30);
